@@ -1,0 +1,104 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file
+//! Compiler and feature detection, and the execution-space macros every header uses.
+//!
+//! Feature tests are function-like (`RLPT_HAS_CUDA()`), so using one without including this
+//! header is a hard error under -Wundef instead of a silent 0.
+#pragma once
+
+#include <rlpt/version.hpp>
+
+#include <cstdint>
+
+// --- compilation mode ----------------------------------------------------------------------
+
+#if defined(__CUDACC__)
+#define RLPT_CUDA_COMPILATION() 1
+#else
+#define RLPT_CUDA_COMPILATION() 0
+#endif
+
+// True only in the device pass of a CUDA compilation.
+#if defined(__CUDA_ARCH__)
+#define RLPT_DEVICE_PASS() 1
+#else
+#define RLPT_DEVICE_PASS() 0
+#endif
+
+// --- execution space ----------------------------------------------------------------------
+// RLPT_HD marks the per-element math that host and device share. Without nvcc it is plain
+// `inline`, so .hpp headers never need a CUDA compiler.
+
+#if RLPT_CUDA_COMPILATION()
+#define RLPT_HD __host__ __device__ inline
+#define RLPT_HD_FORCEINLINE __host__ __device__ __forceinline__
+#define RLPT_DEVICE __device__ inline
+#else
+#define RLPT_HD inline
+#if defined(__GNUC__) || defined(__clang__)
+#define RLPT_HD_FORCEINLINE inline __attribute__((always_inline))
+#else
+#define RLPT_HD_FORCEINLINE inline
+#endif
+#endif
+
+// Kernels are hidden so two shared libraries built for different GPU architectures never
+// resolve each other's kernels (see NVIDIA/cub#545).
+#if RLPT_CUDA_COMPILATION()
+#define RLPT_KERNEL __global__ __attribute__((visibility("hidden")))
+#endif
+
+// --- optional dependencies ----------------------------------------------------------------
+
+#if defined(RLPT_DISABLE_DLPACK)
+#define RLPT_HAS_DLPACK() 0
+#elif __has_include(<dlpack/dlpack.h>)
+#define RLPT_HAS_DLPACK() 1
+#else
+#define RLPT_HAS_DLPACK() 0
+#endif
+
+#if __has_include(<cuda_runtime_api.h>) && !defined(RLPT_DISABLE_CUDA)
+#define RLPT_HAS_CUDA() 1
+#else
+#define RLPT_HAS_CUDA() 0
+#endif
+
+#if __has_include(<nccl.h>) && RLPT_HAS_CUDA() && !defined(RLPT_DISABLE_NCCL)
+#define RLPT_HAS_NCCL() 1
+#else
+#define RLPT_HAS_NCCL() 0
+#endif
+
+// --- exceptions ---------------------------------------------------------------------------
+
+#if !defined(RLPT_USE_EXCEPTIONS)
+#if defined(__cpp_exceptions) || defined(__EXCEPTIONS)
+#define RLPT_USE_EXCEPTIONS 1
+#else
+#define RLPT_USE_EXCEPTIONS 0
+#endif
+#endif
+
+// --- misc ---------------------------------------------------------------------------------
+
+#if defined(__GNUC__) || defined(__clang__)
+#define RLPT_LIKELY(x) __builtin_expect(!!(x), 1)
+#define RLPT_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define RLPT_RESTRICT __restrict__
+#else
+#define RLPT_LIKELY(x) (x)
+#define RLPT_UNLIKELY(x) (x)
+#define RLPT_RESTRICT
+#endif
+
+namespace rlpt {
+
+//! Signed index type for sizes and offsets throughout rlpt: the same type as torch's int64
+//! tensors, so offsets and ids pass without copies.
+using index_t = std::int64_t;
+
+//! Destructive-interference size for padding concurrent state (64 on x86, 128 on some ARM).
+inline constexpr unsigned cacheline_bytes = 64;
+
+} // namespace rlpt

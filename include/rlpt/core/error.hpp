@@ -1,0 +1,71 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file
+//! rlpt::error and the host validation macros.
+//!
+//! Every error carries a stable id (`rlpt.<block>.<problem>`) that callers and tests can match
+//! on, and a message that names the offending values:
+//!
+//!     rlpt::error [rlpt.advantage.group_size]: group 17 has 1 sample; RLOO needs at least 2
+#pragma once
+
+#include <rlpt/config.hpp>
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace rlpt {
+
+//! The one exception type rlpt throws for invalid input or a failed runtime call.
+class error : public std::runtime_error {
+public:
+  error(std::string_view id, std::string_view message)
+      : std::runtime_error(fmt::format("rlpt::error [{}]: {}", id, message)), id_(id),
+        message_(message) {}
+
+  //! Stable identifier, e.g. "rlpt.view.size_mismatch". Never changes between versions.
+  [[nodiscard]] const std::string& id() const noexcept { return id_; }
+  //! The message without the id prefix.
+  [[nodiscard]] const std::string& message() const noexcept { return message_; }
+
+private:
+  std::string id_;
+  std::string message_;
+};
+
+namespace detail {
+
+[[noreturn]] inline void raise(std::string_view id, std::string_view message) {
+#if defined(RLPT_THROW_USER)
+  RLPT_THROW_USER(id, message); // user hook: must not return
+#elif RLPT_USE_EXCEPTIONS
+  throw error(id, message);
+#else
+  std::fprintf(stderr, "rlpt::error [%.*s]: %.*s\n", static_cast<int>(id.size()), id.data(),
+               static_cast<int>(message.size()), message.data());
+  std::abort();
+#endif
+}
+
+template <class... Args>
+[[noreturn]] void fail(std::string_view id, fmt::format_string<Args...> format, Args&&... args) {
+  raise(id, fmt::format(format, std::forward<Args>(args)...));
+}
+
+} // namespace detail
+} // namespace rlpt
+
+//! Throws rlpt::error with the given id and a fmt-formatted message.
+#define RLPT_FAIL(id, ...) ::rlpt::detail::fail(id, __VA_ARGS__)
+
+//! Host validation: throws rlpt::error(id, message) unless `cond` holds. Active in every build
+//! mode: these checks guard against bad input, not against rlpt's own bugs.
+#define RLPT_CHECK(cond, id, ...)                                                                  \
+  do {                                                                                             \
+    if (RLPT_UNLIKELY(!(cond))) ::rlpt::detail::fail(id, __VA_ARGS__);                             \
+  } while (0)

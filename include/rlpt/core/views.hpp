@@ -1,0 +1,147 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file
+//! Non-owning views over caller memory, tagged with the memory space they live in.
+//!
+//! rlpt never owns the tensors it works on. A `view<T>` is a pointer and a length; a
+//! `view2d<T>` adds a row stride (elements; columns are contiguous). The memory-space tag
+//! makes passing device memory to a host function a compile-time error.
+#pragma once
+
+#include <rlpt/config.hpp>
+#include <rlpt/core/error.hpp>
+
+#include <cstddef>
+#include <span>
+#include <string_view>
+#include <type_traits>
+
+namespace rlpt {
+
+enum class memory_space : std::uint8_t { host, device };
+
+//! Contiguous 1-D view.
+template <class T, memory_space Space = memory_space::host>
+class view {
+public:
+  using element_type = T;
+  using value_type = std::remove_cv_t<T>;
+  static constexpr memory_space space = Space;
+
+  constexpr view() noexcept = default;
+  RLPT_HD constexpr view(T* data, index_t size) noexcept : data_(data), size_(size) {}
+
+  //! Host views accept anything std::span accepts (vectors, arrays, spans).
+  template <class R>
+    requires(Space == memory_space::host && std::is_constructible_v<std::span<T>, R &&> &&
+             !std::is_same_v<std::remove_cvref_t<R>, view>)
+  constexpr view(R&& r) noexcept // NOLINT(google-explicit-constructor): views convert implicitly
+      : view(std::span<T>(std::forward<R>(r))) {}
+
+  template <std::size_t N>
+    requires(Space == memory_space::host)
+  constexpr view(std::span<T, N> s) noexcept : data_(s.data()), size_(static_cast<index_t>(s.size())) {}
+
+  //! view<T> converts to view<const T>.
+  template <class U>
+    requires(std::is_convertible_v<U (*)[], T (*)[]> && !std::is_same_v<U, T>)
+  RLPT_HD constexpr view(view<U, Space> other) noexcept : data_(other.data()), size_(other.size()) {}
+
+  [[nodiscard]] RLPT_HD constexpr T* data() const noexcept { return data_; }
+  [[nodiscard]] RLPT_HD constexpr index_t size() const noexcept { return size_; }
+  [[nodiscard]] RLPT_HD constexpr bool empty() const noexcept { return size_ == 0; }
+  [[nodiscard]] RLPT_HD constexpr T& operator[](index_t i) const noexcept { return data_[i]; }
+
+  [[nodiscard]] constexpr T* begin() const noexcept { return data_; }
+  [[nodiscard]] constexpr T* end() const noexcept { return data_ + size_; }
+
+  //! Elements [offset, offset + count); bounds are validated.
+  [[nodiscard]] view subview(index_t offset, index_t count) const {
+    RLPT_CHECK(offset >= 0 && count >= 0 && offset + count <= size_, "rlpt.view.out_of_range",
+               "subview [{}, {}) is outside a view of {} elements", offset, offset + count, size_);
+    return {data_ + offset, count};
+  }
+
+  [[nodiscard]] std::span<T> span() const noexcept
+    requires(Space == memory_space::host)
+  {
+    return {data_, static_cast<std::size_t>(size_)};
+  }
+
+private:
+  T* data_ = nullptr;
+  index_t size_ = 0;
+};
+
+template <class R>
+view(R&&) -> view<std::remove_reference_t<decltype(*std::data(std::declval<R&>()))>>;
+
+//! Row-major 2-D view with a row stride in elements and contiguous columns.
+template <class T, memory_space Space = memory_space::host>
+class view2d {
+public:
+  using element_type = T;
+  using value_type = std::remove_cv_t<T>;
+  static constexpr memory_space space = Space;
+
+  constexpr view2d() noexcept = default;
+
+  //! Contiguous [rows, cols].
+  RLPT_HD constexpr view2d(T* data, index_t rows, index_t cols) noexcept
+      : data_(data), rows_(rows), cols_(cols), row_stride_(cols) {}
+
+  //! [rows, cols] whose row r starts at data + r * row_stride. Validated: row_stride >= cols.
+  view2d(T* data, index_t rows, index_t cols, index_t row_stride)
+      : data_(data), rows_(rows), cols_(cols), row_stride_(row_stride) {
+    RLPT_CHECK(rows >= 0 && cols >= 0, "rlpt.view.bad_shape", "view2d shape [{}, {}] is negative", rows, cols);
+    RLPT_CHECK(row_stride >= cols || rows <= 1, "rlpt.view.bad_stride",
+               "view2d row stride {} is smaller than its {} columns: rows would overlap", row_stride, cols);
+  }
+
+  template <class U>
+    requires(std::is_convertible_v<U (*)[], T (*)[]> && !std::is_same_v<U, T>)
+  RLPT_HD constexpr view2d(view2d<U, Space> o) noexcept
+      : data_(o.data()), rows_(o.rows()), cols_(o.cols()), row_stride_(o.row_stride()) {}
+
+  [[nodiscard]] RLPT_HD constexpr T* data() const noexcept { return data_; }
+  [[nodiscard]] RLPT_HD constexpr index_t rows() const noexcept { return rows_; }
+  [[nodiscard]] RLPT_HD constexpr index_t cols() const noexcept { return cols_; }
+  [[nodiscard]] RLPT_HD constexpr index_t row_stride() const noexcept { return row_stride_; }
+  [[nodiscard]] RLPT_HD constexpr bool contiguous() const noexcept { return row_stride_ == cols_ || rows_ <= 1; }
+  [[nodiscard]] RLPT_HD constexpr T& operator()(index_t r, index_t c) const noexcept {
+    return data_[r * row_stride_ + c];
+  }
+  [[nodiscard]] RLPT_HD constexpr view<T, Space> row(index_t r) const noexcept {
+    return {data_ + r * row_stride_, cols_};
+  }
+
+private:
+  T* data_ = nullptr;
+  index_t rows_ = 0;
+  index_t cols_ = 0;
+  index_t row_stride_ = 0;
+};
+
+template <class T> using device_view = view<T, memory_space::device>;
+template <class T> using device_view2d = view2d<T, memory_space::device>;
+
+//! Masks are one byte per element, nonzero = valid (torch.bool and uint8 tensors as they are).
+using mask_t = std::uint8_t;
+
+namespace detail {
+
+//! Validates that a view has exactly `expected` elements; `what` names the argument.
+inline void expect_size(std::string_view what, index_t got, index_t expected, std::string_view why = {}) {
+  if (RLPT_UNLIKELY(got != expected)) {
+    if (why.empty())
+      RLPT_FAIL("rlpt.view.size_mismatch", "{} has {} elements, expected {}", what, got, expected);
+    RLPT_FAIL("rlpt.view.size_mismatch", "{} has {} elements, expected {} ({})", what, got, expected, why);
+  }
+}
+
+//! Validates that an optional input (empty = absent) has `expected` elements when present.
+inline void expect_size_or_empty(std::string_view what, index_t got, index_t expected, std::string_view why = {}) {
+  if (got != 0) expect_size(what, got, expected, why);
+}
+
+} // namespace detail
+} // namespace rlpt

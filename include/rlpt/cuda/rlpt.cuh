@@ -1,0 +1,9 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file
+//! Umbrella for rlpt's device blocks (needs nvcc). Includes the host umbrella too.
+#pragma once
+
+#include <rlpt/cuda/device.cuh>
+#include <rlpt/cuda/error.cuh>
+#include <rlpt/cuda/workspace.cuh>
+#include <rlpt/rlpt.hpp>

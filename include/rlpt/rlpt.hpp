@@ -1,0 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file
+//! Umbrella for every rlpt block that builds without CUDA. Device blocks: <rlpt/cuda/rlpt.cuh>.
+#pragma once
+
+#include <rlpt/core.hpp>

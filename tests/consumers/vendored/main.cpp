@@ -1,0 +1,1 @@
+#include "../consumer_main.inc"
