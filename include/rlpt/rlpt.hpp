@@ -3,4 +3,5 @@
 //! Umbrella for every rlpt block that builds without CUDA. Device blocks: <rlpt/cuda/rlpt.cuh>.
 #pragma once
 
+#include <rlpt/advantage.hpp>
 #include <rlpt/core.hpp>

@@ -1,0 +1,259 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file
+//! Vocabulary every advantage estimator shares: the per-call policies for non-finite rewards and
+//! single-sample groups, the std scaling choice, the mask semantics of token recurrences, and the
+//! fixed-order group reduction that makes results independent of thread count, batch size and
+//! backend (the CUDA kernels reproduce the same order bit for bit).
+#pragma once
+
+#include <rlpt/config.hpp>
+#include <rlpt/core/error.hpp>
+#include <rlpt/core/executor.hpp>
+#include <rlpt/core/groups.hpp>
+#include <rlpt/core/views.hpp>
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace rlpt {
+
+//! What a call does with a NaN or infinite reward (or value) where it would be used.
+enum class nonfinite : std::uint8_t {
+  raise, //!< throw rlpt::error naming the offending indices (verl, OpenRLHF, AReaL: NaN propagates there)
+  mask,  //!< leave the item out of every statistic, give it advantage 0, count it (TRL's unscorable completions)
+};
+
+//! What a group with a single counted sample gets (frameworks disagree; each preset says which).
+enum class single : std::uint8_t {
+  raw,   //!< baseline 0 and scale 1: the reward passes through (verl grpo: R / (1 + eps); verl rloo: R)
+  zero,  //!< advantage 0 (verl rloo_vectorized, TRL, AReaL, OpenRLHF reinforce_baseline)
+  raise, //!< throw rlpt::error naming the group (where the peer would produce NaN or refuse)
+};
+
+//! How GRPO-family advantages are scaled after the group mean is subtracted.
+enum class scale : std::uint8_t {
+  group_std, //!< divide by the group's std (GRPO; verl, TRL "group", OpenRLHF group_norm, AReaL)
+  batch_std, //!< divide by the std of the whole batch (TRL "batch", AReaL std_level batch)
+  none,      //!< no division (Dr. GRPO; verl norm_adv_by_std_in_grpo=False, TRL "none")
+};
+
+//! How a reverse token recurrence (GAE, discounted returns) treats tokens whose mask is 0.
+//! Valid outputs never depend on the inputs at masked tokens; masked outputs are written as 0.
+enum class mask_mode : std::uint8_t {
+  skip,  //!< transparent: the recurrence carries over them unchanged (verl, AReaL; multi-turn tool tokens)
+  zero,  //!< treated as tokens with reward 0 and value 0, still discounted (OpenRLHF, slime)
+  reset, //!< end an episode: the carry restarts from 0 before them (segments are independent)
+};
+
+namespace detail {
+
+//! Finiteness by bit pattern, so that -ffast-math in a user's build cannot fold the test away.
+RLPT_HD_FORCEINLINE bool finite(float x) {
+#if RLPT_DEVICE_PASS()
+  return (__float_as_uint(x) & 0x7f800000u) != 0x7f800000u;
+#else
+  std::uint32_t u = 0;
+  std::memcpy(&u, &x, sizeof u);
+  return (u & 0x7f800000u) != 0x7f800000u;
+#endif
+}
+
+//! fp64 product and sum that never contract into an FMA, so that host and device round alike.
+RLPT_HD_FORCEINLINE double mul_rn(double a, double b) {
+#if RLPT_DEVICE_PASS()
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+RLPT_HD_FORCEINLINE double add_rn(double a, double b) {
+#if RLPT_DEVICE_PASS()
+  return __dadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+//! Lanes of the canonical group reduction (one warp).
+inline constexpr int reduce_lanes = 32;
+//! Lanes of the canonical batch reduction (one 256-thread block).
+inline constexpr int batch_lanes = 256;
+
+//! Canonical fp64 sum over n terms with `Lanes` partials: term k is added, in order, into
+//! partial k % Lanes (each starting at +0.0); the partials are then combined pairwise with
+//! offsets Lanes/2, ..., 2, 1 (partial l += partial l + s). Offsets at or above the smallest power
+//! of two covering min(n, Lanes) only add exact zeros and are skipped. The device kernels perform
+//! exactly these operations (a warp butterfly for groups, a shared-memory tree for the batch), so
+//! statistics are bit-identical on host and device and a group's depend on its own members only.
+template <int Lanes = reduce_lanes, class F>
+[[nodiscard]] double canonical_sum(index_t n, F&& term) {
+  static_assert(Lanes >= 1 && (Lanes & (Lanes - 1)) == 0, "lane count must be a power of two");
+  double lane[Lanes] = {};
+  for (index_t k = 0; k < n; ++k) {
+    double& p = lane[k & (Lanes - 1)];
+    p = add_rn(p, term(k));
+  }
+  int width = 1;
+  while (width < Lanes && width < n) width <<= 1;
+  for (int s = width / 2; s >= 1; s >>= 1)
+    for (int l = 0; l < s; ++l) lane[l] = add_rn(lane[l], lane[l + s]);
+  return lane[0];
+}
+
+//! Count, mean and M2 (sum of squared deviations) of the finite values among n terms, each
+//! reduced with canonical_sum<Lanes>: a two-pass computation, so a constant group has M2 == 0
+//! exactly and near-constant rewards (0.35, 0.4, 0.3, ...) lose nothing to cancellation.
+struct canonical_moments {
+  double count = 0.0;
+  double mean = 0.0;
+  double m2 = 0.0;
+};
+
+template <int Lanes = reduce_lanes, class Get>
+[[nodiscard]] canonical_moments moments_canonical(index_t n, Get&& get) {
+  canonical_moments m;
+  index_t c = 0;
+  for (index_t k = 0; k < n; ++k) c += finite(get(k)) ? 1 : 0;
+  m.count = static_cast<double>(c);
+  if (c == 0) return m;
+  const double sum = canonical_sum<Lanes>(n, [&](index_t k) {
+    const float x = get(k);
+    return finite(x) ? static_cast<double>(x) : 0.0;
+  });
+  m.mean = sum / m.count;
+  m.m2 = canonical_sum<Lanes>(n, [&](index_t k) {
+    const float x = get(k);
+    if (!finite(x)) return 0.0;
+    const double d = static_cast<double>(x) - m.mean;
+    return mul_rn(d, d);
+  });
+  return m;
+}
+
+//! Standard deviation from canonical moments; 0 when the ddof leaves no degrees of freedom.
+RLPT_HD_FORCEINLINE double std_of(double count, double m2, bool unbiased) {
+  const double dof = unbiased ? count - 1.0 : count;
+  return dof > 0.0 ? std::sqrt(m2 / dof) : 0.0;
+}
+
+//! Up to this many offending indices are named in an error message.
+inline constexpr index_t max_named = 8;
+
+//! Formats "[i]=value" for the first max_named indices of non-finite values in x.
+template <class T>
+std::string name_nonfinite(view<const T> x, index_t& count) {
+  std::string listed;
+  count = 0;
+  for (index_t i = 0; i < x.size(); ++i)
+    if (!finite(static_cast<float>(x[i]))) {
+      if (count < max_named) listed += fmt::format("{}[{}]={}", count ? ", " : "", i, static_cast<double>(x[i]));
+      ++count;
+    }
+  return listed;
+}
+
+//! Counts non-finite per-sequence rewards; with nonfinite::raise throws naming them.
+inline index_t check_rewards(view<const float> rewards, nonfinite policy, const char* what = "rewards") {
+  index_t count = 0;
+  for (index_t i = 0; i < rewards.size(); ++i) count += finite(rewards[i]) ? 0 : 1;
+  if (count != 0 && policy == nonfinite::raise) {
+    index_t c = 0;
+    const std::string listed = name_nonfinite(rewards, c);
+    RLPT_FAIL("rlpt.advantage.nonfinite", "{} of {} {} are not finite: {}{} (set on_nonfinite = rlpt::nonfinite::mask "
+              "to leave them out of the statistics with advantage 0)",
+              count, rewards.size(), what, listed, count > max_named ? ", ..." : "");
+  }
+  return count;
+}
+
+} // namespace detail
+
+//! Per-group results of the group estimators (GRPO, RLOO, OPO, GPG, pass@k): for logging, for
+//! DAPO-style filtering of zero-variance groups, and to see exactly which baseline was used.
+//! Pass the same object to successive calls to reuse its storage.
+struct group_stats {
+  std::vector<float> mean;        //!< mean of the group's counted (finite) rewards; 0 when none
+  std::vector<float> std;         //!< their std (unbiased unless the options say otherwise); 0 below 2 counted
+  std::vector<index_t> size;      //!< counted rewards per group
+  std::vector<mask_t> degenerate; //!< 1 when fewer than 2 rewards were counted or all are equal (zero std)
+  index_t num_degenerate = 0;     //!< groups flagged degenerate
+  double frac_degenerate = 0.0;   //!< num_degenerate / number of groups (0 for no groups)
+  index_t num_nonfinite = 0;      //!< rewards left out under nonfinite::mask (their advantage is 0)
+  double batch_std = 0.0;         //!< scale::batch_std: the batch std that was used; otherwise 0
+};
+
+namespace detail {
+
+//! Groups handed to one worker at a time (fixed, so chunking never depends on the thread count).
+inline constexpr index_t group_grain = 512;
+
+//! Shared entry checks of the per-sequence group estimators; returns the non-finite count.
+inline index_t start_group_estimator(view<const float> rewards, const groups& g, view<float> out, nonfinite policy) {
+  g.expect_items("rewards", rewards.size());
+  expect_size("advantages", out.size(), rewards.size(), "one advantage per sequence");
+  return check_rewards(rewards, policy);
+}
+
+//! With single::raise, throws if any group has exactly one counted (finite) reward.
+inline void check_singles(view<const float> rewards, const groups& g, single policy, const char* estimator,
+                          const char* options) {
+  if (policy != single::raise) return;
+  index_t bad = 0, first = -1;
+  for (index_t k = 0; k < g.num_groups(); ++k) {
+    index_t counted = 0;
+    for (index_t i : g.members(k)) counted += finite(rewards[i]) ? 1 : 0;
+    if (counted == 1) {
+      if (first < 0) first = k;
+      ++bad;
+    }
+  }
+  if (bad != 0)
+    RLPT_FAIL("rlpt.advantage.group_size",
+              "group {} (id {}) has 1 sample; {} needs at least 2 ({} group{} of {} like it; set rlpt::{}::single = "
+              "rlpt::single::zero to give such samples advantage 0, or rlpt::single::raw to pass the reward through)",
+              first, g.id(first), estimator, bad, bad == 1 ? "" : "s", g.num_groups(), options);
+}
+
+//! Runs f(group) for every group, chunked by group_grain.
+template <class F>
+void for_each_group(const groups& g, const host_executor& ex, F&& f) {
+  ex.parallel_for(g.num_groups(), group_grain, [&](index_t b, index_t e) {
+    for (index_t k = b; k < e; ++k) f(k);
+  });
+}
+
+
+inline void reset_stats(group_stats& s, index_t num_groups) {
+  const auto g = static_cast<std::size_t>(num_groups);
+  s.mean.assign(g, 0.0f);
+  s.std.assign(g, 0.0f);
+  s.size.assign(g, 0);
+  s.degenerate.assign(g, 0);
+  s.num_degenerate = 0;
+  s.frac_degenerate = 0.0;
+  s.num_nonfinite = 0;
+  s.batch_std = 0.0;
+}
+
+inline void record_group(group_stats& s, index_t g, const canonical_moments& m, bool unbiased) {
+  const auto i = static_cast<std::size_t>(g);
+  s.mean[i] = static_cast<float>(m.mean);
+  s.std[i] = static_cast<float>(std_of(m.count, m.m2, unbiased));
+  s.size[i] = static_cast<index_t>(m.count);
+  s.degenerate[i] = (m.count < 2.0 || m.m2 == 0.0) ? 1 : 0;
+}
+
+inline void finish_stats(group_stats& s) {
+  s.num_degenerate = 0;
+  for (mask_t d : s.degenerate) s.num_degenerate += d;
+  s.frac_degenerate = s.degenerate.empty() ? 0.0
+                                           : static_cast<double>(s.num_degenerate) / static_cast<double>(s.degenerate.size());
+}
+
+} // namespace detail
+} // namespace rlpt

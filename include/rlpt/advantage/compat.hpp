@@ -1,0 +1,206 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file
+//! Presets that reproduce each framework's advantage conventions exactly: epsilons, std
+//! flavour, single-sample groups, mask semantics and whitening. Each returns a plain options
+//! struct, so a preset can be adjusted with ordinary member assignment.
+//!
+//! Where a peer silently produces NaN (OpenRLHF's group of one, NaN rewards anywhere but TRL) the
+//! preset raises instead; docs/advantage.md lists every difference. Versions read: verl 0.9.1,
+//! TRL 1.16.0, OpenRLHF 0.11.2, AReaL (2026-05 snapshot), slime (2026 snapshot).
+#pragma once
+
+#include <rlpt/config.hpp>
+#include <rlpt/advantage/common.hpp>
+#include <rlpt/advantage/gae.hpp>
+#include <rlpt/advantage/grpo.hpp>
+#include <rlpt/advantage/multi_reward.hpp>
+#include <rlpt/advantage/opo.hpp>
+#include <rlpt/advantage/reinforce.hpp>
+#include <rlpt/advantage/remax.hpp>
+#include <rlpt/advantage/rloo.hpp>
+#include <rlpt/advantage/shaping.hpp>
+#include <rlpt/advantage/whiten.hpp>
+
+namespace rlpt::compat {
+
+namespace verl {
+
+//! verl_F.masked_whiten: unbiased, rsqrt(var + 1e-8), raises below 2 valid tokens.
+inline whiten_options whiten() { return {}; }
+
+//! compute_grpo_outcome_advantage (and grpo_vectorized, the same numbers in 0.9.1):
+//! (R - mean) / (std_unbiased + 1e-6); a group of one gets mean 0, std 1; Dr. GRPO when
+//! norm_adv_by_std_in_grpo is false.
+inline grpo_options grpo(bool norm_adv_by_std_in_grpo = true) {
+  return {.scale = norm_adv_by_std_in_grpo ? scale::group_std : scale::none, .epsilon = 1e-6, .single = single::raw};
+}
+//! Dr. GRPO (norm_adv_by_std_in_grpo=False): R - mean.
+inline grpo_options dr_grpo() { return grpo(false); }
+
+//! compute_rloo_outcome_advantage: a group of one keeps its reward.
+inline rloo_options rloo() { return {.single = single::raw}; }
+//! compute_rloo_vectorized_outcome_advantage: a group of one gets 0.
+inline rloo_options rloo_vectorized() { return {.single = single::zero}; }
+
+//! compute_opo_outcome_advantage: length-weighted baseline, 0 for a group of one.
+inline opo_options opo() { return {.single = single::raw}; }
+
+//! compute_gpg_outcome_advantage: f_norm 1, mean 0 for a group of one.
+inline gpg_options gpg() { return {.f_norm = 1.0, .single = single::raw}; }
+
+//! compute_grpo_passk_outcome_advantage: raises for a group of one.
+inline passk_options grpo_passk(bool norm_adv_by_std_in_grpo = true) {
+  return {.scale_by_std = norm_adv_by_std_in_grpo, .epsilon = 1e-6, .single = single::raise};
+}
+
+//! compute_gae_advantage_return: skip masked tokens, V after the end 0, then masked_whiten.
+inline gae_options gae(double gamma = 1.0, double lam = 1.0) {
+  return {.gamma = gamma, .lambda = lam, .masked = mask_mode::skip, .whiten = whiten()};
+}
+
+//! compute_reinforce_plus_plus_outcome_advantage (0.9.1: the return skips masked tokens).
+inline reinforce_pp_options reinforce_pp(double gamma = 1.0) {
+  return {.gamma = gamma, .masked = mask_mode::skip, .whiten = whiten()};
+}
+
+//! compute_reinforce_plus_plus_baseline_outcome_advantage: mean 0 for a group of one.
+inline reinforce_baseline_options reinforce_pp_baseline() { return {.single = single::raw, .whiten = whiten()}; }
+
+//! compute_remax_outcome_advantage.
+inline remax_options remax() { return {}; }
+
+//! compute_gdpo_outcome_advantage: per-channel verl GRPO, weighted sum, no per-sequence batch
+//! normalisation; then broadcast_to_tokens and whiten(verl::whiten()) over the tokens.
+inline gdpo_options gdpo() { return {.channel = grpo(), .batch_normalize = false}; }
+
+//! DAPO reward manager overlong_buffer: linear penalty, not capped.
+inline overlong_options overlong(index_t max_resp_len, index_t buffer_len, double penalty_factor = 1.0) {
+  return {.max_len = max_resp_len, .buffer_len = buffer_len, .factor = penalty_factor, .cap = false};
+}
+
+} // namespace verl
+
+namespace trl {
+
+//! GRPOTrainer, multi_objective_aggregation="sum_then_normalize": scale_rewards "group"
+//! (default), "batch" (group mean, batch std) or "none"; std + 1e-4; unscorable (NaN) rewards
+//! are left out of the statistics and get advantage 0; a group with one scorable sample gets 0.
+inline grpo_options grpo(scale scale_rewards = scale::group_std) {
+  return {.scale = scale_rewards, .epsilon = 1e-4, .single = single::zero, .on_nonfinite = nonfinite::mask};
+}
+
+//! multi_objective_aggregation="normalize_then_sum".
+inline gdpo_options gdpo() { return {}; }
+
+//! Reward functions returning None are NaN; nansum across channels (all-NaN = unscorable).
+inline channel_options channels() { return {.on_nonfinite = nonfinite::mask}; }
+
+//! trl.rewards.get_soft_overlong_punishment(max_completion_len, soft_punish_cache): capped at -1.
+inline overlong_options soft_overlong(index_t max_completion_len, index_t soft_punish_cache) {
+  return {.max_len = max_completion_len, .buffer_len = soft_punish_cache, .factor = 1.0, .cap = true};
+}
+
+} // namespace trl
+
+namespace openrlhf {
+
+//! Token whitening in compute_advantages_and_returns: biased variance, rsqrt(max(var, 1e-8));
+//! no_std_norm centres only.
+inline whiten_options whiten(bool no_std_norm = false) {
+  return {.unbiased = false, .eps = 1e-8, .eps_at = eps_mode::floor_var, .scale = !no_std_norm,
+          .on_too_few = too_few::unit_std};
+}
+
+//! advantage.estimator=group_norm: (R - mean) / (std_unbiased + 1e-9). OpenRLHF gives NaN for a
+//! group of one (torch.std of one value); rlpt raises.
+inline grpo_options group_norm() { return {.epsilon = 1e-9, .single = single::raise}; }
+
+//! advantage.estimator=dr_grpo: R - mean (a group of one gets 0).
+inline grpo_options dr_grpo() { return {.scale = scale::none, .single = single::zero}; }
+
+//! advantage.estimator=rloo: OpenRLHF divides by n - 1 = 0 for a group of one; rlpt raises.
+inline rloo_options rloo() { return {.single = single::raise}; }
+
+//! advantage.estimator=reinforce_baseline: R - mean (0 for a group of one), whitened over tokens.
+inline reinforce_baseline_options reinforce_baseline() { return {.single = single::zero, .whiten = whiten()}; }
+
+//! advantage.estimator=reinforce: discounted return over r * mask (masked tokens still
+//! discount), whitened over tokens.
+inline reinforce_pp_options reinforce(double gamma = 1.0) {
+  return {.gamma = gamma, .masked = mask_mode::zero, .whiten = whiten()};
+}
+
+//! advantage.estimator=gae: values and rewards zeroed at masked tokens, the recurrence runs
+//! through them, V after the end 0; then token whitening.
+inline gae_options gae(double gamma = 1.0, double lambd = 0.95) {
+  return {.gamma = gamma, .lambda = lambd, .masked = mask_mode::zero, .whiten = whiten()};
+}
+
+//! reward.overlong_buffer_len / overlong_penalty_factor: excess capped at the buffer.
+inline overlong_options overlong(index_t max_new_tokens, index_t overlong_buffer_len, double penalty_factor = 1.0) {
+  return {.max_len = max_new_tokens, .buffer_len = overlong_buffer_len, .factor = penalty_factor, .cap = true};
+}
+
+//! reward.stop_properly_penalty_coef (ProRL): scale in [0, 1], or set when negative.
+inline truncation_options stop_properly(double coef) {
+  return {.action = coef < 0.0 ? truncation::set_reward : truncation::scale_reward, .value = coef};
+}
+
+//! reward.clip_range (default (-10, 10)), applied to the baseline-subtracted reward.
+inline reward_transform clip(double low = -10.0, double high = 10.0) { return {.clip_low = low, .clip_high = high}; }
+
+} // namespace openrlhf
+
+namespace areal {
+
+//! Normalization(mean_level=group, std_level=group) on scalar rewards (reward_norm): unbiased,
+//! (R - mean) / (std + 1e-5); a group of one gets 0 (its own mean, std 1).
+inline grpo_options reward_norm(scale std_level = scale::group_std) {
+  return {.scale = std_level, .epsilon = std_level == scale::none ? 0.0 : 1e-5, .single = single::zero};
+}
+
+//! Normalization(batch, batch) on token advantages (adv_norm): unbiased, / (std + 1e-5),
+//! std 1 with fewer than 2 tokens.
+inline whiten_options adv_norm() {
+  return {.unbiased = true, .eps = 1e-5, .eps_at = eps_mode::add_std, .on_too_few = too_few::unit_std};
+}
+
+//! GAE with verl-style skipping (discount, gae_lambda default 1); pass bootstrap values for
+//! sequences without EOS in gae_inputs::bootstrap. Whitening is adv_norm when configured.
+inline gae_options gae(double discount = 1.0, double gae_lambda = 1.0, bool with_adv_norm = true) {
+  gae_options o{.gamma = discount, .lambda = gae_lambda, .masked = mask_mode::skip};
+  if (with_adv_norm) o.whiten = adv_norm();
+  return o;
+}
+
+//! reward_bias, reward_scaling and reward_clip (defaults 0, 1, 20).
+inline reward_transform rewards(double bias = 0.0, double scaling = 1.0, double clip = 20.0) {
+  return {.bias = bias, .scaling = scaling, .clip_low = -clip, .clip_high = clip};
+}
+
+//! overlong_reward_penalty (overlong_tokens, overlong_penalty_factor): linear, as verl.
+inline overlong_options overlong(index_t max_new_tokens, index_t overlong_tokens, double penalty_factor) {
+  return {.max_len = max_new_tokens, .buffer_len = overlong_tokens, .factor = penalty_factor, .cap = false};
+}
+
+//! mask_no_eos_with_zero: reward 0 for sequences without EOS.
+inline truncation_options mask_no_eos_with_zero() { return {.action = truncation::zero_reward}; }
+
+} // namespace areal
+
+namespace slime {
+
+//! grpo / gspo / cispo reward post-processing: R - mean, and / (std_unbiased + 1e-6) with
+//! --grpo-std-normalization. A group of one would take torch's std of one value (NaN): raise.
+inline grpo_options grpo(bool grpo_std_normalization = true) {
+  return {.scale = grpo_std_normalization ? scale::group_std : scale::none, .epsilon = 1e-6, .single = single::raise};
+}
+
+//! advantage_estimator=ppo: GAE (vanilla_gae / chunked_gae) without mask skipping, V_T = 0.
+inline gae_options gae(double gamma = 1.0, double lambd = 1.0) {
+  return {.gamma = gamma, .lambda = lambd, .masked = mask_mode::zero};
+}
+
+} // namespace slime
+
+} // namespace rlpt::compat

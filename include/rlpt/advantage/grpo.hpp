@@ -1,0 +1,221 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file
+//! GRPO group normalisation and its relatives that share the group mean baseline: GRPO
+//! (std, batch std or no scaling = Dr. GRPO), GPG (batch-rescaled mean baseline) and verl's
+//! pass@k (only each group's best sample learns).
+//!
+//! Inputs are one scalar reward per sequence and explicit groups (ids or offsets, any order,
+//! ragged); outputs are one advantage per sequence (broadcast onto tokens with
+//! rlpt::broadcast_to_tokens). Statistics are two-pass fp64 in a fixed per-group order
+//! (detail::canonical_sum), so results do not depend on batch size, thread count or backend.
+#pragma once
+
+#include <rlpt/config.hpp>
+#include <rlpt/advantage/common.hpp>
+#include <rlpt/core/error.hpp>
+#include <rlpt/core/executor.hpp>
+#include <rlpt/core/groups.hpp>
+#include <rlpt/core/views.hpp>
+
+#include <algorithm>
+#include <cmath>
+
+namespace rlpt {
+
+struct grpo_options {
+  rlpt::scale scale = rlpt::scale::group_std; //!< verl default (norm_adv_by_std_in_grpo=True), TRL "group"
+  bool unbiased = true;                       //!< Bessel-corrected std, as torch.std in verl, TRL and OpenRLHF
+  double epsilon = 1e-6;                      //!< added to the std: verl 1e-6 (TRL 1e-4, OpenRLHF 1e-9, AReaL 1e-5)
+  double std_floor = 0.0;                     //!< std <- max(std, floor) before epsilon; 0 = off (verl)
+  rlpt::single single = rlpt::single::raw;    //!< verl: a lone sample gets mean 0, std 1, i.e. R / (1 + eps)
+  rlpt::nonfinite on_nonfinite = rlpt::nonfinite::raise; //!< verl would propagate NaN; rlpt raises
+};
+
+namespace detail {
+
+//! Baseline and divisor of one group (shared by the host loop and the CUDA kernel).
+struct group_norm {
+  double mean = 0.0;
+  double div = 1.0;
+  bool zero = false; //!< every member gets advantage 0
+};
+
+RLPT_HD group_norm grpo_norm(double count, double mean, double m2, double batch_std, const grpo_options& o) {
+  group_norm r;
+  double sigma = 1.0;
+  if (count < 1.0) {
+    r.zero = true;
+    return r;
+  }
+  if (count < 2.0) {
+    if (o.single != single::raw) { // single::raise was rejected before any work started
+      r.zero = true;
+      return r;
+    }
+    sigma = o.scale == scale::batch_std ? batch_std : 1.0;
+  } else {
+    r.mean = mean;
+    sigma = o.scale == scale::group_std ? std_of(count, m2, o.unbiased) : o.scale == scale::batch_std ? batch_std : 1.0;
+  }
+  if (o.scale != scale::none) r.div = add_rn(sigma > o.std_floor ? sigma : o.std_floor, o.epsilon);
+  return r;
+}
+
+RLPT_HD float apply_norm(float x, const group_norm& n) {
+  if (n.zero || !finite(x)) return 0.0f;
+  return static_cast<float>((static_cast<double>(x) - n.mean) / n.div);
+}
+
+//! Batch std over every counted reward (canonical 256-lane order, shared with the device); a
+//! batch with fewer than 2 counted rewards has std 1 (nothing to compare against).
+inline double batch_std_of(view<const float> rewards, bool unbiased) {
+  const canonical_moments m = moments_canonical<batch_lanes>(rewards.size(), [&](index_t i) { return rewards[i]; });
+  return m.count < 2.0 ? 1.0 : std_of(m.count, m.m2, unbiased);
+}
+
+inline void check_grpo_options(const grpo_options& o) {
+  RLPT_CHECK(o.epsilon >= 0.0 && o.std_floor >= 0.0 && std::isfinite(o.epsilon) && std::isfinite(o.std_floor),
+             "rlpt.advantage.bad_option", "grpo_options: epsilon ({}) and std_floor ({}) must be finite and >= 0",
+             o.epsilon, o.std_floor);
+  RLPT_CHECK(o.scale == scale::none || o.epsilon > 0.0 || o.std_floor > 0.0, "rlpt.advantage.bad_option",
+             "grpo_options: scaling by std needs epsilon > 0 or std_floor > 0, or a zero-std group divides by zero");
+}
+
+} // namespace detail
+
+//! GRPO advantages: A_i = (R_i - mean_g) / (max(std_g, floor) + eps), or R_i - mean_g with
+//! scale::none. Writes one advantage per sequence into `out` and the per-group statistics into
+//! `stats` (reuse it across calls to avoid allocation).
+inline void grpo_advantages(view<const float> rewards, const groups& g, view<float> out, const grpo_options& o,
+                            group_stats& stats, const host_executor& ex = {}) {
+  detail::check_grpo_options(o);
+  const index_t bad = detail::start_group_estimator(rewards, g, out, o.on_nonfinite);
+  detail::check_singles(rewards, g, o.single, "GRPO with single = raise", "grpo_options");
+  detail::reset_stats(stats, g.num_groups());
+  stats.num_nonfinite = bad;
+  const double batch_std = o.scale == scale::batch_std ? detail::batch_std_of(rewards, o.unbiased) : 0.0;
+  stats.batch_std = batch_std;
+  detail::for_each_group(g, ex, [&](index_t k) {
+    const view<const index_t> mem = g.members(k);
+    const detail::canonical_moments m =
+        detail::moments_canonical(mem.size(), [&](index_t j) { return rewards[mem[j]]; });
+    detail::record_group(stats, k, m, o.unbiased);
+    const detail::group_norm n = detail::grpo_norm(m.count, m.mean, m.m2, batch_std, o);
+    for (index_t i : mem) out[i] = detail::apply_norm(rewards[i], n);
+  });
+  detail::finish_stats(stats);
+}
+
+[[nodiscard]] inline group_stats grpo_advantages(view<const float> rewards, const groups& g, view<float> out,
+                                                 const grpo_options& o = {}, const host_executor& ex = {}) {
+  group_stats s;
+  grpo_advantages(rewards, g, out, o, s, ex);
+  return s;
+}
+
+// --- GPG -------------------------------------------------------------------------------------
+
+struct gpg_options {
+  double f_norm = 1.0;                     //!< verl compute_gpg_outcome_advantage f_norm (1.0)
+  rlpt::single single = rlpt::single::raw; //!< verl: a lone sample has mean 0
+  rlpt::nonfinite on_nonfinite = rlpt::nonfinite::raise;
+};
+
+//! GPG (arXiv 2504.02546, verl `gpg`): A_i = alpha * (R_i - mean_g) / f_norm with
+//! alpha = N / max(1, #{R != 0}) over the counted rewards of the whole batch, so advantages are
+//! not group-local.
+inline void gpg_advantages(view<const float> rewards, const groups& g, view<float> out, const gpg_options& o,
+                           group_stats& stats, const host_executor& ex = {}) {
+  RLPT_CHECK(std::isfinite(o.f_norm) && o.f_norm != 0.0, "rlpt.advantage.bad_option",
+             "gpg_options: f_norm must be finite and non-zero, got {}", o.f_norm);
+  const index_t bad = detail::start_group_estimator(rewards, g, out, o.on_nonfinite);
+  detail::check_singles(rewards, g, o.single, "GPG with single = raise", "gpg_options");
+  detail::reset_stats(stats, g.num_groups());
+  stats.num_nonfinite = bad;
+  index_t nonzero = 0;
+  for (index_t i = 0; i < rewards.size(); ++i) nonzero += (detail::finite(rewards[i]) && rewards[i] != 0.0f) ? 1 : 0;
+  const double alpha =
+      static_cast<double>(rewards.size() - bad) / static_cast<double>(std::max<index_t>(nonzero, 1));
+  detail::for_each_group(g, ex, [&](index_t k) {
+    const view<const index_t> mem = g.members(k);
+    const detail::canonical_moments m =
+        detail::moments_canonical(mem.size(), [&](index_t j) { return rewards[mem[j]]; });
+    detail::record_group(stats, k, m, true);
+    const bool zero = m.count < 1.0 || (m.count < 2.0 && o.single != single::raw);
+    const double mean = m.count < 2.0 ? 0.0 : m.mean;
+    for (index_t i : mem)
+      out[i] = (zero || !detail::finite(rewards[i]))
+                   ? 0.0f
+                   : static_cast<float>(detail::mul_rn(alpha, static_cast<double>(rewards[i]) - mean) / o.f_norm);
+  });
+  detail::finish_stats(stats);
+}
+
+[[nodiscard]] inline group_stats gpg_advantages(view<const float> rewards, const groups& g, view<float> out,
+                                                const gpg_options& o = {}, const host_executor& ex = {}) {
+  group_stats s;
+  gpg_advantages(rewards, g, out, o, s, ex);
+  return s;
+}
+
+// --- pass@k ----------------------------------------------------------------------------------
+
+struct passk_options {
+  bool scale_by_std = true;                  //!< verl reads config.norm_adv_by_std_in_grpo (default True)
+  double epsilon = 1e-6;                     //!< verl: (R_max - R_2nd) / (std + 1e-6)
+  rlpt::single single = rlpt::single::raise; //!< verl raises for a group of 1; zero is the alternative
+  rlpt::nonfinite on_nonfinite = rlpt::nonfinite::raise;
+};
+
+//! verl `grpo_passk` (arXiv 2503.19595): in each group only the best sample (the first member in
+//! group order on ties) gets A = R_max - R_second [/ (std_g + eps)]; every other sample gets 0.
+inline void passk_advantages(view<const float> rewards, const groups& g, view<float> out, const passk_options& o,
+                             group_stats& stats, const host_executor& ex = {}) {
+  RLPT_CHECK(o.single != single::raw, "rlpt.advantage.bad_option",
+             "passk_options: single = raw has no meaning for pass@k (no second sample to compare); use raise or zero");
+  RLPT_CHECK(o.epsilon >= 0.0 && std::isfinite(o.epsilon), "rlpt.advantage.bad_option",
+             "passk_options: epsilon must be finite and >= 0, got {}", o.epsilon);
+  const index_t bad = detail::start_group_estimator(rewards, g, out, o.on_nonfinite);
+  detail::check_singles(rewards, g, o.single, "pass@k", "passk_options");
+  detail::reset_stats(stats, g.num_groups());
+  stats.num_nonfinite = bad;
+  detail::for_each_group(g, ex, [&](index_t k) {
+    const view<const index_t> mem = g.members(k);
+    const detail::canonical_moments m =
+        detail::moments_canonical(mem.size(), [&](index_t j) { return rewards[mem[j]]; });
+    detail::record_group(stats, k, m, true);
+    index_t best = -1;
+    float top = 0.0f, second = 0.0f;
+    bool have_second = false;
+    for (index_t i : mem) {
+      out[i] = 0.0f;
+      const float x = rewards[i];
+      if (!detail::finite(x)) continue;
+      if (best < 0 || x > top) {
+        if (best >= 0) {
+          second = top;
+          have_second = true;
+        }
+        top = x;
+        best = i;
+      } else if (!have_second || x > second) {
+        second = x;
+        have_second = true;
+      }
+    }
+    if (!have_second) return; // 0 or 1 counted: advantage 0 (single::zero)
+    double a = static_cast<double>(top) - static_cast<double>(second);
+    if (o.scale_by_std) a /= detail::add_rn(detail::std_of(m.count, m.m2, true), o.epsilon);
+    out[best] = static_cast<float>(a);
+  });
+  detail::finish_stats(stats);
+}
+
+[[nodiscard]] inline group_stats passk_advantages(view<const float> rewards, const groups& g, view<float> out,
+                                                  const passk_options& o = {}, const host_executor& ex = {}) {
+  group_stats s;
+  passk_advantages(rewards, g, out, o, s, ex);
+  return s;
+}
+
+} // namespace rlpt

@@ -1,0 +1,65 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file
+//! RLOO: REINFORCE with a leave-one-out baseline (arXiv 2402.14740). Each sample is compared with
+//! the mean of the *other* samples of its group: A_i = R_i - (S_g - R_i) / (n_g - 1), which is the
+//! same number as the k/(k-1) form n/(n-1) (R_i - mean_g). A separate estimator (not a GRPO flag)
+//! with its own check: a group needs at least 2 counted samples unless `single` says otherwise.
+#pragma once
+
+#include <rlpt/config.hpp>
+#include <rlpt/advantage/common.hpp>
+#include <rlpt/core/error.hpp>
+#include <rlpt/core/executor.hpp>
+#include <rlpt/core/groups.hpp>
+#include <rlpt/core/views.hpp>
+
+namespace rlpt {
+
+struct rloo_options {
+  //! rlpt default: a group of 1 is an error (OpenRLHF would divide 0 by 0). verl `rloo` keeps R
+  //! (single::raw); verl `rloo_vectorized` gives 0 (single::zero).
+  rlpt::single single = rlpt::single::raise;
+  rlpt::nonfinite on_nonfinite = rlpt::nonfinite::raise;
+};
+
+namespace detail {
+
+//! Leave-one-out advantage of x in a group with `count` counted rewards summing to `sum`.
+RLPT_HD float rloo_value(float x, double count, double sum, single policy) {
+  if (!finite(x) || count < 1.0) return 0.0f;
+  if (count < 2.0) return policy == single::raw ? x : 0.0f;
+  const double xd = static_cast<double>(x);
+  return static_cast<float>(xd - (sum - xd) / (count - 1.0));
+}
+
+} // namespace detail
+
+//! RLOO advantages, one per sequence, and per-group statistics (mean = plain group mean).
+inline void rloo_advantages(view<const float> rewards, const groups& g, view<float> out, const rloo_options& o,
+                            group_stats& stats, const host_executor& ex = {}) {
+  const index_t bad = detail::start_group_estimator(rewards, g, out, o.on_nonfinite);
+  detail::check_singles(rewards, g, o.single, "RLOO", "rloo_options");
+  detail::reset_stats(stats, g.num_groups());
+  stats.num_nonfinite = bad;
+  detail::for_each_group(g, ex, [&](index_t k) {
+    const view<const index_t> mem = g.members(k);
+    const detail::canonical_moments m =
+        detail::moments_canonical(mem.size(), [&](index_t j) { return rewards[mem[j]]; });
+    detail::record_group(stats, k, m, true);
+    const double sum = detail::canonical_sum(mem.size(), [&](index_t j) {
+      const float x = rewards[mem[j]];
+      return detail::finite(x) ? static_cast<double>(x) : 0.0;
+    });
+    for (index_t i : mem) out[i] = detail::rloo_value(rewards[i], m.count, sum, o.single);
+  });
+  detail::finish_stats(stats);
+}
+
+[[nodiscard]] inline group_stats rloo_advantages(view<const float> rewards, const groups& g, view<float> out,
+                                                 const rloo_options& o = {}, const host_executor& ex = {}) {
+  group_stats s;
+  rloo_advantages(rewards, g, out, o, s, ex);
+  return s;
+}
+
+} // namespace rlpt
