@@ -89,6 +89,13 @@ inline grpo_options grpo(scale scale_rewards = scale::group_std) {
   return {.scale = scale_rewards, .epsilon = 1e-4, .single = single::zero, .on_nonfinite = nonfinite::mask};
 }
 
+//! RLOOTrainer: leave-one-out over scorable siblings (a lone scorable sample gets 0), optional
+//! normalize_advantages over the batch with std + 1e-4.
+inline rloo_options rloo(bool normalize_advantages = false) {
+  return {.single = single::zero, .on_nonfinite = nonfinite::mask, .batch_normalize = normalize_advantages,
+          .batch_epsilon = 1e-4};
+}
+
 //! multi_objective_aggregation="normalize_then_sum".
 inline gdpo_options gdpo() { return {}; }
 
