@@ -1,0 +1,246 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file
+//! Host row kernels of the logprob family: one read of a logits row gives its online
+//! log-sum-exp state; one more read gives its gradient.
+//!
+//! Batch invariance: a row is cut into fixed 512-column chunks and column j always feeds lane
+//! j % 16, whatever the row's address, its position in the batch, N or the thread count; lanes
+//! are folded in a fixed tree. The inner loops are plain lane loops the compiler vectorises
+//! without -ffast-math. On x86-64 an AVX2+FMA build of the same loops is chosen once per
+//! process (__builtin_cpu_supports), so every row of a process takes the same path.
+#pragma once
+
+#include <rlpt/config.hpp>
+#include <rlpt/core/dtype.hpp>
+#include <rlpt/core/views.hpp>
+#include <rlpt/logprob/detail/simd.hpp>
+#include <rlpt/logprob/math.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(RLPT_LOGPROB_NO_DISPATCH)
+#define RLPT_LOGPROB_X86_DISPATCH() 1
+#define RLPT_LOGPROB_AVX2 __attribute__((target("avx2,fma")))
+#else
+#define RLPT_LOGPROB_X86_DISPATCH() 0
+#endif
+
+namespace rlpt::detail {
+
+inline constexpr int row_chunk = 512;
+inline constexpr float neg_inf_f = -std::numeric_limits<float>::infinity();
+
+//! Whether this process runs the AVX2 build of the row kernels.
+[[nodiscard]] inline bool row_kernels_use_avx2() noexcept {
+#if RLPT_LOGPROB_X86_DISPATCH()
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+#else
+  return false;
+#endif
+}
+
+//! Kept-column rule of the truncated modes (also used with threshold −inf: keeps everything).
+//! Bitwise operators, not && / ||, so the lane loops stay branch-free.
+RLPT_HD_FORCEINLINE bool kept_column(float z, index_t j, float threshold, index_t tie_last) {
+  return (z > threshold) | ((z == threshold) & (j <= tie_last));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bodies, on 16-lane packs of NB-byte native vectors (always inlined into the per-ISA entry
+// points below). The last partial block is padded with −inf, which contributes exactly 0.
+
+//! Online LSE state of x[0, n) · scale. Rescaling happens at most once per 512-column chunk.
+template <int NB, class T>
+RLPT_HD_FORCEINLINE lse_state row_accumulate_body(const T* x, index_t n, float scale) {
+  namespace v = simd;
+  using vf = v::vf<NB>;
+  constexpr int W = v::lanes;
+  vf z[row_chunk / W];
+  vf s = v::splat<NB>(0.0f), a = v::splat<NB>(0.0f);
+  float m = neg_inf_f;
+  bool poisoned = false; // NaN seen while every value so far was -inf
+  for (index_t c0 = 0; c0 < n; c0 += row_chunk) {
+    const int len = static_cast<int>(std::min<index_t>(row_chunk, n - c0));
+    const int blocks = (len + W - 1) / W, full = len / W;
+    const T* xc = x + c0;
+    vf mx = v::splat<NB>(neg_inf_f);
+    for (int b = 0; b < full; ++b) {
+      z[b] = v::load<NB>(xc + b * W) * scale;
+      mx = v::max(mx, z[b]);
+    }
+    if (full < blocks) {
+      z[full] = v::load_partial<NB>(xc + full * W, len - full * W, neg_inf_f) * scale;
+      mx = v::max(mx, z[full]);
+    }
+    const float cm = v::hmax(mx);
+    if (cm > m) {
+      if (m != neg_inf_f) {
+        float dc = 0.0f;
+        const float c = shifted_exp(m - cm, dc);
+        a = (a + s * dc) * c;
+        s = s * c;
+      }
+      m = cm;
+    }
+    if (m == neg_inf_f) { // only -inf (or NaN) so far: nothing to add, but remember NaN
+      for (int b = 0; b < blocks; ++b) poisoned |= v::any_nan(z[b]);
+      continue;
+    }
+    vf cs = v::splat<NB>(0.0f), ca = v::splat<NB>(0.0f);
+    for (int b = 0; b < blocks; ++b) {
+      vf dc;
+      const vf e = v::shifted_exp(z[b] - m, dc);
+      cs += e;
+      ca += e * dc;
+    }
+    s += cs;
+    a += ca;
+  }
+  if (poisoned) return {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::quiet_NaN(), 0.0f};
+  return {m, v::hsum(s), v::hsum(a)};
+}
+
+//! Kept-column mask of one 16-column block starting at column j0.
+template <int NB, class T>
+RLPT_HD_FORCEINLINE simd::vi<NB> kept_lanes(const simd::vf<NB>& z, index_t j0, float threshold, index_t tie_last) {
+  namespace v = simd;
+  // columns relative to j0 fit int32: vocabularies are < 2^31 (checked at the API)
+  const auto rel = static_cast<std::int32_t>(std::clamp<index_t>(tie_last - j0, -1, index_t{1} << 30));
+  const v::vi<NB> tie_ok = v::le_i(v::column_offsets<NB, T>(), v::splat_i<NB>(rel));
+  return v::gt(z, v::splat<NB>(threshold)) | (v::eq(z, v::splat<NB>(threshold)) & tie_ok);
+}
+
+//! Σ over kept columns of exp(z − m) and exp(z − m)·(z − m), for a known row max m; writes the
+//! kept mask when `kept` is not null.
+template <int NB, class T>
+RLPT_HD_FORCEINLINE lse_state row_accumulate_kept_body(const T* x, index_t n, float scale, float m, float threshold,
+                                                        index_t tie_last, mask_t* kept) {
+  namespace v = simd;
+  using vf = v::vf<NB>;
+  constexpr int W = v::lanes;
+  vf s = v::splat<NB>(0.0f), a = v::splat<NB>(0.0f);
+  for (index_t c0 = 0; c0 < n; c0 += row_chunk) {
+    const int len = static_cast<int>(std::min<index_t>(row_chunk, n - c0));
+    vf cs = v::splat<NB>(0.0f), ca = v::splat<NB>(0.0f);
+    for (int b0 = 0; b0 < len; b0 += W) {
+      const int cnt = std::min(W, len - b0);
+      const index_t j0 = c0 + b0;
+      const vf z = (cnt == W ? v::load<NB>(x + j0) : v::load_partial<NB>(x + j0, cnt, neg_inf_f)) * scale;
+      const v::vi<NB> k = kept_lanes<NB, T>(z, j0, threshold, tie_last);
+      vf dc;
+      const vf e = v::sel(k, v::shifted_exp(z - m, dc), v::splat<NB>(0.0f));
+      cs += e;
+      ca += e * dc;
+      if (kept != nullptr) {
+        std::int32_t kl[W];
+        std::memcpy(kl, &k, sizeof kl);
+        for (int l = 0; l < W; ++l) {
+          const int c = v::lane_column<T>(l);
+          if (c < cnt) kept[j0 + c] = kl[l] != 0 ? 1 : 0;
+        }
+      }
+    }
+    s += cs;
+    a += ca;
+  }
+  return {m, v::hsum(s), v::hsum(a)};
+}
+
+//! dx[j] = scale · (dlogp·(δ_{j,target} − p_j) − dentropy·p_j·(log p_j + H)) over kept columns,
+//! 0 elsewhere (target < 0: no one-hot term). x and dx may be the same memory (in-place
+//! backward): each block is read before it is written.
+template <int NB, class T, class G, bool Truncated>
+RLPT_HD_FORCEINLINE void row_backward_body(const T* x, G* dx, index_t n, float scale, float lse, float entropy,
+                                           float dlogp, float dentropy, float threshold, index_t tie_last,
+                                           index_t target) {
+  namespace v = simd;
+  using vf = v::vf<NB>;
+  constexpr int W = v::lanes;
+  const float gl = dlogp * scale, gh = dentropy * scale;
+  const v::vi<NB> cols = v::column_offsets<NB, T>();
+  for (index_t j0 = 0; j0 < n; j0 += W) {
+    const int cnt = static_cast<int>(std::min<index_t>(W, n - j0));
+    const vf z = (cnt == W ? v::load<NB>(x + j0) : v::load_partial<NB>(x + j0, cnt, 0.0f)) * scale;
+    vf lpc;
+    const vf p = v::shifted_exp(z - lse, lpc);
+    vf g = v::splat<NB>(0.0f) - p * ((lpc + entropy) * gh + gl);
+    if (target >= j0 && target < j0 + W)
+      g = v::sel(v::eq_i(cols, v::splat_i<NB>(static_cast<std::int32_t>(target - j0))), g + gl, g);
+    if constexpr (Truncated) g = v::sel(kept_lanes<NB, T>(z, j0, threshold, tie_last), g, v::splat<NB>(0.0f));
+    if (cnt == W) {
+      v::store<NB, T>(dx + j0, g);
+    } else {
+      v::store_partial<NB, T>(dx + j0, g, cnt);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-ISA entry points.
+
+template <class T>
+lse_state row_accumulate_generic(const T* x, index_t n, float scale) {
+  return row_accumulate_body<simd::baseline_bytes>(x, n, scale);
+}
+template <class T>
+lse_state row_accumulate_kept_generic(const T* x, index_t n, float scale, float m, float thr, index_t tie,
+                                      mask_t* kept) {
+  return row_accumulate_kept_body<simd::baseline_bytes>(x, n, scale, m, thr, tie, kept);
+}
+template <class T, class G, bool Tr>
+void row_backward_generic(const T* x, G* dx, index_t n, float scale, float lse, float h, float glp, float gh,
+                          float thr, index_t tie, index_t target) {
+  row_backward_body<simd::baseline_bytes, T, G, Tr>(x, dx, n, scale, lse, h, glp, gh, thr, tie, target);
+}
+
+#if RLPT_LOGPROB_X86_DISPATCH()
+template <class T>
+RLPT_LOGPROB_AVX2 lse_state row_accumulate_avx2(const T* x, index_t n, float scale) {
+  return row_accumulate_body<32>(x, n, scale);
+}
+template <class T>
+RLPT_LOGPROB_AVX2 lse_state row_accumulate_kept_avx2(const T* x, index_t n, float scale, float m, float thr,
+                                                     index_t tie, mask_t* kept) {
+  return row_accumulate_kept_body<32>(x, n, scale, m, thr, tie, kept);
+}
+template <class T, class G, bool Tr>
+RLPT_LOGPROB_AVX2 void row_backward_avx2(const T* x, G* dx, index_t n, float scale, float lse, float h, float glp,
+                                         float gh, float thr, index_t tie, index_t target) {
+  row_backward_body<32, T, G, Tr>(x, dx, n, scale, lse, h, glp, gh, thr, tie, target);
+}
+#endif
+
+//! Online LSE state of one row of logits · scale.
+template <class T>
+lse_state row_accumulate(const T* x, index_t n, float scale) {
+#if RLPT_LOGPROB_X86_DISPATCH()
+  if (row_kernels_use_avx2()) return row_accumulate_avx2(x, n, scale);
+#endif
+  return row_accumulate_generic(x, n, scale);
+}
+
+//! LSE state over the kept columns of a row whose max is m (truncated modes).
+template <class T>
+lse_state row_accumulate_kept(const T* x, index_t n, float scale, float m, float thr, index_t tie, mask_t* kept) {
+#if RLPT_LOGPROB_X86_DISPATCH()
+  if (row_kernels_use_avx2()) return row_accumulate_kept_avx2(x, n, scale, m, thr, tie, kept);
+#endif
+  return row_accumulate_kept_generic(x, n, scale, m, thr, tie, kept);
+}
+
+//! Gradient of one row (target < 0: no one-hot term, e.g. the target lives on another shard).
+template <class T, class G, bool Truncated>
+void row_backward(const T* x, G* dx, index_t n, float scale, float lse, float h, float glp, float gh, float thr,
+                  index_t tie, index_t target) {
+#if RLPT_LOGPROB_X86_DISPATCH()
+  if (row_kernels_use_avx2())
+    return row_backward_avx2<T, G, Truncated>(x, dx, n, scale, lse, h, glp, gh, thr, tie, target);
+#endif
+  row_backward_generic<T, G, Truncated>(x, dx, n, scale, lse, h, glp, gh, thr, tie, target);
+}
+
+} // namespace rlpt::detail

@@ -1,0 +1,149 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file
+//! Top-k / top-p support of one logits row by radix selection, without sorting or scratch.
+//!
+//! Tempered logits map to order-preserving 32-bit keys. Top-k finds the k-th largest key in
+//! three digit passes (11 + 11 + 10 bits) of counting. Top-p walks the same digits with the
+//! probability mass per digit, in 2^-40 fixed point: integer sums are associative, so the
+//! chosen support is the same however the sums are ordered (host loop or GPU atomics). The
+//! result is a threshold value plus, for ties at it, the last kept column: column j is kept iff
+//! z_j > threshold or (z_j == threshold and j <= tie_last).
+#pragma once
+
+#include <rlpt/config.hpp>
+#include <rlpt/core/dtype.hpp>
+#include <rlpt/logprob/math.hpp>
+
+#include <cstdint>
+#include <limits>
+
+namespace rlpt::detail {
+
+//! Monotone map float -> uint32 (for non-NaN values); −0 and +0 share a key.
+RLPT_HD_FORCEINLINE std::uint32_t order_key(float z) {
+  const std::uint32_t u = float_bits(z + 0.0f);
+  return (u & 0x80000000u) != 0 ? ~u : (u | 0x80000000u);
+}
+
+//! Inverse of order_key.
+RLPT_HD_FORCEINLINE float key_value(std::uint32_t k) {
+  return bits_float((k & 0x80000000u) != 0 ? (k & 0x7fffffffu) : ~k);
+}
+
+//! Probability mass exp(z − m) ∈ [0, 1] in 2^-40 fixed point: a row of up to 2^24 columns sums
+//! without overflow.
+RLPT_HD_FORCEINLINE std::uint64_t mass_fixed(float z, float m) {
+  float dc;
+  const float e = shifted_exp(z - m, dc);
+  return static_cast<std::uint64_t>(e * 1099511627776.0f);
+}
+
+struct radix_level {
+  int shift;
+  int bits;
+};
+inline constexpr radix_level radix_levels[3] = {{21, 11}, {10, 11}, {0, 10}};
+inline constexpr int radix_buckets = 2048;
+
+//! The kept support of a truncated row.
+struct truncation {
+  float threshold = -std::numeric_limits<float>::infinity();
+  index_t tie_last = 0;
+};
+
+//! Number of kept ties at the crossing key: ties each have mass `unit`, and the i-th (by column)
+//! is kept while cum + i·unit < target.
+RLPT_HD_FORCEINLINE std::uint64_t kept_ties(std::uint64_t cum, std::uint64_t target, std::uint64_t unit,
+                                           std::uint64_t count) {
+  if (unit == 0) return count;
+  const std::uint64_t r = (target - cum + unit - 1) / unit;
+  return r < count ? r : count;
+}
+
+//! top_k/top_p support of x[0, n) · scale whose max is m (host; the row is read 3–8 times,
+//! from cache for vocabulary-sized rows).
+template <class T>
+truncation row_truncation(const T* x, index_t n, float scale, float m, index_t top_k, float top_p) {
+  truncation tr;
+  tr.tie_last = n - 1;
+  const bool use_k = top_k > 0 && top_k < n;
+  const bool use_p = top_p < 1.0f;
+  if (!use_k && !use_p) return tr;
+
+  std::uint32_t kmin = 0; // top-k support: key >= kmin
+  if (use_k) {
+    std::uint32_t count[radix_buckets];
+    std::uint32_t prefix = 0, pmask = 0;
+    auto remaining = static_cast<std::uint64_t>(top_k);
+    for (const radix_level lv : radix_levels) {
+      const std::uint32_t dmask = (1u << lv.bits) - 1u;
+      for (int d = 0; d < radix_buckets; ++d) count[d] = 0;
+      for (index_t j = 0; j < n; ++j) {
+        const std::uint32_t key = order_key(load_logit(x[j]) * scale);
+        if ((key & pmask) == prefix) ++count[(key >> lv.shift) & dmask];
+      }
+      for (auto d = static_cast<int>(dmask); d >= 0; --d) {
+        if (count[d] >= remaining) {
+          prefix |= static_cast<std::uint32_t>(d) << lv.shift;
+          break;
+        }
+        remaining -= count[d];
+      }
+      pmask |= dmask << lv.shift;
+    }
+    kmin = prefix;
+    tr.threshold = key_value(kmin);
+  }
+  if (!use_p) return tr;
+
+  std::uint64_t mass[radix_buckets];
+  std::uint32_t count[radix_buckets];
+  std::uint32_t prefix = 0, pmask = 0;
+  std::uint64_t cum = 0, target = 0;
+  bool first = true;
+  int last_digit = 0;
+  for (const radix_level lv : radix_levels) {
+    const std::uint32_t dmask = (1u << lv.bits) - 1u;
+    for (int d = 0; d < radix_buckets; ++d) mass[d] = count[d] = 0;
+    for (index_t j = 0; j < n; ++j) {
+      const float z = load_logit(x[j]) * scale;
+      const std::uint32_t key = order_key(z);
+      if (key >= kmin && (key & pmask) == prefix) {
+        const std::uint32_t d = (key >> lv.shift) & dmask;
+        mass[d] += mass_fixed(z, m);
+        ++count[d];
+      }
+    }
+    if (first) {
+      std::uint64_t total = 0;
+      for (int d = 0; d < radix_buckets; ++d) total += mass[d];
+      const auto t = static_cast<std::uint64_t>(static_cast<double>(top_p) * static_cast<double>(total));
+      target = t > 0 ? t : 1; // the most probable token is always kept
+      first = false;
+    }
+    for (auto d = static_cast<int>(dmask); d >= 0; --d) {
+      if (cum + mass[d] >= target) {
+        prefix |= static_cast<std::uint32_t>(d) << lv.shift;
+        last_digit = d;
+        break;
+      }
+      cum += mass[d];
+    }
+    pmask |= dmask << lv.shift;
+  }
+  tr.threshold = key_value(prefix);
+  const std::uint64_t ties = count[last_digit];
+  const std::uint64_t keep = kept_ties(cum, target, mass_fixed(tr.threshold, m), ties);
+  if (keep < ties) {
+    std::uint64_t seen = 0;
+    for (index_t j = 0; j < n; ++j) {
+      if (order_key(load_logit(x[j]) * scale) == prefix && ++seen == keep) {
+        tr.tie_last = j;
+        break;
+      }
+    }
+  }
+  return tr;
+}
+
+} // namespace rlpt::detail

@@ -1,0 +1,123 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file
+//! What distribution a logprob is taken under (temperature, top-k, top-p), where the results
+//! go, and the per-row statistics a forward pass saves for its backward.
+//!
+//! One options struct serves the host and the device entry points of the logprob family, so a
+//! trainer scores tokens under exactly the distribution its inference engine sampled from:
+//! logits are divided by the temperature, then (optionally) truncated to the top-k tokens,
+//! then to the top-p nucleus of that, and renormalised.
+#pragma once
+
+#include <rlpt/config.hpp>
+#include <rlpt/core/error.hpp>
+#include <rlpt/core/views.hpp>
+
+#include <cmath>
+#include <cstdint>
+
+namespace rlpt {
+
+//! What happens when a target token lies outside the top-k / top-p support (the engine could not
+//! have sampled it; usually a sign the trainer's logits or sampling parameters differ).
+enum class dropped_target : std::uint8_t {
+  raise,   //!< rlpt::error naming the row, the token and its probability rank
+  neg_inf, //!< logp = −inf, counted in logprob_stats::dropped, no gradient
+};
+
+struct logprob_options {
+  //! Logits are divided by T > 0 before the softmax. 1 = raw logits (vLLM "raw_logprobs");
+  //! verl, TRL, OpenRLHF and slime divide by the rollout temperature (see compat.hpp).
+  float temperature = 1.0f;
+  //! Keep only the k largest tempered logits; every token tied with the k-th is kept (the
+  //! vLLM and Hugging Face rule). 0 or −1 = off (HF default 0, vLLM −1).
+  index_t top_k = 0;
+  //! Then keep the most probable tokens of the top-k distribution while the mass before them
+  //! is < top_p (tokens sorted by probability, ties by lower id; the most probable token is
+  //! always kept), and renormalise: the vLLM / HF nucleus rule. 1 = off.
+  float top_p = 1.0f;
+  //! Targets equal to this are not scored: logp 0 and no gradient (torch cross_entropy: −100).
+  //! The entropy of such rows is still computed.
+  index_t ignore_index = -100;
+  //! Targets outside the top-k/top-p support (only possible when truncation is on).
+  dropped_target on_dropped = dropped_target::raise;
+
+  [[nodiscard]] bool truncated() const noexcept { return top_k > 0 || top_p < 1.0f; }
+};
+
+//! Per-row statistics the forward writes and the backward reads ([N] each, caller memory).
+//! `lse` is needed by every backward; `threshold` and `tie_last` only with top-k/top-p.
+struct logprob_saved {
+  view<float> lse{};      //!< log Σ_kept exp(logits / T)
+  view<float> threshold{}; //!< smallest kept tempered logit (−inf when nothing is truncated)
+  view<index_t> tie_last{}; //!< column j is kept iff z_j > threshold or (z_j == threshold and j ≤ tie_last)
+};
+
+//! Where a forward writes. Only `logp` is required; empty views are skipped.
+struct logprob_outputs {
+  view<float> logp{};    //!< [N] log-probability of the target under the (truncated) distribution
+  view<float> entropy{}; //!< [N] entropy of that distribution
+  logprob_saved saved{}; //!< for the backward
+  view2d<mask_t> kept{}; //!< [N, V] 1 where a token survives top-k/top-p (the sampling mask)
+  view<mask_t> scored{}; //!< [N] 1 where a target was scored (0: ignored, dropped, no successor)
+};
+
+//! Counts a forward returns (the non-finite policy's "mask and count" side).
+struct logprob_stats {
+  index_t scored = 0;  //!< rows whose target was scored
+  index_t ignored = 0; //!< rows skipped (ignore_index, no successor in the sequence, masked)
+  index_t dropped = 0; //!< targets outside the top-k/top-p support (on_dropped = neg_inf)
+
+  logprob_stats& operator+=(const logprob_stats& o) noexcept {
+    scored += o.scored;
+    ignored += o.ignored;
+    dropped += o.dropped;
+    return *this;
+  }
+};
+
+namespace detail {
+
+inline void check_logprob_options(const logprob_options& o) {
+  RLPT_CHECK(o.temperature > 0.0f && std::isfinite(o.temperature), "rlpt.logprob.temperature",
+             "temperature must be finite and > 0, got {} (greedy decoding has no distribution to score: "
+             "use top_k = 1 for an argmax check)",
+             o.temperature);
+  RLPT_CHECK(o.top_k >= -1, "rlpt.logprob.top_k", "top_k must be >= 0 (or -1 = off), got {}", o.top_k);
+  RLPT_CHECK(o.top_p > 0.0f && o.top_p <= 1.0f, "rlpt.logprob.top_p", "top_p must be in (0, 1], got {}", o.top_p);
+}
+
+//! Validates the outputs of an N-row forward over V columns.
+inline void check_outputs(const logprob_outputs& out, index_t rows, index_t vocab, bool truncated) {
+  expect_size("logp", out.logp.size(), rows, "one per row");
+  expect_size_or_empty("entropy", out.entropy.size(), rows, "one per row");
+  expect_size_or_empty("scored", out.scored.size(), rows, "one per row");
+  expect_size_or_empty("saved.lse", out.saved.lse.size(), rows, "one per row");
+  expect_size_or_empty("saved.threshold", out.saved.threshold.size(), rows, "one per row");
+  expect_size_or_empty("saved.tie_last", out.saved.tie_last.size(), rows, "one per row");
+  if (out.kept.data() != nullptr) {
+    RLPT_CHECK(out.kept.rows() == rows && out.kept.cols() == vocab, "rlpt.logprob.shape_mismatch",
+               "kept mask is [{}, {}], expected [{}, {}] like the logits", out.kept.rows(), out.kept.cols(), rows,
+               vocab);
+  }
+  if (truncated && !out.saved.lse.empty()) {
+    RLPT_CHECK(!out.saved.threshold.empty() && !out.saved.tie_last.empty(), "rlpt.logprob.missing_saved",
+               "top-k/top-p is on, so saving statistics for the backward needs saved.threshold and "
+               "saved.tie_last as well as saved.lse ({} rows each)",
+               rows);
+  }
+}
+
+inline void check_target(index_t row, index_t target, index_t vocab, index_t ignore_index) {
+  if (RLPT_UNLIKELY((target < 0 || target >= vocab) && target != ignore_index))
+    RLPT_FAIL("rlpt.logprob.target_out_of_range", "target {} of row {} is outside the vocabulary [0, {}) "
+              "and is not ignore_index ({})", target, row, vocab, ignore_index);
+}
+
+[[noreturn]] inline void fail_nonfinite_row(index_t row, float max_z) {
+  RLPT_FAIL("rlpt.logprob.nonfinite", "logits row {} has no usable softmax: it contains NaN or +inf, or every "
+            "logit is -inf (row max after temperature: {})", row, max_z);
+}
+
+} // namespace detail
+} // namespace rlpt
