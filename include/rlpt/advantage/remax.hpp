@@ -14,6 +14,8 @@
 #include <rlpt/core/layout.hpp>
 #include <rlpt/core/views.hpp>
 
+#include <cmath>
+#include <string>
 #include <vector>
 
 namespace rlpt {
@@ -34,36 +36,46 @@ inline index_t remax_advantages(const token_layout& layout, view<const float> to
   detail::expect_size("baselines", baselines.size(), layout.num_seqs(), "one greedy-rollout reward per sequence");
   detail::check_rewards(baselines, o.on_nonfinite, "baselines");
   // gamma = 1: skipping masked tokens and zeroing them give the same sums (verl: cumsum of r * m).
-  const std::vector<index_t> bad = detail::run_recurrence(layout, token_rewards, {}, mask, {}, 1.0, 1.0,
-                                                          mask_mode::skip, advantages, {}, o.on_nonfinite, 0.0f,
-                                                          "ReMax", ex);
-  std::vector<mask_t> zeroed(static_cast<std::size_t>(layout.num_seqs()), 0);
-  for (index_t b : bad) zeroed[static_cast<std::size_t>(b)] = 1;
-  index_t count = static_cast<index_t>(bad.size());
-  for (index_t b = 0; b < layout.num_seqs(); ++b)
-    if (!detail::finite(baselines[b]) && !zeroed[static_cast<std::size_t>(b)]) {
-      zeroed[static_cast<std::size_t>(b)] = 1;
-      ++count;
-    }
+  // A = G - b is formed from the fp64 G, so it does not inherit G's fp32 rounding.
   const mask_t* m = mask.empty() ? nullptr : mask.data();
+  std::vector<mask_t> zeroed(static_cast<std::size_t>(layout.num_seqs()), 0);
   ex.parallel_for(layout.num_seqs(), detail::seq_grain(layout), [&](index_t b0, index_t b1) {
     for (index_t b = b0; b < b1; ++b) {
       const index_t base = layout.begin(b), n = layout.length(b);
-      const bool z = zeroed[static_cast<std::size_t>(b)] != 0;
-      const double bl = z ? 0.0 : static_cast<double>(baselines[b]);
-      for (index_t t = 0; t < n; ++t) {
+      const double bl = static_cast<double>(baselines[b]);
+      double g = 0.0, check = bl;
+      for (index_t t = n - 1; t >= 0; --t) {
         const index_t i = base + t;
-        if (!detail::valid_at(m, i) || z) {
+        if (!detail::valid_at(m, i)) {
           advantages[i] = 0.0f;
           if (!returns.empty()) returns[i] = 0.0f;
           continue;
         }
-        const float g = advantages[i];
-        if (!returns.empty()) returns[i] = g;
-        advantages[i] = static_cast<float>(static_cast<double>(g) - bl);
+        g += static_cast<double>(token_rewards[i]);
+        check += g;
+        advantages[i] = static_cast<float>(g - bl);
+        if (!returns.empty()) returns[i] = static_cast<float>(g);
+      }
+      if (!std::isfinite(check)) {
+        zeroed[static_cast<std::size_t>(b)] = 1;
+        for (index_t t = 0; t < n; ++t) {
+          advantages[base + t] = 0.0f;
+          if (!returns.empty()) returns[base + t] = 0.0f;
+        }
       }
     }
   });
+  std::vector<index_t> bad;
+  for (index_t b = 0; b < layout.num_seqs(); ++b)
+    if (zeroed[static_cast<std::size_t>(b)]) bad.push_back(b);
+  if (!bad.empty() && o.on_nonfinite == nonfinite::raise) {
+    index_t c = 0;
+    const std::string listed = detail::name_bad_tokens(layout, bad, token_rewards, {}, m, {}, c);
+    RLPT_FAIL("rlpt.advantage.nonfinite", "ReMax: {} sequence{} with non-finite rewards at valid tokens: {}{} (set "
+              "on_nonfinite = rlpt::nonfinite::mask to zero such sequences and count them)",
+              bad.size(), bad.size() == 1 ? "" : "s", listed, c > detail::max_named ? ", ..." : "");
+  }
+  const index_t count = static_cast<index_t>(bad.size());
   return count;
 }
 
