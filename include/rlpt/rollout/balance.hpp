@@ -1,0 +1,435 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file
+//! Balanced partitioning: which data-parallel rank gets which sequences (or whole groups).
+//!
+//! Ranks run in lockstep, so a step takes as long as its most loaded rank: the goal is a small
+//! max load. Algorithms (facts from async_buffers.md §4.3, written from their descriptions):
+//! - Karmarkar–Karp (largest differencing): states of k sets, a max-heap on spread, merge the
+//!   two largest-spread states pairing largest with smallest set. verl, AReaL and slime use it.
+//!   With equal counts, the items are chunked k at a time in ascending order (verl equal_size).
+//! - LPT with a count cap: heaviest item first onto the lightest rank that still has room
+//!   (AReaL balanced_greedy_partition).
+//! - best (rlpt default): both, keeping the smaller max load, then pairwise refinement (move or
+//!   swap items between the most loaded rank and the others whenever that lowers the larger
+//!   of the two loads). Refinement never raises the max load, so `best` is never worse than
+//!   either algorithm alone.
+//! Equal counts do not need N % k == 0: parts get floor(N/k) or ceil(N/k) items.
+//! Costs: tokens, a·L + L² (verl calculate_workload: 24576·L + L², a 7B-model FLOP model),
+//! or any caller function of the length.
+#pragma once
+
+#include <rlpt/config.hpp>
+#include <rlpt/core/error.hpp>
+#include <rlpt/core/groups.hpp>
+#include <rlpt/core/views.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <queue>
+#include <span>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace rlpt {
+
+//! Cost of one sequence of L tokens: linear·L + quadratic·L², or `custom(L)` when set.
+struct cost_model {
+  double linear = 1.0;
+  double quadratic = 0.0;
+  std::function<double(index_t)> custom{};
+
+  [[nodiscard]] double operator()(index_t len) const {
+    const auto l = static_cast<double>(len);
+    return custom ? custom(len) : linear * l + quadratic * l * l;
+  }
+  //! Tokens (AReaL, slime default).
+  [[nodiscard]] static cost_model tokens() { return {1.0, 0.0, {}}; }
+  //! a·L + L²: dense-transformer FLOPs up to a factor; verl's calculate_workload is a = 24576
+  //! (12h²L + 2hL² for hidden 4096, divided by 2h).
+  [[nodiscard]] static cost_model attention(double a = 24576.0) { return {a, 1.0, {}}; }
+  //! Σ L² (TRL balances ranks by squared length).
+  [[nodiscard]] static cost_model squared() { return {0.0, 1.0, {}}; }
+  [[nodiscard]] static cost_model of(std::function<double(index_t)> f) { return {0.0, 0.0, std::move(f)}; }
+};
+
+enum class partition_algorithm : std::uint8_t {
+  karmarkar_karp, //!< verl get_seqlen_balanced_partitions
+  lpt,            //!< AReaL balanced_greedy_partition (count-capped when equal_count)
+  best,           //!< rlpt: the better of both, then refined
+};
+
+//! Items assigned to parts: part p owns items[offsets[p], offsets[p+1]), ascending.
+struct partition {
+  std::vector<index_t> offsets{0};
+  std::vector<index_t> items{};
+  std::vector<double> loads{}; //!< cost per part
+
+  [[nodiscard]] index_t num_parts() const noexcept { return static_cast<index_t>(offsets.size()) - 1; }
+  [[nodiscard]] view<const index_t> part(index_t p) const noexcept {
+    return {items.data() + offsets[static_cast<std::size_t>(p)],
+            offsets[static_cast<std::size_t>(p) + 1] - offsets[static_cast<std::size_t>(p)]};
+  }
+  [[nodiscard]] index_t part_size(index_t p) const noexcept {
+    return offsets[static_cast<std::size_t>(p) + 1] - offsets[static_cast<std::size_t>(p)];
+  }
+  [[nodiscard]] double max_load() const noexcept {
+    return loads.empty() ? 0.0 : *std::max_element(loads.begin(), loads.end());
+  }
+  [[nodiscard]] double min_load() const noexcept {
+    return loads.empty() ? 0.0 : *std::min_element(loads.begin(), loads.end());
+  }
+  [[nodiscard]] double mean_load() const noexcept {
+    return loads.empty() ? 0.0 : std::accumulate(loads.begin(), loads.end(), 0.0) / static_cast<double>(loads.size());
+  }
+  //! max / mean (1 = perfect); 1 for an all-zero load.
+  [[nodiscard]] double imbalance() const noexcept {
+    const double m = mean_load();
+    return m > 0.0 ? max_load() / m : 1.0;
+  }
+};
+
+struct balance_options {
+  index_t ranks = 1;                                   //!< data-parallel ranks (parts)
+  partition_algorithm algorithm = partition_algorithm::best; //!< rlpt default; verl: karmarkar_karp
+  bool equal_count = true;                             //!< same item (or group) count per rank (verl equal_size=True)
+  bool refine = true;                                  //!< pairwise refinement after the algorithm (rlpt)
+  cost_model cost = cost_model::attention();           //!< verl's calculate_workload
+};
+
+namespace detail {
+
+struct kk_set {
+  double sum = 0.0;
+  index_t count = 0;
+  index_t head = -1;
+  index_t tail = -1;
+};
+
+struct kk_state {
+  std::vector<kk_set> sets; //!< non-empty sets, sum descending; the remaining k - size() are empty
+  std::uint64_t id = 0;
+};
+
+// Heaviest sets first; a non-empty set before an empty one of the same sum (verl's Set order).
+[[nodiscard]] inline bool kk_set_before(const kk_set& a, const kk_set& b) noexcept {
+  if (a.sum != b.sum) return a.sum > b.sum;
+  return a.count > b.count;
+}
+
+//! Karmarkar–Karp over non-negative weights. Equal counts with n % k != 0 add zero-weight
+//! padding items that sort first, so the first chunk gives them one per set and they are
+//! dropped at the end: parts get floor(n/k) or ceil(n/k) items.
+inline std::vector<std::vector<index_t>> karmarkar_karp(view<const double> w, index_t k, bool equal_count) {
+  const index_t n = w.size();
+  std::vector<index_t> order(static_cast<std::size_t>(n));
+  std::iota(order.begin(), order.end(), index_t{0});
+  std::sort(order.begin(), order.end(), [&](index_t a, index_t b) { return w[a] != w[b] ? w[a] < w[b] : a < b; });
+
+  // Items are linked per set; set union is O(1).
+  const index_t pad = equal_count ? (k - n % k) % k : 0;
+  const index_t total = n + pad; // padding items have ids n .. n + pad - 1, weight 0, sorted first
+  std::vector<index_t> next(static_cast<std::size_t>(total), -1);
+  auto weight_of = [&](index_t item) { return item < n ? w[item] : 0.0; };
+  auto sorted_item = [&](index_t pos) { return pos < pad ? n + pos : order[static_cast<std::size_t>(pos - pad)]; };
+
+  std::vector<kk_state> pool;
+  std::uint64_t next_id = 0;
+  auto spread = [&](const kk_state& s) {
+    if (s.sets.empty()) return 0.0;
+    const double lo = static_cast<index_t>(s.sets.size()) < k ? 0.0 : s.sets.back().sum;
+    return s.sets.front().sum - lo;
+  };
+  // Max-heap on (spread, largest set, earliest state).
+  auto after = [&](index_t a, index_t b) {
+    const kk_state& x = pool[static_cast<std::size_t>(a)];
+    const kk_state& y = pool[static_cast<std::size_t>(b)];
+    const double sx = spread(x), sy = spread(y);
+    if (sx != sy) return sx < sy;
+    const double mx = x.sets.empty() ? 0.0 : x.sets.front().sum, my = y.sets.empty() ? 0.0 : y.sets.front().sum;
+    if (mx != my) return mx < my;
+    return x.id > y.id;
+  };
+  std::priority_queue<index_t, std::vector<index_t>, decltype(after)> heap(after);
+
+  const index_t chunk = equal_count ? k : 1;
+  pool.reserve(static_cast<std::size_t>(total / chunk + 1));
+  for (index_t off = 0; off < total; off += chunk) {
+    kk_state s;
+    s.id = next_id++;
+    for (index_t i = 0; i < chunk; ++i) {
+      const index_t item = sorted_item(off + i);
+      s.sets.push_back({weight_of(item), 1, item, item});
+    }
+    std::stable_sort(s.sets.begin(), s.sets.end(), kk_set_before);
+    pool.push_back(std::move(s));
+    heap.push(static_cast<index_t>(pool.size()) - 1);
+  }
+  if (pool.empty()) return std::vector<std::vector<index_t>>(static_cast<std::size_t>(k));
+
+  std::vector<kk_set> merged;
+  while (heap.size() > 1) {
+    const index_t a = heap.top();
+    heap.pop();
+    const index_t b = heap.top();
+    heap.pop();
+    kk_state& x = pool[static_cast<std::size_t>(a)];
+    kk_state& y = pool[static_cast<std::size_t>(b)];
+    const index_t mx = static_cast<index_t>(x.sets.size()), my = static_cast<index_t>(y.sets.size());
+    merged.clear();
+    // Set i of x joins set k-1-i of y: heaviest with lightest.
+    for (index_t i = 0; i < k; ++i) {
+      const index_t j = k - 1 - i;
+      const bool hx = i < mx, hy = j < my;
+      if (!hx && !hy) continue;
+      kk_set s = hx ? x.sets[static_cast<std::size_t>(i)] : kk_set{};
+      if (hy) {
+        const kk_set& t = y.sets[static_cast<std::size_t>(j)];
+        if (s.count == 0) {
+          s = t;
+        } else {
+          next[static_cast<std::size_t>(s.tail)] = t.head;
+          s.tail = t.tail;
+          s.sum += t.sum;
+          s.count += t.count;
+        }
+      }
+      merged.push_back(s);
+    }
+    std::stable_sort(merged.begin(), merged.end(), kk_set_before);
+    x.sets.assign(merged.begin(), merged.end());
+    x.id = next_id++;
+    std::vector<kk_set>().swap(y.sets);
+    heap.push(a);
+  }
+  const kk_state& fin = pool[static_cast<std::size_t>(heap.top())];
+  std::vector<std::vector<index_t>> parts(static_cast<std::size_t>(k));
+  for (std::size_t p = 0; p < fin.sets.size(); ++p)
+    for (index_t it = fin.sets[p].head; it != -1; it = next[static_cast<std::size_t>(it)])
+      if (it < n) parts[p].push_back(it);
+  return parts;
+}
+
+//! LPT: heaviest first onto the lightest part with room. With equal counts, r = n % k parts
+//! take ceil(n/k) items and the others floor(n/k).
+inline std::vector<std::vector<index_t>> lpt(view<const double> w, index_t k, bool equal_count) {
+  const index_t n = w.size();
+  std::vector<index_t> order(static_cast<std::size_t>(n));
+  std::iota(order.begin(), order.end(), index_t{0});
+  std::sort(order.begin(), order.end(), [&](index_t a, index_t b) { return w[a] != w[b] ? w[a] > w[b] : a < b; });
+  const index_t q = n / k, r = n % k;
+  index_t big_used = 0;
+  std::vector<double> load(static_cast<std::size_t>(k), 0.0);
+  std::vector<index_t> count(static_cast<std::size_t>(k), 0);
+  using entry = std::pair<double, index_t>; // (load, part): min-heap, ties to the lower part
+  std::priority_queue<entry, std::vector<entry>, std::greater<>> heap;
+  for (index_t p = 0; p < k; ++p) heap.push({0.0, p});
+  std::vector<std::vector<index_t>> parts(static_cast<std::size_t>(k));
+  for (const index_t item : order) {
+    for (;;) {
+      const auto [l, p] = heap.top();
+      heap.pop();
+      const auto up = static_cast<std::size_t>(p);
+      if (l != load[up]) continue; // stale entry
+      const index_t cap = !equal_count ? n : (big_used < r ? q + 1 : q);
+      if (count[up] >= cap) continue; // full for good: caps only shrink
+      parts[up].push_back(item);
+      load[up] += w[item];
+      if (++count[up] == q + 1 && equal_count) ++big_used;
+      heap.push({load[up], p});
+      break;
+    }
+  }
+  return parts;
+}
+
+[[nodiscard]] inline double sum_of(const std::vector<index_t>& part, view<const double> w) {
+  double s = 0.0;
+  for (const index_t i : part) s += w[i];
+  return s;
+}
+
+//! Lowers the max load by moves (when counts are free) and swaps between the heaviest part
+//! and each other part; a change is kept only if the larger of the two new loads is strictly
+//! below the old max. Bounded number of rounds.
+inline void refine(std::vector<std::vector<index_t>>& parts, view<const double> w, bool equal_count) {
+  const auto k = parts.size();
+  if (k < 2) return;
+  std::vector<double> load(k);
+  for (std::size_t p = 0; p < k; ++p) load[p] = sum_of(parts[p], w);
+  auto by_weight = [&](index_t a, index_t b) { return w[a] != w[b] ? w[a] < w[b] : a < b; };
+  for (auto& p : parts) std::sort(p.begin(), p.end(), by_weight);
+  const std::size_t rounds = 4 * k + 32;
+  std::vector<std::size_t> others;
+  for (std::size_t round = 0; round < rounds; ++round) {
+    const auto top = static_cast<std::size_t>(std::max_element(load.begin(), load.end()) - load.begin());
+    const double hi = load[top];
+    others.clear();
+    for (std::size_t p = 0; p < k; ++p)
+      if (p != top) others.push_back(p);
+    std::sort(others.begin(), others.end(), [&](std::size_t a, std::size_t b) { return load[a] < load[b]; });
+    bool improved = false;
+    for (const std::size_t o : others) {
+      const double gap = hi - load[o];
+      if (gap <= 0.0) break;
+      const double target = gap / 2.0;
+      auto& P = parts[top];
+      auto& Q = parts[o];
+      // Best single move P -> Q: weight in (0, gap), closest to gap / 2.
+      double best_err = std::numeric_limits<double>::infinity();
+      index_t best_x = -1, best_y = -1; // positions; best_y == -1 means a move
+      if (!equal_count)
+        for (std::size_t i = 0; i < P.size(); ++i) {
+          const double d = w[P[i]];
+          if (d > 0.0 && d < gap && std::abs(d - target) < best_err) {
+            best_err = std::abs(d - target);
+            best_x = static_cast<index_t>(i);
+          }
+        }
+      // Best swap x in P, y in Q: w[x] - w[y] in (0, gap), closest to gap / 2. Two pointers
+      // over both lists sorted by weight.
+      std::size_t j = 0;
+      for (std::size_t i = 0; i < P.size(); ++i) {
+        const double wx = w[P[i]];
+        // advance j while w[Q[j]] < wx - target (delta still above target)
+        while (j < Q.size() && wx - w[Q[j]] > target) ++j;
+        for (std::size_t c : {j, j == 0 ? Q.size() : j - 1}) {
+          if (c >= Q.size()) continue;
+          const double d = wx - w[Q[c]];
+          if (d > 0.0 && d < gap && std::abs(d - target) < best_err) {
+            best_err = std::abs(d - target);
+            best_x = static_cast<index_t>(i);
+            best_y = static_cast<index_t>(c);
+          }
+        }
+      }
+      if (best_x < 0) continue;
+      const index_t x = P[static_cast<std::size_t>(best_x)];
+      const double dx = w[x], dy = best_y >= 0 ? w[Q[static_cast<std::size_t>(best_y)]] : 0.0;
+      const double new_p = hi - dx + dy, new_q = load[o] + dx - dy;
+      if (std::max(new_p, new_q) >= hi) continue;
+      P.erase(P.begin() + best_x);
+      if (best_y >= 0) {
+        const index_t y = Q[static_cast<std::size_t>(best_y)];
+        Q.erase(Q.begin() + best_y);
+        P.insert(std::upper_bound(P.begin(), P.end(), y, by_weight), y);
+      }
+      Q.insert(std::upper_bound(Q.begin(), Q.end(), x, by_weight), x);
+      load[top] = sum_of(P, w); // exact re-summation: no drift
+      load[o] = sum_of(Q, w);
+      improved = true;
+      break;
+    }
+    if (!improved) break;
+  }
+}
+
+inline partition to_partition(std::vector<std::vector<index_t>>&& parts, view<const double> w) {
+  partition out;
+  out.offsets.assign(1, 0);
+  out.items.clear();
+  for (auto& p : parts) {
+    std::sort(p.begin(), p.end());
+    out.items.insert(out.items.end(), p.begin(), p.end());
+    out.offsets.push_back(static_cast<index_t>(out.items.size()));
+    out.loads.push_back(sum_of(p, w));
+  }
+  return out;
+}
+
+inline void check_weights(view<const double> w, index_t parts) {
+  RLPT_CHECK(parts >= 1, "rlpt.rollout.bad_partition", "cannot partition into {} parts; need at least 1", parts);
+  for (index_t i = 0; i < w.size(); ++i)
+    RLPT_CHECK(std::isfinite(w[i]) && w[i] >= 0.0, "rlpt.rollout.bad_cost",
+               "cost of item {} is {}; costs must be finite and >= 0", i, w[i]);
+}
+
+[[nodiscard]] inline double max_of(const std::vector<std::vector<index_t>>& parts, view<const double> w) {
+  double m = 0.0;
+  for (const auto& p : parts) m = std::max(m, sum_of(p, w));
+  return m;
+}
+
+} // namespace detail
+
+//! Partitions items with non-negative costs `weights` into `parts` parts. With equal_count,
+//! part sizes differ by at most one. Parts may be empty only when there are fewer items
+//! than parts.
+[[nodiscard]] inline partition partition_weights(view<const double> weights, index_t parts,
+                                                 partition_algorithm algorithm = partition_algorithm::best,
+                                                 bool equal_count = true, bool refine = true) {
+  detail::check_weights(weights, parts);
+  std::vector<std::vector<index_t>> result;
+  switch (algorithm) {
+  case partition_algorithm::karmarkar_karp: result = detail::karmarkar_karp(weights, parts, equal_count); break;
+  case partition_algorithm::lpt: result = detail::lpt(weights, parts, equal_count); break;
+  case partition_algorithm::best: {
+    auto a = detail::karmarkar_karp(weights, parts, equal_count);
+    auto b = detail::lpt(weights, parts, equal_count);
+    result = detail::max_of(b, weights) < detail::max_of(a, weights) ? std::move(b) : std::move(a);
+    break;
+  }
+  }
+  if (refine) detail::refine(result, weights, equal_count);
+  return detail::to_partition(std::move(result), weights);
+}
+
+//! Balances sequences of the given lengths across options.ranks ranks. Loads are costs.
+[[nodiscard]] inline partition balance(view<const index_t> lengths, const balance_options& o = {}) {
+  std::vector<double> w(static_cast<std::size_t>(lengths.size()));
+  for (index_t i = 0; i < lengths.size(); ++i) {
+    RLPT_CHECK(lengths[i] >= 0, "rlpt.rollout.bad_length", "sequence {} has length {}", i, lengths[i]);
+    w[static_cast<std::size_t>(i)] = o.cost(lengths[i]);
+  }
+  return partition_weights(w, o.ranks, o.algorithm, o.equal_count, o.refine);
+}
+
+//! Balances whole groups: every group's sequences land on one rank (prefix sharing, group
+//! baselines computed locally). equal_count counts groups. Items of the result are sequence
+//! indices (ascending per rank); loads are the costs of their sequences.
+[[nodiscard]] inline partition balance_groups(view<const index_t> lengths, const groups& g,
+                                              const balance_options& o = {}) {
+  g.expect_items("lengths", lengths.size());
+  std::vector<double> seq(static_cast<std::size_t>(lengths.size()));
+  for (index_t i = 0; i < lengths.size(); ++i) {
+    RLPT_CHECK(lengths[i] >= 0, "rlpt.rollout.bad_length", "sequence {} has length {}", i, lengths[i]);
+    seq[static_cast<std::size_t>(i)] = o.cost(lengths[i]);
+  }
+  std::vector<double> w(static_cast<std::size_t>(g.num_groups()), 0.0);
+  for (index_t k = 0; k < g.num_groups(); ++k)
+    for (const index_t i : g.members(k)) w[static_cast<std::size_t>(k)] += seq[static_cast<std::size_t>(i)];
+  const partition by_group = partition_weights(w, o.ranks, o.algorithm, o.equal_count, o.refine);
+  partition out;
+  out.offsets.assign(1, 0);
+  for (index_t p = 0; p < by_group.num_parts(); ++p) {
+    const auto first = out.items.size();
+    double load = 0.0;
+    for (const index_t k : by_group.part(p))
+      for (const index_t i : g.members(k)) {
+        out.items.push_back(i);
+        load += seq[static_cast<std::size_t>(i)];
+      }
+    std::sort(out.items.begin() + static_cast<std::ptrdiff_t>(first), out.items.end());
+    out.offsets.push_back(static_cast<index_t>(out.items.size()));
+    out.loads.push_back(load);
+  }
+  return out;
+}
+
+//! Orders items so the cheap ones sit at both ends (pipeline warm-up and drain), as verl does
+//! within a rank: ascending by (cost, index), then the even positions followed by the odd
+//! positions reversed.
+inline void order_small_at_ends(std::span<index_t> items, view<const double> costs) {
+  std::vector<index_t> s(items.begin(), items.end());
+  std::sort(s.begin(), s.end(), [&](index_t a, index_t b) { return costs[a] != costs[b] ? costs[a] < costs[b] : a < b; });
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < s.size(); i += 2) items[at++] = s[i];
+  std::size_t last_odd = s.size() % 2 == 0 ? s.size() : s.size() - 1; // one past the last odd position
+  for (std::size_t i = last_odd; i >= 2; i -= 2) items[at++] = s[i - 1];
+}
+
+} // namespace rlpt

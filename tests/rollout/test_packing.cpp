@@ -1,0 +1,290 @@
+// SPDX-License-Identifier: Apache-2.0
+// Micro-batch planning (cap never exceeded, singleton fallback, forced counts, divisors),
+// the whole-step planner (balanced ranks, equal micro-batch counts, global denominators),
+// golden comparison with verl's rearrange_micro_batches, and the packed varlen layout.
+#include <rlpt/rollout/compat.hpp>
+#include <rlpt/rollout/packing.hpp>
+
+#include "helpers.hpp"
+#include "support/errors.hpp"
+#include "support/golden.hpp"
+#include "support/random.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+#include <vector>
+
+using namespace rlpt;
+
+namespace {
+
+std::vector<index_t> lengths(test::rng& r, index_t n, index_t hi) {
+  std::vector<index_t> l(static_cast<std::size_t>(n));
+  for (auto& x : l) x = r.bernoulli(0.1) ? r.integer(hi / 2, hi) : std::min<index_t>(hi, 1 + static_cast<index_t>(std::exp(r.normal(6.0, 1.0))));
+  return l;
+}
+
+// Each item exactly once; every micro-batch within the budget unless it is a lone oversize item.
+void check_plan(const microbatch_plan& p, view<const index_t> len, const microbatch_options& o) {
+  std::vector<int> seen(static_cast<std::size_t>(len.size()), 0);
+  index_t oversize = 0, empty = 0;
+  for (index_t m = 0; m < p.num_microbatches(); ++m) {
+    const auto mb = p.microbatch(m);
+    index_t tokens = 0;
+    for (const index_t i : mb) {
+      REQUIRE(i >= 0);
+      REQUIRE(i < len.size());
+      ++seen[static_cast<std::size_t>(i)];
+      tokens += len[i];
+    }
+    CHECK(p.tokens[static_cast<std::size_t>(m)] == tokens);
+    if (mb.size() == 1 && tokens > o.token_budget)
+      ++oversize;
+    else
+      CHECK(tokens <= o.token_budget);
+    empty += mb.empty();
+  }
+  CHECK(std::all_of(seen.begin(), seen.end(), [](int s) { return s == 1; }));
+  CHECK(p.oversize == oversize);
+  CHECK(p.empty == empty);
+  CHECK(p.num_microbatches() % o.divisor == 0);
+  CHECK(p.num_microbatches() >= o.min_microbatches);
+  index_t regular = 0;
+  for (const index_t l : len) regular += l <= o.token_budget ? l : 0;
+  CHECK(p.num_microbatches() - oversize >= (regular + o.token_budget - 1) / o.token_budget);
+}
+
+} // namespace
+
+TEST_CASE("micro-batches never exceed the token budget (KK and FFD, forced counts, divisors)") {
+  test::rng r(40);
+  for (const auto alg : {pack_algorithm::karmarkar_karp, pack_algorithm::ffd})
+    for (const index_t n : {1, 5, 64, 300})
+      for (const index_t budget : {512, 4096, 16384})
+        for (const index_t minimum : {1, 3, 17})
+          for (const index_t divisor : {1, 2, 4}) {
+            const auto len = lengths(r, n, budget * 5 / 4); // ~some longer than the budget
+            const microbatch_options o{.token_budget = budget,
+                                       .algorithm = alg,
+                                       .min_microbatches = minimum,
+                                       .divisor = divisor,
+                                       .small_at_ends = r.bernoulli(0.5)};
+            CAPTURE(n);
+            CAPTURE(budget);
+            CAPTURE(minimum);
+            CAPTURE(divisor);
+            const microbatch_plan p = plan_microbatches(len, o);
+            check_plan(p, len, o);
+            // Deterministic.
+            const microbatch_plan again = plan_microbatches(len, o);
+            CHECK(again.items == p.items);
+            CHECK(again.offsets == p.offsets);
+          }
+}
+
+TEST_CASE("the verl KK counterexample: C = 8, L = [7] * 8 needs 8 micro-batches, never one of 14") {
+  const std::vector<index_t> len(8, 7);
+  const microbatch_options o{.token_budget = 8};
+  const microbatch_plan p = plan_microbatches(len, o);
+  check_plan(p, len, o);
+  CHECK(p.num_microbatches() == 8);
+  CHECK(p.max_tokens() == 7);
+}
+
+TEST_CASE("a sequence longer than the budget becomes its own micro-batch") {
+  const std::vector<index_t> len{20, 3, 3, 4};
+  const microbatch_options o{.token_budget = 10};
+  const microbatch_plan p = plan_microbatches(len, o);
+  check_plan(p, len, o);
+  CHECK(p.oversize == 1);
+  CHECK(p.num_microbatches() == 2);
+  CHECK(p.max_tokens() == 20);
+}
+
+TEST_CASE("a forced count larger than the items gives explicit empty micro-batches") {
+  const std::vector<index_t> len{5, 6};
+  const microbatch_options o{.token_budget = 100, .min_microbatches = 5};
+  const microbatch_plan p = plan_microbatches(len, o);
+  check_plan(p, len, o);
+  CHECK(p.num_microbatches() == 5);
+  CHECK(p.empty == 3);
+  CHECK(plan_microbatches(std::vector<index_t>{}, {}).num_microbatches() == 1);
+}
+
+TEST_CASE("small micro-batches sit at both ends (verl use_dynamic_bsz_balance)") {
+  test::rng r(41);
+  const auto len = lengths(r, 200, 4096);
+  const microbatch_options o{.token_budget = 4096, .cost = cost_model::tokens()};
+  const microbatch_plan p = plan_microbatches(len, o);
+  // Costs rise to a peak then fall.
+  const auto& t = p.tokens;
+  const auto peak = static_cast<std::size_t>(std::max_element(t.begin(), t.end()) - t.begin());
+  CHECK(std::is_sorted(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(peak) + 1));
+  CHECK(std::is_sorted(t.rbegin(), t.rend() - static_cast<std::ptrdiff_t>(peak)));
+}
+
+TEST_CASE("micro-batch option errors") {
+  const std::vector<index_t> len{1, 2};
+  RLPT_CHECK_ERROR(plan_microbatches(len, {.token_budget = 0}), "rlpt.rollout.bad_option", "token_budget");
+  RLPT_CHECK_ERROR(plan_microbatches(len, {.divisor = 0}), "rlpt.rollout.bad_option", "divisor (0)");
+  RLPT_CHECK_ERROR(plan_microbatches(std::vector<index_t>{4, -3}), "rlpt.rollout.bad_length", "sequence 1", "-3");
+}
+
+TEST_CASE("plan_step: balanced ranks, equal micro-batch counts, global denominators") {
+  test::rng r(42);
+  for (int trial = 0; trial < 20; ++trial) {
+    const index_t ranks = r.integer(1, 8);
+    const index_t group_size = r.integer(1, 8);
+    const index_t n_groups = r.integer(ranks, 6 * ranks);
+    const index_t n = n_groups * group_size;
+    const auto len = lengths(r, n, 8192);
+    std::vector<index_t> loss(len.size());
+    for (std::size_t i = 0; i < len.size(); ++i) loss[i] = r.bernoulli(0.1) ? 0 : r.integer(0, len[i]);
+    const groups g = groups::uniform(n, group_size);
+    const bool atomic = r.bernoulli(0.5);
+    const step_options o{.ranks = ranks,
+                         .groups_atomic = atomic,
+                         .microbatch = {.token_budget = 8192, .divisor = r.bernoulli(0.3) ? 2 : 1}};
+    CAPTURE(trial);
+    const step_plan plan = plan_step(len, o, loss, &g);
+    REQUIRE(static_cast<index_t>(plan.ranks.size()) == ranks);
+    std::vector<int> seen(len.size(), 0), owner(len.size(), -1);
+    index_t tokens = 0, loss_tokens = 0, loss_seqs = 0;
+    for (index_t q = 0; q < ranks; ++q) {
+      const rank_plan& rp = plan.ranks[static_cast<std::size_t>(q)];
+      CHECK(rp.microbatches.num_microbatches() == plan.totals.microbatches_per_rank);
+      std::vector<index_t> from_mbs = rp.microbatches.items;
+      std::sort(from_mbs.begin(), from_mbs.end());
+      CHECK(from_mbs == rp.items);
+      std::vector<index_t> rank_len;
+      for (const index_t i : rp.items) {
+        ++seen[static_cast<std::size_t>(i)];
+        owner[static_cast<std::size_t>(i)] = static_cast<int>(q);
+      }
+      for (index_t m = 0; m < rp.microbatches.num_microbatches(); ++m) {
+        index_t t = 0;
+        for (const index_t i : rp.microbatches.microbatch(m)) t += len[static_cast<std::size_t>(i)];
+        CHECK(t == rp.microbatches.tokens[static_cast<std::size_t>(m)]);
+        CHECK((t <= 8192 || rp.microbatches.microbatch(m).size() == 1));
+      }
+      index_t rt = 0, rl = 0;
+      for (const index_t i : rp.items) {
+        rt += len[static_cast<std::size_t>(i)];
+        rl += loss[static_cast<std::size_t>(i)];
+        loss_seqs += loss[static_cast<std::size_t>(i)] > 0;
+      }
+      CHECK(rp.tokens == rt);
+      CHECK(rp.loss_tokens == rl);
+      tokens += rt;
+      loss_tokens += rl;
+    }
+    CHECK(std::all_of(seen.begin(), seen.end(), [](int s) { return s == 1; }));
+    CHECK(plan.totals.tokens == tokens);
+    CHECK(plan.totals.tokens == std::accumulate(len.begin(), len.end(), index_t{0}));
+    CHECK(plan.totals.loss_tokens == loss_tokens);
+    CHECK(plan.totals.loss_sequences == loss_seqs);
+    CHECK(plan.totals.sequences == n);
+    if (atomic)
+      for (index_t k = 0; k < g.num_groups(); ++k)
+        for (const index_t i : g.members(k))
+          CHECK(owner[static_cast<std::size_t>(i)] == owner[static_cast<std::size_t>(g.members(k)[0])]);
+  }
+  const std::vector<index_t> len{1, 2};
+  RLPT_CHECK_ERROR(plan_step(len, {.ranks = 2, .groups_atomic = true}), "rlpt.rollout.bad_option", "groups_atomic");
+  RLPT_CHECK_ERROR(plan_step(len, {.ranks = 0}), "rlpt.rollout.bad_option", "ranks");
+  RLPT_CHECK_ERROR(plan_step(len, {.ranks = 1}, std::vector<index_t>{1}), "rlpt.view.size_mismatch", "loss_tokens");
+}
+
+TEST_CASE("golden: never more micro-batches than verl rearrange_micro_batches, cap respected") {
+  const test::golden_file f(test::golden_path("rollout", "microbatch.bin"));
+  const auto cases = f.get<index_t>("cases")[0];
+  for (index_t c = 0; c < cases; ++c) {
+    const std::string p = fmt::format("c{}_", c);
+    const auto len = f.get<index_t>(p + "lengths");
+    const auto params = f.get<index_t>(p + "params");
+    const index_t budget = params[0], verl_count = params[1];
+    const auto assign = f.get<index_t>(p + "assign");
+    std::vector<index_t> verl_tokens(static_cast<std::size_t>(verl_count), 0);
+    for (std::size_t i = 0; i < len.size(); ++i) verl_tokens[static_cast<std::size_t>(assign[i])] += len[i];
+    CAPTURE(c);
+    const microbatch_options o = compat::verl::microbatches(budget);
+    const microbatch_plan plan = plan_microbatches(len, o);
+    check_plan(plan, len, o);
+    CHECK(plan.num_microbatches() <= verl_count);
+    CHECK(plan.max_tokens() <= budget);
+    CHECK(*std::max_element(verl_tokens.begin(), verl_tokens.end()) <= budget); // verl 0.9.1 verifies its cap too
+  }
+}
+
+TEST_CASE("pack lays micro-batches out for varlen attention") {
+  test::rng r(43);
+  std::vector<trajectory> recs;
+  for (int i = 0; i < 6; ++i) recs.push_back(test::make_record(r, i, 0, r.integer(1, 5), r.integer(1, 9), i, 0.0f, true));
+  const rollout_batch batch = rollout_batch::gather(recs, record_schema{});
+  const std::vector<index_t> items{4, 1, 3};
+
+  const packed_microbatch m = pack(batch, items, {.pad_to_multiple = 16});
+  const index_t real = batch.length(4) + batch.length(1) + batch.length(3);
+  const index_t padded = (real + 15) / 16 * 16;
+  CHECK(m.info.tokens == real);
+  CHECK(m.info.pad_tokens == padded - real);
+  REQUIRE(static_cast<index_t>(m.tokens.size()) == padded);
+  REQUIRE(m.cu_seqlens.size() == (padded > real ? 5u : 4u));
+  CHECK(m.cu_seqlens.front() == 0);
+  CHECK(m.cu_seqlens.back() == padded);
+  index_t at = 0, loss = 0, longest = 0;
+  for (std::size_t s = 0; s < items.size(); ++s) {
+    const trajectory_view v = batch[items[s]];
+    CHECK(m.cu_seqlens[s] == at);
+    for (index_t t = 0; t < v.size(); ++t) {
+      const auto u = static_cast<std::size_t>(at + t);
+      CHECK(m.tokens[u] == v.tokens[t]);
+      CHECK(m.position_ids[u] == t);
+      CHECK(m.loss_mask[u] == v.loss_mask[t]);
+      CHECK(m.logprobs[u] == v.logprobs[t]);
+      CHECK(m.versions[u] == v.versions[t]);
+      // Next-token targets stay inside the sequence: the last token has none.
+      CHECK(m.targets[u] == (t + 1 < v.size() ? v.tokens[t + 1] : -100));
+      loss += v.loss_mask[t] != 0;
+    }
+    at += v.size();
+    longest = std::max(longest, v.size());
+  }
+  for (index_t t = real; t < padded; ++t) {
+    const auto u = static_cast<std::size_t>(t);
+    CHECK(m.loss_mask[u] == 0);
+    CHECK(m.targets[u] == -100);
+    CHECK(m.versions[u] == -1);
+    CHECK(m.position_ids[u] == t - real);
+  }
+  CHECK(m.info.loss_tokens == loss);
+  CHECK(m.info.max_seqlen == std::max(longest, padded - real));
+  CHECK(m.items == items);
+
+  // pack_into validates caller buffers, naming the one of the wrong size.
+  const packed_extent e = packed_size(batch, items);
+  std::vector<token_id> tok(static_cast<std::size_t>(e.tokens)), tgt;
+  std::vector<std::int32_t> cu(static_cast<std::size_t>(e.sequences)), pos(static_cast<std::size_t>(e.tokens));
+  std::vector<mask_t> mask(static_cast<std::size_t>(e.tokens));
+  RLPT_CHECK_ERROR(pack_into(batch, items, {tok, cu, pos, mask}), "rlpt.view.size_mismatch", "cu_seqlens");
+  cu.resize(cu.size() + 1);
+  const packed_info info = pack_into(batch, items, {tok, cu, pos, mask});
+  CHECK(info.pad_tokens == 0);
+  CHECK(cu.back() == real);
+  RLPT_CHECK_ERROR(packed_size(batch, std::vector<index_t>{7}), "rlpt.rollout.bad_items", "item 7", "6 records");
+
+  // Per-token and per-sequence columns follow the same order.
+  std::vector<float> adv{0.5f, -1.0f, 2.0f, 0.0f, 3.0f, 1.5f};
+  std::vector<float> expanded(static_cast<std::size_t>(padded));
+  expand_per_sequence<float>(batch.offsets(), adv, items, expanded, 0.0f);
+  CHECK(expanded[0] == 3.0f);
+  CHECK(expanded[static_cast<std::size_t>(batch.length(4))] == -1.0f);
+  for (index_t t = real; t < padded; ++t) CHECK(expanded[static_cast<std::size_t>(t)] == 0.0f);
+  std::vector<token_id> again(static_cast<std::size_t>(padded));
+  pack_tokens<token_id>(batch.offsets(), batch.tokens(), 1, items, again, 0);
+  CHECK(std::equal(again.begin(), again.begin() + real, m.tokens.begin()));
+}

@@ -1,0 +1,252 @@
+// SPDX-License-Identifier: Apache-2.0
+// Trajectory records: append-only multi-turn building, the token-in/token-out prefix rule,
+// validation naming the field, extras, and the columnar batch.
+#include <rlpt/rollout/batch.hpp>
+#include <rlpt/rollout/record.hpp>
+
+#include "helpers.hpp"
+#include "support/errors.hpp"
+#include "support/random.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+using namespace rlpt;
+
+namespace {
+
+template <class T>
+std::vector<T> to_vec(view<const T> v) {
+  return {v.begin(), v.end()};
+}
+
+trajectory multi_turn() {
+  const std::vector<token_id> prompt{11, 12, 13};
+  const std::vector<token_id> out1{21, 22};
+  const std::vector<float> lp1{-0.5f, -1.5f};
+  const std::vector<token_id> tool{31, 32};
+  const std::vector<token_id> out2{41};
+  const std::vector<float> lp2{-0.25f};
+  trajectory_builder b(7, prompt);
+  b.model(out1, lp1, 3).context(tool, token_source::tool).model(out2, lp2, 4).reward(1.0f);
+  return std::move(b).finish();
+}
+
+} // namespace
+
+TEST_CASE("multi-turn builder appends model tokens, then masked context tokens") {
+  const trajectory t = multi_turn();
+  CHECK(t.group_id == 7);
+  CHECK(t.prompt_len == 3);
+  CHECK(t.tokens == std::vector<token_id>{11, 12, 13, 21, 22, 31, 32, 41});
+  CHECK(t.loss_mask == std::vector<mask_t>{0, 0, 0, 1, 1, 0, 0, 1});
+  CHECK(t.versions == std::vector<policy_version>{-1, -1, -1, 3, 3, -1, -1, 4});
+  CHECK(t.logprobs == std::vector<float>{0, 0, 0, -0.5f, -1.5f, 0, 0, -0.25f});
+  CHECK(t.rewards == std::vector<float>{1.0f});
+  REQUIRE(t.segments.size() == 4);
+  CHECK(t.segments[0] == segment{0, 3, token_source::prompt, 0});
+  CHECK(t.segments[1] == segment{3, 5, token_source::model, 0});
+  CHECK(t.segments[2] == segment{5, 7, token_source::tool, 1});
+  CHECK(t.segments[3] == segment{7, 8, token_source::model, 1});
+
+  const trajectory_view v = t.view();
+  CHECK(v.size() == 8);
+  CHECK(v.response_len() == 5);
+  CHECK(to_vec(v.prompt()) == std::vector<token_id>{11, 12, 13});
+  CHECK(v.loss_tokens() == 3);
+  CHECK(v.version_span() == std::pair<policy_version, policy_version>{3, 4});
+  CHECK(v.tokens.data() == t.tokens.data()); // zero-copy
+}
+
+TEST_CASE("per-token versions and a resumed partial rollout keep the versions already generated") {
+  const std::vector<token_id> prompt{1, 2};
+  const std::vector<token_id> out{3, 4, 5};
+  const std::vector<float> lp{-1, -2, -3};
+  const std::vector<policy_version> ver{5, 5, 6};
+  trajectory_builder b(0, prompt);
+  b.model(out, lp, ver);
+  trajectory partial = std::move(b).finish();
+
+  trajectory_builder resumed(std::move(partial), builder_options{});
+  const std::vector<token_id> more{6};
+  const std::vector<float> lp2{-4};
+  resumed.model(more, lp2, 7);
+  const trajectory t = std::move(resumed).finish();
+  CHECK(t.versions == std::vector<policy_version>{-1, -1, 5, 5, 6, 7});
+  CHECK(t.segments.back().turn == 1);
+  CHECK(t.view().version_span() == std::pair<policy_version, policy_version>{5, 7});
+}
+
+TEST_CASE("context_from enforces the token-in/token-out prefix rule") {
+  const std::vector<token_id> prompt{1, 2, 3};
+  const std::vector<token_id> out{4, 5};
+  const std::vector<float> lp{-1, -1};
+  trajectory_builder b(0, prompt);
+  b.model(out, lp, 0);
+
+  SUBCASE("an exact extension appends the suffix as context") {
+    const std::vector<token_id> next{1, 2, 3, 4, 5, 6, 7};
+    b.context_from(next);
+    CHECK(b.peek().tokens == next);
+    CHECK(b.peek().loss_mask == std::vector<mask_t>{0, 0, 0, 1, 1, 0, 0});
+    CHECK(b.peek().segments.back() == segment{5, 7, token_source::environment, 1});
+  }
+  SUBCASE("a re-tokenised history is an error naming the position and both tokens") {
+    const std::vector<token_id> next{1, 2, 3, 9, 5, 6};
+    RLPT_CHECK_ERROR(b.context_from(next), "rlpt.rollout.prefix_mismatch", "position 3", "9 != 4");
+  }
+  SUBCASE("a shorter input cannot extend the record") {
+    const std::vector<token_id> next{1, 2, 3, 4};
+    RLPT_CHECK_ERROR(b.context_from(next), "rlpt.rollout.prefix_mismatch", "4 tokens", "5 already held");
+  }
+}
+
+TEST_CASE("validate names the field that breaks an invariant") {
+  test::rng r(1);
+  const record_schema schema{};
+  const trajectory good = test::make_record(r, 3, 0, 4, 6, 2, 0.5f);
+  CHECK_NOTHROW(validate(good, schema));
+
+  trajectory t = good;
+  t.loss_mask.pop_back();
+  RLPT_CHECK_ERROR(validate(t, schema), "rlpt.rollout.record_size", "loss_mask", "9 elements", "expected 10");
+  t = good;
+  t.logprobs.push_back(0);
+  RLPT_CHECK_ERROR(validate(t, schema), "rlpt.rollout.record_size", "logprobs", "11 elements");
+  t = good;
+  t.versions.clear();
+  RLPT_CHECK_ERROR(validate(t, schema), "rlpt.rollout.record_size", "versions", "0 elements");
+  t = good;
+  t.rewards.push_back(1);
+  RLPT_CHECK_ERROR(validate(t, schema), "rlpt.rollout.record_size", "rewards", "one per reward channel");
+  t = good;
+  t.token_rewards.assign(3, 0.0f);
+  RLPT_CHECK_ERROR(validate(t, schema), "rlpt.rollout.record_size", "token_rewards");
+  t = good;
+  t.prompt_len = 11;
+  RLPT_CHECK_ERROR(validate(t, schema), "rlpt.rollout.record_value", "prompt_len = 11");
+  t = good;
+  t.loss_mask[1] = 1;
+  RLPT_CHECK_ERROR(validate(t, schema), "rlpt.rollout.record_value", "loss_mask[1]", "prompt token");
+  t = good;
+  t.versions[6] = -1;
+  RLPT_CHECK_ERROR(validate(t, schema), "rlpt.rollout.record_value", "versions[6] = -1", "loss_mask[6] = 1");
+  t = good;
+  t.versions[2] = -2;
+  RLPT_CHECK_ERROR(validate(t, schema), "rlpt.rollout.record_value", "versions[2] = -2");
+  t = good;
+  t.logprobs[5] = std::numeric_limits<float>::quiet_NaN();
+  RLPT_CHECK_ERROR(validate(t, schema), "rlpt.rollout.record_value", "logprobs[5]", "not finite");
+  t = good;
+  t.rewards[0] = std::numeric_limits<float>::infinity();
+  RLPT_CHECK_ERROR(validate(t, schema), "rlpt.rollout.record_value", "rewards[0]", "group 3");
+  t = good;
+  t.segments.push_back({2, 5, token_source::tool, 9});
+  RLPT_CHECK_ERROR(validate(t, schema), "rlpt.rollout.record_value", "segments[2] = [2, 5)");
+  t = good;
+  t.tokens.clear();
+  t.loss_mask.clear();
+  RLPT_CHECK_ERROR(validate(t, schema), "rlpt.rollout.record_size", "no tokens");
+
+  // Masked garbage is not an error: a NaN logprob on a masked-out token is accepted.
+  t = good;
+  t.loss_mask[9] = 0;
+  t.logprobs[9] = std::numeric_limits<float>::quiet_NaN();
+  t.versions[9] = -1;
+  CHECK_NOTHROW(validate(t, schema));
+
+  // Schema without logprobs/versions: the fields must be absent.
+  const record_schema bare{.logprobs = false, .versions = false};
+  RLPT_CHECK_ERROR(validate(good, bare), "rlpt.rollout.record_size", "logprobs", "the schema has no logprobs");
+}
+
+TEST_CASE("per-token extras: routed experts [T, L*k] and teacher logprobs") {
+  const std::vector<token_id> prompt{1, 2};
+  builder_options o{.token_reward_channels = 2,
+                    .extras = {{"routed_experts", dtype::i32, 3 * 2}, {"teacher_logprobs", dtype::f32, 1}}};
+  trajectory_builder b(0, prompt, o);
+  const std::vector<token_id> out{3, 4, 5};
+  const std::vector<float> lp{-1, -2, -3};
+  b.model(out, lp, 1);
+  std::vector<std::int32_t> experts(5 * 6);
+  for (std::size_t i = 0; i < experts.size(); ++i) experts[i] = static_cast<std::int32_t>(i % 64);
+  b.extra<std::int32_t>("routed_experts", 0, experts);
+  const std::vector<float> teacher{-0.1f, -0.2f};
+  b.extra<float>("teacher_logprobs", 3, teacher);
+  b.token_reward(4, 0.75f, 1);
+  RLPT_CHECK_ERROR(b.extra<float>("routed_experts", 0, teacher), "rlpt.rollout.extra_dtype", "routed_experts", "i32",
+                   "f32");
+  RLPT_CHECK_ERROR(b.extra<float>("teacher_logprobs", 4, teacher), "rlpt.rollout.bad_option", "does not fit");
+  RLPT_CHECK_ERROR(b.extra<float>("nope", 0, teacher), "rlpt.rollout.bad_option", "'nope'");
+  RLPT_CHECK_ERROR(b.token_reward(5, 1.0f), "rlpt.rollout.bad_option", "position 5");
+  const trajectory t = std::move(b).finish();
+  const trajectory_view v = t.view();
+  REQUIRE(v.extra("routed_experts") != nullptr);
+  CHECK(v.extra("routed_experts")->tokens() == 5);
+  const auto e = v.extra("routed_experts")->as<std::int32_t>();
+  CHECK(std::vector<std::int32_t>(e.begin(), e.end()) == experts);
+  const auto tl = v.extra("teacher_logprobs")->as<float>();
+  CHECK(std::vector<float>(tl.begin(), tl.end()) == std::vector<float>{0, 0, 0, -0.1f, -0.2f});
+  CHECK(t.token_rewards[4 * 2 + 1] == 0.75f);
+  RLPT_CHECK_ERROR(v.extra("teacher_logprobs")->as<double>(), "rlpt.rollout.extra_dtype", "f32", "f64");
+
+  record_schema s = b.schema();
+  CHECK_NOTHROW(validate(t, s));
+  s.extras[0].width = 4;
+  RLPT_CHECK_ERROR(validate(t, s), "rlpt.rollout.record_value", "routed_experts");
+}
+
+TEST_CASE("rollout_batch stacks records into columns with zero-copy row views") {
+  test::rng r(2);
+  const record_schema schema{.token_reward_channels = 1, .extras = {{"teacher", dtype::f32, 2}}};
+  std::vector<trajectory> recs;
+  for (int i = 0; i < 5; ++i) {
+    builder_options o{.token_reward_channels = 1, .extras = {{"teacher", dtype::f32, 2}}};
+    std::vector<token_id> p(static_cast<std::size_t>(r.integer(1, 4)), 1);
+    trajectory_builder b(i / 2, p, o);
+    const auto n = static_cast<std::size_t>(r.integer(1, 6));
+    std::vector<token_id> out(n, 7);
+    std::vector<float> lp = r.uniforms(n, -3.0, 0.0);
+    b.model(out, lp, i).reward(static_cast<float>(i));
+    std::vector<float> ex = r.uniforms(static_cast<std::size_t>(2 * b.size()));
+    b.extra<float>("teacher", 0, ex);
+    recs.push_back(std::move(b).finish());
+  }
+  const rollout_batch batch = rollout_batch::gather(recs, schema);
+  REQUIRE(batch.size() == 5);
+  index_t tokens = 0;
+  for (std::size_t i = 0; i < recs.size(); ++i) {
+    const trajectory_view a = recs[i].view();
+    const trajectory_view b = batch[static_cast<index_t>(i)];
+    CHECK(batch.offsets()[static_cast<index_t>(i)] == tokens);
+    tokens += a.size();
+    CHECK(to_vec(b.tokens) == to_vec(a.tokens));
+    CHECK(to_vec(b.loss_mask) == to_vec(a.loss_mask));
+    CHECK(to_vec(b.logprobs) == to_vec(a.logprobs));
+    CHECK(to_vec(b.versions) == to_vec(a.versions));
+    CHECK(to_vec(b.rewards) == to_vec(a.rewards));
+    CHECK(to_vec(b.token_rewards) == to_vec(a.token_rewards));
+    CHECK(to_vec(b.segments) == to_vec(a.segments));
+    CHECK(to_vec(b.extra("teacher")->as<float>()) == to_vec(a.extra("teacher")->as<float>()));
+    CHECK(b.group_id == a.group_id);
+    CHECK(b.prompt_len == a.prompt_len);
+    CHECK(batch.rewards()(static_cast<index_t>(i), 0) == static_cast<float>(i));
+    CHECK(batch.loss_token_counts()[i] == a.loss_tokens());
+    CHECK(b.tokens.data() == batch.tokens().data() + batch.offsets()[static_cast<index_t>(i)]); // zero-copy
+  }
+  CHECK(batch.num_tokens() == tokens);
+  CHECK(batch.layout().num_seqs() == 5);
+  CHECK(batch.layout().storage_size() == tokens);
+  CHECK(batch.num_groups() == 5); // without group info every record is its own group
+  CHECK(batch.groups().num_groups() == 5);
+  CHECK(batch.extra("teacher").as<float>().size() == 2 * tokens);
+  RLPT_CHECK_ERROR(batch.extra("missing"), "rlpt.rollout.no_extra", "'missing'");
+
+  // A record that does not match the schema is rejected naming the field.
+  std::vector<trajectory> bad{recs[0]};
+  bad[0].token_rewards.clear();
+  RLPT_CHECK_ERROR(rollout_batch::gather(bad, schema), "rlpt.rollout.record_size", "token_rewards");
+}
