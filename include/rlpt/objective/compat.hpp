@@ -1,0 +1,557 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file
+//! Presets that reproduce each framework's policy loss, value and gradient: verl (0.9.1
+//! core_algos + rollout_corr_helper), TRL (1.16 GRPOTrainer._compute_loss, each loss_type),
+//! OpenRLHF (0.11.2 PolicyLoss / ValueLoss / compute_approx_kl) and AReaL (ppo_actor_loss_fn).
+//! Each takes the framework's own option names and values and returns an rlpt::objective, so
+//! a configuration can be copied over verbatim. Denominators the framework takes from its
+//! batch (global token / sequence counts) are inputs here too.
+#pragma once
+
+#include <rlpt/config.hpp>
+#include <rlpt/core/error.hpp>
+#include <rlpt/objective/evaluate.hpp>
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace rlpt::compat {
+
+namespace detail {
+[[noreturn]] inline void unknown(std::string_view framework, std::string_view option, std::string_view value,
+                                 std::string_view allowed) {
+  RLPT_FAIL("rlpt.objective.compat", "{} {} = \"{}\" is not reproduced by rlpt (supported: {})", framework, option,
+            value, allowed);
+}
+
+//! Parses a positive double from a verl threshold string piece.
+inline double parse_number(std::string_view framework, std::string_view option, std::string_view s) {
+  std::string str(s);
+  std::size_t used = 0;
+  double v = 0.0;
+  bool ok = !str.empty();
+  if (ok) {
+#if RLPT_USE_EXCEPTIONS
+    try {
+      v = std::stod(str, &used);
+    } catch (...) {
+      ok = false;
+    }
+#else
+    char* end = nullptr;
+    v = std::strtod(str.c_str(), &end);
+    used = static_cast<std::size_t>(end - str.c_str());
+#endif
+  }
+  RLPT_CHECK(ok && used == str.size(), "rlpt.objective.compat", "{} {} = \"{}\" is not a number", framework, option, s);
+  return v;
+}
+} // namespace detail
+
+// ============================================================================================
+namespace verl {
+
+//! verl's aggregation (core_algos.agg_loss): `loss_agg_mode` with the global batch info
+//! (dp_size, batch_num_tokens, global_batch_size, loss_scale_factor).
+inline aggregation agg(std::string_view loss_agg_mode = "token-mean", int dp_size = 1,
+                       std::optional<double> batch_num_tokens = {}, std::optional<double> global_batch_size = {},
+                       std::optional<double> loss_scale_factor = {}) {
+  aggregation a;
+  a.scale = static_cast<double>(dp_size);
+  a.global_tokens = batch_num_tokens;
+  a.global_seqs = global_batch_size;
+  RLPT_CHECK(dp_size == 1 || loss_agg_mode == "token-sum" ||
+                 (loss_agg_mode == "token-mean" ? batch_num_tokens.has_value() : global_batch_size.has_value()),
+             "rlpt.objective.compat",
+             "verl agg_loss with dp_size = {} needs the global {} (verl raises too)", dp_size,
+             loss_agg_mode == "token-mean" ? "batch_num_tokens" : "global_batch_size");
+  if (loss_agg_mode == "token-mean") {
+    a.mode = agg_mode::token_mean;
+  } else if (loss_agg_mode == "token-sum") {
+    a.mode = agg_mode::token_sum;
+  } else if (loss_agg_mode == "seq-mean-token-sum") {
+    a.mode = agg_mode::seq_mean_token_sum;
+  } else if (loss_agg_mode == "seq-mean-token-mean") {
+    // verl adds 1e-8 to the per-row token count, but its trainer passes a bool response_mask:
+    // the int64 count + 1e-8 becomes a float32 tensor and the 1e-8 rounds away (len_eps = 0).
+    a.mode = agg_mode::seq_mean_token_mean;
+    a.len_eps = 0.0;
+  } else if (loss_agg_mode == "seq-mean-token-sum-norm") {
+    a.mode = agg_mode::seq_mean_token_sum_norm;
+    RLPT_CHECK(loss_scale_factor.has_value(), "rlpt.objective.compat",
+               "verl seq-mean-token-sum-norm: pass loss_scale_factor (verl's fallback, the padded width of each "
+               "micro-batch, makes the loss depend on padding)");
+    a.norm = *loss_scale_factor;
+  } else {
+    detail::unknown("verl", "loss_agg_mode", loss_agg_mode,
+                    "token-mean, token-sum, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm");
+  }
+  return a;
+}
+
+//! verl's KL loss (kl_penalty + agg_loss): kl_loss_type in k1/kl, abs, k2/mse, k3/low_var_kl, each
+//! optionally with the straight-through "+" suffix.
+inline kl_penalty kl(std::string_view kl_loss_type = "low_var_kl", double kl_loss_coef = 0.001) {
+  kl_penalty k;
+  k.coef = kl_loss_coef;
+  std::string_view base = kl_loss_type;
+  const bool plus = !base.empty() && base.back() == '+';
+  if (plus) base.remove_suffix(1);
+  k.output_clamp = 0.0;
+  if (base == "kl" || base == "k1") {
+    k.estimator = kl_estimator::k1;
+  } else if (base == "abs") {
+    k.estimator = kl_estimator::abs;
+  } else if (base == "mse" || base == "k2") {
+    k.estimator = kl_estimator::k2;
+  } else if (base == "low_var_kl" || base == "k3") {
+    k.estimator = kl_estimator::k3;
+    k.k3_x_min = -20.0;
+    k.k3_x_max = 20.0;
+    k.output_clamp = 10.0;
+  } else {
+    detail::unknown("verl", "kl_loss_type", kl_loss_type, "kl, k1, abs, mse, k2, low_var_kl, k3 (optionally with +)");
+  }
+  if (plus && k.estimator != kl_estimator::k2) k.gradient = kl_gradient::straight_through;
+  return k;
+}
+
+//! verl's rollout correction (rollout_corr_helper): rollout_is in {"", "token", "sequence"} with
+//! rollout_is_threshold "hi" (TIS, upper only) or "lo_hi" (IcePop); rollout_rs one option of
+//! token_k1/k2/k3, seq_sum_k1/k2/k3, seq_mean_k1/k2/k3, seq_max_k2/k3 with its threshold
+//! ("hi", or "lo_hi" for k1). bypass = true takes the ratio against the current policy
+//! (bypass_mode; then old_logp = behav_logp). Rejected tokens leave the loss (verl overwrites
+//! response_mask).
+inline off_policy_correction rollout_correction(std::string_view rollout_is = "", std::string_view is_threshold = "2.0",
+                                                std::string_view rollout_rs = "", std::string_view rs_threshold = "",
+                                                bool bypass = false) {
+  off_policy_correction c;
+  c.numerator = bypass ? ratio_numerator::current : ratio_numerator::proximal;
+  c.rejected = rejected_tokens::removed;
+  c.log_ratio_clamp = 20.0;
+  if (!rollout_is.empty()) {
+    if (rollout_is == "token")
+      c.weight.level = is_level::token;
+    else if (rollout_is == "sequence")
+      c.weight.level = is_level::seq_product;
+    else
+      detail::unknown("verl", "rollout_is", rollout_is, "token, sequence");
+    const auto us = is_threshold.find('_');
+    if (us == std::string_view::npos) {
+      c.weight.bound = is_bound::truncate;
+      c.weight.lo = 0.0;
+      c.weight.hi = detail::parse_number("verl", "rollout_is_threshold", is_threshold);
+    } else {
+      c.weight.bound = is_bound::mask;
+      c.weight.lo = detail::parse_number("verl", "rollout_is_threshold", is_threshold.substr(0, us));
+      c.weight.hi = detail::parse_number("verl", "rollout_is_threshold", is_threshold.substr(us + 1));
+    }
+  }
+  if (!rollout_rs.empty()) {
+    std::string_view opt = rollout_rs;
+    rejection& r = c.reject;
+    if (opt.size() < 2 || opt[opt.size() - 2] != 'k')
+      detail::unknown("verl", "rollout_rs", rollout_rs, "token_k1/k2/k3, seq_sum_k*, seq_mean_k*, seq_max_k2/k3");
+    const char kc = opt.back();
+    r.stat = kc == '1' ? rs_stat::k1 : kc == '2' ? rs_stat::k2 : kc == '3' ? rs_stat::k3 : rs_stat::none;
+    const std::string_view lvl = opt.substr(0, opt.size() - 3);
+    if (lvl == "token")
+      r.level = rs_level::token;
+    else if (lvl == "seq_sum")
+      r.level = rs_level::seq_sum;
+    else if (lvl == "seq_mean")
+      r.level = rs_level::seq_mean;
+    else if (lvl == "seq_max" && r.stat != rs_stat::k1)
+      r.level = rs_level::seq_max;
+    else
+      r.stat = rs_stat::none;
+    if (r.stat == rs_stat::none)
+      detail::unknown("verl", "rollout_rs", rollout_rs, "token_k1/k2/k3, seq_sum_k*, seq_mean_k*, seq_max_k2/k3");
+    const auto us = rs_threshold.find('_');
+    if (us == std::string_view::npos) {
+      r.hi = detail::parse_number("verl", "rollout_rs_threshold", rs_threshold);
+      r.lo = r.stat == rs_stat::k1 ? 1.0 / r.hi : 0.0;
+    } else {
+      RLPT_CHECK(r.stat == rs_stat::k1, "rlpt.objective.compat",
+                 "verl rollout_rs_threshold \"{}\" has a lower bound, which only k1 options take", rs_threshold);
+      r.lo = detail::parse_number("verl", "rollout_rs_threshold", rs_threshold.substr(0, us));
+      r.hi = detail::parse_number("verl", "rollout_rs_threshold", rs_threshold.substr(us + 1));
+    }
+  }
+  return c;
+}
+
+//! The actor part of verl's config (ActorConfig / PolicyLossConfig) that the loss reads.
+struct actor_config {
+  std::string_view loss_mode = "vanilla"; //!< vanilla, gspo, geo_mean, cispo, sapo, gpg
+  double clip_ratio = 0.2;
+  std::optional<double> clip_ratio_low{};
+  std::optional<double> clip_ratio_high{};
+  double clip_ratio_c = 3.0;
+  double tau_pos = 1.0;
+  double tau_neg = 1.05;
+  std::string_view loss_agg_mode = "token-mean";
+  bool use_kl_loss = false;
+  double kl_loss_coef = 0.001;
+  std::string_view kl_loss_type = "low_var_kl";
+  double entropy_coeff = 0.0;
+  // global_batch_info
+  int dp_size = 1;
+  std::optional<double> batch_num_tokens{};
+  std::optional<double> global_batch_size{};
+  std::optional<double> loss_scale_factor{};
+};
+
+//! verl's actor loss (workers/utils/losses.ppo_loss): policy_loss_fn(loss_mode) with rollout IS
+//! weights, + kl_loss_coef * agg(kl_penalty), - entropy_coeff * agg(entropy), every term with
+//! loss_agg_mode except where the kernel forces its own (gspo, sapo: seq-mean-token-mean;
+//! geo_mean: mean over all rows).
+inline objective actor(const actor_config& c, const off_policy_correction& correction = {}) {
+  objective o;
+  const double lo = c.clip_ratio_low.value_or(c.clip_ratio);
+  const double hi = c.clip_ratio_high.value_or(c.clip_ratio);
+  o.agg = agg(c.loss_agg_mode, c.dp_size, c.batch_num_tokens, c.global_batch_size, c.loss_scale_factor);
+  if (c.loss_mode == "vanilla") {
+    o.policy = ppo_clip{.eps_low = lo, .eps_high = hi, .dual_clip = c.clip_ratio_c, .delta = 0.0, .log_ratio_clamp = 20.0};
+  } else if (c.loss_mode == "gspo") {
+    // verl's registered default aggregation for gspo is its argument; the trainer passes loss_agg_mode.
+    o.policy = gspo{.eps_low = lo, .eps_high = hi, .token_level = true, .log_ratio_max = 10.0};
+  } else if (c.loss_mode == "sapo") {
+    o.policy = sapo{.tau_pos = c.tau_pos, .tau_neg = c.tau_neg, .log_ratio_clamp = 20.0};
+    o.policy_agg = agg("seq-mean-token-mean", c.dp_size, c.batch_num_tokens, c.global_batch_size, c.loss_scale_factor);
+  } else if (c.loss_mode == "geo_mean") {
+    o.policy = gmpo{.eps_low = lo, .eps_high = hi};
+    aggregation a;
+    a.mode = agg_mode::seq_mean_token_sum;
+    a.count_empty_rows = true; // torch.mean over every row
+    o.policy_agg = a;
+  } else if (c.loss_mode == "cispo") {
+    o.policy = cispo{.eps_low = lo, .eps_high = hi, .bounds = cispo_bounds::relative};
+  } else if (c.loss_mode == "gpg") {
+    o.policy = policy_gradient{};
+  } else {
+    detail::unknown("verl", "policy_loss.loss_mode", c.loss_mode, "vanilla, gspo, sapo, geo_mean, cispo, gpg");
+  }
+  o.correction = correction;
+  if (c.use_kl_loss) o.kl = kl(c.kl_loss_type, c.kl_loss_coef);
+  o.entropy.coef = c.entropy_coeff;
+  return o;
+}
+
+//! verl's critic loss (compute_value_loss): 0.5 * agg(max((v - R)^2, (clip(v) - R)^2)).
+inline objective critic(double cliprange_value = 0.5, std::string_view loss_agg_mode = "token-mean", int dp_size = 1,
+                        std::optional<double> batch_num_tokens = {}, std::optional<double> global_batch_size = {}) {
+  objective o;
+  o.policy = no_policy{};
+  o.value = value_loss{.coef = 1.0, .clip = cliprange_value, .half = true};
+  o.agg = agg(loss_agg_mode, dp_size, batch_num_tokens, global_batch_size);
+  return o;
+}
+
+} // namespace verl
+
+// ============================================================================================
+namespace trl {
+
+//! The GRPOConfig fields GRPOTrainer._compute_loss reads, plus the batch facts it takes from
+//! the trainer (gradient accumulation, processes, the generation batch's token count).
+struct grpo_config {
+  std::string_view loss_type = "dapo"; //!< grpo, bnpo, dr_grpo, dapo, cispo, sapo
+  double epsilon = 0.2;
+  std::optional<double> epsilon_high{};
+  std::optional<double> delta{};
+  std::string_view importance_sampling_level = "token"; //!< token, sequence
+  double beta = 0.0;
+  bool use_bias_correction_kl = false;
+  double sapo_temperature_pos = 1.0;
+  double sapo_temperature_neg = 1.05;
+  double entropy_coef = 0.0;
+  int max_completion_length = 256;
+  int gradient_accumulation_steps = 1; //!< current_gradient_accumulation_steps (train mode)
+  int num_processes = 1;
+  std::optional<int> steps_per_generation{}; //!< default: gradient_accumulation_steps
+  //! inputs["num_items_in_batch"]: loss-mask tokens of the whole generation batch, all processes
+  //! (dapo, cispo). Required for those loss types.
+  std::optional<double> num_items_in_batch{};
+  //! vLLM importance sampling (applied when use_vllm): mode token_truncate, token_mask,
+  //! sequence_truncate, sequence_mask; bounds clip_min (none) and clip_max (3.0).
+  bool vllm_importance_sampling_correction = false;
+  std::string_view vllm_importance_sampling_mode = "sequence_mask";
+  std::optional<double> vllm_importance_sampling_min{};
+  double vllm_importance_sampling_max = 3.0;
+};
+
+//! TRL GRPOTrainer._compute_loss as an rlpt objective (train mode). TRL does not clamp
+//! log-ratios; rlpt clamps at 80 (identical while |log-ratio| < 80).
+inline objective grpo(const grpo_config& c) {
+  objective o;
+  const double eh = c.epsilon_high.value_or(c.epsilon);
+  const double ga = static_cast<double>(c.gradient_accumulation_steps);
+  RLPT_CHECK(ga >= 1.0 && c.num_processes >= 1, "rlpt.objective.compat",
+             "trl gradient_accumulation_steps = {} and num_processes = {} must be >= 1", c.gradient_accumulation_steps,
+             c.num_processes);
+  const bool seq = c.importance_sampling_level == "sequence";
+  if (!seq && c.importance_sampling_level != "token")
+    detail::unknown("trl", "importance_sampling_level", c.importance_sampling_level, "token, sequence");
+  const std::string_view lt = c.loss_type;
+  if (lt == "grpo" || lt == "bnpo" || lt == "dr_grpo" || lt == "dapo") {
+    if (seq)
+      o.policy = gspo{.eps_low = c.epsilon, .eps_high = eh, .token_level = false, .log_ratio_max = 80.0,
+                      .dual_clip = 0.0, .delta = c.delta.value_or(0.0)};
+    else
+      o.policy = ppo_clip{.eps_low = c.epsilon, .eps_high = eh, .dual_clip = 0.0, .delta = c.delta.value_or(0.0),
+                          .log_ratio_clamp = 80.0};
+  } else if (lt == "cispo" && !seq) {
+    o.policy = cispo{.bounds = cispo_bounds::absolute, .cap = eh, .log_ratio_clamp = 80.0};
+  } else if (lt == "sapo" && !seq) {
+    o.policy = sapo{.tau_pos = c.sapo_temperature_pos, .tau_neg = c.sapo_temperature_neg, .log_ratio_clamp = 80.0};
+  } else {
+    detail::unknown("trl", "loss_type", lt,
+                    "grpo, bnpo, dr_grpo, dapo (token or sequence level), cispo and sapo (token level)");
+  }
+  aggregation a;
+  a.scale = 1.0 / ga;
+  if (lt == "grpo" || lt == "sapo") {
+    a.mode = agg_mode::seq_mean_token_mean;
+    a.count_empty_rows = true; // .mean() over every row, each divided by max(L_i, 1)
+  } else if (lt == "bnpo") {
+    a.mode = agg_mode::token_mean;
+  } else if (lt == "dr_grpo") {
+    a.mode = agg_mode::seq_mean_token_sum_norm;
+    a.count_empty_rows = true; // per_token_loss.size(0)
+    a.norm = static_cast<double>(c.max_completion_length);
+  } else { // dapo, cispo: sum / (num_items_in_batch / num_processes * GA / steps_per_generation)
+    RLPT_CHECK(c.num_items_in_batch.has_value(), "rlpt.objective.compat",
+               "trl loss_type = \"{}\" normalises by num_items_in_batch (the generation batch's tokens on all "
+               "processes); pass it",
+               lt);
+    const double spg = static_cast<double>(c.steps_per_generation.value_or(c.gradient_accumulation_steps));
+    a.mode = agg_mode::token_mean;
+    a.global_tokens = std::max(*c.num_items_in_batch, 1.0) * ga / spg;
+    a.scale = static_cast<double>(c.num_processes);
+  }
+  o.agg = a;
+  if (c.beta != 0.0) {
+    o.kl = kl_penalty{.coef = c.beta, .estimator = kl_estimator::k3, .k3_x_min = -80.0, .k3_x_max = 80.0,
+                      .output_clamp = 0.0, .importance_corrected = c.use_bias_correction_kl};
+  }
+  if (c.entropy_coef != 0.0) {
+    o.entropy.coef = c.entropy_coef;
+    aggregation e; // mean over the effective mask of this micro-batch, / GA
+    e.mode = agg_mode::token_mean;
+    e.scale = 1.0 / ga;
+    o.entropy_agg = e;
+  }
+  if (c.vllm_importance_sampling_correction) {
+    const std::string_view m = c.vllm_importance_sampling_mode;
+    off_policy_correction& k = o.correction;
+    k.numerator = ratio_numerator::proximal;
+    k.rejected = rejected_tokens::zero_weight;
+    k.log_ratio_clamp = 80.0;
+    if (m == "token_truncate" || m == "token_mask")
+      k.weight.level = is_level::token;
+    else if (m == "sequence_truncate" || m == "sequence_mask")
+      k.weight.level = is_level::seq_product;
+    else
+      detail::unknown("trl", "vllm_importance_sampling_mode", m,
+                      "token_truncate, token_mask, sequence_truncate, sequence_mask");
+    k.weight.bound = (m == "token_mask" || m == "sequence_mask") ? is_bound::mask : is_bound::truncate;
+    k.weight.lo = c.vllm_importance_sampling_min.value_or(0.0);
+    k.weight.hi = c.vllm_importance_sampling_max;
+  }
+  return o;
+}
+
+} // namespace trl
+
+// ============================================================================================
+namespace openrlhf {
+
+//! PolicyLoss(...) constructor arguments and forward()'s batch info, plus the actor's KL and
+//! entropy settings.
+struct policy_loss_config {
+  double clip_eps_low = 0.2;
+  double clip_eps_high = 0.2;
+  std::optional<double> dual_clip{};
+  bool token_level_loss = true;
+  std::string_view policy_loss_type = "ppo"; //!< ppo, gspo
+  std::string_view is_correction_level = "off"; //!< off, token, seq
+  std::string_view is_correction_mode = "mask";  //!< mask, clip
+  double is_correction_low = 0.5;
+  double is_correction_high = 5.0;
+  int dp_size = 1;
+  std::optional<double> batch_num_tokens{};
+  std::optional<double> global_batch_size{};
+  double kl_coef = 0.0; //!< actor KL loss coefficient (kl_ctl) when use_kl_loss
+  std::string_view kl_estimator = "k1"; //!< k1, k2, k3
+  bool kl_unbiased_gradient = false;
+  double entropy_coef = 0.0;
+};
+
+inline aggregation agg(bool token_level_loss, int dp_size = 1, std::optional<double> batch_num_tokens = {},
+                       std::optional<double> global_batch_size = {}) {
+  aggregation a;
+  if (token_level_loss) {
+    a.mode = agg_mode::token_mean;
+    if (batch_num_tokens) {
+      a.global_tokens = batch_num_tokens;
+      a.scale = static_cast<double>(dp_size);
+    }
+  } else {
+    a.mode = agg_mode::seq_mean_token_mean;
+    a.len_eps = 1e-8;
+    if (global_batch_size) {
+      a.global_seqs = global_batch_size;
+      a.scale = static_cast<double>(dp_size);
+    }
+  }
+  return a;
+}
+
+//! OpenRLHF compute_approx_kl as a loss term: every estimator's value clamped to [-10, 10],
+//! k3's log-ratio clamped below at -10; unbiased_gradient keeps the value and differentiates
+//! sg(min(exp(logp - old), 10)) * k2.
+inline kl_penalty kl(std::string_view estimator = "k1", double coef = 0.0, bool unbiased_gradient = false) {
+  kl_penalty k;
+  k.coef = coef;
+  if (estimator == "k1")
+    k.estimator = kl_estimator::k1;
+  else if (estimator == "k2")
+    k.estimator = kl_estimator::k2;
+  else if (estimator == "k3")
+    k.estimator = kl_estimator::k3;
+  else
+    detail::unknown("openrlhf", "kl_estimator", estimator, "k1, k2, k3");
+  k.k3_x_min = -10.0;
+  k.k3_x_max = 80.0;
+  k.output_clamp = 10.0;
+  k.gradient = unbiased_gradient ? kl_gradient::k2_importance : kl_gradient::natural;
+  k.is_cap = 10.0;
+  return k;
+}
+
+inline objective policy_loss(const policy_loss_config& c) {
+  objective o;
+  const bool gspo_type = c.policy_loss_type == "gspo";
+  if (c.policy_loss_type == "ppo") {
+    o.policy = ppo_clip{.eps_low = c.clip_eps_low, .eps_high = c.clip_eps_high, .dual_clip = c.dual_clip.value_or(0.0),
+                        .delta = 0.0, .log_ratio_clamp = 20.0};
+  } else if (gspo_type) {
+    RLPT_CHECK(c.is_correction_level == "off", "rlpt.objective.compat",
+               "openrlhf gspo with is_correction_level = \"{}\" takes its ratio against the rollout log-probs; pass "
+               "behav_logp as old_logp with is_correction_level = \"off\" instead",
+               c.is_correction_level);
+    o.policy = gspo{.eps_low = c.clip_eps_low, .eps_high = c.clip_eps_high, .token_level = false,
+                    .log_ratio_max = 80.0, .dual_clip = c.dual_clip.value_or(0.0)};
+  } else {
+    detail::unknown("openrlhf", "policy_loss_type", c.policy_loss_type, "ppo, gspo");
+  }
+  o.agg = agg(c.token_level_loss && !gspo_type, c.dp_size, c.batch_num_tokens, c.global_batch_size);
+  if (c.is_correction_level != "off") {
+    off_policy_correction& k = o.correction;
+    k.numerator = ratio_numerator::proximal;
+    k.rejected = rejected_tokens::zero_weight;
+    k.log_ratio_clamp = 80.0;
+    const bool seq = c.is_correction_level == "seq";
+    if (!seq && c.is_correction_level != "token")
+      detail::unknown("openrlhf", "is_correction_level", c.is_correction_level, "off, token, seq");
+    if (c.is_correction_mode == "clip") {
+      RLPT_CHECK(!seq, "rlpt.objective.compat", "openrlhf is_correction_mode = clip needs is_correction_level = token");
+      k.weight = {.level = is_level::token, .bound = is_bound::truncate, .lo = c.is_correction_low,
+                  .hi = c.is_correction_high};
+    } else if (c.is_correction_mode == "mask") {
+      if (seq) {
+        // seq-mask-tis: gate on the geometric-mean ratio, weight survivors by their token ratio.
+        k.weight = {.level = is_level::token, .bound = is_bound::none};
+        k.reject = {.stat = rs_stat::ratio, .level = rs_level::seq_mean, .lo = c.is_correction_low,
+                    .hi = c.is_correction_high};
+      } else {
+        k.weight = {.level = is_level::token, .bound = is_bound::mask, .lo = c.is_correction_low,
+                    .hi = c.is_correction_high};
+      }
+    } else {
+      detail::unknown("openrlhf", "is_correction_mode", c.is_correction_mode, "mask, clip");
+    }
+  }
+  if (c.kl_coef != 0.0) o.kl = kl(c.kl_estimator, c.kl_coef, c.kl_unbiased_gradient);
+  o.entropy.coef = c.entropy_coef;
+  return o;
+}
+
+//! OpenRLHF ValueLoss(clip_eps): 0.5 * aggregate_loss(max(...)); clip_eps unset = plain square.
+inline objective value(std::optional<double> clip_eps = 0.5, bool token_level_loss = true, int dp_size = 1,
+                       std::optional<double> batch_num_tokens = {}, std::optional<double> global_batch_size = {}) {
+  objective o;
+  o.policy = no_policy{};
+  o.value = value_loss{.coef = 1.0, .clip = clip_eps.value_or(0.0), .half = true};
+  o.agg = agg(token_level_loss, dp_size, batch_num_tokens, global_batch_size);
+  return o;
+}
+
+} // namespace openrlhf
+
+// ============================================================================================
+namespace areal {
+
+//! PPOActorConfig fields ppo_actor_loss_fn reads. `rejection_*` mirror RejectionSamplingConfig
+//! (metric "ratio" only). Loss = sum m' L / count_nonzero(m) with the pre-rejection count, the
+//! micro-batches combined token-weighted: pass the step's token count as global_tokens.
+struct actor_config {
+  double eps_clip = 0.2;
+  std::optional<double> eps_clip_higher{};
+  std::optional<double> c_clip{};
+  bool use_decoupled_loss = true;
+  bool rejection_sampling = true;              //!< false: the field is None (no weight)
+  std::string_view rejection_level = "token";  //!< token, sequence
+  std::string_view rejection_action = "mask";  //!< mask, clamp
+  double rejection_upper = 5.0;
+  std::optional<double> rejection_lower{};
+  std::string_view importance_sampling_level = "token"; //!< token, sequence (GSPO)
+  bool use_sapo_loss = false;
+  double sapo_tau_pos = 1.0;
+  double sapo_tau_neg = 1.05;
+  std::optional<double> global_tokens{};
+};
+
+inline objective actor(const actor_config& c) {
+  objective o;
+  const double eh = c.eps_clip_higher.value_or(c.eps_clip);
+  if (c.use_sapo_loss) {
+    RLPT_CHECK(!c.use_decoupled_loss, "rlpt.objective.compat", "areal use_sapo_loss requires use_decoupled_loss = false");
+    o.policy = sapo{.tau_pos = c.sapo_tau_pos, .tau_neg = c.sapo_tau_neg, .log_ratio_clamp = 80.0};
+  } else if (c.importance_sampling_level == "sequence") {
+    o.policy = gspo{.eps_low = c.eps_clip, .eps_high = eh, .token_level = false, .log_ratio_max = 80.0,
+                    .dual_clip = c.c_clip.value_or(0.0)};
+  } else if (c.importance_sampling_level == "token") {
+    o.policy = ppo_clip{.eps_low = c.eps_clip, .eps_high = eh, .dual_clip = c.c_clip.value_or(0.0), .delta = 0.0,
+                        .log_ratio_clamp = 80.0};
+  } else {
+    detail::unknown("areal", "importance_sampling_level", c.importance_sampling_level, "token, sequence");
+  }
+  o.agg = aggregation{.mode = agg_mode::token_mean, .global_tokens = c.global_tokens};
+  if (c.use_decoupled_loss && c.rejection_sampling) {
+    off_policy_correction& k = o.correction;
+    k.numerator = ratio_numerator::proximal;
+    k.rejected = rejected_tokens::zero_weight; // AReaL keeps the original token count
+    k.log_ratio_clamp = 80.0;
+    const double lo = c.rejection_lower.value_or(0.0);
+    const bool seq = c.rejection_level == "sequence";
+    if (!seq && c.rejection_level != "token")
+      detail::unknown("areal", "rejection_sampling.level", c.rejection_level, "token, sequence");
+    const is_level level = seq ? is_level::seq_geomean : is_level::token;
+    if (c.rejection_action == "clamp") {
+      k.weight = {.level = level, .bound = is_bound::truncate, .lo = lo, .hi = c.rejection_upper};
+    } else if (c.rejection_action == "mask") {
+      k.weight = {.level = level, .bound = is_bound::none};
+      k.reject = {.stat = rs_stat::ratio, .level = seq ? rs_level::seq_mean : rs_level::token, .lo = lo,
+                  .hi = c.rejection_upper};
+    } else {
+      detail::unknown("areal", "rejection_sampling.action", c.rejection_action, "mask, clamp");
+    }
+  }
+  return o;
+}
+
+} // namespace areal
+} // namespace rlpt::compat

@@ -1,0 +1,161 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file
+//! Off-policy corrections between the behaviour policy (the rollout engine's log-probs) and the
+//! policy the surrogate's ratio is taken against (the proximal / "old" policy, or the current
+//! one in verl's bypass mode): importance weights (token TIS, IcePop band, sequence IS as a
+//! product or a geometric mean) and rejection (hard trust-region masks on ratio, k1, k2 or k3,
+//! per token or per sequence). The weights are always detached: they scale the policy term's
+//! value and gradient but are never differentiated.
+//!
+//! log rho = numerator - behav_logp, numerator = old_logp (decoupled PPO: AReaL, verl's
+//! decoupled mode, TRL's vLLM correction, OpenRLHF, slime) or the current logp (verl bypass).
+#pragma once
+
+#include <rlpt/config.hpp>
+#include <rlpt/objective/detail/math.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string_view>
+
+namespace rlpt {
+
+enum class is_level : std::uint8_t {
+  none,        //!< no importance weight
+  token,       //!< w_t = rho_t (verl rollout_is=token, TRL token_*, OpenRLHF tis/icepop, slime)
+  seq_product, //!< w_i = exp(sum_t log rho_t) (verl rollout_is=sequence, TRL sequence_*)
+  seq_geomean  //!< w_i = exp(mean_t log rho_t) (AReaL sequence level)
+};
+
+enum class is_bound : std::uint8_t {
+  none,     //!< the raw weight
+  truncate, //!< clamp(w, lo, hi): TIS
+  mask      //!< w where lo <= w <= hi, else 0: IcePop / MIS
+};
+
+//! The importance weight multiplying the policy term.
+struct is_weighting {
+  is_level level = is_level::none;
+  is_bound bound = is_bound::truncate;
+  double lo = 0.0; //!< lower bound (0 = none: verl TIS is upper-only; OpenRLHF tis uses 0.5)
+  double hi = 2.0; //!< upper bound: verl rollout_is_threshold 2.0 (TRL clip_max 3.0, OpenRLHF/AReaL 5.0)
+};
+
+enum class rs_stat : std::uint8_t {
+  none,  //!< no rejection
+  ratio, //!< log rho, kept iff lo <= exp(stat) <= hi (OpenRLHF/AReaL ratio gating)
+  k1,    //!< -log rho, kept iff log lo <= stat <= log hi (verl token_k1 / seq_*_k1; note the sign)
+  k2,    //!< 0.5 (log rho)^2, kept iff stat <= hi (verl *_k2)
+  k3     //!< exp(log rho) - 1 - log rho, kept iff stat <= hi (verl *_k3)
+};
+
+enum class rs_level : std::uint8_t {
+  token,    //!< each token on its own statistic
+  seq_sum,  //!< a sequence on the sum of its tokens' statistic (ratio: the product of ratios)
+  seq_mean, //!< on the mean (ratio: the geometric mean: OpenRLHF seq-mask-tis, verl seq_mean_k1)
+  seq_max   //!< on the maximum (verl seq_max_k2/k3; a sequence without valid tokens has 0)
+};
+
+//! Hard trust region: tokens or whole sequences outside it are rejected.
+struct rejection {
+  rs_stat stat = rs_stat::none;
+  rs_level level = rs_level::token;
+  double lo = 0.0; //!< lower ratio bound (ratio and k1 statistics); k1 with lo = 0 uses 1/hi as verl
+  double hi = std::numeric_limits<double>::infinity(); //!< upper bound
+};
+
+enum class ratio_numerator : std::uint8_t {
+  proximal, //!< rho = pi_old / pi_behav (decoupled: AReaL, verl decoupled, TRL, OpenRLHF, slime)
+  current   //!< rho = sg(pi_theta) / pi_behav (verl bypass mode)
+};
+
+enum class rejected_tokens : std::uint8_t {
+  //! Rejected tokens leave the loss: every term and every local denominator (verl overwrites
+  //! response_mask).
+  removed,
+  //! Rejected tokens get policy weight 0 but stay in the KL and entropy terms and in every
+  //! denominator (TRL *_mask modes, AReaL, OpenRLHF, slime keep the pre-rejection counts).
+  zero_weight
+};
+
+struct off_policy_correction {
+  is_weighting weight{};
+  rejection reject{};
+  ratio_numerator numerator = ratio_numerator::proximal; //!< decoupled PPO
+  rejected_tokens rejected = rejected_tokens::removed;   //!< verl
+  //! |log rho| clamp before exp (token ratio, or sequence sum / mean): verl SAFETY_BOUND 20.
+  double log_ratio_clamp = 20.0;
+
+  [[nodiscard]] constexpr bool active() const noexcept {
+    return weight.level != is_level::none || reject.stat != rs_stat::none;
+  }
+};
+
+//! Token TIS: w = min(rho, hi) (verl rollout_is=token), or clamp(rho, lo, hi) with lo > 0.
+[[nodiscard]] constexpr off_policy_correction token_tis(double hi = 2.0, double lo = 0.0) {
+  return {.weight = {.level = is_level::token, .bound = is_bound::truncate, .lo = lo, .hi = hi}};
+}
+
+//! IcePop / token MIS: w = rho inside [lo, hi], 0 outside (verl "lo_hi", TRL token_mask,
+//! OpenRLHF icepop). The zeroed tokens stay in the denominators.
+[[nodiscard]] constexpr off_policy_correction icepop(double lo = 0.5, double hi = 5.0) {
+  return {.weight = {.level = is_level::token, .bound = is_bound::mask, .lo = lo, .hi = hi}};
+}
+
+//! Sequence IS as a product of token ratios, truncated (verl rollout_is=sequence) or masked.
+[[nodiscard]] constexpr off_policy_correction seq_is(double hi = 2.0, is_bound bound = is_bound::truncate,
+                                                     double lo = 0.0) {
+  return {.weight = {.level = is_level::seq_product, .bound = bound, .lo = lo, .hi = hi}};
+}
+
+//! Sequence IS as the geometric mean of token ratios (AReaL sequence level).
+[[nodiscard]] constexpr off_policy_correction seq_geo_is(double hi = 5.0, is_bound bound = is_bound::truncate,
+                                                         double lo = 0.0) {
+  return {.weight = {.level = is_level::seq_geomean, .bound = bound, .lo = lo, .hi = hi}};
+}
+
+namespace detail {
+
+//! Applies the bound of an importance weight.
+template <class R>
+RLPT_HD_FORCEINLINE R bound_weight(is_bound b, R raw, R lo, R hi) {
+  switch (b) {
+  case is_bound::none: return raw;
+  case is_bound::truncate: return clamp_r(raw, lo, hi);
+  case is_bound::mask: return (raw >= lo && raw <= hi) ? raw : R(0);
+  }
+  return raw;
+}
+
+//! The per-token rejection statistic of a (clamped) log rho.
+template <class R>
+RLPT_HD_FORCEINLINE R rs_token_stat(rs_stat s, R lr) {
+  switch (s) {
+  case rs_stat::none: return R(0);
+  case rs_stat::ratio: return lr;
+  case rs_stat::k1: return -lr;
+  case rs_stat::k2: return R(0.5) * lr * lr;
+  case rs_stat::k3: return exp_r(lr) - R(1) - lr;
+  }
+  return R(0);
+}
+
+//! Whether a (token or aggregated) statistic passes. For `ratio`, stat is in log space.
+template <class R>
+RLPT_HD_FORCEINLINE bool rs_keep(rs_stat s, R stat, R lo, R hi, R log_lo, R log_hi) {
+  switch (s) {
+  case rs_stat::none: return true;
+  case rs_stat::ratio: {
+    const R e = exp_r(clamp_r(stat, R(-80), R(80)));
+    return e >= lo && e <= hi;
+  }
+  case rs_stat::k1: return stat >= log_lo && stat <= log_hi;
+  case rs_stat::k2:
+  case rs_stat::k3: return stat <= hi;
+  }
+  return true;
+}
+
+} // namespace detail
+} // namespace rlpt

@@ -1,0 +1,122 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file
+//! Scalar helpers the objective family's per-token math shares between host and device:
+//! exp that vectorises on the host, clamps that report whether autograd would let a gradient
+//! through (torch.clamp passes it for lo <= x <= hi), tie-splitting max/min (torch.maximum and
+//! torch.minimum send half of the gradient to each side on a tie), and finite checks.
+#pragma once
+
+#include <rlpt/config.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+namespace rlpt::detail {
+
+//! exp(x) for float on the host: Cody-Waite reduction and a degree-7 Taylor polynomial
+//! (max error about 2 ulp), written without calls or branches so loops over it vectorise.
+//! Defined for x <= 88; returns 0 below -87 (where expf is subnormal or 0). Every caller
+//! clamps its argument to |x| <= 80 first.
+RLPT_HD_FORCEINLINE float exp_poly(float x) {
+  const bool under = x < -87.0f;
+  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+  const float t = x * 1.44269504088896341f;
+  const int k = static_cast<int>(t + (t >= 0.0f ? 0.5f : -0.5f)); // round to nearest
+  const float kf = static_cast<float>(k);
+  const float r = (x - kf * 0.693145751953125f) - kf * 1.428606765330187045e-6f;
+  float p = 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const std::uint32_t bits = static_cast<std::uint32_t>(k + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return under ? 0.0f : p * scale;
+}
+
+//! exp in the compute type R: the vectorisable polynomial for float on the host, the CUDA
+//! math library on the device, std::exp for double.
+template <class R>
+RLPT_HD_FORCEINLINE R exp_r(R x) {
+  if constexpr (std::is_same_v<R, float>) {
+#if RLPT_DEVICE_PASS()
+    return ::expf(x);
+#else
+    return exp_poly(x);
+#endif
+  } else {
+    return std::exp(x);
+  }
+}
+
+template <class R>
+RLPT_HD_FORCEINLINE R log_r(R x) {
+  if constexpr (std::is_same_v<R, float>) {
+#if RLPT_DEVICE_PASS()
+    return ::logf(x);
+#else
+    return std::log(x);
+#endif
+  } else {
+    return std::log(x);
+  }
+}
+
+template <class R>
+RLPT_HD_FORCEINLINE R clamp_r(R x, R lo, R hi) {
+  return x < lo ? lo : (x > hi ? hi : x);
+}
+
+//! 1 where torch.clamp(x, lo, hi) passes the gradient (lo <= x <= hi), else 0.
+template <class R>
+RLPT_HD_FORCEINLINE R clamp_pass(R x, R lo, R hi) {
+  return (x >= lo && x <= hi) ? R(1) : R(0);
+}
+
+//! d max(a, b) given da, db, with torch's tie rule (half to each side).
+template <class R>
+RLPT_HD_FORCEINLINE R dmax(R a, R b, R da, R db) {
+  return a > b ? da : (b > a ? db : R(0.5) * (da + db));
+}
+
+//! d min(a, b) given da, db, with torch's tie rule.
+template <class R>
+RLPT_HD_FORCEINLINE R dmin(R a, R b, R da, R db) {
+  return a < b ? da : (b < a ? db : R(0.5) * (da + db));
+}
+
+template <class R>
+RLPT_HD_FORCEINLINE R max_r(R a, R b) {
+  return a > b ? a : b;
+}
+
+template <class R>
+RLPT_HD_FORCEINLINE R min_r(R a, R b) {
+  return a < b ? a : b;
+}
+
+//! Finite without calling into libm (vectorises; NaN and +-inf fail).
+RLPT_HD_FORCEINLINE bool finite_r(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  return (u & 0x7f800000u) != 0x7f800000u;
+}
+RLPT_HD_FORCEINLINE bool finite_r(double x) {
+  std::uint64_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  return (u & 0x7ff0000000000000ull) != 0x7ff0000000000000ull;
+}
+
+//! torch.sign.
+template <class R>
+RLPT_HD_FORCEINLINE R sign_r(R x) {
+  return x > R(0) ? R(1) : (x < R(0) ? R(-1) : R(0));
+}
+
+} // namespace rlpt::detail

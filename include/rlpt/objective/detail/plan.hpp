@@ -1,0 +1,404 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file
+//! The trivially copyable form of an objective (what kernels take by value) and the per-row and
+//! per-token logic host and device evaluation share: row statistics (lengths, sequence ratios,
+//! sequence-level corrections), then one token's terms, gradients and metric events.
+#pragma once
+
+#include <rlpt/config.hpp>
+#include <rlpt/objective/aggregate.hpp>
+#include <rlpt/objective/correction.hpp>
+#include <rlpt/objective/detail/math.hpp>
+#include <rlpt/objective/distill.hpp>
+#include <rlpt/objective/kl.hpp>
+#include <rlpt/objective/policy.hpp>
+#include <rlpt/objective/value.hpp>
+
+#include <cstdint>
+#include <limits>
+
+namespace rlpt {
+
+//! What a call does with a valid token whose inputs are not finite.
+enum class nonfinite_policy : std::uint8_t {
+  raise, //!< throw rlpt::error naming the input, index, sequence and position (default)
+  skip   //!< treat the token as masked (it leaves the loss and local denominators) and count it
+};
+
+//! Per-call sums: the four aggregated terms and the metric counters. Merged in a fixed order
+//! (host chunks, device blocks), so the result does not depend on thread count or scheduling.
+struct objective_sums {
+  double policy = 0.0; //!< aggregated policy term (alpha-weighted)
+  double kl = 0.0;
+  double entropy = 0.0;
+  double value = 0.0;
+  double valid = 0.0;     //!< valid tokens (mask, before rejection)
+  double in_loss = 0.0;   //!< tokens that stay in the loss
+  double seqs = 0.0;      //!< rows with a valid token
+  double loss_seqs = 0.0; //!< rows with a token in the loss
+  double rows = 0.0;      //!< all rows
+  double clip_low = 0.0;
+  double clip_high = 0.0;
+  double clip_dual = 0.0;
+  double clamped = 0.0;
+  double approx_kl = 0.0; //!< sum of old - logp over in-loss tokens
+  double kl_value = 0.0;  //!< sum of the KL estimator over in-loss tokens
+  double w_sum = 0.0;     //!< importance weights over valid tokens
+  double w_min = std::numeric_limits<double>::infinity();
+  double w_max = -std::numeric_limits<double>::infinity();
+  double rejected = 0.0; //!< valid tokens rejected or given weight 0 by the correction
+  double entropy_value = 0.0;
+  double value_clipped = 0.0;
+  double nonfinite = 0.0;
+
+  RLPT_HD void merge(const objective_sums& o) {
+    policy += o.policy;
+    kl += o.kl;
+    entropy += o.entropy;
+    value += o.value;
+    valid += o.valid;
+    in_loss += o.in_loss;
+    seqs += o.seqs;
+    loss_seqs += o.loss_seqs;
+    rows += o.rows;
+    clip_low += o.clip_low;
+    clip_high += o.clip_high;
+    clip_dual += o.clip_dual;
+    clamped += o.clamped;
+    approx_kl += o.approx_kl;
+    kl_value += o.kl_value;
+    w_sum += o.w_sum;
+    w_min = o.w_min < w_min ? o.w_min : w_min;
+    w_max = o.w_max > w_max ? o.w_max : w_max;
+    rejected += o.rejected;
+    entropy_value += o.entropy_value;
+    value_clipped += o.value_clipped;
+    nonfinite += o.nonfinite;
+  }
+};
+
+namespace detail {
+
+struct objective_plan {
+  policy_kind policy = policy_kind::ppo_clip;
+  ppo_clip ppo{};
+  gspo gs{};
+  gmpo gm{};
+  cispo ci{};
+  sapo sa{};
+  off_policy_correction corr{};
+  kl_penalty kl{};
+  double entropy_coef = 0.0;
+  value_loss value{};
+  double distill_coef = 0.0;
+  student_logp student = student_logp::behaviour;
+  int teachers = 0;
+  double teacher_w[max_teachers] = {};
+  agg_plan agg_policy{};
+  agg_plan agg_kl{};
+  agg_plan agg_entropy{};
+  agg_plan agg_value{};
+  nonfinite_policy nonfinite = nonfinite_policy::raise;
+
+  bool has_old = false;
+  bool has_behav = false;
+  bool has_ref = false;
+  bool has_adv = false;     //!< per-token advantages
+  bool has_seq_adv = false; //!< per-sequence advantages
+  bool has_entropy = false;
+  bool has_values = false;
+
+  bool use_policy = false;
+  bool use_kl = false;
+  bool use_entropy = false; //!< the entropy term is in the loss (coef != 0)
+  bool use_value = false;
+  bool use_is = false;      //!< importance weights on
+  bool use_rs = false;      //!< rejection on
+  bool removes = false;     //!< rejected tokens leave the loss
+  bool is_seq = false;      //!< sequence-level importance weight
+  bool rs_seq = false;      //!< sequence-level rejection
+  bool need_row_pass = false;
+  bool gspo_sequence = false; //!< GSPO with the gradient through the sequence mean
+
+  double rs_log_lo = 0.0; //!< log of the rejection bounds (k1 statistic)
+  double rs_log_hi = 0.0;
+
+  [[nodiscard]] RLPT_HD bool needs_length() const {
+    return (use_policy && agg_policy.needs_length()) || (use_kl && agg_kl.needs_length()) ||
+           (use_entropy && agg_entropy.needs_length()) || (use_value && agg_value.needs_length());
+  }
+};
+
+//! One token's inputs, loaded (masked slots read as 0, never as garbage).
+template <class R>
+struct token_inputs {
+  bool valid = false;
+  R lp = R(0);
+  R old = R(0);
+  R behav = R(0);
+  R ref = R(0);
+  R adv = R(0);
+  R ent = R(0);
+  R v = R(0);
+  R v_old = R(0);
+  R ret = R(0);
+};
+
+//! The log importance ratio of a token: numerator - behaviour.
+template <class R>
+RLPT_HD_FORCEINLINE R log_rho(const objective_plan& p, const token_inputs<R>& t) {
+  return (p.corr.numerator == ratio_numerator::proximal ? t.old : t.lp) - t.behav;
+}
+
+//! Token-level rejection decision (true when there is none or it is sequence level).
+template <class R>
+RLPT_HD_FORCEINLINE bool token_keep(const objective_plan& p, const token_inputs<R>& t) {
+  if (!p.use_rs || p.rs_seq) return true;
+  const R c = R(p.corr.log_ratio_clamp);
+  const R lr = clamp_r(log_rho(p, t), -c, c);
+  const R stat = rs_token_stat(p.corr.reject.stat, lr);
+  return rs_keep(p.corr.reject.stat, stat, R(p.corr.reject.lo), R(p.corr.reject.hi), R(p.rs_log_lo), R(p.rs_log_hi));
+}
+
+//! Token-level importance weight (bounded), 1 when off or sequence level.
+template <class R>
+RLPT_HD_FORCEINLINE R token_weight(const objective_plan& p, const token_inputs<R>& t) {
+  if (!p.use_is || p.is_seq) return R(1);
+  const R c = R(p.corr.log_ratio_clamp);
+  const R raw = exp_r(clamp_r(log_rho(p, t), -c, c));
+  return bound_weight(p.corr.weight.bound, raw, R(p.corr.weight.lo), R(p.corr.weight.hi));
+}
+
+//! Sums over one row's tokens that sequence-level pieces need. Accumulated in double.
+struct row_stats {
+  double len = 0.0;      //!< valid tokens
+  double len_keep = 0.0; //!< valid tokens passing token-level rejection
+  double sum_lr = 0.0;   //!< sum of log rho over valid tokens (sequence IS)
+  double rs_sum = 0.0;   //!< sum of the rejection statistic over valid tokens
+  double rs_max = -std::numeric_limits<double>::infinity();
+  double sum_x = 0.0;    //!< GSPO: sum of logp - old over in-loss tokens
+  double sum_xs = 0.0;   //!< GMPO: sum of x* over in-loss tokens
+  double sum_adv = 0.0;  //!< GMPO: sum of A over in-loss tokens
+  double sum_logw = 0.0; //!< GMPO: sum of log(w + 1e-10) over in-loss tokens (token weights)
+
+  RLPT_HD void merge(const row_stats& o) {
+    len += o.len;
+    len_keep += o.len_keep;
+    sum_lr += o.sum_lr;
+    rs_sum += o.rs_sum;
+    rs_max = o.rs_max > rs_max ? o.rs_max : rs_max;
+    sum_x += o.sum_x;
+    sum_xs += o.sum_xs;
+    sum_adv += o.sum_adv;
+    sum_logw += o.sum_logw;
+  }
+};
+
+//! The per-row constants the token pass needs, derived from the row statistics.
+struct row_consts {
+  bool seq_keep = true; //!< sequence-level rejection passed
+  double len_loss = 0.0; //!< tokens in the loss (the length every per-row denominator uses)
+  double w_seq = 1.0;    //!< sequence-level importance weight
+  double s_gspo = 0.0;   //!< GSPO: mean log-ratio over the in-loss tokens
+  double gmpo_ratio = 0.0;
+  double gmpo_adv = 0.0; //!< mean advantage
+  double gmpo_w = 1.0;   //!< geometric mean of the token weights
+  bool gmpo_clamped = false;
+  double a_policy = 0.0, a_kl = 0.0, a_entropy = 0.0, a_value = 0.0; //!< alpha_i per term
+};
+
+//! Accumulates one token into the row statistics (pass 1).
+template <class R>
+RLPT_HD_FORCEINLINE void row_stats_add(const objective_plan& p, const token_inputs<R>& t, row_stats& s) {
+  if (!t.valid) return;
+  s.len += 1.0;
+  const bool keep = token_keep(p, t);
+  s.len_keep += keep ? 1.0 : 0.0;
+  if (p.use_is && p.is_seq) s.sum_lr += static_cast<double>(log_rho(p, t));
+  if (p.use_rs && p.rs_seq) {
+    const R c = R(p.corr.log_ratio_clamp);
+    const R lr = clamp_r(log_rho(p, t), -c, c);
+    const double st = static_cast<double>(rs_token_stat(p.corr.reject.stat, lr));
+    s.rs_sum += st;
+    s.rs_max = st > s.rs_max ? st : s.rs_max;
+  }
+  const bool in_loss = !p.removes || keep;
+  if (!in_loss) return;
+  if (p.policy == policy_kind::gspo) s.sum_x += static_cast<double>(t.lp - t.old);
+  if (p.policy == policy_kind::gmpo) {
+    R xs, dxs;
+    bool lo, hi;
+    gmpo_token(p.gm, t.lp - t.old, t.adv, xs, dxs, lo, hi);
+    s.sum_xs += static_cast<double>(xs);
+    s.sum_adv += static_cast<double>(t.adv);
+    if (p.use_is && !p.is_seq) {
+      R w = token_weight(p, t);
+      if (!p.removes && !keep) w = R(0);
+      s.sum_logw += static_cast<double>(log_r(w + R(1e-10)));
+    }
+  }
+}
+
+//! Sequence-level decisions of a row: rejection, weight, GSPO / GMPO ratios. Aggregation
+//! weights are filled by row_alphas once the denominators are known.
+RLPT_HD row_consts row_finish(const objective_plan& p, const row_stats& s) {
+  row_consts c;
+  if (p.use_rs && p.rs_seq) {
+    double stat = 0.0;
+    switch (p.corr.reject.level) {
+    case rs_level::seq_sum: stat = s.rs_sum; break;
+    case rs_level::seq_mean: stat = s.len > 0.0 ? s.rs_sum / s.len : 0.0; break;
+    case rs_level::seq_max: stat = s.len > 0.0 ? s.rs_max : 0.0; break;
+    case rs_level::token: break;
+    }
+    // A row without valid tokens counts as kept (nothing to reject).
+    c.seq_keep = s.len <= 0.0 || rs_keep(p.corr.reject.stat, stat, static_cast<double>(p.corr.reject.lo),
+                                         static_cast<double>(p.corr.reject.hi), static_cast<double>(p.rs_log_lo),
+                                         static_cast<double>(p.rs_log_hi));
+  }
+  c.len_loss = p.removes ? (c.seq_keep ? s.len_keep : 0.0) : s.len;
+  if (p.use_is && p.is_seq) {
+    const double cl = static_cast<double>(p.corr.log_ratio_clamp);
+    double lr = s.sum_lr;
+    if (p.corr.weight.level == is_level::seq_geomean) lr = s.len > 0.0 ? lr / s.len : 0.0;
+    const double raw = exp_r(clamp_r(lr, -cl, cl));
+    c.w_seq = bound_weight(p.corr.weight.bound, raw, static_cast<double>(p.corr.weight.lo),
+                           static_cast<double>(p.corr.weight.hi));
+  }
+  if (p.policy == policy_kind::gspo) c.s_gspo = s.sum_x / (c.len_loss > 1.0 ? c.len_loss : 1.0);
+  if (p.policy == policy_kind::gmpo) {
+    const double den = c.len_loss > 0.0 ? c.len_loss : 1.0;
+    const double cl = static_cast<double>(p.gm.log_ratio_clamp);
+    const double m = s.sum_xs / den;
+    c.gmpo_clamped = m < -cl || m > cl;
+    c.gmpo_ratio = exp_r(clamp_r(m, -cl, cl));
+    c.gmpo_adv = s.sum_adv / den;
+    if (p.use_is) {
+      if (p.is_seq) {
+        // verl takes the geometric mean of the (broadcast) weights: exp(L log(w + 1e-10) / L).
+        const double lw = c.len_loss * log_r(c.w_seq + 1e-10);
+        c.gmpo_w = exp_r(lw / den);
+      } else {
+        c.gmpo_w = exp_r(s.sum_logw / den);
+      }
+    }
+  }
+  return c;
+}
+
+//! Fills the aggregation weight of every term from the row's in-loss length.
+RLPT_HD void row_alphas(const objective_plan& p, row_consts& c) {
+  c.a_policy = p.agg_policy.row_weight(c.len_loss);
+  c.a_kl = p.agg_kl.row_weight(c.len_loss);
+  c.a_entropy = p.agg_entropy.row_weight(c.len_loss);
+  c.a_value = p.agg_value.row_weight(c.len_loss);
+}
+
+//! One token's contribution: unweighted term values (to be multiplied by the row's alphas),
+//! gradients (already alpha-weighted) and metric events.
+template <class R>
+struct token_result {
+  bool in_loss = false;
+  bool rejected = false; //!< valid but rejected or zero-weighted
+  R w = R(1);            //!< importance weight (valid tokens)
+  R policy = R(0);       //!< w * policy value (GMPO: 0, the row carries it)
+  R kl = R(0);
+  R entropy = R(0);
+  R value = R(0);
+  R g_logp = R(0);
+  R g_entropy = R(0);
+  R g_value = R(0);
+  R dcoef = R(0); //!< GSPO sequence form: w * d value / d s_i
+  bool low = false, high = false, dual = false, clamped = false, v_clipped = false;
+};
+
+template <class R>
+RLPT_HD_FORCEINLINE token_result<R> token_eval(const objective_plan& p, const row_consts& c, const token_inputs<R>& t) {
+  token_result<R> o;
+  if (!t.valid) return o;
+  const bool keep = c.seq_keep && token_keep(p, t);
+  R w = R(1);
+  if (p.use_is) w = p.is_seq ? R(c.w_seq) : token_weight(p, t);
+  if (!keep && !p.removes) w = R(0);
+  o.w = w;
+  o.rejected = !keep || w == R(0);
+  o.in_loss = keep || !p.removes;
+  if (!o.in_loss) return o;
+
+  const R x = t.lp - t.old;
+  R g = R(0);
+  if (p.use_policy) {
+    const R ap = R(c.a_policy);
+    switch (p.policy) {
+    case policy_kind::ppo_clip: {
+      const policy_token<R> q = ppo_token(p.ppo, x, t.adv);
+      o.policy = w * q.value;
+      g = ap * w * q.grad;
+      o.low = q.low, o.high = q.high, o.dual = q.dual, o.clamped = q.clamped;
+      break;
+    }
+    case policy_kind::gspo: {
+      const policy_token<R> q = gspo_token(p.gs, R(c.s_gspo), t.adv);
+      o.policy = w * q.value;
+      if (p.gspo_sequence)
+        o.dcoef = w * q.grad;
+      else
+        g = ap * w * q.grad;
+      o.low = q.low, o.high = q.high, o.dual = q.dual, o.clamped = q.clamped;
+      break;
+    }
+    case policy_kind::gmpo: {
+      R xs, dxs;
+      gmpo_token(p.gm, x, t.adv, xs, dxs, o.low, o.high);
+      const R coef = c.gmpo_clamped ? R(0)
+                                    : -R(c.gmpo_adv) * R(c.gmpo_w) * R(c.gmpo_ratio) / R(c.len_loss);
+      g = ap * coef * dxs;
+      o.clamped = c.gmpo_clamped;
+      break;
+    }
+    case policy_kind::cispo: {
+      const policy_token<R> q = cispo_token(p.ci, x, t.lp, t.adv);
+      o.policy = w * q.value;
+      g = ap * w * q.grad;
+      o.low = q.low, o.high = q.high, o.clamped = q.clamped;
+      break;
+    }
+    case policy_kind::sapo: {
+      const policy_token<R> q = sapo_token(p.sa, x, t.adv);
+      o.policy = w * q.value;
+      g = ap * w * q.grad;
+      o.clamped = q.clamped;
+      break;
+    }
+    case policy_kind::policy_gradient: {
+      const policy_token<R> q = pg_token(t.lp, t.adv);
+      o.policy = w * q.value;
+      g = ap * w * q.grad;
+      break;
+    }
+    case policy_kind::none: break;
+    }
+  }
+  if (p.use_kl) {
+    const kl_token<R> k = kl_value(p.kl, t.lp - t.ref, p.has_old ? x : R(0));
+    o.kl = k.value;
+    g += R(p.kl.coef) * R(c.a_kl) * k.grad;
+  }
+  o.g_logp = g;
+  if (p.use_entropy) {
+    o.entropy = t.ent;
+    o.g_entropy = -R(p.entropy_coef) * R(c.a_entropy);
+  } else if (p.has_entropy) {
+    o.entropy = t.ent; // metric only
+  }
+  if (p.use_value) {
+    const value_token<R> v = value_term(p.value, t.v, t.v_old, t.ret);
+    o.value = v.value;
+    o.g_value = R(p.value.coef) * R(c.a_value) * v.grad;
+    o.v_clipped = v.clipped;
+  }
+  return o;
+}
+
+} // namespace detail
+} // namespace rlpt

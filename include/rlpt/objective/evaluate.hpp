@@ -1,0 +1,678 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file
+//! One composable objective and one entry point that evaluates it: loss, gradients with respect
+//! to the current log-probs (and entropies and values when those terms are on) and metrics.
+//!
+//!     rlpt::objective obj{
+//!         .policy     = rlpt::ppo_clip{.eps_low = 0.2, .eps_high = 0.28},
+//!         .correction = rlpt::token_tis(2.0),
+//!         .kl         = {.coef = 1e-3, .estimator = rlpt::kl_estimator::k3},
+//!         .agg        = {.mode = rlpt::agg_mode::token_mean, .global_tokens = step_tokens},
+//!     };
+//!     rlpt::objective_result r = rlpt::evaluate(obj, inputs, {.logp = grad_logp});
+//!
+//! The objective is policy x correction x KL x entropy x value x aggregation: each part is an
+//! option struct, and evaluate() runs any combination in one pass over the tokens per row
+//! (plus a row-statistics pass when a sequence-level piece needs one). The total loss is
+//!   policy + kl.coef * KL - entropy.coef * H + value.coef * V,
+//! each term aggregated with its own aggregation (`agg` unless overridden).
+#pragma once
+
+#include <rlpt/config.hpp>
+#include <rlpt/core/error.hpp>
+#include <rlpt/core/executor.hpp>
+#include <rlpt/core/layout.hpp>
+#include <rlpt/core/views.hpp>
+#include <rlpt/objective/aggregate.hpp>
+#include <rlpt/objective/correction.hpp>
+#include <rlpt/objective/detail/math.hpp>
+#include <rlpt/objective/detail/plan.hpp>
+#include <rlpt/objective/distill.hpp>
+#include <rlpt/objective/entropy.hpp>
+#include <rlpt/objective/kl.hpp>
+#include <rlpt/objective/policy.hpp>
+#include <rlpt/objective/value.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string_view>
+#include <type_traits>
+#include <variant>
+#include <vector>
+
+namespace rlpt {
+
+//! A complete objective. Every part defaults to verl's behaviour (see each struct).
+struct objective {
+  policy_term policy = ppo_clip{};
+  off_policy_correction correction{};
+  kl_penalty kl{};
+  entropy_bonus entropy{};
+  value_loss value{};
+  distillation distill{};
+  //! Aggregation of every term unless the term's override below is set.
+  aggregation agg{};
+  //! verl forces seq-mean-token-mean on its gspo / sapo policy term while KL and entropy keep
+  //! loss_agg_mode; TRL aggregates entropy as a local token mean whatever the loss type.
+  std::optional<aggregation> policy_agg{};
+  std::optional<aggregation> kl_agg{};
+  std::optional<aggregation> entropy_agg{};
+  std::optional<aggregation> value_agg{};
+  nonfinite_policy nonfinite = nonfinite_policy::raise;
+};
+
+//! Per-token inputs over one token layout (padded [B, T] with a row stride, or packed). Every
+//! per-token view has layout.storage_size() elements; empty views are absent inputs.
+template <class T, memory_space Space = memory_space::host>
+struct basic_objective_inputs {
+  basic_token_layout<Space> layout{};
+  view<const mask_t, Space> mask{};     //!< loss mask, nonzero = the token counts (required)
+  view<const T, Space> logp{};          //!< current policy (the differentiated input)
+  view<const T, Space> old_logp{};      //!< proximal / old policy (PPO ratio denominator)
+  view<const T, Space> behav_logp{};    //!< behaviour policy (rollout engine), for corrections
+  view<const T, Space> ref_logp{};      //!< reference policy, for the KL term
+  view<const T, Space> adv{};           //!< per-token advantages
+  view<const T, Space> seq_adv{};       //!< or per-sequence advantages (num_seqs), broadcast
+  view<const T, Space> entropy{};       //!< per-token entropy (entropy term and metric)
+  view2d<const T, Space> teacher_logp{}; //!< [teachers, storage_size], for distillation
+  view<const T, Space> values{};        //!< critic predictions (differentiated)
+  view<const T, Space> old_values{};    //!< critic values at rollout time (clip centre)
+  view<const T, Space> returns{};       //!< value targets
+};
+
+//! Gradient outputs (caller buffers, storage_size elements; empty = not wanted). Every slot of
+//! the layout is written: masked and rejected tokens get exactly 0.
+template <class T, memory_space Space = memory_space::host>
+struct basic_objective_grads {
+  view<T, Space> logp{};    //!< d loss / d logp
+  view<T, Space> entropy{}; //!< d loss / d entropy
+  view<T, Space> values{};  //!< d loss / d values
+};
+
+using objective_inputs = basic_objective_inputs<float>;
+using objective_grads = basic_objective_grads<float>;
+
+//! Loss terms and metrics of one call. Metrics are over this call's tokens; fractions are of
+//! the tokens in the loss unless noted, and 0 when there are none.
+struct objective_result {
+  double loss = 0.0;         //!< policy + kl.coef * kl - entropy.coef * entropy + value.coef * value
+  double policy_loss = 0.0;  //!< aggregated policy term (importance weights applied)
+  double kl_loss = 0.0;      //!< aggregated KL estimator, before kl.coef
+  double entropy_loss = 0.0; //!< aggregated entropy, before entropy.coef (0 unless the term is on)
+  double value_loss = 0.0;   //!< aggregated value loss, before value.coef
+  double tokens = 0.0;       //!< valid tokens (mask), before rejection
+  double loss_tokens = 0.0;  //!< tokens that stay in the loss
+  double seqs = 0.0;         //!< rows with a valid token
+  double clip_frac_low = 0.0;  //!< ratio < 1 - eps_low with A < 0 (GMPO: log-ratio clipped, A < 0)
+  double clip_frac_high = 0.0; //!< ratio > 1 + eps_high with A > 0 (CISPO: ratio above its bound)
+  double clip_frac_dual = 0.0; //!< dual clip binds
+  double clamped_frac = 0.0;   //!< the policy log-ratio hit its safety clamp
+  double approx_kl = 0.0;      //!< mean(old_logp - logp) (verl ppo_kl); 0 without old_logp
+  double kl_mean = 0.0;        //!< mean KL estimator value
+  double is_weight_min = 0.0;  //!< importance weights over valid tokens (1 when off)
+  double is_weight_mean = 0.0;
+  double is_weight_max = 0.0;
+  double rejected_frac = 0.0;  //!< of valid tokens: rejected, or weighted 0 by a band
+  double entropy_mean = 0.0;   //!< mean entropy (when entropies were given)
+  double value_clip_frac = 0.0;
+  double nonfinite_tokens = 0.0; //!< valid tokens skipped for non-finite inputs (nonfinite_policy::skip)
+};
+
+namespace detail {
+
+inline void check_option(bool ok, std::string_view what, double value, std::string_view need) {
+  if (RLPT_UNLIKELY(!ok)) RLPT_FAIL("rlpt.objective.bad_option", "{} = {} {}", what, value, need);
+}
+
+inline void check_clamp(double c, std::string_view what) {
+  check_option(c > 0.0 && c <= 80.0, what, static_cast<double>(c),
+               "must be in (0, 80] (the log-ratio clamp keeps exp finite in fp32)");
+}
+
+inline void require(bool present, std::string_view who, std::string_view input, std::string_view why) {
+  if (RLPT_UNLIKELY(!present))
+    RLPT_FAIL("rlpt.objective.missing_input", "{} needs {} ({}), but none was given", who, input, why);
+}
+
+//! Validates the configuration against the inputs that are present and returns its plan.
+template <class T, memory_space S>
+objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S>& in,
+                         const basic_objective_grads<T, S>& gr) {
+  objective_plan p;
+  const auto& L = in.layout;
+  if (!L.is_packed())
+    RLPT_CHECK(L.num_seqs() == 0 || L.max_len() > 0, "rlpt.objective.bad_layout",
+               "padded layout has {} sequences of length T = {}; T must be > 0", L.num_seqs(), L.max_len());
+  const index_t n = L.storage_size();
+  RLPT_CHECK(in.mask.size() == n, "rlpt.objective.missing_input",
+             "the loss mask has {} elements, the layout needs {} (one per token slot; the mask is required)",
+             in.mask.size(), n);
+  auto token_input = [&](auto v, std::string_view what) {
+    if (v.size() != 0) L.expect_tokens(what, v);
+    return v.size() != 0;
+  };
+  const bool has_logp = token_input(in.logp, "logp");
+  p.has_old = token_input(in.old_logp, "old_logp");
+  p.has_behav = token_input(in.behav_logp, "behav_logp");
+  p.has_ref = token_input(in.ref_logp, "ref_logp");
+  p.has_adv = token_input(in.adv, "adv");
+  p.has_entropy = token_input(in.entropy, "entropy");
+  const bool has_values = token_input(in.values, "values");
+  const bool has_old_values = token_input(in.old_values, "old_values");
+  const bool has_returns = token_input(in.returns, "returns");
+  if (in.seq_adv.size() != 0) {
+    detail::expect_size("seq_adv", in.seq_adv.size(), L.num_seqs(), "one per sequence");
+    p.has_seq_adv = true;
+  }
+  RLPT_CHECK(!(p.has_adv && p.has_seq_adv), "rlpt.objective.conflicting_input",
+             "both adv ({} per-token values) and seq_adv ({} per-sequence values) were given; pass one", in.adv.size(),
+             in.seq_adv.size());
+  if (gr.logp.size() != 0) L.expect_tokens("grads.logp", gr.logp);
+  if (gr.entropy.size() != 0) L.expect_tokens("grads.entropy", gr.entropy);
+  if (gr.values.size() != 0) L.expect_tokens("grads.values", gr.values);
+
+  // --- policy -------------------------------------------------------------------------------
+  p.policy = static_cast<policy_kind>(obj.policy.index());
+  p.use_policy = p.policy != policy_kind::none;
+  const bool distill_on = obj.distill.coef != 0.0;
+  const std::string_view pname = name(p.policy);
+  if (p.use_policy) {
+    require(has_logp, pname, "logp", "the current policy's log-probs");
+    require(p.has_adv || p.has_seq_adv || distill_on, pname, "advantages",
+            "adv per token or seq_adv per sequence, or a distillation term");
+    if (p.policy != policy_kind::policy_gradient)
+      require(p.has_old, pname, "old_logp",
+              "the proximal policy's log-probs that the ratio is taken against; for a single on-policy step pass "
+              "the current log-probs (detached) as old_logp");
+  }
+  std::visit(
+      [&](const auto& t) {
+        using P = std::decay_t<decltype(t)>;
+        if constexpr (std::is_same_v<P, ppo_clip>) {
+          check_option(t.eps_low >= 0.0 && t.eps_low <= 1.0, "ppo_clip.eps_low", t.eps_low, "must be in [0, 1]");
+          check_option(t.eps_high >= 0.0 && std::isfinite(t.eps_high), "ppo_clip.eps_high", t.eps_high,
+                       "must be finite and >= 0");
+          check_option(t.dual_clip == 0.0 || t.dual_clip > 1.0, "ppo_clip.dual_clip", t.dual_clip,
+                       "must be 0 (off) or > 1");
+          check_option(t.delta == 0.0 || t.delta > 1.0, "ppo_clip.delta", t.delta, "must be 0 (off) or > 1");
+          check_clamp(t.log_ratio_clamp, "ppo_clip.log_ratio_clamp");
+          p.ppo = t;
+        } else if constexpr (std::is_same_v<P, gspo>) {
+          check_option(t.eps_low >= 0.0 && t.eps_low <= 1.0, "gspo.eps_low", t.eps_low, "must be in [0, 1]");
+          check_option(t.eps_high >= 0.0 && std::isfinite(t.eps_high), "gspo.eps_high", t.eps_high,
+                       "must be finite and >= 0");
+          check_option(t.dual_clip == 0.0 || t.dual_clip > 1.0, "gspo.dual_clip", t.dual_clip,
+                       "must be 0 (off) or > 1");
+          check_option(t.delta == 0.0 || t.delta > 1.0, "gspo.delta", t.delta, "must be 0 (off) or > 1");
+          check_clamp(t.log_ratio_max, "gspo.log_ratio_max");
+          p.gs = t;
+          p.gspo_sequence = !t.token_level;
+        } else if constexpr (std::is_same_v<P, gmpo>) {
+          check_option(t.eps_low >= 0.0 && std::isfinite(t.eps_low), "gmpo.eps_low", t.eps_low,
+                       "must be finite and >= 0");
+          check_option(t.eps_high >= 0.0 && std::isfinite(t.eps_high), "gmpo.eps_high", t.eps_high,
+                       "must be finite and >= 0");
+          check_clamp(t.log_ratio_clamp, "gmpo.log_ratio_clamp");
+          p.gm = t;
+        } else if constexpr (std::is_same_v<P, cispo>) {
+          check_option(t.eps_low >= 0.0 && std::isfinite(t.eps_low), "cispo.eps_low", t.eps_low,
+                       "must be finite and >= 0 (>= 1 means no lower bound)");
+          check_option(t.eps_high >= 0.0 && std::isfinite(t.eps_high), "cispo.eps_high", t.eps_high,
+                       "must be finite and >= 0");
+          check_option(t.cap > 0.0 && std::isfinite(t.cap), "cispo.cap", t.cap, "must be finite and > 0");
+          check_clamp(t.log_ratio_clamp, "cispo.log_ratio_clamp");
+          p.ci = t;
+        } else if constexpr (std::is_same_v<P, sapo>) {
+          check_option(t.tau_pos > 0.0 && t.tau_pos <= 80.0, "sapo.tau_pos", t.tau_pos, "must be in (0, 80]");
+          check_option(t.tau_neg > 0.0 && t.tau_neg <= 80.0, "sapo.tau_neg", t.tau_neg, "must be in (0, 80]");
+          check_clamp(t.log_ratio_clamp, "sapo.log_ratio_clamp");
+          p.sa = t;
+        }
+      },
+      obj.policy);
+
+  // --- correction ---------------------------------------------------------------------------
+  const off_policy_correction& c = obj.correction;
+  p.corr = c;
+  p.use_is = c.weight.level != is_level::none;
+  p.use_rs = c.reject.stat != rs_stat::none;
+  p.is_seq = c.weight.level == is_level::seq_product || c.weight.level == is_level::seq_geomean;
+  p.rs_seq = p.use_rs && c.reject.level != rs_level::token;
+  p.removes = p.use_rs && c.rejected == rejected_tokens::removed;
+  if (c.active()) {
+    require(p.use_policy, "off_policy_correction", "a policy term", "its weights scale the policy term");
+    require(p.has_behav, "off_policy_correction", "behav_logp", "the rollout engine's log-probs");
+    if (c.numerator == ratio_numerator::proximal)
+      require(p.has_old, "off_policy_correction", "old_logp",
+              "the ratio numerator is the proximal policy; use ratio_numerator::current for bypass mode");
+    else
+      require(has_logp, "off_policy_correction", "logp", "the ratio numerator is the current policy");
+    check_clamp(c.log_ratio_clamp, "off_policy_correction.log_ratio_clamp");
+  }
+  if (p.use_is) {
+    check_option(c.weight.lo >= 0.0 && std::isfinite(c.weight.lo), "is_weighting.lo", c.weight.lo,
+                 "must be finite and >= 0 (0 = no lower bound)");
+    check_option(c.weight.hi > 0.0 && c.weight.hi >= c.weight.lo, "is_weighting.hi", c.weight.hi,
+                 "must be > 0 and >= lo");
+  }
+  if (p.use_rs) {
+    const rejection& r = c.reject;
+    check_option(r.hi > 0.0, "rejection.hi", r.hi, "must be > 0");
+    if (r.stat == rs_stat::k1 || r.stat == rs_stat::ratio) {
+      check_option(r.lo >= 0.0 && r.lo <= r.hi, "rejection.lo", r.lo, "must be in [0, hi]");
+      double lo = r.lo;
+      if (r.stat == rs_stat::k1 && lo == 0.0) lo = 1.0 / r.hi; // verl: a single number means [1/hi, hi]
+      p.corr.reject.lo = lo;
+      p.rs_log_lo = lo > 0.0 ? std::log(lo) : -std::numeric_limits<double>::infinity();
+      p.rs_log_hi = std::log(r.hi);
+    }
+    if (r.level == rs_level::seq_max)
+      check_option(r.stat == rs_stat::k2 || r.stat == rs_stat::k3, "rejection.level = seq_max with stat",
+                   static_cast<double>(r.stat), "needs stat k2 or k3 (verl seq_max_k2 / seq_max_k3)");
+  }
+
+  // --- KL -----------------------------------------------------------------------------------
+  const kl_penalty& k = obj.kl;
+  check_option(std::isfinite(k.coef), "kl.coef", k.coef, "must be finite");
+  p.kl = k;
+  p.use_kl = k.coef != 0.0;
+  if (p.use_kl) {
+    require(has_logp, "kl_penalty", "logp", "the current policy's log-probs");
+    require(p.has_ref, "kl_penalty", "ref_logp", "the reference policy's log-probs");
+    check_option(k.k3_x_min < k.k3_x_max, "kl.k3_x_min", k.k3_x_min, "must be < k3_x_max");
+    check_option(k.output_clamp >= 0.0, "kl.output_clamp", k.output_clamp, "must be >= 0 (0 = none)");
+    check_option(k.is_cap > 0.0, "kl.is_cap", k.is_cap, "must be > 0");
+    if (k.importance_corrected)
+      require(p.has_old, "kl_penalty.importance_corrected", "old_logp", "the weight is exp(logp - old_logp)");
+  }
+
+  // --- entropy, value, distillation ---------------------------------------------------------
+  check_option(std::isfinite(obj.entropy.coef), "entropy.coef", obj.entropy.coef, "must be finite");
+  p.entropy_coef = obj.entropy.coef;
+  p.use_entropy = obj.entropy.coef != 0.0;
+  if (p.use_entropy) require(p.has_entropy, "entropy_bonus", "entropy", "the per-token entropies");
+
+  const value_loss& v = obj.value;
+  check_option(std::isfinite(v.coef), "value.coef", v.coef, "must be finite");
+  p.value = v;
+  p.use_value = v.coef != 0.0;
+  p.has_values = has_values;
+  if (p.use_value) {
+    require(has_values, "value_loss", "values", "the critic's predictions");
+    require(has_returns, "value_loss", "returns", "the value targets");
+    if (v.clip > 0.0) require(has_old_values, "value_loss", "old_values", "the clip is centred on them");
+    check_option(v.clip >= 0.0 && std::isfinite(v.clip), "value.clip", v.clip, "must be finite and >= 0");
+    check_option(v.huber_delta >= 0.0 && std::isfinite(v.huber_delta), "value.huber_delta", v.huber_delta,
+                 "must be finite and >= 0");
+  }
+
+  const distillation& d = obj.distill;
+  check_option(std::isfinite(d.coef), "distill.coef", d.coef, "must be finite");
+  p.distill_coef = d.coef;
+  p.student = d.student;
+  if (distill_on) {
+    require(p.use_policy, "distillation", "a policy term", "its advantage feeds the policy term");
+    const index_t teachers = in.teacher_logp.rows();
+    RLPT_CHECK(teachers >= 1 && teachers <= max_teachers, "rlpt.objective.missing_input",
+               "distillation needs teacher_logp with 1 to {} teacher rows, got {}", max_teachers, teachers);
+    detail::expect_size("teacher_logp columns", in.teacher_logp.cols(), n, "one per token slot");
+    p.teachers = static_cast<int>(teachers);
+    if (d.student == student_logp::behaviour) require(p.has_behav, "distillation", "behav_logp", "student = behaviour");
+    if (d.student == student_logp::proximal) require(p.has_old, "distillation", "old_logp", "student = proximal");
+    if (d.student == student_logp::current) require(has_logp, "distillation", "logp", "student = current");
+    if (!d.teacher_weights.empty()) {
+      detail::expect_size("distillation.teacher_weights", static_cast<index_t>(d.teacher_weights.size()), teachers,
+                          "one per teacher row");
+      for (int t = 0; t < p.teachers; ++t) {
+        check_option(std::isfinite(d.teacher_weights[static_cast<std::size_t>(t)]), "distillation.teacher_weights[i]",
+                     d.teacher_weights[static_cast<std::size_t>(t)], "must be finite");
+        p.teacher_w[t] = d.teacher_weights[static_cast<std::size_t>(t)];
+      }
+    } else {
+      for (int t = 0; t < p.teachers; ++t) p.teacher_w[t] = 1.0 / static_cast<double>(teachers);
+    }
+  }
+
+  // --- aggregation --------------------------------------------------------------------------
+  p.agg_policy = make_agg_plan(obj.policy_agg ? *obj.policy_agg : obj.agg, "policy");
+  p.agg_kl = make_agg_plan(obj.kl_agg ? *obj.kl_agg : obj.agg, "kl");
+  p.agg_entropy = make_agg_plan(obj.entropy_agg ? *obj.entropy_agg : obj.agg, "entropy");
+  p.agg_value = make_agg_plan(obj.value_agg ? *obj.value_agg : obj.agg, "value");
+  if (p.policy == policy_kind::gmpo)
+    RLPT_CHECK(p.agg_policy.mode == agg_mode::seq_mean_token_sum || p.agg_policy.mode == agg_mode::seq_mean_token_mean,
+               "rlpt.objective.bad_option",
+               "gmpo gives one loss per sequence; aggregate it with seq_mean_token_mean or seq_mean_token_sum "
+               "(verl: torch.mean over rows), not {}",
+               name(p.agg_policy.mode));
+  p.nonfinite = obj.nonfinite;
+  p.need_row_pass = p.is_seq || p.rs_seq || p.policy == policy_kind::gspo || p.policy == policy_kind::gmpo ||
+                    p.needs_length();
+  if (!p.use_policy) p.use_is = p.use_rs = p.removes = p.is_seq = p.rs_seq = false;
+  return p;
+}
+
+//! Reads token i of sequence b; masked slots (and, under nonfinite_policy::skip, slots with a
+//! non-finite input) come back invalid with zeros. `bad` is set for a valid slot whose inputs
+//! are not all finite.
+template <class T>
+struct host_loader {
+  const objective_plan& p;
+  const basic_objective_inputs<T>& in;
+
+  RLPT_HD_FORCEINLINE token_inputs<T> operator()(index_t b, index_t i, bool& bad) const {
+    token_inputs<T> t;
+    const bool m = in.mask[i] != 0;
+    bad = false;
+    if (!m) return t;
+    t.valid = true;
+    if (in.logp.size() != 0) t.lp = in.logp[i];
+    if (p.has_old) t.old = in.old_logp[i];
+    if (p.has_behav) t.behav = in.behav_logp[i];
+    if (p.has_ref) t.ref = in.ref_logp[i];
+    if (p.has_adv) t.adv = in.adv[i];
+    else if (p.has_seq_adv) t.adv = in.seq_adv[b];
+    if (p.has_entropy) t.ent = in.entropy[i];
+    if (p.use_value) {
+      t.v = in.values[i];
+      t.ret = in.returns[i];
+      if (in.old_values.size() != 0) t.v_old = in.old_values[i];
+    }
+    bool ok = finite_r(t.lp) && finite_r(t.old) && finite_r(t.behav) && finite_r(t.ref) && finite_r(t.adv) &&
+              finite_r(t.ent) && finite_r(t.v) && finite_r(t.ret) && finite_r(t.v_old);
+    if (p.distill_coef != 0.0) {
+      T teacher = T(0);
+      for (int k = 0; k < p.teachers; ++k) {
+        const T tk = in.teacher_logp(k, i);
+        ok = ok && finite_r(tk);
+        teacher += T(p.teacher_w[k]) * tk;
+      }
+      const T student = p.student == student_logp::behaviour ? t.behav
+                        : p.student == student_logp::proximal ? t.old
+                                                              : t.lp;
+      t.adv += T(p.distill_coef) * (teacher - student);
+    }
+    if (!ok) {
+      bad = true;
+      if (p.nonfinite == nonfinite_policy::skip) t = token_inputs<T>{};
+    }
+    return t;
+  }
+};
+
+//! Row statistics and the row constants before the aggregation weights.
+template <class T>
+row_consts host_row_consts(const objective_plan& p, const host_loader<T>& load, const token_layout& L, index_t b) {
+  row_stats st;
+  const index_t base = L.begin(b);
+  const index_t n = L.length(b);
+  bool bad = false;
+  if (p.need_row_pass) {
+    for (index_t t = 0; t < n; ++t) row_stats_add(p, load(b, base + t, bad), st);
+    return row_finish(p, st);
+  }
+  row_consts c;
+  c.len_loss = 1.0; // no term of this plan depends on the length; rows without tokens add nothing
+  return c;
+}
+
+//! In-loss tokens and rows of a call (its contribution to the global denominators).
+struct local_counts {
+  double tokens = 0.0;
+  double loss_seqs = 0.0;
+  double rows = 0.0;
+};
+
+template <class T>
+local_counts count_local(const objective_plan& p, const basic_objective_inputs<T>& in, const host_executor& ex) {
+  const token_layout& L = in.layout;
+  const host_loader<T> load{p, in};
+  const index_t grain = std::max<index_t>(1, 65536 / std::max<index_t>(1, L.max_len()));
+  return ex.parallel_reduce(
+      L.num_seqs(), grain, local_counts{},
+      [&](index_t b0, index_t b1) {
+        local_counts c;
+        bool bad = false;
+        for (index_t b = b0; b < b1; ++b) {
+          double len = 0.0;
+          const index_t base = L.begin(b);
+          const index_t n = L.length(b);
+          if (p.removes || p.nonfinite == nonfinite_policy::skip) {
+            row_stats st;
+            objective_plan q = p;
+            q.need_row_pass = true;
+            for (index_t t = 0; t < n; ++t) row_stats_add(q, load(b, base + t, bad), st);
+            len = row_finish(q, st).len_loss;
+          } else {
+            index_t cnt = 0;
+            for (index_t t = 0; t < n; ++t) cnt += in.mask[base + t] != 0 ? 1 : 0;
+            len = static_cast<double>(cnt);
+          }
+          c.tokens += len;
+          c.loss_seqs += len > 0.0 ? 1.0 : 0.0;
+          c.rows += 1.0;
+        }
+        return c;
+      },
+      [](local_counts& a, const local_counts& b) {
+        a.tokens += b.tokens;
+        a.loss_seqs += b.loss_seqs;
+        a.rows += b.rows;
+      });
+}
+
+inline void resolve_local(agg_plan& a, const local_counts& c) {
+  if (a.tokens < 0.0) a.tokens = c.tokens;
+  if (a.seqs < 0.0) a.seqs = a.count_empty_rows ? c.rows : c.loss_seqs;
+}
+
+//! Throws for the first valid token with a non-finite input.
+template <class T>
+[[noreturn]] void raise_nonfinite(const objective_plan& p, const basic_objective_inputs<T>& in, double count) {
+  const token_layout& L = in.layout;
+  auto bad_value = [](T x) { return !finite_r(x); };
+  for (index_t b = 0; b < L.num_seqs(); ++b) {
+    for (index_t t = 0; t < L.length(b); ++t) {
+      const index_t i = L.at(b, t);
+      if (in.mask[i] == 0) continue;
+      auto report = [&](std::string_view what, T x) {
+        RLPT_FAIL("rlpt.objective.nonfinite",
+                  "{}[{}] = {} is not finite at a valid token (sequence {}, position {}); {} valid tokens have a "
+                  "non-finite input (set nonfinite_policy::skip to mask and count them)",
+                  what, i, static_cast<double>(x), b, t, count);
+      };
+      if (in.logp.size() != 0 && bad_value(in.logp[i])) report("logp", in.logp[i]);
+      if (p.has_old && bad_value(in.old_logp[i])) report("old_logp", in.old_logp[i]);
+      if (p.has_behav && bad_value(in.behav_logp[i])) report("behav_logp", in.behav_logp[i]);
+      if (p.has_ref && bad_value(in.ref_logp[i])) report("ref_logp", in.ref_logp[i]);
+      if (p.has_adv && bad_value(in.adv[i])) report("adv", in.adv[i]);
+      if (p.has_seq_adv && bad_value(in.seq_adv[b])) report("seq_adv", in.seq_adv[b]);
+      if (p.has_entropy && bad_value(in.entropy[i])) report("entropy", in.entropy[i]);
+      if (p.use_value) {
+        if (bad_value(in.values[i])) report("values", in.values[i]);
+        if (bad_value(in.returns[i])) report("returns", in.returns[i]);
+        if (in.old_values.size() != 0 && bad_value(in.old_values[i])) report("old_values", in.old_values[i]);
+      }
+      if (p.distill_coef != 0.0)
+        for (int k = 0; k < p.teachers; ++k)
+          if (bad_value(in.teacher_logp(k, i))) report("teacher_logp", in.teacher_logp(k, i));
+    }
+  }
+  RLPT_FAIL("rlpt.objective.nonfinite", "{} valid tokens have a non-finite input", count);
+}
+
+//! Checks explicit global denominators against this call's own counts: a global count smaller
+//! than the local one means the caller's plumbing is wrong (the classic gradient-accumulation bug).
+inline void check_global(const agg_plan& a, const objective_sums& s, bool used, std::string_view term) {
+  if (!used) return;
+  if (a.needs_tokens() && a.tokens + 1e-6 < s.in_loss)
+    RLPT_FAIL("rlpt.objective.bad_denominator",
+              "{} aggregation global_tokens = {} is smaller than the {} tokens in the loss in this call alone; it must "
+              "count the tokens of every micro-batch and rank of the step",
+              term, a.tokens, s.in_loss);
+  if (a.needs_seqs()) {
+    const double local = a.count_empty_rows ? s.rows : s.loss_seqs;
+    if (a.seqs + 1e-6 < local)
+      RLPT_FAIL("rlpt.objective.bad_denominator",
+                "{} aggregation global_seqs = {} is smaller than the {} sequences in this call alone; it must count the "
+                "sequences of every micro-batch and rank of the step",
+                term, a.seqs, local);
+  }
+}
+
+inline objective_result finish_result(const objective_plan& p, const objective_sums& s) {
+  objective_result r;
+  r.policy_loss = s.policy;
+  r.kl_loss = s.kl;
+  r.entropy_loss = p.use_entropy ? s.entropy : 0.0;
+  r.value_loss = s.value;
+  r.loss = s.policy + static_cast<double>(p.kl.coef) * s.kl - static_cast<double>(p.entropy_coef) * r.entropy_loss +
+           static_cast<double>(p.value.coef) * s.value;
+  r.tokens = s.valid;
+  r.loss_tokens = s.in_loss;
+  r.seqs = s.seqs;
+  const double nl = s.in_loss > 0.0 ? s.in_loss : 1.0;
+  r.clip_frac_low = s.clip_low / nl;
+  r.clip_frac_high = s.clip_high / nl;
+  r.clip_frac_dual = s.clip_dual / nl;
+  r.clamped_frac = s.clamped / nl;
+  r.approx_kl = p.has_old ? s.approx_kl / nl : 0.0;
+  r.kl_mean = s.kl_value / nl;
+  if (s.valid > 0.0) {
+    r.is_weight_min = s.w_min;
+    r.is_weight_max = s.w_max;
+    r.is_weight_mean = s.w_sum / s.valid;
+    r.rejected_frac = s.rejected / s.valid;
+  }
+  r.entropy_mean = s.entropy_value / nl;
+  r.value_clip_frac = s.value_clipped / nl;
+  r.nonfinite_tokens = s.nonfinite;
+  return r;
+}
+
+template <class T>
+objective_sums host_row(const objective_plan& p, const basic_objective_inputs<T>& in,
+                        const basic_objective_grads<T>& gr, index_t b) {
+  const token_layout& L = in.layout;
+  const host_loader<T> load{p, in};
+  row_consts c = host_row_consts(p, load, L, b);
+  row_alphas(p, c);
+  const index_t base = L.begin(b);
+  const index_t n = L.length(b);
+  const bool want_gl = gr.logp.size() != 0;
+  const bool want_ge = gr.entropy.size() != 0;
+  const bool want_gv = gr.values.size() != 0;
+  objective_sums s;
+  double pol = 0.0, kl = 0.0, ent = 0.0, val = 0.0, dcoef = 0.0, in_loss = 0.0, valid = 0.0;
+  for (index_t t = 0; t < n; ++t) {
+    const index_t i = base + t;
+    bool bad = false;
+    const token_inputs<T> ti = load(b, i, bad);
+    s.nonfinite += bad ? 1.0 : 0.0;
+    const token_result<T> r = token_eval(p, c, ti);
+    if (want_gl) gr.logp[i] = r.in_loss ? r.g_logp : T(0);
+    if (want_ge) gr.entropy[i] = r.in_loss ? r.g_entropy : T(0);
+    if (want_gv) gr.values[i] = r.in_loss ? r.g_value : T(0);
+    if (!ti.valid) continue;
+    valid += 1.0;
+    const double w = static_cast<double>(r.w);
+    s.w_sum += w;
+    s.w_min = std::min(s.w_min, w);
+    s.w_max = std::max(s.w_max, w);
+    s.rejected += r.rejected ? 1.0 : 0.0;
+    if (!r.in_loss) continue;
+    in_loss += 1.0;
+    pol += static_cast<double>(r.policy);
+    kl += static_cast<double>(r.kl);
+    ent += static_cast<double>(r.entropy);
+    val += static_cast<double>(r.value);
+    dcoef += static_cast<double>(r.dcoef);
+    s.clip_low += r.low ? 1.0 : 0.0;
+    s.clip_high += r.high ? 1.0 : 0.0;
+    s.clip_dual += r.dual ? 1.0 : 0.0;
+    s.clamped += r.clamped ? 1.0 : 0.0;
+    s.approx_kl += static_cast<double>(ti.old - ti.lp);
+    s.value_clipped += r.v_clipped ? 1.0 : 0.0;
+  }
+  if (p.policy == policy_kind::gmpo && in_loss > 0.0)
+    pol = -c.gmpo_adv * c.gmpo_ratio * c.gmpo_w;
+  if (p.gspo_sequence && want_gl && in_loss > 0.0 && dcoef != 0.0) {
+    const double len = c.len_loss > 1.0 ? c.len_loss : 1.0;
+    const T scale = static_cast<T>(c.a_policy * dcoef / len);
+    for (index_t t = 0; t < n; ++t) {
+      const index_t i = base + t;
+      bool bad = false;
+      const token_inputs<T> ti = load(b, i, bad);
+      if (!ti.valid) continue;
+      const bool keep = c.seq_keep && token_keep(p, ti);
+      if (keep || !p.removes) gr.logp[i] += scale;
+    }
+  }
+  s.policy = c.a_policy * pol;
+  s.kl = c.a_kl * kl;
+  s.entropy = c.a_entropy * ent;
+  s.value = c.a_value * val;
+  s.kl_value = kl;
+  s.entropy_value = ent;
+  s.valid = valid;
+  s.in_loss = in_loss;
+  s.seqs = valid > 0.0 ? 1.0 : 0.0;
+  s.loss_seqs = in_loss > 0.0 ? 1.0 : 0.0;
+  s.rows = 1.0;
+  return s;
+}
+
+} // namespace detail
+
+//! What this call contributes to the global denominators of `obj` (tokens that stay in the loss,
+//! and sequences counted as obj.agg counts them). Sum over the step's micro-batches, all-reduce
+//! over the ranks, and pass the total with rlpt::with_denominators.
+template <class T>
+[[nodiscard]] loss_denominators local_denominators(const objective& obj, const basic_objective_inputs<T>& in,
+                                                   const host_executor& ex = {}) {
+  const detail::objective_plan p = detail::make_plan(obj, in, basic_objective_grads<T>{});
+  const detail::local_counts c = detail::count_local(p, in, ex);
+  return {c.tokens, obj.agg.count_empty_rows ? c.rows : c.loss_seqs};
+}
+
+//! Evaluates `obj` on host inputs: writes the requested gradients (every token slot) and
+//! returns the loss terms and metrics. Throws rlpt::error for a bad configuration, missing or
+//! mis-sized inputs, an inconsistent global denominator, or (nonfinite_policy::raise) a
+//! non-finite input at a valid token. Multi-threaded over sequences when `ex` has a pool; the
+//! result does not depend on the number of threads.
+template <class T>
+objective_result evaluate(const objective& obj, const basic_objective_inputs<T>& in,
+                          const basic_objective_grads<T>& grads = {}, const host_executor& ex = {}) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "rlpt::evaluate takes float or double inputs");
+  detail::objective_plan p = detail::make_plan(obj, in, grads);
+  const token_layout& L = in.layout;
+  const bool local_needed = (p.agg_policy.tokens < 0.0 || p.agg_policy.seqs < 0.0 || p.agg_kl.tokens < 0.0 ||
+                             p.agg_kl.seqs < 0.0 || p.agg_entropy.tokens < 0.0 || p.agg_entropy.seqs < 0.0 ||
+                             p.agg_value.tokens < 0.0 || p.agg_value.seqs < 0.0);
+  if (local_needed) {
+    const detail::local_counts c = detail::count_local(p, in, ex);
+    detail::resolve_local(p.agg_policy, c);
+    detail::resolve_local(p.agg_kl, c);
+    detail::resolve_local(p.agg_entropy, c);
+    detail::resolve_local(p.agg_value, c);
+  }
+  const index_t grain = std::max<index_t>(1, 16384 / std::max<index_t>(1, L.max_len()));
+  const objective_sums s = ex.parallel_reduce(
+      L.num_seqs(), grain, objective_sums{},
+      [&](index_t b0, index_t b1) {
+        objective_sums acc;
+        for (index_t b = b0; b < b1; ++b) acc.merge(detail::host_row(p, in, grads, b));
+        return acc;
+      },
+      [](objective_sums& a, const objective_sums& b) { a.merge(b); });
+  if (s.nonfinite > 0.0 && p.nonfinite == nonfinite_policy::raise) detail::raise_nonfinite(p, in, s.nonfinite);
+  detail::check_global(p.agg_policy, s, p.use_policy, "policy");
+  detail::check_global(p.agg_kl, s, p.use_kl, "kl");
+  detail::check_global(p.agg_entropy, s, p.use_entropy, "entropy");
+  detail::check_global(p.agg_value, s, p.use_value, "value");
+  return detail::finish_result(p, s);
+}
+
+} // namespace rlpt

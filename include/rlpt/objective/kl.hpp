@@ -1,0 +1,127 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file
+//! KL penalties against a reference policy, as a loss term: the Schulman estimators k1, k2, k3
+//! (low_var_kl) and abs, each with the clamps its framework applies, the gradient they are
+//! differentiated with (the estimator's own, k2's straight-through, or OpenRLHF's importance-
+//! weighted k2) and the importance-corrected KL (DeepSeek-V3.2, TRL use_bias_correction_kl).
+//!
+//! x = logp - ref_logp. Value and d value / d logp per estimator:
+//!
+//! | estimator | value                       | natural gradient          |
+//! |-----------|-----------------------------|---------------------------|
+//! | k1        | x                           | 1                         |
+//! | abs       | abs(x)                      | sign(x)                   |
+//! | k2        | x^2 / 2                     | x                         |
+//! | k3        | exp(-x') + x' - 1, x' = clamp(x) | 1 - exp(-x') inside the clamp, else 0 |
+//!
+//! The expected gradient of k1 and k3 under samples from pi_theta is not the gradient of
+//! KL(pi_theta || pi_ref); k2's (x * grad logp) is, which is why the straight-through forms
+//! exist. Importance correction multiplies the value by r = exp(logp - old_logp) *with* its
+//! gradient (TRL, slime), which makes k3's gradient unbiased for samples from pi_old.
+#pragma once
+
+#include <rlpt/config.hpp>
+#include <rlpt/objective/detail/math.hpp>
+
+#include <cstdint>
+#include <string_view>
+
+namespace rlpt {
+
+enum class kl_estimator : std::uint8_t { k1, abs, k2, k3 };
+
+[[nodiscard]] constexpr std::string_view name(kl_estimator e) noexcept {
+  switch (e) {
+  case kl_estimator::k1: return "k1";
+  case kl_estimator::abs: return "abs";
+  case kl_estimator::k2: return "k2";
+  case kl_estimator::k3: return "k3";
+  }
+  return "?";
+}
+
+enum class kl_gradient : std::uint8_t {
+  natural,         //!< the estimator's own gradient
+  straight_through,//!< value of the estimator, gradient of k2: x (verl "k1+", "k3+", "low_var_kl+", "abs+")
+  k2_importance    //!< value of the estimator, gradient sg(w) x, w = min(exp(logp - old), is_cap) (OpenRLHF unbiased_gradient)
+};
+
+struct kl_penalty {
+  //! Weight of the KL term in the total loss (verl kl_loss_coef 0.001 when use_kl_loss, TRL beta,
+  //! OpenRLHF init_kl_coef). 0 (the default) turns the term off.
+  double coef = 0.0;
+  kl_estimator estimator = kl_estimator::k3; //!< verl kl_loss_type "low_var_kl"; TRL's only estimator
+  //! k3 clamps x to [x_min, x_max] before exp: verl [-20, 20], OpenRLHF and AReaL [-10, inf),
+  //! TRL none. Bounds beyond +-80 are capped there so exp stays finite in fp32.
+  double k3_x_min = -20.0;
+  double k3_x_max = 20.0;
+  //! The value is clamped to [-output_clamp, output_clamp]: verl 10 for k3 only, OpenRLHF/AReaL 10
+  //! for every estimator, slime 10 for low_var_kl only, TRL none. 0 = no clamp.
+  double output_clamp = 10.0;
+  kl_gradient gradient = kl_gradient::natural;
+  double is_cap = 10.0; //!< k2_importance weight cap: OpenRLHF KL_IS_WEIGHT_CLIP 10
+  //! Multiply the value by r = exp(logp - old_logp), r differentiated (TRL use_bias_correction_kl,
+  //! slime use_unbiased_kl). The log-ratio is clamped to +-20 before exp. Needs old_logp.
+  bool importance_corrected = false;
+};
+
+namespace detail {
+
+template <class R>
+struct kl_token {
+  R value;
+  R grad;
+};
+
+//! KL term of one token: x = logp - ref, xo = logp - old (for importance weighting).
+template <class R>
+RLPT_HD_FORCEINLINE kl_token<R> kl_value(const kl_penalty& k, R x, R xo) {
+  R v = R(0);
+  R g = R(0);
+  switch (k.estimator) {
+  case kl_estimator::k1:
+    v = x;
+    g = R(1);
+    break;
+  case kl_estimator::abs:
+    v = x < R(0) ? -x : x;
+    g = sign_r(x);
+    break;
+  case kl_estimator::k2:
+    v = R(0.5) * (x * x);
+    g = x;
+    break;
+  case kl_estimator::k3: {
+    const R lo = max_r(R(k.k3_x_min), R(-80));
+    const R hi = min_r(R(k.k3_x_max), R(80));
+    const R d = -clamp_r(x, lo, hi); // ref - logp, clamped
+    const R e = exp_r(d);
+    v = e - d - R(1);
+    g = (R(1) - e) * clamp_pass(x, lo, hi);
+    break;
+  }
+  }
+  if (k.output_clamp > 0.0) {
+    const R c = R(k.output_clamp);
+    g = g * clamp_pass(v, -c, c);
+    v = clamp_r(v, -c, c);
+  }
+  if (k.gradient == kl_gradient::straight_through) {
+    g = x;
+  } else if (k.gradient == kl_gradient::k2_importance) {
+    const R w = min_r(exp_r(min_r(xo, R(80))), R(k.is_cap));
+    g = w * x;
+  }
+  if (k.importance_corrected) {
+    R r, dr;
+    const R xc = clamp_r(xo, R(-20), R(20));
+    r = exp_r(xc);
+    dr = r * clamp_pass(xo, R(-20), R(20));
+    g = g * r + v * dr;
+    v = v * r;
+  }
+  return {v, g};
+}
+
+} // namespace detail
+} // namespace rlpt

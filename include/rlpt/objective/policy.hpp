@@ -1,0 +1,248 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file
+//! Policy terms: the per-token surrogate losses (PPO clip family, GSPO, GMPO, CISPO, SAPO,
+//! plain policy gradient) as option structs, and their value and derivative with respect to
+//! the current log-probability, written once for host and device.
+//!
+//! Notation: x = logp - old_logp (current vs proximal policy), r = exp(x), A = advantage. Every
+//! term is a loss (minimised). Log-ratios are clamped before exp, so no input gap produces
+//! inf or NaN; where a framework clamps, the gradient beyond the clamp is 0, as torch.clamp's.
+#pragma once
+
+#include <rlpt/config.hpp>
+#include <rlpt/objective/detail/math.hpp>
+
+#include <cstdint>
+#include <string_view>
+#include <variant>
+
+namespace rlpt {
+
+//! PPO clipped surrogate with asymmetric bounds (clip-higher), dual clip and TRL's delta:
+//! L = max(-A r', -A clip(r, 1 - eps_low, 1 + eps_high)), r' = min(r, delta) when delta > 0;
+//! for A < 0 with dual_clip c > 0: L = min(L, -A c).
+struct ppo_clip {
+  double eps_low = 0.2;  //!< verl clip_ratio_low, TRL epsilon, OpenRLHF/AReaL eps_clip: 0.2
+  double eps_high = 0.2; //!< verl clip_ratio_high (0.2; DAPO clip-higher uses 0.28), TRL epsilon_high
+  //! Dual-clip constant c (> 1) capping the loss of negative-advantage tokens at c|A|. verl's
+  //! clip_ratio_c = 3.0 is always on; 0 turns it off (TRL, OpenRLHF `dual_clip=None`, AReaL).
+  double dual_clip = 3.0;
+  //! TRL `delta` (INTELLECT-2 two-sided clip): the unclipped ratio is capped at delta after the
+  //! clipped one was formed. 0 = off (TRL default None).
+  double delta = 0.0;
+  //! |x| clamp before exp: verl and OpenRLHF 20. TRL, AReaL and slime do not clamp; rlpt always
+  //! does (at most 80, where exp is still finite in fp32).
+  double log_ratio_clamp = 20.0;
+};
+
+//! GSPO (arXiv 2507.18071): the PPO clip on the sequence ratio s_i = exp(mean_t x).
+struct gspo {
+  double eps_low = 0.2;  //!< verl falls back to clip_ratio 0.2 (the paper uses 3e-4)
+  double eps_high = 0.2; //!< verl clip_ratio_high 0.2 (the paper uses 4e-4)
+  //! true: GSPO-token (verl `gspo`, TRL experimental gspo_token): s_it = sg(s_i) pi/sg(pi), so
+  //! token t's gradient is s_i * grad logp_t and per-token advantages are allowed. false: TRL
+  //! `importance_sampling_level="sequence"` and OpenRLHF `gspo`, the gradient flows through the
+  //! sequence mean to every token of the sequence. Default true (verl).
+  bool token_level = true;
+  //! Upper clamp on log s_i before exp: verl 10. TRL and OpenRLHF do not clamp (rlpt caps at 80).
+  double log_ratio_max = 10.0;
+  double dual_clip = 0.0; //!< as ppo_clip::dual_clip; verl's gspo has none (0)
+  double delta = 0.0;     //!< as ppo_clip::delta (TRL applies delta to the sequence ratio too)
+};
+
+//! GMPO (verl `geo_mean`, arXiv 2507.20673): per sequence, L_i = -mean_t(A) * exp(mean_t x*),
+//! x* = sign(A) min(sign(A) x, sign(A) clamp(x, -eps_low, eps_high)) (clipping in log space).
+//! One loss per sequence: aggregate it with a seq_mean_* mode (verl: torch.mean over rows).
+//! The means divide by the token count L_i (verl writes L_i + 1e-8, but with its bool response
+//! mask the 1e-8 is added to an integer count in float32 and rounds away); empty rows give 0.
+struct gmpo {
+  double eps_low = 0.2;  //!< verl clip_ratio_low 0.2 (paper and TRL experimental gmpo: 0.4)
+  double eps_high = 0.2; //!< verl clip_ratio_high 0.2 (paper: 0.4)
+  //! |mean_t x*| clamp before exp. verl does not clamp (a large positive gap on a negative-
+  //! advantage sequence overflows there); rlpt clamps at 80.
+  double log_ratio_clamp = 80.0;
+};
+
+enum class cispo_bounds : std::uint8_t {
+  relative, //!< clamp(r, 1 - eps_low, 1 + eps_high): verl `cispo`, slime
+  absolute  //!< min(r, cap), no lower bound: TRL `loss_type="cispo"` (epsilon_high is the cap)
+};
+
+//! CISPO (MiniMax-M1, arXiv 2506.13585): L = -sg(w) A logp with w the clipped ratio.
+struct cispo {
+  double eps_low = 0.2;  //!< relative bounds: verl clip_ratio_low (paper: no lower bound, eps_low >= 1)
+  double eps_high = 0.2; //!< relative bounds: verl clip_ratio_high
+  cispo_bounds bounds = cispo_bounds::relative; //!< verl
+  //! Absolute cap (bounds = absolute). TRL uses epsilon_high, which silently defaults to
+  //! epsilon = 0.2 there; rlpt defaults to 5.0, the value TRL's documentation recommends (ScaleRL).
+  double cap = 5.0;
+  double log_ratio_clamp = 20.0; //!< verl 20 (TRL none)
+};
+
+//! SAPO (arXiv 2511.20347): L = -A * sigmoid(tau (r - 1)) * 4 / tau, tau = tau_pos if A > 0
+//! else tau_neg.
+struct sapo {
+  double tau_pos = 1.0;  //!< verl tau_pos, TRL sapo_temperature_pos, AReaL sapo_tau_pos
+  double tau_neg = 1.05; //!< verl tau_neg, TRL sapo_temperature_neg, AReaL sapo_tau_neg
+  double log_ratio_clamp = 20.0; //!< verl 20 (TRL none)
+};
+
+//! Plain policy gradient (REINFORCE): L = -A logp (verl `gpg`, bypass `reinforce`).
+struct policy_gradient {};
+
+//! No policy term (an objective of KL, entropy or value terms only).
+struct no_policy {};
+
+using policy_term = std::variant<ppo_clip, gspo, gmpo, cispo, sapo, policy_gradient, no_policy>;
+
+enum class policy_kind : std::uint8_t { ppo_clip, gspo, gmpo, cispo, sapo, policy_gradient, none };
+
+[[nodiscard]] constexpr std::string_view name(policy_kind k) noexcept {
+  switch (k) {
+  case policy_kind::ppo_clip: return "ppo_clip";
+  case policy_kind::gspo: return "gspo";
+  case policy_kind::gmpo: return "gmpo";
+  case policy_kind::cispo: return "cispo";
+  case policy_kind::sapo: return "sapo";
+  case policy_kind::policy_gradient: return "policy_gradient";
+  case policy_kind::none: return "no_policy";
+  }
+  return "?";
+}
+
+namespace detail {
+
+//! Value and derivative of one per-token term, plus the clip events it reports.
+template <class R>
+struct policy_token {
+  R value = R(0);
+  R grad = R(0);   //!< d value / d logp (GSPO sequence form: d value / d s_i)
+  bool low = false;     //!< ratio below 1 - eps_low with A < 0 (TRL clip_ratio/low)
+  bool high = false;    //!< ratio above 1 + eps_high with A > 0 (TRL clip_ratio/high)
+  bool dual = false;    //!< dual clip binds (verl pg_clipfrac_lower)
+  bool clamped = false; //!< the log-ratio hit its clamp
+};
+
+//! The PPO clip given a ratio r, dr = d r / d logp and the clip bounds lo = 1 - eps_low,
+//! hi = 1 + eps_high (formed in double and rounded once, as torch does with Python scalars).
+template <class R>
+RLPT_HD_FORCEINLINE policy_token<R> clip_surrogate(R r, R dr, R A, R lo, R hi, R dual_c, R delta) {
+  policy_token<R> o;
+  const R rc = clamp_r(r, lo, hi);
+  const R drc = clamp_pass(r, lo, hi) * dr;
+  R r1 = r;
+  R dr1 = dr;
+  if (delta > R(0)) {
+    r1 = min_r(r, delta);
+    dr1 = r <= delta ? dr : R(0);
+  }
+  const R l1 = -A * r1;
+  const R l2 = -A * rc;
+  R l = max_r(l1, l2);
+  R dl = dmax(l1, l2, -A * dr1, -A * drc);
+  if (dual_c > R(0) && A < R(0)) {
+    const R l3 = -A * dual_c;
+    o.dual = l > l3;
+    dl = dmin(l3, l, R(0), dl);
+    l = min_r(l3, l);
+  }
+  o.value = l;
+  o.grad = dl;
+  o.low = r < lo && A < R(0);
+  o.high = r > hi && A > R(0);
+  return o;
+}
+
+//! exp(clamp(x, -c, c)) and its derivative with respect to x.
+template <class R>
+RLPT_HD_FORCEINLINE void clamped_ratio(R x, R c, R& r, R& dr, bool& clamped) {
+  const R xc = clamp_r(x, -c, c);
+  r = exp_r(xc);
+  const R pass = clamp_pass(x, -c, c);
+  dr = r * pass;
+  clamped = pass == R(0);
+}
+
+template <class R>
+RLPT_HD_FORCEINLINE policy_token<R> ppo_token(const ppo_clip& p, R x, R A) {
+  R r, dr;
+  bool clamped;
+  clamped_ratio(x, R(p.log_ratio_clamp), r, dr, clamped);
+  policy_token<R> o = clip_surrogate(r, dr, A, R(1.0 - p.eps_low), R(1.0 + p.eps_high), R(p.dual_clip), R(p.delta));
+  o.clamped = clamped;
+  return o;
+}
+
+template <class R>
+RLPT_HD_FORCEINLINE policy_token<R> sapo_token(const sapo& p, R x, R A) {
+  R r, dr;
+  bool clamped;
+  clamped_ratio(x, R(p.log_ratio_clamp), r, dr, clamped);
+  const R tau = A > R(0) ? R(p.tau_pos) : R(p.tau_neg);
+  const R sig = R(1) / (R(1) + exp_r(-(tau * (r - R(1)))));
+  policy_token<R> o;
+  o.value = -(sig * (R(4) / tau)) * A;
+  o.grad = -A * (R(4) / tau) * (sig * (R(1) - sig)) * tau * dr;
+  o.clamped = clamped;
+  return o;
+}
+
+template <class R>
+RLPT_HD_FORCEINLINE policy_token<R> cispo_token(const cispo& p, R x, R lp, R A) {
+  R r, dr;
+  bool clamped;
+  clamped_ratio(x, R(p.log_ratio_clamp), r, dr, clamped);
+  R w;
+  policy_token<R> o;
+  if (p.bounds == cispo_bounds::relative) {
+    const R lo = R(1.0 - p.eps_low);
+    const R hi = R(1.0 + p.eps_high);
+    w = clamp_r(r, lo, hi);
+    o.low = r < lo;
+    o.high = r > hi;
+  } else {
+    w = min_r(r, R(p.cap));
+    o.high = r > R(p.cap);
+  }
+  o.value = -w * A * lp;
+  o.grad = -w * A;
+  o.clamped = clamped;
+  return o;
+}
+
+template <class R>
+RLPT_HD_FORCEINLINE policy_token<R> pg_token(R lp, R A) {
+  policy_token<R> o;
+  o.value = -lp * A;
+  o.grad = -A;
+  return o;
+}
+
+//! GSPO per token given the sequence's mean log-ratio s. Token form: grad is d/d logp_t.
+//! Sequence form: grad is d value / d s_i (the caller chains it through the mean).
+template <class R>
+RLPT_HD_FORCEINLINE policy_token<R> gspo_token(const gspo& p, R s, R A) {
+  const R ls = min_r(s, R(p.log_ratio_max));
+  const R r = exp_r(ls);
+  const R dr = s <= R(p.log_ratio_max) ? r : R(0);
+  policy_token<R> o = clip_surrogate(r, dr, A, R(1.0 - p.eps_low), R(1.0 + p.eps_high), R(p.dual_clip), R(p.delta));
+  o.clamped = s > R(p.log_ratio_max);
+  return o;
+}
+
+//! GMPO's sign-aware log-space clip of one token: x* and d x* / d x.
+template <class R>
+RLPT_HD_FORCEINLINE void gmpo_token(const gmpo& p, R x, R A, R& xs, R& dxs, bool& low, bool& high) {
+  const R xc = clamp_r(x, -R(p.eps_low), R(p.eps_high));
+  const R sa = sign_r(A);
+  const R a = sa * x;
+  const R b = sa * xc;
+  xs = sa * min_r(a, b);
+  dxs = sa * dmin(a, b, sa, sa * clamp_pass(x, -R(p.eps_low), R(p.eps_high)));
+  const bool clipped = x != xc;
+  low = clipped && A < R(0);
+  high = clipped && A > R(0);
+}
+
+} // namespace detail
+} // namespace rlpt

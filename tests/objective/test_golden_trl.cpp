@@ -1,0 +1,65 @@
+// SPDX-License-Identifier: Apache-2.0
+// TRL 1.16 golden losses and gradients: GRPOTrainer._compute_loss itself (on a stub trainer),
+// per loss_type, reproduced through rlpt::compat::trl::grpo.
+#include <rlpt/objective.hpp>
+
+#include "golden_check.hpp"
+
+#include <doctest/doctest.h>
+
+#include <numeric>
+
+namespace trl = rlpt::compat::trl;
+using rlpt::test::check_golden_case;
+using rlpt::test::golden_inputs;
+
+namespace {
+double items_in_batch(const std::string& name) {
+  const rlpt::test::golden_case g(name);
+  return 2.0 * std::accumulate(g.mask.begin(), g.mask.end(), 0.0) + 5.0; // as the generator
+}
+} // namespace
+
+TEST_CASE("golden trl loss types grpo, bnpo, dr_grpo, dapo, cispo, sapo") {
+  const double n = items_in_batch("trl_grpo");
+  for (const char* lt : {"grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"}) {
+    trl::grpo_config c{.loss_type = lt, .max_completion_length = 32, .gradient_accumulation_steps = 2,
+                       .num_items_in_batch = n};
+    if (std::string(lt) == "cispo") c.epsilon_high = 5.0;
+    // SAPO's temperatures are float32 tensors in TRL even for float64 inputs.
+    check_golden_case(std::string("trl_") + lt, trl::grpo(c), golden_inputs{.entropy = true, .seq_adv = true}, false,
+                      false, /*peer_fp32_only=*/std::string(lt) == "sapo");
+  }
+}
+
+TEST_CASE("golden trl dapo with delta, clip-higher and a k3 KL term") {
+  const double n = items_in_batch("trl_grpo");
+  const auto obj = trl::grpo({.loss_type = "dapo", .epsilon_high = 0.28, .delta = 4.0, .beta = 0.04,
+                              .num_items_in_batch = n});
+  check_golden_case("trl_dapo_delta_beta", obj, golden_inputs{.ref = true, .entropy = true, .seq_adv = true});
+}
+
+TEST_CASE("golden trl bnpo with the bias-corrected KL and an entropy bonus") {
+  const auto obj = trl::grpo({.loss_type = "bnpo", .beta = 0.1, .use_bias_correction_kl = true,
+                              .entropy_coef = 0.02, .gradient_accumulation_steps = 3});
+  check_golden_case("trl_bnpo_bias_kl_entropy", obj, golden_inputs{.ref = true, .entropy = true, .seq_adv = true},
+                    true);
+}
+
+TEST_CASE("golden trl sequence-level importance sampling (GSPO)") {
+  const double n = items_in_batch("trl_grpo");
+  for (const char* lt : {"grpo", "dapo"}) {
+    const auto obj = trl::grpo({.loss_type = lt, .importance_sampling_level = "sequence", .num_items_in_batch = n});
+    check_golden_case(std::string("trl_") + lt + "_sequence", obj, golden_inputs{.entropy = true});
+  }
+}
+
+TEST_CASE("golden trl vLLM importance sampling (token_truncate) applied before the KL term") {
+  const double n = items_in_batch("trl_grpo");
+  const auto obj = trl::grpo({.loss_type = "dapo", .beta = 0.04, .num_items_in_batch = n,
+                              .vllm_importance_sampling_correction = true,
+                              .vllm_importance_sampling_mode = "token_truncate",
+                              .vllm_importance_sampling_min = 0.5, .vllm_importance_sampling_max = 3.0});
+  check_golden_case("trl_dapo_vllm_token_truncate", obj,
+                    golden_inputs{.behav = true, .ref = true, .entropy = true, .seq_adv = true});
+}

@@ -1,0 +1,367 @@
+"""Policy objectives: golden losses and gradients from verl, TRL and OpenRLHF on seeded inputs.
+
+Every loss comes from the peer's own function, and every gradient from torch autograd through it:
+  verl      verl.trainer.ppo.core_algos: POLICY_LOSS_REGISTRY kernels (vanilla, gspo, sapo, geo_mean,
+            cispo, gpg, bypass_mode), agg_loss, kl_penalty, compute_value_loss; rollout corrections from
+            verl.trainer.ppo.rollout_corr_helper.compute_rollout_correction_and_rejection_mask. The
+            composed actor loss follows verl/workers/utils/losses.ppo_loss: pg_loss (with the rollout IS
+            weights and the rejection-modified response mask) - entropy_coeff * agg_loss(entropy)
+            + kl_loss_coef * agg_loss(kl_penalty).
+  TRL       trl.trainer.grpo_trainer.GRPOTrainer._compute_loss itself, on an object created with
+            object.__new__ that carries the attributes the method reads (loss_type, epsilons, beta,
+            delta, importance_sampling_level, ...) and whose _get_per_token_logps_and_entropies returns
+            the given log-probs (a leaf tensor) instead of running a model. The vLLM importance ratio
+            is computed in TRL inside _generate_and_score_completions (needs generation); the one case
+            that uses it builds the ratio with that method's formula (exp(old - sampling) clamped to
+            [clip_min, clip_max], token_truncate) and passes it as inputs["importance_sampling_ratio"].
+  OpenRLHF  openrlhf.models.loss.PolicyLoss / ValueLoss / aggregate_loss and
+            openrlhf.models.utils.compute_approx_kl (imported without the package __init__).
+Each case runs twice: float32 (the peers' dtype) and float64 (the same functions on float64
+tensors), so the C++ tests can separate rlpt's rounding from the peer's.
+
+Inputs: padded [B, T] with right padding, interior mask holes (multi-turn), a fully masked row,
+finite garbage under the mask, per-sequence or per-token advantages with exact zeros, and (the
+"large" sets) log-ratio gaps up to +-30 so the +-20 clamps bind.
+"""
+from collections import defaultdict
+from types import SimpleNamespace as NS
+
+import numpy as np
+import torch
+
+import peers
+import rlpt_golden
+
+B, T = 7, 24
+
+
+# --- inputs ---------------------------------------------------------------------------------------
+
+def make_inputs(rng, large=False, token_adv=False):
+    lengths = rng.integers(3, T + 1, B)
+    lengths[2] = 0  # a fully masked row
+    mask = np.zeros((B, T), dtype=np.uint8)
+    for b, n in enumerate(lengths):
+        mask[b, :n] = 1
+    holes = rng.random((B, T)) < 0.12  # multi-turn: environment tokens inside a response
+    mask[holes] = 0
+    lp = -rng.uniform(0.02, 4.0, (B, T))
+    old = lp + rng.normal(0.0, 0.25, (B, T))
+    behav = old + rng.normal(0.0, 0.2, (B, T))
+    ref = lp + rng.normal(0.0, 0.4, (B, T))
+    if large:
+        pick = rng.random((B, T)) < 0.15
+        old[pick] = lp[pick] + rng.choice([-30.0, -22.0, -8.0, -2.5, 2.5, 8.0, 22.0, 30.0], pick.sum())
+        pick = rng.random((B, T)) < 0.1
+        behav[pick] = old[pick] + rng.choice([-6.0, -1.5, 1.5, 6.0], pick.sum())
+        pick = rng.random((B, T)) < 0.08
+        ref[pick] = lp[pick] + rng.choice([-25.0, -12.0, 12.0, 25.0], pick.sum())
+    if token_adv:
+        adv = rng.normal(0.0, 1.0, (B, T))
+        adv[rng.random((B, T)) < 0.1] = 0.0
+    else:
+        seq = rng.normal(0.0, 1.0, B)
+        seq[rng.random(B) < 0.2] = 0.0
+        adv = np.repeat(seq[:, None], T, axis=1)
+    entropy = rng.uniform(0.0, 3.0, (B, T))
+    values = rng.normal(0.0, 1.0, (B, T))
+    old_values = values + rng.normal(0.0, 0.5, (B, T))
+    returns = rng.normal(0.0, 1.0, (B, T))
+    arrays = dict(lp=lp, old=old, behav=behav, ref=ref, adv=adv, entropy=entropy, values=values,
+                  old_values=old_values, returns=returns)
+    off = mask == 0  # finite garbage under the mask (kept within exp range for peers that don't clamp)
+    for name in ("lp", "old", "behav", "ref"):
+        arrays[name][off] = -rng.uniform(0.0, 30.0, off.sum())
+    for name in ("adv", "entropy", "values", "old_values", "returns"):
+        arrays[name][off] = rng.normal(0.0, 50.0, off.sum())
+    arrays["mask"] = mask
+    return arrays
+
+
+# --- peers ------------------------------------------------------------------------------------------
+
+def verl_modules():
+    import verl.trainer.ppo.core_algos as algos
+    import verl.trainer.ppo.rollout_corr_helper as corr
+    from verl.workers.config import ActorConfig
+    return algos, corr, ActorConfig
+
+
+def _policy_loss_config(loss_mode, rollout_correction):
+    from verl.trainer.config import RolloutCorrectionConfig
+    from verl.workers.config.actor import PolicyLossConfig
+    rc = RolloutCorrectionConfig(**(rollout_correction or {}))
+    return PolicyLossConfig(loss_mode=loss_mode, rollout_correction=rc)
+
+
+def verl_config(ActorConfig, loss_mode="vanilla", clip_ratio=0.2, low=None, high=None, c=3.0, agg="token-mean",
+                batch_info=None, tau_pos=1.0, tau_neg=1.05, rollout_correction=None):
+    cfg = ActorConfig(strategy="fsdp", rollout_n=1, clip_ratio=clip_ratio, clip_ratio_low=low, clip_ratio_high=high,
+                      clip_ratio_c=c, ppo_micro_batch_size_per_gpu=1, loss_agg_mode=agg, tau_pos=tau_pos,
+                      tau_neg=tau_neg, policy_loss=_policy_loss_config(loss_mode, rollout_correction))
+    cfg.global_batch_info.update(batch_info or {})
+    return cfg
+
+
+class _Acc:
+    num_processes = 1
+    sync_gradients = True
+
+    def gather(self, x):
+        return x
+
+    def gather_for_metrics(self, x):
+        return x
+
+    def reduce(self, x, reduction="sum"):
+        return x
+
+
+def trl_compute_loss(t, loss_type, beta=0.0, eps=0.2, eps_high=None, delta=None, level="token", bias_kl=False,
+                     entropy_coef=0.0, ga=1, nitems=None, spg=None, is_ratio=None, max_len=None, seq_adv=True):
+    """Calls GRPOTrainer._compute_loss on a stub trainer; t holds the (leaf) tensors."""
+    from trl.trainer.grpo_trainer import GRPOTrainer
+    tr = object.__new__(GRPOTrainer)
+    tr.args = NS(delta=delta, use_bias_correction_kl=bias_kl, sapo_temperature_pos=1.0, sapo_temperature_neg=1.05,
+                 steps_per_generation=spg or ga, entropy_target=0.2)
+    tr.loss_type = loss_type
+    tr.epsilon_low = eps
+    tr.epsilon_high = eps_high if eps_high is not None else eps
+    tr.beta = beta
+    tr.importance_sampling_level = level
+    tr.top_entropy_quantile = 1.0
+    tr.off_policy_mask_threshold = None
+    tr.use_vllm = is_ratio is not None
+    tr.vllm_importance_sampling_correction = is_ratio is not None
+    tr.model = NS(training=True)
+    tr.current_gradient_accumulation_steps = ga
+    tr.max_completion_length = max_len or T
+    tr.accelerator = _Acc()
+    tr._entropy_bonus_enabled = entropy_coef != 0.0
+    tr.use_adaptive_entropy = False
+    tr.entropy_coef = entropy_coef
+    tr._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
+    tr.aux_loss_enabled = False
+    tr._get_per_token_logps_and_entropies = lambda *a, **k: (t["lp"], t["entropy"], None)
+    mask = t["mask"]
+    adv = t["adv"][:, 0] if seq_adv else t["adv"]
+    inputs = {"prompt_ids": torch.zeros(B, 1, dtype=torch.long), "prompt_mask": torch.ones(B, 1, dtype=torch.long),
+              "completion_ids": torch.zeros(B, T, dtype=torch.long), "completion_mask": mask.long(),
+              "advantages": adv, "old_per_token_logps": t["old"], "ref_per_token_logps": t["ref"]}
+    if nitems is not None:
+        inputs["num_items_in_batch"] = torch.tensor(float(nitems), dtype=t["lp"].dtype)
+    if is_ratio is not None:
+        inputs["importance_sampling_ratio"] = is_ratio
+    return tr._compute_loss(None, inputs)
+
+
+# --- case runner -----------------------------------------------------------------------------------
+
+def run_case(out_dir, seed, name, inputs, fn, params):
+    """Runs fn(tensors) -> loss in float32 and float64 with autograd; writes inputs, loss and grads."""
+    arrays = {k: np.asarray(v) for k, v in inputs.items()}
+    for dtype, suffix in ((torch.float32, ""), (torch.float64, "_64")):
+        t = {k: torch.tensor(v, dtype=dtype) for k, v in inputs.items() if k != "mask"}
+        t["mask"] = torch.tensor(inputs["mask"]).bool()
+        for k in ("lp", "entropy", "values"):
+            t[k].requires_grad_(True)
+        loss = fn(t)
+        loss.backward()
+        arrays["loss" + suffix] = loss.detach().reshape(1)
+        for k, out in (("lp", "grad_logp"), ("entropy", "grad_entropy"), ("values", "grad_values")):
+            g = t[k].grad
+            arrays[out + suffix] = g if g is not None else torch.zeros_like(t[k])
+    rlpt_golden.write(out_dir / f"{name}.bin", arrays, peers.meta("objective", seed, case=name, B=B, T=T, **params))
+
+
+def generate(out_dir, seed):
+    torch.use_deterministic_algorithms(True)
+    algos, corr, ActorConfig = verl_modules()
+    loss_mod = peers.openrlhf_models("loss")
+    orl_utils = peers.openrlhf_models("utils")
+    rng = np.random.default_rng(seed)
+    plain = make_inputs(rng)
+    large = make_inputs(rng, large=True)
+    tok = make_inputs(rng, large=True, token_adv=True)
+
+    def pg(cfg, loss_mode=None, t=None, weights=None, mask=None):
+        fn = algos.get_policy_loss_fn(loss_mode or cfg.policy_loss.loss_mode)
+        loss, _ = fn(old_log_prob=t["old"], log_prob=t["lp"], advantages=t["adv"],
+                     response_mask=t["mask"] if mask is None else mask, loss_agg_mode=cfg.loss_agg_mode, config=cfg,
+                     rollout_is_weights=weights)
+        return loss
+
+    # ---------------- verl: each kernel x aggregation -------------------------------------------
+    aggs = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+    for agg in aggs:
+        tag = agg.replace("-", "_")
+        info = {"loss_scale_factor": 32} if agg == "seq-mean-token-sum-norm" else {}
+        cfg = verl_config(ActorConfig, "vanilla", agg=agg, batch_info=info)
+        run_case(out_dir, seed, f"verl_vanilla_{tag}", large, lambda t, cfg=cfg: pg(cfg, t=t),
+                 dict(peer="verl", loss_mode="vanilla", loss_agg_mode=agg, **info))
+    cfg = verl_config(ActorConfig, "vanilla", low=0.2, high=0.28, c=3.0,
+                      batch_info={"dp_size": 4, "batch_num_tokens": 400, "global_batch_size": 31})
+    run_case(out_dir, seed, "verl_vanilla_clip_higher_global", tok, lambda t: pg(cfg, t=t),
+             dict(peer="verl", loss_mode="vanilla", clip_ratio_low=0.2, clip_ratio_high=0.28, dp_size=4,
+                  batch_num_tokens=400, global_batch_size=31))
+    cfg = verl_config(ActorConfig, "vanilla", agg="seq-mean-token-mean",
+                      batch_info={"dp_size": 2, "global_batch_size": 16})
+    run_case(out_dir, seed, "verl_vanilla_seq_mean_token_mean_global", large, lambda t: pg(cfg, t=t),
+             dict(peer="verl", loss_mode="vanilla", loss_agg_mode="seq-mean-token-mean", dp_size=2,
+                  global_batch_size=16))
+    for agg in ("token-mean", "seq-mean-token-mean"):
+        for low, high in ((0.2, 0.28), (3e-4, 4e-4)):
+            cfg = verl_config(ActorConfig, "gspo", low=low, high=high, agg=agg)
+            run_case(out_dir, seed, f"verl_gspo_{agg.replace('-', '_')}_{'paper' if low < 0.01 else 'wide'}", tok,
+                     lambda t, cfg=cfg: pg(cfg, t=t),
+                     dict(peer="verl", loss_mode="gspo", loss_agg_mode=agg, clip_ratio_low=low, clip_ratio_high=high))
+    cfg = verl_config(ActorConfig, "sapo", agg="token-mean")
+    run_case(out_dir, seed, "verl_sapo", large, lambda t: pg(cfg, t=t),
+             dict(peer="verl", loss_mode="sapo", tau_pos=1.0, tau_neg=1.05))
+    cfg = verl_config(ActorConfig, "geo_mean", low=0.4, high=0.4)
+    run_case(out_dir, seed, "verl_geo_mean", plain, lambda t: pg(cfg, t=t),
+             dict(peer="verl", loss_mode="geo_mean", clip_ratio_low=0.4, clip_ratio_high=0.4))
+    cfg = verl_config(ActorConfig, "cispo", low=10.0, high=0.28)
+    run_case(out_dir, seed, "verl_cispo", large, lambda t: pg(cfg, t=t),
+             dict(peer="verl", loss_mode="cispo", clip_ratio_low=10.0, clip_ratio_high=0.28))
+    cfg = verl_config(ActorConfig, "gpg", agg="seq-mean-token-sum")
+    run_case(out_dir, seed, "verl_gpg", tok, lambda t: pg(cfg, t=t),
+             dict(peer="verl", loss_mode="gpg", loss_agg_mode="seq-mean-token-sum"))
+
+    # ---------------- verl: KL penalties ---------------------------------------------------------
+    for kl_type in ("kl", "abs", "mse", "low_var_kl", "k1+", "abs+", "low_var_kl+"):
+        def kl_case(t, kl_type=kl_type):
+            kld = algos.kl_penalty(t["lp"], t["ref"], kl_type)
+            return algos.agg_loss(kld, t["mask"], "token-mean")
+        run_case(out_dir, seed, f"verl_kl_{kl_type.replace('+', '_plus')}", large, kl_case,
+                 dict(peer="verl", kl_loss_type=kl_type, loss_agg_mode="token-mean"))
+
+    # ---------------- verl: value loss ------------------------------------------------------------
+    for agg in ("token-mean", "seq-mean-token-mean"):
+        def value_case(t, agg=agg):
+            loss, _ = algos.compute_value_loss(t["values"], t["returns"], t["old_values"], t["mask"], 0.5, agg)
+            return loss
+        run_case(out_dir, seed, f"verl_value_{agg.replace('-', '_')}", plain, value_case,
+                 dict(peer="verl", cliprange_value=0.5, loss_agg_mode=agg))
+
+    # ---------------- verl: rollout corrections and the composed actor loss -------------------------
+    corrections = {
+        "token_tis": dict(rollout_is="token", rollout_is_threshold=2.0),
+        "seq_tis": dict(rollout_is="sequence", rollout_is_threshold=2.0),
+        "token_icepop": dict(rollout_is="token", rollout_is_threshold="0.5_2.0"),
+        "rs_token_k1": dict(rollout_rs="token_k1", rollout_rs_threshold="0.6_1.8"),
+        "rs_seq_mean_k3": dict(rollout_rs="seq_mean_k3", rollout_rs_threshold=0.02),
+        "rs_seq_max_k2": dict(rollout_rs="seq_max_k2", rollout_rs_threshold=0.05),
+        "rs_seq_sum_k1": dict(rollout_rs="seq_sum_k1", rollout_rs_threshold="0.7_1.4"),
+        "tis_and_rs_token_k2": dict(rollout_is="token", rollout_is_threshold=2.0, rollout_rs="token_k2",
+                                    rollout_rs_threshold=0.5),
+    }
+    for cname, spec in corrections.items():
+        cfg = verl_config(ActorConfig, "vanilla", low=0.2, high=0.28)
+
+        def corr_case(t, spec=spec, cfg=cfg):
+            with torch.no_grad():
+                proto, mask, _ = corr.compute_rollout_correction_and_rejection_mask(
+                    old_log_prob=t["old"], rollout_log_prob=t["behav"], response_mask=t["mask"].to(t["lp"].dtype),
+                    rollout_is=spec.get("rollout_is"), rollout_is_threshold=spec.get("rollout_is_threshold", 2.0),
+                    rollout_rs=spec.get("rollout_rs"), rollout_rs_threshold=spec.get("rollout_rs_threshold"))
+            weights = proto.batch["rollout_is_weights"] if proto is not None else None
+            return pg(cfg, t=t, weights=weights, mask=mask.bool())
+        src = plain if cname.startswith("rs_seq") else large  # sequence rejection: about half the rows pass
+        run_case(out_dir, seed, f"verl_corr_{cname}", src, corr_case,
+                 dict(peer="verl", loss_mode="vanilla", clip_ratio_high=0.28, **spec))
+
+    def actor_case(t):
+        # verl/workers/utils/losses.ppo_loss with use_kl_loss, entropy and token TIS.
+        cfg = verl_config(ActorConfig, "vanilla", low=0.2, high=0.28, agg="token-mean")
+        with torch.no_grad():
+            proto, mask, _ = corr.compute_rollout_correction_and_rejection_mask(
+                old_log_prob=t["old"], rollout_log_prob=t["behav"], response_mask=t["mask"].to(t["lp"].dtype),
+                rollout_is="token", rollout_is_threshold=2.0)
+        mask = mask.bool()
+        loss = pg(cfg, t=t, weights=proto.batch["rollout_is_weights"], mask=mask)
+        loss = loss - 0.01 * algos.agg_loss(t["entropy"], mask, "token-mean")
+        kld = algos.kl_penalty(t["lp"], t["ref"], "low_var_kl")
+        return loss + 0.05 * algos.agg_loss(kld, mask, "token-mean")
+    run_case(out_dir, seed, "verl_actor_full", large, actor_case,
+             dict(peer="verl", loss_mode="vanilla", clip_ratio_high=0.28, rollout_is="token", rollout_is_threshold=2.0,
+                  entropy_coeff=0.01, kl_loss_type="low_var_kl", kl_loss_coef=0.05))
+
+    def bypass_case(t):
+        cfg = verl_config(ActorConfig, "bypass_mode", agg="seq-mean-token-sum",
+                          rollout_correction=dict(loss_type="reinforce", rollout_is="token", rollout_is_threshold=2.0,
+                                                  rollout_rs=None, bypass_mode=True))
+        fn = algos.get_policy_loss_fn("bypass_mode")
+        loss, _ = fn(old_log_prob=t["behav"], log_prob=t["lp"], advantages=t["adv"], response_mask=t["mask"],
+                     loss_agg_mode="seq-mean-token-sum", config=cfg)
+        return loss
+    run_case(out_dir, seed, "verl_bypass_reinforce", tok, bypass_case,
+             dict(peer="verl", loss_mode="bypass_mode", loss_type="reinforce", rollout_is="token",
+                  rollout_is_threshold=2.0, loss_agg_mode="seq-mean-token-sum"))
+
+    # ---------------- TRL: GRPOTrainer._compute_loss per loss_type --------------------------------------
+    n_items = int(plain["mask"].sum()) * 2 + 5
+    for lt in ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"):
+        kw = dict(ga=2, nitems=n_items, max_len=32)
+        if lt == "cispo":
+            kw["eps_high"] = 5.0
+        run_case(out_dir, seed, f"trl_{lt}", plain, lambda t, lt=lt, kw=kw: trl_compute_loss(t, lt, **kw),
+                 dict(peer="trl", loss_type=lt, gradient_accumulation_steps=2, num_items_in_batch=n_items,
+                      max_completion_length=32, **({"epsilon_high": 5.0} if lt == "cispo" else {})))
+    run_case(out_dir, seed, "trl_dapo_delta_beta", large,
+             lambda t: trl_compute_loss(t, "dapo", beta=0.04, eps_high=0.28, delta=4.0, nitems=n_items),
+             dict(peer="trl", loss_type="dapo", beta=0.04, epsilon_high=0.28, delta=4.0, num_items_in_batch=n_items))
+    run_case(out_dir, seed, "trl_bnpo_bias_kl_entropy", plain,
+             lambda t: trl_compute_loss(t, "bnpo", beta=0.1, bias_kl=True, entropy_coef=0.02, ga=3),
+             dict(peer="trl", loss_type="bnpo", beta=0.1, use_bias_correction_kl=True, entropy_coef=0.02,
+                  gradient_accumulation_steps=3))
+    for lt in ("grpo", "dapo"):
+        run_case(out_dir, seed, f"trl_{lt}_sequence", tok,
+                 lambda t, lt=lt: trl_compute_loss(t, lt, level="sequence", nitems=n_items, seq_adv=False),
+                 dict(peer="trl", loss_type=lt, importance_sampling_level="sequence", num_items_in_batch=n_items,
+                      token_advantages=True))
+
+    def trl_vllm_case(t):
+        # _generate_and_score_completions, token_truncate: ratio = clamp(exp((old - sampling) * mask), min, max)
+        ratio = torch.exp((t["old"] - t["behav"]) * t["mask"]).clamp(min=0.5, max=3.0)
+        return trl_compute_loss(t, "dapo", beta=0.04, nitems=n_items, is_ratio=ratio)
+    run_case(out_dir, seed, "trl_dapo_vllm_token_truncate", large, trl_vllm_case,
+             dict(peer="trl", loss_type="dapo", beta=0.04, vllm_importance_sampling_mode="token_truncate",
+                  vllm_importance_sampling_min=0.5, vllm_importance_sampling_max=3.0, num_items_in_batch=n_items,
+                  note="importance_sampling_ratio built with _generate_and_score_completions' formula"))
+
+    # ---------------- OpenRLHF: PolicyLoss, ValueLoss, compute_approx_kl ----------------------------------
+    def orl_policy(t, **kw):
+        batch = kw.pop("batch", {})
+        module = loss_mod.PolicyLoss(**kw)
+        loss, *_ = module(t["lp"], t["old"], t["adv"], action_mask=t["mask"].to(t["lp"].dtype),
+                          rollout_log_probs=t["behav"], **batch)
+        return loss
+    orl_cases = {
+        "ppo": dict(),
+        "ppo_dual_clip_global": dict(clip_eps_high=0.28, dual_clip=3.0,
+                                     batch=dict(dp_size=2, batch_num_tokens=300.0)),
+        "ppo_sample_level": dict(token_level_loss=False),
+        "ppo_sample_level_global": dict(token_level_loss=False, batch=dict(dp_size=2, global_batch_size=20.0)),
+        "gspo": dict(policy_loss_type="gspo"),
+        "tis_clip": dict(is_correction_level="token", is_correction_mode="clip"),
+        "icepop": dict(is_correction_level="token", is_correction_mode="mask"),
+        "seq_mask_tis": dict(is_correction_level="seq", is_correction_mode="mask", is_correction_threshold=(0.8, 1.25)),
+    }
+    for cname, kw in orl_cases.items():
+        src = tok if cname == "gspo" else large
+        run_case(out_dir, seed, f"openrlhf_{cname}", src, lambda t, kw=kw: orl_policy(t, **dict(kw)),
+                 dict(peer="openrlhf", **{k: (list(v) if isinstance(v, tuple) else v) for k, v in kw.items()}))
+    for est in ("k1", "k2", "k3"):
+        for unbiased in (False, True):
+            def orl_kl(t, est=est, unbiased=unbiased):
+                kl = orl_utils.compute_approx_kl(t["lp"], t["ref"], t["old"], kl_estimator=est,
+                                                 unbiased_gradient=unbiased)
+                return loss_mod.aggregate_loss(kl, t["mask"].to(t["lp"].dtype))
+            run_case(out_dir, seed, f"openrlhf_kl_{est}{'_unbiased' if unbiased else ''}", large, orl_kl,
+                     dict(peer="openrlhf", kl_estimator=est, unbiased_gradient=unbiased))
+
+    def orl_value(t):
+        return loss_mod.ValueLoss(clip_eps=0.5)(t["values"], t["old_values"], t["returns"],
+                                                action_mask=t["mask"].to(t["values"].dtype))
+    run_case(out_dir, seed, "openrlhf_value", plain, orl_value, dict(peer="openrlhf", clip_eps=0.5))
