@@ -6,5 +6,3 @@
 #include <rlpt/advantage.hpp>
 #include <rlpt/core.hpp>
 #include <rlpt/objective.hpp>
-#include <rlpt/rollout.hpp>
-#include <rlpt/sync.hpp>
