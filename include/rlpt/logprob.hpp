@@ -8,5 +8,8 @@
 
 #include <rlpt/logprob/compat.hpp>
 #include <rlpt/logprob/from_logits.hpp>
+#include <rlpt/logprob/lm_head.hpp>
 #include <rlpt/logprob/math.hpp>
 #include <rlpt/logprob/options.hpp>
+#include <rlpt/logprob/sequence.hpp>
+#include <rlpt/logprob/vocab_parallel.hpp>

@@ -77,6 +77,8 @@ logprob_stats forward_rows(view2d<T> logits, Job&& job, const logprob_outputs& o
       const row_job jb = job(r);
       if (!jb.active) {
         ++st.ignored;
+        if (out.kept.data() != nullptr)
+          std::memset(out.kept.data() + r * out.kept.row_stride(), 0, static_cast<std::size_t>(cols));
         continue;
       }
       const E* x = logits.data() + r * logits.row_stride();
@@ -157,7 +159,7 @@ void check_grad_alias(view2d<T> logits, view2d<G> dlogits) {
 //! (job.out), `saved` like the rows. Missing statistics are recomputed from the logits.
 template <class T, class G, class Job>
 void backward_rows(view2d<T> logits, Job&& job, view<const float> dlogp, view<const float> dentropy,
-                   view<const float> entropy, const logprob_saved& saved, view2d<G> dlogits,
+                   view<const float> entropy, const logprob_saved_view& saved, view2d<G> dlogits,
                    const logprob_options& opt, const host_executor& ex) {
   using E = std::remove_const_t<T>;
   const index_t cols = logits.cols();
@@ -261,7 +263,7 @@ logprob_stats logprob_entropy(view2d<T> logits, view<const index_t> targets, vie
 //! be the logits themselves (same pointer, stride and dtype: in-place); it is fully written.
 template <logit_type T, grad_type G>
 void logprob_entropy_backward(view2d<T> logits, view<const index_t> targets, view<const float> dlogp,
-                              view<const float> dentropy, view<const float> entropy, const logprob_saved& saved,
+                              view<const float> dentropy, view<const float> entropy, const logprob_saved_view& saved,
                               view2d<G> dlogits, const logprob_options& opt = {}, const host_executor& ex = {}) {
   detail::check_logprob_options(opt);
   detail::check_logits(logits);

@@ -45,12 +45,21 @@ struct logprob_options {
   [[nodiscard]] bool truncated() const noexcept { return top_k > 0 || top_p < 1.0f; }
 };
 
+//! The same statistics as the backward reads them.
+struct logprob_saved_view {
+  view<const float> lse{};
+  view<const float> threshold{};
+  view<const index_t> tie_last{};
+};
+
 //! Per-row statistics the forward writes and the backward reads ([N] each, caller memory).
 //! `lse` is needed by every backward; `threshold` and `tie_last` only with top-k/top-p.
 struct logprob_saved {
   view<float> lse{};      //!< log Σ_kept exp(logits / T)
   view<float> threshold{}; //!< smallest kept tempered logit (−inf when nothing is truncated)
   view<index_t> tie_last{}; //!< column j is kept iff z_j > threshold or (z_j == threshold and j ≤ tie_last)
+
+  operator logprob_saved_view() const noexcept { return {lse, threshold, tie_last}; } // NOLINT: views convert
 };
 
 //! Where a forward writes. Only `logp` is required; empty views are skipped.
