@@ -1,0 +1,158 @@
+// SPDX-License-Identifier: Apache-2.0
+// Bad configurations and inputs get an rlpt::error with a stable id and a message that names
+// what is missing or wrong, with the values.
+#include <rlpt/objective.hpp>
+
+#include "batch.hpp"
+#include "support/errors.hpp"
+
+#include <doctest/doctest.h>
+
+#include <limits>
+#include <vector>
+
+using rlpt::test::batch;
+using namespace rlpt;
+
+TEST_CASE("errors: inputs a configuration needs but did not get") {
+  const batch<float> b(3, 6, 31);
+  auto in = b.inputs();
+
+  auto no_old = in;
+  no_old.old_logp = {};
+  RLPT_CHECK_ERROR(evaluate(objective{}, no_old), "rlpt.objective.missing_input", "ppo_clip needs old_logp");
+
+  auto no_behav = in;
+  no_behav.behav_logp = {};
+  RLPT_CHECK_ERROR(evaluate(objective{.correction = token_tis(2.0)}, no_behav), "rlpt.objective.missing_input",
+                   "off_policy_correction needs behav_logp");
+
+  auto no_ref = in;
+  no_ref.ref_logp = {};
+  RLPT_CHECK_ERROR(evaluate(objective{.kl = {.coef = 0.1}}, no_ref), "rlpt.objective.missing_input",
+                   "kl_penalty needs ref_logp");
+
+  auto no_adv = in;
+  no_adv.adv = {};
+  RLPT_CHECK_ERROR(evaluate(objective{}, no_adv), "rlpt.objective.missing_input", "needs advantages");
+
+  auto no_entropy = in;
+  no_entropy.entropy = {};
+  RLPT_CHECK_ERROR(evaluate(objective{.entropy = {.coef = 0.01}}, no_entropy), "rlpt.objective.missing_input",
+                   "entropy_bonus needs entropy");
+
+  auto no_returns = in;
+  no_returns.returns = {};
+  RLPT_CHECK_ERROR(evaluate(objective{.value = {.coef = 1.0}}, no_returns), "rlpt.objective.missing_input",
+                   "value_loss needs returns");
+
+  auto no_teachers = in;
+  no_teachers.teacher_logp = {};
+  RLPT_CHECK_ERROR(evaluate(objective{.distill = {.coef = 1.0}}, no_teachers), "rlpt.objective.missing_input",
+                   "teacher_logp", "got 0");
+
+  RLPT_CHECK_ERROR(evaluate(objective{.kl = {.coef = 0.1, .importance_corrected = true}}, no_old),
+                   "rlpt.objective.missing_input", "ppo_clip needs old_logp");
+
+  auto no_mask = in;
+  no_mask.mask = {};
+  RLPT_CHECK_ERROR(evaluate(objective{}, no_mask), "rlpt.objective.missing_input", "loss mask has 0 elements",
+                   "needs 27");
+}
+
+TEST_CASE("errors: mismatched lengths, conflicting inputs, bad layout") {
+  const batch<float> b(3, 6, 32);
+  auto in = b.inputs();
+  std::vector<float> short_lp(b.lp.begin(), b.lp.end() - 1);
+  auto bad = in;
+  bad.logp = short_lp;
+  RLPT_CHECK_ERROR(evaluate(objective{}, bad), "rlpt.view.size_mismatch", "logp has 26 elements, expected 27");
+
+  std::vector<float> g(10);
+  RLPT_CHECK_ERROR(evaluate(objective{}, in, {.logp = g}), "rlpt.view.size_mismatch", "grads.logp has 10 elements");
+
+  auto both = in;
+  both.seq_adv = b.seq_adv;
+  RLPT_CHECK_ERROR(evaluate(objective{}, both), "rlpt.objective.conflicting_input", "both adv", "and seq_adv");
+
+  auto seq = in;
+  seq.adv = {};
+  std::vector<float> two(2);
+  seq.seq_adv = two;
+  RLPT_CHECK_ERROR(evaluate(objective{}, seq), "rlpt.view.size_mismatch", "seq_adv has 2 elements, expected 3");
+
+  std::vector<mask_t> m(0);
+  std::vector<float> none(0);
+  basic_objective_inputs<float> empty_rows{.layout = token_layout::padded(4, 0), .mask = m, .logp = none};
+  RLPT_CHECK_ERROR(evaluate(objective{.policy = policy_gradient{}}, empty_rows), "rlpt.objective.bad_layout",
+                   "4 sequences of length T = 0");
+
+  auto wrong_teachers = in;
+  std::vector<float> t(30);
+  wrong_teachers.teacher_logp = view2d<const float>(t.data(), 1, 30);
+  RLPT_CHECK_ERROR(evaluate(objective{.distill = {.coef = 1.0, .student = student_logp::proximal}}, wrong_teachers),
+                   "rlpt.view.size_mismatch", "teacher_logp columns has 30 elements, expected 27");
+}
+
+TEST_CASE("errors: bad options name the field and the value") {
+  const batch<float> b(3, 6, 33);
+  const auto in = b.inputs();
+  RLPT_CHECK_ERROR(evaluate(objective{.policy = ppo_clip{.eps_low = -0.1}}, in), "rlpt.objective.bad_option",
+                   "ppo_clip.eps_low = -0.1");
+  RLPT_CHECK_ERROR(evaluate(objective{.policy = ppo_clip{.dual_clip = 0.5}}, in), "rlpt.objective.bad_option",
+                   "ppo_clip.dual_clip = 0.5", "> 1");
+  RLPT_CHECK_ERROR(evaluate(objective{.policy = ppo_clip{.log_ratio_clamp = 200.0}}, in), "rlpt.objective.bad_option",
+                   "ppo_clip.log_ratio_clamp = 200");
+  RLPT_CHECK_ERROR(evaluate(objective{.policy = sapo{.tau_neg = 0.0}}, in), "rlpt.objective.bad_option",
+                   "sapo.tau_neg = 0");
+  RLPT_CHECK_ERROR(evaluate(objective{.policy = cispo{.bounds = cispo_bounds::absolute, .cap = -1.0}}, in),
+                   "rlpt.objective.bad_option", "cispo.cap = -1");
+  RLPT_CHECK_ERROR(evaluate(objective{.correction = token_tis(0.5, 1.0)}, in), "rlpt.objective.bad_option",
+                   "is_weighting.hi = 0.5", ">= lo");
+  RLPT_CHECK_ERROR(evaluate(objective{.correction = {.reject = {.stat = rs_stat::k1, .level = rs_level::seq_max,
+                                                                .hi = 2.0}}},
+                            in),
+                   "rlpt.objective.bad_option", "seq_max", "k2 or k3");
+  RLPT_CHECK_ERROR(evaluate(objective{.agg = {.mode = agg_mode::seq_mean_token_sum_norm}}, in),
+                   "rlpt.objective.bad_option", "needs norm > 0", "got 0");
+  RLPT_CHECK_ERROR(evaluate(objective{.policy = gmpo{}}, in), "rlpt.objective.bad_option",
+                   "gmpo gives one loss per sequence", "not token_mean");
+  RLPT_CHECK_ERROR(evaluate(objective{.agg = {.global_tokens = -3.0}}, in), "rlpt.objective.bad_denominator",
+                   "global_tokens = -3");
+  RLPT_CHECK_ERROR(evaluate(objective{.kl = {.coef = std::numeric_limits<double>::quiet_NaN()}}, in),
+                   "rlpt.objective.bad_option", "kl.coef = nan");
+}
+
+TEST_CASE("errors: a global denominator smaller than this call's own count") {
+  const batch<float> b(4, 8, 34);
+  const auto in = b.inputs();
+  const double local = local_denominators(objective{}, in).tokens;
+  RLPT_CHECK_ERROR(evaluate(objective{.agg = {.global_tokens = local - 1.0}}, in), "rlpt.objective.bad_denominator",
+                   "global_tokens", "is smaller than the", "tokens in the loss in this call alone");
+  RLPT_CHECK_ERROR(evaluate(objective{.agg = {.mode = agg_mode::seq_mean_token_sum, .global_seqs = 1.0}}, in),
+                   "rlpt.objective.bad_denominator", "global_seqs = 1", "sequences in this call alone");
+}
+
+TEST_CASE("errors: a non-finite input at a valid token is reported with its place") {
+  batch<float> b(3, 6, 35);
+  std::size_t at = 0;
+  while (!b.mask[at]) ++at;
+  b.lp[at] = std::numeric_limits<float>::infinity();
+  RLPT_CHECK_ERROR(evaluate(objective{}, b.inputs()), "rlpt.objective.nonfinite",
+                   fmt::format("logp[{}] = inf is not finite at a valid token", at), "nonfinite_policy::skip");
+}
+
+TEST_CASE("errors: compat presets reject what they do not reproduce") {
+  RLPT_CHECK_ERROR(compat::verl::actor({.loss_mode = "clip_cov"}), "rlpt.objective.compat",
+                   "policy_loss.loss_mode = \"clip_cov\"");
+  RLPT_CHECK_ERROR(compat::verl::agg("seq-mean-token-sum-norm"), "rlpt.objective.compat", "loss_scale_factor");
+  RLPT_CHECK_ERROR(compat::verl::agg("token-mean", 8), "rlpt.objective.compat", "dp_size = 8", "batch_num_tokens");
+  RLPT_CHECK_ERROR(compat::verl::kl("full"), "rlpt.objective.compat", "kl_loss_type = \"full\"");
+  RLPT_CHECK_ERROR(compat::verl::rollout_correction("token", "abc"), "rlpt.objective.compat", "\"abc\" is not a number");
+  RLPT_CHECK_ERROR(compat::verl::rollout_correction("", "", "token_k2", "0.5_2"), "rlpt.objective.compat",
+                   "only k1 options");
+  RLPT_CHECK_ERROR(compat::trl::grpo({.loss_type = "dapo"}), "rlpt.objective.compat", "num_items_in_batch");
+  RLPT_CHECK_ERROR(compat::trl::grpo({.loss_type = "luspo"}), "rlpt.objective.compat", "loss_type = \"luspo\"");
+  RLPT_CHECK_ERROR(compat::openrlhf::policy_loss({.policy_loss_type = "gspo", .is_correction_level = "token"}),
+                   "rlpt.objective.compat", "rollout log-probs");
+}

@@ -1,0 +1,343 @@
+// SPDX-License-Identifier: Apache-2.0
+// Properties: gradient accumulation with global denominators equals the full batch for every
+// mode; garbage (NaN, inf) under the mask changes nothing; packed equals padded; results do not
+// depend on the thread count; huge log-ratio gaps give finite results; per-token hand checks.
+#include <rlpt/objective.hpp>
+
+#include "batch.hpp"
+#include "support/reference.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+using rlpt::test::batch;
+using rlpt::test::grads;
+using namespace rlpt;
+
+namespace {
+
+//! A copy of rows [r0, r1) of a batch as its own padded batch.
+template <class T>
+batch<T> rows(const batch<T>& b, index_t r0, index_t r1) {
+  batch<T> m = b;
+  m.B = r1 - r0;
+  const auto lo = static_cast<std::ptrdiff_t>(r0 * b.stride), hi = static_cast<std::ptrdiff_t>(r1 * b.stride);
+  auto cut = [&](auto& dst, const auto& src) { dst.assign(src.begin() + lo, src.begin() + hi); };
+  cut(m.mask, b.mask);
+  cut(m.lp, b.lp);
+  cut(m.old, b.old);
+  cut(m.behav, b.behav);
+  cut(m.ref, b.ref);
+  cut(m.adv, b.adv);
+  cut(m.entropy, b.entropy);
+  cut(m.values, b.values);
+  cut(m.old_values, b.old_values);
+  cut(m.returns, b.returns);
+  m.seq_adv.assign(b.seq_adv.begin() + r0, b.seq_adv.begin() + r1);
+  m.teachers.clear();
+  const std::size_t n = b.size();
+  for (int k = 0; k < b.n_teachers; ++k)
+    m.teachers.insert(m.teachers.end(), b.teachers.begin() + static_cast<std::ptrdiff_t>(k * n) + lo,
+                      b.teachers.begin() + static_cast<std::ptrdiff_t>(k * n) + hi);
+  return m;
+}
+
+std::vector<objective> accumulation_objectives(agg_mode m) {
+  aggregation a{.mode = m, .norm = 13.0, .scale = 2.0};
+  std::vector<objective> out;
+  out.push_back({.policy = ppo_clip{}, .kl = {.coef = 0.1}, .entropy = {.coef = 0.01}, .agg = a});
+  out.push_back({.policy = gspo{.token_level = false}, .correction = seq_is(2.0), .agg = a});
+  out.push_back({.policy = cispo{}, .correction = token_tis(1.5), .agg = a});
+  out.push_back({.policy = sapo{},
+                 .correction = {.reject = {.stat = rs_stat::k3, .level = rs_level::seq_mean, .hi = 0.02}},
+                 .agg = a});
+  out.push_back({.policy = ppo_clip{},
+                 .correction = {.reject = {.stat = rs_stat::k1, .level = rs_level::token, .lo = 0.8, .hi = 1.25},
+                                .rejected = rejected_tokens::removed},
+                 .value = {.coef = 0.5},
+                 .agg = a});
+  if (m == agg_mode::seq_mean_token_sum || m == agg_mode::seq_mean_token_mean)
+    out.push_back({.policy = gmpo{}, .agg = {.mode = m, .count_empty_rows = true}});
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("gradient accumulation: micro-batch losses and gradients add up to the full batch in every mode") {
+  const batch<double> full(11, 12, 21, 0.3, 0.3);
+  const index_t cuts[] = {0, 2, 3, 7, 11}; // uneven micro-batches, one with a single (empty) row
+  for (agg_mode m : {agg_mode::token_mean, agg_mode::token_sum, agg_mode::seq_mean_token_sum,
+                     agg_mode::seq_mean_token_mean, agg_mode::seq_mean_token_sum_norm}) {
+    for (objective obj : accumulation_objectives(m)) {
+      INFO("mode ", name(m), ", policy ", obj.policy.index());
+      // The step's denominators: sum of what each micro-batch contributes.
+      loss_denominators total;
+      for (int k = 0; k < 4; ++k) total += local_denominators(obj, rows(full, cuts[k], cuts[k + 1]).inputs());
+      CHECK(total.tokens == local_denominators(obj, full.inputs()).tokens);
+      obj.agg = with_denominators(obj.agg, total);
+
+      grads<double> gf(full.size());
+      const objective_result rf = evaluate(obj, full.inputs(), gf.view());
+      double sum = 0.0;
+      std::vector<double> gl, ge, gv;
+      for (int k = 0; k < 4; ++k) {
+        const batch<double> mb = rows(full, cuts[k], cuts[k + 1]);
+        grads<double> g(mb.size());
+        sum += evaluate(obj, mb.inputs(), g.view()).loss;
+        gl.insert(gl.end(), g.logp.begin(), g.logp.end());
+        ge.insert(ge.end(), g.entropy.begin(), g.entropy.end());
+        gv.insert(gv.end(), g.values.begin(), g.values.end());
+      }
+      CHECK(sum == doctest::Approx(rf.loss).epsilon(1e-12));
+      RLPT_CHECK_CLOSE(gl, gf.logp, 1e-12, 1e-15);
+      RLPT_CHECK_CLOSE(ge, gf.entropy, 1e-12, 1e-15);
+      RLPT_CHECK_CLOSE(gv, gf.values, 1e-12, 1e-15);
+    }
+  }
+}
+
+TEST_CASE("gradient accumulation without global denominators is a mean of micro-batch means (the classic bug)") {
+  const batch<double> full(8, 12, 22);
+  const objective obj{.policy = ppo_clip{}};
+  double sum = 0.0;
+  for (index_t r = 0; r < 8; r += 4) sum += evaluate(obj, rows(full, r, r + 4).inputs()).loss / 2.0;
+  CHECK(sum != doctest::Approx(evaluate(obj, full.inputs()).loss).epsilon(1e-6));
+}
+
+TEST_CASE("masked garbage (NaN, inf, huge) changes no output bit") {
+  batch<float> clean(7, 16, 23, 0.5, 0.5);
+  batch<float> dirty = clean;
+  const float garbage[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                           -std::numeric_limits<float>::infinity(), 3e38f, -1e30f};
+  std::size_t k = 0;
+  for (std::size_t i = 0; i < dirty.size(); ++i) {
+    if (dirty.mask[i]) continue;
+    for (auto* v : {&dirty.lp, &dirty.old, &dirty.behav, &dirty.ref, &dirty.adv, &dirty.entropy, &dirty.values,
+                    &dirty.old_values, &dirty.returns})
+      (*v)[i] = garbage[k++ % 5];
+    for (int t = 0; t < dirty.n_teachers; ++t) dirty.teachers[static_cast<std::size_t>(t) * dirty.size() + i] = garbage[k++ % 5];
+  }
+  const std::vector<double> tw{0.5, 0.5};
+  const objective objs[] = {
+      {.policy = ppo_clip{}, .correction = token_tis(2.0), .kl = {.coef = 0.1}, .entropy = {.coef = 0.01}, .value = {.coef = 0.5}},
+      {.policy = gspo{.token_level = false}, .correction = seq_is(2.0), .agg = {.mode = agg_mode::seq_mean_token_mean}},
+      {.policy = gmpo{}, .correction = icepop(0.5, 2.0), .agg = {.mode = agg_mode::seq_mean_token_sum}},
+      {.policy = sapo{}, .correction = {.reject = {.stat = rs_stat::k2, .level = rs_level::seq_max, .hi = 0.2}}},
+      {.policy = cispo{}, .distill = {.coef = 0.5, .teacher_weights = tw}},
+  };
+  for (const objective& obj : objs) {
+    grads<float> gc(clean.size()), gd(dirty.size());
+    const auto rc = evaluate(obj, clean.inputs(), gc.view());
+    const auto rd = evaluate(obj, dirty.inputs(), gd.view());
+    CHECK(std::isfinite(rc.loss));
+    CHECK(rc.loss == rd.loss);
+    CHECK(rc.is_weight_max == rd.is_weight_max);
+    CHECK(rc.clip_frac_high == rd.clip_frac_high);
+    CHECK(gc.logp == gd.logp);
+    CHECK(gc.entropy == gd.entropy);
+    CHECK(gc.values == gd.values);
+    for (std::size_t i = 0; i < clean.size(); ++i) {
+      if (static_cast<index_t>(i) % clean.stride >= clean.L) continue; // stride gap: not a layout slot
+      if (!clean.mask[i]) {
+        CHECK(gc.logp[i] == 0.0f);
+        CHECK(gc.entropy[i] == 0.0f);
+        CHECK(gc.values[i] == 0.0f);
+      }
+    }
+  }
+}
+
+TEST_CASE("packed and padded layouts give the same loss and gradients") {
+  const batch<double> b(6, 14, 24);
+  std::vector<index_t> offsets{0};
+  std::vector<double> lp, old, adv, ref;
+  std::vector<mask_t> mask;
+  std::vector<std::size_t> where;
+  for (index_t s = 0; s < b.B; ++s) {
+    // Each packed sequence keeps its valid prefix length (trailing padding dropped).
+    index_t len = 0;
+    for (index_t t = 0; t < b.L; ++t)
+      if (b.mask[static_cast<std::size_t>(s * b.stride + t)]) len = t + 1;
+    for (index_t t = 0; t < len; ++t) {
+      const auto i = static_cast<std::size_t>(s * b.stride + t);
+      lp.push_back(b.lp[i]), old.push_back(b.old[i]), adv.push_back(b.adv[i]), ref.push_back(b.ref[i]);
+      mask.push_back(b.mask[i]), where.push_back(i);
+    }
+    offsets.push_back(static_cast<index_t>(lp.size()));
+  }
+  for (agg_mode m : {agg_mode::token_mean, agg_mode::seq_mean_token_mean, agg_mode::seq_mean_token_sum_norm}) {
+    const objective obj{.policy = gspo{.token_level = false}, .kl = {.coef = 0.2}, .agg = {.mode = m, .norm = 14.0}};
+    grads<double> gp(b.size());
+    const auto rp = evaluate(obj, b.inputs(), gp.view());
+    std::vector<double> g(lp.size());
+    basic_objective_inputs<double> in{.layout = token_layout::packed(offsets), .mask = mask, .logp = lp,
+                                      .old_logp = old, .ref_logp = ref, .adv = adv};
+    const auto rk = evaluate(obj, in, {.logp = g});
+    CHECK(rk.loss == doctest::Approx(rp.loss).epsilon(1e-14));
+    for (std::size_t j = 0; j < g.size(); ++j) CHECK(g[j] == doctest::Approx(gp.logp[where[j]]).epsilon(1e-14));
+  }
+}
+
+TEST_CASE("results do not depend on the number of threads") {
+  const batch<float> b(300, 64, 25);
+  const objective obj{.policy = ppo_clip{}, .correction = token_tis(2.0), .kl = {.coef = 0.05}, .entropy = {.coef = 0.01}};
+  grads<float> g1(b.size()), g2(b.size());
+  const auto r1 = evaluate(obj, b.inputs(), g1.view());
+  thread_pool pool(3);
+  const auto r2 = evaluate(obj, b.inputs(), g2.view(), host_executor{&pool});
+  CHECK(r1.loss == r2.loss);
+  CHECK(r1.kl_loss == r2.kl_loss);
+  CHECK(r1.clip_frac_low == r2.clip_frac_low);
+  CHECK(g1.logp == g2.logp);
+  CHECK(g1.entropy == g2.entropy);
+}
+
+TEST_CASE("huge log-ratio gaps give finite losses, gradients and metrics") {
+  batch<float> b(4, 12, 26);
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    const float gaps[] = {-90.f, -60.f, -25.f, 25.f, 60.f, 90.f};
+    b.old[i] = b.lp[i] + gaps[i % 6];
+    b.behav[i] = b.old[i] - gaps[(i + 2) % 6];
+    b.ref[i] = b.lp[i] - gaps[(i + 1) % 6];
+  }
+  const std::vector<double> tw{1.0, 0.0};
+  const objective objs[] = {
+      {.policy = ppo_clip{.dual_clip = 0.0, .log_ratio_clamp = 80.0}, .correction = token_tis(2.0),
+       .kl = {.coef = 1.0, .k3_x_min = -80.0, .k3_x_max = 80.0, .output_clamp = 0.0}},
+      {.policy = gspo{.token_level = false, .log_ratio_max = 80.0}, .correction = seq_is(2.0, is_bound::mask)},
+      {.policy = gmpo{}, .correction = seq_geo_is(), .agg = {.mode = agg_mode::seq_mean_token_sum}},
+      {.policy = sapo{.log_ratio_clamp = 80.0},
+       .kl = {.coef = 1.0, .estimator = kl_estimator::k2, .importance_corrected = true}},
+      {.policy = cispo{.bounds = cispo_bounds::absolute, .log_ratio_clamp = 80.0}, .correction = icepop()},
+  };
+  for (const objective& obj : objs) {
+    grads<float> g(b.size());
+    const auto r = evaluate(obj, b.inputs(), g.view());
+    CHECK(std::isfinite(r.loss));
+    CHECK(std::isfinite(r.is_weight_max));
+    CHECK(r.clamped_frac >= 0.0);
+    for (float x : g.logp) CHECK(std::isfinite(x));
+  }
+}
+
+TEST_CASE("hand-computed tokens: verl dual clip, TRL delta, GMPO sign-aware clip, SAPO gate") {
+  // One sequence of three tokens, token-sum, so the loss is the sum of per-token terms.
+  const std::vector<mask_t> mask{1, 1, 1};
+  const std::vector<double> lp{-1.0, -1.0, -1.0};
+  const std::vector<double> old{-1.0 - std::log(4.0), -1.0 + std::log(2.0), -1.0 - std::log(1.1)};
+  const std::vector<double> adv{-2.0, 3.0, 0.5};
+  const basic_objective_inputs<double> in{.layout = token_layout::padded(1, 3), .mask = mask, .logp = lp,
+                                          .old_logp = old, .adv = adv};
+  const aggregation sum{.mode = agg_mode::token_sum};
+  std::vector<double> g(3);
+  // ratios 4, 0.5, 1.1. verl: token 0 (A<0, r=4): max(8, 2*1.2) = 8 capped at c|A| = 6; token 1
+  // (A>0, r=0.5): max(-1.5, -3*0.8) = -1.5; token 2: -0.55.
+  auto r = evaluate(objective{.policy = ppo_clip{}, .agg = sum}, in, {.logp = g});
+  CHECK(r.loss == doctest::Approx(6.0 - 1.5 - 0.55));
+  CHECK(g[0] == 0.0);
+  CHECK(g[1] == doctest::Approx(-1.5));
+  CHECK(g[2] == doctest::Approx(-0.55));
+  CHECK(r.clip_frac_dual == doctest::Approx(1.0 / 3.0));
+  // TRL delta = 3: token 0: -min(min(4,3)*-2, 1.2*-2) = 6 (r capped at delta, gradient 0).
+  r = evaluate(objective{.policy = ppo_clip{.dual_clip = 0.0, .delta = 3.0}, .agg = sum}, in, {.logp = g});
+  CHECK(r.loss == doctest::Approx(6.0 - 1.5 - 0.55));
+  CHECK(g[0] == 0.0);
+  // Without either cap the negative-advantage token costs |A| r = 8 with gradient 8.
+  r = evaluate(objective{.policy = ppo_clip{.dual_clip = 0.0}, .agg = sum}, in, {.logp = g});
+  CHECK(r.loss == doctest::Approx(8.0 - 1.5 - 0.55));
+  CHECK(g[0] == doctest::Approx(8.0));
+  // SAPO: -A sigmoid(tau (r - 1)) 4 / tau.
+  r = evaluate(objective{.policy = sapo{}, .agg = sum}, in, {.logp = g});
+  auto sapo_term = [](double ratio, double A) {
+    const double tau = A > 0 ? 1.0 : 1.05;
+    return -A * 4.0 / tau / (1.0 + std::exp(-tau * (ratio - 1.0)));
+  };
+  CHECK(r.loss == doctest::Approx(sapo_term(4.0, -2.0) + sapo_term(0.5, 3.0) + sapo_term(1.1, 0.5)));
+  // GMPO over one sequence, eps 0.2: x = log 4 (A<0: x* = max(x, 0.2) = log 4), x = -log 2
+  // (A>0: x* = min(x, -0.2) = -log 2), x = log 1.1 (A>0, inside: x* = log 1.1).
+  r = evaluate(objective{.policy = gmpo{}, .agg = {.mode = agg_mode::seq_mean_token_sum}}, in, {.logp = g});
+  const double xs = (std::log(4.0) - std::log(2.0) + std::log(1.1)) / 3.0;
+  CHECK(r.loss == doctest::Approx(-(-2.0 + 3.0 + 0.5) / 3.0 * std::exp(xs)));
+}
+
+TEST_CASE("metrics: clip fractions, approximate KL, importance weights, rejection") {
+  const std::vector<mask_t> mask{1, 1, 1, 1, 0};
+  const std::vector<double> lp{-1.0, -1.0, -1.0, -1.0, 99.0};
+  const std::vector<double> old{-1.5, -0.5, -1.0, -1.1, 0.0};
+  const std::vector<double> behav{-1.5 - std::log(3.0), -0.5, -1.0 + std::log(4.0), -1.1, 0.0};
+  const std::vector<double> adv{1.0, -1.0, 1.0, 1.0, 0.0};
+  const basic_objective_inputs<double> in{.layout = token_layout::padded(1, 5), .mask = mask, .logp = lp,
+                                          .old_logp = old, .behav_logp = behav, .adv = adv};
+  // ratios e^0.5 (A>0: high clip), e^-0.5 (A<0: low clip), 1, e^0.1
+  const auto r = evaluate(objective{.policy = ppo_clip{}, .correction = icepop(0.5, 2.0)}, in);
+  CHECK(r.tokens == 4.0);
+  CHECK(r.clip_frac_high == doctest::Approx(0.25));
+  CHECK(r.clip_frac_low == doctest::Approx(0.25));
+  CHECK(r.approx_kl == doctest::Approx((-0.5 + 0.5 + 0.0 - 0.1) / 4.0));
+  // behaviour weights 3 (masked to 0 by the band), 1, 1/4 (0), 1
+  CHECK(r.is_weight_min == 0.0);
+  CHECK(r.is_weight_max == doctest::Approx(1.0));
+  CHECK(r.rejected_frac == doctest::Approx(0.5));
+  CHECK(r.loss_tokens == 4.0); // IcePop zeroes weights but keeps tokens in the denominator
+}
+
+TEST_CASE("non-finite valid inputs: skip masks and counts them") {
+  batch<float> b(3, 8, 27);
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < b.size(); ++i)
+    if (b.mask[i]) {
+      bad = i;
+      break;
+    }
+  batch<float> clean = b;
+  clean.mask[bad] = 0;
+  b.old[bad] = std::numeric_limits<float>::quiet_NaN();
+  objective obj{.policy = ppo_clip{}, .nonfinite = nonfinite_policy::skip};
+  grads<float> g(b.size()), gc(b.size());
+  const auto r = evaluate(obj, b.inputs(), g.view());
+  const auto rc = evaluate(obj, clean.inputs(), gc.view());
+  CHECK(r.nonfinite_tokens == 1.0);
+  CHECK(r.loss == rc.loss);
+  CHECK(g.logp == gc.logp);
+}
+
+TEST_CASE("entropy coefficient helpers: schedule and Skywork/TRL target tracking") {
+  const entropy_schedule lin{.start = 0.01, .end = 0.0, .steps = 100, .shape = schedule_shape::linear};
+  CHECK(lin.at(0) == doctest::Approx(0.01));
+  CHECK(lin.at(50) == doctest::Approx(0.005));
+  CHECK(lin.at(500) == doctest::Approx(0.0));
+  const entropy_schedule cosine{.start = 1.0, .end = 0.0, .steps = 10, .shape = schedule_shape::cosine};
+  CHECK(cosine.at(5) == doctest::Approx(0.5));
+  adaptive_entropy a{.coef = 0.0, .target = 0.2, .delta = 0.005, .min = 0.0, .max = 0.01};
+  CHECK(a.current() == 0.0); // gated until the first measurement, as TRL (last entropy = inf)
+  a.update(0.1);             // below target: raise and apply
+  CHECK(a.coef == doctest::Approx(0.005));
+  CHECK(a.current() == doctest::Approx(0.005));
+  a.update(0.1);
+  a.update(0.1);
+  CHECK(a.coef == doctest::Approx(0.01)); // capped at max
+  a.update(0.5);                          // above target: lower and gate off
+  CHECK(a.coef == doctest::Approx(0.005));
+  CHECK(a.current() == 0.0);
+}
+
+TEST_CASE("distillation: reverse-KL advantage against weighted teachers") {
+  const std::vector<mask_t> mask{1, 1};
+  const std::vector<double> lp{-1.0, -2.0}, behav{-1.2, -1.8};
+  const std::vector<double> teachers{-0.5, -3.0, /* teacher 2 */ -1.5, -1.0};
+  const std::vector<double> w{0.25, 0.75};
+  basic_objective_inputs<double> in{.layout = token_layout::padded(1, 2), .mask = mask, .logp = lp, .behav_logp = behav};
+  in.teacher_logp = view2d<const double>(teachers.data(), 2, 2);
+  std::vector<double> g(2);
+  const auto r = evaluate(objective{.policy = policy_gradient{}, .distill = {.coef = 1.0, .teacher_weights = w},
+                                    .agg = {.mode = agg_mode::token_sum}},
+                          in, {.logp = g});
+  const double a0 = 0.25 * -0.5 + 0.75 * -1.5 - (-1.2);
+  const double a1 = 0.25 * -3.0 + 0.75 * -1.0 - (-1.8);
+  CHECK(g[0] == doctest::Approx(-a0));
+  CHECK(g[1] == doctest::Approx(-a1));
+  CHECK(r.loss == doctest::Approx(-(a0 * -1.0 + a1 * -2.0)));
+}
