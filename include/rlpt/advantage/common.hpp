@@ -84,6 +84,14 @@ inline constexpr int reduce_lanes = 32;
 //! Lanes of the canonical batch reduction (one 256-thread block).
 inline constexpr int batch_lanes = 256;
 
+//! The tree width (1, 2, 4, ..., Lanes) canonical_sum<Lanes> uses for n terms.
+template <int Lanes = reduce_lanes>
+RLPT_HD_FORCEINLINE int canonical_width(index_t n) {
+  int width = 1;
+  while (width < Lanes && width < n) width <<= 1;
+  return width;
+}
+
 //! Canonical fp64 sum over n terms with `Lanes` partials: term k is added, in order, into
 //! partial k % Lanes (each starting at +0.0); the partials are then combined pairwise with
 //! offsets Lanes/2, ..., 2, 1 (partial l += partial l + s). Offsets at or above the smallest power
@@ -98,8 +106,7 @@ template <int Lanes = reduce_lanes, class F>
     double& p = lane[k & (Lanes - 1)];
     p = add_rn(p, term(k));
   }
-  int width = 1;
-  while (width < Lanes && width < n) width <<= 1;
+  const int width = canonical_width<Lanes>(n);
   for (int s = width / 2; s >= 1; s >>= 1)
     for (int l = 0; l < s; ++l) lane[l] = add_rn(lane[l], lane[l + s]);
   return lane[0];
