@@ -4,6 +4,7 @@
 // result (simulated ranks on threads with a barrier-based all-reduce hook).
 #include <rlpt/logprob.hpp>
 
+#include "fake_group.hpp"
 #include "reference.hpp"
 #include "support/errors.hpp"
 #include "support/random.hpp"
@@ -11,7 +12,6 @@
 
 #include <doctest/doctest.h>
 
-#include <barrier>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -221,30 +221,6 @@ TEST_CASE("empty sequences, single-token sequences and ignore_index tokens are n
 
 namespace {
 
-// k ranks on k threads; the hook all-reduces through shared slots and a barrier, in rank order.
-struct fake_group {
-  explicit fake_group(int ranks) : k(ranks), sync(ranks), slots(static_cast<std::size_t>(ranks)) {}
-  int k;
-  std::barrier<> sync;
-  std::vector<rlpt::view<float>> slots;
-  void allreduce(int rank, rlpt::view<float> data, rlpt::reduce_op op) {
-    slots[static_cast<std::size_t>(rank)] = data;
-    sync.arrive_and_wait();
-    std::vector<float> acc(data.begin(), data.end());
-    for (int q = 0; q < k; ++q) {
-      if (q == rank) continue;
-      for (index_t i = 0; i < data.size(); ++i) {
-        const float v = slots[static_cast<std::size_t>(q)][i];
-        acc[static_cast<std::size_t>(i)] = op == rlpt::reduce_op::max ? std::max(acc[static_cast<std::size_t>(i)], v)
-                                                                      : acc[static_cast<std::size_t>(i)] + v;
-      }
-    }
-    sync.arrive_and_wait(); // everyone read everyone before anyone writes
-    std::copy(acc.begin(), acc.end(), data.begin());
-    sync.arrive_and_wait();
-  }
-};
-
 std::vector<index_t> split_points(index_t vocab, int k, lt::rng& g) {
   std::vector<index_t> cut = {0};
   for (int q = 1; q < k; ++q) cut.push_back(g.integer(cut.back() + 1, vocab - (k - q)));
@@ -272,7 +248,7 @@ TEST_CASE("vocab-parallel over k uneven simulated shards equals the unsharded re
                                  opt);
   for (const int k : {1, 2, 3, 8}) {
     const auto cut = split_points(vocab, k, g);
-    fake_group group(k);
+    lt::fake_group group(k);
     std::vector<std::vector<float>> lp(k, std::vector<float>(n)), ent(k, std::vector<float>(n)), lse(k, std::vector<float>(n));
     std::vector<float> grad(x.size(), 5.0f);
     std::vector<std::thread> ranks;
@@ -307,7 +283,7 @@ TEST_CASE("vocab-parallel errors are raised on every rank alike") {
   auto x = lt::random_logits<float>(g, n * vocab);
   x[1 * vocab + 7] = std::numeric_limits<float>::quiet_NaN(); // only shard 1 sees it
   const std::vector<index_t> t = {1, 2, 3};
-  fake_group group(2);
+  lt::fake_group group(2);
   std::vector<std::string> ids(2);
   std::vector<std::thread> ranks;
   for (int q = 0; q < 2; ++q)
