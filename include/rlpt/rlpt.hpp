@@ -5,4 +5,5 @@
 
 #include <rlpt/advantage.hpp>
 #include <rlpt/core.hpp>
+#include <rlpt/logprob.hpp>
 #include <rlpt/objective.hpp>
