@@ -7,3 +7,4 @@
 #include <rlpt/core.hpp>
 #include <rlpt/logprob.hpp>
 #include <rlpt/objective.hpp>
+#include <rlpt/sync.hpp>

@@ -1,0 +1,140 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file
+//! Protocol frames: the meta block of every message the sender and receiver exchange.
+//!
+//! A frame is a 64-byte little-endian header plus a body; the header's last field is XXH3-64
+//! of the first 56 header bytes and the body, so a damaged meta block is always detected.
+//! Payload bytes are covered per message type: BUCKET bodies list the XXH3-64 of every tensor
+//! piece in the bucket, DELTA bodies the XXH3-64 of the payload.
+//!
+//!   type    version  base      index        count            body                    payload
+//!   BEGIN   v        base      kind         layout hash      manifest JSON           -
+//!   READY   rx ver   -         has_version  layout hash      -                       -
+//!   REFUSE  v        -         reason       -                "<id>\n<message>"       -
+//!   BUCKET  v        -         bucket       pieces           u64 piece checksums     bucket bytes
+//!   DELTA   v        -         chunk        records          u64 payload checksum    delta records
+//!   COMMIT  v        base      -            messages sent    u64 tensor checksums    -
+//!   ACK     v        -         -            -                -                       -
+//!   NACK    v        -         -            -                "<id>\n<message>"       -
+//!   ABORT   v        -         -            -                reason text             -
+#pragma once
+
+#include <rlpt/config.hpp>
+#include <rlpt/core/error.hpp>
+#include <rlpt/sync/checksum.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace rlpt::sync {
+
+enum class frame_type : std::uint16_t { begin = 1, ready, refuse, bucket, delta, commit, ack, nack, abort };
+
+[[nodiscard]] constexpr std::string_view name(frame_type t) noexcept {
+  switch (t) {
+  case frame_type::begin: return "BEGIN";
+  case frame_type::ready: return "READY";
+  case frame_type::refuse: return "REFUSE";
+  case frame_type::bucket: return "BUCKET";
+  case frame_type::delta: return "DELTA";
+  case frame_type::commit: return "COMMIT";
+  case frame_type::ack: return "ACK";
+  case frame_type::nack: return "NACK";
+  case frame_type::abort: return "ABORT";
+  }
+  return "?";
+}
+
+//! Update kinds carried by BEGIN.index.
+enum class update_kind : std::uint64_t { dense = 0, delta = 1 };
+
+//! Why a receiver refused a BEGIN (REFUSE.index). base_mismatch asks for a dense update.
+enum class refusal : std::uint64_t { base_mismatch = 1, layout_mismatch = 2, stale_version = 3, bad_manifest = 4, too_large = 5 };
+
+inline constexpr std::uint32_t frame_magic = 0x46534c52u; // "RLSF"
+inline constexpr std::uint16_t frame_protocol = 1;
+inline constexpr std::size_t frame_header_bytes = 64;
+
+struct frame {
+  frame_type type = frame_type::begin;
+  std::uint64_t version = 0;
+  std::uint64_t base_version = 0;
+  std::uint64_t index = 0;
+  std::uint64_t count = 0;
+  std::uint64_t payload_bytes = 0;
+  std::span<const std::byte> body; //!< view into the decoded meta block
+};
+
+//! Encodes a frame (header + body) into `out`, replacing its contents.
+inline void encode_frame(std::vector<std::byte>& out, frame_type type, std::uint64_t version, std::uint64_t base_version,
+                         std::uint64_t index, std::uint64_t count, std::uint64_t payload_bytes,
+                         std::span<const std::byte> body) {
+  out.resize(frame_header_bytes + body.size());
+  std::byte* p = out.data();
+  const auto put32 = [&](std::size_t at, std::uint32_t v) { std::memcpy(p + at, &v, 4); };
+  const auto put16 = [&](std::size_t at, std::uint16_t v) { std::memcpy(p + at, &v, 2); };
+  const auto put64 = [&](std::size_t at, std::uint64_t v) { std::memcpy(p + at, &v, 8); };
+  put32(0, frame_magic);
+  put16(4, frame_protocol);
+  put16(6, static_cast<std::uint16_t>(type));
+  put64(8, version);
+  put64(16, base_version);
+  put64(24, index);
+  put64(32, count);
+  put64(40, body.size());
+  put64(48, payload_bytes);
+  if (!body.empty()) std::memcpy(p + frame_header_bytes, body.data(), body.size());
+  xxh3_stream h;
+  h.update(p, 56);
+  h.update(p + frame_header_bytes, body.size());
+  put64(56, h.digest());
+}
+
+inline std::span<const std::byte> as_bytes(std::string_view s) noexcept {
+  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
+}
+inline std::string_view as_chars(std::span<const std::byte> b) noexcept {
+  return {reinterpret_cast<const char*>(b.data()), b.size()};
+}
+
+//! Decodes and verifies a meta block; `where` names the link in errors (rlpt.sync.wire).
+[[nodiscard]] inline frame decode_frame(std::span<const std::byte> meta, std::string_view where) {
+  RLPT_CHECK(meta.size() >= frame_header_bytes, "rlpt.sync.wire", "{}: frame of {} bytes is shorter than the {}-byte header",
+             where, meta.size(), frame_header_bytes);
+  const std::byte* p = meta.data();
+  std::uint32_t magic;
+  std::uint16_t proto, type;
+  std::uint64_t v[7];
+  std::memcpy(&magic, p, 4);
+  std::memcpy(&proto, p + 4, 2);
+  std::memcpy(&type, p + 6, 2);
+  std::memcpy(v, p + 8, 56);
+  RLPT_CHECK(magic == frame_magic, "rlpt.sync.wire", "{}: bad frame magic 0x{:08x} (expected 0x{:08x})", where, magic,
+             frame_magic);
+  RLPT_CHECK(proto == frame_protocol, "rlpt.sync.wire", "{}: frame protocol {} is not the supported {}", where, proto,
+             frame_protocol);
+  RLPT_CHECK(type >= 1 && type <= 9, "rlpt.sync.wire", "{}: unknown frame type {}", where, type);
+  RLPT_CHECK(v[4] == meta.size() - frame_header_bytes, "rlpt.sync.wire",
+             "{}: frame header says {} body bytes but the message has {}", where, v[4], meta.size() - frame_header_bytes);
+  xxh3_stream h;
+  h.update(p, 56);
+  h.update(p + frame_header_bytes, meta.size() - frame_header_bytes);
+  RLPT_CHECK(h.digest() == v[6], "rlpt.sync.wire", "{}: {} frame checksum {} does not match its contents ({})", where,
+             name(static_cast<frame_type>(type)), to_hex(v[6]), to_hex(h.digest()));
+  frame f;
+  f.type = static_cast<frame_type>(type);
+  f.version = v[0];
+  f.base_version = v[1];
+  f.index = v[2];
+  f.count = v[3];
+  f.payload_bytes = v[5];
+  f.body = meta.subspan(frame_header_bytes);
+  return f;
+}
+
+} // namespace rlpt::sync
