@@ -55,51 +55,71 @@ struct gae_result {
 
 namespace detail {
 
-//! Reverse recurrence over one sequence of n tokens, fp64. values == nullptr means V = 0 (then it
-//! computes discounted returns with gamma_lambda = gamma). Writes adv (and ret = adv + V when
-//! non-null) at valid tokens and 0 at masked ones. Returns false when a valid output is not
-//! finite, i.e. some valid input was NaN or inf.
-template <mask_mode Mode>
-bool reverse_recurrence(const float* RLPT_RESTRICT r, const float* RLPT_RESTRICT v, const mask_t* RLPT_RESTRICT m,
-                        index_t n, double boot, double gamma, double gamma_lambda, float* RLPT_RESTRICT adv,
-                        float* RLPT_RESTRICT ret) {
-  double next_value = boot, acc = 0.0, check = 0.0;
-  for (index_t t = n - 1; t >= 0; --t) {
-    const bool ok = m == nullptr || m[t] != 0;
-    if (ok) {
-      const double vt = v ? static_cast<double>(v[t]) : 0.0;
-      const double delta = static_cast<double>(r[t]) + gamma * next_value - vt;
-      acc = delta + gamma_lambda * acc;
-      next_value = vt;
-      const float a = static_cast<float>(acc);
-      adv[t] = a;
-      if (ret) ret[t] = static_cast<float>(acc + vt);
-      check += static_cast<double>(a);
+//! One sequence of a reverse recurrence: inputs (values and mask may be null), outputs (ret
+//! may be null), bootstrap value, and whether its valid outputs came out finite.
+struct recurrence_row {
+  const float* r = nullptr;
+  const float* v = nullptr;
+  const mask_t* m = nullptr;
+  index_t n = 0;
+  double boot = 0.0;
+  float* adv = nullptr;
+  float* ret = nullptr;
+  bool ok = true;
+};
+
+//! Reverse recurrence over one sequence, fp64, branch-free per token. Valid token:
+//! delta = r + gamma * V_next - V, A = delta + gamma_lambda * A, V_next = V; masked tokens follow
+//! `Mode` through selects (never multiplies), so garbage there cannot leak. values == null means
+//! V = 0 (discounted returns with gamma_lambda = gamma). Writes A (and A + V) at valid tokens and
+//! 0 at masked ones; `ok` turns false when a valid output is not finite (a NaN/inf input).
+//! (Interleaving several sequences does not pay: rows a power-of-two apart alias in L1.)
+template <mask_mode Mode, bool HasValues, bool HasMask>
+void reverse_recurrence(recurrence_row& row, double gamma, double gamma_lambda) {
+  const float* RLPT_RESTRICT r = row.r;
+  const float* RLPT_RESTRICT v = row.v;
+  const mask_t* RLPT_RESTRICT m = row.m;
+  float* RLPT_RESTRICT adv = row.adv;
+  float* RLPT_RESTRICT ret = row.ret;
+  double next_value = row.boot, acc = 0.0, check = row.boot;
+  for (index_t t = row.n - 1; t >= 0; --t) {
+    const bool valid = !HasMask || m[t] != 0;
+    const double vt = HasValues ? static_cast<double>(v[t]) : 0.0;
+    const double delta = static_cast<double>(r[t]) + gamma * next_value - vt;
+    const double a = delta + gamma_lambda * acc;
+    if constexpr (Mode == mask_mode::skip) {
+      acc = valid ? a : acc;
+      next_value = valid ? vt : next_value;
+    } else if constexpr (Mode == mask_mode::zero) {
+      acc = valid ? a : gamma * next_value + gamma_lambda * acc;
+      next_value = valid ? vt : 0.0;
     } else {
-      if constexpr (Mode == mask_mode::zero) {
-        acc = gamma * next_value + gamma_lambda * acc;
-        next_value = 0.0;
-      } else if constexpr (Mode == mask_mode::reset) {
-        acc = 0.0;
-        next_value = 0.0;
-      }
-      adv[t] = 0.0f;
-      if (ret) ret[t] = 0.0f;
+      acc = valid ? a : 0.0;
+      next_value = valid ? vt : 0.0;
     }
+    const float out = valid ? static_cast<float>(acc) : 0.0f;
+    adv[t] = out;
+    if (ret) ret[t] = valid ? static_cast<float>(acc + vt) : 0.0f;
+    check += static_cast<double>(out);
   }
-  return finite(static_cast<float>(check)) && std::isfinite(check);
+  row.ok = std::isfinite(check);
 }
 
-using recurrence_fn = bool (*)(const float*, const float*, const mask_t*, index_t, double, double, double, float*,
-                               float*);
+using recurrence_fn = void (*)(recurrence_row&, double, double);
 
-inline recurrence_fn recurrence_for(mask_mode mode) {
+template <mask_mode Mode>
+recurrence_fn recurrence_for(bool has_values, bool has_mask) {
+  if (has_values) return has_mask ? &reverse_recurrence<Mode, true, true> : &reverse_recurrence<Mode, true, false>;
+  return has_mask ? &reverse_recurrence<Mode, false, true> : &reverse_recurrence<Mode, false, false>;
+}
+
+inline recurrence_fn recurrence_for(mask_mode mode, bool has_values, bool has_mask) {
   switch (mode) {
-  case mask_mode::zero: return &reverse_recurrence<mask_mode::zero>;
-  case mask_mode::reset: return &reverse_recurrence<mask_mode::reset>;
+  case mask_mode::zero: return recurrence_for<mask_mode::zero>(has_values, has_mask);
+  case mask_mode::reset: return recurrence_for<mask_mode::reset>(has_values, has_mask);
   case mask_mode::skip: break;
   }
-  return &reverse_recurrence<mask_mode::skip>;
+  return recurrence_for<mask_mode::skip>(has_values, has_mask);
 }
 
 inline void check_discount(const char* what, double x) {
@@ -133,31 +153,39 @@ inline std::string name_bad_tokens(const token_layout& layout, const std::vector
 
 //! Runs the recurrence over every sequence; returns the sequences whose outputs were not finite.
 //! Under nonfinite::mask their valid advantages are set to `poison` and returns to 0.
-inline std::vector<index_t> run_recurrence(const token_layout& layout, view<const float> rewards,
-                                           view<const float> values, view<const mask_t> mask,
-                                           view<const float> bootstrap, double gamma, double gamma_lambda,
-                                           mask_mode mode, view<float> adv, view<float> ret, nonfinite policy,
-                                           float poison, const char* what, const host_executor& ex) {
-  const recurrence_fn fn = recurrence_for(mode);
+//! `per_chunk(chunk, b0, b1)` (optional) runs right after a chunk of sequences is done, while its
+//! outputs are still in cache (GAE uses it to take the whitening moments in the same pass).
+template <class PerChunk>
+std::vector<index_t> run_recurrence(const token_layout& layout, view<const float> rewards, view<const float> values,
+                                    view<const mask_t> mask, view<const float> bootstrap, double gamma,
+                                    double gamma_lambda, mask_mode mode, view<float> adv, view<float> ret,
+                                    nonfinite policy, float poison, const char* what, const host_executor& ex,
+                                    PerChunk&& per_chunk) {
+  const recurrence_fn fn = recurrence_for(mode, !values.empty(), !mask.empty());
   const mask_t* m = mask.empty() ? nullptr : mask.data();
   std::vector<mask_t> bad(static_cast<std::size_t>(layout.num_seqs()), 0);
-  ex.parallel_for(layout.num_seqs(), seq_grain(layout), [&](index_t b0, index_t b1) {
+  const index_t grain = seq_grain(layout);
+  ex.parallel_for(layout.num_seqs(), grain, [&](index_t b0, index_t b1) {
     for (index_t b = b0; b < b1; ++b) {
       const index_t base = layout.begin(b), n = layout.length(b);
-      const double boot = bootstrap.empty() ? 0.0 : static_cast<double>(bootstrap[b]);
-      const bool ok = fn(rewards.data() + base, values.empty() ? nullptr : values.data() + base,
-                         m ? m + base : nullptr, n, boot, gamma, gamma_lambda, adv.data() + base,
-                         ret.empty() ? nullptr : ret.data() + base);
-      if (!ok || !finite(static_cast<float>(boot))) {
-        bad[static_cast<std::size_t>(b)] = 1;
-        if (policy == nonfinite::mask)
-          for (index_t t = 0; t < n; ++t) {
-            const bool valid = valid_at(m, base + t);
-            adv[base + t] = valid ? poison : 0.0f;
-            if (!ret.empty()) ret[base + t] = 0.0f;
-          }
-      }
+      recurrence_row row{rewards.data() + base,
+                         values.empty() ? nullptr : values.data() + base,
+                         m ? m + base : nullptr,
+                         n,
+                         bootstrap.empty() ? 0.0 : static_cast<double>(bootstrap[b]),
+                         adv.data() + base,
+                         ret.empty() ? nullptr : ret.data() + base,
+                         true};
+      fn(row, gamma, gamma_lambda);
+      if (row.ok) continue;
+      bad[static_cast<std::size_t>(b)] = 1;
+      if (policy == nonfinite::mask)
+        for (index_t t = 0; t < n; ++t) {
+          adv[base + t] = valid_at(m, base + t) ? poison : 0.0f;
+          if (!ret.empty()) ret[base + t] = 0.0f;
+        }
     }
+    per_chunk(b0 / grain, b0, b1);
   });
   std::vector<index_t> seqs;
   for (std::size_t b = 0; b < bad.size(); ++b)
@@ -170,6 +198,38 @@ inline std::vector<index_t> run_recurrence(const token_layout& layout, view<cons
               what, seqs.size(), seqs.size() == 1 ? "" : "s", listed, c > max_named ? ", ..." : "");
   }
   return seqs;
+}
+
+inline std::vector<index_t> run_recurrence(const token_layout& layout, view<const float> rewards,
+                                           view<const float> values, view<const mask_t> mask,
+                                           view<const float> bootstrap, double gamma, double gamma_lambda,
+                                           mask_mode mode, view<float> adv, view<float> ret, nonfinite policy,
+                                           float poison, const char* what, const host_executor& ex) {
+  return run_recurrence(layout, rewards, values, mask, bootstrap, gamma, gamma_lambda, mode, adv, ret, policy, poison,
+                        what, ex, [](index_t, index_t, index_t) {});
+}
+
+//! Recurrence + whitening with the moments taken chunk by chunk while the outputs are in cache:
+//! the same chunks and the same two-pass arithmetic as whiten_moments, so the statistics are
+//! bit-identical to a separate whiten() call, for one pass less over memory.
+inline std::vector<index_t> run_recurrence_whitened(const token_layout& layout, view<const float> rewards,
+                                                    view<const float> values, view<const mask_t> mask,
+                                                    view<const float> bootstrap, double gamma, double gamma_lambda,
+                                                    mask_mode mode, view<float> adv, view<float> ret, nonfinite policy,
+                                                    const whiten_options& w, const char* what,
+                                                    const host_executor& ex, whiten_result& result) {
+  const index_t grain = seq_grain(layout);
+  std::vector<whiten_partial> parts(static_cast<std::size_t>((layout.num_seqs() + grain - 1) / grain));
+  const std::vector<index_t> bad = run_recurrence(
+      layout, rewards, values, mask, bootstrap, gamma, gamma_lambda, mode, adv, ret, policy,
+      std::numeric_limits<float>::quiet_NaN(), what, ex, [&](index_t chunk, index_t b0, index_t b1) {
+        parts[static_cast<std::size_t>(chunk)] = chunk_moments(layout, adv, mask.empty() ? nullptr : mask.data(), b0, b1);
+      });
+  whiten_options wo = w;
+  if (!bad.empty()) wo.on_nonfinite = nonfinite::mask; // the poisoned sequences are left out
+  const moments stats = merge_partials(layout, adv, mask, parts, wo);
+  result = whiten_apply(stats, layout, adv, mask, adv, wo, ex);
+  return bad;
 }
 
 } // namespace detail
@@ -189,20 +249,21 @@ inline gae_result gae(const gae_inputs& in, view<float> advantages, view<float> 
   detail::expect_size_or_empty("bootstrap", in.bootstrap.size(), layout.num_seqs(), "one value per sequence");
   if (o.whiten) detail::check_whiten_options(*o.whiten);
 
-  const bool whitening = o.whiten.has_value();
-  // Under nonfinite::mask, a bad sequence's valid advantages become NaN so that whitening (told
-  // to mask non-finite values) leaves them out of its statistics and writes 0 there.
-  const float poison = whitening ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
+  gae_result result;
+  if (o.whiten) {
+    whiten_result w;
+    const std::vector<index_t> bad =
+        detail::run_recurrence_whitened(layout, in.rewards, in.values, in.mask, in.bootstrap, o.gamma,
+                                        o.gamma * o.lambda, o.masked, advantages, returns, o.on_nonfinite, *o.whiten,
+                                        "gae", ex, w);
+    result.num_nonfinite_seqs = static_cast<index_t>(bad.size());
+    result.whitening = w;
+    return result;
+  }
   const std::vector<index_t> bad =
       detail::run_recurrence(layout, in.rewards, in.values, in.mask, in.bootstrap, o.gamma, o.gamma * o.lambda,
-                             o.masked, advantages, returns, o.on_nonfinite, poison, "gae", ex);
-  gae_result result;
+                             o.masked, advantages, returns, o.on_nonfinite, 0.0f, "gae", ex);
   result.num_nonfinite_seqs = static_cast<index_t>(bad.size());
-  if (whitening) {
-    whiten_options w = *o.whiten;
-    if (!bad.empty()) w.on_nonfinite = nonfinite::mask;
-    result.whitening = whiten(layout, view<const float>(advantages), in.mask, advantages, w, ex);
-  }
   return result;
 }
 

@@ -24,6 +24,7 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 namespace rlpt {
 
@@ -122,6 +123,59 @@ inline std::string name_nonfinite_tokens(const token_layout& layout, view<const 
 
 } // namespace detail
 
+namespace detail {
+
+//! Two-pass fp64 moments of the valid, finite values of sequences [b0, b1) (one chunk).
+inline whiten_partial chunk_moments(const token_layout& layout, view<const float> x, const mask_t* m, index_t b0,
+                                    index_t b1) {
+  whiten_partial p;
+  double sum = 0.0;
+  for (index_t b = b0; b < b1; ++b) {
+    const index_t base = layout.begin(b), n = layout.length(b);
+    for (index_t t = 0; t < n; ++t)
+      if (valid_at(m, base + t)) {
+        const float v = x[base + t];
+        if (finite(v)) {
+          sum += static_cast<double>(v);
+          p.stats.count += 1.0;
+        } else {
+          ++p.nonfinite;
+        }
+      }
+  }
+  if (p.stats.count == 0.0) return p;
+  p.stats.mean = sum / p.stats.count;
+  for (index_t b = b0; b < b1; ++b) {
+    const index_t base = layout.begin(b), n = layout.length(b);
+    for (index_t t = 0; t < n; ++t)
+      if (valid_at(m, base + t) && finite(x[base + t])) {
+        const double d = static_cast<double>(x[base + t]) - p.stats.mean;
+        p.stats.m2 += d * d;
+      }
+  }
+  return p;
+}
+
+//! Merges chunk moments in chunk order; raises naming non-finite values under nonfinite::raise.
+inline moments merge_partials(const token_layout& layout, view<const float> x, view<const mask_t> mask,
+                              const std::vector<whiten_partial>& parts, const whiten_options& o) {
+  whiten_partial total;
+  for (const whiten_partial& p : parts) {
+    total.stats.merge(p.stats);
+    total.nonfinite += p.nonfinite;
+  }
+  if (total.nonfinite != 0 && o.on_nonfinite == nonfinite::raise) {
+    index_t c = 0;
+    const std::string listed = name_nonfinite_tokens(layout, x, mask.empty() ? nullptr : mask.data(), c);
+    RLPT_FAIL("rlpt.advantage.nonfinite", "{} valid tokens hold non-finite values: {}{} (set on_nonfinite = "
+              "rlpt::nonfinite::mask to leave them out of the statistics with output 0)",
+              c, listed, c > max_named ? ", ..." : "");
+  }
+  return total.stats;
+}
+
+} // namespace detail
+
 //! This rank's (count, mean, M2) over its valid tokens (two-pass fp64 per chunk of sequences,
 //! merged in chunk order: the same bits for any thread count). Non-finite values at valid tokens
 //! raise or, under nonfinite::mask, are left out.
@@ -130,48 +184,12 @@ inline std::string name_nonfinite_tokens(const token_layout& layout, view<const 
   layout.expect_tokens("values", x);
   detail::expect_mask(layout, mask);
   const mask_t* m = mask.empty() ? nullptr : mask.data();
-  const detail::whiten_partial total = ex.parallel_reduce(
-      layout.num_seqs(), detail::seq_grain(layout), detail::whiten_partial{},
-      [&](index_t b0, index_t b1) {
-        detail::whiten_partial p;
-        double sum = 0.0;
-        for (index_t b = b0; b < b1; ++b) {
-          const index_t base = layout.begin(b), n = layout.length(b);
-          for (index_t t = 0; t < n; ++t)
-            if (detail::valid_at(m, base + t)) {
-              const float v = x[base + t];
-              if (detail::finite(v)) {
-                sum += static_cast<double>(v);
-                p.stats.count += 1.0;
-              } else {
-                ++p.nonfinite;
-              }
-            }
-        }
-        if (p.stats.count == 0.0) return p;
-        p.stats.mean = sum / p.stats.count;
-        for (index_t b = b0; b < b1; ++b) {
-          const index_t base = layout.begin(b), n = layout.length(b);
-          for (index_t t = 0; t < n; ++t)
-            if (detail::valid_at(m, base + t) && detail::finite(x[base + t])) {
-              const double d = static_cast<double>(x[base + t]) - p.stats.mean;
-              p.stats.m2 += d * d;
-            }
-        }
-        return p;
-      },
-      [](detail::whiten_partial& acc, const detail::whiten_partial& part) {
-        acc.stats.merge(part.stats);
-        acc.nonfinite += part.nonfinite;
-      });
-  if (total.nonfinite != 0 && o.on_nonfinite == nonfinite::raise) {
-    index_t c = 0;
-    const std::string listed = detail::name_nonfinite_tokens(layout, x, m, c);
-    RLPT_FAIL("rlpt.advantage.nonfinite", "{} valid tokens hold non-finite values: {}{} (set on_nonfinite = "
-              "rlpt::nonfinite::mask to leave them out of the statistics with output 0)",
-              c, listed, c > detail::max_named ? ", ..." : "");
-  }
-  return total.stats;
+  const index_t grain = detail::seq_grain(layout);
+  std::vector<detail::whiten_partial> parts(static_cast<std::size_t>((layout.num_seqs() + grain - 1) / grain));
+  ex.parallel_for(layout.num_seqs(), grain, [&](index_t b0, index_t b1) {
+    parts[static_cast<std::size_t>(b0 / grain)] = detail::chunk_moments(layout, x, m, b0, b1);
+  });
+  return detail::merge_partials(layout, x, mask, parts, o);
 }
 
 //! Merges per-rank moments in the given (rank) order; count-0 entries are the identity.
