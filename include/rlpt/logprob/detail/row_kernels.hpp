@@ -55,7 +55,7 @@ RLPT_HD_FORCEINLINE bool kept_column(float z, index_t j, float threshold, index_
 
 //! Online LSE state of x[0, n) · scale. Rescaling happens at most once per 512-column chunk.
 template <int NB, class T>
-RLPT_HD_FORCEINLINE lse_state row_accumulate_body(const T* x, index_t n, float scale) {
+RLPT_LOGPROB_HOST_INLINE lse_state row_accumulate_body(const T* x, index_t n, float scale) {
   namespace v = simd;
   using vf = v::vf<NB>;
   constexpr int W = v::lanes;
@@ -106,7 +106,7 @@ RLPT_HD_FORCEINLINE lse_state row_accumulate_body(const T* x, index_t n, float s
 
 //! Kept-column mask of one 16-column block starting at column j0.
 template <int NB, class T>
-RLPT_HD_FORCEINLINE simd::vi<NB> kept_lanes(const simd::vf<NB>& z, index_t j0, float threshold, index_t tie_last) {
+RLPT_LOGPROB_HOST_INLINE simd::vi<NB> kept_lanes(const simd::vf<NB>& z, index_t j0, float threshold, index_t tie_last) {
   namespace v = simd;
   // columns relative to j0 fit int32: vocabularies are < 2^31 (checked at the API)
   const auto rel = static_cast<std::int32_t>(std::clamp<index_t>(tie_last - j0, -1, index_t{1} << 30));
@@ -117,7 +117,7 @@ RLPT_HD_FORCEINLINE simd::vi<NB> kept_lanes(const simd::vf<NB>& z, index_t j0, f
 //! Σ over kept columns of exp(z − m) and exp(z − m)·(z − m), for a known row max m; writes the
 //! kept mask when `kept` is not null.
 template <int NB, class T>
-RLPT_HD_FORCEINLINE lse_state row_accumulate_kept_body(const T* x, index_t n, float scale, float m, float threshold,
+RLPT_LOGPROB_HOST_INLINE lse_state row_accumulate_kept_body(const T* x, index_t n, float scale, float m, float threshold,
                                                         index_t tie_last, mask_t* kept) {
   namespace v = simd;
   using vf = v::vf<NB>;
@@ -154,7 +154,7 @@ RLPT_HD_FORCEINLINE lse_state row_accumulate_kept_body(const T* x, index_t n, fl
 //! 0 elsewhere (target < 0: no one-hot term). x and dx may be the same memory (in-place
 //! backward): each block is read before it is written.
 template <int NB, class T, class G, bool Truncated>
-RLPT_HD_FORCEINLINE void row_backward_body(const T* x, G* dx, index_t n, float scale, float lse, float entropy,
+RLPT_LOGPROB_HOST_INLINE void row_backward_body(const T* x, G* dx, index_t n, float scale, float lse, float entropy,
                                            float dlogp, float dentropy, float threshold, index_t tie_last,
                                            index_t target) {
   namespace v = simd;

@@ -1,0 +1,11 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file
+//! Device umbrella of the logprob family (needs nvcc): logits -> logprob/entropy forward,
+//! backward and fused forward+backward, sequences, vocab-parallel stages (hook or NCCL), and
+//! the cuBLAS-tiled fused lm-head.
+#pragma once
+
+#include <rlpt/cuda/logprob/from_logits.cuh>
+#include <rlpt/cuda/logprob/lm_head.cuh>
+#include <rlpt/cuda/logprob/vocab_parallel.cuh>
+#include <rlpt/logprob.hpp>

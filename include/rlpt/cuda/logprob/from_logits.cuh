@@ -1,0 +1,494 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file
+//! Logits -> chosen-token logprob/entropy (forward), -> dlogits (backward), and the fused
+//! forward+backward for per-token losses, on the device.
+//!
+//! Forward: one block per row reads the row once with 16-byte streaming loads (bf16, f16, f32,
+//! f64; any row stride), folds an online log-sum-exp in fp32 (base 2, on the MUFU ex2 unit) and
+//! writes fp32 logp / entropy / lse. The column -> thread assignment and every merge are fixed
+//! (see detail.cuh), so a row's bits do not depend on N or on where the row sits: a trainer and a
+//! batch-invariant inference engine can agree exactly. Backward: rows × column chunks, one read
+//! and one write (in place over the logits if asked). Fused: per row, statistics, then the
+//! caller's per-row gradient functor, then dlogits from a second read that mostly hits L2.
+//!
+//! Same call shape as the host (<rlpt/logprob/from_logits.hpp>), with device views and a
+//! stream; nothing allocates or synchronises. Kernels cannot throw: targets out of range and
+//! unusable rows (NaN, +inf, all −inf) give NaN outputs and are counted in `counters`.
+//! Top-k/top-p truncation is host-only for now (refused here with rlpt.logprob.unsupported).
+#pragma once
+
+#include <rlpt/config.hpp>
+#include <rlpt/core/error.hpp>
+#include <rlpt/core/layout.hpp>
+#include <rlpt/core/views.hpp>
+#include <rlpt/cuda/error.cuh>
+#include <rlpt/cuda/logprob/detail.cuh>
+#include <rlpt/logprob/from_logits.hpp>
+#include <rlpt/logprob/math.hpp>
+#include <rlpt/logprob/options.hpp>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+namespace rlpt {
+
+//! Where a device forward writes ([N] each, device memory; only logp is required).
+struct device_logprob_outputs {
+  device_view<float> logp{};
+  device_view<float> entropy{};
+  device_view<float> lse{};      //!< saved for the backward
+  device_view<mask_t> scored{};  //!< 1 where a target was scored
+  //! Optional, 2 counters zeroed by the call: [0] rows with no usable softmax (NaN, +inf, all
+  //! −inf; their outputs are NaN), [1] targets outside [0, V) that are not ignore_index.
+  device_view<index_t> counters{};
+};
+
+namespace detail {
+namespace cuda_lp {
+
+//! Row -> target mapping of plain [N, V] logits.
+struct plain_job {
+  const index_t* targets;
+  index_t ignore_index;
+  __device__ __forceinline__ row_job operator()(index_t r) const {
+    const index_t t = targets[r];
+    const bool has = t != ignore_index;
+    return {true, has, has ? t : -1, r};
+  }
+};
+
+//! Row -> next token of the same sequence (see <rlpt/logprob/sequence.hpp> for the convention).
+struct sequence_job {
+  const index_t* offsets; // packed: B + 1 entries; null for padded
+  index_t num_seqs;
+  index_t row_stride;     // padded
+  index_t seq_len;        // padded
+  const index_t* tokens;
+  const mask_t* valid;    // optional
+  index_t ignore_index;
+  __device__ __forceinline__ row_job operator()(index_t r) const {
+    bool has_next;
+    if (offsets != nullptr) {
+      index_t lo = 0, hi = num_seqs; // first b with offsets[b + 1] > r
+      while (lo < hi) {
+        const index_t mid = (lo + hi) / 2;
+        if (offsets[mid + 1] > r) hi = mid; else lo = mid + 1;
+      }
+      has_next = lo < num_seqs && r + 1 < offsets[lo + 1];
+    } else {
+      has_next = r % row_stride + 1 < seq_len && r / row_stride < num_seqs;
+    }
+    if (has_next && valid != nullptr) has_next = valid[r] != 0 && valid[r + 1] != 0;
+    if (!has_next) return {};
+    const index_t y = tokens[r + 1];
+    const bool has = y != ignore_index;
+    return {true, has, has ? y : -1, r + 1};
+  }
+};
+
+struct forward_args {
+  index_t rows, cols, stride;
+  float scale; // 1 / T
+  float* logp;
+  float* entropy;
+  float* lse;
+  mask_t* scored;
+  index_t* counters;
+};
+
+//! Block size from the vocabulary only (never from N): fixes the reduction tree per V.
+template <class T>
+inline int forward_block(index_t cols) {
+  const index_t nvec = (cols + vec_width<T> - 1) / vec_width<T>;
+  return nvec >= 4096 ? 512 : nvec >= 1024 ? 256 : 128;
+}
+
+inline constexpr int unroll = 4; // vectors in flight per thread
+
+//! One row's state: thread t folds vectors t, t + B, t + 2B, ... in increasing order.
+template <class T, int BLOCK, bool Stream>
+__device__ __forceinline__ state2 row_state(const T* x, index_t cols, float k2) {
+  constexpr int W = vec_width<T>;
+  const index_t nvec = (cols + W - 1) / W;
+  const bool al = row_aligned(x);
+  state2 st = empty_state();
+  for (index_t q0 = threadIdx.x; q0 < nvec; q0 += static_cast<index_t>(BLOCK) * unroll) {
+    fvec<T> v[unroll];
+#pragma unroll
+    for (int u = 0; u < unroll; ++u) {
+      const index_t q = q0 + static_cast<index_t>(u) * BLOCK;
+      if (q < nvec) v[u] = load_vec<T, Stream>(x, q, cols, al, -INFINITY);
+    }
+#pragma unroll
+    for (int u = 0; u < unroll; ++u)
+      if (q0 + static_cast<index_t>(u) * BLOCK < nvec) fold(st, v[u].v, k2);
+  }
+  return st;
+}
+
+//! Thread 0's epilogue of a forward row; returns (logp, entropy) for the fused kernel.
+template <class T>
+__device__ __forceinline__ float2 write_row(const forward_args& a, const T* x, index_t r, const row_job& jb,
+                                            state2 st) {
+  const row_result res = finish(st);
+  if (res.lse != res.lse && a.counters != nullptr) atomicAdd(reinterpret_cast<unsigned long long*>(a.counters), 1ull);
+  float logp = 0.0f;
+  bool scored = false;
+  if (jb.scored) {
+    if (jb.col >= 0 && jb.col < a.cols) {
+      logp = load_logit(x[jb.col]) * a.scale - res.lse;
+      scored = true;
+    } else {
+      logp = NAN;
+      if (a.counters != nullptr) atomicAdd(reinterpret_cast<unsigned long long*>(a.counters + 1), 1ull);
+    }
+  }
+  if (jb.out >= 0) {
+    a.logp[jb.out] = logp;
+    if (a.entropy != nullptr) a.entropy[jb.out] = res.entropy;
+    if (a.scored != nullptr) a.scored[jb.out] = scored ? 1 : 0;
+  }
+  if (a.lse != nullptr) a.lse[r] = res.lse;
+  return {logp, res.entropy};
+}
+
+template <class T, int BLOCK, class Job>
+RLPT_KERNEL void __launch_bounds__(BLOCK) forward_kernel(const T* logits, Job job, forward_args a) {
+  __shared__ state2 smem[BLOCK / 32];
+  const index_t r = blockIdx.x;
+  const row_job jb = job(r);
+  if (!jb.active) return;
+  const T* x = logits + r * a.stride;
+  const state2 st = block_merge<BLOCK>(row_state<T, BLOCK, true>(x, a.cols, a.scale * log2e), smem);
+  if (threadIdx.x == 0) write_row(a, x, r, jb, st);
+}
+
+struct backward_args {
+  index_t rows, cols, stride, grad_stride;
+  float scale;
+  const float* dlogp;
+  const float* dentropy;
+  const float* entropy;
+  const float* lse;
+};
+
+//! dlogits for vectors [chunk·BLOCK·unroll, ...) of row blockIdx.x; inactive rows get zeros.
+template <class T, class G, int BLOCK, class Job>
+RLPT_KERNEL void __launch_bounds__(BLOCK) backward_kernel(const T* logits, G* dlogits, Job job, backward_args a) {
+  constexpr int W = vec_width<T>;
+  static_assert(vec_width<G> == W, "in-vector gradient layout: G and T have the same width");
+  const index_t r = blockIdx.x;
+  const row_job jb = job(r);
+  const float glp = jb.active && jb.scored && a.dlogp != nullptr ? a.dlogp[jb.out] : 0.0f;
+  const float gh = jb.active && a.dentropy != nullptr ? a.dentropy[jb.out] : 0.0f;
+  const float h = gh != 0.0f ? a.entropy[jb.out] : 0.0f;
+  const float lse = glp != 0.0f || gh != 0.0f ? a.lse[r] : 0.0f;
+  const T* x = logits + r * a.stride;
+  G* dx = dlogits + r * a.grad_stride;
+  const bool al = row_aligned(x) && row_aligned(dx);
+  const index_t nvec = (a.cols + W - 1) / W;
+  const index_t per_block = static_cast<index_t>(BLOCK) * unroll;
+  const index_t q_begin = static_cast<index_t>(blockIdx.y) * per_block;
+  const float gl = glp * a.scale, ghs = gh * a.scale;
+  const index_t target = jb.col;
+#pragma unroll
+  for (int u = 0; u < unroll; ++u) {
+    const index_t q = q_begin + static_cast<index_t>(u) * BLOCK + threadIdx.x;
+    if (q >= nvec) break;
+    fvec<G> g;
+    if (glp == 0.0f && gh == 0.0f) {
+#pragma unroll
+      for (int k = 0; k < W; ++k) g.v[k] = 0.0f;
+    } else {
+      const fvec<T> v = load_vec<T, false>(x, q, a.cols, al, 0.0f);
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        const float d = fmaf(v.v[k], a.scale, -lse); // log p
+        const float p = ex2(d * log2e);
+        float gk = -p * fmaf(fmaxf(d, -87.0f) + h, ghs, gl);
+        if (q * W + k == target) gk += gl;
+        g.v[k] = gk;
+      }
+    }
+    store_vec<G>(dx, q, a.cols, al, g);
+  }
+}
+
+//! Fused forward + backward: per row, statistics (first read), the caller's gradient
+//! (dlogp, dentropy) = grad(row_out, logp, entropy), then dlogits (second read, meant to hit L2:
+//! the grid holds about as many rows as L2 keeps).
+template <class T, class G, int BLOCK, class Job, class Grad>
+RLPT_KERNEL void __launch_bounds__(BLOCK) fused_kernel(const T* logits, G* dlogits, index_t grad_stride, Job job,
+                                                       forward_args a, Grad grad) {
+  constexpr int W = vec_width<T>;
+  __shared__ state2 smem[BLOCK / 32];
+  __shared__ float row_g[4];
+  for (index_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
+    const row_job jb = job(r);
+    const T* x = logits + r * a.stride;
+    G* dx = dlogits + r * grad_stride;
+    float glp = 0.0f, gh = 0.0f, lse = 0.0f, h = 0.0f;
+    if (jb.active) {
+      const state2 st = block_merge<BLOCK>(row_state<T, BLOCK, false>(x, a.cols, a.scale * log2e), smem);
+      if (threadIdx.x == 0) {
+        const float2 lh = write_row(a, x, r, jb, st);
+        const float2 dg = grad(jb.out, lh.x, lh.y);
+        row_g[0] = jb.scored ? dg.x : 0.0f;
+        row_g[1] = dg.y;
+        row_g[2] = a.lse != nullptr ? a.lse[r] : finish(st).lse;
+        row_g[3] = lh.y;
+      }
+      __syncthreads();
+      glp = row_g[0];
+      gh = row_g[1];
+      lse = row_g[2];
+      h = row_g[3];
+      __syncthreads();
+    }
+    const bool al = row_aligned(x) && row_aligned(dx);
+    const index_t nvec = (a.cols + W - 1) / W;
+    const float gl = glp * a.scale, ghs = gh * a.scale;
+    for (index_t q = threadIdx.x; q < nvec; q += BLOCK) {
+      fvec<G> g;
+      if (glp == 0.0f && gh == 0.0f) {
+#pragma unroll
+        for (int k = 0; k < W; ++k) g.v[k] = 0.0f;
+      } else {
+        const index_t j0 = q * W;
+        fvec<T> v;
+        if (al && j0 + W <= a.cols) {
+          v = unpack<T>(__ldlu(reinterpret_cast<const uint4*>(x + j0))); // last use
+        } else {
+          v = load_vec<T, false>(x, q, a.cols, al, 0.0f);
+        }
+#pragma unroll
+        for (int k = 0; k < W; ++k) {
+          const float d = fmaf(v.v[k], a.scale, -lse);
+          const float p = ex2(d * log2e);
+          float gk = -p * fmaf(fmaxf(d, -87.0f) + h, ghs, gl);
+          if (j0 + k == jb.col) gk += gl;
+          g.v[k] = gk;
+        }
+      }
+      store_vec<G>(dx, q, a.cols, al, g);
+    }
+    __syncthreads();
+  }
+}
+
+template <class T>
+void check_device_logits(device_view2d<T> logits) {
+  RLPT_CHECK(logits.cols() > 0, "rlpt.logprob.shape_mismatch", "logits have 0 columns: the vocabulary is empty");
+  RLPT_CHECK(logits.rows() < (index_t{1} << 31), "rlpt.logprob.shape_mismatch",
+             "{} logits rows exceed one launch (2^31 - 1 blocks)", logits.rows());
+}
+
+inline void check_device_options(const logprob_options& opt) {
+  check_logprob_options(opt);
+  RLPT_CHECK(!opt.truncated(), "rlpt.logprob.unsupported",
+             "top-k/top-p (top_k {}, top_p {}) scoring runs on the host only; the device entry points take "
+             "temperature-only options",
+             opt.top_k, opt.top_p);
+}
+
+inline void check_device_outputs(const device_logprob_outputs& out, index_t n) {
+  expect_size("logp", out.logp.size(), n, "one per row");
+  expect_size_or_empty("entropy", out.entropy.size(), n, "one per row");
+  expect_size_or_empty("lse", out.lse.size(), n, "one per logits row");
+  expect_size_or_empty("scored", out.scored.size(), n, "one per row");
+  expect_size_or_empty("counters", out.counters.size(), 2, "[unusable rows, targets out of range]");
+}
+
+inline forward_args make_forward_args(index_t rows, index_t cols, index_t stride, const logprob_options& opt,
+                                      const device_logprob_outputs& out) {
+  return {rows, cols, stride, 1.0f / opt.temperature, out.logp.data(),
+          out.entropy.empty() ? nullptr : out.entropy.data(), out.lse.empty() ? nullptr : out.lse.data(),
+          out.scored.empty() ? nullptr : out.scored.data(), out.counters.empty() ? nullptr : out.counters.data()};
+}
+
+template <class T, class Job>
+void launch_forward(device_view2d<T> logits, Job job, const device_logprob_outputs& out, const logprob_options& opt,
+                    cudaStream_t stream) {
+  using E = std::remove_const_t<T>;
+  if (!out.counters.empty())
+    RLPT_CUDA_CHECK(cudaMemsetAsync(out.counters.data(), 0, 2 * sizeof(index_t), stream));
+  if (logits.rows() == 0) return;
+  const forward_args a = make_forward_args(logits.rows(), logits.cols(), logits.row_stride(), opt, out);
+  const auto grid = static_cast<unsigned>(logits.rows());
+  switch (forward_block<E>(logits.cols())) {
+  case 512: forward_kernel<E, 512><<<grid, 512, 0, stream>>>(logits.data(), job, a); break;
+  case 256: forward_kernel<E, 256><<<grid, 256, 0, stream>>>(logits.data(), job, a); break;
+  default: forward_kernel<E, 128><<<grid, 128, 0, stream>>>(logits.data(), job, a); break;
+  }
+  RLPT_CUDA_CHECK_LAUNCH();
+}
+
+template <class T, class G, class Job>
+void launch_backward(device_view2d<T> logits, Job job, device_view<const float> dlogp, device_view<const float> dentropy,
+                     device_view<const float> entropy, device_view<const float> lse, device_view2d<G> dlogits,
+                     const logprob_options& opt, cudaStream_t stream) {
+  using E = std::remove_const_t<T>;
+  if (logits.rows() == 0) return;
+  constexpr int block = 256;
+  const index_t nvec = (logits.cols() + vec_width<E> - 1) / vec_width<E>;
+  const index_t chunks = (nvec + block * unroll - 1) / (block * unroll);
+  RLPT_CHECK(chunks < 65536, "rlpt.logprob.shape_mismatch", "{} columns exceed the backward grid", logits.cols());
+  const backward_args a{logits.rows(),
+                        logits.cols(),
+                        logits.row_stride(),
+                        dlogits.row_stride(),
+                        1.0f / opt.temperature,
+                        dlogp.empty() ? nullptr : dlogp.data(),
+                        dentropy.empty() ? nullptr : dentropy.data(),
+                        entropy.empty() ? nullptr : entropy.data(),
+                        lse.data()};
+  const dim3 grid(static_cast<unsigned>(logits.rows()), static_cast<unsigned>(chunks));
+  backward_kernel<E, G, block><<<grid, block, 0, stream>>>(logits.data(), dlogits.data(), job, a);
+  RLPT_CUDA_CHECK_LAUNCH();
+}
+
+template <class T, class G>
+void check_device_grad(device_view2d<T> logits, device_view2d<G> dlogits, device_view<const float> dlogp,
+                       device_view<const float> dentropy, device_view<const float> entropy, device_view<const float> lse,
+                       index_t n_out) {
+  const index_t n = logits.rows();
+  static_assert(sizeof(std::remove_const_t<T>) == sizeof(G),
+                "device gradients are written in the logits' width (16-byte vectors): use the same dtype, or f32 "
+                "for f32 logits");
+  expect_size_or_empty("dlogp", dlogp.size(), n_out, "one per row");
+  expect_size_or_empty("dentropy", dentropy.size(), n_out, "one per row");
+  if (!dentropy.empty()) expect_size("entropy", entropy.size(), n_out, "the forward's entropy: one per row");
+  expect_size("lse", lse.size(), n, "the forward's lse: one per logits row");
+  RLPT_CHECK(dlogits.rows() == n && dlogits.cols() == logits.cols(), "rlpt.logprob.shape_mismatch",
+             "dlogits are [{}, {}], expected [{}, {}] like the logits", dlogits.rows(), dlogits.cols(), n,
+             logits.cols());
+  const auto* lb = reinterpret_cast<const char*>(logits.data());
+  const auto* gb = reinterpret_cast<const char*>(dlogits.data());
+  const index_t span = n == 0 ? 0 : ((n - 1) * logits.row_stride() + logits.cols()) * static_cast<index_t>(sizeof(G));
+  const index_t gspan = n == 0 ? 0 : ((n - 1) * dlogits.row_stride() + dlogits.cols()) * static_cast<index_t>(sizeof(G));
+  const bool overlap = lb < gb + gspan && gb < lb + span;
+  RLPT_CHECK(!overlap || (lb == gb && logits.row_stride() == dlogits.row_stride()), "rlpt.logprob.alias",
+             "dlogits partially overlaps the logits (in-place backward needs the same pointer and row stride)");
+}
+
+} // namespace cuda_lp
+} // namespace detail
+
+//! Device forward: as the host logprob_entropy (temperature only). Targets are not validated on
+//! the host (they live on the device): out-of-range ones give NaN and are counted.
+template <logit_type T>
+void logprob_entropy(device_view2d<T> logits, device_view<const index_t> targets, const device_logprob_outputs& out,
+                     const logprob_options& opt, cudaStream_t stream) {
+  detail::cuda_lp::check_device_options(opt);
+  detail::cuda_lp::check_device_logits(logits);
+  detail::expect_size("targets", targets.size(), logits.rows(), "one per logits row");
+  detail::cuda_lp::check_device_outputs(out, logits.rows());
+  detail::cuda_lp::launch_forward(logits, detail::cuda_lp::plain_job{targets.data(), opt.ignore_index}, out, opt,
+                                  stream);
+}
+
+//! Device backward: dlogits (same dtype as the logits; may be the logits themselves) from the
+//! forward's entropy and lse. Every element is written.
+template <logit_type T, grad_type G>
+void logprob_entropy_backward(device_view2d<T> logits, device_view<const index_t> targets,
+                              device_view<const float> dlogp, device_view<const float> dentropy,
+                              device_view<const float> entropy, device_view<const float> lse,
+                              device_view2d<G> dlogits, const logprob_options& opt, cudaStream_t stream) {
+  detail::cuda_lp::check_device_options(opt);
+  detail::cuda_lp::check_device_logits(logits);
+  detail::expect_size("targets", targets.size(), logits.rows(), "one per logits row");
+  detail::cuda_lp::check_device_grad(logits, dlogits, dlogp, dentropy, entropy, lse, logits.rows());
+  detail::cuda_lp::launch_backward(logits, detail::cuda_lp::plain_job{targets.data(), opt.ignore_index}, dlogp,
+                                   dentropy, entropy, lse, dlogits, opt, stream);
+}
+
+//! Fused forward + backward for a loss whose per-row gradient is known once the row's logp and
+//! entropy are: `grad` is a device functor `float2 operator()(index_t row, float logp,
+//! float entropy) const` returning (dloss/dlogp, dloss/dentropy) (a PPO/GRPO token loss is
+//! such a function of logp, old logp, advantage and mask). Writes `out` and dlogits (may be the
+//! logits: in place) with about one read and one write of the logits. The functor type needs
+//! external linkage (not in an anonymous namespace): kernels are declared visibility("hidden").
+template <logit_type T, grad_type G, class Grad>
+void logprob_entropy_fused(device_view2d<T> logits, device_view<const index_t> targets,
+                           const device_logprob_outputs& out, device_view2d<G> dlogits, Grad grad,
+                           const logprob_options& opt, cudaStream_t stream) {
+  using E = std::remove_const_t<T>;
+  detail::cuda_lp::check_device_options(opt);
+  detail::cuda_lp::check_device_logits(logits);
+  const index_t n = logits.rows();
+  detail::expect_size("targets", targets.size(), n, "one per logits row");
+  detail::cuda_lp::check_device_outputs(out, n);
+  RLPT_CHECK(dlogits.rows() == n && dlogits.cols() == logits.cols(), "rlpt.logprob.shape_mismatch",
+             "dlogits are [{}, {}], expected [{}, {}] like the logits", dlogits.rows(), dlogits.cols(), n,
+             logits.cols());
+  static_assert(sizeof(E) == sizeof(G), "dlogits are written in the logits' width");
+  if (!out.counters.empty())
+    RLPT_CUDA_CHECK(cudaMemsetAsync(out.counters.data(), 0, 2 * sizeof(index_t), stream));
+  if (n == 0) return;
+  int device = 0, sms = 0;
+  RLPT_CUDA_CHECK(cudaGetDevice(&device));
+  RLPT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  constexpr int block = 1024; // one resident block per SM: the rows in flight fit in L2
+  const auto grid = static_cast<unsigned>(std::min<index_t>(n, sms));
+  const auto a = detail::cuda_lp::make_forward_args(n, logits.cols(), logits.row_stride(), opt, out);
+  detail::cuda_lp::fused_kernel<E, G, block><<<grid, block, 0, stream>>>(
+      logits.data(), dlogits.data(), dlogits.row_stride(), detail::cuda_lp::plain_job{targets.data(), opt.ignore_index},
+      a, grad);
+  RLPT_CUDA_CHECK_LAUNCH();
+}
+
+//! Device forward over sequences (the host sequence_logprob_entropy convention). Every output
+//! slot is written: unscored ones get 0 (memset on the stream first).
+template <logit_type T>
+void sequence_logprob_entropy(device_view2d<T> logits, device_view<const index_t> tokens,
+                              const device_token_layout& layout, device_view<const mask_t> valid,
+                              const device_logprob_outputs& out, const logprob_options& opt, cudaStream_t stream) {
+  detail::cuda_lp::check_device_options(opt);
+  detail::cuda_lp::check_device_logits(logits);
+  const index_t n = layout.storage_size();
+  RLPT_CHECK(logits.rows() == n, "rlpt.logprob.shape_mismatch",
+             "logits have {} rows, the token layout has {} token slots (one logits row per token)", logits.rows(), n);
+  detail::expect_size("tokens", tokens.size(), n, "one per token slot");
+  detail::expect_size_or_empty("valid", valid.size(), n, "one per token slot");
+  detail::cuda_lp::check_device_outputs(out, n);
+  RLPT_CUDA_CHECK(cudaMemsetAsync(out.logp.data(), 0, static_cast<std::size_t>(n) * sizeof(float), stream));
+  if (!out.entropy.empty())
+    RLPT_CUDA_CHECK(cudaMemsetAsync(out.entropy.data(), 0, static_cast<std::size_t>(n) * sizeof(float), stream));
+  if (!out.scored.empty()) RLPT_CUDA_CHECK(cudaMemsetAsync(out.scored.data(), 0, static_cast<std::size_t>(n), stream));
+  const detail::cuda_lp::sequence_job job{layout.is_packed() ? layout.offsets() : nullptr,
+                                          layout.num_seqs(),
+                                          layout.row_stride(),
+                                          layout.max_len(),
+                                          tokens.data(),
+                                          valid.empty() ? nullptr : valid.data(),
+                                          opt.ignore_index};
+  detail::cuda_lp::launch_forward(logits, job, out, opt, stream);
+}
+
+//! Device backward over sequences: rows that predict nothing get zeros.
+template <logit_type T, grad_type G>
+void sequence_logprob_entropy_backward(device_view2d<T> logits, device_view<const index_t> tokens,
+                                       const device_token_layout& layout, device_view<const mask_t> valid,
+                                       device_view<const float> dlogp, device_view<const float> dentropy,
+                                       device_view<const float> entropy, device_view<const float> lse,
+                                       device_view2d<G> dlogits, const logprob_options& opt, cudaStream_t stream) {
+  detail::cuda_lp::check_device_options(opt);
+  detail::cuda_lp::check_device_logits(logits);
+  const index_t n = layout.storage_size();
+  RLPT_CHECK(logits.rows() == n, "rlpt.logprob.shape_mismatch",
+             "logits have {} rows, the token layout has {} token slots", logits.rows(), n);
+  detail::expect_size("tokens", tokens.size(), n, "one per token slot");
+  detail::expect_size_or_empty("valid", valid.size(), n, "one per token slot");
+  detail::cuda_lp::check_device_grad(logits, dlogits, dlogp, dentropy, entropy, lse, n);
+  const detail::cuda_lp::sequence_job job{layout.is_packed() ? layout.offsets() : nullptr,
+                                          layout.num_seqs(),
+                                          layout.row_stride(),
+                                          layout.max_len(),
+                                          tokens.data(),
+                                          valid.empty() ? nullptr : valid.data(),
+                                          opt.ignore_index};
+  detail::cuda_lp::launch_backward(logits, job, dlogp, dentropy, entropy, lse, dlogits, opt, stream);
+}
+
+} // namespace rlpt

@@ -1,0 +1,366 @@
+// SPDX-License-Identifier: Apache-2.0
+// Device logprob kernels against the host implementations: forward/backward/fused per dtype,
+// bitwise batch invariance on the device, sequences, vocab-parallel stages, the cuBLAS fused
+// lm-head, and the device error counters.
+#include <rlpt/cuda/logprob.cuh>
+
+#include "reference.hpp"
+#include "support/errors.hpp"
+#include "support/random.hpp"
+#include "support/reference.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+using rlpt::index_t;
+namespace lt = rlpt::test;
+
+namespace {
+
+template <class T>
+class dev_buffer {
+public:
+  explicit dev_buffer(std::size_t n) : n_(n) { RLPT_CUDA_CHECK(cudaMalloc(&p_, std::max<std::size_t>(n, 1) * sizeof(T))); }
+  explicit dev_buffer(const std::vector<T>& host) : dev_buffer(host.size()) {
+    RLPT_CUDA_CHECK(cudaMemcpy(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  dev_buffer(const dev_buffer&) = delete;
+  dev_buffer& operator=(const dev_buffer&) = delete;
+  ~dev_buffer() { cudaFree(p_); }
+  [[nodiscard]] std::vector<T> get() const {
+    std::vector<T> h(n_);
+    RLPT_CUDA_CHECK(cudaDeviceSynchronize());
+    RLPT_CUDA_CHECK(cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+  [[nodiscard]] T* data() const { return p_; }
+  [[nodiscard]] rlpt::device_view<T> view() const { return {p_, static_cast<index_t>(n_)}; }
+  [[nodiscard]] rlpt::device_view<const T> cview() const { return {p_, static_cast<index_t>(n_)}; }
+
+private:
+  T* p_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+template <class T>
+std::vector<float> as_floats(const std::vector<T>& v) {
+  std::vector<float> r(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) r[i] = static_cast<float>(v[i]);
+  return r;
+}
+
+template <class T>
+struct host_case {
+  index_t n, v, stride;
+  std::vector<T> x;
+  std::vector<index_t> t;
+};
+
+template <class T>
+host_case<T> make_case(lt::rng& g, index_t n, index_t v, index_t pad) {
+  host_case<T> c{n, v, v + pad, lt::random_logits<T>(g, static_cast<std::size_t>(n * (v + pad)), 3.0), {}};
+  for (index_t r = 0; r < n; ++r) c.t.push_back(g.integer(0, v - 1));
+  c.t[0] = -100;
+  return c;
+}
+
+// gradient tolerance: fp32 math either side, then one rounding to T
+template <class T>
+double grad_rel() {
+  return sizeof(T) == 2 ? 1.0 / 128 : 1e-4;
+}
+
+} // namespace
+
+TEST_CASE_TEMPLATE("device forward and backward match the host", T, float, rlpt::bf16, rlpt::f16) {
+  lt::rng g(60);
+  for (const index_t v : {1000, 4099, 32769}) {
+    for (const index_t pad : {0, 3}) {
+      auto c = make_case<T>(g, 37, v, pad);
+      const rlpt::logprob_options o{.temperature = 0.8f};
+      std::vector<float> hl(c.n), he(c.n), hs(c.n);
+      const rlpt::view2d<const T> hx(c.x.data(), c.n, v, c.stride);
+      rlpt::logprob_entropy(hx, c.t, {.logp = hl, .entropy = he, .saved = {.lse = hs}}, o);
+      const auto dl = g.normals<float>(static_cast<std::size_t>(c.n)), dh = g.normals<float>(static_cast<std::size_t>(c.n));
+      std::vector<T> hg(c.x.size());
+      rlpt::logprob_entropy_backward(hx, c.t, dl, dh, he, {.lse = hs}, rlpt::view2d<T>(hg.data(), c.n, v, c.stride), o);
+
+      dev_buffer<T> dx(c.x);
+      dev_buffer<index_t> dt(c.t);
+      dev_buffer<float> lp(c.n), en(c.n), ls(c.n), ddl(dl), ddh(dh);
+      dev_buffer<index_t> cnt(2);
+      const rlpt::device_view2d<const T> x(dx.data(), c.n, v, c.stride);
+      rlpt::logprob_entropy(x, dt.cview(), {.logp = lp.view(), .entropy = en.view(), .lse = ls.view(), .counters = cnt.view()},
+                            o, nullptr);
+      const auto got_lp = lp.get(), got_en = en.get(), got_ls = ls.get();
+      INFO("V " << v << " pad " << pad);
+      RLPT_CHECK_CLOSE(got_lp, hl, 1e-5, 1e-4);
+      RLPT_CHECK_CLOSE(got_en, he, 1e-5, 1e-4);
+      RLPT_CHECK_CLOSE(got_ls, hs, 1e-5, 1e-4);
+      CHECK(cnt.get() == std::vector<index_t>{0, 0});
+
+      dev_buffer<T> dgrad(c.x.size());
+      rlpt::logprob_entropy_backward(x, dt.cview(), ddl.cview(), ddh.cview(), en.cview(), ls.cview(),
+                                     rlpt::device_view2d<T>(dgrad.data(), c.n, v, c.stride), o, nullptr);
+      std::vector<float> got, want;
+      const auto gv = dgrad.get();
+      for (index_t r = 0; r < c.n; ++r)
+        for (index_t j = 0; j < v; ++j) {
+          got.push_back(static_cast<float>(gv[static_cast<std::size_t>(r * c.stride + j)]));
+          want.push_back(static_cast<float>(hg[static_cast<std::size_t>(r * c.stride + j)]));
+        }
+      RLPT_CHECK_CLOSE(got, want, grad_rel<T>(), 1e-7);
+
+      // in place over a copy of the logits: the same bits as out of place
+      dev_buffer<T> inplace(c.x);
+      const rlpt::device_view2d<T> w(inplace.data(), c.n, v, c.stride);
+      rlpt::logprob_entropy_backward(rlpt::device_view2d<const T>(w), dt.cview(), ddl.cview(), ddh.cview(), en.cview(),
+                                     ls.cview(), w, o, nullptr);
+      const auto ip = inplace.get();
+      bool same = true;
+      for (index_t r = 0; r < c.n; ++r)
+        same = same && std::memcmp(ip.data() + r * c.stride, gv.data() + r * c.stride, sizeof(T) * v) == 0;
+      CHECK(same);
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("device rows are bitwise independent of N, position and alignment", T, float, rlpt::bf16) {
+  lt::rng g(61);
+  const index_t v = 30011, pool_n = 5;
+  const auto pool = lt::random_logits<T>(g, static_cast<std::size_t>(pool_n * v), 4.0);
+  const auto run = [&](index_t n, index_t offset, index_t stride, index_t shift) {
+    std::vector<T> x(static_cast<std::size_t>(n * stride + offset + 8));
+    std::vector<index_t> t(static_cast<std::size_t>(n));
+    for (index_t i = 0; i < n; ++i) {
+      std::memcpy(x.data() + offset + i * stride, pool.data() + ((i + shift) % pool_n) * v, sizeof(T) * v);
+      t[static_cast<std::size_t>(i)] = (i + shift) % pool_n * 7;
+    }
+    dev_buffer<T> dx(x);
+    dev_buffer<index_t> dt(t);
+    dev_buffer<float> lp(n), en(n);
+    rlpt::logprob_entropy(rlpt::device_view2d<const T>(dx.data() + offset, n, v, stride), dt.cview(),
+                          {.logp = lp.view(), .entropy = en.view()}, {}, nullptr);
+    std::vector<std::pair<float, float>> r;
+    const auto a = lp.get(), b = en.get();
+    for (index_t i = 0; i < n; ++i) r.push_back({a[static_cast<std::size_t>(i)], b[static_cast<std::size_t>(i)]});
+    return r;
+  };
+  std::vector<std::pair<float, float>> canon;
+  for (index_t s = 0; s < pool_n; ++s) canon.push_back(run(1, 0, v, s)[0]);
+  for (const index_t n : {3, 64, 301})
+    for (const index_t offset : {0, 1, 5})
+      for (const index_t stride : {v, v + 1, v + 9}) {
+        const auto got = run(n, offset, stride, n % pool_n);
+        for (index_t i = 0; i < n; ++i) {
+          const auto& want = canon[static_cast<std::size_t>((i + n % pool_n) % pool_n)];
+          INFO("N " << n << " offset " << offset << " stride " << stride << " row " << i);
+          CHECK(std::memcmp(&got[static_cast<std::size_t>(i)].first, &want.first, 4) == 0);
+          CHECK(std::memcmp(&got[static_cast<std::size_t>(i)].second, &want.second, 4) == 0);
+        }
+      }
+}
+
+namespace logprob_gpu_test { // external linkage: RLPT_KERNEL templates are visibility("hidden")
+struct ppo_like_grad {
+  const float* adv;
+  __device__ float2 operator()(index_t row, float logp, float entropy) const {
+    return {-adv[row] * __expf(logp), -0.01f * (1.0f + 0.0f * entropy)};
+  }
+};
+} // namespace logprob_gpu_test
+
+TEST_CASE("fused forward+backward equals forward, then the gradient, then backward") {
+  lt::rng g(62);
+  auto c = make_case<rlpt::bf16>(g, 90, 20001, 0);
+  const auto adv = g.normals<float>(90);
+  dev_buffer<rlpt::bf16> dx(c.x), fused_grad(c.x.size()), sep_grad(c.x.size());
+  dev_buffer<index_t> dt(c.t);
+  dev_buffer<float> lp(90), en(90), ls(90), lp2(90), en2(90), ls2(90), dadv(adv);
+  const rlpt::device_view2d<const rlpt::bf16> x(dx.data(), 90, 20001);
+  rlpt::logprob_entropy_fused(x, dt.cview(), {.logp = lp.view(), .entropy = en.view(), .lse = ls.view()},
+                              rlpt::device_view2d<rlpt::bf16>(fused_grad.data(), 90, 20001), logprob_gpu_test::ppo_like_grad{dadv.data()},
+                              {.temperature = 1.1f}, nullptr);
+  rlpt::logprob_entropy(x, dt.cview(), {.logp = lp2.view(), .entropy = en2.view(), .lse = ls2.view()},
+                        {.temperature = 1.1f}, nullptr);
+  const auto flp = lp.get(), slp = lp2.get();
+  CHECK(std::memcmp(flp.data(), slp.data(), flp.size() * 4) == 0); // same fold, same bits
+  std::vector<float> dl(90), dh(90, -0.01f);
+  for (index_t r = 0; r < 90; ++r) dl[static_cast<std::size_t>(r)] = -adv[static_cast<std::size_t>(r)] * std::exp(slp[static_cast<std::size_t>(r)]);
+  dev_buffer<float> ddl(dl), ddh(dh);
+  rlpt::logprob_entropy_backward(x, dt.cview(), ddl.cview(), ddh.cview(), en2.cview(), ls2.cview(),
+                                 rlpt::device_view2d<rlpt::bf16>(sep_grad.data(), 90, 20001), {.temperature = 1.1f},
+                                 nullptr);
+  const auto a = as_floats(fused_grad.get()), b = as_floats(sep_grad.get());
+  RLPT_CHECK_CLOSE(a, b, 1.0 / 128, 1e-7);
+}
+
+TEST_CASE("device sequences match the host over a packed layout") {
+  lt::rng g(63);
+  const index_t v = 777;
+  const std::vector<index_t> off = {0, 4, 5, 12, 20};
+  const index_t n = off.back();
+  std::vector<index_t> tok(static_cast<std::size_t>(n));
+  for (auto& t : tok) t = g.integer(0, v - 1);
+  const auto x = lt::random_logits<float>(g, static_cast<std::size_t>(n * v));
+  std::vector<float> hl(n), he(n), hs(n);
+  const auto layout = rlpt::token_layout::packed(off);
+  rlpt::sequence_logprob_entropy(rlpt::view2d<const float>(x.data(), n, v), tok, layout, {},
+                                 {.logp = hl, .entropy = he, .saved = {.lse = hs}});
+  dev_buffer<float> dx(x), lp(n), en(n), ls(n);
+  dev_buffer<index_t> dt(tok), doff(off);
+  const auto dlayout = rlpt::device_token_layout::packed(doff.cview(), n, 8);
+  rlpt::sequence_logprob_entropy(rlpt::device_view2d<const float>(dx.data(), n, v), dt.cview(), dlayout, {},
+                                 {.logp = lp.view(), .entropy = en.view(), .lse = ls.view()}, {}, nullptr);
+  const auto a = lp.get(), b = en.get();
+  RLPT_CHECK_CLOSE(a, hl, 1e-5, 1e-4);
+  RLPT_CHECK_CLOSE(b, he, 1e-5, 1e-4);
+  const std::vector<float> dl(static_cast<std::size_t>(n), 1.0f);
+  std::vector<float> hg(x.size());
+  rlpt::sequence_logprob_entropy_backward(rlpt::view2d<const float>(x.data(), n, v), tok, layout, {}, dl, {}, {},
+                                          {.lse = hs}, rlpt::view2d<float>(hg.data(), n, v));
+  dev_buffer<float> ddl(dl), dg(x.size());
+  rlpt::sequence_logprob_entropy_backward(rlpt::device_view2d<const float>(dx.data(), n, v), dt.cview(), dlayout, {},
+                                          ddl.cview(), {}, {}, ls.cview(), rlpt::device_view2d<float>(dg.data(), n, v),
+                                          {}, nullptr);
+  const auto got = dg.get();
+  RLPT_CHECK_CLOSE(got, hg, 1e-4, 1e-7);
+}
+
+TEST_CASE("device vocab-parallel stages over 3 shards match the host") {
+  lt::rng g(64);
+  const index_t n = 40, v = 3001;
+  const auto x = lt::random_logits<float>(g, static_cast<std::size_t>(n * v));
+  std::vector<index_t> t(static_cast<std::size_t>(n));
+  for (auto& y : t) y = g.integer(0, v - 1);
+  std::vector<float> hl(n), he(n), hs(n);
+  rlpt::logprob_entropy(rlpt::view2d<const float>(x.data(), n, v), t, {.logp = hl, .entropy = he, .saved = {.lse = hs}});
+  const std::vector<index_t> cut = {0, 1000, 1001, 3001};
+  dev_buffer<float> dx(x);
+  dev_buffer<index_t> dt(t);
+  std::vector<std::vector<float>> comms;
+  std::vector<std::unique_ptr<dev_buffer<float>>> comm_d, lmax_d;
+  for (int q = 0; q < 3; ++q) {
+    comm_d.push_back(std::make_unique<dev_buffer<float>>(static_cast<std::size_t>(4 * n)));
+    lmax_d.push_back(std::make_unique<dev_buffer<float>>(static_cast<std::size_t>(n)));
+    rlpt::vocab_parallel_local(rlpt::device_view2d<const float>(dx.data() + cut[q], n, cut[q + 1] - cut[q], v), dt.cview(),
+                               {.begin = cut[q], .vocab = v}, comm_d.back()->view(), lmax_d.back()->view(), {}, nullptr);
+  }
+  // the all-reduces, done on the host in rank order
+  const auto reduce = [&](index_t begin, index_t count, bool is_max) {
+    std::vector<std::vector<float>> h;
+    for (auto& c : comm_d) h.push_back(c->get());
+    for (index_t i = begin; i < begin + count; ++i) {
+      float acc = h[0][static_cast<std::size_t>(i)];
+      for (int q = 1; q < 3; ++q) acc = is_max ? std::max(acc, h[q][static_cast<std::size_t>(i)]) : acc + h[q][static_cast<std::size_t>(i)];
+      for (auto& hq : h) hq[static_cast<std::size_t>(i)] = acc;
+    }
+    for (int q = 0; q < 3; ++q)
+      RLPT_CUDA_CHECK(cudaMemcpy(comm_d[q]->data(), h[q].data(), h[q].size() * 4, cudaMemcpyHostToDevice));
+  };
+  reduce(0, n, true);
+  for (int q = 0; q < 3; ++q) rlpt::vocab_parallel_rebase(comm_d[q]->view(), lmax_d[q]->cview(), nullptr);
+  reduce(n, 3 * n, false);
+  dev_buffer<float> lp(n), en(n), ls(n);
+  rlpt::vocab_parallel_finish(comm_d[1]->cview(), dt.cview(), {.logp = lp.view(), .entropy = en.view(), .lse = ls.view()},
+                              {}, nullptr);
+  const auto a = lp.get(), b = en.get();
+  RLPT_CHECK_CLOSE(a, hl, 1e-5, 1e-4);
+  RLPT_CHECK_CLOSE(b, he, 1e-5, 1e-4);
+  // backward of shard 2: the host logits backward restricted to its columns
+  const std::vector<float> dl(static_cast<std::size_t>(n), 0.5f);
+  std::vector<float> hg(x.size());
+  rlpt::logprob_entropy_backward(rlpt::view2d<const float>(x.data(), n, v), t, dl, {}, {}, {.lse = hs},
+                                 rlpt::view2d<float>(hg.data(), n, v));
+  dev_buffer<float> ddl(dl), dg(static_cast<std::size_t>(n * 2000));
+  rlpt::vocab_parallel_backward(rlpt::device_view2d<const float>(dx.data() + 1001, n, 2000, v), dt.cview(),
+                                {.begin = 1001, .vocab = v}, ddl.cview(), {}, {}, ls.cview(),
+                                rlpt::device_view2d<float>(dg.data(), n, 2000), {}, nullptr);
+  const auto got = dg.get();
+  std::vector<float> want;
+  for (index_t r = 0; r < n; ++r)
+    for (index_t j = 1001; j < v; ++j) want.push_back(hg[static_cast<std::size_t>(r * v + j)]);
+  RLPT_CHECK_CLOSE(got, want, 1e-4, 1e-7);
+}
+
+TEST_CASE("cuBLAS fused lm-head matches the host fused lm-head, forward and backward") {
+  lt::rng g(65);
+  const index_t n = 300, d = 128, v = 5000;
+  const auto h = lt::random_logits<rlpt::bf16>(g, static_cast<std::size_t>(n * d), 1.0);
+  const auto w = lt::random_logits<rlpt::bf16>(g, static_cast<std::size_t>(v * d), 0.2);
+  std::vector<index_t> t(static_cast<std::size_t>(n));
+  for (auto& y : t) y = g.integer(0, v - 1);
+  t[3] = -100;
+  std::vector<float> hl(n), he(n), hs(n);
+  const rlpt::view2d<const rlpt::bf16> hh(h.data(), n, d), hw(w.data(), v, d);
+  rlpt::fused_lm_head_logprob(hh, hw, t, {.logp = hl, .entropy = he, .saved = {.lse = hs}});
+  const auto dl = g.normals<float>(static_cast<std::size_t>(n)), dh = g.normals<float>(static_cast<std::size_t>(n));
+  std::vector<float> hgh(static_cast<std::size_t>(n * d)), hgw(static_cast<std::size_t>(v * d));
+  rlpt::fused_lm_head_backward(hh, hw, t, dl, dh, he, hs, rlpt::view2d<float>(hgh.data(), n, d),
+                               rlpt::view2d<float>(hgw.data(), v, d));
+
+  cublasHandle_t cublas = nullptr;
+  REQUIRE(cublasCreate(&cublas) == CUBLAS_STATUS_SUCCESS);
+  dev_buffer<rlpt::bf16> dh_(h), dw(w);
+  dev_buffer<index_t> dt(t);
+  dev_buffer<float> lp(n), en(n), ls(n);
+  const rlpt::device_lm_head_options o{.token_tile = 128, .vocab_tile = 1024};
+  const rlpt::device_view2d<const rlpt::bf16> xh(dh_.data(), n, d), xw(dw.data(), v, d);
+  rlpt::workspace ws;
+  rlpt::fused_lm_head_logprob(ws, xh, xw, dt.cview(), {}, cublas, o, nullptr);
+  dev_buffer<char> wsb(ws.bytes);
+  ws.data = wsb.data();
+  rlpt::fused_lm_head_logprob(ws, xh, xw, dt.cview(), {.logp = lp.view(), .entropy = en.view(), .lse = ls.view()}, cublas,
+                              o, nullptr);
+  const auto a = lp.get(), b = en.get(), c = ls.get();
+  RLPT_CHECK_CLOSE(a, hl, 1e-4, 1e-3);
+  RLPT_CHECK_CLOSE(b, he, 1e-4, 1e-3);
+  RLPT_CHECK_CLOSE(c, hs, 1e-4, 1e-3);
+
+  dev_buffer<float> ddl(dl), ddh(dh), gh(static_cast<std::size_t>(n * d)), gw(static_cast<std::size_t>(v * d));
+  rlpt::workspace bws;
+  const auto call = [&](rlpt::workspace& wsx) {
+    rlpt::fused_lm_head_backward(wsx, xh, xw, dt.cview(), ddl.cview(), ddh.cview(), en.cview(), ls.cview(),
+                                 rlpt::device_view2d<float>(gh.data(), n, d), rlpt::device_view2d<float>(gw.data(), v, d),
+                                 cublas, o, nullptr);
+  };
+  call(bws);
+  dev_buffer<char> bwsb(bws.bytes);
+  bws.data = bwsb.data();
+  call(bws);
+  const auto ggh = gh.get(), ggw = gw.get();
+  // dlogits travel in bf16 to the tensor cores: compare against the gradient's scale
+  double scale_h = 0, scale_w = 0;
+  for (float x : hgh) scale_h = std::max(scale_h, static_cast<double>(std::fabs(x)));
+  for (float x : hgw) scale_w = std::max(scale_w, static_cast<double>(std::fabs(x)));
+  RLPT_CHECK_CLOSE(ggh, hgh, 0.0, 1e-2 * scale_h);
+  RLPT_CHECK_CLOSE(ggw, hgw, 0.0, 1e-2 * scale_w);
+  cublasDestroy(cublas);
+}
+
+TEST_CASE("device counters report targets out of range and unusable rows") {
+  std::vector<float> x(4 * 100, 0.5f);
+  x[2 * 100 + 3] = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<index_t> t = {1, 100, 2, -100};
+  dev_buffer<float> dx(x), lp(4);
+  dev_buffer<index_t> dt(t), cnt(2);
+  rlpt::logprob_entropy(rlpt::device_view2d<const float>(dx.data(), 4, 100), dt.cview(),
+                        {.logp = lp.view(), .counters = cnt.view()}, {}, nullptr);
+  const auto c = cnt.get();
+  CHECK(c[0] == 1);
+  CHECK(c[1] == 1);
+  const auto l = lp.get();
+  CHECK(l[0] == doctest::Approx(-std::log(100.0)).epsilon(1e-5));
+  CHECK(std::isnan(l[1]));
+  CHECK(std::isnan(l[2]));
+  CHECK(l[3] == 0.0f);
+  RLPT_CHECK_ERROR(rlpt::logprob_entropy(rlpt::device_view2d<const float>(dx.data(), 4, 100), dt.cview(),
+                                         {.logp = lp.view()}, {.top_p = 0.9f}, nullptr),
+                   "rlpt.logprob.unsupported", "host only");
+}
