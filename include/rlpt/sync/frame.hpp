@@ -2,12 +2,15 @@
 //! @file
 //! Protocol frames: the meta block of every message the sender and receiver exchange.
 //!
-//! A frame is a 64-byte little-endian header plus a body; the header's last field is XXH3-64
-//! of the first 56 header bytes and the body, so a damaged meta block is always detected.
+//! A frame is a 72-byte little-endian header plus a body; the header's last field is XXH3-64
+//! of the first 64 header bytes and the body, so a damaged meta block is always detected.
+//! Every frame of one update attempt carries the attempt's random `tag` and replies echo it,
+//! so nothing from an earlier, failed attempt at the same version is ever taken for current.
 //! Payload bytes are covered per message type: BUCKET bodies list the XXH3-64 of every tensor
 //! piece in the bucket, DELTA bodies the XXH3-64 of the payload.
 //!
 //!   type    version  base      index        count            body                    payload
+//!   (every frame also carries the attempt tag; the receiver ignores frames of other attempts)
 //!   BEGIN   v        base      kind         layout hash      manifest JSON           -
 //!   READY   rx ver   -         has_version  layout hash      -                       -
 //!   REFUSE  v        -         reason       -                "<id>\n<message>"       -
@@ -58,7 +61,7 @@ enum class refusal : std::uint64_t { base_mismatch = 1, layout_mismatch = 2, sta
 
 inline constexpr std::uint32_t frame_magic = 0x46534c52u; // "RLSF"
 inline constexpr std::uint16_t frame_protocol = 1;
-inline constexpr std::size_t frame_header_bytes = 64;
+inline constexpr std::size_t frame_header_bytes = 72;
 
 struct frame {
   frame_type type = frame_type::begin;
@@ -66,14 +69,15 @@ struct frame {
   std::uint64_t base_version = 0;
   std::uint64_t index = 0;
   std::uint64_t count = 0;
+  std::uint64_t tag = 0; //!< update attempt id (replies echo it)
   std::uint64_t payload_bytes = 0;
   std::span<const std::byte> body; //!< view into the decoded meta block
 };
 
 //! Encodes a frame (header + body) into `out`, replacing its contents.
-inline void encode_frame(std::vector<std::byte>& out, frame_type type, std::uint64_t version, std::uint64_t base_version,
-                         std::uint64_t index, std::uint64_t count, std::uint64_t payload_bytes,
-                         std::span<const std::byte> body) {
+inline void encode_frame(std::vector<std::byte>& out, frame_type type, std::uint64_t tag, std::uint64_t version,
+                         std::uint64_t base_version, std::uint64_t index, std::uint64_t count,
+                         std::uint64_t payload_bytes, std::span<const std::byte> body) {
   out.resize(frame_header_bytes + body.size());
   std::byte* p = out.data();
   const auto put32 = [&](std::size_t at, std::uint32_t v) { std::memcpy(p + at, &v, 4); };
@@ -86,13 +90,14 @@ inline void encode_frame(std::vector<std::byte>& out, frame_type type, std::uint
   put64(16, base_version);
   put64(24, index);
   put64(32, count);
-  put64(40, body.size());
-  put64(48, payload_bytes);
+  put64(40, tag);
+  put64(48, body.size());
+  put64(56, payload_bytes);
   if (!body.empty()) std::memcpy(p + frame_header_bytes, body.data(), body.size());
   xxh3_stream h;
-  h.update(p, 56);
+  h.update(p, 64);
   h.update(p + frame_header_bytes, body.size());
-  put64(56, h.digest());
+  put64(64, h.digest());
 }
 
 inline std::span<const std::byte> as_bytes(std::string_view s) noexcept {
@@ -109,30 +114,31 @@ inline std::string_view as_chars(std::span<const std::byte> b) noexcept {
   const std::byte* p = meta.data();
   std::uint32_t magic;
   std::uint16_t proto, type;
-  std::uint64_t v[7];
+  std::uint64_t v[8];
   std::memcpy(&magic, p, 4);
   std::memcpy(&proto, p + 4, 2);
   std::memcpy(&type, p + 6, 2);
-  std::memcpy(v, p + 8, 56);
+  std::memcpy(v, p + 8, 64);
   RLPT_CHECK(magic == frame_magic, "rlpt.sync.wire", "{}: bad frame magic 0x{:08x} (expected 0x{:08x})", where, magic,
              frame_magic);
   RLPT_CHECK(proto == frame_protocol, "rlpt.sync.wire", "{}: frame protocol {} is not the supported {}", where, proto,
              frame_protocol);
   RLPT_CHECK(type >= 1 && type <= 9, "rlpt.sync.wire", "{}: unknown frame type {}", where, type);
-  RLPT_CHECK(v[4] == meta.size() - frame_header_bytes, "rlpt.sync.wire",
-             "{}: frame header says {} body bytes but the message has {}", where, v[4], meta.size() - frame_header_bytes);
+  RLPT_CHECK(v[5] == meta.size() - frame_header_bytes, "rlpt.sync.wire",
+             "{}: frame header says {} body bytes but the message has {}", where, v[5], meta.size() - frame_header_bytes);
   xxh3_stream h;
-  h.update(p, 56);
+  h.update(p, 64);
   h.update(p + frame_header_bytes, meta.size() - frame_header_bytes);
-  RLPT_CHECK(h.digest() == v[6], "rlpt.sync.wire", "{}: {} frame checksum {} does not match its contents ({})", where,
-             name(static_cast<frame_type>(type)), to_hex(v[6]), to_hex(h.digest()));
+  RLPT_CHECK(h.digest() == v[7], "rlpt.sync.wire", "{}: {} frame checksum {} does not match its contents ({})", where,
+             name(static_cast<frame_type>(type)), to_hex(v[7]), to_hex(h.digest()));
   frame f;
   f.type = static_cast<frame_type>(type);
   f.version = v[0];
   f.base_version = v[1];
   f.index = v[2];
   f.count = v[3];
-  f.payload_bytes = v[5];
+  f.tag = v[4];
+  f.payload_bytes = v[6];
   f.body = meta.subspan(frame_header_bytes);
   return f;
 }

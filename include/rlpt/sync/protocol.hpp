@@ -189,6 +189,7 @@ public:
     RLPT_CHECK(!published_ || version > last_, "rlpt.sync.bad_version",
                "publish({}) after version {}: versions must increase", version, last_);
     abort_.store(false, std::memory_order_release);
+    tag_ = next_tag();
     publish_result r;
     r.version = version;
     r.dense_bytes = m_.payload_bytes();
@@ -202,6 +203,7 @@ public:
         if (rep.code == static_cast<std::uint64_t>(refusal::base_mismatch) && delta && attempt == 0) {
           delta = false;
           r.fell_back = true;
+          tag_ = next_tag();
           continue;
         }
         ::rlpt::detail::raise(rep.id, fmt::format("{}: the receiver refused version {}: {}", where_, version, rep.message));
@@ -210,7 +212,7 @@ public:
       if (delta) send_delta(version, sums, records, r);
       else send_dense(version, sums, r);
       check_abort(version);
-      encode_frame(meta_, frame_type::commit, version, delta ? last_ : 0, 0, r.messages, 0, detail::u64_bytes(sums));
+      encode_frame(meta_, frame_type::commit, tag_, version, delta ? last_ : 0, 0, r.messages, 0, detail::u64_bytes(sums));
       link_.send(meta_, 0, after(o_.timeout));
       const reply rep = wait_reply(version, after(o_.commit_timeout), "waiting for the receiver to commit");
       if (rep.type != frame_type::ack)
@@ -222,7 +224,7 @@ public:
           std::lock_guard lock(abort_mu_);
           why = abort_reason_.empty() ? "the sender failed" : abort_reason_;
         }
-        encode_frame(meta_, frame_type::abort, version, 0, 0, 0, 0, as_bytes(why));
+        encode_frame(meta_, frame_type::abort, tag_, version, 0, 0, 0, 0, as_bytes(why));
         link_.send(meta_, 0, after(std::chrono::milliseconds(100)));
       } catch (...) {
       }
@@ -289,7 +291,7 @@ private:
     announced.set_versions(version, delta ? last_ : 0);
     announced.clear_checksums(); // the new checksums travel with COMMIT
     const std::string body = announced.to_json();
-    encode_frame(meta_, frame_type::begin, version, delta ? last_ : 0,
+    encode_frame(meta_, frame_type::begin, tag_, version, delta ? last_ : 0,
                  static_cast<std::uint64_t>(delta ? update_kind::delta : update_kind::dense), m_.layout_hash(), 0,
                  as_bytes(body));
     link_.send(meta_, 0, after(o_.timeout));
@@ -311,7 +313,7 @@ private:
       std::optional<reply> r;
       try {
         const frame f = decode_frame(msg->meta, where_);
-        if (f.version == version) r = to_reply(f);
+        if (f.version == version && f.tag == tag_) r = to_reply(f);
       } catch (...) {
         link_.release();
         throw;
@@ -343,7 +345,8 @@ private:
       std::optional<reply> r;
       try {
         const frame f = decode_frame(msg->meta, where_);
-        if (f.version == version && (f.type == frame_type::nack || f.type == frame_type::refuse)) r = to_reply(f);
+        if (f.version == version && f.tag == tag_ && (f.type == frame_type::nack || f.type == frame_type::refuse))
+          r = to_reply(f);
       } catch (...) {
         link_.release();
         throw;
@@ -372,7 +375,7 @@ private:
         if (m_.piece_count(p.tensor) == 1) sums[p.tensor] = piece_sums[j];
         else parts[p.tensor].push_back(piece_sums[j]);
       }
-      encode_frame(meta_, frame_type::bucket, version, 0, b, pieces.size(), size, detail::u64_bytes(piece_sums));
+      encode_frame(meta_, frame_type::bucket, tag_, version, 0, b, pieces.size(), size, detail::u64_bytes(piece_sums));
       link_.send(meta_, size, after(o_.timeout));
       ++r.messages;
       r.wire_bytes += size;
@@ -411,7 +414,7 @@ private:
       const std::span<std::byte> buf = link_.payload_buffer(size, after(o_.timeout));
       std::memcpy(buf.data(), records.data() + at, static_cast<std::size_t>(size));
       const std::uint64_t check = xxh3(buf.data(), static_cast<std::size_t>(size));
-      encode_frame(meta_, frame_type::delta, version, last_, chunk++, count, size,
+      encode_frame(meta_, frame_type::delta, tag_, version, last_, chunk++, count, size,
                    detail::u64_bytes(std::span<const std::uint64_t>(&check, 1)));
       link_.send(meta_, size, after(o_.timeout));
       ++r.messages;
@@ -421,10 +424,22 @@ private:
     }
   }
 
+  std::uint64_t next_tag() noexcept {
+    // Distinct across attempts and across sender restarts (a restarted trainer re-sends a version).
+    tag_seed_ += 0x9e3779b97f4a7c15ull;
+    std::uint64_t z = tag_seed_;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+
   link& link_;
   manifest m_;
   source_fn src_;
   sender_options o_;
+  std::uint64_t tag_ = 0;
+  std::uint64_t tag_seed_ = static_cast<std::uint64_t>(clock::now().time_since_epoch().count()) ^
+                            reinterpret_cast<std::uintptr_t>(this);
   std::string where_;
   std::vector<std::byte> meta_;
   detail::byte_buffer snapshot_;
@@ -563,6 +578,7 @@ public:
 private:
   struct inflight {
     bool active = false;
+    std::uint64_t tag = 0;
     std::uint64_t version = 0, base = 0;
     bool delta = false;
     manifest m;
@@ -598,10 +614,11 @@ private:
     return "COMMIT";
   }
 
-  void reply(frame_type type, std::uint64_t version, std::uint64_t index, std::uint64_t count, std::string_view body) {
+  void reply(frame_type type, std::uint64_t tag, std::uint64_t version, std::uint64_t index, std::uint64_t count,
+             std::string_view body) {
     if (!duplex_) return;
     std::vector<std::byte> meta;
-    encode_frame(meta, type, version, 0, index, count, 0, as_bytes(body));
+    encode_frame(meta, type, tag, version, 0, index, count, 0, as_bytes(body));
     try {
       link_.send(meta, 0, after(o_.timeout));
     } catch (const error& e) {
@@ -621,13 +638,13 @@ private:
     u.error_id = std::string(id);
     u.reason = std::move(msg);
     u.seconds = cur_.active ? detail::seconds_since(cur_.t0) : 0.0;
-    if (cur_.active) reply(frame_type::nack, cur_.version, 0, 0, detail::error_body(u.error_id, u.reason));
+    if (cur_.active) reply(frame_type::nack, cur_.tag, cur_.version, 0, 0, detail::error_body(u.error_id, u.reason));
     cur_ = inflight{};
     return u;
   }
 
   void refuse(const frame& f, refusal why, std::string_view id, std::string msg) {
-    reply(frame_type::refuse, f.version, static_cast<std::uint64_t>(why), 0, detail::error_body(id, msg));
+    reply(frame_type::refuse, f.tag, f.version, static_cast<std::uint64_t>(why), 0, detail::error_body(id, msg));
     if (why == refusal::base_mismatch && duplex_) return; // the sender resends dense: not a failure
     update u;
     u.state = update::status::failed;
@@ -639,21 +656,25 @@ private:
     events_.push_back(std::move(u));
   }
 
+  [[nodiscard]] bool current(const frame& f) const noexcept {
+    return cur_.active && f.version == cur_.version && f.tag == cur_.tag;
+  }
+
   std::optional<update> handle(const message& msg) {
     const frame f = decode_frame(msg.meta, where_);
     switch (f.type) {
     case frame_type::begin: on_begin(f); return std::nullopt;
     case frame_type::bucket:
-      if (!cur_.active || f.version != cur_.version) return std::nullopt; // a failed update's leftovers
+      if (!current(f)) return std::nullopt; // a failed attempt's leftovers
       on_bucket(f, msg.payload);
       return std::nullopt;
     case frame_type::delta:
-      if (!cur_.active || f.version != cur_.version) return std::nullopt;
+      if (!current(f)) return std::nullopt;
       on_delta(f, msg.payload);
       return std::nullopt;
     case frame_type::commit:
-      if (!cur_.active || f.version != cur_.version) {
-        reply(frame_type::nack, f.version, 0, 0,
+      if (!current(f)) {
+        reply(frame_type::nack, f.tag, f.version, 0, 0,
               detail::error_body("rlpt.sync.no_update",
                                  fmt::format("{}: COMMIT of version {} without a BEGIN (the receiver restarted or already "
                                              "failed this update)", where_, f.version)));
@@ -661,7 +682,7 @@ private:
       }
       return on_commit(f);
     case frame_type::abort:
-      if (!cur_.active || f.version != cur_.version) return std::nullopt;
+      if (!current(f)) return std::nullopt;
       return fail("rlpt.sync.aborted", fmt::format("{}: the sender aborted version {}: {}", where_, f.version, as_chars(f.body)));
     default:
       RLPT_FAIL("rlpt.sync.protocol", "{}: unexpected {} frame on the receiving side", where_, name(f.type));
@@ -719,6 +740,7 @@ private:
     }
     inflight c;
     c.active = true;
+    c.tag = f.tag;
     c.version = f.version;
     c.base = f.base_version;
     c.delta = delta;
@@ -745,7 +767,7 @@ private:
     c.m = std::move(m);
     c.plan = std::move(plan);
     cur_ = std::move(c);
-    reply(frame_type::ready, f.version, has_ ? 1 : 0, has_ ? pub_.layout_hash() : 0, {});
+    reply(frame_type::ready, f.tag, f.version, has_ ? 1 : 0, has_ ? pub_.layout_hash() : 0, {});
   }
 
   void on_bucket(const frame& f, std::span<const std::byte> payload) {
@@ -966,9 +988,9 @@ private:
     has_ = true;
     torn_ = false;
     if (!o_.mirror) mirror_ = {};
-    const std::uint64_t v = cur_.version;
+    const std::uint64_t v = cur_.version, tag = cur_.tag;
     cur_ = inflight{};
-    reply(frame_type::ack, v, 0, 0, {});
+    reply(frame_type::ack, tag, v, 0, 0, {});
     return u;
   }
 

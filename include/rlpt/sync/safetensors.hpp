@@ -460,7 +460,7 @@ private:
 
   void queue_reply(frame_type t, std::uint64_t version, std::uint64_t index, std::string_view body) {
     std::vector<std::byte> meta;
-    encode_frame(meta, t, version, 0, index, 0, 0, as_bytes(body));
+    encode_frame(meta, t, tx_.tag, version, 0, index, 0, 0, as_bytes(body));
     replies_.push_back(std::move(meta));
   }
 
@@ -468,6 +468,7 @@ private:
     abandon_tmp();
     tx_ = {};
     tx_.m = manifest::from_json(as_chars(f.body));
+    tx_.tag = f.tag;
     tx_.version = f.version;
     tx_.delta = f.index == static_cast<std::uint64_t>(update_kind::delta);
     tx_.base = f.base_version;
@@ -567,9 +568,9 @@ private:
     }
     const std::uint64_t v = tx_.version;
     const bool dense = !tx_.delta;
-    tx_ = {};
     if (dense && o_.prune) prune(v);
     queue_reply(frame_type::ack, v, 0, {});
+    tx_ = {};
   }
 
   void abandon_tmp() noexcept {
@@ -627,6 +628,7 @@ private:
     manifest m;
     std::uint64_t version = 0, base = 0;
     bool delta = false;
+    std::uint64_t tag = 0;
     std::vector<std::uint64_t> pieces;     // dense: per piece, bucket order
     std::vector<std::uint64_t> chunk_sums; // delta
     std::vector<std::uint64_t> offset;     // dense: data offset per manifest tensor
@@ -703,6 +705,7 @@ private:
       last_error_ = e.message();
       return false;
     }
+    r->tag = xxh3(pick->path.data(), pick->path.size()) ^ ++replays_;
     replay_path_ = pick->path;
     replay_ = std::move(r);
     return true;
@@ -713,7 +716,7 @@ private:
     const std::uint64_t k = r.next++;
     if (k == 0) {
       const std::string body = r.m.to_json();
-      encode_frame(held_meta_, frame_type::begin, r.version, r.base,
+      encode_frame(held_meta_, frame_type::begin, r.tag, r.version, r.base,
                    static_cast<std::uint64_t>(r.delta ? update_kind::delta : update_kind::dense), r.m.layout_hash(), 0,
                    as_bytes(body));
       return message{held_meta_, {}};
@@ -721,7 +724,7 @@ private:
     if (k + 1 == r.messages) {
       std::vector<std::uint64_t> sums;
       for (const auto& t : r.m.tensors()) sums.push_back(t.checksum);
-      encode_frame(held_meta_, frame_type::commit, r.version, r.base, 0, r.messages - 2, 0,
+      encode_frame(held_meta_, frame_type::commit, r.tag, r.version, r.base, 0, r.messages - 2, 0,
                    std::span<const std::byte>(reinterpret_cast<const std::byte*>(sums.data()), sums.size() * 8));
       return message{held_meta_, {}};
     }
@@ -729,7 +732,7 @@ private:
       const std::uint64_t c = k - 1;
       const tensor_view t = r.file->view(r.file->header().tensors[static_cast<std::size_t>(c)]);
       const std::uint64_t sum = r.chunk_sums[static_cast<std::size_t>(c)];
-      encode_frame(held_meta_, frame_type::delta, r.version, r.base, c, 0, t.bytes.size(),
+      encode_frame(held_meta_, frame_type::delta, r.tag, r.version, r.base, c, 0, t.bytes.size(),
                    std::span<const std::byte>(reinterpret_cast<const std::byte*>(&sum), 8));
       return message{held_meta_, t.bytes};
     }
@@ -744,13 +747,13 @@ private:
     for (const piece& p : pieces)
       std::memcpy(payload_.data() + p.bucket_offset, data.data() + r.offset[p.tensor] + p.tensor_offset,
                   static_cast<std::size_t>(p.nbytes));
-    encode_frame(held_meta_, frame_type::bucket, r.version, 0, b, pieces.size(), size,
+    encode_frame(held_meta_, frame_type::bucket, r.tag, r.version, 0, b, pieces.size(), size,
                  std::span<const std::byte>(reinterpret_cast<const std::byte*>(r.pieces.data() + first), pieces.size() * 8));
     return message{held_meta_, {payload_.data(), static_cast<std::size_t>(size)}};
   }
 
   void on_reply(const frame& f) {
-    if (!replay_ || f.version != replay_->version) return;
+    if (!replay_ || f.version != replay_->version || f.tag != replay_->tag) return;
     switch (f.type) {
     case frame_type::ready: return;
     case frame_type::ack:
@@ -780,6 +783,7 @@ private:
   std::deque<std::vector<std::byte>> replies_;
   struct tx_state {
     bool active = false;
+    std::uint64_t tag = 0;
     manifest m;
     std::uint64_t version = 0, base = 0;
     bool delta = false;
@@ -793,6 +797,7 @@ private:
   std::unique_ptr<replay_state> replay_;
   std::string replay_path_;
   std::optional<std::uint64_t> acked_;
+  std::uint64_t replays_ = 0;
   bool want_dense_ = false;
   std::set<std::string> skip_;
   std::string last_error_;

@@ -1,0 +1,300 @@
+// SPDX-License-Identifier: Apache-2.0
+// Faults between sender and receiver (in-process link with injected corruption, loss, stalls):
+// every failure is reported with a stable id and leaves the previous version intact and
+// readable; the next update succeeds. Also: the receiver fed fuzzed frames.
+#include "receiver_loop.hpp"
+
+using namespace rlpt::sync;
+using namespace rlpt::test::sync;
+using namespace std::chrono_literals;
+
+namespace {
+
+const plan_options small_buckets{.bucket_bytes = 1024, .alignment = 256};
+
+// One sender/receiver pair with a fault hook on what the sender sends.
+struct rig {
+  model md;
+  manifest m;
+  inproc_pipe pipe;
+  inproc_transport tl{pipe, role::sender};
+  inproc_transport rl{pipe, role::receiver};
+  faulty_link fl{tl};
+  sink s;
+  std::unique_ptr<sender> tx;
+  std::unique_ptr<receiver> rx;
+  std::unique_ptr<receiver_loop> loop;
+  rlpt::test::rng r{77};
+
+  explicit rig(sender_options so = {}, receiver_options ro = {}, std::uint64_t seed = 1)
+      : md(make_model(seed)), m(plan(md.refs, small_buckets)) {
+    if (so.timeout == sender_options{}.timeout) so.timeout = 500ms;
+    if (so.commit_timeout == sender_options{}.commit_timeout) so.commit_timeout = 2s;
+    if (ro.timeout == receiver_options{}.timeout) ro.timeout = 300ms;
+    tx = std::make_unique<sender>(fl, m, md.refs, so);
+    rx = std::make_unique<receiver>(rl, s.fn(), std::move(ro));
+    loop = std::make_unique<receiver_loop>(*rx);
+  }
+
+  // Publishes `v`, returns the receiver's report of it.
+  update publish_expecting_failure(std::uint64_t v, std::string_view sender_id) {
+    const std::size_t before = loop->seen().size();
+    RLPT_CHECK_ERROR(tx->publish(v), std::string(sender_id));
+    const auto ups = loop->wait(before + 1);
+    REQUIRE(ups.size() == before + 1);
+    return ups.back();
+  }
+};
+
+// The receiver still serves `want` (bytes captured at the last good version).
+void check_intact(const receiver& rx, std::uint64_t version, const std::map<std::string, std::vector<std::byte>>& want) {
+  CHECK(rx.version() == version);
+  for (const auto& [name, bytes] : want) CHECK(same_bytes(rx.tensor(name).bytes, bytes));
+}
+
+std::map<std::string, std::vector<std::byte>> snapshot(model& md) {
+  std::map<std::string, std::vector<std::byte>> out;
+  for (const auto& t : md.refs) out[t.name].assign(md.bytes(t.name).begin(), md.bytes(t.name).end());
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("faults: a corrupted bucket fails its checksum; the previous version stays; the next update succeeds") {
+  rig g;
+  g.tx->publish(1);
+  REQUIRE(g.loop->wait(1).size() == 1);
+  const auto v1 = snapshot(g.md);
+  g.md.step(0.3, g.r);
+  g.fl.on_send = [](std::size_t, std::vector<std::byte>& meta, std::span<std::byte> payload) {
+    if (type_of(meta) == frame_type::bucket && meta[24] == std::byte{2}) payload[100] ^= std::byte{0x10}; // bucket 2
+    return true;
+  };
+  const update u = g.publish_expecting_failure(2, "rlpt.sync.checksum");
+  CHECK(u.failed());
+  CHECK(u.error_id == "rlpt.sync.checksum");
+  CHECK(u.reason.find("bucket 2 of version 2") != std::string::npos);
+  CHECK(u.reason.find("the sender's is") != std::string::npos);
+  CHECK_FALSE(u.partial);
+  check_intact(*g.rx, 1, v1);
+  g.fl.on_send = nullptr;
+  g.tx->publish(3);
+  REQUIRE(g.loop->wait(3).size() == 3);
+  check_mirror(*g.rx, g.md);
+}
+
+TEST_CASE("faults: a lost bucket, a truncated stream and a lost COMMIT are reported") {
+  rig g;
+  g.tx->publish(1);
+  REQUIRE(g.loop->wait(1).size() == 1);
+  const auto v1 = snapshot(g.md);
+  const std::uint64_t last = g.m.bucket_count() - 1;
+  SUBCASE("lost bucket") {
+    g.fl.on_send = [](std::size_t, std::vector<std::byte>& meta, std::span<std::byte>) {
+      return !(type_of(meta) == frame_type::bucket && meta[24] == std::byte{1});
+    };
+    const update u = g.publish_expecting_failure(2, "rlpt.sync.protocol");
+    CHECK(u.reason.find("got bucket 2 of version 2, expected bucket 1 of") != std::string::npos);
+  }
+  SUBCASE("truncated stream") {
+    g.fl.on_send = [last](std::size_t, std::vector<std::byte>& meta, std::span<std::byte>) {
+      return !(type_of(meta) == frame_type::bucket && static_cast<std::uint64_t>(meta[24]) == last);
+    };
+    const update u = g.publish_expecting_failure(2, "rlpt.sync.truncated");
+    CHECK(u.reason.find("COMMIT of version 2 counts") != std::string::npos);
+  }
+  SUBCASE("lost COMMIT: both sides time out") {
+    g.fl.on_send = [](std::size_t, std::vector<std::byte>& meta, std::span<std::byte>) {
+      return type_of(meta) != frame_type::commit;
+    };
+    const update u = g.publish_expecting_failure(2, "rlpt.sync.timeout");
+    CHECK(u.error_id == "rlpt.sync.timeout");
+    CHECK(u.reason.find("waiting for COMMIT of version 2") != std::string::npos);
+  }
+  check_intact(*g.rx, 1, v1);
+  g.fl.on_send = nullptr;
+  g.tx->publish(3);
+  REQUIRE(g.loop->wait(3).back().published());
+  check_mirror(*g.rx, g.md);
+}
+
+TEST_CASE("faults: a COMMIT whose tensor checksum disagrees is rejected") {
+  rig g;
+  g.tx->publish(1);
+  REQUIRE(g.loop->wait(1).size() == 1);
+  const auto v1 = snapshot(g.md);
+  g.md.step(0.2, g.r);
+  g.fl.on_send = [](std::size_t, std::vector<std::byte>& meta, std::span<std::byte>) {
+    if (type_of(meta) != frame_type::commit) return true;
+    const frame f = decode_frame(meta, "t");
+    std::vector<std::byte> body(f.body.begin(), f.body.end());
+    body[3 * 8] ^= std::byte{1}; // tensor 3
+    std::vector<std::byte> out;
+    encode_frame(out, frame_type::commit, f.tag, f.version, f.base_version, f.index, f.count, 0, body);
+    meta = out;
+    return true;
+  };
+  const update u = g.publish_expecting_failure(2, "rlpt.sync.checksum");
+  CHECK(u.reason.find("tensor \"model.layers.0.mlp.gate_proj.weight\" arrived with checksum") != std::string::npos);
+  check_intact(*g.rx, 1, v1);
+}
+
+TEST_CASE("faults: a delta whose result fails its checksum is rolled back") {
+  rig g({.delta = true});
+  g.tx->publish(1);
+  REQUIRE(g.loop->wait(1).size() == 1);
+  // Damage the receiver's copy behind its back (a bad DIMM, a stray write): the base checksum
+  // recorded at publish still matches, so only the result checksum can catch it.
+  const tensor_view t = g.rx->tensor("model.layers.1.mlp.up_proj.weight");
+  auto* p = const_cast<std::byte*>(t.bytes.data());
+  p[10] ^= std::byte{0x40};
+  std::vector<std::byte> damaged(t.bytes.begin(), t.bytes.end());
+  g.md.step(0.01, g.r);
+  const update u = g.publish_expecting_failure(2, "rlpt.sync.checksum");
+  CHECK(u.delta);
+  CHECK(u.reason.find("after applying delta version 2, tensor \"model.layers.1.mlp.up_proj.weight\"") != std::string::npos);
+  CHECK(u.reason.find("rolled back to version 1") != std::string::npos);
+  CHECK(g.rx->version() == 1);
+  CHECK(same_bytes(g.rx->tensor("model.layers.1.mlp.up_proj.weight").bytes, damaged)); // exactly as before the update
+}
+
+TEST_CASE("faults: corrupted frames, wrong manifest hash, stale versions") {
+  SUBCASE("a damaged meta block is a wire error") {
+    rig g;
+    g.fl.on_send = [](std::size_t i, std::vector<std::byte>& meta, std::span<std::byte>) {
+      if (i == 2) meta[30] ^= std::byte{4};
+      return true;
+    };
+    const update u = g.publish_expecting_failure(1, "rlpt.sync.wire");
+    CHECK(u.reason.find("frame checksum") != std::string::npos);
+    CHECK_FALSE(g.rx->has_version());
+  }
+  SUBCASE("the receiver expects another layout") {
+    rig g({}, {.expect_layout_hash = 0x1234});
+    const update u = g.publish_expecting_failure(1, "rlpt.sync.manifest_hash");
+    CHECK(u.reason.find("this receiver expects 0000000000001234") != std::string::npos);
+  }
+  SUBCASE("BEGIN announces a layout hash its manifest does not have") {
+    rig g;
+    g.fl.on_send = [](std::size_t, std::vector<std::byte>& meta, std::span<std::byte>) {
+      if (type_of(meta) != frame_type::begin) return true;
+      const frame f = decode_frame(meta, "t");
+      std::vector<std::byte> out;
+      encode_frame(out, frame_type::begin, f.tag, f.version, f.base_version, f.index, f.count ^ 1, 0, f.body);
+      meta = out;
+      return true;
+    };
+    const update u = g.publish_expecting_failure(1, "rlpt.sync.manifest_hash");
+    CHECK(u.reason.find("but its manifest hashes to") != std::string::npos);
+  }
+  SUBCASE("a restarted trainer publishing an older version is refused") {
+    rig g;
+    g.tx->publish(5);
+    REQUIRE(g.loop->wait(1).size() == 1);
+    sender again(g.fl, g.m, g.md.refs, {.timeout = 500ms});
+    RLPT_CHECK_ERROR(again.publish(3), "rlpt.sync.stale_version", "version 3 is not newer than the published version 5");
+    CHECK(g.rx->version() == 5);
+  }
+}
+
+TEST_CASE("faults: abort from another thread stops the publish and the receiver says why") {
+  rig g;
+  g.tx->publish(1);
+  REQUIRE(g.loop->wait(1).size() == 1);
+  const auto v1 = snapshot(g.md);
+  g.md.step(0.1, g.r);
+  std::atomic<int> buckets{0};
+  g.fl.on_send = [&](std::size_t, std::vector<std::byte>& meta, std::span<std::byte>) {
+    if (type_of(meta) == frame_type::bucket && ++buckets == 2) std::this_thread::sleep_for(100ms);
+    return true;
+  };
+  std::thread killer([&] {
+    while (buckets < 2) std::this_thread::sleep_for(1ms);
+    g.tx->abort("trainer is shutting down");
+  });
+  const update u = g.publish_expecting_failure(2, "rlpt.sync.aborted");
+  killer.join();
+  CHECK(u.error_id == "rlpt.sync.aborted");
+  CHECK(u.reason.find("trainer is shutting down") != std::string::npos);
+  check_intact(*g.rx, 1, v1);
+  g.fl.on_send = nullptr;
+  g.tx->publish(2);
+  REQUIRE(g.loop->wait(3).back().published());
+}
+
+TEST_CASE("faults: a throwing load callback fails the update and says the load was partial") {
+  auto md = make_model(3);
+  const manifest m = plan(md.refs, small_buckets);
+  inproc_pipe pipe;
+  inproc_transport tl(pipe, role::sender), rl(pipe, role::receiver);
+  sender tx(tl, m, md.refs, {.timeout = 500ms, .commit_timeout = 2s});
+  int calls = 0;
+  receiver rx(rl, [&](const tensor_view& t) {
+    if (++calls == 4) throw std::runtime_error(fmt::format("engine has no parameter {}", t.name));
+  });
+  receiver_loop loop(rx);
+  RLPT_CHECK_ERROR(tx.publish(1), "rlpt.sync.load_failed", "engine has no parameter");
+  const auto ups = loop.wait(1);
+  REQUIRE(ups.size() == 1);
+  CHECK(ups[0].error_id == "rlpt.sync.load_failed");
+  CHECK(ups[0].partial);
+  CHECK(ups[0].tensors_loaded == 3);
+  CHECK_FALSE(rx.has_version());
+}
+
+TEST_CASE("faults: the receiver survives fuzzed frame sequences") {
+  // Record a valid dense + delta exchange, then replay mutants of it into fresh receivers.
+  auto md = make_model(4, 1);
+  const manifest m = plan(md.refs, small_buckets);
+  std::vector<std::pair<std::vector<std::byte>, std::vector<std::byte>>> recorded; // (meta, payload)
+  {
+    inproc_pipe pipe;
+    inproc_transport tl(pipe, role::sender), rl(pipe, role::receiver);
+    faulty_link fl(tl);
+    fl.on_send = [&](std::size_t, std::vector<std::byte>& meta, std::span<std::byte> payload) {
+      recorded.emplace_back(meta, std::vector<std::byte>(payload.begin(), payload.end()));
+      return true;
+    };
+    sender tx(fl, m, md.refs, {.delta = true});
+    sink s;
+    receiver rx(rl, s.fn());
+    receiver_loop loop(rx);
+    tx.publish(1);
+    rlpt::test::rng r(5);
+    md.step(0.05, r);
+    tx.publish(2);
+    REQUIRE(loop.wait(2).size() == 2);
+  }
+  REQUIRE(recorded.size() > 4);
+  rlpt::test::rng r(6);
+  int published = 0, failed = 0;
+  for (int it = 0; it < 300; ++it) {
+    inproc_pipe pipe({.slots = 64}); // the whole exchange fits: send it all, then let the receiver run
+    inproc_transport tl(pipe, role::sender), rl(pipe, role::receiver);
+    sink s;
+    receiver rx(rl, s.fn(), {.timeout = 20ms});
+    const std::size_t victim = static_cast<std::size_t>(r.integer(0, static_cast<std::int64_t>(recorded.size()) - 1));
+    for (std::size_t k = 0; k < recorded.size(); ++k) {
+      std::vector<std::byte> meta = recorded[k].first, payload = recorded[k].second;
+      if (k == victim) {
+        if (r.bernoulli(0.5) || payload.empty()) meta = mutate(meta, r);
+        else payload = mutate(payload, r);
+      }
+      const auto buf = tl.payload_buffer(payload.size(), after(1s));
+      if (!payload.empty()) std::memcpy(buf.data(), payload.data(), payload.size());
+      tl.send(meta, payload.size(), after(1s));
+    }
+    for (;;) {
+      const update u = rx.poll(0ms);
+      if (u.published()) ++published;
+      if (u.failed()) {
+        ++failed;
+        CHECK(u.error_id.rfind("rlpt.sync.", 0) == 0);
+        CHECK_FALSE(u.reason.empty());
+      }
+      if (u.state == update::status::idle) break;
+    }
+  }
+  CHECK(failed > 0);
+  CHECK(published > 0); // mutations of ignorable bytes (padding) still publish
+}
