@@ -1,0 +1,129 @@
+// SPDX-License-Identifier: Apache-2.0
+// bench_logprob_runner: times rlpt on the logits written by bench/peers/logprob_torch.py (the very
+// arrays torch gets), writes rlpt's outputs next to them for a correctness cross-check, and prints
+// one JSON line: median seconds of the forward (and backward), effective GB/s, the copy bandwidth
+// measured in the same run with the same threads, and the peak extra resident memory.
+//
+//   bench_logprob_runner DIR N V DTYPE TEMPERATURE THREADS REPEAT BACKWARD
+//
+// DIR holds logits.f32 or logits.bf16 ([N, V] little-endian; bf16 as raw 16-bit words),
+// targets.i64, dlogp.f32, dentropy.f32. Outputs: rlpt_logp.f32, rlpt_entropy.f32 and, with
+// BACKWARD=1, rlpt_grad.f32 (first 64 rows only, to keep the files small).
+#include <rlpt/logprob.hpp>
+
+#include "support/bandwidth.hpp"
+
+#include <fmt/format.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace {
+
+template <class T>
+std::vector<T> load(const std::string& path, std::size_t n) {
+  std::vector<T> v(n);
+  std::ifstream in(path, std::ios::binary);
+  if (!in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * sizeof(T))))
+    throw std::runtime_error("cannot read " + std::to_string(n) + " elements from " + path);
+  return v;
+}
+
+template <class T>
+void save(const std::string& path, const T* p, std::size_t n) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(p), static_cast<std::streamsize>(n * sizeof(T)));
+}
+
+double median_seconds(int repeat, const std::function<void()>& fn) {
+  fn(); // warm-up (page faults of the outputs, thread start)
+  std::vector<double> t;
+  for (int i = 0; i < repeat; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+long peak_rss_kb() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss;
+}
+
+template <class T>
+int run(const std::string& dir, rlpt::index_t n, rlpt::index_t v, float temp, unsigned threads, int repeat,
+        bool backward) {
+  const auto nv = static_cast<std::size_t>(n * v);
+  const auto x = load<T>(dir + (sizeof(T) == 2 ? "/logits.bf16" : "/logits.f32"), nv);
+  const auto t = load<rlpt::index_t>(dir + "/targets.i64", static_cast<std::size_t>(n));
+  const auto dl = load<float>(dir + "/dlogp.f32", static_cast<std::size_t>(n));
+  const auto dh = load<float>(dir + "/dentropy.f32", static_cast<std::size_t>(n));
+  std::vector<float> logp(static_cast<std::size_t>(n)), ent(logp.size()), lse(logp.size());
+  const long rss_inputs = peak_rss_kb();
+
+  rlpt::thread_pool pool(threads);
+  const rlpt::host_executor ex{threads > 1 ? &pool : nullptr};
+  const rlpt::view2d<const T> xv(x.data(), n, v);
+  const rlpt::logprob_options opt{.temperature = temp};
+  const double fwd = median_seconds(repeat, [&] {
+    rlpt::logprob_entropy(xv, t, {.logp = logp, .entropy = ent, .saved = {.lse = lse}}, opt, ex);
+  });
+  const long rss_fwd = peak_rss_kb();
+  save(dir + "/rlpt_logp.f32", logp.data(), logp.size());
+  save(dir + "/rlpt_entropy.f32", ent.data(), ent.size());
+
+  double bwd = 0;
+  long rss_bwd = rss_fwd;
+  if (backward) {
+    std::vector<T> grad(nv); // out of place: torch's autograd also allocates the gradient
+    bwd = median_seconds(repeat, [&] {
+      rlpt::logprob_entropy_backward(xv, t, dl, dh, ent, {.lse = lse}, rlpt::view2d<T>(grad.data(), n, v), opt, ex);
+    });
+    rss_bwd = peak_rss_kb();
+    std::vector<float> head(static_cast<std::size_t>(std::min<rlpt::index_t>(n, 64) * v));
+    for (std::size_t i = 0; i < head.size(); ++i) head[i] = static_cast<float>(grad[i]);
+    save(dir + "/rlpt_grad.f32", head.data(), head.size());
+  }
+  const auto bw = rlpt::bench::measure_copy_bandwidth(std::size_t{1} << 30, 5, threads);
+  const double bytes = static_cast<double>(nv * sizeof(T));
+  std::printf("%s\n", fmt::format(R"({{"seconds": {}, "backward_seconds": {}, "gbps": {}, "backward_gbps": {}, )"
+                                  R"("copy_gbps": {}, "threads": {}, "extra_fwd_bytes": {}, "extra_bwd_bytes": {}}})",
+                                  fwd, bwd, bytes / fwd / 1e9, backward ? 2 * bytes / bwd / 1e9 : 0.0, bw.copy_gbps,
+                                  threads, (rss_fwd - rss_inputs) * 1024, (rss_bwd - rss_inputs) * 1024)
+                          .c_str());
+  return 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 9) {
+    std::fprintf(stderr, "usage: bench_logprob_runner DIR N V f32|bf16 TEMPERATURE THREADS REPEAT BACKWARD\n");
+    return 2;
+  }
+  try {
+    const std::string dir = argv[1], dtype = argv[4];
+    const rlpt::index_t n = std::atoll(argv[2]), v = std::atoll(argv[3]);
+    const auto temp = static_cast<float>(std::atof(argv[5]));
+    const auto threads = static_cast<unsigned>(std::atoi(argv[6]));
+    const int repeat = std::atoi(argv[7]);
+    const bool backward = std::atoi(argv[8]) != 0;
+    if (dtype == "bf16") return run<rlpt::bf16>(dir, n, v, temp, threads, repeat, backward);
+    if (dtype == "f32") return run<float>(dir, n, v, temp, threads, repeat, backward);
+    std::fprintf(stderr, "unknown dtype %s\n", dtype.c_str());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+}
