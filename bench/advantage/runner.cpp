@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
   if (argc < 2) return usage();
   const std::string op = argv[1];
   try {
-    if ((op == "gae" && argc == 10) || (op == "rpp" && argc == 9)) {
+    if ((op == "gae" && argc == 9) || (op == "rpp" && argc == 8)) {
       const std::string dir = argv[2];
       const rlpt::index_t B = std::atoll(argv[3]), T = std::atoll(argv[4]);
       const double gamma = std::atof(argv[5]);
