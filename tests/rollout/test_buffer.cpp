@@ -391,3 +391,24 @@ TEST_CASE("discard_ready and evict_incomplete empty the buffer with reasons") {
   CHECK(s.ready_groups == 0);
   check_balanced(buf);
 }
+
+TEST_CASE("pop_into reuses the caller's batch and reports the end of the stream") {
+  test::rng r(26);
+  rollout_buffer buf({.capacity_groups = 8, .group_size = 2});
+  for (int g = 0; g < 3; ++g) {
+    CHECK(buf.push(rec(r, g, 0)));
+    CHECK(buf.push(rec(r, g, 1)));
+  }
+  rollout_batch b;
+  REQUIRE(buf.pop_into(b, 2));
+  CHECK(group_ids_of(b) == std::vector<std::int64_t>{0, 1});
+  const token_id* storage = b.tokens().data();
+  REQUIRE(buf.pop_into(b, 1));
+  CHECK(group_ids_of(b) == std::vector<std::int64_t>{2});
+  CHECK(b.size() == 2);
+  CHECK(b.tokens().data() == storage); // same storage, no reallocation for a smaller batch
+  buf.close();
+  CHECK_FALSE(buf.pop_into(b, 1));
+  CHECK(b.empty());
+  check_balanced(buf);
+}

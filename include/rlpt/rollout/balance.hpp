@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <numeric>
 #include <queue>
@@ -144,17 +145,24 @@ inline std::vector<std::vector<index_t>> karmarkar_karp(view<const double> w, in
     const double lo = static_cast<index_t>(s.sets.size()) < k ? 0.0 : s.sets.back().sum;
     return s.sets.front().sum - lo;
   };
-  // Max-heap on (spread, largest set, earliest state).
-  auto after = [&](index_t a, index_t b) {
-    const kk_state& x = pool[static_cast<std::size_t>(a)];
-    const kk_state& y = pool[static_cast<std::size_t>(b)];
-    const double sx = spread(x), sy = spread(y);
-    if (sx != sy) return sx < sy;
-    const double mx = x.sets.empty() ? 0.0 : x.sets.front().sum, my = y.sets.empty() ? 0.0 : y.sets.front().sum;
-    if (mx != my) return mx < my;
+  // Max-heap on (spread, largest set, earliest state); keys are computed once per push, a
+  // state does not change while it waits in the heap.
+  struct heap_key {
+    double spread;
+    double top;
+    std::uint64_t id;
+    index_t state;
+  };
+  auto key_of = [&](index_t i) {
+    const kk_state& x = pool[static_cast<std::size_t>(i)];
+    return heap_key{spread(x), x.sets.empty() ? 0.0 : x.sets.front().sum, x.id, i};
+  };
+  auto after = [](const heap_key& x, const heap_key& y) {
+    if (x.spread != y.spread) return x.spread < y.spread;
+    if (x.top != y.top) return x.top < y.top;
     return x.id > y.id;
   };
-  std::priority_queue<index_t, std::vector<index_t>, decltype(after)> heap(after);
+  std::priority_queue<heap_key, std::vector<heap_key>, decltype(after)> heap(after);
 
   const index_t chunk = equal_count ? k : 1;
   pool.reserve(static_cast<std::size_t>(total / chunk + 1));
@@ -167,46 +175,52 @@ inline std::vector<std::vector<index_t>> karmarkar_karp(view<const double> w, in
     }
     std::stable_sort(s.sets.begin(), s.sets.end(), kk_set_before);
     pool.push_back(std::move(s));
-    heap.push(static_cast<index_t>(pool.size()) - 1);
+    heap.push(key_of(static_cast<index_t>(pool.size()) - 1));
   }
   if (pool.empty()) return std::vector<std::vector<index_t>>(static_cast<std::size_t>(k));
 
-  std::vector<kk_set> merged;
+  std::vector<kk_set> changed;
   while (heap.size() > 1) {
-    const index_t a = heap.top();
+    const index_t a = heap.top().state;
     heap.pop();
-    const index_t b = heap.top();
+    const index_t b = heap.top().state;
     heap.pop();
     kk_state& x = pool[static_cast<std::size_t>(a)];
     kk_state& y = pool[static_cast<std::size_t>(b)];
     const index_t mx = static_cast<index_t>(x.sets.size()), my = static_cast<index_t>(y.sets.size());
-    merged.clear();
-    // Set i of x joins set k-1-i of y: heaviest with lightest.
-    for (index_t i = 0; i < k; ++i) {
-      const index_t j = k - 1 - i;
-      const bool hx = i < mx, hy = j < my;
-      if (!hx && !hy) continue;
-      kk_set s = hx ? x.sets[static_cast<std::size_t>(i)] : kk_set{};
-      if (hy) {
-        const kk_set& t = y.sets[static_cast<std::size_t>(j)];
-        if (s.count == 0) {
-          s = t;
-        } else {
-          next[static_cast<std::size_t>(s.tail)] = t.head;
-          s.tail = t.tail;
-          s.sum += t.sum;
-          s.count += t.count;
-        }
+    // Set i of x joins set k-1-i of y: heaviest with lightest. Only positions [k - my, k) meet
+    // a set of y; x's sets before that stay as they are (still sorted), so the result is a
+    // merge of that prefix with the few changed sets: O(mx + my log my), not O(k log k).
+    const index_t keep = std::min(mx, k - my);
+    changed.clear();
+    for (index_t i = k - my; i < k; ++i) {
+      const kk_set& t = y.sets[static_cast<std::size_t>(k - 1 - i)];
+      if (i >= mx) {
+        changed.push_back(t);
+        continue;
       }
-      merged.push_back(s);
+      kk_set s = x.sets[static_cast<std::size_t>(i)];
+      next[static_cast<std::size_t>(s.tail)] = t.head;
+      s.tail = t.tail;
+      s.sum += t.sum;
+      s.count += t.count;
+      changed.push_back(s);
     }
-    std::stable_sort(merged.begin(), merged.end(), kk_set_before);
-    x.sets.assign(merged.begin(), merged.end());
+    std::stable_sort(changed.begin(), changed.end(), kk_set_before);
+    // Merge from the back, in place: the prefix keeps its slots unless a changed set outranks it.
+    const auto nc = static_cast<index_t>(changed.size());
+    x.sets.resize(static_cast<std::size_t>(keep + nc));
+    for (index_t i = keep - 1, j = nc - 1, out = keep + nc - 1; j >= 0; --out) {
+      if (i >= 0 && kk_set_before(changed[static_cast<std::size_t>(j)], x.sets[static_cast<std::size_t>(i)]))
+        x.sets[static_cast<std::size_t>(out)] = x.sets[static_cast<std::size_t>(i--)];
+      else
+        x.sets[static_cast<std::size_t>(out)] = changed[static_cast<std::size_t>(j--)];
+    }
     x.id = next_id++;
     std::vector<kk_set>().swap(y.sets);
-    heap.push(a);
+    heap.push(key_of(a));
   }
-  const kk_state& fin = pool[static_cast<std::size_t>(heap.top())];
+  const kk_state& fin = pool[static_cast<std::size_t>(heap.top().state)];
   std::vector<std::vector<index_t>> parts(static_cast<std::size_t>(k));
   for (std::size_t p = 0; p < fin.sets.size(); ++p)
     for (index_t it = fin.sets[p].head; it != -1; it = next[static_cast<std::size_t>(it)])

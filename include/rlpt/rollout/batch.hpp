@@ -67,14 +67,44 @@ public:
   [[nodiscard]] static rollout_batch gather(std::span<const trajectory* const> records, const record_schema& schema,
                                             std::span<const group_info> groups = {}) {
     rollout_batch b;
-    b.schema_ = schema;
-    b.reserve_rows(records.size());
+    b.assign(records, schema, groups);
+    return b;
+  }
+
+  //! As gather, into this batch: its arrays keep their capacity, so a consumer that reuses one
+  //! batch allocates nothing in the steady state.
+  void assign(std::span<const trajectory* const> records, const record_schema& schema,
+              std::span<const group_info> groups = {}) {
+    clear();
+    if (!(schema_ == schema)) {
+      schema_ = schema;
+      extras_.clear();
+    }
+    reserve_rows(records.size());
     index_t tokens = 0;
     for (const trajectory* t : records) tokens += t->size();
-    b.reserve_tokens(tokens);
-    for (const trajectory* t : records) b.append(*t);
-    b.set_groups(groups);
-    return b;
+    reserve_tokens(tokens);
+    for (const trajectory* t : records) append(*t);
+    set_groups(groups);
+  }
+
+  //! Empties the batch, keeping its capacity.
+  void clear() noexcept {
+    offsets_.assign(1, 0);
+    tokens_.clear();
+    loss_mask_.clear();
+    logprobs_.clear();
+    versions_.clear();
+    token_rewards_.clear();
+    rewards_.clear();
+    prompt_lens_.clear();
+    group_ids_.clear();
+    sample_indices_.clear();
+    segments_.clear();
+    segment_offsets_.assign(1, 0);
+    for (auto& e : extras_) std::visit([](auto& v) { v.clear(); }, e.values);
+    group_offsets_.assign(1, 0);
+    group_info_.clear();
   }
   [[nodiscard]] static rollout_batch gather(std::span<const trajectory> records, const record_schema& schema) {
     std::vector<const trajectory*> p;
@@ -210,10 +240,9 @@ private:
     if (schema_.versions) versions_.reserve(u);
     token_rewards_.reserve(u * detail::usize(schema_.token_reward_channels));
     if (extras_.empty())
-      for (const auto& s : schema_.extras) {
-        extras_.push_back({s.name, s.width, detail::make_extra_storage(s.type)});
-        std::visit([&](auto& v) { v.reserve(u * detail::usize(s.width)); }, extras_.back().values);
-      }
+      for (const auto& s : schema_.extras) extras_.push_back({s.name, s.width, detail::make_extra_storage(s.type)});
+    for (std::size_t k = 0; k < extras_.size(); ++k)
+      std::visit([&](auto& v) { v.reserve(u * detail::usize(extras_[k].width)); }, extras_[k].values);
   }
 
   //! Appends one record; it must match the schema (the buffer validated it on push).

@@ -47,6 +47,7 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <span>
 #include <unordered_map>
 #include <utility>
@@ -249,6 +250,14 @@ public:
                                                      const group_selector& select = {}) {
     return pop_impl(groups, select, wait_mode::until,
                     clock::now() + std::chrono::duration_cast<clock::duration>(timeout));
+  }
+
+  //! As pop, into a caller batch whose arrays are reused (no allocation in the steady state).
+  //! Returns false, with `out` empty, once the buffer is closed and drained.
+  bool pop_into(rollout_batch& out, index_t groups, const group_selector& select = {}) {
+    auto taken = take(groups, select, wait_mode::forever, {});
+    gather_into(out, *taken);
+    return !out.empty();
   }
 
   // --- control -----------------------------------------------------------------------------
@@ -530,7 +539,7 @@ private:
       } else if (closed_.load(std::memory_order_relaxed)) {
         status = push_status::closed;
       }
-      if (status == push_status::ok && add_locked(it, std::move(t), out)) wake_consumers = waiting_consumers_ > 0;
+      if (status == push_status::ok && add_locked(it, std::move(t), out)) wake_consumers = consumer_can_proceed();
       wake_producers = !out.empty() && waiting_producers_ > 0;
     }
     if (wake_producers) space_.notify_all();
@@ -574,7 +583,7 @@ private:
         evict_locked(std::move(g), false, evict_reason::incomplete, out);
       } else {
         g.info.partial = g.info.samples < g.info.expected;
-        became_ready = complete_locked(std::move(g), out);
+        became_ready = complete_locked(std::move(g), out) && consumer_can_proceed();
       }
     }
     space_.notify_all();
@@ -585,6 +594,16 @@ private:
 
   std::optional<rollout_batch> pop_impl(index_t want, const group_selector& select, wait_mode mode,
                                         clock::time_point deadline) {
+    auto taken = take(want, select, mode, deadline);
+    if (!taken) return std::nullopt;
+    rollout_batch b;
+    gather_into(b, *taken);
+    return b;
+  }
+
+  // Takes groups out under the lock; nullopt when the request is not served (try / timeout).
+  std::optional<std::vector<group_slot>> take(index_t want, const group_selector& select, wait_mode mode,
+                                              clock::time_point deadline) {
     RLPT_CHECK(want >= 1 && want <= opt_.capacity_groups, "rlpt.rollout.bad_pop",
                "pop asks for {} groups; it must be in [1, capacity_groups = {}]", want, opt_.capacity_groups);
     std::vector<evicted_group> out;
@@ -608,9 +627,14 @@ private:
         }
         if (have || is_closed) break;
         const std::uint64_t seen = generation_;
-        ++waiting_consumers_;
+        // Producers wake a plain waiter only once enough groups are ready for it.
+        const auto slot = select ? waiting_wants_.end() : waiting_wants_.insert(want);
+        selector_waiters_ += select ? 1 : 0;
         const bool woke = wait(lock, ready_cv_, mode, deadline, [&] { return generation_ != seen; });
-        --waiting_consumers_;
+        if (select)
+          --selector_waiters_;
+        else
+          waiting_wants_.erase(slot);
         if (!woke) break;
       }
       for (const auto& g : taken) {
@@ -625,7 +649,7 @@ private:
     deliver(std::move(out));
     // Not served: try_pop and timeouts say so; a closed, drained buffer gives an empty batch.
     if (!have && (mode == wait_mode::none || !was_closed)) return std::nullopt;
-    return to_batch(taken);
+    return taken;
   }
 
   bool select_locked(index_t want, const group_selector& select, bool is_closed, std::vector<group_slot>& taken,
@@ -671,7 +695,7 @@ private:
     return complete;
   }
 
-  rollout_batch to_batch(std::vector<group_slot>& taken) const {
+  void gather_into(rollout_batch& out, const std::vector<group_slot>& taken) const {
     std::vector<const trajectory*> recs;
     std::vector<group_info> infos;
     infos.reserve(taken.size());
@@ -679,7 +703,7 @@ private:
       infos.push_back(g.info);
       for (const auto& t : g.records) recs.push_back(&t);
     }
-    return rollout_batch::gather(recs, opt_.schema, infos);
+    out.assign(recs, opt_.schema, infos);
   }
 
   void check_not_complete(std::int64_t id) const {
@@ -688,6 +712,13 @@ private:
                "a record for group {} arrived after the group completed and is still waiting in the buffer: groups are "
                "never extended or split (use a new group id, or open_group with the right size)",
                id);
+  }
+
+  // Whether a waiting consumer could now be served: selectors decide for themselves, a plain
+  // pop needs its number of ready groups.
+  [[nodiscard]] bool consumer_can_proceed() const noexcept {
+    return selector_waiters_ > 0 ||
+           (!waiting_wants_.empty() && detail::isize(ready_.size()) >= *waiting_wants_.begin());
   }
 
   [[nodiscard]] index_t resident_groups() const noexcept { return stats_.open_groups + stats_.ready_groups; }
@@ -786,7 +817,8 @@ private:
   std::uint64_t next_ready_seq_ = 0;
   std::uint64_t generation_ = 0;       // bumped whenever a consumer's selection could change
   std::uint64_t space_generation_ = 0; // bumped whenever a group leaves
-  index_t waiting_consumers_ = 0;
+  std::multiset<index_t> waiting_wants_; // groups wanted by each consumer waiting without a selector
+  index_t selector_waiters_ = 0;
   index_t waiting_producers_ = 0;
   alignas(cacheline_bytes) std::atomic<bool> closed_{false};
 };

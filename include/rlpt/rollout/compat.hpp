@@ -32,7 +32,7 @@ namespace verl {
 [[nodiscard]] inline microbatch_options microbatches(index_t max_token_len = 16384) {
   return {.token_budget = max_token_len, .algorithm = pack_algorithm::karmarkar_karp,
           .cost = cost_model::attention(24576.0), .min_microbatches = 1, .divisor = 1, .small_at_ends = true,
-          .kk_attempts = std::numeric_limits<index_t>::max() / 4};
+          .repair = false, .kk_attempts = std::numeric_limits<index_t>::max() / 4};
 }
 //! V1 filter_groups: drop a group when np.std of its metric == 0 (groups of one are kept).
 [[nodiscard]] inline group_filter dapo_filter(index_t channel = 0) {

@@ -50,6 +50,9 @@ struct microbatch_options {
   index_t min_microbatches = 1;   //!< at least this many (verl min_num_micro_batch, AReaL n_mbs = 1)
   index_t divisor = 1;            //!< count rounded up to a multiple (verl num_batches_divided_by, AReaL n_mbs_divisor = 1)
   bool small_at_ends = true;      //!< cheap micro-batches first and last (verl use_dynamic_bsz_balance = True)
+  //! When KK overshoots the budget, first move sequences from the over-full micro-batches into
+  //! the roomiest ones before trying a larger count (rlpt; verl only raises the count).
+  bool repair = true;
   index_t kk_attempts = 8;        //!< KK tries (k, k + divisor, ...) before falling back to FFD (rlpt)
 };
 
@@ -106,6 +109,34 @@ inline std::vector<std::vector<index_t>> ffd(std::span<const index_t> ids, view<
   index_t s = 0;
   for (const index_t i : bin) s += len[i];
   return s;
+}
+
+//! Moves sequences out of bins over `cap` into the bins with the most room, largest movable
+//! sequence first. Returns whether every bin now fits.
+inline bool repair(std::vector<std::vector<index_t>>& bins, view<const index_t> len, index_t cap) {
+  std::vector<index_t> tokens(bins.size());
+  for (std::size_t b = 0; b < bins.size(); ++b) tokens[b] = tokens_of(bins[b], len);
+  for (std::size_t b = 0; b < bins.size(); ++b) {
+    if (tokens[b] <= cap) continue;
+    auto& over = bins[b];
+    std::sort(over.begin(), over.end(), [&](index_t x, index_t y) { return len[x] != len[y] ? len[x] > len[y] : x < y; });
+    for (std::size_t i = 0; i < over.size() && tokens[b] > cap;) {
+      std::size_t roomiest = b;
+      for (std::size_t c = 0; c < bins.size(); ++c)
+        if (c != b && (roomiest == b || tokens[c] < tokens[roomiest])) roomiest = c;
+      const index_t item = over[i];
+      if (roomiest == b || tokens[roomiest] + len[item] > cap) {
+        ++i; // too big for any other bin: try a smaller one
+        continue;
+      }
+      bins[roomiest].push_back(item);
+      tokens[roomiest] += len[item];
+      tokens[b] -= len[item];
+      over.erase(over.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    if (tokens[b] > cap) return false;
+  }
+  return true;
 }
 
 //! Splits the heaviest multi-item bin into two halves by LPT until there are `want` bins or
@@ -182,6 +213,7 @@ inline void split_to(std::vector<std::vector<index_t>>& bins, index_t want, view
           for (auto& i : p) i = regular[static_cast<std::size_t>(i)];
           fits = fits && detail::tokens_of(p, lengths) <= o.token_budget;
         }
+        if (!fits && o.repair) fits = detail::repair(parts, lengths, o.token_budget);
         if (fits) {
           bins = std::move(parts);
           done = true;
@@ -399,19 +431,23 @@ inline packed_info pack_into(const rollout_batch& batch, view<const index_t> ite
   index_t at = 0;
   index_t s = 0;
   out.cu_seqlens[0] = 0;
-  auto tokens = batch.tokens();
-  auto mask = batch.loss_mask();
+  const token_id* tokens = batch.tokens().data();
+  const mask_t* mask = batch.loss_mask().data();
   for (const index_t i : items) {
     const index_t b = batch.offsets()[i], n = batch.length(i);
-    for (index_t t = 0; t < n; ++t) {
-      out.tokens[at + t] = tokens[b + t];
-      out.position_ids[at + t] = static_cast<std::int32_t>(t);
-      out.loss_mask[at + t] = mask[b + t];
-      info.loss_tokens += mask[b + t] != 0;
-      if (!out.targets.empty()) out.targets[at + t] = t + 1 < n ? tokens[b + t + 1] : o.ignore_target;
-      if (!out.logprobs.empty()) out.logprobs[at + t] = batch.logprobs()[b + t];
-      if (!out.versions.empty()) out.versions[at + t] = batch.versions()[b + t];
+    const auto un = static_cast<std::size_t>(n);
+    // Column copies are plain memcpy-able ranges; positions and targets are generated.
+    std::copy_n(tokens + b, un, out.tokens.data() + at);
+    std::copy_n(mask + b, un, out.loss_mask.data() + at);
+    if (!out.logprobs.empty()) std::copy_n(batch.logprobs().data() + b, un, out.logprobs.data() + at);
+    if (!out.versions.empty()) std::copy_n(batch.versions().data() + b, un, out.versions.data() + at);
+    std::int32_t* pos = out.position_ids.data() + at;
+    for (index_t t = 0; t < n; ++t) pos[t] = static_cast<std::int32_t>(t);
+    if (!out.targets.empty() && n > 0) {
+      std::copy_n(tokens + b + 1, un - 1, out.targets.data() + at);
+      out.targets[at + n - 1] = o.ignore_target; // labels never cross into the next sequence
     }
+    for (index_t t = 0; t < n; ++t) info.loss_tokens += mask[b + t] != 0;
     at += n;
     out.cu_seqlens[++s] = static_cast<std::int32_t>(at);
     info.max_seqlen = std::max(info.max_seqlen, n);

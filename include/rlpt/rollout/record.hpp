@@ -269,23 +269,35 @@ inline void validate(const trajectory_view& t, const record_schema& schema) {
                s.name, s.type, s.width);
     detail::expect_field(s.name, e.elements, n * s.width, "tokens * width");
   }
-  for (index_t i = 0; i < t.prompt_len; ++i)
-    RLPT_CHECK(t.loss_mask[i] == 0, "rlpt.rollout.record_value",
-               "trajectory field loss_mask[{}] = {} is a prompt token (prompt_len {}); prompt tokens are never trained",
-               i, t.loss_mask[i], t.prompt_len);
-  if (schema.versions)
-    for (index_t i = 0; i < n; ++i) {
-      RLPT_CHECK(t.versions[i] >= no_version, "rlpt.rollout.record_value",
-                 "trajectory field versions[{}] = {} is below -1", i, t.versions[i]);
-      RLPT_CHECK(t.loss_mask[i] == 0 || t.versions[i] >= 0, "rlpt.rollout.record_value",
-                 "trajectory field versions[{}] = -1 but loss_mask[{}] = 1: a trained token must carry the version "
-                 "of the policy that sampled it",
-                 i, i);
-    }
-  if (schema.logprobs)
-    for (index_t i = 0; i < n; ++i)
-      RLPT_CHECK(t.loss_mask[i] == 0 || std::isfinite(t.logprobs[i]), "rlpt.rollout.record_value",
-                 "trajectory field logprobs[{}] = {} is not finite on a trained token", i, t.logprobs[i]);
+  // One branch-free pass finds whether any per-token invariant breaks; only then the detailed
+  // checks run to name the first offending position.
+  bool bad = false;
+  for (index_t i = 0; i < n; ++i) {
+    const bool trained = t.loss_mask[i] != 0;
+    bad |= trained & (i < t.prompt_len);
+    if (schema.versions) bad |= (t.versions[i] < no_version) | (trained & (t.versions[i] < 0));
+    if (schema.logprobs) bad |= trained & !std::isfinite(t.logprobs[i]);
+  }
+  if (RLPT_UNLIKELY(bad)) {
+    for (index_t i = 0; i < t.prompt_len; ++i)
+      RLPT_CHECK(t.loss_mask[i] == 0, "rlpt.rollout.record_value",
+                 "trajectory field loss_mask[{}] = {} is a prompt token (prompt_len {}); prompt tokens are never "
+                 "trained",
+                 i, t.loss_mask[i], t.prompt_len);
+    if (schema.versions)
+      for (index_t i = 0; i < n; ++i) {
+        RLPT_CHECK(t.versions[i] >= no_version, "rlpt.rollout.record_value",
+                   "trajectory field versions[{}] = {} is below -1", i, t.versions[i]);
+        RLPT_CHECK(t.loss_mask[i] == 0 || t.versions[i] >= 0, "rlpt.rollout.record_value",
+                   "trajectory field versions[{}] = -1 but loss_mask[{}] = 1: a trained token must carry the "
+                   "version of the policy that sampled it",
+                   i, i);
+      }
+    if (schema.logprobs)
+      for (index_t i = 0; i < n; ++i)
+        RLPT_CHECK(t.loss_mask[i] == 0 || std::isfinite(t.logprobs[i]), "rlpt.rollout.record_value",
+                   "trajectory field logprobs[{}] = {} is not finite on a trained token", i, t.logprobs[i]);
+  }
   for (index_t c = 0; c < t.rewards.size(); ++c)
     RLPT_CHECK(std::isfinite(t.rewards[c]), "rlpt.rollout.record_value",
                "trajectory field rewards[{}] = {} is not finite (group {})", c, t.rewards[c], t.group_id);

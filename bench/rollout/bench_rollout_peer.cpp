@@ -1,0 +1,223 @@
+// SPDX-License-Identifier: Apache-2.0
+// Runner for bench/peers/rollout_*.py: times rlpt on the inputs the Python script hands over
+// and prints one JSON line (the last line of stdout).
+//
+//   bench_rollout_peer balance    LENGTHS_FILE K EQUAL(0|1) ALGO(verl|kk|lpt|best) REPEAT
+//   bench_rollout_peer microbatch LENGTHS_FILE BUDGET ALGO(verl|kk|ffd) REPEAT
+//   bench_rollout_peer pack       LENGTHS_FILE BUDGET REPEAT
+//   bench_rollout_peer buffer     PRODUCERS CONSUMERS RECORDS GROUP_SIZE MEAN_LEN
+//
+// LENGTHS_FILE holds one sequence length per line.
+#include <rlpt/rollout.hpp>
+
+#include "support/bandwidth.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <ctime>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+std::vector<rlpt::index_t> read_lengths(const char* path) {
+  std::ifstream in(path);
+  std::vector<rlpt::index_t> out;
+  for (rlpt::index_t x; in >> x;) out.push_back(x);
+  if (out.empty()) {
+    fmt::print(stderr, "no lengths in {}\n", path);
+    std::exit(2);
+  }
+  return out;
+}
+
+template <class F>
+double median_seconds(int repeat, F&& f) {
+  std::vector<double> t;
+  for (int r = 0; r < std::max(1, repeat); ++r) {
+    const auto t0 = clock_type::now();
+    f();
+    t.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+int balance(const char* file, rlpt::index_t k, bool equal, const std::string& algo, int repeat) {
+  const auto len = read_lengths(file);
+  rlpt::balance_options o = rlpt::compat::verl::balance(k);
+  o.equal_count = equal;
+  if (algo == "kk") o.refine = true;
+  if (algo == "lpt") {
+    o.algorithm = rlpt::partition_algorithm::lpt;
+    o.refine = false;
+  }
+  if (algo == "best") {
+    o.algorithm = rlpt::partition_algorithm::best;
+    o.refine = true;
+  }
+  rlpt::partition p;
+  const double s = median_seconds(repeat, [&] { p = rlpt::balance(len, o); });
+  fmt::print("{{\"seconds\": {:.9g}, \"max_load\": {:.17g}, \"min_load\": {:.17g}, \"mean_load\": {:.17g}, "
+             "\"imbalance\": {:.9g}}}\n",
+             s, p.max_load(), p.min_load(), p.mean_load(), p.imbalance());
+  return 0;
+}
+
+rlpt::microbatch_options mb_options(rlpt::index_t budget, const std::string& algo) {
+  rlpt::microbatch_options o = rlpt::compat::verl::microbatches(budget);
+  if (algo == "kk") o.kk_attempts = 8; // rlpt default: FFD after 8 overshooting tries
+  if (algo == "ffd") o = rlpt::compat::areal::microbatches(budget);
+  return o;
+}
+
+int microbatch(const char* file, rlpt::index_t budget, const std::string& algo, int repeat) {
+  const auto len = read_lengths(file);
+  const rlpt::microbatch_options o = mb_options(budget, algo);
+  rlpt::microbatch_plan p;
+  const double s = median_seconds(repeat, [&] { p = rlpt::plan_microbatches(len, o); });
+  // Waste if each micro-batch were a padded [rows, longest] tensor, and packed with 256 alignment.
+  rlpt::index_t padded = 0, aligned = 0, tokens = 0;
+  for (rlpt::index_t m = 0; m < p.num_microbatches(); ++m) {
+    rlpt::index_t longest = 0, t = 0;
+    for (const auto i : p.microbatch(m)) {
+      longest = std::max(longest, len[static_cast<std::size_t>(i)]);
+      t += len[static_cast<std::size_t>(i)];
+    }
+    padded += longest * p.microbatch(m).size();
+    aligned += (t + 255) / 256 * 256;
+    tokens += t;
+  }
+  const double mean = static_cast<double>(tokens) / static_cast<double>(p.num_microbatches());
+  fmt::print("{{\"seconds\": {:.9g}, \"count\": {}, \"max_tokens\": {}, \"tokens\": {}, \"mb_imbalance\": {:.9g}, "
+             "\"fill\": {:.9g}, \"pad_to_max_waste\": {:.9g}, \"align256_waste\": {:.9g}, \"fell_back\": {}}}\n",
+             s, p.num_microbatches(), p.max_tokens(), tokens, static_cast<double>(p.max_tokens()) / mean,
+             static_cast<double>(tokens) / static_cast<double>(p.num_microbatches() * budget),
+             static_cast<double>(padded - tokens) / static_cast<double>(tokens),
+             static_cast<double>(aligned - tokens) / static_cast<double>(tokens), p.fell_back ? "true" : "false");
+  return 0;
+}
+
+// Plan + pack every micro-batch into varlen buffers: the end-to-end work rearrange_micro_batches does.
+int pack(const char* file, rlpt::index_t budget, int repeat) {
+  const auto len = read_lengths(file);
+  std::vector<rlpt::trajectory> recs;
+  std::mt19937 g(1);
+  for (std::size_t i = 0; i < len.size(); ++i) {
+    rlpt::trajectory t;
+    t.group_id = static_cast<std::int64_t>(i);
+    const auto n = static_cast<std::size_t>(len[i]);
+    t.prompt_len = 1;
+    t.tokens.resize(n);
+    for (auto& x : t.tokens) x = static_cast<rlpt::token_id>(g() % 50000);
+    t.loss_mask.assign(n, 1);
+    t.loss_mask[0] = 0;
+    t.logprobs.assign(n, -1.0f);
+    t.versions.assign(n, 0);
+    t.versions[0] = -1;
+    t.rewards = {0.0f};
+    recs.push_back(std::move(t));
+  }
+  const rlpt::rollout_batch batch = rlpt::rollout_batch::gather(recs, {});
+  const rlpt::microbatch_options o = rlpt::compat::verl::microbatches(budget);
+  std::vector<rlpt::packed_microbatch> out;
+  const double s = median_seconds(repeat, [&] {
+    const auto lengths = batch.lengths();
+    const rlpt::microbatch_plan p = rlpt::plan_microbatches(lengths, o);
+    out.clear();
+    for (rlpt::index_t m = 0; m < p.num_microbatches(); ++m) out.push_back(rlpt::pack(batch, p.microbatch(m)));
+  });
+  fmt::print("{{\"seconds\": {:.9g}, \"count\": {}, \"tokens\": {}}}\n", s, out.size(), batch.num_tokens());
+  return 0;
+}
+
+int buffer(int producers, int consumers, rlpt::index_t records, rlpt::index_t group_size, rlpt::index_t mean_len) {
+  const rlpt::index_t groups = records / group_size;
+  // Records are built before timing so the figure is the buffer's own overhead (push, group
+  // assembly, pop, gathering into columns), not the producers' allocation of records.
+  std::vector<std::vector<rlpt::trajectory>> work(static_cast<std::size_t>(producers));
+  std::mt19937 g(7);
+  std::geometric_distribution<rlpt::index_t> resp(1.0 / static_cast<double>(mean_len));
+  rlpt::index_t tokens = 0;
+  for (rlpt::index_t gr = 0; gr < groups; ++gr)
+    for (rlpt::index_t s = 0; s < group_size; ++s) {
+      rlpt::trajectory t;
+      t.group_id = gr;
+      t.sample_index = static_cast<std::int32_t>(s);
+      const auto n = static_cast<std::size_t>(2 + resp(g));
+      t.prompt_len = 1;
+      t.tokens.assign(n, 5);
+      t.loss_mask.assign(n, 1);
+      t.loss_mask[0] = 0;
+      t.logprobs.assign(n, -1.0f);
+      t.versions.assign(n, 0);
+      t.versions[0] = -1;
+      t.rewards = {static_cast<float>(s % 2)};
+      tokens += static_cast<rlpt::index_t>(n);
+      work[static_cast<std::size_t>(gr % producers)].push_back(std::move(t));
+    }
+  rlpt::rollout_buffer buf({.capacity_groups = 256, .group_size = group_size});
+  std::atomic<rlpt::index_t> consumed{0};
+  const std::clock_t c0 = std::clock(); // process CPU time, all threads
+  const auto t0 = clock_type::now();
+  std::vector<std::thread> threads;
+  for (int p = 0; p < producers; ++p)
+    threads.emplace_back([&, p] {
+      for (auto& t : work[static_cast<std::size_t>(p)]) buf.push(std::move(t));
+    });
+  for (int c = 0; c < consumers; ++c)
+    threads.emplace_back([&] {
+      rlpt::rollout_batch b; // reused: a trainer keeps one batch per consumer
+      while (buf.pop_into(b, 8)) consumed.fetch_add(b.size(), std::memory_order_relaxed);
+    });
+  for (int p = 0; p < producers; ++p) threads[static_cast<std::size_t>(p)].join();
+  buf.close();
+  for (std::size_t t = static_cast<std::size_t>(producers); t < threads.size(); ++t) threads[t].join();
+  const double s = std::chrono::duration<double>(clock_type::now() - t0).count();
+  const double cpu = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
+  const auto st = buf.stats();
+  if (!st.balanced() || consumed.load() != records - records % group_size) {
+    fmt::print(stderr, "accounting broken: consumed {} of {}\n", consumed.load(), records);
+    return 1;
+  }
+  // Bytes a record's columns occupy (token 4, mask 1, logprob 4, version 4); each is moved in
+  // and copied once into the batch columns.
+  const double bytes = static_cast<double>(tokens) * 13.0;
+  const rlpt::bench::bandwidth bw = rlpt::bench::measure_copy_bandwidth(std::size_t{1} << 28, 3, 1);
+  fmt::print("{{\"seconds\": {:.9g}, \"cpu_seconds\": {:.9g}, \"records\": {}, \"tokens\": {}, \"records_per_s\": "
+             "{:.9g}, \"tokens_per_s\": {:.9g}, \"ns_per_record\": {:.9g}, \"cpu_ns_per_record\": {:.9g}, "
+             "\"column_gbps\": {:.9g}, \"copy_gbps\": {:.9g}}}\n",
+             s, cpu, consumed.load(), tokens, static_cast<double>(consumed.load()) / s, static_cast<double>(tokens) / s,
+             s * 1e9 / static_cast<double>(consumed.load()), cpu * 1e9 / static_cast<double>(consumed.load()),
+             2.0 * bytes / s / 1e9, bw.copy_gbps);
+  return 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  try {
+    if (mode == "balance" && argc == 7)
+      return balance(argv[2], std::atoll(argv[3]), std::atoi(argv[4]) != 0, argv[5], std::atoi(argv[6]));
+    if (mode == "microbatch" && argc == 6) return microbatch(argv[2], std::atoll(argv[3]), argv[4], std::atoi(argv[5]));
+    if (mode == "pack" && argc == 5) return pack(argv[2], std::atoll(argv[3]), std::atoi(argv[4]));
+    if (mode == "buffer" && argc == 7)
+      return buffer(std::atoi(argv[2]), std::atoi(argv[3]), std::atoll(argv[4]), std::atoll(argv[5]), std::atoll(argv[6]));
+  } catch (const rlpt::error& e) {
+    fmt::print(stderr, "{}\n", e.what());
+    return 1;
+  }
+  fmt::print(stderr, "usage: see the header of bench/rollout/bench_rollout_peer.cpp\n");
+  return 2;
+}
