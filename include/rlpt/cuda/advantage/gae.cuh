@@ -115,7 +115,7 @@ inline constexpr int gae_items = 8;
 inline constexpr int gae_tile = gae_threads * gae_items;
 
 template <mask_mode Mode>
-RLPT_KERNEL void __launch_bounds__(gae_threads) gae_kernel(gae_kernel_args a) {
+RLPT_KERNEL void __launch_bounds__(gae_threads, 3) gae_kernel(gae_kernel_args a) {
   constexpr int padded = gae_tile + gae_tile / 32; // one pad per 32 keeps the transposed reads conflict-free
   using scan_t = cub::BlockScan<gae_map, gae_threads, cub::BLOCK_SCAN_WARP_SCANS>;
   __shared__ typename scan_t::TempStorage scan_storage;
@@ -140,34 +140,25 @@ RLPT_KERNEL void __launch_bounds__(gae_threads) gae_kernel(gae_kernel_args a) {
         s_m[k] = a.mask ? a.mask[i] : mask_t{1};
       }
       __syncthreads();
-      float r[gae_items], v[gae_items];
-      bool ok[gae_items];
       gae_map agg = gae_identity();
 #pragma unroll
       for (int j = 0; j < gae_items; ++j) {
         const int u = tid * gae_items + j, k = u + u / 32;
-        ok[j] = false;
-        r[j] = 0.0f;
-        v[j] = 0.0f;
-        if (u < cnt) {
-          ok[j] = s_m[k] != 0;
-          r[j] = s_r[k];
-          v[j] = s_v[k];
-          agg = gae_then(agg, gae_token(ok[j], r[j], v[j], a.gamma, a.gamma_lambda, Mode));
-        }
+        if (u < cnt) agg = gae_then(agg, gae_token(s_m[k] != 0, s_r[k], s_v[k], a.gamma, a.gamma_lambda, Mode));
       }
       gae_map prefix, total;
       scan_t(scan_storage).ExclusiveScan(agg, prefix, gae_identity(), gae_scan_op{}, total);
       double nv = prefix.alpha * next_value + prefix.n0;
       double ac = prefix.c + prefix.p * next_value + prefix.q * acc;
-      __syncthreads(); // every thread has its inputs in registers: reuse s_r / s_v for the outputs
+      // Each thread reads its own slots once more and overwrites them with its outputs; no other
+      // thread touches them until the barrier below.
 #pragma unroll
       for (int j = 0; j < gae_items; ++j) {
         const int u = tid * gae_items + j, k = u + u / 32;
         if (u >= cnt) continue;
-        if (ok[j]) {
-          const double vt = static_cast<double>(v[j]);
-          const double delta = static_cast<double>(r[j]) + a.gamma * nv - vt;
+        if (s_m[k] != 0) {
+          const double vt = static_cast<double>(s_v[k]);
+          const double delta = static_cast<double>(s_r[k]) + a.gamma * nv - vt;
           ac = delta + a.gamma_lambda * ac;
           nv = vt;
           const float out = static_cast<float>(ac);
