@@ -3,6 +3,7 @@
 //! Umbrella for rlpt's device blocks (needs nvcc). Includes the host umbrella too.
 #pragma once
 
+#include <rlpt/cuda/advantage/advantage.cuh>
 #include <rlpt/cuda/device.cuh>
 #include <rlpt/cuda/error.cuh>
 #include <rlpt/cuda/logprob.cuh>
