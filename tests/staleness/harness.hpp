@@ -95,8 +95,9 @@ public:
       if (!training) {
         std::vector<candidate> cands;
         for (const auto& g : ready_) cands.push_back({g.t.version, g.t.target});
-        std::vector<version_count> pending = gate_->running();
-        const policy_version v = gate_->version();
+        const staleness_gate::alive_tickets alive = gate_->alive();
+        const std::vector<version_count> pending = in_flight(alive, cands);
+        const policy_version v = alive.version;
         const pick_result p = pick_batch(cands, want(), v, cfg_.select, pending, false);
         last_pick = p;
         last_pick.evict.clear();

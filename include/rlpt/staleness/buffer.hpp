@@ -20,6 +20,7 @@
 #include <rlpt/config.hpp>
 #include <rlpt/core/error.hpp>
 #include <rlpt/rollout/buffer.hpp>
+#include <rlpt/rollout/checkpoint.hpp>
 #include <rlpt/rollout/record.hpp>
 #include <rlpt/staleness/clock.hpp>
 #include <rlpt/staleness/gate.hpp>
@@ -32,8 +33,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <functional>
-#include <map>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -391,17 +392,18 @@ private:
   // that consumer's locals.
   group_selector selector(pick_result& last, staleness_histogram& ages) {
     return [this, &last, &ages](std::span<const group_info> ready, index_t wanted, bool closed, selection& out) {
-      const policy_version now = gate_.version();
       std::lock_guard lock(mutex_);
-      std::vector<candidate> cands;
+      // Tickets first, then the version: nothing listed is newer than `now`.
+      const staleness_gate::alive_tickets alive = gate_.alive();
+      const policy_version now = alive.version;
+      std::vector<candidate> cands, tracked;
       cands.reserve(ready.size());
-      std::map<std::pair<policy_version, policy_version>, index_t> ready_tracked;
       for (const auto& info : ready) {
         const auto it = groups_.find(info.id);
         candidate c;
         if (it != groups_.end()) {
           c = {it->second.t.version, it->second.t.target};
-          ++ready_tracked[{c.version, c.target}];
+          tracked.push_back(c);
         } else {
           // Untracked (pushed around the adapter): its oldest token; never stale without one.
           c.version = info.head_version >= 0 ? std::min(info.head_version, now) : now;
@@ -409,13 +411,7 @@ private:
         }
         cands.push_back(c);
       }
-      // In flight = running tickets + accepted ones not ready yet.
-      std::vector<version_count> pending = gate_.running();
-      for (auto b : gate_.buffered()) {
-        const auto it = ready_tracked.find({b.version, b.target});
-        if (it != ready_tracked.end()) b.count -= it->second;
-        if (b.count > 0) pending.push_back(b);
-      }
+      const std::vector<version_count> pending = in_flight(alive, tracked);
       last = pick_batch(cands, wanted, now, opt_.select, pending, closed);
       for (const auto& [pos, act] : last.evict) {
         out.evict.emplace_back(pos, act == stale_action::requeue ? evict_reason::requeued : evict_reason::stale);
@@ -496,5 +492,19 @@ private:
   starvation_monitor monitor_;
   version_clock::subscription sub_;
 };
+
+//! Writes the buffer and its version state to `path` (rollout checkpoint format, the version
+//! state in the caller blob), crash-consistently. Call it between steps.
+inline void save_checkpoint(staleness_buffer& sb, const std::filesystem::path& path) {
+  const buffer_state bs = sb.buffer().snapshot();
+  const std::vector<std::byte> blob = encode(sb.state());
+  detail::write_file_durable(path, encode_checkpoint(bs, blob));
+}
+
+//! Restores a fresh staleness_buffer (and its gate) from save_checkpoint's file.
+inline void restore_checkpoint(staleness_buffer& sb, const std::filesystem::path& path) {
+  checkpoint c = load_checkpoint(path);
+  sb.restore(std::move(c.state), decode_staleness_state(c.user));
+}
 
 } // namespace rlpt

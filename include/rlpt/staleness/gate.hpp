@@ -322,6 +322,18 @@ public:
     return listing(buffered_);
   }
 
+  //! Running and buffered tickets from one instant (a ticket moving between them is seen
+  //! exactly once), and the version read after them (no listed ticket is newer).
+  struct alive_tickets {
+    std::vector<version_count> running;
+    std::vector<version_count> buffered;
+    policy_version version = 0;
+  };
+  [[nodiscard]] alive_tickets alive() const {
+    std::lock_guard lock(mutex_);
+    return {listing(running_), listing(buffered_), clock_->current()};
+  }
+
   // --- lifecycle -----------------------------------------------------------------------------
 
   //! No more admissions: blocked producers get empty tickets. Outstanding tickets still work.

@@ -24,7 +24,9 @@
 #include <rlpt/staleness/clock.hpp>
 
 #include <cmath>
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 
 namespace rlpt {
 
@@ -40,12 +42,15 @@ struct proximal_options {
   index_t lag = 1;
 };
 
-//! Interpolation weight for a token generated at version `u` (AReaL's α).
+//! Interpolation weight for a token generated at version `u` (AReaL's α), computed as
+//! clamp(v_prox − u, 0, v_θ − u) / (v_θ − u) with one float division (exact ratios of small
+//! integers, identical on every backend).
 [[nodiscard]] RLPT_HD float proximal_alpha(policy_version u, policy_version v_prox, policy_version v_theta) noexcept {
   if (u < 0 || u >= v_theta) return 0.0f; // untagged, or already on-policy
-  const double a = (static_cast<double>(v_prox) - static_cast<double>(u)) /
-                   (static_cast<double>(v_theta) - static_cast<double>(u));
-  return static_cast<float>(a < 0.0 ? 0.0 : (a > 1.0 ? 1.0 : a));
+  const std::int64_t den = std::int64_t{v_theta} - u;
+  std::int64_t num = std::int64_t{v_prox} - u;
+  num = num < 0 ? 0 : (num > den ? den : num);
+  return static_cast<float>(num) / static_cast<float>(den);
 }
 
 //! One token's approximate proximal log-prob from behaviour and current log-probs.
@@ -66,8 +71,7 @@ struct proximal_options {
 
 struct proximal_result {
   index_t tokens = 0;        //!< valid tokens written
-  index_t interpolated = 0;  //!< tokens with 0 < α < 1
-  double mean_alpha = 0.0;   //!< over valid tokens
+  index_t interpolated = 0;  //!< tokens with 0 < α < 1 (the rest equal behaviour or current exactly)
 };
 
 //! Writes the approximate proximal log-probs of every valid token (mask != 0; empty mask =
@@ -85,26 +89,75 @@ inline proximal_result proximal_logprobs(view<const float> behav, view<const flo
   detail::expect_size("out", out.size(), n, "one per token, like behav");
   RLPT_CHECK(opt.lag >= 0, "rlpt.staleness.bad_option", "proximal lag must be >= 0, got {}", opt.lag);
   RLPT_CHECK(v_theta >= 0, "rlpt.staleness.bad_version", "v_theta must be >= 0, got {}", v_theta);
-  const auto v_prox = static_cast<policy_version>(static_cast<index_t>(v_theta) - opt.lag);
+  // Below -1 every tagged token has α = 0 already; clamping keeps the integer maths in range.
+  const auto v_prox = static_cast<policy_version>(std::max<index_t>(index_t{v_theta} - opt.lag, -1));
+  RLPT_CHECK(v_theta < std::numeric_limits<policy_version>::max(), "rlpt.staleness.bad_version",
+             "v_theta {} leaves no room above it", v_theta);
   proximal_result r;
-  double alpha_sum = 0.0;
-  for (index_t i = 0; i < n; ++i) {
-    if (!mask.empty() && mask[i] == 0) {
-      out[i] = std::isfinite(behav[i]) ? behav[i] : 0.0f;
-      continue;
+  index_t tokens = 0, interpolated = 0;
+  const float* bp = behav.data();
+  const float* cp = current.data();
+  const policy_version* vp = versions.data();
+  const mask_t* mp = mask.data();
+  float* op = out.data();
+  // Blocks of branch-free passes (each vectorises): validate and count, compute every token,
+  // then give masked tokens a finite placeholder. Only the error path rescans.
+  constexpr index_t block = 2048;
+  for (index_t b0 = 0; b0 < n; b0 += block) {
+    const auto len = static_cast<std::int32_t>(std::min(block, n - b0));
+    std::int32_t bad = 0, tok = 0, mid = 0;
+    for (std::int32_t t = 0; t < len; ++t) {
+      const index_t i = b0 + t;
+      const std::int32_t m = mp == nullptr ? 1 : static_cast<std::int32_t>(mp[i] != 0);
+      const policy_version u = vp[i];
+      bad |= m & (static_cast<std::int32_t>(!std::isfinite(bp[i])) | static_cast<std::int32_t>(!std::isfinite(cp[i])) |
+                  static_cast<std::int32_t>(u > v_theta));
+      tok += m;
+      // 0 < α < 1  <=>  0 <= u < v_prox < v_theta
+      mid += m & static_cast<std::int32_t>(u >= 0) & static_cast<std::int32_t>(u < v_prox);
     }
-    RLPT_CHECK(std::isfinite(behav[i]) && std::isfinite(current[i]), "rlpt.staleness.non_finite",
-               "token {} has behaviour logprob {} and current logprob {}; both must be finite on a valid token", i,
-               behav[i], current[i]);
-    RLPT_CHECK(versions[i] <= v_theta, "rlpt.staleness.future_version",
-               "token {} has version {}, newer than v_theta {}", i, versions[i], v_theta);
-    const float a = proximal_alpha(versions[i], v_prox, v_theta);
-    out[i] = proximal_logprob(behav[i], current[i], a, opt.method);
-    ++r.tokens;
-    r.interpolated += (a > 0.0f && a < 1.0f) ? 1 : 0;
-    alpha_sum += static_cast<double>(a);
+    if (bad != 0)
+      for (index_t i = b0; i < b0 + len; ++i) {
+        if (mp != nullptr && mp[i] == 0) continue;
+        RLPT_CHECK(std::isfinite(bp[i]) && std::isfinite(cp[i]), "rlpt.staleness.non_finite",
+                   "token {} has behaviour logprob {} and current logprob {}; both must be finite on a valid token", i,
+                   bp[i], cp[i]);
+        RLPT_CHECK(vp[i] <= v_theta, "rlpt.staleness.future_version", "token {} has version {}, newer than v_theta {}",
+                   i, vp[i], v_theta);
+      }
+    tokens += tok;
+    interpolated += v_prox < v_theta ? mid : 0;
+    if (opt.method == prox_method::loglinear) {
+      // α = clamp(v_prox − u, 0, v_θ − u) / (v_θ − u) in integers (0 for u < 0 or u >= v_θ),
+      // which is proximal_alpha exactly; the blend in fp64 as proximal_logprob.
+      for (std::int32_t t = 0; t < len; ++t) {
+        const index_t i = b0 + t;
+        const policy_version u = vp[i];
+        const policy_version tagged = (u >> 31) + 1; // 0 for u < 0, 1 otherwise
+        // Differences wrap (well defined) for the garbage versions masked tokens may hold;
+        // valid tokens have -1 <= u <= v_theta, where nothing wraps.
+        const auto diff = [u](policy_version v) {
+          return static_cast<policy_version>(static_cast<std::uint32_t>(v) - static_cast<std::uint32_t>(u));
+        };
+        const policy_version den = std::max(diff(v_theta), policy_version{1});
+        const policy_version num = std::min(std::max(diff(v_prox), policy_version{0}), den) * tagged;
+        const float a = static_cast<float>(num) / static_cast<float>(den);
+        const double b = bp[i];
+        op[i] = static_cast<float>(b + static_cast<double>(a) * (static_cast<double>(cp[i]) - b));
+      }
+    } else {
+      for (index_t i = b0; i < b0 + len; ++i)
+        op[i] = proximal_logprob(bp[i], cp[i], proximal_alpha(vp[i], v_prox, v_theta), opt.method);
+    }
+    if (mp != nullptr)
+      for (std::int32_t t = 0; t < len; ++t) {
+        const index_t i = b0 + t;
+        const float ph = std::isfinite(bp[i]) ? bp[i] : 0.0f;
+        op[i] = mp[i] != 0 ? op[i] : ph;
+      }
   }
-  r.mean_alpha = r.tokens > 0 ? alpha_sum / static_cast<double>(r.tokens) : 0.0;
+  r.tokens = tokens;
+  r.interpolated = interpolated;
   return r;
 }
 

@@ -210,6 +210,28 @@ inline void check_candidate(const candidate& c, index_t i, policy_version curren
   return r;
 }
 
+//! What a consumer that sees `visible` (the gate's tickets among its ready items) may still
+//! receive: running tickets plus accepted ones not visible yet (finished, on their way into
+//! the buffer). Pass it as `pending` to pick_batch; leaving the in-transit ones out would let
+//! the wait policy miss an item that must be trained now.
+[[nodiscard]] inline std::vector<version_count> in_flight(const staleness_gate::alive_tickets& alive,
+                                                          std::span<const candidate> visible) {
+  std::vector<version_count> out = alive.running;
+  std::vector<candidate> seen(visible.begin(), visible.end());
+  auto key = [](const candidate& c) { return std::pair{c.version, c.target}; };
+  std::sort(seen.begin(), seen.end(), [&](const candidate& a, const candidate& b) { return key(a) < key(b); });
+  std::size_t at = 0;
+  for (version_count b : alive.buffered) { // sorted by (version, target) like `seen`
+    while (at < seen.size() && key(seen[at]) < std::pair{b.version, b.target}) ++at;
+    while (at < seen.size() && key(seen[at]) == std::pair{b.version, b.target} && b.count > 0) {
+      --b.count;
+      ++at;
+    }
+    if (b.count > 0) out.push_back(b);
+  }
+  return out;
+}
+
 // --- starvation -----------------------------------------------------------------------------
 
 enum class starvation_cause : std::uint8_t {

@@ -19,6 +19,9 @@
 #include <rlpt/staleness/clock.hpp>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
 
 namespace rlpt {
 
@@ -39,11 +42,11 @@ struct token_mask_result {
   index_t kept = 0;                 //!< of those, tokens still trained (the new token-mean denominator)
   index_t masked = 0;               //!< trained tokens removed as stale (trained − kept)
   index_t sequences_fully_stale = 0; //!< sequences that had trained tokens and now have none
-  index_t oldest_age = -1;          //!< age of the oldest trained token (-1: none)
 };
 
 //! Writes `out` = loss_mask with stale tokens cleared, for every token slot of every sequence
-//! of `layout` (other slots of `out` are not touched; `out` may be `loss_mask` itself).
+//! of `layout` (other slots of `out` are not touched; `out` may be `loss_mask` itself, and is
+//! unspecified after an error).
 //! Optional per-sequence outputs: `kept_per_seq[b]` trained tokens left (per-sequence loss
 //! denominators) and `has_loss[b]` (0 for sequences that no longer train any token; they
 //! still count in their group's baseline).
@@ -60,28 +63,49 @@ inline token_mask_result mask_stale_tokens(const token_layout& layout, view<cons
   detail::expect_size_or_empty("kept_per_seq", kept_per_seq.size(), layout.num_seqs(), "one per sequence");
   detail::expect_size_or_empty("has_loss", has_loss.size(), layout.num_seqs(), "one per sequence");
 
+  // Tokens fresher than this stay (no int32 overflow, whatever garbage masked slots hold).
+  const index_t lo64 = opt.max_age < 0 ? index_t{std::numeric_limits<policy_version>::min()}
+                                       : std::max<index_t>(index_t{current} - opt.max_age,
+                                                           std::numeric_limits<policy_version>::min());
+  const auto lo = static_cast<policy_version>(lo64);
   token_mask_result r;
   for (index_t b = 0; b < layout.num_seqs(); ++b) {
+    const index_t base = layout.begin(b), n = layout.length(b);
+    const policy_version* vp = versions.data() + base;
+    const mask_t* mp = loss_mask.data() + base;
+    mask_t* op = out.data() + base;
     index_t trained = 0, kept = 0;
-    const index_t n = layout.length(b);
-    for (index_t t = 0; t < n; ++t) {
-      const index_t i = layout.at(b, t);
-      if (loss_mask[i] == 0) {
-        out[i] = 0;
-        continue;
+    // Blocks through a local buffer: `out` may alias `loss_mask` (and a byte store may alias
+    // anything), so computing into `tmp` is what lets the loop vectorise; a block is checked
+    // before it is written, and only the error path rescans it.
+    constexpr index_t block = 512;
+    mask_t tmp[block];
+    for (index_t c0 = 0; c0 < n; c0 += block) {
+      const auto len = static_cast<std::int32_t>(std::min(block, n - c0));
+      std::int32_t tr = 0, kp = 0, bad = 0;
+      for (std::int32_t t = 0; t < len; ++t) {
+        const policy_version v = vp[c0 + t];
+        const std::int32_t m = mp[c0 + t] != 0 ? 1 : 0;
+        const std::int32_t fresh = m & (v >= lo ? 1 : 0);
+        bad |= m & ((v < 0 ? 1 : 0) | (v > current ? 1 : 0));
+        tmp[t] = static_cast<mask_t>(fresh);
+        tr += m;
+        kp += fresh;
       }
-      const policy_version v = versions[i];
-      RLPT_CHECK(v >= 0, "rlpt.staleness.untagged_token",
-                 "sequence {} token {} is trained (loss_mask = {}) but has version {}: its age is unknown (stamp "
-                 "generated tokens with the version that sampled them)",
-                 b, t, loss_mask[i], v);
-      RLPT_CHECK(v <= current, "rlpt.staleness.future_version",
-                 "sequence {} token {} has version {}, newer than the current version {}", b, t, v, current);
-      ++trained;
-      r.oldest_age = std::max(r.oldest_age, static_cast<index_t>(current) - static_cast<index_t>(v));
-      const bool keep = token_is_fresh(v, current, opt.max_age);
-      out[i] = keep ? mask_t{1} : mask_t{0};
-      kept += keep ? 1 : 0;
+      if (bad != 0)
+        for (index_t t = c0; t < c0 + len; ++t) {
+          if (mp[t] == 0) continue;
+          const policy_version v = vp[t];
+          RLPT_CHECK(v >= 0, "rlpt.staleness.untagged_token",
+                     "sequence {} token {} is trained (loss_mask = {}) but has version {}: its age is unknown (stamp "
+                     "generated tokens with the version that sampled them)",
+                     b, t, mp[t], v);
+          RLPT_CHECK(v <= current, "rlpt.staleness.future_version",
+                     "sequence {} token {} has version {}, newer than the current version {}", b, t, v, current);
+        }
+      std::memcpy(op + c0, tmp, static_cast<std::size_t>(len));
+      trained += tr;
+      kept += kp;
     }
     r.trained += trained;
     r.kept += kept;
