@@ -7,4 +7,5 @@
 #include <rlpt/core.hpp>
 #include <rlpt/logprob.hpp>
 #include <rlpt/objective.hpp>
+#include <rlpt/staleness.hpp>
 #include <rlpt/sync.hpp>
