@@ -68,7 +68,7 @@ std::filesystem::path temp_path(const char* name) {
 
 } // namespace
 
-TEST_CASE("groups flow gate -> buffer -> trainer; every count agrees; histograms per batch") {
+TEST_CASE("groups flow gate -> buffer -> trainer, every count agrees, histograms per batch") {
   staleness_metrics m;
   staleness_gate gate({.max_staleness = 1, .batch_groups = 2, .max_concurrent = 4, .metrics = &m});
   staleness_buffer sb(gate, {.capacity_groups = 16, .group_size = 2}, {.select = {.max_staleness = 1}});
@@ -160,7 +160,7 @@ TEST_CASE("wait: the consumer holds the batch for an in-flight group that would 
   check_books(sb);
 }
 
-TEST_CASE("fail() evicts a half-pushed group and returns its slot; errors name groups and tickets") {
+TEST_CASE("fail() evicts a half-pushed group and returns its slot, errors name groups and tickets") {
   staleness_gate gate({.max_staleness = 0, .batch_groups = 1});
   staleness_buffer sb(gate, {.capacity_groups = 4, .group_size = 2});
   const ticket a = gate.try_admit();
@@ -230,7 +230,7 @@ TEST_CASE("a partial rollout resumed across a weight update becomes a record wit
   CHECK(b.group_infos()[0].tail_version == 1);
 }
 
-TEST_CASE("checkpoint: version state rides in the buffer checkpoint; restore recovers the gate") {
+TEST_CASE("checkpoint: version state rides in the buffer checkpoint, restore recovers the gate") {
   const gate_options go{.max_staleness = 2, .batch_groups = 2, .max_concurrent = 16};
   const buffer_options bo{.capacity_groups = 16, .group_size = 2};
   const staleness_buffer_options so{.select = {.max_staleness = 2}};

@@ -188,7 +188,7 @@ TEST_CASE("recover applies AReaL's recovery rule: no burst of (eta + v + 1)·B a
   CHECK(sg.recover(7).empty());
 }
 
-TEST_CASE("dp_shard splits B and the cap; shards share one clock and its publishes") {
+TEST_CASE("dp_shard splits B and the cap, shards share one clock and its publishes") {
   const gate_options global{.max_staleness = 2, .batch_groups = 8, .max_concurrent = 16};
   const gate_options shard = dp_shard(global, 4);
   CHECK(shard.batch_groups == 2);

@@ -134,7 +134,7 @@ TEST_CASE("randomized: target-version reservation trains step v only on groups r
     }
 }
 
-TEST_CASE("randomized: admission alone bounds the head version only on average; the window makes it hard") {
+TEST_CASE("randomized: admission alone bounds the head version only on average, the window makes it hard") {
   // AReaL relies on admission; with heavy-tailed generation times a group can finish after the
   // trainer moved past d + eta. With the window (drop) such groups never reach the trainer.
   index_t over = 0, over_windowed = 0;

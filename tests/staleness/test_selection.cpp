@@ -28,7 +28,7 @@ std::vector<index_t> evicted(const pick_result& r) {
 }
 } // namespace
 
-TEST_CASE("the window drops (or requeues) items older than eta; the rest are taken oldest first") {
+TEST_CASE("the window drops (or requeues) items older than eta, the rest are taken oldest first") {
   const auto ready = versions({3, 0, 5, 4, 1, 5, 2});
   pick_result r = pick_batch(ready, 3, 5, {.max_staleness = 2});
   CHECK(r.status == pick_status::ready);
@@ -54,7 +54,7 @@ TEST_CASE("freshest first takes the newest versions, ties in arrival order") {
   CHECK(r.evict.empty());
 }
 
-TEST_CASE("too few eligible items: wait (evictions still apply); closed: a short batch, then drained") {
+TEST_CASE("too few eligible items: wait (evictions still apply), closed: a short batch, then drained") {
   const auto ready = versions({0, 3, 3});
   pick_result r = pick_batch(ready, 3, 3, {.max_staleness = 1});
   CHECK(r.status == pick_status::waiting);
@@ -68,7 +68,7 @@ TEST_CASE("too few eligible items: wait (evictions still apply); closed: a short
   CHECK(pick_batch({}, 2, 0, {}).status == pick_status::waiting);
 }
 
-TEST_CASE("target version: only items reserved for this step; missed targets are stale") {
+TEST_CASE("target version: only items reserved for this step, missed targets are stale") {
   const std::vector<candidate> ready{{0, 2}, {1, 1}, {1, 2}, {0, 1}, {2, 3}};
   const selection_options o{.max_staleness = 2, .order = pick_order::target_version};
   pick_result r = pick_batch(ready, 2, 2, o);

@@ -71,7 +71,7 @@ token_batch make_batch(rlpt::test::rng& rng, bool packed, policy_version current
 
 } // namespace
 
-TEST_CASE("stale tokens leave the loss mask and every denominator; masked garbage never matters") {
+TEST_CASE("stale tokens leave the loss mask and every denominator, masked garbage never matters") {
   rlpt::test::rng rng(11);
   for (int trial = 0; trial < 300; ++trial) {
     const bool packed = trial % 2 == 0;
@@ -308,7 +308,7 @@ TEST_CASE("partial rollouts: interrupt (retract) and resume keep tokens, logprob
   RLPT_CHECK_ERROR(p.finish(), "rlpt.staleness.partial_state", "already finished");
 }
 
-TEST_CASE("partial rollouts: abort restarts from the prompt; masking the off-policy prefix; limits; errors") {
+TEST_CASE("partial rollouts: abort restarts from the prompt, masking the off-policy prefix, limits, errors") {
   const std::vector<token_id> prompt{1, 2};
   const std::vector<token_id> c{5, 6, 7};
   const std::vector<float> l{-1.0f, -1.0f, -1.0f};
@@ -356,7 +356,7 @@ TEST_CASE("partial rollouts: abort restarts from the prompt; masking the off-pol
   RLPT_CHECK_ERROR(partial_rollout(5, prompt, 0, {.max_new_tokens = 0}), "rlpt.staleness.bad_option", "got 0");
 }
 
-TEST_CASE("proximal_logprobs equals the per-token functions exactly; masked garbage never leaks") {
+TEST_CASE("proximal_logprobs equals the per-token functions exactly, masked garbage never leaks") {
   rlpt::test::rng rng(31);
   for (int trial = 0; trial < 200; ++trial) {
     const auto n = static_cast<std::size_t>(rng.integer(1, 5000));
