@@ -19,7 +19,9 @@ response (median 2000, sigma 0.8); long tail (15% at the 16384 cap); uniform 256
 """
 import argparse
 import math
+import statistics
 import sys
+import time
 import tempfile
 from pathlib import Path
 
@@ -33,6 +35,19 @@ from tensordict import TensorDict  # noqa: E402
 from verl.utils import seqlen_balancing as sb  # noqa: E402
 
 from gen_rollout import DISTS, lengths  # noqa: E402  (tools/golden is on sys.path)
+
+
+def cpu_time(fn, repeat: int, warmup: int = 0) -> float:
+    """Median process CPU seconds of fn(): robust on a shared machine (rlpt's runner reports the same)."""
+    torch.set_num_threads(1)
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        start = time.process_time()
+        fn()
+        times.append(time.process_time() - start)
+    return statistics.median(times)
 
 
 def write_lengths(path: Path, L: np.ndarray) -> None:
@@ -91,17 +106,18 @@ def main() -> None:
                 w = sb.calculate_workload(torch.from_numpy(L)).tolist()
                 rep = 5 if n <= 4096 else 1
                 parts = sb.get_seqlen_balanced_partitions(w, k, equal_size=True)
-                verl_s = common.timeit(lambda: sb.get_seqlen_balanced_partitions(w, k, equal_size=True),
-                                       repeat=rep, warmup=0 if n > 4096 else 1, threads=1)
+                verl_s = cpu_time(lambda: sb.get_seqlen_balanced_partitions(w, k, equal_size=True),
+                                  repeat=rep, warmup=0 if n > 4096 else 1)
                 kk = common.run_cpp(runner, ["balance", lfile, k, 1, "verl", 7])
                 best = common.run_cpp(runner, ["balance", lfile, k, 1, "best", 7])
                 rows.append({"dist": dist, "N": n, "k": k,
-                             "verl_ms": verl_s * 1e3, "rlpt_kk_ms": kk["seconds"] * 1e3,
-                             "rlpt_best_ms": best["seconds"] * 1e3,
-                             "speedup_kk": verl_s / kk["seconds"], "speedup_best": verl_s / best["seconds"],
-                             "verl_max/mean": imbalance(L, parts), "rlpt_kk_max/mean": kk["imbalance"],
-                             "rlpt_best_max/mean": best["imbalance"]})
-    print("\n## Rank balancing (equal count, workload 24576·L + L²)")
+                             "verl_ms": verl_s * 1e3, "rlpt_kk_ms": kk["cpu_seconds"] * 1e3,
+                             "rlpt_best_ms": best["cpu_seconds"] * 1e3,
+                             "speedup_kk": verl_s / kk["cpu_seconds"], "speedup_best": verl_s / best["cpu_seconds"],
+                             "verl_excess": f"{imbalance(L, parts) - 1:.2e}",
+                             "rlpt_kk_excess": f"{kk['imbalance'] - 1:.2e}",
+                             "rlpt_best_excess": f"{best['imbalance'] - 1:.2e}"})
+    print("\n## Rank balancing (equal count, workload 24576·L + L²); times are CPU ms; excess = max/mean - 1")
     print_rows(rows)
 
     # 2. micro-batches ---------------------------------------------------------------------------
@@ -113,7 +129,7 @@ def main() -> None:
             write_lengths(lfile, L)
             row = {"dist": dist, "N": n}
             if n <= 1024:
-                plan_s = common.timeit(lambda: verl_plan(L, budget), repeat=1, warmup=0, threads=1)
+                plan_s = cpu_time(lambda: verl_plan(L, budget), repeat=1)
                 parts = verl_plan(L, budget)
                 vs = mb_stats(L, parts, budget)
                 row.update({"verl_plan_ms": plan_s * 1e3, "verl_count": vs["count"],
@@ -122,14 +138,13 @@ def main() -> None:
                     ids = torch.nested.nested_tensor([torch.zeros(int(x), dtype=torch.long) for x in L],
                                                      layout=torch.jagged)
                     batch = TensorDict({"input_ids": ids}, batch_size=[n])
-                    e2e = common.timeit(lambda: sb.rearrange_micro_batches(batch, max_token_len=budget),
-                                        repeat=1, warmup=0, threads=1)
+                    e2e = cpu_time(lambda: sb.rearrange_micro_batches(batch, max_token_len=budget), repeat=1)
                     row["verl_e2e_ms"] = e2e * 1e3
             ours_verl = common.run_cpp(runner, ["microbatch", lfile, budget, "verl", 3])
             ours = common.run_cpp(runner, ["microbatch", lfile, budget, "kk", 5])
             packed = common.run_cpp(runner, ["pack", lfile, budget, 3])
-            row.update({"rlpt_verlpreset_ms": ours_verl["seconds"] * 1e3, "rlpt_ms": ours["seconds"] * 1e3,
-                        "rlpt_plan+pack_ms": packed["seconds"] * 1e3,
+            row.update({"rlpt_verlpreset_ms": ours_verl["cpu_seconds"] * 1e3, "rlpt_ms": ours["cpu_seconds"] * 1e3,
+                        "rlpt_plan+pack_ms": packed["cpu_seconds"] * 1e3,
                         "rlpt_verlpreset_count": ours_verl["count"], "rlpt_count": ours["count"],
                         "lower_bound": math.ceil(int(L.sum()) / budget),
                         "rlpt_mb_max/mean": ours["mb_imbalance"], "rlpt_fill": ours["fill"],
@@ -141,7 +156,7 @@ def main() -> None:
             if "verl_e2e_ms" in row:
                 row["speedup_e2e"] = row["verl_e2e_ms"] / row["rlpt_plan+pack_ms"]
             rows.append(row)
-    print(f"\n## Micro-batches (budget {budget} tokens per micro-batch)")
+    print(f"\n## Micro-batches (budget {budget} tokens per micro-batch); times are CPU ms")
     print_rows(rows)
 
     # 3. buffer ------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@
 #include <atomic>
 #include <chrono>
 #include <ctime>
+#include <time.h>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -41,16 +42,30 @@ std::vector<rlpt::index_t> read_lengths(const char* path) {
   return out;
 }
 
+double cpu_now() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+struct timing {
+  double wall = 0; //!< median wall seconds
+  double cpu = 0;  //!< median process CPU seconds (robust when the machine is shared)
+};
+
 template <class F>
-double median_seconds(int repeat, F&& f) {
-  std::vector<double> t;
+timing median_seconds(int repeat, F&& f) {
+  std::vector<double> wall, cpu;
   for (int r = 0; r < std::max(1, repeat); ++r) {
     const auto t0 = clock_type::now();
+    const double c0 = cpu_now();
     f();
-    t.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
+    cpu.push_back(cpu_now() - c0);
+    wall.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
   }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  std::sort(wall.begin(), wall.end());
+  std::sort(cpu.begin(), cpu.end());
+  return {wall[wall.size() / 2], cpu[cpu.size() / 2]};
 }
 
 int balance(const char* file, rlpt::index_t k, bool equal, const std::string& algo, int repeat) {
@@ -67,10 +82,10 @@ int balance(const char* file, rlpt::index_t k, bool equal, const std::string& al
     o.refine = true;
   }
   rlpt::partition p;
-  const double s = median_seconds(repeat, [&] { p = rlpt::balance(len, o); });
-  fmt::print("{{\"seconds\": {:.9g}, \"max_load\": {:.17g}, \"min_load\": {:.17g}, \"mean_load\": {:.17g}, "
-             "\"imbalance\": {:.9g}}}\n",
-             s, p.max_load(), p.min_load(), p.mean_load(), p.imbalance());
+  const timing s = median_seconds(repeat, [&] { p = rlpt::balance(len, o); });
+  fmt::print("{{\"seconds\": {:.9g}, \"cpu_seconds\": {:.9g}, \"max_load\": {:.17g}, \"min_load\": {:.17g}, "
+             "\"mean_load\": {:.17g}, \"imbalance\": {:.17g}}}\n",
+             s.wall, s.cpu, p.max_load(), p.min_load(), p.mean_load(), p.imbalance());
   return 0;
 }
 
@@ -85,7 +100,7 @@ int microbatch(const char* file, rlpt::index_t budget, const std::string& algo, 
   const auto len = read_lengths(file);
   const rlpt::microbatch_options o = mb_options(budget, algo);
   rlpt::microbatch_plan p;
-  const double s = median_seconds(repeat, [&] { p = rlpt::plan_microbatches(len, o); });
+  const timing s = median_seconds(repeat, [&] { p = rlpt::plan_microbatches(len, o); });
   // Waste if each micro-batch were a padded [rows, longest] tensor, and packed with 256 alignment.
   rlpt::index_t padded = 0, aligned = 0, tokens = 0;
   for (rlpt::index_t m = 0; m < p.num_microbatches(); ++m) {
@@ -99,9 +114,10 @@ int microbatch(const char* file, rlpt::index_t budget, const std::string& algo, 
     tokens += t;
   }
   const double mean = static_cast<double>(tokens) / static_cast<double>(p.num_microbatches());
-  fmt::print("{{\"seconds\": {:.9g}, \"count\": {}, \"max_tokens\": {}, \"tokens\": {}, \"mb_imbalance\": {:.9g}, "
-             "\"fill\": {:.9g}, \"pad_to_max_waste\": {:.9g}, \"align256_waste\": {:.9g}, \"fell_back\": {}}}\n",
-             s, p.num_microbatches(), p.max_tokens(), tokens, static_cast<double>(p.max_tokens()) / mean,
+  fmt::print("{{\"seconds\": {:.9g}, \"cpu_seconds\": {:.9g}, \"count\": {}, \"max_tokens\": {}, \"tokens\": {}, "
+             "\"mb_imbalance\": {:.9g}, \"fill\": {:.9g}, \"pad_to_max_waste\": {:.9g}, \"align256_waste\": {:.9g}, "
+             "\"fell_back\": {}}}\n",
+             s.wall, s.cpu, p.num_microbatches(), p.max_tokens(), tokens, static_cast<double>(p.max_tokens()) / mean,
              static_cast<double>(tokens) / static_cast<double>(p.num_microbatches() * budget),
              static_cast<double>(padded - tokens) / static_cast<double>(tokens),
              static_cast<double>(aligned - tokens) / static_cast<double>(tokens), p.fell_back ? "true" : "false");
@@ -131,13 +147,14 @@ int pack(const char* file, rlpt::index_t budget, int repeat) {
   const rlpt::rollout_batch batch = rlpt::rollout_batch::gather(recs, {});
   const rlpt::microbatch_options o = rlpt::compat::verl::microbatches(budget);
   std::vector<rlpt::packed_microbatch> out;
-  const double s = median_seconds(repeat, [&] {
+  const timing s = median_seconds(repeat, [&] {
     const auto lengths = batch.lengths();
     const rlpt::microbatch_plan p = rlpt::plan_microbatches(lengths, o);
     out.clear();
     for (rlpt::index_t m = 0; m < p.num_microbatches(); ++m) out.push_back(rlpt::pack(batch, p.microbatch(m)));
   });
-  fmt::print("{{\"seconds\": {:.9g}, \"count\": {}, \"tokens\": {}}}\n", s, out.size(), batch.num_tokens());
+  fmt::print("{{\"seconds\": {:.9g}, \"cpu_seconds\": {:.9g}, \"count\": {}, \"tokens\": {}}}\n", s.wall, s.cpu,
+             out.size(), batch.num_tokens());
   return 0;
 }
 

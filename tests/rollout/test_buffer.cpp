@@ -11,6 +11,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <stdexcept>
 #include <chrono>
 #include <thread>
 #include <vector>
@@ -410,5 +411,33 @@ TEST_CASE("pop_into reuses the caller's batch and reports the end of the stream"
   buf.close();
   CHECK_FALSE(buf.pop_into(b, 1));
   CHECK(b.empty());
+  check_balanced(buf);
+}
+
+TEST_CASE("a throwing filter rejects its group, keeps the accounting and reaches the caller") {
+  test::rng r(27);
+  std::vector<std::int64_t> evicted;
+  rollout_buffer buf({.group_size = 2,
+                      .filters = {filters::predicate("boom",
+                                                     [](const group_view& g) -> bool {
+                                                       if (g.id == 3) throw std::runtime_error("reward model down");
+                                                       return true;
+                                                     })},
+                      .on_evict = [&](evicted_group&& g) { evicted.push_back(g.info.id); }});
+  CHECK(buf.push(rec(r, 3, 0)));
+  CHECK_THROWS_WITH_AS(buf.push(rec(r, 3, 1)), "reward model down", std::runtime_error);
+  CHECK(evicted == std::vector<std::int64_t>{3});
+  const buffer_stats s = buf.stats();
+  CHECK(s.evicted_by(evict_reason::rejected).records == 2);
+  CHECK(s.dropped_by_filter == std::vector<index_t>{1});
+  check_balanced(buf);
+  // An unknown eviction reason from a selector is an error, not an out-of-range counter.
+  CHECK(buf.push(rec(r, 4, 0)));
+  CHECK(buf.push(rec(r, 4, 1)));
+  RLPT_CHECK_ERROR(buf.pop(1,
+                           [](std::span<const group_info>, index_t, bool, selection& out) {
+                             out.evict.push_back({0, static_cast<evict_reason>(42)});
+                           }),
+                   "rlpt.rollout.bad_selection", "reason code 42");
   check_balanced(buf);
 }

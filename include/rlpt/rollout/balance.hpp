@@ -116,10 +116,12 @@ struct kk_state {
   std::uint64_t id = 0;
 };
 
-// Heaviest sets first; a non-empty set before an empty one of the same sum (verl's Set order).
+// Heaviest sets first; among equal sums the one with more items (verl's Set order), then the
+// lower first item: a strict total order, so plain (unstable) sorts are deterministic.
 [[nodiscard]] inline bool kk_set_before(const kk_set& a, const kk_set& b) noexcept {
   if (a.sum != b.sum) return a.sum > b.sum;
-  return a.count > b.count;
+  if (a.count != b.count) return a.count > b.count;
+  return a.head < b.head;
 }
 
 //! Karmarkar–Karp over non-negative weights. Equal counts with n % k != 0 add zero-weight
@@ -127,9 +129,12 @@ struct kk_state {
 //! dropped at the end: parts get floor(n/k) or ceil(n/k) items.
 inline std::vector<std::vector<index_t>> karmarkar_karp(view<const double> w, index_t k, bool equal_count) {
   const index_t n = w.size();
+  // Ascending by (weight, index); sorting the pairs themselves keeps the sort cache-friendly.
+  std::vector<std::pair<double, index_t>> by_weight(static_cast<std::size_t>(n));
+  for (index_t i = 0; i < n; ++i) by_weight[static_cast<std::size_t>(i)] = {w[i], i};
+  std::sort(by_weight.begin(), by_weight.end());
   std::vector<index_t> order(static_cast<std::size_t>(n));
-  std::iota(order.begin(), order.end(), index_t{0});
-  std::sort(order.begin(), order.end(), [&](index_t a, index_t b) { return w[a] != w[b] ? w[a] < w[b] : a < b; });
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = by_weight[i].second;
 
   // Items are linked per set; set union is O(1).
   const index_t pad = equal_count ? (k - n % k) % k : 0;
@@ -173,7 +178,7 @@ inline std::vector<std::vector<index_t>> karmarkar_karp(view<const double> w, in
       const index_t item = sorted_item(off + i);
       s.sets.push_back({weight_of(item), 1, item, item});
     }
-    std::stable_sort(s.sets.begin(), s.sets.end(), kk_set_before);
+    std::sort(s.sets.begin(), s.sets.end(), kk_set_before);
     pool.push_back(std::move(s));
     heap.push(key_of(static_cast<index_t>(pool.size()) - 1));
   }
@@ -206,7 +211,7 @@ inline std::vector<std::vector<index_t>> karmarkar_karp(view<const double> w, in
       s.count += t.count;
       changed.push_back(s);
     }
-    std::stable_sort(changed.begin(), changed.end(), kk_set_before);
+    std::sort(changed.begin(), changed.end(), kk_set_before);
     // Merge from the back, in place: the prefix keeps its slots unless a changed set outranks it.
     const auto nc = static_cast<index_t>(changed.size());
     x.sets.resize(static_cast<std::size_t>(keep + nc));
@@ -232,9 +237,12 @@ inline std::vector<std::vector<index_t>> karmarkar_karp(view<const double> w, in
 //! take ceil(n/k) items and the others floor(n/k).
 inline std::vector<std::vector<index_t>> lpt(view<const double> w, index_t k, bool equal_count) {
   const index_t n = w.size();
+  // Descending by weight, ascending index among equals.
+  std::vector<std::pair<double, index_t>> by_weight(static_cast<std::size_t>(n));
+  for (index_t i = 0; i < n; ++i) by_weight[static_cast<std::size_t>(i)] = {-w[i], i};
+  std::sort(by_weight.begin(), by_weight.end());
   std::vector<index_t> order(static_cast<std::size_t>(n));
-  std::iota(order.begin(), order.end(), index_t{0});
-  std::sort(order.begin(), order.end(), [&](index_t a, index_t b) { return w[a] != w[b] ? w[a] > w[b] : a < b; });
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = by_weight[i].second;
   const index_t q = n / k, r = n % k;
   index_t big_used = 0;
   std::vector<double> load(static_cast<std::size_t>(k), 0.0);

@@ -44,6 +44,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -522,30 +523,41 @@ private:
     std::vector<evicted_group> out;
     push_status status = push_status::ok;
     bool wake_consumers = false, wake_producers = false;
+    std::exception_ptr error; // a throwing filter: deliver what was evicted, then rethrow
     {
       std::unique_lock lock(mutex_);
-      auto it = open_.find(t.group_id);
-      if (it == open_.end()) {
-        check_not_complete(t.group_id);
-        status = make_room(lock, mode, deadline, out);
-        if (status == push_status::ok) {
-          // Another producer may have opened this group while we waited.
-          it = open_.find(t.group_id);
-          if (it == open_.end()) {
-            check_not_complete(t.group_id);
-            it = open_locked(t.group_id, opt_.group_size);
-          }
-        }
-      } else if (closed_.load(std::memory_order_relaxed)) {
-        status = push_status::closed;
+      try {
+        status = push_locked(lock, t, mode, deadline, out, wake_consumers);
+      } catch (...) {
+        error = std::current_exception();
       }
-      if (status == push_status::ok && add_locked(it, std::move(t), out)) wake_consumers = consumer_can_proceed();
       wake_producers = !out.empty() && waiting_producers_ > 0;
     }
     if (wake_producers) space_.notify_all();
     if (wake_consumers) ready_cv_.notify_all();
     deliver(std::move(out));
+    if (error) std::rethrow_exception(error);
     return status;
+  }
+
+  push_status push_locked(std::unique_lock<std::mutex>& lock, trajectory& t, wait_mode mode,
+                          clock::time_point deadline, std::vector<evicted_group>& out, bool& wake_consumers) {
+    auto it = open_.find(t.group_id);
+    if (it == open_.end()) {
+      check_not_complete(t.group_id);
+      const push_status status = make_room(lock, mode, deadline, out);
+      if (status != push_status::ok) return status;
+      // Another producer may have opened this group while we waited.
+      it = open_.find(t.group_id);
+      if (it == open_.end()) {
+        check_not_complete(t.group_id);
+        it = open_locked(t.group_id, opt_.group_size);
+      }
+    } else if (closed_.load(std::memory_order_relaxed)) {
+      return push_status::closed;
+    }
+    if (add_locked(it, std::move(t), out)) wake_consumers = consumer_can_proceed();
+    return push_status::ok;
   }
 
   push_status open_impl(std::int64_t id, index_t expected, wait_mode mode, clock::time_point deadline) {
@@ -572,6 +584,7 @@ private:
   bool end_group(std::int64_t id, bool abort) {
     std::vector<evicted_group> out;
     bool became_ready = false;
+    std::exception_ptr error;
     {
       std::lock_guard lock(mutex_);
       auto it = open_.find(id);
@@ -583,12 +596,17 @@ private:
         evict_locked(std::move(g), false, evict_reason::incomplete, out);
       } else {
         g.info.partial = g.info.samples < g.info.expected;
-        became_ready = complete_locked(std::move(g), out) && consumer_can_proceed();
+        try {
+          became_ready = complete_locked(std::move(g), out) && consumer_can_proceed();
+        } catch (...) {
+          error = std::current_exception();
+        }
       }
     }
     space_.notify_all();
     if (became_ready) ready_cv_.notify_all();
     deliver(std::move(out));
+    if (error) std::rethrow_exception(error);
     return true;
   }
 
@@ -671,7 +689,11 @@ private:
     RLPT_CHECK(detail::isize(sel.take.size()) <= want, "rlpt.rollout.bad_selection",
                "selector takes {} groups, more than the {} wanted", sel.take.size(), want);
     for (const auto p : sel.take) mark(p, "takes");
-    for (const auto& [p, r] : sel.evict) mark(p, "evicts");
+    for (const auto& [p, r] : sel.evict) {
+      mark(p, "evicts");
+      RLPT_CHECK(static_cast<std::size_t>(r) < evict_reason_count, "rlpt.rollout.bad_selection",
+                 "selector evicts position {} with unknown reason code {}", p, static_cast<int>(r));
+    }
     const bool complete = detail::isize(sel.take.size()) == want || (is_closed && !sel.take.empty());
     if (sel.evict.empty() && !complete) return false;
     // Move out what is taken (in the selector's order) and evicted; keep the rest in order.
@@ -764,12 +786,22 @@ private:
       std::sort(g.records.begin(), g.records.end(),
                 [](const trajectory& a, const trajectory& b) { return a.sample_index < b.sample_index; });
     const group_view view{g.info.id, g.records};
-    for (std::size_t k = 0; k < opt_.filters.size(); ++k)
-      if (!opt_.filters[k].keep(view)) {
+    for (std::size_t k = 0; k < opt_.filters.size(); ++k) {
+      bool keep = false;
+      try {
+        keep = opt_.filters[k].keep(view);
+      } catch (...) {
+        // A throwing filter rejects the group: it stays accounted for, then the error propagates.
+        ++stats_.dropped_by_filter[k];
+        evict_locked(std::move(g), false, evict_reason::rejected, out);
+        throw;
+      }
+      if (!keep) {
         ++stats_.dropped_by_filter[k];
         evict_locked(std::move(g), false, opt_.filters[k].reason, out);
         return false;
       }
+    }
     g.info.ready_seq = next_ready_seq_++;
     ++ready_ids_[g.info.id];
     ready_.push_back(std::move(g));
