@@ -620,9 +620,14 @@ private:
     std::vector<std::byte> meta;
     encode_frame(meta, type, tag, version, 0, index, count, 0, as_bytes(body));
     try {
-      link_.send(meta, 0, after(o_.timeout));
+      // A NACK is best effort: its peer may be the one that just went away (waiting for a
+      // reconnect would only delay the failure report).
+      link_.send(meta, 0, after(type == frame_type::nack ? std::min<std::chrono::nanoseconds>(o_.timeout, std::chrono::milliseconds(100))
+                                                         : std::chrono::nanoseconds(o_.timeout)));
     } catch (const error& e) {
       last_link_error_ = e.message();
+      // The sender cannot hear us: an update in progress cannot complete.
+      if (cur_.active && type == frame_type::ready) throw;
     }
   }
 

@@ -31,6 +31,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <new>
 #include <optional>
@@ -62,8 +63,20 @@ inline constexpr std::uint64_t shm_page = 4096;
 
 [[nodiscard]] constexpr std::uint64_t page_up(std::uint64_t n) noexcept { return (n + shm_page - 1) / shm_page * shm_page; }
 
+//! True while process `pid` runs. A zombie (exited, not yet reaped by its parent) is dead.
 [[nodiscard]] inline bool pid_alive(std::int32_t pid) noexcept {
-  return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM);
+  if (pid <= 0 || (::kill(pid, 0) != 0 && errno != EPERM)) return false;
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return true; // no procfs: trust kill()
+  char buf[256];
+  const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+  ::close(fd);
+  if (n <= 0) return true;
+  buf[n] = '\0';
+  const char* paren = std::strrchr(buf, ')'); // "pid (comm) S ...": comm may contain spaces
+  return paren == nullptr || paren[1] == '\0' || (paren[2] != 'Z' && paren[2] != 'X');
 }
 
 struct shm_header {
@@ -354,8 +367,10 @@ private:
       unmap();
       RLPT_FAIL("rlpt.sync.shm", "{}: receiver pid {} is already attached", where_, other);
     }
+    // Messages already in the ring are read: a BEGIN sent before we attached must not be lost.
+    // Leftovers of an update a previous receiver was in are ignored by the protocol (their
+    // attempt tag is not the current one; a lone COMMIT gets a NACK).
     h->receiver_pid.store(::getpid(), std::memory_order_release);
-    h->fwd_tail.store(h->fwd_head.load(std::memory_order_acquire), std::memory_order_release); // drop stale messages
     h_ = h;
     g_ = g;
     o_.slots = h->slots;

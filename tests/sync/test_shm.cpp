@@ -1,0 +1,251 @@
+// SPDX-License-Identifier: Apache-2.0
+// Shared-memory transport across processes (fork): round trips, a sender killed mid-update,
+// a receiver restarted mid-stream, slot credits, and no leaked segments or descriptors.
+#include "process.hpp"
+#include "receiver_loop.hpp"
+
+using namespace rlpt::sync;
+using namespace rlpt::test::sync;
+using namespace std::chrono_literals;
+
+namespace {
+
+const plan_options small_buckets{.bucket_bytes = 1024, .alignment = 256};
+const shm_options small_slots{.slots = 2, .slot_bytes = 1024, .meta_bytes = 64 << 10};
+
+// The model at version v: make_model(seed), then one step per version after the first.
+model model_at(std::uint64_t seed, std::uint64_t v) {
+  model md = make_model(seed);
+  for (std::uint64_t k = 2; k <= v; ++k) {
+    rlpt::test::rng r(1000 + k);
+    md.step(0.02, r);
+  }
+  return md;
+}
+
+// Polls until `n` updates were reported (or the limit passes).
+std::vector<update> poll_n(receiver& rx, std::size_t n, std::chrono::milliseconds limit = 20s) {
+  std::vector<update> out;
+  const auto until = clock::now() + limit;
+  while (out.size() < n && clock::now() < until) {
+    update u = rx.poll(50ms);
+    if (u.state != update::status::idle) out.push_back(std::move(u));
+  }
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("shm: dense and delta updates across processes, then nothing left behind") {
+  const std::string name = unique_name("rt");
+  const int fds = open_fds();
+  const pid_t child = spawn([&] {
+    model md = model_at(21, 1);
+    const manifest m = plan(md.refs, small_buckets);
+    shm_transport link(name, role::sender, small_slots);
+    sender tx(link, m, md.refs, {.delta = true, .timeout = 10s});
+    for (std::uint64_t v = 1; v <= 4; ++v) {
+      if (v > 1) {
+        rlpt::test::rng r(1000 + v);
+        md.step(0.02, r);
+      }
+      const publish_result p = tx.publish(v);
+      if (p.delta != (v > 1)) throw std::runtime_error("unexpected update kind");
+    }
+  });
+  {
+    shm_transport link(name, role::receiver);
+    sink s;
+    receiver rx(link, s.fn());
+    const auto ups = poll_n(rx, 4);
+    REQUIRE(ups.size() == 4);
+    for (std::size_t k = 0; k < 4; ++k) {
+      CHECK(ups[k].published());
+      CHECK(ups[k].version == k + 1);
+    }
+    model want = model_at(21, 4);
+    check_mirror(rx, want);
+    CHECK(wait_child(child) == 0);
+  }
+  CHECK(shm_entries(name).empty()); // the sender unlinked its segment
+  CHECK(open_fds() == fds);
+}
+
+TEST_CASE("shm: a sender killed mid-update leaves the previous version; the next sender succeeds") {
+  const std::string name = unique_name("kill");
+  const int fds = open_fds();
+  auto stalling_sender = [&](bool stall) {
+    return spawn([&, stall] {
+      model md = model_at(22, 1);
+      const manifest m = plan(md.refs, small_buckets);
+      shm_transport link(name, role::sender, small_slots);
+      bool stalled = false;
+      sender tx(link, m, [&](std::size_t i) {
+        if (stalled && i == 8) ::pause(); // hang half-way through version 2 until SIGKILL
+        return std::span<const std::byte>(md.storage[i]);
+      }, {.timeout = 10s});
+      if (stall) {
+        tx.publish(1);
+        rlpt::test::rng r(1002);
+        md.step(0.02, r);
+        stalled = true;
+        tx.publish(2);
+      } else {
+        rlpt::test::rng r(1002);
+        md.step(0.02, r);
+        tx.publish(2);
+      }
+    });
+  };
+  {
+    shm_transport link(name, role::receiver);
+    sink s;
+    receiver rx(link, s.fn(), {.timeout = 20s}); // the dead pid must be noticed long before this
+    const pid_t first = stalling_sender(true);
+    auto ups = poll_n(rx, 1);
+    REQUIRE(ups.size() == 1);
+    REQUIRE(ups[0].published());
+    auto killed_at = clock::now() + 1h;
+    std::thread killer([&] { // kill while the receiver is busy with version 2
+      std::this_thread::sleep_for(300ms);
+      killed_at = clock::now();
+      ::kill(first, SIGKILL);
+    });
+    ups = poll_n(rx, 1);
+    killer.join();
+    REQUIRE(ups.size() == 1);
+    CHECK(clock::now() - killed_at < 2s);
+    CHECK(ups[0].failed());
+    CHECK(ups[0].version == 2);
+    CHECK(ups[0].error_id == "rlpt.sync.peer_lost");
+    CHECK(ups[0].reason.find(fmt::format("sender pid {} exited", first)) != std::string::npos);
+    CHECK(wait_child(first) == 128 + SIGKILL);
+    model v1 = model_at(22, 1);
+    check_mirror(rx, v1); // still serving version 1
+    const pid_t second = stalling_sender(false);
+    ups = poll_n(rx, 1);
+    REQUIRE(ups.size() == 1);
+    CHECK(ups[0].published());
+    CHECK(ups[0].version == 2);
+    model v2 = model_at(22, 2);
+    check_mirror(rx, v2);
+    CHECK(wait_child(second) == 0);
+  }
+  CHECK(shm_entries(name).empty()); // the killed sender's segment was cleaned up
+  CHECK(open_fds() == fds);
+}
+
+TEST_CASE("shm: a receiver restarted mid-stream recovers cleanly") {
+  const std::string name = unique_name("rrestart");
+  const pid_t child = spawn([&] {
+    model md = model_at(23, 1);
+    const manifest m = plan(md.refs, small_buckets);
+    shm_transport link(name, role::sender, small_slots);
+    sender tx(link, m, md.refs, {.delta = true, .timeout = 300ms, .commit_timeout = 1s});
+    int ok = 0, failed = 0;
+    const auto until = clock::now() + 20s;
+    for (std::uint64_t v = 1; clock::now() < until; ++v) {
+      if (v > 1) {
+        rlpt::test::rng r(1000 + v);
+        md.step(0.02, r);
+      }
+      try {
+        tx.publish(v);
+        if (++ok >= 8) return; // at least 6 of them after the restart (none can succeed without a receiver)
+      } catch (const rlpt::error&) {
+        ++failed;
+      }
+    }
+    throw std::runtime_error(fmt::format("no recovery: {} failures, {} successes", failed, ok));
+  });
+  {
+    shm_transport link(name, role::receiver);
+    sink s;
+    receiver rx(link, s.fn());
+    REQUIRE(poll_n(rx, 2).size() == 2);
+  } // gone in the middle of the stream
+  std::this_thread::sleep_for(100ms);
+  shm_transport link(name, role::receiver);
+  sink s;
+  receiver rx(link, s.fn());
+  std::vector<update> ups;
+  int status = 0;
+  const auto until = clock::now() + 30s;
+  while (::waitpid(child, &status, WNOHANG) == 0 && clock::now() < until) { // serve until the sender is done
+    update u = rx.poll(20ms);
+    if (u.state != update::status::idle) ups.push_back(std::move(u));
+  }
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  std::uint64_t last = 0;
+  for (const auto& u : ups)
+    if (u.published()) last = u.version;
+  REQUIRE(last > 0);
+  CHECK(rx.version() == last);
+  model want = model_at(23, last);
+  check_mirror(rx, want);
+}
+
+TEST_CASE("shm: credits: a slot is not reused until the receiver releases it") {
+  const std::string name = unique_name("credit");
+  shm_transport tx(name, role::sender, {.slots = 2, .slot_bytes = 4096, .meta_bytes = 1024});
+  shm_transport rx(name, role::receiver);
+  CHECK_FALSE(rx.receive(clock::now()).has_value()); // attaches
+  const std::byte meta[3] = {std::byte{1}, std::byte{2}, std::byte{3}};
+  for (int k = 0; k < 2; ++k) {
+    auto buf = tx.payload_buffer(100, after(1s));
+    std::fill(buf.begin(), buf.end(), static_cast<std::byte>(k + 1));
+    tx.send(meta, 100, after(1s));
+  }
+  RLPT_CHECK_ERROR(static_cast<void>(tx.payload_buffer(100, after(50ms))), "rlpt.sync.timeout",
+                   fmt::format("waiting for receiver pid {} to release a slot", ::getpid()));
+  auto m1 = rx.receive(after(1s));
+  REQUIRE(m1.has_value());
+  CHECK(m1->payload[0] == std::byte{1});
+  CHECK(m1->meta.size() == 3);
+  // Still held: the sender must wait.
+  RLPT_CHECK_ERROR(static_cast<void>(tx.payload_buffer(100, after(50ms))), "rlpt.sync.timeout", "release a slot");
+  CHECK(m1->payload[99] == std::byte{1});
+  rx.release();
+  auto buf = tx.payload_buffer(100, after(1s)); // slot 0 is free again
+  std::fill(buf.begin(), buf.end(), std::byte{3});
+  tx.send(meta, 100, after(1s));
+  auto m2 = rx.receive(after(1s));
+  REQUIRE(m2.has_value());
+  CHECK(m2->payload[0] == std::byte{2});
+  auto m3 = rx.receive(after(1s)); // receive() releases m2
+  REQUIRE(m3.has_value());
+  CHECK(m3->payload[0] == std::byte{3});
+  // A meta block larger than the meta area travels in the payload area.
+  std::vector<std::byte> big(3000, std::byte{7});
+  RLPT_CHECK_ERROR(tx.send(big, 100, after(1s)), "rlpt.sync.too_large", "meta block of 3000 bytes");
+  tx.send(big, 0, after(1s));
+  auto m4 = rx.receive(after(1s));
+  REQUIRE(m4.has_value());
+  CHECK(m4->meta.size() == 3000);
+  CHECK(m4->payload.empty());
+}
+
+TEST_CASE("shm: configuration errors") {
+  RLPT_CHECK_ERROR(shm_transport("bad/name", role::sender), "rlpt.sync.bad_link", "must be 1-200 characters of [A-Za-z0-9._-]");
+  RLPT_CHECK_ERROR(shm_transport("", role::receiver), "rlpt.sync.bad_link", "shm name \"\"");
+  const std::string name = unique_name("owned");
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  const pid_t child = spawn([&] {
+    shm_transport link(name, role::sender, {.slot_bytes = 4096});
+    const char c = 1;
+    if (::write(ready[1], &c, 1) != 1) throw std::runtime_error("pipe");
+    ::pause();
+  });
+  char c = 0;
+  REQUIRE(::read(ready[0], &c, 1) == 1);
+  RLPT_CHECK_ERROR(shm_transport(name, role::sender, {.slot_bytes = 4096}), "rlpt.sync.shm",
+                   fmt::format("belongs to a running sender (pid {})", child));
+  ::kill(child, SIGKILL);
+  CHECK(wait_child(child) == 128 + SIGKILL);
+  { shm_transport again(name, role::sender, {.slot_bytes = 4096}); } // a dead owner's segment is taken over
+  CHECK(shm_entries(name).empty());
+  ::close(ready[0]);
+  ::close(ready[1]);
+}

@@ -1,0 +1,216 @@
+// SPDX-License-Identifier: Apache-2.0
+// TCP transport on loopback across processes (fork): round trips, a sender killed mid-update,
+// garbage and fuzzed frames on the wire, and no leaked descriptors.
+#include "process.hpp"
+#include "receiver_loop.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+using namespace rlpt::sync;
+using namespace rlpt::test::sync;
+using namespace std::chrono_literals;
+
+namespace {
+
+const plan_options small_buckets{.bucket_bytes = 1024, .alignment = 256};
+
+model model_at(std::uint64_t seed, std::uint64_t v) {
+  model md = make_model(seed);
+  for (std::uint64_t k = 2; k <= v; ++k) {
+    rlpt::test::rng r(2000 + k);
+    md.step(0.02, r);
+  }
+  return md;
+}
+
+std::vector<update> poll_n(receiver& rx, std::size_t n, std::chrono::milliseconds limit = 20s) {
+  std::vector<update> out;
+  const auto until = clock::now() + limit;
+  while (out.size() < n && clock::now() < until) {
+    update u = rx.poll(50ms);
+    if (u.state != update::status::idle) out.push_back(std::move(u));
+  }
+  return out;
+}
+
+// Sends raw bytes to 127.0.0.1:port on a fresh connection, then closes it.
+void send_raw(std::uint16_t port, std::span<const std::byte> bytes) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  std::size_t at = 0;
+  while (at < bytes.size()) {
+    const ssize_t n = ::send(fd, bytes.data() + at, bytes.size() - at, MSG_NOSIGNAL);
+    if (n <= 0) break;
+    at += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
+}
+
+// One TCP frame as the transport writes it.
+std::vector<std::byte> tcp_frame(std::span<const std::byte> meta, std::span<const std::byte> payload) {
+  std::vector<std::byte> out(32 + meta.size() + payload.size());
+  const std::uint32_t magic = 0x46544c52u, mb = static_cast<std::uint32_t>(meta.size());
+  const std::uint64_t pb = payload.size(), mcheck = xxh3(meta.data(), meta.size());
+  std::memcpy(out.data(), &magic, 4);
+  std::memcpy(out.data() + 4, &mb, 4);
+  std::memcpy(out.data() + 8, &pb, 8);
+  std::memcpy(out.data() + 16, &mcheck, 8);
+  const std::uint64_t hcheck = xxh3(out.data(), 24);
+  std::memcpy(out.data() + 24, &hcheck, 8);
+  if (!meta.empty()) std::memcpy(out.data() + 32, meta.data(), meta.size());
+  if (!payload.empty()) std::memcpy(out.data() + 32 + meta.size(), payload.data(), payload.size());
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("tcp: dense and delta updates across processes over loopback") {
+  const int fds = open_fds();
+  {
+    tcp_transport link({.listen = true}, role::receiver);
+    const std::uint16_t port = link.port();
+    REQUIRE(port != 0);
+    const pid_t child = spawn([&] {
+      model md = model_at(31, 1);
+      const manifest m = plan(md.refs, small_buckets);
+      tcp_transport out({.port = port}, role::sender);
+      sender tx(out, m, md.refs, {.delta = true, .timeout = 10s});
+      for (std::uint64_t v = 1; v <= 4; ++v) {
+        if (v > 1) {
+          rlpt::test::rng r(2000 + v);
+          md.step(0.02, r);
+        }
+        tx.publish(v);
+      }
+    });
+    sink s;
+    receiver rx(link, s.fn());
+    const auto ups = poll_n(rx, 4);
+    REQUIRE(ups.size() == 4);
+    for (std::size_t k = 0; k < 4; ++k) {
+      CHECK(ups[k].published());
+      CHECK(ups[k].delta == (k > 0));
+    }
+    model want = model_at(31, 4);
+    check_mirror(rx, want);
+    CHECK(wait_child(child) == 0);
+  }
+  CHECK(open_fds() == fds);
+}
+
+TEST_CASE("tcp: a sender killed mid-update leaves the previous version; a reconnecting sender succeeds") {
+  tcp_transport link({.listen = true}, role::receiver);
+  const std::uint16_t port = link.port();
+  auto start_sender = [&](bool stall) {
+    return spawn([&, stall] {
+      model md = model_at(32, 1);
+      const manifest m = plan(md.refs, small_buckets);
+      tcp_transport out({.port = port}, role::sender);
+      bool stalled = false;
+      sender tx(out, m, [&](std::size_t i) {
+        if (stalled && i == 8) ::pause();
+        return std::span<const std::byte>(md.storage[i]);
+      }, {.timeout = 10s});
+      if (stall) tx.publish(1);
+      rlpt::test::rng r(2002);
+      md.step(0.02, r);
+      stalled = stall;
+      tx.publish(2);
+    });
+  };
+  sink s;
+  receiver rx(link, s.fn(), {.timeout = 20s});
+  const pid_t first = start_sender(true);
+  auto ups = poll_n(rx, 1);
+  REQUIRE(ups.size() == 1);
+  REQUIRE(ups[0].published());
+  auto killed_at = clock::now() + 1h;
+  std::thread killer([&] { // kill while the receiver is busy with version 2
+    std::this_thread::sleep_for(300ms);
+    killed_at = clock::now();
+    ::kill(first, SIGKILL);
+  });
+  ups = poll_n(rx, 1);
+  killer.join();
+  REQUIRE(ups.size() == 1);
+  CHECK(clock::now() - killed_at < 2s);
+  CHECK(ups[0].failed());
+  CHECK(ups[0].error_id == "rlpt.sync.peer_lost");
+  CHECK((ups[0].reason.find("connection closed by the peer") != std::string::npos ||
+         ups[0].reason.find("Connection reset by peer") != std::string::npos));
+  CHECK(wait_child(first) == 128 + SIGKILL);
+  model v1 = model_at(32, 1);
+  check_mirror(rx, v1);
+  const pid_t second = start_sender(false);
+  ups = poll_n(rx, 1);
+  REQUIRE(ups.size() == 1);
+  CHECK(ups[0].published());
+  model v2 = model_at(32, 2);
+  check_mirror(rx, v2);
+  CHECK(wait_child(second) == 0);
+}
+
+TEST_CASE("tcp: garbage and fuzzed frames are rejected without harming the receiver") {
+  tcp_transport link({.listen = true}, role::receiver);
+  const std::uint16_t port = link.port();
+  sink s;
+  receiver rx(link, s.fn(), {.timeout = 200ms});
+  // A valid BEGIN frame as the seed of the mutations.
+  model md = model_at(33, 1);
+  const manifest m = plan(md.refs, small_buckets);
+  std::vector<std::byte> begin;
+  const std::string body = m.to_json();
+  encode_frame(begin, frame_type::begin, 5, 1, 0, 0, m.layout_hash(), 0, as_bytes(body));
+  const std::vector<std::byte> seed = tcp_frame(begin, {});
+  rlpt::test::rng r(3);
+  int failed = 0;
+  for (int it = 0; it < 200; ++it) {
+    const std::vector<std::byte> junk = it == 0 ? std::vector<std::byte>(64, std::byte{0x41}) : mutate(seed, r);
+    send_raw(port, junk);
+    for (int k = 0; k < 3; ++k) {
+      const update u = rx.poll(5ms);
+      if (u.failed()) {
+        ++failed;
+        CHECK(u.error_id.rfind("rlpt.sync.", 0) == 0);
+      }
+    }
+  }
+  CHECK_FALSE(rx.has_version());
+  CHECK(rx.last_link_error().find("tcp 127.0.0.1") != std::string::npos);
+  // A real sender still gets through afterwards.
+  const pid_t child = spawn([&] {
+    model mm = model_at(33, 1);
+    tcp_transport out({.port = port}, role::sender);
+    sender tx(out, plan(mm.refs, small_buckets), mm.refs, {.timeout = 10s});
+    tx.publish(7);
+  });
+  const auto ups = poll_n(rx, 1);
+  REQUIRE(ups.size() == 1);
+  CHECK(ups[0].published());
+  check_mirror(rx, md);
+  CHECK(wait_child(child) == 0);
+}
+
+TEST_CASE("tcp: frames beyond the limits are refused before anything is allocated") {
+  tcp_transport link({.listen = true, .max_payload = 1024, .max_meta = 4096}, role::receiver);
+  const std::vector<std::byte> meta(16, std::byte{1});
+  std::vector<std::byte> frame = tcp_frame(meta, std::vector<std::byte>(8, std::byte{0}));
+  const std::uint64_t huge = std::uint64_t{1} << 50; // a 1 PiB payload claim
+  std::memcpy(frame.data() + 8, &huge, 8);
+  const std::uint64_t hcheck = xxh3(frame.data(), 24);
+  std::memcpy(frame.data() + 24, &hcheck, 8);
+  send_raw(link.port(), frame);
+  RLPT_CHECK_ERROR(static_cast<void>(link.receive(after(2s))), "rlpt.sync.wire", "payload larger than max_payload");
+  tcp_transport client({.port = link.port()}, role::sender);
+  RLPT_CHECK_ERROR(static_cast<void>(client.payload_buffer(std::uint64_t{1} << 33, after(1s))), "rlpt.sync.too_large",
+                   "exceeds max_payload");
+  RLPT_CHECK_ERROR(tcp_transport({.host = "no-such-host.invalid", .port = 1}, role::sender).send({}, 0, after(100ms)),
+                   "rlpt.sync.tcp", "cannot resolve host \"no-such-host.invalid\"");
+}
