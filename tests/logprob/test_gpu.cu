@@ -94,7 +94,7 @@ TEST_CASE_TEMPLATE("device forward and backward match the host", T, float, rlpt:
       dev_buffer<T> dx(c.x);
       dev_buffer<index_t> dt(c.t);
       dev_buffer<float> lp(c.n), en(c.n), ls(c.n), ddl(dl), ddh(dh);
-      dev_buffer<index_t> cnt(2);
+      dev_buffer<index_t> cnt(3);
       const rlpt::device_view2d<const T> x(dx.data(), c.n, v, c.stride);
       rlpt::logprob_entropy(x, dt.cview(), {.logp = lp.view(), .entropy = en.view(), .lse = ls.view(), .counters = cnt.view()},
                             o, nullptr);
@@ -103,10 +103,10 @@ TEST_CASE_TEMPLATE("device forward and backward match the host", T, float, rlpt:
       RLPT_CHECK_CLOSE(got_lp, hl, 1e-5, 1e-4);
       RLPT_CHECK_CLOSE(got_en, he, 1e-5, 1e-4);
       RLPT_CHECK_CLOSE(got_ls, hs, 1e-5, 1e-4);
-      CHECK(cnt.get() == std::vector<index_t>{0, 0});
+      CHECK(cnt.get() == std::vector<index_t>{0, 0, 0});
 
       dev_buffer<T> dgrad(c.x.size());
-      rlpt::logprob_entropy_backward(x, dt.cview(), ddl.cview(), ddh.cview(), en.cview(), ls.cview(),
+      rlpt::logprob_entropy_backward(x, dt.cview(), ddl.cview(), ddh.cview(), en.cview(), {.lse = ls.cview()},
                                      rlpt::device_view2d<T>(dgrad.data(), c.n, v, c.stride), o, nullptr);
       std::vector<float> got, want;
       const auto gv = dgrad.get();
@@ -121,7 +121,7 @@ TEST_CASE_TEMPLATE("device forward and backward match the host", T, float, rlpt:
       dev_buffer<T> inplace(c.x);
       const rlpt::device_view2d<T> w(inplace.data(), c.n, v, c.stride);
       rlpt::logprob_entropy_backward(rlpt::device_view2d<const T>(w), dt.cview(), ddl.cview(), ddh.cview(), en.cview(),
-                                     ls.cview(), w, o, nullptr);
+                                     {.lse = ls.cview()}, w, o, nullptr);
       const auto ip = inplace.get();
       bool same = true;
       for (index_t r = 0; r < c.n; ++r)
@@ -194,7 +194,7 @@ TEST_CASE("fused forward+backward equals forward, then the gradient, then backwa
   std::vector<float> dl(90), dh(90, -0.01f);
   for (index_t r = 0; r < 90; ++r) dl[static_cast<std::size_t>(r)] = -adv[static_cast<std::size_t>(r)] * std::exp(slp[static_cast<std::size_t>(r)]);
   dev_buffer<float> ddl(dl), ddh(dh);
-  rlpt::logprob_entropy_backward(x, dt.cview(), ddl.cview(), ddh.cview(), en2.cview(), ls2.cview(),
+  rlpt::logprob_entropy_backward(x, dt.cview(), ddl.cview(), ddh.cview(), en2.cview(), {.lse = ls2.cview()},
                                  rlpt::device_view2d<rlpt::bf16>(sep_grad.data(), 90, 20001), {.temperature = 1.1f},
                                  nullptr);
   const auto a = as_floats(fused_grad.get()), b = as_floats(sep_grad.get());
@@ -227,8 +227,8 @@ TEST_CASE("device sequences match the host over a packed layout") {
                                           {.lse = hs}, rlpt::view2d<float>(hg.data(), n, v));
   dev_buffer<float> ddl(dl), dg(x.size());
   rlpt::sequence_logprob_entropy_backward(rlpt::device_view2d<const float>(dx.data(), n, v), dt.cview(), dlayout, {},
-                                          ddl.cview(), {}, {}, ls.cview(), rlpt::device_view2d<float>(dg.data(), n, v),
-                                          {}, nullptr);
+                                          ddl.cview(), {}, {}, {.lse = ls.cview()},
+                                          rlpt::device_view2d<float>(dg.data(), n, v), {}, nullptr);
   const auto got = dg.get();
   RLPT_CHECK_CLOSE(got, hg, 1e-4, 1e-7);
 }
@@ -344,12 +344,68 @@ TEST_CASE("cuBLAS fused lm-head matches the host fused lm-head, forward and back
   cublasDestroy(cublas);
 }
 
+TEST_CASE_TEMPLATE("device top-k / top-p support, logprobs and gradients match the host", T, float, rlpt::bf16) {
+  lt::rng g(66);
+  const index_t n = 24, v = 5003;
+  auto x = lt::random_logits<T>(g, static_cast<std::size_t>(n * v), 2.5);
+  for (index_t j = 0; j < v; j += 5) x[static_cast<std::size_t>(3 * v + j)] = T(1.25f); // ties in row 3
+  std::vector<index_t> t(static_cast<std::size_t>(n));
+  for (index_t r = 0; r < n; ++r) { // the row's argmax: inside every support
+    index_t best = 0;
+    for (index_t j = 1; j < v; ++j)
+      best = static_cast<float>(x[static_cast<std::size_t>(r * v + j)]) > static_cast<float>(x[static_cast<std::size_t>(r * v + best)]) ? j : best;
+    t[static_cast<std::size_t>(r)] = best;
+  }
+  t[5] = -100;
+  for (const auto& o : {rlpt::logprob_options{.temperature = 0.7f, .top_k = 40},
+                        rlpt::logprob_options{.temperature = 1.2f, .top_p = 0.9f},
+                        rlpt::logprob_options{.top_k = 700, .top_p = 0.6f}}) {
+    std::vector<float> hl(n), he(n), hs(n), hthr(n);
+    std::vector<index_t> htie(n);
+    std::vector<rlpt::mask_t> hk(static_cast<std::size_t>(n * v));
+    const rlpt::view2d<const T> hx(x.data(), n, v);
+    rlpt::logprob_entropy(hx, t,
+                          {.logp = hl, .entropy = he, .saved = {.lse = hs, .threshold = hthr, .tie_last = htie},
+                           .kept = rlpt::view2d<rlpt::mask_t>(hk.data(), n, v)},
+                          o);
+    dev_buffer<T> dx(x);
+    dev_buffer<index_t> dt(t), dtie(n), cnt(3);
+    dev_buffer<float> lp(n), en(n), ls(n), thr(n);
+    dev_buffer<rlpt::mask_t> kept(static_cast<std::size_t>(n * v));
+    const rlpt::device_view2d<const T> xv(dx.data(), n, v);
+    rlpt::logprob_entropy(xv, dt.cview(),
+                          {.logp = lp.view(), .entropy = en.view(), .lse = ls.view(), .counters = cnt.view(),
+                           .threshold = thr.view(), .tie_last = dtie.view(),
+                           .kept = rlpt::device_view2d<rlpt::mask_t>(kept.data(), n, v)},
+                          o, nullptr);
+    INFO("top_k " << o.top_k << " top_p " << o.top_p);
+    CHECK(kept.get() == hk);
+    CHECK(dtie.get() == htie);
+    const auto a = lp.get(), b = en.get(), c = thr.get();
+    CHECK(c == hthr);
+    RLPT_CHECK_CLOSE(a, hl, 1e-5, 1e-4);
+    RLPT_CHECK_CLOSE(b, he, 1e-5, 1e-4);
+    CHECK(cnt.get() == std::vector<index_t>{0, 0, 0});
+    const auto dl = g.normals<float>(static_cast<std::size_t>(n)), dh = g.normals<float>(static_cast<std::size_t>(n));
+    std::vector<T> hg(x.size());
+    rlpt::logprob_entropy_backward(hx, t, dl, dh, he, {.lse = hs, .threshold = hthr, .tie_last = htie},
+                                   rlpt::view2d<T>(hg.data(), n, v), o);
+    dev_buffer<float> ddl(dl), ddh(dh);
+    dev_buffer<T> dg(x.size());
+    rlpt::logprob_entropy_backward(xv, dt.cview(), ddl.cview(), ddh.cview(), en.cview(),
+                                   {.lse = ls.cview(), .threshold = thr.cview(), .tie_last = dtie.cview()},
+                                   rlpt::device_view2d<T>(dg.data(), n, v), o, nullptr);
+    const auto got = as_floats(dg.get()), want = as_floats(hg);
+    RLPT_CHECK_CLOSE(got, want, grad_rel<T>(), 1e-7);
+  }
+}
+
 TEST_CASE("device counters report targets out of range and unusable rows") {
   std::vector<float> x(4 * 100, 0.5f);
   x[2 * 100 + 3] = std::numeric_limits<float>::quiet_NaN();
   const std::vector<index_t> t = {1, 100, 2, -100};
   dev_buffer<float> dx(x), lp(4);
-  dev_buffer<index_t> dt(t), cnt(2);
+  dev_buffer<index_t> dt(t), cnt(3);
   rlpt::logprob_entropy(rlpt::device_view2d<const float>(dx.data(), 4, 100), dt.cview(),
                         {.logp = lp.view(), .counters = cnt.view()}, {}, nullptr);
   const auto c = cnt.get();
@@ -360,7 +416,10 @@ TEST_CASE("device counters report targets out of range and unusable rows") {
   CHECK(std::isnan(l[1]));
   CHECK(std::isnan(l[2]));
   CHECK(l[3] == 0.0f);
-  RLPT_CHECK_ERROR(rlpt::logprob_entropy(rlpt::device_view2d<const float>(dx.data(), 4, 100), dt.cview(),
-                                         {.logp = lp.view()}, {.top_p = 0.9f}, nullptr),
-                   "rlpt.logprob.unsupported", "host only");
+  CHECK(c[2] == 0);
+  dev_buffer<float> grad(400);
+  RLPT_CHECK_ERROR(rlpt::logprob_entropy_fused(rlpt::device_view2d<const float>(dx.data(), 4, 100), dt.cview(),
+                                               {.logp = lp.view()}, rlpt::device_view2d<float>(grad.data(), 4, 100),
+                                               logprob_gpu_test::ppo_like_grad{lp.data()}, {.top_p = 0.9f}, nullptr),
+                   "rlpt.logprob.unsupported", "top_p 0.9", "fused forward+backward");
 }

@@ -14,7 +14,9 @@
 //! Same call shape as the host (<rlpt/logprob/from_logits.hpp>), with device views and a
 //! stream; nothing allocates or synchronises. Kernels cannot throw: targets out of range and
 //! unusable rows (NaN, +inf, all −inf) give NaN outputs and are counted in `counters`.
-//! Top-k/top-p truncation is host-only for now (refused here with rlpt.logprob.unsupported).
+//! Top-k/top-p: the forward and backward take the same options as the host (the support is found
+//! by radix selection in shared memory, see sampling.cuh); the fused kernel, vocab-parallel and the
+//! lm-head score the full softmax.
 #pragma once
 
 #include <rlpt/config.hpp>
@@ -23,6 +25,8 @@
 #include <rlpt/core/views.hpp>
 #include <rlpt/cuda/error.cuh>
 #include <rlpt/cuda/logprob/detail.cuh>
+#include <rlpt/cuda/logprob/rows.cuh>
+#include <rlpt/cuda/logprob/sampling.cuh>
 #include <rlpt/logprob/from_logits.hpp>
 #include <rlpt/logprob/math.hpp>
 #include <rlpt/logprob/options.hpp>
@@ -37,121 +41,27 @@ namespace rlpt {
 struct device_logprob_outputs {
   device_view<float> logp{};
   device_view<float> entropy{};
-  device_view<float> lse{};      //!< saved for the backward
-  device_view<mask_t> scored{};  //!< 1 where a target was scored
-  //! Optional, 2 counters zeroed by the call: [0] rows with no usable softmax (NaN, +inf, all
-  //! −inf; their outputs are NaN), [1] targets outside [0, V) that are not ignore_index.
+  device_view<float> lse{};         //!< saved for the backward
+  device_view<mask_t> scored{};     //!< 1 where a target was scored
+  //! Optional, 3 counters zeroed by the call: [0] rows with no usable softmax (NaN, +inf, all
+  //! −inf; their outputs are NaN), [1] targets outside [0, V) that are not ignore_index (logp
+  //! NaN), [2] targets outside the top-k/top-p support (logp −inf: the device always applies
+  //! dropped_target::neg_inf, it cannot raise).
   device_view<index_t> counters{};
+  device_view<float> threshold{};   //!< top-k/top-p: saved support (see logprob_saved)
+  device_view<index_t> tie_last{};  //!< top-k/top-p: saved support
+  device_view2d<mask_t> kept{};     //!< top-k/top-p: optional [N, V] sampling mask
+};
+
+//! The forward's statistics as the device backward reads them.
+struct device_logprob_saved {
+  device_view<const float> lse{};
+  device_view<const float> threshold{};  //!< needed with top-k/top-p
+  device_view<const index_t> tie_last{}; //!< needed with top-k/top-p
 };
 
 namespace detail {
 namespace cuda_lp {
-
-//! Row -> target mapping of plain [N, V] logits.
-struct plain_job {
-  const index_t* targets;
-  index_t ignore_index;
-  __device__ __forceinline__ row_job operator()(index_t r) const {
-    const index_t t = targets[r];
-    const bool has = t != ignore_index;
-    return {true, has, has ? t : -1, r};
-  }
-};
-
-//! Row -> next token of the same sequence (see <rlpt/logprob/sequence.hpp> for the convention).
-struct sequence_job {
-  const index_t* offsets; // packed: B + 1 entries; null for padded
-  index_t num_seqs;
-  index_t row_stride;     // padded
-  index_t seq_len;        // padded
-  const index_t* tokens;
-  const mask_t* valid;    // optional
-  index_t ignore_index;
-  __device__ __forceinline__ row_job operator()(index_t r) const {
-    bool has_next;
-    if (offsets != nullptr) {
-      index_t lo = 0, hi = num_seqs; // first b with offsets[b + 1] > r
-      while (lo < hi) {
-        const index_t mid = (lo + hi) / 2;
-        if (offsets[mid + 1] > r) hi = mid; else lo = mid + 1;
-      }
-      has_next = lo < num_seqs && r + 1 < offsets[lo + 1];
-    } else {
-      has_next = r % row_stride + 1 < seq_len && r / row_stride < num_seqs;
-    }
-    if (has_next && valid != nullptr) has_next = valid[r] != 0 && valid[r + 1] != 0;
-    if (!has_next) return {};
-    const index_t y = tokens[r + 1];
-    const bool has = y != ignore_index;
-    return {true, has, has ? y : -1, r + 1};
-  }
-};
-
-struct forward_args {
-  index_t rows, cols, stride;
-  float scale; // 1 / T
-  float* logp;
-  float* entropy;
-  float* lse;
-  mask_t* scored;
-  index_t* counters;
-};
-
-//! Block size from the vocabulary only (never from N): fixes the reduction tree per V.
-template <class T>
-inline int forward_block(index_t cols) {
-  const index_t nvec = (cols + vec_width<T> - 1) / vec_width<T>;
-  return nvec >= 4096 ? 512 : nvec >= 1024 ? 256 : 128;
-}
-
-inline constexpr int unroll = 4; // vectors in flight per thread
-
-//! One row's state: thread t folds vectors t, t + B, t + 2B, ... in increasing order.
-template <class T, int BLOCK, bool Stream>
-__device__ __forceinline__ state2 row_state(const T* x, index_t cols, float k2) {
-  constexpr int W = vec_width<T>;
-  const index_t nvec = (cols + W - 1) / W;
-  const bool al = row_aligned(x);
-  state2 st = empty_state();
-  for (index_t q0 = threadIdx.x; q0 < nvec; q0 += static_cast<index_t>(BLOCK) * unroll) {
-    fvec<T> v[unroll];
-#pragma unroll
-    for (int u = 0; u < unroll; ++u) {
-      const index_t q = q0 + static_cast<index_t>(u) * BLOCK;
-      if (q < nvec) v[u] = load_vec<T, Stream>(x, q, cols, al, -INFINITY);
-    }
-#pragma unroll
-    for (int u = 0; u < unroll; ++u)
-      if (q0 + static_cast<index_t>(u) * BLOCK < nvec) fold(st, v[u].v, k2);
-  }
-  return st;
-}
-
-//! Thread 0's epilogue of a forward row; returns (logp, entropy) for the fused kernel.
-template <class T>
-__device__ __forceinline__ float2 write_row(const forward_args& a, const T* x, index_t r, const row_job& jb,
-                                            state2 st) {
-  const row_result res = finish(st);
-  if (res.lse != res.lse && a.counters != nullptr) atomicAdd(reinterpret_cast<unsigned long long*>(a.counters), 1ull);
-  float logp = 0.0f;
-  bool scored = false;
-  if (jb.scored) {
-    if (jb.col >= 0 && jb.col < a.cols) {
-      logp = load_logit(x[jb.col]) * a.scale - res.lse;
-      scored = true;
-    } else {
-      logp = NAN;
-      if (a.counters != nullptr) atomicAdd(reinterpret_cast<unsigned long long*>(a.counters + 1), 1ull);
-    }
-  }
-  if (jb.out >= 0) {
-    a.logp[jb.out] = logp;
-    if (a.entropy != nullptr) a.entropy[jb.out] = res.entropy;
-    if (a.scored != nullptr) a.scored[jb.out] = scored ? 1 : 0;
-  }
-  if (a.lse != nullptr) a.lse[r] = res.lse;
-  return {logp, res.entropy};
-}
 
 template <class T, int BLOCK, class Job>
 RLPT_KERNEL void __launch_bounds__(BLOCK) forward_kernel(const T* logits, Job job, forward_args a) {
@@ -171,6 +81,8 @@ struct backward_args {
   const float* dentropy;
   const float* entropy;
   const float* lse;
+  const float* threshold; // null: nothing truncated
+  const index_t* tie_last;
 };
 
 //! dlogits for vectors [chunk·BLOCK·unroll, ...) of row blockIdx.x; inactive rows get zeros.
@@ -190,24 +102,38 @@ RLPT_KERNEL void __launch_bounds__(BLOCK) backward_kernel(const T* logits, G* dl
   const index_t nvec = (a.cols + W - 1) / W;
   const index_t per_block = static_cast<index_t>(BLOCK) * unroll;
   const index_t q_begin = static_cast<index_t>(blockIdx.y) * per_block;
-  const float gl = glp * a.scale, ghs = gh * a.scale;
-  const index_t target = jb.col;
+  const bool truncated = a.threshold != nullptr;
+  const float thr = truncated && (glp != 0.0f || gh != 0.0f) ? a.threshold[r] : -INFINITY;
+  const index_t tie = truncated && (glp != 0.0f || gh != 0.0f) ? a.tie_last[r] : a.cols - 1;
+  index_t target = jb.col;
+  float glp_kept = glp;
+  if (glp != 0.0f && target >= 0 && target < a.cols) {
+    const float zt = load_logit(x[target]) * a.scale; // every thread: the row's target is kept or not
+    if (!((zt > thr) || (zt == thr && target <= tie)) || zt == -INFINITY) {
+      glp_kept = 0.0f; // dropped target: its logp was −inf, no gradient
+      target = -1;
+    }
+  }
+  const float gl = glp_kept * a.scale, ghs = gh * a.scale;
 #pragma unroll
   for (int u = 0; u < unroll; ++u) {
     const index_t q = q_begin + static_cast<index_t>(u) * BLOCK + threadIdx.x;
     if (q >= nvec) break;
     fvec<G> g;
-    if (glp == 0.0f && gh == 0.0f) {
+    if (glp_kept == 0.0f && gh == 0.0f) {
 #pragma unroll
       for (int k = 0; k < W; ++k) g.v[k] = 0.0f;
     } else {
       const fvec<T> v = load_vec<T, false>(x, q, a.cols, al, 0.0f);
 #pragma unroll
       for (int k = 0; k < W; ++k) {
-        const float d = fmaf(v.v[k], a.scale, -lse); // log p
+        const float z = v.v[k] * a.scale;
+        const float d = z - lse; // log p
         const float p = ex2(d * log2e);
         float gk = -p * fmaf(fmaxf(d, -87.0f) + h, ghs, gl);
-        if (q * W + k == target) gk += gl;
+        const index_t j = q * W + k;
+        if (j == target) gk += gl;
+        if (truncated && !((z > thr) || (z == thr && j <= tie))) gk = 0.0f;
         g.v[k] = gk;
       }
     }
@@ -284,20 +210,31 @@ void check_device_logits(device_view2d<T> logits) {
              "{} logits rows exceed one launch (2^31 - 1 blocks)", logits.rows());
 }
 
-inline void check_device_options(const logprob_options& opt) {
+inline void check_device_options(const logprob_options& opt, bool truncation_ok = false, const char* what = "") {
   check_logprob_options(opt);
-  RLPT_CHECK(!opt.truncated(), "rlpt.logprob.unsupported",
-             "top-k/top-p (top_k {}, top_p {}) scoring runs on the host only; the device entry points take "
-             "temperature-only options",
-             opt.top_k, opt.top_p);
+  RLPT_CHECK(truncation_ok || !opt.truncated(), "rlpt.logprob.unsupported",
+             "top-k/top-p (top_k {}, top_p {}) is not available for the device {}: it scores the full softmax "
+             "(temperature only)",
+             opt.top_k, opt.top_p, what);
 }
 
-inline void check_device_outputs(const device_logprob_outputs& out, index_t n) {
+inline void check_device_outputs(const device_logprob_outputs& out, index_t n, index_t vocab = -1,
+                                 bool truncated = false) {
   expect_size("logp", out.logp.size(), n, "one per row");
   expect_size_or_empty("entropy", out.entropy.size(), n, "one per row");
   expect_size_or_empty("lse", out.lse.size(), n, "one per logits row");
   expect_size_or_empty("scored", out.scored.size(), n, "one per row");
-  expect_size_or_empty("counters", out.counters.size(), 2, "[unusable rows, targets out of range]");
+  expect_size_or_empty("counters", out.counters.size(), 3, "[unusable rows, targets out of range, dropped targets]");
+  expect_size_or_empty("threshold", out.threshold.size(), n, "one per logits row");
+  expect_size_or_empty("tie_last", out.tie_last.size(), n, "one per logits row");
+  if (out.kept.data() != nullptr)
+    RLPT_CHECK(out.kept.rows() == n && out.kept.cols() == vocab, "rlpt.logprob.shape_mismatch",
+               "kept mask is [{}, {}], expected [{}, {}] like the logits", out.kept.rows(), out.kept.cols(), n, vocab);
+  if (truncated && !out.lse.empty())
+    RLPT_CHECK(!out.threshold.empty() && !out.tie_last.empty(), "rlpt.logprob.missing_saved",
+               "top-k/top-p is on, so saving statistics for the backward needs threshold and tie_last as well as lse "
+               "({} rows each)",
+               n);
 }
 
 inline forward_args make_forward_args(index_t rows, index_t cols, index_t stride, const logprob_options& opt,
@@ -312,10 +249,25 @@ void launch_forward(device_view2d<T> logits, Job job, const device_logprob_outpu
                     cudaStream_t stream) {
   using E = std::remove_const_t<T>;
   if (!out.counters.empty())
-    RLPT_CUDA_CHECK(cudaMemsetAsync(out.counters.data(), 0, 2 * sizeof(index_t), stream));
+    RLPT_CUDA_CHECK(cudaMemsetAsync(out.counters.data(), 0, 3 * sizeof(index_t), stream));
   if (logits.rows() == 0) return;
   const forward_args a = make_forward_args(logits.rows(), logits.cols(), logits.row_stride(), opt, out);
   const auto grid = static_cast<unsigned>(logits.rows());
+  if (opt.truncated()) {
+    const truncation_args tr{opt.top_k < 0 ? 0 : opt.top_k,
+                             opt.top_p,
+                             out.kept.data(),
+                             out.kept.row_stride(),
+                             out.threshold.empty() ? nullptr : out.threshold.data(),
+                             out.tie_last.empty() ? nullptr : out.tie_last.data()};
+    switch (forward_block<E>(logits.cols())) {
+    case 512: truncated_forward_kernel<E, 512><<<grid, 512, 0, stream>>>(logits.data(), job, a, tr); break;
+    case 256: truncated_forward_kernel<E, 256><<<grid, 256, 0, stream>>>(logits.data(), job, a, tr); break;
+    default: truncated_forward_kernel<E, 128><<<grid, 128, 0, stream>>>(logits.data(), job, a, tr); break;
+    }
+    RLPT_CUDA_CHECK_LAUNCH();
+    return;
+  }
   switch (forward_block<E>(logits.cols())) {
   case 512: forward_kernel<E, 512><<<grid, 512, 0, stream>>>(logits.data(), job, a); break;
   case 256: forward_kernel<E, 256><<<grid, 256, 0, stream>>>(logits.data(), job, a); break;
@@ -326,7 +278,7 @@ void launch_forward(device_view2d<T> logits, Job job, const device_logprob_outpu
 
 template <class T, class G, class Job>
 void launch_backward(device_view2d<T> logits, Job job, device_view<const float> dlogp, device_view<const float> dentropy,
-                     device_view<const float> entropy, device_view<const float> lse, device_view2d<G> dlogits,
+                     device_view<const float> entropy, const device_logprob_saved& saved, device_view2d<G> dlogits,
                      const logprob_options& opt, cudaStream_t stream) {
   using E = std::remove_const_t<T>;
   if (logits.rows() == 0) return;
@@ -342,7 +294,9 @@ void launch_backward(device_view2d<T> logits, Job job, device_view<const float> 
                         dlogp.empty() ? nullptr : dlogp.data(),
                         dentropy.empty() ? nullptr : dentropy.data(),
                         entropy.empty() ? nullptr : entropy.data(),
-                        lse.data()};
+                        saved.lse.data(),
+                        opt.truncated() ? saved.threshold.data() : nullptr,
+                        opt.truncated() ? saved.tie_last.data() : nullptr};
   const dim3 grid(static_cast<unsigned>(logits.rows()), static_cast<unsigned>(chunks));
   backward_kernel<E, G, block><<<grid, block, 0, stream>>>(logits.data(), dlogits.data(), job, a);
   RLPT_CUDA_CHECK_LAUNCH();
@@ -350,8 +304,8 @@ void launch_backward(device_view2d<T> logits, Job job, device_view<const float> 
 
 template <class T, class G>
 void check_device_grad(device_view2d<T> logits, device_view2d<G> dlogits, device_view<const float> dlogp,
-                       device_view<const float> dentropy, device_view<const float> entropy, device_view<const float> lse,
-                       index_t n_out) {
+                       device_view<const float> dentropy, device_view<const float> entropy,
+                       const device_logprob_saved& saved, index_t n_out, bool truncated) {
   const index_t n = logits.rows();
   static_assert(sizeof(std::remove_const_t<T>) == sizeof(G),
                 "device gradients are written in the logits' width (16-byte vectors): use the same dtype, or f32 "
@@ -359,7 +313,11 @@ void check_device_grad(device_view2d<T> logits, device_view2d<G> dlogits, device
   expect_size_or_empty("dlogp", dlogp.size(), n_out, "one per row");
   expect_size_or_empty("dentropy", dentropy.size(), n_out, "one per row");
   if (!dentropy.empty()) expect_size("entropy", entropy.size(), n_out, "the forward's entropy: one per row");
-  expect_size("lse", lse.size(), n, "the forward's lse: one per logits row");
+  expect_size("lse", saved.lse.size(), n, "the forward's lse: one per logits row");
+  if (truncated) {
+    expect_size("threshold", saved.threshold.size(), n, "the forward's threshold (top-k/top-p): one per logits row");
+    expect_size("tie_last", saved.tie_last.size(), n, "the forward's tie_last (top-k/top-p): one per logits row");
+  }
   RLPT_CHECK(dlogits.rows() == n && dlogits.cols() == logits.cols(), "rlpt.logprob.shape_mismatch",
              "dlogits are [{}, {}], expected [{}, {}] like the logits", dlogits.rows(), dlogits.cols(), n,
              logits.cols());
@@ -380,27 +338,28 @@ void check_device_grad(device_view2d<T> logits, device_view2d<G> dlogits, device
 template <logit_type T>
 void logprob_entropy(device_view2d<T> logits, device_view<const index_t> targets, const device_logprob_outputs& out,
                      const logprob_options& opt, cudaStream_t stream) {
-  detail::cuda_lp::check_device_options(opt);
+  detail::cuda_lp::check_device_options(opt, true);
   detail::cuda_lp::check_device_logits(logits);
   detail::expect_size("targets", targets.size(), logits.rows(), "one per logits row");
-  detail::cuda_lp::check_device_outputs(out, logits.rows());
+  detail::cuda_lp::check_device_outputs(out, logits.rows(), logits.cols(), opt.truncated());
   detail::cuda_lp::launch_forward(logits, detail::cuda_lp::plain_job{targets.data(), opt.ignore_index}, out, opt,
                                   stream);
 }
 
-//! Device backward: dlogits (same dtype as the logits; may be the logits themselves) from the
-//! forward's entropy and lse. Every element is written.
+//! Device backward: dlogits (same dtype width as the logits; may be the logits themselves) from
+//! the forward's entropy and saved statistics (lse; with top-k/top-p also threshold and
+//! tie_last). Every element is written.
 template <logit_type T, grad_type G>
 void logprob_entropy_backward(device_view2d<T> logits, device_view<const index_t> targets,
                               device_view<const float> dlogp, device_view<const float> dentropy,
-                              device_view<const float> entropy, device_view<const float> lse,
+                              device_view<const float> entropy, const device_logprob_saved& saved,
                               device_view2d<G> dlogits, const logprob_options& opt, cudaStream_t stream) {
-  detail::cuda_lp::check_device_options(opt);
+  detail::cuda_lp::check_device_options(opt, true);
   detail::cuda_lp::check_device_logits(logits);
   detail::expect_size("targets", targets.size(), logits.rows(), "one per logits row");
-  detail::cuda_lp::check_device_grad(logits, dlogits, dlogp, dentropy, entropy, lse, logits.rows());
+  detail::cuda_lp::check_device_grad(logits, dlogits, dlogp, dentropy, entropy, saved, logits.rows(), opt.truncated());
   detail::cuda_lp::launch_backward(logits, detail::cuda_lp::plain_job{targets.data(), opt.ignore_index}, dlogp,
-                                   dentropy, entropy, lse, dlogits, opt, stream);
+                                   dentropy, entropy, saved, dlogits, opt, stream);
 }
 
 //! Fused forward + backward for a loss whose per-row gradient is known once the row's logp and
@@ -414,17 +373,17 @@ void logprob_entropy_fused(device_view2d<T> logits, device_view<const index_t> t
                            const device_logprob_outputs& out, device_view2d<G> dlogits, Grad grad,
                            const logprob_options& opt, cudaStream_t stream) {
   using E = std::remove_const_t<T>;
-  detail::cuda_lp::check_device_options(opt);
+  detail::cuda_lp::check_device_options(opt, false, "fused forward+backward");
   detail::cuda_lp::check_device_logits(logits);
   const index_t n = logits.rows();
   detail::expect_size("targets", targets.size(), n, "one per logits row");
-  detail::cuda_lp::check_device_outputs(out, n);
+  detail::cuda_lp::check_device_outputs(out, n, logits.cols());
   RLPT_CHECK(dlogits.rows() == n && dlogits.cols() == logits.cols(), "rlpt.logprob.shape_mismatch",
              "dlogits are [{}, {}], expected [{}, {}] like the logits", dlogits.rows(), dlogits.cols(), n,
              logits.cols());
   static_assert(sizeof(E) == sizeof(G), "dlogits are written in the logits' width");
   if (!out.counters.empty())
-    RLPT_CUDA_CHECK(cudaMemsetAsync(out.counters.data(), 0, 2 * sizeof(index_t), stream));
+    RLPT_CUDA_CHECK(cudaMemsetAsync(out.counters.data(), 0, 3 * sizeof(index_t), stream));
   if (n == 0) return;
   int device = 0, sms = 0;
   RLPT_CUDA_CHECK(cudaGetDevice(&device));
@@ -444,14 +403,14 @@ template <logit_type T>
 void sequence_logprob_entropy(device_view2d<T> logits, device_view<const index_t> tokens,
                               const device_token_layout& layout, device_view<const mask_t> valid,
                               const device_logprob_outputs& out, const logprob_options& opt, cudaStream_t stream) {
-  detail::cuda_lp::check_device_options(opt);
+  detail::cuda_lp::check_device_options(opt, true);
   detail::cuda_lp::check_device_logits(logits);
   const index_t n = layout.storage_size();
   RLPT_CHECK(logits.rows() == n, "rlpt.logprob.shape_mismatch",
              "logits have {} rows, the token layout has {} token slots (one logits row per token)", logits.rows(), n);
   detail::expect_size("tokens", tokens.size(), n, "one per token slot");
   detail::expect_size_or_empty("valid", valid.size(), n, "one per token slot");
-  detail::cuda_lp::check_device_outputs(out, n);
+  detail::cuda_lp::check_device_outputs(out, n, logits.cols(), opt.truncated());
   RLPT_CUDA_CHECK(cudaMemsetAsync(out.logp.data(), 0, static_cast<std::size_t>(n) * sizeof(float), stream));
   if (!out.entropy.empty())
     RLPT_CUDA_CHECK(cudaMemsetAsync(out.entropy.data(), 0, static_cast<std::size_t>(n) * sizeof(float), stream));
@@ -471,16 +430,16 @@ template <logit_type T, grad_type G>
 void sequence_logprob_entropy_backward(device_view2d<T> logits, device_view<const index_t> tokens,
                                        const device_token_layout& layout, device_view<const mask_t> valid,
                                        device_view<const float> dlogp, device_view<const float> dentropy,
-                                       device_view<const float> entropy, device_view<const float> lse,
+                                       device_view<const float> entropy, const device_logprob_saved& saved,
                                        device_view2d<G> dlogits, const logprob_options& opt, cudaStream_t stream) {
-  detail::cuda_lp::check_device_options(opt);
+  detail::cuda_lp::check_device_options(opt, true);
   detail::cuda_lp::check_device_logits(logits);
   const index_t n = layout.storage_size();
   RLPT_CHECK(logits.rows() == n, "rlpt.logprob.shape_mismatch",
              "logits have {} rows, the token layout has {} token slots", logits.rows(), n);
   detail::expect_size("tokens", tokens.size(), n, "one per token slot");
   detail::expect_size_or_empty("valid", valid.size(), n, "one per token slot");
-  detail::cuda_lp::check_device_grad(logits, dlogits, dlogp, dentropy, entropy, lse, n);
+  detail::cuda_lp::check_device_grad(logits, dlogits, dlogp, dentropy, entropy, saved, n, opt.truncated());
   const detail::cuda_lp::sequence_job job{layout.is_packed() ? layout.offsets() : nullptr,
                                           layout.num_seqs(),
                                           layout.row_stride(),
@@ -488,7 +447,7 @@ void sequence_logprob_entropy_backward(device_view2d<T> logits, device_view<cons
                                           tokens.data(),
                                           valid.empty() ? nullptr : valid.data(),
                                           opt.ignore_index};
-  detail::cuda_lp::launch_backward(logits, job, dlogp, dentropy, entropy, lse, dlogits, opt, stream);
+  detail::cuda_lp::launch_backward(logits, job, dlogp, dentropy, entropy, saved, dlogits, opt, stream);
 }
 
 } // namespace rlpt

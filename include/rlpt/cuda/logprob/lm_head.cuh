@@ -263,8 +263,10 @@ void fused_lm_head_logprob(workspace& ws, device_view2d<H> hidden, device_view2d
   const index_t n = hidden.rows(), v = weight.rows();
   if (!ws.is_size_query()) {
     lp::check_device_outputs(out, n);
+    RLPT_CHECK(out.kept.data() == nullptr && out.threshold.empty() && out.tie_last.empty(), "rlpt.logprob.unsupported",
+               "the fused lm-head scores the full softmax: no kept mask or truncation statistics");
     if (!out.counters.empty())
-      RLPT_CUDA_CHECK(cudaMemsetAsync(out.counters.data(), 0, 2 * sizeof(index_t), stream));
+      RLPT_CUDA_CHECK(cudaMemsetAsync(out.counters.data(), 0, 3 * sizeof(index_t), stream));
   }
   bool size_query = false;
   lp::lm_head_forward<E>(

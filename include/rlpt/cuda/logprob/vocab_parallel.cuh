@@ -117,7 +117,7 @@ void vocab_parallel_local(device_view2d<T> logits_local, device_view<const index
                           device_view<float> comm, device_view<float> local_max, const logprob_options& opt,
                           cudaStream_t stream) {
   using E = std::remove_const_t<T>;
-  detail::cuda_lp::check_device_options(opt);
+  detail::cuda_lp::check_device_options(opt, false, "vocab-parallel scoring");
   detail::cuda_lp::check_device_logits(logits_local);
   detail::check_shard(shard, logits_local.cols());
   const index_t n = logits_local.rows();
@@ -155,7 +155,7 @@ inline void vocab_parallel_finish(device_view<const float> comm, device_view<con
   detail::expect_size("comm", comm.size(), vocab_parallel_buffer_size(n), "4 floats per row");
   detail::cuda_lp::check_device_outputs(out, n);
   if (!out.counters.empty())
-    RLPT_CUDA_CHECK(cudaMemsetAsync(out.counters.data(), 0, 2 * sizeof(index_t), stream));
+    RLPT_CUDA_CHECK(cudaMemsetAsync(out.counters.data(), 0, 3 * sizeof(index_t), stream));
   if (n == 0) return;
   const detail::cuda_lp::finish_args a{n,
                                        comm.data(),
@@ -208,14 +208,16 @@ void vocab_parallel_backward(device_view2d<T> logits_local, device_view<const in
                              device_view<const float> dlogp, device_view<const float> dentropy,
                              device_view<const float> entropy, device_view<const float> lse,
                              device_view2d<G> dlogits_local, const logprob_options& opt, cudaStream_t stream) {
-  detail::cuda_lp::check_device_options(opt);
+  detail::cuda_lp::check_device_options(opt, false, "vocab-parallel scoring");
   detail::cuda_lp::check_device_logits(logits_local);
   detail::check_shard(shard, logits_local.cols());
   detail::expect_size("targets", targets.size(), logits_local.rows(), "one per logits row");
-  detail::cuda_lp::check_device_grad(logits_local, dlogits_local, dlogp, dentropy, entropy, lse, logits_local.rows());
+  const device_logprob_saved saved{.lse = lse};
+  detail::cuda_lp::check_device_grad(logits_local, dlogits_local, dlogp, dentropy, entropy, saved, logits_local.rows(),
+                                     false);
   detail::cuda_lp::launch_backward(
       logits_local, detail::cuda_lp::shard_job{targets.data(), opt.ignore_index, shard.begin, logits_local.cols()},
-      dlogp, dentropy, entropy, lse, dlogits_local, opt, stream);
+      dlogp, dentropy, entropy, saved, dlogits_local, opt, stream);
 }
 
 } // namespace rlpt

@@ -45,6 +45,11 @@ struct radix_level {
 inline constexpr radix_level radix_levels[3] = {{21, 11}, {10, 11}, {0, 10}};
 inline constexpr int radix_buckets = 2048;
 
+//! radix_levels[i] by value (device code cannot read a host array).
+RLPT_HD_FORCEINLINE radix_level radix_level_at(int i) {
+  return i == 0 ? radix_level{21, 11} : i == 1 ? radix_level{10, 11} : radix_level{0, 10};
+}
+
 //! The kept support of a truncated row.
 struct truncation {
   float threshold = -std::numeric_limits<float>::infinity();
