@@ -11,6 +11,7 @@
 #include <rlpt/objective/distill.hpp>
 #include <rlpt/objective/entropy.hpp>
 #include <rlpt/objective/evaluate.hpp>
+#include <rlpt/objective/inputs.hpp>
 #include <rlpt/objective/kl.hpp>
 #include <rlpt/objective/policy.hpp>
 #include <rlpt/objective/value.hpp>

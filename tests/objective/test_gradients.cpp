@@ -62,7 +62,7 @@ std::string fd_check(const objective& obj, batch<double> b, wrt which, double re
 
 void check_fd(const char* what, const objective& obj, const batch<double>& b, wrt which = wrt::logp) {
   const std::string m = fd_check(obj, b, which);
-  CHECK_MESSAGE(m.empty(), what, ": ", m);
+  CHECK_MESSAGE(m.empty(), std::string(what), ": ", m);
 }
 
 } // namespace

@@ -341,3 +341,39 @@ TEST_CASE("distillation: reverse-KL advantage against weighted teachers") {
   CHECK(g[1] == doctest::Approx(-a1));
   CHECK(r.loss == doctest::Approx(-(a0 * -1.0 + a1 * -2.0)));
 }
+
+TEST_CASE("the SSE2 and AVX2 row kernels give identical bits") {
+#if RLPT_OBJECTIVE_AVX2_CLONE()
+  if (!detail::cpu_has_avx2()) return;
+  const batch<float> b(9, 300, 28, 0.4, 0.4);
+  const std::vector<double> tw{0.5, 0.5};
+  const objective objs[] = {
+      {.policy = ppo_clip{}, .correction = token_tis(2.0), .kl = {.coef = 0.1}, .entropy = {.coef = 0.01}, .value = {.coef = 0.5}},
+      {.policy = gspo{.token_level = false}, .correction = seq_is(2.0), .agg = {.mode = agg_mode::seq_mean_token_mean}},
+      {.policy = gmpo{}, .correction = icepop(0.5, 2.0), .agg = {.mode = agg_mode::seq_mean_token_sum}},
+      {.policy = sapo{}, .correction = {.reject = {.stat = rs_stat::k2, .level = rs_level::token, .hi = 0.2}},
+       .kl = {.coef = 0.3, .estimator = kl_estimator::abs, .gradient = kl_gradient::k2_importance}},
+      {.policy = cispo{}, .kl = {.coef = 0.2, .estimator = kl_estimator::k3, .importance_corrected = true},
+       .distill = {.coef = 0.5, .teacher_weights = tw}},
+  };
+  for (const objective& obj : objs) {
+    const auto in = b.inputs();
+    detail::objective_plan p = detail::make_plan(obj, in, basic_objective_grads<float>{});
+    const detail::local_counts c = detail::count_local(p, in, host_executor{});
+    for (detail::agg_plan* a : {&p.agg_policy, &p.agg_kl, &p.agg_entropy, &p.agg_value}) detail::resolve_local(*a, c);
+    grads<float> g1(b.size()), g2(b.size());
+    for (index_t s = 0; s < b.B; ++s) {
+      const objective_sums s1 = detail::host_row_default(p, in, g1.view(), s);
+      const objective_sums s2 = detail::host_row_avx2(p, in, g2.view(), s);
+      CHECK(s1.policy == s2.policy);
+      CHECK(s1.kl == s2.kl);
+      CHECK(s1.value == s2.value);
+      CHECK(s1.clip_high == s2.clip_high);
+    }
+    CHECK(g1.logp == g2.logp);
+    CHECK(g1.values == g2.values);
+  }
+#else
+  MESSAGE("no AVX2 clone in this build");
+#endif
+}

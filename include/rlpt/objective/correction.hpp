@@ -117,15 +117,12 @@ struct off_policy_correction {
 
 namespace detail {
 
-//! Applies the bound of an importance weight.
+//! Applies the bound of an importance weight (branch-free: the bound kind is per call).
 template <class R>
 RLPT_HD_FORCEINLINE R bound_weight(is_bound b, R raw, R lo, R hi) {
-  switch (b) {
-  case is_bound::none: return raw;
-  case is_bound::truncate: return clamp_r(raw, lo, hi);
-  case is_bound::mask: return (raw >= lo && raw <= hi) ? raw : R(0);
-  }
-  return raw;
+  const R t = clamp_r(raw, lo, hi);
+  const R m = sel((raw >= lo) & (raw <= hi), raw, R(0));
+  return sel(b == is_bound::truncate, t, sel(b == is_bound::mask, m, raw));
 }
 
 //! The per-token rejection statistic of a (clamped) log rho.

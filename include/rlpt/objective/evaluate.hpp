@@ -26,9 +26,11 @@
 #include <rlpt/objective/aggregate.hpp>
 #include <rlpt/objective/correction.hpp>
 #include <rlpt/objective/detail/math.hpp>
+#include <rlpt/objective/detail/host_row.hpp>
 #include <rlpt/objective/detail/plan.hpp>
 #include <rlpt/objective/distill.hpp>
 #include <rlpt/objective/entropy.hpp>
+#include <rlpt/objective/inputs.hpp>
 #include <rlpt/objective/kl.hpp>
 #include <rlpt/objective/policy.hpp>
 #include <rlpt/objective/value.hpp>
@@ -62,63 +64,6 @@ struct objective {
   std::optional<aggregation> entropy_agg{};
   std::optional<aggregation> value_agg{};
   nonfinite_policy nonfinite = nonfinite_policy::raise;
-};
-
-//! Per-token inputs over one token layout (padded [B, T] with a row stride, or packed). Every
-//! per-token view has layout.storage_size() elements; empty views are absent inputs.
-template <class T, memory_space Space = memory_space::host>
-struct basic_objective_inputs {
-  basic_token_layout<Space> layout{};
-  view<const mask_t, Space> mask{};     //!< loss mask, nonzero = the token counts (required)
-  view<const T, Space> logp{};          //!< current policy (the differentiated input)
-  view<const T, Space> old_logp{};      //!< proximal / old policy (PPO ratio denominator)
-  view<const T, Space> behav_logp{};    //!< behaviour policy (rollout engine), for corrections
-  view<const T, Space> ref_logp{};      //!< reference policy, for the KL term
-  view<const T, Space> adv{};           //!< per-token advantages
-  view<const T, Space> seq_adv{};       //!< or per-sequence advantages (num_seqs), broadcast
-  view<const T, Space> entropy{};       //!< per-token entropy (entropy term and metric)
-  view2d<const T, Space> teacher_logp{}; //!< [teachers, storage_size], for distillation
-  view<const T, Space> values{};        //!< critic predictions (differentiated)
-  view<const T, Space> old_values{};    //!< critic values at rollout time (clip centre)
-  view<const T, Space> returns{};       //!< value targets
-};
-
-//! Gradient outputs (caller buffers, storage_size elements; empty = not wanted). Every slot of
-//! the layout is written: masked and rejected tokens get exactly 0.
-template <class T, memory_space Space = memory_space::host>
-struct basic_objective_grads {
-  view<T, Space> logp{};    //!< d loss / d logp
-  view<T, Space> entropy{}; //!< d loss / d entropy
-  view<T, Space> values{};  //!< d loss / d values
-};
-
-using objective_inputs = basic_objective_inputs<float>;
-using objective_grads = basic_objective_grads<float>;
-
-//! Loss terms and metrics of one call. Metrics are over this call's tokens; fractions are of
-//! the tokens in the loss unless noted, and 0 when there are none.
-struct objective_result {
-  double loss = 0.0;         //!< policy + kl.coef * kl - entropy.coef * entropy + value.coef * value
-  double policy_loss = 0.0;  //!< aggregated policy term (importance weights applied)
-  double kl_loss = 0.0;      //!< aggregated KL estimator, before kl.coef
-  double entropy_loss = 0.0; //!< aggregated entropy, before entropy.coef (0 unless the term is on)
-  double value_loss = 0.0;   //!< aggregated value loss, before value.coef
-  double tokens = 0.0;       //!< valid tokens (mask), before rejection
-  double loss_tokens = 0.0;  //!< tokens that stay in the loss
-  double seqs = 0.0;         //!< rows with a valid token
-  double clip_frac_low = 0.0;  //!< ratio < 1 - eps_low with A < 0 (GMPO: log-ratio clipped, A < 0)
-  double clip_frac_high = 0.0; //!< ratio > 1 + eps_high with A > 0 (CISPO: ratio above its bound)
-  double clip_frac_dual = 0.0; //!< dual clip binds
-  double clamped_frac = 0.0;   //!< the policy log-ratio hit its safety clamp
-  double approx_kl = 0.0;      //!< mean(old_logp - logp) (verl ppo_kl); 0 without old_logp
-  double kl_mean = 0.0;        //!< mean KL estimator value
-  double is_weight_min = 0.0;  //!< importance weights over valid tokens (1 when off)
-  double is_weight_mean = 0.0;
-  double is_weight_max = 0.0;
-  double rejected_frac = 0.0;  //!< of valid tokens: rejected, or weighted 0 by a band
-  double entropy_mean = 0.0;   //!< mean entropy (when entropies were given)
-  double value_clip_frac = 0.0;
-  double nonfinite_tokens = 0.0; //!< valid tokens skipped for non-finite inputs (nonfinite_policy::skip)
 };
 
 namespace detail {
@@ -354,70 +299,6 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
   return p;
 }
 
-//! Reads token i of sequence b; masked slots (and, under nonfinite_policy::skip, slots with a
-//! non-finite input) come back invalid with zeros. `bad` is set for a valid slot whose inputs
-//! are not all finite.
-template <class T>
-struct host_loader {
-  const objective_plan& p;
-  const basic_objective_inputs<T>& in;
-
-  RLPT_HD_FORCEINLINE token_inputs<T> operator()(index_t b, index_t i, bool& bad) const {
-    token_inputs<T> t;
-    const bool m = in.mask[i] != 0;
-    bad = false;
-    if (!m) return t;
-    t.valid = true;
-    if (in.logp.size() != 0) t.lp = in.logp[i];
-    if (p.has_old) t.old = in.old_logp[i];
-    if (p.has_behav) t.behav = in.behav_logp[i];
-    if (p.has_ref) t.ref = in.ref_logp[i];
-    if (p.has_adv) t.adv = in.adv[i];
-    else if (p.has_seq_adv) t.adv = in.seq_adv[b];
-    if (p.has_entropy) t.ent = in.entropy[i];
-    if (p.use_value) {
-      t.v = in.values[i];
-      t.ret = in.returns[i];
-      if (in.old_values.size() != 0) t.v_old = in.old_values[i];
-    }
-    bool ok = finite_r(t.lp) && finite_r(t.old) && finite_r(t.behav) && finite_r(t.ref) && finite_r(t.adv) &&
-              finite_r(t.ent) && finite_r(t.v) && finite_r(t.ret) && finite_r(t.v_old);
-    if (p.distill_coef != 0.0) {
-      T teacher = T(0);
-      for (int k = 0; k < p.teachers; ++k) {
-        const T tk = in.teacher_logp(k, i);
-        ok = ok && finite_r(tk);
-        teacher += T(p.teacher_w[k]) * tk;
-      }
-      const T student = p.student == student_logp::behaviour ? t.behav
-                        : p.student == student_logp::proximal ? t.old
-                                                              : t.lp;
-      t.adv += T(p.distill_coef) * (teacher - student);
-    }
-    if (!ok) {
-      bad = true;
-      if (p.nonfinite == nonfinite_policy::skip) t = token_inputs<T>{};
-    }
-    return t;
-  }
-};
-
-//! Row statistics and the row constants before the aggregation weights.
-template <class T>
-row_consts host_row_consts(const objective_plan& p, const host_loader<T>& load, const token_layout& L, index_t b) {
-  row_stats st;
-  const index_t base = L.begin(b);
-  const index_t n = L.length(b);
-  bool bad = false;
-  if (p.need_row_pass) {
-    for (index_t t = 0; t < n; ++t) row_stats_add(p, load(b, base + t, bad), st);
-    return row_finish(p, st);
-  }
-  row_consts c;
-  c.len_loss = 1.0; // no term of this plan depends on the length; rows without tokens add nothing
-  return c;
-}
-
 //! In-loss tokens and rows of a call (its contribution to the global denominators).
 struct local_counts {
   double tokens = 0.0;
@@ -428,7 +309,7 @@ struct local_counts {
 template <class T>
 local_counts count_local(const objective_plan& p, const basic_objective_inputs<T>& in, const host_executor& ex) {
   const token_layout& L = in.layout;
-  const host_loader<T> load{p, in};
+  const token_loader<T> load{p, in};
   const index_t grain = std::max<index_t>(1, 65536 / std::max<index_t>(1, L.max_len()));
   return ex.parallel_reduce(
       L.num_seqs(), grain, local_counts{},
@@ -522,108 +403,6 @@ inline void check_global(const agg_plan& a, const objective_sums& s, bool used, 
   }
 }
 
-inline objective_result finish_result(const objective_plan& p, const objective_sums& s) {
-  objective_result r;
-  r.policy_loss = s.policy;
-  r.kl_loss = s.kl;
-  r.entropy_loss = p.use_entropy ? s.entropy : 0.0;
-  r.value_loss = s.value;
-  r.loss = s.policy + static_cast<double>(p.kl.coef) * s.kl - static_cast<double>(p.entropy_coef) * r.entropy_loss +
-           static_cast<double>(p.value.coef) * s.value;
-  r.tokens = s.valid;
-  r.loss_tokens = s.in_loss;
-  r.seqs = s.seqs;
-  const double nl = s.in_loss > 0.0 ? s.in_loss : 1.0;
-  r.clip_frac_low = s.clip_low / nl;
-  r.clip_frac_high = s.clip_high / nl;
-  r.clip_frac_dual = s.clip_dual / nl;
-  r.clamped_frac = s.clamped / nl;
-  r.approx_kl = p.has_old ? s.approx_kl / nl : 0.0;
-  r.kl_mean = s.kl_value / nl;
-  if (s.valid > 0.0) {
-    r.is_weight_min = s.w_min;
-    r.is_weight_max = s.w_max;
-    r.is_weight_mean = s.w_sum / s.valid;
-    r.rejected_frac = s.rejected / s.valid;
-  }
-  r.entropy_mean = s.entropy_value / nl;
-  r.value_clip_frac = s.value_clipped / nl;
-  r.nonfinite_tokens = s.nonfinite;
-  return r;
-}
-
-template <class T>
-objective_sums host_row(const objective_plan& p, const basic_objective_inputs<T>& in,
-                        const basic_objective_grads<T>& gr, index_t b) {
-  const token_layout& L = in.layout;
-  const host_loader<T> load{p, in};
-  row_consts c = host_row_consts(p, load, L, b);
-  row_alphas(p, c);
-  const index_t base = L.begin(b);
-  const index_t n = L.length(b);
-  const bool want_gl = gr.logp.size() != 0;
-  const bool want_ge = gr.entropy.size() != 0;
-  const bool want_gv = gr.values.size() != 0;
-  objective_sums s;
-  double pol = 0.0, kl = 0.0, ent = 0.0, val = 0.0, dcoef = 0.0, in_loss = 0.0, valid = 0.0;
-  for (index_t t = 0; t < n; ++t) {
-    const index_t i = base + t;
-    bool bad = false;
-    const token_inputs<T> ti = load(b, i, bad);
-    s.nonfinite += bad ? 1.0 : 0.0;
-    const token_result<T> r = token_eval(p, c, ti);
-    if (want_gl) gr.logp[i] = r.in_loss ? r.g_logp : T(0);
-    if (want_ge) gr.entropy[i] = r.in_loss ? r.g_entropy : T(0);
-    if (want_gv) gr.values[i] = r.in_loss ? r.g_value : T(0);
-    if (!ti.valid) continue;
-    valid += 1.0;
-    const double w = static_cast<double>(r.w);
-    s.w_sum += w;
-    s.w_min = std::min(s.w_min, w);
-    s.w_max = std::max(s.w_max, w);
-    s.rejected += r.rejected ? 1.0 : 0.0;
-    if (!r.in_loss) continue;
-    in_loss += 1.0;
-    pol += static_cast<double>(r.policy);
-    kl += static_cast<double>(r.kl);
-    ent += static_cast<double>(r.entropy);
-    val += static_cast<double>(r.value);
-    dcoef += static_cast<double>(r.dcoef);
-    s.clip_low += r.low ? 1.0 : 0.0;
-    s.clip_high += r.high ? 1.0 : 0.0;
-    s.clip_dual += r.dual ? 1.0 : 0.0;
-    s.clamped += r.clamped ? 1.0 : 0.0;
-    s.approx_kl += static_cast<double>(ti.old - ti.lp);
-    s.value_clipped += r.v_clipped ? 1.0 : 0.0;
-  }
-  if (p.policy == policy_kind::gmpo && in_loss > 0.0)
-    pol = -c.gmpo_adv * c.gmpo_ratio * c.gmpo_w;
-  if (p.gspo_sequence && want_gl && in_loss > 0.0 && dcoef != 0.0) {
-    const double len = c.len_loss > 1.0 ? c.len_loss : 1.0;
-    const T scale = static_cast<T>(c.a_policy * dcoef / len);
-    for (index_t t = 0; t < n; ++t) {
-      const index_t i = base + t;
-      bool bad = false;
-      const token_inputs<T> ti = load(b, i, bad);
-      if (!ti.valid) continue;
-      const bool keep = c.seq_keep && token_keep(p, ti);
-      if (keep || !p.removes) gr.logp[i] += scale;
-    }
-  }
-  s.policy = c.a_policy * pol;
-  s.kl = c.a_kl * kl;
-  s.entropy = c.a_entropy * ent;
-  s.value = c.a_value * val;
-  s.kl_value = kl;
-  s.entropy_value = ent;
-  s.valid = valid;
-  s.in_loss = in_loss;
-  s.seqs = valid > 0.0 ? 1.0 : 0.0;
-  s.loss_seqs = in_loss > 0.0 ? 1.0 : 0.0;
-  s.rows = 1.0;
-  return s;
-}
-
 } // namespace detail
 
 //! What this call contributes to the global denominators of `obj` (tokens that stay in the loss,
@@ -648,9 +427,11 @@ objective_result evaluate(const objective& obj, const basic_objective_inputs<T>&
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "rlpt::evaluate takes float or double inputs");
   detail::objective_plan p = detail::make_plan(obj, in, grads);
   const token_layout& L = in.layout;
-  const bool local_needed = (p.agg_policy.tokens < 0.0 || p.agg_policy.seqs < 0.0 || p.agg_kl.tokens < 0.0 ||
-                             p.agg_kl.seqs < 0.0 || p.agg_entropy.tokens < 0.0 || p.agg_entropy.seqs < 0.0 ||
-                             p.agg_value.tokens < 0.0 || p.agg_value.seqs < 0.0);
+  auto local = [](const detail::agg_plan& a, bool used) {
+    return used && ((a.needs_tokens() && a.tokens < 0.0) || (a.needs_seqs() && a.seqs < 0.0));
+  };
+  const bool local_needed = local(p.agg_policy, p.use_policy) || local(p.agg_kl, p.use_kl) ||
+                            local(p.agg_entropy, p.use_entropy || p.has_entropy) || local(p.agg_value, p.use_value);
   if (local_needed) {
     const detail::local_counts c = detail::count_local(p, in, ex);
     detail::resolve_local(p.agg_policy, c);
@@ -659,11 +440,12 @@ objective_result evaluate(const objective& obj, const basic_objective_inputs<T>&
     detail::resolve_local(p.agg_value, c);
   }
   const index_t grain = std::max<index_t>(1, 16384 / std::max<index_t>(1, L.max_len()));
+  const auto row = detail::host_row_kernel<T>();
   const objective_sums s = ex.parallel_reduce(
       L.num_seqs(), grain, objective_sums{},
       [&](index_t b0, index_t b1) {
         objective_sums acc;
-        for (index_t b = b0; b < b1; ++b) acc.merge(detail::host_row(p, in, grads, b));
+        for (index_t b = b0; b < b1; ++b) acc.merge(row(p, in, grads, b));
         return acc;
       },
       [](objective_sums& a, const objective_sums& b) { a.merge(b); });

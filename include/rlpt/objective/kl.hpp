@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <type_traits>
 
 namespace rlpt {
 
@@ -73,54 +74,84 @@ struct kl_token {
   R grad;
 };
 
-//! KL term of one token: x = logp - ref, xo = logp - old (for importance weighting).
-template <class R>
-RLPT_HD_FORCEINLINE kl_token<R> kl_value(const kl_penalty& k, R x, R xo) {
+//! KL term of one token with the estimator, gradient mode and importance correction fixed
+//! at compile time (the host's vectorised loops); x = logp - ref, xo = logp - old.
+template <kl_estimator E, kl_gradient G, bool IC, class R>
+RLPT_HD_FORCEINLINE kl_token<R> kl_value_t(const kl_penalty& k, R x, R xo) {
   R v = R(0);
   R g = R(0);
-  switch (k.estimator) {
-  case kl_estimator::k1:
+  if constexpr (E == kl_estimator::k1) {
     v = x;
     g = R(1);
-    break;
-  case kl_estimator::abs:
-    v = x < R(0) ? -x : x;
+  } else if constexpr (E == kl_estimator::abs) {
+    v = sel(x < R(0), -x, x);
     g = sign_r(x);
-    break;
-  case kl_estimator::k2:
+  } else if constexpr (E == kl_estimator::k2) {
     v = R(0.5) * (x * x);
     g = x;
-    break;
-  case kl_estimator::k3: {
+  } else {
     const R lo = max_r(R(k.k3_x_min), R(-80));
     const R hi = min_r(R(k.k3_x_max), R(80));
     const R d = -clamp_r(x, lo, hi); // ref - logp, clamped
     const R e = exp_r(d);
     v = e - d - R(1);
-    g = (R(1) - e) * clamp_pass(x, lo, hi);
-    break;
+    const R ge = R(1) - e;
+    g = sel((x >= lo) & (x <= hi), ge, R(0));
   }
-  }
-  if (k.output_clamp > 0.0) {
-    const R c = R(k.output_clamp);
-    g = g * clamp_pass(v, -c, c);
-    v = clamp_r(v, -c, c);
-  }
-  if (k.gradient == kl_gradient::straight_through) {
+  const bool oc = k.output_clamp > 0.0;
+  const R c = R(k.output_clamp);
+  g = sel(oc & ((v < -c) | (v > c)), R(0), g);
+  const R vc = clamp_r(v, -c, c);
+  v = sel(oc, vc, v);
+  if constexpr (G == kl_gradient::straight_through) {
     g = x;
-  } else if (k.gradient == kl_gradient::k2_importance) {
+  } else if constexpr (G == kl_gradient::k2_importance) {
     const R w = min_r(exp_r(min_r(xo, R(80))), R(k.is_cap));
     g = w * x;
   }
-  if (k.importance_corrected) {
-    R r, dr;
+  if constexpr (IC) {
     const R xc = clamp_r(xo, R(-20), R(20));
-    r = exp_r(xc);
-    dr = r * clamp_pass(xo, R(-20), R(20));
+    const R r = exp_r(xc);
+    const R dr = sel((xo >= R(-20)) & (xo <= R(20)), r, R(0));
     g = g * r + v * dr;
     v = v * r;
   }
   return {v, g};
+}
+
+//! Calls f.template operator()<E, G, IC>() for the KL configuration k (a runtime-to-compile-time
+//! dispatch, done once per chunk on the host and once per thread on the device).
+template <class F>
+RLPT_HD_FORCEINLINE void dispatch_kl(const kl_penalty& k, F&& f) {
+  auto with_ic = [&](auto e, auto g) {
+    if (k.importance_corrected)
+      f.template operator()<decltype(e)::value, decltype(g)::value, true>();
+    else
+      f.template operator()<decltype(e)::value, decltype(g)::value, false>();
+  };
+  auto with_g = [&](auto e) {
+    switch (k.gradient) {
+    case kl_gradient::natural: with_ic(e, std::integral_constant<kl_gradient, kl_gradient::natural>{}); break;
+    case kl_gradient::straight_through:
+      with_ic(e, std::integral_constant<kl_gradient, kl_gradient::straight_through>{});
+      break;
+    case kl_gradient::k2_importance: with_ic(e, std::integral_constant<kl_gradient, kl_gradient::k2_importance>{}); break;
+    }
+  };
+  switch (k.estimator) {
+  case kl_estimator::k1: with_g(std::integral_constant<kl_estimator, kl_estimator::k1>{}); break;
+  case kl_estimator::abs: with_g(std::integral_constant<kl_estimator, kl_estimator::abs>{}); break;
+  case kl_estimator::k2: with_g(std::integral_constant<kl_estimator, kl_estimator::k2>{}); break;
+  case kl_estimator::k3: with_g(std::integral_constant<kl_estimator, kl_estimator::k3>{}); break;
+  }
+}
+
+//! KL term of one token, configuration read at run time.
+template <class R>
+RLPT_HD_FORCEINLINE kl_token<R> kl_value(const kl_penalty& k, R x, R xo) {
+  kl_token<R> out{R(0), R(0)};
+  dispatch_kl(k, [&]<kl_estimator E, kl_gradient G, bool IC>() { out = kl_value_t<E, G, IC>(k, x, xo); });
+  return out;
 }
 
 } // namespace detail

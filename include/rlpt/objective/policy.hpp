@@ -113,43 +113,47 @@ enum class policy_kind : std::uint8_t { ppo_clip, gspo, gmpo, cispo, sapo, polic
 namespace detail {
 
 //! Value and derivative of one per-token term, plus the clip events it reports.
+//! Clip events, one bit each (a word, not bools: it keeps the struct in registers, so loops
+//! over the per-token functions vectorise).
+inline constexpr std::uint32_t flag_low = 1u;     //!< ratio below 1 - eps_low with A < 0 (TRL clip_ratio/low)
+inline constexpr std::uint32_t flag_high = 2u;    //!< ratio above 1 + eps_high with A > 0 (TRL clip_ratio/high)
+inline constexpr std::uint32_t flag_dual = 4u;    //!< dual clip binds (verl pg_clipfrac_lower)
+inline constexpr std::uint32_t flag_clamped = 8u; //!< the log-ratio hit its clamp
+
+RLPT_HD_FORCEINLINE std::uint32_t flag_if(bool c, std::uint32_t f) { return static_cast<std::uint32_t>(c) * f; }
+
 template <class R>
 struct policy_token {
   R value = R(0);
-  R grad = R(0);   //!< d value / d logp (GSPO sequence form: d value / d s_i)
-  bool low = false;     //!< ratio below 1 - eps_low with A < 0 (TRL clip_ratio/low)
-  bool high = false;    //!< ratio above 1 + eps_high with A > 0 (TRL clip_ratio/high)
-  bool dual = false;    //!< dual clip binds (verl pg_clipfrac_lower)
-  bool clamped = false; //!< the log-ratio hit its clamp
+  R grad = R(0); //!< d value / d logp (GSPO sequence form: d value / d s_i)
+  std::uint32_t flags = 0;
 };
 
 //! The PPO clip given a ratio r, dr = d r / d logp and the clip bounds lo = 1 - eps_low,
 //! hi = 1 + eps_high (formed in double and rounded once, as torch does with Python scalars).
+//! Written with selects only, so loops over it vectorise.
 template <class R>
 RLPT_HD_FORCEINLINE policy_token<R> clip_surrogate(R r, R dr, R A, R lo, R hi, R dual_c, R delta) {
   policy_token<R> o;
   const R rc = clamp_r(r, lo, hi);
-  const R drc = clamp_pass(r, lo, hi) * dr;
-  R r1 = r;
-  R dr1 = dr;
-  if (delta > R(0)) {
-    r1 = min_r(r, delta);
-    dr1 = r <= delta ? dr : R(0);
-  }
+  const R drc = sel((r >= lo) & (r <= hi), dr, R(0));
+  const bool capped = (delta > R(0)) & (r > delta); // TRL: coef_1 = clamp(coef_1, max=delta)
+  const R r1 = sel(capped, delta, r);
+  const R dr1 = sel(capped, R(0), dr);
   const R l1 = -A * r1;
   const R l2 = -A * rc;
   R l = max_r(l1, l2);
   R dl = dmax(l1, l2, -A * dr1, -A * drc);
-  if (dual_c > R(0) && A < R(0)) {
-    const R l3 = -A * dual_c;
-    o.dual = l > l3;
-    dl = dmin(l3, l, R(0), dl);
-    l = min_r(l3, l);
-  }
+  const bool dual_on = (dual_c > R(0)) & (A < R(0));
+  const R l3 = -A * dual_c;
+  const bool dual = dual_on & (l > l3);
+  const R dl_dual = dmin(l3, l, R(0), dl);
+  dl = sel(dual_on, dl_dual, dl);
+  l = sel(dual, l3, l);
   o.value = l;
   o.grad = dl;
-  o.low = r < lo && A < R(0);
-  o.high = r > hi && A > R(0);
+  o.flags = flag_if((r < lo) & (A < R(0)), flag_low) | flag_if((r > hi) & (A > R(0)), flag_high) |
+            flag_if(dual, flag_dual);
   return o;
 }
 
@@ -158,9 +162,9 @@ template <class R>
 RLPT_HD_FORCEINLINE void clamped_ratio(R x, R c, R& r, R& dr, bool& clamped) {
   const R xc = clamp_r(x, -c, c);
   r = exp_r(xc);
-  const R pass = clamp_pass(x, -c, c);
-  dr = r * pass;
-  clamped = pass == R(0);
+  const bool pass = (x >= -c) & (x <= c);
+  dr = sel(pass, r, R(0));
+  clamped = !pass;
 }
 
 template <class R>
@@ -169,7 +173,7 @@ RLPT_HD_FORCEINLINE policy_token<R> ppo_token(const ppo_clip& p, R x, R A) {
   bool clamped;
   clamped_ratio(x, R(p.log_ratio_clamp), r, dr, clamped);
   policy_token<R> o = clip_surrogate(r, dr, A, R(1.0 - p.eps_low), R(1.0 + p.eps_high), R(p.dual_clip), R(p.delta));
-  o.clamped = clamped;
+  o.flags |= flag_if(clamped, flag_clamped);
   return o;
 }
 
@@ -178,12 +182,12 @@ RLPT_HD_FORCEINLINE policy_token<R> sapo_token(const sapo& p, R x, R A) {
   R r, dr;
   bool clamped;
   clamped_ratio(x, R(p.log_ratio_clamp), r, dr, clamped);
-  const R tau = A > R(0) ? R(p.tau_pos) : R(p.tau_neg);
+  const R tau = sel(A > R(0), R(p.tau_pos), R(p.tau_neg));
   const R sig = R(1) / (R(1) + exp_r(-(tau * (r - R(1)))));
   policy_token<R> o;
   o.value = -(sig * (R(4) / tau)) * A;
   o.grad = -A * (R(4) / tau) * (sig * (R(1) - sig)) * tau * dr;
-  o.clamped = clamped;
+  o.flags = flag_if(clamped, flag_clamped);
   return o;
 }
 
@@ -192,21 +196,14 @@ RLPT_HD_FORCEINLINE policy_token<R> cispo_token(const cispo& p, R x, R lp, R A) 
   R r, dr;
   bool clamped;
   clamped_ratio(x, R(p.log_ratio_clamp), r, dr, clamped);
-  R w;
+  const bool rel = p.bounds == cispo_bounds::relative;
+  const R lo = R(rel ? 1.0 - p.eps_low : 0.0);
+  const R hi = R(rel ? 1.0 + p.eps_high : p.cap);
+  const R w = clamp_r(r, lo, hi);
   policy_token<R> o;
-  if (p.bounds == cispo_bounds::relative) {
-    const R lo = R(1.0 - p.eps_low);
-    const R hi = R(1.0 + p.eps_high);
-    w = clamp_r(r, lo, hi);
-    o.low = r < lo;
-    o.high = r > hi;
-  } else {
-    w = min_r(r, R(p.cap));
-    o.high = r > R(p.cap);
-  }
+  o.flags = flag_if(rel & (r < lo), flag_low) | flag_if(r > hi, flag_high) | flag_if(clamped, flag_clamped);
   o.value = -w * A * lp;
   o.grad = -w * A;
-  o.clamped = clamped;
   return o;
 }
 
@@ -224,15 +221,15 @@ template <class R>
 RLPT_HD_FORCEINLINE policy_token<R> gspo_token(const gspo& p, R s, R A) {
   const R ls = min_r(s, R(p.log_ratio_max));
   const R r = exp_r(ls);
-  const R dr = s <= R(p.log_ratio_max) ? r : R(0);
+  const R dr = sel(s <= R(p.log_ratio_max), r, R(0));
   policy_token<R> o = clip_surrogate(r, dr, A, R(1.0 - p.eps_low), R(1.0 + p.eps_high), R(p.dual_clip), R(p.delta));
-  o.clamped = s > R(p.log_ratio_max);
+  o.flags |= flag_if(s > R(p.log_ratio_max), flag_clamped);
   return o;
 }
 
 //! GMPO's sign-aware log-space clip of one token: x* and d x* / d x.
 template <class R>
-RLPT_HD_FORCEINLINE void gmpo_token(const gmpo& p, R x, R A, R& xs, R& dxs, bool& low, bool& high) {
+RLPT_HD_FORCEINLINE void gmpo_token(const gmpo& p, R x, R A, R& xs, R& dxs, std::uint32_t& flags) {
   const R xc = clamp_r(x, -R(p.eps_low), R(p.eps_high));
   const R sa = sign_r(A);
   const R a = sa * x;
@@ -240,8 +237,7 @@ RLPT_HD_FORCEINLINE void gmpo_token(const gmpo& p, R x, R A, R& xs, R& dxs, bool
   xs = sa * min_r(a, b);
   dxs = sa * dmin(a, b, sa, sa * clamp_pass(x, -R(p.eps_low), R(p.eps_high)));
   const bool clipped = x != xc;
-  low = clipped && A < R(0);
-  high = clipped && A > R(0);
+  flags = flag_if(clipped & (A < R(0)), flag_low) | flag_if(clipped & (A > R(0)), flag_high);
 }
 
 } // namespace detail

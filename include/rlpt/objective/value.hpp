@@ -34,31 +34,29 @@ struct value_token {
   bool clipped; //!< the clipped branch is the larger one (verl vf_clipfrac)
 };
 
+//! Square (delta = 0) or Huber loss of e and its derivative, without branches.
 template <class R>
 RLPT_HD_FORCEINLINE R value_pointwise(R e, R delta, R& de) {
-  if (delta > R(0)) {
-    const R ae = e < R(0) ? -e : e;
-    if (ae <= delta) {
-      de = e;
-      return R(0.5) * e * e;
-    }
-    de = delta * sign_r(e);
-    return delta * (ae - R(0.5) * delta);
-  }
-  de = R(2) * e;
-  return e * e;
+  const R ae = sel(e < R(0), -e, e);
+  const bool huber = delta > R(0);
+  const bool inner = ae <= delta;
+  const R quad_h = R(0.5) * e * e;
+  const R lin_h = delta * (ae - R(0.5) * delta);
+  const R dlin = delta * sign_r(e);
+  const R sq = e * e;
+  const R dsq = R(2) * e;
+  de = sel(huber, sel(inner, e, dlin), dsq);
+  return sel(huber, sel(inner, quad_h, lin_h), sq);
 }
 
 template <class R>
 RLPT_HD_FORCEINLINE value_token<R> value_term(const value_loss& p, R v, R v_old, R ret) {
-  R dv_c = R(1);
-  R vc = v;
-  if (p.clip > 0.0) {
-    const R lo = v_old - R(p.clip);
-    const R hi = v_old + R(p.clip);
-    vc = clamp_r(v, lo, hi);
-    dv_c = (v > lo && v < hi) ? R(1) : R(0);
-  }
+  const bool clip = p.clip > 0.0;
+  const R lo = v_old - R(p.clip);
+  const R hi = v_old + R(p.clip);
+  const R vcl = clamp_r(v, lo, hi);
+  const R vc = sel(clip, vcl, v);
+  const R dv_c = sel((!clip) | ((v > lo) & (v < hi)), R(1), R(0));
   R d1, d2;
   const R l1 = value_pointwise(v - ret, R(p.huber_delta), d1);
   const R l2 = value_pointwise(vc - ret, R(p.huber_delta), d2);
@@ -66,10 +64,9 @@ RLPT_HD_FORCEINLINE value_token<R> value_term(const value_loss& p, R v, R v_old,
   o.value = max_r(l1, l2);
   o.grad = dmax(l1, l2, d1, d2 * dv_c);
   o.clipped = l2 > l1;
-  if (p.half) {
-    o.value = R(0.5) * o.value;
-    o.grad = R(0.5) * o.grad;
-  }
+  const R f = p.half ? R(0.5) : R(1);
+  o.value = f * o.value;
+  o.grad = f * o.grad;
   return o;
 }
 

@@ -15,13 +15,46 @@
 
 namespace rlpt::detail {
 
+//! c ? a : b without a branch. GCC keeps a floating-point operation that may trap out of a
+//! conditional arm (-ftrapping-math is the default), so a plain ?: whose arm computes something
+//! keeps a loop scalar; blending the bits does not (and is what the vector code does anyway).
+//! Changing the flag for the row kernels instead (optimize attribute) blocks their inlining.
+RLPT_HD_FORCEINLINE float sel(bool c, float a, float b) {
+#if RLPT_DEVICE_PASS()
+  return c ? a : b;
+#else
+  std::uint32_t ua, ub;
+  std::memcpy(&ua, &a, sizeof(ua));
+  std::memcpy(&ub, &b, sizeof(ub));
+  const std::uint32_t m = 0u - static_cast<std::uint32_t>(c);
+  const std::uint32_t r = (ua & m) | (ub & ~m);
+  float f;
+  std::memcpy(&f, &r, sizeof(f));
+  return f;
+#endif
+}
+RLPT_HD_FORCEINLINE double sel(bool c, double a, double b) {
+#if RLPT_DEVICE_PASS()
+  return c ? a : b;
+#else
+  std::uint64_t ua, ub;
+  std::memcpy(&ua, &a, sizeof(ua));
+  std::memcpy(&ub, &b, sizeof(ub));
+  const std::uint64_t m = 0u - static_cast<std::uint64_t>(c);
+  const std::uint64_t r = (ua & m) | (ub & ~m);
+  double f;
+  std::memcpy(&f, &r, sizeof(f));
+  return f;
+#endif
+}
+
 //! exp(x) for float on the host: Cody-Waite reduction and a degree-7 Taylor polynomial
 //! (max error about 2 ulp), written without calls or branches so loops over it vectorise.
 //! Defined for x <= 88; returns 0 below -87 (where expf is subnormal or 0). Every caller
 //! clamps its argument to |x| <= 80 first.
 RLPT_HD_FORCEINLINE float exp_poly(float x) {
   const bool under = x < -87.0f;
-  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+  x = sel(under, -87.0f, sel(x > 88.0f, 88.0f, x));
   const float t = x * 1.44269504088896341f;
   const int k = static_cast<int>(t + (t >= 0.0f ? 0.5f : -0.5f)); // round to nearest
   const float kf = static_cast<float>(k);
@@ -37,7 +70,8 @@ RLPT_HD_FORCEINLINE float exp_poly(float x) {
   const std::uint32_t bits = static_cast<std::uint32_t>(k + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));
-  return under ? 0.0f : p * scale;
+  const float res = p * scale;
+  return sel(under, 0.0f, res);
 }
 
 //! exp in the compute type R: the vectorisable polynomial for float on the host, the CUDA
@@ -70,35 +104,37 @@ RLPT_HD_FORCEINLINE R log_r(R x) {
 
 template <class R>
 RLPT_HD_FORCEINLINE R clamp_r(R x, R lo, R hi) {
-  return x < lo ? lo : (x > hi ? hi : x);
+  return sel(x < lo, lo, sel(x > hi, hi, x));
 }
 
 //! 1 where torch.clamp(x, lo, hi) passes the gradient (lo <= x <= hi), else 0.
 template <class R>
 RLPT_HD_FORCEINLINE R clamp_pass(R x, R lo, R hi) {
-  return (x >= lo && x <= hi) ? R(1) : R(0);
+  return sel((x >= lo) & (x <= hi), R(1), R(0));
 }
 
 //! d max(a, b) given da, db, with torch's tie rule (half to each side).
 template <class R>
 RLPT_HD_FORCEINLINE R dmax(R a, R b, R da, R db) {
-  return a > b ? da : (b > a ? db : R(0.5) * (da + db));
+  const R half = R(0.5) * (da + db);
+  return sel(a > b, da, sel(b > a, db, half));
 }
 
 //! d min(a, b) given da, db, with torch's tie rule.
 template <class R>
 RLPT_HD_FORCEINLINE R dmin(R a, R b, R da, R db) {
-  return a < b ? da : (b < a ? db : R(0.5) * (da + db));
+  const R half = R(0.5) * (da + db);
+  return sel(a < b, da, sel(b < a, db, half));
 }
 
 template <class R>
 RLPT_HD_FORCEINLINE R max_r(R a, R b) {
-  return a > b ? a : b;
+  return sel(a > b, a, b);
 }
 
 template <class R>
 RLPT_HD_FORCEINLINE R min_r(R a, R b) {
-  return a < b ? a : b;
+  return sel(a < b, a, b);
 }
 
 //! Finite without calling into libm (vectorises; NaN and +-inf fail).
@@ -116,7 +152,7 @@ RLPT_HD_FORCEINLINE bool finite_r(double x) {
 //! torch.sign.
 template <class R>
 RLPT_HD_FORCEINLINE R sign_r(R x) {
-  return x > R(0) ? R(1) : (x < R(0) ? R(-1) : R(0));
+  return sel(x > R(0), R(1), sel(x < R(0), R(-1), R(0)));
 }
 
 } // namespace rlpt::detail

@@ -227,8 +227,8 @@ RLPT_HD_FORCEINLINE void row_stats_add(const objective_plan& p, const token_inpu
   if (p.policy == policy_kind::gspo) s.sum_x += static_cast<double>(t.lp - t.old);
   if (p.policy == policy_kind::gmpo) {
     R xs, dxs;
-    bool lo, hi;
-    gmpo_token(p.gm, t.lp - t.old, t.adv, xs, dxs, lo, hi);
+    std::uint32_t flags;
+    gmpo_token(p.gm, t.lp - t.old, t.adv, xs, dxs, flags);
     s.sum_xs += static_cast<double>(xs);
     s.sum_adv += static_cast<double>(t.adv);
     if (p.use_is && !p.is_seq) {
@@ -309,7 +309,8 @@ struct token_result {
   R g_entropy = R(0);
   R g_value = R(0);
   R dcoef = R(0); //!< GSPO sequence form: w * d value / d s_i
-  bool low = false, high = false, dual = false, clamped = false, v_clipped = false;
+  std::uint32_t flags = 0; //!< policy clip events (flag_low, ...)
+  bool v_clipped = false;
 };
 
 template <class R>
@@ -334,7 +335,7 @@ RLPT_HD_FORCEINLINE token_result<R> token_eval(const objective_plan& p, const ro
       const policy_token<R> q = ppo_token(p.ppo, x, t.adv);
       o.policy = w * q.value;
       g = ap * w * q.grad;
-      o.low = q.low, o.high = q.high, o.dual = q.dual, o.clamped = q.clamped;
+      o.flags = q.flags;
       break;
     }
     case policy_kind::gspo: {
@@ -344,30 +345,30 @@ RLPT_HD_FORCEINLINE token_result<R> token_eval(const objective_plan& p, const ro
         o.dcoef = w * q.grad;
       else
         g = ap * w * q.grad;
-      o.low = q.low, o.high = q.high, o.dual = q.dual, o.clamped = q.clamped;
+      o.flags = q.flags;
       break;
     }
     case policy_kind::gmpo: {
       R xs, dxs;
-      gmpo_token(p.gm, x, t.adv, xs, dxs, o.low, o.high);
+      gmpo_token(p.gm, x, t.adv, xs, dxs, o.flags);
       const R coef = c.gmpo_clamped ? R(0)
                                     : -R(c.gmpo_adv) * R(c.gmpo_w) * R(c.gmpo_ratio) / R(c.len_loss);
       g = ap * coef * dxs;
-      o.clamped = c.gmpo_clamped;
+      o.flags |= flag_if(c.gmpo_clamped, flag_clamped);
       break;
     }
     case policy_kind::cispo: {
       const policy_token<R> q = cispo_token(p.ci, x, t.lp, t.adv);
       o.policy = w * q.value;
       g = ap * w * q.grad;
-      o.low = q.low, o.high = q.high, o.clamped = q.clamped;
+      o.flags = q.flags;
       break;
     }
     case policy_kind::sapo: {
       const policy_token<R> q = sapo_token(p.sa, x, t.adv);
       o.policy = w * q.value;
       g = ap * w * q.grad;
-      o.clamped = q.clamped;
+      o.flags = q.flags;
       break;
     }
     case policy_kind::policy_gradient: {
