@@ -16,7 +16,7 @@
 
 using namespace rlpt;
 
-TEST_CASE("masked stale tokens leave the objective's loss and denominator; proximal logprobs feed old_logp") {
+TEST_CASE("masked stale tokens leave the objective's loss and denominator, proximal logprobs feed old_logp") {
   rlpt::test::rng rng(61);
   for (int trial = 0; trial < 40; ++trial) {
     const policy_version current = static_cast<policy_version>(rng.integer(3, 9));
