@@ -101,12 +101,13 @@ RLPT_HD_FORCEINLINE int canonical_width(index_t n) {
 template <int Lanes = reduce_lanes, class F>
 [[nodiscard]] double canonical_sum(index_t n, F&& term) {
   static_assert(Lanes >= 1 && (Lanes & (Lanes - 1)) == 0, "lane count must be a power of two");
-  double lane[Lanes] = {};
+  const int width = canonical_width<Lanes>(n);
+  double lane[Lanes]; // only the first `width` lanes are ever read
+  for (int l = 0; l < width; ++l) lane[l] = 0.0;
   for (index_t k = 0; k < n; ++k) {
     double& p = lane[k & (Lanes - 1)];
     p = add_rn(p, term(k));
   }
-  const int width = canonical_width<Lanes>(n);
   for (int s = width / 2; s >= 1; s >>= 1)
     for (int l = 0; l < s; ++l) lane[l] = add_rn(lane[l], lane[l + s]);
   return lane[0];
