@@ -242,3 +242,19 @@ TEST_CASE("golden: whole-group balance is never worse than verl get_group_balanc
     for (index_t q = 0; q < k; ++q) CHECK(ours.part_size(q) == static_cast<index_t>(len.size()) / k);
   }
 }
+
+TEST_CASE("the radix sort behind large partitions orders like (weight, index) pairs") {
+  test::rng r(32);
+  for (const std::size_t n : {std::size_t{100}, std::size_t{2048}, std::size_t{50000}}) {
+    std::vector<std::pair<double, index_t>> v(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const double x = r.bernoulli(0.2) ? static_cast<double>(r.integer(0, 5)) // many ties, zeros
+                                        : 24576.0 * static_cast<double>(r.integer(1, 16384)) + r.uniform(0, 1e9);
+      v[i] = {x, static_cast<index_t>(i)};
+    }
+    auto want = v;
+    std::sort(want.begin(), want.end());
+    detail::sort_by_weight(v);
+    CHECK(v == want);
+  }
+}

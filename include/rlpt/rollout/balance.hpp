@@ -24,6 +24,7 @@
 #include <rlpt/core/views.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -118,72 +119,151 @@ struct kk_state {
 
 // Heaviest sets first; among equal sums the one with more items (verl's Set order), then the
 // lower first item: a strict total order, so plain (unstable) sorts are deterministic.
-[[nodiscard]] inline bool kk_set_before(const kk_set& a, const kk_set& b) noexcept {
-  if (a.sum != b.sum) return a.sum > b.sum;
-  if (a.count != b.count) return a.count > b.count;
-  return a.head < b.head;
+struct kk_set_order {
+  bool operator()(const kk_set& a, const kk_set& b) const noexcept {
+    if (a.sum != b.sum) return a.sum > b.sum;
+    if (a.count != b.count) return a.count > b.count;
+    return a.head < b.head;
+  }
+};
+inline constexpr kk_set_order kk_set_before{}; // a function object, so sorts inline it
+
+//! Sorts (weight, index) pairs ascending by weight, then index, for non-negative finite
+//! weights. Large inputs use an LSD radix sort on the IEEE bits (order-preserving for
+//! non-negative doubles; stable, and the input is in index order, so ties stay by index).
+inline void sort_by_weight(std::vector<std::pair<double, index_t>>& v, std::size_t first = 0) {
+  const std::size_t n = v.size() - first;
+  if (n < 2048) {
+    std::sort(v.begin() + static_cast<std::ptrdiff_t>(first), v.end());
+    return;
+  }
+  std::vector<std::pair<double, index_t>> tmp(n);
+  constexpr int bits = 11;
+  constexpr std::size_t buckets = std::size_t{1} << bits;
+  std::vector<std::size_t> hist(buckets * 6, 0);
+  auto key = [](double d) { return std::bit_cast<std::uint64_t>(d); };
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint64_t u = key(v[first + i].first);
+    for (int d = 0; d < 6; ++d) ++hist[static_cast<std::size_t>(d) * buckets + ((u >> (d * bits)) & (buckets - 1))];
+  }
+  auto* src = v.data() + first;
+  auto* dst = tmp.data();
+  for (int d = 0; d < 6; ++d) {
+    std::size_t* h = hist.data() + static_cast<std::size_t>(d) * buckets;
+    if (*std::max_element(h, h + buckets) == n) continue; // every key shares this digit
+    std::size_t sum = 0;
+    for (std::size_t b = 0; b < buckets; ++b) sum += std::exchange(h[b], sum);
+    for (std::size_t i = 0; i < n; ++i) dst[h[(key(src[i].first) >> (d * bits)) & (buckets - 1)]++] = src[i];
+    std::swap(src, dst);
+  }
+  if (src != v.data() + first) std::copy(src, src + n, v.data() + first);
+}
+
+// Max-heap key of a KK state: (spread, largest set, earliest state). Computed once per push:
+// a state does not change while it waits in the heap.
+struct kk_key {
+  double spread;
+  double top;
+  std::uint64_t id;
+  index_t state;
+};
+struct kk_key_after {
+  bool operator()(const kk_key& x, const kk_key& y) const noexcept {
+    if (x.spread != y.spread) return x.spread < y.spread;
+    if (x.top != y.top) return x.top < y.top;
+    return x.id > y.id;
+  }
+};
+using kk_heap = std::priority_queue<kk_key, std::vector<kk_key>, kk_key_after>;
+
+//! Part of every item, from the linked lists of the final sets; parts as index-ordered lists.
+inline std::vector<std::vector<index_t>> kk_parts(const kk_set* sets, index_t nsets, index_t k, index_t n,
+                                                  const std::vector<index_t>& next) {
+  std::vector<index_t> owner(static_cast<std::size_t>(n), -1);
+  std::vector<index_t> count(static_cast<std::size_t>(k), 0);
+  for (index_t p = 0; p < nsets; ++p)
+    for (index_t it = sets[p].head; it != -1; it = next[static_cast<std::size_t>(it)])
+      if (it < n) {
+        owner[static_cast<std::size_t>(it)] = p;
+        ++count[static_cast<std::size_t>(p)];
+      }
+  std::vector<std::vector<index_t>> parts(static_cast<std::size_t>(k));
+  for (index_t p = 0; p < k; ++p) parts[static_cast<std::size_t>(p)].reserve(static_cast<std::size_t>(count[static_cast<std::size_t>(p)]));
+  for (index_t i = 0; i < n; ++i) parts[static_cast<std::size_t>(owner[static_cast<std::size_t>(i)])].push_back(i);
+  return parts;
 }
 
 //! Karmarkar–Karp over non-negative weights. Equal counts with n % k != 0 add zero-weight
 //! padding items that sort first, so the first chunk gives them one per set and they are
-//! dropped at the end: parts get floor(n/k) or ceil(n/k) items.
+//! dropped at the end: parts get floor(n/k) or ceil(n/k) items. Parts come back ascending.
 inline std::vector<std::vector<index_t>> karmarkar_karp(view<const double> w, index_t k, bool equal_count) {
   const index_t n = w.size();
-  // Ascending by (weight, index); sorting the pairs themselves keeps the sort cache-friendly.
-  std::vector<std::pair<double, index_t>> by_weight(static_cast<std::size_t>(n));
-  for (index_t i = 0; i < n; ++i) by_weight[static_cast<std::size_t>(i)] = {w[i], i};
-  std::sort(by_weight.begin(), by_weight.end());
-  std::vector<index_t> order(static_cast<std::size_t>(n));
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = by_weight[i].second;
-
-  // Items are linked per set; set union is O(1).
   const index_t pad = equal_count ? (k - n % k) % k : 0;
   const index_t total = n + pad; // padding items have ids n .. n + pad - 1, weight 0, sorted first
-  std::vector<index_t> next(static_cast<std::size_t>(total), -1);
-  auto weight_of = [&](index_t item) { return item < n ? w[item] : 0.0; };
-  auto sorted_item = [&](index_t pos) { return pos < pad ? n + pos : order[static_cast<std::size_t>(pos - pad)]; };
-
-  std::vector<kk_state> pool;
+  // Ascending by (weight, index), padding first; sorting the pairs keeps the sort cache-friendly
+  // and the weights next to their items.
+  std::vector<std::pair<double, index_t>> sorted(static_cast<std::size_t>(total));
+  for (index_t i = 0; i < pad; ++i) sorted[static_cast<std::size_t>(i)] = {0.0, n + i};
+  for (index_t i = 0; i < n; ++i) sorted[static_cast<std::size_t>(pad + i)] = {w[i], i};
+  sort_by_weight(sorted, static_cast<std::size_t>(pad));
+  std::vector<index_t> next(static_cast<std::size_t>(total), -1); // items linked per set: O(1) union
+  if (total == 0) return std::vector<std::vector<index_t>>(static_cast<std::size_t>(k));
   std::uint64_t next_id = 0;
-  auto spread = [&](const kk_state& s) {
-    if (s.sets.empty()) return 0.0;
-    const double lo = static_cast<index_t>(s.sets.size()) < k ? 0.0 : s.sets.back().sum;
-    return s.sets.front().sum - lo;
-  };
-  // Max-heap on (spread, largest set, earliest state); keys are computed once per push, a
-  // state does not change while it waits in the heap.
-  struct heap_key {
-    double spread;
-    double top;
-    std::uint64_t id;
-    index_t state;
-  };
+  kk_heap heap;
+
+  if (equal_count) {
+    // Every state holds exactly k non-empty sets: one flat arena, no per-state allocation.
+    const index_t states = total / k;
+    std::vector<kk_set> arena(static_cast<std::size_t>(total));
+    auto slice = [&](index_t st) { return arena.data() + st * k; };
+    auto key_of = [&](index_t st) {
+      const kk_set* x = slice(st);
+      return kk_key{x[0].sum - x[k - 1].sum, x[0].sum, next_id++, st};
+    };
+    for (index_t st = 0; st < states; ++st) {
+      kk_set* x = slice(st);
+      for (index_t i = 0; i < k; ++i) {
+        const auto& [wt, item] = sorted[static_cast<std::size_t>(st * k + i)];
+        x[i] = {wt, 1, item, item};
+      }
+      std::sort(x, x + k, kk_set_before);
+      heap.push(key_of(st));
+    }
+    while (heap.size() > 1) {
+      const index_t a = heap.top().state;
+      heap.pop();
+      const index_t b = heap.top().state;
+      heap.pop();
+      kk_set* x = slice(a);
+      const kk_set* y = slice(b);
+      for (index_t i = 0; i < k; ++i) { // heaviest of x with lightest of y
+        kk_set& s = x[i];
+        const kk_set& t = y[k - 1 - i];
+        next[static_cast<std::size_t>(s.tail)] = t.head;
+        s.tail = t.tail;
+        s.sum += t.sum;
+        s.count += t.count;
+      }
+      std::sort(x, x + k, kk_set_before);
+      heap.push(key_of(a));
+    }
+    return kk_parts(slice(heap.top().state), k, k, n, next);
+  }
+
+  // Free counts: states start as one item and grow up to k non-empty sets (the rest empty).
+  std::vector<kk_state> pool(static_cast<std::size_t>(total));
   auto key_of = [&](index_t i) {
     const kk_state& x = pool[static_cast<std::size_t>(i)];
-    return heap_key{spread(x), x.sets.empty() ? 0.0 : x.sets.front().sum, x.id, i};
+    const double lo = static_cast<index_t>(x.sets.size()) < k ? 0.0 : x.sets.back().sum;
+    return kk_key{x.sets.front().sum - lo, x.sets.front().sum, x.id, i};
   };
-  auto after = [](const heap_key& x, const heap_key& y) {
-    if (x.spread != y.spread) return x.spread < y.spread;
-    if (x.top != y.top) return x.top < y.top;
-    return x.id > y.id;
-  };
-  std::priority_queue<heap_key, std::vector<heap_key>, decltype(after)> heap(after);
-
-  const index_t chunk = equal_count ? k : 1;
-  pool.reserve(static_cast<std::size_t>(total / chunk + 1));
-  for (index_t off = 0; off < total; off += chunk) {
-    kk_state s;
+  for (index_t i = 0; i < total; ++i) {
+    const auto& [wt, item] = sorted[static_cast<std::size_t>(i)];
+    kk_state& s = pool[static_cast<std::size_t>(i)];
+    s.sets.push_back({wt, 1, item, item});
     s.id = next_id++;
-    for (index_t i = 0; i < chunk; ++i) {
-      const index_t item = sorted_item(off + i);
-      s.sets.push_back({weight_of(item), 1, item, item});
-    }
-    std::sort(s.sets.begin(), s.sets.end(), kk_set_before);
-    pool.push_back(std::move(s));
-    heap.push(key_of(static_cast<index_t>(pool.size()) - 1));
+    heap.push(key_of(i));
   }
-  if (pool.empty()) return std::vector<std::vector<index_t>>(static_cast<std::size_t>(k));
-
   std::vector<kk_set> changed;
   while (heap.size() > 1) {
     const index_t a = heap.top().state;
@@ -195,7 +275,7 @@ inline std::vector<std::vector<index_t>> karmarkar_karp(view<const double> w, in
     const index_t mx = static_cast<index_t>(x.sets.size()), my = static_cast<index_t>(y.sets.size());
     // Set i of x joins set k-1-i of y: heaviest with lightest. Only positions [k - my, k) meet
     // a set of y; x's sets before that stay as they are (still sorted), so the result is a
-    // merge of that prefix with the few changed sets: O(mx + my log my), not O(k log k).
+    // merge of that prefix with the few changed sets: O(changed + moved), not O(k log k).
     const index_t keep = std::min(mx, k - my);
     changed.clear();
     for (index_t i = k - my; i < k; ++i) {
@@ -226,11 +306,7 @@ inline std::vector<std::vector<index_t>> karmarkar_karp(view<const double> w, in
     heap.push(key_of(a));
   }
   const kk_state& fin = pool[static_cast<std::size_t>(heap.top().state)];
-  std::vector<std::vector<index_t>> parts(static_cast<std::size_t>(k));
-  for (std::size_t p = 0; p < fin.sets.size(); ++p)
-    for (index_t it = fin.sets[p].head; it != -1; it = next[static_cast<std::size_t>(it)])
-      if (it < n) parts[p].push_back(it);
-  return parts;
+  return kk_parts(fin.sets.data(), static_cast<index_t>(fin.sets.size()), k, n, next);
 }
 
 //! LPT: heaviest first onto the lightest part with room. With equal counts, r = n % k parts
@@ -239,10 +315,16 @@ inline std::vector<std::vector<index_t>> lpt(view<const double> w, index_t k, bo
   const index_t n = w.size();
   // Descending by weight, ascending index among equals.
   std::vector<std::pair<double, index_t>> by_weight(static_cast<std::size_t>(n));
-  for (index_t i = 0; i < n; ++i) by_weight[static_cast<std::size_t>(i)] = {-w[i], i};
-  std::sort(by_weight.begin(), by_weight.end());
+  for (index_t i = 0; i < n; ++i) by_weight[static_cast<std::size_t>(i)] = {w[i], i};
+  sort_by_weight(by_weight); // ascending (weight, index)
+  // Descending weight, ascending index among equal weights: reverse each run of equal weights' order.
   std::vector<index_t> order(static_cast<std::size_t>(n));
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = by_weight[i].second;
+  for (std::size_t hi = by_weight.size(), out = 0; hi > 0;) {
+    std::size_t lo = hi - 1;
+    while (lo > 0 && by_weight[lo - 1].first == by_weight[hi - 1].first) --lo;
+    for (std::size_t i = lo; i < hi; ++i) order[out++] = by_weight[i].second;
+    hi = lo;
+  }
   const index_t q = n / k, r = n % k;
   index_t big_used = 0;
   std::vector<double> load(static_cast<std::size_t>(k), 0.0);
@@ -352,13 +434,23 @@ inline void refine(std::vector<std::vector<index_t>>& parts, view<const double> 
 
 inline partition to_partition(std::vector<std::vector<index_t>>&& parts, view<const double> w) {
   partition out;
-  out.offsets.assign(1, 0);
-  out.items.clear();
-  for (auto& p : parts) {
-    std::sort(p.begin(), p.end());
-    out.items.insert(out.items.end(), p.begin(), p.end());
-    out.offsets.push_back(static_cast<index_t>(out.items.size()));
-    out.loads.push_back(sum_of(p, w));
+  const auto k = parts.size();
+  std::size_t n = 0;
+  for (const auto& p : parts) n += p.size();
+  // Items ascending within each part: bucket by owner in index order (O(n), no sort).
+  std::vector<index_t> owner(n, 0);
+  out.offsets.assign(k + 1, 0);
+  out.loads.assign(k, 0.0);
+  for (std::size_t p = 0; p < k; ++p) {
+    out.offsets[p + 1] = out.offsets[p] + static_cast<index_t>(parts[p].size());
+    for (const index_t i : parts[p]) owner[static_cast<std::size_t>(i)] = static_cast<index_t>(p);
+  }
+  out.items.resize(n);
+  std::vector<index_t> cursor(out.offsets.begin(), out.offsets.end() - 1);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto p = static_cast<std::size_t>(owner[i]);
+    out.items[static_cast<std::size_t>(cursor[p]++)] = static_cast<index_t>(i);
+    out.loads[p] += w[static_cast<index_t>(i)];
   }
   return out;
 }
