@@ -20,6 +20,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <ctime>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -43,17 +45,45 @@ void save(const std::string& path, const std::vector<T>& v) {
   out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(T)));
 }
 
-//! Median and minimum wall time of `repeat` calls (after one warm-up call).
-std::pair<double, double> time_it(int repeat, const std::function<void()>& fn) {
+double process_cpu() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+struct timing {
+  double first = 0;  //!< median wall seconds
+  double second = 0; //!< minimum wall seconds
+  double cpu = 0;    //!< median process CPU seconds (all threads): robust to time-slicing on a shared machine
+};
+
+//! Wall and process-CPU time of `repeat` calls (after one warm-up call).
+timing time_it(int repeat, const std::function<void()>& fn) {
   fn();
-  std::vector<double> t;
+  std::vector<double> t, c;
   for (int i = 0; i < repeat; ++i) {
+    const double c0 = process_cpu();
     const auto t0 = std::chrono::steady_clock::now();
     fn();
     t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    c.push_back(process_cpu() - c0);
   }
   std::sort(t.begin(), t.end());
-  return {t[t.size() / 2], t.front()};
+  std::sort(c.begin(), c.end());
+  return {t[t.size() / 2], t.front(), c[c.size() / 2]};
+}
+
+//! Single-thread copy bandwidth per CPU second (read + write), the CPU-time counterpart of
+//! measure_copy_bandwidth for runs on a time-sliced machine.
+double copy_gbps_cpu(std::size_t bytes = std::size_t{1} << 29) {
+  std::vector<char> src(bytes, 1), dst(bytes, 0);
+  double best = 0;
+  for (int r = 0; r < 5; ++r) {
+    const double c0 = process_cpu();
+    std::memcpy(dst.data(), src.data(), bytes);
+    best = std::max(best, 2.0 * static_cast<double>(bytes) / (process_cpu() - c0) / 1e9);
+  }
+  return best;
 }
 
 int usage() {
@@ -85,7 +115,7 @@ int main(int argc, char** argv) {
       rlpt::thread_pool pool(threads);
       const rlpt::host_executor ex{threads > 1 ? &pool : nullptr};
       const auto layout = rlpt::token_layout::padded(B, T);
-      std::pair<double, double> t;
+      timing t;
       if (op == "gae") {
         const auto o = rlpt::compat::verl::gae(gamma, lambda);
         t = time_it(repeat, [&] {
@@ -102,9 +132,10 @@ int main(int argc, char** argv) {
         const double bytes = 17.0 * static_cast<double>(n); // r, V, mask in; A, ret out
         std::printf("%s\n", fmt::format("{{\"op\": \"gae\", \"B\": {}, \"T\": {}, \"threads\": {}, \"seconds\": {}, "
                                         "\"seconds_min\": {}, \"seconds_unwhitened\": {}, \"bytes\": {}, "
-                                        "\"gbps\": {}, \"gbps_unwhitened\": {}, \"copy_gbps\": {}}}",
+                                        "\"gbps\": {}, \"gbps_unwhitened\": {}, \"copy_gbps\": {}, "
+                                        "\"cpu_seconds\": {}, \"cpu_seconds_unwhitened\": {}, \"copy_gbps_cpu\": {}}}",
                                         B, T, threads, t.first, t.second, raw.first, bytes, bytes / t.first / 1e9,
-                                        bytes / raw.first / 1e9, bw.copy_gbps)
+                                        bytes / raw.first / 1e9, bw.copy_gbps, t.cpu, raw.cpu, copy_gbps_cpu())
                                 .c_str());
       } else {
         const auto o = rlpt::compat::verl::reinforce_pp(gamma);
@@ -114,8 +145,10 @@ int main(int argc, char** argv) {
         const auto bw = rlpt::bench::measure_copy_bandwidth(std::size_t{1} << 29, 5, threads);
         const double bytes = 13.0 * static_cast<double>(n); // r, mask in; A, G out
         std::printf("%s\n", fmt::format("{{\"op\": \"rpp\", \"B\": {}, \"T\": {}, \"threads\": {}, \"seconds\": {}, "
-                                        "\"seconds_min\": {}, \"bytes\": {}, \"gbps\": {}, \"copy_gbps\": {}}}",
-                                        B, T, threads, t.first, t.second, bytes, bytes / t.first / 1e9, bw.copy_gbps)
+                                        "\"seconds_min\": {}, \"bytes\": {}, \"gbps\": {}, \"copy_gbps\": {}, "
+                                        "\"cpu_seconds\": {}, \"copy_gbps_cpu\": {}}}",
+                                        B, T, threads, t.first, t.second, bytes, bytes / t.first / 1e9, bw.copy_gbps,
+                                        t.cpu, copy_gbps_cpu())
                                 .c_str());
       }
       return 0;
@@ -141,8 +174,10 @@ int main(int argc, char** argv) {
           time_it(repeat, [&] { rlpt::grpo_advantages(rewards, g, adv, rlpt::compat::verl::grpo(), stats, ex); });
       save(dir + "/rlpt_adv.f32", adv);
       std::printf("%s\n", fmt::format("{{\"op\": \"grpo\", \"N\": {}, \"groups\": {}, \"threads\": {}, \"seconds\": {}, "
-                                      "\"seconds_advantages_only\": {}}}",
-                                      N, g.num_groups(), threads, with_grouping.first, advantages_only.first)
+                                      "\"seconds_advantages_only\": {}, \"cpu_seconds\": {}, "
+                                      "\"cpu_seconds_advantages_only\": {}}}",
+                                      N, g.num_groups(), threads, with_grouping.first, advantages_only.first,
+                                      with_grouping.cpu, advantages_only.cpu)
                               .c_str());
       return 0;
     }

@@ -13,7 +13,13 @@ issue (B in {1024, 8192} x T in {1024, 8192}, 65,536 sequences in groups of 4-64
 Columns: seconds (median), the ratio verl / rlpt, rlpt's effective bandwidth (17 B per token slot
 for GAE: rewards, values, mask in; advantages, returns out) and its fraction of the copy bandwidth
 measured by the runner in the same run with the same thread count.
+
+--cpu-time: for a shared, time-sliced machine. One thread on both sides, every time is process
+CPU time (median), and the bandwidth fraction is bytes per CPU second over a single-thread memcpy's
+bytes per CPU second, both measured by the runner in the same run.
 """
+import statistics
+import time
 import argparse
 import sys
 import tempfile
@@ -55,12 +61,37 @@ def main():
     parser.add_argument("--build", default=str(common.ROOT / "build" / "advantage"))
     parser.add_argument("--threads", type=int, default=common.CORES)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--cpu-time", action="store_true", help="1 thread, process CPU time (shared machines)")
     args = parser.parse_args()
+    if args.cpu_time:
+        args.threads = 1
     runner = Path(args.build) / "bench" / "advantage" / "bench_advantage_runner"
     if not runner.exists():
         sys.exit(f"{runner} not found: cmake --build {args.build} --target bench_advantage_runner")
-    print(f"verl {versions['verl']}, torch {versions['torch']}, threads {args.threads}")
+    print(f"verl {versions['verl']}, torch {versions['torch']}, threads {args.threads}"
+          + (", process CPU time" if args.cpu_time else ", wall time"))
     torch.set_num_threads(args.threads)
+
+    def timed(fn, repeat, warmup=1):
+        if not args.cpu_time:
+            return common.timeit(fn, repeat=repeat, warmup=warmup, threads=args.threads)
+        for _ in range(warmup):
+            fn()
+        t = []
+        for _ in range(repeat):
+            start = time.process_time()
+            fn()
+            t.append(time.process_time() - start)
+        return statistics.median(t)
+
+    def pick(rl, wall, cpu):
+        return rl[cpu] if args.cpu_time else rl[wall]
+
+    def frac(rl, wall_key, seconds_key_cpu):
+        if not args.cpu_time:
+            return rl[wall_key] / rl["copy_gbps"], rl[wall_key], rl["copy_gbps"]
+        gbps = rl["bytes"] / rl[seconds_key_cpu] / 1e9
+        return gbps / rl["copy_gbps_cpu"], gbps, rl["copy_gbps_cpu"]
 
     rows = []
     shapes = [(1024, 1024), (1024, 8192), (8192, 1024)] + ([] if args.quick else [(8192, 8192)])
@@ -78,24 +109,22 @@ def main():
             adv, ret = ca.compute_gae_advantage_return(r, v, m, gamma, lam)
             err = check(f"gae {B}x{T} advantages", np.fromfile(d / "rlpt_adv.f32", np.float32).reshape(B, T), adv, mask)
             check(f"gae {B}x{T} returns", np.fromfile(d / "rlpt_ret.f32", np.float32).reshape(B, T), ret, mask)
-            verl_t = common.timeit(lambda: ca.compute_gae_advantage_return(r, v, m, gamma, lam), repeat=repeat,
-                                   warmup=1, threads=args.threads)
-            rows.append({"case": "gae+whiten", "B": B, "T": T, "rlpt": rl["seconds"], "verl": verl_t,
-                         "rlpt GB/s": f"{rl['gbps']:.2f}", "copy GB/s": f"{rl['copy_gbps']:.2f}",
-                         "of copy": f"{rl['gbps'] / rl['copy_gbps']:.0%}",
-                         "of copy, no whitening": f"{rl['gbps_unwhitened'] / rl['copy_gbps']:.0%}",
-                         "max err": f"{err:.1e}"})
+            verl_t = timed(lambda: ca.compute_gae_advantage_return(r, v, m, gamma, lam), repeat)
+            f, gbps, copy = frac(rl, "gbps", "cpu_seconds")
+            f_raw = frac(rl, "gbps_unwhitened", "cpu_seconds_unwhitened")[0]
+            rows.append({"case": "gae+whiten", "B": B, "T": T, "rlpt": pick(rl, "seconds", "cpu_seconds"),
+                         "verl": verl_t, "rlpt GB/s": f"{gbps:.2f}", "copy GB/s": f"{copy:.2f}", "of copy": f"{f:.0%}",
+                         "of copy, no whitening": f"{f_raw:.0%}", "max err": f"{err:.1e}"})
 
             rl = common.run_cpp(runner, ["rpp", d, B, T, gamma, args.threads, 7])
             cfg = type("cfg", (), {"gamma": gamma})()
             adv, ret = ca.compute_reinforce_plus_plus_outcome_advantage(r, m, config=cfg)
             err = check(f"reinforce++ {B}x{T}", np.fromfile(d / "rlpt_adv.f32", np.float32).reshape(B, T), adv, mask)
-            verl_t = common.timeit(lambda: ca.compute_reinforce_plus_plus_outcome_advantage(r, m, config=cfg),
-                                   repeat=repeat, warmup=1, threads=args.threads)
-            rows.append({"case": "reinforce++", "B": B, "T": T, "rlpt": rl["seconds"], "verl": verl_t,
-                         "rlpt GB/s": f"{rl['gbps']:.2f}", "copy GB/s": f"{rl['copy_gbps']:.2f}",
-                         "of copy": f"{rl['gbps'] / rl['copy_gbps']:.0%}", "of copy, no whitening": "-",
-                         "max err": f"{err:.1e}"})
+            verl_t = timed(lambda: ca.compute_reinforce_plus_plus_outcome_advantage(r, m, config=cfg), repeat)
+            f, gbps, copy = frac(rl, "gbps", "cpu_seconds")
+            rows.append({"case": "reinforce++", "B": B, "T": T, "rlpt": pick(rl, "seconds", "cpu_seconds"),
+                         "verl": verl_t, "rlpt GB/s": f"{gbps:.2f}", "copy GB/s": f"{copy:.2f}", "of copy": f"{f:.0%}",
+                         "of copy, no whitening": "-", "max err": f"{err:.1e}"})
             print(f"  done {B}x{T}", flush=True)
 
         grpo_rows = []
@@ -110,13 +139,11 @@ def main():
             rl = common.run_cpp(runner, ["grpo", d, N, args.threads, 7])
             adv, _ = ca.compute_grpo_outcome_advantage(tok.clone(), m, ids)
             err = check(f"grpo G={G}", np.fromfile(d / "rlpt_adv.f32", np.float32), adv[:, 0], tol=1e-5)
-            loop = common.timeit(lambda: ca.compute_grpo_outcome_advantage(tok.clone(), m, ids), repeat=3, warmup=1,
-                                 threads=args.threads)
-            vec = common.timeit(lambda: ca.compute_grpo_vectorized_outcome_advantage(tok.clone(), m, ids), repeat=7,
-                                warmup=1, threads=args.threads)
-            grpo_rows.append({"case": "grpo", "N": N, "group": G, "rlpt": rl["seconds"], "verl_loop": loop,
-                              "verl_vectorized": vec,
-                              "rlpt without grouping": f"{rl['seconds_advantages_only']:.3g}",
+            loop = timed(lambda: ca.compute_grpo_outcome_advantage(tok.clone(), m, ids), 3)
+            vec = timed(lambda: ca.compute_grpo_vectorized_outcome_advantage(tok.clone(), m, ids), 7)
+            grpo_rows.append({"case": "grpo", "N": N, "group": G, "rlpt": pick(rl, "seconds", "cpu_seconds"),
+                              "verl_loop": loop, "verl_vectorized": vec,
+                              "rlpt without grouping": f"{pick(rl, 'seconds_advantages_only', 'cpu_seconds_advantages_only'):.3g}",
                               "max err": f"{err:.1e}"})
 
     common.print_table(rows)

@@ -95,7 +95,7 @@ TEST_CASE("gae equals the discounted-TD-error definition for every mask mode") {
     }
 }
 
-TEST_CASE("discounted returns equal GAE with V = 0 and lambda = 1; remax subtracts the baseline") {
+TEST_CASE("discounted returns equal GAE with V = 0 and lambda = 1, remax subtracts the baseline") {
   const token_batch b = random_tokens(12);
   const auto layout = rlpt::token_layout::padded(b.B, b.T);
   std::vector<float> g(b.rewards.size());
