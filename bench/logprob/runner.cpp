@@ -2,7 +2,8 @@
 // bench_logprob_runner: times rlpt on the logits written by bench/peers/logprob_torch.py (the very
 // arrays torch gets), writes rlpt's outputs next to them for a correctness cross-check, and prints
 // one JSON line: median seconds of the forward (and backward), effective GB/s, the copy bandwidth
-// measured in the same run with the same threads, and the peak extra resident memory.
+// measured in the same run with the same threads, and the peak resident memory beyond the inputs
+// and outputs (Linux VmHWM after a clear_refs reset; the gradient buffer counts as an output).
 //
 //   bench_logprob_runner DIR N V DTYPE TEMPERATURE THREADS REPEAT BACKWARD
 //
@@ -14,12 +15,12 @@
 #include "support/bandwidth.hpp"
 
 #include <fmt/format.h>
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <string>
@@ -54,10 +55,20 @@ double median_seconds(int repeat, const std::function<void()>& fn) {
   return t[t.size() / 2];
 }
 
-long peak_rss_kb() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return u.ru_maxrss;
+//! VmRSS or VmHWM (peak RSS) of this process in kB, from /proc/self/status.
+long status_kb(const char* field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(field, 0) == 0) return std::atol(line.c_str() + std::strlen(field) + 1);
+  return -1;
+}
+
+//! Resets the peak-RSS mark (Linux: writing 5 to clear_refs), so a later VmHWM covers only what
+//! follows; returns the current RSS.
+long reset_peak_kb() {
+  std::ofstream("/proc/self/clear_refs") << "5";
+  return status_kb("VmRSS:");
 }
 
 template <class T>
@@ -69,7 +80,9 @@ int run(const std::string& dir, rlpt::index_t n, rlpt::index_t v, float temp, un
   const auto dl = load<float>(dir + "/dlogp.f32", static_cast<std::size_t>(n));
   const auto dh = load<float>(dir + "/dentropy.f32", static_cast<std::size_t>(n));
   std::vector<float> logp(static_cast<std::size_t>(n)), ent(logp.size()), lse(logp.size());
-  const long rss_inputs = peak_rss_kb();
+  std::vector<T> grad(backward ? nv : 0); // out of place (torch's autograd allocates it too), not timed as extra
+  if (backward) std::fill(grad.begin(), grad.end(), T(0.0f));
+  const long rss_inputs = reset_peak_kb();
 
   rlpt::thread_pool pool(threads);
   const rlpt::host_executor ex{threads > 1 ? &pool : nullptr};
@@ -78,18 +91,17 @@ int run(const std::string& dir, rlpt::index_t n, rlpt::index_t v, float temp, un
   const double fwd = median_seconds(repeat, [&] {
     rlpt::logprob_entropy(xv, t, {.logp = logp, .entropy = ent, .saved = {.lse = lse}}, opt, ex);
   });
-  const long rss_fwd = peak_rss_kb();
+  const long rss_fwd = status_kb("VmHWM:");
   save(dir + "/rlpt_logp.f32", logp.data(), logp.size());
   save(dir + "/rlpt_entropy.f32", ent.data(), ent.size());
 
   double bwd = 0;
   long rss_bwd = rss_fwd;
   if (backward) {
-    std::vector<T> grad(nv); // out of place: torch's autograd also allocates the gradient
     bwd = median_seconds(repeat, [&] {
       rlpt::logprob_entropy_backward(xv, t, dl, dh, ent, {.lse = lse}, rlpt::view2d<T>(grad.data(), n, v), opt, ex);
     });
-    rss_bwd = peak_rss_kb();
+    rss_bwd = status_kb("VmHWM:");
     std::vector<float> head(static_cast<std::size_t>(std::min<rlpt::index_t>(n, 64) * v));
     for (std::size_t i = 0; i < head.size(); ++i) head[i] = static_cast<float>(grad[i]);
     save(dir + "/rlpt_grad.f32", head.data(), head.size());

@@ -107,9 +107,7 @@ def check(out_dir: Path, x, t, temp, n_check=64):
 
 
 PEAK_SCRIPT = textwrap.dedent("""
-    import resource, sys, torch, numpy as np
-    sys.path.insert(0, {here!r})
-    import logprob_torch as b
+    import torch, numpy as np
     n, v, dtype, temp, which, threads = {n}, {v}, {dtype!r}, {temp}, {which!r}, {threads}
     torch.set_num_threads(threads)
     d = {dir!r}
@@ -120,19 +118,38 @@ PEAK_SCRIPT = textwrap.dedent("""
     t = torch.from_numpy(np.fromfile(d + "/targets.i64", dtype=np.int64))
     dl = torch.from_numpy(np.fromfile(d + "/dlogp.f32", dtype=np.float32))
     dh = torch.from_numpy(np.fromfile(d + "/dentropy.f32", dtype=np.float32))
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    def status(field):
+        for line in open("/proc/self/status"):
+            if line.startswith(field):
+                return int(line.split()[1]) * 1024
+    {body}
     if which == "torch_bwd":
-        b.torch_fwd_bwd(x, t, dl, dh, temp)
+        xr = x.detach().requires_grad_(True)
+        open("/proc/self/clear_refs", "w").write("5")
+        base = status("VmRSS:")
+        lp, ent = forward(xr, t, temp)
+        ((lp.float() * dl).sum() + (ent.float() * dh).sum()).backward()
+        grad_bytes = xr.grad.numel() * xr.grad.element_size()  # the output, like rlpt's gradient buffer
     else:
-        getattr(b, which + "_forward")(x, t, temp)
-    print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024)
+        open("/proc/self/clear_refs", "w").write("5")
+        base = status("VmRSS:")
+        forward(x, t, temp)
+        grad_bytes = 0
+    print(status("VmHWM:") - base - grad_bytes)
 """)
+
+FORWARD_SOURCE = """def forward(x, t, temp):
+        z = x / temp if temp != 1.0 else x
+        lsm = torch.log_softmax(z, dim=-1)
+        lp = lsm.gather(-1, t[:, None]).squeeze(-1)
+        ent = -(lsm.exp() * lsm).sum(-1)
+        return lp, ent"""
 
 
 def peak_extra(out_dir, n, v, dtype, temp, which, threads):
     """Peak resident bytes a peer adds beyond its inputs, in a fresh interpreter."""
-    code = PEAK_SCRIPT.format(here=str(Path(__file__).parent), n=n, v=v, dtype=dtype, temp=temp, which=which,
-                              threads=threads, dir=str(out_dir))
+    code = PEAK_SCRIPT.format(n=n, v=v, dtype=dtype, temp=temp, which=which, threads=threads, dir=str(out_dir),
+                              body=FORWARD_SOURCE)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if proc.returncode != 0:
         return None
@@ -168,9 +185,10 @@ def main():
                    # the row-loop peers take minutes per call at 8192 x 151936: timed at the small shape only
                    "verl": None if big else timed(lambda: verl_forward(x, t, temp), th, 3),
                    "trl": None if big else timed(lambda: trl_forward(x, t, temp), th, 3),
-                   "rlpt_GBps": r["gbps"], "frac_copy": r["gbps"] / r["copy_gbps"], "max_err": float(err)}
+                   "rlpt GB/s": f"{r['gbps']:.2f}", "of copy": f"{100 * r['gbps'] / r['copy_gbps']:.0f} %",
+                   "copy GB/s": f"{r['copy_gbps']:.2f}", "max |err|": f"{err:.1e}"}
             rows.append(row)
-            print(json.dumps(row), flush=True)
+            print(json.dumps(row), flush=True)  # progress
             mem = {"case": row["case"], "rlpt_MB": r["extra_fwd_bytes"] / 1e6}
             b = peak_extra(out, n, v, dtype, temp, "torch", th)
             mem["torch_MB"] = None if b is None else b / 1e6
@@ -180,19 +198,20 @@ def main():
                 rows.append({"case": f"{n}x{v} {dtype} fwd+bwd", "rlpt": r["seconds"] + r["backward_seconds"],
                              "torch": timed(lambda: torch_fwd_bwd(x, t, dl, dh, temp), th, 3),
                              "verl": None, "trl": None,
-                             "rlpt_GBps": r["backward_gbps"], "frac_copy": r["backward_gbps"] / r["copy_gbps"],
-                             "max_err": None})
+                             "rlpt GB/s": f"{r['backward_gbps']:.2f} (bwd)",
+                             "of copy": f"{100 * r['backward_gbps'] / r['copy_gbps']:.0f} %",
+                             "copy GB/s": f"{r['copy_gbps']:.2f}", "max |err|": "-"})
                 print(json.dumps(rows[-1]), flush=True)
                 b = peak_extra(out, n, v, dtype, temp, "torch_bwd", th)
                 mem_rows.append({"case": f"{n}x{v} {dtype} fwd+bwd", "rlpt_MB": r["extra_bwd_bytes"] / 1e6,
                                  "torch_MB": None if b is None else b / 1e6,
                                  "logits_MB": x.numel() * x.element_size() / 1e6})
-            print(json.dumps({"case": row["case"], "copy_gbps": r["copy_gbps"]}), flush=True)
             del x
-    print("\ntime (s), ratios peer/rlpt > 1 mean rlpt is faster; rlpt_GBps = logits bytes / time "
-          "(fwd+bwd row: 2 reads + 1 write / backward time)")
+    print("\nmedian seconds; peer/rlpt > 1: rlpt is faster. rlpt GB/s: logits bytes read / forward time "
+          "(bwd: 1 read + 1 write / backward time); 'of copy': against the copy bandwidth the runner measured "
+          "in the same run (read + write bytes)")
     common.print_table(rows)
-    print("\npeak extra resident memory beyond the inputs (MB)")
+    print("\npeak resident memory beyond inputs and outputs (MB; Linux VmHWM after a reset)")
     common.print_table(mem_rows, base="rlpt_MB")
 
 
