@@ -296,3 +296,30 @@ TEST_CASE("gpu whitening: moments, merge of per-shard moments, apply") {
   CHECK(m.mean == doctest::Approx(hr.stats.mean).epsilon(1e-13));
   CHECK(m.m2 == doctest::Approx(hr.stats.m2).epsilon(1e-12));
 }
+
+#if RLPT_HAS_NCCL()
+TEST_CASE("gpu whitening over NCCL: a single-rank all-gather merges to the local moments") {
+  const token_batch b = random_tokens(35, 16, 200);
+  const auto layout = rlpt::device_token_layout::padded(b.B, b.T);
+  const dev_buffer<float> x(b.rewards);
+  const dev_buffer<rlpt::mask_t> mask(b.mask);
+  dev_buffer<rlpt::moments> local(1), gathered(1), merged(1);
+  with_workspace([&](rlpt::workspace& ws) { rlpt::whiten_moments(layout, x.cview(), mask.cview(), local.view(), ws, nullptr); });
+  ncclComm_t comm;
+  int dev = 0;
+  RLPT_NCCL_CHECK(ncclCommInitAll(&comm, 1, &dev));
+  rlpt::allgather_moments(local.cview(), gathered.view(), merged.view(), comm, nullptr);
+  RLPT_CUDA_CHECK(cudaDeviceSynchronize());
+  RLPT_NCCL_CHECK(ncclCommDestroy(comm));
+  const auto l = local.get()[0], m = merged.get()[0];
+  CHECK(m.count == l.count);
+  CHECK(m.mean == l.mean);
+  CHECK(m.m2 == l.m2);
+  dev_buffer<rlpt::moments> wrong(2);
+  ncclComm_t c2;
+  RLPT_NCCL_CHECK(ncclCommInitAll(&c2, 1, &dev));
+  RLPT_CHECK_ERROR(rlpt::allgather_moments(local.cview(), wrong.view(), merged.view(), c2, nullptr),
+                   "rlpt.view.size_mismatch", "gathered has 2 elements, expected 1");
+  RLPT_NCCL_CHECK(ncclCommDestroy(c2));
+}
+#endif
