@@ -131,7 +131,7 @@ TEST_CASE("safetensors: files rlpt writes were read back by Python's safetensors
     const auto now = read_file(dir.path + "/" + names[k]);
     CHECK(same_bytes(now, std::span<const std::byte>(reinterpret_cast<const std::byte*>(checked.data()), checked.size())));
     // ...and Python found every tensor with the right bytes.
-    CHECK(meta.find(fmt::format("\"{}\":{{\"index\":{}", names[k], k)) != std::string::npos);
+    CHECK(meta.find(fmt::format("\"{}\": {{\"index\": {}", names[k], k)) != std::string::npos); // json.dumps spacing
     const safetensors_file f(dir.path + "/" + names[k]);
     for (const auto& e : f.header().tensors) {
       const std::string key = fmt::format("file{}.{}.bytes", k, e.name);

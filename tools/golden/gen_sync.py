@@ -154,7 +154,7 @@ def _rlpt_files(out_dir: Path, seed: int) -> dict | None:
         proc = subprocess.run([str(runner), "write-golden", tmp, str(seed)], capture_output=True, text=True, check=True)
         written = json.loads(proc.stdout.strip().splitlines()[-1])
         arrays, results = {}, {}
-        for k, name in enumerate(sorted(written["files"])):
+        for k, name in enumerate(written["files"]):  # the order rlpt wrote them (the C++ test relies on it)
             path = Path(tmp) / name
             raw = path.read_bytes()
             arrays[f"file{k}.bytes"] = np.frombuffer(raw, np.uint8)

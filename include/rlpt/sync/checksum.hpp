@@ -21,6 +21,9 @@
 #if !defined(XXH_DISPATCH_DISABLE_REPLACE)
 #define XXH_DISPATCH_DISABLE_REPLACE
 #endif
+#if !defined(XXH_STATIC_LINKING_ONLY)
+#define XXH_STATIC_LINKING_ONLY // XXH3_state_t by value
+#endif
 #include <xxh_x86dispatch.h>
 #define RLPT_SYNC_XXH3_64 XXH3_64bits_dispatch
 #define RLPT_SYNC_XXH3_UPDATE XXH3_64bits_update_dispatch

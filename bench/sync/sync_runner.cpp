@@ -1,0 +1,286 @@
+// SPDX-License-Identifier: Apache-2.0
+// Weight-sync benchmark runner: each subcommand prints one JSON line (bench/peers/sync_*.py and
+// tools/golden/gen_sync.py read it).
+//
+//   bench_sync_runner shm   TOTAL_MB BUCKET_MB REPS [staged]  shared memory, sender and receiver in two processes
+//   bench_sync_runner tcp   TOTAL_MB BUCKET_MB REPS [staged]  TCP loopback, two processes
+//   bench_sync_runner delta-sim NUMEL LR STEPS                RL-like bf16 update stream: density, bytes, throughput
+//   bench_sync_runner delta-pair FILE REPS                     encode/apply "prev" -> "now" (bf16) from a safetensors file
+//   bench_sync_runner st-roundtrip IN OUT REPS                read a safetensors file, write it back (timed)
+//   bench_sync_runner write-golden DIR SEED                   files for the Python cross-check
+//
+// Every throughput is stated next to the single-thread memcpy rate measured in the same run.
+#include "golden_writer.hpp"
+
+#include <rlpt/sync.hpp>
+
+#include "support/bandwidth.hpp"
+
+#include <fmt/format.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace rlpt::sync;
+using namespace std::chrono_literals;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// memcpy rate in bytes copied per second (bandwidth.hpp counts read + write: half of it).
+double memcpy_gbps() { return rlpt::bench::measure_copy_bandwidth(std::size_t{1} << 30, 5, 1).copy_gbps / 2.0; }
+
+// A "model" of bf16 tensors totalling `total` bytes, tensors of 32 MiB (or fewer bytes).
+struct big_model {
+  std::vector<std::unique_ptr<std::byte[]>> storage;
+  std::vector<tensor_ref> refs;
+  explicit big_model(std::uint64_t total) {
+    const std::uint64_t per = std::uint64_t{32} << 20;
+    std::mt19937_64 g(1);
+    for (std::uint64_t at = 0, k = 0; at < total; at += per, ++k) {
+      const std::uint64_t n = std::min(per, total - at);
+      storage.emplace_back(new std::byte[n]);
+      auto* p = reinterpret_cast<std::uint64_t*>(storage.back().get());
+      for (std::uint64_t i = 0; i < n / 8; ++i) p[i] = g();
+      refs.push_back({fmt::format("layers.{}.weight", k), wire_dtype::bf16, {static_cast<std::int64_t>(n / 2)},
+                      storage.back().get()});
+    }
+  }
+};
+
+// Publishes `reps` dense versions from this process to a receiver in a child; returns JSON.
+template <class MakeSender, class MakeReceiver>
+std::string throughput(const char* what, std::uint64_t total, std::uint64_t bucket, int reps, bool staged,
+                       MakeSender&& make_sender_link, MakeReceiver&& make_receiver_link) {
+  big_model md(total);
+  const manifest m = plan(md.refs, {.bucket_bytes = bucket, .alignment = 256});
+  const double copy = memcpy_gbps();
+  std::fflush(nullptr);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    auto link = make_receiver_link();
+    receiver rx(*link, [](const tensor_view&) {},
+                {.timeout = 60s, .mode = staged ? apply_mode::staged : apply_mode::streaming, .mirror = staged});
+    for (int got = 0; got < reps + 1;) {
+      const update u = rx.poll(100ms);
+      if (u.failed()) {
+        std::fprintf(stderr, "receiver: %s\n", u.reason.c_str());
+        ::_exit(1);
+      }
+      got += u.published();
+    }
+    ::_exit(0);
+  }
+  auto link = make_sender_link();
+  sender tx(*link, m, md.refs, {.timeout = 60s, .commit_timeout = 120s});
+  tx.publish(1); // warm-up: first touch of slots and buffers
+  double best = 1e30, sum = 0;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    tx.publish(static_cast<std::uint64_t>(r + 2));
+    const double s = seconds_since(t0);
+    best = std::min(best, s);
+    sum += s;
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  const double gbps = static_cast<double>(m.payload_bytes()) / best / 1e9;
+  return fmt::format(
+      R"({{"bench":"{}","receiver":"{}","total_bytes":{},"bucket_bytes":{},"buckets":{},"reps":{},"best_s":{:.4f},"mean_s":{:.4f},"gbps":{:.3f},"memcpy_gbps":{:.3f},"fraction_of_memcpy":{:.3f},"receiver_ok":{}}})",
+      what, staged ? "staged+mirror" : "streaming", m.payload_bytes(), bucket, m.bucket_count(), reps, best, sum / reps,
+      gbps, copy, gbps / copy, WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+// Adam-like RL updates of fp32 master weights, cast to bf16 each step; the bf16 stream is
+// delta-encoded against the previous step and applied to a receiver copy.
+std::string delta_sim(std::size_t n, double lr, int steps) {
+  std::mt19937_64 g(7);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> w(n), m1(n, 0.f), m2(n, 0.f);
+  for (auto& x : w) x = 0.02f * normal(g);
+  std::vector<std::byte> prev(n * 2), now(n * 2), rx(n * 2), stream;
+  auto cast = [&](std::vector<std::byte>& out) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint16_t b = rlpt::bf16(w[i]).bits;
+      std::memcpy(&out[i * 2], &b, 2);
+    }
+  };
+  cast(prev);
+  rx = prev;
+  const double b1 = 0.9, b2 = 0.999, eps = 1e-8;
+  std::uint64_t changed = 0, wire = 0, dense = 0;
+  double enc_s = 0, apply_s = 0, hash_s = 0;
+  const std::uint64_t B = std::uint64_t{512} << 20;
+  delta_encoder enc(std::uint64_t{256} << 20);
+  for (int t = 1; t <= steps; ++t) {
+    const double c1 = 1 - std::pow(b1, t), c2 = 1 - std::pow(b2, t);
+    for (std::size_t i = 0; i < n; ++i) { // a "gradient" of unit scale; Adam normalises it to ~lr per element
+      const float gi = normal(g);
+      m1[i] = static_cast<float>(b1 * m1[i] + (1 - b1) * gi);
+      m2[i] = static_cast<float>(b2 * m2[i] + (1 - b2) * gi * gi);
+      w[i] -= static_cast<float>(lr * (m1[i] / c1) / (std::sqrt(m2[i] / c2) + eps));
+    }
+    cast(now);
+    stream.clear();
+    delta_stats st;
+    auto t0 = std::chrono::steady_clock::now();
+    enc.encode(0, now, prev, 2, 0, B, stream, st);
+    enc_s += seconds_since(t0);
+    t0 = std::chrono::steady_clock::now();
+    for_each_delta_record(stream, "sim", [&](delta_record& r) {
+      swap_apply(r, std::span<std::byte>(rx).subspan(r.elem_begin * 2, r.elem_count * 2));
+    });
+    apply_s += seconds_since(t0);
+    t0 = std::chrono::steady_clock::now();
+    const std::uint64_t check = tensor_checksum(rx.data(), rx.size(), B); // the receiver's checksum after apply
+    hash_s += seconds_since(t0);
+    if (check != tensor_checksum(now.data(), now.size(), B) || std::memcmp(rx.data(), now.data(), now.size()) != 0) {
+      std::fprintf(stderr, "delta-sim: receiver copy differs at step %d\n", t);
+      std::exit(1);
+    }
+    changed += st.changed;
+    wire += st.bytes;
+    dense += st.dense_bytes;
+    std::swap(prev, now);
+  }
+  const double bytes = static_cast<double>(dense);
+  return fmt::format(
+      R"({{"bench":"delta-sim","numel":{},"lr":{},"steps":{},"changed_fraction":{:.5f},"wire_bytes":{},"dense_bytes":{},"reduction":{:.1f},"encode_gbps":{:.3f},"apply_gbps":{:.3f},"apply_plus_checksum_gbps":{:.3f},"memcpy_gbps":{:.3f}}})",
+      n, lr, steps, static_cast<double>(changed) / static_cast<double>(n) / steps, wire, dense,
+      static_cast<double>(dense) / static_cast<double>(std::max<std::uint64_t>(wire, 1)), bytes / enc_s / 1e9,
+      bytes / apply_s / 1e9, bytes / (apply_s + hash_s) / 1e9, memcpy_gbps());
+}
+
+// Times encode and apply of the delta between tensors "prev" and "now" of a safetensors file
+// (bench/peers/sync_delta.py writes them and times torch on the same pair).
+std::string delta_pair(const std::string& path, int reps) {
+  const safetensors_file f(path);
+  const tensor_view prev = f.tensor("prev"), now = f.tensor("now");
+  const std::size_t eb = size_of(now.dtype);
+  const std::uint64_t B = std::uint64_t{512} << 20;
+  delta_encoder enc(std::uint64_t{256} << 20);
+  std::vector<std::byte> stream, target(prev.bytes.begin(), prev.bytes.end());
+  double enc_best = 1e30, apply_best = 1e30;
+  delta_stats st;
+  for (int r = 0; r < reps; ++r) {
+    stream.clear();
+    st = {};
+    auto t0 = std::chrono::steady_clock::now();
+    enc.encode(0, now.bytes, prev.bytes, eb, 0, B, stream, st);
+    enc_best = std::min(enc_best, seconds_since(t0));
+    std::memcpy(target.data(), prev.bytes.data(), target.size());
+    t0 = std::chrono::steady_clock::now();
+    for_each_delta_record(stream, "pair", [&](delta_record& rec) {
+      swap_apply(rec, std::span<std::byte>(target).subspan(rec.elem_begin * eb, rec.elem_count * eb));
+    });
+    apply_best = std::min(apply_best, seconds_since(t0));
+    if (std::memcmp(target.data(), now.bytes.data(), target.size()) != 0) throw std::runtime_error("apply mismatch");
+  }
+  const double bytes = static_cast<double>(now.bytes.size());
+  return fmt::format(R"({{"bench":"delta-pair","bytes":{},"changed":{},"wire_bytes":{},"encode_s":{:.5f},"apply_s":{:.5f},"encode_gbps":{:.3f},"apply_gbps":{:.3f},"sparse":{},"bitmap":{},"dense":{},"memcpy_gbps":{:.3f}}})",
+                     now.bytes.size(), st.changed, st.bytes, enc_best, apply_best, bytes / enc_best / 1e9,
+                     bytes / apply_best / 1e9, st.by_encoding[1], st.by_encoding[2], st.by_encoding[3], memcpy_gbps());
+}
+
+// Reads a safetensors file into owned buffers (what safetensors.torch.load_file does), then
+// writes the same tensors back atomically; best of `reps`.
+std::string st_roundtrip(const std::string& in, const std::string& out, int reps) {
+  double read_best = 1e30, write_best = 1e30;
+  std::uint64_t bytes = 0;
+  for (int r = 0; r < reps; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::vector<std::byte>> owned;
+    std::vector<tensor_ref> refs;
+    safetensors_metadata meta;
+    {
+      const safetensors_file f(in);
+      meta = f.header().metadata;
+      owned.reserve(f.header().tensors.size());
+      for (const auto& e : f.header().tensors) {
+        const tensor_view t = f.view(e);
+        owned.emplace_back(t.bytes.size());
+        if (!t.bytes.empty()) std::memcpy(owned.back().data(), t.bytes.data(), t.bytes.size());
+        refs.push_back({e.name, e.dtype, e.shape, owned.back().data()});
+      }
+      bytes = f.header().data_bytes;
+    }
+    read_best = std::min(read_best, seconds_since(t0));
+    t0 = std::chrono::steady_clock::now();
+    write_safetensors(out, refs, meta);
+    write_best = std::min(write_best, seconds_since(t0));
+  }
+  return fmt::format(R"({{"bench":"st-roundtrip","bytes":{},"read_s":{:.4f},"write_s":{:.4f},"read_gbps":{:.3f},"write_gbps":{:.3f},"memcpy_gbps":{:.3f}}})",
+                     bytes, read_best, write_best, static_cast<double>(bytes) / read_best / 1e9,
+                     static_cast<double>(bytes) / write_best / 1e9, memcpy_gbps());
+}
+
+int usage() {
+  std::fprintf(stderr, "usage: bench_sync_runner shm|tcp TOTAL_MB BUCKET_MB REPS [staged] | delta-sim NUMEL LR STEPS | "
+                       "delta-pair FILE REPS | st-roundtrip IN OUT REPS | write-golden DIR SEED\n");
+  return 2;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) return usage();
+  const std::string cmd = argv[1];
+  try {
+    if ((cmd == "shm" || cmd == "tcp") && argc >= 5) {
+      const std::uint64_t total = std::stoull(argv[2]) << 20, bucket = std::stoull(argv[3]) << 20;
+      const int reps = std::stoi(argv[4]);
+      const bool staged = argc >= 6 && std::string(argv[5]) == "staged";
+      if (cmd == "shm") {
+        const std::string name = fmt::format("rlpt-bench-{}", ::getpid());
+        std::puts(throughput("shm", total, bucket, reps, staged,
+                             [&] { return std::make_unique<shm_transport>(name, role::sender, shm_options{.slot_bytes = bucket}); },
+                             [&] { return std::make_unique<shm_transport>(name, role::receiver); })
+                      .c_str());
+      } else {
+        auto listener = std::make_unique<tcp_transport>(tcp_options{.listen = true}, role::receiver);
+        const std::uint16_t port = listener->port();
+        std::puts(throughput("tcp", total, bucket, reps, staged,
+                             [&] { return std::make_unique<tcp_transport>(tcp_options{.port = port}, role::sender); },
+                             [&] { return std::move(listener); })
+                      .c_str());
+      }
+      return 0;
+    }
+    if (cmd == "delta-sim" && argc >= 5) {
+      std::puts(delta_sim(std::stoull(argv[2]), std::stod(argv[3]), std::stoi(argv[4])).c_str());
+      return 0;
+    }
+    if (cmd == "delta-pair" && argc >= 4) {
+      std::puts(delta_pair(argv[2], std::stoi(argv[3])).c_str());
+      return 0;
+    }
+    if (cmd == "st-roundtrip" && argc >= 5) {
+      std::puts(st_roundtrip(argv[2], argv[3], std::stoi(argv[4])).c_str());
+      return 0;
+    }
+    if (cmd == "write-golden" && argc >= 4) {
+      const auto files = rlpt::test::sync::write_golden_files(argv[2], std::stoull(argv[3]));
+      std::string list;
+      for (const auto& f : files) list += fmt::format("{}\"{}\"", list.empty() ? "" : ",", f);
+      std::printf("{\"files\":[%s]}\n", list.c_str());
+      return 0;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_sync_runner: %s\n", e.what());
+    return 1;
+  }
+  return usage();
+}
