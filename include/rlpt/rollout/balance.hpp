@@ -176,27 +176,29 @@ struct kk_key_after {
 };
 using kk_heap = std::priority_queue<kk_key, std::vector<kk_key>, kk_key_after>;
 
-//! Part of every item, from the linked lists of the final sets; parts as index-ordered lists.
-inline std::vector<std::vector<index_t>> kk_parts(const kk_set* sets, index_t nsets, index_t k, index_t n,
-                                                  const std::vector<index_t>& next) {
+//! Part of every item, from the linked lists of the final sets.
+inline std::vector<index_t> kk_owner(const kk_set* sets, index_t nsets, index_t n, const std::vector<index_t>& next) {
   std::vector<index_t> owner(static_cast<std::size_t>(n), -1);
-  std::vector<index_t> count(static_cast<std::size_t>(k), 0);
   for (index_t p = 0; p < nsets; ++p)
     for (index_t it = sets[p].head; it != -1; it = next[static_cast<std::size_t>(it)])
-      if (it < n) {
-        owner[static_cast<std::size_t>(it)] = p;
-        ++count[static_cast<std::size_t>(p)];
-      }
+      if (it < n) owner[static_cast<std::size_t>(it)] = p;
+  return owner;
+}
+
+//! Index-ordered item lists per part from an owner array.
+inline std::vector<std::vector<index_t>> parts_of(const std::vector<index_t>& owner, index_t k) {
+  std::vector<index_t> count(static_cast<std::size_t>(k), 0);
+  for (const index_t p : owner) ++count[static_cast<std::size_t>(p)];
   std::vector<std::vector<index_t>> parts(static_cast<std::size_t>(k));
   for (index_t p = 0; p < k; ++p) parts[static_cast<std::size_t>(p)].reserve(static_cast<std::size_t>(count[static_cast<std::size_t>(p)]));
-  for (index_t i = 0; i < n; ++i) parts[static_cast<std::size_t>(owner[static_cast<std::size_t>(i)])].push_back(i);
+  for (std::size_t i = 0; i < owner.size(); ++i) parts[static_cast<std::size_t>(owner[i])].push_back(static_cast<index_t>(i));
   return parts;
 }
 
 //! Karmarkar–Karp over non-negative weights. Equal counts with n % k != 0 add zero-weight
 //! padding items that sort first, so the first chunk gives them one per set and they are
 //! dropped at the end: parts get floor(n/k) or ceil(n/k) items. Parts come back ascending.
-inline std::vector<std::vector<index_t>> karmarkar_karp(view<const double> w, index_t k, bool equal_count) {
+inline std::vector<index_t> kk_assign(view<const double> w, index_t k, bool equal_count) {
   const index_t n = w.size();
   const index_t pad = equal_count ? (k - n % k) % k : 0;
   const index_t total = n + pad; // padding items have ids n .. n + pad - 1, weight 0, sorted first
@@ -207,7 +209,7 @@ inline std::vector<std::vector<index_t>> karmarkar_karp(view<const double> w, in
   for (index_t i = 0; i < n; ++i) sorted[static_cast<std::size_t>(pad + i)] = {w[i], i};
   sort_by_weight(sorted, static_cast<std::size_t>(pad));
   std::vector<index_t> next(static_cast<std::size_t>(total), -1); // items linked per set: O(1) union
-  if (total == 0) return std::vector<std::vector<index_t>>(static_cast<std::size_t>(k));
+  if (total == 0) return {};
   std::uint64_t next_id = 0;
   kk_heap heap;
 
@@ -247,7 +249,7 @@ inline std::vector<std::vector<index_t>> karmarkar_karp(view<const double> w, in
       std::sort(x, x + k, kk_set_before);
       heap.push(key_of(a));
     }
-    return kk_parts(slice(heap.top().state), k, k, n, next);
+    return kk_owner(slice(heap.top().state), k, n, next);
   }
 
   // Free counts: states start as one item and grow up to k non-empty sets (the rest empty).
@@ -306,12 +308,17 @@ inline std::vector<std::vector<index_t>> karmarkar_karp(view<const double> w, in
     heap.push(key_of(a));
   }
   const kk_state& fin = pool[static_cast<std::size_t>(heap.top().state)];
-  return kk_parts(fin.sets.data(), static_cast<index_t>(fin.sets.size()), k, n, next);
+  return kk_owner(fin.sets.data(), static_cast<index_t>(fin.sets.size()), n, next);
+}
+
+//! Karmarkar–Karp as index-ordered item lists per part.
+inline std::vector<std::vector<index_t>> karmarkar_karp(view<const double> w, index_t k, bool equal_count) {
+  return parts_of(kk_assign(w, k, equal_count), k);
 }
 
 //! LPT: heaviest first onto the lightest part with room. With equal counts, r = n % k parts
 //! take ceil(n/k) items and the others floor(n/k).
-inline std::vector<std::vector<index_t>> lpt(view<const double> w, index_t k, bool equal_count) {
+inline std::vector<index_t> lpt_assign(view<const double> w, index_t k, bool equal_count) {
   const index_t n = w.size();
   // Descending by weight, ascending index among equals.
   std::vector<std::pair<double, index_t>> by_weight(static_cast<std::size_t>(n));
@@ -332,7 +339,7 @@ inline std::vector<std::vector<index_t>> lpt(view<const double> w, index_t k, bo
   using entry = std::pair<double, index_t>; // (load, part): min-heap, ties to the lower part
   std::priority_queue<entry, std::vector<entry>, std::greater<>> heap;
   for (index_t p = 0; p < k; ++p) heap.push({0.0, p});
-  std::vector<std::vector<index_t>> parts(static_cast<std::size_t>(k));
+  std::vector<index_t> owner(static_cast<std::size_t>(n), -1);
   for (const index_t item : order) {
     for (;;) {
       const auto [l, p] = heap.top();
@@ -341,14 +348,14 @@ inline std::vector<std::vector<index_t>> lpt(view<const double> w, index_t k, bo
       if (l != load[up]) continue; // stale entry
       const index_t cap = !equal_count ? n : (big_used < r ? q + 1 : q);
       if (count[up] >= cap) continue; // full for good: caps only shrink
-      parts[up].push_back(item);
+      owner[static_cast<std::size_t>(item)] = p;
       load[up] += w[item];
       if (++count[up] == q + 1 && equal_count) ++big_used;
       heap.push({load[up], p});
       break;
     }
   }
-  return parts;
+  return owner;
 }
 
 [[nodiscard]] inline double sum_of(const std::vector<index_t>& part, view<const double> w) {
@@ -357,10 +364,19 @@ inline std::vector<std::vector<index_t>> lpt(view<const double> w, index_t k, bo
   return s;
 }
 
+inline void refine_parts(std::vector<std::vector<index_t>>& parts, view<const double> w, bool equal_count);
+
 //! Lowers the max load by moves (when counts are free) and swaps between the heaviest part
 //! and each other part; a change is kept only if the larger of the two new loads is strictly
 //! below the old max. Bounded number of rounds.
-inline void refine(std::vector<std::vector<index_t>>& parts, view<const double> w, bool equal_count) {
+inline void refine(std::vector<index_t>& owner, index_t k_parts, view<const double> w, bool equal_count) {
+  std::vector<std::vector<index_t>> parts = parts_of(owner, k_parts);
+  refine_parts(parts, w, equal_count);
+  for (std::size_t p = 0; p < parts.size(); ++p)
+    for (const index_t i : parts[p]) owner[static_cast<std::size_t>(i)] = static_cast<index_t>(p);
+}
+
+inline void refine_parts(std::vector<std::vector<index_t>>& parts, view<const double> w, bool equal_count) {
   const auto k = parts.size();
   if (k < 2) return;
   std::vector<double> load(k);
@@ -432,19 +448,14 @@ inline void refine(std::vector<std::vector<index_t>>& parts, view<const double> 
   }
 }
 
-inline partition to_partition(std::vector<std::vector<index_t>>&& parts, view<const double> w) {
+inline partition to_partition(const std::vector<index_t>& owner, index_t k, view<const double> w) {
   partition out;
-  const auto k = parts.size();
-  std::size_t n = 0;
-  for (const auto& p : parts) n += p.size();
+  const auto n = owner.size();
   // Items ascending within each part: bucket by owner in index order (O(n), no sort).
-  std::vector<index_t> owner(n, 0);
-  out.offsets.assign(k + 1, 0);
-  out.loads.assign(k, 0.0);
-  for (std::size_t p = 0; p < k; ++p) {
-    out.offsets[p + 1] = out.offsets[p] + static_cast<index_t>(parts[p].size());
-    for (const index_t i : parts[p]) owner[static_cast<std::size_t>(i)] = static_cast<index_t>(p);
-  }
+  out.offsets.assign(static_cast<std::size_t>(k) + 1, 0);
+  out.loads.assign(static_cast<std::size_t>(k), 0.0);
+  for (const index_t p : owner) ++out.offsets[static_cast<std::size_t>(p) + 1];
+  for (std::size_t p = 0; p < static_cast<std::size_t>(k); ++p) out.offsets[p + 1] += out.offsets[p];
   out.items.resize(n);
   std::vector<index_t> cursor(out.offsets.begin(), out.offsets.end() - 1);
   for (std::size_t i = 0; i < n; ++i) {
@@ -462,10 +473,10 @@ inline void check_weights(view<const double> w, index_t parts) {
                "cost of item {} is {}; costs must be finite and >= 0", i, w[i]);
 }
 
-[[nodiscard]] inline double max_of(const std::vector<std::vector<index_t>>& parts, view<const double> w) {
-  double m = 0.0;
-  for (const auto& p : parts) m = std::max(m, sum_of(p, w));
-  return m;
+[[nodiscard]] inline double max_of(const std::vector<index_t>& owner, index_t k, view<const double> w) {
+  std::vector<double> load(static_cast<std::size_t>(k), 0.0);
+  for (std::size_t i = 0; i < owner.size(); ++i) load[static_cast<std::size_t>(owner[i])] += w[static_cast<index_t>(i)];
+  return load.empty() ? 0.0 : *std::max_element(load.begin(), load.end());
 }
 
 } // namespace detail
@@ -477,19 +488,19 @@ inline void check_weights(view<const double> w, index_t parts) {
                                                  partition_algorithm algorithm = partition_algorithm::best,
                                                  bool equal_count = true, bool refine = true) {
   detail::check_weights(weights, parts);
-  std::vector<std::vector<index_t>> result;
+  std::vector<index_t> owner;
   switch (algorithm) {
-  case partition_algorithm::karmarkar_karp: result = detail::karmarkar_karp(weights, parts, equal_count); break;
-  case partition_algorithm::lpt: result = detail::lpt(weights, parts, equal_count); break;
+  case partition_algorithm::karmarkar_karp: owner = detail::kk_assign(weights, parts, equal_count); break;
+  case partition_algorithm::lpt: owner = detail::lpt_assign(weights, parts, equal_count); break;
   case partition_algorithm::best: {
-    auto a = detail::karmarkar_karp(weights, parts, equal_count);
-    auto b = detail::lpt(weights, parts, equal_count);
-    result = detail::max_of(b, weights) < detail::max_of(a, weights) ? std::move(b) : std::move(a);
+    auto a = detail::kk_assign(weights, parts, equal_count);
+    auto b = detail::lpt_assign(weights, parts, equal_count);
+    owner = detail::max_of(b, parts, weights) < detail::max_of(a, parts, weights) ? std::move(b) : std::move(a);
     break;
   }
   }
-  if (refine) detail::refine(result, weights, equal_count);
-  return detail::to_partition(std::move(result), weights);
+  if (refine) detail::refine(owner, parts, weights, equal_count);
+  return detail::to_partition(owner, parts, weights);
 }
 
 //! Balances sequences of the given lengths across options.ranks ranks. Loads are costs.
