@@ -99,3 +99,25 @@ TEST_CASE("golden: top-k / top-p against Hugging Face's logits warpers") {
     RLPT_CHECK_CLOSE(ent, want_ent, 1e-5, 2e-5);
   }
 }
+
+TEST_CASE("golden: the framework presets reproduce verl's and TRL's own numbers") {
+  const lt::golden_file f(lt::golden_path("logprob", "from_logits.bin"));
+  const auto n = static_cast<index_t>(f["logits"].shape[0]), v = static_cast<index_t>(f["logits"].shape[1]);
+  const auto x = f.get<float>("logits");
+  const auto t = f.get<index_t>("targets");
+  const auto temp = static_cast<float>(f.get<double>("temperature")[0]);
+  const rlpt::view2d<const float> xv(x.data(), n, v);
+  for (const auto& [peer, opt] : {std::pair{std::string("verl"), rlpt::compat::verl::logprob(temp)},
+                                  std::pair{std::string("trl"), rlpt::compat::trl::logprob(temp)}}) {
+    std::vector<float> logp(n), ent(n);
+    rlpt::logprob_entropy(xv, t, logp, ent, opt);
+    const auto want = f.get<float>(peer + "_logp");
+    INFO(peer);
+    RLPT_CHECK_CLOSE(logp, want, 1e-5, 1e-4);
+  }
+  // the engine's distribution: rlpt::sampled is the same options as spelling them out
+  const auto s = rlpt::sampled(0.6f, 200, 0.95f);
+  CHECK(s.temperature == 0.6f);
+  CHECK(s.top_k == 200);
+  CHECK(s.top_p == 0.95f);
+}
