@@ -74,15 +74,17 @@ template <int NB> using vu = pack<typename native<NB>::u, NB>;
 
 #define RLPT_LOGPROB_PACK_OP(op)                                                                                       \
   template <class N, int NB>                                                                                           \
-  RLPT_LOGPROB_HOST_INLINE pack<N, NB> operator op(pack<N, NB> a, const pack<N, NB>& b) {                                   \
-    for (int k = 0; k < pack<N, NB>::parts; ++k) a.p[k] = a.p[k] op b.p[k];                                            \
-    return a;                                                                                                          \
+  RLPT_LOGPROB_HOST_INLINE pack<N, NB> operator op(const pack<N, NB>& a, const pack<N, NB>& b) {                      \
+    pack<N, NB> r;                                                                                                     \
+    for (int k = 0; k < pack<N, NB>::parts; ++k) r.p[k] = a.p[k] op b.p[k];                                            \
+    return r;                                                                                                          \
   }                                                                                                                    \
   template <class N, int NB, class S>                                                                                  \
     requires std::is_arithmetic_v<S>                                                                                   \
-  RLPT_LOGPROB_HOST_INLINE pack<N, NB> operator op(pack<N, NB> a, S s) {                                                    \
-    for (int k = 0; k < pack<N, NB>::parts; ++k) a.p[k] = a.p[k] op s;                                                 \
-    return a;                                                                                                          \
+  RLPT_LOGPROB_HOST_INLINE pack<N, NB> operator op(const pack<N, NB>& a, S s) {                                        \
+    pack<N, NB> r;                                                                                                     \
+    for (int k = 0; k < pack<N, NB>::parts; ++k) r.p[k] = a.p[k] op s;                                                 \
+    return r;                                                                                                          \
   }
 RLPT_LOGPROB_PACK_OP(+)
 RLPT_LOGPROB_PACK_OP(-)
@@ -96,14 +98,16 @@ RLPT_LOGPROB_HOST_INLINE pack<N, NB>& operator+=(pack<N, NB>& a, const pack<N, N
   return a = a + b;
 }
 template <class N, int NB>
-RLPT_LOGPROB_HOST_INLINE pack<N, NB> operator<<(pack<N, NB> a, int s) {
-  for (int k = 0; k < pack<N, NB>::parts; ++k) a.p[k] = a.p[k] << s;
-  return a;
+RLPT_LOGPROB_HOST_INLINE pack<N, NB> operator<<(const pack<N, NB>& a, int s) {
+  pack<N, NB> r;
+  for (int k = 0; k < pack<N, NB>::parts; ++k) r.p[k] = a.p[k] << s;
+  return r;
 }
 template <class N, int NB>
-RLPT_LOGPROB_HOST_INLINE pack<N, NB> operator>>(pack<N, NB> a, int s) {
-  for (int k = 0; k < pack<N, NB>::parts; ++k) a.p[k] = a.p[k] >> s;
-  return a;
+RLPT_LOGPROB_HOST_INLINE pack<N, NB> operator>>(const pack<N, NB>& a, int s) {
+  pack<N, NB> r;
+  for (int k = 0; k < pack<N, NB>::parts; ++k) r.p[k] = a.p[k] >> s;
+  return r;
 }
 
 template <int NB>
@@ -322,8 +326,8 @@ RLPT_LOGPROB_HOST_INLINE void store_partial(G* p, const vf<NB>& x, int len) {
 
 //! exp with the same operations as detail::exp_fast, lane by lane.
 template <int NB>
-RLPT_LOGPROB_HOST_INLINE vf<NB> exp(vf<NB> x) {
-  x = sel(lt(x, splat<NB>(-87.0f)), splat<NB>(-87.0f), x);
+RLPT_LOGPROB_HOST_INLINE vf<NB> exp(const vf<NB>& x0) {
+  vf<NB> x = sel(lt(x0, splat<NB>(-87.0f)), splat<NB>(-87.0f), x0);
   x = sel(gt(x, splat<NB>(88.0f)), splat<NB>(88.0f), x);
   const vf<NB> t = x * 1.44269504088896341f;
   const vi<NB> n = to_int_trunc(t + sel(lt(t, splat<NB>(0.0f)), splat<NB>(-0.5f), splat<NB>(0.5f)));
