@@ -42,9 +42,9 @@ def torch_mask(versions, mask, max_age=3):
 
 def torch_prox(behav, cur, versions, mask, v_theta=CURRENT, lag=1, linear=False):
     v_prox = v_theta - lag
-    vb = versions.to(torch.float64)
+    vb = versions.to(torch.float32)
     on_policy = (versions < 0) | (versions >= v_theta)
-    alpha = torch.where(on_policy, 0.0, ((v_prox - vb) / (v_theta - vb)).clamp(0.0, 1.0)).to(torch.float32)
+    alpha = torch.where(on_policy, 0.0, ((v_prox - vb) / (v_theta - vb)).clamp(0.0, 1.0))
     if linear:
         out = torch.log((1 - alpha) * behav.exp() + alpha * cur.exp())
     else:

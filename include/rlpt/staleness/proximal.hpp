@@ -61,12 +61,15 @@ struct proximal_options {
     const double b = behav;
     return static_cast<float>(b + static_cast<double>(alpha) * (static_cast<double>(current) - b));
   }
-  // log((1 − α) e^b + α e^c), evaluated stably around the larger exponent.
-  const double lb = std::log1p(-static_cast<double>(alpha)) + static_cast<double>(behav);
-  const double lc = std::log(static_cast<double>(alpha)) + static_cast<double>(current);
-  const double hi = lb > lc ? lb : lc;
-  const double lo = lb > lc ? lc : lb;
-  return static_cast<float>(hi + std::log1p(std::exp(lo - hi)));
+  // log((1 − α) e^b + α e^c) = top + log(w·e^d + 1 − w), top = max(b, c), d = min − top <= 0,
+  // w = the weight of the smaller term: the log's argument is in (0, 1], nothing overflows,
+  // and its rounding (~1e-7 absolute) is below the float resolution of `top`. expf/logf, not
+  // expm1f/log1pf: several times faster in glibc for the same float result.
+  const bool b_big = behav >= current;
+  const float top = b_big ? behav : current;
+  const float d = (b_big ? current : behav) - top;
+  const float w = b_big ? alpha : 1.0f - alpha;
+  return top + std::log(w * std::exp(d) + (1.0f - w));
 }
 
 struct proximal_result {

@@ -170,16 +170,16 @@ inline void check_candidate(const candidate& c, index_t i, policy_version curren
       return ready[static_cast<std::size_t>(a)].version < ready[static_cast<std::size_t>(b)].version;
     });
     index_t alive = 0, need = 0;
+    std::size_t have = 0; // ready items with deadline <= k (oldest is in deadline order)
     for (std::size_t j = 0; j < by_deadline.size(); ++j) {
       alive += by_deadline[j].second;
       if (j + 1 < by_deadline.size() && by_deadline[j + 1].first == by_deadline[j].first) continue;
       const index_t k = by_deadline[j].first;
       need = std::max(need, std::min(wanted, alive - (k - static_cast<index_t>(current)) * wanted));
-      // Ready items with deadline <= k available to cover it.
-      index_t have = 0;
-      for (const index_t i : oldest)
-        if (static_cast<index_t>(ready[static_cast<std::size_t>(i)].version) + opt.max_staleness <= k) ++have;
-      if (have < need) {
+      while (have < oldest.size() &&
+             static_cast<index_t>(ready[static_cast<std::size_t>(oldest[have])].version) + opt.max_staleness <= k)
+        ++have;
+      if (static_cast<index_t>(have) < need) {
         r.must_take = need;
         r.status = pick_status::urgent;
         return r;
