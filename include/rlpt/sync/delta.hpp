@@ -39,6 +39,10 @@
 #include <string_view>
 #include <vector>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 namespace rlpt::sync {
 
 enum class delta_encoding : std::uint8_t { sparse = 1, bitmap = 2, dense = 3 };
@@ -79,6 +83,18 @@ namespace detail {
 
 [[nodiscard]] constexpr std::uint64_t pad8(std::uint64_t n) noexcept { return (n + 7) & ~std::uint64_t{7}; }
 
+//! Population count without a libgcc call when the target lacks POPCNT (x86-64 baseline).
+[[nodiscard]] RLPT_HD_FORCEINLINE std::uint64_t popcount64(std::uint64_t x) noexcept {
+#if defined(__POPCNT__) || !(defined(__x86_64__) || defined(__i386__))
+  return static_cast<std::uint64_t>(std::popcount(x));
+#else
+  x = x - ((x >> 1) & 0x5555555555555555ull);
+  x = (x & 0x3333333333333333ull) + ((x >> 2) & 0x3333333333333333ull);
+  x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0full;
+  return (x * 0x0101010101010101ull) >> 56;
+#endif
+}
+
 //! Body bytes of an encoding; false on overflow.
 [[nodiscard]] inline bool delta_body_bytes(delta_encoding enc, std::uint64_t n, std::uint64_t changed,
                                            std::uint64_t eb, std::uint64_t& out) noexcept {
@@ -111,30 +127,70 @@ inline void swap_elem(std::byte* a, std::byte* b) noexcept {
   std::memcpy(b, &x, sizeof(U));
 }
 
+// Bit i of the result: element i of the 64 at a and b differs (portable version).
+template <class U>
+inline std::uint64_t diff_word_scalar(const std::byte* a, const std::byte* b, std::uint64_t n) noexcept {
+  std::uint64_t bits = 0;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    U x, y;
+    std::memcpy(&x, a + i * sizeof(U), sizeof(U));
+    std::memcpy(&y, b + i * sizeof(U), sizeof(U));
+    bits |= std::uint64_t{x != y} << i;
+  }
+  return bits;
+}
+
+#if defined(__SSE2__)
+// SSE2 (every x86-64): compare 16 elements per step and gather one bit each with movemask.
+template <class U>
+inline std::uint64_t diff_word_sse2(const std::byte* a, const std::byte* b) noexcept {
+  std::uint64_t eq = 0;
+  for (unsigned k = 0; k < 4; ++k) { // 16 elements per k
+    const std::byte* pa = a + k * 16 * sizeof(U);
+    const std::byte* pb = b + k * 16 * sizeof(U);
+    auto load = [](const std::byte* p, unsigned j) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * j)); };
+    unsigned m;
+    if constexpr (sizeof(U) == 1) {
+      m = static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(load(pa, 0), load(pb, 0))));
+    } else if constexpr (sizeof(U) == 2) {
+      const __m128i e0 = _mm_cmpeq_epi16(load(pa, 0), load(pb, 0));
+      const __m128i e1 = _mm_cmpeq_epi16(load(pa, 1), load(pb, 1));
+      m = static_cast<unsigned>(_mm_movemask_epi8(_mm_packs_epi16(e0, e1)));
+    } else {
+      const __m128i e0 = _mm_cmpeq_epi32(load(pa, 0), load(pb, 0));
+      const __m128i e1 = _mm_cmpeq_epi32(load(pa, 1), load(pb, 1));
+      const __m128i e2 = _mm_cmpeq_epi32(load(pa, 2), load(pb, 2));
+      const __m128i e3 = _mm_cmpeq_epi32(load(pa, 3), load(pb, 3));
+      m = static_cast<unsigned>(_mm_movemask_epi8(_mm_packs_epi16(_mm_packs_epi32(e0, e1), _mm_packs_epi32(e2, e3))));
+    }
+    eq |= std::uint64_t{m & 0xffffu} << (16 * k);
+  }
+  return ~eq;
+}
+#endif
+
 // Bits of elements [0, n) that differ between a and b, 64 per word; returns the count.
 template <class U>
 inline std::uint64_t diff_bits(const std::byte* a, const std::byte* b, std::uint64_t n, std::uint64_t* words) noexcept {
   std::uint64_t total = 0;
   const std::uint64_t full = n / 64;
   for (std::uint64_t w = 0; w < full; ++w) {
-    U x[64], y[64];
-    std::memcpy(x, a + w * 64 * sizeof(U), sizeof(x));
-    std::memcpy(y, b + w * 64 * sizeof(U), sizeof(y));
-    std::uint64_t bits = 0;
-    for (unsigned i = 0; i < 64; ++i) bits |= std::uint64_t{x[i] != y[i]} << i;
+    const std::byte* pa = a + w * 64 * sizeof(U);
+    const std::byte* pb = b + w * 64 * sizeof(U);
+#if defined(__SSE2__)
+    std::uint64_t bits;
+    if constexpr (sizeof(U) <= 4) bits = diff_word_sse2<U>(pa, pb);
+    else bits = diff_word_scalar<U>(pa, pb, 64);
+#else
+    const std::uint64_t bits = diff_word_scalar<U>(pa, pb, 64);
+#endif
     words[w] = bits;
-    total += static_cast<std::uint64_t>(std::popcount(bits));
+    total += popcount64(bits);
   }
   if (const std::uint64_t rest = n - full * 64; rest != 0) {
-    std::uint64_t bits = 0;
-    for (std::uint64_t i = 0; i < rest; ++i) {
-      U x, y;
-      std::memcpy(&x, a + (full * 64 + i) * sizeof(U), sizeof(U));
-      std::memcpy(&y, b + (full * 64 + i) * sizeof(U), sizeof(U));
-      bits |= std::uint64_t{x != y} << i;
-    }
+    const std::uint64_t bits = diff_word_scalar<U>(a + full * 64 * sizeof(U), b + full * 64 * sizeof(U), rest);
     words[full] = bits;
-    total += static_cast<std::uint64_t>(std::popcount(bits));
+    total += popcount64(bits);
   }
   return total;
 }
@@ -216,7 +272,7 @@ struct delta_record {
     r.bits = reinterpret_cast<const std::uint64_t*>(b);
     r.values = b + words * 8;
     std::uint64_t ones = 0;
-    for (std::uint64_t w = 0; w < words; ++w) ones += static_cast<std::uint64_t>(std::popcount(r.bits[w]));
+    for (std::uint64_t w = 0; w < words; ++w) ones += detail::popcount64(r.bits[w]);
     if (ones != r.changed) bad(fmt::format("bitmap has {} bits set but the header says {} changed", ones, r.changed));
     if (const std::uint64_t tail = r.elem_count % 64; tail != 0 && (r.bits[words - 1] >> tail) != 0)
       bad("bitmap has bits set past the element range");
@@ -410,18 +466,13 @@ private:
       const std::uint64_t blocks = (n + delta_sparse_block - 1) / delta_sparse_block;
       auto* block_start = reinterpret_cast<std::uint32_t*>(b);
       auto* lo = reinterpret_cast<std::uint16_t*>(b + detail::pad8(4 * (blocks + 1)));
-      std::uint64_t k = 0;
-      constexpr std::uint64_t words_per_block = delta_sparse_block / 64;
-      for (std::uint64_t blk = 0; blk < blocks; ++blk) {
-        block_start[blk] = static_cast<std::uint32_t>(k);
-        const std::uint64_t w_end = std::min(words, (blk + 1) * words_per_block);
-        for (std::uint64_t w = blk * words_per_block; w < w_end; ++w)
-          for (std::uint64_t bits = words_[w]; bits != 0; bits &= bits - 1)
-            lo[k++] = static_cast<std::uint16_t>((w - blk * words_per_block) * 64 +
-                                                 static_cast<std::uint64_t>(std::countr_zero(bits)));
+      std::byte* values = b + detail::pad8(4 * (blocks + 1)) + detail::pad8(2 * changed);
+      switch (eb) {
+      case 1: write_sparse<1>(block_start, lo, values, now, blocks, words); break;
+      case 2: write_sparse<2>(block_start, lo, values, now, blocks, words); break;
+      case 4: write_sparse<4>(block_start, lo, values, now, blocks, words); break;
+      default: write_sparse<8>(block_start, lo, values, now, blocks, words); break;
       }
-      block_start[blocks] = static_cast<std::uint32_t>(k);
-      gather(b + detail::pad8(4 * (blocks + 1)) + detail::pad8(2 * changed), now, eb, words);
       break;
     }
     }
@@ -430,13 +481,43 @@ private:
     stats.by_encoding[static_cast<int>(enc)] += 1;
   }
 
-  void gather(std::byte* dst, const std::byte* now, std::size_t eb, std::uint64_t words) const {
+  // Indices and values in one pass over the change bits.
+  template <std::size_t EB>
+  void write_sparse(std::uint32_t* block_start, std::uint16_t* lo, std::byte* values, const std::byte* now,
+                    std::uint64_t blocks, std::uint64_t words) const {
+    constexpr std::uint64_t words_per_block = delta_sparse_block / 64;
+    std::uint64_t k = 0;
+    for (std::uint64_t blk = 0; blk < blocks; ++blk) {
+      block_start[blk] = static_cast<std::uint32_t>(k);
+      const std::uint64_t w_end = std::min(words, (blk + 1) * words_per_block);
+      for (std::uint64_t w = blk * words_per_block; w < w_end; ++w)
+        for (std::uint64_t bits = words_[w]; bits != 0; bits &= bits - 1) {
+          const std::uint64_t bit = static_cast<std::uint64_t>(std::countr_zero(bits));
+          lo[k] = static_cast<std::uint16_t>((w - blk * words_per_block) * 64 + bit);
+          std::memcpy(values + k * EB, now + (w * 64 + bit) * EB, EB);
+          ++k;
+        }
+    }
+    block_start[blocks] = static_cast<std::uint32_t>(k);
+  }
+
+  template <std::size_t EB>
+  void gather_n(std::byte* dst, const std::byte* now, std::uint64_t words) const {
     for (std::uint64_t w = 0; w < words; ++w)
       for (std::uint64_t bits = words_[w]; bits != 0; bits &= bits - 1) {
         const std::uint64_t i = w * 64 + static_cast<std::uint64_t>(std::countr_zero(bits));
-        std::memcpy(dst, now + i * eb, eb);
-        dst += eb;
+        std::memcpy(dst, now + i * EB, EB); // fixed size: inlined, not a library call
+        dst += EB;
       }
+  }
+
+  void gather(std::byte* dst, const std::byte* now, std::size_t eb, std::uint64_t words) const {
+    switch (eb) {
+    case 1: gather_n<1>(dst, now, words); break;
+    case 2: gather_n<2>(dst, now, words); break;
+    case 4: gather_n<4>(dst, now, words); break;
+    default: gather_n<8>(dst, now, words); break;
+    }
   }
 
   std::uint64_t max_record_;
