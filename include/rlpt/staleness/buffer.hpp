@@ -289,6 +289,10 @@ public:
   //! `vs.version` with the ready groups as survivors (AReaL's recovery rule). Ready groups
   //! missing from `vs` fall back to their oldest token version.
   void restore(buffer_state bs, const staleness_state& vs) {
+    const gate_counts gc = gate_.counts();
+    RLPT_CHECK(gc.running == 0 && gc.buffered == 0, "rlpt.staleness.restore_busy",
+               "restore needs a gate without outstanding tickets; this one has {} running and {} buffered", gc.running,
+               gc.buffered);
     buf_.restore(std::move(bs));
     buf_.evict_incomplete();
     const buffer_state now = buf_.snapshot();

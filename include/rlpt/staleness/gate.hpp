@@ -68,7 +68,8 @@ struct gate_options {
   //! is unset).
   index_t max_concurrent = 0;
   admission_mode mode = admission_mode::capacity;
-  //! A clock shared with other gates (data-parallel shards); nullptr = the gate owns one at 0.
+  //! A clock shared with other gates (data-parallel shards); it must outlive the gate.
+  //! nullptr = the gate owns one, starting at version 0.
   version_clock* clock = nullptr;
   //! Optional sink for admitted/refused/accepted/rejected/dropped/requeued and wait time.
   staleness_metrics* metrics = nullptr;
