@@ -7,5 +7,6 @@
 #include <rlpt/core.hpp>
 #include <rlpt/logprob.hpp>
 #include <rlpt/objective.hpp>
+#include <rlpt/rollout.hpp>
 #include <rlpt/staleness.hpp>
 #include <rlpt/sync.hpp>
