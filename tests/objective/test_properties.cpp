@@ -377,3 +377,105 @@ TEST_CASE("the SSE2 and AVX2 row kernels give identical bits") {
   MESSAGE("no AVX2 clone in this build");
 #endif
 }
+
+namespace {
+
+//! The device algorithm run on the host: per-token detail::token_eval (the math the CUDA kernels
+//! run) with the row pass, the GMPO row term and the GSPO coupling, as the kernels do them.
+objective_result scalar_reference(const objective& obj, const basic_objective_inputs<double>& in,
+                                  std::vector<double>& grad) {
+  detail::objective_plan p = detail::make_plan(obj, in, basic_objective_grads<double>{.logp = grad});
+  const detail::local_counts counts = detail::count_local(p, in, host_executor{});
+  for (detail::agg_plan* a : {&p.agg_policy, &p.agg_kl, &p.agg_entropy, &p.agg_value}) detail::resolve_local(*a, counts);
+  const detail::token_loader<double> load{p, in};
+  objective_sums total;
+  for (index_t b = 0; b < in.layout.num_seqs(); ++b) {
+    const index_t base = in.layout.begin(b), n = in.layout.length(b);
+    detail::row_consts c;
+    if (p.need_row_pass) {
+      detail::row_stats st;
+      bool bad = false;
+      for (index_t t = 0; t < n; ++t) detail::row_stats_add(p, load(b, base + t, bad), st);
+      c = detail::row_finish(p, st);
+    } else {
+      c.len_loss = 1.0;
+    }
+    detail::row_alphas(p, c);
+    objective_sums s;
+    double pol = 0, kl = 0, ent = 0, val = 0, dcoef = 0;
+    for (index_t t = 0; t < n; ++t) {
+      bool bad = false;
+      const auto ti = load(b, base + t, bad);
+      const auto r = detail::token_eval(p, c, ti);
+      grad[static_cast<std::size_t>(base + t)] = r.in_loss ? r.g_logp : 0.0;
+      if (!ti.valid) continue;
+      s.valid += 1;
+      s.w_sum += r.w, s.w_min = std::min(s.w_min, r.w), s.w_max = std::max(s.w_max, r.w);
+      s.rejected += r.rejected ? 1 : 0;
+      if (!r.in_loss) continue;
+      s.in_loss += 1;
+      pol += r.policy, kl += r.kl, ent += r.entropy, val += r.value, dcoef += r.dcoef;
+      s.clip_low += (r.flags & detail::flag_low) ? 1 : 0;
+      s.clip_high += (r.flags & detail::flag_high) ? 1 : 0;
+      s.clip_dual += (r.flags & detail::flag_dual) ? 1 : 0;
+      s.clamped += (r.flags & detail::flag_clamped) ? 1 : 0;
+      s.approx_kl += ti.old - ti.lp;
+      s.value_clipped += r.v_clipped ? 1 : 0;
+    }
+    if (p.policy == policy_kind::gmpo && c.len_loss > 0) pol = -c.gmpo_adv * c.gmpo_ratio * c.gmpo_w;
+    if (p.gspo_sequence && dcoef != 0.0)
+      for (index_t t = 0; t < n; ++t) {
+        bool bad = false;
+        const auto ti = load(b, base + t, bad);
+        if (ti.valid && ((c.seq_keep && detail::token_keep(p, ti)) || !p.removes))
+          grad[static_cast<std::size_t>(base + t)] += c.a_policy * dcoef / std::max(c.len_loss, 1.0);
+      }
+    s.policy = c.a_policy * pol, s.kl = c.a_kl * kl, s.entropy = c.a_entropy * ent, s.value = c.a_value * val;
+    s.kl_value = kl, s.entropy_value = ent;
+    s.seqs = s.valid > 0 ? 1 : 0, s.loss_seqs = s.in_loss > 0 ? 1 : 0, s.rows = 1;
+    total.merge(s);
+  }
+  return detail::finish_result(p, total);
+}
+
+} // namespace
+
+TEST_CASE("the device's per-token path (token_eval) equals the vectorised host pass") {
+  const batch<double> b(17, 90, 29, 0.4, 0.4);
+  const std::vector<double> tw{0.25, 0.75};
+  const objective objs[] = {
+      {.policy = ppo_clip{.eps_high = 0.28}, .correction = token_tis(2.0), .kl = {.coef = 0.1}, .entropy = {.coef = 0.01},
+       .value = {.coef = 0.5}},
+      {.policy = ppo_clip{.dual_clip = 0.0, .delta = 2.0},
+       .kl = {.coef = 0.2, .estimator = kl_estimator::k2, .gradient = kl_gradient::k2_importance},
+       .agg = {.mode = agg_mode::seq_mean_token_mean, .len_eps = 1e-8}},
+      {.policy = gspo{.token_level = false}, .correction = seq_is(2.0), .agg = {.mode = agg_mode::seq_mean_token_mean}},
+      {.policy = gspo{}, .correction = {.reject = {.stat = rs_stat::k3, .level = rs_level::seq_mean, .hi = 0.02}},
+       .agg = {.mode = agg_mode::token_sum}},
+      {.policy = gmpo{}, .correction = icepop(0.5, 2.0), .agg = {.mode = agg_mode::seq_mean_token_sum, .count_empty_rows = true}},
+      {.policy = sapo{}, .correction = {.reject = {.stat = rs_stat::k1, .level = rs_level::token, .lo = 0.8, .hi = 1.25}},
+       .kl = {.coef = 0.3, .estimator = kl_estimator::abs, .gradient = kl_gradient::straight_through}},
+      {.policy = cispo{}, .kl = {.coef = 0.2, .importance_corrected = true}, .distill = {.coef = 0.5, .teacher_weights = tw},
+       .agg = {.mode = agg_mode::seq_mean_token_sum_norm, .norm = 64.0}},
+      {.policy = policy_gradient{},
+       .correction = {.weight = {.level = is_level::token, .bound = is_bound::none},
+                      .reject = {.stat = rs_stat::ratio, .level = rs_level::seq_mean, .lo = 0.9, .hi = 1.1},
+                      .rejected = rejected_tokens::zero_weight}},
+      {.policy = no_policy{}, .value = {.coef = 1.0, .clip = 0.2, .huber_delta = 0.5}},
+  };
+  for (const objective& obj : objs) {
+    INFO("policy ", obj.policy.index());
+    grads<double> g(b.size());
+    const objective_result want = evaluate(obj, b.inputs(), g.view());
+    std::vector<double> got_grad(b.size(), -777.0);
+    const objective_result got = scalar_reference(obj, b.inputs(), got_grad);
+    CHECK(got.loss == doctest::Approx(want.loss).epsilon(1e-12));
+    CHECK(got.kl_loss == doctest::Approx(want.kl_loss).epsilon(1e-12));
+    CHECK(got.value_loss == doctest::Approx(want.value_loss).epsilon(1e-12));
+    CHECK(got.clip_frac_high == want.clip_frac_high);
+    CHECK(got.rejected_frac == want.rejected_frac);
+    CHECK(got.is_weight_max == doctest::Approx(want.is_weight_max).epsilon(1e-15));
+    for (std::size_t i = 0; i < b.size(); ++i)
+      if (static_cast<index_t>(i) % b.stride < b.L) CHECK(got_grad[i] == doctest::Approx(g.logp[i]).epsilon(1e-12).scale(1e-12));
+  }
+}

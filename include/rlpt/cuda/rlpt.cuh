@@ -7,5 +7,6 @@
 #include <rlpt/cuda/device.cuh>
 #include <rlpt/cuda/error.cuh>
 #include <rlpt/cuda/logprob.cuh>
+#include <rlpt/cuda/objective/evaluate.cuh>
 #include <rlpt/cuda/workspace.cuh>
 #include <rlpt/rlpt.hpp>

@@ -309,23 +309,19 @@ struct local_counts {
 template <class T>
 local_counts count_local(const objective_plan& p, const basic_objective_inputs<T>& in, const host_executor& ex) {
   const token_layout& L = in.layout;
-  const token_loader<T> load{p, in};
   const index_t grain = std::max<index_t>(1, 65536 / std::max<index_t>(1, L.max_len()));
   return ex.parallel_reduce(
       L.num_seqs(), grain, local_counts{},
       [&](index_t b0, index_t b1) {
         local_counts c;
-        bool bad = false;
+        host_chunk_data<T> chunk;
+        zero_absent(p, in, chunk);
         for (index_t b = b0; b < b1; ++b) {
           double len = 0.0;
           const index_t base = L.begin(b);
           const index_t n = L.length(b);
           if (p.removes || p.nonfinite == nonfinite_policy::skip) {
-            row_stats st;
-            objective_plan q = p;
-            q.need_row_pass = true;
-            for (index_t t = 0; t < n; ++t) row_stats_add(q, load(b, base + t, bad), st);
-            len = row_finish(q, st).len_loss;
+            len = row_finish(p, host_row_stats(p, in, b, chunk)).len_loss;
           } else {
             index_t cnt = 0;
             for (index_t t = 0; t < n; ++t) cnt += in.mask[base + t] != 0 ? 1 : 0;

@@ -197,8 +197,8 @@ RLPT_HD_FORCEINLINE policy_token<R> cispo_token(const cispo& p, R x, R lp, R A) 
   bool clamped;
   clamped_ratio(x, R(p.log_ratio_clamp), r, dr, clamped);
   const bool rel = p.bounds == cispo_bounds::relative;
-  const R lo = R(rel ? 1.0 - p.eps_low : 0.0);
-  const R hi = R(rel ? 1.0 + p.eps_high : p.cap);
+  const R lo = R(sel(rel, 1.0 - p.eps_low, 0.0));
+  const R hi = R(sel(rel, 1.0 + p.eps_high, p.cap));
   const R w = clamp_r(r, lo, hi);
   policy_token<R> o;
   o.flags = flag_if(rel & (r < lo), flag_low) | flag_if(r > hi, flag_high) | flag_if(clamped, flag_clamped);

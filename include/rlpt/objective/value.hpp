@@ -11,6 +11,8 @@
 #include <rlpt/config.hpp>
 #include <rlpt/objective/detail/math.hpp>
 
+#include <cstdint>
+
 namespace rlpt {
 
 struct value_loss {
@@ -31,7 +33,7 @@ template <class R>
 struct value_token {
   R value;
   R grad;
-  bool clipped; //!< the clipped branch is the larger one (verl vf_clipfrac)
+  std::uint32_t clipped; //!< 1 when the clipped branch is the larger one (verl vf_clipfrac); a word keeps loops vectorised
 };
 
 //! Square (delta = 0) or Huber loss of e and its derivative, without branches.
@@ -63,7 +65,7 @@ RLPT_HD_FORCEINLINE value_token<R> value_term(const value_loss& p, R v, R v_old,
   value_token<R> o;
   o.value = max_r(l1, l2);
   o.grad = dmax(l1, l2, d1, d2 * dv_c);
-  o.clipped = l2 > l1;
+  o.clipped = static_cast<std::uint32_t>(l2 > l1);
   const R f = p.half ? R(0.5) : R(1);
   o.value = f * o.value;
   o.grad = f * o.grad;

@@ -17,31 +17,24 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 namespace rlpt::detail {
 
 inline constexpr int host_chunk = 256;
 
-//! Row statistics and the row constants before the aggregation weights.
-template <class T>
-row_consts host_row_consts(const objective_plan& p, const token_loader<T>& load, const token_layout& L, index_t b) {
-  row_stats st;
-  const index_t base = L.begin(b);
-  const index_t n = L.length(b);
-  bool bad = false;
-  if (p.need_row_pass) {
-    for (index_t t = 0; t < n; ++t) row_stats_add(p, load(b, base + t, bad), st);
-    return row_finish(p, st);
-  }
-  row_consts c;
-  c.len_loss = 1.0; // no term of this plan depends on the length; rows without tokens add nothing
-  return c;
-}
+// Host-only force-inline (RLPT_OBJECTIVE_HOST_INLINE would make these host+device under nvcc): the
+// whole token pass must inline into each ISA clone below.
+#if defined(__GNUC__) || defined(__clang__)
+#define RLPT_OBJECTIVE_HOST_INLINE inline __attribute__((always_inline))
+#else
+#define RLPT_OBJECTIVE_HOST_INLINE inline
+#endif
 
 //! Sum of v[0..n) in fp64 over eight independent lanes (vectorises without reassociation).
 template <class T>
-RLPT_HD_FORCEINLINE double lane_sum(const T* v, int n) {
+RLPT_OBJECTIVE_HOST_INLINE double lane_sum(const T* v, int n) {
   double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int j = 0;
   for (; j + 8 <= n; j += 8)
@@ -51,7 +44,7 @@ RLPT_HD_FORCEINLINE double lane_sum(const T* v, int n) {
 }
 
 template <class F>
-RLPT_HD_FORCEINLINE std::int32_t count(const F* v, int n) {
+RLPT_OBJECTIVE_HOST_INLINE std::int32_t count(const F* v, int n) {
   std::int32_t c = 0;
   for (int j = 0; j < n; ++j) c += v[j] ? 1 : 0;
   return c;
@@ -70,7 +63,7 @@ struct host_chunk_data {
 
 //! Zeroes the chunk arrays of inputs this call does not have (they are read as 0).
 template <class T>
-RLPT_HD_FORCEINLINE void zero_absent(const objective_plan& p, const basic_objective_inputs<T>& in, host_chunk_data<T>& c) {
+RLPT_OBJECTIVE_HOST_INLINE void zero_absent(const objective_plan& p, const basic_objective_inputs<T>& in, host_chunk_data<T>& c) {
   auto zero = [](T* dst) {
     for (int j = 0; j < host_chunk; ++j) dst[j] = T(0);
   };
@@ -87,7 +80,7 @@ RLPT_HD_FORCEINLINE void zero_absent(const objective_plan& p, const basic_object
 //! Loads a chunk [i0, i0 + n) of sequence b (absent inputs stay zero); returns the number of
 //! valid tokens with a non-finite input (they become invalid under nonfinite_policy::skip).
 template <class T>
-RLPT_HD_FORCEINLINE int load_chunk(const objective_plan& p, const basic_objective_inputs<T>& in, index_t b, index_t i0, int n,
+RLPT_OBJECTIVE_HOST_INLINE int load_chunk(const objective_plan& p, const basic_objective_inputs<T>& in, index_t b, index_t i0, int n,
                host_chunk_data<T>& c) {
   const mask_t* m = in.mask.data() + i0;
   for (int j = 0; j < n; ++j) {
@@ -141,10 +134,11 @@ RLPT_HD_FORCEINLINE int load_chunk(const objective_plan& p, const basic_objectiv
 
 //! Importance weights, rejection and which tokens stay in the loss.
 template <class T>
-RLPT_HD_FORCEINLINE void correction_chunk(const objective_plan& p, const row_consts& rc, int n, host_chunk_data<T>& c) {
+RLPT_OBJECTIVE_HOST_INLINE void correction_chunk(const objective_plan& p, const row_consts& rc, int n, host_chunk_data<T>& c) {
   if (!p.use_is && !p.use_rs) {
     for (int j = 0; j < n; ++j) {
       c.w[j] = T(1);
+      c.keep[j] = 1;
       c.inl[j] = c.valid[j];
       c.rej[j] = 0;
     }
@@ -189,8 +183,80 @@ RLPT_HD_FORCEINLINE void correction_chunk(const objective_plan& p, const row_con
   }
 }
 
+//! Maximum of v[0..n) where use[j], over eight lanes (-inf when none).
 template <class T>
-RLPT_HD_FORCEINLINE void policy_chunk(const objective_plan& p, const row_consts& rc, int n, host_chunk_data<T>& c) {
+RLPT_OBJECTIVE_HOST_INLINE double lane_max(const T* v, const std::uint8_t* use, int n) {
+  T acc[8];
+  for (int k = 0; k < 8; ++k) acc[k] = -std::numeric_limits<T>::infinity();
+  int j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int k = 0; k < 8; ++k) acc[k] = max_r(acc[k], sel(use[j + k] != 0, v[j + k], acc[k]));
+  for (; j < n; ++j) acc[0] = max_r(acc[0], sel(use[j] != 0, v[j], acc[0]));
+  T m = acc[0];
+  for (int k = 1; k < 8; ++k) m = max_r(m, acc[k]);
+  return static_cast<double>(m);
+}
+
+//! The row statistics of sequence b (what row_stats_add accumulates token by token, for the
+//! device and the tests), computed chunk by chunk with the vectorised loops.
+template <class T>
+RLPT_OBJECTIVE_HOST_INLINE row_stats host_row_stats(const objective_plan& p, const basic_objective_inputs<T>& in,
+                                                    index_t b, host_chunk_data<T>& c) {
+  row_stats st;
+  const token_layout& L = in.layout;
+  const index_t base = L.begin(b);
+  const index_t n = L.length(b);
+  row_consts keep_all; // seq_keep = true: sequence-level rejection is decided from these sums
+  for (index_t t0 = 0; t0 < n; t0 += host_chunk) {
+    const int cn = static_cast<int>(std::min<index_t>(host_chunk, n - t0));
+    load_chunk(p, in, b, base + t0, cn, c);
+    st.len += static_cast<double>(count(c.valid, cn));
+    correction_chunk(p, keep_all, cn, c); // keep, inl (and tmp = clamped log rho when a correction is on)
+    for (int j = 0; j < cn; ++j) c.rej[j] = static_cast<std::uint8_t>(c.valid[j] & c.keep[j]);
+    st.len_keep += static_cast<double>(count(c.rej, cn));
+    if (p.use_rs && p.rs_seq) {
+      const rs_stat stat = p.corr.reject.stat;
+      for (int j = 0; j < cn; ++j) c.pv[j] = rs_token_stat(stat, c.tmp[j]);
+      for (int j = 0; j < cn; ++j) c.pg[j] = sel(c.valid[j] != 0, c.pv[j], T(0));
+      st.rs_sum += lane_sum(c.pg, cn);
+      st.rs_max = std::max(st.rs_max, lane_max(c.pv, c.valid, cn));
+    }
+    if (p.use_is && p.is_seq) {
+      const T* num = p.corr.numerator == ratio_numerator::proximal ? c.old : c.lp;
+      for (int j = 0; j < cn; ++j) {
+        const T lr = num[j] - c.behav[j];
+        c.pg[j] = sel(c.valid[j] != 0, lr, T(0));
+      }
+      st.sum_lr += lane_sum(c.pg, cn);
+    }
+    if (p.policy == policy_kind::gspo) {
+      for (int j = 0; j < cn; ++j) {
+        const T x = c.lp[j] - c.old[j];
+        c.pg[j] = sel(c.inl[j] != 0, x, T(0));
+      }
+      st.sum_x += lane_sum(c.pg, cn);
+    }
+    if (p.policy == policy_kind::gmpo) {
+      const gmpo o = p.gm;
+      for (int j = 0; j < cn; ++j) {
+        T xs, dxs;
+        std::uint32_t f;
+        gmpo_token(o, c.lp[j] - c.old[j], c.adv[j], xs, dxs, f);
+        c.pv[j] = sel(c.inl[j] != 0, xs, T(0));
+        c.pg[j] = sel(c.inl[j] != 0, c.adv[j], T(0));
+      }
+      st.sum_xs += lane_sum(c.pv, cn);
+      st.sum_adv += lane_sum(c.pg, cn);
+      if (p.use_is && !p.is_seq)
+        for (int j = 0; j < cn; ++j) // log has no vectorised form here; GMPO with token weights is rare
+          if (c.inl[j]) st.sum_logw += static_cast<double>(log_r(c.w[j] + T(1e-10)));
+    }
+  }
+  return st;
+}
+
+template <class T>
+RLPT_OBJECTIVE_HOST_INLINE void policy_chunk(const objective_plan& p, const row_consts& rc, int n, host_chunk_data<T>& c) {
   for (int j = 0; j < n; ++j) c.tmp[j] = c.lp[j] - c.old[j]; // x
   // Options copied into locals: the compiler then knows the chunk stores cannot change them
   // and hoists every conversion out of the loops.
@@ -263,7 +329,7 @@ RLPT_HD_FORCEINLINE void policy_chunk(const objective_plan& p, const row_consts&
 }
 
 template <class T>
-RLPT_HD_FORCEINLINE void kl_chunk(const objective_plan& p, int n, host_chunk_data<T>& c) {
+RLPT_OBJECTIVE_HOST_INLINE void kl_chunk(const objective_plan& p, int n, host_chunk_data<T>& c) {
   if (!p.use_kl) return;
   if (!p.has_old)
     for (int j = 0; j < n; ++j) c.tmp[j] = T(0); // x = logp - old is 0 without old_logp
@@ -285,7 +351,7 @@ struct host_row_acc {
 };
 
 template <class T>
-RLPT_HD_FORCEINLINE void combine_chunk(const objective_plan& p, const row_consts& rc, index_t i0, int n, host_chunk_data<T>& c,
+RLPT_OBJECTIVE_HOST_INLINE void combine_chunk(const objective_plan& p, const row_consts& rc, index_t i0, int n, host_chunk_data<T>& c,
                    const basic_objective_grads<T>& gr, host_row_acc& a) {
   const T ap = T(rc.a_policy);
   const T ak = T(p.kl.coef * rc.a_kl);
@@ -315,7 +381,7 @@ RLPT_HD_FORCEINLINE void combine_chunk(const objective_plan& p, const row_consts
   if (p.use_value) {
     for (int j = 0; j < n; ++j) {
       const value_token<T> q = value_term(p.value, c.v[j], c.v_old[j], c.ret[j]);
-      c.vv[j] = q.value, c.vg[j] = q.grad, c.vclip[j] = q.clipped;
+      c.vv[j] = q.value, c.vg[j] = q.grad, c.vclip[j] = static_cast<std::uint8_t>(q.clipped);
     }
   }
   if (gr.values.size() != 0) {
@@ -378,13 +444,11 @@ RLPT_HD_FORCEINLINE void combine_chunk(const objective_plan& p, const row_consts
   a.in_loss += count(c.inl, n);
   a.rejected += count(c.rej, n);
   if (p.use_is) {
-    for (int j = 0; j < n; ++j) {
-      if (!c.valid[j]) continue;
-      const double w = static_cast<double>(c.w[j]);
-      a.w_sum += w;
-      a.w_min = w < a.w_min ? w : a.w_min;
-      a.w_max = w > a.w_max ? w : a.w_max;
-    }
+    for (int j = 0; j < n; ++j) c.tmp[j] = sel(c.valid[j] != 0, c.w[j], T(0));
+    a.w_sum += lane_sum(c.tmp, n);
+    a.w_max = std::max(a.w_max, lane_max(c.w, c.valid, n));
+    for (int j = 0; j < n; ++j) c.tmp[j] = -c.w[j];
+    a.w_min = std::min(a.w_min, -lane_max(c.tmp, c.valid, n));
   } else if (valid > 0) {
     a.w_sum += static_cast<double>(valid);
     a.w_min = std::min(a.w_min, 1.0);
@@ -395,17 +459,21 @@ RLPT_HD_FORCEINLINE void combine_chunk(const objective_plan& p, const row_consts
 //! Evaluates one sequence: writes its gradients and returns its sums. Everything it calls is
 //! force-inlined, so the clones below compile the whole token pass for their instruction set.
 template <class T>
-RLPT_HD_FORCEINLINE objective_sums host_row_body(const objective_plan& p, const basic_objective_inputs<T>& in,
+RLPT_OBJECTIVE_HOST_INLINE objective_sums host_row_body(const objective_plan& p, const basic_objective_inputs<T>& in,
                                                  const basic_objective_grads<T>& gr, index_t b) {
   const token_layout& L = in.layout;
-  const token_loader<T> load{p, in};
-  row_consts rc = host_row_consts(p, load, L, b);
+  host_chunk_data<T> c;
+  zero_absent(p, in, c);
+  row_consts rc;
+  if (p.need_row_pass) {
+    rc = row_finish(p, host_row_stats(p, in, b, c));
+  } else {
+    rc.len_loss = 1.0; // no term of this plan depends on the length; rows without tokens add nothing
+  }
   row_alphas(p, rc);
   const index_t base = L.begin(b);
   const index_t n = L.length(b);
   host_row_acc a;
-  host_chunk_data<T> c;
-  zero_absent(p, in, c);
   for (index_t t0 = 0; t0 < n; t0 += host_chunk) {
     const int cn = static_cast<int>(std::min<index_t>(host_chunk, n - t0));
     const index_t i0 = base + t0;
@@ -422,12 +490,13 @@ RLPT_HD_FORCEINLINE objective_sums host_row_body(const objective_plan& p, const 
     // d loss / d logp_t = alpha * sum_t' w d value / d s * d s / d logp_t, d s / d logp_t = 1 / L.
     const double len = rc.len_loss > 1.0 ? rc.len_loss : 1.0;
     const T scale = static_cast<T>(rc.a_policy * a.dcoef / len);
-    for (index_t t = 0; t < n; ++t) {
-      const index_t i = base + t;
-      bool bad = false;
-      const token_inputs<T> ti = load(b, i, bad);
-      if (!ti.valid) continue;
-      if ((rc.seq_keep && token_keep(p, ti)) || !p.removes) gr.logp[i] += scale;
+    for (index_t t0 = 0; t0 < n; t0 += host_chunk) {
+      const int cn = static_cast<int>(std::min<index_t>(host_chunk, n - t0));
+      const index_t i0 = base + t0;
+      load_chunk(p, in, b, i0, cn, c);
+      correction_chunk(p, rc, cn, c);
+      T* g = gr.logp.data() + i0;
+      for (int j = 0; j < cn; ++j) g[j] += sel(c.inl[j] != 0, scale, T(0));
     }
   }
   s.policy = rc.a_policy * pol;

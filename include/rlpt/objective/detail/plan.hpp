@@ -396,7 +396,7 @@ RLPT_HD_FORCEINLINE token_result<R> token_eval(const objective_plan& p, const ro
     const value_token<R> v = value_term(p.value, t.v, t.v_old, t.ret);
     o.value = v.value;
     o.g_value = R(p.value.coef) * R(c.a_value) * v.grad;
-    o.v_clipped = v.clipped;
+    o.v_clipped = v.clipped != 0;
   }
   return o;
 }
