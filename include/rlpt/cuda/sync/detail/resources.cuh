@@ -1,0 +1,193 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file
+//! Owned CUDA resources of the device transports (device and pinned buffers, events, streams,
+//! the current-device guard), driver-API status checks, and the one way they wait: polling an
+//! event against a deadline, never a blocking synchronise that could hang forever.
+#pragma once
+
+#include <rlpt/config.hpp>
+#include <rlpt/core/error.hpp>
+#include <rlpt/cuda/error.cuh>
+#include <rlpt/sync/link.hpp>
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <thread>
+#include <utility>
+
+namespace rlpt::sync::detail {
+
+inline void check_cu(CUresult status, const char* expr, const char* file, int line) {
+  if (RLPT_UNLIKELY(status != CUDA_SUCCESS)) {
+    const char* name = nullptr;
+    const char* text = nullptr;
+    cuGetErrorName(status, &name);
+    cuGetErrorString(status, &text);
+    RLPT_FAIL("rlpt.cuda.error", "{} failed with {} ({}) at {}:{}", expr, name ? name : "?", text ? text : "?", file, line);
+  }
+}
+
+} // namespace rlpt::sync::detail
+
+//! Throws rlpt::error if the CUDA driver call `expr` did not return CUDA_SUCCESS.
+#define RLPT_SYNC_CU_CHECK(expr) ::rlpt::sync::detail::check_cu((expr), #expr, __FILE__, __LINE__)
+
+namespace rlpt::sync::detail {
+
+//! Makes `device` current for a scope and restores the previous one.
+class device_guard {
+public:
+  explicit device_guard(int device) {
+    RLPT_CUDA_CHECK(cudaGetDevice(&prev_));
+    if (device >= 0 && device != prev_) RLPT_CUDA_CHECK(cudaSetDevice(device));
+    else prev_ = -1;
+  }
+  device_guard(const device_guard&) = delete;
+  device_guard& operator=(const device_guard&) = delete;
+  ~device_guard() {
+    if (prev_ >= 0) static_cast<void>(cudaSetDevice(prev_));
+  }
+
+private:
+  int prev_ = -1;
+};
+
+//! cudaMalloc'd bytes.
+class device_bytes {
+public:
+  device_bytes() = default;
+  explicit device_bytes(std::size_t n) : n_(n) {
+    if (n != 0) RLPT_CUDA_CHECK(cudaMalloc(&p_, n));
+  }
+  device_bytes(device_bytes&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  device_bytes& operator=(device_bytes&& o) noexcept {
+    if (this != &o) {
+      reset();
+      p_ = std::exchange(o.p_, nullptr);
+      n_ = std::exchange(o.n_, 0);
+    }
+    return *this;
+  }
+  ~device_bytes() { reset(); }
+  void reset() noexcept {
+    if (p_ != nullptr) static_cast<void>(cudaFree(p_));
+    p_ = nullptr;
+    n_ = 0;
+  }
+  //! Grows to at least n bytes (contents are not kept).
+  void reserve(std::size_t n) {
+    if (n <= n_) return;
+    reset();
+    RLPT_CUDA_CHECK(cudaMalloc(&p_, n));
+    n_ = n;
+  }
+  template <class T = std::byte>
+  [[nodiscard]] T* get() const noexcept {
+    return static_cast<T*>(p_);
+  }
+  [[nodiscard]] std::size_t size() const noexcept { return n_; }
+
+private:
+  void* p_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+//! cudaMallocHost'd (pinned) bytes: the only host memory an async copy may use.
+class pinned_bytes {
+public:
+  pinned_bytes() = default;
+  explicit pinned_bytes(std::size_t n) { reserve(n); }
+  pinned_bytes(pinned_bytes&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  pinned_bytes& operator=(pinned_bytes&& o) noexcept {
+    if (this != &o) {
+      reset();
+      p_ = std::exchange(o.p_, nullptr);
+      n_ = std::exchange(o.n_, 0);
+    }
+    return *this;
+  }
+  ~pinned_bytes() { reset(); }
+  void reset() noexcept {
+    if (p_ != nullptr) static_cast<void>(cudaFreeHost(p_));
+    p_ = nullptr;
+    n_ = 0;
+  }
+  void reserve(std::size_t n) {
+    if (n <= n_) return;
+    reset();
+    RLPT_CUDA_CHECK(cudaMallocHost(&p_, n == 0 ? 1 : n));
+    n_ = n;
+  }
+  template <class T = std::byte>
+  [[nodiscard]] T* get() const noexcept {
+    return static_cast<T*>(p_);
+  }
+  [[nodiscard]] std::size_t size() const noexcept { return n_; }
+
+private:
+  void* p_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+class event {
+public:
+  event() { RLPT_CUDA_CHECK(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming)); }
+  event(const event&) = delete;
+  event& operator=(const event&) = delete;
+  event(event&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
+  ~event() {
+    if (e_ != nullptr) static_cast<void>(cudaEventDestroy(e_));
+  }
+  [[nodiscard]] cudaEvent_t get() const noexcept { return e_; }
+  void record(cudaStream_t s) { RLPT_CUDA_CHECK(cudaEventRecord(e_, s)); }
+
+private:
+  cudaEvent_t e_ = nullptr;
+};
+
+class stream {
+public:
+  stream() { RLPT_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
+  stream(const stream&) = delete;
+  stream& operator=(const stream&) = delete;
+  ~stream() {
+    if (s_ != nullptr) static_cast<void>(cudaStreamDestroy(s_));
+  }
+  [[nodiscard]] cudaStream_t get() const noexcept { return s_; }
+
+private:
+  cudaStream_t s_ = nullptr;
+};
+
+//! Polls `e` until it completes. `poll()` runs between queries (it may throw: a peer failed);
+//! at `until` throws rlpt.sync.timeout "<where>: timed out <what>". Never blocks in CUDA.
+template <class Poll>
+void wait_event(cudaEvent_t e, deadline until, std::string_view where, std::string_view what, Poll&& poll) {
+  int spins = 0;
+  for (;;) {
+    const cudaError_t s = cudaEventQuery(e);
+    if (s == cudaSuccess) return;
+    if (s != cudaErrorNotReady) RLPT_FAIL("rlpt.cuda.error", "{}: {}: {} ({})", where, what, cudaGetErrorName(s), cudaGetErrorString(s));
+    poll();
+    if (clock::now() >= until) timeout(where, what);
+    if (++spins < 64) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(spins < 1024 ? 20 : 200));
+  }
+}
+
+inline void wait_event(cudaEvent_t e, deadline until, std::string_view where, std::string_view what) {
+  wait_event(e, until, where, what, [] {});
+}
+
+//! Records an event on `s` and waits for it (the stream's work so far is done).
+inline void wait_stream(event& e, cudaStream_t s, deadline until, std::string_view where, std::string_view what) {
+  e.record(s);
+  wait_event(e.get(), until, where, what);
+}
+
+} // namespace rlpt::sync::detail

@@ -1,0 +1,454 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file
+//! Unix-domain socket link that can pass file descriptors: the host channel of the CUDA IPC
+//! transport, whose VMM export hands a POSIX fd of GPU memory to the other process
+//! (SCM_RIGHTS: the kernel installs a duplicate in the receiver; nothing else can carry one).
+//!
+//! Frame: 40-byte header (u32 magic "RLUF", u32 meta bytes, u64 payload bytes, u32 fd count,
+//! u32 0, u64 XXH3-64 of the meta block, u64 XXH3-64 of the first 32 header bytes), the meta
+//! block, the payload. File descriptors travel as ancillary data of the header's bytes and
+//! are matched to the frame by their count. Sizes are bounded before anything is allocated;
+//! a bad frame drops the connection and raises rlpt.sync.wire.
+//!
+//! Like the TCP link: one end listens (a filesystem path, or "@name" in the abstract
+//! namespace), the other connects; a new connection replaces the old one (a restarted peer),
+//! and the connecting end reconnects on its next call. Or adopt one end of a socketpair (a
+//! parent and its forked child). Received descriptors are owned by the link until take_fds();
+//! whatever is not taken is closed at release(), so none leak.
+#pragma once
+
+#include <rlpt/config.hpp>
+#include <rlpt/core/error.hpp>
+#include <rlpt/sync/checksum.hpp>
+#include <rlpt/sync/link.hpp>
+#include <rlpt/sync/tcp.hpp> // detail::fd_guard, detail::ms_until
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace rlpt::sync {
+
+struct unix_options {
+  //! Socket address: a filesystem path, or "@name" for Linux's abstract namespace (nothing
+  //! to clean up after a crash). Unused by an adopted socketpair end.
+  std::string path{};
+  bool listen = false;                                 //!< accept connections instead of connecting
+  std::uint64_t max_payload = std::uint64_t{1} << 32;  //!< largest payload accepted (and sent)
+  std::uint64_t max_meta = std::uint64_t{256} << 20;   //!< largest meta block accepted
+  std::uint32_t max_fds = 16;                          //!< most descriptors one frame may carry
+};
+
+namespace detail {
+inline constexpr std::uint32_t unix_magic = 0x46554c52u; // "RLUF"
+inline constexpr std::size_t unix_header_bytes = 40;
+
+inline sockaddr_un unix_address(const std::string& path, socklen_t& len) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  const bool abstract = !path.empty() && path[0] == '@';
+  RLPT_CHECK(!path.empty() && path.size() < sizeof(a.sun_path), "rlpt.sync.bad_link",
+             "unix socket path \"{}\" must have 1 to {} characters", path, sizeof(a.sun_path) - 1);
+  std::memcpy(a.sun_path, path.data(), path.size());
+  if (abstract) a.sun_path[0] = '\0';
+  len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size() + (abstract ? 0 : 1));
+  return a;
+}
+} // namespace detail
+
+//! A connected pair of AF_UNIX stream sockets (close-on-exec); adopt each end with
+//! unix_link(fd, role).
+[[nodiscard]] inline std::array<int, 2> unix_socketpair() {
+  int fds[2] = {-1, -1};
+  RLPT_CHECK(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0, "rlpt.sync.bad_link",
+             "socketpair(AF_UNIX) failed: {}", std::strerror(errno));
+  return {fds[0], fds[1]};
+}
+
+class unix_link final : public link {
+public:
+  unix_link(unix_options o, role r) : o_(std::move(o)), role_(r) {
+    where_ = fmt::format("unix {} ({}, {})", o_.path, r == role::sender ? "sender" : "receiver",
+                         o_.listen ? "listening" : "connecting");
+    (void)detail::unix_address(o_.path, addr_len_); // validates the path
+    if (o_.listen) open_listener();
+  }
+
+  //! Adopts a connected socket (one end of unix_socketpair()); the link owns and closes it.
+  unix_link(int connected_fd, role r, unix_options o = {}) : o_(std::move(o)), role_(r), adopted_(true) {
+    RLPT_CHECK(connected_fd >= 0, "rlpt.sync.bad_link", "unix_link needs a connected socket, got fd {}", connected_fd);
+    where_ = fmt::format("unix socketpair fd {} ({})", connected_fd, r == role::sender ? "sender" : "receiver");
+    tune(connected_fd);
+    conn_.reset(connected_fd);
+    ++connections_;
+  }
+
+  unix_link(const unix_link&) = delete;
+  unix_link& operator=(const unix_link&) = delete;
+
+  ~unix_link() override {
+    drop();
+    if (listen_.fd >= 0 && !o_.path.empty() && o_.path[0] != '@') ::unlink(o_.path.c_str());
+  }
+
+  [[nodiscard]] link_info info() const override { return {where_, true, o_.max_payload, memory_space::host}; }
+
+  //! Process id of the connected peer (SO_PEERCRED), 0 without a connection.
+  [[nodiscard]] std::int32_t peer_pid() const noexcept { return peer_pid_; }
+  //! Connections established so far: a new one means the peer restarted.
+  [[nodiscard]] std::uint64_t connections() const noexcept { return connections_; }
+
+  std::span<std::byte> payload_buffer(std::uint64_t bytes, deadline) override {
+    RLPT_CHECK(bytes <= o_.max_payload, "rlpt.sync.too_large", "{}: payload of {} bytes exceeds max_payload {}", where_, bytes,
+               o_.max_payload);
+    if (tx_payload_.size() < bytes) tx_payload_.resize(static_cast<std::size_t>(bytes));
+    return {tx_payload_.data(), static_cast<std::size_t>(bytes)};
+  }
+
+  void send(std::span<const std::byte> meta, std::uint64_t payload_bytes, deadline until) override {
+    send_with_fds(meta, {}, payload_bytes, until);
+  }
+
+  //! Sends a frame carrying duplicates of `fds` (the caller keeps its own).
+  void send_with_fds(std::span<const std::byte> meta, std::span<const int> fds, std::uint64_t payload_bytes, deadline until) {
+    RLPT_CHECK(meta.size() <= o_.max_meta && meta.size() <= 0xffffffffu, "rlpt.sync.too_large",
+               "{}: meta block of {} bytes exceeds max_meta {}", where_, meta.size(), o_.max_meta);
+    RLPT_CHECK(fds.size() <= o_.max_fds, "rlpt.sync.too_large", "{}: {} descriptors in one frame, the limit is {}", where_,
+               fds.size(), o_.max_fds);
+    RLPT_CHECK(payload_bytes <= tx_payload_.size(), "rlpt.sync.bad_link",
+               "{}: send of {} payload bytes without a payload_buffer() of that size", where_, payload_bytes);
+    connect_or_accept(until);
+    std::byte hdr[detail::unix_header_bytes] = {};
+    const std::uint32_t magic = detail::unix_magic, mb = static_cast<std::uint32_t>(meta.size());
+    const auto nf = static_cast<std::uint32_t>(fds.size());
+    const std::uint64_t mcheck = xxh3(meta.data(), meta.size());
+    std::memcpy(hdr, &magic, 4);
+    std::memcpy(hdr + 4, &mb, 4);
+    std::memcpy(hdr + 8, &payload_bytes, 8);
+    std::memcpy(hdr + 16, &nf, 4);
+    std::memcpy(hdr + 24, &mcheck, 8);
+    const std::uint64_t hcheck = xxh3(hdr, 32);
+    std::memcpy(hdr + 32, &hcheck, 8);
+    iovec iov[3] = {{hdr, sizeof(hdr)},
+                    {const_cast<std::byte*>(meta.data()), meta.size()},
+                    {tx_payload_.data(), static_cast<std::size_t>(payload_bytes)}};
+    std::vector<unsigned char> control;
+    if (!fds.empty()) {
+      control.assign(CMSG_SPACE(sizeof(int) * fds.size()), 0);
+      msghdr proto{};
+      proto.msg_control = control.data();
+      proto.msg_controllen = control.size();
+      cmsghdr* c = CMSG_FIRSTHDR(&proto);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+      std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+    }
+    int first = 0;
+    bool fds_sent = fds.empty();
+    while (first < 3) {
+      while (first < 3 && iov[first].iov_len == 0) ++first;
+      if (first == 3) break;
+      msghdr mh{};
+      mh.msg_iov = iov + first;
+      mh.msg_iovlen = static_cast<std::size_t>(3 - first);
+      if (!fds_sent) {
+        mh.msg_control = control.data();
+        mh.msg_controllen = control.size();
+      }
+      const ssize_t n = ::sendmsg(conn_.fd, &mh, MSG_NOSIGNAL);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+          if (clock::now() >= until) {
+            drop(); // a half-sent frame cannot be resumed
+            detail::timeout(where_, "sending a frame (the peer stopped reading)");
+          }
+          pollfd p{conn_.fd, POLLOUT, 0};
+          ::poll(&p, 1, detail::ms_until(until));
+          continue;
+        }
+        const int err = errno;
+        drop();
+        RLPT_FAIL("rlpt.sync.peer_lost", "{}: send failed: {}", where_, std::strerror(err));
+      }
+      fds_sent = true; // attached to the first byte that went out
+      auto left = static_cast<std::size_t>(n);
+      while (left > 0 && first < 3) {
+        const std::size_t take = std::min(left, iov[first].iov_len);
+        iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + take;
+        iov[first].iov_len -= take;
+        left -= take;
+        if (iov[first].iov_len == 0) ++first;
+      }
+    }
+  }
+
+  std::optional<message> receive(deadline until) override {
+    release();
+    for (;;) {
+      if (listen_.fd >= 0) accept_new(); // a restarted peer replaces the old connection
+      if (conn_.fd < 0) {
+        if (!try_connect_or_accept(until)) return std::nullopt;
+        continue;
+      }
+      if (read_some()) {
+        held_ = true;
+        return message{{rx_meta_.data(), rx_meta_.size()}, {rx_payload_.get(), static_cast<std::size_t>(rx_payload_bytes_)}};
+      }
+      if (clock::now() >= until) return std::nullopt;
+      pollfd p[2] = {{conn_.fd, POLLIN, 0}, {listen_.fd, POLLIN, 0}};
+      ::poll(p, listen_.fd >= 0 ? 2 : 1, detail::ms_until(until));
+    }
+  }
+
+  //! Descriptors that came with the last received message; the caller owns (and closes) them.
+  [[nodiscard]] std::vector<int> take_fds() { return std::exchange(msg_fds_, {}); }
+
+  void release() override {
+    if (!held_) return;
+    held_ = false;
+    close_all(msg_fds_);
+    rx_stage_ = 0;
+    rx_got_ = 0;
+  }
+
+private:
+  static void close_all(std::vector<int>& fds) noexcept {
+    for (int fd : fds) ::close(fd);
+    fds.clear();
+  }
+
+  void open_listener() {
+    detail::fd_guard fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    RLPT_CHECK(fd.fd >= 0, "rlpt.sync.bad_link", "{}: socket failed: {}", where_, std::strerror(errno));
+    socklen_t len = 0;
+    sockaddr_un a = detail::unix_address(o_.path, len);
+    if (o_.path[0] != '@') { // a socket file left by a crashed listener
+      struct stat st{};
+      if (::lstat(o_.path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) ::unlink(o_.path.c_str());
+    }
+    RLPT_CHECK(::bind(fd.fd, reinterpret_cast<sockaddr*>(&a), len) == 0, "rlpt.sync.bad_link", "{}: bind failed: {}", where_,
+               std::strerror(errno));
+    RLPT_CHECK(::listen(fd.fd, 4) == 0, "rlpt.sync.bad_link", "{}: listen failed: {}", where_, std::strerror(errno));
+    ::fcntl(fd.fd, F_SETFL, ::fcntl(fd.fd, F_GETFL) | O_NONBLOCK);
+    listen_.reset(fd.release());
+  }
+
+  void tune(int fd) {
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    peer_pid_ = ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 ? cred.pid : 0;
+  }
+
+  bool accept_new() {
+    const int fd = ::accept4(listen_.fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) return false;
+    drop();
+    tune(fd);
+    conn_.reset(fd);
+    ++connections_;
+    return true;
+  }
+
+  bool try_connect() {
+    detail::fd_guard fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    RLPT_CHECK(fd.fd >= 0, "rlpt.sync.bad_link", "{}: socket failed: {}", where_, std::strerror(errno));
+    socklen_t len = 0;
+    sockaddr_un a = detail::unix_address(o_.path, len);
+    if (::connect(fd.fd, reinterpret_cast<sockaddr*>(&a), len) != 0) return false; // not listening yet
+    drop();
+    tune(fd.fd);
+    conn_.reset(fd.release());
+    ++connections_;
+    return true;
+  }
+
+  bool try_connect_or_accept(deadline until) {
+    if (adopted_) RLPT_FAIL("rlpt.sync.peer_lost", "{}: the peer closed the socketpair", where_);
+    for (;;) {
+      if (o_.listen ? accept_new() : try_connect()) return true;
+      if (clock::now() >= until) return false;
+      if (o_.listen) {
+        pollfd p{listen_.fd, POLLIN, 0};
+        ::poll(&p, 1, detail::ms_until(until));
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+    }
+  }
+
+  void connect_or_accept(deadline until) {
+    if (listen_.fd >= 0) accept_new();
+    if (conn_.fd >= 0) return;
+    if (!try_connect_or_accept(until))
+      detail::timeout(where_, o_.listen ? "waiting for the peer to connect" : "connecting to the peer");
+  }
+
+  void drop() noexcept {
+    conn_.reset();
+    rx_stage_ = 0;
+    rx_got_ = 0;
+    held_ = false;
+    peer_pid_ = 0;
+    close_all(msg_fds_);
+    for (int fd : pending_fds_) ::close(fd);
+    pending_fds_.clear();
+  }
+
+  // recvmsg that keeps every descriptor it is handed, in order.
+  ssize_t recv_some(std::byte* dst, std::size_t want) {
+    iovec iov{dst, want};
+    alignas(cmsghdr) unsigned char control[CMSG_SPACE(sizeof(int) * 64)];
+    msghdr mh{};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = control;
+    mh.msg_controllen = sizeof(control);
+    const ssize_t n = ::recvmsg(conn_.fd, &mh, MSG_CMSG_CLOEXEC);
+    if (n < 0) return n;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c != nullptr; c = CMSG_NXTHDR(&mh, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (std::size_t i = 0; i < count; ++i) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        pending_fds_.push_back(fd);
+      }
+    }
+    if ((mh.msg_flags & MSG_CTRUNC) != 0) {
+      drop();
+      RLPT_FAIL("rlpt.sync.wire", "{}: descriptors were truncated (more than 64 in one read)", where_);
+    }
+    return n;
+  }
+
+  // Reads what is available; true when a whole frame is in.
+  bool read_some() {
+    for (;;) {
+      std::byte* dst = nullptr;
+      std::size_t want = 0;
+      if (rx_stage_ == 0) {
+        dst = rx_header_ + rx_got_;
+        want = detail::unix_header_bytes - rx_got_;
+      } else if (rx_stage_ == 1) {
+        dst = rx_meta_.data() + rx_got_;
+        want = rx_meta_.size() - rx_got_;
+      } else {
+        dst = rx_payload_.get() + rx_got_;
+        want = static_cast<std::size_t>(rx_payload_bytes_ - rx_got_);
+      }
+      if (want == 0) {
+        if (advance()) return true;
+        continue;
+      }
+      const ssize_t n = recv_some(dst, want);
+      if (n > 0) {
+        rx_got_ += static_cast<std::size_t>(n);
+        continue;
+      }
+      if (n == 0) {
+        drop();
+        RLPT_FAIL("rlpt.sync.peer_lost", "{}: connection closed by the peer", where_);
+      }
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
+      const int err = errno;
+      drop();
+      RLPT_FAIL("rlpt.sync.peer_lost", "{}: receive failed: {}", where_, std::strerror(err));
+    }
+  }
+
+  bool advance() {
+    if (rx_stage_ == 0) {
+      std::uint32_t magic, mb, nf;
+      std::uint64_t pb, mcheck, hcheck;
+      std::memcpy(&magic, rx_header_, 4);
+      std::memcpy(&mb, rx_header_ + 4, 4);
+      std::memcpy(&pb, rx_header_ + 8, 8);
+      std::memcpy(&nf, rx_header_ + 16, 4);
+      std::memcpy(&mcheck, rx_header_ + 24, 8);
+      std::memcpy(&hcheck, rx_header_ + 32, 8);
+      const char* problem = nullptr;
+      if (magic != detail::unix_magic) problem = "bad magic";
+      else if (xxh3(rx_header_, 32) != hcheck) problem = "header checksum mismatch";
+      else if (mb > o_.max_meta) problem = "meta block larger than max_meta";
+      else if (pb > o_.max_payload) problem = "payload larger than max_payload";
+      else if (nf > o_.max_fds) problem = "more descriptors than max_fds";
+      else if (nf > pending_fds_.size()) problem = "announced descriptors did not arrive";
+      if (problem != nullptr) {
+        drop();
+        RLPT_FAIL("rlpt.sync.wire", "{}: bad frame header ({}; magic 0x{:08x}, {} meta bytes, {} payload bytes, {} fds)", where_,
+                  problem, magic, mb, pb, nf);
+      }
+      close_all(msg_fds_);
+      for (std::uint32_t i = 0; i < nf; ++i) {
+        msg_fds_.push_back(pending_fds_.front());
+        pending_fds_.pop_front();
+      }
+      rx_meta_check_ = mcheck;
+      rx_meta_.resize(mb);
+      rx_payload_bytes_ = pb;
+      if (rx_payload_cap_ < pb) {
+        rx_payload_.reset(new std::byte[static_cast<std::size_t>(pb)]);
+        rx_payload_cap_ = pb;
+      }
+      rx_stage_ = 1;
+      rx_got_ = 0;
+      return false;
+    }
+    if (rx_stage_ == 1) {
+      if (xxh3(rx_meta_.data(), rx_meta_.size()) != rx_meta_check_) {
+        drop();
+        RLPT_FAIL("rlpt.sync.wire", "{}: frame meta block of {} bytes fails its checksum", where_, rx_meta_.size());
+      }
+      rx_stage_ = 2;
+      rx_got_ = 0;
+      return false;
+    }
+    return true;
+  }
+
+  unix_options o_;
+  role role_;
+  bool adopted_ = false;
+  std::string where_;
+  socklen_t addr_len_ = 0;
+  detail::fd_guard listen_;
+  detail::fd_guard conn_;
+  std::int32_t peer_pid_ = 0;
+  std::uint64_t connections_ = 0;
+  std::vector<std::byte> tx_payload_;
+  std::byte rx_header_[detail::unix_header_bytes] = {};
+  std::vector<std::byte> rx_meta_;
+  std::unique_ptr<std::byte[]> rx_payload_;
+  std::uint64_t rx_payload_cap_ = 0;
+  std::uint64_t rx_payload_bytes_ = 0;
+  std::uint64_t rx_meta_check_ = 0;
+  int rx_stage_ = 0;
+  std::size_t rx_got_ = 0;
+  bool held_ = false;
+  std::deque<int> pending_fds_; // received, not yet matched to a frame
+  std::vector<int> msg_fds_;    // the current message's, until taken or released
+};
+
+} // namespace rlpt::sync
