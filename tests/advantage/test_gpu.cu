@@ -12,6 +12,8 @@
 
 #include <doctest/doctest.h>
 
+#include "support/device_buffer.cuh"
+
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -23,27 +25,7 @@
 namespace {
 
 template <class T>
-class dev_buffer {
-public:
-  explicit dev_buffer(std::size_t n) : n_(n) { RLPT_CUDA_CHECK(cudaMalloc(&p_, std::max<std::size_t>(n, 1) * sizeof(T))); }
-  explicit dev_buffer(const std::vector<T>& host) : dev_buffer(host.size()) {
-    RLPT_CUDA_CHECK(cudaMemcpy(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  dev_buffer(const dev_buffer&) = delete;
-  dev_buffer& operator=(const dev_buffer&) = delete;
-  ~dev_buffer() { cudaFree(p_); }
-  [[nodiscard]] std::vector<T> get() const {
-    std::vector<T> h(n_);
-    RLPT_CUDA_CHECK(cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-  [[nodiscard]] rlpt::device_view<T> view() const { return {p_, static_cast<rlpt::index_t>(n_)}; }
-  [[nodiscard]] rlpt::device_view<const T> cview() const { return {p_, static_cast<rlpt::index_t>(n_)}; }
-
-private:
-  T* p_ = nullptr;
-  std::size_t n_ = 0;
-};
+using dev_buffer = rlpt::test::device_buffer<T>;
 
 //! Runs a device entry point twice: size query, then with a freshly allocated workspace.
 template <class F>
