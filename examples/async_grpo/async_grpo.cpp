@@ -77,6 +77,7 @@ struct config {
   int groups = 32;     // B: groups (prompts) per optimizer step
   int group_size = 8;  // G: samples per prompt
   double lr = 3e-3;
+  double entropy_coef = 0.0; // entropy bonus (verl entropy_coeff; 0 = off, verl's default)
   float temperature = 1.0f;
   int warmup_steps = 150; // supervised format warm-up (random answers of the right length)
   double target = 0.9;    // held-out accuracy that ends a mode
@@ -96,8 +97,8 @@ struct config {
   std::fprintf(stderr,
                "async_grpo: %s\n"
                "usage: async_grpo [--mode sync|async|both] [--eta N] [--digits K] [--max-len L] [--d-model D]\n"
-               "                  [--layers N] [--heads H] [--groups B] [--group-size G] [--lr X] [--temperature T]\n"
-               "                  [--warmup-steps N] [--target A] [--eval-every N] [--max-steps N] [--max-seconds S]\n"
+               "                  [--layers N] [--heads H] [--groups B] [--group-size G] [--lr X] [--entropy-coef X]\n"
+               "                  [--temperature T] [--warmup-steps N] [--target A] [--eval-every N] [--max-steps N] [--max-seconds S]\n"
                "                  [--seed S] [--wire bf16|f32] [--out DIR] [--check]\n",
                why.c_str());
   std::exit(2);
@@ -122,6 +123,7 @@ config parse(int argc, char** argv) {
     else if (a == "--groups") c.groups = std::stoi(next());
     else if (a == "--group-size") c.group_size = std::stoi(next());
     else if (a == "--lr") c.lr = std::stod(next());
+    else if (a == "--entropy-coef") c.entropy_coef = std::stod(next());
     else if (a == "--temperature") c.temperature = std::stof(next());
     else if (a == "--warmup-steps") c.warmup_steps = std::stoi(next());
     else if (a == "--target") c.target = std::stod(next());
@@ -152,12 +154,15 @@ struct task {
   [[nodiscard]] int eq() const { return k; }
   [[nodiscard]] int eos() const { return k + 1; }
   [[nodiscard]] int bos() const { return k + 2; }
-  [[nodiscard]] int vocab() const { return k + 3; }
+  [[nodiscard]] int pad() const { return k + 3; }
+  [[nodiscard]] int vocab() const { return k + 4; }
   [[nodiscard]] int max_new() const { return lmax + 1; } // the answer and its EOS
   [[nodiscard]] int max_seq() const { return 2 * lmax + 3; }
 
-  // One prompt in five is held out of training (a fixed hash of the string), for evaluation.
+  // One prompt in five of length >= 2 is held out of training (a fixed hash of the string),
+  // for evaluation; the k strings of length 1 are all trained.
   [[nodiscard]] bool held_out(const std::vector<int>& s) const {
+    if (s.size() < 2) return false;
     std::uint64_t h = 0x9e3779b97f4a7c15ull ^ s.size();
     for (int d : s) h = (h ^ static_cast<std::uint64_t>(d + 1)) * 0x100000001b3ull;
     h ^= h >> 29;
@@ -184,8 +189,11 @@ struct task {
     }
     return all;
   }
+  // Prompts are left-padded to one length, "BOS PAD.. d1 .. dL =", so '=' always sits at the
+  // same position and the answer's i-th digit mirrors a fixed prompt position.
   [[nodiscard]] std::vector<rlpt::token_id> prompt(const std::vector<int>& s) const {
     std::vector<rlpt::token_id> p{bos()};
+    p.insert(p.end(), static_cast<std::size_t>(lmax) - s.size(), pad());
     p.insert(p.end(), s.begin(), s.end());
     p.push_back(eq());
     return p;
@@ -619,18 +627,27 @@ struct mode_summary {
   std::int64_t samples = 0, groups = 0, filtered = 0, trained = 0;
   rlpt::staleness_histogram hist;
   double sync_ms = 0, wire_mb = 0, dense_mb = 0, changed_frac = 0;
-  double trainer_wait = 0, engine_busy = 0, train_s = 0;
+  double trainer_wait = 0, engine_busy = 0, train_s = 0, elapsed = 0;
   double first_reward = 0, last_reward = 0;
   std::vector<std::string> failures;
 };
 
+//! Greedy accuracy on the held-out prompts: the mean over answer lengths of each length's
+//! accuracy (lengths weigh equally, as in the training distribution; long strings dominate the
+//! held-out set by count).
 double evaluate_heldout(Policy& model, const task& tk, const std::vector<std::vector<int>>& heldout) {
   std::vector<std::vector<rlpt::token_id>> prompts;
   for (const auto& s : heldout) prompts.push_back(tk.prompt(s));
   const generated g = generate(model, tk, prompts, 0.0f, nullptr, [] { return rlpt::policy_version{0}; });
-  std::size_t right = 0;
-  for (std::size_t i = 0; i < heldout.size(); ++i) right += tk.grade(g.tokens[i], task::answer(heldout[i])).correct ? 1u : 0u;
-  return static_cast<double>(right) / static_cast<double>(heldout.size());
+  std::map<std::size_t, std::pair<double, double>> by_len; // length -> (right, total)
+  for (std::size_t i = 0; i < heldout.size(); ++i) {
+    auto& [right, total] = by_len[heldout[i].size()];
+    right += tk.grade(g.tokens[i], task::answer(heldout[i])).correct ? 1.0 : 0.0;
+    total += 1.0;
+  }
+  double acc = 0;
+  for (const auto& [len, rt] : by_len) acc += rt.first / rt.second;
+  return acc / static_cast<double>(by_len.size());
 }
 
 //! Supervised format warm-up: answers of the right length made of random digits, then EOS. The
@@ -751,7 +768,7 @@ mode_summary run_mode(const config& c, const task& tk, const std::vector<torch::
   std::mutex mu;
   std::unordered_map<std::int64_t, flight> inflight;
   struct gen_stats {
-    std::int64_t samples = 0, correct = 0, groups = 0;
+    std::int64_t samples = 0, correct = 0, groups = 0, pushed = 0;
     double reward = 0, engine_busy = 0;
   } gs;
   std::string collector_error;
@@ -819,7 +836,10 @@ mode_summary run_mode(const config& c, const task& tk, const std::vector<torch::
           gs.groups += 1;
           gs.engine_busy = busy;
         }
-        sb.push_group(f.t, records); // the group's last record accepts the ticket in the gate
+        // The group's last record accepts the ticket in the gate; after close() nothing goes in.
+        const index_t in = sb.push_group(f.t, records);
+        std::lock_guard lock(mu);
+        gs.pushed += in == n ? 1 : 0;
       }
     } catch (const std::exception& e) {
       collector_error = e.what();
@@ -827,8 +847,9 @@ mode_summary run_mode(const config& c, const task& tk, const std::vector<torch::
     }
   });
 
-  const rlpt::objective obj = rlpt::compat::verl::actor({.loss_mode = "vanilla", .loss_agg_mode = "token-mean"},
-                                                        rlpt::compat::verl::rollout_correction("token", "2.0"));
+  const rlpt::objective obj = rlpt::compat::verl::actor(
+      {.loss_mode = "vanilla", .loss_agg_mode = "token-mean", .entropy_coeff = c.entropy_coef},
+      rlpt::compat::verl::rollout_correction("token", "2.0"));
   auto fail = [&](std::string what) {
     if (sum.failures.size() < 20) sum.failures.push_back(std::move(what));
   };
@@ -920,7 +941,7 @@ mode_summary run_mode(const config& c, const task& tk, const std::vector<torch::
     // The policy objective: PPO clip against the proximal (= current, one update per batch)
     // policy, token-level truncated importance weights for behaviour (engine: stale and bf16)
     // vs proximal, token-mean over the step's trained tokens.
-    std::vector<float> grad(static_cast<std::size_t>(ntok));
+    std::vector<float> grad(static_cast<std::size_t>(ntok)), grad_ent(static_cast<std::size_t>(ntok));
     const rlpt::view<const float> lpv(lp.data_ptr<float>(), ntok);
     const rlpt::objective_inputs in{.layout = batch.layout(),
                                     .mask = lmask,
@@ -929,13 +950,19 @@ mode_summary run_mode(const config& c, const task& tk, const std::vector<torch::
                                     .behav_logp = batch.logprobs(),
                                     .seq_adv = adv,
                                     .entropy = rlpt::view<const float>(ent.data_ptr<float>(), ntok)};
-    const rlpt::objective_result r = rlpt::evaluate(obj, in, rlpt::objective_grads{.logp = grad});
+    const rlpt::objective_result r =
+        rlpt::evaluate(obj, in, rlpt::objective_grads{.logp = grad, .entropy = grad_ent});
     row.loss = r.loss;
     row.entropy = r.entropy_mean;
     row.is_weight_max = r.is_weight_max;
 
     opt.zero_grad();
-    torch::autograd::backward({logp}, {torch::from_blob(grad.data(), {ntok}, torch::kFloat)});
+    // d loss / d logp (and d loss / d entropy) from rlpt flow back through rlpt's logprob backward.
+    if (c.entropy_coef != 0.0)
+      torch::autograd::backward({logp, out[1]}, {torch::from_blob(grad.data(), {ntok}, torch::kFloat),
+                                                 torch::from_blob(grad_ent.data(), {ntok}, torch::kFloat)});
+    else
+      torch::autograd::backward({logp}, {torch::from_blob(grad.data(), {ntok}, torch::kFloat)});
     torch::nn::utils::clip_grad_norm_(model->parameters(), 1.0);
     opt.step();
     row.train_ms = seconds_since(t_train) * 1e3;
@@ -1002,6 +1029,7 @@ mode_summary run_mode(const config& c, const task& tk, const std::vector<torch::
     if (row.wall_s > c.max_seconds) break;
   }
   sum.wall = wall();
+  sum.elapsed = seconds_since(start);
   {
     const auto te = clock_type::now();
     sum.final_acc = evaluate_heldout(model, tk, heldout);
@@ -1035,8 +1063,11 @@ mode_summary run_mode(const config& c, const task& tk, const std::vector<torch::
   if (bs.consumed.groups != static_cast<index_t>(sum.steps) * B || gc.consumed != static_cast<index_t>(sum.steps) * B)
     fail("consumed groups: buffer " + std::to_string(bs.consumed.groups) + ", gate " + std::to_string(gc.consumed) +
          ", expected " + std::to_string(sum.steps * B));
-  if (bs.inserted.groups != gs.groups)
-    fail("groups generated " + std::to_string(gs.groups) + " but the buffer saw " + std::to_string(bs.inserted.groups));
+  if (bs.inserted.groups != gs.pushed)
+    fail("groups pushed " + std::to_string(gs.pushed) + " but the buffer saw " + std::to_string(bs.inserted.groups));
+  if (gc.admitted != gs.groups + static_cast<index_t>(gc.running))
+    fail("tickets admitted " + std::to_string(gc.admitted) + " != groups returned " + std::to_string(gs.groups) +
+         " + still running " + std::to_string(gc.running));
   if (sum.hist.at(0) + sum.hist.at(1) + sum.hist.at(2) + sum.hist.at(3) + sum.hist.at(4) == 0 && sum.steps > 0)
     fail("empty staleness histogram");
 
@@ -1049,7 +1080,7 @@ mode_summary run_mode(const config& c, const task& tk, const std::vector<torch::
   sum.dense_mb = static_cast<double>(dense_total) / 1e6;
   sum.changed_frac = elements_total > 0 ? static_cast<double>(changed_total) / static_cast<double>(elements_total) : 0;
   sum.trainer_wait = sum.wall > 0 ? 1.0 - sum.train_s / sum.wall : 0;
-  sum.engine_busy = sum.wall > 0 ? gs.engine_busy / sum.wall : 0;
+  sum.engine_busy = gs.engine_busy / std::max(1e-9, sum.elapsed);
   return sum;
 }
 
@@ -1139,7 +1170,9 @@ int main(int argc, char** argv) {
     std::printf("\nCSV: %s\n", std::filesystem::absolute(csv).c_str());
     if (!c.check) {
       const auto png = std::filesystem::path(c.out) / "async_grpo.png";
-      const std::string cmd = "python3 \"" RLPT_ASYNC_GRPO_PLOT "\" \"" + csv.string() + "\" \"" + png.string() + "\"";
+      // Debian's python3-matplotlib belongs to /usr/bin/python3 (another python3 may come first on PATH).
+      const std::string py = std::filesystem::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+      const std::string cmd = py + " \"" RLPT_ASYNC_GRPO_PLOT "\" \"" + csv.string() + "\" \"" + png.string() + "\"";
       if (std::system(cmd.c_str()) == 0)
         std::printf("PNG: %s\n", std::filesystem::absolute(png).c_str());
       else
