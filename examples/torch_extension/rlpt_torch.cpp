@@ -40,10 +40,15 @@ struct dl_ref {
 
 //! Per-token and per-sequence tensors are read as flat arrays: they must be contiguous (a
 //! [B, T] padded batch or a packed [N] one), which makes the flattening a view, never a copy.
+std::string dims(at::IntArrayRef d) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + "]";
+}
+
 at::Tensor flat(const at::Tensor& t, std::string_view what) {
-  RLPT_CHECK(t.is_contiguous(), "rlpt.torch.strides",
-             "{} (shape {}, strides {}) must be contiguous; call .contiguous() on it", what,
-             fmt::format("{}", fmt::join(t.sizes(), "x")), fmt::format("{}", fmt::join(t.strides(), ",")));
+  RLPT_CHECK(t.is_contiguous(), "rlpt.torch.strides", "{} (shape {}, strides {}) must be contiguous; call .contiguous() on it",
+             what, dims(t.sizes()), dims(t.strides()));
   return t.reshape({-1});
 }
 
@@ -624,7 +629,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const rlpt::error& e) {
-      rlpt_error(e.what());
+      PyErr_SetString(rlpt_error.ptr(), e.what());
     }
   });
 
