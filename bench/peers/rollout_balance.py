@@ -14,7 +14,8 @@ response (median 2000, sigma 0.8); long tail (15% at the 16384 cap); uniform 256
    function end to end, including its index_select of every micro-batch) and its planning core alone
    (get_seqlen_balanced_partitions(workload, k, equal_size=False) with the cap loop, as
    rearrange_micro_batches runs it) vs rlpt::plan_microbatches (verl preset and rlpt default) and
-   rlpt plan + pack (packed varlen buffers for every micro-batch).
+   rlpt plan + pack (packed varlen buffers for every micro-batch). Packed waste = padding tokens
+   pack wrote / real tokens, without padding (verl remove_padding) and to multiples of 256 (AReaL).
 3. Buffer throughput, 2 producers + 2 consumers (rlpt only; verl has no equivalent component).
 """
 import argparse
@@ -143,13 +144,14 @@ def main() -> None:
             ours_verl = common.run_cpp(runner, ["microbatch", lfile, budget, "verl", 3])
             ours = common.run_cpp(runner, ["microbatch", lfile, budget, "kk", 5])
             packed = common.run_cpp(runner, ["pack", lfile, budget, 3])
+            packed256 = common.run_cpp(runner, ["pack", lfile, budget, 1, 256])
             row.update({"rlpt_verlpreset_ms": ours_verl["cpu_seconds"] * 1e3, "rlpt_ms": ours["cpu_seconds"] * 1e3,
                         "rlpt_plan+pack_ms": packed["cpu_seconds"] * 1e3,
                         "rlpt_verlpreset_count": ours_verl["count"], "rlpt_count": ours["count"],
                         "lower_bound": math.ceil(int(L.sum()) / budget),
                         "rlpt_mb_max/mean": ours["mb_imbalance"], "rlpt_fill": ours["fill"],
-                        "rlpt_pad_to_max": ours["pad_to_max_waste"], "rlpt_align256_waste": ours["align256_waste"],
-                        "packed_waste": 0.0})
+                        "rlpt_pad_to_max": ours["pad_to_max_waste"],
+                        "packed_waste": packed["pad_waste"], "packed256_waste": packed256["pad_waste"]})
             if "verl_plan_ms" in row:
                 row["speedup_plan"] = row["verl_plan_ms"] / row["rlpt_ms"]
                 row["speedup_plan_verlpreset"] = row["verl_plan_ms"] / row["rlpt_verlpreset_ms"]

@@ -2,7 +2,7 @@
 tensors and the same file system (/dev/shm, so the memory system is the limit), plus a check
 that rlpt's output is byte-identical to Python's and that Python loads it.
 
-    .venv/bin/python bench/peers/sync_safetensors.py [--total-mb 1024]
+    .venv/bin/python bench/peers/sync_safetensors.py [--build build/sync] [--total-mb 1024]
 
 Read = open + copy every tensor into memory the caller owns (safetensors.torch.load_file;
 rlpt: safetensors_file + memcpy). Write = serialize to a file (safetensors.torch.save_file;
@@ -11,17 +11,26 @@ rlpt: write_safetensors, which also fsyncs and renames for an atomic publish).
 import argparse
 import os
 import tempfile
+from pathlib import Path
 
 import common
 
-RUNNER = common.ROOT / "build/sync/bench/sync/bench_sync_runner"
+
+def runner(build: str):
+    """The C++ runner in BUILD (cmake --build BUILD --target bench_sync_runner)."""
+    path = Path(build) / "bench" / "sync" / "bench_sync_runner"
+    if not path.exists():
+        raise SystemExit(f"{path} missing: cmake --build {build} --target bench_sync_runner")
+    return path
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--total-mb", type=int, default=1024)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--build", default=str(common.ROOT / "build" / "sync"), help="build directory holding the runner")
     args = p.parse_args()
+    exe = runner(args.build)
     versions = common.check_venv()
     import torch
     import safetensors.torch
@@ -38,7 +47,7 @@ def main() -> None:
                                 repeat=args.reps, warmup=1, threads=1)
         t_read = common.timeit(lambda: {k: v.clone() for k, v in safetensors.torch.load_file(py_path).items()},
                                repeat=args.reps, warmup=1, threads=1)
-        r = common.run_cpp(RUNNER, ["st-roundtrip", py_path, rlpt_path, args.reps])
+        r = common.run_cpp(exe, ["st-roundtrip", py_path, rlpt_path, args.reps])
         identical = open(py_path, "rb").read() == open(rlpt_path, "rb").read()
         loaded = safetensors.torch.load_file(rlpt_path)
         same = all(torch.equal(loaded[k], v) for k, v in tensors.items())

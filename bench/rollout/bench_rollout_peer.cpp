@@ -4,7 +4,7 @@
 //
 //   bench_rollout_peer balance    LENGTHS_FILE K EQUAL(0|1) ALGO(verl|kk|lpt|best) REPEAT
 //   bench_rollout_peer microbatch LENGTHS_FILE BUDGET ALGO(verl|kk|ffd) REPEAT
-//   bench_rollout_peer pack       LENGTHS_FILE BUDGET REPEAT
+//   bench_rollout_peer pack       LENGTHS_FILE BUDGET REPEAT [PAD_TO]
 //   bench_rollout_peer buffer     PRODUCERS CONSUMERS RECORDS GROUP_SIZE MEAN_LEN
 //
 // LENGTHS_FILE holds one sequence length per line.
@@ -126,7 +126,8 @@ int microbatch(const char* file, rlpt::index_t budget, const std::string& algo, 
 }
 
 // Plan + pack every micro-batch into varlen buffers: the end-to-end work rearrange_micro_batches does.
-int pack(const char* file, rlpt::index_t budget, int repeat) {
+// Padding is counted from what pack wrote (PAD_TO 1: verl remove_padding; 256: AReaL).
+int pack(const char* file, rlpt::index_t budget, int repeat, rlpt::index_t pad_to) {
   const auto len = read_lengths(file);
   std::vector<rlpt::trajectory> recs;
   std::mt19937 g(1);
@@ -147,15 +148,29 @@ int pack(const char* file, rlpt::index_t budget, int repeat) {
   }
   const rlpt::rollout_batch batch = rlpt::rollout_batch::gather(recs, {});
   const rlpt::microbatch_options o = rlpt::compat::verl::microbatches(budget);
+  const rlpt::pack_options po{.pad_to_multiple = pad_to};
   std::vector<rlpt::packed_microbatch> out;
   const timing s = median_seconds(repeat, [&] {
     const auto lengths = batch.lengths();
     const rlpt::microbatch_plan p = rlpt::plan_microbatches(lengths, o);
     out.clear();
-    for (rlpt::index_t m = 0; m < p.num_microbatches(); ++m) out.push_back(rlpt::pack(batch, p.microbatch(m)));
+    for (rlpt::index_t m = 0; m < p.num_microbatches(); ++m) out.push_back(rlpt::pack(batch, p.microbatch(m), po));
   });
-  fmt::print("{{\"seconds\": {:.9g}, \"cpu_seconds\": {:.9g}, \"count\": {}, \"tokens\": {}}}\n", s.wall, s.cpu,
-             out.size(), batch.num_tokens());
+  rlpt::index_t real = 0, pad = 0, flat = 0;
+  for (const auto& m : out) {
+    real += m.info.tokens;
+    pad += m.info.pad_tokens;
+    flat += static_cast<rlpt::index_t>(m.tokens.size());
+  }
+  if (real != batch.num_tokens() || flat != real + pad) {
+    fmt::print(stderr, "pack accounting broken: {} real + {} pad tokens, {} packed, {} in the batch\n", real, pad, flat,
+               batch.num_tokens());
+    return 1;
+  }
+  fmt::print("{{\"seconds\": {:.9g}, \"cpu_seconds\": {:.9g}, \"count\": {}, \"tokens\": {}, \"pad_tokens\": {}, "
+             "\"packed_tokens\": {}, \"pad_waste\": {:.9g}}}\n",
+             s.wall, s.cpu, out.size(), batch.num_tokens(), pad, flat,
+             static_cast<double>(pad) / static_cast<double>(real));
   return 0;
 }
 
@@ -239,7 +254,8 @@ int main(int argc, char** argv) {
     if (mode == "balance" && argc == 7)
       return balance(argv[2], std::atoll(argv[3]), std::atoi(argv[4]) != 0, argv[5], std::atoi(argv[6]));
     if (mode == "microbatch" && argc == 6) return microbatch(argv[2], std::atoll(argv[3]), argv[4], std::atoi(argv[5]));
-    if (mode == "pack" && argc == 5) return pack(argv[2], std::atoll(argv[3]), std::atoi(argv[4]));
+    if (mode == "pack" && (argc == 5 || argc == 6))
+      return pack(argv[2], std::atoll(argv[3]), std::atoi(argv[4]), argc == 6 ? std::atoll(argv[5]) : 1);
     if (mode == "buffer" && argc == 7)
       return buffer(std::atoi(argv[2]), std::atoi(argv[3]), std::atoll(argv[4]), std::atoll(argv[5]), std::atoll(argv[6]));
   } catch (const rlpt::error& e) {

@@ -9,7 +9,8 @@
 //   bench_sync_runner st-roundtrip IN OUT REPS                read a safetensors file, write it back (timed)
 //   bench_sync_runner write-golden DIR SEED                   files for the Python cross-check
 //
-// Every throughput is stated next to the single-thread memcpy rate measured in the same run.
+// Every throughput is stated next to the single-thread memcpy rate measured in the same run, in
+// wall time and per CPU second ("cpu_" fields: robust when other processes share the cores).
 #include "golden_writer.hpp"
 
 #include <rlpt/sync.hpp>
@@ -20,13 +21,17 @@
 
 #include <signal.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -40,8 +45,33 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+double cpu_clock(clockid_t id) {
+  timespec ts{};
+  ::clock_gettime(id, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+double thread_cpu() { return cpu_clock(CLOCK_THREAD_CPUTIME_ID); }
+double process_cpu() { return cpu_clock(CLOCK_PROCESS_CPUTIME_ID); }
+
 // memcpy rate in bytes copied per second (bandwidth.hpp counts read + write: half of it).
 double memcpy_gbps() { return rlpt::bench::measure_copy_bandwidth(std::size_t{1} << 30, 5, 1).copy_gbps / 2.0; }
+
+// The same 1 GiB single-thread memcpy, bytes copied per CPU second of this thread (best of 5).
+// With `piece` > 0 it copies in pieces of that size: glibc switches to non-temporal stores only
+// for copies above x86_non_temporal_threshold (192 MiB here), so 32 MiB pieces (the bench
+// model's tensors, which the sender packs one by one) copy with regular stores.
+double memcpy_cpu_gbps(std::size_t piece = 0) {
+  std::vector<char> src(std::size_t{1} << 30, 1), dst(src.size(), 0);
+  if (piece == 0) piece = src.size();
+  double best = 0;
+  for (int r = 0; r < 5; ++r) {
+    const double c0 = thread_cpu();
+    for (std::size_t at = 0; at < src.size(); at += piece)
+      std::memcpy(dst.data() + at, src.data() + at, std::min(piece, src.size() - at));
+    best = std::max(best, static_cast<double>(src.size()) / (thread_cpu() - c0) / 1e9);
+  }
+  return best;
+}
 
 // A "model" of bf16 tensors totalling `total` bytes, tensors of 32 MiB (or fewer bytes).
 struct big_model {
@@ -67,13 +97,18 @@ std::string throughput(const char* what, std::uint64_t total, std::uint64_t buck
                        MakeSender&& make_sender_link, MakeReceiver&& make_receiver_link) {
   big_model md(total);
   const manifest m = plan(md.refs, {.bucket_bytes = bucket, .alignment = 256});
-  const double copy = memcpy_gbps();
+  const double copy = memcpy_gbps(), copy_cpu = memcpy_cpu_gbps(),
+               copy_piece_cpu = memcpy_cpu_gbps(static_cast<std::size_t>(m[0].nbytes));
+  int cpu_pipe[2];
+  if (::pipe(cpu_pipe) != 0) throw std::runtime_error("pipe failed");
   std::fflush(nullptr);
   const pid_t child = ::fork();
   if (child == 0) {
+    ::close(cpu_pipe[0]);
     auto link = make_receiver_link();
     receiver rx(*link, [](const tensor_view&) {},
                 {.timeout = 60s, .mode = staged ? apply_mode::staged : apply_mode::streaming, .mirror = staged});
+    double c0 = 0; // receiver CPU seconds from the end of the warm-up version to the last one
     for (int got = 0; got < reps + 1;) {
       const update u = rx.poll(100ms);
       if (u.failed()) {
@@ -81,13 +116,18 @@ std::string throughput(const char* what, std::uint64_t total, std::uint64_t buck
         ::_exit(1);
       }
       got += u.published();
+      if (got == 1 && u.published()) c0 = process_cpu();
     }
+    const double cpu = process_cpu() - c0;
+    if (::write(cpu_pipe[1], &cpu, sizeof cpu) != static_cast<ssize_t>(sizeof cpu)) ::_exit(1);
     ::_exit(0);
   }
+  ::close(cpu_pipe[1]);
   auto link = make_sender_link();
   sender tx(*link, m, md.refs, {.timeout = 60s, .commit_timeout = 120s});
   tx.publish(1); // warm-up: first touch of slots and buffers
   double best = 1e30, sum = 0;
+  const double c0 = process_cpu();
   for (int r = 0; r < reps; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     tx.publish(static_cast<std::uint64_t>(r + 2));
@@ -95,13 +135,22 @@ std::string throughput(const char* what, std::uint64_t total, std::uint64_t buck
     best = std::min(best, s);
     sum += s;
   }
+  const double tx_cpu = (process_cpu() - c0) / reps;
   int status = 0;
   ::waitpid(child, &status, 0);
-  const double gbps = static_cast<double>(m.payload_bytes()) / best / 1e9;
+  double rx_cpu = 0;
+  if (::read(cpu_pipe[0], &rx_cpu, sizeof rx_cpu) != static_cast<ssize_t>(sizeof rx_cpu)) rx_cpu = 0;
+  ::close(cpu_pipe[0]);
+  rx_cpu /= reps;
+  const double bytes = static_cast<double>(m.payload_bytes());
+  const double gbps = bytes / best / 1e9;
+  // With a core per side the two processes pipeline; the slower side's CPU time per version bounds it.
+  const double cpu_gbps = rx_cpu > 0 ? bytes / std::max(tx_cpu, rx_cpu) / 1e9 : 0.0;
   return fmt::format(
-      R"({{"bench":"{}","receiver":"{}","total_bytes":{},"bucket_bytes":{},"buckets":{},"reps":{},"best_s":{:.4f},"mean_s":{:.4f},"gbps":{:.3f},"memcpy_gbps":{:.3f},"fraction_of_memcpy":{:.3f},"receiver_ok":{}}})",
+      R"({{"bench":"{}","receiver":"{}","total_bytes":{},"bucket_bytes":{},"buckets":{},"reps":{},"best_s":{:.4f},"mean_s":{:.4f},"gbps":{:.3f},"memcpy_gbps":{:.3f},"fraction_of_memcpy":{:.3f},"sender_cpu_s":{:.4f},"receiver_cpu_s":{:.4f},"cpu_gbps":{:.3f},"memcpy_cpu_gbps":{:.3f},"cpu_fraction_of_memcpy":{:.3f},"memcpy_piece_bytes":{},"memcpy_piece_cpu_gbps":{:.3f},"cpu_fraction_of_piece_memcpy":{:.3f},"receiver_ok":{}}})",
       what, staged ? "staged+mirror" : "streaming", m.payload_bytes(), bucket, m.bucket_count(), reps, best, sum / reps,
-      gbps, copy, gbps / copy, WIFEXITED(status) && WEXITSTATUS(status) == 0);
+      gbps, copy, gbps / copy, tx_cpu, rx_cpu, cpu_gbps, copy_cpu, cpu_gbps / copy_cpu, m[0].nbytes,
+      copy_piece_cpu, cpu_gbps / copy_piece_cpu, WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
 // Adam-like RL updates of fp32 master weights, cast to bf16 each step; the bf16 stream is
@@ -122,7 +171,7 @@ std::string delta_sim(std::size_t n, double lr, int steps) {
   rx = prev;
   const double b1 = 0.9, b2 = 0.999, eps = 1e-8;
   std::uint64_t changed = 0, wire = 0, dense = 0;
-  double enc_s = 0, apply_s = 0, hash_s = 0;
+  double enc_s = 0, apply_s = 0, hash_s = 0, enc_cpu = 0, apply_cpu = 0;
   const std::uint64_t B = std::uint64_t{512} << 20;
   delta_encoder enc(std::uint64_t{256} << 20);
   for (int t = 1; t <= steps; ++t) {
@@ -137,13 +186,17 @@ std::string delta_sim(std::size_t n, double lr, int steps) {
     stream.clear();
     delta_stats st;
     auto t0 = std::chrono::steady_clock::now();
+    double c0 = thread_cpu();
     enc.encode(0, now, prev, 2, 0, B, stream, st);
     enc_s += seconds_since(t0);
+    enc_cpu += thread_cpu() - c0;
     t0 = std::chrono::steady_clock::now();
+    c0 = thread_cpu();
     for_each_delta_record(stream, "sim", [&](delta_record& r) {
       swap_apply(r, std::span<std::byte>(rx).subspan(r.elem_begin * 2, r.elem_count * 2));
     });
     apply_s += seconds_since(t0);
+    apply_cpu += thread_cpu() - c0;
     t0 = std::chrono::steady_clock::now();
     const std::uint64_t check = tensor_checksum(rx.data(), rx.size(), B); // the receiver's checksum after apply
     hash_s += seconds_since(t0);
@@ -158,10 +211,11 @@ std::string delta_sim(std::size_t n, double lr, int steps) {
   }
   const double bytes = static_cast<double>(dense);
   return fmt::format(
-      R"({{"bench":"delta-sim","numel":{},"lr":{},"steps":{},"changed_fraction":{:.5f},"wire_bytes":{},"dense_bytes":{},"reduction":{:.1f},"encode_gbps":{:.3f},"apply_gbps":{:.3f},"apply_plus_checksum_gbps":{:.3f},"memcpy_gbps":{:.3f}}})",
+      R"({{"bench":"delta-sim","numel":{},"lr":{},"steps":{},"changed_fraction":{:.5f},"wire_bytes":{},"dense_bytes":{},"reduction":{:.1f},"encode_gbps":{:.3f},"apply_gbps":{:.3f},"apply_plus_checksum_gbps":{:.3f},"memcpy_gbps":{:.3f},"encode_cpu_gbps":{:.3f},"apply_cpu_gbps":{:.3f},"memcpy_cpu_gbps":{:.3f}}})",
       n, lr, steps, static_cast<double>(changed) / static_cast<double>(n) / steps, wire, dense,
       static_cast<double>(dense) / static_cast<double>(std::max<std::uint64_t>(wire, 1)), bytes / enc_s / 1e9,
-      bytes / apply_s / 1e9, bytes / (apply_s + hash_s) / 1e9, memcpy_gbps());
+      bytes / apply_s / 1e9, bytes / (apply_s + hash_s) / 1e9, memcpy_gbps(), bytes / enc_cpu / 1e9,
+      bytes / apply_cpu / 1e9, memcpy_cpu_gbps());
 }
 
 // Times encode and apply of the delta between tensors "prev" and "now" of a safetensors file
@@ -173,26 +227,31 @@ std::string delta_pair(const std::string& path, int reps) {
   const std::uint64_t B = std::uint64_t{512} << 20;
   delta_encoder enc(std::uint64_t{256} << 20);
   std::vector<std::byte> stream, target(prev.bytes.begin(), prev.bytes.end());
-  double enc_best = 1e30, apply_best = 1e30;
+  double enc_best = 1e30, apply_best = 1e30, enc_cpu = 1e30, apply_cpu = 1e30;
   delta_stats st;
   for (int r = 0; r < reps; ++r) {
     stream.clear();
     st = {};
     auto t0 = std::chrono::steady_clock::now();
+    double c0 = thread_cpu();
     enc.encode(0, now.bytes, prev.bytes, eb, 0, B, stream, st);
     enc_best = std::min(enc_best, seconds_since(t0));
+    enc_cpu = std::min(enc_cpu, thread_cpu() - c0);
     std::memcpy(target.data(), prev.bytes.data(), target.size());
     t0 = std::chrono::steady_clock::now();
+    c0 = thread_cpu();
     for_each_delta_record(stream, "pair", [&](delta_record& rec) {
       swap_apply(rec, std::span<std::byte>(target).subspan(rec.elem_begin * eb, rec.elem_count * eb));
     });
     apply_best = std::min(apply_best, seconds_since(t0));
+    apply_cpu = std::min(apply_cpu, thread_cpu() - c0);
     if (std::memcmp(target.data(), now.bytes.data(), target.size()) != 0) throw std::runtime_error("apply mismatch");
   }
   const double bytes = static_cast<double>(now.bytes.size());
-  return fmt::format(R"({{"bench":"delta-pair","bytes":{},"changed":{},"wire_bytes":{},"encode_s":{:.5f},"apply_s":{:.5f},"encode_gbps":{:.3f},"apply_gbps":{:.3f},"sparse":{},"bitmap":{},"dense":{},"memcpy_gbps":{:.3f}}})",
+  return fmt::format(R"({{"bench":"delta-pair","bytes":{},"changed":{},"wire_bytes":{},"encode_s":{:.5f},"apply_s":{:.5f},"encode_gbps":{:.3f},"apply_gbps":{:.3f},"encode_cpu_s":{:.5f},"apply_cpu_s":{:.5f},"sparse":{},"bitmap":{},"dense":{},"memcpy_gbps":{:.3f},"memcpy_cpu_gbps":{:.3f}}})",
                      now.bytes.size(), st.changed, st.bytes, enc_best, apply_best, bytes / enc_best / 1e9,
-                     bytes / apply_best / 1e9, st.by_encoding[1], st.by_encoding[2], st.by_encoding[3], memcpy_gbps());
+                     bytes / apply_best / 1e9, enc_cpu, apply_cpu, st.by_encoding[1], st.by_encoding[2],
+                     st.by_encoding[3], memcpy_gbps(), memcpy_cpu_gbps());
 }
 
 // Reads a safetensors file into owned buffers (what safetensors.torch.load_file does), then
