@@ -888,6 +888,7 @@ mode_summary run_mode(const config& c, const task& tk, const std::vector<torch::
     eval_s += seconds_since(te);
   }
   gen_stats last_gs;
+  double gen_reward = 0, gen_acc = 0;
   std::int64_t last_filtered = 0;
   double sync_total = 0;
   std::uint64_t wire_total = 0, dense_total = 0, changed_total = 0, elements_total = 0;
@@ -963,15 +964,22 @@ mode_summary run_mode(const config& c, const task& tk, const std::vector<torch::
     const torch::Tensor logp = out[0];
     const torch::Tensor lp = logp.detach().contiguous(), ent = out[1].detach().contiguous();
 
-    // The policy objective: PPO clip against the proximal (= current, one update per batch)
-    // policy, token-level truncated importance weights for behaviour (engine: stale and bf16)
-    // vs proximal, token-mean over the step's trained tokens.
-    std::vector<float> grad(static_cast<std::size_t>(ntok)), grad_ent(static_cast<std::size_t>(ntok));
+    // Decoupled PPO (AReaL): the proximal policy is one version behind the trainer, its
+    // log-probs approximated from behaviour and current ones by the tokens' versions (no extra
+    // forward pass). With η <= 1 every trained token is at most one version old, so the proximal
+    // policy is the behaviour policy itself and the PPO clip is a trust region around it.
     const rlpt::view<const float> lpv(lp.data_ptr<float>(), ntok);
+    std::vector<float> prox(static_cast<std::size_t>(ntok));
+    (void)rlpt::proximal_logprobs(batch.logprobs(), lpv, vers, lmask, v, prox, {.lag = 1});
+
+    // The policy objective: PPO clip against the proximal policy, token-level truncated
+    // importance weights behaviour -> proximal (verl TIS, cap 2), token-mean over the step's
+    // trained tokens.
+    std::vector<float> grad(static_cast<std::size_t>(ntok)), grad_ent(static_cast<std::size_t>(ntok));
     const rlpt::objective_inputs in{.layout = batch.layout(),
                                     .mask = lmask,
                                     .logp = lpv,
-                                    .old_logp = lpv,
+                                    .old_logp = prox,
                                     .behav_logp = batch.logprobs(),
                                     .seq_adv = adv,
                                     .entropy = rlpt::view<const float>(ent.data_ptr<float>(), ntok)};
@@ -1016,8 +1024,12 @@ mode_summary run_mode(const config& c, const task& tk, const std::vector<torch::
     {
       std::lock_guard lock(mu);
       const std::int64_t ns = gs.samples - last_gs.samples;
-      row.gen_reward = ns > 0 ? (gs.reward - last_gs.reward) / static_cast<double>(ns) : 0.0;
-      row.gen_acc = ns > 0 ? static_cast<double>(gs.correct - last_gs.correct) / static_cast<double>(ns) : 0.0;
+      if (ns > 0) { // else (async: this batch was generated before the last step) keep the last values
+        gen_reward = (gs.reward - last_gs.reward) / static_cast<double>(ns);
+        gen_acc = static_cast<double>(gs.correct - last_gs.correct) / static_cast<double>(ns);
+      }
+      row.gen_reward = gen_reward;
+      row.gen_acc = gen_acc;
       last_gs = gs;
     }
     const rlpt::buffer_stats bs = sb.buffer().stats();
