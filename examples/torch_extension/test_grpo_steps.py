@@ -253,6 +253,25 @@ def check_layouts_and_dtypes(gen):
         close(f"{dtype} logits: logp", lp[valid], want[valid], 1e-5, 1e-6)  # same rounded inputs
 
 
+def check_top_k(gen):
+    """Sampling-consistent scoring: top-k at temperature 0.7 against torch's masked log_softmax,
+    forward and backward; a target outside the top-k scores -inf, unscored, with no gradient."""
+    x = torch.randn(6, 9, dtype=F64, generator=gen, requires_grad=True)
+    t = x.detach().topk(3, -1).indices[:, 1].clone()
+    t[5] = x.detach()[5].argmin()
+    lp, ent, scored = rt.LogprobEntropy.apply(x, t, None, None, False, 0.7, 3, 1.0, -100)
+    z = x / 0.7
+    ls = torch.log_softmax(z.masked_fill(z < z.topk(3, -1).values[:, -1:], float("-inf")), -1)
+    want_lp = ls.gather(-1, t[:, None]).squeeze(-1)
+    want_ent = -(ls.exp() * ls.nan_to_num(0.0, 0.0, 0.0)).sum(-1)
+    assert scored.tolist() == [True] * 5 + [False] and lp[5] == float("-inf"), (scored, lp)
+    close("top-k logp", lp[:5], want_lp[:5], 1e-6, 1e-6)
+    close("top-k entropy", ent, want_ent, 1e-6, 1e-6)
+    (g,) = torch.autograd.grad(lp[:5].sum() + ent.sum(), (x,))
+    (w,) = torch.autograd.grad(want_lp[:5].sum() + want_ent.sum(), (x,))
+    close("top-k d logits", g, w, 1e-5, 1e-6)
+
+
 def ref_gae_skip(r, v, m, gamma, lam):
     """GAE over the valid tokens of each row only (masked tokens are transparent: verl's
     convention), value 0 after the last token."""
@@ -319,6 +338,7 @@ def main():
     check_errors()
     check_layouts_and_dtypes(gen)
     check_gae(gen)
+    check_top_k(gen)
     check_objectives_fp64(gen)
 
     policy = TinyLM().to(F64)
