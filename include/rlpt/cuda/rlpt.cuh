@@ -8,5 +8,6 @@
 #include <rlpt/cuda/error.cuh>
 #include <rlpt/cuda/logprob.cuh>
 #include <rlpt/cuda/objective/evaluate.cuh>
+#include <rlpt/cuda/sync/sync.cuh>
 #include <rlpt/cuda/workspace.cuh>
 #include <rlpt/rlpt.hpp>

@@ -46,6 +46,9 @@ __device__ __forceinline__ std::uint64_t find_task(const copy_task* tasks, std::
   return lo - 1;
 }
 
+// A template: kernels defined in a header need vague linkage, or the host stubs of two
+// translation units that include it collide at link time.
+template <int = 0>
 RLPT_KERNEL void __launch_bounds__(copy_threads) copy_kernel(const copy_task* tasks, std::uint64_t n_tasks,
                                                              std::uint64_t src_base, std::uint64_t dst_base,
                                                              std::uint64_t* sums) {
@@ -84,6 +87,7 @@ RLPT_KERNEL void __launch_bounds__(copy_threads) copy_kernel(const copy_task* ta
   if (threadIdx.x == 0 && total != 0) atomicAdd(reinterpret_cast<unsigned long long*>(sums + t.sum), total);
 }
 
+template <int = 0>
 RLPT_KERNEL void __launch_bounds__(copy_threads) checksum_kernel(const unsigned char* p, std::uint64_t bytes, std::uint64_t* sum) {
   const std::uint64_t words = (bytes + 7) / 8;
   const std::uint64_t stride = std::uint64_t{gridDim.x} * copy_threads;
@@ -110,7 +114,7 @@ inline void run_checksum(const void* data, std::uint64_t bytes, std::uint64_t* s
              data);
   const std::uint64_t words = (bytes + 7) / 8;
   const std::uint64_t blocks = std::min<std::uint64_t>((words + detail::copy_threads * 8 - 1) / (detail::copy_threads * 8), 4096);
-  detail::checksum_kernel<<<static_cast<unsigned>(blocks), detail::copy_threads, 0, stream>>>(
+  detail::checksum_kernel<><<<static_cast<unsigned>(blocks), detail::copy_threads, 0, stream>>>(
       static_cast<const unsigned char*>(data), bytes, sum);
   RLPT_CUDA_CHECK_LAUNCH();
 }
@@ -123,7 +127,7 @@ inline void run_copy(const detail::copy_task* tasks, const detail::copy_launch& 
   if (launch.chunks == 0) return;
   RLPT_CHECK(launch.chunks <= 0x7fffffffu, "rlpt.sync.too_large", "a copy launch of {} chunks is more than a grid holds",
              launch.chunks);
-  detail::copy_kernel<<<static_cast<unsigned>(launch.chunks), detail::copy_threads, 0, stream>>>(
+  detail::copy_kernel<><<<static_cast<unsigned>(launch.chunks), detail::copy_threads, 0, stream>>>(
       tasks + launch.task_begin, launch.task_end - launch.task_begin, src_base, dst_base, sums);
   RLPT_CUDA_CHECK_LAUNCH();
 }

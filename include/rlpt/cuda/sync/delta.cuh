@@ -91,6 +91,9 @@ __device__ __forceinline__ std::uint64_t find_last_le(const T* a, std::uint64_t 
   return lo == 0 ? 0 : lo - 1;
 }
 
+// A template: kernels defined in a header need vague linkage, or the host stubs of two
+// translation units that include it collide at link time.
+template <int = 0>
 RLPT_KERNEL void __launch_bounds__(delta_warps * 32)
     delta_count_kernel(const delta_range* ranges, std::uint64_t n_ranges, std::uint64_t chunks, std::uint32_t* counts,
                        std::uint64_t* tensor_sums) {
@@ -118,6 +121,7 @@ __device__ __forceinline__ void zero_bytes(unsigned char* p, std::uint64_t from,
   for (std::uint64_t i = from; i < to; ++i) p[i] = 0;
 }
 
+template <int = 0>
 RLPT_KERNEL void __launch_bounds__(delta_warps * 32)
     delta_write_kernel(const delta_write_rec* recs, std::uint64_t n_recs, std::uint64_t chunks, const std::uint32_t* firsts,
                        unsigned char* out_base) {
@@ -194,6 +198,7 @@ __device__ __forceinline__ std::uint64_t sparse_block_of(const std::uint32_t* bl
   return b < blocks ? b : blocks - 1;
 }
 
+template <int = 0>
 RLPT_KERNEL void __launch_bounds__(delta_warps * 32)
     delta_validate_kernel(const delta_apply_rec* recs, std::uint64_t n_recs, std::uint64_t units, const unsigned char* arena,
                           std::uint32_t* faults, std::uint32_t* pops) {
@@ -246,6 +251,7 @@ __device__ __forceinline__ void swap_elem(unsigned char* a, unsigned char* b, un
   store_bits(b, eb, x);
 }
 
+template <int = 0>
 RLPT_KERNEL void __launch_bounds__(delta_warps * 32)
     delta_apply_kernel(const delta_apply_rec* recs, std::uint64_t n_recs, std::uint64_t units, unsigned char* arena,
                        const std::uint32_t* firsts) {
@@ -343,7 +349,7 @@ public:
     detail::wait_event(uploaded_.get(), until, where, "waiting for the previous delta upload"); // pinned tables are reused
     RLPT_CUDA_CHECK(cudaMemsetAsync(d_sums_.get(), 0, tensors_ * 8, s));
     if (chunks_ != 0) {
-      detail::delta_count_kernel<<<detail::delta_grid(chunks_), detail::delta_warps * 32, 0, s>>>(
+      detail::delta_count_kernel<><<<detail::delta_grid(chunks_), detail::delta_warps * 32, 0, s>>>(
           d_ranges_.get<detail::delta_range>(), ranges_.size(), chunks_, d_counts_.get<std::uint32_t>(),
           d_sums_.get<std::uint64_t>());
       RLPT_CUDA_CHECK_LAUNCH();
@@ -406,7 +412,7 @@ public:
     RLPT_CHECK(reinterpret_cast<std::uintptr_t>(out) % 8 == 0, "rlpt.sync.bad_delta", "delta output is not 8-byte aligned");
     const launch& l = launches_[k];
     if (l.chunks == 0) return;
-    detail::delta_write_kernel<<<detail::delta_grid(l.chunks), detail::delta_warps * 32, 0, s>>>(
+    detail::delta_write_kernel<><<<detail::delta_grid(l.chunks), detail::delta_warps * 32, 0, s>>>(
         d_table_.get<detail::delta_write_rec>() + l.begin, l.end - l.begin, l.chunks, d_firsts_.get<std::uint32_t>(),
         static_cast<unsigned char*>(out));
     RLPT_CUDA_CHECK_LAUNCH();
@@ -489,7 +495,7 @@ public:
     h_pops_.reserve(std::max<std::uint64_t>(1, pops_) * 4);
     RLPT_CUDA_CHECK(cudaMemcpyAsync(d_table_.get(), h_table_.get(), tb, cudaMemcpyHostToDevice, s));
     RLPT_CUDA_CHECK(cudaMemsetAsync(d_faults_.get(), 0, table_.size() * 4, s));
-    detail::delta_validate_kernel<<<detail::delta_grid(vunits_), detail::delta_warps * 32, 0, s>>>(
+    detail::delta_validate_kernel<><<<detail::delta_grid(vunits_), detail::delta_warps * 32, 0, s>>>(
         d_table_.get<detail::delta_apply_rec>(), table_.size(), vunits_, reinterpret_cast<const unsigned char*>(arena),
         d_faults_.get<std::uint32_t>(), d_pops_.get<std::uint32_t>());
     RLPT_CUDA_CHECK_LAUNCH();
@@ -534,7 +540,7 @@ public:
 private:
   void swap(cudaStream_t s) const {
     if (aunits_ == 0) return;
-    detail::delta_apply_kernel<<<detail::delta_grid(aunits_), detail::delta_warps * 32, 0, s>>>(
+    detail::delta_apply_kernel<><<<detail::delta_grid(aunits_), detail::delta_warps * 32, 0, s>>>(
         d_table_.get<detail::delta_apply_rec>(), table_.size(), aunits_, reinterpret_cast<unsigned char*>(arena_),
         d_pops_.get<std::uint32_t>());
     RLPT_CUDA_CHECK_LAUNCH();

@@ -130,28 +130,28 @@ struct cuda_ipc_opener {
     } else {
       RLPT_CHECK(fd >= 0, "rlpt.sync.ipc", "a POSIX-fd HELLO from pid {} arrived without its descriptor", h.pid);
       CUmemGenericAllocationHandle handle{};
-      RLPT_SYNC_CU_CHECK(cuMemImportFromShareableHandle(&handle, reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd)),
+      RLPT_SYNC_CU_CHECK(driver().cuMemImportFromShareableHandle(&handle, reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd)),
                                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
       CUdeviceptr ptr = 0;
-      const CUresult r1 = cuMemAddressReserve(&ptr, h.map_bytes, 0, 0, 0);
+      const CUresult r1 = driver().cuMemAddressReserve(&ptr, h.map_bytes, 0, 0, 0);
       if (r1 != CUDA_SUCCESS) {
-        cuMemRelease(handle);
+        driver().cuMemRelease(handle);
         RLPT_SYNC_CU_CHECK(r1);
       }
-      const CUresult r2 = cuMemMap(ptr, h.map_bytes, 0, handle, 0);
-      cuMemRelease(handle); // the mapping holds its own reference
+      const CUresult r2 = driver().cuMemMap(ptr, h.map_bytes, 0, handle, 0);
+      driver().cuMemRelease(handle); // the mapping holds its own reference
       if (r2 != CUDA_SUCCESS) {
-        cuMemAddressFree(ptr, h.map_bytes);
+        driver().cuMemAddressFree(ptr, h.map_bytes);
         RLPT_SYNC_CU_CHECK(r2);
       }
       CUmemAccessDesc access{};
       access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
       access.location.id = dev;
       access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-      const CUresult r3 = cuMemSetAccess(ptr, h.map_bytes, &access, 1);
+      const CUresult r3 = driver().cuMemSetAccess(ptr, h.map_bytes, &access, 1);
       if (r3 != CUDA_SUCCESS) {
-        cuMemUnmap(ptr, h.map_bytes);
-        cuMemAddressFree(ptr, h.map_bytes);
+        driver().cuMemUnmap(ptr, h.map_bytes);
+        driver().cuMemAddressFree(ptr, h.map_bytes);
         RLPT_SYNC_CU_CHECK(r3);
       }
       m.mapped = reinterpret_cast<void*>(static_cast<std::uintptr_t>(ptr));
@@ -169,8 +169,8 @@ struct cuda_ipc_opener {
       static_cast<void>(cudaIpcCloseMemHandle(m.mapped));
     } else {
       const auto ptr = static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(m.mapped));
-      cuMemUnmap(ptr, m.map_bytes);
-      cuMemAddressFree(ptr, m.map_bytes);
+      driver().cuMemUnmap(ptr, m.map_bytes);
+      driver().cuMemAddressFree(ptr, m.map_bytes);
     }
     if (prev >= 0) static_cast<void>(cudaSetDevice(prev));
     m.mapped = nullptr;
@@ -217,10 +217,10 @@ private:
     if (owned_legacy_ != nullptr) static_cast<void>(cudaFree(owned_legacy_));
     owned_legacy_ = nullptr;
     if (vmm_ptr_ != 0) {
-      cuMemUnmap(vmm_ptr_, vmm_bytes_);
-      cuMemAddressFree(vmm_ptr_, vmm_bytes_);
+      driver().cuMemUnmap(vmm_ptr_, vmm_bytes_);
+      driver().cuMemAddressFree(vmm_ptr_, vmm_bytes_);
     }
-    if (vmm_created_) cuMemRelease(vmm_handle_);
+    if (vmm_created_) driver().cuMemRelease(vmm_handle_);
     vmm_ptr_ = 0;
     vmm_created_ = false;
     if (prev >= 0) static_cast<void>(cudaSetDevice(prev));
@@ -253,19 +253,19 @@ private:
 
   void alloc_vmm(std::uint64_t bytes) {
     int supported = 0;
-    RLPT_SYNC_CU_CHECK(cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, device_));
+    RLPT_SYNC_CU_CHECK(driver().cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, device_));
     RLPT_CHECK(supported != 0, "rlpt.sync.ipc", "device {} cannot export VMM memory as POSIX file descriptors", device_);
     const CUmemAllocationProp prop = vmm_prop(device_);
     std::size_t gran = 0;
-    RLPT_SYNC_CU_CHECK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    RLPT_SYNC_CU_CHECK(driver().cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
     vmm_bytes_ = (bytes + gran - 1) / gran * gran;
-    RLPT_SYNC_CU_CHECK(cuMemCreate(&vmm_handle_, vmm_bytes_, &prop, 0));
+    RLPT_SYNC_CU_CHECK(driver().cuMemCreate(&vmm_handle_, vmm_bytes_, &prop, 0));
     vmm_created_ = true;
     CUdeviceptr va = 0;
-    RLPT_SYNC_CU_CHECK(cuMemAddressReserve(&va, vmm_bytes_, gran, 0, 0));
-    const CUresult rm = cuMemMap(va, vmm_bytes_, 0, vmm_handle_, 0);
+    RLPT_SYNC_CU_CHECK(driver().cuMemAddressReserve(&va, vmm_bytes_, gran, 0, 0));
+    const CUresult rm = driver().cuMemMap(va, vmm_bytes_, 0, vmm_handle_, 0);
     if (rm != CUDA_SUCCESS) {
-      cuMemAddressFree(va, vmm_bytes_);
+      driver().cuMemAddressFree(va, vmm_bytes_);
       RLPT_SYNC_CU_CHECK(rm);
     }
     vmm_ptr_ = va; // reserved and mapped: cleanup() unmaps and frees it
@@ -273,8 +273,8 @@ private:
     access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     access.location.id = device_;
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    RLPT_SYNC_CU_CHECK(cuMemSetAccess(vmm_ptr_, vmm_bytes_, &access, 1));
-    RLPT_SYNC_CU_CHECK(cuMemExportToShareableHandle(&fd_, vmm_handle_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    RLPT_SYNC_CU_CHECK(driver().cuMemSetAccess(vmm_ptr_, vmm_bytes_, &access, 1));
+    RLPT_SYNC_CU_CHECK(driver().cuMemExportToShareableHandle(&fd_, vmm_handle_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
     hello_.kind = ipc_handle_kind::posix_fd;
     hello_.map_bytes = vmm_bytes_;
     hello_.offset = 0;
@@ -291,32 +291,32 @@ private:
                buffer);
     const auto p = static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(buffer));
     int legacy = 0;
-    const CUresult q = cuPointerGetAttribute(&legacy, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, p);
+    const CUresult q = driver().cuPointerGetAttribute(&legacy, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, p);
     RLPT_CHECK(q == CUDA_SUCCESS, "rlpt.sync.ipc", "ipc_options::buffer at {} is not device memory this process knows", buffer);
     base_ = static_cast<std::byte*>(buffer);
     if (legacy != 0) {
       CUdeviceptr alloc = 0;
       std::size_t alloc_bytes = 0;
-      RLPT_SYNC_CU_CHECK(cuMemGetAddressRange(&alloc, &alloc_bytes, p));
+      RLPT_SYNC_CU_CHECK(driver().cuMemGetAddressRange(&alloc, &alloc_bytes, p));
       export_legacy(reinterpret_cast<void*>(static_cast<std::uintptr_t>(alloc)), alloc_bytes, p - alloc);
       return;
     }
     CUmemGenericAllocationHandle h{};
-    const CUresult r = cuMemRetainAllocationHandle(&h, buffer);
+    const CUresult r = driver().cuMemRetainAllocationHandle(&h, buffer);
     RLPT_CHECK(r == CUDA_SUCCESS, "rlpt.sync.ipc",
                "ipc_options::buffer at {} can be shared neither as cudaMalloc memory (cudaIpcGetMemHandle) nor as VMM memory "
                "(cuMemExportToShareableHandle): it is pool (cudaMallocAsync), managed or host memory; use ipc_memory::legacy or "
                "ipc_memory::vmm to let rlpt allocate the buffer",
                buffer);
     CUmemAllocationProp prop{};
-    const CUresult rp = cuMemGetAllocationPropertiesFromHandle(&prop, h);
+    const CUresult rp = driver().cuMemGetAllocationPropertiesFromHandle(&prop, h);
     const bool fd_ok = rp == CUDA_SUCCESS && (prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
     CUmemGenericAllocationHandle h_end{};
-    const bool same = cuMemRetainAllocationHandle(&h_end, static_cast<std::byte*>(buffer) + need - 1) == CUDA_SUCCESS;
+    const bool same = driver().cuMemRetainAllocationHandle(&h_end, static_cast<std::byte*>(buffer) + need - 1) == CUDA_SUCCESS;
     const bool one = same && h_end == h;
-    if (same) cuMemRelease(h_end);
+    if (same) driver().cuMemRelease(h_end);
     if (!fd_ok || !one) {
-      cuMemRelease(h);
+      driver().cuMemRelease(h);
       RLPT_CHECK(fd_ok, "rlpt.sync.ipc",
                  "ipc_options::buffer at {} is VMM memory created without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR in "
                  "requestedHandleTypes, so no other process can map it; allocate it with POSIX-fd export or use "
@@ -328,17 +328,17 @@ private:
                 buffer, need);
     }
     CUdeviceptr start = 0;
-    const CUresult rs = cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p);
+    const CUresult rs = driver().cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p);
     if (rs != CUDA_SUCCESS || start > p) {
-      cuMemRelease(h);
+      driver().cuMemRelease(h);
       RLPT_FAIL("rlpt.sync.ipc", "cannot tell where the VMM allocation holding ipc_options::buffer at {} starts", buffer);
     }
     std::size_t gran = 0;
     const CUmemAllocationProp gp = vmm_prop(device_);
-    RLPT_SYNC_CU_CHECK(cuMemGetAllocationGranularity(&gran, &gp, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    RLPT_SYNC_CU_CHECK(driver().cuMemGetAllocationGranularity(&gran, &gp, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
     const std::uint64_t offset = p - start;
-    const CUresult re = cuMemExportToShareableHandle(&fd_, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-    cuMemRelease(h); // the caller's allocation keeps its own reference
+    const CUresult re = driver().cuMemExportToShareableHandle(&fd_, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    driver().cuMemRelease(h); // the caller's allocation keeps its own reference
     RLPT_SYNC_CU_CHECK(re);
     hello_.kind = ipc_handle_kind::posix_fd;
     hello_.map_bytes = (offset + need + gran - 1) / gran * gran;

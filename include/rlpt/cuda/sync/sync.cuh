@@ -2,8 +2,8 @@
 //! @file
 //! Umbrella for the device weight-sync transports: NCCL broadcast and CUDA IPC links, the
 //! device sender/receiver protocol, the gather/scatter (pack/unpack with dtype cast) kernels
-//! and the device delta codec. Link with CUDA::cuda_driver (cuMem* for VMM export) and, for
-//! the NCCL link, NCCL.
+//! and the device delta codec. Needs only the CUDA runtime (driver functions such as cuMem* are
+//! resolved at run time through cudaGetDriverEntryPointByVersion); the NCCL link needs NCCL.
 #pragma once
 
 #include <rlpt/cuda/sync/cast.hpp>

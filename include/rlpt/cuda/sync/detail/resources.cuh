@@ -22,12 +22,72 @@
 
 namespace rlpt::sync::detail {
 
+//! The CUDA driver functions the device transports call, resolved through the runtime
+//! (cudaGetDriverEntryPointByVersion) instead of linking libcuda: executables that include
+//! these headers start (and skip GPU work) on machines without a driver, and users link only
+//! the CUDA runtime. Resolved once, on first use.
+struct driver_api {
+  decltype(&::cuDeviceGetAttribute) cuDeviceGetAttribute = nullptr;
+  decltype(&::cuGetErrorName) cuGetErrorName = nullptr;
+  decltype(&::cuGetErrorString) cuGetErrorString = nullptr;
+  decltype(&::cuMemAddressFree) cuMemAddressFree = nullptr;
+  decltype(&::cuMemAddressReserve) cuMemAddressReserve = nullptr;
+  decltype(&::cuMemCreate) cuMemCreate = nullptr;
+  decltype(&::cuMemExportToShareableHandle) cuMemExportToShareableHandle = nullptr;
+  decltype(&::cuMemGetAddressRange) cuMemGetAddressRange = nullptr;
+  decltype(&::cuMemGetAllocationGranularity) cuMemGetAllocationGranularity = nullptr;
+  decltype(&::cuMemGetAllocationPropertiesFromHandle) cuMemGetAllocationPropertiesFromHandle = nullptr;
+  decltype(&::cuMemImportFromShareableHandle) cuMemImportFromShareableHandle = nullptr;
+  decltype(&::cuMemMap) cuMemMap = nullptr;
+  decltype(&::cuMemRelease) cuMemRelease = nullptr;
+  decltype(&::cuMemRetainAllocationHandle) cuMemRetainAllocationHandle = nullptr;
+  decltype(&::cuMemSetAccess) cuMemSetAccess = nullptr;
+  decltype(&::cuMemUnmap) cuMemUnmap = nullptr;
+  decltype(&::cuPointerGetAttribute) cuPointerGetAttribute = nullptr;
+};
+
+template <class F>
+void load_driver_entry(const char* name, F& f) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  const cudaError_t e = cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found);
+  RLPT_CHECK(e == cudaSuccess && found == cudaDriverEntryPointSuccess && p != nullptr, "rlpt.cuda.error",
+             "the CUDA driver entry point {} is not available ({}): is an NVIDIA driver (12.0 or newer) installed?", name,
+             cudaGetErrorString(e));
+  f = reinterpret_cast<F>(p);
+}
+
+[[nodiscard]] inline const driver_api& driver() {
+  static const driver_api api = [] {
+    driver_api a;
+    load_driver_entry("cuDeviceGetAttribute", a.cuDeviceGetAttribute);
+    load_driver_entry("cuGetErrorName", a.cuGetErrorName);
+    load_driver_entry("cuGetErrorString", a.cuGetErrorString);
+    load_driver_entry("cuMemAddressFree", a.cuMemAddressFree);
+    load_driver_entry("cuMemAddressReserve", a.cuMemAddressReserve);
+    load_driver_entry("cuMemCreate", a.cuMemCreate);
+    load_driver_entry("cuMemExportToShareableHandle", a.cuMemExportToShareableHandle);
+    load_driver_entry("cuMemGetAddressRange", a.cuMemGetAddressRange);
+    load_driver_entry("cuMemGetAllocationGranularity", a.cuMemGetAllocationGranularity);
+    load_driver_entry("cuMemGetAllocationPropertiesFromHandle", a.cuMemGetAllocationPropertiesFromHandle);
+    load_driver_entry("cuMemImportFromShareableHandle", a.cuMemImportFromShareableHandle);
+    load_driver_entry("cuMemMap", a.cuMemMap);
+    load_driver_entry("cuMemRelease", a.cuMemRelease);
+    load_driver_entry("cuMemRetainAllocationHandle", a.cuMemRetainAllocationHandle);
+    load_driver_entry("cuMemSetAccess", a.cuMemSetAccess);
+    load_driver_entry("cuMemUnmap", a.cuMemUnmap);
+    load_driver_entry("cuPointerGetAttribute", a.cuPointerGetAttribute);
+    return a;
+  }();
+  return api;
+}
+
 inline void check_cu(CUresult status, const char* expr, const char* file, int line) {
   if (RLPT_UNLIKELY(status != CUDA_SUCCESS)) {
     const char* name = nullptr;
     const char* text = nullptr;
-    cuGetErrorName(status, &name);
-    cuGetErrorString(status, &text);
+    driver().cuGetErrorName(status, &name);
+    driver().cuGetErrorString(status, &text);
     RLPT_FAIL("rlpt.cuda.error", "{} failed with {} ({}) at {}:{}", expr, name ? name : "?", text ? text : "?", file, line);
   }
 }
