@@ -103,15 +103,15 @@ struct config {
   std::string shm;
 };
 
-[[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
+[[noreturn]] void usage(const std::string& why, int code = 2) {
+  std::fprintf(code == 0 ? stdout : stderr,
                "async_grpo: %s\n"
                "usage: async_grpo [--mode sync|async|both] [--eta N] [--digits K] [--max-len L] [--d-model D]\n"
                "                  [--layers N] [--heads H] [--groups B] [--group-size G] [--lr X] [--entropy-coef X]\n"
                "                  [--temperature T] [--warmup-steps N] [--target A] [--eval-every N] [--max-steps N] [--max-seconds S]\n"
                "                  [--seed S] [--wire bf16|f32] [--out DIR] [--check]\n",
                why.c_str());
-  std::exit(2);
+  std::exit(code);
 }
 
 config parse(int argc, char** argv) {
@@ -122,6 +122,7 @@ config parse(int argc, char** argv) {
       if (i + 1 >= argc) usage("missing value after " + a);
       return argv[++i];
     };
+    if (a == "--help" || a == "-h") usage("asynchronous GRPO with libtorch and rlpt (docs/examples.md)", 0);
     if (a == "--role") c.role = next();
     else if (a == "--mode") c.mode = next();
     else if (a == "--eta") c.eta = std::stoi(next());
