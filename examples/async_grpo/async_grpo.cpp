@@ -1161,12 +1161,15 @@ void print_summary(const std::vector<mode_summary>& ms, const config& c) {
   line("staleness of trained grps", [&](const mode_summary& m) { return m.hist.to_string(); });
   line("sync per step", [&](const mode_summary& m) { return f("%.2f ms", m.sync_ms); });
   line("sync wire / dense bytes", [&](const mode_summary& m) { return f("%.1f", m.wire_mb) + " / " + f("%.1f MB", m.dense_mb); });
-  line("bf16 elements changed", [&](const mode_summary& m) { return f("%.1f%%/step", 100 * m.changed_frac); });
+  line("wire elements changed", [&](const mode_summary& m) { return f("%.1f%%/step", 100 * m.changed_frac); });
   line("trainer idle (waits)", [&](const mode_summary& m) { return f("%.0f%%", 100 * m.trainer_wait); });
   line("engine busy", [&](const mode_summary& m) { return f("%.0f%%", 100 * m.engine_busy); });
   line("bookkeeping", [&](const mode_summary& m) { return m.failures.empty() ? std::string("ok") : std::string("FAILED"); });
-  if (ms.size() == 2 && ms[0].to_target > 0 && ms[1].to_target > 0)
-    std::printf("\nasync reaches the target %.2fx faster in wall time than sync\n", ms[0].to_target / ms[1].to_target);
+  if (ms.size() == 2 && ms[0].to_target > 0 && ms[1].to_target > 0) {
+    const double r = ms[0].to_target / ms[1].to_target;
+    std::printf("\nwall time to the target: sync %.1f s, async %.1f s: async is %.2fx %s\n", ms[0].to_target,
+                ms[1].to_target, r >= 1 ? r : 1 / r, r >= 1 ? "faster" : "slower");
+  }
 }
 
 } // namespace
