@@ -264,3 +264,76 @@ TEST_CASE("sync ipc: a sender killed mid-update leaves the receiver on its previ
   CHECK(rx.version() == 3);
   CHECK(link.stats().opens == 2); // the new exporter's session replaced the dead one's mapping
 }
+
+TEST_CASE("sync ipc: an external buffer is exported as what it is, or refused with a clear error") {
+  constexpr std::uint64_t slot = 1 << 20;
+  auto fds = unix_socketpair();
+  unix_link host(fds[0], role::sender);
+  unix_link other(fds[1], role::receiver);
+  SUBCASE("cudaMalloc memory goes by a legacy handle, at its offset in the allocation") {
+    void* p = nullptr;
+    RLPT_CUDA_CHECK(cudaMalloc(&p, 4 * slot));
+    {
+      ipc_link l(host, role::sender,
+                 {.slots = 2, .slot_bytes = slot, .memory = ipc_memory::external, .buffer = static_cast<std::byte*>(p) + slot,
+                  .buffer_bytes = 2 * slot});
+      CHECK(l.handle_kind() == ipc_handle_kind::legacy);
+      l.close(after(std::chrono::milliseconds(50))); // nobody answers the BYE: close() still returns
+    }
+    RLPT_CUDA_CHECK(cudaFree(p)); // the caller's buffer stays the caller's
+  }
+  SUBCASE("stream-ordered pool memory cannot be shared: an error, not a silent copy") {
+    void* p = nullptr;
+    RLPT_CUDA_CHECK(cudaMallocAsync(&p, 2 * slot, nullptr));
+    RLPT_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+    RLPT_CHECK_ERROR(ipc_link(host, role::sender,
+                              {.slots = 2, .slot_bytes = slot, .memory = ipc_memory::external, .buffer = p, .buffer_bytes = 2 * slot}),
+                     "rlpt.sync.ipc", "can be shared neither", "ipc_memory::legacy");
+    RLPT_CUDA_CHECK(cudaFreeAsync(p, nullptr));
+    RLPT_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+  }
+  SUBCASE("host memory and undersized buffers are refused") {
+    std::vector<std::byte> h(4 * slot + 256);
+    void* aligned = reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(h.data()) + 255) / 256 * 256);
+    RLPT_CHECK_ERROR(ipc_link(host, role::sender,
+                              {.slots = 2, .slot_bytes = slot, .memory = ipc_memory::external, .buffer = aligned,
+                               .buffer_bytes = 2 * slot}),
+                     "rlpt.sync.ipc", "ipc_options::buffer at"); // "not device memory" (or, with HMM, "shared neither")
+    void* p = nullptr;
+    RLPT_CUDA_CHECK(cudaMalloc(&p, slot));
+    RLPT_CHECK_ERROR(ipc_link(host, role::sender,
+                              {.slots = 2, .slot_bytes = slot, .memory = ipc_memory::external, .buffer = p, .buffer_bytes = slot}),
+                     "rlpt.sync.ipc", "must hold at least", std::to_string(2 * slot));
+    RLPT_CUDA_CHECK(cudaFree(p));
+  }
+  SUBCASE("VMM memory created without POSIX-fd export cannot be shared: a clear error") {
+    if (!vmm_supported()) return;
+    int dev = 0;
+    RLPT_CUDA_CHECK(cudaGetDevice(&dev));
+    const auto& drv = detail::driver();
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev;
+    std::size_t gran = 0;
+    RLPT_SYNC_CU_CHECK(drv.cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    const std::size_t bytes = (2 * slot + gran - 1) / gran * gran;
+    CUmemGenericAllocationHandle h{};
+    RLPT_SYNC_CU_CHECK(drv.cuMemCreate(&h, bytes, &prop, 0));
+    CUdeviceptr va = 0;
+    RLPT_SYNC_CU_CHECK(drv.cuMemAddressReserve(&va, bytes, gran, 0, 0));
+    RLPT_SYNC_CU_CHECK(drv.cuMemMap(va, bytes, 0, h, 0));
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = dev;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    RLPT_SYNC_CU_CHECK(drv.cuMemSetAccess(va, bytes, &access, 1));
+    RLPT_CHECK_ERROR(ipc_link(host, role::sender,
+                              {.slots = 2, .slot_bytes = slot, .memory = ipc_memory::external,
+                               .buffer = reinterpret_cast<void*>(static_cast<std::uintptr_t>(va)), .buffer_bytes = bytes}),
+                     "rlpt.sync.ipc", "without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR");
+    RLPT_SYNC_CU_CHECK(drv.cuMemUnmap(va, bytes));
+    RLPT_SYNC_CU_CHECK(drv.cuMemAddressFree(va, bytes));
+    RLPT_SYNC_CU_CHECK(drv.cuMemRelease(h));
+  }
+}
