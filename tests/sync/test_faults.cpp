@@ -21,6 +21,7 @@ struct rig {
   inproc_transport rl{pipe, role::receiver};
   faulty_link fl{tl};
   sink s;
+  std::function<void(const tensor_view&)> before_load; // runs before the sink (may throw)
   std::unique_ptr<sender> tx;
   std::unique_ptr<receiver> rx;
   std::unique_ptr<receiver_loop> loop;
@@ -32,7 +33,10 @@ struct rig {
     if (so.commit_timeout == sender_options{}.commit_timeout) so.commit_timeout = 2s;
     if (ro.timeout == receiver_options{}.timeout) ro.timeout = 300ms;
     tx = std::make_unique<sender>(fl, m, md.refs, so);
-    rx = std::make_unique<receiver>(rl, s.fn(), std::move(ro));
+    rx = std::make_unique<receiver>(rl, [this, f = s.fn()](const tensor_view& t) {
+      if (before_load) before_load(t);
+      f(t);
+    }, std::move(ro));
     loop = std::make_unique<receiver_loop>(*rx);
   }
 
@@ -81,6 +85,68 @@ TEST_CASE("faults: a corrupted bucket fails its checksum; the previous version s
   g.tx->publish(3);
   REQUIRE(g.loop->wait(3).size() == 3);
   check_mirror(*g.rx, g.md);
+}
+
+TEST_CASE("faults: staged updates reuse the replaced mirror as staging; failures there leave the published version") {
+  // From the third dense update on, the receiver stages into the mirror that the previous
+  // commit replaced. A failure after every byte was staged must still leave the published
+  // version readable and unchanged, and the next update must stage into the same memory.
+  rig g;
+  std::vector<const std::byte*> at; // mirror address of each published version
+  const std::string name = "model.layers.1.mlp.up_proj.weight";
+  for (std::uint64_t v = 1; v <= 3; ++v) {
+    g.md.step(0.1, g.r);
+    g.tx->publish(v);
+    REQUIRE(g.loop->wait(v).back().published());
+    at.push_back(g.rx->tensor(name).bytes.data());
+  }
+  CHECK(at[2] == at[0]); // version 3 was staged into version 1's memory
+  const auto v3 = snapshot(g.md);
+  const std::uint64_t last = g.m.bucket_count() - 1;
+  g.md.step(0.3, g.r);
+  std::string id;
+  SUBCASE("the last bucket is corrupted") {
+    g.fl.on_send = [last](std::size_t, std::vector<std::byte>& meta, std::span<std::byte> payload) {
+      if (type_of(meta) == frame_type::bucket && static_cast<std::uint64_t>(meta[24]) == last) payload[0] ^= std::byte{1};
+      return true;
+    };
+    id = "rlpt.sync.checksum";
+  }
+  SUBCASE("a tensor checksum in COMMIT disagrees (everything was staged)") {
+    g.fl.on_send = [](std::size_t, std::vector<std::byte>& meta, std::span<std::byte>) {
+      if (type_of(meta) != frame_type::commit) return true;
+      const frame f = decode_frame(meta, "t");
+      std::vector<std::byte> body(f.body.begin(), f.body.end());
+      body[body.size() - 8] ^= std::byte{1};
+      std::vector<std::byte> out;
+      encode_frame(out, frame_type::commit, f.tag, f.version, f.base_version, f.index, f.count, 0, body);
+      meta = out;
+      return true;
+    };
+    id = "rlpt.sync.checksum";
+  }
+  SUBCASE("the load callback throws at commit (after loading from the staging area)") {
+    int calls = 0;
+    g.before_load = [calls](const tensor_view&) mutable {
+      if (++calls == 5) throw std::runtime_error("engine ran out of memory");
+    };
+    id = "rlpt.sync.load_failed";
+  }
+  const update u = g.publish_expecting_failure(4, id);
+  CHECK(u.error_id == id);
+  check_intact(*g.rx, 3, v3);
+  CHECK(g.rx->tensor(name).bytes.data() == at[2]);
+  g.fl.on_send = nullptr;
+  g.before_load = nullptr;
+  g.tx->publish(5);
+  REQUIRE(g.loop->wait(5).back().published());
+  check_mirror(*g.rx, g.md);
+  CHECK(g.rx->tensor(name).bytes.data() == at[1]); // staged into version 2's memory, as the failed update was
+  g.md.step(0.1, g.r);
+  g.tx->publish(6);
+  REQUIRE(g.loop->wait(6).back().published());
+  check_mirror(*g.rx, g.md);
+  CHECK(g.rx->tensor(name).bytes.data() == at[2]);
 }
 
 TEST_CASE("faults: a lost bucket, a truncated stream and a lost COMMIT are reported") {

@@ -17,7 +17,9 @@
 //! Memory (receiver, `apply_mode::staged`, the default): the update is staged before anything
 //! is applied, so the previous version survives any failure; a delta stages only its records
 //! (a few % of the model), a dense update stages the model's bytes (with the mirror that is
-//! the new mirror, swapped in at commit). `apply_mode::streaming` hands each bucket to the
+//! the new mirror, swapped in at commit). The replaced mirror (or, without a mirror, the
+//! staging area) is kept as the next dense update's staging area, so steady-state updates
+//! write into memory that is already mapped; the published mirror is never staged into. `apply_mode::streaming` hands each bucket to the
 //! load callback as soon as it is verified: extra memory is the link's slots plus the largest
 //! split tensor, but a failure part-way leaves the engine partially loaded (poll() reports
 //! `partial` and the receiver accepts only a dense update next). Sender: the link's slots,
@@ -59,18 +61,34 @@ namespace rlpt::sync {
 
 namespace detail {
 
-//! Heap bytes without zero-filling (a 100 GB staging area should not be memset first).
+//! Heap bytes without zero-filling (a 100 GB staging area should not be memset first). Its
+//! size can shrink and grow again within the capacity it was allocated with, so a staging
+//! area is reused across updates instead of page-faulting fresh memory each time.
 class byte_buffer {
 public:
   byte_buffer() = default;
-  explicit byte_buffer(std::size_t n) : p_(n ? new std::byte[n] : nullptr), n_(n) {}
+  explicit byte_buffer(std::size_t n) : p_(n ? new std::byte[n] : nullptr), n_(n), cap_(n) {}
+  byte_buffer(byte_buffer&& o) noexcept
+      : p_(std::move(o.p_)), n_(std::exchange(o.n_, std::size_t{0})), cap_(std::exchange(o.cap_, std::size_t{0})) {}
+  byte_buffer& operator=(byte_buffer&& o) noexcept {
+    p_ = std::move(o.p_);
+    n_ = std::exchange(o.n_, std::size_t{0});
+    cap_ = std::exchange(o.cap_, std::size_t{0});
+    return *this;
+  }
   [[nodiscard]] std::byte* data() const noexcept { return p_.get(); }
   [[nodiscard]] std::size_t size() const noexcept { return n_; }
+  [[nodiscard]] std::size_t capacity() const noexcept { return cap_; }
   [[nodiscard]] std::span<std::byte> span() const noexcept { return {p_.get(), n_}; }
+  //! Size `n` with the old bytes kept when `n` fits the capacity, else a fresh allocation.
+  void resize(std::size_t n) {
+    if (n <= cap_) n_ = n;
+    else *this = byte_buffer(n);
+  }
 
 private:
   std::unique_ptr<std::byte[]> p_;
-  std::size_t n_ = 0;
+  std::size_t n_ = 0, cap_ = 0;
 };
 
 inline std::span<const std::byte> u64_bytes(std::span<const std::uint64_t> v) noexcept {
@@ -644,6 +662,7 @@ private:
     u.reason = std::move(msg);
     u.seconds = cur_.active ? detail::seconds_since(cur_.t0) : 0.0;
     if (cur_.active) reply(frame_type::nack, cur_.tag, cur_.version, 0, 0, detail::error_body(u.error_id, u.reason));
+    if (cur_.staging.capacity() > spare_.capacity()) spare_ = std::move(cur_.staging); // failed bytes, reused as scratch
     cur_ = inflight{};
     return u;
   }
@@ -754,7 +773,10 @@ private:
     c.sums.assign(m.size(), 0);
     if (!delta) {
       if (o_.mode == apply_mode::staged) {
-        c.staging = detail::byte_buffer(static_cast<std::size_t>(m.packed_bytes()));
+        // The area of the last finished update (the mirror before the last commit, or the
+        // staging area of a failed one): never the published mirror, which stays readable.
+        c.staging = std::move(spare_);
+        c.staging.resize(static_cast<std::size_t>(m.packed_bytes()));
       } else {
         if (o_.mirror && (!same || mirror_.size() != m.packed_bytes())) {
           mirror_ = detail::byte_buffer(static_cast<std::size_t>(m.packed_bytes()));
@@ -910,7 +932,8 @@ private:
           cur_.avail[t] = {arena + m.packed_offset(t), static_cast<std::size_t>(m[t].nbytes)};
         run_output(k);
       }
-      if (o_.mirror) mirror_ = std::move(cur_.staging);
+      if (o_.mirror) std::swap(mirror_, cur_.staging); // the old mirror is the next staging area
+      spare_ = std::move(cur_.staging);
     }
     return publish(want);
   }
@@ -1010,6 +1033,7 @@ private:
   manifest pub_;
   transform_plan pub_plan_;
   detail::byte_buffer mirror_;
+  detail::byte_buffer spare_; // staged dense: the next update's staging area (see on_begin)
   inflight cur_;
   std::deque<update> events_;
   std::string last_link_error_;
