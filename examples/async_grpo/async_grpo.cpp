@@ -479,7 +479,10 @@ int run_engine(const config& c) {
   std::atomic<bool> stop{false};
   std::thread receiver_thread([&] {
     while (!stop.load()) {
-      const rlpt::sync::update u = rx.poll(std::chrono::milliseconds(20));
+      // poll(0) returns at once when no update is in progress (and drives one that started to its
+      // end); sleeping 1 ms between checks keeps this thread off the generation thread's core.
+      const rlpt::sync::update u = rx.poll(std::chrono::milliseconds(0));
+      if (!u.published() && !u.failed()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
       if (u.published()) {
         std::lock_guard lock(mu);
         for (std::size_t i = 0; i < staged.size(); ++i) staged[i].copy_(incoming[i]);
