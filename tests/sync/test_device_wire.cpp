@@ -186,7 +186,7 @@ TEST_CASE("device sync wire: the importer maps a session once and leaks nothing 
   CHECK(cache.opens() == cache.closes());
 }
 
-TEST_CASE("device sync wire: NCCL bootstrap messages round-trip; damage and impossible ranks are refused") {
+TEST_CASE("device sync wire: NCCL bootstrap messages round-trip, and damage and impossible ranks are refused") {
   nccl_init_msg m;
   m.epoch = 3;
   m.ranks = 4;

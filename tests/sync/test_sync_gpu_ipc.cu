@@ -233,7 +233,7 @@ TEST_CASE("sync ipc: 100 delta updates leak no mapping, descriptor or device mem
   }
 }
 
-TEST_CASE("sync ipc: a sender killed mid-update leaves the receiver on its previous version; the next sender succeeds") {
+TEST_CASE("sync ipc: a sender killed mid-update leaves the receiver on its previous version, and the next sender succeeds") {
   const std::string path = socket_path("kill");
   unix_link host({.path = path, .listen = true}, role::receiver);
   ipc_link link(host, role::receiver);

@@ -186,7 +186,7 @@ delta_case make_case(double density, std::uint64_t seed) {
 
 } // namespace
 
-TEST_CASE("sync gpu: the device delta encoder writes the host encoder's bytes; the applier applies, undoes and refuses") {
+TEST_CASE("sync gpu: the device delta encoder writes the host encoder's bytes, and the applier applies, undoes and refuses") {
   const double densities[] = {0.0001, 0.01, 0.05, 0.3, 1.0};
   const std::uint64_t max_records[] = {4096, 300000, 1 << 20};
   std::uint64_t seed = 500;
