@@ -50,7 +50,11 @@ template <class F>
 void load_driver_entry(const char* name, F& f) {
   void* p = nullptr;
   cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
   const cudaError_t e = cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found);
+#else // CUDA 12.0-12.4 runtimes: the unversioned query (deprecated from 12.5 on)
+  const cudaError_t e = cudaGetDriverEntryPoint(name, &p, cudaEnableDefault, &found);
+#endif
   RLPT_CHECK(e == cudaSuccess && found == cudaDriverEntryPointSuccess && p != nullptr, "rlpt.cuda.error",
              "the CUDA driver entry point {} is not available ({}): is an NVIDIA driver (12.0 or newer) installed?", name,
              cudaGetErrorString(e));
