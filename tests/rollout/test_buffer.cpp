@@ -39,7 +39,7 @@ void check_balanced(const rollout_buffer& buf) {
 
 } // namespace
 
-TEST_CASE("a group becomes ready only when all its records arrived; pop returns whole groups in ready order") {
+TEST_CASE("a group becomes ready only when all its records arrived, pop returns whole groups in ready order") {
   test::rng r(10);
   rollout_buffer buf({.capacity_groups = 8, .group_size = 3});
   CHECK(buf.push(rec(r, 1, 2)));
@@ -95,7 +95,7 @@ TEST_CASE("invalid records are rejected on push, naming the field") {
   CHECK(buf.stats().inserted.records == 0);
 }
 
-TEST_CASE("close_group releases a partial group per min_group_size; abort_group evicts") {
+TEST_CASE("close_group releases a partial group per min_group_size, abort_group evicts") {
   test::rng r(13);
   std::vector<evicted_group> evicted;
   rollout_buffer buf({.capacity_groups = 8,
@@ -247,7 +247,7 @@ TEST_CASE("drop_oldest evicts the oldest ready group when full (verl fully_async
   check_balanced(buf);
 }
 
-TEST_CASE("blocking pop waits for a group; close wakes producers and consumers") {
+TEST_CASE("blocking pop waits for a group, close wakes producers and consumers") {
   test::rng r(20);
   rollout_buffer buf({.capacity_groups = 1, .group_size = 2});
   std::thread consumer([&] {

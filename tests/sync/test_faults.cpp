@@ -64,7 +64,7 @@ std::map<std::string, std::vector<std::byte>> snapshot(model& md) {
 
 } // namespace
 
-TEST_CASE("faults: a corrupted bucket fails its checksum; the previous version stays; the next update succeeds") {
+TEST_CASE("faults: a corrupted bucket fails its checksum, the previous version stays, the next update succeeds") {
   rig g;
   g.tx->publish(1);
   REQUIRE(g.loop->wait(1).size() == 1);
@@ -87,7 +87,7 @@ TEST_CASE("faults: a corrupted bucket fails its checksum; the previous version s
   check_mirror(*g.rx, g.md);
 }
 
-TEST_CASE("faults: staged updates reuse the replaced mirror as staging; failures there leave the published version") {
+TEST_CASE("faults: staged updates reuse the replaced mirror as staging, failures there leave the published version") {
   // From the third dense update on, the receiver stages into the mirror that the previous
   // commit replaced. A failure after every byte was staged must still leave the published
   // version readable and unchanged, and the next update must stage into the same memory.

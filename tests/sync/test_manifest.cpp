@@ -27,7 +27,7 @@ std::vector<tensor_ref> random_tensors(rng& r, int n) {
 
 } // namespace
 
-TEST_CASE("planner: same inputs give the same plan and hash; any change moves the hash") {
+TEST_CASE("planner: same inputs give the same plan and hash, any change moves the hash") {
   rng r(1);
   const auto ts = random_tensors(r, 200);
   const manifest a = plan(ts, {.bucket_bytes = 4096, .alignment = 64});

@@ -200,7 +200,7 @@ TEST_CASE("safetensors: error messages name the problem") {
   RLPT_CHECK_ERROR(safetensors_file("/nonexistent/x.safetensors"), "rlpt.sync.io", "cannot open");
 }
 
-TEST_CASE("safetensors: fuzzed files parse or fail cleanly; what parses stays inside the file") {
+TEST_CASE("safetensors: fuzzed files parse or fail cleanly, what parses stays inside the file") {
   const auto seed = read_file(rlpt::test::golden_path("sync", "py_every_dtype.safetensors"));
   int accepted = 0;
   fuzz(seed, 8000, 41, [&](const std::vector<std::byte>& in) {
@@ -268,7 +268,7 @@ TEST_CASE("safetensors transport: dense and delta versions as files, replayed by
   check_mirror(rx, md);
 }
 
-TEST_CASE("safetensors transport: a corrupted file is rejected and skipped; the next version is taken") {
+TEST_CASE("safetensors transport: a corrupted file is rejected and skipped, the next version is taken") {
   temp_dir dir;
   auto md = make_model(42);
   const manifest m = plan(md.refs, {.bucket_bytes = 1024, .alignment = 256});

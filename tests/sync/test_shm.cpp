@@ -71,7 +71,7 @@ TEST_CASE("shm: dense and delta updates across processes, then nothing left behi
   CHECK(open_fds() == fds);
 }
 
-TEST_CASE("shm: a sender killed mid-update leaves the previous version; the next sender succeeds") {
+TEST_CASE("shm: a sender killed mid-update leaves the previous version, the next sender succeeds") {
   const std::string name = unique_name("kill");
   const int fds = open_fds();
   auto stalling_sender = [&](bool stall) {

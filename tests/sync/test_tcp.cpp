@@ -105,7 +105,7 @@ TEST_CASE("tcp: dense and delta updates across processes over loopback") {
   CHECK(open_fds() == fds);
 }
 
-TEST_CASE("tcp: a sender killed mid-update leaves the previous version; a reconnecting sender succeeds") {
+TEST_CASE("tcp: a sender killed mid-update leaves the previous version, a reconnecting sender succeeds") {
   tcp_transport link({.listen = true}, role::receiver);
   const std::uint16_t port = link.port();
   auto start_sender = [&](bool stall) {

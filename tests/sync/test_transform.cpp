@@ -70,7 +70,7 @@ TEST_CASE("transform: concat along the last dim interleaves rows") {
   }
 }
 
-TEST_CASE("transform: slice keeps a shard; rename_tensor, drop and cast follow") {
+TEST_CASE("transform: slice keeps a shard, rename_tensor, drop and cast follow") {
   rlpt::test::rng r(4);
   rlpt::test::sync::model md;
   md.add("model.embed.weight", wire_dtype::f32, {10, 3}, r);
