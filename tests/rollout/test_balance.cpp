@@ -257,4 +257,43 @@ TEST_CASE("the radix sort behind large partitions orders like (weight, index) pa
     detail::sort_by_weight(v);
     CHECK(v == want);
   }
+  // Integer-valued workloads below 2048 items take the one-integer-per-item path (the index in
+  // the key's zero low bits); ties, zeros and -0.0 (equal to 0.0) must order as the pairs do.
+  for (const std::size_t n : {std::size_t{2}, std::size_t{47}, std::size_t{256}, std::size_t{1000}, std::size_t{2047},
+                              std::size_t{5000}})
+    for (const bool tokens : {false, true}) {
+      CAPTURE(n);
+      std::vector<std::pair<double, index_t>> v(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        const auto l = static_cast<double>(r.bernoulli(0.1) ? 16384 : r.integer(0, 16384));
+        double x = tokens ? l : 24576.0 * l + l * l;
+        if (r.bernoulli(0.05)) x = r.bernoulli(0.5) ? -0.0 : 0.0;
+        v[i] = {x, static_cast<index_t>(i)};
+      }
+      auto want = v;
+      std::stable_sort(want.begin(), want.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      detail::sort_by_weight(v);
+      REQUIRE(v.size() == want.size());
+      bool same = true;
+      for (std::size_t i = 0; i < n; ++i) same = same && v[i].first == want[i].first && v[i].second == want[i].second;
+      CHECK(same);
+    }
+}
+
+TEST_CASE("partitions do not depend on the sign of zero costs") {
+  test::rng r(33);
+  for (const index_t n : {index_t{300}, index_t{3000}}) {
+    std::vector<double> pos(static_cast<std::size_t>(n)), neg;
+    for (auto& x : pos) x = r.bernoulli(0.3) ? 0.0 : static_cast<double>(r.integer(1, 1000));
+    neg = pos;
+    for (auto& x : neg)
+      if (x == 0.0 && r.bernoulli(0.5)) x = -0.0;
+    for (const auto algo : {partition_algorithm::karmarkar_karp, partition_algorithm::lpt, partition_algorithm::best})
+      for (const bool equal : {false, true}) {
+        const partition a = partition_weights(pos, 8, algo, equal);
+        const partition b = partition_weights(neg, 8, algo, equal);
+        CHECK(a.offsets == b.offsets);
+        CHECK(a.items == b.items);
+      }
+  }
 }

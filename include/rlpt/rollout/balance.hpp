@@ -128,35 +128,66 @@ struct kk_set_order {
 };
 inline constexpr kk_set_order kk_set_before{}; // a function object, so sorts inline it
 
+//! Order-preserving key of a non-negative double (the sign bit dropped so -0.0 ties with 0.0,
+//! as a comparison of the doubles says).
+[[nodiscard]] inline std::uint64_t weight_key(double d) noexcept {
+  return std::bit_cast<std::uint64_t>(d) & ~(std::uint64_t{1} << 63);
+}
+
+//! Stable LSD radix sort of (weight, index) pairs by weight, `bits`-bit digits; digits that
+//! every key shares are skipped (integer-valued workloads leave the low mantissa bits zero).
+template <int bits, class count_t>
+inline void radix_sort_by_weight(std::pair<double, index_t>* v, std::size_t n, std::pair<double, index_t>* tmp) {
+  constexpr std::size_t buckets = std::size_t{1} << bits;
+  constexpr int digits = (64 + bits - 1) / bits;
+  constexpr std::uint64_t mask = buckets - 1;
+  std::vector<count_t> hist(buckets * digits, 0);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint64_t u = weight_key(v[i].first);
+    for (int d = 0; d < digits; ++d) ++hist[static_cast<std::size_t>(d) * buckets + ((u >> (d * bits)) & mask)];
+  }
+  auto* src = v;
+  auto* dst = tmp;
+  for (int d = 0; d < digits; ++d) {
+    count_t* h = hist.data() + static_cast<std::size_t>(d) * buckets;
+    if (h[(weight_key(src[0].first) >> (d * bits)) & mask] == n) continue; // every key shares this digit
+    count_t sum = 0;
+    for (std::size_t b = 0; b < buckets; ++b) sum += std::exchange(h[b], sum);
+    for (std::size_t i = 0; i < n; ++i) dst[h[(weight_key(src[i].first) >> (d * bits)) & mask]++] = src[i];
+    std::swap(src, dst);
+  }
+  if (src != v) std::copy(src, src + n, v);
+}
+
 //! Sorts (weight, index) pairs ascending by weight, then index, for non-negative finite
-//! weights. Large inputs use an LSD radix sort on the IEEE bits (order-preserving for
-//! non-negative doubles; stable, and the input is in index order, so ties stay by index).
+//! weights given in index order: v[first + i].second == v[first].second + i (-0.0 comes back
+//! as 0.0). Small inputs whose weight keys end in enough zero bits
+//! (integer-valued workloads: 24576·L + L² < 2^31 leaves 22 of them) sort one integer per
+//! item, the index in those bits; others sort the pairs. Large inputs use an LSD radix sort
+//! on the keys (stable, and the input is in index order, so ties stay by index).
 inline void sort_by_weight(std::vector<std::pair<double, index_t>>& v, std::size_t first = 0) {
   const std::size_t n = v.size() - first;
+  if (n < 2) return;
+  auto* a = v.data() + first;
   if (n < 2048) {
-    std::sort(v.begin() + static_cast<std::ptrdiff_t>(first), v.end());
+    std::uint64_t low = 0;
+    for (std::size_t i = 0; i < n; ++i) low |= weight_key(a[i].first);
+    const auto index_bits = static_cast<int>(std::bit_width(n - 1));
+    if (low == 0 || std::countr_zero(low) >= index_bits) {
+      std::vector<std::uint64_t> keys(n); // key | position: ties order by position (= index)
+      for (std::size_t i = 0; i < n; ++i) keys[i] = weight_key(a[i].first) | i;
+      std::sort(keys.begin(), keys.end());
+      const index_t base = a[0].second;
+      const std::uint64_t position = (std::uint64_t{1} << index_bits) - 1;
+      for (std::size_t i = 0; i < n; ++i)
+        a[i] = {std::bit_cast<double>(keys[i] & ~position), base + static_cast<index_t>(keys[i] & position)};
+      return;
+    }
+    std::sort(a, a + n);
     return;
   }
   std::vector<std::pair<double, index_t>> tmp(n);
-  constexpr int bits = 11;
-  constexpr std::size_t buckets = std::size_t{1} << bits;
-  std::vector<std::size_t> hist(buckets * 6, 0);
-  auto key = [](double d) { return std::bit_cast<std::uint64_t>(d); };
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::uint64_t u = key(v[first + i].first);
-    for (int d = 0; d < 6; ++d) ++hist[static_cast<std::size_t>(d) * buckets + ((u >> (d * bits)) & (buckets - 1))];
-  }
-  auto* src = v.data() + first;
-  auto* dst = tmp.data();
-  for (int d = 0; d < 6; ++d) {
-    std::size_t* h = hist.data() + static_cast<std::size_t>(d) * buckets;
-    if (*std::max_element(h, h + buckets) == n) continue; // every key shares this digit
-    std::size_t sum = 0;
-    for (std::size_t b = 0; b < buckets; ++b) sum += std::exchange(h[b], sum);
-    for (std::size_t i = 0; i < n; ++i) dst[h[(key(src[i].first) >> (d * bits)) & (buckets - 1)]++] = src[i];
-    std::swap(src, dst);
-  }
-  if (src != v.data() + first) std::copy(src, src + n, v.data() + first);
+  radix_sort_by_weight<11, std::size_t>(a, n, tmp.data());
 }
 
 // Max-heap key of a KK state: (spread, largest set, earliest state). Computed once per push:
@@ -174,7 +205,35 @@ struct kk_key_after {
     return x.id > y.id;
   }
 };
-using kk_heap = std::priority_queue<kk_key, std::vector<kk_key>, kk_key_after>;
+//! Max-heap of KK states over one flat, pre-sized array (no growth while it runs).
+class kk_heap {
+public:
+  explicit kk_heap(std::size_t capacity) { v_.reserve(capacity); }
+  [[nodiscard]] std::size_t size() const noexcept { return v_.size(); }
+  [[nodiscard]] const kk_key& top() const noexcept { return v_.front(); }
+  void push(const kk_key& k) {
+    v_.push_back(k);
+    std::push_heap(v_.begin(), v_.end(), kk_key_after{});
+  }
+  void pop() {
+    std::pop_heap(v_.begin(), v_.end(), kk_key_after{});
+    v_.pop_back();
+  }
+
+private:
+  std::vector<kk_key> v_;
+};
+
+//! Sorts a state's sets with kk_set_before by insertion: linear on the nearly sorted input
+//! the equal-count KK builds first.
+inline void insertion_sort_sets(kk_set* x, index_t k) noexcept {
+  for (index_t i = 1; i < k; ++i) {
+    const kk_set s = x[i];
+    index_t j = i;
+    for (; j > 0 && kk_set_before(s, x[j - 1]); --j) x[j] = x[j - 1];
+    x[j] = s;
+  }
+}
 
 //! Part of every item, from the linked lists of the final sets.
 inline std::vector<index_t> kk_owner(const kk_set* sets, index_t nsets, index_t n, const std::vector<index_t>& next) {
@@ -211,7 +270,7 @@ inline std::vector<index_t> kk_assign(view<const double> w, index_t k, bool equa
   std::vector<index_t> next(static_cast<std::size_t>(total), -1); // items linked per set: O(1) union
   if (total == 0) return {};
   std::uint64_t next_id = 0;
-  kk_heap heap;
+  kk_heap heap(static_cast<std::size_t>(equal_count ? total / k : total));
 
   if (equal_count) {
     // Every state holds exactly k non-empty sets: one flat arena, no per-state allocation.
@@ -224,11 +283,20 @@ inline std::vector<index_t> kk_assign(view<const double> w, index_t k, bool equa
     };
     for (index_t st = 0; st < states; ++st) {
       kk_set* x = slice(st);
+      // The chunk is ascending by (weight, index): reversed, it is in set order except that
+      // runs of equal weights are index-descending; reversing those runs (and an insertion
+      // sort for padding mixed with zero weights) gives the sorted order in O(k).
       for (index_t i = 0; i < k; ++i) {
-        const auto& [wt, item] = sorted[static_cast<std::size_t>(st * k + i)];
+        const auto& [wt, item] = sorted[static_cast<std::size_t>(st * k + k - 1 - i)];
         x[i] = {wt, 1, item, item};
       }
-      std::sort(x, x + k, kk_set_before);
+      for (index_t lo = 0; lo < k;) {
+        index_t hi = lo + 1;
+        while (hi < k && x[hi].sum == x[lo].sum) ++hi;
+        std::reverse(x + lo, x + hi);
+        lo = hi;
+      }
+      insertion_sort_sets(x, k);
       heap.push(key_of(st));
     }
     while (heap.size() > 1) {
@@ -246,7 +314,8 @@ inline std::vector<index_t> kk_assign(view<const double> w, index_t k, bool equa
         s.sum += t.sum;
         s.count += t.count;
       }
-      std::sort(x, x + k, kk_set_before);
+      if (k <= 16) insertion_sort_sets(x, k); // no memmove calls for the few sets
+      else std::sort(x, x + k, kk_set_before);
       heap.push(key_of(a));
     }
     return kk_owner(slice(heap.top().state), k, n, next);
