@@ -9,7 +9,8 @@
 //!
 //!   engine results -> trajectory_builder -> staleness_buffer (rollout_buffer + DAPO filter +
 //!   staleness_gate admission + pick_batch window η) -> grpo_advantages -> logprob_entropy
-//!   (wrapped as a torch autograd Function) -> evaluate(verl actor preset, token TIS) ->
+//!   (wrapped as a torch autograd Function) -> proximal_logprobs (decoupled PPO) ->
+//!   evaluate(verl actor preset, token TIS) ->
 //!   optimizer step -> sync::sender over shm_transport (bf16, delta updates) -> next version.
 //!
 //! Task: reverse a string of digits (length 1..max_len). The answer has a variable length and is
