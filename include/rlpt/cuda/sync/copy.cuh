@@ -46,7 +46,7 @@ __device__ __forceinline__ std::uint64_t find_task(const copy_task* tasks, std::
   return lo - 1;
 }
 
-// A template: kernels defined in a header need vague linkage, or the host stubs of two
+// A template: kernels defined in a header need vague linkage, or the host-side launch wrappers of two
 // translation units that include it collide at link time.
 template <int = 0>
 RLPT_KERNEL void __launch_bounds__(copy_threads) copy_kernel(const copy_task* tasks, std::uint64_t n_tasks,

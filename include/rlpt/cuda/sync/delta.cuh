@@ -91,7 +91,7 @@ __device__ __forceinline__ std::uint64_t find_last_le(const T* a, std::uint64_t 
   return lo == 0 ? 0 : lo - 1;
 }
 
-// A template: kernels defined in a header need vague linkage, or the host stubs of two
+// A template: kernels defined in a header need vague linkage, or the host-side launch wrappers of two
 // translation units that include it collide at link time.
 template <int = 0>
 RLPT_KERNEL void __launch_bounds__(delta_warps * 32)
