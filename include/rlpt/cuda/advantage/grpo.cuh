@@ -148,6 +148,7 @@ RLPT_KERNEL void __launch_bounds__(256) group_kernel(group_kernel_args a) {
 }
 
 //! Batch std over every counted reward, canonical 256-lane order (one block).
+template <int = 0> // a template: a kernel defined in a header must not clash across TUs
 RLPT_KERNEL void __launch_bounds__(256) batch_std_kernel(const float* rewards, index_t n, bool unbiased, double* out) {
   __shared__ double shared[256];
   __shared__ long long shared_count[256];

@@ -42,6 +42,7 @@ inline index_t device_seq_grain(const device_token_layout& l) {
   return std::max<index_t>(1, index_t{1 << 16} / std::max<index_t>(1, l.max_len()));
 }
 
+template <int = 0> // a template: a kernel defined in a header must not clash across TUs
 RLPT_KERNEL void __launch_bounds__(256)
     whiten_partials_kernel(device_token_layout l, const float* x, const mask_t* m, index_t rows, moments* parts) {
   __shared__ double shared[256];
@@ -76,6 +77,7 @@ RLPT_KERNEL void __launch_bounds__(256)
 }
 
 //! Merges n moments in a fixed order: thread t folds parts t, t + 256, ...; then a 256-lane tree.
+template <int = 0>
 RLPT_KERNEL void __launch_bounds__(256) merge_moments_kernel(const moments* parts, index_t n, moments* out) {
   // moments has default member initialisers, which __shared__ variables may not have: plain arrays.
   __shared__ double count[256], mean[256], m2[256];
@@ -98,6 +100,7 @@ RLPT_KERNEL void __launch_bounds__(256) merge_moments_kernel(const moments* part
   if (threadIdx.x == 0) *out = moments{count[0], mean[0], m2[0]};
 }
 
+template <int = 0>
 RLPT_KERNEL void __launch_bounds__(256) whiten_apply_kernel(device_token_layout l, const float* x, const mask_t* m,
                                                             float* out, const moments* stats, whiten_options o,
                                                             index_t* nonfinite_count) {

@@ -94,6 +94,7 @@ struct lm_finish_args {
   index_t* counters;
 };
 
+template <int = 0> // a template: a kernel defined in a header must not clash across TUs
 RLPT_KERNEL void lm_finish_kernel(lm_finish_args a) {
   const index_t i = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= a.rows) return;
@@ -111,6 +112,7 @@ RLPT_KERNEL void lm_finish_kernel(lm_finish_args a) {
 
 //! Vocab-parallel stage 1 from a shard's token-tile states: comm = [m | s | a | t] in natural
 //! units, exactly as vocab_parallel_local writes it.
+template <int = 0>
 RLPT_KERNEL void lm_local_kernel(const state2* states, const float* target_z, index_t rows, index_t n, float* comm,
                                  float* local_max) {
   const index_t i = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -125,6 +127,7 @@ RLPT_KERNEL void lm_local_kernel(const state2* states, const float* target_z, in
   local_max[i] = m;
 }
 
+template <int = 0>
 RLPT_KERNEL void init_states_kernel(state2* states, float* target_z, index_t n) {
   const index_t i = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;

@@ -58,6 +58,7 @@ RLPT_KERNEL void __launch_bounds__(BLOCK) local_kernel(const T* logits, local_ar
   a.local_max[r] = m;
 }
 
+template <int = 0> // a template: a kernel defined in a header must not clash across TUs
 RLPT_KERNEL void rebase_kernel(float* comm, const float* local_max, index_t n) {
   const index_t r = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= n) return;
@@ -78,6 +79,7 @@ struct finish_args {
   index_t* counters;
 };
 
+template <int = 0>
 RLPT_KERNEL void finish_kernel(finish_args a) {
   const index_t r = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= a.rows) return;

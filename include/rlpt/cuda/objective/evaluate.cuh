@@ -150,6 +150,7 @@ RLPT_KERNEL void __launch_bounds__(obj_threads)
 }
 
 //! Sums the per-row lengths into the local denominators (one block, fixed order).
+template <int = 0> // a template: a kernel defined in a header must not clash across TUs
 RLPT_KERNEL void __launch_bounds__(1024) objective_count_kernel(const double* row_len, index_t rows, device_counts* out) {
   __shared__ double shared[32];
   double tokens = 0.0, seqs = 0.0;
@@ -282,6 +283,7 @@ RLPT_KERNEL void __launch_bounds__(obj_threads)
 }
 
 //! Reduces the per-block sums in a fixed order and writes the result.
+template <int = 0>
 RLPT_KERNEL void __launch_bounds__(1024)
     objective_finish_kernel(const objective_plan p, const objective_sums* partials, index_t blocks, index_t tiles,
                             const device_counts* counts, objective_result* result) {
