@@ -10,6 +10,7 @@ it to a no-op load callback (streaming), or copies it into its staging area and 
 as its mirror at commit (staged, the default mode: the previous version survives any failure).
 """
 import argparse
+import os
 from pathlib import Path
 
 import common
@@ -37,14 +38,19 @@ def main() -> None:
     for transport in ("shm", "tcp"):
         for staged in (False, True):
             total = args.staged_total_mb if staged else args.total_mb
+            load0 = os.getloadavg()[0]
             r = common.run_cpp(exe, [transport, total, args.bucket_mb, args.reps] + (["staged"] if staged else []))
             if not r["receiver_ok"]:
                 raise SystemExit(f"{transport}: the receiver failed")
             rows.append({"transport": transport, "receiver": r["receiver"], "MiB": total, "bucket MiB": args.bucket_mb,
+                         "load": f"{load0:.1f} → {os.getloadavg()[0]:.1f}",
                          "wall s": r["best_s"], "GB/s": r["gbps"], "memcpy GB/s": r["memcpy_gbps"],
-                         "of memcpy": r["fraction_of_memcpy"], "sender CPU s": r["sender_cpu_s"],
-                         "receiver CPU s": r["receiver_cpu_s"], "GB per CPU s": r["cpu_gbps"],
-                         "memcpy GB per CPU s": r["memcpy_cpu_gbps"], "of memcpy (CPU)": r["cpu_fraction_of_memcpy"],
+                         "of memcpy": r["fraction_of_memcpy"],
+                         "sender CPU s (best / mean)": f"{r['sender_cpu_s']:.3g} / {r['sender_cpu_mean_s']:.3g}",
+                         "receiver CPU s (best / mean)": f"{r['receiver_cpu_s']:.3g} / {r['receiver_cpu_mean_s']:.3g}",
+                         "GB per CPU s": r["cpu_gbps"], "memcpy GB per CPU s": r["memcpy_cpu_gbps"],
+                         "of memcpy (CPU)": r["cpu_fraction_of_memcpy"],
+                         "of memcpy (CPU, mean)": r["cpu_mean_fraction_of_memcpy"],
                          "piece memcpy GB per CPU s": r["memcpy_piece_cpu_gbps"],
                          "of piece memcpy (CPU)": r["cpu_fraction_of_piece_memcpy"]})
     keys = list(rows[0])
@@ -52,9 +58,10 @@ def main() -> None:
     for row in rows:
         print("| " + " | ".join(f"{row[k]:.3g}" if isinstance(row[k], float) else str(row[k]) for k in keys) + " |")
     print("GB/s: bytes of the model per second (best of --reps dense versions, wall clock); memcpy: single-thread\n"
-          "memcpy of 1 GiB, bytes copied per second, same run. CPU columns: CPU seconds per version of each process;\n"
-          "GB per CPU s = bytes / the slower side's CPU seconds (the rate with a free core per side), against memcpy's\n"
-          "bytes per CPU second; piece memcpy: the same 1 GiB copied in pieces of one model tensor (32 MiB), as the\n"
+          "memcpy of 1 GiB, bytes copied per second, same run (best of 5). load: 1-minute load average before -> after.\n"
+          "CPU columns: CPU seconds per version of each process (best and mean of --reps); GB per CPU s = bytes / the\n"
+          "slower side's best CPU seconds (the rate with a free core per side), against memcpy's bytes per CPU second\n"
+          "(best of 5); the mean column uses each side's mean instead; piece memcpy: the same 1 GiB copied in pieces of one model tensor (32 MiB), as the\n"
           "sender packs them (glibc uses non-temporal stores only above x86_non_temporal_threshold).")
 
 

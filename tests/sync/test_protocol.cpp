@@ -13,14 +13,14 @@ namespace {
 const plan_options small_buckets{.bucket_bytes = 1024, .alignment = 256};
 }
 
-TEST_CASE("protocol: copy_hash copies exactly and hashes like xxh3, with and without streaming stores") {
+TEST_CASE("protocol: copy_hash copies exactly and hashes like one-shot XXH3, with and without streaming stores") {
   rlpt::test::rng r(31);
   const std::size_t big = copy_hash_streaming_bytes;
   std::vector<std::byte> src(big + (1u << 20) + 64);
   for (auto& b : src) b = static_cast<std::byte>(r.integer(0, 255));
   std::vector<std::byte> dst(src.size() + 64);
   for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{63}, std::size_t{32} << 10, (std::size_t{32} << 10) + 1,
-                              big - 1, big, big + 17, big + (1u << 20) + 3})
+                              big - 1, big, big + 17, big + 4097, big + (1u << 20) + 3})
     for (const std::size_t so : {0u, 5u})
       for (const std::size_t d_off : {0u, 1u, 9u, 16u}) {
         CAPTURE(n);
@@ -28,7 +28,9 @@ TEST_CASE("protocol: copy_hash copies exactly and hashes like xxh3, with and wit
         CAPTURE(d_off);
         std::fill(dst.begin(), dst.end(), std::byte{0xA5});
         const std::uint64_t h = copy_hash(dst.data() + d_off, src.data() + so, n);
-        CHECK(h == xxh3(src.data() + so, n));
+        const std::uint64_t one_shot = RLPT_SYNC_XXH3_64(src.data() + so, n); // the library's one-shot XXH3
+        CHECK(h == one_shot);
+        if (d_off == 0) CHECK(xxh3(src.data() + so, n) == one_shot); // the paged, prefetched path above 4 MiB
         CHECK(std::memcmp(dst.data() + d_off, src.data() + so, n) == 0);
         const bool guard_ok = std::all_of(dst.begin(), dst.begin() + static_cast<std::ptrdiff_t>(d_off),
                                           [](std::byte b) { return b == std::byte{0xA5}; }) &&
