@@ -149,6 +149,15 @@ TEST_CASE("delta: malformed records are rejected with what is wrong") {
     RLPT_CHECK_ERROR(static_cast<void>(parse_delta_record(v, "w")), "rlpt.sync.bad_delta", "sparse body of");
   }
   {
+    auto v = good; // an empty record (the encoder never writes one), dense so the body size still matches
+    v[4] = std::byte{3};
+    const std::uint64_t zeros[3] = {0, 0, 0}; // elem_count, changed, body bytes
+    std::memcpy(v.data() + 24, zeros, sizeof(zeros));
+    rehash(v);
+    RLPT_CHECK_ERROR(static_cast<void>(parse_delta_record(v, "w")), "rlpt.sync.bad_delta",
+                     "0 elements: a record covers 1 to 2^40 elements");
+  }
+  {
     auto v = good;
     v.resize(v.size() - 8);
     RLPT_CHECK_ERROR(static_cast<void>(parse_delta_record(v, "w")), "rlpt.sync.bad_delta", "runs past the stream");

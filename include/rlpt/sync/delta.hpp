@@ -118,6 +118,58 @@ namespace detail {
   return false;
 }
 
+//! A record header (the first 64 bytes of a record), parsed and checked.
+struct delta_head {
+  delta_encoding encoding = delta_encoding::dense;
+  std::uint32_t elem_bytes = 0;
+  std::uint32_t tensor = 0;
+  std::uint64_t elem_begin = 0, elem_count = 0, changed = 0, body = 0, base_checksum = 0;
+};
+
+//! Parses and checks a record header (magic, header checksum, encoding, element size, counts,
+//! the body size its encoding implies); not the body. The host parser (parse_delta_record) and
+//! the device receiver (which validates bodies on the GPU) share it. Errors: rlpt.sync.bad_delta
+//! naming `where` and the record's byte offset `at`.
+[[nodiscard]] inline delta_head parse_delta_head(std::span<const std::byte> h, std::string_view where, std::uint64_t at) {
+  auto bad = [&](std::string_view what) -> void {
+    RLPT_FAIL("rlpt.sync.bad_delta", "{}: delta record at byte {}: {}", where, at, what);
+  };
+  if (h.size() < delta_header_bytes) bad(fmt::format("only {} header bytes, a header needs 64", h.size()));
+  const std::byte* p = h.data();
+  std::uint32_t magic, tensor;
+  std::uint8_t enc, eb;
+  std::uint64_t f[6];
+  std::memcpy(&magic, p, 4);
+  std::memcpy(&enc, p + 4, 1);
+  std::memcpy(&eb, p + 5, 1);
+  std::memcpy(&tensor, p + 8, 4);
+  std::memcpy(f, p + 16, 48);
+  if (magic != delta_magic) bad(fmt::format("bad magic 0x{:08x}", magic));
+  if (xxh3(p, 56) != f[5]) bad("header checksum mismatch");
+  if (enc < 1 || enc > 3) bad(fmt::format("unknown encoding {}", enc));
+  if (eb != 1 && eb != 2 && eb != 4 && eb != 8) bad(fmt::format("element size {} is not 1, 2, 4 or 8", eb));
+  delta_head d;
+  d.encoding = static_cast<delta_encoding>(enc);
+  d.elem_bytes = eb;
+  d.tensor = tensor;
+  d.elem_begin = f[0];
+  d.elem_count = f[1];
+  d.changed = f[2];
+  d.body = f[3];
+  d.base_checksum = f[4];
+  if (d.changed > d.elem_count) bad(fmt::format("{} changed elements of {}", d.changed, d.elem_count));
+  if (d.encoding == delta_encoding::dense && d.changed != d.elem_count)
+    bad(fmt::format("dense record of {} elements says {} changed", d.elem_count, d.changed));
+  // The encoder writes 1 to 2^31 elements per record; 2^40 bounds what a device kernel indexes.
+  if (d.elem_count == 0 || d.elem_count > (std::uint64_t{1} << 40))
+    bad(fmt::format("{} elements: a record covers 1 to 2^40 elements", d.elem_count));
+  std::uint64_t want = 0;
+  if (!delta_body_bytes(d.encoding, d.elem_count, d.changed, eb, want) || d.body != want)
+    bad(fmt::format("{} body of {} bytes, expected {} for {} of {} elements of {} bytes", name(d.encoding), d.body, want,
+                    d.changed, d.elem_count, eb));
+  return d;
+}
+
 template <class U>
 inline void swap_elem(std::byte* a, std::byte* b) noexcept {
   U x, y;
@@ -232,35 +284,16 @@ struct delta_record {
   };
   if (stream.size() < delta_header_bytes) bad(fmt::format("only {} bytes left, a header needs 64", stream.size()));
   if (reinterpret_cast<std::uintptr_t>(stream.data()) % 8 != 0) bad("stream is not 8-byte aligned");
-  const std::byte* p = stream.data();
-  std::uint32_t magic, tensor;
-  std::uint8_t enc, eb;
-  std::uint64_t f[6];
-  std::memcpy(&magic, p, 4);
-  std::memcpy(&enc, p + 4, 1);
-  std::memcpy(&eb, p + 5, 1);
-  std::memcpy(&tensor, p + 8, 4);
-  std::memcpy(f, p + 16, 48);
-  if (magic != delta_magic) bad(fmt::format("bad magic 0x{:08x}", magic));
-  if (xxh3(p, 56) != f[5]) bad("header checksum mismatch");
-  if (enc < 1 || enc > 3) bad(fmt::format("unknown encoding {}", enc));
-  if (eb != 1 && eb != 2 && eb != 4 && eb != 8) bad(fmt::format("element size {} is not 1, 2, 4 or 8", eb));
+  const detail::delta_head d = detail::parse_delta_head(std::span<const std::byte>(stream).first(delta_header_bytes), where, at);
   delta_record r;
-  r.encoding = static_cast<delta_encoding>(enc);
-  r.elem_bytes = eb;
-  r.tensor = tensor;
-  r.elem_begin = f[0];
-  r.elem_count = f[1];
-  r.changed = f[2];
-  const std::uint64_t body = f[3];
-  r.base_checksum = f[4];
-  if (r.changed > r.elem_count) bad(fmt::format("{} changed elements of {}", r.changed, r.elem_count));
-  if (r.encoding == delta_encoding::dense && r.changed != r.elem_count)
-    bad(fmt::format("dense record of {} elements says {} changed", r.elem_count, r.changed));
-  std::uint64_t want = 0;
-  if (!detail::delta_body_bytes(r.encoding, r.elem_count, r.changed, eb, want) || body != want)
-    bad(fmt::format("{} body of {} bytes, expected {} for {} of {} elements of {} bytes", name(r.encoding), body, want,
-                    r.changed, r.elem_count, eb));
+  r.encoding = d.encoding;
+  r.elem_bytes = d.elem_bytes;
+  r.tensor = d.tensor;
+  r.elem_begin = d.elem_begin;
+  r.elem_count = d.elem_count;
+  r.changed = d.changed;
+  r.base_checksum = d.base_checksum;
+  const std::uint64_t body = d.body;
   if (body > stream.size() - delta_header_bytes)
     bad(fmt::format("body of {} bytes runs past the stream's {} remaining bytes", body, stream.size() - delta_header_bytes));
   r.total_bytes = delta_header_bytes + body;

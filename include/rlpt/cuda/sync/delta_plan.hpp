@@ -295,52 +295,6 @@ inline delta_plan plan_delta(std::span<const delta_range> ranges, std::span<cons
   return p;
 }
 
-//! A record header, parsed and checked as parse_delta_record checks it (everything but the
-//! body arrays, which the device validates).
-struct delta_head {
-  delta_encoding encoding = delta_encoding::dense;
-  std::uint32_t elem_bytes = 0;
-  std::uint32_t tensor = 0;
-  std::uint64_t elem_begin = 0, elem_count = 0, changed = 0, body = 0, base_checksum = 0;
-};
-
-[[nodiscard]] inline delta_head parse_delta_head(std::span<const std::byte> h, std::string_view where, std::uint64_t at) {
-  auto bad = [&](std::string_view what) -> void {
-    RLPT_FAIL("rlpt.sync.bad_delta", "{}: delta record at byte {}: {}", where, at, what);
-  };
-  if (h.size() < delta_header_bytes) bad(fmt::format("only {} header bytes, a header needs 64", h.size()));
-  const std::byte* p = h.data();
-  std::uint32_t magic, tensor;
-  std::uint8_t enc, eb;
-  std::uint64_t f[6];
-  std::memcpy(&magic, p, 4);
-  std::memcpy(&enc, p + 4, 1);
-  std::memcpy(&eb, p + 5, 1);
-  std::memcpy(&tensor, p + 8, 4);
-  std::memcpy(f, p + 16, 48);
-  if (magic != delta_magic) bad(fmt::format("bad magic 0x{:08x}", magic));
-  if (xxh3(p, 56) != f[5]) bad("header checksum mismatch");
-  if (enc < 1 || enc > 3) bad(fmt::format("unknown encoding {}", enc));
-  if (eb != 1 && eb != 2 && eb != 4 && eb != 8) bad(fmt::format("element size {} is not 1, 2, 4 or 8", eb));
-  delta_head d;
-  d.encoding = static_cast<delta_encoding>(enc);
-  d.elem_bytes = eb;
-  d.tensor = tensor;
-  d.elem_begin = f[0];
-  d.elem_count = f[1];
-  d.changed = f[2];
-  d.body = f[3];
-  d.base_checksum = f[4];
-  if (d.changed > d.elem_count) bad(fmt::format("{} changed elements of {}", d.changed, d.elem_count));
-  if (d.encoding == delta_encoding::dense && d.changed != d.elem_count)
-    bad(fmt::format("dense record of {} elements says {} changed", d.elem_count, d.changed));
-  if (d.elem_count == 0 || d.elem_count > (std::uint64_t{1} << 40))
-    bad(fmt::format("{} elements: a record covers 1 to 2^40 elements", d.elem_count));
-  std::uint64_t want = 0;
-  if (!delta_body_bytes(d.encoding, d.elem_count, d.changed, eb, want) || d.body != want)
-    bad(fmt::format("{} body of {} bytes, expected {} for {} of {} elements of {} bytes", name(d.encoding), d.body, want,
-                    d.changed, d.elem_count, eb));
-  return d;
-}
+// Record headers are parsed by parse_delta_head (rlpt/sync/delta.hpp), shared with the host parser.
 
 } // namespace rlpt::sync::detail
