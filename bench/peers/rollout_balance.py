@@ -85,6 +85,7 @@ def main() -> None:
     ap.add_argument("--build", default=str(common.ROOT / "build" / "rollout"))
     ap.add_argument("--quick", action="store_true", help="smaller sizes")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--balance-only", action="store_true", help="rank balancing only (no micro-batches, buffer)")
     args = ap.parse_args()
     runner = Path(args.build) / "bench" / "rollout" / "bench_rollout_peer"
     if not runner.exists():
@@ -112,14 +113,20 @@ def main() -> None:
                 kk = common.run_cpp(runner, ["balance", lfile, k, 1, "verl", 7])
                 best = common.run_cpp(runner, ["balance", lfile, k, 1, "best", 7])
                 rows.append({"dist": dist, "N": n, "k": k,
-                             "verl_ms": verl_s * 1e3, "rlpt_kk_ms": kk["cpu_seconds"] * 1e3,
-                             "rlpt_best_ms": best["cpu_seconds"] * 1e3,
-                             "speedup_kk": verl_s / kk["cpu_seconds"], "speedup_best": verl_s / best["cpu_seconds"],
+                             "verl_ms": verl_s * 1e3, "rlpt_kk_ms": kk["loop_cpu_seconds"] * 1e3,
+                             "rlpt_best_ms": best["loop_cpu_seconds"] * 1e3,
+                             "speedup_kk": verl_s / kk["loop_cpu_seconds"],
+                             "speedup_best": verl_s / best["loop_cpu_seconds"],
+                             "speedup_kk_single": verl_s / kk["cpu_seconds"],
                              "verl_excess": f"{imbalance(L, parts) - 1:.2e}",
                              "rlpt_kk_excess": f"{kk['imbalance'] - 1:.2e}",
                              "rlpt_best_excess": f"{best['imbalance'] - 1:.2e}"})
-    print("\n## Rank balancing (equal count, workload 24576·L + L²); times are CPU ms; excess = max/mean - 1")
+    print("\n## Rank balancing (equal count, workload 24576·L + L²); times are CPU ms per call, warm (verl: median of"
+          " repeats after one warm-up call; rlpt: mean of back-to-back calls for >= 0.1 CPU s; speedup_kk_single: rlpt"
+          " as the median of 7 single timed calls); excess = max/mean - 1")
     print_rows(rows)
+    if args.balance_only:
+        return
 
     # 2. micro-batches ---------------------------------------------------------------------------
     rows = []

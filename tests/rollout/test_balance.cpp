@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <queue>
 #include <string>
 #include <vector>
 
@@ -243,7 +244,7 @@ TEST_CASE("golden: whole-group balance is never worse than verl get_group_balanc
   }
 }
 
-TEST_CASE("the radix sort behind large partitions orders like (weight, index) pairs") {
+TEST_CASE("the bucket sort behind partitions orders like (weight, index) pairs") {
   test::rng r(32);
   for (const std::size_t n : {std::size_t{100}, std::size_t{2048}, std::size_t{50000}}) {
     std::vector<std::pair<double, index_t>> v(n);
@@ -257,8 +258,8 @@ TEST_CASE("the radix sort behind large partitions orders like (weight, index) pa
     detail::sort_by_weight(v);
     CHECK(v == want);
   }
-  // Integer-valued workloads below 2048 items take the one-integer-per-item path (the index in
-  // the key's zero low bits); ties, zeros and -0.0 (equal to 0.0) must order as the pairs do.
+  // Integer-valued workloads take the one-integer-per-item path (the key relative to the smallest,
+  // the index in the low bits); ties, zeros and -0.0 (equal to 0.0) must order as the pairs do.
   for (const std::size_t n : {std::size_t{2}, std::size_t{47}, std::size_t{256}, std::size_t{1000}, std::size_t{2047},
                               std::size_t{5000}})
     for (const bool tokens : {false, true}) {
@@ -296,4 +297,114 @@ TEST_CASE("partitions do not depend on the sign of zero costs") {
         CHECK(a.items == b.items);
       }
   }
+}
+
+namespace {
+
+// Karmarkar–Karp written as plainly as possible (states hold their sets' item lists, full
+// sorts, a std::priority_queue): the definition the optimised detail::kk_assign must match
+// item for item, ties included.
+std::vector<index_t> plain_kk(const std::vector<double>& w, index_t k, bool equal_count) {
+  struct set {
+    double sum = 0.0;
+    index_t count = 0;
+    std::vector<index_t> items; // items[0] is the first item: the tie-breaker
+  };
+  auto before = [](const set& a, const set& b) {
+    if (a.sum != b.sum) return a.sum > b.sum;
+    if (a.count != b.count) return a.count > b.count;
+    return a.items.front() < b.items.front();
+  };
+  struct state {
+    std::vector<set> sets; // non-empty, in set order
+    std::uint64_t id;
+  };
+  const auto n = static_cast<index_t>(w.size());
+  const index_t pad = equal_count ? (k - n % k) % k : 0;
+  std::vector<std::pair<double, index_t>> order;
+  for (index_t i = 0; i < pad; ++i) order.push_back({0.0, n + i});
+  std::vector<std::pair<double, index_t>> real;
+  for (index_t i = 0; i < n; ++i) real.push_back({w[static_cast<std::size_t>(i)] == 0.0 ? 0.0 : w[static_cast<std::size_t>(i)], i});
+  std::sort(real.begin(), real.end());
+  order.insert(order.end(), real.begin(), real.end());
+  std::vector<state> states;
+  std::uint64_t next_id = 0;
+  const index_t chunk = equal_count ? k : 1;
+  for (std::size_t at = 0; at < order.size(); at += static_cast<std::size_t>(chunk)) {
+    state s{{}, next_id++};
+    for (index_t i = 0; i < chunk; ++i) {
+      const auto& [wt, item] = order[at + static_cast<std::size_t>(i)];
+      s.sets.push_back({wt, 1, {item}});
+    }
+    std::sort(s.sets.begin(), s.sets.end(), before);
+    states.push_back(std::move(s));
+  }
+  auto spread = [&](const state& s) {
+    return s.sets.front().sum - (static_cast<index_t>(s.sets.size()) < k ? 0.0 : s.sets.back().sum);
+  };
+  auto after = [&](std::size_t a, std::size_t b) { // priority_queue: max first
+    const state& x = states[a];
+    const state& y = states[b];
+    if (spread(x) != spread(y)) return spread(x) < spread(y);
+    if (x.sets.front().sum != y.sets.front().sum) return x.sets.front().sum < y.sets.front().sum;
+    return x.id > y.id;
+  };
+  std::priority_queue<std::size_t, std::vector<std::size_t>, decltype(after)> heap(after);
+  for (std::size_t i = 0; i < states.size(); ++i) heap.push(i);
+  while (heap.size() > 1) {
+    const std::size_t a = heap.top();
+    heap.pop();
+    const std::size_t b = heap.top();
+    heap.pop();
+    std::vector<set> x = states[a].sets, y = states[b].sets;
+    x.resize(static_cast<std::size_t>(k)); // pad with empty sets: sum 0, count 0, no items
+    y.resize(static_cast<std::size_t>(k));
+    std::vector<set> merged;
+    for (index_t i = 0; i < k; ++i) {
+      set s = x[static_cast<std::size_t>(i)];
+      const set& t = y[static_cast<std::size_t>(k - 1 - i)];
+      if (s.items.empty() && t.items.empty()) continue;
+      if (s.items.empty()) {
+        merged.push_back(t);
+        continue;
+      }
+      s.sum += t.sum;
+      s.count += t.count;
+      s.items.insert(s.items.end(), t.items.begin(), t.items.end());
+      merged.push_back(std::move(s));
+    }
+    std::sort(merged.begin(), merged.end(), before);
+    states[a] = {std::move(merged), next_id++};
+    heap.push(a);
+  }
+  std::vector<index_t> owner(static_cast<std::size_t>(n), -1);
+  const state& fin = states[heap.top()];
+  for (std::size_t p = 0; p < fin.sets.size(); ++p)
+    for (const index_t i : fin.sets[p].items)
+      if (i < n) owner[static_cast<std::size_t>(i)] = static_cast<index_t>(p);
+  return owner;
+}
+
+} // namespace
+
+TEST_CASE("the optimised Karmarkar-Karp assigns every item as the plain definition does") {
+  test::rng r(34);
+  int cases = 0;
+  for (const index_t n : {index_t{1}, index_t{7}, index_t{64}, index_t{255}, index_t{1000}, index_t{3001}})
+    for (const index_t k : {index_t{1}, index_t{2}, index_t{8}, index_t{17}, index_t{64}})
+      for (int dist = 0; dist < 4; ++dist)
+        for (const bool equal : {true, false}) {
+          CAPTURE(n);
+          CAPTURE(k);
+          CAPTURE(dist);
+          CAPTURE(equal);
+          const auto len = random_lengths(r, n, dist);
+          std::vector<double> w(len.size());
+          const cost_model cost = dist == 3 ? cost_model::tokens() : cost_model::attention();
+          for (std::size_t i = 0; i < len.size(); ++i) w[i] = cost(len[i]);
+          if (dist == 2 && n > 100) w[5] = 1e-300 * r.uniform(1, 2); // a key far below the others: long keys
+          CHECK(detail::kk_assign(w, k, equal) == plain_kk(w, k, equal));
+          ++cases;
+        }
+  MESSAGE(cases, " cases");
 }

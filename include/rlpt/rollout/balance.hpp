@@ -30,6 +30,7 @@
 #include <functional>
 #include <iterator>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <queue>
 #include <span>
@@ -105,16 +106,13 @@ struct balance_options {
 
 namespace detail {
 
+// A KK set: its cost, its item count and its root item (the first item it held). A union
+// points the absorbed root at the absorbing one (kk_unions), so it is O(1), a set is 16 bytes,
+// and owners are resolved once at the end.
 struct kk_set {
-  double sum = 0.0;
-  index_t count = 0;
-  index_t head = -1;
-  index_t tail = -1;
-};
-
-struct kk_state {
-  std::vector<kk_set> sets; //!< non-empty sets, sum descending; the remaining k - size() are empty
-  std::uint64_t id = 0;
+  double sum;
+  std::uint32_t count;
+  std::uint32_t head;
 };
 
 // Heaviest sets first; among equal sums the one with more items (verl's Set order), then the
@@ -134,60 +132,92 @@ inline constexpr kk_set_order kk_set_before{}; // a function object, so sorts in
   return std::bit_cast<std::uint64_t>(d) & ~(std::uint64_t{1} << 63);
 }
 
-//! Stable LSD radix sort of (weight, index) pairs by weight, `bits`-bit digits; digits that
-//! every key shares are skipped (integer-valued workloads leave the low mantissa bits zero).
-template <int bits, class count_t>
-inline void radix_sort_by_weight(std::pair<double, index_t>* v, std::size_t n, std::pair<double, index_t>* tmp) {
-  constexpr std::size_t buckets = std::size_t{1} << bits;
-  constexpr int digits = (64 + bits - 1) / bits;
-  constexpr std::uint64_t mask = buckets - 1;
-  std::vector<count_t> hist(buckets * digits, 0);
+//! Sorts `n` distinct 64-bit keys below 2^bits ascending: one stable counting pass on the top
+//! bits into about n/8 buckets, then each bucket by insertion (std::sort for a crowded one, so
+//! the worst case stays O(n log n)). Few branches to mispredict against a comparison sort's
+//! ~log n per key; `tmp` holds n keys.
+inline void bucket_sort_keys(std::uint64_t* v, std::uint64_t* tmp, std::size_t n, int bits,
+                             std::vector<std::uint32_t>& counts) {
+  const int bucket_bits = std::clamp(static_cast<int>(std::bit_width(n / 8)), 1, 16);
+  const int shift = std::max(bits - bucket_bits, 0);
+  const std::size_t buckets = std::size_t{1} << bucket_bits;
+  counts.assign(2 * buckets + 1, 0);
+  std::uint32_t* start = counts.data();
+  std::uint32_t* at = start + buckets + 1;
+  for (std::size_t i = 0; i < n; ++i) ++start[(v[i] >> shift) + 1];
+  for (std::size_t b = 0; b < buckets; ++b) at[b] = start[b + 1] += start[b];
+  for (std::size_t b = buckets; b-- > 0;) at[b] = start[b];
+  for (std::size_t i = 0; i < n; ++i) tmp[at[v[i] >> shift]++] = v[i];
+  for (std::size_t b = 0; b < buckets; ++b) {
+    std::uint64_t* first = tmp + start[b];
+    std::uint64_t* last = tmp + start[b + 1];
+    if (last - first > 32) {
+      std::sort(first, last);
+      continue;
+    }
+    for (std::uint64_t* x = first + (first != last); x < last; ++x) {
+      const std::uint64_t key = *x;
+      std::uint64_t* y = x;
+      for (; y > first && key < y[-1]; --y) *y = y[-1];
+      *y = key;
+    }
+  }
+  std::copy(tmp, tmp + n, v);
+}
+
+//! Item ids ascending by (weight, id), for non-negative finite weights (-0.0 ties with 0.0).
+//! Costs whose order keys end in enough zero bits (integer-valued workloads such as
+//! 24576·L + L² leave 20 or more) sort one 64-bit key per item: the key relative to the
+//! smallest, its shared zero bits dropped, the id in the low bits; other costs sort
+//! (weight, id) pairs.
+inline void order_by_weight(view<const double> w, std::vector<std::uint32_t>& order) {
+  const auto n = static_cast<std::size_t>(w.size());
+  RLPT_CHECK(n <= std::numeric_limits<std::uint32_t>::max(), "rlpt.rollout.too_many_items",
+             "cannot order {} items; at most 2^32 - 1", n);
+  order.resize(n);
+  if (n < 2) {
+    if (n == 1) order[0] = 0;
+    return;
+  }
+  std::uint64_t lo = std::numeric_limits<std::uint64_t>::max(), hi = 0, any = 0;
   for (std::size_t i = 0; i < n; ++i) {
-    const std::uint64_t u = weight_key(v[i].first);
-    for (int d = 0; d < digits; ++d) ++hist[static_cast<std::size_t>(d) * buckets + ((u >> (d * bits)) & mask)];
+    const std::uint64_t u = weight_key(w[static_cast<index_t>(i)]);
+    lo = std::min(lo, u);
+    hi = std::max(hi, u);
+    any |= u;
   }
-  auto* src = v;
-  auto* dst = tmp;
-  for (int d = 0; d < digits; ++d) {
-    count_t* h = hist.data() + static_cast<std::size_t>(d) * buckets;
-    if (h[(weight_key(src[0].first) >> (d * bits)) & mask] == n) continue; // every key shares this digit
-    count_t sum = 0;
-    for (std::size_t b = 0; b < buckets; ++b) sum += std::exchange(h[b], sum);
-    for (std::size_t i = 0; i < n; ++i) dst[h[(weight_key(src[i].first) >> (d * bits)) & mask]++] = src[i];
-    std::swap(src, dst);
+  const int shift = any == 0 ? 0 : std::countr_zero(any); // every key, and so every difference, ends in these zeros
+  const int id_bits = static_cast<int>(std::bit_width(n - 1));
+  const int value_bits = static_cast<int>(std::bit_width((hi - lo) >> shift));
+  if (value_bits + id_bits <= 64) {
+    const auto keys = std::make_unique_for_overwrite<std::uint64_t[]>(2 * n); // keys, then scratch
+    for (std::size_t i = 0; i < n; ++i)
+      keys[i] = (((weight_key(w[static_cast<index_t>(i)]) - lo) >> shift) << id_bits) | i;
+    std::vector<std::uint32_t> counts;
+    bucket_sort_keys(keys.get(), keys.get() + n, n, value_bits + id_bits, counts);
+    const std::uint64_t id_mask = (std::uint64_t{1} << id_bits) - 1;
+    for (std::size_t i = 0; i < n; ++i) order[i] = static_cast<std::uint32_t>(keys[i] & id_mask);
+    return;
   }
-  if (src != v) std::copy(src, src + n, v);
+  std::vector<std::pair<std::uint64_t, std::uint32_t>> pairs(n);
+  for (std::size_t i = 0; i < n; ++i) pairs[i] = {weight_key(w[static_cast<index_t>(i)]), static_cast<std::uint32_t>(i)};
+  std::sort(pairs.begin(), pairs.end());
+  for (std::size_t i = 0; i < n; ++i) order[i] = pairs[i].second;
 }
 
 //! Sorts (weight, index) pairs ascending by weight, then index, for non-negative finite
 //! weights given in index order: v[first + i].second == v[first].second + i (-0.0 comes back
-//! as 0.0). Small inputs whose weight keys end in enough zero bits
-//! (integer-valued workloads: 24576·L + L² < 2^31 leaves 22 of them) sort one integer per
-//! item, the index in those bits; others sort the pairs. Large inputs use an LSD radix sort
-//! on the keys (stable, and the input is in index order, so ties stay by index).
+//! as 0.0).
 inline void sort_by_weight(std::vector<std::pair<double, index_t>>& v, std::size_t first = 0) {
   const std::size_t n = v.size() - first;
   if (n < 2) return;
   auto* a = v.data() + first;
-  if (n < 2048) {
-    std::uint64_t low = 0;
-    for (std::size_t i = 0; i < n; ++i) low |= weight_key(a[i].first);
-    const auto index_bits = static_cast<int>(std::bit_width(n - 1));
-    if (low == 0 || std::countr_zero(low) >= index_bits) {
-      std::vector<std::uint64_t> keys(n); // key | position: ties order by position (= index)
-      for (std::size_t i = 0; i < n; ++i) keys[i] = weight_key(a[i].first) | i;
-      std::sort(keys.begin(), keys.end());
-      const index_t base = a[0].second;
-      const std::uint64_t position = (std::uint64_t{1} << index_bits) - 1;
-      for (std::size_t i = 0; i < n; ++i)
-        a[i] = {std::bit_cast<double>(keys[i] & ~position), base + static_cast<index_t>(keys[i] & position)};
-      return;
-    }
-    std::sort(a, a + n);
-    return;
-  }
-  std::vector<std::pair<double, index_t>> tmp(n);
-  radix_sort_by_weight<11, std::size_t>(a, n, tmp.data());
+  std::vector<double> w(n);
+  for (std::size_t i = 0; i < n; ++i) w[i] = a[i].first == 0.0 ? 0.0 : a[i].first;
+  std::vector<std::uint32_t> order;
+  order_by_weight(view<const double>(w.data(), static_cast<index_t>(n)), order);
+  const index_t base = a[0].second;
+  for (std::size_t i = 0; i < n; ++i) a[i] = {w[order[i]], base + static_cast<index_t>(order[i])};
 }
 
 // Max-heap key of a KK state: (spread, largest set, earliest state). Computed once per push:
@@ -195,32 +225,54 @@ inline void sort_by_weight(std::vector<std::pair<double, index_t>>& v, std::size
 struct kk_key {
   double spread;
   double top;
-  std::uint64_t id;
-  index_t state;
+  std::uint32_t id;
+  std::uint32_t state;
 };
-struct kk_key_after {
-  bool operator()(const kk_key& x, const kk_key& y) const noexcept {
-    if (x.spread != y.spread) return x.spread < y.spread;
-    if (x.top != y.top) return x.top < y.top;
-    return x.id > y.id;
-  }
-};
-//! Max-heap of KK states over one flat, pre-sized array (no growth while it runs).
+[[nodiscard]] inline bool kk_key_after(const kk_key& x, const kk_key& y) noexcept {
+  if (x.spread != y.spread) return x.spread < y.spread;
+  if (x.top != y.top) return x.top < y.top;
+  return x.id > y.id;
+}
+//! Max-heap of KK states over one flat, pre-sized array. KK pops two states and pushes their
+//! merge, so `replace_top` (one sift-down) stands for the second pop and the push. Keys are
+//! unique (the id), so the heap's order and the merges do not depend on its layout.
 class kk_heap {
 public:
   explicit kk_heap(std::size_t capacity) { v_.reserve(capacity); }
   [[nodiscard]] std::size_t size() const noexcept { return v_.size(); }
   [[nodiscard]] const kk_key& top() const noexcept { return v_.front(); }
   void push(const kk_key& k) {
+    std::size_t i = v_.size();
     v_.push_back(k);
-    std::push_heap(v_.begin(), v_.end(), kk_key_after{});
+    while (i > 0) {
+      const std::size_t up = (i - 1) / 2;
+      if (!kk_key_after(v_[up], k)) break;
+      v_[i] = v_[up];
+      i = up;
+    }
+    v_[i] = k;
   }
   void pop() {
-    std::pop_heap(v_.begin(), v_.end(), kk_key_after{});
+    const kk_key last = v_.back();
     v_.pop_back();
+    if (!v_.empty()) sift_down(last);
   }
+  void replace_top(const kk_key& k) { sift_down(k); }
 
 private:
+  void sift_down(const kk_key& k) noexcept {
+    const std::size_t n = v_.size();
+    std::size_t i = 0;
+    for (;;) {
+      std::size_t c = 2 * i + 1;
+      if (c >= n) break;
+      if (c + 1 < n && kk_key_after(v_[c], v_[c + 1])) ++c;
+      if (!kk_key_after(k, v_[c])) break;
+      v_[i] = v_[c];
+      i = c;
+    }
+    v_[i] = k;
+  }
   std::vector<kk_key> v_;
 };
 
@@ -235,14 +287,33 @@ inline void insertion_sort_sets(kk_set* x, index_t k) noexcept {
   }
 }
 
-//! Part of every item, from the linked lists of the final sets.
-inline std::vector<index_t> kk_owner(const kk_set* sets, index_t nsets, index_t n, const std::vector<index_t>& next) {
-  std::vector<index_t> owner(static_cast<std::size_t>(n), -1);
-  for (index_t p = 0; p < nsets; ++p)
-    for (index_t it = sets[p].head; it != -1; it = next[static_cast<std::size_t>(it)])
-      if (it < n) owner[static_cast<std::size_t>(it)] = p;
-  return owner;
-}
+//! Roots absorbed into other sets, in order: a later root never points at an earlier one, so
+//! owners resolve in one backward pass.
+class kk_unions {
+public:
+  explicit kk_unions(std::size_t items) : parent_(std::make_unique_for_overwrite<std::uint32_t[]>(items)), items_(items) {
+    absorbed_.reserve(items);
+  }
+  void join(kk_set& into, const kk_set& from) noexcept {
+    parent_[from.head] = into.head;
+    absorbed_.push_back(from.head);
+    into.sum += from.sum;
+    into.count += from.count;
+  }
+  //! Part of each of the first n items; the final sets' positions are the parts.
+  [[nodiscard]] std::vector<index_t> owners(const kk_set* sets, index_t nsets, index_t n) const {
+    std::vector<index_t> owner(items_);
+    for (index_t p = 0; p < nsets; ++p) owner[sets[p].head] = p;
+    for (auto it = absorbed_.rbegin(); it != absorbed_.rend(); ++it) owner[*it] = owner[parent_[*it]];
+    owner.resize(static_cast<std::size_t>(n));
+    return owner;
+  }
+
+private:
+  std::unique_ptr<std::uint32_t[]> parent_; // written before it is read: no zeroing
+  std::size_t items_;
+  std::vector<std::uint32_t> absorbed_;
+};
 
 //! Index-ordered item lists per part from an owner array.
 inline std::vector<std::vector<index_t>> parts_of(const std::vector<index_t>& owner, index_t k) {
@@ -261,77 +332,76 @@ inline std::vector<index_t> kk_assign(view<const double> w, index_t k, bool equa
   const index_t n = w.size();
   const index_t pad = equal_count ? (k - n % k) % k : 0;
   const index_t total = n + pad; // padding items have ids n .. n + pad - 1, weight 0, sorted first
-  // Ascending by (weight, index), padding first; sorting the pairs keeps the sort cache-friendly
-  // and the weights next to their items.
-  std::vector<std::pair<double, index_t>> sorted(static_cast<std::size_t>(total));
-  for (index_t i = 0; i < pad; ++i) sorted[static_cast<std::size_t>(i)] = {0.0, n + i};
-  for (index_t i = 0; i < n; ++i) sorted[static_cast<std::size_t>(pad + i)] = {w[i], i};
-  sort_by_weight(sorted, static_cast<std::size_t>(pad));
-  std::vector<index_t> next(static_cast<std::size_t>(total), -1); // items linked per set: O(1) union
+  RLPT_CHECK(total < index_t{1} << 31, "rlpt.rollout.too_many_items",
+             "cannot partition {} items ({} with padding); at most 2^31 - 1", n, total);
   if (total == 0) return {};
-  std::uint64_t next_id = 0;
-  kk_heap heap(static_cast<std::size_t>(equal_count ? total / k : total));
+  std::vector<std::uint32_t> order;
+  order_by_weight(w, order);
+  // Position p of the ascending (weight, id) order, padding first.
+  auto item_at = [&](index_t p) -> kk_set {
+    if (p < pad) return {0.0, 1, static_cast<std::uint32_t>(n + p)};
+    const std::uint32_t item = order[static_cast<std::size_t>(p - pad)];
+    return {w[item], 1, item};
+  };
+  kk_unions unions(static_cast<std::size_t>(total));
+  std::uint32_t next_id = 0;
 
   if (equal_count) {
     // Every state holds exactly k non-empty sets: one flat arena, no per-state allocation.
     const index_t states = total / k;
-    std::vector<kk_set> arena(static_cast<std::size_t>(total));
-    auto slice = [&](index_t st) { return arena.data() + st * k; };
+    kk_heap heap(static_cast<std::size_t>(states));
+    const auto arena = std::make_unique_for_overwrite<kk_set[]>(static_cast<std::size_t>(total));
+    auto slice = [&](index_t st) { return arena.get() + st * k; };
     auto key_of = [&](index_t st) {
       const kk_set* x = slice(st);
-      return kk_key{x[0].sum - x[k - 1].sum, x[0].sum, next_id++, st};
+      return kk_key{x[0].sum - x[k - 1].sum, x[0].sum, next_id++, static_cast<std::uint32_t>(st)};
     };
     for (index_t st = 0; st < states; ++st) {
       kk_set* x = slice(st);
-      // The chunk is ascending by (weight, index): reversed, it is in set order except that
-      // runs of equal weights are index-descending; reversing those runs (and an insertion
-      // sort for padding mixed with zero weights) gives the sorted order in O(k).
-      for (index_t i = 0; i < k; ++i) {
-        const auto& [wt, item] = sorted[static_cast<std::size_t>(st * k + k - 1 - i)];
-        x[i] = {wt, 1, item, item};
-      }
-      for (index_t lo = 0; lo < k;) {
-        index_t hi = lo + 1;
+      // The chunk is ascending by (weight, id): reversed, it is in set order except that
+      // runs of equal weights are id-descending; reversing those runs gives the sorted order
+      // in O(k). Padding (the highest ids, sorted first) mixed with zero weights can only
+      // be in the first chunk: an insertion sort puts it after them.
+      for (index_t i = 0; i < k; ++i) x[i] = item_at(st * k + k - 1 - i);
+      for (index_t i = 1; i < k; ++i) {
+        if (x[i].sum != x[i - 1].sum) [[likely]]
+          continue;
+        index_t lo = i - 1, hi = i + 1;
         while (hi < k && x[hi].sum == x[lo].sum) ++hi;
         std::reverse(x + lo, x + hi);
-        lo = hi;
+        i = hi;
       }
-      insertion_sort_sets(x, k);
+      if (st == 0 && pad > 0) insertion_sort_sets(x, k);
       heap.push(key_of(st));
     }
     while (heap.size() > 1) {
       const index_t a = heap.top().state;
       heap.pop();
-      const index_t b = heap.top().state;
-      heap.pop();
       kk_set* x = slice(a);
-      const kk_set* y = slice(b);
-      for (index_t i = 0; i < k; ++i) { // heaviest of x with lightest of y
-        kk_set& s = x[i];
-        const kk_set& t = y[k - 1 - i];
-        next[static_cast<std::size_t>(s.tail)] = t.head;
-        s.tail = t.tail;
-        s.sum += t.sum;
-        s.count += t.count;
-      }
+      const kk_set* y = slice(heap.top().state);
+      for (index_t i = 0; i < k; ++i) unions.join(x[i], y[k - 1 - i]); // heaviest of x with lightest of y
       if (k <= 16) insertion_sort_sets(x, k); // no memmove calls for the few sets
       else std::sort(x, x + k, kk_set_before);
-      heap.push(key_of(a));
+      heap.replace_top(key_of(a));
     }
-    return kk_owner(slice(heap.top().state), k, n, next);
+    return unions.owners(slice(heap.top().state), k, n);
   }
 
   // Free counts: states start as one item and grow up to k non-empty sets (the rest empty).
+  struct kk_state {
+    std::vector<kk_set> sets; // non-empty sets, sum descending; the remaining k - size() are empty
+    std::uint32_t id = 0;
+  };
+  kk_heap heap(static_cast<std::size_t>(total));
   std::vector<kk_state> pool(static_cast<std::size_t>(total));
   auto key_of = [&](index_t i) {
     const kk_state& x = pool[static_cast<std::size_t>(i)];
     const double lo = static_cast<index_t>(x.sets.size()) < k ? 0.0 : x.sets.back().sum;
-    return kk_key{x.sets.front().sum - lo, x.sets.front().sum, x.id, i};
+    return kk_key{x.sets.front().sum - lo, x.sets.front().sum, x.id, static_cast<std::uint32_t>(i)};
   };
   for (index_t i = 0; i < total; ++i) {
-    const auto& [wt, item] = sorted[static_cast<std::size_t>(i)];
     kk_state& s = pool[static_cast<std::size_t>(i)];
-    s.sets.push_back({wt, 1, item, item});
+    s.sets.push_back(item_at(i));
     s.id = next_id++;
     heap.push(key_of(i));
   }
@@ -340,7 +410,6 @@ inline std::vector<index_t> kk_assign(view<const double> w, index_t k, bool equa
     const index_t a = heap.top().state;
     heap.pop();
     const index_t b = heap.top().state;
-    heap.pop();
     kk_state& x = pool[static_cast<std::size_t>(a)];
     kk_state& y = pool[static_cast<std::size_t>(b)];
     const index_t mx = static_cast<index_t>(x.sets.size()), my = static_cast<index_t>(y.sets.size());
@@ -356,10 +425,7 @@ inline std::vector<index_t> kk_assign(view<const double> w, index_t k, bool equa
         continue;
       }
       kk_set s = x.sets[static_cast<std::size_t>(i)];
-      next[static_cast<std::size_t>(s.tail)] = t.head;
-      s.tail = t.tail;
-      s.sum += t.sum;
-      s.count += t.count;
+      unions.join(s, t);
       changed.push_back(s);
     }
     std::sort(changed.begin(), changed.end(), kk_set_before);
@@ -374,10 +440,10 @@ inline std::vector<index_t> kk_assign(view<const double> w, index_t k, bool equa
     }
     x.id = next_id++;
     std::vector<kk_set>().swap(y.sets);
-    heap.push(key_of(a));
+    heap.replace_top(key_of(a));
   }
   const kk_state& fin = pool[static_cast<std::size_t>(heap.top().state)];
-  return kk_owner(fin.sets.data(), static_cast<index_t>(fin.sets.size()), n, next);
+  return unions.owners(fin.sets.data(), static_cast<index_t>(fin.sets.size()), n);
 }
 
 //! Karmarkar–Karp as index-ordered item lists per part.
