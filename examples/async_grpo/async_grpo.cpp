@@ -941,8 +941,8 @@ mode_summary run_mode(const config& c, const task& tk, const std::vector<torch::
 
     // GRPO advantages over the batch's groups (verl's conventions).
     const index_t N = batch.size();
-    std::vector<float> rewards(static_cast<std::size_t>(N)), adv(static_cast<std::size_t>(N));
-    for (index_t i = 0; i < N; ++i) rewards[static_cast<std::size_t>(i)] = batch.rewards()(i, 0);
+    const std::vector<float> rewards = batch.reward_column(0);
+    std::vector<float> adv(static_cast<std::size_t>(N));
     (void)rlpt::grpo_advantages(rewards, batch.groups(), adv, rlpt::compat::verl::grpo());
     row.batch_reward = std::accumulate(rewards.begin(), rewards.end(), 0.0) / static_cast<double>(N);
 

@@ -250,3 +250,29 @@ TEST_CASE("rollout_batch stacks records into columns with zero-copy row views") 
   bad[0].token_rewards.clear();
   RLPT_CHECK_ERROR(rollout_batch::gather(bad, schema), "rlpt.rollout.record_size", "token_rewards");
 }
+
+TEST_CASE("reward_column gives one reward channel of every record, contiguous") {
+  test::rng r(3);
+  const record_schema schema{.reward_channels = 2};
+  std::vector<trajectory> recs;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<token_id> out(static_cast<std::size_t>(r.integer(1, 5)), 7);
+    std::vector<float> lp = r.uniforms(out.size(), -3.0, 0.0);
+    trajectory_builder b(i / 2, std::vector<token_id>{1, 2}, {});
+    b.model(out, lp, 0);
+    trajectory t = std::move(b).finish();
+    t.rewards = {static_cast<float>(r.uniform(0, 1)), static_cast<float>(r.uniform(-1, 0))};
+    recs.push_back(std::move(t));
+  }
+  const rollout_batch batch = rollout_batch::gather(recs, schema);
+  for (index_t c = 0; c < 2; ++c) {
+    const std::vector<float> col = batch.reward_column(c);
+    REQUIRE(col.size() == recs.size());
+    for (std::size_t i = 0; i < recs.size(); ++i) {
+      CHECK(col[i] == recs[i].rewards[static_cast<std::size_t>(c)]);
+      CHECK(col[i] == batch.rewards()(static_cast<index_t>(i), c));
+    }
+  }
+  RLPT_CHECK_ERROR((void)batch.reward_column(2), "rlpt.rollout.bad_selection", "reward channel 2 does not exist: the batch has 2");
+  RLPT_CHECK_ERROR((void)batch.reward_column(-1), "rlpt.rollout.bad_selection", "reward channel -1");
+}

@@ -150,6 +150,15 @@ public:
   [[nodiscard]] view2d<const float> rewards() const noexcept {
     return {rewards_.data(), size(), schema_.reward_channels};
   }
+  //! Reward channel `c` of every record as one contiguous column: what the advantage
+  //! estimators take (`grpo_advantages(batch.reward_column(), batch.groups(), adv, ...)`).
+  [[nodiscard]] std::vector<float> reward_column(index_t c = 0) const {
+    RLPT_CHECK(c >= 0 && c < schema_.reward_channels, "rlpt.rollout.bad_selection",
+               "reward channel {} does not exist: the batch has {} reward channels", c, schema_.reward_channels);
+    std::vector<float> col(detail::usize(size()));
+    for (std::size_t i = 0; i < col.size(); ++i) col[i] = rewards_[i * detail::usize(schema_.reward_channels) + detail::usize(c)];
+    return col;
+  }
   [[nodiscard]] view<const index_t> prompt_lens() const noexcept { return prompt_lens_; }
   [[nodiscard]] view<const std::int64_t> group_ids() const noexcept { return group_ids_; }
   [[nodiscard]] view<const std::int32_t> sample_indices() const noexcept { return sample_indices_; }
