@@ -68,8 +68,11 @@ inline constexpr std::size_t copy_hash_streaming_bytes = std::size_t{4} << 20;
 namespace detail {
 
 //! Bytes processed per step of the large paths: one page. The hardware prefetchers stop at
-//! page boundaries, so each step prefetches the next page while it hashes this one.
+//! page boundaries, so each step prefetches the next page while it hashes this one, a KiB of
+//! it before each KiB hashed (all 64 lines at once measured ~5% slower: the prefetches queue
+//! behind each other instead of overlapping the hash).
 inline constexpr std::size_t prefetch_step = 4096;
+inline constexpr std::size_t prefetch_sub = 1024;
 
 //! Prefetches [p, p + bytes) for a read soon (non-temporal hint: used once, then evicted).
 inline void prefetch_read(const unsigned char* p, std::size_t bytes) noexcept {
@@ -105,6 +108,18 @@ inline void stream_copy_unfenced(unsigned char* d, const unsigned char* s, std::
   std::memcpy(d, s, bytes);
 }
 
+//! Hashes s[off, off + n) (n at most a page) into h, prefetching the same range one page on
+//! (clipped to [0, bytes)) a KiB at a time.
+inline void hash_page_prefetch_next(xxh3_stream& h, const unsigned char* s, std::size_t off, std::size_t n,
+                                    std::size_t bytes) noexcept {
+  for (std::size_t q = 0; q < n; q += prefetch_sub) {
+    const std::size_t m = std::min(prefetch_sub, n - q);
+    const std::size_t ahead = off + prefetch_step + q;
+    if (ahead < bytes) prefetch_read(s + ahead, std::min(m, bytes - ahead));
+    h.update(s + off + q, m);
+  }
+}
+
 } // namespace detail
 
 //! XXH3-64 (seed 0) of a byte range: the checksum of every bucket piece, tensor and frame.
@@ -116,11 +131,8 @@ inline void stream_copy_unfenced(unsigned char* d, const unsigned char* s, std::
   const auto* s = static_cast<const unsigned char*>(data);
   constexpr std::size_t step = detail::prefetch_step;
   xxh3_stream h;
-  for (std::size_t off = 0; off < bytes; off += step) {
-    const std::size_t n = std::min(step, bytes - off);
-    if (bytes - off > step) detail::prefetch_read(s + off + step, std::min(step, bytes - off - step));
-    h.update(s + off, n);
-  }
+  for (std::size_t off = 0; off < bytes; off += step)
+    detail::hash_page_prefetch_next(h, s, off, std::min(step, bytes - off), bytes);
   return h.digest();
 }
 
@@ -146,8 +158,7 @@ inline std::uint64_t copy_hash(void* dst, const void* src, std::size_t bytes) no
     constexpr std::size_t step = detail::prefetch_step;
     for (std::size_t off = 0; off < bytes; off += step) {
       const std::size_t n = std::min(step, bytes - off);
-      if (bytes - off > step) detail::prefetch_read(s + off + step, std::min(step, bytes - off - step));
-      h.update(s + off, n);
+      detail::hash_page_prefetch_next(h, s, off, n, bytes);
       detail::stream_copy_unfenced(d + off, s + off, n);
     }
 #if defined(__SSE2__)
