@@ -124,7 +124,7 @@ inline void hash_page_prefetch_next(xxh3_stream& h, const unsigned char* s, std:
 
 //! XXH3-64 (seed 0) of a byte range: the checksum of every bucket piece, tensor and frame.
 //! Large inputs go through the streaming state a page at a time with the next page
-//! prefetched (1.1-1.2x the one-shot rate from memory on the development machine); XXH3's
+//! prefetched (1.0-1.2x the one-shot rate from memory on the development machine); XXH3's
 //! streaming digest equals its one-shot digest, so the value is the same.
 [[nodiscard]] inline std::uint64_t xxh3(const void* data, std::size_t bytes) noexcept {
   if (bytes < copy_hash_streaming_bytes) return RLPT_SYNC_XXH3_64(data, bytes);
