@@ -132,35 +132,42 @@ inline constexpr kk_set_order kk_set_before{}; // a function object, so sorts in
   return std::bit_cast<std::uint64_t>(d) & ~(std::uint64_t{1} << 63);
 }
 
-//! Sorts `n` distinct 64-bit keys below 2^bits ascending: one stable counting pass on the top
-//! bits into about n/8 buckets, then each bucket by insertion (std::sort for a crowded one, so
-//! the worst case stays O(n log n)). Few branches to mispredict against a comparison sort's
-//! ~log n per key; `tmp` holds n keys.
-inline void bucket_sort_keys(std::uint64_t* v, std::uint64_t* tmp, std::size_t n, int bits,
-                             std::vector<std::uint32_t>& counts) {
-  const int bucket_bits = std::clamp(static_cast<int>(std::bit_width(n / 8)), 1, 16);
-  const int shift = std::max(bits - bucket_bits, 0);
-  const std::size_t buckets = std::size_t{1} << bucket_bits;
-  counts.assign(2 * buckets + 1, 0);
-  std::uint32_t* start = counts.data();
+//! Sorts `n` distinct 64-bit keys ascending, in place (`tmp`: room for n keys). MSD bucket
+//! sort: one stable counting pass spreads the keys over about n/4 buckets by their position
+//! in [min, max]; small buckets are finished by insertion, crowded ones (outliers squeeze the
+//! rest together) the same way on their own range. Few branches to mispredict, against a
+//! comparison sort's ~log n per key. `counts` is reused scratch.
+inline void bucket_sort_keys(std::uint64_t* v, std::uint64_t* tmp, std::size_t n, std::vector<std::uint32_t>& counts,
+                             std::size_t counts_at = 0, int depth = 0) {
+  if (n <= 16) {
+    for (std::size_t i = 1; i < n; ++i) {
+      const std::uint64_t key = v[i];
+      std::size_t j = i;
+      for (; j > 0 && key < v[j - 1]; --j) v[j] = v[j - 1];
+      v[j] = key;
+    }
+    return;
+  }
+  if (depth == 6) return std::sort(v, v + n); // adversarial spreads: keep O(n log n)
+  std::uint64_t lo = v[0], hi = v[0];
+  for (std::size_t i = 1; i < n; ++i) {
+    lo = std::min(lo, v[i]);
+    hi = std::max(hi, v[i]);
+  }
+  const int bucket_bits = std::clamp(static_cast<int>(std::bit_width(n / 4)), 1, 16);
+  const int shift = std::max(static_cast<int>(std::bit_width(hi - lo)) - bucket_bits, 0);
+  const std::size_t buckets = static_cast<std::size_t>((hi - lo) >> shift) + 1;
+  counts.resize(std::max(counts.size(), counts_at + 2 * buckets + 1));
+  std::uint32_t* start = counts.data() + counts_at;
   std::uint32_t* at = start + buckets + 1;
-  for (std::size_t i = 0; i < n; ++i) ++start[(v[i] >> shift) + 1];
-  for (std::size_t b = 0; b < buckets; ++b) at[b] = start[b + 1] += start[b];
-  for (std::size_t b = buckets; b-- > 0;) at[b] = start[b];
-  for (std::size_t i = 0; i < n; ++i) tmp[at[v[i] >> shift]++] = v[i];
+  std::fill(start, start + buckets + 1, 0u);
+  for (std::size_t i = 0; i < n; ++i) ++start[((v[i] - lo) >> shift) + 1];
+  for (std::size_t b = 0; b < buckets; ++b) start[b + 1] += start[b];
+  std::copy(start, start + buckets, at);
+  for (std::size_t i = 0; i < n; ++i) tmp[at[(v[i] - lo) >> shift]++] = v[i];
   for (std::size_t b = 0; b < buckets; ++b) {
-    std::uint64_t* first = tmp + start[b];
-    std::uint64_t* last = tmp + start[b + 1];
-    if (last - first > 32) {
-      std::sort(first, last);
-      continue;
-    }
-    for (std::uint64_t* x = first + (first != last); x < last; ++x) {
-      const std::uint64_t key = *x;
-      std::uint64_t* y = x;
-      for (; y > first && key < y[-1]; --y) *y = y[-1];
-      *y = key;
-    }
+    const std::size_t first = counts[counts_at + b], last = counts[counts_at + b + 1]; // counts may move
+    if (last - first > 1) bucket_sort_keys(tmp + first, v + first, last - first, counts, counts_at + 2 * buckets + 1, depth + 1);
   }
   std::copy(tmp, tmp + n, v);
 }
@@ -194,7 +201,7 @@ inline void order_by_weight(view<const double> w, std::vector<std::uint32_t>& or
     for (std::size_t i = 0; i < n; ++i)
       keys[i] = (((weight_key(w[static_cast<index_t>(i)]) - lo) >> shift) << id_bits) | i;
     std::vector<std::uint32_t> counts;
-    bucket_sort_keys(keys.get(), keys.get() + n, n, value_bits + id_bits, counts);
+    bucket_sort_keys(keys.get(), keys.get() + n, n, counts);
     const std::uint64_t id_mask = (std::uint64_t{1} << id_bits) - 1;
     for (std::size_t i = 0; i < n; ++i) order[i] = static_cast<std::uint32_t>(keys[i] & id_mask);
     return;
