@@ -197,62 +197,49 @@ RLPT_OBJECTIVE_HOST_INLINE double lane_max(const T* v, const std::uint8_t* use, 
   return static_cast<double>(m);
 }
 
-//! The row statistics of sequence b (what row_stats_add accumulates token by token, for the
-//! device and the tests), computed chunk by chunk with the vectorised loops.
+//! One chunk's share of the row statistics, after load_chunk and correction_chunk (seq_keep set).
 template <class T>
-RLPT_OBJECTIVE_HOST_INLINE row_stats host_row_stats(const objective_plan& p, const basic_objective_inputs<T>& in,
-                                                    index_t b, host_chunk_data<T>& c) {
-  row_stats st;
-  const token_layout& L = in.layout;
-  const index_t base = L.begin(b);
-  const index_t n = L.length(b);
-  row_consts keep_all; // seq_keep = true: sequence-level rejection is decided from these sums
-  for (index_t t0 = 0; t0 < n; t0 += host_chunk) {
-    const int cn = static_cast<int>(std::min<index_t>(host_chunk, n - t0));
-    load_chunk(p, in, b, base + t0, cn, c);
-    st.len += static_cast<double>(count(c.valid, cn));
-    correction_chunk(p, keep_all, cn, c); // keep, inl (and tmp = clamped log rho when a correction is on)
-    for (int j = 0; j < cn; ++j) c.rej[j] = static_cast<std::uint8_t>(c.valid[j] & c.keep[j]);
-    st.len_keep += static_cast<double>(count(c.rej, cn));
-    if (p.use_rs && p.rs_seq) {
-      const rs_stat stat = p.corr.reject.stat;
-      for (int j = 0; j < cn; ++j) c.pv[j] = rs_token_stat(stat, c.tmp[j]);
-      for (int j = 0; j < cn; ++j) c.pg[j] = sel(c.valid[j] != 0, c.pv[j], T(0));
-      st.rs_sum += lane_sum(c.pg, cn);
-      st.rs_max = std::max(st.rs_max, lane_max(c.pv, c.valid, cn));
-    }
-    if (p.use_is && p.is_seq) {
-      const T* num = p.corr.numerator == ratio_numerator::proximal ? c.old : c.lp;
-      for (int j = 0; j < cn; ++j) {
-        const T lr = num[j] - c.behav[j];
-        c.pg[j] = sel(c.valid[j] != 0, lr, T(0));
-      }
-      st.sum_lr += lane_sum(c.pg, cn);
-    }
-    if (p.policy == policy_kind::gspo) {
-      for (int j = 0; j < cn; ++j) {
-        const T x = c.lp[j] - c.old[j];
-        c.pg[j] = sel(c.inl[j] != 0, x, T(0));
-      }
-      st.sum_x += lane_sum(c.pg, cn);
-    }
-    if (p.policy == policy_kind::gmpo) {
-      const gmpo o = p.gm;
-      for (int j = 0; j < cn; ++j) {
-        T xs, dxs;
-        std::uint32_t f;
-        gmpo_token(o, c.lp[j] - c.old[j], c.adv[j], xs, dxs, f);
-        c.pv[j] = sel(c.inl[j] != 0, xs, T(0));
-        c.pg[j] = sel(c.inl[j] != 0, c.adv[j], T(0));
-      }
-      st.sum_xs += lane_sum(c.pv, cn);
-      st.sum_adv += lane_sum(c.pg, cn);
-      if (p.use_is && !p.is_seq)
-        for (int j = 0; j < cn; ++j) // log has no vectorised form here; GMPO with token weights is rare
-          if (c.inl[j]) st.sum_logw += static_cast<double>(log_r(c.w[j] + T(1e-10)));
-    }
+RLPT_OBJECTIVE_HOST_INLINE void stats_chunk(const objective_plan& p, int n, host_chunk_data<T>& c, row_stats& st) {
+  st.len += static_cast<double>(count(c.valid, n));
+  for (int j = 0; j < n; ++j) c.rej[j] = static_cast<std::uint8_t>(c.valid[j] & c.keep[j]);
+  st.len_keep += static_cast<double>(count(c.rej, n));
+  if (p.use_rs && p.rs_seq) {
+    const rs_stat stat = p.corr.reject.stat;
+    for (int j = 0; j < n; ++j) c.pv[j] = rs_token_stat(stat, c.tmp[j]);
+    for (int j = 0; j < n; ++j) c.pg[j] = sel(c.valid[j] != 0, c.pv[j], T(0));
+    st.rs_sum += lane_sum(c.pg, n);
+    st.rs_max = std::max(st.rs_max, lane_max(c.pv, c.valid, n));
   }
-  return st;
+  if (p.use_is && p.is_seq) {
+    const T* num = p.corr.numerator == ratio_numerator::proximal ? c.old : c.lp;
+    for (int j = 0; j < n; ++j) {
+      const T lr = num[j] - c.behav[j];
+      c.pg[j] = sel(c.valid[j] != 0, lr, T(0));
+    }
+    st.sum_lr += lane_sum(c.pg, n);
+  }
+  if (p.policy == policy_kind::gspo) {
+    for (int j = 0; j < n; ++j) {
+      const T x = c.lp[j] - c.old[j];
+      c.pg[j] = sel(c.inl[j] != 0, x, T(0));
+    }
+    st.sum_x += lane_sum(c.pg, n);
+  }
+  if (p.policy == policy_kind::gmpo) {
+    const gmpo o = p.gm;
+    for (int j = 0; j < n; ++j) {
+      T xs, dxs;
+      std::uint32_t f;
+      gmpo_token(o, c.lp[j] - c.old[j], c.adv[j], xs, dxs, f);
+      c.pv[j] = sel(c.inl[j] != 0, xs, T(0));
+      c.pg[j] = sel(c.inl[j] != 0, c.adv[j], T(0));
+    }
+    st.sum_xs += lane_sum(c.pv, n);
+    st.sum_adv += lane_sum(c.pg, n);
+    if (p.use_is && !p.is_seq)
+      for (int j = 0; j < n; ++j) // log has no vectorised form here; GMPO with token weights is rare
+        if (c.inl[j]) st.sum_logw += static_cast<double>(log_r(c.w[j] + T(1e-10)));
+  }
 }
 
 template <class T>
@@ -334,12 +321,27 @@ RLPT_OBJECTIVE_HOST_INLINE void kl_chunk(const objective_plan& p, int n, host_ch
   if (!p.has_old)
     for (int j = 0; j < n; ++j) c.tmp[j] = T(0); // x = logp - old is 0 without old_logp
   const kl_penalty k = p.kl; // a local: see policy_chunk
-  dispatch_kl(k, [&]<kl_estimator E, kl_gradient G, bool IC>() {
+  auto estimate = [&](auto e) {
     for (int j = 0; j < n; ++j) {
-      const kl_token<T> q = kl_value_t<E, G, IC>(k, c.lp[j] - c.ref[j], c.tmp[j]);
+      const kl_token<T> q = kl_estimate<decltype(e)::value>(k, c.lp[j] - c.ref[j]);
       c.kv[j] = q.value, c.kg[j] = q.grad;
     }
-  });
+  };
+  switch (k.estimator) {
+  case kl_estimator::k1: estimate(std::integral_constant<kl_estimator, kl_estimator::k1>{}); break;
+  case kl_estimator::abs: estimate(std::integral_constant<kl_estimator, kl_estimator::abs>{}); break;
+  case kl_estimator::k2: estimate(std::integral_constant<kl_estimator, kl_estimator::k2>{}); break;
+  case kl_estimator::k3: estimate(std::integral_constant<kl_estimator, kl_estimator::k3>{}); break;
+  }
+  if (k.gradient == kl_gradient::straight_through)
+    for (int j = 0; j < n; ++j) c.kg[j] = kl_regrad<kl_gradient::straight_through>(k, c.lp[j] - c.ref[j], c.tmp[j]);
+  else if (k.gradient == kl_gradient::k2_importance)
+    for (int j = 0; j < n; ++j) c.kg[j] = kl_regrad<kl_gradient::k2_importance>(k, c.lp[j] - c.ref[j], c.tmp[j]);
+  if (k.importance_corrected)
+    for (int j = 0; j < n; ++j) {
+      const kl_token<T> q = kl_importance(kl_token<T>{c.kv[j], c.kg[j]}, c.tmp[j]);
+      c.kv[j] = q.value, c.kg[j] = q.grad;
+    }
 }
 
 //! Per-row fp64 running sums of the unweighted terms and the metric counts.
@@ -456,17 +458,113 @@ RLPT_OBJECTIVE_HOST_INLINE void combine_chunk(const objective_plan& p, const row
   }
 }
 
-//! Evaluates one sequence: writes its gradients and returns its sums. Everything it calls is
-//! force-inlined, so the clones below compile the whole token pass for their instruction set.
+// x86-64 builds default to SSE2. The token pass is compute-bound (two exp per token), so an
+// AVX2 clone roughly halves its time; it is chosen at run time when the CPU has AVX2. The clone
+// enables AVX2 only (no FMA): with the same operations per lane and fixed summation lanes, both
+// clones give bit-identical results.
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__) && !defined(__AVX2__) && \
+    !defined(RLPT_NO_ISA_DISPATCH)
+#define RLPT_OBJECTIVE_AVX2_CLONE() 1
+#else
+#define RLPT_OBJECTIVE_AVX2_CLONE() 0
+#endif
+
+// Each chunk stage is compiled once per instruction set as its own out-of-line function (a call
+// per 256 tokens costs nothing). Force-inlining all of them into one row function per ISA made
+// two functions of ~200 KB of machine code, and GCC's -O3 passes that grow faster than linearly
+// with function size (PRE, post-reload CSE, liveness) took over a minute in every TU calling
+// evaluate. The chunk is a local of the row driver, so __restrict tells the truth: nothing else
+// the stage reads (plan, inputs, outputs) overlaps it. Running sums go in and come back by value:
+// passed by reference, g++ 12 -O3 lost the AVX2 stats stage's update of row_stats::sum_logw in
+// its caller (GMPO with token weights; gone with -fno-ipa-modref).
+#if defined(__GNUC__) || defined(__clang__)
+#define RLPT_OBJECTIVE_STAGE_NOINLINE __attribute__((noinline))
+#define RLPT_OBJECTIVE_RESTRICT __restrict__
+#else
+#define RLPT_OBJECTIVE_STAGE_NOINLINE
+#define RLPT_OBJECTIVE_RESTRICT
+#endif
+
+#define RLPT_OBJECTIVE_HOST_STAGES(ATTR)                                                                           \
+  ATTR static int load(const objective_plan& p, const basic_objective_inputs<T>& in, index_t b, index_t i0, int n, \
+                       host_chunk_data<T>& RLPT_OBJECTIVE_RESTRICT c) {                                             \
+    return load_chunk(p, in, b, i0, n, c);                                                                          \
+  }                                                                                                                 \
+  ATTR static void correction(const objective_plan& p, const row_consts& rc, int n,                                 \
+                              host_chunk_data<T>& RLPT_OBJECTIVE_RESTRICT c) {                                      \
+    correction_chunk(p, rc, n, c);                                                                                  \
+  }                                                                                                                 \
+  ATTR static row_stats stats(const objective_plan& p, int n, host_chunk_data<T>& RLPT_OBJECTIVE_RESTRICT c,        \
+                              row_stats st) {                                                                      \
+    stats_chunk(p, n, c, st);                                                                                       \
+    return st;                                                                                                      \
+  }                                                                                                                 \
+  ATTR static void policy(const objective_plan& p, const row_consts& rc, int n,                                     \
+                          host_chunk_data<T>& RLPT_OBJECTIVE_RESTRICT c) {                                          \
+    policy_chunk(p, rc, n, c);                                                                                      \
+  }                                                                                                                 \
+  ATTR static void kl(const objective_plan& p, int n, host_chunk_data<T>& RLPT_OBJECTIVE_RESTRICT c) {             \
+    kl_chunk(p, n, c);                                                                                              \
+  }                                                                                                                 \
+  ATTR static host_row_acc combine(const objective_plan& p, const row_consts& rc, index_t i0, int n,                \
+                                   host_chunk_data<T>& RLPT_OBJECTIVE_RESTRICT c, const basic_objective_grads<T>& gr, \
+                                   host_row_acc a) {                                                               \
+    combine_chunk(p, rc, i0, n, c, gr, a);                                                                          \
+    return a;                                                                                                       \
+  }
+
+//! The chunk stages for the default instruction set.
 template <class T>
+struct host_stages_default {
+  RLPT_OBJECTIVE_HOST_STAGES(RLPT_OBJECTIVE_STAGE_NOINLINE)
+};
+
+#if RLPT_OBJECTIVE_AVX2_CLONE()
+//! The chunk stages compiled for AVX2 (chosen at run time).
+template <class T>
+struct host_stages_avx2 {
+  RLPT_OBJECTIVE_HOST_STAGES(__attribute__((noinline, target("avx2"))))
+};
+#endif
+
+#undef RLPT_OBJECTIVE_HOST_STAGES
+
+//! The row statistics of sequence b (what row_stats_add accumulates token by token, for the
+//! device and the tests), computed chunk by chunk with the stages S.
+template <class T, class S>
+row_stats host_row_stats_with(const objective_plan& p, const basic_objective_inputs<T>& in, index_t b,
+                              host_chunk_data<T>& c) {
+  row_stats st;
+  const token_layout& L = in.layout;
+  const index_t base = L.begin(b);
+  const index_t n = L.length(b);
+  const row_consts keep_all; // seq_keep = true: sequence-level rejection is decided from these sums
+  for (index_t t0 = 0; t0 < n; t0 += host_chunk) {
+    const int cn = static_cast<int>(std::min<index_t>(host_chunk, n - t0));
+    S::load(p, in, b, base + t0, cn, c);
+    S::correction(p, keep_all, cn, c); // keep, inl (and tmp = clamped log rho when a correction is on)
+    st = S::stats(p, cn, c, st);
+  }
+  return st;
+}
+
+//! The row statistics with the default-ISA stages (count_local; `c` from zero_absent).
+template <class T>
+row_stats host_row_stats(const objective_plan& p, const basic_objective_inputs<T>& in, index_t b,
+                         host_chunk_data<T>& c) {
+  return host_row_stats_with<T, host_stages_default<T>>(p, in, b, c);
+}
+
+//! Evaluates one sequence with the chunk stages S: writes its gradients and returns its sums.
+template <class T, class S>
 RLPT_OBJECTIVE_HOST_INLINE objective_sums host_row_body(const objective_plan& p, const basic_objective_inputs<T>& in,
-                                                 const basic_objective_grads<T>& gr, index_t b) {
+                                                        const basic_objective_grads<T>& gr, index_t b) {
   const token_layout& L = in.layout;
   host_chunk_data<T> c;
   zero_absent(p, in, c);
   row_consts rc;
   if (p.need_row_pass) {
-    rc = row_finish(p, host_row_stats(p, in, b, c));
+    rc = row_finish(p, host_row_stats_with<T, S>(p, in, b, c));
   } else {
     rc.len_loss = 1.0; // no term of this plan depends on the length; rows without tokens add nothing
   }
@@ -477,11 +575,11 @@ RLPT_OBJECTIVE_HOST_INLINE objective_sums host_row_body(const objective_plan& p,
   for (index_t t0 = 0; t0 < n; t0 += host_chunk) {
     const int cn = static_cast<int>(std::min<index_t>(host_chunk, n - t0));
     const index_t i0 = base + t0;
-    a.nonfinite += load_chunk(p, in, b, i0, cn, c);
-    correction_chunk(p, rc, cn, c);
-    policy_chunk(p, rc, cn, c);
-    kl_chunk(p, cn, c);
-    combine_chunk(p, rc, i0, cn, c, gr, a);
+    a.nonfinite += S::load(p, in, b, i0, cn, c);
+    S::correction(p, rc, cn, c);
+    S::policy(p, rc, cn, c);
+    S::kl(p, cn, c);
+    a = S::combine(p, rc, i0, cn, c, gr, a);
   }
   objective_sums s;
   double pol = a.policy;
@@ -493,8 +591,8 @@ RLPT_OBJECTIVE_HOST_INLINE objective_sums host_row_body(const objective_plan& p,
     for (index_t t0 = 0; t0 < n; t0 += host_chunk) {
       const int cn = static_cast<int>(std::min<index_t>(host_chunk, n - t0));
       const index_t i0 = base + t0;
-      load_chunk(p, in, b, i0, cn, c);
-      correction_chunk(p, rc, cn, c);
+      S::load(p, in, b, i0, cn, c);
+      S::correction(p, rc, cn, c);
       T* g = gr.logp.data() + i0;
       for (int j = 0; j < cn; ++j) g[j] += sel(c.inl[j] != 0, scale, T(0));
     }
@@ -526,21 +624,10 @@ RLPT_OBJECTIVE_HOST_INLINE objective_sums host_row_body(const objective_plan& p,
   return s;
 }
 
-// x86-64 builds default to SSE2. The token pass is compute-bound (two exp per token), so an
-// AVX2 clone roughly halves its time; it is chosen at run time when the CPU has AVX2. The clone
-// enables AVX2 only (no FMA): with the same operations per lane and fixed summation lanes, both
-// clones give bit-identical results.
-#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__) && !defined(__AVX2__) && \
-    !defined(RLPT_NO_ISA_DISPATCH)
-#define RLPT_OBJECTIVE_AVX2_CLONE() 1
-#else
-#define RLPT_OBJECTIVE_AVX2_CLONE() 0
-#endif
-
 template <class T>
 objective_sums host_row_default(const objective_plan& p, const basic_objective_inputs<T>& in,
                                 const basic_objective_grads<T>& gr, index_t b) {
-  return host_row_body(p, in, gr, b);
+  return host_row_body<T, host_stages_default<T>>(p, in, gr, b);
 }
 
 #if RLPT_OBJECTIVE_AVX2_CLONE()
@@ -548,7 +635,7 @@ template <class T>
 __attribute__((target("avx2"))) objective_sums host_row_avx2(const objective_plan& p,
                                                              const basic_objective_inputs<T>& in,
                                                              const basic_objective_grads<T>& gr, index_t b) {
-  return host_row_body(p, in, gr, b);
+  return host_row_body<T, host_stages_avx2<T>>(p, in, gr, b);
 }
 
 inline bool cpu_has_avx2() noexcept {
