@@ -294,6 +294,46 @@ inline void insertion_sort_sets(kk_set* x, index_t k) noexcept {
   }
 }
 
+//! Sorts the k sets of a merged state with kk_set_before. Past 16 sets (k ranks) it sorts one
+//! 64-bit integer per set instead: the sum's order key below the largest (shared zero bits
+//! dropped) with the position in the low bits; runs of equal sums, which that orders by
+//! position, are then put in kk_set_before order. 1.6x faster than sorting the sets on states
+//! recorded from KK at k = 64 (1.1 against 1.8 µs per state), most of KK's time at k = 64.
+class kk_set_sorter {
+public:
+  explicit kk_set_sorter(index_t k) : keys_(static_cast<std::size_t>(k)), sets_(static_cast<std::size_t>(k)) {}
+  void operator()(kk_set* x, index_t k) {
+    if (k <= 16) return insertion_sort_sets(x, k); // no memmove calls for the few sets
+    std::uint64_t hi = 0, any = 0;
+    for (index_t i = 0; i < k; ++i) {
+      const std::uint64_t u = weight_key(x[i].sum);
+      hi = std::max(hi, u);
+      any |= u;
+    }
+    const int shift = any == 0 ? 0 : std::countr_zero(any);
+    const int id_bits = static_cast<int>(std::bit_width(static_cast<std::uint64_t>(k - 1)));
+    if (static_cast<int>(std::bit_width(hi >> shift)) + id_bits > 64) return std::sort(x, x + k, kk_set_before);
+    const auto n = static_cast<std::size_t>(k);
+    for (std::size_t i = 0; i < n; ++i) keys_[i] = (((hi - weight_key(x[i].sum)) >> shift) << id_bits) | i;
+    std::sort(keys_.begin(), keys_.end());
+    const std::uint64_t id_mask = (std::uint64_t{1} << id_bits) - 1;
+    for (std::size_t i = 0; i < n; ++i) sets_[i] = x[keys_[i] & id_mask];
+    std::copy(sets_.begin(), sets_.end(), x);
+    for (index_t i = 1; i < k; ++i) {
+      if (x[i].sum != x[i - 1].sum) [[likely]]
+        continue;
+      index_t end = i + 1;
+      while (end < k && x[end].sum == x[i].sum) ++end;
+      std::sort(x + i - 1, x + end, kk_set_before);
+      i = end;
+    }
+  }
+
+private:
+  std::vector<std::uint64_t> keys_;
+  std::vector<kk_set> sets_;
+};
+
 //! Roots absorbed into other sets, in order: a later root never points at an earlier one, so
 //! owners resolve in one backward pass.
 class kk_unions {
@@ -357,6 +397,7 @@ inline std::vector<index_t> kk_assign(view<const double> w, index_t k, bool equa
     // Every state holds exactly k non-empty sets: one flat arena, no per-state allocation.
     const index_t states = total / k;
     kk_heap heap(static_cast<std::size_t>(states));
+    kk_set_sorter sort_sets(k);
     const auto arena = std::make_unique_for_overwrite<kk_set[]>(static_cast<std::size_t>(total));
     auto slice = [&](index_t st) { return arena.get() + st * k; };
     auto key_of = [&](index_t st) {
@@ -387,8 +428,7 @@ inline std::vector<index_t> kk_assign(view<const double> w, index_t k, bool equa
       kk_set* x = slice(a);
       const kk_set* y = slice(heap.top().state);
       for (index_t i = 0; i < k; ++i) unions.join(x[i], y[k - 1 - i]); // heaviest of x with lightest of y
-      if (k <= 16) insertion_sort_sets(x, k); // no memmove calls for the few sets
-      else std::sort(x, x + k, kk_set_before);
+      sort_sets(x, k);
       heap.replace_top(key_of(a));
     }
     return unions.owners(slice(heap.top().state), k, n);
