@@ -80,6 +80,108 @@ inline int ms_until(deadline until) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - clock::now()).count();
   return static_cast<int>(std::clamp<long long>(left, 0, 100));
 }
+
+//! What a stream frame's header announced, once the link has checked it.
+struct frame_sizes {
+  std::uint32_t meta_bytes;
+  std::uint64_t payload_bytes;
+  std::uint64_t meta_check; //!< XXH3 of the meta block
+};
+
+//! Receive side of the stream links' frames (a fixed header, a checksummed meta block, a
+//! payload) over a non-blocking socket: takes what has arrived and never blocks. The link owns
+//! the socket and its header format: `recv(dst, want)` reads like ::recv; `header(bytes)`
+//! checks a complete header and returns its sizes (or drops the connection and throws);
+//! `drop()` closes the connection and resets this reader.
+template <std::size_t HeaderBytes>
+class frame_reader {
+public:
+  //! Starts over at a header (after a consumed frame or a dropped connection).
+  void reset() noexcept {
+    stage_ = 0;
+    got_ = 0;
+  }
+
+  //! The frame read_some() completed; valid until reset().
+  [[nodiscard]] message frame() const noexcept {
+    return {{meta_.data(), meta_.size()}, {payload_.get(), static_cast<std::size_t>(payload_bytes_)}};
+  }
+
+  //! Reads what is available; true when a whole frame is in.
+  template <class Recv, class Header, class Drop>
+  bool read_some(const std::string& where, Recv&& recv, Header&& header, Drop&& drop) {
+    for (;;) {
+      std::byte* dst = nullptr;
+      std::size_t want = 0;
+      if (stage_ == 0) {
+        dst = header_ + got_;
+        want = HeaderBytes - got_;
+      } else if (stage_ == 1) {
+        dst = meta_.data() + got_;
+        want = meta_.size() - got_;
+      } else {
+        dst = payload_.get() + got_;
+        want = static_cast<std::size_t>(payload_bytes_ - got_);
+      }
+      if (want == 0) {
+        if (advance(where, header, drop)) return true;
+        continue;
+      }
+      const ssize_t n = recv(dst, want);
+      if (n > 0) {
+        got_ += static_cast<std::size_t>(n);
+        continue;
+      }
+      if (n == 0) {
+        drop();
+        RLPT_FAIL("rlpt.sync.peer_lost", "{}: connection closed by the peer", where);
+      }
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
+      const int err = errno;
+      drop();
+      RLPT_FAIL("rlpt.sync.peer_lost", "{}: receive failed: {}", where, std::strerror(err));
+    }
+  }
+
+private:
+  // A stage is complete: validate and move on; true when the frame is complete.
+  template <class Header, class Drop>
+  bool advance(const std::string& where, Header& header, Drop& drop) {
+    if (stage_ == 0) {
+      const frame_sizes f = header(static_cast<const std::byte*>(header_));
+      meta_check_ = f.meta_check;
+      meta_.resize(f.meta_bytes);
+      payload_bytes_ = f.payload_bytes;
+      if (payload_cap_ < f.payload_bytes) {
+        payload_.reset(new std::byte[static_cast<std::size_t>(f.payload_bytes)]);
+        payload_cap_ = f.payload_bytes;
+      }
+      stage_ = 1;
+      got_ = 0;
+      return false;
+    }
+    if (stage_ == 1) {
+      if (xxh3(meta_.data(), meta_.size()) != meta_check_) {
+        drop();
+        RLPT_FAIL("rlpt.sync.wire", "{}: frame meta block of {} bytes fails its checksum", where, meta_.size());
+      }
+      stage_ = 2;
+      got_ = 0;
+      return false;
+    }
+    return true;
+  }
+
+  std::byte header_[HeaderBytes] = {};
+  std::vector<std::byte> meta_;
+  std::unique_ptr<std::byte[]> payload_;
+  std::uint64_t payload_cap_ = 0;
+  std::uint64_t payload_bytes_ = 0;
+  std::uint64_t meta_check_ = 0;
+  int stage_ = 0;
+  std::size_t got_ = 0;
+};
 } // namespace detail
 
 class tcp_transport final : public link {
@@ -168,8 +270,7 @@ public:
       }
       if (read_some()) {
         held_ = true;
-        return message{{rx_meta_.data(), rx_meta_.size()},
-                       {rx_payload_.get(), static_cast<std::size_t>(rx_payload_bytes_)}};
+        return rx_.frame();
       }
       const auto now = clock::now();
       if (now >= until) return std::nullopt;
@@ -181,8 +282,7 @@ public:
   void release() override {
     if (!held_) return;
     held_ = false;
-    rx_stage_ = 0;
-    rx_got_ = 0;
+    rx_.reset();
   }
 
 private:
@@ -278,88 +378,31 @@ private:
 
   void drop() noexcept {
     conn_.reset();
-    rx_stage_ = 0;
-    rx_got_ = 0;
+    rx_.reset();
     held_ = false;
   }
 
   // Reads what is available; true when a whole frame is in.
   bool read_some() {
-    for (;;) {
-      std::byte* dst = nullptr;
-      std::size_t want = 0;
-      if (rx_stage_ == 0) {
-        dst = rx_header_ + rx_got_;
-        want = detail::tcp_header_bytes - rx_got_;
-      } else if (rx_stage_ == 1) {
-        dst = rx_meta_.data() + rx_got_;
-        want = rx_meta_.size() - rx_got_;
-      } else {
-        dst = rx_payload_.get() + rx_got_;
-        want = static_cast<std::size_t>(rx_payload_bytes_ - rx_got_);
-      }
-      if (want == 0) {
-        if (advance()) return true;
-        continue;
-      }
-      const ssize_t n = ::recv(conn_.fd, dst, want, 0);
-      if (n > 0) {
-        rx_got_ += static_cast<std::size_t>(n);
-        continue;
-      }
-      if (n == 0) {
-        drop();
-        RLPT_FAIL("rlpt.sync.peer_lost", "{}: connection closed by the peer", where_);
-      }
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
-      const int err = errno;
-      drop();
-      RLPT_FAIL("rlpt.sync.peer_lost", "{}: receive failed: {}", where_, std::strerror(err));
-    }
+    return rx_.read_some(
+        where_, [&](std::byte* dst, std::size_t want) { return ::recv(conn_.fd, dst, want, 0); },
+        [&](const std::byte* h) { return check_header(h); }, [&] { drop(); });
   }
 
-  // A stage is complete: validate and move on; true when the frame is complete.
-  bool advance() {
-    if (rx_stage_ == 0) {
-      std::uint32_t magic, mb;
-      std::uint64_t pb, mcheck, hcheck;
-      std::memcpy(&magic, rx_header_, 4);
-      std::memcpy(&mb, rx_header_ + 4, 4);
-      std::memcpy(&pb, rx_header_ + 8, 8);
-      std::memcpy(&mcheck, rx_header_ + 16, 8);
-      std::memcpy(&hcheck, rx_header_ + 24, 8);
-      check_frame(magic, mb, pb, hcheck);
-      rx_meta_check_ = mcheck;
-      rx_meta_.resize(mb);
-      rx_payload_bytes_ = pb;
-      if (rx_payload_cap_ < pb) {
-        rx_payload_.reset(new std::byte[static_cast<std::size_t>(pb)]);
-        rx_payload_cap_ = pb;
-      }
-      rx_stage_ = 1;
-      rx_got_ = 0;
-      return false;
-    }
-    if (rx_stage_ == 1) {
-      if (xxh3(rx_meta_.data(), rx_meta_.size()) != rx_meta_check_) {
-        drop();
-        RLPT_FAIL("rlpt.sync.wire", "{}: frame meta block of {} bytes fails its checksum", where_, rx_meta_.size());
-      }
-      rx_stage_ = 2;
-      rx_got_ = 0;
-      return false;
-    }
-    return true;
-  }
-
-  void check_frame(std::uint32_t magic, std::uint32_t mb, std::uint64_t pb, std::uint64_t hcheck) {
+  detail::frame_sizes check_header(const std::byte* h) {
+    std::uint32_t magic, mb;
+    std::uint64_t pb, mcheck, hcheck;
+    std::memcpy(&magic, h, 4);
+    std::memcpy(&mb, h + 4, 4);
+    std::memcpy(&pb, h + 8, 8);
+    std::memcpy(&mcheck, h + 16, 8);
+    std::memcpy(&hcheck, h + 24, 8);
     const char* problem = nullptr;
     if (magic != detail::tcp_magic) problem = "bad magic";
-    else if (xxh3(rx_header_, 24) != hcheck) problem = "header checksum mismatch";
+    else if (xxh3(h, 24) != hcheck) problem = "header checksum mismatch";
     else if (mb > o_.max_meta) problem = "meta block larger than max_meta";
     else if (pb > o_.max_payload) problem = "payload larger than max_payload";
-    if (problem == nullptr) return;
+    if (problem == nullptr) return {mb, pb, mcheck};
     drop();
     RLPT_FAIL("rlpt.sync.wire", "{}: bad frame header ({}; magic 0x{:08x}, {} meta bytes, {} payload bytes)", where_,
               problem, magic, mb, pb);
@@ -372,14 +415,7 @@ private:
   detail::fd_guard listen_;
   detail::fd_guard conn_;
   std::vector<std::byte> tx_payload_;
-  std::byte rx_header_[detail::tcp_header_bytes] = {};
-  std::vector<std::byte> rx_meta_;
-  std::unique_ptr<std::byte[]> rx_payload_;
-  std::uint64_t rx_payload_cap_ = 0;
-  std::uint64_t rx_payload_bytes_ = 0;
-  std::uint64_t rx_meta_check_ = 0;
-  int rx_stage_ = 0;
-  std::size_t rx_got_ = 0;
+  detail::frame_reader<detail::tcp_header_bytes> rx_;
   bool held_ = false;
 };
 

@@ -212,7 +212,7 @@ public:
       }
       if (read_some()) {
         held_ = true;
-        return message{{rx_meta_.data(), rx_meta_.size()}, {rx_payload_.get(), static_cast<std::size_t>(rx_payload_bytes_)}};
+        return rx_.frame();
       }
       if (clock::now() >= until) return std::nullopt;
       pollfd p[2] = {{conn_.fd, POLLIN, 0}, {listen_.fd, POLLIN, 0}};
@@ -227,8 +227,7 @@ public:
     if (!held_) return;
     held_ = false;
     close_all(msg_fds_);
-    rx_stage_ = 0;
-    rx_got_ = 0;
+    rx_.reset();
   }
 
 private:
@@ -306,8 +305,7 @@ private:
 
   void drop() noexcept {
     conn_.reset();
-    rx_stage_ = 0;
-    rx_got_ = 0;
+    rx_.reset();
     held_ = false;
     peer_pid_ = 0;
     close_all(msg_fds_);
@@ -344,88 +342,39 @@ private:
 
   // Reads what is available; true when a whole frame is in.
   bool read_some() {
-    for (;;) {
-      std::byte* dst = nullptr;
-      std::size_t want = 0;
-      if (rx_stage_ == 0) {
-        dst = rx_header_ + rx_got_;
-        want = detail::unix_header_bytes - rx_got_;
-      } else if (rx_stage_ == 1) {
-        dst = rx_meta_.data() + rx_got_;
-        want = rx_meta_.size() - rx_got_;
-      } else {
-        dst = rx_payload_.get() + rx_got_;
-        want = static_cast<std::size_t>(rx_payload_bytes_ - rx_got_);
-      }
-      if (want == 0) {
-        if (advance()) return true;
-        continue;
-      }
-      const ssize_t n = recv_some(dst, want);
-      if (n > 0) {
-        rx_got_ += static_cast<std::size_t>(n);
-        continue;
-      }
-      if (n == 0) {
-        drop();
-        RLPT_FAIL("rlpt.sync.peer_lost", "{}: connection closed by the peer", where_);
-      }
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
-      const int err = errno;
-      drop();
-      RLPT_FAIL("rlpt.sync.peer_lost", "{}: receive failed: {}", where_, std::strerror(err));
-    }
+    return rx_.read_some(
+        where_, [&](std::byte* dst, std::size_t want) { return recv_some(dst, want); },
+        [&](const std::byte* h) { return check_header(h); }, [&] { drop(); });
   }
 
-  bool advance() {
-    if (rx_stage_ == 0) {
-      std::uint32_t magic, mb, nf;
-      std::uint64_t pb, mcheck, hcheck;
-      std::memcpy(&magic, rx_header_, 4);
-      std::memcpy(&mb, rx_header_ + 4, 4);
-      std::memcpy(&pb, rx_header_ + 8, 8);
-      std::memcpy(&nf, rx_header_ + 16, 4);
-      std::memcpy(&mcheck, rx_header_ + 24, 8);
-      std::memcpy(&hcheck, rx_header_ + 32, 8);
-      const char* problem = nullptr;
-      if (magic != detail::unix_magic) problem = "bad magic";
-      else if (xxh3(rx_header_, 32) != hcheck) problem = "header checksum mismatch";
-      else if (mb > o_.max_meta) problem = "meta block larger than max_meta";
-      else if (pb > o_.max_payload) problem = "payload larger than max_payload";
-      else if (nf > o_.max_fds) problem = "more descriptors than max_fds";
-      else if (nf > pending_fds_.size()) problem = "announced descriptors did not arrive";
-      if (problem != nullptr) {
-        drop();
-        RLPT_FAIL("rlpt.sync.wire", "{}: bad frame header ({}; magic 0x{:08x}, {} meta bytes, {} payload bytes, {} fds)", where_,
-                  problem, magic, mb, pb, nf);
-      }
-      close_all(msg_fds_);
-      for (std::uint32_t i = 0; i < nf; ++i) {
-        msg_fds_.push_back(pending_fds_.front());
-        pending_fds_.pop_front();
-      }
-      rx_meta_check_ = mcheck;
-      rx_meta_.resize(mb);
-      rx_payload_bytes_ = pb;
-      if (rx_payload_cap_ < pb) {
-        rx_payload_.reset(new std::byte[static_cast<std::size_t>(pb)]);
-        rx_payload_cap_ = pb;
-      }
-      rx_stage_ = 1;
-      rx_got_ = 0;
-      return false;
+  // A complete header: checked, and its announced descriptors taken from those that arrived.
+  detail::frame_sizes check_header(const std::byte* h) {
+    std::uint32_t magic, mb, nf;
+    std::uint64_t pb, mcheck, hcheck;
+    std::memcpy(&magic, h, 4);
+    std::memcpy(&mb, h + 4, 4);
+    std::memcpy(&pb, h + 8, 8);
+    std::memcpy(&nf, h + 16, 4);
+    std::memcpy(&mcheck, h + 24, 8);
+    std::memcpy(&hcheck, h + 32, 8);
+    const char* problem = nullptr;
+    if (magic != detail::unix_magic) problem = "bad magic";
+    else if (xxh3(h, 32) != hcheck) problem = "header checksum mismatch";
+    else if (mb > o_.max_meta) problem = "meta block larger than max_meta";
+    else if (pb > o_.max_payload) problem = "payload larger than max_payload";
+    else if (nf > o_.max_fds) problem = "more descriptors than max_fds";
+    else if (nf > pending_fds_.size()) problem = "announced descriptors did not arrive";
+    if (problem != nullptr) {
+      drop();
+      RLPT_FAIL("rlpt.sync.wire", "{}: bad frame header ({}; magic 0x{:08x}, {} meta bytes, {} payload bytes, {} fds)", where_,
+                problem, magic, mb, pb, nf);
     }
-    if (rx_stage_ == 1) {
-      if (xxh3(rx_meta_.data(), rx_meta_.size()) != rx_meta_check_) {
-        drop();
-        RLPT_FAIL("rlpt.sync.wire", "{}: frame meta block of {} bytes fails its checksum", where_, rx_meta_.size());
-      }
-      rx_stage_ = 2;
-      rx_got_ = 0;
-      return false;
+    close_all(msg_fds_);
+    for (std::uint32_t i = 0; i < nf; ++i) {
+      msg_fds_.push_back(pending_fds_.front());
+      pending_fds_.pop_front();
     }
-    return true;
+    return {mb, pb, mcheck};
   }
 
   unix_options o_;
@@ -438,14 +387,7 @@ private:
   std::int32_t peer_pid_ = 0;
   std::uint64_t connections_ = 0;
   std::vector<std::byte> tx_payload_;
-  std::byte rx_header_[detail::unix_header_bytes] = {};
-  std::vector<std::byte> rx_meta_;
-  std::unique_ptr<std::byte[]> rx_payload_;
-  std::uint64_t rx_payload_cap_ = 0;
-  std::uint64_t rx_payload_bytes_ = 0;
-  std::uint64_t rx_meta_check_ = 0;
-  int rx_stage_ = 0;
-  std::size_t rx_got_ = 0;
+  detail::frame_reader<detail::unix_header_bytes> rx_;
   bool held_ = false;
   std::deque<int> pending_fds_; // received, not yet matched to a frame
   std::vector<int> msg_fds_;    // the current message's, until taken or released
