@@ -212,21 +212,6 @@ inline void order_by_weight(view<const double> w, std::vector<std::uint32_t>& or
   for (std::size_t i = 0; i < n; ++i) order[i] = pairs[i].second;
 }
 
-//! Sorts (weight, index) pairs ascending by weight, then index, for non-negative finite
-//! weights given in index order: v[first + i].second == v[first].second + i (-0.0 comes back
-//! as 0.0).
-inline void sort_by_weight(std::vector<std::pair<double, index_t>>& v, std::size_t first = 0) {
-  const std::size_t n = v.size() - first;
-  if (n < 2) return;
-  auto* a = v.data() + first;
-  std::vector<double> w(n);
-  for (std::size_t i = 0; i < n; ++i) w[i] = a[i].first == 0.0 ? 0.0 : a[i].first;
-  std::vector<std::uint32_t> order;
-  order_by_weight(view<const double>(w.data(), static_cast<index_t>(n)), order);
-  const index_t base = a[0].second;
-  for (std::size_t i = 0; i < n; ++i) a[i] = {w[order[i]], base + static_cast<index_t>(order[i])};
-}
-
 // Max-heap key of a KK state: (spread, largest set, earliest state). Computed once per push:
 // a state does not change while it waits in the heap.
 struct kk_key {
@@ -283,8 +268,8 @@ private:
   std::vector<kk_key> v_;
 };
 
-//! Sorts a state's sets with kk_set_before by insertion: linear on the nearly sorted input
-//! the equal-count KK builds first.
+//! Sorts a state's sets with kk_set_before by insertion: for the few sets of small k, and for
+//! the nearly sorted first state when padding meets zero weights.
 inline void insertion_sort_sets(kk_set* x, index_t k) noexcept {
   for (index_t i = 1; i < k; ++i) {
     const kk_set s = x[i];
@@ -502,16 +487,14 @@ inline std::vector<std::vector<index_t>> karmarkar_karp(view<const double> w, in
 //! take ceil(n/k) items and the others floor(n/k).
 inline std::vector<index_t> lpt_assign(view<const double> w, index_t k, bool equal_count) {
   const index_t n = w.size();
-  // Descending by weight, ascending index among equals.
-  std::vector<std::pair<double, index_t>> by_weight(static_cast<std::size_t>(n));
-  for (index_t i = 0; i < n; ++i) by_weight[static_cast<std::size_t>(i)] = {w[i], i};
-  sort_by_weight(by_weight); // ascending (weight, index)
+  std::vector<std::uint32_t> ascending;
+  order_by_weight(w, ascending); // ascending (weight, index)
   // Descending weight, ascending index among equal weights: reverse each run of equal weights' order.
   std::vector<index_t> order(static_cast<std::size_t>(n));
-  for (std::size_t hi = by_weight.size(), out = 0; hi > 0;) {
+  for (std::size_t hi = ascending.size(), out = 0; hi > 0;) {
     std::size_t lo = hi - 1;
-    while (lo > 0 && by_weight[lo - 1].first == by_weight[hi - 1].first) --lo;
-    for (std::size_t i = lo; i < hi; ++i) order[out++] = by_weight[i].second;
+    while (lo > 0 && w[ascending[lo - 1]] == w[ascending[hi - 1]]) --lo;
+    for (std::size_t i = lo; i < hi; ++i) order[out++] = ascending[i];
     hi = lo;
   }
   const index_t q = n / k, r = n % k;
