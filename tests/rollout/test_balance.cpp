@@ -245,18 +245,19 @@ TEST_CASE("golden: whole-group balance is never worse than verl get_group_balanc
 }
 
 namespace {
-// (weight, index) pairs in index order, sorted by detail::order_by_weight (-0.0 comes back as 0.0).
+// (weight, index) pairs in index order, put heaviest first by detail::order_heaviest_first
+// (-0.0 comes back as 0.0).
 void sort_by_weight(std::vector<std::pair<double, index_t>>& v) {
   std::vector<double> w(v.size());
   for (std::size_t i = 0; i < v.size(); ++i) w[i] = v[i].first == 0.0 ? 0.0 : v[i].first;
   std::vector<std::uint32_t> order;
-  detail::order_by_weight(view<const double>(w.data(), static_cast<index_t>(w.size())), order);
+  detail::order_heaviest_first(view<const double>(w.data(), static_cast<index_t>(w.size())), order);
   REQUIRE(order.size() == v.size());
   for (std::size_t i = 0; i < v.size(); ++i) v[i] = {w[order[i]], static_cast<index_t>(order[i])};
 }
 } // namespace
 
-TEST_CASE("the bucket sort behind partitions orders like (weight, index) pairs") {
+TEST_CASE("the bucket sort behind partitions puts items heaviest first, ties by index") {
   test::rng r(32);
   for (const std::size_t n : {std::size_t{100}, std::size_t{2048}, std::size_t{50000}}) {
     std::vector<std::pair<double, index_t>> v(n);
@@ -266,7 +267,7 @@ TEST_CASE("the bucket sort behind partitions orders like (weight, index) pairs")
       v[i] = {x, static_cast<index_t>(i)};
     }
     auto want = v;
-    std::sort(want.begin(), want.end());
+    std::sort(want.begin(), want.end(), [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
     sort_by_weight(v);
     CHECK(v == want);
   }
@@ -284,7 +285,7 @@ TEST_CASE("the bucket sort behind partitions orders like (weight, index) pairs")
         v[i] = {x, static_cast<index_t>(i)};
       }
       auto want = v;
-      std::stable_sort(want.begin(), want.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      std::stable_sort(want.begin(), want.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
       sort_by_weight(v);
       REQUIRE(v.size() == want.size());
       bool same = true;
@@ -415,8 +416,69 @@ TEST_CASE("the optimised Karmarkar-Karp assigns every item as the plain definiti
           const cost_model cost = dist == 3 ? cost_model::tokens() : cost_model::attention();
           for (std::size_t i = 0; i < len.size(); ++i) w[i] = cost(len[i]);
           if (dist == 2 && n > 100) w[5] = 1e-300 * r.uniform(1, 2); // a key far below the others: long keys
-          CHECK(detail::kk_assign(w, k, equal) == plain_kk(w, k, equal));
+          const std::vector<index_t> want = plain_kk(w, k, equal);
+          CHECK(detail::kk_assign(w, k, equal) == want);
           ++cases;
+          // balance() orders the items by their lengths, not their costs: the same partition.
+          if (dist == 2 && n > 100) continue; // w[5] is not the cost of a length
+          const partition by_length = balance(len, {.ranks = k, .algorithm = partition_algorithm::karmarkar_karp,
+                                                    .equal_count = equal, .refine = false, .cost = cost});
+          const partition by_cost = detail::to_partition(want, k, w);
+          CHECK(by_length.offsets == by_cost.offsets);
+          CHECK(by_length.items == by_cost.items);
         }
   MESSAGE(cases, " cases");
+}
+
+TEST_CASE("ordering by length gives the costs' heaviest-first order, or declines") {
+  test::rng r(35);
+  // Whenever the length order is kept, it is the costs' order.
+  auto kept = [&](const std::vector<index_t>& len, const cost_model& cost) {
+    detail::length_hint hint;
+    const std::vector<double> w = detail::costs_of(len, cost, &hint);
+    std::vector<std::uint32_t> by_length, by_cost;
+    const bool ok = detail::order_by_length(w, hint, by_length);
+    detail::order_heaviest_first(w, by_cost);
+    if (ok) CHECK(by_length == by_cost);
+    return ok;
+  };
+  // Ranges of 0 to 31 bits take 0 to 4 radix passes; zeros and the cap make ties.
+  for (const index_t n : {index_t{2}, index_t{255}, index_t{4099}})
+    for (const int bits : {0, 1, 5, 8, 9, 15, 17, 24, 25, 31}) {
+      CAPTURE(n);
+      CAPTURE(bits);
+      std::vector<index_t> len(static_cast<std::size_t>(n));
+      const index_t base = r.integer(0, 100), top = (index_t{1} << bits) - 1;
+      for (auto& x : len) x = base + (r.bernoulli(0.1) ? top : r.integer(0, top));
+      const bool distinct = *std::min_element(len.begin(), len.end()) != *std::max_element(len.begin(), len.end());
+      CHECK(kept(len, cost_model::tokens()));
+      if (bits <= 25) CHECK(kept(len, cost_model::attention())); // exact below 2^53: strictly increasing
+      else kept(len, cost_model::attention());                    // L² rounds: ties of unequal lengths may decline
+      const bool decreasing = kept(len, cost_model::of([](index_t l) { return 1e9 / (1.0 + static_cast<double>(l)); }));
+      CHECK(decreasing == !distinct);
+      kept(len, cost_model::of([base](index_t l) { return static_cast<double>(l == base ? 1 : 0); }));
+    }
+  // Ranges past 32 bits decline; balance() then sorts the costs.
+  const std::vector<index_t> wide{1, index_t{1} << 40, 7};
+  CHECK_FALSE(kept(wide, cost_model::tokens()));
+  CHECK(balance(wide, {.ranks = 2}).max_load() == 24576.0 * 0x1p40 + 0x1p80);
+}
+
+TEST_CASE("the branchless key sort sorts, on its scalar and its AVX2 path") {
+  test::rng r(36);
+  for (const std::size_t n : {std::size_t{8}, std::size_t{16}, std::size_t{32}, std::size_t{64}, std::size_t{128}, std::size_t{256}})
+    for (const bool avx2 : {false, true})
+      for (int rep = 0; rep < 20; ++rep) {
+        CAPTURE(n);
+        CAPTURE(avx2);
+        const auto real = static_cast<std::size_t>(r.integer(static_cast<index_t>(n / 2) + 1, static_cast<index_t>(n)));
+        std::vector<std::uint64_t> keys(2 * n);
+        for (std::size_t i = 0; i < real; ++i) // distinct: the position in the low bits; some values far apart
+          keys[i] = (static_cast<std::uint64_t>(r.integer(0, rep % 2 ? 3 : (index_t{1} << 53))) << 9) | i;
+        for (std::size_t i = real; i < n; ++i) keys[i] = std::uint64_t{std::numeric_limits<std::int64_t>::max()};
+        std::vector<std::uint64_t> want(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(n));
+        std::sort(want.begin(), want.end());
+        detail::sort_keys_branchless(keys.data(), keys.data() + n, n, avx2);
+        CHECK(std::equal(want.begin(), want.end(), keys.begin()));
+      }
 }

@@ -38,6 +38,13 @@
 #include <utility>
 #include <vector>
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(RLPT_ROLLOUT_NO_DISPATCH)
+#include <immintrin.h>
+#define RLPT_ROLLOUT_X86_DISPATCH() 1
+#else
+#define RLPT_ROLLOUT_X86_DISPATCH() 0
+#endif
+
 namespace rlpt {
 
 //! Cost of one sequence of L tokens: linear·L + quadratic·L², or `custom(L)` when set.
@@ -172,12 +179,12 @@ inline void bucket_sort_keys(std::uint64_t* v, std::uint64_t* tmp, std::size_t n
   std::copy(tmp, tmp + n, v);
 }
 
-//! Item ids ascending by (weight, id), for non-negative finite weights (-0.0 ties with 0.0).
+//! Item ids heaviest first: descending weight, ascending id among equal weights (the order
+//! of KK's sets and of LPT's items), for non-negative finite weights (-0.0 ties with 0.0).
 //! Costs whose order keys end in enough zero bits (integer-valued workloads such as
-//! 24576·L + L² leave 20 or more) sort one 64-bit key per item: the key relative to the
-//! smallest, its shared zero bits dropped, the id in the low bits; other costs sort
-//! (weight, id) pairs.
-inline void order_by_weight(view<const double> w, std::vector<std::uint32_t>& order) {
+//! 24576·L + L² leave 20 or more) sort one 64-bit key per item: the largest key minus the
+//! item's, shared zero bits dropped, the id in the low bits; other costs sort pairs.
+inline void order_heaviest_first(view<const double> w, std::vector<std::uint32_t>& order) {
   const auto n = static_cast<std::size_t>(w.size());
   RLPT_CHECK(n <= std::numeric_limits<std::uint32_t>::max(), "rlpt.rollout.too_many_items",
              "cannot order {} items; at most 2^32 - 1", n);
@@ -199,7 +206,7 @@ inline void order_by_weight(view<const double> w, std::vector<std::uint32_t>& or
   if (value_bits + id_bits <= 64) {
     const auto keys = std::make_unique_for_overwrite<std::uint64_t[]>(2 * n); // keys, then scratch
     for (std::size_t i = 0; i < n; ++i)
-      keys[i] = (((weight_key(w[static_cast<index_t>(i)]) - lo) >> shift) << id_bits) | i;
+      keys[i] = (((hi - weight_key(w[static_cast<index_t>(i)])) >> shift) << id_bits) | i;
     std::vector<std::uint32_t> counts;
     bucket_sort_keys(keys.get(), keys.get() + n, n, counts);
     const std::uint64_t id_mask = (std::uint64_t{1} << id_bits) - 1;
@@ -207,9 +214,95 @@ inline void order_by_weight(view<const double> w, std::vector<std::uint32_t>& or
     return;
   }
   std::vector<std::pair<std::uint64_t, std::uint32_t>> pairs(n);
-  for (std::size_t i = 0; i < n; ++i) pairs[i] = {weight_key(w[static_cast<index_t>(i)]), static_cast<std::uint32_t>(i)};
+  for (std::size_t i = 0; i < n; ++i) pairs[i] = {hi - weight_key(w[static_cast<index_t>(i)]), static_cast<std::uint32_t>(i)};
   std::sort(pairs.begin(), pairs.end());
   for (std::size_t i = 0; i < n; ++i) order[i] = pairs[i].second;
+}
+
+//! The lengths behind the costs, when costs come from lengths (balance): lo and hi are the
+//! smallest and largest; `strict`: the costs are known to rise strictly with the length.
+//! Empty lengths: no hint.
+struct length_hint {
+  view<const index_t> lengths{};
+  index_t lo = 0, hi = 0;
+  bool strict = false;
+};
+
+//! Item ids by descending length, ascending id among equal ones: an LSD radix sort of words
+//! (hi - length) << id_bits | id, stable, in passes of at most 8 bits over the `bits` of the
+//! key (at most 32, and a Word holds them all).
+template <class Word>
+void radix_by_length(const length_hint& h, int bits, std::uint32_t* order) {
+  const auto n = static_cast<std::size_t>(h.lengths.size());
+  const int id_bits = static_cast<int>(std::bit_width(n - 1));
+  const int passes = (bits + 7) / 8;
+  const int digit = (bits + passes - 1) / passes;
+  const std::size_t buckets = std::size_t{1} << digit;
+  const Word mask = static_cast<Word>(buckets - 1);
+  const auto buf = std::make_unique_for_overwrite<Word[]>(2 * n);
+  Word* a = buf.get();
+  Word* b = a + n;
+  std::uint32_t count[4][256];
+  for (int p = 0; p < std::max(passes, 2); ++p) std::fill_n(count[p], buckets, 0u);
+  if (passes <= 2) { // lengths within 2^16: both digits' counts in one pass (one pass: the second digit is 0)
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto key = static_cast<Word>(h.hi - h.lengths[static_cast<index_t>(i)]);
+      a[i] = static_cast<Word>(key << id_bits | i);
+      ++count[0][key & mask];
+      ++count[1][(key >> digit) & mask];
+    }
+  } else {
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto key = static_cast<Word>(h.hi - h.lengths[static_cast<index_t>(i)]);
+      a[i] = static_cast<Word>(key << id_bits | i);
+      for (int p = 0; p < passes; ++p) ++count[p][(key >> (p * digit)) & mask];
+    }
+  }
+  for (int p = 0; p < passes; ++p) {
+    const int at = id_bits + p * digit;
+    std::uint32_t* next = count[p];
+    if (next[(a[0] >> at) & mask] == n) continue; // one digit value: nothing moves
+    for (std::uint32_t d = 0, sum = 0; d < buckets; ++d) sum += std::exchange(next[d], sum);
+    for (std::size_t i = 0; i < n; ++i) {
+      const Word v = a[i];
+      b[next[(v >> at) & mask]++] = v;
+    }
+    std::swap(a, b);
+  }
+  const Word id_mask = static_cast<Word>((Word{1} << id_bits) - 1);
+  for (std::size_t i = 0; i < n; ++i) order[i] = static_cast<std::uint32_t>(a[i] & id_mask);
+}
+
+//! order_heaviest_first by the lengths, with radix_by_length: no comparison to mispredict (the
+//! cost key sort's buckets mispredicted about once per item). Kept when the costs come out
+//! heaviest first: always for strictly rising costs, else as one pass checks (any
+//! non-decreasing cost of the length passes it unless it rounds distinct lengths to one cost);
+//! otherwise returns false.
+inline bool order_by_length(view<const double> w, const length_hint& h, std::vector<std::uint32_t>& order) {
+  const auto n = static_cast<std::size_t>(h.lengths.size());
+  if (n < 2 || n != static_cast<std::size_t>(w.size()) || n > std::numeric_limits<std::uint32_t>::max()) return false;
+  const auto range = static_cast<std::uint64_t>(h.hi) - static_cast<std::uint64_t>(h.lo);
+  const int bits = static_cast<int>(std::bit_width(range));
+  if (h.lo < 0 || bits > 32) return false;
+  order.resize(n);
+  if (bits == 0) { // one length: id order
+    std::iota(order.begin(), order.end(), 0u);
+    return true;
+  }
+  if (bits + static_cast<int>(std::bit_width(n - 1)) <= 32) radix_by_length<std::uint32_t>(h, bits, order.data());
+  else radix_by_length<std::uint64_t>(h, bits, order.data());
+  if (h.strict) return true;
+  bool ok = true;
+  for (std::size_t i = 1; i < n; ++i) {
+    const double x = w[order[i - 1]], y = w[order[i]];
+    ok &= (x > y) | ((x == y) & (order[i - 1] < order[i]));
+  }
+  return ok;
+}
+
+//! Heaviest first, by the lengths when the hint's order is the costs' order.
+inline void order_items(view<const double> w, const length_hint& h, std::vector<std::uint32_t>& order) {
+  if (!order_by_length(w, h, order)) order_heaviest_first(w, order);
 }
 
 // Max-heap key of a KK state: (spread, largest set, earliest state). Computed once per push:
@@ -279,14 +372,123 @@ inline void insertion_sort_sets(kk_set* x, index_t k) noexcept {
   }
 }
 
+//! Whether the rollout sorts take their AVX2 path: decided once per process.
+[[nodiscard]] inline bool rollout_uses_avx2() noexcept {
+#if RLPT_ROLLOUT_X86_DISPATCH()
+  static const bool yes = __builtin_cpu_supports("avx2");
+  return yes;
+#else
+  return false;
+#endif
+}
+
+#if RLPT_ROLLOUT_X86_DISPATCH()
+__attribute__((target("avx2"))) inline void exchange_avx2(__m256i& a, __m256i& b) noexcept {
+  const __m256i gt = _mm256_cmpgt_epi64(a, b);
+  const __m256i lo = _mm256_blendv_epi8(a, b, gt);
+  b = _mm256_blendv_epi8(b, a, gt);
+  a = lo;
+}
+
+//! sort_keys_branchless's first stage on AVX2, per 64 keys (below 2^63: signed compares): 16
+//! registers of 4 go through Batcher's 63-exchange network for 16, lane by lane, giving 4
+//! sorted columns of 16; 4x4 transposes store each column as one run.
+__attribute__((target("avx2"))) inline void sort_runs16_avx2(std::uint64_t* v, std::size_t n) noexcept {
+  for (std::size_t at = 0; at < n; at += 64) {
+    __m256i r[16];
+    for (int j = 0; j < 16; ++j) r[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + at + 4 * j));
+#define RLPT_EX(a, b) exchange_avx2(r[a], r[b])
+    RLPT_EX(0, 1), RLPT_EX(2, 3), RLPT_EX(0, 2), RLPT_EX(1, 3), RLPT_EX(1, 2), RLPT_EX(4, 5), RLPT_EX(6, 7),
+    RLPT_EX(4, 6), RLPT_EX(5, 7), RLPT_EX(5, 6), RLPT_EX(0, 4), RLPT_EX(2, 6), RLPT_EX(2, 4), RLPT_EX(1, 5),
+    RLPT_EX(3, 7), RLPT_EX(3, 5), RLPT_EX(1, 2), RLPT_EX(3, 4), RLPT_EX(5, 6), RLPT_EX(8, 9), RLPT_EX(10, 11),
+    RLPT_EX(8, 10), RLPT_EX(9, 11), RLPT_EX(9, 10), RLPT_EX(12, 13), RLPT_EX(14, 15), RLPT_EX(12, 14), RLPT_EX(13, 15),
+    RLPT_EX(13, 14), RLPT_EX(8, 12), RLPT_EX(10, 14), RLPT_EX(10, 12), RLPT_EX(9, 13), RLPT_EX(11, 15), RLPT_EX(11, 13),
+    RLPT_EX(9, 10), RLPT_EX(11, 12), RLPT_EX(13, 14), RLPT_EX(0, 8), RLPT_EX(4, 12), RLPT_EX(4, 8), RLPT_EX(2, 10),
+    RLPT_EX(6, 14), RLPT_EX(6, 10), RLPT_EX(2, 4), RLPT_EX(6, 8), RLPT_EX(10, 12), RLPT_EX(1, 9), RLPT_EX(5, 13),
+    RLPT_EX(5, 9), RLPT_EX(3, 11), RLPT_EX(7, 15), RLPT_EX(7, 11), RLPT_EX(3, 5), RLPT_EX(7, 9), RLPT_EX(11, 13),
+    RLPT_EX(1, 2), RLPT_EX(3, 4), RLPT_EX(5, 6), RLPT_EX(7, 8), RLPT_EX(9, 10), RLPT_EX(11, 12), RLPT_EX(13, 14);
+#undef RLPT_EX
+    for (int m = 0; m < 4; ++m) {
+      const __m256i t0 = _mm256_unpacklo_epi64(r[4 * m], r[4 * m + 1]); // (r0[0], r1[0], r0[2], r1[2])
+      const __m256i t1 = _mm256_unpackhi_epi64(r[4 * m], r[4 * m + 1]);
+      const __m256i t2 = _mm256_unpacklo_epi64(r[4 * m + 2], r[4 * m + 3]);
+      const __m256i t3 = _mm256_unpackhi_epi64(r[4 * m + 2], r[4 * m + 3]);
+      std::uint64_t* out = v + at + 4 * m; // column l goes to the run at out + 16 l
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permute2x128_si256(t0, t2, 0x20));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16), _mm256_permute2x128_si256(t1, t3, 0x20));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32), _mm256_permute2x128_si256(t0, t2, 0x31));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 48), _mm256_permute2x128_si256(t1, t3, 0x31));
+    }
+  }
+}
+#endif
+
+//! Sorts n = 2^m >= 8 distinct 64-bit keys below 2^63 (INT64_MAX pads) ascending, with no
+//! branch on the keys: sorted runs of 8 (a 19-exchange network) or, from 64 keys with AVX2,
+//! of 16, then merge passes that fill each output from both ends at once (two independent
+//! chains; with equal runs neither end can read past its inputs). A comparison sort
+//! mispredicts about one branch per key.
+inline void sort_keys_branchless(std::uint64_t* v, std::uint64_t* tmp, std::size_t n,
+                                 bool avx2 = rollout_uses_avx2()) noexcept {
+  std::size_t first_run = 8;
+#if RLPT_ROLLOUT_X86_DISPATCH()
+  if (n >= 64 && avx2) {
+    sort_runs16_avx2(v, n);
+    first_run = 16;
+  }
+#else
+  (void)avx2;
+#endif
+  for (std::size_t i = 0; first_run == 8 && i < n; i += 8) {
+    std::uint64_t x[8];
+    std::copy(v + i, v + i + 8, x);
+    auto exchange = [&x](int a, int b) {
+      const std::uint64_t lo = x[a] < x[b] ? x[a] : x[b], hi = x[a] < x[b] ? x[b] : x[a];
+      x[a] = lo;
+      x[b] = hi;
+    };
+    exchange(0, 2), exchange(1, 3), exchange(4, 6), exchange(5, 7);
+    exchange(0, 4), exchange(1, 5), exchange(2, 6), exchange(3, 7);
+    exchange(0, 1), exchange(2, 3), exchange(4, 5), exchange(6, 7);
+    exchange(2, 4), exchange(3, 5);
+    exchange(1, 4), exchange(3, 6);
+    exchange(1, 2), exchange(3, 4), exchange(5, 6);
+    std::copy(x, x + 8, v + i);
+  }
+  std::uint64_t* src = v;
+  std::uint64_t* dst = tmp;
+  for (std::size_t run = first_run; run < n; run *= 2) {
+    for (std::size_t s = 0; s < n; s += 2 * run) {
+      const std::uint64_t* x = src + s;
+      const std::uint64_t* y = x + run;
+      std::uint64_t* out = dst + s;
+      std::size_t i = 0, j = 0, i_back = run - 1, j_back = run - 1;
+      for (std::size_t t = 0; t < run; ++t) {
+        const std::uint64_t a = x[i], b = y[j];
+        const bool take_y = b < a;
+        out[t] = take_y ? b : a;
+        j += take_y;
+        i += !take_y;
+        const std::uint64_t c = x[i_back], d = y[j_back];
+        const bool take_x = c > d;
+        out[2 * run - 1 - t] = take_x ? c : d;
+        i_back -= take_x;
+        j_back -= !take_x;
+      }
+    }
+    std::swap(src, dst);
+  }
+  if (src != v) std::copy(src, src + n, v);
+}
+
 //! Sorts the k sets of a merged state with kk_set_before. Past 16 sets (k ranks) it sorts one
-//! 64-bit integer per set instead: the sum's order key below the largest (shared zero bits
-//! dropped) with the position in the low bits; runs of equal sums, which that orders by
-//! position, are then put in kk_set_before order. 1.6x faster than sorting the sets on states
-//! recorded from KK at k = 64 (1.1 against 1.8 µs per state), most of KK's time at k = 64.
+//! 64-bit integer per set instead, with sort_keys_branchless: the sum's order key below the
+//! largest (shared zero bits dropped) with the position in the low bits; runs of equal sums,
+//! which that orders by position, are then put in kk_set_before order.
 class kk_set_sorter {
 public:
-  explicit kk_set_sorter(index_t k) : keys_(static_cast<std::size_t>(k)), sets_(static_cast<std::size_t>(k)) {}
+  explicit kk_set_sorter(index_t k)
+      : n_(std::bit_ceil(static_cast<std::size_t>(k))), keys_(2 * n_), sets_(static_cast<std::size_t>(k)) {}
   void operator()(kk_set* x, index_t k) {
     if (k <= 16) return insertion_sort_sets(x, k); // no memmove calls for the few sets
     std::uint64_t hi = 0, any = 0;
@@ -297,16 +499,23 @@ public:
     }
     const int shift = any == 0 ? 0 : std::countr_zero(any);
     const int id_bits = static_cast<int>(std::bit_width(static_cast<std::uint64_t>(k - 1)));
-    if (static_cast<int>(std::bit_width(hi >> shift)) + id_bits > 64) return std::sort(x, x + k, kk_set_before);
-    const auto n = static_cast<std::size_t>(k);
-    for (std::size_t i = 0; i < n; ++i) keys_[i] = (((hi - weight_key(x[i].sum)) >> shift) << id_bits) | i;
-    std::sort(keys_.begin(), keys_.end());
+    if (static_cast<int>(std::bit_width(hi >> shift)) + id_bits > 62) return std::sort(x, x + k, kk_set_before);
+    const auto m = static_cast<std::size_t>(k);
+    for (std::size_t i = 0; i < m; ++i) keys_[i] = (((hi - weight_key(x[i].sum)) >> shift) << id_bits) | i;
+    std::fill(keys_.begin() + static_cast<std::ptrdiff_t>(m), keys_.begin() + static_cast<std::ptrdiff_t>(n_),
+              std::uint64_t{std::numeric_limits<std::int64_t>::max()});
+    sort_keys_branchless(keys_.data(), keys_.data() + n_, n_);
     const std::uint64_t id_mask = (std::uint64_t{1} << id_bits) - 1;
-    for (std::size_t i = 0; i < n; ++i) sets_[i] = x[keys_[i] & id_mask];
+    bool ties = false; // equal sums have equal keys above the position bits
+    for (std::size_t i = 0; i < m; ++i) {
+      sets_[i] = x[keys_[i] & id_mask];
+      ties |= i > 0 && (keys_[i] ^ keys_[i - 1]) >> id_bits == 0;
+    }
     std::copy(sets_.begin(), sets_.end(), x);
+    if (!ties) [[likely]]
+      return;
     for (index_t i = 1; i < k; ++i) {
-      if (x[i].sum != x[i - 1].sum) [[likely]]
-        continue;
+      if (x[i].sum != x[i - 1].sum) continue;
       index_t end = i + 1;
       while (end < k && x[end].sum == x[i].sum) ++end;
       std::sort(x + i - 1, x + end, kk_set_before);
@@ -315,6 +524,7 @@ public:
   }
 
 private:
+  std::size_t n_; // k rounded up to a power of two: the keys are padded with INT64_MAX
   std::vector<std::uint64_t> keys_;
   std::vector<kk_set> sets_;
 };
@@ -357,24 +567,19 @@ inline std::vector<std::vector<index_t>> parts_of(const std::vector<index_t>& ow
   return parts;
 }
 
-//! Karmarkar–Karp over non-negative weights. Equal counts with n % k != 0 add zero-weight
-//! padding items that sort first, so the first chunk gives them one per set and they are
-//! dropped at the end: parts get floor(n/k) or ceil(n/k) items. Parts come back ascending.
-inline std::vector<index_t> kk_assign(view<const double> w, index_t k, bool equal_count) {
+//! Karmarkar–Karp over non-negative weights, given the items heaviest first (order_items).
+//! Equal counts with n % k != 0 add zero-weight padding items that sort last, so the lightest
+//! chunk gives them one per set and they are dropped at the end: parts get floor(n/k) or
+//! ceil(n/k) items. Parts come back ascending.
+inline std::vector<index_t> kk_assign(view<const double> w, std::vector<std::uint32_t> order, index_t k, bool equal_count) {
   const index_t n = w.size();
   const index_t pad = equal_count ? (k - n % k) % k : 0;
-  const index_t total = n + pad; // padding items have ids n .. n + pad - 1, weight 0, sorted first
+  const index_t total = n + pad; // padding items have ids n .. n + pad - 1, weight 0
   RLPT_CHECK(total < index_t{1} << 31, "rlpt.rollout.too_many_items",
              "cannot partition {} items ({} with padding); at most 2^31 - 1", n, total);
   if (total == 0) return {};
-  std::vector<std::uint32_t> order;
-  order_by_weight(w, order);
-  // Position p of the ascending (weight, id) order, padding first.
-  auto item_at = [&](index_t p) -> kk_set {
-    if (p < pad) return {0.0, 1, static_cast<std::uint32_t>(n + p)};
-    const std::uint32_t item = order[static_cast<std::size_t>(p - pad)];
-    return {w[item], 1, item};
-  };
+  for (index_t p = n; p < total; ++p) order.push_back(static_cast<std::uint32_t>(p));
+  auto weight = [&](std::uint32_t item) { return item < static_cast<std::uint64_t>(n) ? w[item] : 0.0; };
   kk_unions unions(static_cast<std::size_t>(total));
   std::uint32_t next_id = 0;
 
@@ -383,30 +588,34 @@ inline std::vector<index_t> kk_assign(view<const double> w, index_t k, bool equa
     const index_t states = total / k;
     kk_heap heap(static_cast<std::size_t>(states));
     kk_set_sorter sort_sets(k);
+    // The arena holds the sets in `order`: state st, the st-th lightest chunk, is its
+    // (states - 1 - st)-th slice.
     const auto arena = std::make_unique_for_overwrite<kk_set[]>(static_cast<std::size_t>(total));
-    auto slice = [&](index_t st) { return arena.get() + st * k; };
+    auto slice = [&](index_t st) { return arena.get() + (states - 1 - st) * k; };
     auto key_of = [&](index_t st) {
       const kk_set* x = slice(st);
       return kk_key{x[0].sum - x[k - 1].sum, x[0].sum, next_id++, static_cast<std::uint32_t>(st)};
     };
-    for (index_t st = 0; st < states; ++st) {
-      kk_set* x = slice(st);
-      // The chunk is ascending by (weight, id): reversed, it is in set order except that
-      // runs of equal weights are id-descending; reversing those runs gives the sorted order
-      // in O(k). Padding (the highest ids, sorted first) mixed with zero weights can only
-      // be in the first chunk: an insertion sort puts it after them.
-      for (index_t i = 0; i < k; ++i) x[i] = item_at(st * k + k - 1 - i);
-      for (index_t i = 1; i < k; ++i) {
-        if (x[i].sum != x[i - 1].sum) [[likely]]
-          continue;
-        index_t lo = i - 1, hi = i + 1;
-        while (hi < k && x[hi].sum == x[lo].sum) ++hi;
-        std::reverse(x + lo, x + hi);
-        i = hi;
-      }
-      if (st == 0 && pad > 0) insertion_sort_sets(x, k);
-      heap.push(key_of(st));
+    // The chunks of k are verl's, taken from the ascending (weight, id) order with the padding
+    // first: where a run of equal weights crosses a chunk boundary, the lighter chunk gets the
+    // run's lower ids, that is, its later positions here. Reversing the run does that;
+    // reversing each chunk's share of it again puts ids ascending within the chunk, the sets'
+    // order. The padding (last here, fewer than k) ranks below real zero weights.
+    auto rank = [&](std::uint32_t item) { return item < static_cast<std::uint64_t>(n) ? w[item] : -1.0; };
+    for (index_t b = k; b < total; b += k) {
+      const double v = rank(order[static_cast<std::size_t>(b)]);
+      if (rank(order[static_cast<std::size_t>(b - 1)]) != v) [[likely]]
+        continue;
+      index_t lo = b - 1, hi = b + 1;
+      while (lo > 0 && rank(order[static_cast<std::size_t>(lo - 1)]) == v) --lo;
+      while (hi < total && rank(order[static_cast<std::size_t>(hi)]) == v) ++hi;
+      std::reverse(order.begin() + lo, order.begin() + hi);
+      for (index_t c = lo / k * k; c < hi; c += k) std::reverse(order.begin() + std::max(lo, c), order.begin() + std::min(hi, c + k));
+      b = (hi - 1) / k * k;
     }
+    for (std::size_t p = 0; p < static_cast<std::size_t>(n); ++p) arena[p] = {w[order[p]], 1, order[p]};
+    for (auto p = static_cast<std::size_t>(n); p < static_cast<std::size_t>(total); ++p) arena[p] = {0.0, 1, order[p]};
+    for (index_t st = 0; st < states; ++st) heap.push(key_of(st)); // the lightest chunk first, as verl
     while (heap.size() > 1) {
       const index_t a = heap.top().state;
       heap.pop();
@@ -431,9 +640,20 @@ inline std::vector<index_t> kk_assign(view<const double> w, index_t k, bool equa
     const double lo = static_cast<index_t>(x.sets.size()) < k ? 0.0 : x.sets.back().sum;
     return kk_key{x.sets.front().sum - lo, x.sets.front().sum, x.id, static_cast<std::uint32_t>(i)};
   };
+  // States start in ascending (weight, id) order: heaviest first reversed, runs of equal
+  // weights keeping their ascending ids.
+  std::vector<std::uint32_t> ascending;
+  ascending.reserve(order.size());
+  for (auto hi = order.end(); hi != order.begin();) {
+    auto lo = hi - 1;
+    while (lo != order.begin() && weight(*(lo - 1)) == weight(*(hi - 1))) --lo;
+    ascending.insert(ascending.end(), lo, hi);
+    hi = lo;
+  }
+  order.swap(ascending);
   for (index_t i = 0; i < total; ++i) {
     kk_state& s = pool[static_cast<std::size_t>(i)];
-    s.sets.push_back(item_at(i));
+    s.sets.push_back({weight(order[static_cast<std::size_t>(i)]), 1, order[static_cast<std::size_t>(i)]});
     s.id = next_id++;
     heap.push(key_of(i));
   }
@@ -478,6 +698,13 @@ inline std::vector<index_t> kk_assign(view<const double> w, index_t k, bool equa
   return unions.owners(fin.sets.data(), static_cast<index_t>(fin.sets.size()), n);
 }
 
+//! kk_assign ordering the items itself.
+inline std::vector<index_t> kk_assign(view<const double> w, index_t k, bool equal_count) {
+  std::vector<std::uint32_t> order;
+  order_heaviest_first(w, order);
+  return kk_assign(w, std::move(order), k, equal_count);
+}
+
 //! Karmarkar–Karp as index-ordered item lists per part.
 inline std::vector<std::vector<index_t>> karmarkar_karp(view<const double> w, index_t k, bool equal_count) {
   return parts_of(kk_assign(w, k, equal_count), k);
@@ -485,18 +712,9 @@ inline std::vector<std::vector<index_t>> karmarkar_karp(view<const double> w, in
 
 //! LPT: heaviest first onto the lightest part with room. With equal counts, r = n % k parts
 //! take ceil(n/k) items and the others floor(n/k).
-inline std::vector<index_t> lpt_assign(view<const double> w, index_t k, bool equal_count) {
+inline std::vector<index_t> lpt_assign(view<const double> w, const std::vector<std::uint32_t>& order, index_t k,
+                                       bool equal_count) {
   const index_t n = w.size();
-  std::vector<std::uint32_t> ascending;
-  order_by_weight(w, ascending); // ascending (weight, index)
-  // Descending weight, ascending index among equal weights: reverse each run of equal weights' order.
-  std::vector<index_t> order(static_cast<std::size_t>(n));
-  for (std::size_t hi = ascending.size(), out = 0; hi > 0;) {
-    std::size_t lo = hi - 1;
-    while (lo > 0 && w[ascending[lo - 1]] == w[ascending[hi - 1]]) --lo;
-    for (std::size_t i = lo; i < hi; ++i) order[out++] = ascending[i];
-    hi = lo;
-  }
   const index_t q = n / k, r = n % k;
   index_t big_used = 0;
   std::vector<double> load(static_cast<std::size_t>(k), 0.0);
@@ -505,7 +723,7 @@ inline std::vector<index_t> lpt_assign(view<const double> w, index_t k, bool equ
   std::priority_queue<entry, std::vector<entry>, std::greater<>> heap;
   for (index_t p = 0; p < k; ++p) heap.push({0.0, p});
   std::vector<index_t> owner(static_cast<std::size_t>(n), -1);
-  for (const index_t item : order) {
+  for (const std::uint32_t item : order) {
     for (;;) {
       const auto [l, p] = heap.top();
       heap.pop();
@@ -631,8 +849,12 @@ inline partition to_partition(const std::vector<index_t>& owner, index_t k, view
   return out;
 }
 
-inline void check_weights(view<const double> w, index_t parts) {
+inline void check_parts(index_t parts) {
   RLPT_CHECK(parts >= 1, "rlpt.rollout.bad_partition", "cannot partition into {} parts; need at least 1", parts);
+}
+
+inline void check_weights(view<const double> w, index_t parts) {
+  check_parts(parts);
   for (index_t i = 0; i < w.size(); ++i)
     RLPT_CHECK(std::isfinite(w[i]) && w[i] >= 0.0, "rlpt.rollout.bad_cost",
                "cost of item {} is {}; costs must be finite and >= 0", i, w[i]);
@@ -644,6 +866,73 @@ inline void check_weights(view<const double> w, index_t parts) {
   return load.empty() ? 0.0 : *std::max_element(load.begin(), load.end());
 }
 
+//! partition_weights on checked costs, with the lengths behind them when there are.
+[[nodiscard]] inline partition partition_checked(view<const double> weights, const length_hint& hint, index_t parts,
+                                                 partition_algorithm algorithm, bool equal_count, bool refine) {
+  std::vector<std::uint32_t> order;
+  order_items(weights, hint, order);
+  std::vector<index_t> owner;
+  switch (algorithm) {
+  case partition_algorithm::karmarkar_karp: owner = kk_assign(weights, std::move(order), parts, equal_count); break;
+  case partition_algorithm::lpt: owner = lpt_assign(weights, order, parts, equal_count); break;
+  case partition_algorithm::best: {
+    auto b = lpt_assign(weights, order, parts, equal_count);
+    auto a = kk_assign(weights, std::move(order), parts, equal_count);
+    owner = max_of(b, parts, weights) < max_of(a, parts, weights) ? std::move(b) : std::move(a);
+    break;
+  }
+  }
+  if (refine) detail::refine(owner, parts, weights, equal_count);
+  return to_partition(owner, parts, weights);
+}
+
+//! Costs of sequences of the given lengths; rejects negative lengths and costs that are not
+//! finite and >= 0, naming the first. hint: the lengths and their range.
+[[nodiscard]] inline std::vector<double> costs_of(view<const index_t> lengths, const cost_model& cost, length_hint* hint) {
+  const auto n = static_cast<std::size_t>(lengths.size());
+  std::vector<double> w(n);
+  index_t lo = std::numeric_limits<index_t>::max(), hi = std::numeric_limits<index_t>::min();
+  bool bad = false, strict = false;
+  auto check_lengths = [&] {
+    for (std::size_t i = 0; i < n; ++i)
+      RLPT_CHECK(lengths[static_cast<index_t>(i)] >= 0, "rlpt.rollout.bad_length", "sequence {} has length {}", i,
+                 lengths[static_cast<index_t>(i)]);
+  };
+  if (cost.custom) {
+    check_lengths(); // before the caller's function sees a length
+    for (std::size_t i = 0; i < n; ++i) {
+      const index_t l = lengths[static_cast<index_t>(i)];
+      lo = std::min(lo, l);
+      hi = std::max(hi, l);
+      w[i] = cost.custom(l);
+      bad |= !(w[i] >= 0.0 && w[i] <= std::numeric_limits<double>::max());
+    }
+  } else {
+    const double a = cost.linear, q = cost.quadratic;
+    for (std::size_t i = 0; i < n; ++i) {
+      const index_t l = lengths[static_cast<index_t>(i)];
+      lo = std::min(lo, l);
+      hi = std::max(hi, l);
+      const auto x = static_cast<double>(l);
+      w[i] = a * x + q * x * x; // as cost_model::operator()
+    }
+    if (lo < 0) check_lengths();
+    // Finite coefficients >= 0 make the cost non-decreasing in the length (every rounding
+    // step is): all costs lie in [0, cost(hi)], so only cost(hi) needs checking. Integer
+    // coefficients, not both 0, with cost(hi) below 2^53 compute every cost exactly: the
+    // costs rise strictly (verl's 24576·L + L², tokens).
+    const auto top = static_cast<double>(hi);
+    const double max_cost = a * top + q * top * top;
+    const bool monotone = a >= 0.0 && q >= 0.0 && a <= std::numeric_limits<double>::max() && q <= std::numeric_limits<double>::max();
+    if (!monotone || !(max_cost <= std::numeric_limits<double>::max()))
+      for (const double c : w) bad |= !(c >= 0.0 && c <= std::numeric_limits<double>::max());
+    strict = monotone && a == std::floor(a) && q == std::floor(q) && a + q > 0.0 && max_cost < 0x1p53;
+  }
+  if (bad) check_weights(w, 1);
+  if (hint != nullptr) *hint = {lengths, lo, hi, strict};
+  return w;
+}
+
 } // namespace detail
 
 //! Partitions items with non-negative costs `weights` into `parts` parts. With equal_count,
@@ -653,29 +942,15 @@ inline void check_weights(view<const double> w, index_t parts) {
                                                  partition_algorithm algorithm = partition_algorithm::best,
                                                  bool equal_count = true, bool refine = true) {
   detail::check_weights(weights, parts);
-  std::vector<index_t> owner;
-  switch (algorithm) {
-  case partition_algorithm::karmarkar_karp: owner = detail::kk_assign(weights, parts, equal_count); break;
-  case partition_algorithm::lpt: owner = detail::lpt_assign(weights, parts, equal_count); break;
-  case partition_algorithm::best: {
-    auto a = detail::kk_assign(weights, parts, equal_count);
-    auto b = detail::lpt_assign(weights, parts, equal_count);
-    owner = detail::max_of(b, parts, weights) < detail::max_of(a, parts, weights) ? std::move(b) : std::move(a);
-    break;
-  }
-  }
-  if (refine) detail::refine(owner, parts, weights, equal_count);
-  return detail::to_partition(owner, parts, weights);
+  return detail::partition_checked(weights, {}, parts, algorithm, equal_count, refine);
 }
 
 //! Balances sequences of the given lengths across options.ranks ranks. Loads are costs.
 [[nodiscard]] inline partition balance(view<const index_t> lengths, const balance_options& o = {}) {
-  std::vector<double> w(static_cast<std::size_t>(lengths.size()));
-  for (index_t i = 0; i < lengths.size(); ++i) {
-    RLPT_CHECK(lengths[i] >= 0, "rlpt.rollout.bad_length", "sequence {} has length {}", i, lengths[i]);
-    w[static_cast<std::size_t>(i)] = o.cost(lengths[i]);
-  }
-  return partition_weights(w, o.ranks, o.algorithm, o.equal_count, o.refine);
+  detail::check_parts(o.ranks);
+  detail::length_hint hint;
+  const std::vector<double> w = detail::costs_of(lengths, o.cost, &hint);
+  return detail::partition_checked(w, hint, o.ranks, o.algorithm, o.equal_count, o.refine);
 }
 
 //! Balances whole groups: every group's sequences land on one rank (prefix sharing, group
@@ -684,11 +959,7 @@ inline void check_weights(view<const double> w, index_t parts) {
 [[nodiscard]] inline partition balance_groups(view<const index_t> lengths, const groups& g,
                                               const balance_options& o = {}) {
   g.expect_items("lengths", lengths.size());
-  std::vector<double> seq(static_cast<std::size_t>(lengths.size()));
-  for (index_t i = 0; i < lengths.size(); ++i) {
-    RLPT_CHECK(lengths[i] >= 0, "rlpt.rollout.bad_length", "sequence {} has length {}", i, lengths[i]);
-    seq[static_cast<std::size_t>(i)] = o.cost(lengths[i]);
-  }
+  const std::vector<double> seq = detail::costs_of(lengths, o.cost, nullptr);
   std::vector<double> w(static_cast<std::size_t>(g.num_groups()), 0.0);
   for (index_t k = 0; k < g.num_groups(); ++k)
     for (const index_t i : g.members(k)) w[static_cast<std::size_t>(k)] += seq[static_cast<std::size_t>(i)];
