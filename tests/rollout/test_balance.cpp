@@ -482,3 +482,21 @@ TEST_CASE("the branchless key sort sorts, on its scalar and its AVX2 path") {
         CHECK(std::equal(want.begin(), want.end(), keys.begin()));
       }
 }
+
+#if RLPT_ROLLOUT_X86_DISPATCH()
+TEST_CASE("the AVX2 bitonic sort of 32-bit keys sorts") {
+  if (!detail::rollout_uses_avx2()) return; // no AVX2 here: the radix sort serves every size
+  test::rng r(37);
+  for (std::size_t n = 8; n <= 2048; n *= 2)
+    for (int rep = 0; rep < 10; ++rep) {
+      CAPTURE(n);
+      std::vector<std::uint32_t> keys(n);
+      const auto top = rep % 3 == 0 ? index_t{7} : index_t{0xFFFFFFFF}; // many ties, or spread over 32 bits
+      for (auto& x : keys) x = static_cast<std::uint32_t>(r.integer(0, top));
+      std::vector<std::uint32_t> want = keys;
+      std::sort(want.begin(), want.end());
+      detail::bitonic_sort_avx2(keys.data(), n);
+      CHECK(keys == want);
+    }
+}
+#endif
