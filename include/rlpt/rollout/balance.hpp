@@ -340,7 +340,7 @@ __attribute__((target("avx2"))) inline void bitonic_sort_avx2(std::uint32_t* key
 #endif
 
 //! Up to this many items, AVX2 sorts lengths by bitonic_sort_avx2 rather than radix_by_length.
-inline constexpr std::size_t bitonic_max_items = 1024;
+inline constexpr std::size_t bitonic_max_items = 512;
 
 //! order_heaviest_first by the lengths, with radix_by_length: no comparison to mispredict (the
 //! cost key sort's buckets mispredicted about once per item). Kept when the costs come out
