@@ -210,7 +210,8 @@ public:
   //! Waits until a group may start; an empty ticket once the gate is closed.
   [[nodiscard]] ticket admit() { return admit_until(std::chrono::steady_clock::time_point::max()); }
 
-  //! As admit, waiting at most `timeout` (empty ticket on timeout or close).
+  //! As admit, waiting at most `timeout` (empty ticket on timeout or close). A timeout counts
+  //! in `staleness_metrics` as one of `timeouts`, a close as `refused`.
   template <class Rep, class Period>
   [[nodiscard]] ticket admit_for(std::chrono::duration<Rep, Period> timeout) {
     return admit_until(std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(timeout));
@@ -420,10 +421,11 @@ private:
       if (t || closed_) break;
     }
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const bool closed_for_metrics = closed_; // a polling loop's timeouts are not refusals
     lock.unlock();
     if (opt_.metrics != nullptr) {
       opt_.metrics->generation_wait(waited);
-      if (!t) opt_.metrics->refused();
+      if (!t) closed_for_metrics ? opt_.metrics->refused() : opt_.metrics->timed_out();
     }
     return t;
   }

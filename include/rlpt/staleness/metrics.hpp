@@ -117,7 +117,8 @@ inline index_t age_of(policy_version v, policy_version current, index_t where) {
 //! Everything `staleness_metrics` counted, read at one instant.
 struct metrics_snapshot {
   index_t admitted = 0;  //!< groups admitted by the gate (tickets issued)
-  index_t refused = 0;   //!< admission attempts that found no capacity (try_admit false, timeouts)
+  index_t refused = 0;   //!< try_admit calls that found no capacity, and admissions a closed gate ended
+  index_t timeouts = 0;  //!< admit_for waits that ended at their deadline without capacity
   index_t accepted = 0;  //!< groups that finished generating and entered the buffer
   index_t rejected = 0;  //!< groups that failed or a filter rejected (their slot returned)
   index_t consumed = 0;  //!< groups handed to the trainer
@@ -136,6 +137,7 @@ class staleness_metrics {
 public:
   void admitted(index_t n = 1) { add(&metrics_snapshot::admitted, n); }
   void refused(index_t n = 1) { add(&metrics_snapshot::refused, n); }
+  void timed_out(index_t n = 1) { add(&metrics_snapshot::timeouts, n); }
   void accepted(index_t n = 1) { add(&metrics_snapshot::accepted, n); }
   void rejected(index_t n = 1) { add(&metrics_snapshot::rejected, n); }
   void dropped(index_t n = 1) { add(&metrics_snapshot::dropped, n); }
