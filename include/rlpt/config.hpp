@@ -80,6 +80,19 @@
 #endif
 #endif
 
+// --- ABI namespace -------------------------------------------------------------------------
+// Every declaration lives in an inline namespace named after the version whose ABI it has
+// (fmt's `inline namespace v11`, CUB's namespace macros): two shared libraries built against
+// different rlpt versions then define different symbols instead of breaking the
+// one-definition rule. Users write `rlpt::` as always.
+
+#define RLPT_NAMESPACE_BEGIN                                                                       \
+  namespace rlpt {                                                                                 \
+  inline namespace RLPT_ABI_NAMESPACE {
+#define RLPT_NAMESPACE_END                                                                         \
+  }                                                                                                \
+  }
+
 // --- misc ---------------------------------------------------------------------------------
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -92,7 +105,7 @@
 #define RLPT_RESTRICT
 #endif
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 //! Signed index type for sizes and offsets throughout rlpt: the same type as torch's int64
 //! tensors, so offsets and ids pass without copies.
@@ -101,4 +114,4 @@ using index_t = std::int64_t;
 //! Destructive-interference size for padding concurrent state (64 on x86, 128 on some ARM).
 inline constexpr unsigned cacheline_bytes = 64;
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 //! What a call does with a NaN or infinite reward (or value) where it would be used.
 enum class nonfinite : std::uint8_t {
@@ -172,7 +172,7 @@ inline index_t check_rewards(view<const float> rewards, nonfinite policy, const 
   if (count != 0 && policy == nonfinite::raise) {
     index_t c = 0;
     const std::string listed = name_nonfinite(rewards, c);
-    RLPT_FAIL("rlpt.advantage.nonfinite", "{} of {} {} are not finite: {}{} (set on_nonfinite = rlpt::nonfinite::mask "
+    RLPT_FAIL(errors::advantage::nonfinite, "{} of {} {} are not finite: {}{} (set on_nonfinite = rlpt::nonfinite::mask "
               "to leave them out of the statistics with advantage 0)",
               count, rewards.size(), what, listed, count > max_named ? ", ..." : "");
   }
@@ -221,7 +221,7 @@ inline void check_singles(view<const float> rewards, const groups& g, single pol
     }
   }
   if (bad != 0)
-    RLPT_FAIL("rlpt.advantage.group_size",
+    RLPT_FAIL(errors::advantage::group_size,
               "group {} (id {}) has 1 sample; {} needs at least 2 ({} group{} of {} like it; set rlpt::{}::single = "
               "rlpt::single::zero to give such samples advantage 0, or rlpt::single::raw to pass the reward through)",
               first, g.id(first), estimator, bad, bad == 1 ? "" : "s", g.num_groups(), options);
@@ -264,4 +264,4 @@ inline void finish_stats(group_stats& s) {
 }
 
 } // namespace detail
-} // namespace rlpt
+RLPT_NAMESPACE_END

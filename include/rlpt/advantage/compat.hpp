@@ -21,7 +21,8 @@
 #include <rlpt/advantage/shaping.hpp>
 #include <rlpt/advantage/whiten.hpp>
 
-namespace rlpt::compat {
+RLPT_NAMESPACE_BEGIN
+namespace compat {
 
 namespace verl {
 
@@ -210,4 +211,5 @@ inline gae_options gae(double gamma = 1.0, double lambd = 1.0) {
 
 } // namespace slime
 
-} // namespace rlpt::compat
+} // namespace compat
+RLPT_NAMESPACE_END

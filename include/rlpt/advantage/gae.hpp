@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 //! Per-token inputs of GAE. All per-token arrays share the layout's indexing.
 struct gae_inputs {
@@ -123,7 +123,7 @@ inline recurrence_fn recurrence_for(mask_mode mode, bool has_values, bool has_ma
 }
 
 inline void check_discount(const char* what, double x) {
-  RLPT_CHECK(std::isfinite(x) && x >= 0.0 && x <= 1.0, "rlpt.advantage.bad_option", "{} must be in [0, 1], got {}",
+  RLPT_CHECK(std::isfinite(x) && x >= 0.0 && x <= 1.0, errors::advantage::bad_option, "{} must be in [0, 1], got {}",
              what, x);
 }
 
@@ -193,7 +193,7 @@ std::vector<index_t> run_recurrence(const token_layout& layout, view<const float
   if (!seqs.empty() && policy == nonfinite::raise) {
     index_t c = 0;
     const std::string listed = name_bad_tokens(layout, seqs, rewards, values, m, bootstrap, c);
-    RLPT_FAIL("rlpt.advantage.nonfinite", "{}: {} sequence{} with non-finite inputs at valid tokens: {}{} (set "
+    RLPT_FAIL(errors::advantage::nonfinite, "{}: {} sequence{} with non-finite inputs at valid tokens: {}{} (set "
               "on_nonfinite = rlpt::nonfinite::mask to zero such sequences and count them)",
               what, seqs.size(), seqs.size() == 1 ? "" : "s", listed, c > max_named ? ", ..." : "");
   }
@@ -267,4 +267,4 @@ inline gae_result gae(const gae_inputs& in, view<float> advantages, view<float> 
   return result;
 }
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

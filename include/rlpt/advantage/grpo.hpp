@@ -20,7 +20,7 @@
 #include <algorithm>
 #include <cmath>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 struct grpo_options {
   rlpt::scale scale = rlpt::scale::group_std; //!< verl default (norm_adv_by_std_in_grpo=True), TRL "group"
@@ -75,9 +75,9 @@ inline double batch_std_of(view<const float> rewards, bool unbiased) {
 
 inline void check_grpo_options(const grpo_options& o) {
   RLPT_CHECK(o.epsilon >= 0.0 && o.std_floor >= 0.0 && std::isfinite(o.epsilon) && std::isfinite(o.std_floor),
-             "rlpt.advantage.bad_option", "grpo_options: epsilon ({}) and std_floor ({}) must be finite and >= 0",
+             errors::advantage::bad_option, "grpo_options: epsilon ({}) and std_floor ({}) must be finite and >= 0",
              o.epsilon, o.std_floor);
-  RLPT_CHECK(o.scale == scale::none || o.epsilon > 0.0 || o.std_floor > 0.0, "rlpt.advantage.bad_option",
+  RLPT_CHECK(o.scale == scale::none || o.epsilon > 0.0 || o.std_floor > 0.0, errors::advantage::bad_option,
              "grpo_options: scaling by std needs epsilon > 0 or std_floor > 0, or a zero-std group divides by zero");
 }
 
@@ -126,7 +126,7 @@ struct gpg_options {
 //! not group-local.
 inline void gpg_advantages(view<const float> rewards, const groups& g, view<float> out, const gpg_options& o,
                            group_stats& stats, const host_executor& ex = {}) {
-  RLPT_CHECK(std::isfinite(o.f_norm) && o.f_norm != 0.0, "rlpt.advantage.bad_option",
+  RLPT_CHECK(std::isfinite(o.f_norm) && o.f_norm != 0.0, errors::advantage::bad_option,
              "gpg_options: f_norm must be finite and non-zero, got {}", o.f_norm);
   const index_t bad = detail::start_group_estimator(rewards, g, out, o.on_nonfinite);
   detail::check_singles(rewards, g, o.single, "GPG with single = raise", "gpg_options");
@@ -171,9 +171,9 @@ struct passk_options {
 //! group order on ties) gets A = R_max - R_second [/ (std_g + eps)]; every other sample gets 0.
 inline void passk_advantages(view<const float> rewards, const groups& g, view<float> out, const passk_options& o,
                              group_stats& stats, const host_executor& ex = {}) {
-  RLPT_CHECK(o.single != single::raw, "rlpt.advantage.bad_option",
+  RLPT_CHECK(o.single != single::raw, errors::advantage::bad_option,
              "passk_options: single = raw has no meaning for pass@k (no second sample to compare); use raise or zero");
-  RLPT_CHECK(o.epsilon >= 0.0 && std::isfinite(o.epsilon), "rlpt.advantage.bad_option",
+  RLPT_CHECK(o.epsilon >= 0.0 && std::isfinite(o.epsilon), errors::advantage::bad_option,
              "passk_options: epsilon must be finite and >= 0, got {}", o.epsilon);
   const index_t bad = detail::start_group_estimator(rewards, g, out, o.on_nonfinite);
   detail::check_singles(rewards, g, o.single, "pass@k", "passk_options");
@@ -218,4 +218,4 @@ inline void passk_advantages(view<const float> rewards, const groups& g, view<fl
   return s;
 }
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

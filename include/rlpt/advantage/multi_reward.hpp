@@ -23,7 +23,7 @@
 #include <limits>
 #include <vector>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 struct gdpo_options {
   //! Per-channel group normalisation; the default is TRL's: std + 1e-4, NaN values left out.
@@ -44,15 +44,15 @@ struct gdpo_result {
 inline gdpo_result gdpo_advantages(view2d<const float> channels, view<const float> weights, const groups& g,
                                    view<float> out, const gdpo_options& o = {}, const host_executor& ex = {}) {
   const index_t B = channels.rows(), K = channels.cols();
-  RLPT_CHECK(K >= 1, "rlpt.advantage.bad_shape", "GDPO needs at least one reward channel, got {}", K);
+  RLPT_CHECK(K >= 1, errors::advantage::bad_shape, "GDPO needs at least one reward channel, got {}", K);
   g.expect_items("channels rows", B);
   detail::expect_size("weights", weights.size(), K, "one weight per reward channel");
   detail::expect_size("advantages", out.size(), B, "one advantage per sequence");
   detail::check_grpo_options(o.channel);
-  RLPT_CHECK(o.batch_epsilon > 0.0 || !o.batch_normalize, "rlpt.advantage.bad_option",
+  RLPT_CHECK(o.batch_epsilon > 0.0 || !o.batch_normalize, errors::advantage::bad_option,
              "gdpo_options: batch_epsilon must be > 0 when batch_normalize is set, got {}", o.batch_epsilon);
   for (index_t k = 0; k < K; ++k)
-    RLPT_CHECK(detail::finite(weights[k]), "rlpt.advantage.bad_option", "weights[{}] = {} is not finite", k, weights[k]);
+    RLPT_CHECK(detail::finite(weights[k]), errors::advantage::bad_option, "weights[{}] = {} is not finite", k, weights[k]);
 
   gdpo_result r;
   r.channels.resize(static_cast<std::size_t>(K));
@@ -95,4 +95,4 @@ inline gdpo_result gdpo_advantages(view2d<const float> channels, view<const floa
   return r;
 }
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

@@ -11,7 +11,7 @@
 #include <rlpt/core/groups.hpp>
 #include <rlpt/core/views.hpp>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 struct opo_options {
   rlpt::single single = rlpt::single::raw; //!< verl: a lone sample has baseline 0 (A = R)
@@ -25,7 +25,7 @@ inline void opo_advantages(view<const float> rewards, view<const index_t> length
   const index_t bad = detail::start_group_estimator(rewards, g, out, o.on_nonfinite);
   detail::expect_size("lengths", lengths.size(), rewards.size(), "one length per sequence");
   for (index_t i = 0; i < lengths.size(); ++i)
-    RLPT_CHECK(lengths[i] >= 0, "rlpt.advantage.bad_length", "lengths[{}] = {} is negative", i, lengths[i]);
+    RLPT_CHECK(lengths[i] >= 0, errors::advantage::bad_length, "lengths[{}] = {} is negative", i, lengths[i]);
   detail::check_singles(rewards, g, o.single, "OPO with single = raise", "opo_options");
   for (index_t k = 0; k < g.num_groups(); ++k) {
     index_t counted = 0, total = 0;
@@ -34,7 +34,7 @@ inline void opo_advantages(view<const float> rewards, view<const index_t> length
         ++counted;
         total += lengths[i];
       }
-    RLPT_CHECK(counted < 2 || total > 0, "rlpt.advantage.bad_length",
+    RLPT_CHECK(counted < 2 || total > 0, errors::advantage::bad_length,
                "group {} (id {}) has {} samples whose lengths sum to 0: the length-weighted OPO baseline is 0/0", k,
                g.id(k), counted);
   }
@@ -69,4 +69,4 @@ inline void opo_advantages(view<const float> rewards, view<const index_t> length
   return s;
 }
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

@@ -28,7 +28,7 @@
 #include <optional>
 #include <vector>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 struct returns_options {
   double gamma = 1.0;                             //!< verl algorithm.gamma default; OpenRLHF 1 except `reinforce`
@@ -148,4 +148,4 @@ inline reinforce_baseline_result reinforce_pp_baseline_advantages(view<const flo
   return r;
 }
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

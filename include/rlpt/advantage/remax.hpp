@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 struct remax_options {
   rlpt::nonfinite on_nonfinite = rlpt::nonfinite::raise; //!< mask: zero the sequence and count it
@@ -71,7 +71,7 @@ inline index_t remax_advantages(const token_layout& layout, view<const float> to
   if (!bad.empty() && o.on_nonfinite == nonfinite::raise) {
     index_t c = 0;
     const std::string listed = detail::name_bad_tokens(layout, bad, token_rewards, {}, m, {}, c);
-    RLPT_FAIL("rlpt.advantage.nonfinite", "ReMax: {} sequence{} with non-finite rewards at valid tokens: {}{} (set "
+    RLPT_FAIL(errors::advantage::nonfinite, "ReMax: {} sequence{} with non-finite rewards at valid tokens: {}{} (set "
               "on_nonfinite = rlpt::nonfinite::mask to zero such sequences and count them)",
               bad.size(), bad.size() == 1 ? "" : "s", listed, c > detail::max_named ? ", ..." : "");
   }
@@ -79,4 +79,4 @@ inline index_t remax_advantages(const token_layout& layout, view<const float> to
   return count;
 }
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

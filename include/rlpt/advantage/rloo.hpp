@@ -17,7 +17,7 @@
 #include <limits>
 #include <vector>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 struct rloo_options {
   //! rlpt default: a group of 1 is an error (OpenRLHF would divide 0 by 0). verl `rloo` keeps R
@@ -45,7 +45,7 @@ RLPT_HD float rloo_value(float x, double count, double sum, single policy) {
 //! RLOO advantages, one per sequence, and per-group statistics (mean = plain group mean).
 inline void rloo_advantages(view<const float> rewards, const groups& g, view<float> out, const rloo_options& o,
                             group_stats& stats, const host_executor& ex = {}) {
-  RLPT_CHECK(!o.batch_normalize || (o.batch_epsilon > 0.0 && std::isfinite(o.batch_epsilon)), "rlpt.advantage.bad_option",
+  RLPT_CHECK(!o.batch_normalize || (o.batch_epsilon > 0.0 && std::isfinite(o.batch_epsilon)), errors::advantage::bad_option,
              "rloo_options: batch_epsilon must be finite and > 0, got {}", o.batch_epsilon);
   const index_t bad = detail::start_group_estimator(rewards, g, out, o.on_nonfinite);
   detail::check_singles(rewards, g, o.single, "RLOO", "rloo_options");
@@ -89,4 +89,4 @@ inline void rloo_advantages(view<const float> rewards, const groups& g, view<flo
   return s;
 }
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

@@ -22,7 +22,7 @@
 #include <limits>
 #include <string>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 // --- DAPO overlong punishment ----------------------------------------------------------------
 
@@ -44,17 +44,17 @@ RLPT_HD double overlong_penalty(index_t length, const overlong_options& o) {
 
 //! rewards[i] += overlong_penalty(lengths[i]). Returns how many were penalised.
 inline index_t apply_overlong_penalty(view<const index_t> lengths, view<float> rewards, const overlong_options& o) {
-  RLPT_CHECK(o.max_len > 0 && o.buffer_len >= 0 && o.buffer_len <= o.max_len, "rlpt.advantage.bad_option",
+  RLPT_CHECK(o.max_len > 0 && o.buffer_len >= 0 && o.buffer_len <= o.max_len, errors::advantage::bad_option,
              "overlong_options: need 0 <= buffer_len ({}) <= max_len ({}) and max_len > 0", o.buffer_len, o.max_len);
-  RLPT_CHECK(o.buffer_len > 0 || o.cap, "rlpt.advantage.bad_option",
+  RLPT_CHECK(o.buffer_len > 0 || o.cap, errors::advantage::bad_option,
              "overlong_options: buffer_len = 0 needs cap = true (a step penalty past max_len); verl requires a "
              "positive buffer");
-  RLPT_CHECK(std::isfinite(o.factor) && o.factor >= 0.0, "rlpt.advantage.bad_option",
+  RLPT_CHECK(std::isfinite(o.factor) && o.factor >= 0.0, errors::advantage::bad_option,
              "overlong_options: factor must be finite and >= 0, got {}", o.factor);
   detail::expect_size("rewards", rewards.size(), lengths.size(), "one reward per length");
   index_t n = 0;
   for (index_t i = 0; i < lengths.size(); ++i) {
-    RLPT_CHECK(lengths[i] >= 0, "rlpt.advantage.bad_length", "lengths[{}] = {} is negative", i, lengths[i]);
+    RLPT_CHECK(lengths[i] >= 0, errors::advantage::bad_length, "lengths[{}] = {} is negative", i, lengths[i]);
     const double p = overlong_penalty(lengths[i], o);
     if (p < 0.0) {
       rewards[i] = static_cast<float>(static_cast<double>(rewards[i]) + p);
@@ -83,7 +83,7 @@ struct truncation_options {
 //! mask_truncated_tokens instead.
 inline index_t apply_truncation(view<const mask_t> truncated, view<float> rewards, const truncation_options& o) {
   detail::expect_size("rewards", rewards.size(), truncated.size(), "one reward per truncation flag");
-  RLPT_CHECK(std::isfinite(o.value), "rlpt.advantage.bad_option", "truncation_options: value must be finite, got {}",
+  RLPT_CHECK(std::isfinite(o.value), errors::advantage::bad_option, "truncation_options: value must be finite, got {}",
              o.value);
   index_t n = 0;
   if (o.action == truncation::keep) return 0;
@@ -131,7 +131,7 @@ inline index_t combine_reward_channels(view2d<const float> channels, view<const 
   detail::expect_size("weights", weights.size(), channels.cols(), "one weight per reward channel");
   detail::expect_size("out", out.size(), channels.rows(), "one reward per row");
   for (index_t k = 0; k < weights.size(); ++k)
-    RLPT_CHECK(detail::finite(weights[k]), "rlpt.advantage.bad_option", "weights[{}] = {} is not finite", k, weights[k]);
+    RLPT_CHECK(detail::finite(weights[k]), errors::advantage::bad_option, "weights[{}] = {} is not finite", k, weights[k]);
   if (o.on_nonfinite == nonfinite::raise) {
     index_t count = 0;
     std::string listed;
@@ -142,7 +142,7 @@ inline index_t combine_reward_channels(view2d<const float> channels, view<const 
             listed += fmt::format("{}(row {}, channel {}) = {}", count ? ", " : "", b, k, channels(b, k));
           ++count;
         }
-    RLPT_CHECK(count == 0, "rlpt.advantage.nonfinite", "{} reward channel values are not finite: {}{} (set "
+    RLPT_CHECK(count == 0, errors::advantage::nonfinite, "{} reward channel values are not finite: {}{} (set "
                "channel_options::on_nonfinite = rlpt::nonfinite::mask for TRL's nansum semantics)",
                count, listed, count > detail::max_named ? ", ..." : "");
   }
@@ -174,7 +174,7 @@ struct reward_transform {
 //! x <- clamp((x + bias) * scaling, clip_low, clip_high) in place. Non-finite values stay
 //! non-finite (the estimator's policy handles them); they are not clipped into range.
 inline void transform_rewards(view<float> rewards, const reward_transform& t) {
-  RLPT_CHECK(std::isfinite(t.bias) && std::isfinite(t.scaling) && !(t.clip_low > t.clip_high), "rlpt.advantage.bad_option",
+  RLPT_CHECK(std::isfinite(t.bias) && std::isfinite(t.scaling) && !(t.clip_low > t.clip_high), errors::advantage::bad_option,
              "reward_transform: bias ({}) and scaling ({}) must be finite and clip_low ({}) <= clip_high ({})", t.bias,
              t.scaling, t.clip_low, t.clip_high);
   for (float& x : rewards) {
@@ -185,4 +185,4 @@ inline void transform_rewards(view<float> rewards, const reward_transform& t) {
   }
 }
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

@@ -16,7 +16,7 @@
 
 #include <algorithm>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 namespace detail {
 
@@ -109,4 +109,4 @@ inline void place_at_last_token(const token_layout& layout, view<const float> pe
   });
 }
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

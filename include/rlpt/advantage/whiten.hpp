@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 //! Where the whitening epsilon enters.
 enum class eps_mode : std::uint8_t {
@@ -93,9 +93,9 @@ RLPT_HD float whiten_value(float x, const whiten_transform& t) {
 }
 
 inline void check_whiten_options(const whiten_options& o) {
-  RLPT_CHECK(std::isfinite(o.eps) && o.eps >= 0.0, "rlpt.advantage.bad_option",
+  RLPT_CHECK(std::isfinite(o.eps) && o.eps >= 0.0, errors::advantage::bad_option,
              "whiten_options: eps must be finite and >= 0, got {}", o.eps);
-  RLPT_CHECK(!o.scale || o.eps > 0.0 || o.on_too_few == too_few::raise, "rlpt.advantage.bad_option",
+  RLPT_CHECK(!o.scale || o.eps > 0.0 || o.on_too_few == too_few::raise, errors::advantage::bad_option,
              "whiten_options: eps = 0 would divide by a zero std; use eps > 0");
 }
 
@@ -193,7 +193,7 @@ inline moments merge_partials(const token_layout& layout, view<const float> x, v
   if (total.nonfinite != 0 && o.on_nonfinite == nonfinite::raise) {
     index_t c = 0;
     const std::string listed = name_nonfinite_tokens(layout, x, mask.empty() ? nullptr : mask.data(), c);
-    RLPT_FAIL("rlpt.advantage.nonfinite", "{} valid tokens hold non-finite values: {}{} (set on_nonfinite = "
+    RLPT_FAIL(errors::advantage::nonfinite, "{} valid tokens hold non-finite values: {}{} (set on_nonfinite = "
               "rlpt::nonfinite::mask to leave them out of the statistics with output 0)",
               c, listed, c > max_named ? ", ..." : "");
   }
@@ -235,7 +235,7 @@ inline whiten_result whiten_apply(const moments& stats, const token_layout& layo
   layout.expect_tokens("out", out);
   detail::expect_mask(layout, mask);
   const double need = o.unbiased ? 2.0 : 1.0;
-  RLPT_CHECK(stats.count >= need || o.on_too_few == too_few::unit_std, "rlpt.advantage.whiten_too_few",
+  RLPT_CHECK(stats.count >= need || o.on_too_few == too_few::unit_std, errors::advantage::whiten_too_few,
              "whitening needs at least {} valid finite value{} for a{} variance, got {} (verl raises here too; set "
              "whiten_options::on_too_few = rlpt::too_few::unit_std to use std 1)",
              need, need > 1.0 ? "s" : "", o.unbiased ? "n unbiased" : " biased", stats.count);
@@ -260,7 +260,7 @@ inline whiten_result whiten_apply(const moments& stats, const token_layout& layo
         return nonfinite_here;
       },
       [](index_t& acc, index_t part) { acc += part; });
-  RLPT_CHECK(bad == 0 || o.on_nonfinite == nonfinite::mask, "rlpt.advantage.nonfinite",
+  RLPT_CHECK(bad == 0 || o.on_nonfinite == nonfinite::mask, errors::advantage::nonfinite,
              "{} valid tokens hold non-finite values (set on_nonfinite = rlpt::nonfinite::mask to leave them out)", bad);
   return {stats, tr.mean, tr.inv_std, bad};
 }
@@ -279,4 +279,4 @@ inline whiten_result whiten(view<const float> x, view<const mask_t> mask, view<f
   return whiten(token_layout::padded(1, x.size()), x, mask, out, o, ex);
 }
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

@@ -21,7 +21,7 @@
 #include <string>
 #include <string_view>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 namespace detail {
 
 template <class T> struct dl_type;
@@ -62,28 +62,28 @@ T* dl_checked_data(const DLTensor& t, std::string_view what, int ndim) {
   using E = std::remove_cv_t<T>;
   const auto dev = static_cast<std::int32_t>(t.device.device_type);
   if constexpr (Space == memory_space::host) {
-    RLPT_CHECK(dev == kDLCPU || dev == kDLCUDAHost || dev == kDLCUDAManaged, "rlpt.dlpack.device",
+    RLPT_CHECK(dev == kDLCPU || dev == kDLCUDAHost || dev == kDLCUDAManaged, errors::dlpack::device,
                "{} lives on device '{}' (type {}), but a host view was requested", what, dl_device_name(dev), dev);
   } else {
-    RLPT_CHECK(dev == kDLCUDA || dev == kDLCUDAManaged, "rlpt.dlpack.device",
+    RLPT_CHECK(dev == kDLCUDA || dev == kDLCUDAManaged, errors::dlpack::device,
                "{} lives on device '{}' (type {}), but a CUDA device view was requested", what, dl_device_name(dev),
                dev);
   }
   // torch exports bool as uint8 in DLPack < 0.8 and kDLBool after; accept both for masks.
   const bool bool_as_u8 = std::is_same_v<E, std::uint8_t> && t.dtype.code == 6 && t.dtype.bits == 8;
   RLPT_CHECK(bool_as_u8 || (t.dtype.code == dl_type<E>::code && t.dtype.bits == dl_type<E>::bits && t.dtype.lanes == 1),
-             "rlpt.dlpack.dtype", "{} has dtype {}, expected {}", what, dl_dtype_name(t.dtype), name(dtype_of<E>));
-  RLPT_CHECK(t.ndim == ndim, "rlpt.dlpack.ndim", "{} has {} dimensions, expected {}", what, t.ndim, ndim);
+             errors::dlpack::dtype, "{} has dtype {}, expected {}", what, dl_dtype_name(t.dtype), name(dtype_of<E>));
+  RLPT_CHECK(t.ndim == ndim, errors::dlpack::ndim, "{} has {} dimensions, expected {}", what, t.ndim, ndim);
   for (int d = 0; d < ndim; ++d)
-    RLPT_CHECK(t.shape[d] >= 0, "rlpt.dlpack.shape", "{} has negative extent {} in dimension {}", what, t.shape[d], d);
-  RLPT_CHECK(t.byte_offset % sizeof(E) == 0, "rlpt.dlpack.alignment",
+    RLPT_CHECK(t.shape[d] >= 0, errors::dlpack::shape, "{} has negative extent {} in dimension {}", what, t.shape[d], d);
+  RLPT_CHECK(t.byte_offset % sizeof(E) == 0, errors::dlpack::alignment,
              "{} has byte_offset {}, not a multiple of its {}-byte elements", what, t.byte_offset, sizeof(E));
   index_t numel = 1;
   for (int d = 0; d < ndim; ++d) numel *= t.shape[d];
   if (numel == 0) return nullptr;
-  RLPT_CHECK(t.data != nullptr, "rlpt.dlpack.null", "{} has {} elements but a null data pointer", what, numel);
+  RLPT_CHECK(t.data != nullptr, errors::dlpack::null, "{} has {} elements but a null data pointer", what, numel);
   auto* p = static_cast<char*>(t.data) + t.byte_offset;
-  RLPT_CHECK(reinterpret_cast<std::uintptr_t>(p) % alignof(E) == 0, "rlpt.dlpack.alignment",
+  RLPT_CHECK(reinterpret_cast<std::uintptr_t>(p) % alignof(E) == 0, errors::dlpack::alignment,
              "{} data address {} is not aligned to {} bytes", what, static_cast<const void*>(p), alignof(E));
   return reinterpret_cast<T*>(p);
 }
@@ -96,7 +96,7 @@ template <class T, memory_space Space = memory_space::host>
   T* p = detail::dl_checked_data<T, Space>(t, what, 1);
   const index_t n = t.shape[0];
   if (t.strides != nullptr && n > 1)
-    RLPT_CHECK(t.strides[0] == 1, "rlpt.dlpack.strides", "{} has stride {}, expected 1 (contiguous)", what,
+    RLPT_CHECK(t.strides[0] == 1, errors::dlpack::strides, "{} has stride {}, expected 1 (contiguous)", what,
                t.strides[0]);
   return {p, n};
 }
@@ -111,11 +111,11 @@ template <class T, memory_space Space = memory_space::host>
   index_t row_stride = cols;
   if (t.strides != nullptr) {
     if (cols > 1)
-      RLPT_CHECK(t.strides[1] == 1, "rlpt.dlpack.strides",
+      RLPT_CHECK(t.strides[1] == 1, errors::dlpack::strides,
                  "{} has column stride {}, expected 1 (the last dimension must be contiguous)", what, t.strides[1]);
     if (rows > 1) {
       row_stride = t.strides[0];
-      RLPT_CHECK(row_stride >= cols, "rlpt.dlpack.strides",
+      RLPT_CHECK(row_stride >= cols, errors::dlpack::strides,
                  "{} has row stride {} smaller than its {} columns (overlapping or transposed rows)", what, row_stride,
                  cols);
     }
@@ -123,6 +123,6 @@ template <class T, memory_space Space = memory_space::host>
   return {p, rows, cols, row_stride};
 }
 
-} // namespace rlpt
+RLPT_NAMESPACE_END
 
 #endif // RLPT_HAS_DLPACK()

@@ -18,7 +18,7 @@
 #include <string_view>
 #include <type_traits>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 //! Runtime element type tag.
 enum class dtype : std::uint8_t { f32, f64, f16, bf16, i8, u8, i32, i64 };
@@ -197,10 +197,10 @@ decltype(auto) dispatch_floating(dtype t, std::string_view what, F&& f) {
   case dtype::bf16: return f(type_tag<bf16>{});
   default: break;
   }
-  RLPT_FAIL("rlpt.dtype.unsupported", "{} has dtype {}; expected one of f32, f64, f16, bf16", what, name(t));
+  RLPT_FAIL(errors::dtype::unsupported, "{} has dtype {}; expected one of f32, f64, f16, bf16", what, name(t));
 }
 
-} // namespace rlpt
+RLPT_NAMESPACE_END
 
 template <>
 struct fmt::formatter<rlpt::dtype> : fmt::formatter<std::string_view> {

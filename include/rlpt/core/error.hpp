@@ -2,15 +2,19 @@
 //! @file
 //! rlpt::error and the host validation macros.
 //!
-//! Every error carries a stable id (`rlpt.<block>.<problem>`) that callers and tests can match
-//! on, and a message that names the offending values:
+//! Every error carries a stable id (`rlpt.<block>.<problem>`, named in core/error_ids.hpp) that
+//! callers and tests can match on, and a message that names the offending values:
 //!
 //!     rlpt::error [rlpt.advantage.group_size]: group 17 has 1 sample; RLOO needs at least 2
+//!
+//! Only fmt's base header is included here: the message is formatted out of line by fmt's
+//! compiled `vformat` (the library every consumer links), so headers stay cheap to parse.
 #pragma once
 
 #include <rlpt/config.hpp>
+#include <rlpt/core/error_ids.hpp>
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -19,7 +23,7 @@
 #include <string_view>
 #include <utility>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 //! The one exception type rlpt throws for invalid input or a failed runtime call.
 class error : public std::runtime_error {
@@ -53,12 +57,12 @@ namespace detail {
 }
 
 template <class... Args>
-[[noreturn]] void fail(std::string_view id, fmt::format_string<Args...> format, Args&&... args) {
-  raise(id, fmt::format(format, std::forward<Args>(args)...));
+[[noreturn]] void fail(error_id id, fmt::format_string<Args...> format, Args&&... args) {
+  raise(id, fmt::vformat(format, fmt::make_format_args(args...)));
 }
 
 } // namespace detail
-} // namespace rlpt
+RLPT_NAMESPACE_END
 
 //! Throws rlpt::error with the given id and a fmt-formatted message.
 #define RLPT_FAIL(id, ...) ::rlpt::detail::fail(id, __VA_ARGS__)

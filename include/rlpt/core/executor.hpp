@@ -19,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 //! A fixed set of worker threads for fork-join loops. One loop runs at a time per pool;
 //! the calling thread takes part in every loop.
@@ -27,7 +27,7 @@ class thread_pool {
 public:
   //! `threads` counts the caller too: thread_pool(1) runs everything on the calling thread.
   explicit thread_pool(unsigned threads = std::max(1u, std::thread::hardware_concurrency())) {
-    RLPT_CHECK(threads >= 1, "rlpt.executor.bad_threads", "a thread pool needs at least 1 thread, got {}", threads);
+    RLPT_CHECK(threads >= 1, errors::executor::bad_threads, "a thread pool needs at least 1 thread, got {}", threads);
     workers_.reserve(threads - 1);
     for (unsigned i = 1; i < threads; ++i) workers_.emplace_back([this] { work(); });
   }
@@ -149,4 +149,4 @@ struct host_executor {
   }
 };
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

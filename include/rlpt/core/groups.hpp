@@ -15,7 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 class groups {
 public:
@@ -44,14 +44,14 @@ public:
 
   //! Contiguous groups: group g is sequences [offsets[g], offsets[g+1]). Empty groups are errors.
   [[nodiscard]] static groups from_offsets(view<const index_t> offsets) {
-    RLPT_CHECK(offsets.size() >= 1 && offsets[0] == 0, "rlpt.groups.bad_offsets",
+    RLPT_CHECK(offsets.size() >= 1 && offsets[0] == 0, errors::groups::bad_offsets,
                "group offsets must have G + 1 entries starting at 0 (got {} entries, first {})", offsets.size(),
                offsets.empty() ? index_t{-1} : offsets[0]);
     groups g;
     const index_t num = offsets.size() - 1;
     std::vector<index_t> counts(static_cast<std::size_t>(num));
     for (index_t k = 0; k < num; ++k) {
-      RLPT_CHECK(offsets[k + 1] > offsets[k], "rlpt.groups.bad_offsets",
+      RLPT_CHECK(offsets[k + 1] > offsets[k], errors::groups::bad_offsets,
                  "group {} is empty or reversed: offsets[{}] = {}, offsets[{}] = {}", k, k, offsets[k], k + 1,
                  offsets[k + 1]);
       counts[static_cast<std::size_t>(k)] = offsets[k + 1] - offsets[k];
@@ -64,7 +64,7 @@ public:
 
   //! n sequences in consecutive groups of `size` (the common fixed-n rollout shape).
   [[nodiscard]] static groups uniform(index_t n, index_t size) {
-    RLPT_CHECK(size >= 1 && n >= 0 && n % size == 0, "rlpt.groups.bad_size",
+    RLPT_CHECK(size >= 1 && n >= 0 && n % size == 0, errors::groups::bad_size,
                "{} sequences cannot be split into groups of {}", n, size);
     std::vector<index_t> offsets(static_cast<std::size_t>(n / size + 1));
     for (std::size_t k = 0; k < offsets.size(); ++k) offsets[k] = static_cast<index_t>(k) * size;
@@ -108,4 +108,4 @@ private:
   std::vector<std::int64_t> ids_;
 };
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

@@ -13,7 +13,7 @@
 #include <rlpt/core/error.hpp>
 #include <rlpt/core/views.hpp>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 enum class layout_kind : std::uint8_t { padded, packed };
 
@@ -25,9 +25,9 @@ public:
   //! [batch, seq_len] rows; row b starts at b * row_stride (default: seq_len).
   static basic_token_layout padded(index_t batch, index_t seq_len, index_t row_stride = -1) {
     if (row_stride < 0) row_stride = seq_len;
-    RLPT_CHECK(batch >= 0 && seq_len >= 0, "rlpt.layout.bad_shape",
+    RLPT_CHECK(batch >= 0 && seq_len >= 0, errors::layout::bad_shape,
                "padded layout [{}, {}] has a negative extent", batch, seq_len);
-    RLPT_CHECK(row_stride >= seq_len, "rlpt.layout.bad_stride",
+    RLPT_CHECK(row_stride >= seq_len, errors::layout::bad_stride,
                "padded layout row stride {} is smaller than seq_len {}", row_stride, seq_len);
     basic_token_layout l;
     l.kind_ = layout_kind::padded;
@@ -40,17 +40,17 @@ public:
   //! Packed sequences given by offsets (cu_seqlens): sequence b is [offsets[b], offsets[b+1]).
   //! Host offsets are validated (start at 0, non-decreasing); device offsets are trusted.
   static basic_token_layout packed(view<const index_t, Space> offsets) {
-    RLPT_CHECK(offsets.size() >= 1, "rlpt.layout.bad_offsets",
+    RLPT_CHECK(offsets.size() >= 1, errors::layout::bad_offsets,
                "packed layout needs B + 1 offsets (cu_seqlens), got an empty array");
     basic_token_layout l;
     l.kind_ = layout_kind::packed;
     l.num_seqs_ = offsets.size() - 1;
     l.offsets_ = offsets.data();
     if constexpr (Space == memory_space::host) {
-      RLPT_CHECK(offsets[0] == 0, "rlpt.layout.bad_offsets", "packed offsets must start at 0, got {}", offsets[0]);
+      RLPT_CHECK(offsets[0] == 0, errors::layout::bad_offsets, "packed offsets must start at 0, got {}", offsets[0]);
       index_t longest = 0;
       for (index_t b = 0; b < l.num_seqs_; ++b) {
-        RLPT_CHECK(offsets[b + 1] >= offsets[b], "rlpt.layout.bad_offsets",
+        RLPT_CHECK(offsets[b + 1] >= offsets[b], errors::layout::bad_offsets,
                    "packed offsets decrease at sequence {}: offsets[{}] = {} > offsets[{}] = {}", b, b,
                    offsets[b], b + 1, offsets[b + 1]);
         longest = offsets[b + 1] - offsets[b] > longest ? offsets[b + 1] - offsets[b] : longest;
@@ -118,4 +118,4 @@ private:
 using token_layout = basic_token_layout<memory_space::host>;
 using device_token_layout = basic_token_layout<memory_space::device>;
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

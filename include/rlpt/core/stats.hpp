@@ -15,7 +15,7 @@
 #include <cmath>
 #include <limits>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 struct moments {
   double count = 0.0;
@@ -108,4 +108,4 @@ template <class T>
   return moments_of<typename T::value_type>(view<const typename T::value_type>(x));
 }
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

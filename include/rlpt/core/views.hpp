@@ -15,7 +15,7 @@
 #include <string_view>
 #include <type_traits>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 enum class memory_space : std::uint8_t { host, device };
 
@@ -56,7 +56,7 @@ public:
 
   //! Elements [offset, offset + count); bounds are validated.
   [[nodiscard]] view subview(index_t offset, index_t count) const {
-    RLPT_CHECK(offset >= 0 && count >= 0 && offset + count <= size_, "rlpt.view.out_of_range",
+    RLPT_CHECK(offset >= 0 && count >= 0 && offset + count <= size_, errors::view::out_of_range,
                "subview [{}, {}) is outside a view of {} elements", offset, offset + count, size_);
     return {data_ + offset, count};
   }
@@ -92,8 +92,8 @@ public:
   //! [rows, cols] whose row r starts at data + r * row_stride. Validated: row_stride >= cols.
   view2d(T* data, index_t rows, index_t cols, index_t row_stride)
       : data_(data), rows_(rows), cols_(cols), row_stride_(row_stride) {
-    RLPT_CHECK(rows >= 0 && cols >= 0, "rlpt.view.bad_shape", "view2d shape [{}, {}] is negative", rows, cols);
-    RLPT_CHECK(row_stride >= cols || rows <= 1, "rlpt.view.bad_stride",
+    RLPT_CHECK(rows >= 0 && cols >= 0, errors::view::bad_shape, "view2d shape [{}, {}] is negative", rows, cols);
+    RLPT_CHECK(row_stride >= cols || rows <= 1, errors::view::bad_stride,
                "view2d row stride {} is smaller than its {} columns: rows would overlap", row_stride, cols);
   }
 
@@ -133,8 +133,8 @@ namespace detail {
 inline void expect_size(std::string_view what, index_t got, index_t expected, std::string_view why = {}) {
   if (RLPT_UNLIKELY(got != expected)) {
     if (why.empty())
-      RLPT_FAIL("rlpt.view.size_mismatch", "{} has {} elements, expected {}", what, got, expected);
-    RLPT_FAIL("rlpt.view.size_mismatch", "{} has {} elements, expected {} ({})", what, got, expected, why);
+      RLPT_FAIL(errors::view::size_mismatch, "{} has {} elements, expected {}", what, got, expected);
+    RLPT_FAIL(errors::view::size_mismatch, "{} has {} elements, expected {} ({})", what, got, expected, why);
   }
 }
 
@@ -144,4 +144,4 @@ inline void expect_size_or_empty(std::string_view what, index_t got, index_t exp
 }
 
 } // namespace detail
-} // namespace rlpt
+RLPT_NAMESPACE_END

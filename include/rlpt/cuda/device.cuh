@@ -7,7 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 //! Number of usable CUDA devices; 0 when there is no driver or no device.
 [[nodiscard]] inline int cuda_device_count() noexcept {
@@ -19,4 +19,4 @@ namespace rlpt {
   return n;
 }
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

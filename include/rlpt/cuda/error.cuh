@@ -9,15 +9,17 @@
 
 #include <cuda_runtime_api.h>
 
-namespace rlpt::detail {
+RLPT_NAMESPACE_BEGIN
+namespace detail {
 
 inline void check_cuda(cudaError_t status, const char* expr, const char* file, int line) {
   if (RLPT_UNLIKELY(status != cudaSuccess))
-    RLPT_FAIL("rlpt.cuda.error", "{} failed with {} ({}) at {}:{}", expr, cudaGetErrorName(status),
+    RLPT_FAIL(errors::cuda::error, "{} failed with {} ({}) at {}:{}", expr, cudaGetErrorName(status),
               cudaGetErrorString(status), file, line);
 }
 
-} // namespace rlpt::detail
+} // namespace detail
+RLPT_NAMESPACE_END
 
 //! Throws rlpt::error if the CUDA runtime call `expr` did not return cudaSuccess.
 #define RLPT_CUDA_CHECK(expr) ::rlpt::detail::check_cuda((expr), #expr, __FILE__, __LINE__)

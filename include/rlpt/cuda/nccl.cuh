@@ -8,15 +8,17 @@
 
 #include <nccl.h>
 
-namespace rlpt::detail {
+RLPT_NAMESPACE_BEGIN
+namespace detail {
 
 inline void check_nccl(ncclResult_t status, const char* expr, const char* file, int line) {
   if (RLPT_UNLIKELY(status != ncclSuccess))
-    RLPT_FAIL("rlpt.nccl.error", "{} failed with {} ({}) at {}:{}", expr, static_cast<int>(status),
+    RLPT_FAIL(errors::nccl::error, "{} failed with {} ({}) at {}:{}", expr, static_cast<int>(status),
               ncclGetErrorString(status), file, line);
 }
 
-} // namespace rlpt::detail
+} // namespace detail
+RLPT_NAMESPACE_END
 
 //! Throws rlpt::error if the NCCL call `expr` did not return ncclSuccess.
 #define RLPT_NCCL_CHECK(expr) ::rlpt::detail::check_nccl((expr), #expr, __FILE__, __LINE__)

@@ -18,7 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 struct workspace {
   void* data = nullptr;  //!< null: size query
@@ -50,7 +50,7 @@ public:
       ws_.bytes = offset_;
       return true;
     }
-    RLPT_CHECK(ws_.bytes >= offset_, "rlpt.cuda.workspace_too_small",
+    RLPT_CHECK(ws_.bytes >= offset_, errors::cuda::workspace_too_small,
                "workspace has {} bytes, this call needs {} (run the size query first)", ws_.bytes, offset_);
     return false;
   }
@@ -61,4 +61,4 @@ private:
 };
 
 } // namespace detail
-} // namespace rlpt
+RLPT_NAMESPACE_END

@@ -9,7 +9,7 @@
 #include <rlpt/config.hpp>
 #include <rlpt/logprob/options.hpp>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 //! The distribution an inference engine actually sampled from: temperature, then top-k (ties
 //! kept), then top-p over the renormalised top-k distribution (vLLM's processed logprobs and
@@ -52,4 +52,4 @@ namespace slime {
 } // namespace slime
 
 } // namespace compat
-} // namespace rlpt
+RLPT_NAMESPACE_END

@@ -30,7 +30,7 @@
 #include <limits>
 #include <type_traits>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 //! Element types a logits view may have.
 template <class T>
@@ -105,7 +105,7 @@ logprob_stats forward_rows(view2d<T> logits, Job&& job, const logprob_outputs& o
           if (opt.on_dropped == dropped_target::raise) {
             index_t rank = 1;
             for (index_t j = 0; j < cols; ++j) rank += load_logit(x[j]) * scale > zt ? 1 : 0;
-            RLPT_FAIL("rlpt.logprob.dropped_target",
+            RLPT_FAIL(errors::logprob::dropped_target,
                       "target {} of row {} has probability 0 under the scored distribution (temperature {}, top_k "
                       "{}, top_p {}): it is rank {} of {} by logit (tempered logit {}, kept threshold {}); set "
                       "on_dropped = neg_inf to score it as -inf",
@@ -149,7 +149,7 @@ void check_grad_alias(view2d<T> logits, view2d<G> dlogits) {
   const auto [gb, ge] = span_of(dlogits);
   const bool overlap = lb < ge && gb < le;
   const bool same = std::is_same_v<std::remove_const_t<T>, G> && lb == gb && logits.row_stride() == dlogits.row_stride();
-  RLPT_CHECK(!overlap || same, "rlpt.logprob.alias",
+  RLPT_CHECK(!overlap || same, errors::logprob::alias,
              "dlogits partially overlaps the logits (in-place backward needs the same pointer, row stride {} and "
              "dtype; got row stride {})",
              logits.row_stride(), dlogits.row_stride());
@@ -220,8 +220,8 @@ void backward_rows(view2d<T> logits, Job&& job, view<const float> dlogp, view<co
 
 template <class T>
 void check_logits(view2d<T> logits, std::string_view what = "logits") {
-  RLPT_CHECK(logits.cols() > 0, "rlpt.logprob.shape_mismatch", "{} have 0 columns: the vocabulary is empty", what);
-  RLPT_CHECK(logits.rows() == 0 || logits.data() != nullptr, "rlpt.logprob.shape_mismatch",
+  RLPT_CHECK(logits.cols() > 0, errors::logprob::shape_mismatch, "{} have 0 columns: the vocabulary is empty", what);
+  RLPT_CHECK(logits.rows() == 0 || logits.data() != nullptr, errors::logprob::shape_mismatch,
              "{} are [{}, {}] but their data pointer is null", what, logits.rows(), logits.cols());
 }
 
@@ -275,7 +275,7 @@ void logprob_entropy_backward(view2d<T> logits, view<const index_t> targets, vie
   detail::expect_size_or_empty("saved.lse", saved.lse.size(), n, "one per row");
   detail::expect_size_or_empty("saved.threshold", saved.threshold.size(), n, "one per row");
   detail::expect_size_or_empty("saved.tie_last", saved.tie_last.size(), n, "one per row");
-  RLPT_CHECK(dlogits.rows() == n && dlogits.cols() == v, "rlpt.logprob.shape_mismatch",
+  RLPT_CHECK(dlogits.rows() == n && dlogits.cols() == v, errors::logprob::shape_mismatch,
              "dlogits are [{}, {}], expected [{}, {}] like the logits", dlogits.rows(), dlogits.cols(), n, v);
   detail::check_grad_alias(logits, dlogits);
   for (index_t r = 0; r < n; ++r) detail::check_target(r, targets[r], v, opt.ignore_index);
@@ -289,4 +289,4 @@ void logprob_entropy_backward(view2d<T> logits, view<const index_t> targets, vie
       dlogp, dentropy, entropy, saved, dlogits, opt, ex);
 }
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

@@ -36,7 +36,7 @@
 #include <type_traits>
 #include <vector>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 struct lm_head_options {
   //! logits = hidden · weightᵀ / T (verl's linear_cross_entropy and Liger's fused scaled CE
@@ -75,14 +75,14 @@ void widen_rows(view2d<T> src, index_t r0, index_t rows, index_t c0, index_t col
 
 template <class H, class W>
 void check_lm_head(view2d<H> hidden, view2d<W> weight, view<const index_t> targets, const lm_head_options& o) {
-  RLPT_CHECK(o.temperature > 0.0f && std::isfinite(o.temperature), "rlpt.logprob.temperature",
+  RLPT_CHECK(o.temperature > 0.0f && std::isfinite(o.temperature), errors::logprob::temperature,
              "temperature must be finite and > 0, got {}", o.temperature);
-  RLPT_CHECK(o.token_tile > 0 && o.vocab_tile > 0, "rlpt.logprob.bad_tile",
+  RLPT_CHECK(o.token_tile > 0 && o.vocab_tile > 0, errors::logprob::bad_tile,
              "token_tile ({}) and vocab_tile ({}) must be positive", o.token_tile, o.vocab_tile);
-  RLPT_CHECK(hidden.cols() > 0 && hidden.cols() == weight.cols(), "rlpt.logprob.shape_mismatch",
+  RLPT_CHECK(hidden.cols() > 0 && hidden.cols() == weight.cols(), errors::logprob::shape_mismatch,
              "hidden is [{}, {}] and weight is [{}, {}]: both need the same positive hidden size D", hidden.rows(),
              hidden.cols(), weight.rows(), weight.cols());
-  RLPT_CHECK(weight.rows() > 0, "rlpt.logprob.shape_mismatch", "weight has 0 rows: the vocabulary is empty");
+  RLPT_CHECK(weight.rows() > 0, errors::logprob::shape_mismatch, "weight has 0 rows: the vocabulary is empty");
   expect_size("targets", targets.size(), hidden.rows(), "one per hidden row");
 }
 
@@ -166,7 +166,7 @@ logprob_stats fused_lm_head_logprob(view2d<H> hidden, view2d<W> weight, view<con
   const index_t n = hidden.rows(), v = weight.rows();
   detail::check_outputs(out, n, v, false);
   RLPT_CHECK(out.kept.data() == nullptr && out.saved.threshold.empty() && out.saved.tie_last.empty(),
-             "rlpt.logprob.unsupported", "the fused lm-head scores the full softmax: no kept mask or truncation");
+             errors::logprob::unsupported, "the fused lm-head scores the full softmax: no kept mask or truncation");
   for (index_t r = 0; r < n; ++r) detail::check_target(r, targets[r], v, opt.ignore_index);
   detail::lm_head_rows(hidden, weight, targets, 0, opt, ex, [&](index_t r, lse_state st, float zt, bool has) {
     if (!lse_ok(st)) detail::fail_nonfinite_row(r, st.m);
@@ -230,10 +230,10 @@ void fused_lm_head_backward(view2d<H> hidden, view2d<W> weight, view<const index
   if (!dentropy.empty()) detail::expect_size("entropy", entropy.size(), n, "the forward's entropy: one per row");
   const bool want_gh = grad_hidden.data() != nullptr, want_gw = grad_weight.data() != nullptr;
   if (want_gh)
-    RLPT_CHECK(grad_hidden.rows() == n && grad_hidden.cols() == d, "rlpt.logprob.shape_mismatch",
+    RLPT_CHECK(grad_hidden.rows() == n && grad_hidden.cols() == d, errors::logprob::shape_mismatch,
                "grad_hidden is [{}, {}], expected [{}, {}] like hidden", grad_hidden.rows(), grad_hidden.cols(), n, d);
   if (want_gw)
-    RLPT_CHECK(grad_weight.rows() == v && grad_weight.cols() == d, "rlpt.logprob.shape_mismatch",
+    RLPT_CHECK(grad_weight.rows() == v && grad_weight.cols() == d, errors::logprob::shape_mismatch,
                "grad_weight is [{}, {}], expected [{}, {}] like weight", grad_weight.rows(), grad_weight.cols(), v, d);
   for (index_t r = 0; r < n; ++r) detail::check_target(r, targets[r], shard.vocab, opt.ignore_index);
   if (!want_gh && !want_gw) return;
@@ -318,4 +318,4 @@ void fused_lm_head_backward(view2d<H> hidden, view2d<W> weight, view<const index
   }
 }
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

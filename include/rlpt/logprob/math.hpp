@@ -17,7 +17,7 @@
 #include <limits>
 #include <type_traits>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 //! Online log-sum-exp state of (part of) a row, in tempered-logit units z = logits / T.
 struct lse_state {
@@ -184,4 +184,4 @@ RLPT_HD_FORCEINLINE float softmax_grad(float z, float lse, float entropy, float 
   return -p * (dlogp + dentropy * (lpc + entropy));
 }
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

@@ -16,7 +16,7 @@
 #include <cmath>
 #include <cstdint>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 //! What happens when a target token lies outside the top-k / top-p support (the engine could not
 //! have sampled it; usually a sign the trainer's logits or sampling parameters differ).
@@ -88,12 +88,12 @@ struct logprob_stats {
 namespace detail {
 
 inline void check_logprob_options(const logprob_options& o) {
-  RLPT_CHECK(o.temperature > 0.0f && std::isfinite(o.temperature), "rlpt.logprob.temperature",
+  RLPT_CHECK(o.temperature > 0.0f && std::isfinite(o.temperature), errors::logprob::temperature,
              "temperature must be finite and > 0, got {} (greedy decoding has no distribution to score: "
              "use top_k = 1 for an argmax check)",
              o.temperature);
-  RLPT_CHECK(o.top_k >= -1, "rlpt.logprob.top_k", "top_k must be >= 0 (or -1 = off), got {}", o.top_k);
-  RLPT_CHECK(o.top_p > 0.0f && o.top_p <= 1.0f, "rlpt.logprob.top_p", "top_p must be in (0, 1], got {}", o.top_p);
+  RLPT_CHECK(o.top_k >= -1, errors::logprob::top_k, "top_k must be >= 0 (or -1 = off), got {}", o.top_k);
+  RLPT_CHECK(o.top_p > 0.0f && o.top_p <= 1.0f, errors::logprob::top_p, "top_p must be in (0, 1], got {}", o.top_p);
 }
 
 //! Validates the outputs of an N-row forward over V columns.
@@ -105,12 +105,12 @@ inline void check_outputs(const logprob_outputs& out, index_t rows, index_t voca
   expect_size_or_empty("saved.threshold", out.saved.threshold.size(), rows, "one per row");
   expect_size_or_empty("saved.tie_last", out.saved.tie_last.size(), rows, "one per row");
   if (out.kept.data() != nullptr) {
-    RLPT_CHECK(out.kept.rows() == rows && out.kept.cols() == vocab, "rlpt.logprob.shape_mismatch",
+    RLPT_CHECK(out.kept.rows() == rows && out.kept.cols() == vocab, errors::logprob::shape_mismatch,
                "kept mask is [{}, {}], expected [{}, {}] like the logits", out.kept.rows(), out.kept.cols(), rows,
                vocab);
   }
   if (truncated && !out.saved.lse.empty()) {
-    RLPT_CHECK(!out.saved.threshold.empty() && !out.saved.tie_last.empty(), "rlpt.logprob.missing_saved",
+    RLPT_CHECK(!out.saved.threshold.empty() && !out.saved.tie_last.empty(), errors::logprob::missing_saved,
                "top-k/top-p is on, so saving statistics for the backward needs saved.threshold and "
                "saved.tie_last as well as saved.lse ({} rows each)",
                rows);
@@ -119,14 +119,14 @@ inline void check_outputs(const logprob_outputs& out, index_t rows, index_t voca
 
 inline void check_target(index_t row, index_t target, index_t vocab, index_t ignore_index) {
   if (RLPT_UNLIKELY((target < 0 || target >= vocab) && target != ignore_index))
-    RLPT_FAIL("rlpt.logprob.target_out_of_range", "target {} of row {} is outside the vocabulary [0, {}) "
+    RLPT_FAIL(errors::logprob::target_out_of_range, "target {} of row {} is outside the vocabulary [0, {}) "
               "and is not ignore_index ({})", target, row, vocab, ignore_index);
 }
 
 [[noreturn]] inline void fail_nonfinite_row(index_t row, float max_z) {
-  RLPT_FAIL("rlpt.logprob.nonfinite", "logits row {} has no usable softmax: it contains NaN or +inf, or every "
+  RLPT_FAIL(errors::logprob::nonfinite, "logits row {} has no usable softmax: it contains NaN or +inf, or every "
             "logit is -inf (row max after temperature: {})", row, max_z);
 }
 
 } // namespace detail
-} // namespace rlpt
+RLPT_NAMESPACE_END

@@ -23,7 +23,7 @@
 #include <algorithm>
 #include <cstring>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 namespace detail {
 
@@ -59,7 +59,7 @@ void check_sequence_inputs(view2d<T> logits, view<const index_t> tokens, const t
   check_logprob_options(opt);
   check_logits(logits);
   const index_t n = layout.storage_size();
-  RLPT_CHECK(logits.rows() == n, "rlpt.logprob.shape_mismatch",
+  RLPT_CHECK(logits.rows() == n, errors::logprob::shape_mismatch,
              "logits have {} rows, the token layout has {} token slots (one logits row per token)", logits.rows(), n);
   layout.expect_tokens("tokens", tokens);
   expect_size_or_empty("valid", valid.size(), n, "one per token slot");
@@ -104,7 +104,7 @@ void sequence_logprob_entropy_backward(view2d<T> logits, view<const index_t> tok
   detail::expect_size_or_empty("saved.lse", saved.lse.size(), n, "one per logits row");
   detail::expect_size_or_empty("saved.threshold", saved.threshold.size(), n, "one per logits row");
   detail::expect_size_or_empty("saved.tie_last", saved.tie_last.size(), n, "one per logits row");
-  RLPT_CHECK(dlogits.rows() == n && dlogits.cols() == logits.cols(), "rlpt.logprob.shape_mismatch",
+  RLPT_CHECK(dlogits.rows() == n && dlogits.cols() == logits.cols(), errors::logprob::shape_mismatch,
              "dlogits are [{}, {}], expected [{}, {}] like the logits", dlogits.rows(), dlogits.cols(), n,
              logits.cols());
   detail::check_grad_alias(logits, dlogits);
@@ -112,4 +112,4 @@ void sequence_logprob_entropy_backward(view2d<T> logits, view<const index_t> tok
                         entropy, saved, dlogits, opt, ex);
 }
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

@@ -28,7 +28,7 @@
 
 #include <cstdint>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 //! The collective a vocab-parallel step asks for.
 enum class reduce_op : std::uint8_t { max, sum };
@@ -46,7 +46,7 @@ namespace detail {
 
 inline void check_shard(vocab_shard shard, index_t local_cols) {
   RLPT_CHECK(shard.vocab > 0 && shard.begin >= 0 && shard.begin + local_cols <= shard.vocab,
-             "rlpt.logprob.bad_shard",
+             errors::logprob::bad_shard,
              "shard [{}, {}) does not fit a global vocabulary of {} columns (begin {} + {} local columns)", shard.begin,
              shard.begin + local_cols, shard.vocab, shard.begin, local_cols);
 }
@@ -54,7 +54,7 @@ inline void check_shard(vocab_shard shard, index_t local_cols) {
 inline void check_vocab_parallel_common(index_t rows, view<const index_t> targets, view<float> comm, index_t vocab,
                                         const logprob_options& opt) {
   check_logprob_options(opt);
-  RLPT_CHECK(!opt.truncated(), "rlpt.logprob.unsupported",
+  RLPT_CHECK(!opt.truncated(), errors::logprob::unsupported,
              "top-k/top-p (top_k {}, top_p {}) needs whole rows; vocab-parallel scoring supports temperature only",
              opt.top_k, opt.top_p);
   expect_size("targets", targets.size(), rows, "one per logits row");
@@ -122,7 +122,7 @@ inline logprob_stats vocab_parallel_finish(view<const float> comm, view<const in
     if (targets[r] != opt.ignore_index) {
       const float zt = comm[3 * n + r];
       if (zt == -std::numeric_limits<float>::infinity()) {
-        RLPT_CHECK(opt.on_dropped != dropped_target::raise, "rlpt.logprob.dropped_target",
+        RLPT_CHECK(opt.on_dropped != dropped_target::raise, errors::logprob::dropped_target,
                    "target {} of row {} has logit -inf: probability 0 (set on_dropped = neg_inf to score it as -inf)",
                    targets[r], r);
         logp = zt;
@@ -169,7 +169,7 @@ void vocab_parallel_backward(view2d<T> logits_local, view<const index_t> targets
   detail::check_logits(logits_local, "local logits");
   detail::check_shard(shard, logits_local.cols());
   detail::check_logprob_options(opt);
-  RLPT_CHECK(!opt.truncated(), "rlpt.logprob.unsupported",
+  RLPT_CHECK(!opt.truncated(), errors::logprob::unsupported,
              "top-k/top-p needs whole rows; vocab-parallel scoring supports temperature only");
   const index_t n = logits_local.rows(), cols = logits_local.cols();
   detail::expect_size("targets", targets.size(), n, "one per logits row");
@@ -177,7 +177,7 @@ void vocab_parallel_backward(view2d<T> logits_local, view<const index_t> targets
   detail::expect_size_or_empty("dentropy", dentropy.size(), n, "one per row");
   detail::expect_size("lse", lse.size(), n, "the global lse the forward saved: one per row");
   if (!dentropy.empty()) detail::expect_size("entropy", entropy.size(), n, "the global entropy: one per row");
-  RLPT_CHECK(dlogits_local.rows() == n && dlogits_local.cols() == cols, "rlpt.logprob.shape_mismatch",
+  RLPT_CHECK(dlogits_local.rows() == n && dlogits_local.cols() == cols, errors::logprob::shape_mismatch,
              "dlogits are [{}, {}], expected [{}, {}] like the local logits", dlogits_local.rows(),
              dlogits_local.cols(), n, cols);
   detail::check_grad_alias(logits_local, dlogits_local);
@@ -194,4 +194,4 @@ void vocab_parallel_backward(view2d<T> logits_local, view<const index_t> targets
       dlogp, dentropy, entropy, saved, dlogits_local, opt, ex);
 }
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

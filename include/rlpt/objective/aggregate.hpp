@@ -28,7 +28,7 @@
 #include <optional>
 #include <string_view>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 enum class agg_mode : std::uint8_t {
   token_mean,             //!< sum over tokens / N
@@ -130,20 +130,20 @@ struct agg_plan {
 };
 
 inline agg_plan make_agg_plan(const aggregation& a, std::string_view term) {
-  RLPT_CHECK(std::isfinite(a.scale), "rlpt.objective.bad_option", "{} aggregation scale = {} is not finite", term,
+  RLPT_CHECK(std::isfinite(a.scale), errors::objective::bad_option, "{} aggregation scale = {} is not finite", term,
              a.scale);
-  RLPT_CHECK(a.len_eps >= 0.0 && std::isfinite(a.len_eps), "rlpt.objective.bad_option",
+  RLPT_CHECK(a.len_eps >= 0.0 && std::isfinite(a.len_eps), errors::objective::bad_option,
              "{} aggregation len_eps = {} must be finite and >= 0", term, a.len_eps);
   if (a.mode == agg_mode::seq_mean_token_sum_norm)
-    RLPT_CHECK(a.norm > 0.0 && std::isfinite(a.norm), "rlpt.objective.bad_option",
+    RLPT_CHECK(a.norm > 0.0 && std::isfinite(a.norm), errors::objective::bad_option,
                "{} aggregation seq_mean_token_sum_norm needs norm > 0 (the constant normaliser, e.g. the maximum "
                "response length), got {}",
                term, a.norm);
   if (a.global_tokens)
-    RLPT_CHECK(*a.global_tokens >= 0.0 && std::isfinite(*a.global_tokens), "rlpt.objective.bad_denominator",
+    RLPT_CHECK(*a.global_tokens >= 0.0 && std::isfinite(*a.global_tokens), errors::objective::bad_denominator,
                "{} aggregation global_tokens = {} must be finite and >= 0", term, *a.global_tokens);
   if (a.global_seqs)
-    RLPT_CHECK(*a.global_seqs >= 0.0 && std::isfinite(*a.global_seqs), "rlpt.objective.bad_denominator",
+    RLPT_CHECK(*a.global_seqs >= 0.0 && std::isfinite(*a.global_seqs), errors::objective::bad_denominator,
                "{} aggregation global_seqs = {} must be finite and >= 0", term, *a.global_seqs);
   agg_plan p;
   p.mode = a.mode;
@@ -157,4 +157,4 @@ inline agg_plan make_agg_plan(const aggregation& a, std::string_view term) {
 }
 
 } // namespace detail
-} // namespace rlpt
+RLPT_NAMESPACE_END

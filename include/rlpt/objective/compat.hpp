@@ -16,12 +16,13 @@
 #include <string>
 #include <string_view>
 
-namespace rlpt::compat {
+RLPT_NAMESPACE_BEGIN
+namespace compat {
 
 namespace detail {
 [[noreturn]] inline void unknown(std::string_view framework, std::string_view option, std::string_view value,
                                  std::string_view allowed) {
-  RLPT_FAIL("rlpt.objective.compat", "{} {} = \"{}\" is not reproduced by rlpt (supported: {})", framework, option,
+  RLPT_FAIL(errors::objective::compat, "{} {} = \"{}\" is not reproduced by rlpt (supported: {})", framework, option,
             value, allowed);
 }
 
@@ -44,7 +45,7 @@ inline double parse_number(std::string_view framework, std::string_view option, 
     used = static_cast<std::size_t>(end - str.c_str());
 #endif
   }
-  RLPT_CHECK(ok && used == str.size(), "rlpt.objective.compat", "{} {} = \"{}\" is not a number", framework, option, s);
+  RLPT_CHECK(ok && used == str.size(), errors::objective::compat, "{} {} = \"{}\" is not a number", framework, option, s);
   return v;
 }
 } // namespace detail
@@ -63,7 +64,7 @@ inline aggregation agg(std::string_view loss_agg_mode = "token-mean", int dp_siz
   a.global_seqs = global_batch_size;
   RLPT_CHECK(dp_size == 1 || loss_agg_mode == "token-sum" ||
                  (loss_agg_mode == "token-mean" ? batch_num_tokens.has_value() : global_batch_size.has_value()),
-             "rlpt.objective.compat",
+             errors::objective::compat,
              "verl agg_loss with dp_size = {} needs the global {} (verl raises too)", dp_size,
              loss_agg_mode == "token-mean" ? "batch_num_tokens" : "global_batch_size");
   if (loss_agg_mode == "token-mean") {
@@ -79,7 +80,7 @@ inline aggregation agg(std::string_view loss_agg_mode = "token-mean", int dp_siz
     a.len_eps = 0.0;
   } else if (loss_agg_mode == "seq-mean-token-sum-norm") {
     a.mode = agg_mode::seq_mean_token_sum_norm;
-    RLPT_CHECK(loss_scale_factor.has_value(), "rlpt.objective.compat",
+    RLPT_CHECK(loss_scale_factor.has_value(), errors::objective::compat,
                "verl seq-mean-token-sum-norm: pass loss_scale_factor (verl's fallback, the padded width of each "
                "micro-batch, makes the loss depend on padding)");
     a.norm = *loss_scale_factor;
@@ -173,7 +174,7 @@ inline off_policy_correction rollout_correction(std::string_view rollout_is = ""
       r.hi = detail::parse_number("verl", "rollout_rs_threshold", rs_threshold);
       r.lo = r.stat == rs_stat::k1 ? 1.0 / r.hi : 0.0;
     } else {
-      RLPT_CHECK(r.stat == rs_stat::k1, "rlpt.objective.compat",
+      RLPT_CHECK(r.stat == rs_stat::k1, errors::objective::compat,
                  "verl rollout_rs_threshold \"{}\" has a lower bound, which only k1 options take", rs_threshold);
       r.lo = detail::parse_number("verl", "rollout_rs_threshold", rs_threshold.substr(0, us));
       r.hi = detail::parse_number("verl", "rollout_rs_threshold", rs_threshold.substr(us + 1));
@@ -288,7 +289,7 @@ inline objective grpo(const grpo_config& c) {
   objective o;
   const double eh = c.epsilon_high.value_or(c.epsilon);
   const double ga = static_cast<double>(c.gradient_accumulation_steps);
-  RLPT_CHECK(ga >= 1.0 && c.num_processes >= 1, "rlpt.objective.compat",
+  RLPT_CHECK(ga >= 1.0 && c.num_processes >= 1, errors::objective::compat,
              "trl gradient_accumulation_steps = {} and num_processes = {} must be >= 1", c.gradient_accumulation_steps,
              c.num_processes);
   const bool seq = c.importance_sampling_level == "sequence";
@@ -322,7 +323,7 @@ inline objective grpo(const grpo_config& c) {
     a.count_empty_rows = true; // per_token_loss.size(0)
     a.norm = static_cast<double>(c.max_completion_length);
   } else { // dapo, cispo: sum / (num_items_in_batch / num_processes * GA / steps_per_generation)
-    RLPT_CHECK(c.num_items_in_batch.has_value(), "rlpt.objective.compat",
+    RLPT_CHECK(c.num_items_in_batch.has_value(), errors::objective::compat,
                "trl loss_type = \"{}\" normalises by num_items_in_batch (the generation batch's tokens on all "
                "processes); pass it",
                lt);
@@ -438,7 +439,7 @@ inline objective policy_loss(const policy_loss_config& c) {
     o.policy = ppo_clip{.eps_low = c.clip_eps_low, .eps_high = c.clip_eps_high, .dual_clip = c.dual_clip.value_or(0.0),
                         .delta = 0.0, .log_ratio_clamp = 20.0};
   } else if (gspo_type) {
-    RLPT_CHECK(c.is_correction_level == "off", "rlpt.objective.compat",
+    RLPT_CHECK(c.is_correction_level == "off", errors::objective::compat,
                "openrlhf gspo with is_correction_level = \"{}\" takes its ratio against the rollout log-probs; pass "
                "behav_logp as old_logp with is_correction_level = \"off\" instead",
                c.is_correction_level);
@@ -457,7 +458,7 @@ inline objective policy_loss(const policy_loss_config& c) {
     if (!seq && c.is_correction_level != "token")
       detail::unknown("openrlhf", "is_correction_level", c.is_correction_level, "off, token, seq");
     if (c.is_correction_mode == "clip") {
-      RLPT_CHECK(!seq, "rlpt.objective.compat", "openrlhf is_correction_mode = clip needs is_correction_level = token");
+      RLPT_CHECK(!seq, errors::objective::compat, "openrlhf is_correction_mode = clip needs is_correction_level = token");
       k.weight = {.level = is_level::token, .bound = is_bound::truncate, .lo = c.is_correction_low,
                   .hi = c.is_correction_high};
     } else if (c.is_correction_mode == "mask") {
@@ -518,7 +519,7 @@ inline objective actor(const actor_config& c) {
   objective o;
   const double eh = c.eps_clip_higher.value_or(c.eps_clip);
   if (c.use_sapo_loss) {
-    RLPT_CHECK(!c.use_decoupled_loss, "rlpt.objective.compat", "areal use_sapo_loss requires use_decoupled_loss = false");
+    RLPT_CHECK(!c.use_decoupled_loss, errors::objective::compat, "areal use_sapo_loss requires use_decoupled_loss = false");
     o.policy = sapo{.tau_pos = c.sapo_tau_pos, .tau_neg = c.sapo_tau_neg, .log_ratio_clamp = 80.0};
   } else if (c.importance_sampling_level == "sequence") {
     o.policy = gspo{.eps_low = c.eps_clip, .eps_high = eh, .token_level = false, .log_ratio_max = 80.0,
@@ -554,4 +555,5 @@ inline objective actor(const actor_config& c) {
 }
 
 } // namespace areal
-} // namespace rlpt::compat
+} // namespace compat
+RLPT_NAMESPACE_END

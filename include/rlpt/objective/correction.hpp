@@ -19,7 +19,7 @@
 #include <limits>
 #include <string_view>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 enum class is_level : std::uint8_t {
   none,        //!< no importance weight
@@ -155,4 +155,4 @@ RLPT_HD_FORCEINLINE bool rs_keep(rs_stat s, R stat, R lo, R hi, R log_lo, R log_
 }
 
 } // namespace detail
-} // namespace rlpt
+RLPT_NAMESPACE_END

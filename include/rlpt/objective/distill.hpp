@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <span>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 //! Which log-probs stand for the student in the reverse KL.
 enum class student_logp : std::uint8_t {
@@ -33,4 +33,4 @@ namespace detail {
 inline constexpr int max_teachers = 16;
 } // namespace detail
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

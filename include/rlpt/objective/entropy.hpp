@@ -13,7 +13,7 @@
 #include <cmath>
 #include <cstdint>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 struct entropy_bonus {
   //! Loss -= coef * agg(H). verl entropy_coeff and OpenRLHF entropy_coef default 0 (off), TRL
@@ -31,8 +31,8 @@ struct entropy_schedule {
   schedule_shape shape = schedule_shape::linear;
 
   [[nodiscard]] double at(std::int64_t step) const {
-    RLPT_CHECK(steps >= 1, "rlpt.objective.bad_option", "entropy_schedule steps = {} must be >= 1", steps);
-    RLPT_CHECK(step >= 0, "rlpt.objective.bad_option", "entropy_schedule step = {} must be >= 0", step);
+    RLPT_CHECK(steps >= 1, errors::objective::bad_option, "entropy_schedule steps = {} must be >= 1", steps);
+    RLPT_CHECK(step >= 0, errors::objective::bad_option, "entropy_schedule step = {} must be >= 0", step);
     if (shape == schedule_shape::constant) return start;
     const double t = std::min(1.0, static_cast<double>(step) / static_cast<double>(steps));
     const double f = shape == schedule_shape::linear ? t : 0.5 * (1.0 - std::cos(t * 3.14159265358979323846));
@@ -59,9 +59,9 @@ struct adaptive_entropy {
 
   //! Feeds the step's global (all ranks, all micro-batches, token-weighted) mean entropy.
   void update(double mean_entropy) {
-    RLPT_CHECK(std::isfinite(mean_entropy), "rlpt.objective.nonfinite",
+    RLPT_CHECK(std::isfinite(mean_entropy), errors::objective::nonfinite,
                "adaptive_entropy::update got a non-finite mean entropy {}", mean_entropy);
-    RLPT_CHECK(min <= max && delta >= 0.0, "rlpt.objective.bad_option",
+    RLPT_CHECK(min <= max && delta >= 0.0, errors::objective::bad_option,
                "adaptive_entropy needs min <= max and delta >= 0, got min {} max {} delta {}", min, max, delta);
     if (mean_entropy <= static_cast<double>(target))
       coef = std::min(coef + delta, max);
@@ -71,4 +71,4 @@ struct adaptive_entropy {
   }
 };
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

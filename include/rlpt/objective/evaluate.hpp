@@ -45,7 +45,7 @@
 #include <variant>
 #include <vector>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 //! A complete objective. Every part defaults to verl's behaviour (see each struct).
 struct objective {
@@ -69,7 +69,7 @@ struct objective {
 namespace detail {
 
 inline void check_option(bool ok, std::string_view what, double value, std::string_view need) {
-  if (RLPT_UNLIKELY(!ok)) RLPT_FAIL("rlpt.objective.bad_option", "{} = {} {}", what, value, need);
+  if (RLPT_UNLIKELY(!ok)) RLPT_FAIL(errors::objective::bad_option, "{} = {} {}", what, value, need);
 }
 
 inline void check_clamp(double c, std::string_view what) {
@@ -79,7 +79,7 @@ inline void check_clamp(double c, std::string_view what) {
 
 inline void require(bool present, std::string_view who, std::string_view input, std::string_view why) {
   if (RLPT_UNLIKELY(!present))
-    RLPT_FAIL("rlpt.objective.missing_input", "{} needs {} ({}), but none was given", who, input, why);
+    RLPT_FAIL(errors::objective::missing_input, "{} needs {} ({}), but none was given", who, input, why);
 }
 
 //! Validates the configuration against the inputs that are present and returns its plan.
@@ -89,10 +89,10 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
   objective_plan p;
   const auto& L = in.layout;
   if (!L.is_packed())
-    RLPT_CHECK(L.num_seqs() == 0 || L.max_len() > 0, "rlpt.objective.bad_layout",
+    RLPT_CHECK(L.num_seqs() == 0 || L.max_len() > 0, errors::objective::bad_layout,
                "padded layout has {} sequences of length T = {}; T must be > 0", L.num_seqs(), L.max_len());
   const index_t n = L.storage_size();
-  RLPT_CHECK(in.mask.size() == n, "rlpt.objective.missing_input",
+  RLPT_CHECK(in.mask.size() == n, errors::objective::missing_input,
              "the loss mask has {} elements, the layout needs {} (one per token slot; the mask is required)",
              in.mask.size(), n);
   auto token_input = [&](auto v, std::string_view what) {
@@ -112,7 +112,7 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
     detail::expect_size("seq_adv", in.seq_adv.size(), L.num_seqs(), "one per sequence");
     p.has_seq_adv = true;
   }
-  RLPT_CHECK(!(p.has_adv && p.has_seq_adv), "rlpt.objective.conflicting_input",
+  RLPT_CHECK(!(p.has_adv && p.has_seq_adv), errors::objective::conflicting_input,
              "both adv ({} per-token values) and seq_adv ({} per-sequence values) were given; pass one", in.adv.size(),
              in.seq_adv.size());
   if (gr.logp.size() != 0) L.expect_tokens("grads.logp", gr.logp);
@@ -261,7 +261,7 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
   if (distill_on) {
     require(p.use_policy, "distillation", "a policy term", "its advantage feeds the policy term");
     const index_t teachers = in.teacher_logp.rows();
-    RLPT_CHECK(teachers >= 1 && teachers <= max_teachers, "rlpt.objective.missing_input",
+    RLPT_CHECK(teachers >= 1 && teachers <= max_teachers, errors::objective::missing_input,
                "distillation needs teacher_logp with 1 to {} teacher rows, got {}", max_teachers, teachers);
     detail::expect_size("teacher_logp columns", in.teacher_logp.cols(), n, "one per token slot");
     p.teachers = static_cast<int>(teachers);
@@ -288,7 +288,7 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
   p.agg_value = make_agg_plan(obj.value_agg ? *obj.value_agg : obj.agg, "value");
   if (p.policy == policy_kind::gmpo)
     RLPT_CHECK(p.agg_policy.mode == agg_mode::seq_mean_token_sum || p.agg_policy.mode == agg_mode::seq_mean_token_mean,
-               "rlpt.objective.bad_option",
+               errors::objective::bad_option,
                "gmpo gives one loss per sequence; aggregate it with seq_mean_token_mean or seq_mean_token_sum "
                "(verl: torch.mean over rows), not {}",
                name(p.agg_policy.mode));
@@ -355,7 +355,7 @@ template <class T>
       const index_t i = L.at(b, t);
       if (in.mask[i] == 0) continue;
       auto report = [&](std::string_view what, T x) {
-        RLPT_FAIL("rlpt.objective.nonfinite",
+        RLPT_FAIL(errors::objective::nonfinite,
                   "{}[{}] = {} is not finite at a valid token (sequence {}, position {}); {} valid tokens have a "
                   "non-finite input (set nonfinite_policy::skip to mask and count them)",
                   what, i, static_cast<double>(x), b, t, count);
@@ -377,7 +377,7 @@ template <class T>
           if (bad_value(in.teacher_logp(k, i))) report("teacher_logp", in.teacher_logp(k, i));
     }
   }
-  RLPT_FAIL("rlpt.objective.nonfinite", "{} valid tokens have a non-finite input", count);
+  RLPT_FAIL(errors::objective::nonfinite, "{} valid tokens have a non-finite input", count);
 }
 
 //! Checks explicit global denominators against this call's own counts: a global count smaller
@@ -385,14 +385,14 @@ template <class T>
 inline void check_global(const agg_plan& a, const objective_sums& s, bool used, std::string_view term) {
   if (!used) return;
   if (a.needs_tokens() && a.tokens + 1e-6 < s.in_loss)
-    RLPT_FAIL("rlpt.objective.bad_denominator",
+    RLPT_FAIL(errors::objective::bad_denominator,
               "{} aggregation global_tokens = {} is smaller than the {} tokens in the loss in this call alone; it must "
               "count the tokens of every micro-batch and rank of the step",
               term, a.tokens, s.in_loss);
   if (a.needs_seqs()) {
     const double local = a.count_empty_rows ? s.rows : s.loss_seqs;
     if (a.seqs + 1e-6 < local)
-      RLPT_FAIL("rlpt.objective.bad_denominator",
+      RLPT_FAIL(errors::objective::bad_denominator,
                 "{} aggregation global_seqs = {} is smaller than the {} sequences in this call alone; it must count the "
                 "sequences of every micro-batch and rank of the step",
                 term, a.seqs, local);
@@ -453,4 +453,4 @@ objective_result evaluate(const objective& obj, const basic_objective_inputs<T>&
   return detail::finish_result(p, s);
 }
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

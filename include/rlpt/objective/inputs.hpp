@@ -9,7 +9,7 @@
 #include <rlpt/core/layout.hpp>
 #include <rlpt/core/views.hpp>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 //! Per-token inputs over one token layout (padded [B, T] with a row stride, or packed). Every
 //! per-token view has layout.storage_size() elements; empty views are absent inputs.
@@ -71,4 +71,4 @@ struct objective_result {
   double denominator_error = 0.0;
 };
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

@@ -27,7 +27,7 @@
 #include <string_view>
 #include <type_traits>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 enum class kl_estimator : std::uint8_t { k1, abs, k2, k3 };
 
@@ -176,4 +176,4 @@ RLPT_HD_FORCEINLINE kl_token<R> kl_value(const kl_penalty& k, R x, R xo) {
 }
 
 } // namespace detail
-} // namespace rlpt
+RLPT_NAMESPACE_END

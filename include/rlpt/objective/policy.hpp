@@ -16,7 +16,7 @@
 #include <string_view>
 #include <variant>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 //! PPO clipped surrogate with asymmetric bounds (clip-higher), dual clip and TRL's delta:
 //! L = max(-A r', -A clip(r, 1 - eps_low, 1 + eps_high)), r' = min(r, delta) when delta > 0;
@@ -241,4 +241,4 @@ RLPT_HD_FORCEINLINE void gmpo_token(const gmpo& p, R x, R A, R& xs, R& dxs, std:
 }
 
 } // namespace detail
-} // namespace rlpt
+RLPT_NAMESPACE_END

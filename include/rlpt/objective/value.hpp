@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 struct value_loss {
   //! Weight of the value term in the total loss (OpenRLHF/TRL vf_coef style). 0 (default) = off.
@@ -73,4 +73,4 @@ RLPT_HD_FORCEINLINE value_token<R> value_term(const value_loss& p, R v, R v_old,
 }
 
 } // namespace detail
-} // namespace rlpt
+RLPT_NAMESPACE_END

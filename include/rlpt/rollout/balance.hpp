@@ -45,7 +45,7 @@
 #define RLPT_ROLLOUT_X86_DISPATCH() 0
 #endif
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 //! Cost of one sequence of L tokens: linear·L + quadratic·L², or `custom(L)` when set.
 struct cost_model {
@@ -186,7 +186,7 @@ inline void bucket_sort_keys(std::uint64_t* v, std::uint64_t* tmp, std::size_t n
 //! item's, shared zero bits dropped, the id in the low bits; other costs sort pairs.
 inline void order_heaviest_first(view<const double> w, std::vector<std::uint32_t>& order) {
   const auto n = static_cast<std::size_t>(w.size());
-  RLPT_CHECK(n <= std::numeric_limits<std::uint32_t>::max(), "rlpt.rollout.too_many_items",
+  RLPT_CHECK(n <= std::numeric_limits<std::uint32_t>::max(), errors::rollout::too_many_items,
              "cannot order {} items; at most 2^32 - 1", n);
   order.resize(n);
   if (n < 2) {
@@ -647,7 +647,7 @@ inline std::vector<index_t> kk_assign(view<const double> w, std::vector<std::uin
   const index_t n = w.size();
   const index_t pad = equal_count ? (k - n % k) % k : 0;
   const index_t total = n + pad; // padding items have ids n .. n + pad - 1, weight 0
-  RLPT_CHECK(total < index_t{1} << 31, "rlpt.rollout.too_many_items",
+  RLPT_CHECK(total < index_t{1} << 31, errors::rollout::too_many_items,
              "cannot partition {} items ({} with padding); at most 2^31 - 1", n, total);
   if (total == 0) return {};
   for (index_t p = n; p < total; ++p) order.push_back(static_cast<std::uint32_t>(p));
@@ -922,13 +922,13 @@ inline partition to_partition(const std::vector<index_t>& owner, index_t k, view
 }
 
 inline void check_parts(index_t parts) {
-  RLPT_CHECK(parts >= 1, "rlpt.rollout.bad_partition", "cannot partition into {} parts; need at least 1", parts);
+  RLPT_CHECK(parts >= 1, errors::rollout::bad_partition, "cannot partition into {} parts; need at least 1", parts);
 }
 
 inline void check_weights(view<const double> w, index_t parts) {
   check_parts(parts);
   for (index_t i = 0; i < w.size(); ++i)
-    RLPT_CHECK(std::isfinite(w[i]) && w[i] >= 0.0, "rlpt.rollout.bad_cost",
+    RLPT_CHECK(std::isfinite(w[i]) && w[i] >= 0.0, errors::rollout::bad_cost,
                "cost of item {} is {}; costs must be finite and >= 0", i, w[i]);
 }
 
@@ -967,7 +967,7 @@ inline void check_weights(view<const double> w, index_t parts) {
   bool bad = false, strict = false;
   auto check_lengths = [&] {
     for (std::size_t i = 0; i < n; ++i)
-      RLPT_CHECK(lengths[static_cast<index_t>(i)] >= 0, "rlpt.rollout.bad_length", "sequence {} has length {}", i,
+      RLPT_CHECK(lengths[static_cast<index_t>(i)] >= 0, errors::rollout::bad_length, "sequence {} has length {}", i,
                  lengths[static_cast<index_t>(i)]);
   };
   if (cost.custom) {
@@ -1065,4 +1065,4 @@ inline void order_small_at_ends(std::span<index_t> items, view<const double> cos
   for (std::size_t i = last_odd; i >= 2; i -= 2) items[at++] = s[i - 1];
 }
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

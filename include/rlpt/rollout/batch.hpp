@@ -24,7 +24,7 @@
 #include <variant>
 #include <vector>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 //! What the buffer knows about a group: ordinals, size, tokens, and the policy versions
 //! that generated it (the staleness family selects on these).
@@ -53,7 +53,7 @@ struct batch_extra {
   template <class T>
   [[nodiscard]] view<const T> as() const {
     const auto* v = std::get_if<std::vector<T>>(&values);
-    RLPT_CHECK(v != nullptr, "rlpt.rollout.extra_dtype", "extra '{}' holds {}, not {}", name, type(), dtype_of<T>);
+    RLPT_CHECK(v != nullptr, errors::rollout::extra_dtype, "extra '{}' holds {}, not {}", name, type(), dtype_of<T>);
     return *v;
   }
 };
@@ -153,7 +153,7 @@ public:
   //! Reward channel `c` of every record as one contiguous column: what the advantage
   //! estimators take (`grpo_advantages(batch.reward_column(), batch.groups(), adv, ...)`).
   [[nodiscard]] std::vector<float> reward_column(index_t c = 0) const {
-    RLPT_CHECK(c >= 0 && c < schema_.reward_channels, "rlpt.rollout.bad_selection",
+    RLPT_CHECK(c >= 0 && c < schema_.reward_channels, errors::rollout::bad_selection,
                "reward channel {} does not exist: the batch has {} reward channels", c, schema_.reward_channels);
     std::vector<float> col(detail::usize(size()));
     for (std::size_t i = 0; i < col.size(); ++i) col[i] = rewards_[i * detail::usize(schema_.reward_channels) + detail::usize(c)];
@@ -169,7 +169,7 @@ public:
   [[nodiscard]] const batch_extra& extra(std::string_view name) const {
     for (const auto& e : extras_)
       if (e.name == name) return e;
-    RLPT_FAIL("rlpt.rollout.no_extra", "the batch has no extra named '{}'", name);
+    RLPT_FAIL(errors::rollout::no_extra, "the batch has no extra named '{}'", name);
   }
 
   //! Group g is records [group_offsets[g], group_offsets[g+1]).
@@ -291,7 +291,7 @@ private:
     for (std::size_t k = 0; k < extras_.size(); ++k)
       RLPT_CHECK(t.extras[k].values.index() == extras_[k].values.index() &&
                      t.extras[k].elements() == n * extras_[k].width,
-                 "rlpt.rollout.record_value", "trajectory extra '{}' does not match the batch schema", extras_[k].name);
+                 errors::rollout::record_value, "trajectory extra '{}' does not match the batch schema", extras_[k].name);
   }
 
   void set_groups(std::span<const group_info> groups) {
@@ -313,7 +313,7 @@ private:
       group_offsets_.push_back(at);
       group_info_.push_back(g);
     }
-    RLPT_CHECK(at == size(), "rlpt.rollout.bad_groups", "group sizes add up to {} records, the batch has {}", at,
+    RLPT_CHECK(at == size(), errors::rollout::bad_groups, "group sizes add up to {} records, the batch has {}", at,
                size());
   }
 
@@ -335,4 +335,4 @@ private:
   std::vector<group_info> group_info_;
 };
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

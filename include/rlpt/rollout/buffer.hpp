@@ -54,7 +54,7 @@
 #include <utility>
 #include <vector>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 //! What opening a group does when the buffer already holds capacity_groups groups.
 enum class full_policy : std::uint8_t {
@@ -174,16 +174,16 @@ struct buffer_state {
 class rollout_buffer {
 public:
   explicit rollout_buffer(buffer_options options = {}) : opt_(std::move(options)) {
-    RLPT_CHECK(opt_.capacity_groups >= 1, "rlpt.rollout.bad_option", "capacity_groups must be >= 1, got {}",
+    RLPT_CHECK(opt_.capacity_groups >= 1, errors::rollout::bad_option, "capacity_groups must be >= 1, got {}",
                opt_.capacity_groups);
-    RLPT_CHECK(opt_.group_size >= 1, "rlpt.rollout.bad_option", "group_size must be >= 1, got {}", opt_.group_size);
-    RLPT_CHECK(opt_.min_group_size >= 0 && opt_.min_group_size <= opt_.group_size, "rlpt.rollout.bad_option",
+    RLPT_CHECK(opt_.group_size >= 1, errors::rollout::bad_option, "group_size must be >= 1, got {}", opt_.group_size);
+    RLPT_CHECK(opt_.min_group_size >= 0 && opt_.min_group_size <= opt_.group_size, errors::rollout::bad_option,
                "min_group_size {} must be in [0, group_size = {}]", opt_.min_group_size, opt_.group_size);
-    RLPT_CHECK(opt_.schema.reward_channels >= 0 && opt_.schema.token_reward_channels >= 0, "rlpt.rollout.bad_option",
+    RLPT_CHECK(opt_.schema.reward_channels >= 0 && opt_.schema.token_reward_channels >= 0, errors::rollout::bad_option,
                "reward channel counts must be >= 0 (got {} and {})", opt_.schema.reward_channels,
                opt_.schema.token_reward_channels);
     for (const auto& f : opt_.filters)
-      RLPT_CHECK(static_cast<bool>(f.keep), "rlpt.rollout.bad_option", "filter '{}' has no keep function", f.name);
+      RLPT_CHECK(static_cast<bool>(f.keep), errors::rollout::bad_option, "filter '{}' has no keep function", f.name);
     stats_.dropped_by_filter.assign(opt_.filters.size(), 0);
   }
 
@@ -369,15 +369,15 @@ public:
   //! must be self-consistent (counts match the records it holds); records are validated.
   void restore(buffer_state s) {
     check_fresh();
-    RLPT_CHECK(s.group_size == opt_.group_size && s.min_group_size == opt_.min_group_size, "rlpt.rollout.restore_mismatch",
+    RLPT_CHECK(s.group_size == opt_.group_size && s.min_group_size == opt_.min_group_size, errors::rollout::restore_mismatch,
                "state has group_size {} / min_group_size {}, this buffer {} / {}", s.group_size, s.min_group_size,
                opt_.group_size, opt_.min_group_size);
-    RLPT_CHECK(s.schema == opt_.schema, "rlpt.rollout.restore_mismatch",
+    RLPT_CHECK(s.schema == opt_.schema, errors::rollout::restore_mismatch,
                "state was saved with a different record schema (logprobs {}, versions {}, {} reward / {} token reward "
                "channels, {} extras) than this buffer's",
                s.schema.logprobs, s.schema.versions, s.schema.reward_channels, s.schema.token_reward_channels,
                s.schema.extras.size());
-    RLPT_CHECK(s.stats.dropped_by_filter.size() == opt_.filters.size(), "rlpt.rollout.restore_mismatch",
+    RLPT_CHECK(s.stats.dropped_by_filter.size() == opt_.filters.size(), errors::rollout::restore_mismatch,
                "state counts {} filters, this buffer has {}", s.stats.dropped_by_filter.size(), opt_.filters.size());
     flow_count held;
     std::unordered_map<std::int64_t, group_slot> open;
@@ -386,22 +386,22 @@ public:
     auto check_group = [&](const group_snapshot& g, bool is_ready) {
       RLPT_CHECK(detail::isize(g.records.size()) == g.info.samples && g.info.samples <= g.info.expected &&
                      g.info.expected >= 1,
-                 "rlpt.rollout.restore_inconsistent", "group {} holds {} records but says {} of {} expected", g.info.id,
+                 errors::rollout::restore_inconsistent, "group {} holds {} records but says {} of {} expected", g.info.id,
                  g.records.size(), g.info.samples, g.info.expected);
       RLPT_CHECK(g.info.ordinal < s.next_ordinal && (!is_ready || g.info.ready_seq < s.next_ready_seq),
-                 "rlpt.rollout.restore_inconsistent", "group {} has ordinal {} / ready_seq {} beyond the counters {} / {}",
+                 errors::rollout::restore_inconsistent, "group {} has ordinal {} / ready_seq {} beyond the counters {} / {}",
                  g.info.id, g.info.ordinal, g.info.ready_seq, s.next_ordinal, s.next_ready_seq);
-      RLPT_CHECK(is_ready || g.info.samples < g.info.expected, "rlpt.rollout.restore_inconsistent",
+      RLPT_CHECK(is_ready || g.info.samples < g.info.expected, errors::rollout::restore_inconsistent,
                  "open group {} already has all {} records", g.info.id, g.info.expected);
       for (const auto& t : g.records) {
         validate(t, opt_.schema);
-        RLPT_CHECK(t.group_id == g.info.id, "rlpt.rollout.restore_inconsistent",
+        RLPT_CHECK(t.group_id == g.info.id, errors::rollout::restore_inconsistent,
                    "a record of group {} has group_id {}", g.info.id, t.group_id);
       }
       const group_info want = info_of(g.info, g.records);
       RLPT_CHECK(want.tokens == g.info.tokens && want.loss_tokens == g.info.loss_tokens &&
                      want.head_version == g.info.head_version && want.tail_version == g.info.tail_version,
-                 "rlpt.rollout.restore_inconsistent",
+                 errors::rollout::restore_inconsistent,
                  "group {} metadata ({} tokens, {} trained, versions {}..{}) does not match its records ({}, {}, {}..{})",
                  g.info.id, g.info.tokens, g.info.loss_tokens, g.info.head_version, g.info.tail_version, want.tokens,
                  want.loss_tokens, want.head_version, want.tail_version);
@@ -409,22 +409,22 @@ public:
     };
     for (auto& g : s.open) {
       check_group(g, false);
-      RLPT_CHECK(open.find(g.info.id) == open.end(), "rlpt.rollout.restore_inconsistent",
+      RLPT_CHECK(open.find(g.info.id) == open.end(), errors::rollout::restore_inconsistent,
                  "group {} is open twice", g.info.id);
       open.emplace(g.info.id, group_slot{g.info, std::move(g.records)});
     }
     for (auto& g : s.ready) {
       check_group(g, true);
-      RLPT_CHECK(ready.empty() || ready.back().info.ready_seq < g.info.ready_seq, "rlpt.rollout.restore_inconsistent",
+      RLPT_CHECK(ready.empty() || ready.back().info.ready_seq < g.info.ready_seq, errors::rollout::restore_inconsistent,
                  "ready groups are out of order at group {}", g.info.id);
       RLPT_CHECK(open.find(g.info.id) == open.end() && ready_ids.find(g.info.id) == ready_ids.end(),
-                 "rlpt.rollout.restore_inconsistent", "group {} is resident twice", g.info.id);
+                 errors::rollout::restore_inconsistent, "group {} is resident twice", g.info.id);
       ++ready_ids[g.info.id];
       ready.push_back({g.info, std::move(g.records)});
     }
     RLPT_CHECK(held == s.stats.resident && s.stats.open_groups == detail::isize(open.size()) &&
                    s.stats.ready_groups == detail::isize(ready.size()) && s.stats.balanced(),
-               "rlpt.rollout.restore_inconsistent",
+               errors::rollout::restore_inconsistent,
                "state counters (resident {} records / {} groups) do not match the {} records in {} groups it holds, "
                "or do not balance",
                s.stats.resident.records, s.stats.resident.groups, held.records, held.groups);
@@ -450,7 +450,7 @@ private:
   }
   void check_fresh_locked() const {
     RLPT_CHECK(stats_.inserted.records == 0 && stats_.inserted.groups == 0 && !stats_.closed,
-               "rlpt.rollout.restore_nonempty", "restore needs a fresh buffer; this one has seen {} records",
+               errors::rollout::restore_nonempty, "restore needs a fresh buffer; this one has seen {} records",
                stats_.inserted.records);
   }
   enum class wait_mode : std::uint8_t { none, forever, until };
@@ -561,17 +561,17 @@ private:
   }
 
   push_status open_impl(std::int64_t id, index_t expected, wait_mode mode, clock::time_point deadline) {
-    RLPT_CHECK(expected >= 1, "rlpt.rollout.bad_group", "group {} declared with {} records; it needs at least 1", id,
+    RLPT_CHECK(expected >= 1, errors::rollout::bad_group, "group {} declared with {} records; it needs at least 1", id,
                expected);
     std::vector<evicted_group> out;
     push_status status;
     {
       std::unique_lock lock(mutex_);
-      RLPT_CHECK(open_.find(id) == open_.end(), "rlpt.rollout.bad_group", "group {} is already open", id);
+      RLPT_CHECK(open_.find(id) == open_.end(), errors::rollout::bad_group, "group {} is already open", id);
       check_not_complete(id);
       status = make_room(lock, mode, deadline, out);
       if (status == push_status::ok) {
-        RLPT_CHECK(open_.find(id) == open_.end(), "rlpt.rollout.bad_group", "group {} is already open", id);
+        RLPT_CHECK(open_.find(id) == open_.end(), errors::rollout::bad_group, "group {} is already open", id);
         check_not_complete(id);
         open_locked(id, expected);
       }
@@ -622,7 +622,7 @@ private:
   // Takes groups out under the lock; nullopt when the request is not served (try / timeout).
   std::optional<std::vector<group_slot>> take(index_t want, const group_selector& select, wait_mode mode,
                                               clock::time_point deadline) {
-    RLPT_CHECK(want >= 1 && want <= opt_.capacity_groups, "rlpt.rollout.bad_pop",
+    RLPT_CHECK(want >= 1 && want <= opt_.capacity_groups, errors::rollout::bad_pop,
                "pop asks for {} groups; it must be in [1, capacity_groups = {}]", want, opt_.capacity_groups);
     std::vector<evicted_group> out;
     std::vector<group_slot> taken;
@@ -680,18 +680,18 @@ private:
     const auto n = detail::isize(infos.size());
     std::vector<std::uint8_t> used(infos.size(), 0);
     auto mark = [&](index_t p, std::string_view what) {
-      RLPT_CHECK(p >= 0 && p < n, "rlpt.rollout.bad_selection", "selector {} position {}, but {} groups are ready", what,
+      RLPT_CHECK(p >= 0 && p < n, errors::rollout::bad_selection, "selector {} position {}, but {} groups are ready", what,
                  p, n);
-      RLPT_CHECK(used[detail::usize(p)] == 0, "rlpt.rollout.bad_selection",
+      RLPT_CHECK(used[detail::usize(p)] == 0, errors::rollout::bad_selection,
                  "selector names ready position {} twice (take or evict)", p);
       used[detail::usize(p)] = 1;
     };
-    RLPT_CHECK(detail::isize(sel.take.size()) <= want, "rlpt.rollout.bad_selection",
+    RLPT_CHECK(detail::isize(sel.take.size()) <= want, errors::rollout::bad_selection,
                "selector takes {} groups, more than the {} wanted", sel.take.size(), want);
     for (const auto p : sel.take) mark(p, "takes");
     for (const auto& [p, r] : sel.evict) {
       mark(p, "evicts");
-      RLPT_CHECK(static_cast<std::size_t>(r) < evict_reason_count, "rlpt.rollout.bad_selection",
+      RLPT_CHECK(static_cast<std::size_t>(r) < evict_reason_count, errors::rollout::bad_selection,
                  "selector evicts position {} with unknown reason code {}", p, static_cast<int>(r));
     }
     const bool complete = detail::isize(sel.take.size()) == want || (is_closed && !sel.take.empty());
@@ -730,7 +730,7 @@ private:
 
   void check_not_complete(std::int64_t id) const {
     const auto it = ready_ids_.find(id);
-    RLPT_CHECK(it == ready_ids_.end(), "rlpt.rollout.group_complete",
+    RLPT_CHECK(it == ready_ids_.end(), errors::rollout::group_complete,
                "a record for group {} arrived after the group completed and is still waiting in the buffer: groups are "
                "never extended or split (use a new group id, or open_group with the right size)",
                id);
@@ -764,7 +764,7 @@ private:
     group_slot& g = it->second;
     if (t.sample_index >= 0)
       for (const auto& r : g.records)
-        RLPT_CHECK(r.sample_index != t.sample_index, "rlpt.rollout.bad_group",
+        RLPT_CHECK(r.sample_index != t.sample_index, errors::rollout::bad_group,
                    "group {} already has a record with sample_index {}", g.info.id, t.sample_index);
     const flow_count f{1, 0, t.size()};
     stats_.inserted += f;
@@ -855,4 +855,4 @@ private:
   alignas(cacheline_bytes) std::atomic<bool> closed_{false};
 };
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

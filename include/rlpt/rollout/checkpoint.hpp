@@ -57,7 +57,7 @@
 #undef RLPT_ROLLOUT_UNDEF_XXH_INLINE_ALL
 #endif
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 inline constexpr std::uint32_t checkpoint_format_version = 1;
 
@@ -125,7 +125,7 @@ public:
   }
   [[nodiscard]] bool get_bool(std::string_view what) {
     const auto b = get<std::uint8_t>(what);
-    RLPT_CHECK(b <= 1, "rlpt.rollout.checkpoint_corrupt", "checkpoint field {} at byte {} is {}, not a boolean", what,
+    RLPT_CHECK(b <= 1, errors::rollout::checkpoint_corrupt, "checkpoint field {} at byte {} is {}, not a boolean", what,
                pos_ - 1, b);
     return b == 1;
   }
@@ -133,7 +133,7 @@ public:
   [[nodiscard]] std::size_t get_count(std::string_view what, std::size_t elem_bytes) {
     const auto n = get<std::uint64_t>(what);
     const std::size_t left = in_.size() - pos_;
-    RLPT_CHECK(elem_bytes == 0 ? n <= left : n <= left / elem_bytes, "rlpt.rollout.checkpoint_corrupt",
+    RLPT_CHECK(elem_bytes == 0 ? n <= left : n <= left / elem_bytes, errors::rollout::checkpoint_corrupt,
                "checkpoint field {} at byte {} counts {} elements of {} bytes, but only {} bytes remain", what,
                pos_ - 8, n, elem_bytes, left);
     return static_cast<std::size_t>(n);
@@ -141,13 +141,13 @@ public:
   //! A signed size that must be in [lo, hi].
   [[nodiscard]] index_t get_index(std::string_view what, index_t lo, index_t hi) {
     const auto v = get<std::int64_t>(what);
-    RLPT_CHECK(v >= lo && v <= hi, "rlpt.rollout.checkpoint_corrupt",
+    RLPT_CHECK(v >= lo && v <= hi, errors::rollout::checkpoint_corrupt,
                "checkpoint field {} at byte {} is {}, outside [{}, {}]", what, pos_ - 8, v, lo, hi);
     return v;
   }
   template <class T>
   void get_raw(std::vector<T>& v, std::size_t n, std::string_view what) {
-    RLPT_CHECK(n <= (in_.size() - pos_) / sizeof(T), "rlpt.rollout.checkpoint_corrupt",
+    RLPT_CHECK(n <= (in_.size() - pos_) / sizeof(T), errors::rollout::checkpoint_corrupt,
                "checkpoint is truncated: field {} at byte {} needs {} bytes, {} remain", what, pos_, n * sizeof(T),
                in_.size() - pos_);
     v.resize(n);
@@ -166,7 +166,7 @@ public:
 
 private:
   void need(std::size_t n, std::string_view what) const {
-    RLPT_CHECK(n <= in_.size() - pos_, "rlpt.rollout.checkpoint_corrupt",
+    RLPT_CHECK(n <= in_.size() - pos_, errors::rollout::checkpoint_corrupt,
                "checkpoint is truncated: field {} at byte {} needs {} bytes, {} remain", what, pos_, n,
                in_.size() - pos_);
   }
@@ -256,7 +256,7 @@ inline void put_record(byte_writer& w, const trajectory& t, const record_schema&
   if (s.versions) r.get_raw(t.versions, n, "record.versions");
   r.get_raw(t.rewards, usize(s.reward_channels), "record.rewards");
   RLPT_CHECK(s.token_reward_channels == 0 || n <= r.remaining() / usize(s.token_reward_channels),
-             "rlpt.rollout.checkpoint_corrupt", "checkpoint is truncated in record.token_rewards at byte {}",
+             errors::rollout::checkpoint_corrupt, "checkpoint is truncated in record.token_rewards at byte {}",
              r.position());
   r.get_raw(t.token_rewards, n * usize(s.token_reward_channels), "record.token_rewards");
   const std::size_t ns = r.get_count("record.segments", 21);
@@ -265,14 +265,14 @@ inline void put_record(byte_writer& w, const trajectory& t, const record_schema&
     g.begin = r.get<std::int64_t>("segment.begin");
     g.end = r.get<std::int64_t>("segment.end");
     const auto src = r.get<std::uint8_t>("segment.source");
-    RLPT_CHECK(src <= static_cast<std::uint8_t>(token_source::chat_template), "rlpt.rollout.checkpoint_corrupt",
+    RLPT_CHECK(src <= static_cast<std::uint8_t>(token_source::chat_template), errors::rollout::checkpoint_corrupt,
                "checkpoint segment source {} at byte {} is not a token_source", src, r.position() - 1);
     g.source = static_cast<token_source>(src);
     g.turn = r.get<std::int32_t>("segment.turn");
   }
   for (const auto& spec : s.extras) {
     token_extra e(spec.name, spec.type, spec.width);
-    RLPT_CHECK(n <= r.remaining() / usize(spec.width), "rlpt.rollout.checkpoint_corrupt",
+    RLPT_CHECK(n <= r.remaining() / usize(spec.width), errors::rollout::checkpoint_corrupt,
                "checkpoint is truncated in extra '{}' at byte {}", spec.name, r.position());
     std::visit([&](auto& v) { r.get_raw(v, n * usize(spec.width), "record.extra"); }, e.values);
     t.extras.push_back(std::move(e));
@@ -304,7 +304,7 @@ inline void put_schema(byte_writer& w, const record_schema& s) {
     extra_spec e;
     e.name = r.get_string("schema.extra.name");
     const auto t = r.get<std::uint8_t>("schema.extra.dtype");
-    RLPT_CHECK(t <= static_cast<std::uint8_t>(dtype::i64), "rlpt.rollout.checkpoint_corrupt",
+    RLPT_CHECK(t <= static_cast<std::uint8_t>(dtype::i64), errors::rollout::checkpoint_corrupt,
                "checkpoint extra '{}' has dtype code {}, not an rlpt::dtype", e.name, t);
     e.type = static_cast<dtype>(t);
     e.width = r.get_index("schema.extra.width", 1, 1 << 24);
@@ -342,7 +342,7 @@ inline void put_schema(byte_writer& w, const record_schema& s) {
     for (std::size_t k = 0; k < ng; ++k) {
       group_snapshot g;
       g.info = get_info(r);
-      RLPT_CHECK(usize(g.info.samples) <= r.remaining() / 29, "rlpt.rollout.checkpoint_corrupt",
+      RLPT_CHECK(usize(g.info.samples) <= r.remaining() / 29, errors::rollout::checkpoint_corrupt,
                  "checkpoint group {} claims {} records, more than the {} bytes left can hold", g.info.id,
                  g.info.samples, r.remaining());
       g.records.reserve(usize(g.info.samples));
@@ -350,7 +350,7 @@ inline void put_schema(byte_writer& w, const record_schema& s) {
       list->push_back(std::move(g));
     }
   }
-  RLPT_CHECK(r.remaining() == 0, "rlpt.rollout.checkpoint_corrupt",
+  RLPT_CHECK(r.remaining() == 0, errors::rollout::checkpoint_corrupt,
              "checkpoint payload has {} unexpected trailing bytes at byte {}", r.remaining(), r.position());
   return c;
 }
@@ -379,7 +379,7 @@ inline void put_schema(byte_writer& w, const record_schema& s) {
   for (const auto* list : {&s.open, &s.ready}) {
     w.put<std::uint64_t>(list->size());
     for (const auto& g : *list) {
-      RLPT_CHECK(detail::isize(g.records.size()) == g.info.samples, "rlpt.rollout.checkpoint_corrupt",
+      RLPT_CHECK(detail::isize(g.records.size()) == g.info.samples, errors::rollout::checkpoint_corrupt,
                  "group {} says {} records but holds {}", g.info.id, g.info.samples, g.records.size());
       detail::put_info(w, g.info);
       for (const auto& t : g.records) detail::put_record(w, t, s.schema);
@@ -401,10 +401,10 @@ inline void put_schema(byte_writer& w, const record_schema& s) {
 
 //! Parses checkpoint bytes. Every malformed input raises rlpt::error naming what is wrong.
 [[nodiscard]] inline checkpoint decode_checkpoint(std::span<const std::byte> bytes) {
-  RLPT_CHECK(bytes.size() >= detail::checkpoint_header_bytes, "rlpt.rollout.checkpoint_corrupt",
+  RLPT_CHECK(bytes.size() >= detail::checkpoint_header_bytes, errors::rollout::checkpoint_corrupt,
              "checkpoint is truncated: {} bytes, the header alone needs {}", bytes.size(),
              detail::checkpoint_header_bytes);
-  RLPT_CHECK(std::memcmp(bytes.data(), detail::checkpoint_magic, 8) == 0, "rlpt.rollout.checkpoint_corrupt",
+  RLPT_CHECK(std::memcmp(bytes.data(), detail::checkpoint_magic, 8) == 0, errors::rollout::checkpoint_corrupt,
              "not an rlpt buffer checkpoint: the magic bytes are not \"RLPTRBUF\"");
   detail::byte_reader hr(bytes.first(detail::checkpoint_header_bytes));
   static_cast<void>(hr.get<std::uint64_t>("magic"));
@@ -414,20 +414,20 @@ inline void put_schema(byte_writer& w, const record_schema& s) {
   const auto payload_hash = hr.get<std::uint64_t>("payload checksum");
   const auto header_hash = hr.get<std::uint64_t>("header checksum");
   const auto computed_header = detail::xxh3(bytes.first(32));
-  RLPT_CHECK(header_hash == computed_header, "rlpt.rollout.checkpoint_corrupt",
+  RLPT_CHECK(header_hash == computed_header, errors::rollout::checkpoint_corrupt,
              "checkpoint header checksum mismatch: stored {:#018x}, computed {:#018x} (the file is corrupted)",
              header_hash, computed_header);
-  RLPT_CHECK(version == checkpoint_format_version, "rlpt.rollout.checkpoint_version",
+  RLPT_CHECK(version == checkpoint_format_version, errors::rollout::checkpoint_version,
              "checkpoint format version {} is not supported (this rlpt reads version {})", version,
              checkpoint_format_version);
-  RLPT_CHECK(flags == 0, "rlpt.rollout.checkpoint_corrupt", "checkpoint header flags {:#x} are unknown", flags);
+  RLPT_CHECK(flags == 0, errors::rollout::checkpoint_corrupt, "checkpoint header flags {:#x} are unknown", flags);
   const std::size_t have = bytes.size() - detail::checkpoint_header_bytes;
-  RLPT_CHECK(payload_size == have, "rlpt.rollout.checkpoint_corrupt",
+  RLPT_CHECK(payload_size == have, errors::rollout::checkpoint_corrupt,
              "checkpoint is {}: the header announces {} payload bytes, the input has {}",
              payload_size > have ? "truncated" : "followed by trailing bytes", payload_size, have);
   const auto payload = bytes.subspan(detail::checkpoint_header_bytes);
   const auto computed = detail::xxh3(payload);
-  RLPT_CHECK(payload_hash == computed, "rlpt.rollout.checkpoint_corrupt",
+  RLPT_CHECK(payload_hash == computed, errors::rollout::checkpoint_corrupt,
              "checkpoint payload checksum mismatch: stored {:#018x}, computed {:#018x} (the file is corrupted)",
              payload_hash, computed);
   return detail::decode_payload(payload);
@@ -436,7 +436,7 @@ inline void put_schema(byte_writer& w, const record_schema& s) {
 namespace detail {
 
 [[noreturn]] inline void io_fail(std::string_view what, const std::filesystem::path& p, int err) {
-  RLPT_FAIL("rlpt.rollout.checkpoint_io", "{} {}: {}", what, p.string(), std::generic_category().message(err));
+  RLPT_FAIL(errors::rollout::checkpoint_io, "{} {}: {}", what, p.string(), std::generic_category().message(err));
 }
 
 //! Writes bytes durably: temporary file in the same directory, fsync, rename, fsync of the
@@ -518,4 +518,4 @@ inline std::vector<std::byte> restore_checkpoint(rollout_buffer& buffer, const s
   return std::move(c.user);
 }
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

@@ -19,7 +19,8 @@
 
 #include <limits>
 
-namespace rlpt::compat {
+RLPT_NAMESPACE_BEGIN
+namespace compat {
 
 namespace verl {
 //! trainer._balance_batch: get_seqlen_balanced_partitions(calculate_workload(L), dp, equal_size=True).
@@ -84,4 +85,5 @@ namespace trl {
 }
 } // namespace trl
 
-} // namespace rlpt::compat
+} // namespace compat
+RLPT_NAMESPACE_END

@@ -20,7 +20,7 @@
 #include <string_view>
 #include <utility>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 //! Why a group left the buffer without being consumed. Counted per reason in buffer_stats.
 enum class evict_reason : std::uint8_t {
@@ -86,7 +86,7 @@ struct nonzero_std {
   }
 
   [[nodiscard]] float reward(const trajectory& t) const {
-    RLPT_CHECK(channel >= 0 && channel < detail::isize(t.rewards.size()), "rlpt.rollout.bad_option",
+    RLPT_CHECK(channel >= 0 && channel < detail::isize(t.rewards.size()), errors::rollout::bad_option,
                "nonzero_std filter reads reward channel {}, records have {}", channel, t.rewards.size());
     return t.rewards[detail::usize(channel)];
   }
@@ -103,7 +103,7 @@ struct nonzero_std {
 }
 
 } // namespace filters
-} // namespace rlpt
+RLPT_NAMESPACE_END
 
 template <>
 struct fmt::formatter<rlpt::evict_reason> : fmt::formatter<std::string_view> {

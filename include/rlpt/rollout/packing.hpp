@@ -36,7 +36,7 @@
 #include <utility>
 #include <vector>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 enum class pack_algorithm : std::uint8_t {
   karmarkar_karp, //!< balanced micro-batches, cap verified (verl rearrange_micro_batches)
@@ -174,15 +174,15 @@ inline void split_to(std::vector<std::vector<index_t>>& bins, index_t want, view
 //! Plans one rank's micro-batches. Every micro-batch holds at most token_budget tokens, except
 //! a micro-batch holding one longer sequence (counted in `oversize`). Deterministic.
 [[nodiscard]] inline microbatch_plan plan_microbatches(view<const index_t> lengths, const microbatch_options& o = {}) {
-  RLPT_CHECK(o.token_budget >= 1, "rlpt.rollout.bad_option", "token_budget must be >= 1, got {}", o.token_budget);
-  RLPT_CHECK(o.min_microbatches >= 0 && o.divisor >= 1 && o.kk_attempts >= 1, "rlpt.rollout.bad_option",
+  RLPT_CHECK(o.token_budget >= 1, errors::rollout::bad_option, "token_budget must be >= 1, got {}", o.token_budget);
+  RLPT_CHECK(o.min_microbatches >= 0 && o.divisor >= 1 && o.kk_attempts >= 1, errors::rollout::bad_option,
              "min_microbatches ({}) must be >= 0, divisor ({}) and kk_attempts ({}) >= 1", o.min_microbatches,
              o.divisor, o.kk_attempts);
   const index_t n = lengths.size();
   std::vector<index_t> regular, big;
   index_t regular_tokens = 0;
   for (index_t i = 0; i < n; ++i) {
-    RLPT_CHECK(lengths[i] >= 0, "rlpt.rollout.bad_length", "sequence {} has length {}", i, lengths[i]);
+    RLPT_CHECK(lengths[i] >= 0, errors::rollout::bad_length, "sequence {} has length {}", i, lengths[i]);
     if (lengths[i] > o.token_budget) {
       big.push_back(i);
     } else {
@@ -306,9 +306,9 @@ struct step_plan {
 //! sequence: rollout_batch::loss_token_counts) feeds the trained-token totals.
 [[nodiscard]] inline step_plan plan_step(view<const index_t> lengths, const step_options& o,
                                          view<const index_t> loss_tokens = {}, const groups* grouping = nullptr) {
-  RLPT_CHECK(o.ranks >= 1, "rlpt.rollout.bad_option", "ranks must be >= 1, got {}", o.ranks);
+  RLPT_CHECK(o.ranks >= 1, errors::rollout::bad_option, "ranks must be >= 1, got {}", o.ranks);
   detail::expect_size_or_empty("loss_tokens", loss_tokens.size(), lengths.size(), "one per sequence");
-  RLPT_CHECK(!o.groups_atomic || grouping != nullptr, "rlpt.rollout.bad_option",
+  RLPT_CHECK(!o.groups_atomic || grouping != nullptr, errors::rollout::bad_option,
              "groups_atomic needs the groups (pass the batch's groups())");
   balance_options b = o.balance;
   b.ranks = o.ranks;
@@ -395,11 +395,11 @@ struct packed_info {
 
 [[nodiscard]] inline packed_extent packed_size(const rollout_batch& batch, view<const index_t> items,
                                                const pack_options& o = {}) {
-  RLPT_CHECK(o.pad_to_multiple >= 1, "rlpt.rollout.bad_option", "pad_to_multiple must be >= 1, got {}",
+  RLPT_CHECK(o.pad_to_multiple >= 1, errors::rollout::bad_option, "pad_to_multiple must be >= 1, got {}",
              o.pad_to_multiple);
   packed_extent e;
   for (const index_t i : items) {
-    RLPT_CHECK(i >= 0 && i < batch.size(), "rlpt.rollout.bad_items", "item {} is outside the batch of {} records", i,
+    RLPT_CHECK(i >= 0 && i < batch.size(), errors::rollout::bad_items, "item {} is outside the batch of {} records", i,
                batch.size());
     e.tokens += batch.length(i);
   }
@@ -414,7 +414,7 @@ struct packed_info {
 inline packed_info pack_into(const rollout_batch& batch, view<const index_t> items, const packed_views& out,
                              const pack_options& o = {}) {
   const packed_extent e = packed_size(batch, items, o);
-  RLPT_CHECK(e.tokens <= std::numeric_limits<std::int32_t>::max(), "rlpt.rollout.bad_items",
+  RLPT_CHECK(e.tokens <= std::numeric_limits<std::int32_t>::max(), errors::rollout::bad_items,
              "{} packed tokens overflow int32 cu_seqlens", e.tokens);
   detail::expect_size("tokens", out.tokens.size(), e.tokens, "packed_size().tokens");
   detail::expect_size("cu_seqlens", out.cu_seqlens.size(), e.sequences + 1, "packed_size().sequences + 1");
@@ -423,9 +423,9 @@ inline packed_info pack_into(const rollout_batch& batch, view<const index_t> ite
   detail::expect_size_or_empty("targets", out.targets.size(), e.tokens, "packed_size().tokens");
   detail::expect_size_or_empty("logprobs", out.logprobs.size(), e.tokens, "packed_size().tokens");
   detail::expect_size_or_empty("versions", out.versions.size(), e.tokens, "packed_size().tokens");
-  RLPT_CHECK(out.logprobs.empty() || batch.schema().logprobs, "rlpt.rollout.bad_items",
+  RLPT_CHECK(out.logprobs.empty() || batch.schema().logprobs, errors::rollout::bad_items,
              "logprobs requested but the batch's records carry none");
-  RLPT_CHECK(out.versions.empty() || batch.schema().versions, "rlpt.rollout.bad_items",
+  RLPT_CHECK(out.versions.empty() || batch.schema().versions, errors::rollout::bad_items,
              "versions requested but the batch's records carry none");
   packed_info info;
   index_t at = 0;
@@ -506,15 +506,15 @@ struct packed_microbatch {
 template <class T>
 void pack_tokens(view<const index_t> offsets, view<const T> src, index_t width, view<const index_t> items, view<T> dst,
                  T pad = T{}) {
-  RLPT_CHECK(width >= 1 && offsets.size() >= 1, "rlpt.rollout.bad_option", "width {} must be >= 1 and offsets non-empty",
+  RLPT_CHECK(width >= 1 && offsets.size() >= 1, errors::rollout::bad_option, "width {} must be >= 1 and offsets non-empty",
              width);
   detail::expect_size("src", src.size(), offsets[offsets.size() - 1] * width, "offsets.back() * width");
   index_t at = 0;
   for (const index_t i : items) {
-    RLPT_CHECK(i >= 0 && i + 1 < offsets.size(), "rlpt.rollout.bad_items", "item {} is outside {} sequences", i,
+    RLPT_CHECK(i >= 0 && i + 1 < offsets.size(), errors::rollout::bad_items, "item {} is outside {} sequences", i,
                offsets.size() - 1);
     const index_t n = (offsets[i + 1] - offsets[i]) * width;
-    RLPT_CHECK(at + n <= dst.size(), "rlpt.rollout.bad_items", "dst of {} elements is too small for the items",
+    RLPT_CHECK(at + n <= dst.size(), errors::rollout::bad_items, "dst of {} elements is too small for the items",
                dst.size());
     std::copy_n(src.data() + offsets[i] * width, n, dst.data() + at);
     at += n;
@@ -530,10 +530,10 @@ void expand_per_sequence(view<const index_t> offsets, view<const T> per_sequence
   detail::expect_size("per_sequence", per_sequence.size(), offsets.size() - 1, "one per sequence");
   index_t at = 0;
   for (const index_t i : items) {
-    RLPT_CHECK(i >= 0 && i < per_sequence.size(), "rlpt.rollout.bad_items", "item {} is outside {} sequences", i,
+    RLPT_CHECK(i >= 0 && i < per_sequence.size(), errors::rollout::bad_items, "item {} is outside {} sequences", i,
                per_sequence.size());
     const index_t n = offsets[i + 1] - offsets[i];
-    RLPT_CHECK(at + n <= dst.size(), "rlpt.rollout.bad_items", "dst of {} elements is too small for the items",
+    RLPT_CHECK(at + n <= dst.size(), errors::rollout::bad_items, "dst of {} elements is too small for the items",
                dst.size());
     std::fill_n(dst.data() + at, n, per_sequence[i]);
     at += n;
@@ -541,4 +541,4 @@ void expand_per_sequence(view<const index_t> offsets, view<const T> per_sequence
   std::fill(dst.data() + at, dst.data() + dst.size(), pad);
 }
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

@@ -32,7 +32,7 @@
 #include <variant>
 #include <vector>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 //! Token ids as engines and torch int32 tensors carry them.
 using token_id = std::int32_t;
@@ -86,7 +86,7 @@ using extra_storage = std::variant<std::vector<float>, std::vector<double>, std:
   case dtype::i32: return std::vector<std::int32_t>{};
   case dtype::i64: return std::vector<std::int64_t>{};
   }
-  RLPT_FAIL("rlpt.rollout.bad_extra", "unknown dtype code {}", static_cast<int>(t));
+  RLPT_FAIL(errors::rollout::bad_extra, "unknown dtype code {}", static_cast<int>(t));
 }
 
 [[nodiscard]] inline dtype dtype_of_storage(const extra_storage& s) noexcept {
@@ -110,7 +110,7 @@ struct extra_view {
   //! Typed access; the dtype must match (error otherwise).
   template <class T>
   [[nodiscard]] view<const T> as() const {
-    RLPT_CHECK(dtype_of<T> == type, "rlpt.rollout.extra_dtype", "extra '{}' holds {}, not {}", name, type,
+    RLPT_CHECK(dtype_of<T> == type, errors::rollout::extra_dtype, "extra '{}' holds {}, not {}", name, type,
                dtype_of<T>);
     return {static_cast<const T*>(data), elements};
   }
@@ -134,7 +134,7 @@ struct token_extra {
   template <class T>
   [[nodiscard]] std::vector<T>& as() {
     auto* v = std::get_if<std::vector<T>>(&values);
-    RLPT_CHECK(v != nullptr, "rlpt.rollout.extra_dtype", "extra '{}' holds {}, not {}", name, type(), dtype_of<T>);
+    RLPT_CHECK(v != nullptr, errors::rollout::extra_dtype, "extra '{}' holds {}, not {}", name, type(), dtype_of<T>);
     return *v;
   }
   [[nodiscard]] extra_view view() const noexcept {
@@ -235,7 +235,7 @@ struct trajectory {
 namespace detail {
 
 inline void expect_field(std::string_view field, index_t got, index_t want, std::string_view what) {
-  RLPT_CHECK(got == want, "rlpt.rollout.record_size", "trajectory field {} has {} elements, expected {} ({})", field,
+  RLPT_CHECK(got == want, errors::rollout::record_size, "trajectory field {} has {} elements, expected {} ({})", field,
              got, want, what);
 }
 
@@ -248,8 +248,8 @@ inline void expect_field(std::string_view field, index_t got, index_t want, std:
 //! ascending, non-empty, non-overlapping and inside the record.
 inline void validate(const trajectory_view& t, const record_schema& schema) {
   const index_t n = t.size();
-  RLPT_CHECK(n >= 1, "rlpt.rollout.record_size", "trajectory of group {} has no tokens", t.group_id);
-  RLPT_CHECK(t.prompt_len >= 0 && t.prompt_len <= n, "rlpt.rollout.record_value",
+  RLPT_CHECK(n >= 1, errors::rollout::record_size, "trajectory of group {} has no tokens", t.group_id);
+  RLPT_CHECK(t.prompt_len >= 0 && t.prompt_len <= n, errors::rollout::record_value,
              "trajectory field prompt_len = {} is outside [0, {}] (the record has {} tokens)", t.prompt_len, n, n);
   detail::expect_field("loss_mask", t.loss_mask.size(), n, "one per token");
   detail::expect_field("logprobs", t.logprobs.size(), schema.logprobs ? n : 0,
@@ -259,12 +259,12 @@ inline void validate(const trajectory_view& t, const record_schema& schema) {
   detail::expect_field("rewards", t.rewards.size(), schema.reward_channels, "one per reward channel");
   detail::expect_field("token_rewards", t.token_rewards.size(), n * schema.token_reward_channels,
                        "tokens * token_reward_channels");
-  RLPT_CHECK(detail::isize(t.extras.size()) == detail::isize(schema.extras.size()), "rlpt.rollout.record_size",
+  RLPT_CHECK(detail::isize(t.extras.size()) == detail::isize(schema.extras.size()), errors::rollout::record_size,
              "trajectory has {} extras, the schema declares {}", t.extras.size(), schema.extras.size());
   for (std::size_t k = 0; k < schema.extras.size(); ++k) {
     const auto& e = t.extras[k];
     const auto& s = schema.extras[k];
-    RLPT_CHECK(e.name == s.name && e.type == s.type && e.width == s.width, "rlpt.rollout.record_value",
+    RLPT_CHECK(e.name == s.name && e.type == s.type && e.width == s.width, errors::rollout::record_value,
                "trajectory extra {} is '{}' ({} x {}), the schema declares '{}' ({} x {})", k, e.name, e.type, e.width,
                s.name, s.type, s.width);
     detail::expect_field(s.name, e.elements, n * s.width, "tokens * width");
@@ -280,34 +280,34 @@ inline void validate(const trajectory_view& t, const record_schema& schema) {
   }
   if (RLPT_UNLIKELY(bad)) {
     for (index_t i = 0; i < t.prompt_len; ++i)
-      RLPT_CHECK(t.loss_mask[i] == 0, "rlpt.rollout.record_value",
+      RLPT_CHECK(t.loss_mask[i] == 0, errors::rollout::record_value,
                  "trajectory field loss_mask[{}] = {} is a prompt token (prompt_len {}); prompt tokens are never "
                  "trained",
                  i, t.loss_mask[i], t.prompt_len);
     if (schema.versions)
       for (index_t i = 0; i < n; ++i) {
-        RLPT_CHECK(t.versions[i] >= no_version, "rlpt.rollout.record_value",
+        RLPT_CHECK(t.versions[i] >= no_version, errors::rollout::record_value,
                    "trajectory field versions[{}] = {} is below -1", i, t.versions[i]);
-        RLPT_CHECK(t.loss_mask[i] == 0 || t.versions[i] >= 0, "rlpt.rollout.record_value",
+        RLPT_CHECK(t.loss_mask[i] == 0 || t.versions[i] >= 0, errors::rollout::record_value,
                    "trajectory field versions[{}] = -1 but loss_mask[{}] = 1: a trained token must carry the "
                    "version of the policy that sampled it",
                    i, i);
       }
     if (schema.logprobs)
       for (index_t i = 0; i < n; ++i)
-        RLPT_CHECK(t.loss_mask[i] == 0 || std::isfinite(t.logprobs[i]), "rlpt.rollout.record_value",
+        RLPT_CHECK(t.loss_mask[i] == 0 || std::isfinite(t.logprobs[i]), errors::rollout::record_value,
                    "trajectory field logprobs[{}] = {} is not finite on a trained token", i, t.logprobs[i]);
   }
   for (index_t c = 0; c < t.rewards.size(); ++c)
-    RLPT_CHECK(std::isfinite(t.rewards[c]), "rlpt.rollout.record_value",
+    RLPT_CHECK(std::isfinite(t.rewards[c]), errors::rollout::record_value,
                "trajectory field rewards[{}] = {} is not finite (group {})", c, t.rewards[c], t.group_id);
   for (index_t i = 0; i < t.token_rewards.size(); ++i)
-    RLPT_CHECK(std::isfinite(t.token_rewards[i]), "rlpt.rollout.record_value",
+    RLPT_CHECK(std::isfinite(t.token_rewards[i]), errors::rollout::record_value,
                "trajectory field token_rewards[{}] = {} is not finite", i, t.token_rewards[i]);
   index_t prev_end = 0;
   for (index_t s = 0; s < t.segments.size(); ++s) {
     const segment& g = t.segments[s];
-    RLPT_CHECK(g.begin >= prev_end && g.begin < g.end && g.end <= n, "rlpt.rollout.record_value",
+    RLPT_CHECK(g.begin >= prev_end && g.begin < g.end && g.end <= n, errors::rollout::record_value,
                "trajectory field segments[{}] = [{}, {}) is empty, overlaps the previous span (ending at {}) or "
                "leaves the {} tokens",
                s, g.begin, g.end, prev_end, n);
@@ -336,13 +336,13 @@ class trajectory_builder {
 public:
   trajectory_builder(std::int64_t group_id, view<const token_id> prompt, builder_options opts = {})
       : opts_(std::move(opts)) {
-    RLPT_CHECK(opts_.reward_channels >= 0 && opts_.token_reward_channels >= 0, "rlpt.rollout.bad_option",
+    RLPT_CHECK(opts_.reward_channels >= 0 && opts_.token_reward_channels >= 0, errors::rollout::bad_option,
                "reward channel counts must be >= 0 (got {} and {})", opts_.reward_channels,
                opts_.token_reward_channels);
     t_.group_id = group_id;
     t_.rewards.assign(detail::usize(opts_.reward_channels), 0.0f);
     for (const auto& e : opts_.extras) {
-      RLPT_CHECK(e.width >= 1, "rlpt.rollout.bad_option", "extra '{}' has width {}; it must be >= 1", e.name, e.width);
+      RLPT_CHECK(e.width >= 1, errors::rollout::bad_option, "extra '{}' has width {}; it must be >= 1", e.name, e.width);
       t_.extras.emplace_back(e.name, e.type, e.width);
     }
     append(prompt, token_source::prompt);
@@ -360,7 +360,7 @@ public:
   //! `mask` (optional) marks which of them train (default: all).
   trajectory_builder& model(view<const token_id> tokens, view<const float> logprobs, policy_version version,
                             view<const mask_t> mask = {}) {
-    RLPT_CHECK(version >= 0, "rlpt.rollout.record_value",
+    RLPT_CHECK(version >= 0, errors::rollout::record_value,
                "model tokens need a policy version >= 0, got {} (use context() for tokens no policy generated)", version);
     return model_impl(tokens, logprobs, [version](index_t) { return version; }, mask);
   }
@@ -370,14 +370,14 @@ public:
                             view<const policy_version> versions, view<const mask_t> mask = {}) {
     detail::expect_size("model versions", versions.size(), tokens.size(), "one per appended token");
     for (index_t i = 0; i < versions.size(); ++i)
-      RLPT_CHECK(versions[i] >= 0, "rlpt.rollout.record_value", "model versions[{}] = {}; generated tokens need >= 0",
+      RLPT_CHECK(versions[i] >= 0, errors::rollout::record_value, "model versions[{}] = {}; generated tokens need >= 0",
                  i, versions[i]);
     return model_impl(tokens, logprobs, [versions](index_t i) { return versions[i]; }, mask);
   }
 
   //! Appends tokens no policy generated (tool output, observation, template): masked out.
   trajectory_builder& context(view<const token_id> tokens, token_source source = token_source::environment) {
-    RLPT_CHECK(source != token_source::model, "rlpt.rollout.bad_option",
+    RLPT_CHECK(source != token_source::model, errors::rollout::bad_option,
                "context() appends tokens no policy generated; use model() for model tokens");
     append(tokens, source);
     return *this;
@@ -389,11 +389,11 @@ public:
     const index_t held = detail::isize(t_.tokens.size());
     const index_t common = std::min(held, next_input.size());
     for (index_t i = 0; i < common; ++i)
-      RLPT_CHECK(next_input[i] == t_.tokens[detail::usize(i)], "rlpt.rollout.prefix_mismatch",
+      RLPT_CHECK(next_input[i] == t_.tokens[detail::usize(i)], errors::rollout::prefix_mismatch,
                  "next input differs from the tokens held at position {}: {} != {} (the chat template re-tokenised "
                  "the history; fork the record instead of training on re-tokenised text)",
                  i, next_input[i], t_.tokens[detail::usize(i)]);
-    RLPT_CHECK(next_input.size() >= held, "rlpt.rollout.prefix_mismatch",
+    RLPT_CHECK(next_input.size() >= held, errors::rollout::prefix_mismatch,
                "next input has {} tokens, fewer than the {} already held: it cannot extend the record",
                next_input.size(), held);
     return context(next_input.subview(held, next_input.size() - held), source);
@@ -401,7 +401,7 @@ public:
 
   //! Sets scalar reward channel `channel`.
   trajectory_builder& reward(float value, index_t channel = 0) {
-    RLPT_CHECK(channel >= 0 && channel < opts_.reward_channels, "rlpt.rollout.bad_option",
+    RLPT_CHECK(channel >= 0 && channel < opts_.reward_channels, errors::rollout::bad_option,
                "reward channel {} does not exist (the record has {})", channel, opts_.reward_channels);
     t_.rewards[detail::usize(channel)] = value;
     return *this;
@@ -409,9 +409,9 @@ public:
 
   //! Sets per-token reward channel `channel` at token `position` (sparse process rewards).
   trajectory_builder& token_reward(index_t position, float value, index_t channel = 0) {
-    RLPT_CHECK(channel >= 0 && channel < opts_.token_reward_channels, "rlpt.rollout.bad_option",
+    RLPT_CHECK(channel >= 0 && channel < opts_.token_reward_channels, errors::rollout::bad_option,
                "token reward channel {} does not exist (the record has {})", channel, opts_.token_reward_channels);
-    RLPT_CHECK(position >= 0 && position < size(), "rlpt.rollout.bad_option",
+    RLPT_CHECK(position >= 0 && position < size(), errors::rollout::bad_option,
                "token reward position {} is outside the {} tokens held", position, size());
     t_.token_rewards[detail::usize(position * opts_.token_reward_channels + channel)] = value;
     return *this;
@@ -424,13 +424,13 @@ public:
       if (e.name == name) {
         auto& v = e.as<T>();
         RLPT_CHECK(first >= 0 && values.size() % e.width == 0 && first * e.width + values.size() <= detail::isize(v.size()),
-                   "rlpt.rollout.bad_option",
+                   errors::rollout::bad_option,
                    "extra '{}' write of {} values at token {} does not fit {} tokens of width {}", name, values.size(),
                    first, size(), e.width);
         std::copy(values.begin(), values.end(), v.begin() + first * e.width);
         return *this;
       }
-    RLPT_FAIL("rlpt.rollout.bad_option", "the record has no extra named '{}'", name);
+    RLPT_FAIL(errors::rollout::bad_option, "the record has no extra named '{}'", name);
   }
 
   [[nodiscard]] index_t size() const noexcept { return detail::isize(t_.tokens.size()); }
@@ -492,7 +492,7 @@ private:
   std::int32_t turn_ = 0;
 };
 
-} // namespace rlpt
+RLPT_NAMESPACE_END
 
 template <>
 struct fmt::formatter<rlpt::token_source> : fmt::formatter<std::string_view> {

@@ -42,7 +42,7 @@
 #include <utility>
 #include <vector>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 struct staleness_buffer_options {
   selection_options select{};        //!< window, order, stale policy
@@ -88,7 +88,7 @@ struct staleness_state {
 [[nodiscard]] inline staleness_state decode_staleness_state(std::span<const std::byte> in) {
   std::size_t at = 0;
   auto get = [&](auto& v, const char* what) {
-    RLPT_CHECK(in.size() - at >= sizeof(v), "rlpt.staleness.state_corrupt",
+    RLPT_CHECK(in.size() - at >= sizeof(v), errors::staleness::state_corrupt,
                "staleness state is truncated: {} needs {} bytes at offset {}, {} remain", what, sizeof(v), at,
                in.size() - at);
     std::memcpy(&v, in.data() + at, sizeof(v));
@@ -96,25 +96,25 @@ struct staleness_state {
   };
   char magic[8];
   for (char& c : magic) get(c, "magic");
-  RLPT_CHECK(std::memcmp(magic, "RLPTSTL1", 8) == 0, "rlpt.staleness.state_corrupt",
+  RLPT_CHECK(std::memcmp(magic, "RLPTSTL1", 8) == 0, errors::staleness::state_corrupt,
              "staleness state has a bad magic (expected RLPTSTL1)");
   staleness_state s;
   get(s.version, "version");
-  RLPT_CHECK(s.version >= 0, "rlpt.staleness.state_corrupt", "staleness state has version {}", s.version);
+  RLPT_CHECK(s.version >= 0, errors::staleness::state_corrupt, "staleness state has version {}", s.version);
   std::uint64_t n = 0;
   get(n, "group count");
-  RLPT_CHECK(n <= (in.size() - at) / 16, "rlpt.staleness.state_corrupt",
+  RLPT_CHECK(n <= (in.size() - at) / 16, errors::staleness::state_corrupt,
              "staleness state claims {} groups but only {} bytes remain", n, in.size() - at);
   s.groups.resize(static_cast<std::size_t>(n));
   for (auto& g : s.groups) {
     get(g.id, "group id");
     get(g.version, "group version");
     get(g.target, "group target");
-    RLPT_CHECK(g.version >= 0 && g.version <= s.version && g.target >= -1, "rlpt.staleness.state_corrupt",
+    RLPT_CHECK(g.version >= 0 && g.version <= s.version && g.target >= -1, errors::staleness::state_corrupt,
                "staleness state group {} has version {} / target {} (current version {})", g.id, g.version, g.target,
                s.version);
   }
-  RLPT_CHECK(at == in.size(), "rlpt.staleness.state_corrupt", "staleness state has {} trailing bytes",
+  RLPT_CHECK(at == in.size(), errors::staleness::state_corrupt, "staleness state has {} trailing bytes",
              in.size() - at);
   return s;
 }
@@ -143,7 +143,7 @@ public:
       : gate_(gate), opt_(std::move(opt)), user_evict_(std::move(buffer.on_evict)),
         buf_(with_hook(std::move(buffer))), monitor_(opt_.starvation) {
     RLPT_CHECK(opt_.select.order != pick_order::target_version || gate_.options().mode == admission_mode::target,
-               "rlpt.staleness.bad_option",
+               errors::staleness::bad_option,
                "target_version selection needs a gate in admission_mode::target (tickets carry the reserved step)");
     sub_ = gate_.clock().subscribe([this](policy_version) { buf_.notify(); });
   }
@@ -175,7 +175,7 @@ public:
     {
       std::lock_guard lock(mutex_);
       slot& s = bind_locked(t, record.group_id, -1);
-      RLPT_CHECK(s.arrived < s.expected, "rlpt.staleness.bad_group",
+      RLPT_CHECK(s.arrived < s.expected, errors::staleness::bad_group,
                  "group {} (ticket {}) already received its {} records", record.group_id, t.id, s.expected);
       ++s.arrived;
       if (s.arrived == s.expected) {
@@ -222,7 +222,7 @@ public:
     if (!buf_.abort_group(*gid)) {
       // Not open: either already evicted (hook handled it) or complete and ready.
       std::lock_guard lock(mutex_);
-      RLPT_CHECK(groups_.find(*gid) == groups_.end(), "rlpt.staleness.bad_transition",
+      RLPT_CHECK(groups_.find(*gid) == groups_.end(), errors::staleness::bad_transition,
                  "fail(ticket {}): group {} already completed; a finished group is released by the consumer side",
                  t.id, *gid);
     }
@@ -290,7 +290,7 @@ public:
   //! missing from `vs` fall back to their oldest token version.
   void restore(buffer_state bs, const staleness_state& vs) {
     const gate_counts gc = gate_.counts();
-    RLPT_CHECK(gc.running == 0 && gc.buffered == 0, "rlpt.staleness.restore_busy",
+    RLPT_CHECK(gc.running == 0 && gc.buffered == 0, errors::staleness::restore_busy,
                "restore needs a gate without outstanding tickets; this one has {} running and {} buffered", gc.running,
                gc.buffered);
     buf_.restore(std::move(bs));
@@ -337,21 +337,21 @@ private:
   }
 
   slot& bind_locked(const ticket& t, std::int64_t gid, index_t expected) {
-    RLPT_CHECK(static_cast<bool>(t), "rlpt.staleness.unknown_ticket",
+    RLPT_CHECK(static_cast<bool>(t), errors::staleness::unknown_ticket,
                "group {} was pushed with an empty ticket (admission was refused)", gid);
     auto it = groups_.find(gid);
     if (it == groups_.end()) {
-      RLPT_CHECK(by_ticket_.find(t.id) == by_ticket_.end(), "rlpt.staleness.ticket_mismatch",
+      RLPT_CHECK(by_ticket_.find(t.id) == by_ticket_.end(), errors::staleness::ticket_mismatch,
                  "ticket {} already carries group {}; group {} needs its own ticket", t.id, by_ticket_[t.id], gid);
       const index_t n = expected > 0 ? expected : buf_.options().group_size;
       it = groups_.emplace(gid, slot{t, n, 0, false}).first;
       by_ticket_.emplace(t.id, gid);
       return it->second;
     }
-    RLPT_CHECK(it->second.t == t, "rlpt.staleness.ticket_mismatch",
+    RLPT_CHECK(it->second.t == t, errors::staleness::ticket_mismatch,
                "group {} belongs to ticket {} (version {}), got ticket {} (version {})", gid, it->second.t.id,
                it->second.t.version, t.id, t.version);
-    RLPT_CHECK(expected < 0 || expected == it->second.expected || it->second.arrived == 0, "rlpt.staleness.bad_group",
+    RLPT_CHECK(expected < 0 || expected == it->second.expected || it->second.arrived == 0, errors::staleness::bad_group,
                "group {} was declared with {} records, now {}", gid, it->second.expected, expected);
     if (expected > 0) it->second.expected = expected;
     return it->second;
@@ -511,4 +511,4 @@ inline void restore_checkpoint(staleness_buffer& sb, const std::filesystem::path
   sb.restore(std::move(c.state), decode_staleness_state(c.user));
 }
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

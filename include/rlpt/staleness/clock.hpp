@@ -22,7 +22,7 @@
 #include <utility>
 #include <vector>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 //! Policy version: bumped by one at every weight publish; int32 as AReaL stores them per token.
 //! (Declared identically in <rlpt/rollout/record.hpp>; redeclaring an alias is well-formed.)
@@ -65,7 +65,7 @@ public:
   };
 
   explicit version_clock(policy_version initial = 0) : version_(initial) {
-    RLPT_CHECK(initial >= 0, "rlpt.staleness.bad_version", "the initial policy version must be >= 0, got {}", initial);
+    RLPT_CHECK(initial >= 0, errors::staleness::bad_version, "the initial policy version must be >= 0, got {}", initial);
   }
   version_clock(const version_clock&) = delete;
   version_clock& operator=(const version_clock&) = delete;
@@ -80,7 +80,7 @@ public:
     {
       std::lock_guard lock(mutex_);
       const policy_version v = version_.load(std::memory_order_relaxed);
-      RLPT_CHECK(v < std::numeric_limits<policy_version>::max(), "rlpt.staleness.version_overflow",
+      RLPT_CHECK(v < std::numeric_limits<policy_version>::max(), errors::staleness::version_overflow,
                  "policy version {} cannot be incremented without overflowing int32", v);
       now = v + 1;
       version_.store(now, std::memory_order_release);
@@ -92,7 +92,7 @@ public:
 
   //! Sets the version when resuming from a checkpoint (any value >= 0). Listeners run.
   void restore(policy_version v) {
-    RLPT_CHECK(v >= 0, "rlpt.staleness.bad_version", "a restored policy version must be >= 0, got {}", v);
+    RLPT_CHECK(v >= 0, errors::staleness::bad_version, "a restored policy version must be >= 0, got {}", v);
     {
       std::lock_guard lock(mutex_);
       version_.store(v, std::memory_order_release);
@@ -111,7 +111,7 @@ public:
   //! Calls `fn(version)` after every publish/restore until the subscription dies. `fn` must
   //! not subscribe, unsubscribe or publish (it runs under the listener lock).
   [[nodiscard]] subscription subscribe(listener fn) {
-    RLPT_CHECK(static_cast<bool>(fn), "rlpt.staleness.bad_option", "version_clock::subscribe needs a callable");
+    RLPT_CHECK(static_cast<bool>(fn), errors::staleness::bad_option, "version_clock::subscribe needs a callable");
     std::lock_guard lock(listeners_mutex_);
     const std::uint64_t id = ++next_id_;
     listeners_.emplace_back(id, std::move(fn));
@@ -142,4 +142,4 @@ private:
   std::uint64_t next_id_ = 0;
 };
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

@@ -19,7 +19,8 @@
 #include <rlpt/staleness/proximal.hpp>
 #include <rlpt/staleness/selection.hpp>
 
-namespace rlpt::compat {
+RLPT_NAMESPACE_BEGIN
+namespace compat {
 
 namespace areal {
 //! `rollout.max_head_offpolicyness` η (default 0), `consumer_batch_size` B in groups,
@@ -41,7 +42,7 @@ namespace trl {
 //! AsyncGRPOTrainer: `max_inflight_tasks = -1` (auto) = max_staleness × the per-step batch;
 //! TRL has no capacity formula, only the slots, so the version window is left to selection().
 [[nodiscard]] inline gate_options gate(index_t batch_groups, index_t max_staleness = 4) {
-  RLPT_CHECK(max_staleness >= 1, "rlpt.staleness.bad_option",
+  RLPT_CHECK(max_staleness >= 1, errors::staleness::bad_option,
              "TRL's automatic in-flight cap is max_staleness × batch; max_staleness must be >= 1, got {}",
              max_staleness);
   return {.max_staleness = unbounded_staleness, .batch_groups = batch_groups,
@@ -59,10 +60,10 @@ namespace verl {
 //! sampleable groups are taken oldest first.
 [[nodiscard]] inline selection_options v1_selection(index_t max_off_policy_threshold,
                                                     stale_policy strategy = stale_policy::drop) {
-  RLPT_CHECK(max_off_policy_threshold >= 1, "rlpt.staleness.bad_option",
+  RLPT_CHECK(max_off_policy_threshold >= 1, errors::staleness::bad_option,
              "verl's max_off_policy_threshold counts the span v - d + 1 and must be >= 1, got {}",
              max_off_policy_threshold);
-  RLPT_CHECK(strategy != stale_policy::requeue, "rlpt.staleness.bad_option",
+  RLPT_CHECK(strategy != stale_policy::requeue, errors::staleness::bad_option,
              "verl V1 strategies are drop and wait; requeue is slime's");
   return {.max_staleness = max_off_policy_threshold - 1, .order = pick_order::oldest_first, .on_stale = strategy};
 }
@@ -82,4 +83,5 @@ namespace slime {
 }
 } // namespace slime
 
-} // namespace rlpt::compat
+} // namespace compat
+RLPT_NAMESPACE_END

@@ -50,7 +50,7 @@
 #include <utility>
 #include <vector>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 enum class admission_mode : std::uint8_t {
   capacity, //!< AReaL's capacity formula (bounds the head version of everything admitted)
@@ -141,9 +141,9 @@ struct recovered_group {
 //! divided (AReaL: `max_concurrent_rollouts // dp`, `consumer_batch_size // dp`); uneven
 //! splits are an error rather than a silent floor that shrinks the global batch.
 [[nodiscard]] inline gate_options dp_shard(gate_options o, index_t dp_size) {
-  RLPT_CHECK(dp_size >= 1, "rlpt.staleness.bad_option", "dp_size must be >= 1, got {}", dp_size);
+  RLPT_CHECK(dp_size >= 1, errors::staleness::bad_option, "dp_size must be >= 1, got {}", dp_size);
   const index_t conc = o.max_concurrent > 0 ? o.max_concurrent : o.batch_groups;
-  RLPT_CHECK(o.batch_groups % dp_size == 0 && conc % dp_size == 0, "rlpt.staleness.dp_indivisible",
+  RLPT_CHECK(o.batch_groups % dp_size == 0 && conc % dp_size == 0, errors::staleness::dp_indivisible,
              "batch_groups {} and max_concurrent {} must both divide by dp_size {} (each shard gets an equal "
              "share of the global batch)",
              o.batch_groups, conc, dp_size);
@@ -162,13 +162,13 @@ inline std::uint64_t next_gate_serial() {
 class staleness_gate {
 public:
   explicit staleness_gate(gate_options options = {}) : opt_(options), serial_(detail::next_gate_serial()) {
-    RLPT_CHECK(opt_.batch_groups >= 1, "rlpt.staleness.bad_option", "batch_groups must be >= 1, got {}",
+    RLPT_CHECK(opt_.batch_groups >= 1, errors::staleness::bad_option, "batch_groups must be >= 1, got {}",
                opt_.batch_groups);
-    RLPT_CHECK(opt_.max_staleness >= 0 || opt_.max_staleness == unbounded_staleness, "rlpt.staleness.bad_option",
+    RLPT_CHECK(opt_.max_staleness >= 0 || opt_.max_staleness == unbounded_staleness, errors::staleness::bad_option,
                "max_staleness must be >= 0 or unbounded_staleness (-1), got {}", opt_.max_staleness);
-    RLPT_CHECK(opt_.max_concurrent >= 0, "rlpt.staleness.bad_option",
+    RLPT_CHECK(opt_.max_concurrent >= 0, errors::staleness::bad_option,
                "max_concurrent must be >= 0 (0 = batch_groups), got {}", opt_.max_concurrent);
-    RLPT_CHECK(opt_.mode == admission_mode::capacity || opt_.max_staleness >= 0, "rlpt.staleness.bad_option",
+    RLPT_CHECK(opt_.mode == admission_mode::capacity || opt_.max_staleness >= 0, errors::staleness::bad_option,
                "target-version reservation needs a finite max_staleness (the reservation window), got {}",
                opt_.max_staleness);
     if (opt_.max_concurrent == 0) opt_.max_concurrent = opt_.batch_groups;
@@ -222,7 +222,7 @@ public:
     {
       std::lock_guard lock(mutex_);
       entry& e = find_locked(t, "accept");
-      RLPT_CHECK(e.at == phase::running, "rlpt.staleness.bad_transition",
+      RLPT_CHECK(e.at == phase::running, errors::staleness::bad_transition,
                  "ticket {} (version {}) was already accepted; accept it once, when its group finished", t.id, t.version);
       e.at = phase::buffered;
       bump(running_, e, -1);
@@ -238,7 +238,7 @@ public:
     {
       std::lock_guard lock(mutex_);
       entry& e = find_locked(t, "reject");
-      RLPT_CHECK(e.at == phase::running, "rlpt.staleness.bad_transition",
+      RLPT_CHECK(e.at == phase::running, errors::staleness::bad_transition,
                  "ticket {} (version {}) was already accepted; use release(ticket, release_reason::rejected)", t.id,
                  t.version);
       bump(running_, e, -1);
@@ -256,7 +256,7 @@ public:
   void consume(const ticket& t) {
     std::lock_guard lock(mutex_);
     entry& e = find_locked(t, "consume");
-    RLPT_CHECK(e.at == phase::buffered, "rlpt.staleness.bad_transition",
+    RLPT_CHECK(e.at == phase::buffered, errors::staleness::bad_transition,
                "ticket {} (version {}) is still running; accept it before the trainer consumes it", t.id, t.version);
     bump(buffered_, e, -1);
     ++consumed_;
@@ -268,7 +268,7 @@ public:
     {
       std::lock_guard lock(mutex_);
       entry& e = find_locked(t, "release");
-      RLPT_CHECK(e.at == phase::buffered, "rlpt.staleness.bad_transition",
+      RLPT_CHECK(e.at == phase::buffered, errors::staleness::bad_transition,
                  "ticket {} (version {}) is still running; reject() it instead of release()", t.id, t.version);
       bump(buffered_, e, -1);
       unreserve(e);
@@ -361,18 +361,18 @@ public:
     out.reserve(survivors.size());
     {
       std::lock_guard lock(mutex_);
-      RLPT_CHECK(tickets_.empty(), "rlpt.staleness.restore_busy",
+      RLPT_CHECK(tickets_.empty(), errors::staleness::restore_busy,
                  "recover needs a gate without outstanding tickets; this one has {} running and {} buffered",
                  total(running_), total(buffered_));
-      RLPT_CHECK(version >= 0, "rlpt.staleness.bad_version", "recovered version must be >= 0, got {}", version);
-      RLPT_CHECK(own_clock_ != nullptr || clock_->current() == version, "rlpt.staleness.restore_mismatch",
+      RLPT_CHECK(version >= 0, errors::staleness::bad_version, "recovered version must be >= 0, got {}", version);
+      RLPT_CHECK(own_clock_ != nullptr || clock_->current() == version, errors::staleness::restore_mismatch,
                  "the shared clock shows version {}, recover was asked for {} (restore the clock first)",
                  clock_->current(), version);
       for (std::size_t i = 0; i < survivors.size(); ++i) {
         const recovered_group& g = survivors[i];
-        RLPT_CHECK(g.version >= 0 && g.version <= version, "rlpt.staleness.bad_version",
+        RLPT_CHECK(g.version >= 0 && g.version <= version, errors::staleness::bad_version,
                    "survivor {} has version {}, outside [0, {}]", i, g.version, version);
-        RLPT_CHECK(opt_.mode == admission_mode::capacity || g.target >= g.version, "rlpt.staleness.bad_version",
+        RLPT_CHECK(opt_.mode == admission_mode::capacity || g.target >= g.version, errors::staleness::bad_version,
                    "survivor {} has target {} below its version {} (target mode needs the reserved step)", i, g.target,
                    g.version);
       }
@@ -488,10 +488,10 @@ private:
   }
 
   entry& find_locked(const ticket& t, std::string_view what) {
-    RLPT_CHECK(t.issuer == serial_ && t.id != 0, "rlpt.staleness.unknown_ticket",
+    RLPT_CHECK(t.issuer == serial_ && t.id != 0, errors::staleness::unknown_ticket,
                "{} got ticket {} issued by gate #{}, not by this gate (#{})", what, t.id, t.issuer, serial_);
     const auto it = tickets_.find(t.id);
-    RLPT_CHECK(it != tickets_.end(), "rlpt.staleness.unknown_ticket",
+    RLPT_CHECK(it != tickets_.end(), errors::staleness::unknown_ticket,
                "{} got ticket {} (version {}), which is not outstanding: it was already consumed, rejected or "
                "released, or the gate recovered since",
                what, t.id, t.version);
@@ -537,4 +537,4 @@ private:
   version_clock::subscription sub_; // last: unsubscribed before the rest is destroyed
 };
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

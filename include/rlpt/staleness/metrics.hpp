@@ -25,14 +25,14 @@
 #include <string>
 #include <vector>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 //! counts[s] = how many items were s versions old.
 struct staleness_histogram {
   std::vector<index_t> counts;
 
   void add(index_t staleness, index_t n = 1) {
-    RLPT_CHECK(staleness >= 0 && n >= 0, "rlpt.staleness.bad_histogram",
+    RLPT_CHECK(staleness >= 0 && n >= 0, errors::staleness::bad_histogram,
                "histogram entry needs staleness >= 0 and count >= 0, got staleness {} count {}", staleness, n);
     if (static_cast<std::size_t>(staleness) >= counts.size()) counts.resize(static_cast<std::size_t>(staleness) + 1, 0);
     counts[static_cast<std::size_t>(staleness)] += n;
@@ -86,7 +86,7 @@ struct staleness_histogram {
 namespace detail {
 
 inline index_t age_of(policy_version v, policy_version current, index_t where) {
-  RLPT_CHECK(v <= current, "rlpt.staleness.future_version",
+  RLPT_CHECK(v <= current, errors::staleness::future_version,
              "item {} has policy version {}, newer than the current version {} (versions are stamped from the "
              "trainer's clock; a newer one means the clock was restored backwards or the stamp is wrong)",
              where, v, current);
@@ -180,4 +180,4 @@ private:
   metrics_snapshot s_;
 };
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

@@ -28,7 +28,7 @@
 #include <cstdint>
 #include <limits>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 enum class prox_method : std::uint8_t {
   loglinear, //!< AReaL "loglinear" (recommended there): linear in log space
@@ -90,11 +90,11 @@ inline proximal_result proximal_logprobs(view<const float> behav, view<const flo
   detail::expect_size("versions", versions.size(), n, "one per token, like behav");
   detail::expect_size_or_empty("mask", mask.size(), n, "one per token, like behav");
   detail::expect_size("out", out.size(), n, "one per token, like behav");
-  RLPT_CHECK(opt.lag >= 0, "rlpt.staleness.bad_option", "proximal lag must be >= 0, got {}", opt.lag);
-  RLPT_CHECK(v_theta >= 0, "rlpt.staleness.bad_version", "v_theta must be >= 0, got {}", v_theta);
+  RLPT_CHECK(opt.lag >= 0, errors::staleness::bad_option, "proximal lag must be >= 0, got {}", opt.lag);
+  RLPT_CHECK(v_theta >= 0, errors::staleness::bad_version, "v_theta must be >= 0, got {}", v_theta);
   // Below -1 every tagged token has α = 0 already; clamping keeps the integer maths in range.
   const auto v_prox = static_cast<policy_version>(std::max<index_t>(index_t{v_theta} - opt.lag, -1));
-  RLPT_CHECK(v_theta < std::numeric_limits<policy_version>::max(), "rlpt.staleness.bad_version",
+  RLPT_CHECK(v_theta < std::numeric_limits<policy_version>::max(), errors::staleness::bad_version,
              "v_theta {} leaves no room above it", v_theta);
   proximal_result r;
   index_t tokens = 0, interpolated = 0;
@@ -122,10 +122,10 @@ inline proximal_result proximal_logprobs(view<const float> behav, view<const flo
     if (bad != 0)
       for (index_t i = b0; i < b0 + len; ++i) {
         if (mp != nullptr && mp[i] == 0) continue;
-        RLPT_CHECK(std::isfinite(bp[i]) && std::isfinite(cp[i]), "rlpt.staleness.non_finite",
+        RLPT_CHECK(std::isfinite(bp[i]) && std::isfinite(cp[i]), errors::staleness::non_finite,
                    "token {} has behaviour logprob {} and current logprob {}; both must be finite on a valid token", i,
                    bp[i], cp[i]);
-        RLPT_CHECK(vp[i] <= v_theta, "rlpt.staleness.future_version", "token {} has version {}, newer than v_theta {}",
+        RLPT_CHECK(vp[i] <= v_theta, errors::staleness::future_version, "token {} has version {}, newer than v_theta {}",
                    i, vp[i], v_theta);
       }
     tokens += tok;
@@ -164,4 +164,4 @@ inline proximal_result proximal_logprobs(view<const float> behav, view<const flo
   return r;
 }
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

@@ -37,7 +37,7 @@
 #include <utility>
 #include <vector>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 enum class pick_order : std::uint8_t {
   oldest_first,   //!< lowest version first, then arrival (verl V1, AReaL, ROLL)
@@ -96,9 +96,9 @@ struct pick_result {
 namespace detail {
 
 inline void check_candidate(const candidate& c, index_t i, policy_version current, pick_order order) {
-  RLPT_CHECK(c.version >= 0 && c.version <= current, "rlpt.staleness.future_version",
+  RLPT_CHECK(c.version >= 0 && c.version <= current, errors::staleness::future_version,
              "ready item {} has version {}, outside [0, current version {}]", i, c.version, current);
-  RLPT_CHECK(order != pick_order::target_version || c.target >= c.version, "rlpt.staleness.no_target",
+  RLPT_CHECK(order != pick_order::target_version || c.target >= c.version, errors::staleness::no_target,
              "ready item {} (version {}) has target {}; target_version selection needs every item reserved for a "
              "step >= its version (admit with admission_mode::target)",
              i, c.version, c.target);
@@ -112,9 +112,9 @@ inline void check_candidate(const candidate& c, index_t i, policy_version curren
 [[nodiscard]] inline pick_result pick_batch(std::span<const candidate> ready, index_t wanted, policy_version current,
                                             const selection_options& opt, std::span<const version_count> pending = {},
                                             bool closed = false) {
-  RLPT_CHECK(wanted >= 1, "rlpt.staleness.bad_option", "a batch needs at least 1 group, {} wanted", wanted);
-  RLPT_CHECK(current >= 0, "rlpt.staleness.bad_version", "current version must be >= 0, got {}", current);
-  RLPT_CHECK(opt.max_staleness >= 0 || opt.max_staleness == unbounded_staleness, "rlpt.staleness.bad_option",
+  RLPT_CHECK(wanted >= 1, errors::staleness::bad_option, "a batch needs at least 1 group, {} wanted", wanted);
+  RLPT_CHECK(current >= 0, errors::staleness::bad_version, "current version must be >= 0, got {}", current);
+  RLPT_CHECK(opt.max_staleness >= 0 || opt.max_staleness == unbounded_staleness, errors::staleness::bad_option,
              "max_staleness must be >= 0 or unbounded_staleness (-1), got {}", opt.max_staleness);
   const bool bounded = opt.max_staleness >= 0;
   const bool targeted = opt.order == pick_order::target_version;
@@ -137,7 +137,7 @@ inline void check_candidate(const candidate& c, index_t i, policy_version curren
       usable.push_back(i);
   }
   for (const auto& p : pending) {
-    RLPT_CHECK(p.count >= 0 && p.version <= current, "rlpt.staleness.future_version",
+    RLPT_CHECK(p.count >= 0 && p.version <= current, errors::staleness::future_version,
                "in-flight entry has version {} (count {}), newer than the current version {}", p.version, p.count,
                current);
     if (!stale(p.version, p.target) && (!targeted || p.target == current)) r.pending += p.count;
@@ -278,7 +278,7 @@ struct starvation_options {
 class starvation_monitor {
 public:
   explicit starvation_monitor(starvation_options o = {}) : opt_(o) {
-    RLPT_CHECK(opt_.after_s >= 0.0, "rlpt.staleness.bad_option", "starvation threshold must be >= 0 s, got {}",
+    RLPT_CHECK(opt_.after_s >= 0.0, errors::staleness::bad_option, "starvation threshold must be >= 0 s, got {}",
                opt_.after_s);
   }
 
@@ -334,7 +334,7 @@ private:
   index_t reports_ = 0;
 };
 
-} // namespace rlpt
+RLPT_NAMESPACE_END
 
 template <>
 struct fmt::formatter<rlpt::starvation_cause> : fmt::formatter<std::string_view> {

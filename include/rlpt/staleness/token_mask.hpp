@@ -23,7 +23,7 @@
 #include <cstring>
 #include <limits>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 //! Per-token rule shared by every backend: does a trained token of version `v` stay in the
 //! loss at version `current`? (max_age < 0: no window.)
@@ -54,9 +54,9 @@ inline token_mask_result mask_stale_tokens(const token_layout& layout, view<cons
                                            view<const mask_t> loss_mask, policy_version current, view<mask_t> out,
                                            const token_mask_options& opt = {}, view<index_t> kept_per_seq = {},
                                            view<mask_t> has_loss = {}) {
-  RLPT_CHECK(opt.max_age >= 0 || opt.max_age == unbounded_staleness, "rlpt.staleness.bad_option",
+  RLPT_CHECK(opt.max_age >= 0 || opt.max_age == unbounded_staleness, errors::staleness::bad_option,
              "max_age must be >= 0 or unbounded_staleness (-1), got {}", opt.max_age);
-  RLPT_CHECK(current >= 0, "rlpt.staleness.bad_version", "current version must be >= 0, got {}", current);
+  RLPT_CHECK(current >= 0, errors::staleness::bad_version, "current version must be >= 0, got {}", current);
   layout.expect_tokens("versions", versions);
   layout.expect_tokens("loss_mask", loss_mask);
   layout.expect_tokens("out", out);
@@ -96,11 +96,11 @@ inline token_mask_result mask_stale_tokens(const token_layout& layout, view<cons
         for (index_t t = c0; t < c0 + len; ++t) {
           if (mp[t] == 0) continue;
           const policy_version v = vp[t];
-          RLPT_CHECK(v >= 0, "rlpt.staleness.untagged_token",
+          RLPT_CHECK(v >= 0, errors::staleness::untagged_token,
                      "sequence {} token {} is trained (loss_mask = {}) but has version {}: its age is unknown (stamp "
                      "generated tokens with the version that sampled them)",
                      b, t, mp[t], v);
-          RLPT_CHECK(v <= current, "rlpt.staleness.future_version",
+          RLPT_CHECK(v <= current, errors::staleness::future_version,
                      "sequence {} token {} has version {}, newer than the current version {}", b, t, v, current);
         }
       std::memcpy(op + c0, tmp, static_cast<std::size_t>(len));
@@ -117,4 +117,4 @@ inline token_mask_result mask_stale_tokens(const token_layout& layout, view<cons
   return r;
 }
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

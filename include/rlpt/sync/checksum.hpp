@@ -45,7 +45,8 @@
 #define RLPT_SYNC_XXH3_UPDATE XXH3_64bits_update
 #endif
 
-namespace rlpt::sync {
+RLPT_NAMESPACE_BEGIN
+namespace sync {
 
 //! Incremental XXH3-64: the same value as xxh3() over the concatenated updates.
 class xxh3_stream {
@@ -197,4 +198,5 @@ inline std::uint64_t copy_hash(void* dst, const void* src, std::size_t bytes) no
   return v;
 }
 
-} // namespace rlpt::sync
+} // namespace sync
+RLPT_NAMESPACE_END

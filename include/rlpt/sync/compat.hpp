@@ -11,7 +11,8 @@
 #include <chrono>
 #include <cstdint>
 
-namespace rlpt::compat {
+RLPT_NAMESPACE_BEGIN
+namespace compat {
 
 namespace slime {
 //! slime: --update-weight-buffer-size 512 MiB buckets; disk-delta sync sends changed elements.
@@ -33,4 +34,5 @@ namespace verl {
 [[nodiscard]] inline sync::sender_options sync_delta() { return {.delta = true}; }
 } // namespace verl
 
-} // namespace rlpt::compat
+} // namespace compat
+RLPT_NAMESPACE_END

@@ -43,7 +43,8 @@
 #include <emmintrin.h>
 #endif
 
-namespace rlpt::sync {
+RLPT_NAMESPACE_BEGIN
+namespace sync {
 
 enum class delta_encoding : std::uint8_t { sparse = 1, bitmap = 2, dense = 3 };
 
@@ -132,7 +133,7 @@ struct delta_head {
 //! naming `where` and the record's byte offset `at`.
 [[nodiscard]] inline delta_head parse_delta_head(std::span<const std::byte> h, std::string_view where, std::uint64_t at) {
   auto bad = [&](std::string_view what) -> void {
-    RLPT_FAIL("rlpt.sync.bad_delta", "{}: delta record at byte {}: {}", where, at, what);
+    RLPT_FAIL(errors::sync::bad_delta, "{}: delta record at byte {}: {}", where, at, what);
   };
   if (h.size() < delta_header_bytes) bad(fmt::format("only {} header bytes, a header needs 64", h.size()));
   const std::byte* p = h.data();
@@ -280,7 +281,7 @@ struct delta_record {
 [[nodiscard]] inline delta_record parse_delta_record(std::span<std::byte> stream, std::string_view where,
                                                      std::uint64_t at = 0) {
   auto bad = [&](std::string_view what) -> void {
-    RLPT_FAIL("rlpt.sync.bad_delta", "{}: delta record at byte {}: {}", where, at, what);
+    RLPT_FAIL(errors::sync::bad_delta, "{}: delta record at byte {}: {}", where, at, what);
   };
   if (stream.size() < delta_header_bytes) bad(fmt::format("only {} bytes left, a header needs 64", stream.size()));
   if (reinterpret_cast<std::uintptr_t>(stream.data()) % 8 != 0) bad("stream is not 8-byte aligned");
@@ -339,7 +340,7 @@ struct delta_record {
 //! elem_count x elem_bytes bytes starting at element elem_begin) by swapping: afterwards the
 //! record holds the values it replaced, so a second call undoes the first.
 inline void swap_apply(const delta_record& r, std::span<std::byte> range) {
-  RLPT_CHECK(range.size() == r.elem_count * r.elem_bytes, "rlpt.sync.bad_delta",
+  RLPT_CHECK(range.size() == r.elem_count * r.elem_bytes, errors::sync::bad_delta,
              "delta target range has {} bytes, the record covers {} x {} bytes", range.size(), r.elem_count, r.elem_bytes);
   const std::size_t eb = r.elem_bytes;
   std::byte* dst = range.data();
@@ -386,7 +387,7 @@ class delta_encoder {
 public:
   //! `max_record_bytes` bounds each record (header included) so records fit a bucket.
   explicit delta_encoder(std::uint64_t max_record_bytes) : max_record_(max_record_bytes) {
-    RLPT_CHECK(max_record_bytes >= delta_header_bytes + 64, "rlpt.sync.bad_delta",
+    RLPT_CHECK(max_record_bytes >= delta_header_bytes + 64, errors::sync::bad_delta,
                "max_record_bytes {} is too small for a delta record", max_record_bytes);
   }
 
@@ -396,11 +397,11 @@ public:
   std::uint64_t encode(std::uint32_t index, std::span<const std::byte> now, std::span<const std::byte> base,
                        std::size_t elem_bytes, std::uint64_t base_checksum, std::uint64_t bucket_bytes,
                        std::vector<std::byte>& out, delta_stats& stats) {
-    RLPT_CHECK(now.size() == base.size(), "rlpt.sync.bad_delta", "tensor #{} has {} bytes but its base has {}", index,
+    RLPT_CHECK(now.size() == base.size(), errors::sync::bad_delta, "tensor #{} has {} bytes but its base has {}", index,
                now.size(), base.size());
-    RLPT_CHECK(elem_bytes == 1 || elem_bytes == 2 || elem_bytes == 4 || elem_bytes == 8, "rlpt.sync.bad_delta",
+    RLPT_CHECK(elem_bytes == 1 || elem_bytes == 2 || elem_bytes == 4 || elem_bytes == 8, errors::sync::bad_delta,
                "element size {} is not 1, 2, 4 or 8", elem_bytes);
-    RLPT_CHECK(now.size() % elem_bytes == 0, "rlpt.sync.bad_delta", "tensor #{} has {} bytes, not a multiple of {}",
+    RLPT_CHECK(now.size() % elem_bytes == 0, errors::sync::bad_delta, "tensor #{} has {} bytes, not a multiple of {}",
                index, now.size(), elem_bytes);
     const std::uint64_t n = now.size() / elem_bytes;
     // Range length: a dense record of it fits max_record_ bytes.
@@ -557,4 +558,5 @@ private:
   std::vector<std::uint64_t> words_;
 };
 
-} // namespace rlpt::sync
+} // namespace sync
+RLPT_NAMESPACE_END

@@ -21,7 +21,8 @@
 #include <optional>
 #include <string_view>
 
-namespace rlpt::sync {
+RLPT_NAMESPACE_BEGIN
+namespace sync {
 
 //! Wire element type. Declared in safetensors' own order (alignment ascending), which its
 //! writer uses to sort tensors (dtype descending, then name): rlpt writes the same order.
@@ -97,7 +98,8 @@ inline constexpr std::array<wire_dtype_info, wire_dtype_count> wire_dtypes{{
   }
 }
 
-} // namespace rlpt::sync
+} // namespace sync
+RLPT_NAMESPACE_END
 
 template <>
 struct fmt::formatter<rlpt::sync::wire_dtype> : fmt::formatter<std::string_view> {

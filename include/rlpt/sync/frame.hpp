@@ -34,7 +34,8 @@
 #include <string_view>
 #include <vector>
 
-namespace rlpt::sync {
+RLPT_NAMESPACE_BEGIN
+namespace sync {
 
 enum class frame_type : std::uint16_t { begin = 1, ready, refuse, bucket, delta, commit, ack, nack, abort };
 
@@ -109,7 +110,7 @@ inline std::string_view as_chars(std::span<const std::byte> b) noexcept {
 
 //! Decodes and verifies a meta block; `where` names the link in errors (rlpt.sync.wire).
 [[nodiscard]] inline frame decode_frame(std::span<const std::byte> meta, std::string_view where) {
-  RLPT_CHECK(meta.size() >= frame_header_bytes, "rlpt.sync.wire", "{}: frame of {} bytes is shorter than the {}-byte header",
+  RLPT_CHECK(meta.size() >= frame_header_bytes, errors::sync::wire, "{}: frame of {} bytes is shorter than the {}-byte header",
              where, meta.size(), frame_header_bytes);
   const std::byte* p = meta.data();
   std::uint32_t magic;
@@ -119,17 +120,17 @@ inline std::string_view as_chars(std::span<const std::byte> b) noexcept {
   std::memcpy(&proto, p + 4, 2);
   std::memcpy(&type, p + 6, 2);
   std::memcpy(v, p + 8, 64);
-  RLPT_CHECK(magic == frame_magic, "rlpt.sync.wire", "{}: bad frame magic 0x{:08x} (expected 0x{:08x})", where, magic,
+  RLPT_CHECK(magic == frame_magic, errors::sync::wire, "{}: bad frame magic 0x{:08x} (expected 0x{:08x})", where, magic,
              frame_magic);
-  RLPT_CHECK(proto == frame_protocol, "rlpt.sync.wire", "{}: frame protocol {} is not the supported {}", where, proto,
+  RLPT_CHECK(proto == frame_protocol, errors::sync::wire, "{}: frame protocol {} is not the supported {}", where, proto,
              frame_protocol);
-  RLPT_CHECK(type >= 1 && type <= 9, "rlpt.sync.wire", "{}: unknown frame type {}", where, type);
-  RLPT_CHECK(v[5] == meta.size() - frame_header_bytes, "rlpt.sync.wire",
+  RLPT_CHECK(type >= 1 && type <= 9, errors::sync::wire, "{}: unknown frame type {}", where, type);
+  RLPT_CHECK(v[5] == meta.size() - frame_header_bytes, errors::sync::wire,
              "{}: frame header says {} body bytes but the message has {}", where, v[5], meta.size() - frame_header_bytes);
   xxh3_stream h;
   h.update(p, 64);
   h.update(p + frame_header_bytes, meta.size() - frame_header_bytes);
-  RLPT_CHECK(h.digest() == v[7], "rlpt.sync.wire", "{}: {} frame checksum {} does not match its contents ({})", where,
+  RLPT_CHECK(h.digest() == v[7], errors::sync::wire, "{}: {} frame checksum {} does not match its contents ({})", where,
              name(static_cast<frame_type>(type)), to_hex(v[7]), to_hex(h.digest()));
   frame f;
   f.type = static_cast<frame_type>(type);
@@ -143,4 +144,5 @@ inline std::string_view as_chars(std::span<const std::byte> b) noexcept {
   return f;
 }
 
-} // namespace rlpt::sync
+} // namespace sync
+RLPT_NAMESPACE_END

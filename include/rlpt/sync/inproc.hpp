@@ -22,7 +22,8 @@
 #include <string>
 #include <vector>
 
-namespace rlpt::sync {
+RLPT_NAMESPACE_BEGIN
+namespace sync {
 
 struct inproc_options {
   //! Payload buffers per direction: 2 = double buffering (vLLM weight_transfer num_buffers).
@@ -35,7 +36,7 @@ struct inproc_options {
 class inproc_pipe {
 public:
   explicit inproc_pipe(inproc_options o = {}) : o_(o) {
-    RLPT_CHECK(o.slots >= 1, "rlpt.sync.bad_link", "inproc_options::slots must be at least 1, got {}", o.slots);
+    RLPT_CHECK(o.slots >= 1, errors::sync::bad_link, "inproc_options::slots must be at least 1, got {}", o.slots);
     for (auto& d : dir_) {
       d.buffers.resize(o.slots);
       for (std::size_t i = 0; i < o.slots; ++i) d.free.push_back(static_cast<int>(i));
@@ -68,7 +69,7 @@ public:
   //! Attaching drops whatever a previous endpoint of this role left unread (a restart).
   inproc_transport(inproc_pipe& p, role r) : p_(p), me_(r == role::sender ? 0 : 1) {
     std::lock_guard lock(p_.mu_);
-    RLPT_CHECK(!p_.open_[me_], "rlpt.sync.bad_link", "inproc pipe already has a {} endpoint", me_ == 0 ? "sender" : "receiver");
+    RLPT_CHECK(!p_.open_[me_], errors::sync::bad_link, "inproc pipe already has a {} endpoint", me_ == 0 ? "sender" : "receiver");
     p_.open_[me_] = true;
     auto& in = p_.dir_[1 - me_];
     for (auto& m : in.queue)
@@ -93,7 +94,7 @@ public:
   }
 
   std::span<std::byte> payload_buffer(std::uint64_t bytes, deadline until) override {
-    RLPT_CHECK(bytes <= p_.o_.max_payload, "rlpt.sync.too_large", "inproc: payload of {} bytes exceeds max_payload {}",
+    RLPT_CHECK(bytes <= p_.o_.max_payload, errors::sync::too_large, "inproc: payload of {} bytes exceeds max_payload {}",
                bytes, p_.o_.max_payload);
     std::unique_lock lock(p_.mu_);
     auto& out = p_.dir_[me_];
@@ -117,7 +118,7 @@ public:
     m.meta.assign(meta.begin(), meta.end());
     if (payload_bytes > 0) {
       RLPT_CHECK(reserved_ >= 0 && out.buffers[static_cast<std::size_t>(reserved_)].size() >= payload_bytes,
-                 "rlpt.sync.bad_link", "inproc: send of {} payload bytes without a payload_buffer() of that size",
+                 errors::sync::bad_link, "inproc: send of {} payload bytes without a payload_buffer() of that size",
                  payload_bytes);
       m.buffer = reserved_;
       m.payload = payload_bytes;
@@ -152,7 +153,7 @@ public:
 
 private:
   void check_peer() const {
-    RLPT_CHECK(p_.open_[1 - me_], "rlpt.sync.peer_lost", "inproc: the {} endpoint is gone", me_ == 0 ? "receiver" : "sender");
+    RLPT_CHECK(p_.open_[1 - me_], errors::sync::peer_lost, "inproc: the {} endpoint is gone", me_ == 0 ? "receiver" : "sender");
   }
 
   inproc_pipe& p_;
@@ -161,4 +162,5 @@ private:
   std::optional<inproc_pipe::msg> held_;
 };
 
-} // namespace rlpt::sync
+} // namespace sync
+RLPT_NAMESPACE_END

@@ -23,7 +23,8 @@
 #include <span>
 #include <string>
 
-namespace rlpt::sync {
+RLPT_NAMESPACE_BEGIN
+namespace sync {
 
 //! Which end of a link this is.
 enum class role : std::uint8_t { sender, receiver };
@@ -75,8 +76,9 @@ public:
 
 namespace detail {
 [[noreturn]] inline void timeout(std::string_view where, std::string_view what) {
-  RLPT_FAIL("rlpt.sync.timeout", "{}: timed out {}", where, what);
+  RLPT_FAIL(errors::sync::timeout, "{}: timed out {}", where, what);
 }
 } // namespace detail
 
-} // namespace rlpt::sync
+} // namespace sync
+RLPT_NAMESPACE_END

@@ -36,7 +36,8 @@
 #include <utility>
 #include <vector>
 
-namespace rlpt::sync {
+RLPT_NAMESPACE_BEGIN
+namespace sync {
 
 //! A named tensor in caller memory (host): what the trainer hands to plan() and sender.
 struct tensor_ref {
@@ -91,13 +92,13 @@ inline bool add_overflows(std::uint64_t a, std::uint64_t b, std::uint64_t& out) 
 //! Bytes of a tensor of `shape` and `dt`, validated (no negative dims, no overflow).
 inline std::uint64_t tensor_nbytes(std::string_view name, wire_dtype dt, std::span<const std::int64_t> shape,
                                    std::uint64_t max_rank = 16) {
-  RLPT_CHECK(shape.size() <= max_rank, "rlpt.sync.bad_shape", "tensor \"{}\" has rank {}, more than the limit {}", name,
+  RLPT_CHECK(shape.size() <= max_rank, errors::sync::bad_shape, "tensor \"{}\" has rank {}, more than the limit {}", name,
              shape.size(), max_rank);
   std::uint64_t n = size_of(dt);
   for (auto d : shape) {
-    RLPT_CHECK(d >= 0, "rlpt.sync.bad_shape", "tensor \"{}\" has a negative dimension {} in shape [{}]", name, d,
+    RLPT_CHECK(d >= 0, errors::sync::bad_shape, "tensor \"{}\" has a negative dimension {} in shape [{}]", name, d,
                fmt::join(shape, ", "));
-    RLPT_CHECK(!mul_overflows(n, static_cast<std::uint64_t>(d), n), "rlpt.sync.bad_shape",
+    RLPT_CHECK(!mul_overflows(n, static_cast<std::uint64_t>(d), n), errors::sync::bad_shape,
                "tensor \"{}\" of shape [{}] has more bytes than 2^64", name, fmt::join(shape, ", "));
   }
   return n;
@@ -235,27 +236,27 @@ public:
   [[nodiscard]] static manifest from_json_value(const detail::json& root, manifest_limits limits = {}) {
     using detail::json;
     auto fail = [](std::string_view what) -> void {
-      RLPT_FAIL("rlpt.sync.bad_manifest", "manifest JSON: {}", what);
+      RLPT_FAIL(errors::sync::bad_manifest, "manifest JSON: {}", what);
     };
     if (!root.is_object()) fail("the document is not an object");
     static constexpr std::string_view top_keys[] = {"format", "version", "base_version", "bucket_bytes", "alignment",
                                                     "layout_hash", "tensors"};
     for (const auto& k : root.keys())
-      RLPT_CHECK(std::find(std::begin(top_keys), std::end(top_keys), k) != std::end(top_keys), "rlpt.sync.bad_manifest",
+      RLPT_CHECK(std::find(std::begin(top_keys), std::end(top_keys), k) != std::end(top_keys), errors::sync::bad_manifest,
                  "manifest JSON: unknown key \"{}\"", k);
     auto member = [&](const json& obj, std::string_view key, std::string_view where) -> const json& {
       const json* v = obj.find(key);
-      RLPT_CHECK(v != nullptr, "rlpt.sync.bad_manifest", "manifest JSON: {} lacks \"{}\"", where, key);
+      RLPT_CHECK(v != nullptr, errors::sync::bad_manifest, "manifest JSON: {} lacks \"{}\"", where, key);
       return *v;
     };
     auto uint_of = [&](const json& obj, std::string_view key, std::string_view where) {
       std::uint64_t v = 0;
-      RLPT_CHECK(member(obj, key, where).to_uint(v), "rlpt.sync.bad_manifest",
+      RLPT_CHECK(member(obj, key, where).to_uint(v), errors::sync::bad_manifest,
                  "manifest JSON: \"{}\" of {} is not an unsigned integer", key, where);
       return v;
     };
     const json& format = member(root, "format", "the document");
-    RLPT_CHECK(format.is_string() && format.text() == "rlpt.sync.manifest/1", "rlpt.sync.bad_manifest",
+    RLPT_CHECK(format.is_string() && format.text() == "rlpt.sync.manifest/1", errors::sync::bad_manifest,
                "manifest JSON: format is not \"rlpt.sync.manifest/1\"");
     const std::uint64_t version = uint_of(root, "version", "the document");
     const std::uint64_t base = uint_of(root, "base_version", "the document");
@@ -263,10 +264,10 @@ public:
     const std::uint64_t alignment = uint_of(root, "alignment", "the document");
     const json& hash = member(root, "layout_hash", "the document");
     const auto want_hash = hash.is_string() ? parse_hex(hash.text()) : std::nullopt;
-    RLPT_CHECK(want_hash.has_value(), "rlpt.sync.bad_manifest", "manifest JSON: layout_hash is not 16 hex digits");
+    RLPT_CHECK(want_hash.has_value(), errors::sync::bad_manifest, "manifest JSON: layout_hash is not 16 hex digits");
     const json& arr = member(root, "tensors", "the document");
     if (!arr.is_array()) fail("\"tensors\" is not an array");
-    RLPT_CHECK(arr.size() <= limits.max_tensors, "rlpt.sync.bad_manifest",
+    RLPT_CHECK(arr.size() <= limits.max_tensors, errors::sync::bad_manifest,
                "manifest JSON lists {} tensors, more than the limit {}", arr.size(), limits.max_tensors);
     std::vector<tensor_entry> entries;
     entries.reserve(arr.size());
@@ -274,26 +275,26 @@ public:
     for (std::size_t i = 0; i < arr.size(); ++i) {
       const json& e = arr.items()[i];
       const std::string where = fmt::format("tensor #{}", i);
-      RLPT_CHECK(e.is_object(), "rlpt.sync.bad_manifest", "manifest JSON: {} is not an object", where);
+      RLPT_CHECK(e.is_object(), errors::sync::bad_manifest, "manifest JSON: {} is not an object", where);
       for (const auto& k : e.keys())
         RLPT_CHECK(std::find(std::begin(entry_keys), std::end(entry_keys), k) != std::end(entry_keys),
-                   "rlpt.sync.bad_manifest", "manifest JSON: {} has an unknown key \"{}\"", where, k);
+                   errors::sync::bad_manifest, "manifest JSON: {} has an unknown key \"{}\"", where, k);
       tensor_entry t;
       const json& nm = member(e, "name", where);
-      RLPT_CHECK(nm.is_string(), "rlpt.sync.bad_manifest", "manifest JSON: the name of {} is not a string", where);
+      RLPT_CHECK(nm.is_string(), errors::sync::bad_manifest, "manifest JSON: the name of {} is not a string", where);
       t.name = nm.text();
       const json& dt = member(e, "dtype", where);
       const auto parsed = dt.is_string() ? parse_wire_dtype(dt.text()) : std::nullopt;
-      RLPT_CHECK(parsed.has_value(), "rlpt.sync.bad_manifest", "manifest JSON: {} (\"{}\") has an unsupported dtype {}",
+      RLPT_CHECK(parsed.has_value(), errors::sync::bad_manifest, "manifest JSON: {} (\"{}\") has an unsupported dtype {}",
                  where, t.name, dt.is_string() ? dt.text() : std::string("(not a string)"));
       t.dtype = *parsed;
       const json& shape = member(e, "shape", where);
-      RLPT_CHECK(shape.is_array() && shape.size() <= limits.max_rank, "rlpt.sync.bad_manifest",
+      RLPT_CHECK(shape.is_array() && shape.size() <= limits.max_rank, errors::sync::bad_manifest,
                  "manifest JSON: the shape of {} (\"{}\") is not an array of at most {} dimensions", where, t.name,
                  limits.max_rank);
       for (const auto& d : shape.items()) {
         std::int64_t v = 0;
-        RLPT_CHECK(d.to_int(v), "rlpt.sync.bad_manifest", "manifest JSON: the shape of {} (\"{}\") has a non-integer",
+        RLPT_CHECK(d.to_int(v), errors::sync::bad_manifest, "manifest JSON: the shape of {} (\"{}\") has a non-integer",
                    where, t.name);
         t.shape.push_back(v);
       }
@@ -302,14 +303,14 @@ public:
       t.nbytes = uint_of(e, "nbytes", where);
       const json& ck = member(e, "checksum", where);
       const auto c = ck.is_string() ? parse_hex(ck.text()) : std::nullopt;
-      RLPT_CHECK(c.has_value(), "rlpt.sync.bad_manifest", "manifest JSON: the checksum of {} (\"{}\") is not 16 hex digits",
+      RLPT_CHECK(c.has_value(), errors::sync::bad_manifest, "manifest JSON: the checksum of {} (\"{}\") is not 16 hex digits",
                  where, t.name);
       t.checksum = *c;
       entries.push_back(std::move(t));
     }
     manifest m(std::move(entries), bucket_bytes, alignment, limits);
     m.set_versions(version, base);
-    RLPT_CHECK(m.layout_hash() == *want_hash, "rlpt.sync.manifest_hash",
+    RLPT_CHECK(m.layout_hash() == *want_hash, errors::sync::manifest_hash,
                "manifest layout_hash {} does not match its layout, which hashes to {}", to_hex(*want_hash),
                to_hex(m.layout_hash()));
     return m;
@@ -318,13 +319,13 @@ public:
 private:
   void index(const manifest_limits& limits) {
     const std::uint64_t B = bucket_bytes_;
-    RLPT_CHECK(B > 0, "rlpt.sync.bad_manifest", "bucket_bytes must be positive, got {}", B);
-    RLPT_CHECK(alignment_ > 0 && (alignment_ & (alignment_ - 1)) == 0, "rlpt.sync.bad_manifest",
+    RLPT_CHECK(B > 0, errors::sync::bad_manifest, "bucket_bytes must be positive, got {}", B);
+    RLPT_CHECK(alignment_ > 0 && (alignment_ & (alignment_ - 1)) == 0, errors::sync::bad_manifest,
                "alignment must be a power of two, got {}", alignment_);
-    RLPT_CHECK(B % alignment_ == 0, "rlpt.sync.bad_manifest", "bucket_bytes {} is not a multiple of the alignment {}", B,
+    RLPT_CHECK(B % alignment_ == 0, errors::sync::bad_manifest, "bucket_bytes {} is not a multiple of the alignment {}", B,
                alignment_);
     RLPT_CHECK(tensors_.size() <= limits.max_tensors && tensors_.size() < std::numeric_limits<std::uint32_t>::max(),
-               "rlpt.sync.bad_manifest", "{} tensors, more than the limit {}", tensors_.size(), limits.max_tensors);
+               errors::sync::bad_manifest, "{} tensors, more than the limit {}", tensors_.size(), limits.max_tensors);
     by_name_.clear();
     by_name_.reserve(tensors_.size());
     std::uint64_t total_pieces = 0;
@@ -338,40 +339,40 @@ private:
     spans.reserve(tensors_.size());
     for (std::size_t i = 0; i < tensors_.size(); ++i) {
       const auto& t = tensors_[i];
-      RLPT_CHECK(!t.name.empty(), "rlpt.sync.bad_manifest", "tensor #{} has an empty name", i);
-      RLPT_CHECK(by_name_.emplace(t.name, i).second, "rlpt.sync.bad_manifest", "tensor name \"{}\" appears twice", t.name);
+      RLPT_CHECK(!t.name.empty(), errors::sync::bad_manifest, "tensor #{} has an empty name", i);
+      RLPT_CHECK(by_name_.emplace(t.name, i).second, errors::sync::bad_manifest, "tensor name \"{}\" appears twice", t.name);
       const std::uint64_t want = detail::tensor_nbytes(t.name, t.dtype, t.shape, limits.max_rank);
-      RLPT_CHECK(t.nbytes == want, "rlpt.sync.bad_manifest",
+      RLPT_CHECK(t.nbytes == want, errors::sync::bad_manifest,
                  "tensor \"{}\" says nbytes {} but {} [{}] has {} bytes", t.name, t.nbytes, name(t.dtype),
                  fmt::join(t.shape, ", "), want);
       const std::uint64_t pieces = t.nbytes <= B ? 1 : (t.nbytes + B - 1) / B;
       if (t.nbytes <= B) {
-        RLPT_CHECK(t.offset % alignment_ == 0 && t.offset < B && t.nbytes <= B - t.offset, "rlpt.sync.bad_manifest",
+        RLPT_CHECK(t.offset % alignment_ == 0 && t.offset < B && t.nbytes <= B - t.offset, errors::sync::bad_manifest,
                    "tensor \"{}\" at offset {} with {} bytes does not fit an aligned slot of a {}-byte bucket", t.name,
                    t.offset, t.nbytes, B);
       } else {
-        RLPT_CHECK(t.offset == 0, "rlpt.sync.bad_manifest",
+        RLPT_CHECK(t.offset == 0, errors::sync::bad_manifest,
                    "tensor \"{}\" is split over buckets ({} bytes > {}) and must start at offset 0, not {}", t.name,
                    t.nbytes, B, t.offset);
       }
       std::uint64_t end_bucket = 0, start = 0, end = 0;
       RLPT_CHECK(!detail::add_overflows(t.bucket, pieces - 1, end_bucket) && !detail::mul_overflows(t.bucket, B, start) &&
                      !detail::add_overflows(start, t.offset, start) && !detail::add_overflows(start, t.nbytes, end),
-                 "rlpt.sync.bad_manifest", "tensor \"{}\" lies beyond 2^64 bytes (bucket {})", t.name, t.bucket);
+                 errors::sync::bad_manifest, "tensor \"{}\" lies beyond 2^64 bytes (bucket {})", t.name, t.bucket);
       RLPT_CHECK(!detail::add_overflows(total_pieces, pieces, total_pieces) && total_pieces <= limits.max_pieces,
-                 "rlpt.sync.bad_manifest", "the manifest has more than {} bucket pieces", limits.max_pieces);
+                 errors::sync::bad_manifest, "the manifest has more than {} bucket pieces", limits.max_pieces);
       last_bucket = std::max(last_bucket, end_bucket);
       payload_total_ += t.nbytes;
       spans.push_back({start, end, i});
     }
     const std::uint64_t buckets = tensors_.empty() ? 0 : last_bucket + 1;
-    RLPT_CHECK(buckets <= total_pieces, "rlpt.sync.bad_manifest",
+    RLPT_CHECK(buckets <= total_pieces, errors::sync::bad_manifest,
                "the manifest spans {} buckets but has only {} pieces: some buckets would be empty", buckets, total_pieces);
     std::sort(spans.begin(), spans.end(), [](const span_t& a, const span_t& b) {
       return a.start != b.start ? a.start < b.start : a.end < b.end;
     });
     for (std::size_t k = 1; k < spans.size(); ++k)
-      RLPT_CHECK(spans[k].start >= spans[k - 1].end, "rlpt.sync.bad_manifest", "tensors \"{}\" and \"{}\" overlap",
+      RLPT_CHECK(spans[k].start >= spans[k - 1].end, errors::sync::bad_manifest, "tensors \"{}\" and \"{}\" overlap",
                  tensors_[spans[k - 1].tensor].name, tensors_[spans[k].tensor].name);
 
     // Pieces per bucket, in offset order.
@@ -384,7 +385,7 @@ private:
     }
     piece_begin_.assign(static_cast<std::size_t>(buckets) + 1, 0);
     for (std::size_t b = 0; b < buckets; ++b) {
-      RLPT_CHECK(count[b] > 0, "rlpt.sync.bad_manifest", "bucket {} of {} holds no tensor", b, buckets);
+      RLPT_CHECK(count[b] > 0, errors::sync::bad_manifest, "bucket {} of {} holds no tensor", b, buckets);
       piece_begin_[b + 1] = piece_begin_[b] + static_cast<std::size_t>(count[b]);
     }
     pieces_.assign(static_cast<std::size_t>(total_pieces), piece{});
@@ -426,4 +427,5 @@ private:
   std::uint64_t layout_hash_ = 0;
 };
 
-} // namespace rlpt::sync
+} // namespace sync
+RLPT_NAMESPACE_END

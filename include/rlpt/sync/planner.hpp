@@ -20,7 +20,8 @@
 #include <string>
 #include <vector>
 
-namespace rlpt::sync {
+RLPT_NAMESPACE_BEGIN
+namespace sync {
 
 struct plan_options {
   //! Bucket capacity in bytes. 512 MiB = slime's --update-weight-buffer-size (vLLM's
@@ -35,10 +36,10 @@ struct plan_options {
 [[nodiscard]] inline manifest plan(std::span<const tensor_ref> tensors, plan_options opts = {}) {
   const std::uint64_t B = opts.bucket_bytes;
   const std::uint64_t A = opts.alignment;
-  RLPT_CHECK(B > 0, "rlpt.sync.bad_plan", "plan_options::bucket_bytes must be positive, got {}", B);
-  RLPT_CHECK(A > 0 && (A & (A - 1)) == 0, "rlpt.sync.bad_plan", "plan_options::alignment must be a power of two, got {}",
+  RLPT_CHECK(B > 0, errors::sync::bad_plan, "plan_options::bucket_bytes must be positive, got {}", B);
+  RLPT_CHECK(A > 0 && (A & (A - 1)) == 0, errors::sync::bad_plan, "plan_options::alignment must be a power of two, got {}",
              A);
-  RLPT_CHECK(B % A == 0, "rlpt.sync.bad_plan", "plan_options::bucket_bytes {} is not a multiple of the alignment {}", B,
+  RLPT_CHECK(B % A == 0, errors::sync::bad_plan, "plan_options::bucket_bytes {} is not a multiple of the alignment {}", B,
              A);
   std::vector<tensor_entry> entries;
   entries.reserve(tensors.size());
@@ -86,4 +87,5 @@ struct plan_options {
   return plan(std::span<const tensor_ref>(refs), opts);
 }
 
-} // namespace rlpt::sync
+} // namespace sync
+RLPT_NAMESPACE_END

@@ -57,7 +57,8 @@
 #include <utility>
 #include <vector>
 
-namespace rlpt::sync {
+RLPT_NAMESPACE_BEGIN
+namespace sync {
 
 namespace detail {
 
@@ -106,7 +107,7 @@ inline std::string error_body(std::string_view id, std::string_view msg) { retur
 inline std::pair<std::string, std::string> split_error_body(std::span<const std::byte> body) {
   const std::string_view s = as_chars(body);
   const auto nl = s.find('\n');
-  if (nl == std::string_view::npos) return {"rlpt.sync.remote", std::string(s)};
+  if (nl == std::string_view::npos) return {std::string(errors::sync::remote.str()), std::string(s)};
   return {std::string(s.substr(0, nl)), std::string(s.substr(nl + 1))};
 }
 
@@ -160,16 +161,16 @@ public:
     std::vector<const void*> ptrs(m_.size(), nullptr);
     for (const auto& p : params) {
       const auto i = m_.find(p.name);
-      RLPT_CHECK(i.has_value(), "rlpt.sync.bad_source", "parameter \"{}\" is not in the manifest", p.name);
+      RLPT_CHECK(i.has_value(), errors::sync::bad_source, "parameter \"{}\" is not in the manifest", p.name);
       const tensor_entry& e = m_[*i];
-      RLPT_CHECK(p.dtype == e.dtype && p.shape == e.shape, "rlpt.sync.bad_source",
+      RLPT_CHECK(p.dtype == e.dtype && p.shape == e.shape, errors::sync::bad_source,
                  "parameter \"{}\" is {} [{}] but the manifest says {} [{}]", p.name, p.dtype, fmt::join(p.shape, ", "),
                  e.dtype, fmt::join(e.shape, ", "));
-      RLPT_CHECK(p.data != nullptr || e.nbytes == 0, "rlpt.sync.bad_source", "parameter \"{}\" has no data", p.name);
+      RLPT_CHECK(p.data != nullptr || e.nbytes == 0, errors::sync::bad_source, "parameter \"{}\" has no data", p.name);
       ptrs[*i] = p.data;
     }
     for (std::size_t i = 0; i < m_.size(); ++i)
-      RLPT_CHECK(ptrs[i] != nullptr || m_[i].nbytes == 0, "rlpt.sync.bad_source",
+      RLPT_CHECK(ptrs[i] != nullptr || m_[i].nbytes == 0, errors::sync::bad_source,
                  "manifest tensor \"{}\" has no parameter", m_[i].name);
     src_ = [ptrs = std::move(ptrs), this](std::size_t i) {
       return std::span<const std::byte>(static_cast<const std::byte*>(ptrs[i]), m_[i].nbytes);
@@ -179,7 +180,7 @@ public:
 
   sender(link& l, manifest m, source_fn source, sender_options o = {})
       : link_(l), m_(std::move(m)), src_(std::move(source)), o_(o) {
-    RLPT_CHECK(static_cast<bool>(src_), "rlpt.sync.bad_source", "sender needs a source function");
+    RLPT_CHECK(static_cast<bool>(src_), errors::sync::bad_source, "sender needs a source function");
     init();
   }
 
@@ -204,7 +205,7 @@ public:
   //! then stays at its previous version and the next publish() starts clean.
   publish_result publish(std::uint64_t version) {
     const auto t0 = clock::now();
-    RLPT_CHECK(!published_ || version > last_, "rlpt.sync.bad_version",
+    RLPT_CHECK(!published_ || version > last_, errors::sync::bad_version,
                "publish({}) after version {}: versions must increase", version, last_);
     abort_.store(false, std::memory_order_release);
     tag_ = next_tag();
@@ -282,10 +283,10 @@ private:
   void init() {
     const link_info li = link_.info();
     where_ = li.name;
-    RLPT_CHECK(li.payload_space == memory_space::host, "rlpt.sync.bad_link",
+    RLPT_CHECK(li.payload_space == memory_space::host, errors::sync::bad_link,
                "{} moves device payloads; the host sender needs a host link", where_);
     for (std::uint64_t b = 0; b < m_.bucket_count(); ++b)
-      RLPT_CHECK(m_.bucket_size(b) <= li.max_payload, "rlpt.sync.bad_link",
+      RLPT_CHECK(m_.bucket_size(b) <= li.max_payload, errors::sync::bad_link,
                  "bucket {} holds {} bytes but {} carries at most {} per message: plan with a smaller bucket_bytes", b,
                  m_.bucket_size(b), where_, li.max_payload);
     if (o_.delta) snapshot_ = detail::byte_buffer(static_cast<std::size_t>(m_.packed_bytes()));
@@ -294,12 +295,12 @@ private:
   void check_abort(std::uint64_t version) {
     if (!abort_.load(std::memory_order_acquire)) return;
     std::lock_guard lock(abort_mu_);
-    RLPT_FAIL("rlpt.sync.aborted", "{}: publish of version {} aborted: {}", where_, version, abort_reason_);
+    RLPT_FAIL(errors::sync::aborted, "{}: publish of version {} aborted: {}", where_, version, abort_reason_);
   }
 
   std::span<const std::byte> source(std::size_t i) {
     const auto s = src_(i);
-    RLPT_CHECK(s.size() == m_[i].nbytes, "rlpt.sync.bad_source", "source of tensor \"{}\" has {} bytes, the manifest says {}",
+    RLPT_CHECK(s.size() == m_[i].nbytes, errors::sync::bad_source, "source of tensor \"{}\" has {} bytes, the manifest says {}",
                m_[i].name, s.size(), m_[i].nbytes);
     return s;
   }
@@ -325,7 +326,7 @@ private:
       auto msg = link_.receive(step);
       if (!msg) {
         if (clock::now() >= until)
-          RLPT_FAIL("rlpt.sync.timeout", "{}: timed out {} for version {}", where_, what, version);
+          RLPT_FAIL(errors::sync::timeout, "{}: timed out {} for version {}", where_, what, version);
         continue;
       }
       std::optional<reply> r;
@@ -510,7 +511,7 @@ public:
     const link_info li = link_.info();
     where_ = li.name;
     duplex_ = li.duplex;
-    RLPT_CHECK(li.payload_space == memory_space::host, "rlpt.sync.bad_link",
+    RLPT_CHECK(li.payload_space == memory_space::host, errors::sync::bad_link,
                "{} moves device payloads; the host receiver needs a host link", where_);
   }
 
@@ -524,17 +525,17 @@ public:
   [[nodiscard]] bool torn() const noexcept { return torn_; }
   //! Manifest of the published version, with its checksums.
   [[nodiscard]] const manifest& published_manifest() const {
-    RLPT_CHECK(has_, "rlpt.sync.no_version", "{}: no version has been published yet", where_);
+    RLPT_CHECK(has_, errors::sync::no_version, "{}: no version has been published yet", where_);
     return pub_;
   }
 
   //! The published bytes of wire tensor `name` from the mirror.
   [[nodiscard]] tensor_view tensor(std::string_view name) const {
-    RLPT_CHECK(has_ && o_.mirror, "rlpt.sync.no_version", "{}: no published version to read (mirror {})", where_,
+    RLPT_CHECK(has_ && o_.mirror, errors::sync::no_version, "{}: no published version to read (mirror {})", where_,
                o_.mirror ? "on" : "off");
-    RLPT_CHECK(!torn_, "rlpt.sync.torn", "{}: the mirror was partly overwritten by a failed streaming update", where_);
+    RLPT_CHECK(!torn_, errors::sync::torn, "{}: the mirror was partly overwritten by a failed streaming update", where_);
     const auto i = pub_.find(name);
-    RLPT_CHECK(i.has_value(), "rlpt.sync.unknown_tensor", "{}: version {} has no tensor \"{}\"", where_, version_, name);
+    RLPT_CHECK(i.has_value(), errors::sync::unknown_tensor, "{}: version {} has no tensor \"{}\"", where_, version_, name);
     const tensor_entry& t = pub_[*i];
     return {t.name, t.dtype, t.shape, {mirror_.data() + pub_.packed_offset(*i), static_cast<std::size_t>(t.nbytes)}};
   }
@@ -563,7 +564,7 @@ public:
       }
       if (!msg) {
         if (cur_.active)
-          return fail("rlpt.sync.timeout", fmt::format("{}: timed out after {} ms waiting for {} of version {}", where_,
+          return fail(errors::sync::timeout, fmt::format("{}: timed out after {} ms waiting for {} of version {}", where_,
                                                        o_.timeout.count(), expecting(), cur_.version));
         return {};
       }
@@ -576,7 +577,7 @@ public:
         continue; // garbage between updates: dropped
       } catch (const std::exception& e) {
         release();
-        if (cur_.active) return fail("rlpt.sync.receive_failed", fmt::format("{}: {}", where_, e.what()));
+        if (cur_.active) return fail(errors::sync::receive_failed, fmt::format("{}: {}", where_, e.what()));
         continue;
       }
       release();
@@ -699,7 +700,7 @@ private:
     case frame_type::commit:
       if (!current(f)) {
         reply(frame_type::nack, f.tag, f.version, 0, 0,
-              detail::error_body("rlpt.sync.no_update",
+              detail::error_body(errors::sync::no_update,
                                  fmt::format("{}: COMMIT of version {} without a BEGIN (the receiver restarted or already "
                                              "failed this update)", where_, f.version)));
         return std::nullopt;
@@ -707,18 +708,18 @@ private:
       return on_commit(f);
     case frame_type::abort:
       if (!current(f)) return std::nullopt;
-      return fail("rlpt.sync.aborted", fmt::format("{}: the sender aborted version {}: {}", where_, f.version, as_chars(f.body)));
+      return fail(errors::sync::aborted, fmt::format("{}: the sender aborted version {}: {}", where_, f.version, as_chars(f.body)));
     default:
-      RLPT_FAIL("rlpt.sync.protocol", "{}: unexpected {} frame on the receiving side", where_, name(f.type));
+      RLPT_FAIL(errors::sync::protocol, "{}: unexpected {} frame on the receiving side", where_, name(f.type));
     }
   }
 
   void on_begin(const frame& f) {
     if (cur_.active)
-      events_.push_back(fail("rlpt.sync.superseded",
+      events_.push_back(fail(errors::sync::superseded,
                              fmt::format("{}: version {} was superseded by a BEGIN of version {}", where_, cur_.version, f.version)));
     const bool delta = f.index == static_cast<std::uint64_t>(update_kind::delta);
-    RLPT_CHECK(f.index <= 1, "rlpt.sync.protocol", "{}: BEGIN of version {} has unknown kind {}", where_, f.version, f.index);
+    RLPT_CHECK(f.index <= 1, errors::sync::protocol, "{}: BEGIN of version {} has unknown kind {}", where_, f.version, f.index);
     manifest m;
     try {
       m = manifest::from_json(as_chars(f.body));
@@ -726,18 +727,18 @@ private:
       return refuse(f, refusal::bad_manifest, e.id(), fmt::format("{}: BEGIN of version {}: {}", where_, f.version, e.message()));
     }
     if (m.layout_hash() != f.count)
-      return refuse(f, refusal::bad_manifest, "rlpt.sync.manifest_hash",
+      return refuse(f, refusal::bad_manifest, errors::sync::manifest_hash,
                     fmt::format("{}: BEGIN of version {} announces layout hash {} but its manifest hashes to {}", where_,
                                 f.version, to_hex(f.count), to_hex(m.layout_hash())));
     if (o_.expect_layout_hash && m.layout_hash() != *o_.expect_layout_hash)
-      return refuse(f, refusal::layout_mismatch, "rlpt.sync.manifest_hash",
+      return refuse(f, refusal::layout_mismatch, errors::sync::manifest_hash,
                     fmt::format("{}: version {} has layout hash {}, this receiver expects {}", where_, f.version,
                                 to_hex(m.layout_hash()), to_hex(*o_.expect_layout_hash)));
     if (has_ && f.version <= version_)
-      return refuse(f, refusal::stale_version, "rlpt.sync.stale_version",
+      return refuse(f, refusal::stale_version, errors::sync::stale_version,
                     fmt::format("{}: version {} is not newer than the published version {}", where_, f.version, version_));
     if (m.packed_bytes() > o_.max_update_bytes)
-      return refuse(f, refusal::too_large, "rlpt.sync.too_large",
+      return refuse(f, refusal::too_large, errors::sync::too_large,
                     fmt::format("{}: version {} packs {} bytes, more than receiver_options::max_update_bytes = {}", where_,
                                 f.version, m.packed_bytes(), o_.max_update_bytes));
     const bool same = has_ && pub_.layout_hash() == m.layout_hash() && pub_.same_layout(m);
@@ -749,7 +750,7 @@ private:
       else if (f.base_version != version_) why = fmt::format("its base is version {}, this receiver holds version {}", f.base_version, version_);
       else if (!same) why = "the layout changed since the published version";
       if (!why.empty())
-        return refuse(f, refusal::base_mismatch, "rlpt.sync.base_mismatch",
+        return refuse(f, refusal::base_mismatch, errors::sync::base_mismatch,
                       fmt::format("{}: delta version {}: {}; send a dense update", where_, f.version, why));
     }
     transform_plan plan;
@@ -799,15 +800,15 @@ private:
 
   void on_bucket(const frame& f, std::span<const std::byte> payload) {
     const manifest& m = cur_.m;
-    RLPT_CHECK(!cur_.delta, "rlpt.sync.protocol", "{}: BUCKET frame in delta version {}", where_, f.version);
-    RLPT_CHECK(f.index == cur_.next && f.index < m.bucket_count(), "rlpt.sync.protocol",
+    RLPT_CHECK(!cur_.delta, errors::sync::protocol, "{}: BUCKET frame in delta version {}", where_, f.version);
+    RLPT_CHECK(f.index == cur_.next && f.index < m.bucket_count(), errors::sync::protocol,
                "{}: got bucket {} of version {}, expected {}", where_, f.index, f.version, expecting());
     const std::uint64_t b = f.index;
     const auto pieces = m.pieces(b);
-    RLPT_CHECK(f.count == pieces.size() && f.body.size() == pieces.size() * 8, "rlpt.sync.protocol",
+    RLPT_CHECK(f.count == pieces.size() && f.body.size() == pieces.size() * 8, errors::sync::protocol,
                "{}: bucket {} of version {} lists {} piece checksums, the manifest has {} pieces", where_, b, f.version,
                f.count, pieces.size());
-    RLPT_CHECK(payload.size() == m.bucket_size(b), "rlpt.sync.truncated", "{}: bucket {} of version {} has {} bytes, expected {}",
+    RLPT_CHECK(payload.size() == m.bucket_size(b), errors::sync::truncated, "{}: bucket {} of version {} has {} bytes, expected {}",
                where_, b, f.version, payload.size(), m.bucket_size(b));
     const bool streaming = o_.mode == apply_mode::streaming;
     std::byte* arena = streaming ? (o_.mirror ? mirror_.data() : nullptr) : cur_.staging.data();
@@ -821,7 +822,7 @@ private:
       const std::uint64_t want = detail::body_u64(f.body, j);
       if (got != want) {
         if (streaming && o_.mirror) torn_ = true;
-        RLPT_FAIL("rlpt.sync.checksum",
+        RLPT_FAIL(errors::sync::checksum,
                   "{}: bucket {} of version {}: piece {} (tensor \"{}\", bytes [{}, {})) has checksum {}, the sender's is {}",
                   where_, b, f.version, j, m[p.tensor].name, p.tensor_offset, p.tensor_offset + p.nbytes, to_hex(got),
                   to_hex(want));
@@ -884,7 +885,7 @@ private:
     } catch (const error&) {
       throw;
     } catch (const std::exception& e) {
-      RLPT_FAIL("rlpt.sync.load_failed", "{}: the load callback threw for \"{}\" of version {}: {}", where_, out.name,
+      RLPT_FAIL(errors::sync::load_failed, "{}: the load callback threw for \"{}\" of version {}: {}", where_, out.name,
                 cur_.version, e.what());
     }
     ++cur_.loaded;
@@ -893,15 +894,15 @@ private:
   }
 
   void on_delta(const frame& f, std::span<const std::byte> payload) {
-    RLPT_CHECK(cur_.delta, "rlpt.sync.protocol", "{}: DELTA frame in dense version {}", where_, f.version);
-    RLPT_CHECK(f.index == cur_.next, "rlpt.sync.protocol", "{}: got delta chunk {} of version {}, expected {}", where_,
+    RLPT_CHECK(cur_.delta, errors::sync::protocol, "{}: DELTA frame in dense version {}", where_, f.version);
+    RLPT_CHECK(f.index == cur_.next, errors::sync::protocol, "{}: got delta chunk {} of version {}, expected {}", where_,
                f.index, f.version, cur_.next);
-    RLPT_CHECK(f.body.size() == 8 && payload.size() % 8 == 0, "rlpt.sync.protocol",
+    RLPT_CHECK(f.body.size() == 8 && payload.size() % 8 == 0, errors::sync::protocol,
                "{}: delta chunk {} of version {} is malformed ({} body bytes, {} payload bytes)", where_, f.index,
                f.version, f.body.size(), payload.size());
     const std::uint64_t got = xxh3(payload.data(), payload.size());
     const std::uint64_t want = detail::body_u64(f.body, 0);
-    RLPT_CHECK(got == want, "rlpt.sync.checksum", "{}: delta chunk {} of version {} has checksum {}, the sender's is {}",
+    RLPT_CHECK(got == want, errors::sync::checksum, "{}: delta chunk {} of version {} has checksum {}, the sender's is {}",
                where_, f.index, f.version, to_hex(got), to_hex(want));
     cur_.records.insert(cur_.records.end(), payload.begin(), payload.end());
     cur_.bytes += payload.size();
@@ -910,18 +911,18 @@ private:
 
   std::optional<update> on_commit(const frame& f) {
     const manifest& m = cur_.m;
-    RLPT_CHECK(f.count == cur_.next, "rlpt.sync.truncated", "{}: COMMIT of version {} counts {} messages, {} arrived", where_,
+    RLPT_CHECK(f.count == cur_.next, errors::sync::truncated, "{}: COMMIT of version {} counts {} messages, {} arrived", where_,
                f.version, f.count, cur_.next);
-    RLPT_CHECK(cur_.delta || cur_.next == m.bucket_count(), "rlpt.sync.truncated",
+    RLPT_CHECK(cur_.delta || cur_.next == m.bucket_count(), errors::sync::truncated,
                "{}: COMMIT of version {} after {} of {} buckets", where_, f.version, cur_.next, m.bucket_count());
-    RLPT_CHECK(f.body.size() == m.size() * 8, "rlpt.sync.protocol",
+    RLPT_CHECK(f.body.size() == m.size() * 8, errors::sync::protocol,
                "{}: COMMIT of version {} carries {} checksum bytes for {} tensors", where_, f.version, f.body.size(), m.size());
     std::vector<std::uint64_t> want(m.size());
     std::memcpy(want.data(), f.body.data(), f.body.size());
     if (cur_.delta) return commit_delta(f, want);
     for (auto& [t, v] : cur_.parts) cur_.sums[t] = combine_piece_checksums(v);
     for (std::size_t i = 0; i < m.size(); ++i)
-      RLPT_CHECK(cur_.sums[i] == want[i], "rlpt.sync.checksum",
+      RLPT_CHECK(cur_.sums[i] == want[i], errors::sync::checksum,
                  "{}: version {}: tensor \"{}\" arrived with checksum {}, the sender's is {}", where_, f.version, m[i].name,
                  to_hex(cur_.sums[i]), to_hex(want[i]));
     if (o_.mode == apply_mode::staged) {
@@ -948,16 +949,16 @@ private:
     std::vector<char> touched(m.size(), 0);
     for_each_delta_record(std::span<std::byte>(cur_.records), fmt::format("{} version {}", where_, f.version),
                           [&](delta_record& r) {
-                            RLPT_CHECK(r.tensor < m.size(), "rlpt.sync.bad_delta",
+                            RLPT_CHECK(r.tensor < m.size(), errors::sync::bad_delta,
                                        "{}: delta record names tensor #{} of {}", where_, r.tensor, m.size());
                             const tensor_entry& t = m[r.tensor];
-                            RLPT_CHECK(r.elem_bytes == size_of(t.dtype), "rlpt.sync.bad_delta",
+                            RLPT_CHECK(r.elem_bytes == size_of(t.dtype), errors::sync::bad_delta,
                                        "{}: delta record for \"{}\" has {}-byte elements, {} has {}", where_, t.name,
                                        r.elem_bytes, t.dtype, size_of(t.dtype));
                             RLPT_CHECK(r.elem_begin <= t.numel() && r.elem_count <= t.numel() - r.elem_begin,
-                                       "rlpt.sync.bad_delta", "{}: delta record for \"{}\" covers elements [{}, {}) of {}",
+                                       errors::sync::bad_delta, "{}: delta record for \"{}\" covers elements [{}, {}) of {}",
                                        where_, t.name, r.elem_begin, r.elem_begin + r.elem_count, t.numel());
-                            RLPT_CHECK(r.base_checksum == pub_[r.tensor].checksum, "rlpt.sync.base_mismatch",
+                            RLPT_CHECK(r.base_checksum == pub_[r.tensor].checksum, errors::sync::base_mismatch,
                                        "{}: delta for \"{}\" was encoded against checksum {}, the published version {} "
                                        "has {}", where_, t.name, to_hex(r.base_checksum), version_,
                                        to_hex(pub_[r.tensor].checksum));
@@ -976,7 +977,7 @@ private:
                                            : pub_[i].checksum;
       if (got != want[i]) {
         undo();
-        RLPT_FAIL("rlpt.sync.checksum",
+        RLPT_FAIL(errors::sync::checksum,
                   "{}: after applying delta version {}, tensor \"{}\" has checksum {}, the sender's is {}; rolled back to "
                   "version {}", where_, f.version, m[i].name, to_hex(got), to_hex(want[i]), version_);
       }
@@ -1039,4 +1040,5 @@ private:
   std::string last_link_error_;
 };
 
-} // namespace rlpt::sync
+} // namespace sync
+RLPT_NAMESPACE_END

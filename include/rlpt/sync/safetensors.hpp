@@ -51,7 +51,8 @@
 #include <utility>
 #include <vector>
 
-namespace rlpt::sync {
+RLPT_NAMESPACE_BEGIN
+namespace sync {
 
 struct safetensors_limits {
   std::uint64_t max_header_bytes = 100'000'000; //!< HF safetensors' MAX_HEADER_SIZE
@@ -93,7 +94,7 @@ using safetensors_metadata = std::vector<std::pair<std::string, std::string>>;
                                                                  std::uint64_t file_size, std::string_view where,
                                                                  safetensors_limits limits = {}) {
   auto bad = [&](const std::string& what) -> void {
-    RLPT_FAIL("rlpt.sync.bad_safetensors", "{}: {}", where, what);
+    RLPT_FAIL(errors::sync::bad_safetensors, "{}: {}", where, what);
   };
   if (file_size < 8 || prefix.size() < 8) bad(fmt::format("{} bytes is too short for the 8-byte header length", file_size));
   std::uint64_t n = 0;
@@ -210,7 +211,7 @@ template <class T>
   std::vector<std::string_view> seen;
   for (std::size_t i : l.order) {
     const auto& t = tensors[i];
-    RLPT_CHECK(t.name != "__metadata__", "rlpt.sync.bad_safetensors", "a tensor cannot be called __metadata__");
+    RLPT_CHECK(t.name != "__metadata__", errors::sync::bad_safetensors, "a tensor cannot be called __metadata__");
     const std::uint64_t n = detail::tensor_nbytes(t.name, t.dtype, t.shape);
     if (!first) s.push_back(',');
     first = false;
@@ -223,7 +224,7 @@ template <class T>
   }
   std::sort(seen.begin(), seen.end());
   const auto dup = std::adjacent_find(seen.begin(), seen.end());
-  RLPT_CHECK(dup == seen.end(), "rlpt.sync.bad_safetensors", "tensor name \"{}\" appears twice",
+  RLPT_CHECK(dup == seen.end(), errors::sync::bad_safetensors, "tensor name \"{}\" appears twice",
              dup == seen.end() ? std::string_view{} : *dup);
   s.push_back('}');
   s.append((8 - s.size() % 8) % 8, ' ');
@@ -238,7 +239,7 @@ inline void write_all(int fd, const void* data, std::size_t n, std::uint64_t at,
   while (n > 0) {
     const ssize_t w = ::pwrite(fd, p, std::min<std::size_t>(n, std::size_t{1} << 30), static_cast<off_t>(at));
     if (w < 0 && errno == EINTR) continue;
-    RLPT_CHECK(w > 0, "rlpt.sync.io", "{}: write failed: {}", where, std::strerror(errno));
+    RLPT_CHECK(w > 0, errors::sync::io, "{}: write failed: {}", where, std::strerror(errno));
     p += w;
     n -= static_cast<std::size_t>(w);
     at += static_cast<std::uint64_t>(w);
@@ -263,12 +264,12 @@ template <class Fill>
 void atomic_write(const std::string& path, std::uint64_t size, Fill&& fill) {
   const std::string tmp = fmt::format("{}.tmp{}", path, ::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  RLPT_CHECK(fd >= 0, "rlpt.sync.io", "{}: cannot create: {}", tmp, std::strerror(errno));
+  RLPT_CHECK(fd >= 0, errors::sync::io, "{}: cannot create: {}", tmp, std::strerror(errno));
   try {
-    RLPT_CHECK(::ftruncate(fd, static_cast<off_t>(size)) == 0, "rlpt.sync.io", "{}: cannot size to {} bytes: {}", tmp, size,
+    RLPT_CHECK(::ftruncate(fd, static_cast<off_t>(size)) == 0, errors::sync::io, "{}: cannot size to {} bytes: {}", tmp, size,
                std::strerror(errno));
     fill(fd, tmp);
-    RLPT_CHECK(::fsync(fd) == 0, "rlpt.sync.io", "{}: fsync failed: {}", tmp, std::strerror(errno));
+    RLPT_CHECK(::fsync(fd) == 0, errors::sync::io, "{}: fsync failed: {}", tmp, std::strerror(errno));
   } catch (...) {
     ::close(fd);
     ::unlink(tmp.c_str());
@@ -278,7 +279,7 @@ void atomic_write(const std::string& path, std::uint64_t size, Fill&& fill) {
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
-    RLPT_FAIL("rlpt.sync.io", "cannot rename {} to {}: {}", tmp, path, std::strerror(err));
+    RLPT_FAIL(errors::sync::io, "cannot rename {} to {}: {}", tmp, path, std::strerror(err));
   }
   fsync_dir(parent_dir(path));
 }
@@ -295,7 +296,7 @@ void atomic_write(const std::string& path, std::uint64_t size, Fill&& fill) {
   std::memcpy(out.data() + 8, l.header.data(), l.header.size());
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const std::uint64_t bytes = detail::tensor_nbytes(tensors[i].name, tensors[i].dtype, tensors[i].shape);
-    RLPT_CHECK(bytes == 0 || tensors[i].data != nullptr, "rlpt.sync.bad_source", "tensor \"{}\" has no data", tensors[i].name);
+    RLPT_CHECK(bytes == 0 || tensors[i].data != nullptr, errors::sync::bad_source, "tensor \"{}\" has no data", tensors[i].name);
     if (bytes) std::memcpy(out.data() + 8 + n + l.offset[i], tensors[i].data, static_cast<std::size_t>(bytes));
   }
   return out;
@@ -311,7 +312,7 @@ inline void write_safetensors(const std::string& path, std::span<const tensor_re
     detail::write_all(fd, l.header.data(), l.header.size(), 8, tmp);
     for (std::size_t i = 0; i < tensors.size(); ++i) {
       const std::uint64_t bytes = detail::tensor_nbytes(tensors[i].name, tensors[i].dtype, tensors[i].shape);
-      RLPT_CHECK(bytes == 0 || tensors[i].data != nullptr, "rlpt.sync.bad_source", "tensor \"{}\" has no data",
+      RLPT_CHECK(bytes == 0 || tensors[i].data != nullptr, errors::sync::bad_source, "tensor \"{}\" has no data",
                  tensors[i].name);
       if (bytes) detail::write_all(fd, tensors[i].data, static_cast<std::size_t>(bytes), 8 + n + l.offset[i], tmp);
     }
@@ -323,19 +324,19 @@ class safetensors_file {
 public:
   explicit safetensors_file(const std::string& path, safetensors_limits limits = {}) : path_(path) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    RLPT_CHECK(fd >= 0, "rlpt.sync.io", "{}: cannot open: {}", path, std::strerror(errno));
+    RLPT_CHECK(fd >= 0, errors::sync::io, "{}: cannot open: {}", path, std::strerror(errno));
     struct stat st{};
     if (::fstat(fd, &st) != 0) {
       const int err = errno;
       ::close(fd);
-      RLPT_FAIL("rlpt.sync.io", "{}: fstat failed: {}", path, std::strerror(err));
+      RLPT_FAIL(errors::sync::io, "{}: fstat failed: {}", path, std::strerror(err));
     }
     size_ = static_cast<std::uint64_t>(st.st_size);
     if (size_ > 0) {
       void* p = ::mmap(nullptr, static_cast<std::size_t>(size_), PROT_READ, MAP_SHARED, fd, 0);
       const int err = errno;
       ::close(fd);
-      RLPT_CHECK(p != MAP_FAILED, "rlpt.sync.io", "{}: mmap failed: {}", path, std::strerror(err));
+      RLPT_CHECK(p != MAP_FAILED, errors::sync::io, "{}: mmap failed: {}", path, std::strerror(err));
       base_ = static_cast<const std::byte*>(p);
     } else {
       ::close(fd);
@@ -359,7 +360,7 @@ public:
 
   [[nodiscard]] tensor_view tensor(std::string_view name) const {
     const safetensors_entry* e = header_.find(name);
-    RLPT_CHECK(e != nullptr, "rlpt.sync.unknown_tensor", "{}: no tensor \"{}\"", path_, name);
+    RLPT_CHECK(e != nullptr, errors::sync::unknown_tensor, "{}: no tensor \"{}\"", path_, name);
     return view(*e);
   }
   [[nodiscard]] tensor_view view(const safetensors_entry& e) const {
@@ -394,7 +395,7 @@ public:
   safetensors_transport(std::string dir, role r, safetensors_options o = {}) : dir_(std::move(dir)), role_(r), o_(o) {
     where_ = fmt::format("safetensors {} ({})", dir_, r == role::sender ? "sender" : "receiver");
     struct stat st{};
-    RLPT_CHECK(::stat(dir_.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "rlpt.sync.io", "{}: not a directory", where_);
+    RLPT_CHECK(::stat(dir_.c_str(), &st) == 0 && S_ISDIR(st.st_mode), errors::sync::io, "{}: not a directory", where_);
   }
   safetensors_transport(const safetensors_transport&) = delete;
   safetensors_transport& operator=(const safetensors_transport&) = delete;
@@ -423,7 +424,7 @@ public:
     case frame_type::delta: return delta(f, payload);
     case frame_type::commit: return commit(f);
     case frame_type::abort: abandon_tmp(); return;
-    default: RLPT_FAIL("rlpt.sync.protocol", "{}: unexpected {} frame from the sender", where_, name(f.type));
+    default: RLPT_FAIL(errors::sync::protocol, "{}: unexpected {} frame from the sender", where_, name(f.type));
     }
   }
 
@@ -487,9 +488,9 @@ private:
       tx_.layout = layout_safetensors(std::span<const tensor_entry>(entries), dense_metadata(tx_.m, pieces_placeholder(tx_.m)));
       tx_.tmp = dense_path(f.version) + fmt::format(".tmp{}", ::getpid());
       tx_.fd = ::open(tx_.tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-      RLPT_CHECK(tx_.fd >= 0, "rlpt.sync.io", "{}: cannot create {}: {}", where_, tx_.tmp, std::strerror(errno));
+      RLPT_CHECK(tx_.fd >= 0, errors::sync::io, "{}: cannot create {}: {}", where_, tx_.tmp, std::strerror(errno));
       const std::uint64_t size = 8 + tx_.layout.header.size() + tx_.layout.data_bytes;
-      RLPT_CHECK(::ftruncate(tx_.fd, static_cast<off_t>(size)) == 0, "rlpt.sync.io", "{}: cannot size {} to {} bytes: {}",
+      RLPT_CHECK(::ftruncate(tx_.fd, static_cast<off_t>(size)) == 0, errors::sync::io, "{}: cannot size {} to {} bytes: {}",
                  where_, tx_.tmp, size, std::strerror(errno));
       std::uint64_t b0 = 0;
       tx_.piece_base.clear();
@@ -503,10 +504,10 @@ private:
   }
 
   void bucket(const frame& f, std::span<const std::byte> payload) {
-    RLPT_CHECK(tx_.active && !tx_.delta && f.version == tx_.version && f.index < tx_.m.bucket_count(), "rlpt.sync.protocol",
+    RLPT_CHECK(tx_.active && !tx_.delta && f.version == tx_.version && f.index < tx_.m.bucket_count(), errors::sync::protocol,
                "{}: unexpected bucket {} of version {}", where_, f.index, f.version);
     const auto pieces = tx_.m.pieces(f.index);
-    RLPT_CHECK(f.body.size() == pieces.size() * 8 && payload.size() >= tx_.m.bucket_size(f.index), "rlpt.sync.protocol",
+    RLPT_CHECK(f.body.size() == pieces.size() * 8 && payload.size() >= tx_.m.bucket_size(f.index), errors::sync::protocol,
                "{}: bucket {} of version {} is malformed", where_, f.index, f.version);
     const std::uint64_t data_at = 8 + tx_.layout.header.size();
     for (std::size_t j = 0; j < pieces.size(); ++j) {
@@ -518,17 +519,17 @@ private:
   }
 
   void delta(const frame& f, std::span<const std::byte> payload) {
-    RLPT_CHECK(tx_.active && tx_.delta && f.version == tx_.version, "rlpt.sync.protocol", "{}: unexpected delta chunk {}",
+    RLPT_CHECK(tx_.active && tx_.delta && f.version == tx_.version, errors::sync::protocol, "{}: unexpected delta chunk {}",
                where_, f.index);
     tx_.chunks.emplace_back(payload.begin(), payload.end());
-    RLPT_CHECK(f.body.size() == 8, "rlpt.sync.protocol", "{}: delta chunk {} has a malformed body", where_, f.index);
+    RLPT_CHECK(f.body.size() == 8, errors::sync::protocol, "{}: delta chunk {} has a malformed body", where_, f.index);
     std::uint64_t sum;
     std::memcpy(&sum, f.body.data(), 8);
     tx_.chunk_sums.push_back(sum);
   }
 
   void commit(const frame& f) {
-    RLPT_CHECK(tx_.active && f.version == tx_.version && f.body.size() == tx_.m.size() * 8, "rlpt.sync.protocol",
+    RLPT_CHECK(tx_.active && f.version == tx_.version && f.body.size() == tx_.m.size() * 8, errors::sync::protocol,
                "{}: unexpected COMMIT of version {}", where_, f.version);
     for (std::size_t i = 0; i < tx_.m.size(); ++i) {
       std::uint64_t c;
@@ -542,15 +543,15 @@ private:
       for (auto c : tx_.pieces) pieces += to_hex(c);
       std::vector<tensor_entry> entries(tx_.m.tensors().begin(), tx_.m.tensors().end());
       const safetensors_layout l = layout_safetensors(std::span<const tensor_entry>(entries), dense_metadata(tx_.m, pieces));
-      RLPT_CHECK(l.header.size() == tx_.layout.header.size(), "rlpt.sync.io", "{}: header size changed at commit", where_);
+      RLPT_CHECK(l.header.size() == tx_.layout.header.size(), errors::sync::io, "{}: header size changed at commit", where_);
       const std::uint64_t n = l.header.size();
       detail::write_all(tx_.fd, &n, 8, 0, tx_.tmp);
       detail::write_all(tx_.fd, l.header.data(), l.header.size(), 8, tx_.tmp);
-      RLPT_CHECK(::fsync(tx_.fd) == 0, "rlpt.sync.io", "{}: fsync of {} failed: {}", where_, tx_.tmp, std::strerror(errno));
+      RLPT_CHECK(::fsync(tx_.fd) == 0, errors::sync::io, "{}: fsync of {} failed: {}", where_, tx_.tmp, std::strerror(errno));
       ::close(tx_.fd);
       tx_.fd = -1;
       const std::string path = dense_path(tx_.version);
-      RLPT_CHECK(::rename(tx_.tmp.c_str(), path.c_str()) == 0, "rlpt.sync.io", "{}: cannot rename {} to {}: {}", where_,
+      RLPT_CHECK(::rename(tx_.tmp.c_str(), path.c_str()) == 0, errors::sync::io, "{}: cannot rename {} to {}: {}", where_,
                  tx_.tmp, path, std::strerror(errno));
       tx_.tmp.clear();
       detail::fsync_dir(dir_);
@@ -636,11 +637,11 @@ private:
   };
 
   static std::vector<std::uint64_t> parse_sums(std::string_view hex, std::string_view what, std::string_view where) {
-    RLPT_CHECK(hex.size() % 16 == 0, "rlpt.sync.bad_safetensors", "{}: {} is not a list of 16-digit checksums", where, what);
+    RLPT_CHECK(hex.size() % 16 == 0, errors::sync::bad_safetensors, "{}: {} is not a list of 16-digit checksums", where, what);
     std::vector<std::uint64_t> out;
     for (std::size_t i = 0; i < hex.size(); i += 16) {
       const auto v = parse_hex(hex.substr(i, 16));
-      RLPT_CHECK(v.has_value(), "rlpt.sync.bad_safetensors", "{}: {} has a malformed checksum at {}", where, what, i / 16);
+      RLPT_CHECK(v.has_value(), errors::sync::bad_safetensors, "{}: {} has a malformed checksum at {}", where, what, i / 16);
       out.push_back(*v);
     }
     return out;
@@ -670,31 +671,31 @@ private:
       const auto& h = r->file->header();
       const auto mj = h.meta("rlpt.manifest");
       const auto kind = h.meta("rlpt.kind");
-      RLPT_CHECK(mj && kind, "rlpt.sync.bad_safetensors", "{}: no rlpt metadata (not written by an rlpt sender)", pick->path);
+      RLPT_CHECK(mj && kind, errors::sync::bad_safetensors, "{}: no rlpt metadata (not written by an rlpt sender)", pick->path);
       r->m = manifest::from_json(*mj);
       r->version = r->m.version();
       r->base = r->m.base_version();
       r->delta = *kind == "delta";
-      RLPT_CHECK(r->version == pick->version && r->delta == pick->delta, "rlpt.sync.bad_safetensors",
+      RLPT_CHECK(r->version == pick->version && r->delta == pick->delta, errors::sync::bad_safetensors,
                  "{}: metadata says version {} ({}), the name says otherwise", pick->path, r->version, *kind);
       if (r->delta) {
         const auto sums = h.meta("rlpt.chunks");
-        RLPT_CHECK(sums.has_value(), "rlpt.sync.bad_safetensors", "{}: no rlpt.chunks metadata", pick->path);
+        RLPT_CHECK(sums.has_value(), errors::sync::bad_safetensors, "{}: no rlpt.chunks metadata", pick->path);
         r->chunk_sums = parse_sums(*sums, "rlpt.chunks", pick->path);
-        RLPT_CHECK(r->chunk_sums.size() == h.tensors.size(), "rlpt.sync.bad_safetensors",
+        RLPT_CHECK(r->chunk_sums.size() == h.tensors.size(), errors::sync::bad_safetensors,
                    "{}: {} chunk checksums for {} chunks", pick->path, r->chunk_sums.size(), h.tensors.size());
         r->messages = 2 + r->chunk_sums.size();
       } else {
         const auto sums = h.meta("rlpt.pieces");
-        RLPT_CHECK(sums.has_value(), "rlpt.sync.bad_safetensors", "{}: no rlpt.pieces metadata", pick->path);
+        RLPT_CHECK(sums.has_value(), errors::sync::bad_safetensors, "{}: no rlpt.pieces metadata", pick->path);
         r->pieces = parse_sums(*sums, "rlpt.pieces", pick->path);
         std::uint64_t total = 0;
         for (std::uint64_t b = 0; b < r->m.bucket_count(); ++b) total += r->m.pieces(b).size();
-        RLPT_CHECK(r->pieces.size() == total, "rlpt.sync.bad_safetensors", "{}: {} piece checksums for {} pieces",
+        RLPT_CHECK(r->pieces.size() == total, errors::sync::bad_safetensors, "{}: {} piece checksums for {} pieces",
                    pick->path, r->pieces.size(), total);
         for (std::size_t i = 0; i < r->m.size(); ++i) {
           const safetensors_entry* e = h.find(r->m[i].name);
-          RLPT_CHECK(e != nullptr && e->dtype == r->m[i].dtype && e->shape == r->m[i].shape, "rlpt.sync.bad_safetensors",
+          RLPT_CHECK(e != nullptr && e->dtype == r->m[i].dtype && e->shape == r->m[i].shape, errors::sync::bad_safetensors,
                      "{}: tensor \"{}\" of the manifest is missing or differs in the file", pick->path, r->m[i].name);
           r->offset.push_back(e->begin);
         }
@@ -803,4 +804,5 @@ private:
   std::string last_error_;
 };
 
-} // namespace rlpt::sync
+} // namespace sync
+RLPT_NAMESPACE_END

@@ -40,7 +40,8 @@
 #include <string>
 #include <thread>
 
-namespace rlpt::sync {
+RLPT_NAMESPACE_BEGIN
+namespace sync {
 
 struct shm_options {
   //! Payload slots from sender to receiver: 2 = double buffering (vLLM num_buffers = 2,
@@ -149,7 +150,7 @@ public:
                    name_.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") ==
                        std::string::npos &&
                    name_ != "." && name_ != "..",
-               "rlpt.sync.bad_link", "shm name \"{}\" must be 1-200 characters of [A-Za-z0-9._-]", name_);
+               errors::sync::bad_link, "shm name \"{}\" must be 1-200 characters of [A-Za-z0-9._-]", name_);
     where_ = fmt::format("shm /dev/shm/{} ({})", name_, r == role::sender ? "sender" : "receiver");
     if (role_ == role::sender) create();
   }
@@ -172,8 +173,8 @@ public:
   }
 
   std::span<std::byte> payload_buffer(std::uint64_t bytes, deadline until) override {
-    RLPT_CHECK(role_ == role::sender, "rlpt.sync.bad_link", "{}: only the sender sends payloads", where_);
-    RLPT_CHECK(bytes <= o_.slot_bytes, "rlpt.sync.too_large", "{}: payload of {} bytes exceeds the slot size {}", where_,
+    RLPT_CHECK(role_ == role::sender, errors::sync::bad_link, "{}: only the sender sends payloads", where_);
+    RLPT_CHECK(bytes <= o_.slot_bytes, errors::sync::too_large, "{}: payload of {} bytes exceeds the slot size {}", where_,
                bytes, o_.slot_bytes);
     wait_credit(until);
     return {slot(h_->fwd_head.load(std::memory_order_relaxed)) + g_.fwd_payload_at, static_cast<std::size_t>(bytes)};
@@ -186,7 +187,7 @@ public:
     std::byte* s = slot(head);
     detail::shm_slot_header sh{meta.size(), payload_bytes, 0};
     if (meta.size() > o_.meta_bytes) {
-      RLPT_CHECK(payload_bytes == 0 && meta.size() <= o_.slot_bytes, "rlpt.sync.too_large",
+      RLPT_CHECK(payload_bytes == 0 && meta.size() <= o_.slot_bytes, errors::sync::too_large,
                  "{}: meta block of {} bytes exceeds the slot's {} bytes of meta space", where_, meta.size(),
                  payload_bytes == 0 ? o_.slot_bytes : o_.meta_bytes);
       sh.meta_in_payload = 1;
@@ -218,7 +219,7 @@ private:
   // --- sender side ----------------------------------------------------------------------
 
   void create() {
-    RLPT_CHECK(o_.slots >= 1 && o_.reply_slots >= 1, "rlpt.sync.bad_link", "{}: needs at least one slot each way", where_);
+    RLPT_CHECK(o_.slots >= 1 && o_.reply_slots >= 1, errors::sync::bad_link, "{}: needs at least one slot each way", where_);
     g_ = detail::shm_geometry::of(o_.slots, o_.meta_bytes, o_.slot_bytes, o_.reply_slots, o_.reply_bytes);
     const std::string path = "/" + name_;
     int fd = ::shm_open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
@@ -226,12 +227,12 @@ private:
       replace_stale(path);
       fd = ::shm_open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
     }
-    RLPT_CHECK(fd >= 0, "rlpt.sync.shm", "{}: shm_open failed: {}", where_, std::strerror(errno));
+    RLPT_CHECK(fd >= 0, errors::sync::shm, "{}: shm_open failed: {}", where_, std::strerror(errno));
     if (::ftruncate(fd, static_cast<off_t>(g_.total)) != 0) {
       const int err = errno;
       ::close(fd);
       ::shm_unlink(path.c_str());
-      RLPT_FAIL("rlpt.sync.shm", "{}: cannot size the segment to {} bytes: {}", where_, g_.total, std::strerror(err));
+      RLPT_FAIL(errors::sync::shm, "{}: cannot size the segment to {} bytes: {}", where_, g_.total, std::strerror(err));
     }
     map(fd, g_.total);
     struct stat st{};
@@ -267,14 +268,14 @@ private:
         }
       }
       ::close(fd);
-      RLPT_CHECK(!(detail::pid_alive(owner) && owner != ::getpid()), "rlpt.sync.shm",
+      RLPT_CHECK(!(detail::pid_alive(owner) && owner != ::getpid()), errors::sync::shm,
                  "{}: the segment belongs to a running sender (pid {})", where_, owner);
     }
     ::shm_unlink(path.c_str());
   }
 
   void wait_credit(deadline until) {
-    if (h_ == nullptr) RLPT_FAIL("rlpt.sync.shm", "{}: no segment", where_);
+    if (h_ == nullptr) RLPT_FAIL(errors::sync::shm, "{}: no segment", where_);
     detail::backoff b;
     auto next_check = clock::now();
     for (;;) {
@@ -298,7 +299,7 @@ private:
     std::int32_t rx = h_->receiver_pid.load(std::memory_order_acquire);
     if (rx != 0 && !detail::pid_alive(rx)) {
       h_->receiver_pid.compare_exchange_strong(rx, 0); // let a new receiver attach
-      RLPT_FAIL("rlpt.sync.peer_lost", "{}: receiver pid {} exited", where_, rx);
+      RLPT_FAIL(errors::sync::peer_lost, "{}: receiver pid {} exited", where_, rx);
     }
   }
 
@@ -312,7 +313,7 @@ private:
         detail::shm_slot_header sh;
         std::memcpy(&sh, s, sizeof(sh));
         held_ = true;
-        RLPT_CHECK(sh.meta_bytes <= o_.reply_bytes && sh.payload_bytes == 0, "rlpt.sync.wire",
+        RLPT_CHECK(sh.meta_bytes <= o_.reply_bytes && sh.payload_bytes == 0, errors::sync::wire,
                    "{}: reply slot says {} meta bytes (capacity {})", where_, sh.meta_bytes, o_.reply_bytes);
         return message{{s + 64, static_cast<std::size_t>(sh.meta_bytes)}, {}};
       }
@@ -360,12 +361,12 @@ private:
     const auto g = detail::shm_geometry::of(h->slots, h->slot_meta, h->slot_payload, h->reply_slots, h->reply_meta);
     if (h->layout != 1 || h->slots == 0 || h->reply_slots == 0 || g.total != h->total_bytes || g.total != size) {
       unmap();
-      RLPT_FAIL("rlpt.sync.shm", "{}: the segment's header is inconsistent (layout {}, {} bytes)", where_, h->layout, size);
+      RLPT_FAIL(errors::sync::shm, "{}: the segment's header is inconsistent (layout {}, {} bytes)", where_, h->layout, size);
     }
     std::int32_t other = h->receiver_pid.load();
     if (other != 0 && other != ::getpid() && detail::pid_alive(other)) {
       unmap();
-      RLPT_FAIL("rlpt.sync.shm", "{}: receiver pid {} is already attached", where_, other);
+      RLPT_FAIL(errors::sync::shm, "{}: receiver pid {} is already attached", where_, other);
     }
     // Messages already in the ring are read: a BEGIN sent before we attached must not be lost.
     // Leftovers of an update a previous receiver was in are ignored by the protocol (their
@@ -399,8 +400,8 @@ private:
     if (!closed && detail::pid_alive(tx)) return;
     if (!closed) unlink_if_ours(); // a killed sender cannot clean up after itself
     detach();
-    if (closed) RLPT_FAIL("rlpt.sync.peer_lost", "{}: sender pid {} closed the link", where_, tx);
-    RLPT_FAIL("rlpt.sync.peer_lost", "{}: sender pid {} exited", where_, tx);
+    if (closed) RLPT_FAIL(errors::sync::peer_lost, "{}: sender pid {} closed the link", where_, tx);
+    RLPT_FAIL(errors::sync::peer_lost, "{}: sender pid {} exited", where_, tx);
   }
 
   std::optional<message> receive_forward(deadline until) {
@@ -421,7 +422,7 @@ private:
         const std::uint64_t meta_cap = sh.meta_in_payload ? o_.slot_bytes : o_.meta_bytes;
         RLPT_CHECK(sh.meta_bytes <= meta_cap && sh.payload_bytes <= o_.slot_bytes &&
                        (sh.meta_in_payload == 0 || sh.payload_bytes == 0),
-                   "rlpt.sync.wire", "{}: slot says {} meta and {} payload bytes (capacities {} and {})", where_,
+                   errors::sync::wire, "{}: slot says {} meta and {} payload bytes (capacities {} and {})", where_,
                    sh.meta_bytes, sh.payload_bytes, o_.meta_bytes, o_.slot_bytes);
         const std::byte* meta = s + (sh.meta_in_payload ? g_.fwd_payload_at : g_.fwd_meta_at);
         return message{{meta, static_cast<std::size_t>(sh.meta_bytes)},
@@ -438,8 +439,8 @@ private:
   }
 
   void send_reply(std::span<const std::byte> meta, deadline until) {
-    RLPT_CHECK(h_ != nullptr, "rlpt.sync.peer_lost", "{}: not attached to a sender", where_);
-    RLPT_CHECK(meta.size() <= o_.reply_bytes, "rlpt.sync.too_large", "{}: reply of {} bytes exceeds the reply slot's {}",
+    RLPT_CHECK(h_ != nullptr, errors::sync::peer_lost, "{}: not attached to a sender", where_);
+    RLPT_CHECK(meta.size() <= o_.reply_bytes, errors::sync::too_large, "{}: reply of {} bytes exceeds the reply slot's {}",
                where_, meta.size(), o_.reply_bytes);
     detail::backoff b;
     for (;;) {
@@ -468,7 +469,7 @@ private:
     if (p == MAP_FAILED) {
       const int err = errno;
       ::close(fd);
-      RLPT_FAIL("rlpt.sync.shm", "{}: mmap of {} bytes failed: {}", where_, size, std::strerror(err));
+      RLPT_FAIL(errors::sync::shm, "{}: mmap of {} bytes failed: {}", where_, size, std::strerror(err));
     }
     base_ = static_cast<std::byte*>(p);
     mapped_ = size;
@@ -493,4 +494,5 @@ private:
   bool held_ = false;
 };
 
-} // namespace rlpt::sync
+} // namespace sync
+RLPT_NAMESPACE_END

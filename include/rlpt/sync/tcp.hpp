@@ -43,7 +43,8 @@
 #include <thread>
 #include <vector>
 
-namespace rlpt::sync {
+RLPT_NAMESPACE_BEGIN
+namespace sync {
 
 struct tcp_options {
   std::string host = "127.0.0.1"; //!< connect: peer address; listen: address to bind
@@ -134,13 +135,13 @@ public:
       }
       if (n == 0) {
         drop();
-        RLPT_FAIL("rlpt.sync.peer_lost", "{}: connection closed by the peer", where);
+        RLPT_FAIL(errors::sync::peer_lost, "{}: connection closed by the peer", where);
       }
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
       const int err = errno;
       drop();
-      RLPT_FAIL("rlpt.sync.peer_lost", "{}: receive failed: {}", where, std::strerror(err));
+      RLPT_FAIL(errors::sync::peer_lost, "{}: receive failed: {}", where, std::strerror(err));
     }
   }
 
@@ -164,7 +165,7 @@ private:
     if (stage_ == 1) {
       if (xxh3(meta_.data(), meta_.size()) != meta_check_) {
         drop();
-        RLPT_FAIL("rlpt.sync.wire", "{}: frame meta block of {} bytes fails its checksum", where, meta_.size());
+        RLPT_FAIL(errors::sync::wire, "{}: frame meta block of {} bytes fails its checksum", where, meta_.size());
       }
       stage_ = 2;
       got_ = 0;
@@ -202,16 +203,16 @@ public:
   [[nodiscard]] link_info info() const override { return {where_, true, o_.max_payload, memory_space::host}; }
 
   std::span<std::byte> payload_buffer(std::uint64_t bytes, deadline) override {
-    RLPT_CHECK(bytes <= o_.max_payload, "rlpt.sync.too_large", "{}: payload of {} bytes exceeds max_payload {}", where_,
+    RLPT_CHECK(bytes <= o_.max_payload, errors::sync::too_large, "{}: payload of {} bytes exceeds max_payload {}", where_,
                bytes, o_.max_payload);
     if (tx_payload_.size() < bytes) tx_payload_.resize(static_cast<std::size_t>(bytes));
     return {tx_payload_.data(), static_cast<std::size_t>(bytes)};
   }
 
   void send(std::span<const std::byte> meta, std::uint64_t payload_bytes, deadline until) override {
-    RLPT_CHECK(meta.size() <= o_.max_meta && meta.size() <= 0xffffffffu, "rlpt.sync.too_large",
+    RLPT_CHECK(meta.size() <= o_.max_meta && meta.size() <= 0xffffffffu, errors::sync::too_large,
                "{}: meta block of {} bytes exceeds max_meta {}", where_, meta.size(), o_.max_meta);
-    RLPT_CHECK(payload_bytes <= tx_payload_.size(), "rlpt.sync.bad_link",
+    RLPT_CHECK(payload_bytes <= tx_payload_.size(), errors::sync::bad_link,
                "{}: send of {} payload bytes without a payload_buffer() of that size", where_, payload_bytes);
     connect_or_accept(until);
     std::byte hdr[detail::tcp_header_bytes];
@@ -247,7 +248,7 @@ public:
         }
         const int err = errno;
         drop();
-        RLPT_FAIL("rlpt.sync.peer_lost", "{}: send failed: {}", where_, std::strerror(err));
+        RLPT_FAIL(errors::sync::peer_lost, "{}: send failed: {}", where_, std::strerror(err));
       }
       auto left = static_cast<std::size_t>(n);
       while (left > 0 && first < 3) {
@@ -288,13 +289,13 @@ public:
 private:
   void open_listener() {
     detail::fd_guard fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    RLPT_CHECK(fd.fd >= 0, "rlpt.sync.tcp", "tcp: socket failed: {}", std::strerror(errno));
+    RLPT_CHECK(fd.fd >= 0, errors::sync::tcp, "tcp: socket failed: {}", std::strerror(errno));
     const int one = 1;
     ::setsockopt(fd.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     sockaddr_in a = address(o_.host, o_.port);
-    RLPT_CHECK(::bind(fd.fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0, "rlpt.sync.tcp", "tcp: bind {}:{} failed: {}",
+    RLPT_CHECK(::bind(fd.fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0, errors::sync::tcp, "tcp: bind {}:{} failed: {}",
                o_.host, o_.port, std::strerror(errno));
-    RLPT_CHECK(::listen(fd.fd, 4) == 0, "rlpt.sync.tcp", "tcp: listen failed: {}", std::strerror(errno));
+    RLPT_CHECK(::listen(fd.fd, 4) == 0, errors::sync::tcp, "tcp: listen failed: {}", std::strerror(errno));
     socklen_t len = sizeof(a);
     ::getsockname(fd.fd, reinterpret_cast<sockaddr*>(&a), &len);
     port_ = ntohs(a.sin_port);
@@ -312,7 +313,7 @@ private:
     hints.ai_socktype = SOCK_STREAM;
     addrinfo* res = nullptr;
     const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
-    RLPT_CHECK(rc == 0 && res != nullptr, "rlpt.sync.tcp", "tcp: cannot resolve host \"{}\": {}", host, ::gai_strerror(rc));
+    RLPT_CHECK(rc == 0 && res != nullptr, errors::sync::tcp, "tcp: cannot resolve host \"{}\": {}", host, ::gai_strerror(rc));
     a.sin_addr = reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr;
     ::freeaddrinfo(res);
     return a;
@@ -337,7 +338,7 @@ private:
 
   bool try_connect(deadline until) {
     detail::fd_guard fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    RLPT_CHECK(fd.fd >= 0, "rlpt.sync.tcp", "{}: socket failed: {}", where_, std::strerror(errno));
+    RLPT_CHECK(fd.fd >= 0, errors::sync::tcp, "{}: socket failed: {}", where_, std::strerror(errno));
     sockaddr_in a = address(o_.host, o_.port);
     if (::connect(fd.fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
       if (errno != EINPROGRESS) return false; // not listening yet
@@ -404,7 +405,7 @@ private:
     else if (pb > o_.max_payload) problem = "payload larger than max_payload";
     if (problem == nullptr) return {mb, pb, mcheck};
     drop();
-    RLPT_FAIL("rlpt.sync.wire", "{}: bad frame header ({}; magic 0x{:08x}, {} meta bytes, {} payload bytes)", where_,
+    RLPT_FAIL(errors::sync::wire, "{}: bad frame header ({}; magic 0x{:08x}, {} meta bytes, {} payload bytes)", where_,
               problem, magic, mb, pb);
   }
 
@@ -419,4 +420,5 @@ private:
   bool held_ = false;
 };
 
-} // namespace rlpt::sync
+} // namespace sync
+RLPT_NAMESPACE_END

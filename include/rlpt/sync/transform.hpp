@@ -37,7 +37,8 @@
 #include <variant>
 #include <vector>
 
-namespace rlpt::sync {
+RLPT_NAMESPACE_BEGIN
+namespace sync {
 
 //! A tensor handed to the load callback: name, dtype, shape and row-major host bytes.
 //! The bytes are valid only during the callback.
@@ -103,7 +104,7 @@ namespace detail {
 }
 
 inline void check_pattern(std::string_view p, std::string_view rule) {
-  RLPT_CHECK(std::count(p.begin(), p.end(), '*') <= 1, "rlpt.sync.bad_transform",
+  RLPT_CHECK(std::count(p.begin(), p.end(), '*') <= 1, errors::sync::bad_transform,
              "{}: pattern \"{}\" has more than one '*'", rule, p);
 }
 
@@ -195,13 +196,13 @@ public:
           const auto clash = find(to);
           RLPT_CHECK(clash < 0 || moves.end() != std::find_if(moves.begin(), moves.end(),
                                                                  [&](const auto& mv) { return static_cast<std::ptrdiff_t>(mv.first) == clash; }),
-                     "rlpt.sync.bad_transform", "{} (rename \"{}\" -> \"{}\") renames \"{}\" to \"{}\", which already exists",
+                     errors::sync::bad_transform, "{} (rename \"{}\" -> \"{}\") renames \"{}\" to \"{}\", which already exists",
                      rule, rn->from, rn->to, cur[k].name, to);
         }
         for (auto& [k, to] : moves) cur[k].name = to;
         check_unique(cur, rule);
       } else if (const auto* cc = std::get_if<concat>(&rules[r])) {
-        RLPT_CHECK(cc->inputs.size() >= 1, "rlpt.sync.bad_transform", "{} (concat -> \"{}\") has no inputs", rule, cc->output);
+        RLPT_CHECK(cc->inputs.size() >= 1, errors::sync::bad_transform, "{} (concat -> \"{}\") has no inputs", rule, cc->output);
         for (const auto& p : cc->inputs) detail::check_pattern(p, rule);
         detail::check_pattern(cc->output, rule);
         std::vector<std::pair<std::string, std::string>> firsts; // (name, capture) of matches at rule start
@@ -214,14 +215,14 @@ public:
           for (const auto& p : cc->inputs) {
             const std::string nm = detail::substitute(p, capture);
             const auto at = find(nm);
-            RLPT_CHECK(at >= 0, "rlpt.sync.bad_transform", "{} (concat -> \"{}\"): input \"{}\" does not exist", rule,
+            RLPT_CHECK(at >= 0, errors::sync::bad_transform, "{} (concat -> \"{}\"): input \"{}\" does not exist", rule,
                        detail::substitute(cc->output, capture), nm);
             in_nodes.push_back(cur[static_cast<std::size_t>(at)].node);
             in_names.push_back(nm);
           }
           for (std::size_t a = 0; a < in_names.size(); ++a)
             for (std::size_t b = a + 1; b < in_names.size(); ++b)
-              RLPT_CHECK(in_names[a] != in_names[b], "rlpt.sync.bad_transform", "{}: concat lists \"{}\" twice", rule,
+              RLPT_CHECK(in_names[a] != in_names[b], errors::sync::bad_transform, "{}: concat lists \"{}\" twice", rule,
                          in_names[a]);
           const std::size_t out = add_concat(in_nodes, in_names, cc->dim, rule);
           const std::string out_name = detail::substitute(cc->output, capture);
@@ -249,14 +250,14 @@ public:
         check_unique(cur, rule);
       } else if (const auto* ca = std::get_if<cast>(&rules[r])) {
         detail::check_pattern(ca->pattern, rule);
-        RLPT_CHECK(detail::is_float_wire(ca->to), "rlpt.sync.bad_transform",
+        RLPT_CHECK(detail::is_float_wire(ca->to), errors::sync::bad_transform,
                    "{} (cast \"{}\" -> {}): casts go to F32, F64, F16 or BF16", rule, ca->pattern, ca->to);
         for (auto& c : cur) {
           if (!detail::match(ca->pattern, c.name)) continue;
           ++hits;
           const node& src = nodes_[c.node];
           if (src.dtype == ca->to) continue;
-          RLPT_CHECK(detail::is_float_wire(src.dtype), "rlpt.sync.bad_transform",
+          RLPT_CHECK(detail::is_float_wire(src.dtype), errors::sync::bad_transform,
                      "{} (cast \"{}\" -> {}) matches \"{}\" of dtype {}, which is not floating", rule, ca->pattern, ca->to,
                      c.name, src.dtype);
           node n;
@@ -274,7 +275,7 @@ public:
         std::erase_if(cur, [&](const cur_t& c) { return detail::match(dr->pattern, c.name).has_value(); });
         hits = before - cur.size();
       }
-      RLPT_CHECK(hits > 0, "rlpt.sync.bad_transform", "{} ({}) matches no tensor", rule, describe(rules[r]));
+      RLPT_CHECK(hits > 0, errors::sync::bad_transform, "{} ({}) matches no tensor", rule, describe(rules[r]));
     }
     identity_ = rules.empty();
     by_tensor_.assign(m.size(), {});
@@ -321,7 +322,7 @@ private:
     for (const auto& c : cur) names.push_back(c.name);
     std::sort(names.begin(), names.end());
     const auto dup = std::adjacent_find(names.begin(), names.end());
-    RLPT_CHECK(dup == names.end(), "rlpt.sync.bad_transform", "{} produces two tensors named \"{}\"", rule,
+    RLPT_CHECK(dup == names.end(), errors::sync::bad_transform, "{} produces two tensors named \"{}\"", rule,
                dup == names.end() ? std::string_view{} : *dup);
   }
 
@@ -330,7 +331,7 @@ private:
     const node& a = nodes_[ins[0]];
     const auto rank = static_cast<std::int64_t>(a.shape.size());
     const std::int64_t d = dim < 0 ? dim + rank : dim;
-    RLPT_CHECK(d >= 0 && d < rank, "rlpt.sync.bad_transform", "{}: concat dim {} is out of range for \"{}\" of rank {}",
+    RLPT_CHECK(d >= 0 && d < rank, errors::sync::bad_transform, "{}: concat dim {} is out of range for \"{}\" of rank {}",
                rule, dim, names[0], rank);
     node n;
     n.kind = op::concat;
@@ -341,11 +342,11 @@ private:
     n.shape[static_cast<std::size_t>(d)] = 0;
     for (std::size_t i = 0; i < ins.size(); ++i) {
       const node& b = nodes_[ins[i]];
-      RLPT_CHECK(b.dtype == a.dtype, "rlpt.sync.bad_transform", "{}: concat inputs \"{}\" ({}) and \"{}\" ({}) differ in dtype",
+      RLPT_CHECK(b.dtype == a.dtype, errors::sync::bad_transform, "{}: concat inputs \"{}\" ({}) and \"{}\" ({}) differ in dtype",
                  rule, names[0], a.dtype, names[i], b.dtype);
       bool ok = b.shape.size() == a.shape.size();
       for (std::size_t j = 0; ok && j < a.shape.size(); ++j) ok = j == static_cast<std::size_t>(d) || a.shape[j] == b.shape[j];
-      RLPT_CHECK(ok, "rlpt.sync.bad_transform", "{}: concat inputs \"{}\" [{}] and \"{}\" [{}] differ outside dim {}", rule,
+      RLPT_CHECK(ok, errors::sync::bad_transform, "{}: concat inputs \"{}\" [{}] and \"{}\" [{}] differ outside dim {}", rule,
                  names[0], fmt::join(a.shape, ", "), names[i], fmt::join(b.shape, ", "), d);
       n.shape[static_cast<std::size_t>(d)] += b.shape[static_cast<std::size_t>(d)];
       n.nbytes += b.nbytes;
@@ -359,10 +360,10 @@ private:
     const node& a = nodes_[in];
     const auto rank = static_cast<std::int64_t>(a.shape.size());
     const std::int64_t d = dim < 0 ? dim + rank : dim;
-    RLPT_CHECK(d >= 0 && d < rank, "rlpt.sync.bad_transform", "{}: slice dim {} is out of range for \"{}\" of rank {}",
+    RLPT_CHECK(d >= 0 && d < rank, errors::sync::bad_transform, "{}: slice dim {} is out of range for \"{}\" of rank {}",
                rule, dim, nm, rank);
     const std::int64_t size = a.shape[static_cast<std::size_t>(d)];
-    RLPT_CHECK(begin >= 0 && begin <= end && end <= size, "rlpt.sync.bad_transform",
+    RLPT_CHECK(begin >= 0 && begin <= end && end <= size, errors::sync::bad_transform,
                "{}: slice [{}, {}) is outside dim {} of \"{}\" (size {})", rule, begin, end, d, nm, size);
     node n;
     n.kind = op::slice;
@@ -442,4 +443,5 @@ private:
   bool identity_ = true;
 };
 
-} // namespace rlpt::sync
+} // namespace sync
+RLPT_NAMESPACE_END

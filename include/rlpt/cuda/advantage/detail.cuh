@@ -15,7 +15,8 @@
 
 #include <cstdint>
 
-namespace rlpt::detail {
+RLPT_NAMESPACE_BEGIN
+namespace detail {
 
 //! Lane mask of the W-lane tile (W = 1, 2, ..., 32) that the calling thread belongs to.
 template <int W>
@@ -86,4 +87,5 @@ inline unsigned grid_for(index_t items, index_t per_block) {
   return static_cast<unsigned>(blocks < 1 ? 1 : blocks > (index_t{1} << 20) ? (index_t{1} << 20) : blocks);
 }
 
-} // namespace rlpt::detail
+} // namespace detail
+RLPT_NAMESPACE_END

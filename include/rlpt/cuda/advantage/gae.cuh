@@ -34,7 +34,7 @@
 #include <limits>
 #include <optional>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 //! Per-token device inputs of GAE (as rlpt::gae_inputs, in device memory).
 struct device_gae_inputs {
@@ -240,7 +240,7 @@ inline void finish_token_call(const device_token_layout& layout, device_view<flo
 }
 
 inline void check_token_policies(const char* what, nonfinite nf, const std::optional<whiten_options>& w) {
-  RLPT_CHECK(nf == nonfinite::mask, "rlpt.advantage.device_policy",
+  RLPT_CHECK(nf == nonfinite::mask, errors::advantage::device_policy,
              "{} on the device cannot raise from a kernel: pass rlpt::device_policies(options) (sequences with "
              "non-finite inputs are zeroed and counted in device_token_report::num_nonfinite_seqs)",
              what);
@@ -325,4 +325,4 @@ inline void reinforce_pp_advantages(const device_token_layout& layout, device_vi
   detail::finish_token_call(layout, advantages, mask, o.whiten, s, stream);
 }
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

@@ -27,7 +27,7 @@
 
 #include <algorithm>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 //! Groups in device memory: copies of groups::offsets() and groups::members(), plus the size of
 //! the largest group (max_group_size), which fixes the tile width.
@@ -191,11 +191,11 @@ void launch_group_kernel(const group_kernel_args& a, index_t max_size, cudaStrea
 
 inline group_kernel_args check_group_call(const char* what, device_view<const float> rewards, const device_groups& g,
                                           device_view<float> out, const device_group_stats& st, nonfinite nf, single sg) {
-  RLPT_CHECK(nf == nonfinite::mask && sg != single::raise, "rlpt.advantage.device_policy",
+  RLPT_CHECK(nf == nonfinite::mask && sg != single::raise, errors::advantage::device_policy,
              "{} on the device cannot raise from a kernel: pass rlpt::device_policies(options) (non-finite rewards are "
              "masked and counted, single-sample groups get 0 or their raw reward) and read device_group_stats::counters",
              what);
-  RLPT_CHECK(g.offsets.size() >= 1 && g.max_size >= 0, "rlpt.advantage.bad_groups",
+  RLPT_CHECK(g.offsets.size() >= 1 && g.max_size >= 0, errors::advantage::bad_groups,
              "device_groups needs G + 1 offsets (got {}) and max_size >= 0 (got {})", g.offsets.size(), g.max_size);
   expect_size("rewards", rewards.size(), g.members.size(), "one per group member");
   expect_size("advantages", out.size(), rewards.size(), "one advantage per sequence");
@@ -236,7 +236,7 @@ inline void grpo_advantages(device_view<const float> rewards, const device_group
 //! batch_normalize, which is refused here). Needs no workspace.
 inline void rloo_advantages(device_view<const float> rewards, const device_groups& g, device_view<float> out,
                             const rloo_options& o, const device_group_stats& stats, workspace& ws, cudaStream_t stream) {
-  RLPT_CHECK(!o.batch_normalize, "rlpt.advantage.bad_option",
+  RLPT_CHECK(!o.batch_normalize, errors::advantage::bad_option,
              "rloo_options::batch_normalize is host-only; whiten the per-sequence advantages with rlpt::whiten instead");
   detail::group_kernel_args a =
       detail::check_group_call("rloo_advantages", rewards, g, out, stats, o.on_nonfinite, o.single);
@@ -247,4 +247,4 @@ inline void rloo_advantages(device_view<const float> rewards, const device_group
   if (a.num_groups > 0) detail::launch_group_kernel<detail::group_estimator::rloo>(a, g.max_size, stream);
 }
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

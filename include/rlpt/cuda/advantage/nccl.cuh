@@ -26,7 +26,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 //! All-gathers this rank's moments (local[0]) into gathered[r] for every rank r, then merges
 //! them in rank order into merged[0]. All three live in device memory.
@@ -42,6 +42,6 @@ inline void allgather_moments(device_view<const moments> local, device_view<mome
   merge_moments(gathered, merged, stream);
 }
 
-} // namespace rlpt
+RLPT_NAMESPACE_END
 
 #endif

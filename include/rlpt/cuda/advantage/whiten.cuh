@@ -25,7 +25,7 @@
 
 #include <algorithm>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 //! Whitening options with the raising policies replaced (device kernels cannot throw):
 //! non-finite values are left out, and fewer than 2 valid values mean std 1.
@@ -127,7 +127,7 @@ RLPT_KERNEL void __launch_bounds__(256) whiten_apply_kernel(device_token_layout 
 
 inline void check_device_whiten(const whiten_options& o) {
   check_whiten_options(o);
-  RLPT_CHECK(o.on_nonfinite == nonfinite::mask && o.on_too_few == too_few::unit_std, "rlpt.advantage.device_policy",
+  RLPT_CHECK(o.on_nonfinite == nonfinite::mask && o.on_too_few == too_few::unit_std, errors::advantage::device_policy,
              "device whitening cannot raise from a kernel: pass rlpt::device_policies(options) (non-finite values are "
              "left out, fewer than 2 valid values use std 1) and check the moments' count");
 }
@@ -192,4 +192,4 @@ inline void whiten(const device_token_layout& layout, device_view<const float> x
   whiten_apply(stats, layout, x, mask, out, o, {}, stream);
 }
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

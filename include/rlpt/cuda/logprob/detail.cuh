@@ -21,7 +21,8 @@
 
 #include <cstdint>
 
-namespace rlpt::detail::cuda_lp {
+RLPT_NAMESPACE_BEGIN
+namespace detail::cuda_lp {
 
 inline constexpr float log2e = 1.4426950408889634f;
 inline constexpr float ln2 = 0.6931471805599453f;
@@ -227,4 +228,5 @@ __device__ __forceinline__ row_result finish(state2 st) {
   return {(st.m + l2s) * ln2, (l2s - st.a / st.s) * ln2};
 }
 
-} // namespace rlpt::detail::cuda_lp
+} // namespace detail::cuda_lp
+RLPT_NAMESPACE_END

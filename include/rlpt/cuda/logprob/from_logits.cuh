@@ -35,7 +35,7 @@
 
 #include <algorithm>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 //! Where a device forward writes ([N] each, device memory; only logp is required).
 struct device_logprob_outputs {
@@ -205,14 +205,14 @@ RLPT_KERNEL void __launch_bounds__(BLOCK) fused_kernel(const T* logits, G* dlogi
 
 template <class T>
 void check_device_logits(device_view2d<T> logits) {
-  RLPT_CHECK(logits.cols() > 0, "rlpt.logprob.shape_mismatch", "logits have 0 columns: the vocabulary is empty");
-  RLPT_CHECK(logits.rows() < (index_t{1} << 31), "rlpt.logprob.shape_mismatch",
+  RLPT_CHECK(logits.cols() > 0, errors::logprob::shape_mismatch, "logits have 0 columns: the vocabulary is empty");
+  RLPT_CHECK(logits.rows() < (index_t{1} << 31), errors::logprob::shape_mismatch,
              "{} logits rows exceed one launch (2^31 - 1 blocks)", logits.rows());
 }
 
 inline void check_device_options(const logprob_options& opt, bool truncation_ok = false, const char* what = "") {
   check_logprob_options(opt);
-  RLPT_CHECK(truncation_ok || !opt.truncated(), "rlpt.logprob.unsupported",
+  RLPT_CHECK(truncation_ok || !opt.truncated(), errors::logprob::unsupported,
              "top-k/top-p (top_k {}, top_p {}) is not available for the device {}: it scores the full softmax "
              "(temperature only)",
              opt.top_k, opt.top_p, what);
@@ -228,10 +228,10 @@ inline void check_device_outputs(const device_logprob_outputs& out, index_t n, i
   expect_size_or_empty("threshold", out.threshold.size(), n, "one per logits row");
   expect_size_or_empty("tie_last", out.tie_last.size(), n, "one per logits row");
   if (out.kept.data() != nullptr)
-    RLPT_CHECK(out.kept.rows() == n && out.kept.cols() == vocab, "rlpt.logprob.shape_mismatch",
+    RLPT_CHECK(out.kept.rows() == n && out.kept.cols() == vocab, errors::logprob::shape_mismatch,
                "kept mask is [{}, {}], expected [{}, {}] like the logits", out.kept.rows(), out.kept.cols(), n, vocab);
   if (truncated && !out.lse.empty())
-    RLPT_CHECK(!out.threshold.empty() && !out.tie_last.empty(), "rlpt.logprob.missing_saved",
+    RLPT_CHECK(!out.threshold.empty() && !out.tie_last.empty(), errors::logprob::missing_saved,
                "top-k/top-p is on, so saving statistics for the backward needs threshold and tie_last as well as lse "
                "({} rows each)",
                n);
@@ -285,7 +285,7 @@ void launch_backward(device_view2d<T> logits, Job job, device_view<const float> 
   constexpr int block = 256;
   const index_t nvec = (logits.cols() + vec_width<E> - 1) / vec_width<E>;
   const index_t chunks = (nvec + block * unroll - 1) / (block * unroll);
-  RLPT_CHECK(chunks < 65536, "rlpt.logprob.shape_mismatch", "{} columns exceed the backward grid", logits.cols());
+  RLPT_CHECK(chunks < 65536, errors::logprob::shape_mismatch, "{} columns exceed the backward grid", logits.cols());
   const backward_args a{logits.rows(),
                         logits.cols(),
                         logits.row_stride(),
@@ -318,7 +318,7 @@ void check_device_grad(device_view2d<T> logits, device_view2d<G> dlogits, device
     expect_size("threshold", saved.threshold.size(), n, "the forward's threshold (top-k/top-p): one per logits row");
     expect_size("tie_last", saved.tie_last.size(), n, "the forward's tie_last (top-k/top-p): one per logits row");
   }
-  RLPT_CHECK(dlogits.rows() == n && dlogits.cols() == logits.cols(), "rlpt.logprob.shape_mismatch",
+  RLPT_CHECK(dlogits.rows() == n && dlogits.cols() == logits.cols(), errors::logprob::shape_mismatch,
              "dlogits are [{}, {}], expected [{}, {}] like the logits", dlogits.rows(), dlogits.cols(), n,
              logits.cols());
   const auto* lb = reinterpret_cast<const char*>(logits.data());
@@ -326,7 +326,7 @@ void check_device_grad(device_view2d<T> logits, device_view2d<G> dlogits, device
   const index_t span = n == 0 ? 0 : ((n - 1) * logits.row_stride() + logits.cols()) * static_cast<index_t>(sizeof(G));
   const index_t gspan = n == 0 ? 0 : ((n - 1) * dlogits.row_stride() + dlogits.cols()) * static_cast<index_t>(sizeof(G));
   const bool overlap = lb < gb + gspan && gb < lb + span;
-  RLPT_CHECK(!overlap || (lb == gb && logits.row_stride() == dlogits.row_stride()), "rlpt.logprob.alias",
+  RLPT_CHECK(!overlap || (lb == gb && logits.row_stride() == dlogits.row_stride()), errors::logprob::alias,
              "dlogits partially overlaps the logits (in-place backward needs the same pointer and row stride)");
 }
 
@@ -378,7 +378,7 @@ void logprob_entropy_fused(device_view2d<T> logits, device_view<const index_t> t
   const index_t n = logits.rows();
   detail::expect_size("targets", targets.size(), n, "one per logits row");
   detail::cuda_lp::check_device_outputs(out, n, logits.cols());
-  RLPT_CHECK(dlogits.rows() == n && dlogits.cols() == logits.cols(), "rlpt.logprob.shape_mismatch",
+  RLPT_CHECK(dlogits.rows() == n && dlogits.cols() == logits.cols(), errors::logprob::shape_mismatch,
              "dlogits are [{}, {}], expected [{}, {}] like the logits", dlogits.rows(), dlogits.cols(), n,
              logits.cols());
   static_assert(sizeof(E) == sizeof(G), "dlogits are written in the logits' width");
@@ -406,7 +406,7 @@ void sequence_logprob_entropy(device_view2d<T> logits, device_view<const index_t
   detail::cuda_lp::check_device_options(opt, true);
   detail::cuda_lp::check_device_logits(logits);
   const index_t n = layout.storage_size();
-  RLPT_CHECK(logits.rows() == n, "rlpt.logprob.shape_mismatch",
+  RLPT_CHECK(logits.rows() == n, errors::logprob::shape_mismatch,
              "logits have {} rows, the token layout has {} token slots (one logits row per token)", logits.rows(), n);
   detail::expect_size("tokens", tokens.size(), n, "one per token slot");
   detail::expect_size_or_empty("valid", valid.size(), n, "one per token slot");
@@ -435,7 +435,7 @@ void sequence_logprob_entropy_backward(device_view2d<T> logits, device_view<cons
   detail::cuda_lp::check_device_options(opt, true);
   detail::cuda_lp::check_device_logits(logits);
   const index_t n = layout.storage_size();
-  RLPT_CHECK(logits.rows() == n, "rlpt.logprob.shape_mismatch",
+  RLPT_CHECK(logits.rows() == n, errors::logprob::shape_mismatch,
              "logits have {} rows, the token layout has {} token slots", logits.rows(), n);
   detail::expect_size("tokens", tokens.size(), n, "one per token slot");
   detail::expect_size_or_empty("valid", valid.size(), n, "one per token slot");
@@ -450,4 +450,4 @@ void sequence_logprob_entropy_backward(device_view2d<T> logits, device_view<cons
   detail::cuda_lp::launch_backward(logits, job, dlogp, dentropy, entropy, saved, dlogits, opt, stream);
 }
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

@@ -37,7 +37,7 @@
 #include <algorithm>
 #include <type_traits>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 struct device_lm_head_options {
   //! logits = hidden · weightᵀ / T (applied as the GEMM's alpha).
@@ -55,7 +55,7 @@ namespace detail {
 
 inline void check_cublas(cublasStatus_t status, const char* expr, const char* file, int line) {
   if (RLPT_UNLIKELY(status != CUBLAS_STATUS_SUCCESS))
-    RLPT_FAIL("rlpt.cuda.cublas", "{} failed with status {} at {}:{}", expr, static_cast<int>(status), file, line);
+    RLPT_FAIL(errors::cuda::cublas, "{} failed with status {} at {}:{}", expr, static_cast<int>(status), file, line);
 }
 #define RLPT_LOGPROB_CUBLAS_CHECK(expr) ::rlpt::detail::check_cublas((expr), #expr, __FILE__, __LINE__)
 
@@ -190,17 +190,17 @@ void tile_gemm(cublasHandle_t handle, const H* h, index_t hld, const H* w, index
 template <class H, class W>
 void check_device_lm_head(device_view2d<H> hidden, device_view2d<W> weight, device_view<const index_t> targets,
                           const device_lm_head_options& o) {
-  RLPT_CHECK(o.temperature > 0.0f && std::isfinite(o.temperature), "rlpt.logprob.temperature",
+  RLPT_CHECK(o.temperature > 0.0f && std::isfinite(o.temperature), errors::logprob::temperature,
              "temperature must be finite and > 0, got {}", o.temperature);
-  RLPT_CHECK(o.token_tile > 0 && o.vocab_tile > 0, "rlpt.logprob.bad_tile",
+  RLPT_CHECK(o.token_tile > 0 && o.vocab_tile > 0, errors::logprob::bad_tile,
              "token_tile ({}) and vocab_tile ({}) must be positive", o.token_tile, o.vocab_tile);
-  RLPT_CHECK(hidden.cols() > 0 && hidden.cols() == weight.cols(), "rlpt.logprob.shape_mismatch",
+  RLPT_CHECK(hidden.cols() > 0 && hidden.cols() == weight.cols(), errors::logprob::shape_mismatch,
              "hidden is [{}, {}] and weight is [{}, {}]: both need the same positive hidden size D", hidden.rows(),
              hidden.cols(), weight.rows(), weight.cols());
-  RLPT_CHECK(weight.rows() > 0, "rlpt.logprob.shape_mismatch", "weight has 0 rows: the vocabulary is empty");
+  RLPT_CHECK(weight.rows() > 0, errors::logprob::shape_mismatch, "weight has 0 rows: the vocabulary is empty");
   RLPT_CHECK(hidden.cols() < (index_t{1} << 31) && weight.rows() < (index_t{1} << 31) &&
                  hidden.row_stride() < (index_t{1} << 31) && weight.row_stride() < (index_t{1} << 31),
-             "rlpt.logprob.shape_mismatch", "dimensions above 2^31 do not fit cuBLAS's int arguments");
+             errors::logprob::shape_mismatch, "dimensions above 2^31 do not fit cuBLAS's int arguments");
   expect_size("targets", targets.size(), hidden.rows(), "one per hidden row");
 }
 
@@ -266,7 +266,7 @@ void fused_lm_head_logprob(workspace& ws, device_view2d<H> hidden, device_view2d
   const index_t n = hidden.rows(), v = weight.rows();
   if (!ws.is_size_query()) {
     lp::check_device_outputs(out, n);
-    RLPT_CHECK(out.kept.data() == nullptr && out.threshold.empty() && out.tie_last.empty(), "rlpt.logprob.unsupported",
+    RLPT_CHECK(out.kept.data() == nullptr && out.threshold.empty() && out.tie_last.empty(), errors::logprob::unsupported,
                "the fused lm-head scores the full softmax: no kept mask or truncation statistics");
     if (!out.counters.empty())
       RLPT_CUDA_CHECK(cudaMemsetAsync(out.counters.data(), 0, 3 * sizeof(index_t), stream));
@@ -350,10 +350,10 @@ void fused_lm_head_backward(workspace& ws, device_view2d<H> hidden, device_view2
   if (!dentropy.empty()) detail::expect_size("entropy", entropy.size(), n, "the forward's entropy: one per row");
   const bool want_gh = grad_hidden.data() != nullptr, want_gw = grad_weight.data() != nullptr;
   if (want_gh)
-    RLPT_CHECK(grad_hidden.rows() == n && grad_hidden.cols() == d, "rlpt.logprob.shape_mismatch",
+    RLPT_CHECK(grad_hidden.rows() == n && grad_hidden.cols() == d, errors::logprob::shape_mismatch,
                "grad_hidden is [{}, {}], expected [{}, {}] like hidden", grad_hidden.rows(), grad_hidden.cols(), n, d);
   if (want_gw)
-    RLPT_CHECK(grad_weight.rows() == v && grad_weight.cols() == d, "rlpt.logprob.shape_mismatch",
+    RLPT_CHECK(grad_weight.rows() == v && grad_weight.cols() == d, errors::logprob::shape_mismatch,
                "grad_weight is [{}, {}], expected [{}, {}] like weight", grad_weight.rows(), grad_weight.cols(), v, d);
   if (!want_gh && !want_gw) return;
   RLPT_LOGPROB_CUBLAS_CHECK(cublasSetStream(cublas, stream));
@@ -400,4 +400,4 @@ void fused_lm_head_backward(workspace& ws, device_view2d<H> hidden, device_view2
   }
 }
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

@@ -12,7 +12,8 @@
 
 #include <cuda_runtime.h>
 
-namespace rlpt::detail::cuda_lp {
+RLPT_NAMESPACE_BEGIN
+namespace detail::cuda_lp {
 
 //! Row -> target mapping of plain [N, V] logits.
 struct plain_job {
@@ -120,4 +121,5 @@ __device__ __forceinline__ float2 write_row(const forward_args& a, const T* x, i
   return {logp, res.entropy};
 }
 
-} // namespace rlpt::detail::cuda_lp
+} // namespace detail::cuda_lp
+RLPT_NAMESPACE_END

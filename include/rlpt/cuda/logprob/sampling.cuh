@@ -20,7 +20,8 @@
 
 #include <cstdint>
 
-namespace rlpt::detail::cuda_lp {
+RLPT_NAMESPACE_BEGIN
+namespace detail::cuda_lp {
 
 struct truncation_args {
   index_t top_k;  // 0: off
@@ -229,4 +230,5 @@ RLPT_KERNEL void __launch_bounds__(BLOCK)
   write_row(a, x, r, jb, st);
 }
 
-} // namespace rlpt::detail::cuda_lp
+} // namespace detail::cuda_lp
+RLPT_NAMESPACE_END

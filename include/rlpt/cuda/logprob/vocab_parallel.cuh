@@ -26,7 +26,7 @@
 
 #include <cuda_runtime.h>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 namespace detail::cuda_lp {
 
@@ -222,4 +222,4 @@ void vocab_parallel_backward(device_view2d<T> logits_local, device_view<const in
       dlogp, dentropy, entropy, saved, dlogits_local, opt, stream);
 }
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

@@ -38,7 +38,7 @@
 #include <limits>
 #include <type_traits>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 template <class T>
 using device_objective_inputs = basic_objective_inputs<T, memory_space::device>;
@@ -349,8 +349,8 @@ void evaluate(const objective& obj, const device_objective_inputs<T>& in, const 
   auto* partials = carve.take<objective_sums>(blocks);
   auto* dcoef = carve.take<double>(p.gspo_sequence ? blocks : 0);
   if (carve.finish_size_query()) return;
-  RLPT_CHECK(result != nullptr, "rlpt.objective.missing_input", "the device evaluate needs a result pointer");
-  RLPT_CHECK(blocks <= static_cast<std::size_t>(std::numeric_limits<int>::max()), "rlpt.objective.bad_layout",
+  RLPT_CHECK(result != nullptr, errors::objective::missing_input, "the device evaluate needs a result pointer");
+  RLPT_CHECK(blocks <= static_cast<std::size_t>(std::numeric_limits<int>::max()), errors::objective::bad_layout,
              "{} sequences x {} tiles of {} tokens exceed the grid limit", rows, tiles, detail::obj_tile);
   if (rows == 0) {
     detail::objective_finish_kernel<<<1, 1024, 0, stream>>>(p, partials, 0, tiles, nullptr, result);
@@ -380,4 +380,4 @@ void evaluate(const objective& obj, const device_objective_inputs<T>& in, const 
   RLPT_CUDA_CHECK_LAUNCH();
 }
 
-} // namespace rlpt
+RLPT_NAMESPACE_END

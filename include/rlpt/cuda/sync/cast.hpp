@@ -18,7 +18,8 @@
 #include <cstdint>
 #include <cstring>
 
-namespace rlpt::sync::detail {
+RLPT_NAMESPACE_BEGIN
+namespace sync::detail {
 
 //! Unaligned-safe load of a little-endian T on the host; a plain load on the device, where
 //! the transports require every element to be naturally aligned (checked on the host).
@@ -146,4 +147,5 @@ RLPT_HD_FORCEINLINE void cast_element(wire_dtype from, wire_dtype to, const unsi
   store_narrow(to, dst, load_narrow(from, src));
 }
 
-} // namespace rlpt::sync::detail
+} // namespace sync::detail
+RLPT_NAMESPACE_END

@@ -16,7 +16,8 @@
 #include <algorithm>
 #include <cstdint>
 
-namespace rlpt::sync {
+RLPT_NAMESPACE_BEGIN
+namespace sync {
 namespace detail {
 
 inline constexpr unsigned copy_threads = 256;
@@ -110,7 +111,7 @@ RLPT_KERNEL void __launch_bounds__(copy_threads) checksum_kernel(const unsigned 
 //! to `*sum` (device), on `stream`.
 inline void run_checksum(const void* data, std::uint64_t bytes, std::uint64_t* sum, cudaStream_t stream) {
   if (bytes == 0) return;
-  RLPT_CHECK(reinterpret_cast<std::uintptr_t>(data) % 8 == 0, "rlpt.sync.bad_link", "checksum of unaligned device bytes at {}",
+  RLPT_CHECK(reinterpret_cast<std::uintptr_t>(data) % 8 == 0, errors::sync::bad_link, "checksum of unaligned device bytes at {}",
              data);
   const std::uint64_t words = (bytes + 7) / 8;
   const std::uint64_t blocks = std::min<std::uint64_t>((words + detail::copy_threads * 8 - 1) / (detail::copy_threads * 8), 4096);
@@ -125,11 +126,12 @@ inline void run_checksum(const void* data, std::uint64_t bytes, std::uint64_t* s
 inline void run_copy(const detail::copy_task* tasks, const detail::copy_launch& launch, std::uint64_t src_base,
                      std::uint64_t dst_base, std::uint64_t* sums, cudaStream_t stream) {
   if (launch.chunks == 0) return;
-  RLPT_CHECK(launch.chunks <= 0x7fffffffu, "rlpt.sync.too_large", "a copy launch of {} chunks is more than a grid holds",
+  RLPT_CHECK(launch.chunks <= 0x7fffffffu, errors::sync::too_large, "a copy launch of {} chunks is more than a grid holds",
              launch.chunks);
   detail::copy_kernel<><<<static_cast<unsigned>(launch.chunks), detail::copy_threads, 0, stream>>>(
       tasks + launch.task_begin, launch.task_end - launch.task_begin, src_base, dst_base, sums);
   RLPT_CUDA_CHECK_LAUNCH();
 }
 
-} // namespace rlpt::sync
+} // namespace sync
+RLPT_NAMESPACE_END

@@ -32,7 +32,8 @@
 #include <string>
 #include <vector>
 
-namespace rlpt::sync {
+RLPT_NAMESPACE_BEGIN
+namespace sync {
 
 //! A tensor in device memory: what a device sender reads (dtype may differ from the wire
 //! dtype: it is cast while packing) and what a device receiver writes (cast while applying).
@@ -180,10 +181,10 @@ inline std::uint64_t push_task(std::vector<copy_task>& out, copy_task t, std::ui
 }
 
 inline void check_device_manifest(const manifest& m, std::string_view where) {
-  RLPT_CHECK(m.bucket_bytes() % 8 == 0, "rlpt.sync.bad_plan",
+  RLPT_CHECK(m.bucket_bytes() % 8 == 0, errors::sync::bad_plan,
              "{}: device transports need bucket_bytes to be a multiple of 8 (checksums work on 8-byte words), got {}",
              where, m.bucket_bytes());
-  RLPT_CHECK(m.alignment() >= 8, "rlpt.sync.bad_plan",
+  RLPT_CHECK(m.alignment() >= 8, errors::sync::bad_plan,
              "{}: device transports need an alignment of at least 8 bytes, got {}", where, m.alignment());
 }
 
@@ -194,22 +195,22 @@ inline std::vector<const device_tensor*> bind(const manifest& m, std::span<const
   std::vector<const device_tensor*> by(m.size(), nullptr);
   for (const auto& b : bound) {
     const auto i = m.find(b.name);
-    RLPT_CHECK(i.has_value(), "rlpt.sync.unknown_tensor", "{}: {} \"{}\" is not in the manifest", where, what, b.name);
-    RLPT_CHECK(by[*i] == nullptr, "rlpt.sync.bad_source", "{}: {} \"{}\" is bound twice", where, what, b.name);
+    RLPT_CHECK(i.has_value(), errors::sync::unknown_tensor, "{}: {} \"{}\" is not in the manifest", where, what, b.name);
+    RLPT_CHECK(by[*i] == nullptr, errors::sync::bad_source, "{}: {} \"{}\" is bound twice", where, what, b.name);
     const tensor_entry& e = m[*i];
-    RLPT_CHECK(b.shape == e.shape, "rlpt.sync.bad_source", "{}: {} \"{}\" has shape [{}], the manifest says [{}]", where, what,
+    RLPT_CHECK(b.shape == e.shape, errors::sync::bad_source, "{}: {} \"{}\" has shape [{}], the manifest says [{}]", where, what,
                b.name, fmt::join(b.shape, ", "), fmt::join(e.shape, ", "));
-    RLPT_CHECK(b.dtype == e.dtype || (castable(b.dtype) && castable(e.dtype)), "rlpt.sync.bad_source",
+    RLPT_CHECK(b.dtype == e.dtype || (castable(b.dtype) && castable(e.dtype)), errors::sync::bad_source,
                "{}: {} \"{}\" is {} but travels as {}; only F32, F64, F16 and BF16 convert", where, what, b.name, b.dtype,
                e.dtype);
-    RLPT_CHECK(b.data != nullptr || e.nbytes == 0, "rlpt.sync.bad_source", "{}: {} \"{}\" has no data", where, what, b.name);
-    RLPT_CHECK(reinterpret_cast<std::uintptr_t>(b.data) % size_of(b.dtype) == 0, "rlpt.sync.bad_source",
+    RLPT_CHECK(b.data != nullptr || e.nbytes == 0, errors::sync::bad_source, "{}: {} \"{}\" has no data", where, what, b.name);
+    RLPT_CHECK(reinterpret_cast<std::uintptr_t>(b.data) % size_of(b.dtype) == 0, errors::sync::bad_source,
                "{}: {} \"{}\" at {} is not aligned to its {}-byte elements", where, what, b.name, b.data, size_of(b.dtype));
     by[*i] = &b;
   }
   if (all_required)
     for (std::size_t i = 0; i < m.size(); ++i)
-      RLPT_CHECK(by[i] != nullptr || m[i].nbytes == 0, "rlpt.sync.bad_source", "{}: manifest tensor \"{}\" has no {}", where,
+      RLPT_CHECK(by[i] != nullptr || m[i].nbytes == 0, errors::sync::bad_source, "{}: manifest tensor \"{}\" has no {}", where,
                  m[i].name, what);
   return by;
 }
@@ -357,4 +358,5 @@ inline copy_plan plan_checksum(const manifest& m, const std::vector<const device
 }
 
 } // namespace detail
-} // namespace rlpt::sync
+} // namespace sync
+RLPT_NAMESPACE_END

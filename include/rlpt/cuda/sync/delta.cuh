@@ -40,7 +40,8 @@
 #include <string_view>
 #include <vector>
 
-namespace rlpt::sync {
+RLPT_NAMESPACE_BEGIN
+namespace sync {
 namespace detail {
 
 inline constexpr unsigned delta_warps = 8; // warps (chunks) per block
@@ -302,7 +303,7 @@ RLPT_KERNEL void __launch_bounds__(delta_warps * 32)
 
 [[nodiscard]] inline unsigned delta_grid(std::uint64_t warps) {
   const std::uint64_t blocks = (warps + delta_warps - 1) / delta_warps;
-  RLPT_CHECK(blocks <= 0x7fffffffu, "rlpt.sync.too_large", "a delta launch of {} warps is more than a grid holds", warps);
+  RLPT_CHECK(blocks <= 0x7fffffffu, errors::sync::too_large, "a delta launch of {} warps is more than a grid holds", warps);
   return static_cast<unsigned>(blocks);
 }
 
@@ -318,13 +319,13 @@ public:
   device_delta_encoder(const manifest& m, std::span<const void* const> now, std::span<const void* const> base,
                        std::uint64_t max_record)
       : tensors_(m.size()), max_record_(max_record) {
-    RLPT_CHECK(now.size() == m.size() && base.size() == m.size(), "rlpt.sync.bad_delta",
+    RLPT_CHECK(now.size() == m.size() && base.size() == m.size(), errors::sync::bad_delta,
                "device delta encoder: {} current and {} base addresses for {} tensors", now.size(), base.size(), m.size());
     ranges_ = detail::plan_delta_ranges(m, max_record, chunks_);
     for (auto& r : ranges_) {
       r.now = reinterpret_cast<std::uintptr_t>(now[r.tensor]);
       r.base = reinterpret_cast<std::uintptr_t>(base[r.tensor]);
-      RLPT_CHECK(r.now % r.eb == 0 && r.base % r.eb == 0, "rlpt.sync.bad_source",
+      RLPT_CHECK(r.now % r.eb == 0 && r.base % r.eb == 0, errors::sync::bad_source,
                  "device delta encoder: tensor \"{}\" is not aligned to its {}-byte elements", m[r.tensor].name, r.eb);
     }
     d_ranges_ = detail::device_bytes(ranges_.size() * sizeof(detail::delta_range));
@@ -408,8 +409,8 @@ public:
   //! Pass 2: writes message k of the last plan into `out` (device, 8-byte aligned, at least
   //! the message's bytes), on `s` (which must be ordered after plan()'s stream).
   void write(std::size_t k, void* out, cudaStream_t s) const {
-    RLPT_CHECK(k < launches_.size(), "rlpt.sync.bad_delta", "delta message {} of {}", k, launches_.size());
-    RLPT_CHECK(reinterpret_cast<std::uintptr_t>(out) % 8 == 0, "rlpt.sync.bad_delta", "delta output is not 8-byte aligned");
+    RLPT_CHECK(k < launches_.size(), errors::sync::bad_delta, "delta message {} of {}", k, launches_.size());
+    RLPT_CHECK(reinterpret_cast<std::uintptr_t>(out) % 8 == 0, errors::sync::bad_delta, "delta output is not 8-byte aligned");
     const launch& l = launches_[k];
     if (l.chunks == 0) return;
     detail::delta_write_kernel<><<<detail::delta_grid(l.chunks), detail::delta_warps * 32, 0, s>>>(
@@ -464,7 +465,7 @@ public:
       r.eb = x.head.elem_bytes;
       r.enc = static_cast<std::uint32_t>(x.head.encoding);
       std::memcpy(r.header, x.header.data(), 64);
-      RLPT_CHECK(r.at % 8 == 0 && r.target % r.eb == 0, "rlpt.sync.bad_delta", "{}: delta record {} is misaligned", where,
+      RLPT_CHECK(r.at % 8 == 0 && r.target % r.eb == 0, errors::sync::bad_delta, "{}: delta record {} is misaligned", where,
                  table_.size());
       const detail::delta_layout lay = detail::layout_of(r.enc, r.elems, r.changed, r.eb);
       r.vunit_begin = vunits_;
@@ -554,4 +555,5 @@ private:
   detail::event validated_, uploaded_;
 };
 
-} // namespace rlpt::sync
+} // namespace sync
+RLPT_NAMESPACE_END

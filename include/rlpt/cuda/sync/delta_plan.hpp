@@ -32,7 +32,8 @@
 #include <string_view>
 #include <vector>
 
-namespace rlpt::sync::detail {
+RLPT_NAMESPACE_BEGIN
+namespace sync::detail {
 
 inline constexpr std::uint64_t delta_chunk_elems = 8192; //!< elements per warp (8 per sparse block)
 inline constexpr std::uint64_t delta_chunk_words = delta_chunk_elems / 64;
@@ -96,7 +97,7 @@ static_assert(sizeof(delta_range) == 56);
 //! The ranges of every tensor of `m` in manifest order (device addresses left 0).
 [[nodiscard]] inline std::vector<delta_range> plan_delta_ranges(const manifest& m, std::uint64_t max_record,
                                                                 std::uint64_t& total_chunks) {
-  RLPT_CHECK(max_record >= delta_header_bytes + 64, "rlpt.sync.bad_delta", "max_record_bytes {} is too small for a delta record",
+  RLPT_CHECK(max_record >= delta_header_bytes + 64, errors::sync::bad_delta, "max_record_bytes {} is too small for a delta record",
              max_record);
   std::vector<delta_range> out;
   total_chunks = 0;
@@ -251,14 +252,14 @@ inline delta_plan plan_delta(std::span<const delta_range> ranges, std::span<cons
     }
     p.stats.elements += r.elems;
     const std::uint64_t nc = chunks_in(r.elems);
-    RLPT_CHECK(r.chunk_begin + nc <= counts.size(), "rlpt.sync.bad_delta", "delta plan: range {} needs chunks [{}, {}) of {}", ri,
+    RLPT_CHECK(r.chunk_begin + nc <= counts.size(), errors::sync::bad_delta, "delta plan: range {} needs chunks [{}, {}) of {}", ri,
                r.chunk_begin, r.chunk_begin + nc, counts.size());
     std::uint64_t changed = 0;
     for (std::uint64_t c = 0; c < nc; ++c) {
       p.firsts[r.chunk_begin + c] = static_cast<std::uint32_t>(changed);
       changed += counts[r.chunk_begin + c];
     }
-    RLPT_CHECK(changed <= r.elems, "rlpt.sync.bad_delta", "delta plan: range {} counts {} changes among {} elements", ri,
+    RLPT_CHECK(changed <= r.elems, errors::sync::bad_delta, "delta plan: range {} counts {} changes among {} elements", ri,
                changed, r.elems);
     p.stats.changed += changed;
     if (changed == 0) continue;
@@ -280,7 +281,7 @@ inline delta_plan plan_delta(std::span<const delta_range> ranges, std::span<cons
     }
     rec.changed = rec.encoding == delta_encoding::dense ? r.elems : changed;
     rec.total = delta_header_bytes + body;
-    RLPT_CHECK(r.tensor < base_checksums.size(), "rlpt.sync.bad_delta", "delta plan: no base checksum for tensor #{}", r.tensor);
+    RLPT_CHECK(r.tensor < base_checksums.size(), errors::sync::bad_delta, "delta plan: no base checksum for tensor #{}", r.tensor);
     rec.header = delta_header(rec.encoding, r.eb, r.tensor, r.elem_begin, r.elems, rec.changed, body, base_checksums[r.tensor]);
     p.stats.bytes += rec.total;
     p.stats.records += 1;
@@ -297,4 +298,5 @@ inline delta_plan plan_delta(std::span<const delta_range> ranges, std::span<cons
 
 // Record headers are parsed by parse_delta_head (rlpt/sync/delta.hpp), shared with the host parser.
 
-} // namespace rlpt::sync::detail
+} // namespace sync::detail
+RLPT_NAMESPACE_END

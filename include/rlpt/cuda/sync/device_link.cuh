@@ -25,7 +25,8 @@
 #include <string>
 #include <string_view>
 
-namespace rlpt::sync {
+RLPT_NAMESPACE_BEGIN
+namespace sync {
 
 class device_link : public link {
 public:
@@ -48,4 +49,5 @@ public:
   virtual void fail(std::string_view why) noexcept = 0;
 };
 
-} // namespace rlpt::sync
+} // namespace sync
+RLPT_NAMESPACE_END

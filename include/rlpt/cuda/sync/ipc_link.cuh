@@ -54,7 +54,8 @@
 #include <thread>
 #include <vector>
 
-namespace rlpt::sync {
+RLPT_NAMESPACE_BEGIN
+namespace sync {
 
 //! Where the sender's exported buffer comes from.
 enum class ipc_memory : std::uint8_t {
@@ -107,7 +108,7 @@ struct cuda_ipc_opener {
     int dev = -1;
     for (int d = 0; d < count && dev < 0; ++d)
       if (device_uuid(d) == h.gpu_uuid) dev = d;
-    RLPT_CHECK(dev >= 0, "rlpt.sync.ipc", "the exporter's GPU {} is not visible in this process (check CUDA_VISIBLE_DEVICES)",
+    RLPT_CHECK(dev >= 0, errors::sync::ipc, "the exporter's GPU {} is not visible in this process (check CUDA_VISIBLE_DEVICES)",
                uuid_text(h.gpu_uuid));
     device_guard g(dev);
     ipc_mapping m;
@@ -122,13 +123,13 @@ struct cuda_ipc_opener {
       std::memcpy(&mh, h.legacy.data(), 64);
       void* p = nullptr;
       const cudaError_t e = cudaIpcOpenMemHandle(&p, mh, cudaIpcMemLazyEnablePeerAccess);
-      RLPT_CHECK(e == cudaSuccess, "rlpt.sync.ipc",
+      RLPT_CHECK(e == cudaSuccess, errors::sync::ipc,
                  "cudaIpcOpenMemHandle of {} bytes from pid {} on {} failed with {} ({}) (a process cannot open its own "
                  "handle; the exporter must be alive)",
                  h.map_bytes, h.pid, uuid_text(h.gpu_uuid), cudaGetErrorName(e), cudaGetErrorString(e));
       m.mapped = p;
     } else {
-      RLPT_CHECK(fd >= 0, "rlpt.sync.ipc", "a POSIX-fd HELLO from pid {} arrived without its descriptor", h.pid);
+      RLPT_CHECK(fd >= 0, errors::sync::ipc, "a POSIX-fd HELLO from pid {} arrived without its descriptor", h.pid);
       CUmemGenericAllocationHandle handle{};
       RLPT_SYNC_CU_CHECK(driver().cuMemImportFromShareableHandle(&handle, reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd)),
                                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
@@ -192,7 +193,7 @@ public:
       case ipc_memory::vmm: alloc_vmm(bytes); break;
       case ipc_memory::external: adopt(o.buffer, o.buffer_bytes, bytes); break;
       }
-      RLPT_CHECK(hello_.kind == ipc_handle_kind::legacy || fd_channel, "rlpt.sync.ipc",
+      RLPT_CHECK(hello_.kind == ipc_handle_kind::legacy || fd_channel, errors::sync::ipc,
                  "this buffer is VMM memory, shared by file descriptor: the host link must be an rlpt::sync::unix_link");
     } catch (...) {
       cleanup();
@@ -254,7 +255,7 @@ private:
   void alloc_vmm(std::uint64_t bytes) {
     int supported = 0;
     RLPT_SYNC_CU_CHECK(driver().cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, device_));
-    RLPT_CHECK(supported != 0, "rlpt.sync.ipc", "device {} cannot export VMM memory as POSIX file descriptors", device_);
+    RLPT_CHECK(supported != 0, errors::sync::ipc, "device {} cannot export VMM memory as POSIX file descriptors", device_);
     const CUmemAllocationProp prop = vmm_prop(device_);
     std::size_t gran = 0;
     RLPT_SYNC_CU_CHECK(driver().cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
@@ -284,15 +285,15 @@ private:
 
   // The caller's buffer: legacy-capable cudaMalloc memory, or VMM memory exportable as a fd.
   void adopt(void* buffer, std::uint64_t buffer_bytes, std::uint64_t need) {
-    RLPT_CHECK(buffer != nullptr && buffer_bytes >= need, "rlpt.sync.ipc",
+    RLPT_CHECK(buffer != nullptr && buffer_bytes >= need, errors::sync::ipc,
                "ipc_options::buffer must hold at least {} bytes (slots x slot stride), got {} bytes at {}", need, buffer_bytes,
                buffer);
-    RLPT_CHECK(reinterpret_cast<std::uintptr_t>(buffer) % 256 == 0, "rlpt.sync.ipc", "ipc_options::buffer at {} is not 256-byte aligned",
+    RLPT_CHECK(reinterpret_cast<std::uintptr_t>(buffer) % 256 == 0, errors::sync::ipc, "ipc_options::buffer at {} is not 256-byte aligned",
                buffer);
     const auto p = static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(buffer));
     int legacy = 0;
     const CUresult q = driver().cuPointerGetAttribute(&legacy, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, p);
-    RLPT_CHECK(q == CUDA_SUCCESS, "rlpt.sync.ipc", "ipc_options::buffer at {} is not device memory this process knows", buffer);
+    RLPT_CHECK(q == CUDA_SUCCESS, errors::sync::ipc, "ipc_options::buffer at {} is not device memory this process knows", buffer);
     base_ = static_cast<std::byte*>(buffer);
     if (legacy != 0) {
       CUdeviceptr alloc = 0;
@@ -303,7 +304,7 @@ private:
     }
     CUmemGenericAllocationHandle h{};
     const CUresult r = driver().cuMemRetainAllocationHandle(&h, buffer);
-    RLPT_CHECK(r == CUDA_SUCCESS, "rlpt.sync.ipc",
+    RLPT_CHECK(r == CUDA_SUCCESS, errors::sync::ipc,
                "ipc_options::buffer at {} can be shared neither as cudaMalloc memory (cudaIpcGetMemHandle) nor as VMM memory "
                "(cuMemExportToShareableHandle): it is pool (cudaMallocAsync), managed or host memory; use ipc_memory::legacy or "
                "ipc_memory::vmm to let rlpt allocate the buffer",
@@ -317,12 +318,12 @@ private:
     if (same) driver().cuMemRelease(h_end);
     if (!fd_ok || !one) {
       driver().cuMemRelease(h);
-      RLPT_CHECK(fd_ok, "rlpt.sync.ipc",
+      RLPT_CHECK(fd_ok, errors::sync::ipc,
                  "ipc_options::buffer at {} is VMM memory created without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR in "
                  "requestedHandleTypes, so no other process can map it; allocate it with POSIX-fd export or use "
                  "ipc_memory::vmm",
                  buffer);
-      RLPT_FAIL("rlpt.sync.ipc",
+      RLPT_FAIL(errors::sync::ipc,
                 "ipc_options::buffer [{}, +{}) spans several VMM allocations (expandable segments map memory in chunks); "
                 "export one allocation, or use ipc_memory::vmm",
                 buffer, need);
@@ -331,7 +332,7 @@ private:
     const CUresult rs = driver().cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p);
     if (rs != CUDA_SUCCESS || start > p) {
       driver().cuMemRelease(h);
-      RLPT_FAIL("rlpt.sync.ipc", "cannot tell where the VMM allocation holding ipc_options::buffer at {} starts", buffer);
+      RLPT_FAIL(errors::sync::ipc, "cannot tell where the VMM allocation holding ipc_options::buffer at {} starts", buffer);
     }
     std::size_t gran = 0;
     const CUmemAllocationProp gp = vmm_prop(device_);
@@ -365,7 +366,7 @@ public:
   //! The sender allocates (or adopts) and exports its buffer now; the receiver maps it when
   //! the first HELLO arrives.
   ipc_link(link& host, role r, ipc_options o = {}) : host_(host), role_(r), o_(o), unix_(dynamic_cast<unix_link*>(&host)) {
-    RLPT_CHECK(o_.slots >= 1 && o_.slots <= ipc_max_slots, "rlpt.sync.bad_link", "ipc: slots must be 1 to {}, got {}", ipc_max_slots,
+    RLPT_CHECK(o_.slots >= 1 && o_.slots <= ipc_max_slots, errors::sync::bad_link, "ipc: slots must be 1 to {}, got {}", ipc_max_slots,
                o_.slots);
     if (o_.device < 0) RLPT_CUDA_CHECK(cudaGetDevice(&o_.device));
     detail::device_guard g(o_.device);
@@ -419,7 +420,7 @@ public:
   //! is free afterwards (the receiver finished its work on them before answering).
   void prepare(deadline until) override {
     if (role_ == role::receiver) return;
-    RLPT_CHECK(!closed_, "rlpt.sync.bad_link", "{}: the link was closed", where_);
+    RLPT_CHECK(!closed_, errors::sync::bad_link, "{}: the link was closed", where_);
     attach_state_ = 0;
     const auto body = encode_hello(hello_);
     encode_envelope(scratch_, ipc_kind::hello, ipc_no_slot, 0, body);
@@ -433,13 +434,13 @@ public:
     while (attach_state_ == 0) {
       if (!pump(until)) detail::timeout(where_, "waiting for the receiver to map the exported buffer (ATTACHED)");
     }
-    RLPT_CHECK(attach_state_ == 1, "rlpt.sync.ipc", "{}: the receiver could not map the exported buffer: {}", where_, attach_error_);
+    RLPT_CHECK(attach_state_ == 1, errors::sync::ipc, "{}: the receiver could not map the exported buffer: {}", where_, attach_error_);
     std::fill(busy_.begin(), busy_.end(), 0);
   }
 
   std::span<std::byte> payload_buffer(std::uint64_t bytes, deadline until) override {
-    RLPT_CHECK(role_ == role::sender, "rlpt.sync.bad_link", "{}: only the sender sends payloads", where_);
-    RLPT_CHECK(bytes <= o_.slot_bytes, "rlpt.sync.too_large", "{}: payload of {} bytes exceeds the slot size {}", where_, bytes,
+    RLPT_CHECK(role_ == role::sender, errors::sync::bad_link, "{}: only the sender sends payloads", where_);
+    RLPT_CHECK(bytes <= o_.slot_bytes, errors::sync::too_large, "{}: payload of {} bytes exceeds the slot size {}", where_, bytes,
                o_.slot_bytes);
     const std::size_t s = next_slot_;
     while (busy_[s]) {
@@ -458,7 +459,7 @@ public:
     }
     std::uint32_t slot = ipc_no_slot;
     if (payload_bytes > 0) {
-      RLPT_CHECK(reserved_ >= 0, "rlpt.sync.bad_link", "{}: send of {} payload bytes without a payload_buffer()", where_,
+      RLPT_CHECK(reserved_ >= 0, errors::sync::bad_link, "{}: send of {} payload bytes without a payload_buffer()", where_,
                  payload_bytes);
       slot = static_cast<std::uint32_t>(reserved_);
       detail::device_guard g(o_.device);
@@ -566,7 +567,7 @@ private:
       const ipc_envelope e = decode_envelope(msg->meta, where_);
       switch (e.kind) {
       case ipc_kind::attached: {
-        RLPT_CHECK(!e.body.empty(), "rlpt.sync.wire", "{}: empty ATTACHED", where_);
+        RLPT_CHECK(!e.body.empty(), errors::sync::wire, "{}: empty ATTACHED", where_);
         const bool ok = e.body[0] == std::byte{1};
         std::int32_t pid = 0;
         if (e.body.size() >= 5) std::memcpy(&pid, e.body.data() + 1, 4);
@@ -586,7 +587,7 @@ private:
         bye_ = true;
         std::fill(busy_.begin(), busy_.end(), 0); // the receiver finished with every slot before saying BYE
         break;
-      default: RLPT_FAIL("rlpt.sync.wire", "{}: unexpected {} message from the receiver", where_, name(e.kind));
+      default: RLPT_FAIL(errors::sync::wire, "{}: unexpected {} message from the receiver", where_, name(e.kind));
       }
     } catch (...) {
       host_.release();
@@ -645,14 +646,14 @@ private:
           host_.release();
           continue;
         }
-        RLPT_CHECK(e.kind == ipc_kind::msg, "rlpt.sync.wire", "{}: unexpected {} message from the sender", where_, name(e.kind));
+        RLPT_CHECK(e.kind == ipc_kind::msg, errors::sync::wire, "{}: unexpected {} message from the sender", where_, name(e.kind));
         if (e.slot != ipc_no_slot) {
-          RLPT_CHECK(map_ != nullptr, "rlpt.sync.ipc", "{}: a payload arrived before the exported buffer was mapped", where_);
-          RLPT_CHECK(e.slot < slots_ && e.payload_bytes <= mapped_slot_bytes_, "rlpt.sync.wire",
+          RLPT_CHECK(map_ != nullptr, errors::sync::ipc, "{}: a payload arrived before the exported buffer was mapped", where_);
+          RLPT_CHECK(e.slot < slots_ && e.payload_bytes <= mapped_slot_bytes_, errors::sync::wire,
                      "{}: payload of {} bytes in slot {} (the buffer has {} slots of {} bytes)", where_, e.payload_bytes, e.slot,
                      slots_, mapped_slot_bytes_);
         } else {
-          RLPT_CHECK(e.payload_bytes == 0, "rlpt.sync.wire", "{}: {} payload bytes without a slot", where_, e.payload_bytes);
+          RLPT_CHECK(e.payload_bytes == 0, errors::sync::wire, "{}: {} payload bytes without a slot", where_, e.payload_bytes);
         }
       } catch (...) {
         host_.release();
@@ -671,7 +672,7 @@ private:
     std::string problem;
     try {
       const ipc_hello h = decode_hello(e.body, where_);
-      RLPT_CHECK(fds.size() == h.fds, "rlpt.sync.ipc", "{}: HELLO announces {} descriptors, {} arrived{}", where_, h.fds, fds.size(),
+      RLPT_CHECK(fds.size() == h.fds, errors::sync::ipc, "{}: HELLO announces {} descriptors, {} arrived{}", where_, h.fds, fds.size(),
                  unix_ == nullptr && h.fds != 0 ? " (a POSIX-fd export needs a unix_link host channel)" : "");
       flush_releases(after(o_.timeout), true); // nothing of ours reads the slots any more
       const int fd = fds.empty() ? -1 : fds[0];
@@ -742,4 +743,5 @@ private:
   int held_slot_ = -1;
 };
 
-} // namespace rlpt::sync
+} // namespace sync
+RLPT_NAMESPACE_END

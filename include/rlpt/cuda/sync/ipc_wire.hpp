@@ -41,7 +41,8 @@
 #include <utility>
 #include <vector>
 
-namespace rlpt::sync {
+RLPT_NAMESPACE_BEGIN
+namespace sync {
 
 enum class ipc_kind : std::uint8_t { hello = 1, attached, msg, reply, release, bye };
 
@@ -101,7 +102,7 @@ inline void encode_envelope(std::vector<std::byte>& out, ipc_kind kind, std::uin
 }
 
 [[nodiscard]] inline ipc_envelope decode_envelope(std::span<const std::byte> meta, std::string_view where) {
-  RLPT_CHECK(meta.size() >= ipc_envelope_header, "rlpt.sync.wire", "{}: IPC message of {} bytes is shorter than its {}-byte header",
+  RLPT_CHECK(meta.size() >= ipc_envelope_header, errors::sync::wire, "{}: IPC message of {} bytes is shorter than its {}-byte header",
              where, meta.size(), ipc_envelope_header);
   const std::byte* p = meta.data();
   std::uint32_t magic, slot;
@@ -113,13 +114,13 @@ inline void encode_envelope(std::vector<std::byte>& out, ipc_kind kind, std::uin
   std::memcpy(&slot, p + 8, 4);
   std::memcpy(&payload, p + 16, 8);
   std::memcpy(&check, p + 24, 8);
-  RLPT_CHECK(magic == ipc_envelope_magic, "rlpt.sync.wire", "{}: bad IPC message magic 0x{:08x}", where, magic);
+  RLPT_CHECK(magic == ipc_envelope_magic, errors::sync::wire, "{}: bad IPC message magic 0x{:08x}", where, magic);
   xxh3_stream h;
   h.update(p, 24);
   h.update(p + ipc_envelope_header, meta.size() - ipc_envelope_header);
-  RLPT_CHECK(h.digest() == check, "rlpt.sync.wire", "{}: IPC message checksum {} does not match its contents ({})", where,
+  RLPT_CHECK(h.digest() == check, errors::sync::wire, "{}: IPC message checksum {} does not match its contents ({})", where,
              to_hex(check), to_hex(h.digest()));
-  RLPT_CHECK(kind >= 1 && kind <= 6 && z[0] == 0 && z[1] == 0 && z[2] == 0, "rlpt.sync.wire", "{}: unknown IPC message kind {}",
+  RLPT_CHECK(kind >= 1 && kind <= 6 && z[0] == 0 && z[1] == 0 && z[2] == 0, errors::sync::wire, "{}: unknown IPC message kind {}",
              where, kind);
   ipc_envelope e;
   e.kind = static_cast<ipc_kind>(kind);
@@ -165,7 +166,7 @@ inline constexpr std::size_t ipc_hello_bytes = 8 + 4 + 4 + 16 + 64 + 8 + 8 + 4 +
 }
 
 [[nodiscard]] inline ipc_hello decode_hello(std::span<const std::byte> body, std::string_view where) {
-  RLPT_CHECK(body.size() == ipc_hello_bytes, "rlpt.sync.wire", "{}: HELLO body has {} bytes, expected {}", where, body.size(),
+  RLPT_CHECK(body.size() == ipc_hello_bytes, errors::sync::wire, "{}: HELLO body has {} bytes, expected {}", where, body.size(),
              ipc_hello_bytes);
   const std::byte* p = body.data();
   ipc_hello h;
@@ -181,20 +182,20 @@ inline constexpr std::size_t ipc_hello_bytes = 8 + 4 + 4 + 16 + 64 + 8 + 8 + 4 +
   std::memcpy(&h.fds, p + 116, 4);
   std::memcpy(&h.slot_bytes, p + 120, 8);
   std::memcpy(&h.slot_stride, p + 128, 8);
-  RLPT_CHECK(kind == 1 || kind == 2, "rlpt.sync.wire", "{}: HELLO names handle kind {}, not legacy (1) or posix_fd (2)", where,
+  RLPT_CHECK(kind == 1 || kind == 2, errors::sync::wire, "{}: HELLO names handle kind {}, not legacy (1) or posix_fd (2)", where,
              kind);
   h.kind = static_cast<ipc_handle_kind>(kind);
-  RLPT_CHECK(h.fds == (h.kind == ipc_handle_kind::posix_fd ? 1u : 0u), "rlpt.sync.wire",
+  RLPT_CHECK(h.fds == (h.kind == ipc_handle_kind::posix_fd ? 1u : 0u), errors::sync::wire,
              "{}: a {} HELLO must carry {} descriptors, it says {}", where, h.kind == ipc_handle_kind::legacy ? "legacy" : "posix_fd",
              h.kind == ipc_handle_kind::legacy ? 0 : 1, h.fds);
   RLPT_CHECK(h.slots >= 1 && h.slots <= ipc_max_slots && h.slot_bytes >= 1 && h.slot_stride >= h.slot_bytes &&
                  h.slot_stride % 256 == 0 && h.offset % 256 == 0,
-             "rlpt.sync.wire", "{}: HELLO slot geometry is invalid ({} slots of {} bytes every {} bytes from offset {})", where,
+             errors::sync::wire, "{}: HELLO slot geometry is invalid ({} slots of {} bytes every {} bytes from offset {})", where,
              h.slots, h.slot_bytes, h.slot_stride, h.offset);
   std::uint64_t span = 0, end = 0;
   RLPT_CHECK(!__builtin_mul_overflow(std::uint64_t{h.slots}, h.slot_stride, &span) &&
                  !__builtin_add_overflow(span, h.offset, &end) && end <= h.map_bytes,
-             "rlpt.sync.wire", "{}: HELLO slots end past the {}-byte mapping ({} slots every {} bytes from offset {})", where,
+             errors::sync::wire, "{}: HELLO slots end past the {}-byte mapping ({} slots every {} bytes from offset {})", where,
              h.map_bytes, h.slots, h.slot_stride, h.offset);
   return h;
 }
@@ -282,4 +283,5 @@ private:
   std::uint64_t opens_ = 0, closes_ = 0, hits_ = 0;
 };
 
-} // namespace rlpt::sync
+} // namespace sync
+RLPT_NAMESPACE_END

@@ -53,7 +53,8 @@
 #include <thread>
 #include <vector>
 
-namespace rlpt::sync {
+RLPT_NAMESPACE_BEGIN
+namespace sync {
 
 struct nccl_options {
   //! Device payload buffers per side: 2 = double buffering (verl's send/recv buffers, vLLM's
@@ -91,23 +92,23 @@ public:
   //! aborts it on a timeout or an error (nothing else unblocks a stuck collective).
   nccl_link(ncclComm_t comm, int root, std::vector<link*> hosts, nccl_options o = {})
       : o_(o), own_(false), hosts_(std::move(hosts)), comm_(comm) {
-    RLPT_CHECK(comm != nullptr, "rlpt.sync.bad_link", "nccl_link needs a communicator");
+    RLPT_CHECK(comm != nullptr, errors::sync::bad_link, "nccl_link needs a communicator");
     int ranks = 0, rank = 0, dev = 0;
     RLPT_NCCL_CHECK(ncclCommCount(comm, &ranks));
     RLPT_NCCL_CHECK(ncclCommUserRank(comm, &rank));
     RLPT_NCCL_CHECK(ncclCommCuDevice(comm, &dev));
-    RLPT_CHECK(root >= 0 && root < ranks, "rlpt.sync.bad_link", "nccl_link: root {} is not a rank of a {}-rank communicator", root,
+    RLPT_CHECK(root >= 0 && root < ranks, errors::sync::bad_link, "nccl_link: root {} is not a rank of a {}-rank communicator", root,
                ranks);
     role_ = rank == root ? role::sender : role::receiver;
     ranks_ = ranks;
     rank_ = rank;
     root_ = root;
     if (role_ == role::sender)
-      RLPT_CHECK(static_cast<std::size_t>(ranks) == hosts_.size() + 1, "rlpt.sync.bad_link",
+      RLPT_CHECK(static_cast<std::size_t>(ranks) == hosts_.size() + 1, errors::sync::bad_link,
                  "nccl_link: the communicator has {} ranks but the sender was given {} host links (one per receiver)", ranks,
                  hosts_.size());
     else
-      RLPT_CHECK(hosts_.size() == 1, "rlpt.sync.bad_link", "nccl_link: a receiver needs exactly one host link, got {}",
+      RLPT_CHECK(hosts_.size() == 1, errors::sync::bad_link, "nccl_link: a receiver needs exactly one host link, got {}",
                  hosts_.size());
     where_ = fmt::format("nccl rank {} of {} ({}, root {})", rank, ranks, role_ == role::sender ? "sender" : "receiver", root);
     init_common(dev);
@@ -145,13 +146,13 @@ public:
   void prepare(deadline until) override {
     if (role_ == role::receiver) return; // the sender drives the bootstrap
     if (comm_ != nullptr && !broken_) return;
-    RLPT_CHECK(own_, "rlpt.sync.peer_lost", "{}: the user's communicator was aborted after an error; create a new one", where_);
+    RLPT_CHECK(own_, errors::sync::peer_lost, "{}: the user's communicator was aborted after an error; create a new one", where_);
     bootstrap(until);
   }
 
   std::span<std::byte> payload_buffer(std::uint64_t bytes, deadline until) override {
-    RLPT_CHECK(role_ == role::sender, "rlpt.sync.bad_link", "{}: only the sender sends payloads", where_);
-    RLPT_CHECK(bytes <= o_.slot_bytes, "rlpt.sync.too_large", "{}: payload of {} bytes exceeds the slot size {}", where_, bytes,
+    RLPT_CHECK(role_ == role::sender, errors::sync::bad_link, "{}: only the sender sends payloads", where_);
+    RLPT_CHECK(bytes <= o_.slot_bytes, errors::sync::too_large, "{}: payload of {} bytes exceeds the slot size {}", where_, bytes,
                o_.slot_bytes);
     ready();
     if (reserved_ < 0) {
@@ -169,7 +170,7 @@ public:
       return;
     }
     if (payload_bytes > 0) {
-      RLPT_CHECK(reserved_ >= 0, "rlpt.sync.bad_link", "{}: send of {} payload bytes without a payload_buffer()", where_,
+      RLPT_CHECK(reserved_ >= 0, errors::sync::bad_link, "{}: send of {} payload bytes without a payload_buffer()", where_,
                  payload_bytes);
       ready();
     }
@@ -230,9 +231,9 @@ private:
   };
 
   void init_common(int device) {
-    RLPT_CHECK(o_.slots >= 2, "rlpt.sync.bad_link", "{}: needs at least 2 slots (pack one while the other is on the wire), got {}",
+    RLPT_CHECK(o_.slots >= 2, errors::sync::bad_link, "{}: needs at least 2 slots (pack one while the other is on the wire), got {}",
                where_, o_.slots);
-    RLPT_CHECK(o_.slot_bytes >= 256, "rlpt.sync.bad_link", "{}: slot_bytes {} is too small", where_, o_.slot_bytes);
+    RLPT_CHECK(o_.slot_bytes >= 256, errors::sync::bad_link, "{}: slot_bytes {} is too small", where_, o_.slot_bytes);
     if (device < 0) RLPT_CUDA_CHECK(cudaGetDevice(&device));
     device_ = device;
     detail::device_guard g(device_);
@@ -265,8 +266,8 @@ private:
   }
 
   void ready() const {
-    RLPT_CHECK(comm_ != nullptr, "rlpt.sync.peer_lost", "{}: no communicator yet (the sender creates it at its first update)", where_);
-    RLPT_CHECK(!broken_, "rlpt.sync.peer_lost", "{}: the communicator was aborted ({}){}", where_, last_abort_,
+    RLPT_CHECK(comm_ != nullptr, errors::sync::peer_lost, "{}: no communicator yet (the sender creates it at its first update)", where_);
+    RLPT_CHECK(!broken_, errors::sync::peer_lost, "{}: the communicator was aborted ({}){}", where_, last_abort_,
                own_ ? "; the sender creates a new one at its next update" : "; create a new one");
   }
 
@@ -306,7 +307,7 @@ private:
     const std::string msg = fmt::format("{}: {}: NCCL reported {} ({}); the communicator was aborted (peers: {})", where_, what,
                                         static_cast<int>(bad), ncclGetErrorString(bad), peers_text());
     abort_comm(msg);
-    RLPT_FAIL("rlpt.nccl.error", "{}", msg);
+    RLPT_FAIL(errors::nccl::error, "{}", msg);
   }
 
   // Polls a non-blocking communicator until its last call finished enqueueing.
@@ -320,12 +321,12 @@ private:
         const std::string msg = fmt::format("{}: {}: NCCL reported {} ({}); the communicator was aborted (peers: {})", where_,
                                             what, static_cast<int>(bad), ncclGetErrorString(bad), peers_text());
         abort_comm(msg);
-        RLPT_FAIL("rlpt.nccl.error", "{}", msg);
+        RLPT_FAIL(errors::nccl::error, "{}", msg);
       }
       if (clock::now() >= until) {
         const std::string msg = fmt::format("{}: timed out {}; the communicator was aborted (peers: {})", where_, what, peers_text());
         abort_comm(msg);
-        RLPT_FAIL("rlpt.sync.timeout", "{}", msg);
+        RLPT_FAIL(errors::sync::timeout, "{}", msg);
       }
       if (spins < 64) std::this_thread::yield();
       else std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -336,11 +337,11 @@ private:
     try {
       detail::wait_event(e, until, where_, what, [&] { check_async(what); });
     } catch (const error& err) {
-      if (err.id() == "rlpt.sync.timeout") {
+      if (err.id() == errors::sync::timeout) {
         const std::string msg =
             fmt::format("{}: timed out {}; the communicator was aborted (peers: {})", where_, what, peers_text());
         abort_comm(msg);
-        RLPT_FAIL("rlpt.sync.timeout", "{}", msg);
+        RLPT_FAIL(errors::sync::timeout, "{}", msg);
       }
       throw;
     }
@@ -354,7 +355,7 @@ private:
       const std::string msg = fmt::format("{}: {}: ncclBroadcast failed with {} ({}); the communicator was aborted (peers: {})",
                                           where_, what, static_cast<int>(rc), ncclGetErrorString(rc), peers_text());
       abort_comm(msg);
-      RLPT_FAIL("rlpt.nccl.error", "{}", msg);
+      RLPT_FAIL(errors::nccl::error, "{}", msg);
     }
     slots_[s].sent.record(net_->get());
   }
@@ -406,7 +407,7 @@ private:
         std::string missing;
         for (std::size_t i = 0; i < hosts_.size(); ++i)
           if (!joined_[i]) missing += fmt::format("{}{}", missing.empty() ? "" : ", ", peer_name(i));
-        RLPT_FAIL("rlpt.sync.timeout", "{}: timed out waiting for {} to join communicator {}", where_, missing, epoch_);
+        RLPT_FAIL(errors::sync::timeout, "{}: timed out waiting for {} to join communicator {}", where_, missing, epoch_);
       }
       if (!any) std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
@@ -418,7 +419,7 @@ private:
     ncclComm_t comm = nullptr;
     const ncclResult_t rc = ncclCommInitRankConfig(&comm, ranks, id, rank, &c);
     if (rc != ncclSuccess && rc != ncclInProgress)
-      RLPT_FAIL("rlpt.nccl.error", "{}: ncclCommInitRankConfig (rank {} of {}) failed with {} ({})", where_, rank, ranks,
+      RLPT_FAIL(errors::nccl::error, "{}: ncclCommInitRankConfig (rank {} of {}) failed with {} ({})", where_, rank, ranks,
                 static_cast<int>(rc), ncclGetErrorString(rc));
     comm_ = comm;
     broken_ = false;
@@ -433,7 +434,7 @@ private:
   void on_init(std::span<const std::byte> meta) {
     const nccl_init_msg m = decode_nccl_init(meta, hosts_[0]->info().name);
     detail::device_guard g(device_);
-    RLPT_CHECK(own_, "rlpt.sync.bad_link", "{}: got an NCCL INIT but this link uses the user's communicator", where_);
+    RLPT_CHECK(own_, errors::sync::bad_link, "{}: got an NCCL INIT but this link uses the user's communicator", where_);
     if (comm_ != nullptr) {
       static_cast<void>(ncclCommAbort(comm_));
       comm_ = nullptr;
@@ -495,7 +496,7 @@ private:
       // Every payload the sender announces is a broadcast this rank must join, whatever the
       // protocol makes of the frame: otherwise the whole group stalls.
       ready();
-      RLPT_CHECK(payload <= o_.slot_bytes, "rlpt.sync.too_large", "{}: payload of {} bytes exceeds the slot size {}", where_, payload,
+      RLPT_CHECK(payload <= o_.slot_bytes, errors::sync::too_large, "{}: payload of {} bytes exceeds the slot size {}", where_, payload,
                  o_.slot_bytes);
       const auto s = static_cast<std::size_t>(next_slot_);
       detail::device_guard g(device_);
@@ -535,6 +536,7 @@ private:
   std::size_t last_peer_ = 0;
 };
 
-} // namespace rlpt::sync
+} // namespace sync
+RLPT_NAMESPACE_END
 
 #endif // RLPT_HAS_NCCL()

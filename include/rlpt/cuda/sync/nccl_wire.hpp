@@ -27,7 +27,8 @@
 #include <string_view>
 #include <vector>
 
-namespace rlpt::sync {
+RLPT_NAMESPACE_BEGIN
+namespace sync {
 
 inline constexpr std::uint32_t nccl_boot_magic = 0x424e4c52u; // "RLNB"
 inline constexpr std::size_t nccl_unique_id_bytes = 128;      // sizeof(ncclUniqueId)
@@ -93,7 +94,7 @@ struct nccl_join_msg {
 namespace detail {
 inline void check_boot(std::span<const std::byte> meta, std::size_t want, std::uint8_t kind, std::string_view what,
                        std::string_view where) {
-  RLPT_CHECK(meta.size() == want, "rlpt.sync.wire", "{}: NCCL {} message has {} bytes, expected {}", where, what, meta.size(),
+  RLPT_CHECK(meta.size() == want, errors::sync::wire, "{}: NCCL {} message has {} bytes, expected {}", where, what, meta.size(),
              want);
   std::uint32_t magic;
   std::uint8_t k, z[3];
@@ -102,9 +103,9 @@ inline void check_boot(std::span<const std::byte> meta, std::size_t want, std::u
   std::memcpy(&k, meta.data() + 4, 1);
   std::memcpy(z, meta.data() + 5, 3);
   std::memcpy(&c, meta.data() + want - 8, 8);
-  RLPT_CHECK(magic == nccl_boot_magic && k == kind && z[0] == 0 && z[1] == 0 && z[2] == 0, "rlpt.sync.wire",
+  RLPT_CHECK(magic == nccl_boot_magic && k == kind && z[0] == 0 && z[1] == 0 && z[2] == 0, errors::sync::wire,
              "{}: not an NCCL {} message", where, what);
-  RLPT_CHECK(xxh3(meta.data(), want - 8) == c, "rlpt.sync.wire", "{}: NCCL {} message fails its checksum", where, what);
+  RLPT_CHECK(xxh3(meta.data(), want - 8) == c, errors::sync::wire, "{}: NCCL {} message fails its checksum", where, what);
 }
 } // namespace detail
 
@@ -118,7 +119,7 @@ inline void check_boot(std::span<const std::byte> meta, std::size_t want, std::u
   std::memcpy(&m.root, meta.data() + 24, 4);
   std::memcpy(&zero, meta.data() + 28, 4);
   std::memcpy(m.id.data(), meta.data() + 32, nccl_unique_id_bytes);
-  RLPT_CHECK(zero == 0 && m.ranks >= 2 && m.rank < m.ranks && m.root < m.ranks && m.rank != m.root, "rlpt.sync.wire",
+  RLPT_CHECK(zero == 0 && m.ranks >= 2 && m.rank < m.ranks && m.root < m.ranks && m.rank != m.root, errors::sync::wire,
              "{}: NCCL INIT names rank {} and root {} of {} ranks", where, m.rank, m.root, m.ranks);
   return m;
 }
@@ -132,4 +133,5 @@ inline void check_boot(std::span<const std::byte> meta, std::size_t want, std::u
   return m;
 }
 
-} // namespace rlpt::sync
+} // namespace sync
+RLPT_NAMESPACE_END

@@ -60,7 +60,8 @@
 #include <utility>
 #include <vector>
 
-namespace rlpt::sync {
+RLPT_NAMESPACE_BEGIN
+namespace sync {
 
 struct device_sender_options {
   //! Send changed elements only, encoded on the GPU against a device snapshot of the last
@@ -110,11 +111,11 @@ public:
       : link_(l), m_(std::move(m)), o_(o) {
     const link_info li = link_.info();
     where_ = li.name;
-    RLPT_CHECK(li.payload_space == memory_space::device, "rlpt.sync.bad_link",
+    RLPT_CHECK(li.payload_space == memory_space::device, errors::sync::bad_link,
                "{} moves host payloads; use rlpt::sync::sender with it", where_);
     detail::check_device_manifest(m_, where_);
     for (std::uint64_t b = 0; b < m_.bucket_count(); ++b)
-      RLPT_CHECK(m_.bucket_size(b) <= li.max_payload, "rlpt.sync.bad_link",
+      RLPT_CHECK(m_.bucket_size(b) <= li.max_payload, errors::sync::bad_link,
                  "bucket {} holds {} bytes but {} carries at most {} per message: plan with a smaller bucket_bytes", b,
                  m_.bucket_size(b), where_, li.max_payload);
     const auto src = detail::bind(m_, params, where_, "source", true);
@@ -127,7 +128,7 @@ public:
     h_msg_sum_.reserve(8);
     if (o_.delta) {
       for (std::size_t i = 0; i < m_.size(); ++i)
-        RLPT_CHECK(src[i] == nullptr || src[i]->dtype == m_[i].dtype, "rlpt.sync.bad_source",
+        RLPT_CHECK(src[i] == nullptr || src[i]->dtype == m_[i].dtype, errors::sync::bad_source,
                    "{}: deltas compare wire bytes, but parameter \"{}\" is stored as {} and travels as {}", where_, m_[i].name,
                    src[i]->dtype, m_[i].dtype);
       snapshot_ = detail::device_bytes(std::max<std::uint64_t>(1, m_.packed_bytes()));
@@ -163,7 +164,7 @@ public:
   //! abort; the sender then stays at its previous version and the next publish starts clean.
   publish_result publish(std::uint64_t version) {
     const auto t0 = clock::now();
-    RLPT_CHECK(!published_ || version > last_, "rlpt.sync.bad_version", "publish({}) after version {}: versions must increase",
+    RLPT_CHECK(!published_ || version > last_, errors::sync::bad_version, "publish({}) after version {}: versions must increase",
                version, last_);
     abort_.store(false, std::memory_order_release);
     tag_ = next_tag();
@@ -239,7 +240,7 @@ private:
   void check_abort(std::uint64_t version) {
     if (!abort_.load(std::memory_order_acquire)) return;
     std::lock_guard lock(abort_mu_);
-    RLPT_FAIL("rlpt.sync.aborted", "{}: publish of version {} aborted: {}", where_, version, abort_reason_);
+    RLPT_FAIL(errors::sync::aborted, "{}: publish of version {} aborted: {}", where_, version, abort_reason_);
   }
 
   reply begin(std::uint64_t version, bool delta) {
@@ -268,7 +269,7 @@ private:
           std::string missing;
           for (std::size_t p = 0; p < got.size(); ++p)
             if (!got[p]) missing += fmt::format("{}{}", missing.empty() ? "" : ", ", link_.peer_name(p));
-          RLPT_FAIL("rlpt.sync.timeout", "{}: timed out {} for version {} (no answer from {})", where_, what, version, missing);
+          RLPT_FAIL(errors::sync::timeout, "{}: timed out {} for version {} (no answer from {})", where_, what, version, missing);
         }
         continue;
       }
@@ -445,7 +446,7 @@ public:
     const link_info li = link_.info();
     where_ = li.name;
     duplex_ = li.duplex;
-    RLPT_CHECK(li.payload_space == memory_space::device, "rlpt.sync.bad_link",
+    RLPT_CHECK(li.payload_space == memory_space::device, errors::sync::bad_link,
                "{} moves host payloads; use rlpt::sync::receiver with it", where_);
     d_msg_sums_ = detail::device_bytes(8 * 64);
     h_msg_sums_.reserve(8 * 64);
@@ -459,7 +460,7 @@ public:
   //! True after a failed streaming update wrote into the parameters: only dense updates are accepted.
   [[nodiscard]] bool torn() const noexcept { return torn_; }
   [[nodiscard]] const manifest& published_manifest() const {
-    RLPT_CHECK(has_, "rlpt.sync.no_version", "{}: no version has been published yet", where_);
+    RLPT_CHECK(has_, errors::sync::no_version, "{}: no version has been published yet", where_);
     return pub_;
   }
 
@@ -484,7 +485,7 @@ public:
       }
       if (!msg) {
         if (cur_.active)
-          return fail("rlpt.sync.timeout", fmt::format("{}: timed out after {} ms waiting for {} of version {}", where_,
+          return fail(errors::sync::timeout, fmt::format("{}: timed out after {} ms waiting for {} of version {}", where_,
                                                        o_.timeout.count(), expecting(), cur_.version));
         return {};
       }
@@ -497,7 +498,7 @@ public:
         continue;
       } catch (const std::exception& e) {
         release();
-        if (cur_.active) return fail("rlpt.sync.receive_failed", fmt::format("{}: {}", where_, e.what()));
+        if (cur_.active) return fail(errors::sync::receive_failed, fmt::format("{}: {}", where_, e.what()));
         continue;
       }
       release();
@@ -611,15 +612,15 @@ private:
     case frame_type::commit:
       if (!current(f)) {
         reply(frame_type::nack, f.tag, f.version, 0, 0,
-              detail::error_body("rlpt.sync.no_update", fmt::format("{}: COMMIT of version {} without a BEGIN (the receiver "
+              detail::error_body(errors::sync::no_update, fmt::format("{}: COMMIT of version {} without a BEGIN (the receiver "
                                                                     "restarted or already failed this update)", where_, f.version)));
         return std::nullopt;
       }
       return on_commit(f);
     case frame_type::abort:
       if (!current(f)) return std::nullopt;
-      return fail("rlpt.sync.aborted", fmt::format("{}: the sender aborted version {}: {}", where_, f.version, as_chars(f.body)));
-    default: RLPT_FAIL("rlpt.sync.protocol", "{}: unexpected {} frame on the receiving side", where_, name(f.type));
+      return fail(errors::sync::aborted, fmt::format("{}: the sender aborted version {}: {}", where_, f.version, as_chars(f.body)));
+    default: RLPT_FAIL(errors::sync::protocol, "{}: unexpected {} frame on the receiving side", where_, name(f.type));
     }
   }
 
@@ -628,11 +629,11 @@ private:
       // A BEGIN that replaces an attempt which received nothing yet is the sender's retry
       // (a delta refused elsewhere in the group, now sent dense): not a failure.
       if (cur_.next == 0) cur_ = inflight{};
-      else events_.push_back(fail("rlpt.sync.superseded", fmt::format("{}: version {} was superseded by a BEGIN of version {}",
+      else events_.push_back(fail(errors::sync::superseded, fmt::format("{}: version {} was superseded by a BEGIN of version {}",
                                                                      where_, cur_.version, f.version)));
     }
     const bool delta = f.index == static_cast<std::uint64_t>(update_kind::delta);
-    RLPT_CHECK(f.index <= 1, "rlpt.sync.protocol", "{}: BEGIN of version {} has unknown kind {}", where_, f.version, f.index);
+    RLPT_CHECK(f.index <= 1, errors::sync::protocol, "{}: BEGIN of version {} has unknown kind {}", where_, f.version, f.index);
     manifest m;
     std::vector<const device_tensor*> bound;
     try {
@@ -643,18 +644,18 @@ private:
       return refuse(f, refusal::bad_manifest, e.id(), fmt::format("{}: BEGIN of version {}: {}", where_, f.version, e.message()));
     }
     if (m.layout_hash() != f.count)
-      return refuse(f, refusal::bad_manifest, "rlpt.sync.manifest_hash",
+      return refuse(f, refusal::bad_manifest, errors::sync::manifest_hash,
                     fmt::format("{}: BEGIN of version {} announces layout hash {} but its manifest hashes to {}", where_,
                                 f.version, to_hex(f.count), to_hex(m.layout_hash())));
     if (o_.expect_layout_hash && m.layout_hash() != *o_.expect_layout_hash)
-      return refuse(f, refusal::layout_mismatch, "rlpt.sync.manifest_hash",
+      return refuse(f, refusal::layout_mismatch, errors::sync::manifest_hash,
                     fmt::format("{}: version {} has layout hash {}, this receiver expects {}", where_, f.version,
                                 to_hex(m.layout_hash()), to_hex(*o_.expect_layout_hash)));
     if (has_ && f.version <= version_)
-      return refuse(f, refusal::stale_version, "rlpt.sync.stale_version",
+      return refuse(f, refusal::stale_version, errors::sync::stale_version,
                     fmt::format("{}: version {} is not newer than the published version {}", where_, f.version, version_));
     if (m.packed_bytes() > o_.max_update_bytes)
-      return refuse(f, refusal::too_large, "rlpt.sync.too_large",
+      return refuse(f, refusal::too_large, errors::sync::too_large,
                     fmt::format("{}: version {} packs {} bytes, more than device_receiver_options::max_update_bytes = {}",
                                 where_, f.version, m.packed_bytes(), o_.max_update_bytes));
     const bool same = has_ && pub_.layout_hash() == m.layout_hash() && pub_.same_layout(m);
@@ -672,7 +673,7 @@ private:
             why = fmt::format("target \"{}\" is stored as {} but travels as {}: deltas need equal dtypes", m[i].name,
                               bound[i]->dtype, m[i].dtype);
       if (!why.empty())
-        return refuse(f, refusal::base_mismatch, "rlpt.sync.base_mismatch",
+        return refuse(f, refusal::base_mismatch, errors::sync::base_mismatch,
                       fmt::format("{}: delta version {}: {}; send a dense update", where_, f.version, why));
     }
     try {
@@ -699,7 +700,7 @@ private:
     auto bound = detail::bind(m, targets_, where_, "target", false);
     if (!o_.skip_unbound)
       for (std::size_t i = 0; i < m.size(); ++i)
-        RLPT_CHECK(bound[i] != nullptr || m[i].nbytes == 0, "rlpt.sync.unknown_tensor",
+        RLPT_CHECK(bound[i] != nullptr || m[i].nbytes == 0, errors::sync::unknown_tensor,
                    "{}: manifest tensor \"{}\" has no target (bind it, or set skip_unbound)", where_, m[i].name);
     return bound;
   }
@@ -722,14 +723,14 @@ private:
 
   void on_bucket(const frame& f, std::span<const std::byte> payload) {
     const manifest& m = cur_.m;
-    RLPT_CHECK(!cur_.delta, "rlpt.sync.protocol", "{}: BUCKET frame in delta version {}", where_, f.version);
-    RLPT_CHECK(f.index == cur_.next && f.index < m.bucket_count(), "rlpt.sync.protocol", "{}: got bucket {} of version {}, expected {}",
+    RLPT_CHECK(!cur_.delta, errors::sync::protocol, "{}: BUCKET frame in delta version {}", where_, f.version);
+    RLPT_CHECK(f.index == cur_.next && f.index < m.bucket_count(), errors::sync::protocol, "{}: got bucket {} of version {}, expected {}",
                where_, f.index, f.version, expecting());
     const std::uint64_t b = f.index;
     const std::uint64_t p0 = piece_at_[b], np = piece_at_[b + 1] - p0;
-    RLPT_CHECK(f.count == np && f.body.size() == np * 8, "rlpt.sync.protocol",
+    RLPT_CHECK(f.count == np && f.body.size() == np * 8, errors::sync::protocol,
                "{}: bucket {} of version {} lists {} piece checksums, the manifest has {} pieces", where_, b, f.version, f.count, np);
-    RLPT_CHECK(payload.size() == m.bucket_size(b), "rlpt.sync.truncated", "{}: bucket {} of version {} has {} bytes, expected {}",
+    RLPT_CHECK(payload.size() == m.bucket_size(b), errors::sync::truncated, "{}: bucket {} of version {} has {} bytes, expected {}",
                where_, b, f.version, payload.size(), m.bucket_size(b));
     for (std::uint64_t j = 0; j < np; ++j) cur_.want_pieces[p0 + j] = detail::frame_u64(f.body, j);
     const auto src = reinterpret_cast<std::uintptr_t>(payload.data());
@@ -746,10 +747,10 @@ private:
 
   void on_delta(const frame& f, std::span<const std::byte> payload) {
     const manifest& m = cur_.m;
-    RLPT_CHECK(cur_.delta, "rlpt.sync.protocol", "{}: DELTA frame in dense version {}", where_, f.version);
-    RLPT_CHECK(f.index == cur_.next, "rlpt.sync.protocol", "{}: got delta chunk {} of version {}, expected {}", where_, f.index,
+    RLPT_CHECK(cur_.delta, errors::sync::protocol, "{}: DELTA frame in dense version {}", where_, f.version);
+    RLPT_CHECK(f.index == cur_.next, errors::sync::protocol, "{}: got delta chunk {} of version {}, expected {}", where_, f.index,
                f.version, cur_.next);
-    RLPT_CHECK(f.count >= 1 && f.count <= (f.body.size() / 64) && f.body.size() == 8 + 64 * f.count, "rlpt.sync.protocol",
+    RLPT_CHECK(f.count >= 1 && f.count <= (f.body.size() / 64) && f.body.size() == 8 + 64 * f.count, errors::sync::protocol,
                "{}: delta chunk {} of version {} announces {} records in a {}-byte body", where_, f.index, f.version, f.count,
                f.body.size());
     const std::string ctx = fmt::format("{} version {} delta chunk {}", where_, f.version, f.index);
@@ -762,14 +763,14 @@ private:
       s.rec.head = detail::parse_delta_head(h, ctx, at);
       std::memcpy(s.rec.header.data(), h.data(), 64);
       const detail::delta_head& d = s.rec.head;
-      RLPT_CHECK(d.tensor < m.size(), "rlpt.sync.bad_delta", "{}: delta record names tensor #{} of {}", ctx, d.tensor, m.size());
+      RLPT_CHECK(d.tensor < m.size(), errors::sync::bad_delta, "{}: delta record names tensor #{} of {}", ctx, d.tensor, m.size());
       const tensor_entry& t = m[d.tensor];
-      RLPT_CHECK(d.elem_bytes == size_of(t.dtype), "rlpt.sync.bad_delta", "{}: delta record for \"{}\" has {}-byte elements, {} has {}",
+      RLPT_CHECK(d.elem_bytes == size_of(t.dtype), errors::sync::bad_delta, "{}: delta record for \"{}\" has {}-byte elements, {} has {}",
                  ctx, t.name, d.elem_bytes, t.dtype, size_of(t.dtype));
-      RLPT_CHECK(d.elem_begin <= t.numel() && d.elem_count <= t.numel() - d.elem_begin, "rlpt.sync.bad_delta",
+      RLPT_CHECK(d.elem_begin <= t.numel() && d.elem_count <= t.numel() - d.elem_begin, errors::sync::bad_delta,
                  "{}: delta record for \"{}\" covers elements [{}, {}) of {}", ctx, t.name, d.elem_begin,
                  d.elem_begin + d.elem_count, t.numel());
-      RLPT_CHECK(d.base_checksum == pub_[d.tensor].checksum, "rlpt.sync.base_mismatch",
+      RLPT_CHECK(d.base_checksum == pub_[d.tensor].checksum, errors::sync::base_mismatch,
                  "{}: delta for \"{}\" was encoded against checksum {}, the published version {} has {}", ctx, t.name,
                  to_hex(d.base_checksum), version_, to_hex(pub_[d.tensor].checksum));
       if (bound_[d.tensor] == nullptr) { // skipped tensor: nothing to apply it to
@@ -783,7 +784,7 @@ private:
       at += delta_header_bytes + d.body;
       recs.push_back(s);
     }
-    RLPT_CHECK(at == payload.size(), "rlpt.sync.truncated", "{}: its records add up to {} bytes, the payload has {}", ctx, at,
+    RLPT_CHECK(at == payload.size(), errors::sync::truncated, "{}: its records add up to {} bytes, the payload has {}", ctx, at,
                payload.size());
     const cudaStream_t s = link_.stream();
     grow_arena(arena_at + payload.size());
@@ -821,11 +822,11 @@ private:
 
   std::optional<update> on_commit(const frame& f) {
     const manifest& m = cur_.m;
-    RLPT_CHECK(f.count == cur_.next, "rlpt.sync.truncated", "{}: COMMIT of version {} counts {} messages, {} arrived", where_,
+    RLPT_CHECK(f.count == cur_.next, errors::sync::truncated, "{}: COMMIT of version {} counts {} messages, {} arrived", where_,
                f.version, f.count, cur_.next);
-    RLPT_CHECK(cur_.delta || cur_.next == m.bucket_count(), "rlpt.sync.truncated", "{}: COMMIT of version {} after {} of {} buckets",
+    RLPT_CHECK(cur_.delta || cur_.next == m.bucket_count(), errors::sync::truncated, "{}: COMMIT of version {} after {} of {} buckets",
                where_, f.version, cur_.next, m.bucket_count());
-    RLPT_CHECK(f.body.size() == m.size() * 8, "rlpt.sync.protocol", "{}: COMMIT of version {} carries {} checksum bytes for {} tensors",
+    RLPT_CHECK(f.body.size() == m.size() * 8, errors::sync::protocol, "{}: COMMIT of version {} carries {} checksum bytes for {} tensors",
                where_, f.version, f.body.size(), m.size());
     std::vector<std::uint64_t> want(m.size());
     std::memcpy(want.data(), f.body.data(), f.body.size());
@@ -842,7 +843,7 @@ private:
       for (std::size_t j = 0; j < pieces.size(); ++j) {
         const std::uint64_t g = piece_at_[b] + j;
         const piece& p = pieces[j];
-        RLPT_CHECK(got[g] == cur_.want_pieces[g], "rlpt.sync.checksum",
+        RLPT_CHECK(got[g] == cur_.want_pieces[g], errors::sync::checksum,
                    "{}: bucket {} of version {}: piece {} (tensor \"{}\", bytes [{}, {})) has checksum {}, the sender's is {}",
                    where_, b, f.version, j, m[p.tensor].name, p.tensor_offset, p.tensor_offset + p.nbytes, to_hex(got[g]),
                    to_hex(cur_.want_pieces[g]));
@@ -851,7 +852,7 @@ private:
     }
     for (std::size_t i = 0; i < m.size(); ++i) {
       const std::uint64_t c = wsum_finish(raw[i], m[i].nbytes);
-      RLPT_CHECK(c == want[i], "rlpt.sync.checksum", "{}: version {}: tensor \"{}\" arrived with checksum {}, the sender's is {}",
+      RLPT_CHECK(c == want[i], errors::sync::checksum, "{}: version {}: tensor \"{}\" arrived with checksum {}, the sender's is {}",
                  where_, f.version, m[i].name, to_hex(c), to_hex(want[i]));
     }
     if (o_.mode == apply_mode::staged) {
@@ -869,7 +870,7 @@ private:
     if (nm != 0) RLPT_CUDA_CHECK(cudaMemcpyAsync(h_msg_sums_.get(), d_msg_sums_.get(), nm * 8, cudaMemcpyDeviceToHost, s));
     detail::wait_stream(done_, s, after(o_.timeout), where_, fmt::format("verifying delta version {}", f.version));
     for (std::size_t k = 0; k < nm; ++k)
-      RLPT_CHECK(h_msg_sums_.get<std::uint64_t>()[k] == cur_.want_msgs[k], "rlpt.sync.checksum",
+      RLPT_CHECK(h_msg_sums_.get<std::uint64_t>()[k] == cur_.want_msgs[k], errors::sync::checksum,
                  "{}: delta chunk {} of version {} has checksum {}, the sender's is {}", where_, k, f.version,
                  to_hex(h_msg_sums_.get<std::uint64_t>()[k]), to_hex(cur_.want_msgs[k]));
     // Records of one tensor must not overlap: the swap runs them in parallel.
@@ -880,7 +881,7 @@ private:
     std::vector<char> touched(m.size(), 0);
     for (std::size_t i = 0; i < sorted.size(); ++i) {
       if (i > 0 && sorted[i].rec.head.tensor == sorted[i - 1].rec.head.tensor)
-        RLPT_CHECK(sorted[i].tensor_first >= sorted[i - 1].tensor_end, "rlpt.sync.bad_delta",
+        RLPT_CHECK(sorted[i].tensor_first >= sorted[i - 1].tensor_end, errors::sync::bad_delta,
                    "{}: delta version {} has overlapping records for \"{}\"", where_, f.version, m[sorted[i].rec.head.tensor].name);
       touched[sorted[i].rec.head.tensor] = 1;
     }
@@ -888,7 +889,7 @@ private:
     recs.reserve(cur_.records.size());
     for (const auto& r : cur_.records) recs.push_back(r.rec);
     const std::string bad = applier_.apply(recs, arena_.get(), s, after(o_.timeout), where_);
-    if (!bad.empty()) RLPT_FAIL("rlpt.sync.bad_delta", "{}: delta version {}: {}", where_, f.version, bad);
+    if (!bad.empty()) RLPT_FAIL(errors::sync::bad_delta, "{}: delta version {}: {}", where_, f.version, bad);
     cur_.partial = true;
     // Result checksums of the touched tensors, read back from the targets.
     RLPT_CUDA_CHECK(cudaMemsetAsync(d_sums_.get(), 0, m.size() * 8, s));
@@ -903,7 +904,7 @@ private:
         detail::wait_stream(done_, s, after(o_.timeout), where_, fmt::format("rolling back delta version {}", f.version));
         cur_.partial = false;
         dense_next_ = true;
-        RLPT_FAIL("rlpt.sync.checksum",
+        RLPT_FAIL(errors::sync::checksum,
                   "{}: after applying delta version {}, tensor \"{}\" has checksum {}, the sender's is {}; rolled back to version {}",
                   where_, f.version, m[i].name, to_hex(got), to_hex(want[i]), version_);
       }
@@ -959,4 +960,5 @@ private:
   device_delta_applier applier_;
 };
 
-} // namespace rlpt::sync
+} // namespace sync
+RLPT_NAMESPACE_END

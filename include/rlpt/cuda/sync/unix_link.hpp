@@ -45,7 +45,8 @@
 #include <utility>
 #include <vector>
 
-namespace rlpt::sync {
+RLPT_NAMESPACE_BEGIN
+namespace sync {
 
 struct unix_options {
   //! Socket address: a filesystem path, or "@name" for Linux's abstract namespace (nothing
@@ -65,7 +66,7 @@ inline sockaddr_un unix_address(const std::string& path, socklen_t& len) {
   sockaddr_un a{};
   a.sun_family = AF_UNIX;
   const bool abstract = !path.empty() && path[0] == '@';
-  RLPT_CHECK(!path.empty() && path.size() < sizeof(a.sun_path), "rlpt.sync.bad_link",
+  RLPT_CHECK(!path.empty() && path.size() < sizeof(a.sun_path), errors::sync::bad_link,
              "unix socket path \"{}\" must have 1 to {} characters", path, sizeof(a.sun_path) - 1);
   std::memcpy(a.sun_path, path.data(), path.size());
   if (abstract) a.sun_path[0] = '\0';
@@ -78,7 +79,7 @@ inline sockaddr_un unix_address(const std::string& path, socklen_t& len) {
 //! unix_link(fd, role).
 [[nodiscard]] inline std::array<int, 2> unix_socketpair() {
   int fds[2] = {-1, -1};
-  RLPT_CHECK(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0, "rlpt.sync.bad_link",
+  RLPT_CHECK(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0, errors::sync::bad_link,
              "socketpair(AF_UNIX) failed: {}", std::strerror(errno));
   return {fds[0], fds[1]};
 }
@@ -94,7 +95,7 @@ public:
 
   //! Adopts a connected socket (one end of unix_socketpair()); the link owns and closes it.
   unix_link(int connected_fd, role r, unix_options o = {}) : o_(std::move(o)), role_(r), adopted_(true) {
-    RLPT_CHECK(connected_fd >= 0, "rlpt.sync.bad_link", "unix_link needs a connected socket, got fd {}", connected_fd);
+    RLPT_CHECK(connected_fd >= 0, errors::sync::bad_link, "unix_link needs a connected socket, got fd {}", connected_fd);
     where_ = fmt::format("unix socketpair fd {} ({})", connected_fd, r == role::sender ? "sender" : "receiver");
     tune(connected_fd);
     conn_.reset(connected_fd);
@@ -117,7 +118,7 @@ public:
   [[nodiscard]] std::uint64_t connections() const noexcept { return connections_; }
 
   std::span<std::byte> payload_buffer(std::uint64_t bytes, deadline) override {
-    RLPT_CHECK(bytes <= o_.max_payload, "rlpt.sync.too_large", "{}: payload of {} bytes exceeds max_payload {}", where_, bytes,
+    RLPT_CHECK(bytes <= o_.max_payload, errors::sync::too_large, "{}: payload of {} bytes exceeds max_payload {}", where_, bytes,
                o_.max_payload);
     if (tx_payload_.size() < bytes) tx_payload_.resize(static_cast<std::size_t>(bytes));
     return {tx_payload_.data(), static_cast<std::size_t>(bytes)};
@@ -129,11 +130,11 @@ public:
 
   //! Sends a frame carrying duplicates of `fds` (the caller keeps its own).
   void send_with_fds(std::span<const std::byte> meta, std::span<const int> fds, std::uint64_t payload_bytes, deadline until) {
-    RLPT_CHECK(meta.size() <= o_.max_meta && meta.size() <= 0xffffffffu, "rlpt.sync.too_large",
+    RLPT_CHECK(meta.size() <= o_.max_meta && meta.size() <= 0xffffffffu, errors::sync::too_large,
                "{}: meta block of {} bytes exceeds max_meta {}", where_, meta.size(), o_.max_meta);
-    RLPT_CHECK(fds.size() <= o_.max_fds, "rlpt.sync.too_large", "{}: {} descriptors in one frame, the limit is {}", where_,
+    RLPT_CHECK(fds.size() <= o_.max_fds, errors::sync::too_large, "{}: {} descriptors in one frame, the limit is {}", where_,
                fds.size(), o_.max_fds);
-    RLPT_CHECK(payload_bytes <= tx_payload_.size(), "rlpt.sync.bad_link",
+    RLPT_CHECK(payload_bytes <= tx_payload_.size(), errors::sync::bad_link,
                "{}: send of {} payload bytes without a payload_buffer() of that size", where_, payload_bytes);
     connect_or_accept(until);
     std::byte hdr[detail::unix_header_bytes] = {};
@@ -188,7 +189,7 @@ public:
         }
         const int err = errno;
         drop();
-        RLPT_FAIL("rlpt.sync.peer_lost", "{}: send failed: {}", where_, std::strerror(err));
+        RLPT_FAIL(errors::sync::peer_lost, "{}: send failed: {}", where_, std::strerror(err));
       }
       fds_sent = true; // attached to the first byte that went out
       auto left = static_cast<std::size_t>(n);
@@ -238,16 +239,16 @@ private:
 
   void open_listener() {
     detail::fd_guard fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    RLPT_CHECK(fd.fd >= 0, "rlpt.sync.bad_link", "{}: socket failed: {}", where_, std::strerror(errno));
+    RLPT_CHECK(fd.fd >= 0, errors::sync::bad_link, "{}: socket failed: {}", where_, std::strerror(errno));
     socklen_t len = 0;
     sockaddr_un a = detail::unix_address(o_.path, len);
     if (o_.path[0] != '@') { // a socket file left by a crashed listener
       struct stat st{};
       if (::lstat(o_.path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) ::unlink(o_.path.c_str());
     }
-    RLPT_CHECK(::bind(fd.fd, reinterpret_cast<sockaddr*>(&a), len) == 0, "rlpt.sync.bad_link", "{}: bind failed: {}", where_,
+    RLPT_CHECK(::bind(fd.fd, reinterpret_cast<sockaddr*>(&a), len) == 0, errors::sync::bad_link, "{}: bind failed: {}", where_,
                std::strerror(errno));
-    RLPT_CHECK(::listen(fd.fd, 4) == 0, "rlpt.sync.bad_link", "{}: listen failed: {}", where_, std::strerror(errno));
+    RLPT_CHECK(::listen(fd.fd, 4) == 0, errors::sync::bad_link, "{}: listen failed: {}", where_, std::strerror(errno));
     ::fcntl(fd.fd, F_SETFL, ::fcntl(fd.fd, F_GETFL) | O_NONBLOCK);
     listen_.reset(fd.release());
   }
@@ -271,7 +272,7 @@ private:
 
   bool try_connect() {
     detail::fd_guard fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    RLPT_CHECK(fd.fd >= 0, "rlpt.sync.bad_link", "{}: socket failed: {}", where_, std::strerror(errno));
+    RLPT_CHECK(fd.fd >= 0, errors::sync::bad_link, "{}: socket failed: {}", where_, std::strerror(errno));
     socklen_t len = 0;
     sockaddr_un a = detail::unix_address(o_.path, len);
     if (::connect(fd.fd, reinterpret_cast<sockaddr*>(&a), len) != 0) return false; // not listening yet
@@ -283,7 +284,7 @@ private:
   }
 
   bool try_connect_or_accept(deadline until) {
-    if (adopted_) RLPT_FAIL("rlpt.sync.peer_lost", "{}: the peer closed the socketpair", where_);
+    if (adopted_) RLPT_FAIL(errors::sync::peer_lost, "{}: the peer closed the socketpair", where_);
     for (;;) {
       if (o_.listen ? accept_new() : try_connect()) return true;
       if (clock::now() >= until) return false;
@@ -335,7 +336,7 @@ private:
     }
     if ((mh.msg_flags & MSG_CTRUNC) != 0) {
       drop();
-      RLPT_FAIL("rlpt.sync.wire", "{}: descriptors were truncated (more than 64 in one read)", where_);
+      RLPT_FAIL(errors::sync::wire, "{}: descriptors were truncated (more than 64 in one read)", where_);
     }
     return n;
   }
@@ -366,7 +367,7 @@ private:
     else if (nf > pending_fds_.size()) problem = "announced descriptors did not arrive";
     if (problem != nullptr) {
       drop();
-      RLPT_FAIL("rlpt.sync.wire", "{}: bad frame header ({}; magic 0x{:08x}, {} meta bytes, {} payload bytes, {} fds)", where_,
+      RLPT_FAIL(errors::sync::wire, "{}: bad frame header ({}; magic 0x{:08x}, {} meta bytes, {} payload bytes, {} fds)", where_,
                 problem, magic, mb, pb, nf);
     }
     close_all(msg_fds_);
@@ -393,4 +394,5 @@ private:
   std::vector<int> msg_fds_;    // the current message's, until taken or released
 };
 
-} // namespace rlpt::sync
+} // namespace sync
+RLPT_NAMESPACE_END

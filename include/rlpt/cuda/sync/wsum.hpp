@@ -26,7 +26,8 @@
 #include <cstdint>
 #include <cstring>
 
-namespace rlpt::sync {
+RLPT_NAMESPACE_BEGIN
+namespace sync {
 
 //! splitmix64's finaliser.
 [[nodiscard]] RLPT_HD_FORCEINLINE std::uint64_t wsum_mix(std::uint64_t x) noexcept {
@@ -73,4 +74,5 @@ namespace rlpt::sync {
   return wsum_finish(wsum_raw(data, n, 0), n);
 }
 
-} // namespace rlpt::sync
+} // namespace sync
+RLPT_NAMESPACE_END

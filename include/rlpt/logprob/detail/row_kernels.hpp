@@ -28,7 +28,8 @@
 #define RLPT_LOGPROB_X86_DISPATCH() 0
 #endif
 
-namespace rlpt::detail {
+RLPT_NAMESPACE_BEGIN
+namespace detail {
 
 inline constexpr int row_chunk = 512;
 inline constexpr float neg_inf_f = -std::numeric_limits<float>::infinity();
@@ -243,4 +244,5 @@ void row_backward(const T* x, G* dx, index_t n, float scale, float lse, float h,
   row_backward_generic<T, G, Truncated>(x, dx, n, scale, lse, h, glp, gh, thr, tie, target);
 }
 
-} // namespace rlpt::detail
+} // namespace detail
+RLPT_NAMESPACE_END

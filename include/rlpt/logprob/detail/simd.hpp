@@ -38,7 +38,8 @@
 #pragma GCC diagnostic ignored "-Wpsabi" // vectors only travel between always-inlined helpers
 #endif
 
-namespace rlpt::detail::simd {
+RLPT_NAMESPACE_BEGIN
+namespace detail::simd {
 
 inline constexpr int lanes = 16;
 
@@ -403,7 +404,8 @@ inline constexpr int baseline_bytes = 16;
 inline constexpr int baseline_bytes = 4;
 #endif
 
-} // namespace rlpt::detail::simd
+} // namespace detail::simd
+RLPT_NAMESPACE_END
 
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop

@@ -17,7 +17,8 @@
 #include <cstdint>
 #include <limits>
 
-namespace rlpt::detail {
+RLPT_NAMESPACE_BEGIN
+namespace detail {
 
 //! Monotone map float -> uint32 (for non-NaN values); −0 and +0 share a key.
 RLPT_HD_FORCEINLINE std::uint32_t order_key(float z) {
@@ -151,4 +152,5 @@ truncation row_truncation(const T* x, index_t n, float scale, float m, index_t t
   return tr;
 }
 
-} // namespace rlpt::detail
+} // namespace detail
+RLPT_NAMESPACE_END

@@ -20,7 +20,8 @@
 #include <limits>
 #include <type_traits>
 
-namespace rlpt::detail {
+RLPT_NAMESPACE_BEGIN
+namespace detail {
 
 inline constexpr int host_chunk = 256;
 
@@ -653,4 +654,5 @@ auto host_row_kernel() noexcept {
   return &host_row_default<T>;
 }
 
-} // namespace rlpt::detail
+} // namespace detail
+RLPT_NAMESPACE_END

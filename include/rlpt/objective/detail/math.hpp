@@ -13,7 +13,8 @@
 #include <cstring>
 #include <type_traits>
 
-namespace rlpt::detail {
+RLPT_NAMESPACE_BEGIN
+namespace detail {
 
 //! c ? a : b without a branch. GCC keeps a floating-point operation that may trap out of a
 //! conditional arm (-ftrapping-math is the default), so a plain ?: whose arm computes something
@@ -155,4 +156,5 @@ RLPT_HD_FORCEINLINE R sign_r(R x) {
   return sel(x > R(0), R(1), sel(x < R(0), R(-1), R(0)));
 }
 
-} // namespace rlpt::detail
+} // namespace detail
+RLPT_NAMESPACE_END

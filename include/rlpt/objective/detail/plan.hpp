@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <limits>
 
-namespace rlpt {
+RLPT_NAMESPACE_BEGIN
 
 //! What a call does with a valid token whose inputs are not finite.
 enum class nonfinite_policy : std::uint8_t {
@@ -402,4 +402,4 @@ RLPT_HD_FORCEINLINE token_result<R> token_eval(const objective_plan& p, const ro
 }
 
 } // namespace detail
-} // namespace rlpt
+RLPT_NAMESPACE_END

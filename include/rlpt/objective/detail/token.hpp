@@ -11,7 +11,8 @@
 #include <rlpt/objective/detail/plan.hpp>
 #include <rlpt/objective/inputs.hpp>
 
-namespace rlpt::detail {
+RLPT_NAMESPACE_BEGIN
+namespace detail {
 
 //! Reads token i of sequence b; masked slots (and, under nonfinite_policy::skip, slots with a
 //! non-finite input) come back invalid with zeros. `bad` is set for a valid slot whose inputs
@@ -91,4 +92,5 @@ RLPT_HD objective_result finish_result(const objective_plan& p, const objective_
   return r;
 }
 
-} // namespace rlpt::detail
+} // namespace detail
+RLPT_NAMESPACE_END

@@ -22,7 +22,8 @@
 #include <utility>
 #include <vector>
 
-namespace rlpt::sync::detail {
+RLPT_NAMESPACE_BEGIN
+namespace sync::detail {
 
 //! A parsed JSON value. Numbers keep their text so integers beyond 2^53 stay exact.
 class json {
@@ -114,7 +115,7 @@ public:
 private:
   template <class... Args>
   [[noreturn]] void fail_at(std::size_t at, fmt::format_string<Args...> f, Args&&... args) const {
-    RLPT_FAIL("rlpt.sync.json", "{} is not valid JSON: at byte {}: {}", what_, at,
+    RLPT_FAIL(errors::sync::json, "{} is not valid JSON: at byte {}: {}", what_, at,
               fmt::format(f, std::forward<Args>(args)...));
   }
 
@@ -429,4 +430,5 @@ inline void write_json(std::string& out, const json& v) {
   return s;
 }
 
-} // namespace rlpt::sync::detail
+} // namespace sync::detail
+RLPT_NAMESPACE_END

@@ -20,7 +20,8 @@
 #include <thread>
 #include <utility>
 
-namespace rlpt::sync::detail {
+RLPT_NAMESPACE_BEGIN
+namespace sync::detail {
 
 //! The CUDA driver functions the device transports call, resolved through the runtime
 //! (cudaGetDriverEntryPointByVersion) instead of linking libcuda: executables that include
@@ -55,7 +56,7 @@ void load_driver_entry(const char* name, F& f) {
 #else // CUDA 12.0-12.4 runtimes: the unversioned query (deprecated from 12.5 on)
   const cudaError_t e = cudaGetDriverEntryPoint(name, &p, cudaEnableDefault, &found);
 #endif
-  RLPT_CHECK(e == cudaSuccess && found == cudaDriverEntryPointSuccess && p != nullptr, "rlpt.cuda.error",
+  RLPT_CHECK(e == cudaSuccess && found == cudaDriverEntryPointSuccess && p != nullptr, errors::cuda::error,
              "the CUDA driver entry point {} is not available ({}): is an NVIDIA driver (12.0 or newer) installed?", name,
              cudaGetErrorString(e));
   f = reinterpret_cast<F>(p);
@@ -92,16 +93,18 @@ inline void check_cu(CUresult status, const char* expr, const char* file, int li
     const char* text = nullptr;
     driver().cuGetErrorName(status, &name);
     driver().cuGetErrorString(status, &text);
-    RLPT_FAIL("rlpt.cuda.error", "{} failed with {} ({}) at {}:{}", expr, name ? name : "?", text ? text : "?", file, line);
+    RLPT_FAIL(errors::cuda::error, "{} failed with {} ({}) at {}:{}", expr, name ? name : "?", text ? text : "?", file, line);
   }
 }
 
-} // namespace rlpt::sync::detail
+} // namespace sync::detail
+RLPT_NAMESPACE_END
 
 //! Throws rlpt::error if the CUDA driver call `expr` did not return CUDA_SUCCESS.
 #define RLPT_SYNC_CU_CHECK(expr) ::rlpt::sync::detail::check_cu((expr), #expr, __FILE__, __LINE__)
 
-namespace rlpt::sync::detail {
+RLPT_NAMESPACE_BEGIN
+namespace sync::detail {
 
 //! Makes `device` current for a scope and restores the previous one.
 class device_guard {
@@ -236,7 +239,7 @@ void wait_event(cudaEvent_t e, deadline until, std::string_view where, std::stri
   for (;;) {
     const cudaError_t s = cudaEventQuery(e);
     if (s == cudaSuccess) return;
-    if (s != cudaErrorNotReady) RLPT_FAIL("rlpt.cuda.error", "{}: {}: {} ({})", where, what, cudaGetErrorName(s), cudaGetErrorString(s));
+    if (s != cudaErrorNotReady) RLPT_FAIL(errors::cuda::error, "{}: {}: {} ({})", where, what, cudaGetErrorName(s), cudaGetErrorString(s));
     poll();
     if (clock::now() >= until) timeout(where, what);
     if (++spins < 64) std::this_thread::yield();
@@ -254,4 +257,5 @@ inline void wait_stream(event& e, cudaStream_t s, deadline until, std::string_vi
   wait_event(e.get(), until, where, what);
 }
 
-} // namespace rlpt::sync::detail
+} // namespace sync::detail
+RLPT_NAMESPACE_END
