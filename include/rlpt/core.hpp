@@ -11,6 +11,7 @@
 #include <rlpt/core/executor.hpp>
 #include <rlpt/core/groups.hpp>
 #include <rlpt/core/layout.hpp>
+#include <rlpt/core/nonfinite.hpp>
 #include <rlpt/core/stats.hpp>
 #include <rlpt/core/views.hpp>
 #include <rlpt/version.hpp>

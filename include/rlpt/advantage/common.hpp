@@ -10,6 +10,7 @@
 #include <rlpt/core/error.hpp>
 #include <rlpt/core/executor.hpp>
 #include <rlpt/core/groups.hpp>
+#include <rlpt/core/nonfinite.hpp>
 #include <rlpt/core/views.hpp>
 
 #include <fmt/format.h>
@@ -21,12 +22,6 @@
 #include <vector>
 
 RLPT_NAMESPACE_BEGIN
-
-//! What a call does with a NaN or infinite reward (or value) where it would be used.
-enum class nonfinite : std::uint8_t {
-  raise, //!< throw rlpt::error naming the offending indices (verl, OpenRLHF, AReaL: NaN propagates there)
-  mask,  //!< leave the item out of every statistic, give it advantage 0, count it (TRL's unscorable completions)
-};
 
 //! What a group with a single counted sample gets (frameworks disagree; each preset says which).
 enum class single : std::uint8_t {
