@@ -17,6 +17,9 @@
 
 namespace rlpt::test {
 
+//! The id of golden-file errors (a test-only id: error_id constants only, no string literals).
+inline constexpr error_id golden_error{"rlpt.test.golden"};
+
 struct golden_array {
   std::uint8_t code = 0;
   std::vector<std::uint64_t> shape;
@@ -59,11 +62,11 @@ class golden_file {
 public:
   explicit golden_file(const std::string& path) : path_(path) {
     std::ifstream in(path, std::ios::binary);
-    RLPT_CHECK(in.good(), "rlpt.test.golden", "cannot open golden file {}", path);
+    RLPT_CHECK(in.good(), golden_error, "cannot open golden file {}", path);
     const std::vector<unsigned char> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     std::size_t pos = 0;
     auto need = [&](std::size_t n) {
-      RLPT_CHECK(pos + n <= data.size(), "rlpt.test.golden", "{} is truncated at byte {}", path, pos);
+      RLPT_CHECK(pos + n <= data.size(), golden_error, "{} is truncated at byte {}", path, pos);
     };
     auto read = [&](auto& v) {
       need(sizeof(v));
@@ -71,7 +74,7 @@ public:
       pos += sizeof(v);
     };
     need(8);
-    RLPT_CHECK(std::memcmp(data.data(), "RLPTGLD1", 8) == 0, "rlpt.test.golden", "{} is not a golden file", path);
+    RLPT_CHECK(std::memcmp(data.data(), "RLPTGLD1", 8) == 0, golden_error, "{} is not a golden file", path);
     pos = 8;
     std::uint32_t count = 0;
     read(count);
@@ -85,7 +88,7 @@ public:
       std::uint8_t ndim = 0;
       read(a.code);
       read(ndim);
-      RLPT_CHECK(a.code <= 4, "rlpt.test.golden", "{}: array {} has unknown dtype code {}", path, name, a.code);
+      RLPT_CHECK(a.code <= 4, golden_error, "{}: array {} has unknown dtype code {}", path, name, a.code);
       a.shape.resize(ndim);
       for (auto& d : a.shape) read(d);
       static constexpr std::size_t sizes[] = {4, 8, 4, 8, 1};
@@ -101,7 +104,7 @@ public:
   [[nodiscard]] bool has(const std::string& name) const { return arrays_.count(name) != 0; }
   [[nodiscard]] const golden_array& operator[](const std::string& name) const {
     auto it = arrays_.find(name);
-    RLPT_CHECK(it != arrays_.end(), "rlpt.test.golden", "{} has no array named {}", path_, name);
+    RLPT_CHECK(it != arrays_.end(), golden_error, "{} has no array named {}", path_, name);
     return it->second;
   }
   template <class T>
