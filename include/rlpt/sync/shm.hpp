@@ -18,6 +18,7 @@
 
 #include <rlpt/config.hpp>
 #include <rlpt/core/error.hpp>
+#include <rlpt/core/process.hpp>
 #include <rlpt/sync/link.hpp>
 
 #include <fcntl.h>
@@ -64,21 +65,7 @@ inline constexpr std::uint64_t shm_page = 4096;
 
 [[nodiscard]] constexpr std::uint64_t page_up(std::uint64_t n) noexcept { return (n + shm_page - 1) / shm_page * shm_page; }
 
-//! True while process `pid` runs. A zombie (exited, not yet reaped by its parent) is dead.
-[[nodiscard]] inline bool pid_alive(std::int32_t pid) noexcept {
-  if (pid <= 0 || (::kill(pid, 0) != 0 && errno != EPERM)) return false;
-  char path[64];
-  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return true; // no procfs: trust kill()
-  char buf[256];
-  const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
-  ::close(fd);
-  if (n <= 0) return true;
-  buf[n] = '\0';
-  const char* paren = std::strrchr(buf, ')'); // "pid (comm) S ...": comm may contain spaces
-  return paren == nullptr || paren[1] == '\0' || (paren[2] != 'Z' && paren[2] != 'X');
-}
+using ::rlpt::detail::pid_alive; // core/process.hpp
 
 struct shm_header {
   std::atomic<std::uint64_t> magic; // written last by the creator
