@@ -1,0 +1,231 @@
+// SPDX-License-Identifier: Apache-2.0
+// bench_limits: the hardware limits scripts/bench-peers states results against, measured in the
+// same rounds as the comparison, with the same timing protocol (support/peer_timing.hpp).
+//
+//   bench_limits copy BYTES [timing]
+//       single-thread memcpy of BYTES between two buffers touched beforehand; the harness
+//       counts bytes read + written per CPU second.
+//   bench_limits expsum DIR N V f32|bf16 [timing]
+//       rlpt's own SIMD exp (rlpt::detail::simd::exp, the AVX2 build where the CPU has it, as
+//       the logprob row kernels choose) summed over every logit of DIR/logits.{f32,bf16}: one
+//       read and one exp per logit, the compute limit of the logprob row passes.
+//   bench_limits streams TOTAL_MB BUCKET_MB 3|4 [timing]
+//       the memory streams of a weight sync on two threads (one per core, as the shm transport's
+//       two processes): thread A copies the model bucket by bucket into one of two slots of
+//       BUCKET_MB, thread B reads each slot (3 streams: model read, slot write, slot read) or
+//       copies it on into destination weights (4 streams). One call = one model; cpu_s is the
+//       busier thread's CPU time of the call (the rate with a core per side), wall_s the wall time.
+//
+//   [timing] = --warmup N --calls N --flush BYTES (see support/peer_timing.hpp)
+#include <rlpt/logprob/detail/row_kernels.hpp>
+#include <rlpt/logprob/detail/simd.hpp>
+
+#include "support/peer_timing.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using rlpt::bench::timing_plan;
+
+int copy(std::size_t bytes, const timing_plan& plan) {
+  std::vector<char> src(bytes, 1), dst(bytes, 0); // both touched: no page faults are timed
+  const auto t = rlpt::bench::time_calls(plan, [&] {
+    std::memcpy(dst.data(), src.data(), bytes);
+    asm volatile("" : : "r"(dst.data()) : "memory");
+  });
+  std::printf("%s\n", fmt::format(R"({{"op": "copy", "bytes": {}, {}}})", bytes, rlpt::bench::json_series(t)).c_str());
+  return 0;
+}
+
+// --- exp + sum: the compute limit of the logprob row passes ---------------------------------
+
+namespace simd = rlpt::detail::simd;
+
+template <int NB, class T>
+RLPT_LOGPROB_HOST_INLINE float expsum_row_body(const T* x, rlpt::index_t n) {
+  simd::vf<NB> acc = simd::splat<NB>(0.0f);
+  rlpt::index_t j = 0;
+  for (; j + simd::lanes <= n; j += simd::lanes) acc = acc + simd::exp<NB>(simd::load<NB>(x + j));
+  float tail = 0.0f;
+  for (; j < n; ++j) tail += rlpt::detail::exp_fast(static_cast<float>(x[j]));
+  return simd::hsum<NB>(acc) + tail;
+}
+
+template <class T>
+float expsum_row_generic(const T* x, rlpt::index_t n) {
+  return expsum_row_body<simd::baseline_bytes>(x, n);
+}
+
+#if RLPT_LOGPROB_X86_DISPATCH()
+template <class T>
+RLPT_LOGPROB_AVX2 float expsum_row_avx2(const T* x, rlpt::index_t n) {
+  return expsum_row_body<32>(x, n);
+}
+#endif
+
+template <class T>
+double expsum(const T* x, rlpt::index_t rows, rlpt::index_t cols) {
+  double total = 0.0;
+#if RLPT_LOGPROB_X86_DISPATCH()
+  if (rlpt::detail::row_kernels_use_avx2()) {
+    for (rlpt::index_t r = 0; r < rows; ++r) total += expsum_row_avx2(x + r * cols, cols);
+    return total;
+  }
+#endif
+  for (rlpt::index_t r = 0; r < rows; ++r) total += expsum_row_generic(x + r * cols, cols);
+  return total;
+}
+
+template <class T>
+int expsum_mode(const std::string& dir, rlpt::index_t n, rlpt::index_t v, const timing_plan& plan) {
+  const auto nv = static_cast<std::size_t>(n * v);
+  const auto x = rlpt::bench::read_raw<T>(dir + (sizeof(T) == 2 ? "/logits.bf16" : "/logits.f32"), nv);
+  double sum = 0.0;
+  const auto t = rlpt::bench::time_calls(plan, [&] { sum = expsum(x.data(), n, v); });
+  std::printf("%s\n", fmt::format(R"({{"op": "expsum", "N": {}, "V": {}, "bytes": {}, "avx2": {}, "sum": {}, {}}})",
+                                  n, v, nv * sizeof(T), rlpt::detail::row_kernels_use_avx2(), sum,
+                                  rlpt::bench::json_series(t))
+                          .c_str());
+  return 0;
+}
+
+// --- memory streams of a weight sync ------------------------------------------------------------
+
+int streams(std::size_t total, std::size_t bucket, int nstreams, const timing_plan& plan) {
+  const std::size_t buckets = (total + bucket - 1) / bucket;
+  std::vector<char> model(total, 1), weights(nstreams == 4 ? total : 0, 0);
+  std::vector<char> slots[2] = {std::vector<char>(bucket, 0), std::vector<char>(bucket, 0)};
+  // slot state: 0 free, 1 full; `pass` starts a model (A and B wait on it between calls)
+  std::atomic<int> state[2] = {0, 0};
+  std::atomic<int> pass{0}, done{0};
+  std::atomic<bool> stop{false};
+  double cpu_a = 0, cpu_b = 0;
+  std::uint64_t sink = 0;
+  auto worker_a = [&] {
+    for (int p = 1;; ++p) {
+      for (int seen = pass.load(); seen < p; seen = pass.load()) {
+        if (stop.load()) return;
+        pass.wait(seen);
+      }
+      if (stop.load()) return;
+      const double c0 = rlpt::bench::thread_cpu_seconds();
+      for (std::size_t b = 0; b < buckets; ++b) {
+        auto& s = state[b % 2];
+        while (s.load(std::memory_order_acquire) != 0) s.wait(1);
+        const std::size_t off = b * bucket, len = std::min(bucket, total - off);
+        std::memcpy(slots[b % 2].data(), model.data() + off, len);
+        s.store(1, std::memory_order_release);
+        s.notify_one();
+      }
+      cpu_a = rlpt::bench::thread_cpu_seconds() - c0;
+      done.fetch_add(1);
+      done.notify_all();
+    }
+  };
+  auto worker_b = [&] {
+    for (int p = 1;; ++p) {
+      for (int seen = pass.load(); seen < p; seen = pass.load()) {
+        if (stop.load()) return;
+        pass.wait(seen);
+      }
+      if (stop.load()) return;
+      const double c0 = rlpt::bench::thread_cpu_seconds();
+      for (std::size_t b = 0; b < buckets; ++b) {
+        auto& s = state[b % 2];
+        while (s.load(std::memory_order_acquire) != 1) s.wait(0);
+        const std::size_t off = b * bucket, len = std::min(bucket, total - off);
+        if (nstreams == 4) {
+          std::memcpy(weights.data() + off, slots[b % 2].data(), len);
+        } else { // read every byte (4 independent sums: bound by the reads, not by the adds)
+          const auto* w = reinterpret_cast<const std::uint64_t*>(slots[b % 2].data());
+          std::uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+          for (std::size_t i = 0; i + 4 <= len / 8; i += 4) a0 += w[i], a1 += w[i + 1], a2 += w[i + 2], a3 += w[i + 3];
+          sink += a0 + a1 + a2 + a3;
+        }
+        s.store(0, std::memory_order_release);
+        s.notify_one();
+      }
+      cpu_b = rlpt::bench::thread_cpu_seconds() - c0;
+      done.fetch_add(1);
+      done.notify_all();
+    }
+  };
+  std::thread ta(worker_a), tb(worker_b);
+  int started = 0;
+  rlpt::bench::call_times t;
+  std::vector<double> ca, cb;
+  auto one_pass = [&] {
+    ++started;
+    const int target = 2 * started;
+    const double w0 = rlpt::bench::wall_seconds();
+    pass.store(started);
+    pass.notify_all();
+    for (int d = done.load(); d < target; d = done.load()) done.wait(d);
+    return rlpt::bench::wall_seconds() - w0;
+  };
+  for (int i = 0; i < plan.warmup; ++i) {
+    rlpt::bench::flush_caches(plan.flush);
+    (void)one_pass();
+  }
+  for (int i = 0; i < plan.calls; ++i) {
+    rlpt::bench::flush_caches(plan.flush);
+    t.wall.push_back(one_pass());
+    t.cpu.push_back(std::max(cpu_a, cpu_b));
+    ca.push_back(cpu_a);
+    cb.push_back(cpu_b);
+  }
+  stop.store(true);
+  pass.store(started + 1);
+  pass.notify_all();
+  ta.join();
+  tb.join();
+  std::printf("%s\n", fmt::format(R"({{"op": "streams", "streams": {}, "bytes": {}, "bucket_bytes": {}, {}, )"
+                                  R"("a_cpu_s": {}, "b_cpu_s": {}, "sink": {}}})",
+                                  nstreams, total, bucket, rlpt::bench::json_series(t), rlpt::bench::json_array(ca),
+                                  rlpt::bench::json_array(cb), sink % 2)
+                          .c_str());
+  return 0;
+}
+
+int usage() {
+  std::fprintf(stderr, "usage: bench_limits copy BYTES [timing]\n"
+                       "       bench_limits expsum DIR N V f32|bf16 [timing]\n"
+                       "       bench_limits streams TOTAL_MB BUCKET_MB 3|4 [timing]\n");
+  return 2;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const timing_plan plan = rlpt::bench::parse_timing(argc, argv);
+    if (argc < 2) return usage();
+    const std::string op = argv[1];
+    if (op == "copy" && argc == 3) return copy(std::strtoull(argv[2], nullptr, 10), plan);
+    if (op == "expsum" && argc == 6) {
+      const std::string dtype = argv[5];
+      if (dtype == "f32") return expsum_mode<float>(argv[2], std::atoll(argv[3]), std::atoll(argv[4]), plan);
+      if (dtype == "bf16") return expsum_mode<rlpt::bf16>(argv[2], std::atoll(argv[3]), std::atoll(argv[4]), plan);
+    }
+    if (op == "streams" && argc == 5) {
+      const int n = std::atoi(argv[4]);
+      if (n == 3 || n == 4)
+        return streams(std::strtoull(argv[2], nullptr, 10) << 20, std::strtoull(argv[3], nullptr, 10) << 20, n, plan);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_limits: %s\n", e.what());
+    return 1;
+  }
+  return usage();
+}
