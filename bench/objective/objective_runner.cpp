@@ -4,9 +4,15 @@
 // and prints one JSON line: wall and CPU seconds (best of the repeats), the loss, a gradient
 // checksum, the bytes the call must move and the copy bandwidth measured in the same run.
 //   objective_runner DIR B T THREADS REPEATS
+// scripts/bench-peers (bench/peers/blocks/objective.py) uses the peer mode: one configuration of
+// bench_objective in verl's terms, the gradient allocated inside every call, the timing protocol
+// of bench/support/peer_timing.hpp (one thread); --out writes grad.f32 (and grad_ent.f32).
+//   objective_runner peer CONFIG DIR B T [--warmup N --calls N --flush BYTES --out DIR]
+//   CONFIG: ppo_k3_token_mean | ppo_tis_k3_entropy | gspo_seq_is | cispo_local
 #include <rlpt/objective.hpp>
 
 #include "support/bandwidth.hpp"
+#include "support/peer_timing.hpp"
 
 #include <chrono>
 #include <cstdio>
@@ -14,6 +20,8 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -37,9 +45,79 @@ double cpu_now() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
+// The configurations of bench_objective, as verl's actor loss (compat::verl::actor) computes them.
+rlpt::objective peer_config(const std::string& name, double tokens) {
+  namespace verl = rlpt::compat::verl;
+  if (name == "ppo_k3_token_mean")
+    return verl::actor({.use_kl_loss = true, .kl_loss_coef = 0.001, .kl_loss_type = "low_var_kl",
+                        .batch_num_tokens = tokens});
+  if (name == "ppo_tis_k3_entropy")
+    return verl::actor({.clip_ratio_high = 0.28, .use_kl_loss = true, .kl_loss_coef = 0.001,
+                        .kl_loss_type = "low_var_kl", .entropy_coeff = 0.001, .batch_num_tokens = tokens},
+                       verl::rollout_correction("token", "2.0"));
+  if (name == "gspo_seq_is")
+    return verl::actor({.loss_mode = "gspo", .clip_ratio_low = 3e-4, .clip_ratio_high = 4e-4,
+                        .loss_agg_mode = "seq-mean-token-mean"},
+                       verl::rollout_correction("sequence", "2.0"));
+  if (name == "cispo_local") // token-mean over this call's own tokens (no global count)
+    return verl::actor({.loss_mode = "cispo", .clip_ratio_low = 10.0, .clip_ratio_high = 0.28, .use_kl_loss = true,
+                        .kl_loss_coef = 0.001, .kl_loss_type = "low_var_kl"});
+  throw std::invalid_argument("unknown configuration " + name);
+}
+
+int peer_mode(int argc, char** argv) {
+  const rlpt::bench::timing_plan plan = rlpt::bench::parse_timing(argc, argv);
+  if (argc != 6) {
+    std::fprintf(stderr, "usage: %s peer CONFIG DIR B T [--warmup N --calls N --flush BYTES --out DIR]\n", argv[0]);
+    return 2;
+  }
+  const std::string config = argv[2], dir = argv[3];
+  const rlpt::index_t B = std::atoll(argv[4]), T = std::atoll(argv[5]);
+  const auto n = static_cast<std::size_t>(B * T);
+  const auto lp = load<float>(dir + "/lp.bin", n), old = load<float>(dir + "/old.bin", n);
+  const auto ref = load<float>(dir + "/ref.bin", n), adv = load<float>(dir + "/adv.bin", n);
+  const auto behav = load<float>(dir + "/behav.bin", n), ent = load<float>(dir + "/ent.bin", n);
+  const auto mask = load<rlpt::mask_t>(dir + "/mask.bin", n);
+  double tokens = 0;
+  for (auto m : mask) tokens += m;
+  const rlpt::objective obj = peer_config(config, tokens);
+  const bool entropy = config == "ppo_tis_k3_entropy";
+  const rlpt::objective_inputs in{.layout = rlpt::token_layout::padded(B, T), .mask = mask, .logp = lp,
+                                  .old_logp = old, .behav_logp = behav, .ref_logp = ref, .adv = adv,
+                                  .entropy = entropy ? rlpt::view<const float>(ent) : rlpt::view<const float>{}};
+  struct result {
+    std::unique_ptr<float[]> grad, grad_ent;
+    double loss = 0;
+  };
+  auto call = [&] {
+    result r{rlpt::bench::output<float>(n), entropy ? rlpt::bench::output<float>(n) : nullptr};
+    rlpt::objective_grads g{.logp = rlpt::view<float>(r.grad.get(), static_cast<rlpt::index_t>(n))};
+    if (entropy) g.entropy = rlpt::view<float>(r.grad_ent.get(), static_cast<rlpt::index_t>(n));
+    r.loss = rlpt::evaluate(obj, in, g).loss;
+    return r;
+  };
+  const auto t = rlpt::bench::time_calls(plan, call);
+  const result r = call();
+  if (!plan.out.empty()) {
+    rlpt::bench::write_raw(plan.out + "/grad.f32", r.grad.get(), n);
+    if (entropy) rlpt::bench::write_raw(plan.out + "/grad_ent.f32", r.grad_ent.get(), n);
+  }
+  std::printf("{\"config\": \"%s\", \"loss\": %.17g, \"tokens\": %.17g, %s}\n", config.c_str(), r.loss, tokens,
+              rlpt::bench::json_series(t).c_str());
+  return 0;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "peer") {
+    try {
+      return peer_mode(argc, argv);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "objective_runner: %s\n", e.what());
+      return 1;
+    }
+  }
   if (argc != 6) {
     std::fprintf(stderr, "usage: %s DIR B T THREADS REPEATS\n", argv[0]);
     return 2;

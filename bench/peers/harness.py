@@ -83,57 +83,22 @@ def main(argv=None) -> int:
     modules = {b: core.load_block(b) for b in blocks}
     missing = runners.ensure([r for m in modules.values() for r in m.RUNNERS])
     results, failed, skipped = {}, [], []
-    for name in blocks:
-        module = modules[name]
-        lacking = [r for r in module.RUNNERS if r in missing]
-        if lacking:
-            print(f"\n## {module.TITLE}: skipped, runner(s) not built: {', '.join(lacking)} (in {args.build})", flush=True)
-            skipped.append(name)
-            continue
-        print(f"\n## {module.TITLE}", flush=True)
-        ctx = core.Context(block=name, runners=runners, quick=args.quick, check_only=args.check_only,
-                           rounds=args.rounds, round_seconds=args.round_seconds, verbose=not args.quiet,
-                           gate=gate if timing else None)
-        ctx.worker = core.PeerWorker()
-        started, load_before = core.now_utc(), core.LoadGate.load()
-        case_results = []
-        try:
-            for case in module.cases(ctx):
-                try:
-                    r = core.run_case(ctx, case)
-                except Exception as e:  # noqa: BLE001 - a broken case is reported, the others run
-                    r = {"key": case.key, "labels": case.labels, "error": f"{type(e).__name__}: {e}"}
-                    print(f"  {case.key}: ERROR {e}", flush=True)
-                    if not args.quiet:
-                        traceback.print_exc()
-                    if "the peer worker died" in str(e):
-                        ctx.worker = core.PeerWorker()
-                case_results.append(r)
-                if "check_failed" in r or "error" in r:
-                    failed.append(f"{name}: {r['key']}")
-        finally:
-            ctx.worker.close()
-        block = {"title": module.TITLE, "command": module.COMMAND, "run_command": command, "started": started,
-                 "finished": core.now_utc(), "machine": machine, "load_before": load_before,
-                 "load_after": core.LoadGate.load(), "quick": args.quick, "check_only": args.check_only,
-                 "cases": case_results}
-        if timing:
-            try:
-                block.update(module.report(ctx, case_results))
-            except Exception as e:  # noqa: BLE001
-                print(f"  report failed: {e}", flush=True)
-                traceback.print_exc()
-                failed.append(f"{name}: report")
-            for table in block.get("tables", []):
-                print("\n" + docgen.table_markdown(table))
-            for t in block.get("targets", []):
-                print(f"- target: {t['text']}: {docgen.met_text(t['met'])} ({t.get('detail', '')})")
-        results[name] = block
+    worker = core.PeerWorker()  # one peer process for the whole run: torch, verl and TRL import once
+    try:
+        for name in blocks:
+            block = run_block(args, name, modules[name], missing, runners, gate, timing, machine, command, worker,
+                              failed)
+            if block is None:
+                skipped.append(name)
+            else:
+                results[name] = block
+    finally:
+        worker.close()
     if failed:
         print("\nFAILED: " + "; ".join(failed), file=sys.stderr)
     if not timing:
         print("\ncheck-only: nothing written" + (f"; skipped blocks: {', '.join(skipped)}" if skipped else ""))
-        return 1 if failed else (SKIP if skipped and not results else 0)
+        return 1 if failed else (SKIP if skipped else 0)
     if args.force or gate.contended or failed or args.quick:
         why = ("--force" if args.force else "the machine was busy: " + "; ".join(gate.contended) if gate.contended
                else "--quick inputs are not the documented ones" if args.quick else "a case failed")
@@ -141,6 +106,48 @@ def main(argv=None) -> int:
         return 1 if failed else 0
     write(Path(args.json), Path(args.docs), results)
     return 0
+
+
+def run_block(args, name, module, missing, runners, gate, timing, machine, command, worker, failed) -> dict | None:
+    lacking = [r for r in module.RUNNERS if r in missing]
+    if lacking:
+        print(f"\n## {module.TITLE}: skipped, runner(s) not built: {', '.join(lacking)} (in {args.build})", flush=True)
+        return None
+    print(f"\n## {module.TITLE}", flush=True)
+    ctx = core.Context(block=name, runners=runners, quick=args.quick, check_only=args.check_only, rounds=args.rounds,
+                       round_seconds=args.round_seconds, verbose=not args.quiet, gate=gate if timing else None,
+                       worker=worker)
+    started, load_before = core.now_utc(), core.LoadGate.load()
+    case_results = []
+    for case in module.cases(ctx):
+        try:
+            r = core.run_case(ctx, case)
+        except Exception as e:  # noqa: BLE001 - a broken case is reported, the others run
+            r = {"key": case.key, "labels": case.labels, "error": f"{type(e).__name__}: {e}"}
+            print(f"  {case.key}: ERROR {e}", flush=True)
+            if not args.quiet:
+                traceback.print_exc()
+            if worker.proc.poll() is not None:
+                worker.proc = core.PeerWorker().proc  # the worker died (e.g. out of memory): a fresh one
+        case_results.append(r)
+        if "check_failed" in r or "error" in r:
+            failed.append(f"{name}: {r['key']}")
+    block = {"title": module.TITLE, "command": module.COMMAND, "run_command": command, "started": started,
+             "finished": core.now_utc(), "machine": machine, "load_before": load_before,
+             "load_after": core.LoadGate.load(), "quick": args.quick, "check_only": args.check_only,
+             "cases": case_results}
+    if timing:
+        try:
+            block.update(module.report(ctx, case_results))
+        except Exception as e:  # noqa: BLE001
+            print(f"  report failed: {e}", flush=True)
+            traceback.print_exc()
+            failed.append(f"{name}: report")
+        for table in block.get("tables", []):
+            print("\n" + docgen.table_markdown(table))
+        for t in block.get("targets", []):
+            print(f"- target: {t['text']}: {docgen.met_text(t['met'])} ({t.get('detail', '')})")
+    return block
 
 
 def write(json_path: Path, docs: Path, results: dict) -> None:

@@ -95,26 +95,25 @@ def cases(ctx) -> list[Case]:
 
             out.append(Case(f"{op} {B}x{T}", {"case": "GAE + whitening" if op == "gae" else "REINFORCE++",
                                               "B": B, "T": T}, sides, prepare, check))
-    sizes = [256, 1024] if ctx.quick else [256, 1024, 4096, 16384, 65536]
-    groups = [4, 16] if ctx.quick else [4, 16, 64]
+    grid = [(4, 256), (16, 1024)] if ctx.quick else [(G, N) for G in (4, 16, 64)
+                                                     for N in (256, 1024, 4096, 16384, 65536)]
     for est in OUTCOME:
-        for G in groups:
-            for N in sizes:
-                def prepare(d: Path, N=N, G=G, est=est):
-                    r, ids = outcome_inputs(N, G, est, seed=N + G)
-                    r.tofile(d / "rewards.f32"), ids.tofile(d / "ids.i64")
+        for G, N in grid:
+            def prepare(d: Path, N=N, G=G, est=est):
+                r, ids = outcome_inputs(N, G, est, seed=N + G)
+                r.tofile(d / "rewards.f32"), ids.tofile(d / "ids.i64")
 
-                def check(d: Path, o, N=N, est=est):
-                    got = np.fromfile(o["outs"]["rlpt"] / "adv.f32", np.float32)
-                    err = scaled_error(got, np.load(o["outs"]["verl"] / "adv.npy"))
-                    if not err <= TOL["outcome"]:
-                        raise CheckError(f"{est} N={N}: max scaled error {err:.3g} > {TOL['outcome']}")
-                    return {"max err": err}
+            def check(d: Path, o, N=N, est=est):
+                got = np.fromfile(o["outs"]["rlpt"] / "adv.f32", np.float32)
+                err = scaled_error(got, np.load(o["outs"]["verl"] / "adv.npy"))
+                if not err <= TOL["outcome"]:
+                    raise CheckError(f"{est} N={N}: max scaled error {err:.3g} > {TOL['outcome']}")
+                return {"max err": err}
 
-                sides = [Side("rlpt", "bench_advantage_runner", ["outcome", est, "{dir}", N]),
-                         Side("verl", peer="outcome", params={"est": est, "N": N}, role="peer")]
-                out.append(Case(f"{est} G={G} N={N}", {"estimator": est, "verl function": OUTCOME[est][2], "G": G, "N": N},
-                                sides, prepare, check))
+            sides = [Side("rlpt", "bench_advantage_runner", ["outcome", est, "{dir}", N]),
+                     Side("verl", peer="outcome", params={"est": est, "N": N}, role="peer")]
+            out.append(Case(f"{est} G={G} N={N}", {"estimator": est, "verl function": OUTCOME[est][2], "G": G, "N": N},
+                            sides, prepare, check))
     return out
 
 
