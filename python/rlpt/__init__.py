@@ -1,0 +1,44 @@
+# SPDX-License-Identifier: Apache-2.0
+"""rlpt for PyTorch: rlpt's advantage estimators, policy objective and logprob/entropy kernels
+as PyTorch custom operators (torch.ops.rlpt.*, with fake kernels and autograd formulas, so
+torch.compile traces them), integrations for verl (rlpt.verl), TRL (rlpt.trl) and OpenRLHF
+(rlpt.openrlhf), and the weight-sync sender / receiver (rlpt.sync). See docs/python.md."""
+import torch  # loads libtorch before the extension that links against it
+
+from . import _C
+
+_built = _C.torch_version.split("+")[0].split(".")[:2]
+_running = torch.__version__.split("+")[0].split(".")[:2]
+if _built != _running:
+    raise ImportError(f"rlpt was built against torch {_C.torch_version} but torch {torch.__version__} is installed; "
+                      "reinstall rlpt (pip install --force-reinstall --no-deps ./python)")
+
+from ._errors import Error, error_id  # noqa: E402
+from ._ops import (GROUP_STATS, METRICS, TOKEN_STATS, Objective, gae, gpg_advantages, group_ids,  # noqa: E402
+                   grpo_advantages, local_denominators, logprob_entropy, metrics_dict, opo_advantages,
+                   passk_advantages, policy_loss, reinforce_pp, reinforce_pp_baseline, remax, rloo_advantages,
+                   sequence_logprob_entropy)
+
+__version__ = "0.2.0"
+cuda_kernels = bool(_C.cuda)
+
+
+def set_strict(on=True):
+    """Strict mode: a non-contiguous input is an error (rlpt.python.strides) instead of a counted copy."""
+    _C.set_strict(bool(on))
+
+
+def copy_stats():
+    """{(kind, tensor name): count} of the copies ("copy") and dtype casts ("cast") the ops made
+    of their inputs since the last reset_copy_stats()."""
+    return {(k, n): c for k, n, c in _C.copy_stats()}
+
+
+def reset_copy_stats():
+    _C.reset_copy_stats()
+
+
+__all__ = ["Error", "error_id", "Objective", "METRICS", "GROUP_STATS", "TOKEN_STATS", "metrics_dict", "policy_loss",
+           "local_denominators", "logprob_entropy", "sequence_logprob_entropy", "grpo_advantages", "rloo_advantages",
+           "opo_advantages", "gpg_advantages", "passk_advantages", "gae", "reinforce_pp", "reinforce_pp_baseline",
+           "remax", "group_ids", "set_strict", "copy_stats", "reset_copy_stats", "cuda_kernels"]

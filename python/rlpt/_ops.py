@@ -1,0 +1,344 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Fake (meta) kernels and autograd formulas of the torch.ops.rlpt operators, and the Python
+functions that call them. The kernels themselves are C++ (rlpt._C, TORCH_LIBRARY "rlpt")."""
+import torch
+
+from . import _C, _spec
+from ._errors import call
+
+ops = torch.ops.rlpt
+
+#: Names of the entries of a metrics tensor (rlpt::objective_result, in order).
+METRICS = ("loss", "policy_loss", "kl_loss", "entropy_loss", "value_loss", "tokens", "loss_tokens", "seqs",
+           "clip_frac_low", "clip_frac_high", "clip_frac_dual", "clamped_frac", "approx_kl", "kl_mean",
+           "is_weight_min", "is_weight_mean", "is_weight_max", "rejected_frac", "entropy_mean", "value_clip_frac",
+           "nonfinite_tokens", "denominator_error")
+if len(METRICS) != _C.num_metrics:
+    raise ImportError(f"rlpt._C reports {_C.num_metrics} objective metrics, the package knows {len(METRICS)}: "
+                      "rebuild the package")
+
+#: Entries of the stats tensor of the outcome estimators.
+GROUP_STATS = ("num_degenerate", "frac_degenerate", "num_nonfinite", "batch_std")
+#: Entries of the stats tensor of the token estimators (GAE, REINFORCE++, REINFORCE++-baseline).
+TOKEN_STATS = ("num_nonfinite_seqs", "whiten_mean", "whiten_inv_std", "whiten_num_nonfinite")
+
+
+def metrics_dict(metrics, names=METRICS):
+    """A metrics / stats tensor as {name: float} (one device sync)."""
+    return dict(zip(names, metrics.detach().cpu().tolist()))
+
+
+# --- fake kernels -------------------------------------------------------------------------------
+
+@torch.library.register_fake("rlpt::logprob_entropy")
+def _logprob_fake(logits, tokens, valid, cu_seqlens, sequence, temperature, top_k, top_p, ignore_index):
+    rows = tokens.numel()
+    truncated = rows if (top_k > 0 or top_p < 1.0) else 0
+    f32 = torch.float32
+    return (logits.new_empty(tokens.shape, dtype=f32), logits.new_empty(tokens.shape, dtype=f32),
+            logits.new_empty((rows,), dtype=f32), logits.new_empty((truncated,), dtype=f32),
+            logits.new_empty((truncated,), dtype=torch.int64), logits.new_empty(tokens.shape, dtype=torch.bool))
+
+
+@torch.library.register_fake("rlpt::logprob_entropy_backward")
+def _logprob_backward_fake(dlogp, dentropy, logits, tokens, valid, cu_seqlens, logp, entropy, lse, threshold,
+                           tie_last, sequence, temperature, top_k, top_p, ignore_index):
+    return torch.empty_like(logits, memory_format=torch.contiguous_format)
+
+
+def _compute_dtype(t):
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+@torch.library.register_fake("rlpt::objective")
+def _objective_fake(spec, logp, mask, old_logp, behav_logp, ref_logp, adv, seq_adv, entropy, values, old_values,
+                    returns, cu_seqlens, grad_logp, grad_entropy, grad_values):
+    ref = logp if logp is not None else values
+    if ref is None:
+        raise ValueError("rlpt::error [rlpt.python.shape]: rlpt objective: pass logp or values")
+    ct = _compute_dtype(ref)
+
+    def grad(t, want):
+        if want and t is not None:
+            return t.new_empty(t.shape)
+        return ref.new_empty((0,), dtype=ct)
+
+    return (ref.new_empty((), dtype=ct), grad(logp, grad_logp), grad(entropy, grad_entropy),
+            grad(values, grad_values), ref.new_empty((_C.num_metrics,), dtype=torch.float64))
+
+
+@torch.library.register_fake("rlpt::local_denominators")
+def _denominators_fake(spec, logp, mask, old_logp, behav_logp, ref_logp, adv, seq_adv, entropy, values, old_values,
+                       returns, cu_seqlens):
+    return torch.empty((2,), dtype=torch.float64)
+
+
+@torch.library.register_fake("rlpt::outcome_advantages")
+def _outcome_fake(spec, rewards, group_ids, lengths):
+    return rewards.new_empty(rewards.shape, dtype=torch.float32), torch.empty((4,), dtype=torch.float64)
+
+
+@torch.library.register_fake("rlpt::gae")
+def _gae_fake(spec, rewards, values, mask, cu_seqlens, bootstrap):
+    f = torch.float32
+    return (rewards.new_empty(rewards.shape, dtype=f), rewards.new_empty(rewards.shape, dtype=f),
+            torch.empty((4,), dtype=torch.float64))
+
+
+@torch.library.register_fake("rlpt::reinforce_pp")
+def _reinforce_fake(spec, token_rewards, mask, cu_seqlens):
+    f = torch.float32
+    return (token_rewards.new_empty(token_rewards.shape, dtype=f), token_rewards.new_empty(token_rewards.shape, dtype=f),
+            torch.empty((4,), dtype=torch.float64))
+
+
+@torch.library.register_fake("rlpt::reinforce_pp_baseline")
+def _reinforce_baseline_fake(spec, rewards, group_ids, mask, cu_seqlens):
+    return rewards.new_empty(mask.shape, dtype=torch.float32), torch.empty((4,), dtype=torch.float64)
+
+
+@torch.library.register_fake("rlpt::remax")
+def _remax_fake(spec, token_rewards, baselines, mask, cu_seqlens):
+    f = torch.float32
+    return token_rewards.new_empty(token_rewards.shape, dtype=f), token_rewards.new_empty(token_rewards.shape, dtype=f)
+
+
+# --- autograd -----------------------------------------------------------------------------------
+
+def _logprob_setup(ctx, inputs, output):
+    logits, tokens, valid, cu_seqlens, sequence, temperature, top_k, top_p, ignore_index = inputs
+    logp, ent, lse, thr, tie, _scored = output
+    ctx.save_for_backward(logits, tokens, valid, cu_seqlens, logp, ent, lse, thr, tie)
+    ctx.args = (sequence, temperature, top_k, top_p, ignore_index)
+
+
+def _logprob_backward(ctx, dlogp, dentropy, _dlse, _dthr, _dtie, _dscored):
+    logits, tokens, valid, cu_seqlens, logp, ent, lse, thr, tie = ctx.saved_tensors
+    if dlogp is None and dentropy is None:
+        return (None,) * 9
+    dlogits = ops.logprob_entropy_backward(dlogp, dentropy, logits, tokens, valid, cu_seqlens, logp, ent, lse, thr,
+                                           tie, *ctx.args)
+    return (dlogits,) + (None,) * 8
+
+
+torch.library.register_autograd("rlpt::logprob_entropy", _logprob_backward, setup_context=_logprob_setup)
+
+
+def _objective_setup(ctx, inputs, output):
+    _loss, g_logp, g_ent, g_val, _metrics = output
+    logp, entropy, values = inputs[1], inputs[8], inputs[9]
+    want_logp, want_ent, want_val = inputs[13], inputs[14], inputs[15]
+    ctx.have = (want_logp and logp is not None, want_ent and entropy is not None, want_val and values is not None)
+    ctx.save_for_backward(g_logp, g_ent, g_val)
+
+
+def _objective_backward(ctx, g_loss, *_unused):
+    g_logp, g_ent, g_val = ctx.saved_tensors
+    out = [None] * 16
+    if g_loss is None:
+        return tuple(out)
+    for slot, have, g in ((1, ctx.have[0], g_logp), (8, ctx.have[1], g_ent), (9, ctx.have[2], g_val)):
+        if have:
+            out[slot] = (g * g_loss.to(g.dtype))
+    return tuple(out)
+
+
+torch.library.register_autograd("rlpt::objective", _objective_backward, setup_context=_objective_setup)
+
+
+# --- Python API ---------------------------------------------------------------------------------
+
+def logprob_entropy(logits, targets, temperature=1.0, top_k=0, top_p=1.0, ignore_index=-100):
+    """Per-row log-probability of ``targets`` and entropy of softmax(logits / temperature)
+    [top-k / top-p truncated], no label shift: logits [N, V] with targets [N], or [B, T, V] with
+    [B, T]. float32 results whatever the logits' dtype (float32, float64, bfloat16, float16);
+    differentiable in ``logits``."""
+    out = call(ops.logprob_entropy, logits, targets, None, None, False, float(temperature), int(top_k),
+               float(top_p), int(ignore_index))
+    return out[0], out[1]
+
+
+def sequence_logprob_entropy(logits, tokens, valid=None, cu_seqlens=None, temperature=1.0, top_k=0, top_p=1.0,
+                             ignore_index=-100, return_scored=False):
+    """Log-probability of every token of each sequence under the model's logits at the previous
+    position (rlpt's convention: logp[b, t] belongs to token t, from logits row t - 1; the first
+    token of a sequence gets 0). Padded logits [B, T, V] with tokens [B, T] (``valid`` marks real
+    tokens), or packed [N, V] with [N] and ``cu_seqlens`` [B + 1]. Returns float32
+    (logp, entropy[, scored])."""
+    out = call(ops.logprob_entropy, logits, tokens, valid, cu_seqlens, True, float(temperature), int(top_k),
+               float(top_p), int(ignore_index))
+    return (out[0], out[1], out[5]) if return_scored else (out[0], out[1])
+
+
+_INPUTS = ("old_logp", "behav_logp", "ref_logp", "adv", "seq_adv", "values", "old_values", "returns", "cu_seqlens")
+
+
+def _det(t):
+    return t.detach() if isinstance(t, torch.Tensor) else t
+
+
+def policy_loss(objective, logp=None, mask=None, *, old_logp=None, behav_logp=None, ref_logp=None, adv=None,
+                seq_adv=None, entropy=None, values=None, old_values=None, returns=None, cu_seqlens=None):
+    """Loss of ``objective`` (an rlpt.Objective) and its metrics tensor (rlpt.METRICS order;
+    rlpt.metrics_dict converts it). Differentiable in ``logp``, ``entropy`` and ``values``; every
+    other input is a constant. Per-token tensors are [B, T] (mask: bool or integer, nonzero = the
+    token counts), or packed [N] with ``cu_seqlens``; ``seq_adv`` is one advantage per sequence."""
+    spec = objective.spec if hasattr(objective, "spec") else str(objective)
+    grad_on = torch.is_grad_enabled()
+
+    def needs(t):
+        return bool(grad_on and t is not None and t.requires_grad)
+
+    loss, _gl, _ge, _gv, metrics = call(
+        ops.objective, spec, logp, mask, _det(old_logp), _det(behav_logp), _det(ref_logp), _det(adv), _det(seq_adv),
+        entropy, values, _det(old_values), _det(returns), cu_seqlens, needs(logp), needs(entropy), needs(values))
+    return loss, metrics
+
+
+def local_denominators(objective, logp=None, mask=None, **inputs):
+    """What this micro-batch adds to the step's denominators: a float64 tensor [tokens, seqs].
+    Sum over the micro-batches (and all-reduce over ranks), then objective.with_denominators()."""
+    unknown = set(inputs) - set(_INPUTS) - {"entropy"}
+    if unknown:
+        raise TypeError(f"local_denominators: unknown input(s) {sorted(unknown)}")
+    g = {k: _det(inputs.get(k)) for k in _INPUTS + ("entropy",)}
+    spec = objective.spec if hasattr(objective, "spec") else str(objective)
+    return call(ops.local_denominators, spec, _det(logp), mask, g["old_logp"], g["behav_logp"], g["ref_logp"],
+                g["adv"], g["seq_adv"], g["entropy"], g["values"], g["old_values"], g["returns"], g["cu_seqlens"])
+
+
+class Objective:
+    """An rlpt objective as an option string (rlpt::objective built by rlpt::compat presets or
+    field by field). Construct with a preset:
+
+    - ``Objective.verl_actor(loss_mode=..., clip_ratio_low=..., loss_agg_mode=..., use_kl_loss=...,
+      rollout_is=..., ...)``: verl's ActorConfig / PolicyLossConfig / rollout correction names;
+    - ``Objective.verl_critic(cliprange_value=..., loss_agg_mode=...)``;
+    - ``Objective.trl_grpo(loss_type=..., epsilon=..., beta=..., ...)``: GRPOConfig names;
+    - ``Objective.openrlhf_policy(clip_eps_low=..., policy_loss_type=..., ...)`` and
+      ``Objective.openrlhf_value(clip_eps=...)``;
+    - ``Objective.custom(policy="ppo_clip", **{"policy.eps_high": 0.28, "kl.coef": 1e-3, ...})``.
+
+    Common options of every preset: ``nonfinite`` ("raise" or "mask"), ``global_tokens`` /
+    ``global_seqs`` (the step's denominators), ``policy_agg.mode`` etc. Unknown options raise
+    rlpt.Error (rlpt.python.bad_option) here, when the objective is made."""
+
+    def __init__(self, spec):
+        self.spec = spec
+        self.description = call(_C.describe_objective, spec)
+
+    @classmethod
+    def preset(cls, preset, **options):
+        return cls(_spec.make(preset=preset, **options))
+
+    @classmethod
+    def verl_actor(cls, **options):
+        return cls.preset("verl_actor", **options)
+
+    @classmethod
+    def verl_critic(cls, **options):
+        return cls.preset("verl_critic", **options)
+
+    @classmethod
+    def trl_grpo(cls, **options):
+        return cls.preset("trl_grpo", **options)
+
+    @classmethod
+    def openrlhf_policy(cls, **options):
+        return cls.preset("openrlhf_policy", **options)
+
+    @classmethod
+    def openrlhf_value(cls, **options):
+        return cls.preset("openrlhf_value", **options)
+
+    @classmethod
+    def custom(cls, **options):
+        return cls.preset("custom", **options)
+
+    def with_options(self, **options):
+        """A copy with more options (later keys must not repeat earlier ones)."""
+        return Objective(_spec.merge(self.spec, **options))
+
+    def with_denominators(self, tokens=None, seqs=None):
+        """A copy whose aggregation uses the step's global token / sequence counts."""
+        opts = {}
+        if tokens is not None:
+            opts["global_tokens"] = float(tokens)
+        if seqs is not None:
+            opts["global_seqs"] = float(seqs)
+        return self.with_options(**opts)
+
+    def __repr__(self):
+        return f"rlpt.Objective({self.description}: {self.spec})"
+
+
+# --- advantages ---------------------------------------------------------------------------------
+
+def group_ids(ids, device=None):
+    """Group ids as int64 (a tensor of integers is used as is; strings or other hashables, such as
+    verl's uid arrays, are numbered in order of appearance)."""
+    if isinstance(ids, torch.Tensor) and not ids.is_floating_point():
+        return ids.to(torch.int64)
+    seen = {}
+    out = [seen.setdefault(x if not hasattr(x, "item") else x.item(), len(seen)) for x in list(ids)]
+    return torch.tensor(out, dtype=torch.int64, device=device)
+
+
+def _outcome(estimator, rewards, ids, lengths=None, preset="rlpt", **options):
+    spec = _spec.make(estimator=estimator, preset=preset, **options)
+    return call(ops.outcome_advantages, spec, rewards, group_ids(ids), lengths)
+
+
+def grpo_advantages(rewards, ids, preset="rlpt", **options):
+    """GRPO advantages (float32 [B]) and group stats (rlpt.GROUP_STATS). ``preset``: rlpt, verl,
+    trl, openrlhf, openrlhf_dr_grpo, areal, slime; options: scale ("group", "batch", "none"),
+    unbiased, epsilon, std_floor, single ("raw", "zero", "raise"), on_nonfinite ("raise", "mask")."""
+    return _outcome("grpo", rewards, ids, preset=preset, **options)
+
+
+def rloo_advantages(rewards, ids, preset="rlpt", **options):
+    """RLOO advantages. ``preset``: rlpt, verl, verl_vectorized, trl, openrlhf; options: single,
+    on_nonfinite, batch_normalize, batch_epsilon."""
+    return _outcome("rloo", rewards, ids, preset=preset, **options)
+
+
+def opo_advantages(rewards, ids, lengths, preset="rlpt", **options):
+    """OPO (length-weighted group baseline); ``lengths`` int64 [B] valid tokens per sequence."""
+    return _outcome("opo", rewards, ids, lengths=lengths, preset=preset, **options)
+
+
+def gpg_advantages(rewards, ids, preset="rlpt", **options):
+    """GPG advantages; options: f_norm, single, on_nonfinite."""
+    return _outcome("gpg", rewards, ids, preset=preset, **options)
+
+
+def passk_advantages(rewards, ids, preset="rlpt", **options):
+    """verl's pass@k advantages; options: scale_by_std, epsilon, single, on_nonfinite."""
+    return _outcome("passk", rewards, ids, preset=preset, **options)
+
+
+def gae(rewards, values, mask=None, cu_seqlens=None, bootstrap=None, gamma=1.0, lam=1.0, preset="rlpt", **options):
+    """GAE advantages and returns per token (float32) and stats (rlpt.TOKEN_STATS). ``preset``:
+    rlpt, verl (skip masked tokens, whiten), openrlhf, slime, areal; options: masked ("skip", "zero",
+    "reset"), whiten ("none", "verl", "openrlhf", "areal"), on_nonfinite."""
+    spec = _spec.make(preset=preset, gamma=float(gamma), lam=float(lam), **options)
+    return call(ops.gae, spec, rewards, values, mask, cu_seqlens, bootstrap)
+
+
+def reinforce_pp(token_rewards, mask=None, cu_seqlens=None, gamma=1.0, preset="rlpt", **options):
+    """REINFORCE++: discounted returns, whitened. Returns (advantages, returns, stats)."""
+    spec = _spec.make(preset=preset, gamma=float(gamma), **options)
+    return call(ops.reinforce_pp, spec, token_rewards, mask, cu_seqlens)
+
+
+def reinforce_pp_baseline(rewards, ids, mask, cu_seqlens=None, preset="rlpt", **options):
+    """REINFORCE++-baseline: R - group mean, broadcast onto the valid tokens, whitened. Returns
+    (advantages per token, stats)."""
+    spec = _spec.make(preset=preset, **options)
+    return call(ops.reinforce_pp_baseline, spec, rewards, group_ids(ids), mask, cu_seqlens)
+
+
+def remax(token_rewards, baselines, mask=None, cu_seqlens=None, preset="rlpt", **options):
+    """ReMax: reward-to-go minus the greedy rollout's reward. Returns (advantages, returns)."""
+    spec = _spec.make(preset=preset, **options)
+    return call(ops.remax, spec, token_rewards, baselines, mask, cu_seqlens)

@@ -1,0 +1,171 @@
+# SPDX-License-Identifier: Apache-2.0
+"""rlpt inside OpenRLHF (0.11.2): drop-ins for openrlhf.models.loss.PolicyLoss and ValueLoss (same
+constructor arguments, same forward() arguments and return values), the KL loss term the actor
+builds from compute_approx_kl, and the advantage computations of the experience maker.
+
+    from rlpt.openrlhf import PolicyLoss, ValueLoss     # instead of openrlhf.models.loss
+    rlpt.openrlhf.patch()                               # or: swap them in OpenRLHF's own modules
+
+Differences on purpose (docs/python.md): an all-masked micro-batch gives loss 0 (OpenRLHF: NaN);
+a group of one under group_norm / rloo raises rlpt.Error (OpenRLHF: NaN); outputs at masked
+tokens of GAE / returns are 0. Not reproduced: is_correction_gating "binary_kl" / "tv" (raises).
+"""
+import torch
+
+import rlpt
+
+from ._ops import metrics_dict
+
+
+def _batch_opts(dp_size, batch_num_tokens, global_batch_size):
+    opts = {"dp_size": int(dp_size)}
+    if batch_num_tokens is not None:
+        opts["batch_num_tokens"] = float(batch_num_tokens)
+    if global_batch_size is not None:
+        opts["global_batch_size"] = float(global_batch_size)
+    return opts
+
+
+class PolicyLoss(torch.nn.Module):
+    """openrlhf.models.loss.PolicyLoss computed by rlpt."""
+
+    def __init__(self, clip_eps_low=0.2, clip_eps_high=0.2, dual_clip=None, token_level_loss=True,
+                 policy_loss_type="ppo", is_correction_level="off", is_correction_mode="mask",
+                 is_correction_gating="ratio", is_correction_threshold=(0.5, 5.0)):
+        super().__init__()
+        if is_correction_gating != "ratio":
+            raise rlpt.Error("rlpt.objective.compat",
+                             f"openrlhf is_correction_gating = \"{is_correction_gating}\" is not reproduced by rlpt "
+                             "(supported: ratio)")
+        if dual_clip is not None and dual_clip <= 1.0:
+            raise rlpt.Error("rlpt.objective.bad_option", f"dual_clip must be > 1.0, got {dual_clip}")
+        self.policy_loss_type = policy_loss_type
+        self.is_correction_level = is_correction_level
+        low, high = is_correction_threshold
+        self._opts = dict(clip_eps_low=float(clip_eps_low), clip_eps_high=float(clip_eps_high),
+                          dual_clip=None if dual_clip is None else float(dual_clip),
+                          token_level_loss=bool(token_level_loss), policy_loss_type=policy_loss_type,
+                          is_correction_level=is_correction_level, is_correction_mode=is_correction_mode,
+                          is_correction_low=float(low), is_correction_high=float(high))
+        self._cache = {}
+        self._objective(1, None, None)  # validates the configuration now
+
+    def _objective(self, dp_size, batch_num_tokens, global_batch_size):
+        key = (dp_size, batch_num_tokens, global_batch_size)
+        obj = self._cache.get(key)
+        if obj is None:
+            opts = dict(self._opts, **_batch_opts(dp_size, batch_num_tokens, global_batch_size))
+            obj = self._cache[key] = rlpt.Objective.openrlhf_policy(**opts)
+        return obj
+
+    def forward(self, log_probs, old_log_probs, advantages, action_mask=None, rollout_log_probs=None, dp_size=1,
+                batch_num_tokens=None, global_batch_size=None):
+        obj = self._objective(dp_size, batch_num_tokens, global_batch_size)
+        behav = rollout_log_probs if self.is_correction_level != "off" else None
+        loss, m = rlpt.policy_loss(obj, log_probs, action_mask, old_logp=old_log_probs, behav_logp=behav,
+                                   adv=advantages)
+        d = metrics_dict(m)
+        dev = log_probs.device
+        clip_ratio = torch.tensor(d["clip_frac_low"] + d["clip_frac_high"], device=dev)
+        ppo_kl = torch.tensor(d["approx_kl"], device=dev)
+        vllm_kl = is_filter_ratio = None
+        if behav is not None:
+            mask = action_mask if action_mask is not None else torch.ones_like(log_probs)
+            vllm_kl = ((rollout_log_probs - old_log_probs) * mask).sum() / mask.sum()
+            is_filter_ratio = torch.tensor(d["rejected_frac"], device=dev)
+        return loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio
+
+
+class ValueLoss(torch.nn.Module):
+    """openrlhf.models.loss.ValueLoss computed by rlpt."""
+
+    def __init__(self, clip_eps=None, token_level_loss=True):
+        super().__init__()
+        self.clip_eps = clip_eps
+        self.token_level_loss = token_level_loss
+
+    def forward(self, values, old_values, returns, action_mask=None, dp_size=1, batch_num_tokens=None,
+                global_batch_size=None):
+        obj = rlpt.Objective.openrlhf_value(clip_eps=None if self.clip_eps is None else float(self.clip_eps),
+                                            token_level_loss=bool(self.token_level_loss),
+                                            **_batch_opts(dp_size, batch_num_tokens, global_batch_size))
+        loss, _ = rlpt.policy_loss(obj, None, action_mask, values=values, old_values=old_values, returns=returns)
+        return loss
+
+
+def kl_loss(log_probs, log_probs_base, action_mask, kl_estimator="k1", unbiased_gradient=False, log_probs_old=None,
+            token_level_loss=True, dp_size=1, batch_num_tokens=None, global_batch_size=None):
+    """The actor's KL loss: aggregate_loss(compute_approx_kl(log_probs, log_probs_base, log_probs_old,
+    kl_estimator, unbiased_gradient), action_mask, ...) (before the KL coefficient)."""
+    opts = {"policy": "none", "kl.openrlhf": kl_estimator, "kl.openrlhf_unbiased": bool(unbiased_gradient),
+            "kl.coef": 1.0, "agg.openrlhf_token_level": bool(token_level_loss), "agg.dp_size": int(dp_size)}
+    if batch_num_tokens is not None:
+        opts["agg.batch_num_tokens"] = float(batch_num_tokens)
+    if global_batch_size is not None:
+        opts["agg.global_batch_size"] = float(global_batch_size)
+    obj = rlpt.Objective.custom(**opts)
+    old = log_probs_old if unbiased_gradient else None
+    if unbiased_gradient and old is None:
+        old = log_probs.detach()  # OpenRLHF: weight 1 without old log-probs
+    loss, _ = rlpt.policy_loss(obj, log_probs, action_mask, ref_logp=log_probs_base, old_logp=old)
+    return loss
+
+
+# --- advantages ----------------------------------------------------------------------------------
+
+def shape_rewards(rewards, n_samples_per_prompt, estimator):
+    """The baseline step of compute_advantages_and_returns on rewards ordered by prompt (groups of
+    n_samples_per_prompt consecutive samples): rloo, reinforce_baseline, dr_grpo, group_norm;
+    other estimators return the rewards unchanged."""
+    ids = torch.arange(rewards.numel(), device=rewards.device) // int(n_samples_per_prompt)
+    r = rewards.reshape(-1).float()
+    if estimator == "rloo":
+        adv, _ = rlpt.rloo_advantages(r, ids, preset="openrlhf")
+    elif estimator in ("reinforce_baseline", "dr_grpo"):
+        adv, _ = rlpt.grpo_advantages(r, ids, preset="openrlhf_dr_grpo")
+    elif estimator == "group_norm":
+        adv, _ = rlpt.grpo_advantages(r, ids, preset="openrlhf")
+    else:
+        return rewards
+    return adv.to(rewards.dtype).view(rewards.shape)
+
+
+def get_advantages_and_returns(values, rewards, action_mask, gamma, lambd):
+    """The experience maker's GAE (no whitening; values and rewards at masked tokens count as 0):
+    (advantages, returns), 0 at masked tokens."""
+    adv, ret, _ = rlpt.gae(rewards, values, action_mask, gamma=float(gamma), lam=float(lambd), preset="openrlhf",
+                           whiten="none")
+    return adv.to(rewards.dtype), ret.to(rewards.dtype)
+
+
+def get_cumulative_returns(rewards, action_mask, gamma):
+    """The experience maker's REINFORCE returns (masked tokens count as reward 0)."""
+    _adv, ret, _ = rlpt.reinforce_pp(rewards, action_mask, gamma=float(gamma), preset="openrlhf", whiten="none")
+    return ret.to(rewards.dtype)
+
+
+_saved = {}
+
+
+def patch():
+    """Opt-in: PolicyLoss and ValueLoss replace OpenRLHF's classes in openrlhf.models.loss,
+    openrlhf.models and the already-imported trainer modules. unpatch() restores them."""
+    import sys
+
+    import openrlhf.models as om
+    import openrlhf.models.loss as ol
+
+    if _saved:
+        return
+    mods = [ol, om] + [m for n, m in list(sys.modules.items()) if n.startswith("openrlhf.trainer") and m]
+    for mod in mods:
+        for name, cls in (("PolicyLoss", PolicyLoss), ("ValueLoss", ValueLoss)):
+            if hasattr(mod, name):
+                _saved[(mod, name)] = getattr(mod, name)
+                setattr(mod, name, cls)
+
+
+def unpatch():
+    for (mod, name), cls in list(_saved.items()):
+        setattr(mod, name, cls)
+    _saved.clear()

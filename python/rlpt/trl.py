@@ -1,0 +1,130 @@
+# SPDX-License-Identifier: Apache-2.0
+"""rlpt inside TRL (1.16): a GRPOTrainer whose loss is computed by rlpt.
+
+    from rlpt.trl import GRPOTrainer          # instead of: from trl import GRPOTrainer
+
+Everything else (generation, rewards, advantages, the model forward that gives the per-token
+log-probs and entropies) is TRL's own; the loss of each micro-batch (``loss_type`` grpo, bnpo,
+dr_grpo, dapo, cispo, sapo; token or sequence importance sampling; ``beta`` k3 KL with
+``use_bias_correction_kl``; ``delta``; a static ``entropy_coef``) is rlpt::evaluate with the
+rlpt::compat::trl::grpo preset, TRL's normalisers included (gradient accumulation, processes,
+``num_items_in_batch``, ``max_completion_length``). Configurations rlpt does not reproduce
+(loss_type vespo / luspo, top_entropy_quantile < 1, off_policy_mask_threshold, adaptive entropy,
+vLLM importance-sampling correction, MoE aux loss) use TRL's own loss; ``rlpt_loss_used`` says
+which one ran last.
+"""
+import warnings
+
+import torch
+from trl import GRPOTrainer as _TRLGRPOTrainer
+
+import rlpt
+
+from ._ops import metrics_dict
+
+#: loss_type values rlpt computes.
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo")
+
+
+class GRPOTrainer(_TRLGRPOTrainer):
+    """trl.GRPOTrainer with the loss computed by rlpt (see the module docstring)."""
+
+    rlpt_loss_used = None
+    _rlpt_objectives = None
+
+    def _rlpt_unsupported(self):
+        if self.loss_type not in LOSS_TYPES:
+            return f"loss_type {self.loss_type}"
+        if self.loss_type in ("cispo", "sapo") and self.importance_sampling_level != "token":
+            return f"loss_type {self.loss_type} with importance_sampling_level {self.importance_sampling_level}"
+        if self.top_entropy_quantile < 1.0:
+            return "top_entropy_quantile < 1"
+        if self.off_policy_mask_threshold is not None:
+            return "off_policy_mask_threshold"
+        if self.use_adaptive_entropy:
+            return "use_adaptive_entropy"
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            return "vllm_importance_sampling_correction"
+        if self.aux_loss_enabled:
+            return "router aux loss"
+        return None
+
+    def _rlpt_objective(self, train, num_items):
+        args = self.args
+        opts = dict(loss_type=self.loss_type, epsilon=float(self.epsilon_low), epsilon_high=float(self.epsilon_high),
+                    importance_sampling_level=self.importance_sampling_level, beta=float(self.beta),
+                    use_bias_correction_kl=bool(getattr(args, "use_bias_correction_kl", False)),
+                    sapo_temperature_pos=float(getattr(args, "sapo_temperature_pos", 1.0)),
+                    sapo_temperature_neg=float(getattr(args, "sapo_temperature_neg", 1.05)),
+                    entropy_coef=float(self.entropy_coef if self._entropy_bonus_enabled else 0.0),
+                    max_completion_length=int(self.max_completion_length),
+                    gradient_accumulation_steps=int(self.current_gradient_accumulation_steps if train else 1),
+                    num_processes=int(self.accelerator.num_processes),
+                    steps_per_generation=int(args.steps_per_generation if train else 1))
+        if getattr(args, "delta", None) is not None:
+            opts["delta"] = float(args.delta)
+        if self.loss_type in ("dapo", "cispo"):
+            opts["num_items_in_batch"] = float(num_items)
+        key = tuple(sorted(opts.items()))
+        if self._rlpt_objectives is None:
+            self._rlpt_objectives = {}
+        obj = self._rlpt_objectives.get(key)
+        if obj is None:
+            obj = self._rlpt_objectives[key] = rlpt.Objective.trl_grpo(**opts)
+        return obj
+
+    def _compute_loss(self, model, inputs):
+        why = self._rlpt_unsupported()
+        if why is not None:
+            if self.rlpt_loss_used != "trl":
+                warnings.warn(f"rlpt.trl.GRPOTrainer: {why} is not reproduced by rlpt; using TRL's own loss",
+                              stacklevel=2)
+            self.rlpt_loss_used = "trl"
+            return super()._compute_loss(model, inputs)
+        self.rlpt_loss_used = "rlpt"
+        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+        extra = {k: inputs.get(k) for k in ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask",
+                                            "spatial_shapes", "num_tiles", "image_sizes", "token_type_ids",
+                                            "mm_token_type_ids", "image_position_ids")}
+        per_token_logps, entropies, _aux = self._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True, **extra)
+        train = self.model.training
+        mode = "train" if train else "eval"
+        num_items = inputs["num_items_in_batch"] if self.loss_type in ("dapo", "cispo") else 0.0
+        if isinstance(num_items, torch.Tensor):
+            num_items = num_items.item()
+        obj = self._rlpt_objective(train, num_items)
+        advantages = inputs["advantages"]
+        old = inputs.get("old_per_token_logps")
+        old = per_token_logps.detach() if old is None else old
+        adv_kw = {"seq_adv": advantages} if advantages.dim() == 1 else {"adv": advantages}
+        loss, metrics = rlpt.policy_loss(
+            obj, per_token_logps, mask, old_logp=old,
+            ref_logp=inputs["ref_per_token_logps"] if self.beta != 0.0 else None,
+            entropy=entropies if self._entropy_bonus_enabled else None, **adv_kw)
+        m = metrics_dict(metrics)
+        gather = self.accelerator.gather
+
+        def mean(x):
+            return gather(torch.tensor(float(x), device=per_token_logps.device)).mean().item()
+
+        if self._entropy_bonus_enabled:
+            self._metrics[mode]["policy_loss"].append(mean(m["policy_loss"]))
+            if train and self.accelerator.sync_gradients:
+                self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
+        if self.beta != 0.0:
+            self._metrics[mode]["kl"].append(mean(m["kl_mean"]))
+        with torch.no_grad():
+            tokens = mask.sum().clamp(min=1.0)
+            self._metrics[mode]["entropy"].append(mean(((entropies * mask).sum() / tokens).item()))
+        if self.loss_type in ("grpo", "bnpo", "dr_grpo", "dapo"):
+            self._metrics[mode]["clip_ratio/low_mean"].append(mean(m["clip_frac_low"]))
+            self._metrics[mode]["clip_ratio/high_mean"].append(mean(m["clip_frac_high"]))
+            self._metrics[mode]["clip_ratio/region_mean"].append(mean(m["clip_frac_low"] + m["clip_frac_high"]))
+        elif self.loss_type == "cispo":
+            self._metrics[mode]["cispo_clip_ratio"].append(mean(m["clip_frac_high"]))
+        return loss

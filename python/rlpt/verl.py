@@ -1,0 +1,320 @@
+# SPDX-License-Identifier: Apache-2.0
+"""rlpt inside verl (0.9.1): advantage estimators and policy losses registered through verl's own
+registries (verl.trainer.ppo.core_algos.register_adv_est / register_policy_loss) with verl's
+signatures and return values, under rlpt's names:
+
+    algorithm.adv_estimator=rlpt_grpo                      # or rlpt_rloo, rlpt_opo, rlpt_gpg, ...
+    actor_rollout_ref.actor.policy_loss.loss_mode=rlpt_vanilla   # or rlpt_gspo, rlpt_cispo, ...
+
+The package declares a ``verl.plugins`` entry point, so ``import verl`` (in the driver and in
+every Ray worker) imports this module and registers the names; nothing else to install. With
+``RLPT_VERL_PATCH=1`` in the environment (or rlpt.verl.patch()), the rlpt functions also replace
+verl's own names ("grpo", "gae", "vanilla", ...), including the GRPO and GAE functions the
+trainer calls directly.
+
+Also here: logprobs_from_logits / entropy_from_logits / logprobs_and_entropy drop-ins (rlpt's
+kernel), kl_loss and value_loss (verl's kl_penalty + agg_loss and compute_value_loss).
+
+What differs on purpose (docs/python.md): an all-masked micro-batch gives loss 0 (verl: NaN for
+token-mean); NaN inputs raise rlpt.Error instead of propagating; geo_mean's ratio is clamped at
+80 in log space (verl: none).
+"""
+import os
+from functools import lru_cache
+
+import torch
+
+import rlpt
+
+from ._ops import metrics_dict
+
+#: verl estimator name -> rlpt function registered as "rlpt_<name>".
+ESTIMATORS = ("grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectorized", "opo", "gpg",
+              "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "gae")
+#: verl policy loss_mode names rlpt reproduces (registered as "rlpt_<name>").
+POLICY_LOSSES = ("vanilla", "gspo", "sapo", "gpg", "geo_mean", "cispo")
+
+
+def _get(config, key, default):
+    if config is None:
+        return default
+    try:
+        v = config.get(key, default)
+    except AttributeError:
+        v = getattr(config, key, default)
+    return default if v is None else v
+
+
+def _ids(index):
+    return rlpt.group_ids(index)
+
+
+def _outcome(scores, response_mask, adv):
+    out = adv.to(scores.dtype).unsqueeze(-1) * response_mask
+    return out, out
+
+
+# --- advantage estimators (verl signatures) ------------------------------------------------------
+
+def compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6,
+                                   norm_adv_by_std_in_grpo=None, config=None, **kwargs):
+    """verl compute_grpo_outcome_advantage (and grpo_vectorized: the same numbers)."""
+    if norm_adv_by_std_in_grpo is None:
+        norm_adv_by_std_in_grpo = _get(config, "norm_adv_by_std_in_grpo", True)
+    scores = token_level_rewards.sum(dim=-1)
+    adv, _ = rlpt.grpo_advantages(scores, _ids(index), preset="verl", epsilon=float(epsilon),
+                                  scale="group" if norm_adv_by_std_in_grpo else "none")
+    return _outcome(scores, response_mask, adv)
+
+
+def compute_grpo_passk_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6,
+                                         norm_adv_by_std_in_grpo=True, config=None, **kwargs):
+    """verl compute_grpo_passk_outcome_advantage (reads norm_adv_by_std_in_grpo from config)."""
+    if config is not None:
+        norm_adv_by_std_in_grpo = _get(config, "norm_adv_by_std_in_grpo", True)
+    scores = token_level_rewards.sum(dim=-1)
+    adv, _ = rlpt.passk_advantages(scores, _ids(index), preset="verl", epsilon=float(epsilon),
+                                   scale_by_std=bool(norm_adv_by_std_in_grpo))
+    return _outcome(scores, response_mask, adv)
+
+
+def compute_rloo_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6, config=None, **kwargs):
+    scores = token_level_rewards.sum(dim=-1)
+    adv, _ = rlpt.rloo_advantages(scores, _ids(index), preset="verl")
+    return _outcome(scores, response_mask, adv)
+
+
+def compute_rloo_vectorized_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6, config=None,
+                                              **kwargs):
+    scores = token_level_rewards.sum(dim=-1)
+    adv, _ = rlpt.rloo_advantages(scores, _ids(index), preset="verl_vectorized")
+    return _outcome(scores, response_mask, adv)
+
+
+def compute_opo_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6, config=None, **kwargs):
+    scores = token_level_rewards.sum(dim=-1)
+    lengths = (response_mask != 0).sum(dim=-1).to(torch.int64)
+    adv, _ = rlpt.opo_advantages(scores, _ids(index), lengths, preset="verl")
+    return _outcome(scores, response_mask, adv)
+
+
+def compute_gpg_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6, f_norm=1.0, alpha=1.0,
+                                  config=None, **kwargs):
+    scores = token_level_rewards.sum(dim=-1)
+    adv, _ = rlpt.gpg_advantages(scores, _ids(index), preset="verl", f_norm=float(f_norm))
+    return _outcome(scores, response_mask, adv)
+
+
+def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards, response_mask, config=None, **kwargs):
+    gamma = float(_get(config, "gamma", 1.0))
+    adv, ret, _ = rlpt.reinforce_pp(token_level_rewards, response_mask, gamma=gamma, preset="verl")
+    return adv.to(token_level_rewards.dtype), ret.to(token_level_rewards.dtype)
+
+
+def compute_reinforce_plus_plus_baseline_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6,
+                                                           config=None, **kwargs):
+    scores = token_level_rewards.sum(dim=-1)
+    adv, _ = rlpt.reinforce_pp_baseline(scores, _ids(index), response_mask, preset="verl")
+    adv = adv.to(token_level_rewards.dtype)
+    return adv, adv
+
+
+def compute_remax_outcome_advantage(token_level_rewards, reward_baselines, response_mask, config=None, **kwargs):
+    adv, ret = rlpt.remax(token_level_rewards, reward_baselines, response_mask, preset="verl")
+    return adv.to(token_level_rewards.dtype), ret.to(token_level_rewards.dtype)
+
+
+def compute_gae_advantage_return(token_level_rewards, values, response_mask, gamma, lam, **kwargs):
+    adv, ret, _ = rlpt.gae(token_level_rewards, values, response_mask, gamma=float(gamma), lam=float(lam),
+                           preset="verl")
+    return adv.to(token_level_rewards.dtype), ret.to(token_level_rewards.dtype)
+
+
+_ESTIMATOR_FNS = {
+    "grpo": compute_grpo_outcome_advantage,
+    "grpo_vectorized": compute_grpo_outcome_advantage,
+    "grpo_passk": compute_grpo_passk_outcome_advantage,
+    "rloo": compute_rloo_outcome_advantage,
+    "rloo_vectorized": compute_rloo_vectorized_outcome_advantage,
+    "opo": compute_opo_outcome_advantage,
+    "gpg": compute_gpg_outcome_advantage,
+    "reinforce_plus_plus": compute_reinforce_plus_plus_outcome_advantage,
+    "reinforce_plus_plus_baseline": compute_reinforce_plus_plus_baseline_outcome_advantage,
+    "remax": compute_remax_outcome_advantage,
+    "gae": compute_gae_advantage_return,
+}
+
+
+# --- policy losses (verl signature) -----------------------------------------------------------------
+
+@lru_cache(maxsize=256)
+def _actor_objective(items):
+    return rlpt.Objective.verl_actor(**dict(items))
+
+
+def _global_batch_info(config):
+    info = _get(config, "global_batch_info", None) or {}
+    return {k: v for k, v in dict(info).items() if v is not None}
+
+
+def _policy_loss_fn(loss_mode):
+    def policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
+                    rollout_is_weights=None):
+        assert config is not None
+        opts = {"loss_mode": loss_mode, "clip_ratio": float(_get(config, "clip_ratio", 0.2)),
+                "loss_agg_mode": loss_agg_mode}
+        for key in ("clip_ratio_low", "clip_ratio_high"):
+            v = _get(config, key, None)
+            if v is not None:
+                opts[key] = float(v)
+        opts["clip_ratio_c"] = float(_get(config, "clip_ratio_c", 3.0))
+        if loss_mode == "sapo":
+            opts["tau_pos"] = float(_get(config, "tau_pos", 1.0))
+            opts["tau_neg"] = float(_get(config, "tau_neg", 1.05))
+        for k, v in _global_batch_info(config).items():
+            opts[k] = int(v) if k == "dp_size" else float(v)
+        adv = advantages
+        if rollout_is_weights is not None:
+            # Importance weights are >= 0 and every policy term is positively homogeneous in the
+            # advantage, so weighting the loss equals weighting the advantage (geo_mean: verl's
+            # per-sequence geometric mean of the weights).
+            w = rollout_is_weights.detach()
+            if loss_mode == "geo_mean":
+                m = response_mask
+                n = m.sum(dim=-1)
+                w = torch.exp((torch.log(w + 1e-10) * m).sum(dim=-1) / (n + 1e-8)).unsqueeze(-1)
+            adv = advantages * w
+        obj = _actor_objective(tuple(sorted(opts.items())))
+        loss, m = rlpt.policy_loss(obj, log_prob, response_mask, old_logp=old_log_prob, adv=adv)
+        d = metrics_dict(m)
+        if loss_mode == "gpg":
+            return loss, {}
+        frac = d["clip_frac_low"] + d["clip_frac_high"]
+        lower = d["clip_frac_dual"] if loss_mode == "vanilla" else (d["clip_frac_low"] if loss_mode == "geo_mean" else 0.0)
+        if loss_mode == "geo_mean":
+            frac = d["clip_frac_high"]
+        if loss_mode == "sapo":
+            frac = 0.0
+        return loss, {"actor/pg_clipfrac": frac, "actor/ppo_kl": d["approx_kl"], "actor/pg_clipfrac_lower": lower}
+
+    policy_loss.__name__ = f"rlpt_policy_loss_{loss_mode}"
+    policy_loss.__doc__ = f"verl policy loss '{loss_mode}' computed by rlpt (same signature and returns)."
+    return policy_loss
+
+
+_POLICY_FNS = {name: _policy_loss_fn(name) for name in POLICY_LOSSES}
+compute_policy_loss_vanilla = _POLICY_FNS["vanilla"]
+compute_policy_loss_gspo = _POLICY_FNS["gspo"]
+compute_policy_loss_sapo = _POLICY_FNS["sapo"]
+compute_policy_loss_gpg = _POLICY_FNS["gpg"]
+compute_policy_loss_geo_mean = _POLICY_FNS["geo_mean"]
+compute_policy_loss_cispo = _POLICY_FNS["cispo"]
+
+
+def kl_loss(log_prob, ref_log_prob, response_mask, kl_loss_type="low_var_kl", loss_agg_mode="token-mean",
+            **global_batch_info):
+    """verl's actor KL term agg_loss(kl_penalty(log_prob, ref_log_prob, kl_loss_type), mask, loss_agg_mode)
+    (before kl_loss_coef), differentiable in log_prob."""
+    opts = {"policy": "none", "kl.verl": kl_loss_type, "kl.coef": 1.0, "agg.verl": loss_agg_mode}
+    for k, v in global_batch_info.items():
+        if v is not None:
+            opts["agg." + k] = v
+    obj = rlpt.Objective.custom(**opts)
+    loss, _ = rlpt.policy_loss(obj, log_prob, response_mask, ref_logp=ref_log_prob)
+    return loss
+
+
+def compute_value_loss(vpreds, returns, values, response_mask, cliprange_value, loss_agg_mode="token-mean",
+                       dp_size=1, batch_num_tokens=None, global_batch_size=None, loss_scale_factor=None):
+    """verl compute_value_loss: (vf_loss, vf_clipfrac)."""
+    opts = {"cliprange_value": float(cliprange_value), "loss_agg_mode": loss_agg_mode, "dp_size": int(dp_size)}
+    if batch_num_tokens is not None:
+        opts["batch_num_tokens"] = float(batch_num_tokens)
+    if global_batch_size is not None:
+        opts["global_batch_size"] = float(global_batch_size)
+    obj = rlpt.Objective.verl_critic(**opts)
+    loss, m = rlpt.policy_loss(obj, None, response_mask, values=vpreds, old_values=values, returns=returns)
+    return loss, m[rlpt.METRICS.index("value_clip_frac")].to(loss.dtype)
+
+
+# --- logprob / entropy ---------------------------------------------------------------------------
+
+def logprobs_from_logits(logits, labels, inplace_backward=True):
+    """verl.utils.torch_functional.logprobs_from_logits: log-probabilities of ``labels`` under
+    ``logits`` (same leading shape, no shift), float32, differentiable in the logits."""
+    return logprobs_and_entropy(logits, labels)[0]
+
+
+def entropy_from_logits(logits):
+    """verl.utils.torch_functional.entropy_from_logits (targets are not read)."""
+    labels = torch.zeros(logits.shape[:-1], dtype=torch.int64, device=logits.device)
+    return logprobs_and_entropy(logits, labels)[1]
+
+
+def logprobs_and_entropy(logits, labels, temperature=1.0):
+    """Both in one read of the logits (pass the rollout temperature instead of dividing the logits)."""
+    shape = logits.shape[:-1]
+    lp, ent = rlpt.logprob_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), temperature=temperature)
+    return lp.view(shape), ent.view(shape)
+
+
+# --- registration -------------------------------------------------------------------------------
+
+_saved = {}
+
+
+def register(prefix="rlpt_"):
+    """Registers every estimator and policy loss under ``prefix + verl name`` (idempotent)."""
+    from verl.trainer.ppo import core_algos as ca
+
+    for name, fn in _ESTIMATOR_FNS.items():
+        if ca.ADV_ESTIMATOR_REGISTRY.get(prefix + name) is not fn:
+            ca.register_adv_est(prefix + name)(fn)
+    for name, fn in _POLICY_FNS.items():
+        ca.register_policy_loss(prefix + name)(fn)
+
+
+def patch():
+    """Opt-in: the rlpt functions replace verl's own names in both registries, and the GRPO and GAE
+    functions the trainer calls directly (core_algos.compute_grpo_outcome_advantage,
+    core_algos.compute_gae_advantage_return). unpatch() restores verl's."""
+    from verl.trainer.ppo import core_algos as ca
+
+    if _saved:
+        return
+    for name, fn in _ESTIMATOR_FNS.items():
+        _saved[("adv", name)] = ca.ADV_ESTIMATOR_REGISTRY.get(name)
+        ca.ADV_ESTIMATOR_REGISTRY[name] = fn
+    for name, fn in _POLICY_FNS.items():
+        _saved[("loss", name)] = ca.POLICY_LOSS_REGISTRY.get(name)
+        ca.POLICY_LOSS_REGISTRY[name] = fn
+    for attr, fn in (("compute_grpo_outcome_advantage", compute_grpo_outcome_advantage),
+                     ("compute_gae_advantage_return", compute_gae_advantage_return)):
+        _saved[("attr", attr)] = getattr(ca, attr)
+        setattr(ca, attr, fn)
+
+
+def unpatch():
+    from verl.trainer.ppo import core_algos as ca
+
+    for (kind, name), fn in list(_saved.items()):
+        if kind == "adv":
+            ca.ADV_ESTIMATOR_REGISTRY[name] = fn
+        elif kind == "loss":
+            ca.POLICY_LOSS_REGISTRY[name] = fn
+        else:
+            setattr(ca, name, fn)
+    _saved.clear()
+
+
+def _plugin():
+    """The verl.plugins entry point: registers the rlpt names (and patches with RLPT_VERL_PATCH=1)."""
+    register()
+    if os.environ.get("RLPT_VERL_PATCH", "0") == "1":
+        patch()
+
+
+try:
+    _plugin()
+except ImportError:  # verl is not installed: the functions above still work on their own
+    pass

@@ -1,0 +1,259 @@
+// SPDX-License-Identifier: Apache-2.0
+// rlpt._C.SyncSender / SyncReceiver: rlpt::sync::sender and receiver over the shared-memory or
+// TCP transport, for torch tensors. Blocking calls (publish, poll) release the GIL. The sender
+// reads CPU tensors in place (rlpt/sync.py stages device tensors into host copies first); the
+// receiver keeps a host mirror of the published version and hands out copies of its tensors.
+#include "spec.hpp"
+#include "tensors.hpp"
+
+#include <torch/extension.h>
+
+#include <rlpt/sync/planner.hpp>
+#include <rlpt/sync/protocol.hpp>
+#include <rlpt/sync/shm.hpp>
+#include <rlpt/sync/tcp.hpp>
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace rlpt_py {
+
+namespace {
+
+using namespace rlpt::sync;
+
+wire_dtype wire_of(at::ScalarType t) {
+  switch (t) {
+  case at::kFloat: return wire_dtype::f32;
+  case at::kDouble: return wire_dtype::f64;
+  case at::kHalf: return wire_dtype::f16;
+  case at::kBFloat16: return wire_dtype::bf16;
+  case at::kByte: return wire_dtype::u8;
+  case at::kChar: return wire_dtype::i8;
+  case at::kShort: return wire_dtype::i16;
+  case at::kInt: return wire_dtype::i32;
+  case at::kLong: return wire_dtype::i64;
+  case at::kBool: return wire_dtype::boolean;
+  case at::kFloat8_e4m3fn: return wire_dtype::f8_e4m3;
+  case at::kFloat8_e5m2: return wire_dtype::f8_e5m2;
+  default: break;
+  }
+  raise(ids::dtype, fmt::format("weight sync: dtype {} has no wire type", dtype_name(t)));
+}
+
+at::ScalarType torch_of(wire_dtype t) {
+  switch (t) {
+  case wire_dtype::f32: return at::kFloat;
+  case wire_dtype::f64: return at::kDouble;
+  case wire_dtype::f16: return at::kHalf;
+  case wire_dtype::bf16: return at::kBFloat16;
+  case wire_dtype::u8: return at::kByte;
+  case wire_dtype::i8: return at::kChar;
+  case wire_dtype::i16: return at::kShort;
+  case wire_dtype::i32: return at::kInt;
+  case wire_dtype::i64: return at::kLong;
+  case wire_dtype::boolean: return at::kBool;
+  case wire_dtype::f8_e4m3: return at::kFloat8_e4m3fn;
+  case wire_dtype::f8_e5m2: return at::kFloat8_e5m2;
+  default: break;
+  }
+  raise(ids::dtype, fmt::format("weight sync: wire type {} has no torch dtype", name(t)));
+}
+
+std::unique_ptr<link> make_link(const std::string& transport, const std::string& address, bool listen, role r,
+                                std::uint64_t slot_bytes, std::uint32_t slots) {
+  if (transport == "shm") {
+    shm_options o;
+    if (slot_bytes) o.slot_bytes = slot_bytes;
+    if (slots) o.slots = slots;
+    return std::make_unique<shm_transport>(address, r, o);
+  }
+  if (transport == "tcp") {
+    tcp_options o;
+    const auto colon = address.rfind(':');
+    if (colon == std::string::npos)
+      raise(ids::bad_option, fmt::format("tcp address \"{}\" is not host:port", address));
+    o.host = address.substr(0, colon);
+    o.port = static_cast<std::uint16_t>(std::stoi(address.substr(colon + 1)));
+    o.listen = listen;
+    return std::make_unique<tcp_transport>(o, r);
+  }
+  raise(ids::bad_option, fmt::format("weight sync transport \"{}\" is not one of shm, tcp", transport));
+}
+
+py::dict update_dict(const update& u) {
+  py::dict d;
+  d["state"] = u.published() ? "published" : u.failed() ? "failed" : "idle";
+  d["version"] = u.version;
+  d["base_version"] = u.base_version;
+  d["delta"] = u.delta;
+  d["bytes"] = u.bytes;
+  d["tensors_loaded"] = u.tensors_loaded;
+  d["partial"] = u.partial;
+  d["error_id"] = u.error_id;
+  d["reason"] = u.reason;
+  d["digest"] = u.digest;
+  d["seconds"] = u.seconds;
+  return d;
+}
+
+class py_sender {
+public:
+  py_sender(const std::string& transport, const std::string& address, bool listen,
+            const std::vector<std::pair<std::string, at::Tensor>>& tensors, std::uint64_t bucket_bytes,
+            std::uint64_t slot_bytes, bool delta, double timeout_s)
+      : tensors_() {
+    guard([&] {
+      std::vector<tensor_ref> refs;
+      for (const auto& [name, t] : tensors) {
+        if (!t.device().is_cpu())
+          raise(ids::device, fmt::format("weight sync: tensor \"{}\" is on {}; the sender reads host memory "
+                                         "(rlpt.sync.Sender stages device tensors)", name, t.device().str()));
+        if (!t.is_contiguous())
+          raise(ids::strides, fmt::format("weight sync: tensor \"{}\" is not contiguous", name));
+        tensors_.push_back(t);
+        refs.push_back({name, wire_of(t.scalar_type()), t.sizes().vec(), t.data_ptr()});
+      }
+      plan_options po;
+      if (bucket_bytes) po.bucket_bytes = bucket_bytes;
+      const manifest m = plan(refs, po);
+      std::uint64_t largest = 0;
+      for (std::uint64_t b = 0; b < m.bucket_count(); ++b) largest = std::max(largest, m.bucket_size(b));
+      link_ = make_link(transport, address, listen, role::sender, slot_bytes ? slot_bytes : std::max<std::uint64_t>(largest, 4096), 0);
+      sender_options o;
+      o.delta = delta;
+      o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+      sender_ = std::make_unique<sender>(*link_, m, refs, o);
+      return 0;
+    });
+  }
+
+  py::dict publish(std::uint64_t version) {
+    publish_result r;
+    {
+      py::gil_scoped_release nogil;
+      r = guard([&] { return sender_->publish(version); });
+    }
+    py::dict d;
+    d["version"] = r.version;
+    d["delta"] = r.delta;
+    d["fell_back"] = r.fell_back;
+    d["messages"] = r.messages;
+    d["wire_bytes"] = r.wire_bytes;
+    d["dense_bytes"] = r.dense_bytes;
+    d["digest"] = r.digest;
+    d["seconds"] = r.seconds;
+    return d;
+  }
+
+  std::uint64_t published_version() const { return sender_->has_published() ? sender_->published_version() : 0; }
+  std::uint16_t port() const {
+    if (auto* t = dynamic_cast<tcp_transport*>(link_.get())) return t->port();
+    return 0;
+  }
+
+private:
+  std::vector<at::Tensor> tensors_;
+  std::unique_ptr<link> link_;
+  std::unique_ptr<sender> sender_;
+};
+
+class py_receiver {
+public:
+  py_receiver(const std::string& transport, const std::string& address, bool listen, double timeout_s,
+              py::object on_tensor)
+      : on_tensor_(std::move(on_tensor)) {
+    guard([&] {
+      link_ = make_link(transport, address, listen, role::receiver, 0, 0);
+      receiver_options o;
+      o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+      o.mirror = true;
+      load_fn load = [this](const tensor_view& t) {
+        if (on_tensor_.is_none()) return;
+        py::gil_scoped_acquire gil;
+        // A view of the receiver's bytes, valid during the call: the callback copies what it keeps.
+        at::Tensor view = at::from_blob(const_cast<std::byte*>(t.bytes.data()),
+                                        std::vector<int64_t>(t.shape.begin(), t.shape.end()),
+                                        at::TensorOptions().dtype(torch_of(t.dtype)));
+        on_tensor_(std::string(t.name), view);
+      };
+      receiver_ = std::make_unique<receiver>(*link_, std::move(load), o);
+      return 0;
+    });
+  }
+
+  py::dict poll(double wait_s) {
+    update u;
+    {
+      py::gil_scoped_release nogil;
+      u = guard([&] { return receiver_->poll(std::chrono::milliseconds(static_cast<int64_t>(wait_s * 1000))); });
+    }
+    return update_dict(u);
+  }
+
+  bool has_version() const { return receiver_->has_version(); }
+  std::uint64_t version() const { return receiver_->version(); }
+  std::uint64_t digest() const { return guard([&] { return receiver_->digest(); }); }
+  std::uint64_t verify() const { return guard([&] { return receiver_->verify(); }); }
+
+  std::vector<std::string> names() const {
+    return guard([&] {
+      std::vector<std::string> out;
+      const manifest& m = receiver_->published_manifest();
+      for (std::size_t i = 0; i < m.size(); ++i) out.push_back(m[i].name);
+      return out;
+    });
+  }
+
+  at::Tensor tensor(const std::string& name) const {
+    return guard([&] {
+      const tensor_view t = receiver_->tensor(name);
+      at::Tensor out = at::empty(std::vector<int64_t>(t.shape.begin(), t.shape.end()),
+                                 at::TensorOptions().dtype(torch_of(t.dtype)));
+      std::memcpy(out.data_ptr(), t.bytes.data(), t.bytes.size());
+      return out;
+    });
+  }
+
+  std::uint16_t port() const {
+    if (auto* t = dynamic_cast<tcp_transport*>(link_.get())) return t->port();
+    return 0;
+  }
+
+private:
+  py::object on_tensor_;
+  std::unique_ptr<link> link_;
+  std::unique_ptr<receiver> receiver_;
+};
+
+} // namespace
+
+void bind_sync(py::module_& m) {
+  py::class_<py_sender>(m, "SyncSender")
+      .def(py::init<const std::string&, const std::string&, bool, const std::vector<std::pair<std::string, at::Tensor>>&,
+                    std::uint64_t, std::uint64_t, bool, double>(),
+           py::arg("transport"), py::arg("address"), py::arg("listen"), py::arg("tensors"), py::arg("bucket_bytes"),
+           py::arg("slot_bytes"), py::arg("delta"), py::arg("timeout_s"))
+      .def("publish", &py_sender::publish, py::arg("version"))
+      .def("published_version", &py_sender::published_version)
+      .def("port", &py_sender::port);
+  py::class_<py_receiver>(m, "SyncReceiver")
+      .def(py::init<const std::string&, const std::string&, bool, double, py::object>(), py::arg("transport"),
+           py::arg("address"), py::arg("listen"), py::arg("timeout_s"), py::arg("on_tensor"))
+      .def("poll", &py_receiver::poll, py::arg("wait_s"))
+      .def("has_version", &py_receiver::has_version)
+      .def("version", &py_receiver::version)
+      .def("digest", &py_receiver::digest)
+      .def("verify", &py_receiver::verify)
+      .def("names", &py_receiver::names)
+      .def("tensor", &py_receiver::tensor, py::arg("name"))
+      .def("port", &py_receiver::port);
+}
+
+} // namespace rlpt_py

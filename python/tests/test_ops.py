@@ -1,0 +1,392 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The operators themselves: registration checks (torch.library.opcheck), torch.compile without
+graph breaks, gradients against plain torch, dtypes, layouts, strides, errors."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import rlpt
+from conftest import close, cuda
+
+ops = torch.ops.rlpt
+F64 = torch.float64
+
+
+def batch(gen, B=6, T=9, dtype=F64, lengths=None):
+    lp = (torch.rand(B, T, generator=gen, dtype=dtype) * -3)
+    old = lp + 0.3 * torch.randn(B, T, generator=gen, dtype=dtype)
+    ref = lp + 0.3 * torch.randn(B, T, generator=gen, dtype=dtype)
+    behav = old + 0.2 * torch.randn(B, T, generator=gen, dtype=dtype)
+    ent = torch.rand(B, T, generator=gen, dtype=dtype) * 2
+    if lengths is None:
+        lengths = torch.randint(1, T + 1, (B,), generator=gen)
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    adv = torch.randn(B, generator=gen, dtype=dtype)
+    return lp, old, ref, behav, ent, mask, adv
+
+
+# --- plain torch references (float64) -------------------------------------------------------------
+
+def agg(x, mask, mode):
+    m = mask.to(x.dtype)
+    if mode == "token-mean":
+        return (x * m).sum() / m.sum()
+    if mode == "token-sum":
+        return (x * m).sum()
+    rows = m.sum(-1)
+    keep = rows > 0
+    if mode == "seq-mean-token-sum":
+        return (x * m).sum(-1)[keep].sum() / keep.sum()
+    if mode == "seq-mean-token-mean":
+        return ((x * m).sum(-1)[keep] / rows[keep]).sum() / keep.sum()
+    raise ValueError(mode)
+
+
+def ppo_ref(lp, old, adv_tok, mask, lo, hi, c, mode):
+    r = torch.exp(torch.clamp(lp - old, -20, 20))
+    l1, l2 = -adv_tok * r, -adv_tok * torch.clamp(r, 1 - lo, 1 + hi)
+    l = torch.maximum(l1, l2)
+    l = torch.where(adv_tok < 0, torch.minimum(l, -adv_tok * c), l)
+    return agg(l, mask, mode)
+
+
+def k3_ref(lp, ref):
+    kl = torch.clamp(ref - lp, -20, 20)
+    return torch.clamp(torch.exp(kl) - kl - 1, -10, 10)
+
+
+# --- objective ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean"])
+def test_verl_actor_matches_torch(gen, mode):
+    lp, old, ref, _, ent, mask, adv = batch(gen)
+    lp.requires_grad_()
+    ent.requires_grad_()
+    obj = rlpt.Objective.verl_actor(clip_ratio_low=0.2, clip_ratio_high=0.28, loss_agg_mode=mode, use_kl_loss=True,
+                                    kl_loss_coef=0.01, kl_loss_type="low_var_kl", entropy_coeff=0.005)
+    loss, metrics = rlpt.policy_loss(obj, lp, mask, old_logp=old, ref_logp=ref, seq_adv=adv, entropy=ent)
+    g = torch.autograd.grad(loss, (lp, ent))
+    adv_tok = adv[:, None].expand_as(lp)
+    want = (ppo_ref(lp, old, adv_tok, mask, 0.2, 0.28, 3.0, mode) + 0.01 * agg(k3_ref(lp, ref), mask, mode)
+            - 0.005 * agg(ent, mask, mode))
+    w = torch.autograd.grad(want, (lp, ent))
+    close(loss, want, 1e-12, 1e-14, "loss")
+    close(g[0], w[0], 1e-10, 1e-15, "d loss / d logp")
+    close(g[1], w[1], 1e-10, 1e-15, "d loss / d entropy")
+    d = rlpt.metrics_dict(metrics)
+    assert d["tokens"] == float(mask.sum())
+    assert d["loss"] == pytest.approx(float(loss.detach()))
+
+
+def test_objective_opcheck(gen):
+    lp, old, ref, behav, ent, mask, adv = batch(gen)
+    spec = rlpt.Objective.verl_actor(use_kl_loss=True, entropy_coeff=0.01, rollout_is="token").spec
+    lp.requires_grad_()
+    ent.requires_grad_()
+    args = (spec, lp, mask, old, behav, ref, None, adv, ent, None, None, None, None, True, True, False)
+    torch.library.opcheck(ops.objective.default, args)
+
+
+def test_objective_packed_equals_padded(gen):
+    lp, old, ref, _, _, mask, adv = batch(gen, dtype=torch.float32)
+    obj = rlpt.Objective.verl_actor(loss_agg_mode="seq-mean-token-mean", use_kl_loss=True)
+    lpp = lp.clone().requires_grad_()
+    loss, _ = rlpt.policy_loss(obj, lpp, mask, old_logp=old, ref_logp=ref, seq_adv=adv)
+    (g,) = torch.autograd.grad(loss, lpp)
+    lengths = mask.sum(-1)
+    cu = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    pk = lambda x: x[mask]  # noqa: E731  (rows are left-aligned)
+    lpk = pk(lp).clone().requires_grad_()
+    loss_p, _ = rlpt.policy_loss(obj, lpk, None, old_logp=pk(old), ref_logp=pk(ref), seq_adv=adv, cu_seqlens=cu)
+    (gp,) = torch.autograd.grad(loss_p, lpk)
+    close(loss_p, loss, 1e-6, 1e-7, "packed loss")
+    close(gp, g[mask], 1e-6, 1e-8, "packed grad")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_objective_dtypes(gen, dtype):
+    lp, old, _, _, _, mask, adv = batch(gen, dtype=torch.float32)
+    obj = rlpt.Objective.trl_grpo(loss_type="grpo")
+    x = lp.to(dtype).requires_grad_()
+    loss, _ = rlpt.policy_loss(obj, x, mask, old_logp=old.to(dtype), seq_adv=adv.to(dtype))
+    (g,) = torch.autograd.grad(loss, x)
+    assert loss.dtype == torch.float32 and g.dtype == dtype
+    y = lp.to(dtype).to(torch.float32).requires_grad_()
+    want, _ = rlpt.policy_loss(obj, y, mask, old_logp=old.to(dtype).float(), seq_adv=adv.to(dtype).float())
+    (gw,) = torch.autograd.grad(want, y)
+    close(loss, want, 1e-6, 1e-7)
+    close(g.float(), gw.to(dtype).float(), 0, 0)
+
+
+def test_objective_row_slices_are_read_in_place(gen):
+    # verl's log_prob[:, -response_length:] slices: every per-token input shares one row stride.
+    full = torch.randn(4, 12, generator=gen, dtype=F64)
+    lp = full[:, 4:].clone()
+    wide = torch.randn(4, 12, generator=gen, dtype=F64)
+    wide[:, 4:] = lp.detach() + 0.1
+    mask_w = torch.ones(4, 12, dtype=torch.bool)
+    obj = rlpt.Objective.verl_actor()
+    rlpt.reset_copy_stats()
+    x = torch.zeros(4, 12, dtype=F64)
+    x[:, 4:] = lp
+    xs = x[:, 4:].requires_grad_()
+    loss, _ = rlpt.policy_loss(obj, xs, mask_w[:, 4:], old_logp=wide[:, 4:], adv=(wide * 0 + 1.0)[:, 4:])
+    assert rlpt.copy_stats() == {}
+    y = lp.clone().requires_grad_()
+    want, _ = rlpt.policy_loss(obj, y, torch.ones(4, 8, dtype=torch.bool), old_logp=wide[:, 4:].contiguous(),
+                               adv=torch.ones(4, 8, dtype=F64))
+    assert float(loss) == float(want)
+    g1, = torch.autograd.grad(loss, xs)
+    g2, = torch.autograd.grad(want, y)
+    assert torch.equal(g1, g2)
+
+
+def test_noncontiguous_is_copied_and_counted_or_refused(gen):
+    lp, old, _, _, _, mask, adv = batch(gen)
+    old_t = old.t().contiguous().t()  # same values, column-major
+    obj = rlpt.Objective.verl_actor()
+    rlpt.reset_copy_stats()
+    a, _ = rlpt.policy_loss(obj, lp, mask, old_logp=old_t, seq_adv=adv)
+    b, _ = rlpt.policy_loss(obj, lp, mask, old_logp=old, seq_adv=adv)
+    assert float(a) == float(b)
+    assert rlpt.copy_stats()[("copy", "old_logp")] == 1
+    rlpt.set_strict(True)
+    try:
+        with pytest.raises(rlpt.Error) as e:
+            rlpt.policy_loss(obj, lp, mask, old_logp=old_t, seq_adv=adv)
+        assert e.value.id == "rlpt.python.strides" and "old_logp" in e.value.message
+    finally:
+        rlpt.set_strict(False)
+
+
+def test_errors_carry_rlpt_ids(gen):
+    lp, old, _, _, _, mask, adv = batch(gen)
+    obj = rlpt.Objective.verl_actor()
+    with pytest.raises(rlpt.Error) as e:
+        rlpt.policy_loss(obj, lp, mask, seq_adv=adv)  # no old_logp
+    assert e.value.id == "rlpt.objective.missing_input"
+    assert isinstance(e.value, ValueError)
+    with pytest.raises(rlpt.Error) as e:
+        rlpt.Objective.verl_actor(clip_ratio_hgh=0.3)
+    assert e.value.id == "rlpt.python.bad_option" and "clip_ratio_hgh" in e.value.message
+    with pytest.raises(rlpt.Error) as e:
+        rlpt.Objective.verl_actor(loss_agg_mode="token-median")
+    assert e.value.id == "rlpt.objective.compat"
+    bad = lp.clone()
+    bad[0, 0] = float("nan")
+    with pytest.raises(rlpt.Error) as e:
+        rlpt.policy_loss(obj, bad, torch.ones_like(mask), old_logp=old, seq_adv=adv)
+    assert e.value.id == "rlpt.objective.nonfinite"
+    with pytest.raises(rlpt.Error) as e:
+        rlpt.policy_loss(obj, lp, mask[:, :3], old_logp=old, seq_adv=adv)
+    assert e.value.id == "rlpt.python.shape"
+
+
+def test_all_masked_micro_batch_gives_zero_loss(gen):
+    lp, old, _, _, _, mask, adv = batch(gen)
+    x = lp.clone().requires_grad_()
+    for mode in ("token-mean", "seq-mean-token-mean"):
+        loss, _ = rlpt.policy_loss(rlpt.Objective.verl_actor(loss_agg_mode=mode), x, torch.zeros_like(mask),
+                                   old_logp=old, seq_adv=adv)
+        (g,) = torch.autograd.grad(loss, x)
+        assert float(loss) == 0.0 and not bool(g.any())
+
+
+def test_local_denominators_split_equals_whole(gen):
+    lp, old, _, _, _, mask, adv = batch(gen, B=8)
+    obj = rlpt.Objective.verl_actor(loss_agg_mode="token-mean")
+    x = lp.clone().requires_grad_()
+    whole, _ = rlpt.policy_loss(obj, x, mask, old_logp=old, seq_adv=adv)
+    (gw,) = torch.autograd.grad(whole, x)
+    parts = [slice(0, 3), slice(3, 8)]
+    den = sum(rlpt.local_denominators(obj, lp[s], mask[s], old_logp=old[s], seq_adv=adv[s]) for s in parts)
+    glob = obj.with_denominators(tokens=float(den[0]), seqs=float(den[1]))
+    total = 0
+    y = lp.clone().requires_grad_()
+    for s in parts:
+        part, _ = rlpt.policy_loss(glob, y[s], mask[s], old_logp=old[s], seq_adv=adv[s])
+        total = total + part
+    (gy,) = torch.autograd.grad(total, y)
+    close(total, whole, 1e-12, 1e-14)
+    close(gy, gw, 1e-12, 1e-15)
+
+
+def test_critic_value_loss(gen):
+    B, T = 5, 7
+    v = torch.randn(B, T, generator=gen, dtype=F64, requires_grad=True)
+    old = v.detach() + 0.3 * torch.randn(B, T, generator=gen, dtype=F64)
+    ret = torch.randn(B, T, generator=gen, dtype=F64)
+    mask = torch.rand(B, T, generator=gen) > 0.3
+    loss, _ = rlpt.policy_loss(rlpt.Objective.verl_critic(cliprange_value=0.5), None, mask, values=v, old_values=old,
+                               returns=ret)
+    vc = old + torch.clamp(v - old, -0.5, 0.5)
+    want = 0.5 * agg(torch.maximum((v - ret) ** 2, (vc - ret) ** 2), mask, "token-mean")
+    close(loss, want, 1e-12, 1e-14)
+    close(torch.autograd.grad(loss, v)[0], torch.autograd.grad(want, v)[0], 1e-10, 1e-15)
+
+
+# --- logprob / entropy ----------------------------------------------------------------------------
+
+def lp_ref(logits, tokens, temperature):
+    z = logits.double() / temperature
+    ls = torch.log_softmax(z, -1)
+    return ls.gather(-1, tokens[..., None]).squeeze(-1), -(ls.exp() * ls).sum(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_logprob_entropy_matches_torch(gen, dtype):
+    N, V = 13, 37
+    logits = (torch.randn(N, V, generator=gen) * 3).to(dtype).requires_grad_()
+    tokens = torch.randint(0, V, (N,), generator=gen)
+    lp, ent = rlpt.logprob_entropy(logits, tokens, temperature=0.7)
+    wl, we = lp_ref(logits, tokens, 0.7)
+    tol = 1e-5 if dtype in (torch.float32, torch.float64) else 1e-4
+    close(lp, wl, tol, tol, "logp")
+    close(ent, we, tol, tol, "entropy")
+    gl, ge = torch.randn(N, generator=gen), torch.randn(N, generator=gen)
+    (g,) = torch.autograd.grad((lp * gl).sum() + (ent * ge).sum(), logits)
+    (w,) = torch.autograd.grad((wl * gl.double()).sum() + (we * ge.double()).sum(), logits)
+    assert g.dtype == dtype
+    gtol = {torch.float32: 1e-5, torch.float64: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}[dtype]
+    close(g.float(), w.float(), gtol, gtol, "dlogits")
+
+
+def test_sequence_logprob_padded_packed_and_shift(gen):
+    B, T, V = 3, 6, 11
+    logits = torch.randn(B, T, V, generator=gen, requires_grad=True)
+    tokens = torch.randint(0, V, (B, T), generator=gen)
+    lp, ent = rlpt.sequence_logprob_entropy(logits, tokens)
+    wl, _ = lp_ref(logits[:, :-1], tokens[:, 1:], 1.0)
+    close(lp[:, 1:], wl, 1e-5, 1e-6, "shifted logp")
+    assert not bool(lp[:, 0].any())
+    cu = torch.tensor([0, T, 2 * T, 3 * T])
+    lpp, entp = rlpt.sequence_logprob_entropy(logits.reshape(B * T, V), tokens.reshape(-1), cu_seqlens=cu)
+    assert torch.equal(lpp.view(B, T), lp) and torch.equal(entp.view(B, T), ent)
+    (g1,) = torch.autograd.grad(lp.sum(), logits)
+    x = logits.detach().reshape(B * T, V).requires_grad_()
+    lpp, _ = rlpt.sequence_logprob_entropy(x, tokens.reshape(-1), cu_seqlens=cu)
+    (g2,) = torch.autograd.grad(lpp.sum(), x)
+    assert torch.equal(g2.view(B, T, V), g1)
+    assert not bool(g1[:, -1].any())  # the last position predicts nothing
+
+
+def test_logprob_opcheck(gen):
+    logits = torch.randn(2, 5, 9, generator=gen, requires_grad=True)
+    tokens = torch.randint(0, 9, (2, 5), generator=gen)
+    valid = torch.ones(2, 5, dtype=torch.bool)
+    torch.library.opcheck(ops.logprob_entropy.default, (logits, tokens, valid, None, True, 0.9, 0, 1.0, -100))
+    torch.library.opcheck(ops.logprob_entropy.default, (logits.view(10, 9), tokens.view(10), None, None, False,
+                                                        1.0, 3, 0.9, -100))
+
+
+def test_logprob_top_k_matches_masked_softmax(gen):
+    N, V, k = 8, 20, 5
+    logits = torch.randn(N, V, generator=gen, dtype=F64, requires_grad=True)
+    top = logits.detach().topk(k, -1).indices
+    tokens = top[torch.arange(N), torch.randint(0, k, (N,), generator=gen)]
+    lp, _ = rlpt.logprob_entropy(logits, tokens, top_k=k)
+    keep = torch.zeros(N, V, dtype=torch.bool).scatter_(1, top, True)
+    ref = torch.log_softmax(logits.masked_fill(~keep, float("-inf")), -1).gather(1, tokens[:, None]).squeeze(1)
+    close(lp, ref, 1e-5, 1e-6)
+    close(torch.autograd.grad(lp.sum(), logits)[0], torch.autograd.grad(ref.sum(), logits)[0], 1e-5, 1e-6)
+
+
+# --- advantages -----------------------------------------------------------------------------------
+
+def test_advantage_opchecks(gen):
+    r = torch.rand(8, generator=gen)
+    ids = torch.tensor([0, 0, 1, 1, 1, 2, 2, 2])
+    torch.library.opcheck(ops.outcome_advantages.default, ("estimator=grpo;preset=verl", r, ids, None))
+    tr = torch.randn(3, 5, generator=gen)
+    v = torch.randn(3, 5, generator=gen)
+    m = torch.rand(3, 5, generator=gen) > 0.2
+    torch.library.opcheck(ops.gae.default, ("preset=verl;gamma=0.9;lam=0.8", tr, v, m, None, None))
+    torch.library.opcheck(ops.reinforce_pp.default, ("preset=verl;gamma=1.0", tr, m, None))
+    torch.library.opcheck(ops.reinforce_pp_baseline.default, ("preset=verl", r[:3], ids[:3], m, None))
+    torch.library.opcheck(ops.remax.default, ("preset=verl", tr, r[:3], m, None))
+    torch.library.opcheck(ops.local_denominators.default,
+                          ("preset=verl_actor", v, m, v, None, None, None, r[:3], None, None, None, None, None))
+
+
+def test_grpo_ragged_groups(gen):
+    r = torch.rand(9, generator=gen)
+    ids = ["b", "a", "b", "c", "a", "b", "c", "c", "d"]
+    adv, stats = rlpt.grpo_advantages(r, ids, preset="verl")
+    for g in set(ids):
+        idx = [i for i, x in enumerate(ids) if x == g]
+        x = r[idx].double()
+        want = (x - x.mean()) / (x.std() + 1e-6) if len(idx) > 1 else x / (1 + 1e-6)
+        close(adv[idx], want, 1e-6, 1e-6, g)
+    assert rlpt.metrics_dict(stats, rlpt.GROUP_STATS)["num_degenerate"] == 1.0
+
+
+def test_gae_matches_loop(gen):
+    B, T, gamma, lam = 3, 7, 0.9, 0.8
+    r = torch.randn(B, T, generator=gen)
+    v = torch.randn(B, T, generator=gen)
+    m = torch.ones(B, T, dtype=torch.bool)
+    adv, ret, _ = rlpt.gae(r, v, m, gamma=gamma, lam=lam, preset="rlpt")
+    want = torch.zeros(B, T, dtype=F64)
+    last = torch.zeros(B, dtype=F64)
+    for t in reversed(range(T)):
+        nv = v[:, t + 1].double() if t + 1 < T else torch.zeros(B, dtype=F64)
+        delta = r[:, t].double() + gamma * nv - v[:, t].double()
+        last = delta + gamma * lam * last
+        want[:, t] = last
+    close(adv, want, 1e-5, 1e-6)
+    close(ret, want + v.double(), 1e-5, 1e-6)
+
+
+# --- torch.compile --------------------------------------------------------------------------------
+
+def _loss_fn(logits, tokens, valid, old, ref, adv, spec):
+    logp, ent = rlpt.sequence_logprob_entropy(logits, tokens, valid, temperature=0.9)
+    loss, metrics = rlpt.policy_loss(spec, logp, valid, old_logp=old, ref_logp=ref, seq_adv=adv, entropy=ent)
+    return loss + 0 * metrics[0]
+
+
+def test_compile_has_no_graph_breaks(gen):
+    B, T, V = 2, 6, 13
+    logits = torch.randn(B, T, V, generator=gen, requires_grad=True)
+    tokens = torch.randint(0, V, (B, T), generator=gen)
+    valid = torch.ones(B, T, dtype=torch.bool)
+    old = torch.randn(B, T, generator=gen) - 2
+    ref = old + 0.1
+    adv = torch.randn(B, generator=gen)
+    obj = rlpt.Objective.verl_actor(use_kl_loss=True, entropy_coeff=0.01)
+    import torch._dynamo as dynamo
+
+    dynamo.reset()
+    explain = dynamo.explain(_loss_fn)(logits, tokens, valid, old, ref, adv, obj)
+    assert explain.graph_break_count == 0, explain.break_reasons
+    assert explain.graph_count == 1
+    compiled = torch.compile(_loss_fn, backend="aot_eager", fullgraph=True)
+    got = compiled(logits, tokens, valid, old, ref, adv, obj)
+    (g_got,) = torch.autograd.grad(got, logits)
+    want = _loss_fn(logits, tokens, valid, old, ref, adv, obj)
+    (g_want,) = torch.autograd.grad(want, logits)
+    assert float(got) == float(want)
+    assert torch.equal(g_got, g_want)
+
+
+# --- CUDA (skipped without a device) --------------------------------------------------------------
+
+@cuda
+def test_cuda_matches_cpu(gen):
+    if not rlpt.cuda_kernels:
+        pytest.skip("package built without CUDA kernels")
+    B, T, V = 3, 8, 50
+    logits = torch.randn(B, T, V, generator=gen)
+    tokens = torch.randint(0, V, (B, T), generator=gen)
+    lp_c, ent_c = rlpt.sequence_logprob_entropy(logits, tokens)
+    lp_g, ent_g = rlpt.sequence_logprob_entropy(logits.cuda(), tokens.cuda())
+    close(lp_g.cpu(), lp_c, 1e-5, 1e-6)
+    close(ent_g.cpu(), ent_c, 1e-5, 1e-6)
+    lp, old, ref, _, _, mask, adv = batch(gen, dtype=torch.float32)
+    obj = rlpt.Objective.verl_actor(use_kl_loss=True)
+    x = lp.clone().requires_grad_()
+    loss_c, _ = rlpt.policy_loss(obj, x, mask, old_logp=old, ref_logp=ref, seq_adv=adv)
+    xg = lp.cuda().requires_grad_()
+    loss_g, _ = rlpt.policy_loss(obj, xg, mask.cuda(), old_logp=old.cuda(), ref_logp=ref.cuda(), seq_adv=adv.cuda())
+    close(loss_g.cpu(), loss_c, 1e-5, 1e-7)
+    close(torch.autograd.grad(loss_g, xg)[0].cpu(), torch.autograd.grad(loss_c, x)[0], 1e-5, 1e-7)

@@ -1,0 +1,189 @@
+# SPDX-License-Identifier: Apache-2.0
+"""rlpt.verl against verl 0.9.1: every function registered under rlpt's name gives verl's own
+result through verl's registry lookup (float32 tolerance) and the same gradient, on seeded inputs
+with ragged, out-of-order groups, one-token and empty rows, non-contiguous tensors and every
+aggregation mode; patch() puts the rlpt functions under verl's names."""
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("verl")
+import rlpt  # noqa: E402
+import rlpt.verl as rv  # noqa: E402
+from conftest import close  # noqa: E402
+from verl.trainer.config import AlgoConfig, RolloutCorrectionConfig  # noqa: E402
+from verl.trainer.ppo import core_algos as ca  # noqa: E402
+from verl.workers.config import ActorConfig  # noqa: E402
+from verl.workers.config.actor import PolicyLossConfig  # noqa: E402
+
+AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean"]
+TOL = dict(rtol=2e-5, atol=2e-6)
+
+
+def rollout(seed, B=14, T=10):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    lengths[0] = 1  # a one-token row
+    lengths[3] = 0  # an empty row
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    # ragged groups in shuffled order, one of them a single sample
+    uids = np.array(["p0"] * 4 + ["p1"] * 3 + ["p2"] * 5 + ["p3"] * 1 + ["p4"] * 1, dtype=object)
+    uids = uids[torch.randperm(B, generator=g).numpy()]
+    scores = torch.randint(0, 5, (B,), generator=g).float() / 4 + 0.1 * torch.rand(B, generator=g)
+    tlr = torch.zeros(B, T)
+    last = (lengths - 1).clamp(min=0)
+    tlr[torch.arange(B), last] = scores * (lengths > 0)
+    tlr += 0.01 * torch.randn(B, T, generator=g) * mask  # per-token shaping terms
+    return g, mask, uids, tlr
+
+
+@pytest.mark.parametrize("name", ["grpo", "grpo_vectorized", "rloo", "rloo_vectorized", "opo", "gpg",
+                                  "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "grpo_passk"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_estimators_match_verl(name, seed):
+    g, mask, uids, tlr = rollout(seed)
+    if name == "grpo_passk":  # verl raises for a group of one
+        keep = np.isin(uids, ["p0", "p1", "p2"])
+        mask, uids, tlr = mask[keep], uids[keep], tlr[keep]
+    config = AlgoConfig(gamma=0.97, norm_adv_by_std_in_grpo=True)
+    kwargs = dict(token_level_rewards=tlr, response_mask=mask, config=config)
+    if name not in ("reinforce_plus_plus", "remax"):
+        kwargs["index"] = uids
+    if name == "remax":
+        kwargs["reward_baselines"] = torch.rand(tlr.shape[0], generator=g)
+    ours = ca.get_adv_estimator_fn("rlpt_" + name)
+    theirs = ca.get_adv_estimator_fn(name)
+    a1, r1 = ours(**{k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()})
+    a2, r2 = theirs(**{k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()})
+    m = mask.to(torch.bool)
+    close(a1 * m, a2 * m, what="advantages", **TOL)
+    close(r1 * m, r2 * m, what="returns", **TOL)
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_grpo_direct_call_and_dr_grpo(norm):
+    _, mask, uids, tlr = rollout(5)
+    a1, _ = rv.compute_grpo_outcome_advantage(tlr, mask, uids, norm_adv_by_std_in_grpo=norm)
+    a2, _ = ca.compute_grpo_outcome_advantage(tlr.clone(), mask, uids, norm_adv_by_std_in_grpo=norm)
+    close(a1, a2, **TOL)
+
+
+def test_gae_matches_verl():
+    g, mask, _, tlr = rollout(3)
+    mask[0, 0] = True
+    values = torch.randn(tlr.shape, generator=g)
+    # multi-turn style holes: masked tokens inside the response are skipped by both
+    mask[5, 2] = False
+    a1, r1 = ca.get_adv_estimator_fn("rlpt_gae")(token_level_rewards=tlr, values=values, response_mask=mask,
+                                                 gamma=0.95, lam=0.9)
+    a2, r2 = ca.compute_gae_advantage_return(tlr, values, mask, 0.95, 0.9)
+    close(a1 * mask, a2 * mask, **TOL)
+    close(r1 * mask, r2 * mask, **TOL)
+
+
+def actor_config(mode, agg, **kw):
+    return ActorConfig(strategy="fsdp", rollout_n=1, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0,
+                       ppo_micro_batch_size_per_gpu=1, loss_agg_mode=agg,
+                       policy_loss=PolicyLossConfig(loss_mode=mode, rollout_correction=RolloutCorrectionConfig()),
+                       **kw)
+
+
+def policy_inputs(seed, B=12, T=9):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    lengths[1] = 1
+    lengths[4] = 0
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    wide = torch.rand(B, T + 5, generator=g) * -3  # log_prob[:, -T:] of a wider tensor: non-contiguous
+    log_prob = wide[:, -T:]
+    old = log_prob + 0.25 * torch.randn(B, T, generator=g)
+    seq_adv = torch.randn(B, generator=g)
+    adv = (seq_adv[:, None] * mask).t().contiguous().t()  # column-major: non-contiguous
+    w = torch.rand(B, T, generator=g) * 2
+    return wide, log_prob, old, adv, mask, w
+
+
+@pytest.mark.parametrize("mode", ["vanilla", "gspo", "sapo", "gpg", "geo_mean", "cispo"])
+@pytest.mark.parametrize("agg", AGG_MODES)
+@pytest.mark.parametrize("weights", [False, True])
+def test_policy_losses_match_verl(mode, agg, weights):
+    if mode == "geo_mean" and agg != "token-mean":
+        pytest.skip("geo_mean ignores loss_agg_mode")
+    wide, _, old, adv, mask, w = policy_inputs(7)
+    cfg = actor_config(mode, agg)
+    results = []
+    for fn in (ca.get_policy_loss_fn("rlpt_" + mode), ca.get_policy_loss_fn(mode)):
+        x = wide.clone().requires_grad_()
+        loss, metrics = fn(old_log_prob=old, log_prob=x[:, -old.shape[1]:], advantages=adv, response_mask=mask,
+                           loss_agg_mode=agg, config=cfg, rollout_is_weights=w if weights else None)
+        (grad,) = torch.autograd.grad(loss, x)
+        results.append((loss, grad, metrics))
+    (l1, g1, m1), (l2, g2, m2) = results
+    close(l1, l2, what="loss", **TOL)
+    close(g1, g2, what="grad", rtol=2e-5, atol=1e-7)
+    assert set(m1) == set(m2)
+    if not weights:
+        for k in m2:
+            assert m1[k] == pytest.approx(m2[k], abs=1e-6), k
+
+
+@pytest.mark.parametrize("kl_type", ["kl", "abs", "mse", "low_var_kl", "k3+"])
+@pytest.mark.parametrize("agg", AGG_MODES)
+def test_kl_loss_matches_verl(kl_type, agg):
+    _, lp, _, _, mask, _ = policy_inputs(9)
+    ref = lp + 0.4 * torch.randn(lp.shape, generator=torch.Generator().manual_seed(2))
+    x1 = lp.clone().requires_grad_()
+    x2 = lp.clone().requires_grad_()
+    l1 = rv.kl_loss(x1, ref, mask, kl_type, agg)
+    l2 = ca.agg_loss(ca.kl_penalty(x2, ref, kl_type), mask, agg)
+    close(l1, l2, **TOL)
+    close(torch.autograd.grad(l1, x1)[0], torch.autograd.grad(l2, x2)[0], rtol=2e-5, atol=1e-7)
+
+
+def test_value_loss_matches_verl():
+    g = torch.Generator().manual_seed(4)
+    v = torch.randn(6, 8, generator=g)
+    old = v + 0.5 * torch.randn(6, 8, generator=g)
+    ret = torch.randn(6, 8, generator=g)
+    mask = torch.rand(6, 8, generator=g) > 0.3
+    x1, x2 = v.clone().requires_grad_(), v.clone().requires_grad_()
+    l1, c1 = rv.compute_value_loss(x1, ret, old, mask, 0.5)
+    l2, c2 = ca.compute_value_loss(x2, ret, old, mask, 0.5)
+    close(l1, l2, **TOL)
+    close(c1, c2, **TOL)
+    close(torch.autograd.grad(l1, x1)[0], torch.autograd.grad(l2, x2)[0], **TOL)
+
+
+def test_logprobs_from_logits_matches_verl():
+    from verl.utils import torch_functional as vf
+
+    g = torch.Generator().manual_seed(8)
+    logits = torch.randn(3, 7, 40, generator=g) * 3
+    labels = torch.randint(0, 40, (3, 7), generator=g)
+    x1, x2 = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    lp1 = rv.logprobs_from_logits(x1, labels)
+    lp2 = vf.logprobs_from_logits(x2, labels)
+    close(lp1, lp2, 1e-5, 1e-5)
+    close(rv.entropy_from_logits(logits), vf.entropy_from_logits(logits), 1e-5, 1e-5)
+    close(torch.autograd.grad(lp1.sum(), x1)[0], torch.autograd.grad(lp2.sum(), x2)[0], 1e-5, 1e-6)
+
+
+def test_patch_puts_rlpt_under_verl_names():
+    orig_loss = ca.get_policy_loss_fn("vanilla")
+    rv.patch()
+    try:
+        assert ca.get_policy_loss_fn("vanilla") is rv.compute_policy_loss_vanilla
+        assert ca.get_adv_estimator_fn("rloo") is rv.compute_rloo_outcome_advantage
+        assert ca.compute_grpo_outcome_advantage is rv.compute_grpo_outcome_advantage
+        assert ca.compute_gae_advantage_return is rv.compute_gae_advantage_return
+    finally:
+        rv.unpatch()
+    assert ca.get_policy_loss_fn("vanilla") is orig_loss
+
+
+def test_plugin_entry_point_is_declared():
+    from importlib.metadata import entry_points
+
+    eps = [e for e in entry_points(group="verl.plugins") if e.name == "rlpt"]
+    assert eps and eps[0].value == "rlpt.verl:_plugin"
+    assert "rlpt_vanilla" in ca.POLICY_LOSS_REGISTRY and "rlpt_grpo" in ca.ADV_ESTIMATOR_REGISTRY
