@@ -351,7 +351,10 @@ def run_case(ctx: Context, case: Case) -> dict:
                 result["check_failed"] = str(e)
                 ctx.log(f"  {case.key}: CHECK FAILED: {e}")
                 return result
-        ctx.log(f"  {case.key}: equal" + (f" ({fmt_check(result['check'])})" if result.get("check") else ""))
+        if case.check:
+            ctx.log(f"  {case.key}: equal" + (f" ({fmt_check(result['check'])})" if result.get("check") else ""))
+        else:
+            ctx.log(f"  {case.key}: ran (nothing to compare)")
         if ctx.check_only:
             return result
         # 2. interleaved rounds, the same number and kind of calls on every side.

@@ -1,16 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
-// Runner for bench/peers/rollout_*.py: times rlpt on the inputs the Python script hands over
-// and prints one JSON line (the last line of stdout).
+// rlpt's side of the rollout comparisons of scripts/bench-peers (bench/peers/blocks/rollout.py):
+// times single calls with the protocol of bench/support/peer_timing.hpp (one thread, cold calls,
+// the result allocated by every call, process CPU time per call) and prints one JSON line.
 //
-//   bench_rollout_peer balance    LENGTHS_FILE K EQUAL(0|1) ALGO(verl|kk|lpt|best) REPEAT
-//   bench_rollout_peer microbatch LENGTHS_FILE BUDGET ALGO(verl|kk|ffd) REPEAT
-//   bench_rollout_peer pack       LENGTHS_FILE BUDGET REPEAT [PAD_TO]
-//   bench_rollout_peer buffer     PRODUCERS CONSUMERS RECORDS GROUP_SIZE MEAN_LEN
+//   bench_rollout_peer balance    LENGTHS_FILE K EQUAL(0|1) ALGO(verl|kk|lpt|best) [timing]
+//   bench_rollout_peer microbatch LENGTHS_FILE BUDGET ALGO(verl|kk|ffd) [timing]
+//   bench_rollout_peer pack       LENGTHS_FILE BUDGET PAD_TO [timing]
+//   bench_rollout_peer buffer     PRODUCERS CONSUMERS RECORDS GROUP_SIZE MEAN_LEN [timing]
+//   [timing] = --warmup N --calls N --flush BYTES --out DIR
 //
-// LENGTHS_FILE holds one sequence length per line.
+// LENGTHS_FILE holds one sequence length per line. With --out, balance and microbatch write the
+// parts (one line of item indices per part, ascending) to DIR/parts.txt.
 #include <rlpt/rollout.hpp>
 
 #include "support/bandwidth.hpp"
+#include "support/peer_timing.hpp"
 
 #include <fmt/format.h>
 
@@ -49,27 +53,23 @@ double cpu_now() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-struct timing {
-  double wall = 0; //!< median wall seconds
-  double cpu = 0;  //!< median process CPU seconds (robust when the machine is shared)
-};
+using rlpt::bench::timing_plan;
 
-template <class F>
-timing median_seconds(int repeat, F&& f) {
-  std::vector<double> wall, cpu;
-  for (int r = 0; r < std::max(1, repeat); ++r) {
-    const auto t0 = clock_type::now();
-    const double c0 = cpu_now();
-    f();
-    cpu.push_back(cpu_now() - c0);
-    wall.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
+//! Writes one line of item indices per part (ascending) to DIR/parts.txt.
+template <class Parts>
+void write_parts(const std::string& dir, rlpt::index_t count, Parts&& part) {
+  std::FILE* f = std::fopen((dir + "/parts.txt").c_str(), "w");
+  if (f == nullptr) throw std::runtime_error("cannot write " + dir + "/parts.txt");
+  for (rlpt::index_t p = 0; p < count; ++p) {
+    std::vector<rlpt::index_t> items(part(p).begin(), part(p).end());
+    std::sort(items.begin(), items.end());
+    for (std::size_t i = 0; i < items.size(); ++i) std::fprintf(f, i ? " %lld" : "%lld", static_cast<long long>(items[i]));
+    std::fputc('\n', f);
   }
-  std::sort(wall.begin(), wall.end());
-  std::sort(cpu.begin(), cpu.end());
-  return {wall[wall.size() / 2], cpu[cpu.size() / 2]};
+  std::fclose(f);
 }
 
-int balance(const char* file, rlpt::index_t k, bool equal, const std::string& algo, int repeat) {
+int balance(const char* file, rlpt::index_t k, bool equal, const std::string& algo, const timing_plan& plan) {
   const auto len = read_lengths(file);
   rlpt::balance_options o = rlpt::compat::verl::balance(k);
   o.equal_count = equal;
@@ -82,24 +82,14 @@ int balance(const char* file, rlpt::index_t k, bool equal, const std::string& al
     o.algorithm = rlpt::partition_algorithm::best;
     o.refine = true;
   }
-  rlpt::partition p;
-  const timing s = median_seconds(repeat, [&] { p = rlpt::balance(len, o); });
-  // Warm loop: calls of a few µs are below what one pair of CPU-clock reads resolves well, so
-  // also time back-to-back calls for >= 0.1 CPU s and report the mean (verl is timed warm too).
-  // The clock is read once per batch of >= 50 µs of calls: a process CPU-time read is a system
-  // call (0.85 µs here, and it disturbs caches and predictors), as long as a small call itself.
-  const int batch = static_cast<int>(std::clamp(50e-6 / std::max(s.cpu, 1e-9), 1.0, 1000.0));
-  int calls = 0;
-  const double c0 = cpu_now();
-  double c1 = c0;
-  while (calls < repeat || c1 - c0 < 0.1) {
-    for (int b = 0; b < batch; ++b) p = rlpt::balance(len, o);
-    calls += batch;
-    c1 = cpu_now();
-  }
-  fmt::print("{{\"seconds\": {:.9g}, \"cpu_seconds\": {:.9g}, \"loop_cpu_seconds\": {:.9g}, \"loop_calls\": {}, "
-             "\"max_load\": {:.17g}, \"min_load\": {:.17g}, \"mean_load\": {:.17g}, \"imbalance\": {:.17g}}}\n",
-             s.wall, s.cpu, (c1 - c0) / calls, calls, p.max_load(), p.min_load(), p.mean_load(), p.imbalance());
+  // One call per step in a trainer: each call is timed alone, cold (plan.flush), and returns the
+  // partition it allocated, as verl's get_seqlen_balanced_partitions returns its lists.
+  const auto t = rlpt::bench::time_calls(plan, [&] { return rlpt::balance(len, o); });
+  const rlpt::partition p = rlpt::balance(len, o);
+  if (!plan.out.empty()) write_parts(plan.out, p.num_parts(), [&](rlpt::index_t i) { return p.part(i); });
+  fmt::print("{{\"op\": \"balance\", \"algo\": \"{}\", \"max_load\": {:.17g}, \"min_load\": {:.17g}, "
+             "\"mean_load\": {:.17g}, \"imbalance\": {:.17g}, {}}}\n",
+             algo, p.max_load(), p.min_load(), p.mean_load(), p.imbalance(), rlpt::bench::json_series(t));
   return 0;
 }
 
@@ -110,11 +100,13 @@ rlpt::microbatch_options mb_options(rlpt::index_t budget, const std::string& alg
   return o;
 }
 
-int microbatch(const char* file, rlpt::index_t budget, const std::string& algo, int repeat) {
+int microbatch(const char* file, rlpt::index_t budget, const std::string& algo, const timing_plan& plan) {
   const auto len = read_lengths(file);
   const rlpt::microbatch_options o = mb_options(budget, algo);
-  rlpt::microbatch_plan p;
-  const timing s = median_seconds(repeat, [&] { p = rlpt::plan_microbatches(len, o); });
+  const auto s = rlpt::bench::time_calls(plan, [&] { return rlpt::plan_microbatches(len, o); });
+  const rlpt::microbatch_plan p = rlpt::plan_microbatches(len, o);
+  if (!plan.out.empty())
+    write_parts(plan.out, p.num_microbatches(), [&](rlpt::index_t m) { return p.microbatch(m); });
   // Waste if each micro-batch were a padded [rows, longest] tensor, and packed with 256 alignment.
   rlpt::index_t padded = 0, aligned = 0, tokens = 0;
   for (rlpt::index_t m = 0; m < p.num_microbatches(); ++m) {
@@ -128,10 +120,10 @@ int microbatch(const char* file, rlpt::index_t budget, const std::string& algo, 
     tokens += t;
   }
   const double mean = static_cast<double>(tokens) / static_cast<double>(p.num_microbatches());
-  fmt::print("{{\"seconds\": {:.9g}, \"cpu_seconds\": {:.9g}, \"count\": {}, \"max_tokens\": {}, \"tokens\": {}, "
+  fmt::print("{{\"op\": \"microbatch\", {}, \"count\": {}, \"max_tokens\": {}, \"tokens\": {}, "
              "\"mb_imbalance\": {:.9g}, \"fill\": {:.9g}, \"pad_to_max_waste\": {:.9g}, \"align256_waste\": {:.9g}, "
              "\"fell_back\": {}}}\n",
-             s.wall, s.cpu, p.num_microbatches(), p.max_tokens(), tokens, static_cast<double>(p.max_tokens()) / mean,
+             rlpt::bench::json_series(s), p.num_microbatches(), p.max_tokens(), tokens, static_cast<double>(p.max_tokens()) / mean,
              static_cast<double>(tokens) / static_cast<double>(p.num_microbatches() * budget),
              static_cast<double>(padded - tokens) / static_cast<double>(tokens),
              static_cast<double>(aligned - tokens) / static_cast<double>(tokens), p.fell_back ? "true" : "false");
@@ -140,7 +132,7 @@ int microbatch(const char* file, rlpt::index_t budget, const std::string& algo, 
 
 // Plan + pack every micro-batch into varlen buffers: the end-to-end work rearrange_micro_batches does.
 // Padding is counted from what pack wrote (PAD_TO 1: verl remove_padding; 256: AReaL).
-int pack(const char* file, rlpt::index_t budget, int repeat, rlpt::index_t pad_to) {
+int pack(const char* file, rlpt::index_t budget, rlpt::index_t pad_to, const timing_plan& plan) {
   const auto len = read_lengths(file);
   std::vector<rlpt::trajectory> recs;
   std::mt19937 g(1);
@@ -162,13 +154,15 @@ int pack(const char* file, rlpt::index_t budget, int repeat, rlpt::index_t pad_t
   const rlpt::rollout_batch batch = rlpt::rollout_batch::gather(recs, {});
   const rlpt::microbatch_options o = rlpt::compat::verl::microbatches(budget);
   const rlpt::pack_options po{.pad_to_multiple = pad_to};
-  std::vector<rlpt::packed_microbatch> out;
-  const timing s = median_seconds(repeat, [&] {
+  auto call = [&] { // the micro-batches are the call's result (verl returns its TensorDicts)
+    std::vector<rlpt::packed_microbatch> mbs;
     const auto lengths = batch.lengths();
     const rlpt::microbatch_plan p = rlpt::plan_microbatches(lengths, o);
-    out.clear();
-    for (rlpt::index_t m = 0; m < p.num_microbatches(); ++m) out.push_back(rlpt::pack(batch, p.microbatch(m), po));
-  });
+    for (rlpt::index_t m = 0; m < p.num_microbatches(); ++m) mbs.push_back(rlpt::pack(batch, p.microbatch(m), po));
+    return mbs;
+  };
+  const auto s = rlpt::bench::time_calls(plan, call);
+  const std::vector<rlpt::packed_microbatch> out = call();
   rlpt::index_t real = 0, pad = 0, flat = 0;
   for (const auto& m : out) {
     real += m.info.tokens;
@@ -180,9 +174,9 @@ int pack(const char* file, rlpt::index_t budget, int repeat, rlpt::index_t pad_t
                batch.num_tokens());
     return 1;
   }
-  fmt::print("{{\"seconds\": {:.9g}, \"cpu_seconds\": {:.9g}, \"count\": {}, \"tokens\": {}, \"pad_tokens\": {}, "
+  fmt::print("{{\"op\": \"pack\", {}, \"count\": {}, \"tokens\": {}, \"pad_tokens\": {}, "
              "\"packed_tokens\": {}, \"pad_waste\": {:.9g}}}\n",
-             s.wall, s.cpu, out.size(), batch.num_tokens(), pad, flat,
+             rlpt::bench::json_series(s), out.size(), batch.num_tokens(), pad, flat,
              static_cast<double>(pad) / static_cast<double>(real));
   return 0;
 }
@@ -250,10 +244,10 @@ int buffer(int producers, int consumers, rlpt::index_t records, rlpt::index_t gr
       copy_cpu_gbps = std::max(copy_cpu_gbps, 2.0 * static_cast<double>(src.size()) / (cpu_now() - c1) / 1e9);
     }
   }
-  fmt::print("{{\"seconds\": {:.9g}, \"cpu_seconds\": {:.9g}, \"records\": {}, \"tokens\": {}, \"records_per_s\": "
+  fmt::print("{{\"op\": \"buffer\", \"cpu_s\": [{:.9g}], \"wall_s\": [{:.9g}], \"records\": {}, \"tokens\": {}, \"records_per_s\": "
              "{:.9g}, \"tokens_per_s\": {:.9g}, \"ns_per_record\": {:.9g}, \"cpu_ns_per_record\": {:.9g}, "
              "\"column_gbps\": {:.9g}, \"copy_gbps\": {:.9g}, \"column_cpu_gbps\": {:.9g}, \"copy_cpu_gbps\": {:.9g}}}\n",
-             s, cpu, consumed.load(), tokens, static_cast<double>(consumed.load()) / s, static_cast<double>(tokens) / s,
+             cpu, s, consumed.load(), tokens, static_cast<double>(consumed.load()) / s, static_cast<double>(tokens) / s,
              s * 1e9 / static_cast<double>(consumed.load()), cpu * 1e9 / static_cast<double>(consumed.load()),
              2.0 * bytes / s / 1e9, bw.copy_gbps, 2.0 * bytes / cpu / 1e9, copy_cpu_gbps);
   return 0;
@@ -262,17 +256,17 @@ int buffer(int producers, int consumers, rlpt::index_t records, rlpt::index_t gr
 } // namespace
 
 int main(int argc, char** argv) {
-  const std::string mode = argc > 1 ? argv[1] : "";
   try {
-    if (mode == "balance" && argc == 7)
-      return balance(argv[2], std::atoll(argv[3]), std::atoi(argv[4]) != 0, argv[5], std::atoi(argv[6]));
-    if (mode == "microbatch" && argc == 6) return microbatch(argv[2], std::atoll(argv[3]), argv[4], std::atoi(argv[5]));
-    if (mode == "pack" && (argc == 5 || argc == 6))
-      return pack(argv[2], std::atoll(argv[3]), std::atoi(argv[4]), argc == 6 ? std::atoll(argv[5]) : 1);
+    const timing_plan plan = rlpt::bench::parse_timing(argc, argv);
+    const std::string mode = argc > 1 ? argv[1] : "";
+    if (mode == "balance" && argc == 6)
+      return balance(argv[2], std::atoll(argv[3]), std::atoi(argv[4]) != 0, argv[5], plan);
+    if (mode == "microbatch" && argc == 5) return microbatch(argv[2], std::atoll(argv[3]), argv[4], plan);
+    if (mode == "pack" && argc == 5) return pack(argv[2], std::atoll(argv[3]), std::atoll(argv[4]), plan);
     if (mode == "buffer" && argc == 7)
       return buffer(std::atoi(argv[2]), std::atoi(argv[3]), std::atoll(argv[4]), std::atoll(argv[5]), std::atoll(argv[6]));
-  } catch (const rlpt::error& e) {
-    fmt::print(stderr, "{}\n", e.what());
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "bench_rollout_peer: {}\n", e.what());
     return 1;
   }
   fmt::print(stderr, "usage: see the header of bench/rollout/bench_rollout_peer.cpp\n");
