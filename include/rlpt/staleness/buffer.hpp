@@ -65,7 +65,7 @@ struct staleness_state {
 };
 
 //! Encodes staleness_state as bytes: "RLPTSTL1", i32 version, u64 count, count × (i64 id,
-//! i32 version, i32 target), little-endian.
+//! i32 version, i32 target), little-endian. Each group id appears at most once.
 [[nodiscard]] inline std::vector<std::byte> encode(const staleness_state& s) {
   std::vector<std::byte> out;
   auto put = [&](const auto& v) {
@@ -114,6 +114,13 @@ struct staleness_state {
                "staleness state group {} has version {} / target {} (current version {})", g.id, g.version, g.target,
                s.version);
   }
+  // A group listed twice would be ambiguous (which dispatch version does it keep?).
+  std::vector<std::int64_t> ids(s.groups.size());
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = s.groups[i].id;
+  std::sort(ids.begin(), ids.end());
+  const auto twice = std::adjacent_find(ids.begin(), ids.end());
+  RLPT_CHECK(twice == ids.end(), errors::staleness::state_corrupt, "staleness state lists group {} more than once",
+             twice == ids.end() ? std::int64_t{0} : *twice);
   RLPT_CHECK(at == in.size(), errors::staleness::state_corrupt, "staleness state has {} trailing bytes",
              in.size() - at);
   return s;
@@ -287,20 +294,26 @@ public:
   //! Restores a fresh adapter (nothing pushed, gate without tickets): loads the buffer state,
   //! evicts groups that were still open (their producers are gone), and recovers the gate at
   //! `vs.version` with the ready groups as survivors (AReaL's recovery rule). Ready groups
-  //! missing from `vs` fall back to their oldest token version.
+  //! missing from `vs` fall back to their oldest token version. Everything is checked before
+  //! anything changes: a refused restore leaves the buffer and the gate as they were.
   void restore(buffer_state bs, const staleness_state& vs) {
     const gate_counts gc = gate_.counts();
     RLPT_CHECK(gc.running == 0 && gc.buffered == 0, errors::staleness::restore_busy,
                "restore needs a gate without outstanding tickets; this one has {} running and {} buffered", gc.running,
                gc.buffered);
-    buf_.restore(std::move(bs));
-    buf_.evict_incomplete();
-    const buffer_state now = buf_.snapshot();
+    RLPT_CHECK(vs.version >= 0, errors::staleness::bad_version, "recovered version must be >= 0, got {}", vs.version);
+    RLPT_CHECK(gate_.options().clock == nullptr || gate_.clock().current() == vs.version, errors::staleness::restore_mismatch,
+               "the shared clock shows version {}, the checkpoint was taken at {} (restore the clock first)",
+               gate_.clock().current(), vs.version);
+    // Survivors: the ready groups (open ones are evicted below), with the version each was
+    // dispatched at. Checked here with the gate's rules, so that recover() cannot refuse them
+    // after the buffer was loaded.
     std::unordered_map<std::int64_t, const staleness_state::group*> known;
     for (const auto& g : vs.groups) known.emplace(g.id, &g);
     std::vector<recovered_group> survivors;
     std::vector<std::pair<std::int64_t, index_t>> ids;
-    for (const auto& g : now.ready) {
+    const bool target_mode = gate_.options().mode == admission_mode::target;
+    for (const auto& g : bs.ready) {
       recovered_group r;
       const auto it = known.find(g.info.id);
       if (it != known.end()) {
@@ -308,11 +321,19 @@ public:
         r.target = it->second->target;
       } else {
         r.version = g.info.head_version >= 0 ? g.info.head_version : vs.version;
-        r.target = gate_.options().mode == admission_mode::target ? vs.version : -1;
+        r.target = target_mode ? vs.version : -1;
       }
+      RLPT_CHECK(r.version >= 0 && r.version <= vs.version, errors::staleness::bad_version,
+                 "ready group {} was dispatched at version {}, outside [0, {}] (the checkpoint's version)", g.info.id,
+                 r.version, vs.version);
+      RLPT_CHECK(!target_mode || r.target >= r.version, errors::staleness::bad_version,
+                 "ready group {} has target {} below its version {} (target mode needs the reserved step)", g.info.id,
+                 r.target, r.version);
       survivors.push_back(r);
       ids.emplace_back(g.info.id, g.info.samples);
     }
+    buf_.restore(std::move(bs)); // validates the buffer state; throws before changing anything
+    buf_.evict_incomplete();
     const std::vector<ticket> tickets = gate_.recover(vs.version, survivors);
     std::lock_guard lock(mutex_);
     groups_.clear();

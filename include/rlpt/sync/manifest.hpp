@@ -73,10 +73,14 @@ struct piece {
 };
 
 //! Upper bounds applied when a manifest is built or parsed (hostile input cannot make rlpt
-//! allocate per-bucket tables without limit).
+//! allocate per-bucket tables without limit). The tables take about 80 bytes per piece, and a
+//! few hundred bytes of JSON can claim one tensor split into max_pieces pieces: 2^22 pieces
+//! (about 340 MB) is far above real models (a 1T-parameter MoE checkpoint has ~10^5 tensors;
+//! with 64 MiB buckets, ~10^5 pieces) and keeps what a hostile manifest can make a receiver
+//! allocate bounded.
 struct manifest_limits {
-  std::uint64_t max_tensors = std::uint64_t{1} << 24;
-  std::uint64_t max_pieces = std::uint64_t{1} << 26;
+  std::uint64_t max_tensors = std::uint64_t{1} << 22;
+  std::uint64_t max_pieces = std::uint64_t{1} << 22;
   std::uint64_t max_rank = 16;
 };
 
@@ -365,9 +369,14 @@ private:
       payload_total_ += t.nbytes;
       spans.push_back({start, end, i});
     }
+    // last_bucket < total_pieces (<= max_pieces) before adding 1: a bucket index of 2^64 - 1
+    // must not wrap the count to 0.
+    RLPT_CHECK(tensors_.empty() || last_bucket < total_pieces, errors::sync::bad_manifest,
+               "the manifest spans {} buckets but has only {} pieces: some buckets would be empty",
+               last_bucket == std::numeric_limits<std::uint64_t>::max() ? std::string("2^64")
+                                                                        : std::to_string(last_bucket + 1),
+               total_pieces);
     const std::uint64_t buckets = tensors_.empty() ? 0 : last_bucket + 1;
-    RLPT_CHECK(buckets <= total_pieces, errors::sync::bad_manifest,
-               "the manifest spans {} buckets but has only {} pieces: some buckets would be empty", buckets, total_pieces);
     std::sort(spans.begin(), spans.end(), [](const span_t& a, const span_t& b) {
       return a.start != b.start ? a.start < b.start : a.end < b.end;
     });

@@ -48,6 +48,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -693,8 +694,12 @@ private:
         for (std::uint64_t b = 0; b < r->m.bucket_count(); ++b) total += r->m.pieces(b).size();
         RLPT_CHECK(r->pieces.size() == total, errors::sync::bad_safetensors, "{}: {} piece checksums for {} pieces",
                    pick->path, r->pieces.size(), total);
+        std::unordered_map<std::string_view, const safetensors_entry*> by_name; // not h.find: O(n^2) for n tensors
+        by_name.reserve(h.tensors.size());
+        for (const auto& t : h.tensors) by_name.emplace(t.name, &t);
         for (std::size_t i = 0; i < r->m.size(); ++i) {
-          const safetensors_entry* e = h.find(r->m[i].name);
+          const auto it = by_name.find(r->m[i].name);
+          const safetensors_entry* e = it == by_name.end() ? nullptr : it->second;
           RLPT_CHECK(e != nullptr && e->dtype == r->m[i].dtype && e->shape == r->m[i].shape, errors::sync::bad_safetensors,
                      "{}: tensor \"{}\" of the manifest is missing or differs in the file", pick->path, r->m[i].name);
           r->offset.push_back(e->begin);
