@@ -286,6 +286,8 @@ class Case:
     warmup: int = 1
     min_memory: int = 0         # bytes this case needs available
     rounds: int | None = None   # override of the context's rounds
+    calls: int | None = None    # override of the calls per round
+    timed: bool = True          # False: the check run's outputs are the result (no timing rounds)
 
 
 @dataclasses.dataclass
@@ -355,13 +357,13 @@ def run_case(ctx: Context, case: Case) -> dict:
             ctx.log(f"  {case.key}: equal" + (f" ({fmt_check(result['check'])})" if result.get("check") else ""))
         else:
             ctx.log(f"  {case.key}: ran (nothing to compare)")
-        if ctx.check_only:
+        if ctx.check_only or not case.timed:
             return result
         # 2. interleaved rounds, the same number and kind of calls on every side.
         if ctx.gate:
             result["load_before"] = ctx.gate.settle(case.key)
         slow = max((v for v in result["first_call"].values() if v), default=1e-3)
-        calls = max(1, min(ctx.max_calls, round(ctx.round_seconds / max(slow, 1e-9))))
+        calls = case.calls or max(1, min(ctx.max_calls, round(ctx.round_seconds / max(slow, 1e-9))))
         rounds = case.rounds or (3 if slow * calls > 5.0 else ctx.rounds)
         series = {s.label: Series() for s in case.sides}
         for _ in range(rounds):

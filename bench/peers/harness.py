@@ -117,6 +117,9 @@ def run_block(args, name, module, missing, runners, gate, timing, machine, comma
     ctx = core.Context(block=name, runners=runners, quick=args.quick, check_only=args.check_only, rounds=args.rounds,
                        round_seconds=args.round_seconds, verbose=not args.quiet, gate=gate if timing else None,
                        worker=worker)
+    tmp = getattr(module, "TMP", None)
+    if tmp and os.path.isdir(tmp):
+        ctx.tmp = Path(tmp)  # e.g. sync: /dev/shm, so memory (not a disk) is the limit
     started, load_before = core.now_utc(), core.LoadGate.load()
     case_results = []
     for case in module.cases(ctx):

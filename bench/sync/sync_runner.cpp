@@ -9,6 +9,18 @@
 //   bench_sync_runner st-roundtrip IN OUT REPS                read a safetensors file, write it back (timed)
 //   bench_sync_runner write-golden DIR SEED                   files for the Python cross-check
 //
+// scripts/bench-peers (bench/peers/blocks/sync.py) uses the peer modes, with the timing protocol of
+// bench/support/peer_timing.hpp ([timing] = --warmup N --calls N --flush BYTES --out DIR):
+//   bench_sync_runner transport-peer shm|tcp TOTAL_MB BUCKET_MB streaming|staged|weights [timing]
+//       one call = one dense version; cpu_s: the busier process's CPU seconds for it (sender or
+//       receiver); "weights": the receiver's load callback copies every tensor into destination
+//       buffers (the engine's weights, allocated and touched beforehand) and checks them at the end
+//   bench_sync_runner delta-peer FILE encode|apply [timing]     the "prev" -> "now" pair of FILE;
+//       encode allocates its stream per call; --out writes applied.bf16
+//   bench_sync_runner st-read-peer FILE [timing]              open + copy every tensor into buffers
+//       allocated per call (safetensors.torch.load_file + clone)
+//   bench_sync_runner st-write-peer IN OUT [timing]           write IN's tensors to OUT atomically
+//
 // Every throughput is stated next to the single-thread memcpy rate measured in the same run, in
 // wall time and per CPU second ("cpu_" fields: robust when other processes share the cores).
 #include "golden_writer.hpp"
@@ -16,6 +28,7 @@
 #include <rlpt/sync.hpp>
 
 #include "support/bandwidth.hpp"
+#include "support/peer_timing.hpp"
 
 #include <fmt/format.h>
 
@@ -296,6 +309,222 @@ std::string st_roundtrip(const std::string& in, const std::string& out, int reps
                      static_cast<double>(bytes) / write_best / 1e9, memcpy_gbps());
 }
 
+// --- scripts/bench-peers modes -------------------------------------------------------------------
+
+int usage();
+
+// One dense version per call, sender here, receiver in a child process; per version the CPU
+// seconds of each process (the receiver's travel back through a pipe at the end).
+template <class MakeSender, class MakeReceiver>
+std::string transport_peer(const char* what, std::uint64_t total, std::uint64_t bucket, const std::string& mode,
+                           const rlpt::bench::timing_plan& tp, MakeSender&& make_sender_link,
+                           MakeReceiver&& make_receiver_link) {
+  big_model md(total);
+  const manifest m = plan(md.refs, {.bucket_bytes = bucket, .alignment = 256});
+  const int versions = tp.warmup + tp.calls;
+  int cpu_pipe[2];
+  if (::pipe(cpu_pipe) != 0) throw std::runtime_error("pipe failed");
+  std::fflush(nullptr);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::close(cpu_pipe[0]);
+    // The engine's weights exist before the update: allocated and touched up front.
+    std::vector<std::unique_ptr<std::byte[]>> dest;
+    std::vector<std::string> names;
+    if (mode == "weights")
+      for (const auto& r : md.refs) {
+        const std::size_t n = static_cast<std::size_t>(r.shape[0]) * 2;
+        dest.emplace_back(new std::byte[n]);
+        std::memset(dest.back().get(), 0, n);
+        names.emplace_back(r.name);
+      }
+    auto load = [&](const tensor_view& t) {
+      if (mode != "weights") return;
+      const auto it = std::find(names.begin(), names.end(), t.name);
+      if (it == names.end()) ::_exit(3);
+      std::memcpy(dest[static_cast<std::size_t>(it - names.begin())].get(), t.bytes.data(), t.bytes.size());
+    };
+    auto link = make_receiver_link();
+    receiver rx(*link, load,
+                {.timeout = 60s, .mode = mode == "staged" ? apply_mode::staged : apply_mode::streaming,
+                 .mirror = mode == "staged"});
+    std::vector<double> cpu;
+    double c0 = process_cpu();
+    for (int got = 0; got < versions;) {
+      const update u = rx.poll(100ms);
+      if (u.failed()) {
+        std::fprintf(stderr, "receiver: %s\n", u.reason.c_str());
+        ::_exit(1);
+      }
+      if (!u.published()) continue;
+      const double now = process_cpu();
+      cpu.push_back(now - c0);
+      c0 = now;
+      ++got;
+    }
+    double ok = 1.0;
+    for (std::size_t i = 0; i < dest.size(); ++i)
+      if (std::memcmp(dest[i].get(), md.refs[i].data, static_cast<std::size_t>(md.refs[i].shape[0]) * 2) != 0) ok = 0.0;
+    cpu.push_back(ok);
+    const auto bytes = static_cast<ssize_t>(cpu.size() * sizeof(double));
+    if (::write(cpu_pipe[1], cpu.data(), static_cast<std::size_t>(bytes)) != bytes) ::_exit(1);
+    ::_exit(0);
+  }
+  ::close(cpu_pipe[1]);
+  auto link = make_sender_link();
+  sender tx(*link, m, md.refs, {.timeout = 60s, .commit_timeout = 120s});
+  std::vector<double> tx_cpu, wall;
+  for (int v = 0; v < versions; ++v) {
+    const double w0 = rlpt::bench::wall_seconds(), c0 = process_cpu();
+    tx.publish(static_cast<std::uint64_t>(v + 1));
+    tx_cpu.push_back(process_cpu() - c0);
+    wall.push_back(rlpt::bench::wall_seconds() - w0);
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  std::vector<double> rx(static_cast<std::size_t>(versions) + 1, 0.0);
+  const auto want = static_cast<ssize_t>(rx.size() * sizeof(double));
+  const bool got = ::read(cpu_pipe[0], rx.data(), static_cast<std::size_t>(want)) == want;
+  ::close(cpu_pipe[0]);
+  rlpt::bench::call_times t;
+  std::vector<double> tx_t, rx_t;
+  for (int v = tp.warmup; v < versions; ++v) {
+    const auto k = static_cast<std::size_t>(v);
+    t.cpu.push_back(std::max(tx_cpu[k], rx[k]));
+    t.wall.push_back(wall[k]);
+    tx_t.push_back(tx_cpu[k]);
+    rx_t.push_back(rx[k]);
+  }
+  const bool ok = got && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  return fmt::format(R"({{"bench": "{}", "receiver": "{}", "bytes": {}, "bucket_bytes": {}, "receiver_ok": {}, )"
+                     R"("weights_ok": {}, {}, "sender_cpu_s": {}, "receiver_cpu_s": {}}})",
+                     what, mode, m.payload_bytes(), bucket, ok, ok && mode == "weights" && rx.back() == 1.0,
+                     rlpt::bench::json_series(t), rlpt::bench::json_array(tx_t), rlpt::bench::json_array(rx_t));
+}
+
+std::string delta_peer(const std::string& path, const std::string& what, const rlpt::bench::timing_plan& tp) {
+  const safetensors_file f(path);
+  const tensor_view prev = f.tensor("prev"), now = f.tensor("now");
+  const std::size_t eb = size_of(now.dtype);
+  const std::uint64_t B = std::uint64_t{512} << 20;
+  delta_encoder enc(std::uint64_t{256} << 20);
+  auto encode = [&] { // the stream is the call's output, allocated per call (torch allocates its index and values)
+    std::vector<std::byte> stream;
+    delta_stats st;
+    enc.encode(0, now.bytes, prev.bytes, eb, 0, B, stream, st);
+    return std::make_pair(std::move(stream), st);
+  };
+  auto [stream, stats] = encode();
+  std::vector<std::byte> target(prev.bytes.begin(), prev.bytes.end());
+  auto apply = [&] { // in place, as index_copy_; each call swaps the changed values (now <-> prev)
+    for_each_delta_record(stream, "peer", [&](delta_record& rec) {
+      swap_apply(rec, std::span<std::byte>(target).subspan(rec.elem_begin * eb, rec.elem_count * eb));
+    });
+  };
+  rlpt::bench::call_times t;
+  if (what == "encode") {
+    t = rlpt::bench::time_calls(tp, encode);
+  } else {
+    t = rlpt::bench::time_calls(tp, apply);
+    if ((tp.warmup + tp.calls) % 2 == 0) apply(); // an odd number of applies leaves "now" in target
+  }
+  if (!tp.out.empty()) {
+    if (what == "encode") {
+      std::memcpy(target.data(), prev.bytes.data(), target.size());
+      auto [s2, st2] = encode();
+      stream = std::move(s2);
+      apply();
+    }
+    rlpt::bench::write_raw(tp.out + "/applied.bf16", target.data(), target.size());
+  }
+  return fmt::format(R"({{"bench": "delta-peer", "what": "{}", "bytes": {}, "changed": {}, "wire_bytes": {}, {}}})",
+                     what, now.bytes.size(), stats.changed, stats.bytes, rlpt::bench::json_series(t));
+}
+
+std::string st_read_peer(const std::string& path, const rlpt::bench::timing_plan& tp) {
+  auto read = [&] { // open + copy every tensor into memory the caller owns
+    std::vector<std::unique_ptr<std::byte[]>> owned;
+    const safetensors_file f(path);
+    for (const auto& e : f.header().tensors) {
+      const tensor_view t = f.view(e);
+      owned.emplace_back(new std::byte[std::max<std::size_t>(t.bytes.size(), 1)]);
+      if (!t.bytes.empty()) std::memcpy(owned.back().get(), t.bytes.data(), t.bytes.size());
+    }
+    return owned;
+  };
+  const auto t = rlpt::bench::time_calls(tp, read);
+  // checksum: the 64-bit little-endian words of every tensor's bytes, summed (the harness sums the
+  // same words of Python's tensors)
+  std::uint64_t sum = 0, bytes = 0;
+  {
+    const safetensors_file f(path);
+    const auto owned = read();
+    for (std::size_t i = 0; i < f.header().tensors.size(); ++i) {
+      const std::size_t n = f.view(f.header().tensors[i]).bytes.size();
+      bytes += n;
+      for (std::size_t k = 0; k + 8 <= n; k += 8) {
+        std::uint64_t w;
+        std::memcpy(&w, owned[i].get() + k, 8);
+        sum += w;
+      }
+    }
+  }
+  return fmt::format(R"({{"bench": "st-read-peer", "bytes": {}, "checksum": "{}", {}}})", bytes, sum,
+                     rlpt::bench::json_series(t));
+}
+
+std::string st_write_peer(const std::string& in, const std::string& out, const rlpt::bench::timing_plan& tp) {
+  const safetensors_file f(in);
+  std::vector<tensor_ref> refs;
+  for (const auto& e : f.header().tensors) {
+    const tensor_view t = f.view(e);
+    refs.push_back({e.name, e.dtype, e.shape, t.bytes.data()});
+  }
+  const auto t = rlpt::bench::time_calls(tp, [&] { write_safetensors(out, refs, f.header().metadata); });
+  return fmt::format(R"({{"bench": "st-write-peer", "bytes": {}, {}}})", f.header().data_bytes,
+                     rlpt::bench::json_series(t));
+}
+
+int peer_modes(int argc, char** argv) {
+  const rlpt::bench::timing_plan tp = rlpt::bench::parse_timing(argc, argv);
+  const std::string cmd = argv[1];
+  if (cmd == "transport-peer" && argc == 6) {
+    const std::string kind = argv[2], mode = argv[5];
+    const std::uint64_t total = std::stoull(argv[3]) << 20, bucket = std::stoull(argv[4]) << 20;
+    if (mode != "streaming" && mode != "staged" && mode != "weights") return usage();
+    if (kind == "shm") {
+      const std::string name = fmt::format("rlpt-bench-{}", ::getpid());
+      std::puts(transport_peer("shm", total, bucket, mode, tp,
+                               [&] { return std::make_unique<shm_transport>(name, role::sender, shm_options{.slot_bytes = bucket}); },
+                               [&] { return std::make_unique<shm_transport>(name, role::receiver); })
+                    .c_str());
+      return 0;
+    }
+    if (kind == "tcp") {
+      auto listener = std::make_unique<tcp_transport>(tcp_options{.listen = true}, role::receiver);
+      const std::uint16_t port = listener->port();
+      std::puts(transport_peer("tcp", total, bucket, mode, tp,
+                               [&] { return std::make_unique<tcp_transport>(tcp_options{.port = port}, role::sender); },
+                               [&] { return std::move(listener); })
+                    .c_str());
+      return 0;
+    }
+  }
+  if (cmd == "delta-peer" && argc == 4) {
+    std::puts(delta_peer(argv[2], argv[3], tp).c_str());
+    return 0;
+  }
+  if (cmd == "st-read-peer" && argc == 3) {
+    std::puts(st_read_peer(argv[2], tp).c_str());
+    return 0;
+  }
+  if (cmd == "st-write-peer" && argc == 4) {
+    std::puts(st_write_peer(argv[2], argv[3], tp).c_str());
+    return 0;
+  }
+  return usage();
+}
+
 int usage() {
   std::fprintf(stderr, "usage: bench_sync_runner shm|tcp TOTAL_MB BUCKET_MB REPS [staged] | delta-sim NUMEL LR STEPS | "
                        "delta-pair FILE REPS | st-roundtrip IN OUT REPS | write-golden DIR SEED\n");
@@ -308,6 +537,7 @@ int main(int argc, char** argv) {
   if (argc < 2) return usage();
   const std::string cmd = argv[1];
   try {
+    if (cmd.ends_with("-peer")) return peer_modes(argc, argv);
     if ((cmd == "shm" || cmd == "tcp") && argc >= 5) {
       const std::uint64_t total = std::stoull(argv[2]) << 20, bucket = std::stoull(argv[3]) << 20;
       const int reps = std::stoi(argv[4]);
