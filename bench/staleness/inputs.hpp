@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Deterministic per-token inputs shared by bench_staleness and the peer runner; the same
-// closed-form formulas are used by bench/peers/staleness_tokens.py, so both sides see
+// closed-form formulas are used by bench/peers/blocks/staleness.py, so both sides see
 // identical data without a file exchange.
 #pragma once
 
