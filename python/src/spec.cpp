@@ -137,7 +137,7 @@ void read_agg(spec& s, const std::string& prefix, rlpt::aggregation& a) {
   s.get(prefix + "global_tokens", a.global_tokens);
   s.get(prefix + "global_seqs", a.global_seqs);
   s.get(prefix + "norm", a.norm);
-  s.get(prefix + "scale", a.scale);
+  s.get(prefix + "factor", a.factor);
   s.get(prefix + "len_eps", a.len_eps);
   s.get(prefix + "count_empty_rows", a.count_empty_rows);
 }
@@ -145,7 +145,7 @@ void read_agg(spec& s, const std::string& prefix, rlpt::aggregation& a) {
 void read_optional_agg(spec& s, const std::string& name, const rlpt::aggregation& base,
                        std::optional<rlpt::aggregation>& out) {
   bool any = false;
-  for (const char* f : {"mode", "global_tokens", "global_seqs", "norm", "scale", "len_eps", "count_empty_rows"})
+  for (const char* f : {"mode", "global_tokens", "global_seqs", "norm", "factor", "len_eps", "count_empty_rows"})
     any = any || s.has(name + "." + f);
   if (!any) return;
   rlpt::aggregation a = out.value_or(base);

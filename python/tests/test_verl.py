@@ -25,7 +25,7 @@ def rollout(seed, B=14, T=10):
     lengths = torch.randint(1, T + 1, (B,), generator=g)
     lengths[0] = 1  # a one-token row
     lengths[3] = 0  # an empty row
-    mask = torch.arange(T)[None, :] < lengths[:, None]
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).to(torch.int64)  # verl's response_mask (attention mask slice)
     # ragged groups in shuffled order, one of them a single sample
     uids = np.array(["p0"] * 4 + ["p1"] * 3 + ["p2"] * 5 + ["p3"] * 1 + ["p4"] * 1, dtype=object)
     uids = uids[torch.randperm(B, generator=g).numpy()]
@@ -70,10 +70,10 @@ def test_grpo_direct_call_and_dr_grpo(norm):
 
 def test_gae_matches_verl():
     g, mask, _, tlr = rollout(3)
-    mask[0, 0] = True
+    mask[0, 0] = 1
     values = torch.randn(tlr.shape, generator=g)
     # multi-turn style holes: masked tokens inside the response are skipped by both
-    mask[5, 2] = False
+    mask[5, 2] = 0
     a1, r1 = ca.get_adv_estimator_fn("rlpt_gae")(token_level_rewards=tlr, values=values, response_mask=mask,
                                                  gamma=0.95, lam=0.9)
     a2, r2 = ca.compute_gae_advantage_return(tlr, values, mask, 0.95, 0.9)

@@ -1,0 +1,109 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Weight sync from Python: rlpt::sync::sender / receiver over the shared-memory or TCP transport,
+for torch tensors. A trainer publishes versions of its parameters; an inference process polls
+and gets each version only once all of it arrived and was verified (XXH3 per bucket and per
+tensor). A failed or interrupted update (a killed sender, a timeout, a corrupt bucket) leaves
+the receiver on its last complete version and poll() says why.
+
+    # trainer                                         # inference worker
+    tx = rlpt.sync.Sender(model.state_dict(),          rx = rlpt.sync.Receiver("shm", "policy")
+                          "shm", "policy")             u = rx.poll(wait=0.1)
+    tx.publish(step)                                   if u["state"] == "published":
+                                                           rx.load_into(model)
+
+Transports: "shm" (address: a segment name, /dev/shm/<name>; the sender creates it) and "tcp"
+(address "host:port"; one side listens, ``listen=True``, port 0 picks a free one: ``port``).
+Device tensors are staged through host copies on the sender; the receiver keeps a host mirror.
+"""
+import torch
+
+from . import _C
+from ._errors import call
+
+
+def _items(tensors):
+    items = tensors.items() if hasattr(tensors, "items") else tensors
+    return [(str(k), v) for k, v in items]
+
+
+class Sender:
+    """Publishes versions of ``tensors`` (a state_dict or (name, tensor) pairs). CPU contiguous
+    tensors are read in place at each publish(): keep them alive and do not modify them during a
+    publish. Other tensors are copied into host staging buffers at each publish()."""
+
+    def __init__(self, tensors, transport="shm", address="rlpt-weights", listen=False, bucket_bytes=64 << 20,
+                 delta=False, timeout=30.0):
+        self._sources = []
+        host = []
+        for name, t in _items(tensors):
+            t = t.detach()
+            if t.device.type == "cpu" and t.is_contiguous():
+                host.append((name, t))
+            else:
+                buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda and torch.cuda.is_available())
+                self._sources.append((t, buf))
+                host.append((name, buf))
+        self._host = host
+        self._impl = call(_C.SyncSender, transport, address, bool(listen), host, int(bucket_bytes), 0, bool(delta),
+                          float(timeout))
+
+    def publish(self, version):
+        """Sends ``version`` (increasing) and waits until the receiver published it. Returns a dict
+        (version, delta, wire_bytes, digest, seconds, ...); raises rlpt.Error on refusal, timeout or
+        a lost receiver (the previous version stays published there)."""
+        for src, buf in self._sources:
+            buf.copy_(src, non_blocking=False)
+        return call(self._impl.publish, int(version))
+
+    @property
+    def version(self):
+        return self._impl.published_version()
+
+    @property
+    def port(self):
+        return self._impl.port()
+
+
+class Receiver:
+    """Takes versions from a Sender. ``on_tensor(name, tensor)`` (optional) is called for every
+    tensor of a version once it is verified, with a view valid during the call (copy what you keep)."""
+
+    def __init__(self, transport="shm", address="rlpt-weights", listen=False, timeout=30.0, on_tensor=None):
+        self._impl = call(_C.SyncReceiver, transport, address, bool(listen), float(timeout), on_tensor)
+
+    def poll(self, wait=0.0):
+        """Processes messages for up to ``wait`` seconds (an update in progress is driven to its end).
+        Returns {"state": "idle" | "published" | "failed", "version", "error_id", "reason", ...}."""
+        return call(self._impl.poll, float(wait))
+
+    @property
+    def has_version(self):
+        return self._impl.has_version()
+
+    @property
+    def version(self):
+        """The last complete version (None before the first)."""
+        return self._impl.version() if self._impl.has_version() else None
+
+    @property
+    def port(self):
+        return self._impl.port()
+
+    def digest(self):
+        return call(self._impl.digest)
+
+    def verify(self):
+        """Re-hashes the mirror against the published checksums (rlpt.sync.checksum on damage)."""
+        return call(self._impl.verify)
+
+    def tensor(self, name):
+        """A copy of tensor ``name`` of the published version."""
+        return call(self._impl.tensor, name)
+
+    def state_dict(self):
+        return {n: self.tensor(n) for n in call(self._impl.names)}
+
+    @torch.no_grad()
+    def load_into(self, module, strict=True):
+        """Copies the published version into ``module``'s parameters and buffers (any device)."""
+        return module.load_state_dict(self.state_dict(), strict=strict)

@@ -1,0 +1,122 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Weight sync between two Python processes over shared memory and TCP: several versions arrive
+complete and verified; a sender killed in the middle of an update leaves the receiver on its last
+complete version (and a new sender continues from there)."""
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+import torch
+
+import rlpt.sync
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from sync_sender import params  # noqa: E402
+
+
+def spawn(*args):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, os.path.join(HERE, "sync_sender.py"), *map(str, args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def poll_until(rx, pred, seconds=60.0):
+    seen = []
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        u = rx.poll(wait=0.05)
+        if u["state"] != "idle":
+            seen.append(u)
+        if pred(seen):
+            return seen
+    raise AssertionError(f"timed out; updates seen: {seen}")
+
+
+def check_version(rx, v, big=0):
+    want = params(v, big)
+    got = rx.state_dict()
+    assert set(got) == set(want)
+    for k in want:
+        assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), k
+    rx.verify()
+
+
+def lines_until(proc, prefix, out):
+    for line in proc.stdout:
+        out.append(line.strip())
+        if line.startswith(prefix):
+            return line
+    raise AssertionError(f"sender exited: {out} {proc.stderr.read()}")
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_versions_then_killed_sender(transport):
+    big = 8 << 20  # 32 MB: an update that takes a while through 1 MB buckets
+    if transport == "shm":
+        address = f"rlpt-test-{uuid.uuid4().hex[:12]}"
+        rx = rlpt.sync.Receiver("shm", address, timeout=20.0)
+        sender_address = address
+    else:
+        rx = rlpt.sync.Receiver("tcp", "127.0.0.1:0", listen=True, timeout=20.0)
+        sender_address = f"127.0.0.1:{rx.port}"
+    proc = spawn("--transport", transport, "--address", sender_address, "--versions", 3, "--hang-at", 4,
+                 "--big", big)
+    out = []
+    try:
+        seen = poll_until(rx, lambda s: len([u for u in s if u["state"] == "published"]) >= 3)
+        assert [u["version"] for u in seen] == [1, 2, 3]
+        assert all(u["state"] == "published" for u in seen)
+        check_version(rx, 3, big)
+        digest3 = rx.digest()
+        # Kill the sender while it publishes version 4 (the receiver is polling in this thread).
+        killer = threading.Thread(target=lambda: (lines_until(proc, "publishing 4", out), time.sleep(0.01),
+                                                  proc.send_signal(signal.SIGKILL)))
+        killer.start()
+        updates = []
+        until = time.monotonic() + 30
+        while killer.is_alive() or (time.monotonic() < until and proc.poll() is None):
+            u = rx.poll(wait=0.05)
+            if u["state"] != "idle":
+                updates.append(u)
+        killer.join()
+        proc.wait(timeout=10)
+        for _ in range(10):  # anything still in flight ends as a failure, never as version 4
+            u = rx.poll(wait=0.1)
+            if u["state"] != "idle":
+                updates.append(u)
+        assert "finished" not in out
+        assert all(u["state"] == "failed" and u["version"] == 4 for u in updates), updates
+        assert rx.version == 3 and rx.digest() == digest3
+        check_version(rx, 3, big)
+        if transport == "shm":  # a restarted sender continues from there
+            proc2 = spawn("--transport", "shm", "--address", sender_address, "--first", 5, "--versions", 1)
+            seen = poll_until(rx, lambda s: any(u["state"] == "published" for u in s))
+            assert seen[-1]["version"] == 5
+            assert proc2.wait(timeout=30) == 0
+            check_version(rx, 5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_receiver_callback_and_errors():
+    address = f"rlpt-test-{uuid.uuid4().hex[:12]}"
+    got = {}
+    rx = rlpt.sync.Receiver("shm", address, on_tensor=lambda n, t: got.__setitem__(n, t.clone()))
+    proc = spawn("--transport", "shm", "--address", address, "--versions", 1)
+    poll_until(rx, lambda s: any(u["state"] == "published" for u in s))
+    assert proc.wait(timeout=30) == 0
+    want = params(1, 0)
+    assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
+    with pytest.raises(rlpt.Error) as e:
+        rx.tensor("nope")
+    assert e.value.id == "rlpt.sync.unknown_tensor"
+    with pytest.raises(rlpt.Error) as e:
+        rlpt.sync.Receiver("carrier-pigeon", "x")
+    assert e.value.id == "rlpt.python.bad_option"
