@@ -68,7 +68,7 @@ def main(argv=None) -> int:
         return SKIP
     command = "scripts/bench-peers " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     machine = core.machine()
-    gate = core.LoadGate()
+    gate = core.LoadGate(settle_s=0.0 if args.force else 90.0)  # --force: record the load, do not wait for it
     timing = not args.check_only
     print(f"# scripts/bench-peers: {machine['cpu']}, {machine['cores']} cores, {machine['memory_gib']} GiB; "
           f"commit {machine['commit']}; " + ", ".join(f"{k} {v}" for k, v in machine["peers"].items()), flush=True)
