@@ -185,7 +185,7 @@ TEST_CASE("delta: fuzzed streams parse and apply or fail cleanly, never writing 
     std::vector<std::byte> v(in); // std::vector data is suitably aligned
     std::fill(target.begin() + 6000, target.end(), std::byte{0xab});
     for_each_delta_record(v, "fuzz", [&](delta_record& rec) {
-      RLPT_CHECK(rec.elem_bytes == 2 && rec.elem_begin <= 3000 && rec.elem_count <= 3000 - rec.elem_begin, "rlpt.test.range",
+      RLPT_CHECK(rec.elem_bytes == 2 && rec.elem_begin <= 3000 && rec.elem_count <= 3000 - rec.elem_begin, rlpt::errors::sync::bad_delta,
                  "record outside the tensor");
       swap_apply(rec, std::span<std::byte>(target).subspan(rec.elem_begin * 2, rec.elem_count * 2));
     });

@@ -119,7 +119,7 @@ struct counting_opener {
   std::vector<int> fds_seen;
   bool fail_next = false;
   ipc_mapping open(const ipc_hello& h, int fd) {
-    RLPT_CHECK(!fail_next, "rlpt.sync.ipc", "mapping refused for session {}", h.session);
+    RLPT_CHECK(!fail_next, rlpt::errors::sync::ipc, "mapping refused for session {}", h.session);
     if (fd >= 0) fds_seen.push_back(fd);
     ++opened;
     ipc_mapping m;

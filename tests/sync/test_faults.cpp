@@ -209,19 +209,94 @@ TEST_CASE("faults: a delta whose result fails its checksum is rolled back") {
   rig g({.delta = true});
   g.tx->publish(1);
   REQUIRE(g.loop->wait(1).size() == 1);
-  // Damage the receiver's copy behind its back (a bad DIMM, a stray write): the base checksum
-  // recorded at publish still matches, so only the result checksum can catch it.
-  const tensor_view t = g.rx->tensor("model.layers.1.mlp.up_proj.weight");
-  auto* p = const_cast<std::byte*>(t.bytes.data());
-  p[10] ^= std::byte{0x40};
-  std::vector<std::byte> damaged(t.bytes.begin(), t.bytes.end());
+  const std::string name = "model.layers.1.mlp.up_proj.weight";
+  const std::size_t victim = *g.m.find(name);
+  const std::vector<std::byte> v1(g.rx->tensor(name).bytes.begin(), g.rx->tensor(name).bytes.end());
+  // A record whose values are wrong but whose chunk checksum matches (a sender that encoded
+  // against another snapshot): the base verifies, only the result checksum can catch it.
+  g.fl.on_send = [victim](std::size_t, std::vector<std::byte>& meta, std::span<std::byte> payload) {
+    if (type_of(meta) != frame_type::delta) return true;
+    std::vector<std::byte> copy(payload.begin(), payload.end());
+    bool hit = false;
+    for_each_delta_record(std::span<std::byte>(copy), "test", [&](delta_record& rec) {
+      if (rec.tensor == victim && rec.changed > 0) {
+        payload[static_cast<std::size_t>(rec.values - copy.data())] ^= std::byte{0x40};
+        hit = true;
+      }
+    });
+    if (!hit) return true;
+    const frame f = decode_frame(meta, "t");
+    const std::uint64_t check = xxh3(payload.data(), payload.size());
+    std::vector<std::byte> body(8), out;
+    std::memcpy(body.data(), &check, 8);
+    encode_frame(out, frame_type::delta, f.tag, f.version, f.base_version, f.index, f.count, payload.size(), body);
+    meta = out;
+    return true;
+  };
   g.md.step(0.01, g.r);
   const update u = g.publish_expecting_failure(2, "rlpt.sync.checksum");
   CHECK(u.delta);
   CHECK(u.reason.find("after applying delta version 2, tensor \"model.layers.1.mlp.up_proj.weight\"") != std::string::npos);
   CHECK(u.reason.find("rolled back to version 1") != std::string::npos);
   CHECK(g.rx->version() == 1);
-  CHECK(same_bytes(g.rx->tensor("model.layers.1.mlp.up_proj.weight").bytes, damaged)); // exactly as before the update
+  CHECK(same_bytes(g.rx->tensor(name).bytes, v1)); // exactly as before the update
+  CHECK(g.rx->verify() == model_digest(g.rx->published_manifest()));
+  // The receiver now takes only a dense update: the next delta is refused and sent dense.
+  g.fl.on_send = nullptr;
+  const publish_result p = g.tx->publish(3);
+  CHECK(p.fell_back);
+  CHECK_FALSE(p.delta);
+  REQUIRE(g.loop->wait(3).back().published());
+  check_mirror(*g.rx, g.md);
+  g.md.step(0.01, g.r);
+  CHECK(g.tx->publish(4).delta);
+  REQUIRE(g.loop->wait(4).back().published());
+  check_mirror(*g.rx, g.md);
+}
+
+TEST_CASE("faults: a delta over a damaged receiver copy is not published, the sender resends the version dense") {
+  // Issue 18: the receiver's copy of the published version is damaged behind its back (a
+  // stray write, a bad DIMM). A delta must not be applied to it and published, whether it
+  // touches the damaged tensor or not; the receiver NACKs with base_mismatch and the sender
+  // resends the same version dense within the same publish().
+  rig g({.delta = true});
+  const publish_result p1 = g.tx->publish(1);
+  REQUIRE(g.loop->wait(1).size() == 1);
+  CHECK(p1.digest == g.tx->digest());
+  CHECK(g.rx->digest() == p1.digest);
+  CHECK(g.loop->seen()[0].digest == p1.digest);
+  CHECK(g.rx->verify() == p1.digest);
+  const std::string damaged = "model.layers.1.mlp.up_proj.weight";
+  const tensor_view t = g.rx->tensor(damaged);
+  const_cast<std::byte*>(t.bytes.data())[10] ^= std::byte{0x40};
+  RLPT_CHECK_ERROR(static_cast<void>(g.rx->verify()), "rlpt.sync.checksum",
+                   "version 1: tensor \"model.layers.1.mlp.up_proj.weight\" now has checksum");
+  SUBCASE("the delta touches the damaged tensor") { g.md.step(0.01, g.r); }
+  SUBCASE("the delta does not touch it") { g.md.bytes("model.layers.0.mlp.gate_proj.weight")[6] ^= std::byte{1}; }
+  const publish_result p2 = g.tx->publish(2);
+  CHECK(p2.fell_back);
+  CHECK_FALSE(p2.delta);
+  const auto ups = g.loop->wait(3);
+  REQUIRE(ups.size() == 3);
+  CHECK(ups[1].failed());
+  CHECK(ups[1].delta);
+  CHECK(ups[1].version == 2);
+  CHECK(ups[1].error_id == "rlpt.sync.base_mismatch");
+  CHECK(ups[1].reason.find("tensor \"model.layers.1.mlp.up_proj.weight\" has checksum") != std::string::npos);
+  CHECK(ups[1].reason.find("whose copy here is damaged") != std::string::npos);
+  CHECK(ups[2].published());
+  CHECK_FALSE(ups[2].delta);
+  CHECK(ups[2].version == 2);
+  CHECK(ups[2].digest == p2.digest);
+  check_mirror(*g.rx, g.md);
+  CHECK(g.rx->verify() == g.tx->digest());
+  g.md.step(0.01, g.r);
+  const publish_result p3 = g.tx->publish(3); // deltas resume on the verified dense base
+  CHECK(p3.delta);
+  CHECK_FALSE(p3.fell_back);
+  REQUIRE(g.loop->wait(4).back().published());
+  check_mirror(*g.rx, g.md);
+  CHECK(g.rx->verify() == p3.digest);
 }
 
 TEST_CASE("faults: corrupted frames, wrong manifest hash, stale versions") {

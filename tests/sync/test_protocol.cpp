@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // The update protocol over the in-process transport: dense and delta versions, staged and
 // streaming receivers, transforms, anchors, fallback to dense, and flat memory over many updates.
+#include "process.hpp"
 #include "receiver_loop.hpp"
+
+#include <sys/mman.h>
 
 #include <fstream>
 
@@ -38,6 +41,44 @@ TEST_CASE("protocol: copy_hash copies exactly and hashes like one-shot XXH3, wit
                                           [](std::byte b) { return b == std::byte{0xA5}; });
         CHECK(guard_ok);
       }
+}
+
+TEST_CASE("protocol: copy_hash's checksum is of the bytes it wrote, while another process writes the source or the destination") {
+  // Issue 18: a shared-memory slot can change under the copy (another process writes it). The
+  // receiver copies out of a slot (shared source): the checksum must describe its private copy.
+  // The sender copies into a slot (shared destination): the checksum must describe the bytes it
+  // meant to send. A child process flips one byte in every page of a shared mapping meanwhile.
+  const std::size_t bytes = std::size_t{8} << 20;
+  void* map = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(map != MAP_FAILED);
+  auto* shared = static_cast<std::byte*>(map);
+  rlpt::test::rng r(41);
+  std::vector<std::byte> priv(bytes), out(bytes);
+  for (auto& b : priv) b = static_cast<std::byte>(r.integer(0, 255));
+  std::memcpy(shared, priv.data(), bytes);
+  const pid_t writer = spawn([&] {
+    auto* v = static_cast<volatile unsigned char*>(map);
+    for (std::size_t k = 0;; ++k) {
+      const std::size_t at = (k % (bytes / 4096)) * 4096 + 100;
+      v[at] = static_cast<unsigned char>(v[at] ^ 0x08u);
+    }
+  });
+  int torn_copies = 0, wrong = 0;
+  for (int it = 0; it < 60; ++it) {
+    for (const std::size_t n : {bytes, std::size_t{1} << 20, std::size_t{3000}}) { // paged, cached, one page
+      const std::uint64_t got = copy_hash(out.data(), shared, n); // receiver: shared source
+      if (got != xxh3(out.data(), n)) ++wrong;
+      if (std::memcmp(out.data(), priv.data(), n) != 0) ++torn_copies;
+      const std::uint64_t sent = copy_hash(shared, priv.data(), n); // sender: shared destination
+      if (sent != xxh3(priv.data(), n)) ++wrong;
+    }
+  }
+  ::kill(writer, SIGKILL);
+  CHECK(wait_child(writer) == 128 + SIGKILL);
+  ::munmap(map, bytes);
+  MESSAGE(fmt::format("{} copies saw the writer's bytes, {} checksums were not of the bytes copied", torn_copies, wrong));
+  CHECK(torn_copies > 0); // the writer did run during the copies
+  CHECK(wrong == 0);
 }
 
 TEST_CASE("protocol: dense update arrives bit-exact, with checksums, and is readable from the mirror") {

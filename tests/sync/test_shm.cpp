@@ -249,3 +249,102 @@ TEST_CASE("shm: configuration errors") {
   ::close(ready[0]);
   ::close(ready[1]);
 }
+
+TEST_CASE("shm: a process writing into the slots during updates never gets a wrong version published") {
+  // Issue 18: a process writes bytes of the segment's payload slots while versions stream
+  // through. Every version the receiver publishes must be the sender's, bit for bit; the
+  // others must be refused (checksum). Pieces of 8 MiB take copy_hash's paged path (the one
+  // that once hashed a page and then read it again to copy it), the small tensor its one-page
+  // path; the delta subcase puts the written bytes into delta records. The writer works in
+  // bursts (each leaves the bytes as it found them), so some updates run undisturbed.
+  const std::string name = unique_name("scribble");
+  const shm_options so{.slots = 2, .slot_bytes = std::uint64_t{8} << 20, .meta_bytes = 64 << 10};
+  const auto geo = rlpt::sync::detail::shm_geometry::of(so.slots, so.meta_bytes, so.slot_bytes, so.reply_slots, so.reply_bytes);
+  std::vector<std::uint64_t> hot; // segment offsets the writer flips: every 16th page of every slot's payload, and byte 200
+  for (std::uint64_t k = 0; k < so.slots; ++k) {
+    const std::uint64_t payload = rlpt::sync::detail::shm_page + k * geo.fwd_stride + geo.fwd_payload_at;
+    hot.push_back(payload + 200);
+    for (std::uint64_t at = 4096 * 3 + 77; at < so.slot_bytes; at += 4096 * 16) hot.push_back(payload + at);
+  }
+  bool delta = false;
+  SUBCASE("dense") { delta = false; }
+  SUBCASE("delta") { delta = true; }
+  const pid_t writer = spawn([&] {
+    const std::string path = "/" + name;
+    for (;;) {
+      const int fd = ::shm_open(path.c_str(), O_RDWR, 0);
+      struct stat st{};
+      if (fd < 0 || ::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) < geo.total) {
+        if (fd >= 0) ::close(fd);
+        std::this_thread::sleep_for(1ms);
+        continue;
+      }
+      void* p = ::mmap(nullptr, static_cast<std::size_t>(geo.total), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      ::close(fd);
+      if (p == MAP_FAILED) throw std::runtime_error("mmap");
+      auto* b = static_cast<volatile unsigned char*>(p);
+      for (;;) {
+        const auto until = clock::now() + 2ms;
+        for (int pass = 0; pass % 2 == 1 || clock::now() < until; ++pass) // an even number of passes
+          for (const std::uint64_t at : hot) b[at] = static_cast<unsigned char>(b[at] ^ 0x10u);
+        std::this_thread::sleep_for(3ms);
+      }
+    }
+  });
+  rlpt::test::rng r(7);
+  model md;
+  md.add("big", wire_dtype::bf16, {2048, 2048}, r); // 8 MiB: one piece filling bucket 0
+  md.add("small", wire_dtype::f32, {1000}, r);
+  const manifest m = plan(md.refs, {.bucket_bytes = so.slot_bytes, .alignment = 256});
+  REQUIRE(m.bucket_count() == 2);
+  std::mutex mu;
+  std::map<std::uint64_t, std::pair<std::uint64_t, std::uint64_t>> sent; // version -> digests of big, small
+  constexpr std::uint64_t versions = 24;
+  std::atomic<bool> done{false};
+  int sender_failures = 0;
+  {
+    shm_transport out(name, role::sender, so);
+    shm_transport in(name, role::receiver);
+    sink s;
+    receiver rx(in, s.fn(), {.timeout = 10s});
+    std::thread tx_thread([&] {
+      sender tx(out, m, md.refs, {.delta = delta, .timeout = 10s, .commit_timeout = 10s});
+      for (std::uint64_t v = 1; v <= versions; ++v) {
+        if (v > 1) md.step(0.01, r);
+        {
+          std::lock_guard lock(mu);
+          sent[v] = {xxh3(md.storage[0].data(), md.storage[0].size()), xxh3(md.storage[1].data(), md.storage[1].size())};
+        }
+        try {
+          tx.publish(v);
+        } catch (const rlpt::error& e) {
+          ++sender_failures;
+          if (e.id() != rlpt::errors::sync::checksum) FAIL_CHECK("unexpected sender error: ", e.what());
+        }
+      }
+      done = true;
+    });
+    int published = 0, refused = 0, wrong = 0;
+    while (!done) {
+      const update u = rx.poll(20ms);
+      if (u.published()) {
+        ++published;
+        std::lock_guard lock(mu);
+        const auto want = sent.at(u.version);
+        const auto big = rx.tensor("big").bytes, small = rx.tensor("small").bytes;
+        if (xxh3(big.data(), big.size()) != want.first || xxh3(small.data(), small.size()) != want.second) ++wrong;
+      } else if (u.failed()) {
+        ++refused;
+        CHECK(u.error_id == "rlpt.sync.checksum");
+      }
+    }
+    tx_thread.join();
+    ::kill(writer, SIGKILL);
+    wait_child(writer);
+    MESSAGE(fmt::format("{}: {} published, {} refused, {} wrong", delta ? "delta" : "dense", published, refused, wrong));
+    CHECK(wrong == 0);
+    CHECK(published + refused == static_cast<int>(versions));
+    CHECK(refused == sender_failures);
+  }
+  CHECK(shm_entries(name).empty());
+}

@@ -121,6 +121,22 @@ inline void hash_page_prefetch_next(xxh3_stream& h, const unsigned char* s, std:
   }
 }
 
+//! Copies s[off, off + n) (n at most a page) to `page`, prefetching the same range one page on
+//! (clipped to [0, bytes)) a KiB at a time: the one read of the source in copy_hash.
+inline void copy_page_prefetch_next(unsigned char* page, const unsigned char* s, std::size_t off, std::size_t n,
+                                    std::size_t bytes) noexcept {
+  for (std::size_t q = 0; q < n; q += prefetch_sub) {
+    const std::size_t m = std::min(prefetch_sub, n - q);
+    const std::size_t ahead = off + prefetch_step + q;
+    if (ahead < bytes) prefetch_read(s + ahead, std::min(m, bytes - ahead));
+    std::memcpy(page + q, s + off + q, m);
+  }
+#if defined(__GNUC__) || defined(__clang__)
+  // The hash and the store read `page`, never the source again (no re-load of s is folded in).
+  __asm__ __volatile__("" : : "r"(page) : "memory");
+#endif
+}
+
 } // namespace detail
 
 //! XXH3-64 (seed 0) of a byte range: the checksum of every bucket piece, tensor and frame.
@@ -137,41 +153,43 @@ inline void hash_page_prefetch_next(xxh3_stream& h, const unsigned char* s, std:
   return h.digest();
 }
 
-//! Copies `bytes` from src to dst and returns XXH3-64 of them (the value xxh3() gives), in one
-//! pass over memory. Up to 32 KiB: memcpy, then hash the cached copy. Up to
-//! copy_hash_streaming_bytes: 32 KiB chunks, each hashed right after its copy while it is
-//! still in cache. Larger (beyond the caches, where regular stores would read every
-//! destination line first and evict useful ones): a page at a time, the next page prefetched,
-//! the page hashed from memory into L1 and then copied from there with streaming stores, so
-//! memory sees one read and one write per byte and the reads never stall at page boundaries.
-//! glibc's memcpy switches to streaming stores only at 3/4 of the shared cache (192 MiB on the
-//! development machine), which copies of single tensors rarely reach.
+//! Copies `bytes` from src to dst and returns XXH3-64 of the bytes written to dst (the value
+//! xxh3() gives for them), in one pass over memory. Each page of the source is read exactly
+//! once, into a page-sized bounce buffer that stays in L1; the page is hashed there and written
+//! to dst from there. So the checksum is always that of the bytes dst received, even when the
+//! source or the destination is memory another process may write (a shared-memory slot: the
+//! receiver's source, the sender's destination): a source that changes during the copy gives
+//! a checksum of what was copied, and a destination changed afterwards fails its check at the
+//! other end. Up to a page: one-shot XXH3. Up to copy_hash_streaming_bytes the destination is
+//! written with regular stores (it stays in cache for what follows). Larger (beyond the caches,
+//! where regular stores would read every destination line first and evict useful ones): the
+//! next page is prefetched while this one is copied, and dst is written with streaming stores,
+//! so memory sees one read and one write per byte and the reads never stall at page
+//! boundaries. glibc's memcpy switches to streaming stores only at 3/4 of the shared cache
+//! (192 MiB on the development machine), which copies of single tensors rarely reach.
 inline std::uint64_t copy_hash(void* dst, const void* src, std::size_t bytes) noexcept {
-  constexpr std::size_t chunk = std::size_t{32} << 10;
-  if (bytes <= chunk) {
-    if (bytes != 0) std::memcpy(dst, src, bytes);
-    return xxh3(dst, bytes);
-  }
-  xxh3_stream h;
+  constexpr std::size_t step = detail::prefetch_step;
+  alignas(64) unsigned char page[step];
   auto* d = static_cast<unsigned char*>(dst);
   const auto* s = static_cast<const unsigned char*>(src);
-  if (bytes >= copy_hash_streaming_bytes) {
-    constexpr std::size_t step = detail::prefetch_step;
-    for (std::size_t off = 0; off < bytes; off += step) {
-      const std::size_t n = std::min(step, bytes - off);
-      detail::hash_page_prefetch_next(h, s, off, n, bytes);
-      detail::stream_copy_unfenced(d + off, s + off, n);
-    }
+  if (bytes <= step) {
+    if (bytes == 0) return xxh3(dst, 0);
+    detail::copy_page_prefetch_next(page, s, 0, bytes, bytes);
+    std::memcpy(d, page, bytes);
+    return RLPT_SYNC_XXH3_64(page, bytes);
+  }
+  const bool streaming = bytes >= copy_hash_streaming_bytes;
+  xxh3_stream h;
+  for (std::size_t off = 0; off < bytes; off += step) {
+    const std::size_t n = std::min(step, bytes - off);
+    detail::copy_page_prefetch_next(page, s, off, n, bytes);
+    h.update(page, n);
+    if (streaming) detail::stream_copy_unfenced(d + off, page, n);
+    else std::memcpy(d + off, page, n);
+  }
 #if defined(__SSE2__)
-    _mm_sfence(); // a later release (the slot handed to the receiver) orders after the copy
+  if (streaming) _mm_sfence(); // a later release (the slot handed to the receiver) orders after the copy
 #endif
-    return h.digest();
-  }
-  for (std::size_t off = 0; off < bytes; off += chunk) {
-    const std::size_t n = std::min(chunk, bytes - off);
-    std::memcpy(d + off, s + off, n);
-    h.update(d + off, n);
-  }
   return h.digest();
 }
 

@@ -111,11 +111,27 @@ inline std::pair<std::string, std::string> split_error_body(std::span<const std:
   return {std::string(s.substr(0, nl)), std::string(s.substr(nl + 1))};
 }
 
+//! NACK.index: refusal::base_mismatch when the receiver's base failed (the sender then resends
+//! the version dense), 0 otherwise.
+inline std::uint64_t nack_code(std::string_view id) noexcept {
+  return id == errors::sync::base_mismatch ? static_cast<std::uint64_t>(refusal::base_mismatch) : 0;
+}
+
 inline double seconds_since(clock::time_point t0) {
   return std::chrono::duration<double>(clock::now() - t0).count();
 }
 
 } // namespace detail
+
+//! The whole-model digest of a version: XXH3-64 of its tensor checksums as little-endian u64
+//! in manifest order (the checksums a COMMIT carries). Sender and receiver compute it from the
+//! same checksums, so equal digests mean equal versions (to the strength of the checksums);
+//! receiver::verify() recomputes it from the bytes the receiver holds.
+[[nodiscard]] inline std::uint64_t model_digest(const manifest& m) {
+  std::vector<std::uint64_t> sums(m.size());
+  for (std::size_t i = 0; i < m.size(); ++i) sums[i] = m[i].checksum;
+  return xxh3(sums.data(), sums.size() * 8);
+}
 
 //! How a receiver applies an update (see the file comment).
 enum class apply_mode : std::uint8_t {
@@ -144,6 +160,7 @@ struct publish_result {
   std::uint64_t wire_bytes = 0;  //!< payload bytes moved
   std::uint64_t dense_bytes = 0; //!< the model's bytes (what a dense update moves, less padding)
   delta_stats stats{};           //!< change counts (delta updates)
+  std::uint64_t digest = 0;      //!< model_digest() of the published version (the receiver's update::digest)
   double seconds = 0;
 };
 
@@ -191,6 +208,11 @@ public:
   [[nodiscard]] std::uint64_t published_version() const noexcept { return last_; }
   //! The manifest with the checksums of the last successful publish.
   [[nodiscard]] const manifest& current_manifest() const noexcept { return m_; }
+  //! model_digest() of the last published version: what the receiver's digest() must equal.
+  [[nodiscard]] std::uint64_t digest() const {
+    RLPT_CHECK(published_, errors::sync::no_version, "{}: no version has been published yet", where_);
+    return model_digest(m_);
+  }
 
   //! Makes an in-flight publish() (on another thread) stop at its next step and throw
   //! rlpt.sync.aborted; the receiver is told why and keeps its version.
@@ -215,27 +237,43 @@ public:
     bool delta = o_.delta && published_ && !(o_.anchor_every != 0 && since_anchor_ + 1 >= o_.anchor_every);
     std::vector<std::uint64_t> sums(m_.size(), 0);
     std::vector<std::byte> records;
+    // A delta whose base the receiver does not hold (REFUSE at BEGIN) or whose base failed
+    // verification there (NACK) is sent again, dense, once.
+    auto fall_back = [&](const reply& rep) {
+      if (!delta || r.fell_back || rep.code != static_cast<std::uint64_t>(refusal::base_mismatch)) return false;
+      delta = false;
+      r.fell_back = true;
+      tag_ = next_tag();
+      std::fill(sums.begin(), sums.end(), 0);
+      return true;
+    };
     try {
-      for (int attempt = 0;; ++attempt) {
+      for (;;) {
         const reply rep = begin(version, delta);
-        if (rep.type == frame_type::ready) break;
-        if (rep.code == static_cast<std::uint64_t>(refusal::base_mismatch) && delta && attempt == 0) {
-          delta = false;
-          r.fell_back = true;
-          tag_ = next_tag();
-          continue;
+        if (rep.type != frame_type::ready) {
+          if (fall_back(rep)) continue;
+          ::rlpt::detail::raise(rep.id, fmt::format("{}: the receiver refused version {}: {}", where_, version, rep.message));
         }
-        ::rlpt::detail::raise(rep.id, fmt::format("{}: the receiver refused version {}: {}", where_, version, rep.message));
+        r.delta = delta;
+        const std::uint64_t first = r.messages;
+        reply no;
+        std::string_view verb = "rejected";
+        try {
+          if (delta) send_delta(version, sums, records, r);
+          else send_dense(version, sums, r);
+          check_abort(version);
+          encode_frame(meta_, frame_type::commit, tag_, version, delta ? last_ : 0, 0, r.messages - first, 0,
+                       detail::u64_bytes(sums));
+          link_.send(meta_, 0, after(o_.timeout));
+          no = wait_reply(version, after(o_.commit_timeout), "waiting for the receiver to commit");
+          if (no.type == frame_type::ack) break;
+        } catch (const nacked& n) { // the receiver failed the attempt before COMMIT
+          no = n.rep;
+          verb = "failed";
+        }
+        if (fall_back(no)) continue;
+        ::rlpt::detail::raise(no.id, fmt::format("{}: the receiver {} version {}: {}", where_, verb, version, no.message));
       }
-      r.delta = delta;
-      if (delta) send_delta(version, sums, records, r);
-      else send_dense(version, sums, r);
-      check_abort(version);
-      encode_frame(meta_, frame_type::commit, tag_, version, delta ? last_ : 0, 0, r.messages, 0, detail::u64_bytes(sums));
-      link_.send(meta_, 0, after(o_.timeout));
-      const reply rep = wait_reply(version, after(o_.commit_timeout), "waiting for the receiver to commit");
-      if (rep.type != frame_type::ack)
-        ::rlpt::detail::raise(rep.id, fmt::format("{}: the receiver rejected version {}: {}", where_, version, rep.message));
     } catch (...) {
       try { // best effort: tell the receiver, so it stops waiting
         std::string why;
@@ -269,6 +307,7 @@ public:
     since_anchor_ = delta ? since_anchor_ + 1 : 0;
     published_ = true;
     last_ = version;
+    r.digest = model_digest(m_);
     r.seconds = detail::seconds_since(t0);
     return r;
   }
@@ -278,6 +317,9 @@ private:
     frame_type type = frame_type::ack;
     std::uint64_t code = 0;
     std::string id, message;
+  };
+  struct nacked { // a REFUSE or NACK for the attempt in flight, seen while sending
+    reply rep;
   };
 
   void init() {
@@ -371,7 +413,7 @@ private:
         throw;
       }
       link_.release();
-      if (r) ::rlpt::detail::raise(r->id, fmt::format("{}: the receiver failed version {}: {}", where_, version, r->message));
+      if (r) throw nacked{std::move(*r)};
     }
   }
 
@@ -431,8 +473,8 @@ private:
       }
       const std::uint64_t size = end - at;
       const std::span<std::byte> buf = link_.payload_buffer(size, after(o_.timeout));
-      std::memcpy(buf.data(), records.data() + at, static_cast<std::size_t>(size));
-      const std::uint64_t check = xxh3(buf.data(), static_cast<std::size_t>(size));
+      // The checksum of what was copied, not of the slot afterwards (another process may write it).
+      const std::uint64_t check = copy_hash(buf.data(), records.data() + at, static_cast<std::size_t>(size));
       encode_frame(meta_, frame_type::delta, tag_, version, last_, chunk++, count, size,
                    detail::u64_bytes(std::span<const std::uint64_t>(&check, 1)));
       link_.send(meta_, size, after(o_.timeout));
@@ -498,6 +540,7 @@ struct update {
   bool partial = false;             //!< failed after load callbacks ran: the engine holds a mix
   std::string error_id{};           //!< failed: the stable id (rlpt.sync.checksum, rlpt.sync.timeout, ...)
   std::string reason{};             //!< failed: what happened, with the values
+  std::uint64_t digest = 0;         //!< published: model_digest() of the version (the sender's publish_result::digest)
   double seconds = 0;
 
   [[nodiscard]] bool published() const noexcept { return state == status::published; }
@@ -527,6 +570,26 @@ public:
   [[nodiscard]] const manifest& published_manifest() const {
     RLPT_CHECK(has_, errors::sync::no_version, "{}: no version has been published yet", where_);
     return pub_;
+  }
+
+  //! model_digest() of the published version (from the checksums it was verified against).
+  [[nodiscard]] std::uint64_t digest() const { return model_digest(published_manifest()); }
+
+  //! Re-hashes the mirror and checks every tensor against the published version's checksums:
+  //! returns digest() when every byte is still the sender's, throws rlpt.sync.checksum naming
+  //! the first tensor that differs (the mirror was damaged since it was published). A delta
+  //! update checks the same before it publishes.
+  std::uint64_t verify() const {
+    RLPT_CHECK(has_ && o_.mirror, errors::sync::no_version, "{}: no published version to verify (mirror {})", where_,
+               o_.mirror ? "on" : "off");
+    RLPT_CHECK(!torn_, errors::sync::torn, "{}: the mirror was partly overwritten by a failed streaming update", where_);
+    for (std::size_t i = 0; i < pub_.size(); ++i) {
+      const std::uint64_t got = tensor_checksum(mirror_.data() + pub_.packed_offset(i), pub_[i].nbytes, pub_.bucket_bytes());
+      RLPT_CHECK(got == pub_[i].checksum, errors::sync::checksum,
+                 "{}: version {}: tensor \"{}\" now has checksum {}, it was published with {}", where_, version_, pub_[i].name,
+                 to_hex(got), to_hex(pub_[i].checksum));
+    }
+    return digest();
   }
 
   //! The published bytes of wire tensor `name` from the mirror.
@@ -662,7 +725,8 @@ private:
     u.error_id = std::string(id);
     u.reason = std::move(msg);
     u.seconds = cur_.active ? detail::seconds_since(cur_.t0) : 0.0;
-    if (cur_.active) reply(frame_type::nack, cur_.tag, cur_.version, 0, 0, detail::error_body(u.error_id, u.reason));
+    if (cur_.active)
+      reply(frame_type::nack, cur_.tag, cur_.version, detail::nack_code(id), 0, detail::error_body(u.error_id, u.reason));
     if (cur_.staging.capacity() > spare_.capacity()) spare_ = std::move(cur_.staging); // failed bytes, reused as scratch
     cur_ = inflight{};
     return u;
@@ -747,6 +811,7 @@ private:
       if (!o_.mirror) why = "this receiver keeps no mirror to apply deltas to";
       else if (!has_) why = "this receiver has no published version yet";
       else if (torn_) why = "the mirror was torn by a failed streaming update";
+      else if (dense_next_) why = "a delta failed verification here since the last dense update";
       else if (f.base_version != version_) why = fmt::format("its base is version {}, this receiver holds version {}", f.base_version, version_);
       else if (!same) why = "the layout changed since the published version";
       if (!why.empty())
@@ -900,11 +965,17 @@ private:
     RLPT_CHECK(f.body.size() == 8 && payload.size() % 8 == 0, errors::sync::protocol,
                "{}: delta chunk {} of version {} is malformed ({} body bytes, {} payload bytes)", where_, f.index,
                f.version, f.body.size(), payload.size());
-    const std::uint64_t got = xxh3(payload.data(), payload.size());
+    // Copy first, then check the copy: the records kept are the bytes verified, whatever the
+    // link's slot holds afterwards (a shared-memory slot another process may write into).
+    const std::size_t at = cur_.records.size();
+    cur_.records.resize(at + payload.size());
+    const std::uint64_t got = copy_hash(cur_.records.data() + at, payload.data(), payload.size());
     const std::uint64_t want = detail::body_u64(f.body, 0);
-    RLPT_CHECK(got == want, errors::sync::checksum, "{}: delta chunk {} of version {} has checksum {}, the sender's is {}",
-               where_, f.index, f.version, to_hex(got), to_hex(want));
-    cur_.records.insert(cur_.records.end(), payload.begin(), payload.end());
+    if (got != want) {
+      cur_.records.resize(at);
+      RLPT_FAIL(errors::sync::checksum, "{}: delta chunk {} of version {} has checksum {}, the sender's is {}", where_, f.index,
+                f.version, to_hex(got), to_hex(want));
+    }
     cur_.bytes += payload.size();
     ++cur_.next;
   }
@@ -972,11 +1043,22 @@ private:
     auto undo = [&] {
       for (auto it = recs.rbegin(); it != recs.rend(); ++it) swap_apply(it->rec, it->range);
     };
+    // Every tensor's bytes are checked, touched or not: a mirror damaged behind the receiver's
+    // back (a stray write, a bad DIMM) is never carried into a new version on the strength of
+    // a checksum stored when it was published.
     for (std::size_t i = 0; i < m.size(); ++i) {
-      const std::uint64_t got = touched[i] ? tensor_checksum(mirror_.data() + m.packed_offset(i), m[i].nbytes, m.bucket_bytes())
-                                           : pub_[i].checksum;
+      const std::byte* bytes = mirror_.data() + m.packed_offset(i);
+      const std::uint64_t got = tensor_checksum(bytes, m[i].nbytes, m.bucket_bytes());
       if (got != want[i]) {
         undo();
+        dense_next_ = true; // until a dense update replaces every byte
+        const std::uint64_t base = tensor_checksum(bytes, m[i].nbytes, m.bucket_bytes());
+        if (base != pub_[i].checksum)
+          RLPT_FAIL(errors::sync::base_mismatch,
+                    "{}: after applying delta version {}, tensor \"{}\" has checksum {}, the sender's is {}; rolled back to "
+                    "version {}, whose copy here is damaged (tensor \"{}\" has checksum {}, published as {}): send a dense "
+                    "update", where_, f.version, m[i].name, to_hex(got), to_hex(want[i]), version_, m[i].name, to_hex(base),
+                    to_hex(pub_[i].checksum));
         RLPT_FAIL(errors::sync::checksum,
                   "{}: after applying delta version {}, tensor \"{}\" has checksum {}, the sender's is {}; rolled back to "
                   "version {}", where_, f.version, m[i].name, to_hex(got), to_hex(want[i]), version_);
@@ -1012,10 +1094,12 @@ private:
     pub_ = std::move(cur_.m);
     for (std::size_t i = 0; i < sums.size(); ++i) pub_.set_checksum(i, sums[i]);
     pub_.set_versions(cur_.version, cur_.base);
+    u.digest = model_digest(pub_);
     pub_plan_ = std::move(cur_.plan);
     version_ = cur_.version;
     has_ = true;
     torn_ = false;
+    if (!cur_.delta) dense_next_ = false;
     if (!o_.mirror) mirror_ = {};
     const std::uint64_t v = cur_.version, tag = cur_.tag;
     cur_ = inflight{};
@@ -1030,6 +1114,7 @@ private:
   bool duplex_ = true;
   bool has_ = false;
   bool torn_ = false;
+  bool dense_next_ = false; // a delta failed verification: accept only a dense update next
   std::uint64_t version_ = 0;
   manifest pub_;
   transform_plan pub_plan_;

@@ -40,6 +40,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <vector>
 
 RLPT_NAMESPACE_BEGIN
 namespace sync {
@@ -411,9 +412,11 @@ private:
                        (sh.meta_in_payload == 0 || sh.payload_bytes == 0),
                    errors::sync::wire, "{}: slot says {} meta and {} payload bytes (capacities {} and {})", where_,
                    sh.meta_bytes, sh.payload_bytes, o_.meta_bytes, o_.slot_bytes);
+        // The meta block (a frame: checked, then parsed) is copied out of the segment, so what
+        // was checked is what is parsed. Payload bytes are checked by the protocol as it copies them.
         const std::byte* meta = s + (sh.meta_in_payload ? g_.fwd_payload_at : g_.fwd_meta_at);
-        return message{{meta, static_cast<std::size_t>(sh.meta_bytes)},
-                       {s + g_.fwd_payload_at, static_cast<std::size_t>(sh.payload_bytes)}};
+        rx_meta_.assign(meta, meta + sh.meta_bytes);
+        return message{{rx_meta_.data(), rx_meta_.size()}, {s + g_.fwd_payload_at, static_cast<std::size_t>(sh.payload_bytes)}};
       }
       const auto now = clock::now();
       if (now >= next_check) {
@@ -479,6 +482,7 @@ private:
   detail::shm_header* h_ = nullptr;
   ino_t ino_ = 0;
   bool held_ = false;
+  std::vector<std::byte> rx_meta_; // receiver: the held message's meta block, copied out of the segment
 };
 
 } // namespace sync
