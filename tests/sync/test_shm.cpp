@@ -112,9 +112,10 @@ TEST_CASE("shm: a sender killed mid-update leaves the previous version, the next
       ::kill(first, SIGKILL);
     });
     ups = poll_n(rx, 1);
+    const auto seen_at = clock::now();
     killer.join();
     REQUIRE(ups.size() == 1);
-    CHECK(clock::now() - killed_at < 2s);
+    CHECK(seen_at - killed_at < 100ms); // the sender's pid is checked every 10 ms
     CHECK(ups[0].failed());
     CHECK(ups[0].version == 2);
     CHECK(ups[0].error_id == "rlpt.sync.peer_lost");

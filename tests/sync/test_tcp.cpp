@@ -138,9 +138,12 @@ TEST_CASE("tcp: a sender killed mid-update leaves the previous version, a reconn
     ::kill(first, SIGKILL);
   });
   ups = poll_n(rx, 1);
+  const auto seen_at = clock::now();
   killer.join();
   REQUIRE(ups.size() == 1);
-  CHECK(clock::now() - killed_at < 2s);
+  // Reported as soon as the kernel closes the dead process's socket: no NACK is sent to (or
+  // waited for) a peer the link saw go away (issue 18: it once waited 100 ms for a reconnect).
+  CHECK(seen_at - killed_at < 100ms);
   CHECK(ups[0].failed());
   CHECK(ups[0].error_id == "rlpt.sync.peer_lost");
   CHECK((ups[0].reason.find("connection closed by the peer") != std::string::npos ||

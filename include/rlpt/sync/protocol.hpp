@@ -725,7 +725,9 @@ private:
     u.error_id = std::string(id);
     u.reason = std::move(msg);
     u.seconds = cur_.active ? detail::seconds_since(cur_.t0) : 0.0;
-    if (cur_.active)
+    // No NACK to a sender the link saw go away: nobody would read it (a restarted sender runs
+    // another attempt), and waiting to send it would only delay this report.
+    if (cur_.active && id != errors::sync::peer_lost)
       reply(frame_type::nack, cur_.tag, cur_.version, detail::nack_code(id), 0, detail::error_body(u.error_id, u.reason));
     if (cur_.staging.capacity() > spare_.capacity()) spare_ = std::move(cur_.staging); // failed bytes, reused as scratch
     cur_ = inflight{};
