@@ -54,10 +54,12 @@ TEST_CASE("errors: inputs a configuration needs but did not get") {
   RLPT_CHECK_ERROR(evaluate(objective{.kl = {.coef = 0.1, .importance_corrected = true}}, no_old),
                    "rlpt.objective.missing_input", "ppo_clip needs old_logp");
 
-  auto no_mask = in;
-  no_mask.mask = {};
-  RLPT_CHECK_ERROR(evaluate(objective{}, no_mask), "rlpt.objective.missing_input", "loss mask has 0 elements",
-                   "needs 27");
+  // No mask means every token is valid (the convention of every block); a mask of the wrong
+  // size is an error like any other per-token input.
+  std::vector<mask_t> short_mask(b.mask.begin(), b.mask.end() - 1);
+  auto bad_mask = in;
+  bad_mask.mask = short_mask;
+  RLPT_CHECK_ERROR(evaluate(objective{}, bad_mask), "rlpt.view.size_mismatch", "mask has 26 elements, expected 27");
 }
 
 TEST_CASE("errors: mismatched lengths, conflicting inputs, bad layout") {
@@ -139,7 +141,7 @@ TEST_CASE("errors: a non-finite input at a valid token is reported with its plac
   while (!b.mask[at]) ++at;
   b.lp[at] = std::numeric_limits<float>::infinity();
   RLPT_CHECK_ERROR(evaluate(objective{}, b.inputs()), "rlpt.objective.nonfinite",
-                   fmt::format("logp[{}] = inf is not finite at a valid token", at), "nonfinite_policy::skip");
+                   fmt::format("logp[{}] = inf is not finite at a valid token", at), "rlpt::nonfinite::mask");
 }
 
 TEST_CASE("errors: compat presets reject what they do not reproduce") {

@@ -7,6 +7,8 @@
 
 #include <doctest/doctest.h>
 
+#include <vector>
+
 namespace verl = rlpt::compat::verl;
 using rlpt::test::check_golden_case;
 using rlpt::test::golden_inputs;
@@ -67,6 +69,37 @@ TEST_CASE("golden verl kl_penalty estimators and straight-through forms") {
     if (tag.back() == '+') tag = tag.substr(0, tag.size() - 1) + "_plus";
     rlpt::objective obj{.policy = rlpt::no_policy{}, .kl = verl::kl(type, 1.0), .agg = verl::agg("token-mean")};
     check_golden_case("verl_kl_" + tag, obj, golden_inputs{.old = false, .ref = true});
+    // The same in one preset: verl's kl_penalty + agg_loss.
+    const auto r = check_golden_case("verl_kl_" + tag, verl::kl_loss(type, 1.0, "token-mean"),
+                                     golden_inputs{.old = false, .ref = true});
+    CHECK(r.r64.loss == r.r64.kl_loss); // kl_loss_coef 1
+  }
+}
+
+TEST_CASE("verl kl_loss preset: the coefficient scales the loss, not the kl_loss metric") {
+  const rlpt::objective a = verl::kl_loss("low_var_kl", 1.0, "seq-mean-token-mean");
+  const rlpt::objective b = verl::kl_loss("low_var_kl", 0.001, "seq-mean-token-mean");
+  CHECK(a.kl.coef == 1.0);
+  CHECK(b.kl.coef == 0.001);
+  CHECK(b.agg.mode == rlpt::agg_mode::seq_mean_token_mean);
+  CHECK(b.policy.index() == rlpt::policy_term(rlpt::no_policy{}).index());
+}
+
+TEST_CASE("every token masked: rlpt gives a loss and gradients of 0 where verl and OpenRLHF give NaN") {
+  const std::vector<rlpt::mask_t> mask(6, 0);
+  const std::vector<double> lp{-1, -2, -3, -1, -2, -3}, old{-1.1, -2, -2.9, -1, -2.2, -3}, adv{1, -1, 1, 1, -1, 1};
+  const std::vector<double> ref{-1.2, -2, -3, -1, -2, -3.1};
+  const rlpt::basic_objective_inputs<double> in{.layout = rlpt::token_layout::padded(2, 3), .mask = mask, .logp = lp,
+                                                .old_logp = old, .ref_logp = ref, .adv = adv};
+  const rlpt::objective objs[] = {
+      verl::actor({}), verl::actor({.loss_agg_mode = "seq-mean-token-mean"}), verl::kl_loss("low_var_kl", 1.0),
+      rlpt::compat::openrlhf::policy_loss({}), rlpt::compat::openrlhf::policy_loss({.token_level_loss = false})};
+  for (const rlpt::objective& obj : objs) {
+    std::vector<double> g(6, 7.0);
+    const rlpt::objective_result r = rlpt::evaluate(obj, in, {.logp = g});
+    CHECK(r.loss == 0.0);
+    CHECK(r.tokens == 0.0);
+    for (double x : g) CHECK(x == 0.0);
   }
 }
 

@@ -25,7 +25,7 @@ const agg_mode all_modes[] = {agg_mode::token_mean, agg_mode::token_sum, agg_mod
                               agg_mode::seq_mean_token_mean, agg_mode::seq_mean_token_sum_norm};
 
 aggregation agg_of(agg_mode m) {
-  aggregation a{.mode = m, .norm = 11.0, .scale = 1.7};
+  aggregation a{.mode = m, .norm = 11.0, .factor = 1.7};
   if (m == agg_mode::seq_mean_token_mean) a.len_eps = 1e-8;
   return a;
 }

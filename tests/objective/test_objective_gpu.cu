@@ -190,7 +190,7 @@ TEST_CASE("device reports non-finite inputs and short global denominators throug
   const device_run raise = run_device(objective{}, b);
   CHECK(std::isnan(raise.r.loss));
   CHECK(raise.r.nonfinite_tokens == 1.0);
-  const device_run skip = run_device(objective{.nonfinite = nonfinite_policy::skip}, b);
+  const device_run skip = run_device(objective{.nonfinite = nonfinite::mask}, b);
   CHECK(std::isfinite(skip.r.loss));
   CHECK(skip.r.nonfinite_tokens == 1.0);
   const batch<float> c(6, 80, 46);

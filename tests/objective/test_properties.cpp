@@ -46,7 +46,7 @@ batch<T> rows(const batch<T>& b, index_t r0, index_t r1) {
 }
 
 std::vector<objective> accumulation_objectives(agg_mode m) {
-  aggregation a{.mode = m, .norm = 13.0, .scale = 2.0};
+  aggregation a{.mode = m, .norm = 13.0, .factor = 2.0};
   std::vector<objective> out;
   out.push_back({.policy = ppo_clip{}, .kl = {.coef = 0.1}, .entropy = {.coef = 0.01}, .agg = a});
   out.push_back({.policy = gspo{.token_level = false}, .correction = seq_is(2.0), .agg = a});
@@ -147,6 +147,31 @@ TEST_CASE("masked garbage (NaN, inf, huge) changes no output bit") {
         CHECK(gc.values[i] == 0.0f);
       }
     }
+  }
+}
+
+TEST_CASE("no mask means every token is valid, as an all-ones mask") {
+  const batch<double> b(5, 9, 30);
+  std::vector<mask_t> ones(b.size(), 1);
+  auto with_ones = b.inputs();
+  with_ones.mask = ones;
+  auto without = b.inputs();
+  without.mask = {};
+  const objective objs[] = {
+      {.policy = ppo_clip{}, .correction = token_tis(2.0), .kl = {.coef = 0.1}, .entropy = {.coef = 0.01}},
+      {.policy = gspo{.token_level = false}, .agg = {.mode = agg_mode::seq_mean_token_mean}},
+      {.policy = no_policy{}, .value = {.coef = 0.5}},
+  };
+  for (const objective& obj : objs) {
+    grads<double> g1(b.size()), g2(b.size());
+    const auto r1 = evaluate(obj, with_ones, g1.view());
+    const auto r2 = evaluate(obj, without, g2.view());
+    CHECK(r2.tokens == static_cast<double>(b.B * b.L));
+    CHECK(r1.loss == r2.loss);
+    CHECK(r1.tokens == r2.tokens);
+    CHECK(g1.logp == g2.logp);
+    CHECK(g1.values == g2.values);
+    CHECK(local_denominators(obj, without).tokens == r2.tokens);
   }
 }
 
@@ -284,7 +309,7 @@ TEST_CASE("metrics: clip fractions, approximate KL, importance weights, rejectio
   CHECK(r.loss_tokens == 4.0); // IcePop zeroes weights but keeps tokens in the denominator
 }
 
-TEST_CASE("non-finite valid inputs: skip masks and counts them") {
+TEST_CASE("non-finite valid inputs: nonfinite::mask leaves them out and counts them") {
   batch<float> b(3, 8, 27);
   std::size_t bad = 0;
   for (std::size_t i = 0; i < b.size(); ++i)
@@ -295,7 +320,7 @@ TEST_CASE("non-finite valid inputs: skip masks and counts them") {
   batch<float> clean = b;
   clean.mask[bad] = 0;
   b.old[bad] = std::numeric_limits<float>::quiet_NaN();
-  objective obj{.policy = ppo_clip{}, .nonfinite = nonfinite_policy::skip};
+  objective obj{.policy = ppo_clip{}, .nonfinite = nonfinite::mask};
   grads<float> g(b.size()), gc(b.size());
   const auto r = evaluate(obj, b.inputs(), g.view());
   const auto rc = evaluate(obj, clean.inputs(), gc.view());
@@ -363,8 +388,8 @@ TEST_CASE("the SSE2 and AVX2 row kernels give identical bits") {
     for (detail::agg_plan* a : {&p.agg_policy, &p.agg_kl, &p.agg_entropy, &p.agg_value}) detail::resolve_local(*a, c);
     grads<float> g1(b.size()), g2(b.size());
     for (index_t s = 0; s < b.B; ++s) {
-      const objective_sums s1 = detail::host_row_default(p, in, g1.view(), s);
-      const objective_sums s2 = detail::host_row_avx2(p, in, g2.view(), s);
+      const detail::objective_sums s1 = detail::host_row_default(p, in, g1.view(), s);
+      const detail::objective_sums s2 = detail::host_row_avx2(p, in, g2.view(), s);
       CHECK(s1.policy == s2.policy);
       CHECK(s1.kl == s2.kl);
       CHECK(s1.value == s2.value);
@@ -380,67 +405,44 @@ TEST_CASE("the SSE2 and AVX2 row kernels give identical bits") {
 
 namespace {
 
-//! The device algorithm run on the host: per-token detail::token_eval (the math the CUDA kernels
-//! run) with the row pass, the GMPO row term and the GSPO coupling, as the kernels do them.
+//! The device algorithm run on the host: the token stages on one token at a time (the device's
+//! chunk of one, detail::inline_stages), rows assembled as the device kernels do (row pass, token
+//! pass, GSPO coupling, row_sums), every token of a row in one tile.
 objective_result scalar_reference(const objective& obj, const basic_objective_inputs<double>& in,
                                   std::vector<double>& grad) {
-  detail::objective_plan p = detail::make_plan(obj, in, basic_objective_grads<double>{.logp = grad});
+  const basic_objective_grads<double> gr{.logp = grad};
+  detail::objective_plan p = detail::make_plan(obj, in, gr);
   const detail::local_counts counts = detail::count_local(p, in, host_executor{});
   for (detail::agg_plan* a : {&p.agg_policy, &p.agg_kl, &p.agg_entropy, &p.agg_value}) detail::resolve_local(*a, counts);
-  const detail::token_loader<double> load{p, in};
-  objective_sums total;
+  using stages = detail::inline_stages;
+  detail::token_chunk<double, 1> c;
+  detail::zero_absent(p, in, c);
+  detail::objective_sums total;
   for (index_t b = 0; b < in.layout.num_seqs(); ++b) {
     const index_t base = in.layout.begin(b), n = in.layout.length(b);
-    detail::row_consts c;
+    detail::row_consts rc;
     if (p.need_row_pass) {
       detail::row_stats st;
-      bool bad = false;
-      for (index_t t = 0; t < n; ++t) detail::row_stats_add(p, load(b, base + t, bad), st);
-      c = detail::row_finish(p, st);
+      for (index_t t = 0; t < n; ++t) st = detail::row_stats_pass<stages>(p, in, b, base + t, 1, c, st);
+      rc = detail::row_finish(p, st);
     } else {
-      c.len_loss = 1.0;
+      rc.len_loss = 1.0;
     }
-    detail::row_alphas(p, c);
-    objective_sums s;
-    double pol = 0, kl = 0, ent = 0, val = 0, dcoef = 0;
-    for (index_t t = 0; t < n; ++t) {
-      bool bad = false;
-      const auto ti = load(b, base + t, bad);
-      const auto r = detail::token_eval(p, c, ti);
-      grad[static_cast<std::size_t>(base + t)] = r.in_loss ? r.g_logp : 0.0;
-      if (!ti.valid) continue;
-      s.valid += 1;
-      s.w_sum += r.w, s.w_min = std::min(s.w_min, r.w), s.w_max = std::max(s.w_max, r.w);
-      s.rejected += r.rejected ? 1 : 0;
-      if (!r.in_loss) continue;
-      s.in_loss += 1;
-      pol += r.policy, kl += r.kl, ent += r.entropy, val += r.value, dcoef += r.dcoef;
-      s.clip_low += (r.flags & detail::flag_low) ? 1 : 0;
-      s.clip_high += (r.flags & detail::flag_high) ? 1 : 0;
-      s.clip_dual += (r.flags & detail::flag_dual) ? 1 : 0;
-      s.clamped += (r.flags & detail::flag_clamped) ? 1 : 0;
-      s.approx_kl += ti.old - ti.lp;
-      s.value_clipped += r.v_clipped ? 1 : 0;
-    }
-    if (p.policy == policy_kind::gmpo && c.len_loss > 0) pol = -c.gmpo_adv * c.gmpo_ratio * c.gmpo_w;
-    if (p.gspo_sequence && dcoef != 0.0)
-      for (index_t t = 0; t < n; ++t) {
-        bool bad = false;
-        const auto ti = load(b, base + t, bad);
-        if (ti.valid && ((c.seq_keep && detail::token_keep(p, ti)) || !p.removes))
-          grad[static_cast<std::size_t>(base + t)] += c.a_policy * dcoef / std::max(c.len_loss, 1.0);
-      }
-    s.policy = c.a_policy * pol, s.kl = c.a_kl * kl, s.entropy = c.a_entropy * ent, s.value = c.a_value * val;
-    s.kl_value = kl, s.entropy_value = ent;
-    s.seqs = s.valid > 0 ? 1 : 0, s.loss_seqs = s.in_loss > 0 ? 1 : 0, s.rows = 1;
-    total.merge(s);
+    detail::row_alphas(p, rc);
+    const auto k = detail::make_token_consts<double>(p, rc);
+    detail::token_acc<double, std::uint32_t> a;
+    for (index_t t = 0; t < n; ++t) a = detail::token_pass<stages>(p, k, in, gr, b, base + t, 1, c, a);
+    if (p.gspo_sequence && a.dcoef != 0.0)
+      for (index_t t = 0; t < n; ++t)
+        detail::gspo_pass<stages>(p, k, in, gr, detail::gspo_coupling(rc, a.dcoef), b, base + t, 1, c);
+    total.merge(detail::row_sums(p, rc, a, /*head=*/true));
   }
   return detail::finish_result(p, total);
 }
 
 } // namespace
 
-TEST_CASE("the device's per-token path (token_eval) equals the vectorised host pass") {
+TEST_CASE("the device's per-token path (the token stages on chunks of one token) equals the vectorised host pass") {
   const batch<double> b(17, 90, 29, 0.4, 0.4);
   const std::vector<double> tw{0.25, 0.75};
   const objective objs[] = {

@@ -6,11 +6,11 @@
 //!
 //! | mode                      | alpha_i                              | verl / TRL / OpenRLHF name            |
 //! |---------------------------|--------------------------------------|---------------------------------------|
-//! | token_mean                | scale / N                            | token-mean / dapo, bnpo / token level |
-//! | token_sum                 | scale                                | token-sum                             |
-//! | seq_mean_token_sum        | scale / B                            | seq-mean-token-sum                    |
-//! | seq_mean_token_mean       | scale / (B * (L_i + len_eps))        | seq-mean-token-mean / grpo, sapo      |
-//! | seq_mean_token_sum_norm   | scale / (B * norm)                   | seq-mean-token-sum-norm / dr_grpo     |
+//! | token_mean                | factor / N                           | token-mean / dapo, bnpo / token level |
+//! | token_sum                 | factor                               | token-sum                             |
+//! | seq_mean_token_sum        | factor / B                           | seq-mean-token-sum                    |
+//! | seq_mean_token_mean       | factor / (B * (L_i + len_eps))       | seq-mean-token-mean / grpo, sapo      |
+//! | seq_mean_token_sum_norm   | factor / (B * norm)                  | seq-mean-token-sum-norm / dr_grpo     |
 //!
 //! N (tokens) and B (sequences) are *global* when the loss of one optimizer step is split over
 //! data-parallel ranks and gradient-accumulation micro-batches: pass them in `global_tokens` /
@@ -62,8 +62,9 @@ struct aggregation {
   //! verl's fallback, the padded width of the micro-batch, would make the loss depend on padding.
   double norm = 0.0;
   //! Multiplies the aggregated loss: verl and OpenRLHF pass dp_size (cancelling the DDP average),
-  //! TRL 1 / gradient_accumulation_steps for grpo/bnpo/dr_grpo. Default 1.
-  double scale = 1.0;
+  //! TRL 1 / gradient_accumulation_steps for grpo/bnpo/dr_grpo. Default 1. (Named factor, not
+  //! scale: rlpt::scale is the advantages' std-scaling choice.)
+  double factor = 1.0;
   //! seq_mean_token_mean divides a sequence's token sum by L_i + len_eps. verl and OpenRLHF add
   //! 1e-8; TRL divides by max(L_i, 1), which is len_eps = 0 for the non-empty rows that count.
   //! Default 0.
@@ -104,7 +105,7 @@ struct agg_plan {
   double tokens = -1.0;
   double seqs = -1.0;
   double norm = 0.0;
-  double scale = 1.0;
+  double factor = 1.0;
   double len_eps = 0.0;
 
   [[nodiscard]] RLPT_HD bool needs_tokens() const { return mode == agg_mode::token_mean; }
@@ -119,19 +120,19 @@ struct agg_plan {
   [[nodiscard]] RLPT_HD double row_weight(double len) const {
     if (len <= 0.0) return 0.0;
     switch (mode) {
-    case agg_mode::token_mean: return tokens > 0.0 ? scale / tokens : 0.0;
-    case agg_mode::token_sum: return scale;
-    case agg_mode::seq_mean_token_sum: return seqs > 0.0 ? scale / seqs : 0.0;
-    case agg_mode::seq_mean_token_mean: return seqs > 0.0 ? scale / (seqs * (len + len_eps)) : 0.0;
-    case agg_mode::seq_mean_token_sum_norm: return seqs > 0.0 ? scale / (seqs * norm) : 0.0;
+    case agg_mode::token_mean: return tokens > 0.0 ? factor / tokens : 0.0;
+    case agg_mode::token_sum: return factor;
+    case agg_mode::seq_mean_token_sum: return seqs > 0.0 ? factor / seqs : 0.0;
+    case agg_mode::seq_mean_token_mean: return seqs > 0.0 ? factor / (seqs * (len + len_eps)) : 0.0;
+    case agg_mode::seq_mean_token_sum_norm: return seqs > 0.0 ? factor / (seqs * norm) : 0.0;
     }
     return 0.0;
   }
 };
 
 inline agg_plan make_agg_plan(const aggregation& a, std::string_view term) {
-  RLPT_CHECK(std::isfinite(a.scale), errors::objective::bad_option, "{} aggregation scale = {} is not finite", term,
-             a.scale);
+  RLPT_CHECK(std::isfinite(a.factor), errors::objective::bad_option, "{} aggregation factor = {} is not finite", term,
+             a.factor);
   RLPT_CHECK(a.len_eps >= 0.0 && std::isfinite(a.len_eps), errors::objective::bad_option,
              "{} aggregation len_eps = {} must be finite and >= 0", term, a.len_eps);
   if (a.mode == agg_mode::seq_mean_token_sum_norm)
@@ -151,7 +152,7 @@ inline agg_plan make_agg_plan(const aggregation& a, std::string_view term) {
   p.tokens = a.global_tokens ? *a.global_tokens : -1.0;
   p.seqs = a.global_seqs ? *a.global_seqs : -1.0;
   p.norm = a.norm;
-  p.scale = a.scale;
+  p.factor = a.factor;
   p.len_eps = a.len_eps;
   return p;
 }

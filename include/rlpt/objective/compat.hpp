@@ -55,11 +55,13 @@ namespace verl {
 
 //! verl's aggregation (core_algos.agg_loss): `loss_agg_mode` with the global batch info
 //! (dp_size, batch_num_tokens, global_batch_size, loss_scale_factor).
+//! Differs on purpose: with every token masked (and no global count), verl divides 0 by 0 and
+//! returns NaN; rlpt returns a loss and gradients of 0 (rows without a token weigh nothing).
 inline aggregation agg(std::string_view loss_agg_mode = "token-mean", int dp_size = 1,
                        std::optional<double> batch_num_tokens = {}, std::optional<double> global_batch_size = {},
                        std::optional<double> loss_scale_factor = {}) {
   aggregation a;
-  a.scale = static_cast<double>(dp_size);
+  a.factor = static_cast<double>(dp_size);
   a.global_tokens = batch_num_tokens;
   a.global_seqs = global_batch_size;
   RLPT_CHECK(dp_size == 1 || loss_agg_mode == "token-sum" ||
@@ -116,6 +118,21 @@ inline kl_penalty kl(std::string_view kl_loss_type = "low_var_kl", double kl_los
   }
   if (plus && k.estimator != kl_estimator::k2) k.gradient = kl_gradient::straight_through;
   return k;
+}
+
+//! verl's KL loss in one preset, kl_penalty + agg_loss: `agg_loss(kl_penalty(logp, ref_logp,
+//! kl_loss_type), response_mask, loss_agg_mode, global batch info)` as an objective with no policy
+//! term. result.kl_loss is verl's `actor/kl_loss` metric and result.loss = kl_loss_coef * kl_loss,
+//! the term verl adds to the actor loss (inputs: logp, ref_logp, mask).
+inline objective kl_loss(std::string_view kl_loss_type = "low_var_kl", double kl_loss_coef = 0.001,
+                         std::string_view loss_agg_mode = "token-mean", int dp_size = 1,
+                         std::optional<double> batch_num_tokens = {}, std::optional<double> global_batch_size = {},
+                         std::optional<double> loss_scale_factor = {}) {
+  objective o;
+  o.policy = no_policy{};
+  o.kl = kl(kl_loss_type, kl_loss_coef);
+  o.agg = agg(loss_agg_mode, dp_size, batch_num_tokens, global_batch_size, loss_scale_factor);
+  return o;
 }
 
 //! verl's rollout correction (rollout_corr_helper): rollout_is in {"", "token", "sequence"} with
@@ -312,7 +329,7 @@ inline objective grpo(const grpo_config& c) {
                     "grpo, bnpo, dr_grpo, dapo (token or sequence level), cispo and sapo (token level)");
   }
   aggregation a;
-  a.scale = 1.0 / ga;
+  a.factor = 1.0 / ga;
   if (lt == "grpo" || lt == "sapo") {
     a.mode = agg_mode::seq_mean_token_mean;
     a.count_empty_rows = true; // .mean() over every row, each divided by max(L_i, 1)
@@ -330,7 +347,7 @@ inline objective grpo(const grpo_config& c) {
     const double spg = static_cast<double>(c.steps_per_generation.value_or(c.gradient_accumulation_steps));
     a.mode = agg_mode::token_mean;
     a.global_tokens = std::max(*c.num_items_in_batch, 1.0) * ga / spg;
-    a.scale = static_cast<double>(c.num_processes);
+    a.factor = static_cast<double>(c.num_processes);
   }
   o.agg = a;
   if (c.beta != 0.0) {
@@ -341,7 +358,7 @@ inline objective grpo(const grpo_config& c) {
     o.entropy.coef = c.entropy_coef;
     aggregation e; // mean over the effective mask of this micro-batch, / GA
     e.mode = agg_mode::token_mean;
-    e.scale = 1.0 / ga;
+    e.factor = 1.0 / ga;
     o.entropy_agg = e;
   }
   if (c.vllm_importance_sampling_correction) {
@@ -397,14 +414,14 @@ inline aggregation agg(bool token_level_loss, int dp_size = 1, std::optional<dou
     a.mode = agg_mode::token_mean;
     if (batch_num_tokens) {
       a.global_tokens = batch_num_tokens;
-      a.scale = static_cast<double>(dp_size);
+      a.factor = static_cast<double>(dp_size);
     }
   } else {
     a.mode = agg_mode::seq_mean_token_mean;
     a.len_eps = 1e-8;
     if (global_batch_size) {
       a.global_seqs = global_batch_size;
-      a.scale = static_cast<double>(dp_size);
+      a.factor = static_cast<double>(dp_size);
     }
   }
   return a;
@@ -432,6 +449,9 @@ inline kl_penalty kl(std::string_view estimator = "k1", double coef = 0.0, bool 
   return k;
 }
 
+//! OpenRLHF PolicyLoss (+ its actor's KL loss and entropy bonus). Differs on purpose: with every
+//! token masked, PolicyLoss's masked mean divides 0 by 0 and returns NaN; rlpt returns a loss and
+//! gradients of 0 (rows without a token weigh nothing).
 inline objective policy_loss(const policy_loss_config& c) {
   objective o;
   const bool gspo_type = c.policy_loss_type == "gspo";

@@ -22,6 +22,7 @@
 #include <rlpt/core/error.hpp>
 #include <rlpt/core/executor.hpp>
 #include <rlpt/core/layout.hpp>
+#include <rlpt/core/nonfinite.hpp>
 #include <rlpt/core/views.hpp>
 #include <rlpt/objective/aggregate.hpp>
 #include <rlpt/objective/correction.hpp>
@@ -63,7 +64,9 @@ struct objective {
   std::optional<aggregation> kl_agg{};
   std::optional<aggregation> entropy_agg{};
   std::optional<aggregation> value_agg{};
-  nonfinite_policy nonfinite = nonfinite_policy::raise;
+  //! A valid token with a non-finite input: raise (the default) names it in an rlpt::error; mask
+  //! leaves it out of the loss and the local denominators and counts it (nonfinite_tokens).
+  rlpt::nonfinite nonfinite = rlpt::nonfinite::raise;
 };
 
 namespace detail {
@@ -92,9 +95,7 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
     RLPT_CHECK(L.num_seqs() == 0 || L.max_len() > 0, errors::objective::bad_layout,
                "padded layout has {} sequences of length T = {}; T must be > 0", L.num_seqs(), L.max_len());
   const index_t n = L.storage_size();
-  RLPT_CHECK(in.mask.size() == n, errors::objective::missing_input,
-             "the loss mask has {} elements, the layout needs {} (one per token slot; the mask is required)",
-             in.mask.size(), n);
+  if (in.mask.size() != 0) L.expect_tokens("mask", in.mask); // no mask: every token is valid
   auto token_input = [&](auto v, std::string_view what) {
     if (v.size() != 0) L.expect_tokens(what, v);
     return v.size() != 0;
@@ -320,11 +321,11 @@ local_counts count_local(const objective_plan& p, const basic_objective_inputs<T
           double len = 0.0;
           const index_t base = L.begin(b);
           const index_t n = L.length(b);
-          if (p.removes || p.nonfinite == nonfinite_policy::skip) {
+          if (p.removes || p.nonfinite == nonfinite::mask) {
             len = row_finish(p, host_row_stats(p, in, b, chunk)).len_loss;
           } else {
             index_t cnt = 0;
-            for (index_t t = 0; t < n; ++t) cnt += in.mask[base + t] != 0 ? 1 : 0;
+            for (index_t t = 0; t < n; ++t) cnt += mask_valid(in, base + t) ? 1 : 0;
             len = static_cast<double>(cnt);
           }
           c.tokens += len;
@@ -353,11 +354,11 @@ template <class T>
   for (index_t b = 0; b < L.num_seqs(); ++b) {
     for (index_t t = 0; t < L.length(b); ++t) {
       const index_t i = L.at(b, t);
-      if (in.mask[i] == 0) continue;
+      if (!mask_valid(in, i)) continue;
       auto report = [&](std::string_view what, T x) {
         RLPT_FAIL(errors::objective::nonfinite,
                   "{}[{}] = {} is not finite at a valid token (sequence {}, position {}); {} valid tokens have a "
-                  "non-finite input (set nonfinite_policy::skip to mask and count them)",
+                  "non-finite input (set nonfinite = rlpt::nonfinite::mask to leave them out and count them)",
                   what, i, static_cast<double>(x), b, t, count);
       };
       if (in.logp.size() != 0 && bad_value(in.logp[i])) report("logp", in.logp[i]);
@@ -414,7 +415,7 @@ template <class T>
 
 //! Evaluates `obj` on host inputs: writes the requested gradients (every token slot) and
 //! returns the loss terms and metrics. Throws rlpt::error for a bad configuration, missing or
-//! mis-sized inputs, an inconsistent global denominator, or (nonfinite_policy::raise) a
+//! mis-sized inputs, an inconsistent global denominator, or (nonfinite::raise) a
 //! non-finite input at a valid token. Multi-threaded over sequences when `ex` has a pool; the
 //! result does not depend on the number of threads.
 template <class T>
@@ -437,15 +438,15 @@ objective_result evaluate(const objective& obj, const basic_objective_inputs<T>&
   }
   const index_t grain = std::max<index_t>(1, 16384 / std::max<index_t>(1, L.max_len()));
   const auto row = detail::host_row_kernel<T>();
-  const objective_sums s = ex.parallel_reduce(
-      L.num_seqs(), grain, objective_sums{},
+  const detail::objective_sums s = ex.parallel_reduce(
+      L.num_seqs(), grain, detail::objective_sums{},
       [&](index_t b0, index_t b1) {
-        objective_sums acc;
+        detail::objective_sums acc;
         for (index_t b = b0; b < b1; ++b) acc.merge(row(p, in, grads, b));
         return acc;
       },
-      [](objective_sums& a, const objective_sums& b) { a.merge(b); });
-  if (s.nonfinite > 0.0 && p.nonfinite == nonfinite_policy::raise) detail::raise_nonfinite(p, in, s.nonfinite);
+      [](detail::objective_sums& a, const detail::objective_sums& b) { a.merge(b); });
+  if (s.nonfinite > 0.0 && p.nonfinite == nonfinite::raise) detail::raise_nonfinite(p, in, s.nonfinite);
   detail::check_global(p.agg_policy, s, p.use_policy, "policy");
   detail::check_global(p.agg_kl, s, p.use_kl, "kl");
   detail::check_global(p.agg_entropy, s, p.use_entropy, "entropy");

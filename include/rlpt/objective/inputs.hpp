@@ -16,7 +16,7 @@ RLPT_NAMESPACE_BEGIN
 template <class T, memory_space Space = memory_space::host>
 struct basic_objective_inputs {
   basic_token_layout<Space> layout{};
-  view<const mask_t, Space> mask{};     //!< loss mask, nonzero = the token counts (required)
+  view<const mask_t, Space> mask{};     //!< loss mask, nonzero = the token counts; empty: every token counts
   view<const T, Space> logp{};          //!< current policy (the differentiated input)
   view<const T, Space> old_logp{};      //!< proximal / old policy (PPO ratio denominator)
   view<const T, Space> behav_logp{};    //!< behaviour policy (rollout engine), for corrections

@@ -16,7 +16,7 @@
 //! not depend on scheduling and no atomics are used.
 //!
 //! Differences from the host entry point, which can throw: a non-finite input at a valid token
-//! under nonfinite_policy::raise makes result.loss NaN (result.nonfinite_tokens counts them); an
+//! under nonfinite::raise makes result.loss NaN (result.nonfinite_tokens counts them); an
 //! explicit global denominator smaller than this call's own count sets result.denominator_error
 //! and a NaN loss. The configuration and input sizes are validated on the host as for the host
 //! entry point (same ids and messages); device offsets of a packed layout are trusted.
@@ -35,6 +35,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -51,62 +53,58 @@ inline constexpr int obj_threads = 256;
 inline constexpr int obj_tokens_per_thread = 4;
 inline constexpr int obj_tile = obj_threads * obj_tokens_per_thread; // tokens per block of the token pass
 
-//! Deterministic block sum of one double (warp shuffles, then warp 0 over the warp sums).
-RLPT_DEVICE double block_sum(double v, double* shared) {
-  for (int o = 16; o > 0; o /= 2) v += __shfl_down_sync(0xffffffffu, v, o);
+//! The device's chunk: one token per thread (the stages' arrays become registers).
+template <class T>
+using device_chunk = token_chunk<T, 1>;
+
+//! How block_fold combines value k.
+enum class fold_op : std::uint8_t { sum, min, max };
+
+//! Fixed-order block reduction of K doubles per thread in one pass (one barrier for all K): each
+//! warp folds its values with shuffles, lane 0 stores them, then thread k folds the warps' k-th
+//! values in warp order. After the call (it ends with a barrier) shared[k], k < K, holds the
+//! block's value k for every thread to read. `shared` holds K doubles per warp of the block, at
+//! least K of them; `op(k)` says how value k combines.
+template <int K, class Op>
+RLPT_DEVICE void block_fold(double (&v)[K], double* shared, Op op) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
+  const int warps = static_cast<int>(blockDim.x + 31) >> 5;
+  auto fold = [&](int k, double a, double b) {
+    const fold_op o = op(k);
+    return o == fold_op::sum ? a + b : o == fold_op::min ? fmin(a, b) : fmax(a, b);
+  };
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+    for (int o = 16; o > 0; o /= 2) v[k] = fold(k, v[k], __shfl_down_sync(0xffffffffu, v[k], o));
+  if (lane == 0)
+#pragma unroll
+    for (int k = 0; k < K; ++k) shared[warp * K + k] = v[k];
   __syncthreads();
-  if (lane == 0) shared[warp] = v;
+  const int k = static_cast<int>(threadIdx.x);
+  if (k < K) {
+    double r = shared[k];
+    for (int w = 1; w < warps; ++w) r = fold(k, r, shared[w * K + k]);
+    shared[k] = r; // only thread k touches column k
+  }
   __syncthreads();
-  const int warps = static_cast<int>(blockDim.x + 31) / 32;
-  v = static_cast<int>(threadIdx.x) < warps ? shared[threadIdx.x] : 0.0;
-  if (warp == 0)
-    for (int o = 16; o > 0; o /= 2) v += __shfl_down_sync(0xffffffffu, v, o);
-  return v; // valid in thread 0
 }
 
-RLPT_DEVICE double block_min(double v, double* shared) {
-  for (int o = 16; o > 0; o /= 2) v = fmin(v, __shfl_down_sync(0xffffffffu, v, o));
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int warp = static_cast<int>(threadIdx.x) >> 5;
-  __syncthreads();
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  const int warps = static_cast<int>(blockDim.x + 31) / 32;
-  v = static_cast<int>(threadIdx.x) < warps ? shared[threadIdx.x] : std::numeric_limits<double>::infinity();
-  if (warp == 0)
-    for (int o = 16; o > 0; o /= 2) v = fmin(v, __shfl_down_sync(0xffffffffu, v, o));
-  return v;
+//! A trivially copyable struct of doubles as an array (block_fold's operand) and back.
+template <class S>
+inline constexpr int double_fields = static_cast<int>(sizeof(S) / sizeof(double));
+
+template <class S>
+RLPT_DEVICE void to_doubles(const S& s, double (&v)[double_fields<S>]) {
+  static_assert(sizeof(S) % sizeof(double) == 0 && std::is_trivially_copyable_v<S>, "a struct of doubles");
+  memcpy(v, &s, sizeof(S));
 }
 
-RLPT_DEVICE double block_max(double v, double* shared) { return -block_min(-v, shared); }
-
-//! Block-reduces every field of an objective_sums into thread 0's copy (field by field, so the
-//! struct stays in registers).
-RLPT_DEVICE void block_reduce(objective_sums& s, double* shared) {
-  s.policy = block_sum(s.policy, shared);
-  s.kl = block_sum(s.kl, shared);
-  s.entropy = block_sum(s.entropy, shared);
-  s.value = block_sum(s.value, shared);
-  s.valid = block_sum(s.valid, shared);
-  s.in_loss = block_sum(s.in_loss, shared);
-  s.seqs = block_sum(s.seqs, shared);
-  s.loss_seqs = block_sum(s.loss_seqs, shared);
-  s.rows = block_sum(s.rows, shared);
-  s.clip_low = block_sum(s.clip_low, shared);
-  s.clip_high = block_sum(s.clip_high, shared);
-  s.clip_dual = block_sum(s.clip_dual, shared);
-  s.clamped = block_sum(s.clamped, shared);
-  s.approx_kl = block_sum(s.approx_kl, shared);
-  s.kl_value = block_sum(s.kl_value, shared);
-  s.w_sum = block_sum(s.w_sum, shared);
-  s.rejected = block_sum(s.rejected, shared);
-  s.entropy_value = block_sum(s.entropy_value, shared);
-  s.value_clipped = block_sum(s.value_clipped, shared);
-  s.nonfinite = block_sum(s.nonfinite, shared);
-  s.w_min = block_min(s.w_min, shared);
-  s.w_max = block_max(s.w_max, shared);
+template <class S>
+RLPT_DEVICE S from_doubles(const double* v) {
+  S s;
+  memcpy(&s, v, sizeof(S));
+  return s;
 }
 
 //! Local counts of a call, filled by the row kernel: tokens in the loss, rows with a token in
@@ -120,47 +118,39 @@ struct device_counts {
 template <class T>
 RLPT_KERNEL void __launch_bounds__(obj_threads)
     objective_row_kernel(const objective_plan p, device_objective_inputs<T> in, row_consts* consts, double* row_len) {
-  __shared__ double shared[32];
+  constexpr int K = double_fields<row_stats>;
+  __shared__ double shared[obj_threads / 32 * K];
   const index_t b = blockIdx.x;
-  const auto& L = in.layout;
-  const index_t base = L.begin(b);
-  const index_t n = L.length(b);
-  const token_loader<T, memory_space::device> load{p, in};
+  const index_t base = in.layout.begin(b);
+  const index_t n = in.layout.length(b);
+  device_chunk<T> c;
+  zero_absent(p, in, c);
   row_stats st;
-  for (index_t t = threadIdx.x; t < n; t += blockDim.x) {
-    bool bad = false;
-    row_stats_add(p, load(b, base + t, bad), st);
-  }
-  // Fixed-order block reduction of the row statistics.
-  st.len = block_sum(st.len, shared);
-  st.len_keep = block_sum(st.len_keep, shared);
-  st.sum_lr = block_sum(st.sum_lr, shared);
-  st.rs_sum = block_sum(st.rs_sum, shared);
-  st.rs_max = block_max(st.rs_max, shared);
-  st.sum_x = block_sum(st.sum_x, shared);
-  st.sum_xs = block_sum(st.sum_xs, shared);
-  st.sum_adv = block_sum(st.sum_adv, shared);
-  st.sum_logw = block_sum(st.sum_logw, shared);
+  for (index_t t = threadIdx.x; t < n; t += blockDim.x) st = row_stats_pass<inline_stages>(p, in, b, base + t, 1, c, st);
+  double v[K];
+  to_doubles(st, v);
+  constexpr int k_max = static_cast<int>(offsetof(row_stats, rs_max) / sizeof(double));
+  block_fold(v, shared, [](int k) { return k == k_max ? fold_op::max : fold_op::sum; });
   if (threadIdx.x == 0) {
-    const row_consts c = p.need_row_pass ? row_finish(p, st) : row_consts{};
-    consts[b] = c;
+    st = from_doubles<row_stats>(shared);
+    const row_consts rc = p.need_row_pass ? row_finish(p, st) : row_consts{};
+    consts[b] = rc;
     // Tokens this row keeps in the loss (its contribution to the local denominators).
-    row_len[b] = p.need_row_pass ? c.len_loss : (p.removes ? st.len_keep : st.len);
+    row_len[b] = p.need_row_pass ? rc.len_loss : (p.removes ? st.len_keep : st.len);
   }
 }
 
 //! Sums the per-row lengths into the local denominators (one block, fixed order).
 template <int = 0> // a template: a kernel defined in a header must not clash across TUs
 RLPT_KERNEL void __launch_bounds__(1024) objective_count_kernel(const double* row_len, index_t rows, device_counts* out) {
-  __shared__ double shared[32];
-  double tokens = 0.0, seqs = 0.0;
+  __shared__ double shared[32 * 2];
+  double v[2] = {0.0, 0.0}; // tokens, rows with a token in the loss
   for (index_t b = threadIdx.x; b < rows; b += blockDim.x) {
-    tokens += row_len[b];
-    seqs += row_len[b] > 0.0 ? 1.0 : 0.0;
+    v[0] += row_len[b];
+    v[1] += row_len[b] > 0.0 ? 1.0 : 0.0;
   }
-  tokens = block_sum(tokens, shared);
-  seqs = block_sum(seqs, shared);
-  if (threadIdx.x == 0) *out = {tokens, seqs, static_cast<double>(rows)};
+  block_fold(v, shared, [](int) { return fold_op::sum; });
+  if (threadIdx.x == 0) *out = {shared[0], shared[1], static_cast<double>(rows)};
 }
 
 RLPT_DEVICE agg_plan resolve_device(agg_plan a, const device_counts* c) {
@@ -179,80 +169,64 @@ RLPT_DEVICE void device_alphas(const objective_plan& p, const device_counts* cou
   c.a_value = resolve_device(p.agg_value, counts).row_weight(c.len_loss);
 }
 
+//! The constants of row b's token pass (row statistics from the row kernel, or none needed).
+RLPT_DEVICE row_consts device_row_consts(const objective_plan& p, const row_consts* consts, const device_counts* counts,
+                                         index_t b) {
+  row_consts c;
+  if (consts != nullptr)
+    c = consts[b];
+  else
+    c.len_loss = 1.0; // no term depends on the length
+  device_alphas(p, counts, c);
+  return c;
+}
+
+//! Blocks of the token pass per SM the register allocation must allow: 4 in fp32 (64 registers,
+//! no spill), 2 in fp64 (128 registers).
 template <class T>
-RLPT_KERNEL void __launch_bounds__(obj_threads)
+inline constexpr int obj_token_min_blocks = sizeof(T) == sizeof(float) ? 4 : 2;
+
+//! The token pass: one block per (sequence, tile), each thread running the stages on its tokens;
+//! one fold of the block's sums, then its first thread writes the tile's objective_sums.
+template <class T>
+RLPT_KERNEL void __launch_bounds__(obj_threads, obj_token_min_blocks<T>)
     objective_token_kernel(const objective_plan p, device_objective_inputs<T> in, device_objective_grads<T> gr,
                            const row_consts* consts, const device_counts* counts, index_t tiles, objective_sums* partials,
                            double* dcoef_partials) {
-  __shared__ double shared[32];
+  using acc_t = token_acc<double, double>;
+  constexpr int K = double_fields<acc_t>;
+  __shared__ double shared[obj_threads / 32 * K];
+  __shared__ row_consts rc; // formed once per block; read again after the loop rather than kept live
   const index_t b = static_cast<index_t>(blockIdx.x) / tiles;
   const index_t tile = static_cast<index_t>(blockIdx.x) % tiles;
-  const auto& L = in.layout;
-  const index_t n = L.length(b);
-  const index_t base = L.begin(b);
-  row_consts c;
-  if (consts != nullptr) {
-    c = consts[b];
-  } else {
-    c.len_loss = 1.0; // no term depends on the length
-  }
-  device_alphas(p, counts, c);
-  const token_loader<T, memory_space::device> load{p, in};
-  objective_sums s;
-  double pol = 0.0, kl = 0.0, ent = 0.0, val = 0.0, dcoef = 0.0;
+  const index_t n = in.layout.length(b);
+  const index_t base = in.layout.begin(b);
+  if (threadIdx.x == 0) rc = device_row_consts(p, consts, counts, b);
+  __syncthreads();
+  const token_consts<T> k = make_token_consts<T>(p, rc);
+  device_chunk<T> c;
+  zero_absent(p, in, c);
+  token_acc<T, std::uint32_t> a; // in the compute type: a thread adds a few tokens
   const index_t t0 = tile * obj_tile;
   const index_t t1 = t0 + obj_tile < n ? t0 + obj_tile : n;
-  for (index_t t = t0 + threadIdx.x; t < t1; t += blockDim.x) {
-    const index_t i = base + t;
-    bool bad = false;
-    const token_inputs<T> ti = load(b, i, bad);
-    s.nonfinite += bad ? 1.0 : 0.0;
-    const token_result<T> r = token_eval(p, c, ti);
-    if (gr.logp.size() != 0) gr.logp[i] = r.in_loss ? r.g_logp : T(0);
-    if (gr.entropy.size() != 0) gr.entropy[i] = r.in_loss ? r.g_entropy : T(0);
-    if (gr.values.size() != 0) gr.values[i] = r.in_loss ? r.g_value : T(0);
-    if (!ti.valid) continue;
-    s.valid += 1.0;
-    const double w = static_cast<double>(r.w);
-    s.w_sum += w;
-    s.w_min = fmin(s.w_min, w);
-    s.w_max = fmax(s.w_max, w);
-    s.rejected += r.rejected ? 1.0 : 0.0;
-    if (!r.in_loss) continue;
-    s.in_loss += 1.0;
-    pol += static_cast<double>(r.policy);
-    kl += static_cast<double>(r.kl);
-    ent += static_cast<double>(r.entropy);
-    val += static_cast<double>(r.value);
-    dcoef += static_cast<double>(r.dcoef);
-    s.clip_low += (r.flags & flag_low) ? 1.0 : 0.0;
-    s.clip_high += (r.flags & flag_high) ? 1.0 : 0.0;
-    s.clip_dual += (r.flags & flag_dual) ? 1.0 : 0.0;
-    s.clamped += (r.flags & flag_clamped) ? 1.0 : 0.0;
-    s.approx_kl += static_cast<double>(ti.old - ti.lp);
-    s.value_clipped += r.v_clipped ? 1.0 : 0.0;
-  }
-  s.policy = c.a_policy * pol;
-  s.kl = c.a_kl * kl;
-  s.entropy = c.a_entropy * ent;
-  s.value = c.a_value * val;
-  s.kl_value = kl;
-  s.entropy_value = ent;
-  block_reduce(s, shared);
-  dcoef = block_sum(dcoef, shared);
+  for (index_t t = t0 + threadIdx.x; t < t1; t += blockDim.x) a = token_pass<inline_stages>(p, k, in, gr, b, base + t, 1, c, a);
+  const acc_t d{a.policy, a.kl, a.entropy, a.value, a.dcoef, a.approx_kl, a.w_sum, a.w_min, a.w_max,
+                static_cast<double>(a.valid), static_cast<double>(a.in_loss), static_cast<double>(a.rejected),
+                static_cast<double>(a.nonfinite), static_cast<double>(a.low), static_cast<double>(a.high),
+                static_cast<double>(a.dual), static_cast<double>(a.clamped), static_cast<double>(a.vclip)};
+  double v[K];
+  to_doubles(d, v);
+  constexpr int k_min = static_cast<int>(offsetof(acc_t, w_min) / sizeof(double));
+  constexpr int k_max = static_cast<int>(offsetof(acc_t, w_max) / sizeof(double));
+  block_fold(v, shared, [](int i) { return i == k_min ? fold_op::min : i == k_max ? fold_op::max : fold_op::sum; });
   if (threadIdx.x == 0) {
-    // Row-level pieces are added once per row, by its first tile.
-    if (tile == 0) {
-      s.rows = 1.0;
-      if (p.policy == policy_kind::gmpo && c.len_loss > 0.0)
-        s.policy += c.a_policy * (-c.gmpo_adv * c.gmpo_ratio * c.gmpo_w);
-    }
-    partials[blockIdx.x] = s;
-    if (dcoef_partials != nullptr) dcoef_partials[blockIdx.x] = dcoef;
+    const acc_t s = from_doubles<acc_t>(shared);
+    partials[blockIdx.x] = row_sums(p, rc, s, /*head=*/tile == 0); // row-level pieces once per row
+    if (dcoef_partials != nullptr) dcoef_partials[blockIdx.x] = s.dcoef;
   }
 }
 
-//! GSPO sequence form: adds alpha * sum(w d value / d s) / L to every in-loss token's gradient.
+//! GSPO sequence form: adds the row's coupling (gspo_coupling) to every in-loss token's gradient.
 template <class T>
 RLPT_KERNEL void __launch_bounds__(obj_threads)
     objective_gspo_kernel(const objective_plan p, device_objective_inputs<T> in, device_objective_grads<T> gr,
@@ -260,54 +234,59 @@ RLPT_KERNEL void __launch_bounds__(obj_threads)
                           const double* dcoef_partials) {
   const index_t b = static_cast<index_t>(blockIdx.x) / tiles;
   const index_t tile = static_cast<index_t>(blockIdx.x) % tiles;
-  row_consts c = consts[b];
-  device_alphas(p, counts, c);
   double dcoef = 0.0;
-  for (index_t k = 0; k < tiles; ++k) dcoef += dcoef_partials[b * tiles + k]; // fixed order
+  for (index_t j = 0; j < tiles; ++j) dcoef += dcoef_partials[b * tiles + j]; // fixed order
   if (dcoef == 0.0) return;
-  const double len = c.len_loss > 1.0 ? c.len_loss : 1.0;
-  const T scale = static_cast<T>(c.a_policy * dcoef / len);
-  const auto& L = in.layout;
-  const index_t n = L.length(b);
-  const index_t base = L.begin(b);
-  const token_loader<T, memory_space::device> load{p, in};
+  const row_consts rc = device_row_consts(p, consts, counts, b);
+  const token_consts<T> k = make_token_consts<T>(p, rc);
+  const T scale = static_cast<T>(gspo_coupling(rc, dcoef));
+  const index_t n = in.layout.length(b);
+  const index_t base = in.layout.begin(b);
+  device_chunk<T> c;
+  zero_absent(p, in, c);
   const index_t t0 = tile * obj_tile;
   const index_t t1 = t0 + obj_tile < n ? t0 + obj_tile : n;
-  for (index_t t = t0 + threadIdx.x; t < t1; t += blockDim.x) {
-    const index_t i = base + t;
-    bool bad = false;
-    const token_inputs<T> ti = load(b, i, bad);
-    if (!ti.valid) continue;
-    if ((c.seq_keep && token_keep(p, ti)) || !p.removes) gr.logp[i] += scale;
-  }
+  for (index_t t = t0 + threadIdx.x; t < t1; t += blockDim.x) gspo_pass<inline_stages>(p, k, in, gr, scale, b, base + t, 1, c);
 }
+
+inline constexpr int obj_finish_threads = 256;
 
 //! Reduces the per-block sums in a fixed order and writes the result.
 template <int = 0>
-RLPT_KERNEL void __launch_bounds__(1024)
+RLPT_KERNEL void __launch_bounds__(obj_finish_threads)
     objective_finish_kernel(const objective_plan p, const objective_sums* partials, index_t blocks, index_t tiles,
                             const device_counts* counts, objective_result* result) {
-  __shared__ double shared[32];
+  constexpr int K = double_fields<objective_sums>;
+  __shared__ double shared[obj_finish_threads / 32 * K];
   objective_sums s;
   double seqs = 0.0, loss_seqs = 0.0;
-  // Rows: sum each row's tiles first (its valid / in-loss counts decide seqs and loss_seqs).
+  // Rows: a row's tiles together decide whether it has a valid / in-loss token.
   const index_t rows = tiles > 0 ? blocks / tiles : 0;
   for (index_t b = threadIdx.x; b < rows; b += blockDim.x) {
-    objective_sums r;
-    for (index_t k = 0; k < tiles; ++k) r.merge(partials[b * tiles + k]);
-    seqs += r.valid > 0.0 ? 1.0 : 0.0;
-    loss_seqs += r.in_loss > 0.0 ? 1.0 : 0.0;
-    s.merge(r);
+    double valid = 0.0, in_loss = 0.0;
+    for (index_t j = 0; j < tiles; ++j) {
+      const objective_sums& q = partials[b * tiles + j];
+      s.merge(q);
+      valid += q.valid;
+      in_loss += q.in_loss;
+    }
+    seqs += valid > 0.0 ? 1.0 : 0.0;
+    loss_seqs += in_loss > 0.0 ? 1.0 : 0.0;
   }
   s.seqs = seqs;
   s.loss_seqs = loss_seqs;
-  block_reduce(s, shared);
+  double v[K];
+  to_doubles(s, v);
+  constexpr int k_min = static_cast<int>(offsetof(objective_sums, w_min) / sizeof(double));
+  constexpr int k_max = static_cast<int>(offsetof(objective_sums, w_max) / sizeof(double));
+  block_fold(v, shared, [](int i) { return i == k_min ? fold_op::min : i == k_max ? fold_op::max : fold_op::sum; });
   if (threadIdx.x != 0) return;
+  s = from_doubles<objective_sums>(shared);
   const agg_plan aggs[4] = {resolve_device(p.agg_policy, counts), resolve_device(p.agg_kl, counts),
                             resolve_device(p.agg_entropy, counts), resolve_device(p.agg_value, counts)};
   objective_result r = finish_result(p, s);
   const double nan = std::numeric_limits<double>::quiet_NaN();
-  if (s.nonfinite > 0.0 && p.nonfinite == nonfinite_policy::raise) r.loss = nan;
+  if (s.nonfinite > 0.0 && p.nonfinite == nonfinite::raise) r.loss = nan;
   auto short_of = [&](const agg_plan& a, bool used) {
     if (!used) return false;
     if (a.needs_tokens() && a.tokens + 1e-6 < s.in_loss) return true;
@@ -346,14 +325,14 @@ void evaluate(const objective& obj, const device_objective_inputs<T>& in, const 
   auto* row_len = carve.take<double>(row_kernel ? static_cast<std::size_t>(rows) : 0);
   auto* counts = carve.take<detail::device_counts>(local_needed ? 1 : 0);
   const auto blocks = static_cast<std::size_t>(rows * tiles);
-  auto* partials = carve.take<objective_sums>(blocks);
+  auto* partials = carve.take<detail::objective_sums>(blocks);
   auto* dcoef = carve.take<double>(p.gspo_sequence ? blocks : 0);
   if (carve.finish_size_query()) return;
   RLPT_CHECK(result != nullptr, errors::objective::missing_input, "the device evaluate needs a result pointer");
   RLPT_CHECK(blocks <= static_cast<std::size_t>(std::numeric_limits<int>::max()), errors::objective::bad_layout,
              "{} sequences x {} tiles of {} tokens exceed the grid limit", rows, tiles, detail::obj_tile);
   if (rows == 0) {
-    detail::objective_finish_kernel<<<1, 1024, 0, stream>>>(p, partials, 0, tiles, nullptr, result);
+    detail::objective_finish_kernel<<<1, detail::obj_finish_threads, 0, stream>>>(p, partials, 0, tiles, nullptr, result);
     RLPT_CUDA_CHECK_LAUNCH();
     return;
   }
@@ -375,7 +354,7 @@ void evaluate(const objective& obj, const device_objective_inputs<T>& in, const 
         p, in, grads, consts, nptr, tiles, dcoef);
     RLPT_CUDA_CHECK_LAUNCH();
   }
-  detail::objective_finish_kernel<<<1, 1024, 0, stream>>>(p, partials, static_cast<index_t>(blocks), tiles, nptr,
+  detail::objective_finish_kernel<<<1, detail::obj_finish_threads, 0, stream>>>(p, partials, static_cast<index_t>(blocks), tiles, nptr,
                                                          result);
   RLPT_CUDA_CHECK_LAUNCH();
 }

@@ -1,15 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file
-//! The trivially copyable form of an objective (what kernels take by value) and the per-row and
-//! per-token logic host and device evaluation share: row statistics (lengths, sequence ratios,
-//! sequence-level corrections), then one token's terms, gradients and metric events.
+//! The trivially copyable form of an objective (what kernels take by value) and the per-row
+//! logic host and device evaluation share: row statistics (lengths, sequence ratios,
+//! sequence-level corrections) turned into the constants of a row's token pass, and the per-call
+//! sums turned into an objective_result. How one token's terms combine is in detail/token.hpp.
 #pragma once
 
 #include <rlpt/config.hpp>
+#include <rlpt/core/nonfinite.hpp>
 #include <rlpt/objective/aggregate.hpp>
 #include <rlpt/objective/correction.hpp>
 #include <rlpt/objective/detail/math.hpp>
 #include <rlpt/objective/distill.hpp>
+#include <rlpt/objective/inputs.hpp>
 #include <rlpt/objective/kl.hpp>
 #include <rlpt/objective/policy.hpp>
 #include <rlpt/objective/value.hpp>
@@ -18,12 +21,7 @@
 #include <limits>
 
 RLPT_NAMESPACE_BEGIN
-
-//! What a call does with a valid token whose inputs are not finite.
-enum class nonfinite_policy : std::uint8_t {
-  raise, //!< throw rlpt::error naming the input, index, sequence and position (default)
-  skip   //!< treat the token as masked (it leaves the loss and local denominators) and count it
-};
+namespace detail {
 
 //! Per-call sums: the four aggregated terms and the metric counters. Merged in a fixed order
 //! (host chunks, device blocks), so the result does not depend on thread count or scheduling.
@@ -77,8 +75,6 @@ struct objective_sums {
   }
 };
 
-namespace detail {
-
 struct objective_plan {
   policy_kind policy = policy_kind::ppo_clip;
   ppo_clip ppo{};
@@ -98,7 +94,7 @@ struct objective_plan {
   agg_plan agg_kl{};
   agg_plan agg_entropy{};
   agg_plan agg_value{};
-  nonfinite_policy nonfinite = nonfinite_policy::raise;
+  rlpt::nonfinite nonfinite = rlpt::nonfinite::raise;
 
   bool has_old = false;
   bool has_behav = false;
@@ -128,46 +124,6 @@ struct objective_plan {
            (use_entropy && agg_entropy.needs_length()) || (use_value && agg_value.needs_length());
   }
 };
-
-//! One token's inputs, loaded (masked slots read as 0, never as garbage).
-template <class R>
-struct token_inputs {
-  bool valid = false;
-  R lp = R(0);
-  R old = R(0);
-  R behav = R(0);
-  R ref = R(0);
-  R adv = R(0);
-  R ent = R(0);
-  R v = R(0);
-  R v_old = R(0);
-  R ret = R(0);
-};
-
-//! The log importance ratio of a token: numerator - behaviour.
-template <class R>
-RLPT_HD_FORCEINLINE R log_rho(const objective_plan& p, const token_inputs<R>& t) {
-  return (p.corr.numerator == ratio_numerator::proximal ? t.old : t.lp) - t.behav;
-}
-
-//! Token-level rejection decision (true when there is none or it is sequence level).
-template <class R>
-RLPT_HD_FORCEINLINE bool token_keep(const objective_plan& p, const token_inputs<R>& t) {
-  if (!p.use_rs || p.rs_seq) return true;
-  const R c = R(p.corr.log_ratio_clamp);
-  const R lr = clamp_r(log_rho(p, t), -c, c);
-  const R stat = rs_token_stat(p.corr.reject.stat, lr);
-  return rs_keep(p.corr.reject.stat, stat, R(p.corr.reject.lo), R(p.corr.reject.hi), R(p.rs_log_lo), R(p.rs_log_hi));
-}
-
-//! Token-level importance weight (bounded), 1 when off or sequence level.
-template <class R>
-RLPT_HD_FORCEINLINE R token_weight(const objective_plan& p, const token_inputs<R>& t) {
-  if (!p.use_is || p.is_seq) return R(1);
-  const R c = R(p.corr.log_ratio_clamp);
-  const R raw = exp_r(clamp_r(log_rho(p, t), -c, c));
-  return bound_weight(p.corr.weight.bound, raw, R(p.corr.weight.lo), R(p.corr.weight.hi));
-}
 
 //! Sums over one row's tokens that sequence-level pieces need. Accumulated in double.
 struct row_stats {
@@ -206,38 +162,6 @@ struct row_consts {
   bool gmpo_clamped = false;
   double a_policy = 0.0, a_kl = 0.0, a_entropy = 0.0, a_value = 0.0; //!< alpha_i per term
 };
-
-//! Accumulates one token into the row statistics (pass 1).
-template <class R>
-RLPT_HD_FORCEINLINE void row_stats_add(const objective_plan& p, const token_inputs<R>& t, row_stats& s) {
-  if (!t.valid) return;
-  s.len += 1.0;
-  const bool keep = token_keep(p, t);
-  s.len_keep += keep ? 1.0 : 0.0;
-  if (p.use_is && p.is_seq) s.sum_lr += static_cast<double>(log_rho(p, t));
-  if (p.use_rs && p.rs_seq) {
-    const R c = R(p.corr.log_ratio_clamp);
-    const R lr = clamp_r(log_rho(p, t), -c, c);
-    const double st = static_cast<double>(rs_token_stat(p.corr.reject.stat, lr));
-    s.rs_sum += st;
-    s.rs_max = st > s.rs_max ? st : s.rs_max;
-  }
-  const bool in_loss = !p.removes || keep;
-  if (!in_loss) return;
-  if (p.policy == policy_kind::gspo) s.sum_x += static_cast<double>(t.lp - t.old);
-  if (p.policy == policy_kind::gmpo) {
-    R xs, dxs;
-    std::uint32_t flags;
-    gmpo_token(p.gm, t.lp - t.old, t.adv, xs, dxs, flags);
-    s.sum_xs += static_cast<double>(xs);
-    s.sum_adv += static_cast<double>(t.adv);
-    if (p.use_is && !p.is_seq) {
-      R w = token_weight(p, t);
-      if (!p.removes && !keep) w = R(0);
-      s.sum_logw += static_cast<double>(log_r(w + R(1e-10)));
-    }
-  }
-}
 
 //! Sequence-level decisions of a row: rejection, weight, GSPO / GMPO ratios. Aggregation
 //! weights are filled by row_alphas once the denominators are known.
@@ -294,111 +218,35 @@ RLPT_HD void row_alphas(const objective_plan& p, row_consts& c) {
   c.a_value = p.agg_value.row_weight(c.len_loss);
 }
 
-//! One token's contribution: unweighted term values (to be multiplied by the row's alphas),
-//! gradients (already alpha-weighted) and metric events.
-template <class R>
-struct token_result {
-  bool in_loss = false;
-  bool rejected = false; //!< valid but rejected or zero-weighted
-  R w = R(1);            //!< importance weight (valid tokens)
-  R policy = R(0);       //!< w * policy value (GMPO: 0, the row carries it)
-  R kl = R(0);
-  R entropy = R(0);
-  R value = R(0);
-  R g_logp = R(0);
-  R g_entropy = R(0);
-  R g_value = R(0);
-  R dcoef = R(0); //!< GSPO sequence form: w * d value / d s_i
-  std::uint32_t flags = 0; //!< policy clip events (flag_low, ...)
-  bool v_clipped = false;
-};
-
-template <class R>
-RLPT_HD_FORCEINLINE token_result<R> token_eval(const objective_plan& p, const row_consts& c, const token_inputs<R>& t) {
-  token_result<R> o;
-  if (!t.valid) return o;
-  const bool keep = c.seq_keep && token_keep(p, t);
-  R w = R(1);
-  if (p.use_is) w = p.is_seq ? R(c.w_seq) : token_weight(p, t);
-  if (!keep && !p.removes) w = R(0);
-  o.w = w;
-  o.rejected = !keep || w == R(0);
-  o.in_loss = keep || !p.removes;
-  if (!o.in_loss) return o;
-
-  const R x = t.lp - t.old;
-  R g = R(0);
-  if (p.use_policy) {
-    const R ap = R(c.a_policy);
-    switch (p.policy) {
-    case policy_kind::ppo_clip: {
-      const policy_token<R> q = ppo_token(p.ppo, x, t.adv);
-      o.policy = w * q.value;
-      g = ap * w * q.grad;
-      o.flags = q.flags;
-      break;
-    }
-    case policy_kind::gspo: {
-      const policy_token<R> q = gspo_token(p.gs, R(c.s_gspo), t.adv);
-      o.policy = w * q.value;
-      if (p.gspo_sequence)
-        o.dcoef = w * q.grad;
-      else
-        g = ap * w * q.grad;
-      o.flags = q.flags;
-      break;
-    }
-    case policy_kind::gmpo: {
-      R xs, dxs;
-      gmpo_token(p.gm, x, t.adv, xs, dxs, o.flags);
-      const R coef = c.gmpo_clamped ? R(0)
-                                    : -R(c.gmpo_adv) * R(c.gmpo_w) * R(c.gmpo_ratio) / R(c.len_loss);
-      g = ap * coef * dxs;
-      o.flags |= flag_if(c.gmpo_clamped, flag_clamped);
-      break;
-    }
-    case policy_kind::cispo: {
-      const policy_token<R> q = cispo_token(p.ci, x, t.lp, t.adv);
-      o.policy = w * q.value;
-      g = ap * w * q.grad;
-      o.flags = q.flags;
-      break;
-    }
-    case policy_kind::sapo: {
-      const policy_token<R> q = sapo_token(p.sa, x, t.adv);
-      o.policy = w * q.value;
-      g = ap * w * q.grad;
-      o.flags = q.flags;
-      break;
-    }
-    case policy_kind::policy_gradient: {
-      const policy_token<R> q = pg_token(t.lp, t.adv);
-      o.policy = w * q.value;
-      g = ap * w * q.grad;
-      break;
-    }
-    case policy_kind::none: break;
-    }
+//! The result of a call from its sums.
+RLPT_HD objective_result finish_result(const objective_plan& p, const objective_sums& s) {
+  objective_result r;
+  r.policy_loss = s.policy;
+  r.kl_loss = s.kl;
+  r.entropy_loss = p.use_entropy ? s.entropy : 0.0;
+  r.value_loss = s.value;
+  r.loss = s.policy + static_cast<double>(p.kl.coef) * s.kl - static_cast<double>(p.entropy_coef) * r.entropy_loss +
+           static_cast<double>(p.value.coef) * s.value;
+  r.tokens = s.valid;
+  r.loss_tokens = s.in_loss;
+  r.seqs = s.seqs;
+  const double nl = s.in_loss > 0.0 ? s.in_loss : 1.0;
+  r.clip_frac_low = s.clip_low / nl;
+  r.clip_frac_high = s.clip_high / nl;
+  r.clip_frac_dual = s.clip_dual / nl;
+  r.clamped_frac = s.clamped / nl;
+  r.approx_kl = p.has_old ? s.approx_kl / nl : 0.0;
+  r.kl_mean = s.kl_value / nl;
+  if (s.valid > 0.0) {
+    r.is_weight_min = s.w_min;
+    r.is_weight_max = s.w_max;
+    r.is_weight_mean = s.w_sum / s.valid;
+    r.rejected_frac = s.rejected / s.valid;
   }
-  if (p.use_kl) {
-    const kl_token<R> k = kl_value(p.kl, t.lp - t.ref, p.has_old ? x : R(0));
-    o.kl = k.value;
-    g += R(p.kl.coef) * R(c.a_kl) * k.grad;
-  }
-  o.g_logp = g;
-  if (p.use_entropy) {
-    o.entropy = t.ent;
-    o.g_entropy = -R(p.entropy_coef) * R(c.a_entropy);
-  } else if (p.has_entropy) {
-    o.entropy = t.ent; // metric only
-  }
-  if (p.use_value) {
-    const value_token<R> v = value_term(p.value, t.v, t.v_old, t.ret);
-    o.value = v.value;
-    o.g_value = R(p.value.coef) * R(c.a_value) * v.grad;
-    o.v_clipped = v.clipped != 0;
-  }
-  return o;
+  r.entropy_mean = s.entropy_value / nl;
+  r.value_clip_frac = s.value_clipped / nl;
+  r.nonfinite_tokens = s.nonfinite;
+  return r;
 }
 
 } // namespace detail

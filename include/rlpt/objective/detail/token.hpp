@@ -1,96 +1,682 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file
-//! Pieces host and device evaluation share beyond the per-token math: reading one token's
-//! inputs from the views (masked slots read as zeros, never as garbage) and turning the sums
-//! into an objective_result.
+//! How a token's terms combine, written once for the host and the device. A chunk holds N
+//! tokens as arrays: N = 256 on the host, where every stage below is a tight loop with its
+//! configuration switch outside, so the compiler vectorises it and the composition costs no
+//! per-token dispatch; N = 1 on the device, where the arrays become registers and one thread
+//! runs the same stages on its token. The stages, in the order every driver runs them:
+//!
+//!   load        the chunk's inputs (masked slots, and non-finite ones under nonfinite::mask,
+//!               become invalid; absent inputs read as 0; distillation adds to the advantage)
+//!   correction  importance weight w, rejection, which tokens stay in the loss
+//!   stats       row pass only: the sums the sequence-level pieces need (row_stats)
+//!   policy      the policy term's value and d value / d logp
+//!   kl          the KL estimator's value and d value / d logp
+//!   combine     the value term, the gradients (alpha-weighted sums of the terms), the row's
+//!               sums and metric counts
+//!
+//! The drivers (row_stats_pass, token_pass and gspo_pass below) compose them through a stage set
+//! S: the host's compiles each stage once per instruction set out of line (detail/host_row.hpp),
+//! the device's inlines them (inline_stages). row_sums turns a row's (device: a tile's) sums
+//! into objective_sums, so the host and the device also assemble rows alike.
 #pragma once
 
 #include <rlpt/config.hpp>
+#include <rlpt/core/layout.hpp>
 #include <rlpt/core/views.hpp>
 #include <rlpt/objective/detail/math.hpp>
 #include <rlpt/objective/detail/plan.hpp>
 #include <rlpt/objective/inputs.hpp>
 
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
 RLPT_NAMESPACE_BEGIN
 namespace detail {
 
-//! Reads token i of sequence b; masked slots (and, under nonfinite_policy::skip, slots with a
-//! non-finite input) come back invalid with zeros. `bad` is set for a valid slot whose inputs
-//! are not all finite.
-template <class T, memory_space S = memory_space::host>
-struct token_loader {
-  const objective_plan& p;
-  const basic_objective_inputs<T, S>& in;
+//! N tokens of one row, one array per quantity.
+template <class T, int N>
+struct token_chunk {
+  T lp[N], old[N], behav[N], ref[N], adv[N];
+  T ent[N], v[N], v_old[N], ret[N];
+  T w[N];          //!< importance weight (valid tokens; 0 for zero-weighted rejections)
+  T pv[N], pg[N];  //!< policy value and d value / d logp (GSPO sequence form: d value / d s)
+  T kv[N], kg[N];  //!< KL value and gradient
+  T vv[N], vg[N];  //!< value-loss value and gradient
+  T tmp[N];        //!< scratch: clamped log rho after correction, x = logp - old after policy
+  std::uint8_t valid[N], keep[N], inl[N], rej[N];
+  std::uint32_t flags[N]; //!< policy clip events
+  std::uint8_t vclip[N];
+};
 
-  RLPT_HD_FORCEINLINE token_inputs<T> operator()(index_t b, index_t i, bool& bad) const {
-    token_inputs<T> t;
-    const bool m = in.mask[i] != 0;
-    bad = false;
-    if (!m) return t;
-    t.valid = true;
-    if (in.logp.size() != 0) t.lp = in.logp[i];
-    if (p.has_old) t.old = in.old_logp[i];
-    if (p.has_behav) t.behav = in.behav_logp[i];
-    if (p.has_ref) t.ref = in.ref_logp[i];
-    if (p.has_adv) t.adv = in.adv[i];
-    else if (p.has_seq_adv) t.adv = in.seq_adv[b];
-    if (p.has_entropy) t.ent = in.entropy[i];
-    if (p.use_value) {
-      t.v = in.values[i];
-      t.ret = in.returns[i];
-      if (in.old_values.size() != 0) t.v_old = in.old_values[i];
+//! The constants of a row's token pass in the compute type, formed once per row from row_consts.
+template <class T>
+struct token_consts {
+  bool seq_keep = true;      //!< sequence-level rejection passed
+  T w_seq = T(1);            //!< sequence-level importance weight
+  T s_gspo = T(0);           //!< GSPO: the row's mean log-ratio
+  T gmpo_coef = T(0);        //!< GMPO: d loss_i / d x*_t (the row term's chain factor)
+  std::uint32_t gmpo_flags = 0;
+  T a_policy = T(0);         //!< alpha of the policy term
+  T a_kl = T(0);             //!< kl.coef * alpha of the KL term
+  T g_entropy = T(0);        //!< d loss / d H: -entropy.coef * alpha (0 when the term is off)
+  T a_value = T(0);          //!< value.coef * alpha of the value term
+};
+
+template <class T>
+RLPT_HD token_consts<T> make_token_consts(const objective_plan& p, const row_consts& rc) {
+  token_consts<T> k;
+  k.seq_keep = rc.seq_keep;
+  k.w_seq = p.use_is ? T(rc.w_seq) : T(1);
+  k.s_gspo = T(rc.s_gspo);
+  k.gmpo_coef = rc.gmpo_clamped || rc.len_loss <= 0.0
+                    ? T(0)
+                    : -T(rc.gmpo_adv) * T(rc.gmpo_w) * T(rc.gmpo_ratio) / T(rc.len_loss);
+  k.gmpo_flags = flag_if(rc.gmpo_clamped, flag_clamped);
+  k.a_policy = T(rc.a_policy);
+  k.a_kl = T(p.kl.coef * rc.a_kl);
+  k.g_entropy = p.use_entropy ? T(-p.entropy_coef * rc.a_entropy) : T(0);
+  k.a_value = T(p.value.coef * rc.a_value);
+  return k;
+}
+
+//! A row's sums over its tokens: the host's per row in fp64 (V = double); the device's per thread
+//! over its few tokens in the compute type (fewer live registers), then per block in fp64.
+template <class V, class Count>
+struct token_acc {
+  V policy = 0, kl = 0, entropy = 0, value = 0, dcoef = 0, approx_kl = 0, w_sum = 0;
+  V w_min = std::numeric_limits<V>::infinity();
+  V w_max = -std::numeric_limits<V>::infinity();
+  Count valid = 0, in_loss = 0, rejected = 0, nonfinite = 0;
+  Count low = 0, high = 0, dual = 0, clamped = 0, vclip = 0;
+};
+
+// ---- reductions over a chunk ---------------------------------------------------------------
+
+//! Sum of v[0..n) in fp64 over eight independent lanes (vectorises without reassociation).
+template <class T, int N>
+RLPT_HD_FORCEINLINE double lane_sum(const T (&v)[N], int n) {
+  if constexpr (N == 1) {
+    return static_cast<double>(v[0]);
+  } else {
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+      for (int k = 0; k < 8; ++k) acc[k] += static_cast<double>(v[j + k]);
+    for (; j < n; ++j) acc[0] += static_cast<double>(v[j]);
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  }
+}
+
+//! Maximum of v[0..n) where use[j], over eight lanes (-inf when none).
+template <class T, int N>
+RLPT_HD_FORCEINLINE double lane_max(const T (&v)[N], const std::uint8_t (&use)[N], int n) {
+  constexpr T ninf = -std::numeric_limits<T>::infinity();
+  if constexpr (N == 1) {
+    return static_cast<double>(sel(use[0] != 0, v[0], ninf));
+  } else {
+    T acc[8];
+    for (int k = 0; k < 8; ++k) acc[k] = ninf;
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+      for (int k = 0; k < 8; ++k) acc[k] = max_r(acc[k], sel(use[j + k] != 0, v[j + k], acc[k]));
+    for (; j < n; ++j) acc[0] = max_r(acc[0], sel(use[j] != 0, v[j], acc[0]));
+    T m = acc[0];
+    for (int k = 1; k < 8; ++k) m = max_r(m, acc[k]);
+    return static_cast<double>(m);
+  }
+}
+
+template <class F, int N>
+RLPT_HD_FORCEINLINE std::int32_t count(const F (&v)[N], int n) {
+  std::int32_t c = 0;
+  for (int j = 0; j < n; ++j) c += v[j] ? 1 : 0;
+  return c;
+}
+
+// ---- the stages ----------------------------------------------------------------------------
+
+#if RLPT_DEVICE_PASS()
+#define RLPT_OBJECTIVE_ROLLED _Pragma("unroll 1")
+#else
+#define RLPT_OBJECTIVE_ROLLED
+#endif
+
+//! Whether a layout slot is a valid token: the mask's bit, or every slot when no mask is given.
+template <class T, memory_space M>
+RLPT_HD_FORCEINLINE bool mask_valid(const basic_objective_inputs<T, M>& in, index_t i) {
+  return in.mask.size() == 0 || in.mask[i] != 0;
+}
+
+//! Zeroes the chunk arrays of inputs this call does not have (they are read as 0). Once per
+//! chunk object: load never writes them.
+template <class T, memory_space M, int N>
+RLPT_HD_FORCEINLINE void zero_absent(const objective_plan& p, const basic_objective_inputs<T, M>& in,
+                                     token_chunk<T, N>& c) {
+  auto zero = [](T(&dst)[N]) {
+    for (int j = 0; j < N; ++j) dst[j] = T(0);
+  };
+  if (in.logp.size() == 0) zero(c.lp);
+  if (!p.has_old) zero(c.old);
+  if (!p.has_behav) zero(c.behav);
+  if (!p.has_ref) zero(c.ref);
+  if (!p.has_adv && !p.has_seq_adv) zero(c.adv);
+  if (!p.has_entropy) zero(c.ent);
+  if (!p.use_value) zero(c.v), zero(c.ret);
+  if (!p.use_value || in.old_values.size() == 0) zero(c.v_old);
+}
+
+//! Loads tokens [i0, i0 + n) of sequence b (absent inputs stay zero); returns the number of
+//! valid tokens with a non-finite input (they become invalid under nonfinite::mask).
+template <class T, memory_space M, int N>
+RLPT_HD_FORCEINLINE int load_chunk(const objective_plan& p, const basic_objective_inputs<T, M>& in, index_t b,
+                                   index_t i0, int n, token_chunk<T, N>& c) {
+  if (in.mask.size() != 0) {
+    const mask_t* m = in.mask.data() + i0;
+    for (int j = 0; j < n; ++j) c.valid[j] = m[j] != 0 ? 1 : 0;
+  } else {
+    for (int j = 0; j < n; ++j) c.valid[j] = 1;
+  }
+  for (int j = 0; j < n; ++j) c.rej[j] = 0; // scratch: non-finite flags
+  auto fill = [&](T(&dst)[N], const view<const T, M>& src, bool present) {
+    if (!present) return;
+    const T* s = src.data() + i0;
+    for (int j = 0; j < n; ++j) {
+      const T x = s[j];
+      dst[j] = x;
+      c.rej[j] = static_cast<std::uint8_t>(c.rej[j] | static_cast<std::uint8_t>(!finite_r(x)));
     }
-    bool ok = finite_r(t.lp) && finite_r(t.old) && finite_r(t.behav) && finite_r(t.ref) && finite_r(t.adv) &&
-              finite_r(t.ent) && finite_r(t.v) && finite_r(t.ret) && finite_r(t.v_old);
-    if (p.distill_coef != 0.0) {
-      T teacher = T(0);
-      for (int k = 0; k < p.teachers; ++k) {
-        const T tk = in.teacher_logp(k, i);
-        ok = ok && finite_r(tk);
-        teacher += T(p.teacher_w[k]) * tk;
+  };
+  fill(c.lp, in.logp, in.logp.size() != 0);
+  fill(c.old, in.old_logp, p.has_old);
+  fill(c.behav, in.behav_logp, p.has_behav);
+  fill(c.ref, in.ref_logp, p.has_ref);
+  if (p.has_seq_adv) {
+    const T a = in.seq_adv[b];
+    const std::uint8_t bad = finite_r(a) ? 0 : 1;
+    for (int j = 0; j < n; ++j) c.adv[j] = a, c.rej[j] = static_cast<std::uint8_t>(c.rej[j] | bad);
+  } else {
+    fill(c.adv, in.adv, p.has_adv);
+  }
+  fill(c.ent, in.entropy, p.has_entropy);
+  fill(c.v, in.values, p.use_value);
+  fill(c.ret, in.returns, p.use_value);
+  fill(c.v_old, in.old_values, p.use_value && in.old_values.size() != 0);
+  if (p.distill_coef != 0.0) {
+    for (int j = 0; j < n; ++j) c.tmp[j] = T(0);
+    RLPT_OBJECTIVE_ROLLED // unrolled on the device, the teachers' loads and weights took ~20 registers
+    for (int k = 0; k < p.teachers; ++k) {
+      const T* tk = in.teacher_logp.data() + k * in.teacher_logp.row_stride() + i0;
+      const T wk = T(p.teacher_w[k]);
+      for (int j = 0; j < n; ++j) {
+        c.tmp[j] += wk * tk[j];
+        c.rej[j] = static_cast<std::uint8_t>(c.rej[j] | static_cast<std::uint8_t>(!finite_r(tk[j])));
       }
-      const T student = p.student == student_logp::behaviour ? t.behav
-                        : p.student == student_logp::proximal ? t.old
-                                                              : t.lp;
-      t.adv += T(p.distill_coef) * (teacher - student);
     }
-    if (!ok) {
-      bad = true;
-      if (p.nonfinite == nonfinite_policy::skip) t = token_inputs<T>{};
+    const T* student = p.student == student_logp::behaviour ? c.behav : p.student == student_logp::proximal ? c.old : c.lp;
+    const T coef = T(p.distill_coef);
+    for (int j = 0; j < n; ++j) c.adv[j] += coef * (c.tmp[j] - student[j]);
+  }
+  for (int j = 0; j < n; ++j) c.rej[j] = static_cast<std::uint8_t>(c.rej[j] & c.valid[j]);
+  const int bad = count(c.rej, n);
+  if (bad != 0 && p.nonfinite == nonfinite::mask)
+    for (int j = 0; j < n; ++j) c.valid[j] = static_cast<std::uint8_t>(c.valid[j] & (c.rej[j] ^ 1));
+  return bad;
+}
+
+//! Importance weights, rejection and which tokens stay in the loss.
+template <class T, int N>
+RLPT_HD_FORCEINLINE void correction_chunk(const objective_plan& p, const token_consts<T>& k, int n,
+                                          token_chunk<T, N>& c) {
+  if (!p.use_is && !p.use_rs) {
+    for (int j = 0; j < n; ++j) {
+      c.w[j] = T(1);
+      c.keep[j] = 1;
+      c.inl[j] = c.valid[j];
+      c.rej[j] = 0;
     }
-    return t;
+    return;
+  }
+  const T cl = T(p.corr.log_ratio_clamp);
+  const T* num = p.corr.numerator == ratio_numerator::proximal ? c.old : c.lp;
+  for (int j = 0; j < n; ++j) c.tmp[j] = clamp_r(num[j] - c.behav[j], -cl, cl); // clamped log rho
+  if (p.use_rs && !p.rs_seq) {
+    const T lo = T(p.corr.reject.lo), hi = T(p.corr.reject.hi), llo = T(p.rs_log_lo), lhi = T(p.rs_log_hi);
+    auto loop = [&](auto stat) {
+      constexpr rs_stat st = decltype(stat)::value;
+      for (int j = 0; j < n; ++j) c.keep[j] = rs_keep(st, rs_token_stat(st, c.tmp[j]), lo, hi, llo, lhi) ? 1 : 0;
+    };
+    switch (p.corr.reject.stat) {
+    case rs_stat::ratio: loop(std::integral_constant<rs_stat, rs_stat::ratio>{}); break;
+    case rs_stat::k1: loop(std::integral_constant<rs_stat, rs_stat::k1>{}); break;
+    case rs_stat::k2: loop(std::integral_constant<rs_stat, rs_stat::k2>{}); break;
+    case rs_stat::k3: loop(std::integral_constant<rs_stat, rs_stat::k3>{}); break;
+    case rs_stat::none: break;
+    }
+  } else {
+    for (int j = 0; j < n; ++j) c.keep[j] = 1;
+  }
+  if (!k.seq_keep)
+    for (int j = 0; j < n; ++j) c.keep[j] = 0;
+  if (p.use_is && !p.is_seq) {
+    const is_bound bd = p.corr.weight.bound;
+    const T lo = T(p.corr.weight.lo), hi = T(p.corr.weight.hi);
+    for (int j = 0; j < n; ++j) c.w[j] = bound_weight(bd, exp_r(c.tmp[j]), lo, hi);
+  } else {
+    const T w = k.w_seq;
+    for (int j = 0; j < n; ++j) c.w[j] = w;
+  }
+  const bool removes = p.removes;
+  for (int j = 0; j < n; ++j) {
+    const bool keep = c.keep[j] != 0;
+    const bool valid = c.valid[j] != 0;
+    c.w[j] = sel((!keep) & (!removes), T(0), c.w[j]);
+    c.inl[j] = (valid & (keep | (!removes))) ? 1 : 0;
+    c.rej[j] = (valid & ((!keep) | (c.w[j] == T(0)))) ? 1 : 0;
+  }
+}
+
+//! The chunk's share of the row statistics, after load and correction (seq_keep set).
+template <class T, int N>
+RLPT_HD_FORCEINLINE void stats_chunk(const objective_plan& p, int n, token_chunk<T, N>& c, row_stats& st) {
+  st.len += static_cast<double>(count(c.valid, n));
+  for (int j = 0; j < n; ++j) c.rej[j] = static_cast<std::uint8_t>(c.valid[j] & c.keep[j]);
+  st.len_keep += static_cast<double>(count(c.rej, n));
+  if (p.use_rs && p.rs_seq) {
+    const rs_stat stat = p.corr.reject.stat;
+    for (int j = 0; j < n; ++j) c.pv[j] = rs_token_stat(stat, c.tmp[j]);
+    for (int j = 0; j < n; ++j) c.pg[j] = sel(c.valid[j] != 0, c.pv[j], T(0));
+    st.rs_sum += lane_sum(c.pg, n);
+    const double m = lane_max(c.pv, c.valid, n);
+    st.rs_max = m > st.rs_max ? m : st.rs_max;
+  }
+  if (p.use_is && p.is_seq) {
+    const T* num = p.corr.numerator == ratio_numerator::proximal ? c.old : c.lp;
+    for (int j = 0; j < n; ++j) {
+      const T lr = num[j] - c.behav[j];
+      c.pg[j] = sel(c.valid[j] != 0, lr, T(0));
+    }
+    st.sum_lr += lane_sum(c.pg, n);
+  }
+  if (p.policy == policy_kind::gspo) {
+    for (int j = 0; j < n; ++j) {
+      const T x = c.lp[j] - c.old[j];
+      c.pg[j] = sel(c.inl[j] != 0, x, T(0));
+    }
+    st.sum_x += lane_sum(c.pg, n);
+  }
+  if (p.policy == policy_kind::gmpo) {
+    const gmpo o = p.gm;
+    for (int j = 0; j < n; ++j) {
+      T xs, dxs;
+      std::uint32_t f;
+      gmpo_token(o, c.lp[j] - c.old[j], c.adv[j], xs, dxs, f);
+      c.pv[j] = sel(c.inl[j] != 0, xs, T(0));
+      c.pg[j] = sel(c.inl[j] != 0, c.adv[j], T(0));
+    }
+    st.sum_xs += lane_sum(c.pv, n);
+    st.sum_adv += lane_sum(c.pg, n);
+    if (p.use_is && !p.is_seq)
+      for (int j = 0; j < n; ++j) // log has no vectorised form here; GMPO with token weights is rare
+        if (c.inl[j]) st.sum_logw += static_cast<double>(log_r(c.w[j] + T(1e-10)));
+  }
+}
+
+//! The policy term of each token: value pv and gradient pg (before weights and alpha).
+template <class T, int N>
+RLPT_HD_FORCEINLINE void policy_chunk(const objective_plan& p, const token_consts<T>& k, int n,
+                                      token_chunk<T, N>& c) {
+  for (int j = 0; j < n; ++j) c.tmp[j] = c.lp[j] - c.old[j]; // x
+  // Options copied into locals: the compiler then knows the chunk stores cannot change them
+  // and hoists every conversion out of the loops.
+  switch (p.policy) {
+  case policy_kind::ppo_clip: {
+    const ppo_clip o = p.ppo;
+    for (int j = 0; j < n; ++j) {
+      const policy_token<T> q = ppo_token(o, c.tmp[j], c.adv[j]);
+      c.pv[j] = q.value, c.pg[j] = q.grad;
+      c.flags[j] = q.flags;
+    }
+    break;
+  }
+  case policy_kind::gspo: {
+    const gspo o = p.gs;
+    const T s = k.s_gspo;
+    for (int j = 0; j < n; ++j) {
+      const policy_token<T> q = gspo_token(o, s, c.adv[j]);
+      c.pv[j] = q.value, c.pg[j] = q.grad; // sequence form: d value / d s_i, chained by gspo_pass
+      c.flags[j] = q.flags;
+    }
+    break;
+  }
+  case policy_kind::gmpo: {
+    // The row carries GMPO's value (row_sums); each token gets its share of the gradient.
+    const T coef = k.gmpo_coef;
+    const gmpo o = p.gm;
+    const std::uint32_t cl = k.gmpo_flags;
+    for (int j = 0; j < n; ++j) {
+      T xs, dxs;
+      std::uint32_t f;
+      gmpo_token(o, c.tmp[j], c.adv[j], xs, dxs, f);
+      c.pv[j] = T(0), c.pg[j] = coef * dxs;
+      c.flags[j] = f | cl;
+    }
+    break;
+  }
+  case policy_kind::cispo: {
+    const cispo o = p.ci;
+    for (int j = 0; j < n; ++j) {
+      const policy_token<T> q = cispo_token(o, c.tmp[j], c.lp[j], c.adv[j]);
+      c.pv[j] = q.value, c.pg[j] = q.grad;
+      c.flags[j] = q.flags;
+    }
+    break;
+  }
+  case policy_kind::sapo: {
+    const sapo o = p.sa;
+    for (int j = 0; j < n; ++j) {
+      const policy_token<T> q = sapo_token(o, c.tmp[j], c.adv[j]);
+      c.pv[j] = q.value, c.pg[j] = q.grad;
+      c.flags[j] = q.flags;
+    }
+    break;
+  }
+  case policy_kind::policy_gradient:
+    for (int j = 0; j < n; ++j) {
+      const policy_token<T> q = pg_token(c.lp[j], c.adv[j]);
+      c.pv[j] = q.value, c.pg[j] = q.grad;
+      c.flags[j] = 0;
+    }
+    break;
+  case policy_kind::none:
+    for (int j = 0; j < n; ++j) {
+      c.pv[j] = T(0), c.pg[j] = T(0);
+      c.flags[j] = 0;
+    }
+    break;
+  }
+}
+
+//! The KL term of each token: the estimator, then the gradient mode, then the importance
+//! correction, each its own loop (4 + 2 + 1 instantiations, not 24 fused ones).
+template <class T, int N>
+RLPT_HD_FORCEINLINE void kl_chunk(const objective_plan& p, int n, token_chunk<T, N>& c) {
+  if (!p.use_kl) return;
+  if (!p.has_old)
+    for (int j = 0; j < n; ++j) c.tmp[j] = T(0); // x = logp - old is 0 without old_logp
+  const kl_penalty k = p.kl; // a local: see policy_chunk
+  auto estimate = [&](auto e) {
+    for (int j = 0; j < n; ++j) {
+      const kl_token<T> q = kl_estimate<decltype(e)::value>(k, c.lp[j] - c.ref[j]);
+      c.kv[j] = q.value, c.kg[j] = q.grad;
+    }
+  };
+  switch (k.estimator) {
+  case kl_estimator::k1: estimate(std::integral_constant<kl_estimator, kl_estimator::k1>{}); break;
+  case kl_estimator::abs: estimate(std::integral_constant<kl_estimator, kl_estimator::abs>{}); break;
+  case kl_estimator::k2: estimate(std::integral_constant<kl_estimator, kl_estimator::k2>{}); break;
+  case kl_estimator::k3: estimate(std::integral_constant<kl_estimator, kl_estimator::k3>{}); break;
+  }
+  if (k.gradient == kl_gradient::straight_through)
+    for (int j = 0; j < n; ++j) c.kg[j] = kl_regrad<kl_gradient::straight_through>(k, c.lp[j] - c.ref[j], c.tmp[j]);
+  else if (k.gradient == kl_gradient::k2_importance)
+    for (int j = 0; j < n; ++j) c.kg[j] = kl_regrad<kl_gradient::k2_importance>(k, c.lp[j] - c.ref[j], c.tmp[j]);
+  if (k.importance_corrected)
+    for (int j = 0; j < n; ++j) {
+      const kl_token<T> q = kl_importance(kl_token<T>{c.kv[j], c.kg[j]}, c.tmp[j]);
+      c.kv[j] = q.value, c.kg[j] = q.grad;
+    }
+}
+
+//! How the terms combine: the value term, the gradients of tokens [i0, i0 + n) (every slot
+//! written; tokens outside the loss get 0) and the chunk's sums added to `a`:
+//!   d loss / d logp = a_policy * w * pg + kl.coef * a_kl * kg   (GMPO: w is in its pg;
+//!                                                                GSPO sequence form: gspo_pass)
+//!   d loss / d H    = -entropy.coef * a_entropy
+//!   d loss / d v    = value.coef * a_value * vg
+template <class T, memory_space M, int N, class V, class Count>
+RLPT_HD_FORCEINLINE void combine_chunk(const objective_plan& p, const token_consts<T>& k, index_t i0, int n,
+                                       token_chunk<T, N>& c, const basic_objective_grads<T, M>& gr,
+                                       token_acc<V, Count>& a) {
+  const T ak = k.a_kl;
+  const bool kl = p.use_kl;
+  const bool seq_gspo = p.gspo_sequence;
+  if (gr.logp.size() != 0) {
+    T* g = gr.logp.data() + i0;
+    const T pf = seq_gspo ? T(0) : k.a_policy;
+    const bool folded = p.policy == policy_kind::gmpo; // GMPO's weight is folded into its row coefficient
+    if (kl) {
+      for (int j = 0; j < n; ++j) {
+        const T v = pf * sel(folded, T(1), c.w[j]) * c.pg[j] + ak * c.kg[j];
+        g[j] = sel(c.inl[j] != 0, v, T(0));
+      }
+    } else {
+      for (int j = 0; j < n; ++j) {
+        const T v = pf * sel(folded, T(1), c.w[j]) * c.pg[j];
+        g[j] = sel(c.inl[j] != 0, v, T(0));
+      }
+    }
+  }
+  if (gr.entropy.size() != 0) {
+    const T ge = k.g_entropy;
+    T* g = gr.entropy.data() + i0;
+    for (int j = 0; j < n; ++j) g[j] = sel(c.inl[j] != 0, ge, T(0));
+  }
+  if (p.use_value) {
+    const value_loss o = p.value;
+    for (int j = 0; j < n; ++j) {
+      const value_token<T> q = value_term(o, c.v[j], c.v_old[j], c.ret[j]);
+      c.vv[j] = q.value, c.vg[j] = q.grad, c.vclip[j] = static_cast<std::uint8_t>(q.clipped);
+    }
+  }
+  if (gr.values.size() != 0) {
+    const T av = k.a_value;
+    const bool on = p.use_value;
+    T* g = gr.values.data() + i0;
+    for (int j = 0; j < n; ++j) {
+      const T v = av * c.vg[j];
+      g[j] = sel((c.inl[j] != 0) & on, v, T(0));
+    }
+  }
+  // Term sums over the tokens in the loss.
+  for (int j = 0; j < n; ++j) {
+    const T v = c.w[j] * c.pv[j];
+    c.tmp[j] = sel(c.inl[j] != 0, v, T(0));
+  }
+  a.policy += static_cast<V>(lane_sum(c.tmp, n));
+  if (seq_gspo) {
+    for (int j = 0; j < n; ++j) {
+      const T v = c.w[j] * c.pg[j];
+      c.tmp[j] = sel(c.inl[j] != 0, v, T(0));
+    }
+    a.dcoef += static_cast<V>(lane_sum(c.tmp, n));
+  }
+  if (kl) {
+    for (int j = 0; j < n; ++j) c.tmp[j] = sel(c.inl[j] != 0, c.kv[j], T(0));
+    a.kl += static_cast<V>(lane_sum(c.tmp, n));
+  }
+  if (p.has_entropy) {
+    for (int j = 0; j < n; ++j) c.tmp[j] = sel(c.inl[j] != 0, c.ent[j], T(0));
+    a.entropy += static_cast<V>(lane_sum(c.tmp, n));
+  }
+  if (p.use_value) {
+    for (int j = 0; j < n; ++j) c.tmp[j] = sel(c.inl[j] != 0, c.vv[j], T(0));
+    a.value += static_cast<V>(lane_sum(c.tmp, n));
+    for (int j = 0; j < n; ++j) c.vclip[j] = c.inl[j] & c.vclip[j];
+    a.vclip += static_cast<Count>(count(c.vclip, n));
+  }
+  if (p.has_old) {
+    for (int j = 0; j < n; ++j) {
+      const T v = c.old[j] - c.lp[j];
+      c.tmp[j] = sel(c.inl[j] != 0, v, T(0));
+    }
+    a.approx_kl += static_cast<V>(lane_sum(c.tmp, n));
+  }
+  std::int32_t low = 0, high = 0, dual = 0, clamped = 0;
+  for (int j = 0; j < n; ++j) {
+    const std::uint32_t f = c.flags[j] & (0u - static_cast<std::uint32_t>(c.inl[j]));
+    low += static_cast<std::int32_t>(f & flag_low);
+    high += static_cast<std::int32_t>((f & flag_high) >> 1);
+    dual += static_cast<std::int32_t>((f & flag_dual) >> 2);
+    clamped += static_cast<std::int32_t>((f & flag_clamped) >> 3);
+  }
+  a.low += static_cast<Count>(low);
+  a.high += static_cast<Count>(high);
+  a.dual += static_cast<Count>(dual);
+  a.clamped += static_cast<Count>(clamped);
+  const std::int32_t valid = count(c.valid, n);
+  a.valid += static_cast<Count>(valid);
+  a.in_loss += static_cast<Count>(count(c.inl, n));
+  a.rejected += static_cast<Count>(count(c.rej, n));
+  if (p.use_is) {
+    for (int j = 0; j < n; ++j) c.tmp[j] = sel(c.valid[j] != 0, c.w[j], T(0));
+    a.w_sum += static_cast<V>(lane_sum(c.tmp, n));
+    const V hi = static_cast<V>(lane_max(c.w, c.valid, n));
+    a.w_max = hi > a.w_max ? hi : a.w_max;
+    for (int j = 0; j < n; ++j) c.tmp[j] = -c.w[j];
+    const V lo = -static_cast<V>(lane_max(c.tmp, c.valid, n));
+    a.w_min = lo < a.w_min ? lo : a.w_min;
+  } else if (valid > 0) {
+    a.w_sum += static_cast<V>(valid);
+    a.w_min = a.w_min < V(1) ? a.w_min : V(1);
+    a.w_max = a.w_max > V(1) ? a.w_max : V(1);
+  }
+}
+
+//! GSPO sequence form: adds the row's coupling `scale` to the gradient of every in-loss token
+//! of the chunk (after load and correction).
+template <class T, int N>
+RLPT_HD_FORCEINLINE void gspo_chunk(T scale, index_t i0, int n, const token_chunk<T, N>& c, T* grad) {
+  T* g = grad + i0;
+  for (int j = 0; j < n; ++j) g[j] += sel(c.inl[j] != 0, scale, T(0));
+}
+
+// ---- composition ---------------------------------------------------------------------------
+
+//! The stages called directly (inlined): the device's stage set.
+struct inline_stages {
+  template <class T, memory_space M, int N>
+  RLPT_HD_FORCEINLINE static int load(const objective_plan& p, const basic_objective_inputs<T, M>& in, index_t b,
+                                      index_t i0, int n, token_chunk<T, N>& c) {
+    return load_chunk(p, in, b, i0, n, c);
+  }
+  template <class T, int N>
+  RLPT_HD_FORCEINLINE static void correction(const objective_plan& p, const token_consts<T>& k, int n,
+                                             token_chunk<T, N>& c) {
+    correction_chunk(p, k, n, c);
+  }
+  template <class T, int N>
+  RLPT_HD_FORCEINLINE static row_stats stats(const objective_plan& p, int n, token_chunk<T, N>& c, row_stats st) {
+    stats_chunk(p, n, c, st);
+    return st;
+  }
+  template <class T, int N>
+  RLPT_HD_FORCEINLINE static void policy(const objective_plan& p, const token_consts<T>& k, int n,
+                                         token_chunk<T, N>& c) {
+    policy_chunk(p, k, n, c);
+  }
+  template <class T, int N>
+  RLPT_HD_FORCEINLINE static void kl(const objective_plan& p, int n, token_chunk<T, N>& c) {
+    kl_chunk(p, n, c);
+  }
+  template <class T, memory_space M, int N, class V, class Count>
+  RLPT_HD_FORCEINLINE static token_acc<V, Count> combine(const objective_plan& p, const token_consts<T>& k,
+                                                         index_t i0, int n, token_chunk<T, N>& c,
+                                                         const basic_objective_grads<T, M>& gr, token_acc<V, Count> a) {
+    combine_chunk(p, k, i0, n, c, gr, a);
+    return a;
   }
 };
 
-RLPT_HD objective_result finish_result(const objective_plan& p, const objective_sums& s) {
-  objective_result r;
-  r.policy_loss = s.policy;
-  r.kl_loss = s.kl;
-  r.entropy_loss = p.use_entropy ? s.entropy : 0.0;
-  r.value_loss = s.value;
-  r.loss = s.policy + static_cast<double>(p.kl.coef) * s.kl - static_cast<double>(p.entropy_coef) * r.entropy_loss +
-           static_cast<double>(p.value.coef) * s.value;
-  r.tokens = s.valid;
-  r.loss_tokens = s.in_loss;
-  r.seqs = s.seqs;
-  const double nl = s.in_loss > 0.0 ? s.in_loss : 1.0;
-  r.clip_frac_low = s.clip_low / nl;
-  r.clip_frac_high = s.clip_high / nl;
-  r.clip_frac_dual = s.clip_dual / nl;
-  r.clamped_frac = s.clamped / nl;
-  r.approx_kl = p.has_old ? s.approx_kl / nl : 0.0;
-  r.kl_mean = s.kl_value / nl;
-  if (s.valid > 0.0) {
-    r.is_weight_min = s.w_min;
-    r.is_weight_max = s.w_max;
-    r.is_weight_mean = s.w_sum / s.valid;
-    r.rejected_frac = s.rejected / s.valid;
-  }
-  r.entropy_mean = s.entropy_value / nl;
-  r.value_clip_frac = s.value_clipped / nl;
-  r.nonfinite_tokens = s.nonfinite;
-  return r;
+// The drivers are host+device templates whose stage set S decides where they run: nvcc must not
+// check the host stage sets' calls for the device (CCCL's exec-check-disable).
+#if defined(__CUDACC__) && !defined(__clang__)
+#define RLPT_OBJECTIVE_DRIVER _Pragma("nv_exec_check_disable")
+#else
+#define RLPT_OBJECTIVE_DRIVER
+#endif
+
+//! Row-statistics pass over tokens [i0, i0 + n) of row b: adds them to `st`.
+RLPT_OBJECTIVE_DRIVER
+template <class S, class T, memory_space M, int N>
+RLPT_HD_FORCEINLINE row_stats row_stats_pass(const objective_plan& p, const basic_objective_inputs<T, M>& in,
+                                             index_t b, index_t i0, int n, token_chunk<T, N>& c, row_stats st) {
+  S::load(p, in, b, i0, n, c);
+  S::correction(p, token_consts<T>{}, n, c); // seq_keep = true: sequence-level rejection is decided from these sums
+  return S::stats(p, n, c, st);
 }
+
+//! Token pass over tokens [i0, i0 + n) of row b: writes their gradients, adds to the row's sums.
+RLPT_OBJECTIVE_DRIVER
+template <class S, class T, memory_space M, int N, class V, class Count>
+RLPT_HD_FORCEINLINE token_acc<V, Count> token_pass(const objective_plan& p, const token_consts<T>& k,
+                                                   const basic_objective_inputs<T, M>& in,
+                                                   const basic_objective_grads<T, M>& gr, index_t b, index_t i0, int n,
+                                                   token_chunk<T, N>& c, token_acc<V, Count> a) {
+  a.nonfinite += static_cast<Count>(S::load(p, in, b, i0, n, c));
+  S::correction(p, k, n, c);
+  S::policy(p, k, n, c);
+  S::kl(p, n, c);
+  return S::combine(p, k, i0, n, c, gr, a);
+}
+
+//! GSPO sequence form: d loss / d logp_t = alpha * sum_t' w d value / d s * d s / d logp_t with
+//! d s / d logp_t = 1 / L, the same for every in-loss token of the row.
+RLPT_HD_FORCEINLINE double gspo_coupling(const row_consts& rc, double dcoef) {
+  const double len = rc.len_loss > 1.0 ? rc.len_loss : 1.0;
+  return rc.a_policy * dcoef / len;
+}
+
+//! Adds the GSPO coupling to the gradients of tokens [i0, i0 + n) of row b (a second pass:
+//! the coupling needs the whole row's dcoef).
+RLPT_OBJECTIVE_DRIVER
+template <class S, class T, memory_space M, int N>
+RLPT_HD_FORCEINLINE void gspo_pass(const objective_plan& p, const token_consts<T>& k,
+                                   const basic_objective_inputs<T, M>& in, const basic_objective_grads<T, M>& gr,
+                                   T scale, index_t b, index_t i0, int n, token_chunk<T, N>& c) {
+  S::load(p, in, b, i0, n, c);
+  S::correction(p, k, n, c);
+  gspo_chunk(scale, i0, n, c, gr.logp.data());
+}
+
+//! The sums of a row (the device: of one tile of a row, `head` being its first) from its token
+//! sums: terms weighted by the row's alphas, the row's own GMPO term once, metrics as counted.
+template <class V, class Count>
+RLPT_HD objective_sums row_sums(const objective_plan& p, const row_consts& rc, const token_acc<V, Count>& a, bool head) {
+  objective_sums s;
+  double pol = static_cast<double>(a.policy);
+  // GMPO's loss is one value per row: -mean(A) * exp(mean x*) * (geometric mean weight).
+  if (p.policy == policy_kind::gmpo) pol = head && rc.len_loss > 0.0 ? -rc.gmpo_adv * rc.gmpo_ratio * rc.gmpo_w : 0.0;
+  s.policy = rc.a_policy * pol;
+  s.kl = rc.a_kl * static_cast<double>(a.kl);
+  s.entropy = rc.a_entropy * static_cast<double>(a.entropy);
+  s.value = rc.a_value * static_cast<double>(a.value);
+  s.kl_value = static_cast<double>(a.kl);
+  s.entropy_value = static_cast<double>(a.entropy);
+  s.approx_kl = static_cast<double>(a.approx_kl);
+  s.valid = static_cast<double>(a.valid);
+  s.in_loss = static_cast<double>(a.in_loss);
+  s.seqs = a.valid > 0 ? 1.0 : 0.0;
+  s.loss_seqs = a.in_loss > 0 ? 1.0 : 0.0;
+  s.rows = head ? 1.0 : 0.0;
+  s.clip_low = static_cast<double>(a.low);
+  s.clip_high = static_cast<double>(a.high);
+  s.clip_dual = static_cast<double>(a.dual);
+  s.clamped = static_cast<double>(a.clamped);
+  s.rejected = static_cast<double>(a.rejected);
+  s.value_clipped = static_cast<double>(a.vclip);
+  s.nonfinite = static_cast<double>(a.nonfinite);
+  if (a.valid > 0) {
+    s.w_sum = static_cast<double>(a.w_sum);
+    s.w_min = static_cast<double>(a.w_min);
+    s.w_max = static_cast<double>(a.w_max);
+  }
+  return s;
+}
+
+#undef RLPT_OBJECTIVE_DRIVER
+#undef RLPT_OBJECTIVE_ROLLED
 
 } // namespace detail
 RLPT_NAMESPACE_END
