@@ -148,19 +148,22 @@ _saved = {}
 
 
 def patch():
-    """Opt-in: PolicyLoss and ValueLoss replace OpenRLHF's classes in openrlhf.models.loss,
-    openrlhf.models and the already-imported trainer modules. unpatch() restores them."""
+    """Opt-in: PolicyLoss and ValueLoss replace OpenRLHF's classes in every imported openrlhf module
+    that holds them (openrlhf.models.loss, openrlhf.models, the trainer modules): call it after
+    importing OpenRLHF's trainer. unpatch() restores them."""
     import sys
 
-    import openrlhf.models as om
-    import openrlhf.models.loss as ol
-
+    try:
+        import openrlhf.models.loss  # noqa: F401
+    except ImportError:  # openrlhf.models' __init__ needs peft etc.; patch what is loaded
+        pass
     if _saved:
         return
-    mods = [ol, om] + [m for n, m in list(sys.modules.items()) if n.startswith("openrlhf.trainer") and m]
-    for mod in mods:
+    for mod_name, mod in list(sys.modules.items()):
+        if not mod_name.startswith("openrlhf") or mod is None:
+            continue
         for name, cls in (("PolicyLoss", PolicyLoss), ("ValueLoss", ValueLoss)):
-            if hasattr(mod, name):
+            if isinstance(getattr(mod, name, None), type) and getattr(mod, name) is not cls:
                 _saved[(mod, name)] = getattr(mod, name)
                 setattr(mod, name, cls)
 

@@ -1,0 +1,159 @@
+# SPDX-License-Identifier: Apache-2.0
+"""rlpt.openrlhf against OpenRLHF 0.11.2's own classes and functions on the same inputs."""
+import pytest
+import torch
+
+pytest.importorskip("openrlhf")
+import importlib.util  # noqa: E402
+import pathlib  # noqa: E402
+import sys  # noqa: E402
+import types  # noqa: E402
+
+import rlpt.openrlhf as ro  # noqa: E402
+from conftest import close  # noqa: E402
+
+
+def _openrlhf_models(sub):
+    """openrlhf.models.<sub> without openrlhf/models/__init__.py (which imports peft, deepspeed
+    models, ... that these functions never use)."""
+    if "openrlhf.models" not in sys.modules:
+        root = pathlib.Path(importlib.util.find_spec("openrlhf").submodule_search_locations[0])
+        pkg = types.ModuleType("openrlhf.models")
+        pkg.__path__ = [str(root / "models")]
+        sys.modules["openrlhf.models"] = pkg
+    return importlib.import_module(f"openrlhf.models.{sub}")
+
+
+ol = _openrlhf_models("loss")
+ou = _openrlhf_models("utils")
+
+TOL = dict(rtol=2e-5, atol=2e-6)
+
+
+def inputs(seed, B=10, T=8):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    lengths[2] = 1
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    lp = torch.rand(B, T, generator=g) * -3
+    old = lp + 0.3 * torch.randn(B, T, generator=g)
+    rollout = old + 0.3 * torch.randn(B, T, generator=g)
+    adv = torch.randn(B, T, generator=g) * mask
+    return g, lp, old, rollout, adv, mask
+
+
+@pytest.mark.parametrize("kw", [
+    {}, {"clip_eps_high": 0.28}, {"dual_clip": 3.0}, {"token_level_loss": False},
+    {"policy_loss_type": "gspo"},
+    {"is_correction_level": "token", "is_correction_mode": "mask"},
+    {"is_correction_level": "token", "is_correction_mode": "clip"},
+    {"is_correction_level": "seq", "is_correction_mode": "mask"},
+])
+@pytest.mark.parametrize("batch", [{}, {"dp_size": 2, "batch_num_tokens": 97.0, "global_batch_size": 23.0}])
+def test_policy_loss_matches(kw, batch):
+    _, lp, old, rollout, adv, mask = inputs(3)
+    res = []
+    for cls in (ro.PolicyLoss, ol.PolicyLoss):
+        x = lp.clone().requires_grad_()
+        out = cls(**kw)(x, old, adv, mask, rollout_log_probs=rollout, **batch)
+        (g,) = torch.autograd.grad(out[0], x)
+        res.append((out, g))
+    (o1, g1), (o2, g2) = res
+    close(o1[0], o2[0], what="loss", **TOL)
+    close(g1, g2, what="grad", rtol=2e-5, atol=1e-7)
+    close(o1[2], o2[2], what="ppo_kl", **TOL)
+    if kw.get("policy_loss_type") != "gspo":
+        close(o1[1], o2[1], what="clip_ratio", **TOL)
+    if o2[3] is not None:
+        close(o1[3], o2[3], what="vllm_kl", **TOL)
+
+
+@pytest.mark.parametrize("clip_eps", [None, 0.2])
+@pytest.mark.parametrize("token_level", [True, False])
+def test_value_loss_matches(clip_eps, token_level):
+    g, _, _, _, _, mask = inputs(4)
+    v = torch.randn(mask.shape, generator=g)
+    old = v + 0.4 * torch.randn(mask.shape, generator=g)
+    ret = torch.randn(mask.shape, generator=g)
+    res = []
+    for cls in (ro.ValueLoss, ol.ValueLoss):
+        x = v.clone().requires_grad_()
+        loss = cls(clip_eps=clip_eps, token_level_loss=token_level)(x, old, ret, mask)
+        res.append((loss, torch.autograd.grad(loss, x)[0]))
+    close(res[0][0], res[1][0], **TOL)
+    close(res[0][1], res[1][1], **TOL)
+
+
+@pytest.mark.parametrize("est", ["k1", "k2", "k3"])
+@pytest.mark.parametrize("unbiased", [False, True])
+def test_kl_loss_matches(est, unbiased):
+    _, lp, old, base, _, mask = inputs(5)
+    x1, x2 = lp.clone().requires_grad_(), lp.clone().requires_grad_()
+    l1 = ro.kl_loss(x1, base, mask, est, unbiased, log_probs_old=old)
+    l2 = ol.aggregate_loss(ou.compute_approx_kl(x2, base, old, est, unbiased), mask)
+    close(l1, l2, **TOL)
+    close(torch.autograd.grad(l1, x1)[0], torch.autograd.grad(l2, x2)[0], rtol=2e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("estimator", ["rloo", "reinforce_baseline", "dr_grpo", "group_norm"])
+def test_reward_shaping_matches(estimator):
+    g = torch.Generator().manual_seed(6)
+    n = 4
+    r = torch.rand(6 * n, generator=g)
+    got = ro.shape_rewards(r, n, estimator)
+    x = r.reshape(-1, n)
+    if estimator == "rloo":
+        want = x - (x.sum(-1, keepdim=True) - x) / (n - 1)
+    elif estimator == "group_norm":
+        want = (x - x.mean(-1, keepdim=True)) / (x.std(-1, keepdim=True) + 1e-9)
+    else:
+        want = x - x.mean(-1, keepdim=True)
+    close(got, want.reshape(-1), **TOL)
+
+
+def gae_loop(values, rewards, mask, gamma, lambd):
+    """The experience maker's GAE as written in its docstring: masked values and rewards are 0."""
+    values, rewards = values * mask, rewards * mask
+    T = rewards.shape[1]
+    adv = torch.zeros_like(rewards)
+    last = torch.zeros(rewards.shape[0])
+    for t in reversed(range(T)):
+        nv = values[:, t + 1] if t + 1 < T else 0.0
+        last = rewards[:, t] + gamma * nv - values[:, t] + gamma * lambd * last
+        adv[:, t] = last
+    return adv, adv + values
+
+
+def test_gae_and_returns_match_experience_maker():
+    g, _, _, _, _, mask = inputs(7)
+    mask[1, 3] = False  # a hole inside a response
+    rewards = torch.randn(mask.shape, generator=g)
+    values = torch.randn(mask.shape, generator=g)
+    try:
+        from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker as M
+
+        a2, r2 = M.get_advantages_and_returns(None, values, rewards, mask, 0.99, 0.95)
+        c2 = M.get_cumulative_returns(None, rewards, mask, 0.99)
+    except ImportError:  # the experience maker needs ray / vllm: the same recurrences written out
+        a2, r2 = gae_loop(values, rewards, mask, 0.99, 0.95)
+        c2, _ = gae_loop(torch.zeros_like(values), rewards, mask, 0.99, 1.0)
+    a1, r1 = ro.get_advantages_and_returns(values, rewards, mask, 0.99, 0.95)
+    close(a1 * mask, a2 * mask, **TOL)
+    close(r1 * mask, r2 * mask, **TOL)
+    c1 = ro.get_cumulative_returns(rewards, mask, 0.99)
+    close(c1 * mask, c2 * mask, **TOL)
+
+
+def test_unsupported_gating_raises():
+    with pytest.raises(ro.rlpt.Error) as e:
+        ro.PolicyLoss(is_correction_level="token", is_correction_gating="tv", is_correction_threshold=(0.0, 0.1))
+    assert e.value.id == "rlpt.objective.compat"
+
+
+def test_patch_swaps_the_classes():
+    ro.patch()
+    try:
+        assert ol.PolicyLoss is ro.PolicyLoss and ol.ValueLoss is ro.ValueLoss
+    finally:
+        ro.unpatch()
+    assert ol.PolicyLoss is not ro.PolicyLoss
