@@ -80,13 +80,14 @@ def block_markdown(block: dict) -> str:
     return "\n".join(out)
 
 
-def update(docs: Path, results: dict, blocks: list[str]) -> list[str]:
-    """Replaces the marked region of every block in `blocks` that has results; returns them."""
+def update(docs: Path, results: dict, blocks: list[str], allow_unrecorded: bool = False) -> list[str]:
+    """Replaces the marked region of every block in `blocks` that has recorded results (written
+    by an idle, complete run; --dump output is not) and returns them."""
     text = docs.read_text()
     changed = []
     for name in blocks:
         block = results.get("blocks", {}).get(name)
-        if block is None or block.get("check_only"):
+        if block is None or block.get("check_only") or not (block.get("recorded") or allow_unrecorded):
             continue
         pattern = re.compile(re.escape(begin(name)) + r".*?" + re.escape(end(name)), re.S)
         if not pattern.search(text):

@@ -93,7 +93,8 @@ def report(ctx, results: list[dict]) -> dict:
             counted += 1
             passed += x >= 20
             worst = x if worst is None else min(worst, x)
-    table = {"title": "Loss + backward, 1024 x 1024 padded float32 tokens (lengths uniform in [256, 1024])",
+    shape = results[0]["labels"]["tokens"] if results else ""
+    table = {"title": f"Loss + backward, {shape} padded float32 tokens (lengths uniform in [T/4, T])",
              "columns": ["configuration", "tokens", "rlpt CPU s/call", "verl CPU s/call", "verl/rlpt (> 1: rlpt faster)",
                          "rlpt GB per CPU s", "loss rel. diff", "grad max diff / max |grad|"],
              "rows": rows,
