@@ -23,11 +23,13 @@ def make_model():
     return torch.nn.Sequential(torch.nn.Embedding(16, 8), torch.nn.Linear(8, 16))
 
 
-def worker(address, requests):
+def worker(address, last_version=None, seconds=120.0):
+    """Serves until `last_version` is loaded (or `seconds` pass)."""
     model = make_model().eval()
     rx = rlpt.sync.Receiver("shm", address, timeout=30.0)
     served = 0
-    while served < requests:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and (last_version is None or rx.version != last_version):
         u = rx.poll(wait=0.0)  # does not block between updates
         if u["state"] == "published":
             rx.load_into(model)
@@ -63,10 +65,11 @@ if __name__ == "__main__":
     a = ap.parse_args()
     if a.demo:
         t = subprocess.Popen([sys.executable, __file__, "--role", "trainer", "--address", a.address])
-        v = worker(a.address, requests=300)
+        v = worker(a.address, last_version=3)
         t.wait()
         print(f"worker: finished on version {v}")
+        sys.exit(0 if v == 3 and t.returncode == 0 else 1)
     elif a.role == "trainer":
         trainer(a.address, 3)
     else:
-        worker(a.address, requests=1000)
+        worker(a.address)

@@ -66,7 +66,7 @@ at::ScalarType torch_of(wire_dtype t) {
   raise(ids::dtype, fmt::format("weight sync: wire type {} has no torch dtype", name(t)));
 }
 
-std::unique_ptr<link> make_link(const std::string& transport, const std::string& address, bool listen, role r,
+std::unique_ptr<rlpt::sync::link> make_link(const std::string& transport, const std::string& address, bool listen, role r,
                                 std::uint64_t slot_bytes, std::uint32_t slots) {
   if (transport == "shm") {
     shm_options o;
@@ -160,7 +160,7 @@ public:
 
 private:
   std::vector<at::Tensor> tensors_;
-  std::unique_ptr<link> link_;
+  std::unique_ptr<rlpt::sync::link> link_;
   std::unique_ptr<sender> sender_;
 };
 
@@ -228,7 +228,7 @@ public:
 
 private:
   py::object on_tensor_;
-  std::unique_ptr<link> link_;
+  std::unique_ptr<rlpt::sync::link> link_;
   std::unique_ptr<receiver> receiver_;
 };
 

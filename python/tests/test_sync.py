@@ -120,3 +120,11 @@ def test_receiver_callback_and_errors():
     with pytest.raises(rlpt.Error) as e:
         rlpt.sync.Receiver("carrier-pigeon", "x")
     assert e.value.id == "rlpt.python.bad_option"
+
+
+def test_inference_worker_example():
+    example = os.path.join(HERE, "..", "examples", "inference_worker.py")
+    r = subprocess.run([sys.executable, example, "--demo", "--address", f"rlpt-ex-{uuid.uuid4().hex[:12]}"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "worker: finished on version 3" in r.stdout
