@@ -82,7 +82,8 @@ void BM_pack(benchmark::State& state) {
   std::vector<rlpt::trajectory> recs;
   for (std::size_t i = 0; i < len.size(); ++i) recs.push_back(record(static_cast<std::int64_t>(i), 0, static_cast<std::size_t>(len[i])));
   const rlpt::rollout_batch batch = rlpt::rollout_batch::gather(recs, {});
-  const rlpt::microbatch_plan plan = rlpt::plan_microbatches(batch.lengths(), {.token_budget = 16384});
+  const std::vector<rlpt::index_t> lengths = batch.lengths();
+  const rlpt::microbatch_plan plan = rlpt::plan_microbatches(lengths, {.token_budget = 16384});
   for (auto _ : state)
     for (rlpt::index_t m = 0; m < plan.num_microbatches(); ++m) benchmark::DoNotOptimize(rlpt::pack(batch, plan.microbatch(m)));
   // Read and written per token: id 4 + mask 1 + logprob 4 + version 4, plus position, target and id written.

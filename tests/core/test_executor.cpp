@@ -7,7 +7,9 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <limits>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 TEST_CASE("parallel_for visits every index exactly once, on any pool size") {
@@ -65,4 +67,24 @@ TEST_CASE("many short loops back to back do not lose wake-ups" * doctest::timeou
     ex.parallel_for(8, 1, [&](rlpt::index_t, rlpt::index_t) { n.fetch_add(1); });
     REQUIRE(n.load() == 8);
   }
+}
+
+TEST_CASE("chunking never overflows: grains and counts near index_t's limit") {
+  constexpr rlpt::index_t big = std::numeric_limits<rlpt::index_t>::max();
+  const rlpt::host_executor ex;
+  // n + grain - 1 used to overflow for a huge grain (a layout of one very long row asks for it).
+  std::vector<std::pair<rlpt::index_t, rlpt::index_t>> seen;
+  ex.parallel_for(5, big, [&](rlpt::index_t b, rlpt::index_t e) { seen.emplace_back(b, e); });
+  CHECK(seen == std::vector<std::pair<rlpt::index_t, rlpt::index_t>>{{0, 5}});
+  seen.clear();
+  // The last chunk of a range ending at INT64_MAX: (c + 1) * grain used to overflow.
+  rlpt::index_t chunks = 0, last_end = 0;
+  ex.parallel_for(big, big / 2 + 1, [&](rlpt::index_t, rlpt::index_t e) {
+    ++chunks;
+    last_end = e;
+  });
+  CHECK(chunks == 2);
+  CHECK(last_end == big);
+  CHECK(ex.parallel_reduce(7, big, rlpt::index_t{0}, [](rlpt::index_t b, rlpt::index_t e) { return e - b; },
+                           [](rlpt::index_t& acc, rlpt::index_t part) { acc += part; }) == 7);
 }

@@ -6,7 +6,23 @@
 
 #include <algorithm>
 #include <map>
+#include <utility>
 #include <vector>
+
+namespace {
+// The views a groups object returns borrow its arrays: from a temporary groups they would
+// dangle (`for (auto i : groups::from_ids(ids).members(0))`), so that does not compile.
+template <class G>
+concept members_of = requires(G&& g) { std::forward<G>(g).members(0); };
+template <class G>
+concept offsets_of = requires(G&& g) { std::forward<G>(g).offsets(); };
+template <class G>
+concept group_of_view = requires(G&& g) { std::forward<G>(g).group_of(); };
+static_assert(!members_of<rlpt::groups>);
+static_assert(!offsets_of<rlpt::groups>);
+static_assert(!group_of_view<rlpt::groups>);
+static_assert(members_of<const rlpt::groups&> && offsets_of<rlpt::groups&> && group_of_view<const rlpt::groups&>);
+} // namespace
 
 TEST_CASE("groups from ids: any order, ragged, first-appearance numbering, ascending members") {
   std::vector<std::int64_t> ids{42, 7, 42, 9, 7, 42};
@@ -59,4 +75,16 @@ TEST_CASE("groups from offsets and uniform groups") {
   RLPT_CHECK_ERROR(rlpt::groups::from_offsets(empty_group), "rlpt.groups.bad_offsets", "group 1 is empty");
   std::vector<rlpt::index_t> bad_start{1, 2};
   RLPT_CHECK_ERROR(rlpt::groups::from_offsets(bad_start), "rlpt.groups.bad_offsets", "first 1");
+  std::vector<rlpt::index_t> reversed{0, 5, 3};
+  RLPT_CHECK_ERROR(rlpt::groups::from_offsets(reversed), "rlpt.groups.bad_offsets", "group 1 is empty or reversed",
+                   "offsets[1] = 5, offsets[2] = 3");
+}
+
+TEST_CASE("groups that would allocate beyond their limit are errors, not terabyte allocations") {
+  // Offsets and uniform sizes imply one entry per sequence; nothing bounds them but a limit.
+  std::vector<rlpt::index_t> huge{0, rlpt::index_t{1} << 40};
+  RLPT_CHECK_ERROR(rlpt::groups::from_offsets(huge), "rlpt.groups.bad_offsets", "1099511627776 sequences",
+                   std::to_string(rlpt::groups::max_items));
+  RLPT_CHECK_ERROR(rlpt::groups::uniform(rlpt::index_t{1} << 40, 1), "rlpt.groups.bad_size", "1099511627776 sequences");
+  CHECK(rlpt::groups::uniform(0, 3).num_groups() == 0);
 }

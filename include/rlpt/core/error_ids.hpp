@@ -93,9 +93,9 @@ inline constexpr error_id bad_threads{"rlpt.executor.bad_threads"};
 
 //! `rlpt.groups.*`
 namespace groups {
-//! group offsets do not start at 0, decrease, or do not end at the batch size
+//! group offsets do not start at 0, do not increase, or describe more sequences than groups hold
 inline constexpr error_id bad_offsets{"rlpt.groups.bad_offsets"};
-//! sequences cannot be split into groups of the given size
+//! sequences cannot be split into groups of the given size, or are more than groups describe
 inline constexpr error_id bad_size{"rlpt.groups.bad_size"};
 } // namespace groups
 
@@ -105,7 +105,7 @@ namespace layout {
 inline constexpr error_id bad_offsets{"rlpt.layout.bad_offsets"};
 //! a padded layout has a negative or overflowing extent
 inline constexpr error_id bad_shape{"rlpt.layout.bad_shape"};
-//! a padded layout row stride is smaller than its row length
+//! a padded layout row stride is negative (other than -1) or smaller than its row length
 inline constexpr error_id bad_stride{"rlpt.layout.bad_stride"};
 } // namespace layout
 
@@ -323,7 +323,7 @@ inline constexpr error_id wire{"rlpt.sync.wire"};
 
 //! `rlpt.view.*`
 namespace view {
-//! a 2-D view has a negative extent
+//! a view has a negative extent, or more elements than index_t counts
 inline constexpr error_id bad_shape{"rlpt.view.bad_shape"};
 //! a 2-D view row stride is smaller than its columns
 inline constexpr error_id bad_stride{"rlpt.view.bad_stride"};

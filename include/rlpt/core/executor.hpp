@@ -126,8 +126,11 @@ struct host_executor {
   void parallel_for(index_t n, index_t grain, F&& f) const {
     if (n <= 0) return;
     grain = std::max<index_t>(grain, 1);
-    const index_t chunks = (n + grain - 1) / grain;
-    auto body = [&](index_t c) { f(c * grain, std::min(n, (c + 1) * grain)); };
+    const index_t chunks = n / grain + (n % grain != 0 ? 1 : 0); // no n + grain - 1 to overflow
+    auto body = [&](index_t c) {
+      const index_t b = c * grain; // <= n
+      f(b, b + std::min(grain, n - b));
+    };
     if (pool == nullptr || chunks == 1) {
       for (index_t c = 0; c < chunks; ++c) body(c);
       return;
@@ -141,7 +144,7 @@ struct host_executor {
   [[nodiscard]] R parallel_reduce(index_t n, index_t grain, R init, Map&& map, Fold&& fold) const {
     if (n <= 0) return init;
     grain = std::max<index_t>(grain, 1);
-    const index_t chunks = (n + grain - 1) / grain;
+    const index_t chunks = n / grain + (n % grain != 0 ? 1 : 0);
     std::vector<R> parts(static_cast<std::size_t>(chunks));
     parallel_for(n, grain, [&](index_t b, index_t e) { parts[static_cast<std::size_t>(b / grain)] = map(b, e); });
     for (const R& p : parts) fold(init, p);

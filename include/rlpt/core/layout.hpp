@@ -7,9 +7,14 @@
 //! - packed: flat tokens with offsets (cu_seqlens, B + 1 entries, offsets[0] == 0).
 //! Every per-token array passed with a layout has `storage_size()` elements and shares the
 //! layout's indexing.
+//!
+//! A packed layout borrows its offsets: keep them alive as long as the layout. Passing a
+//! temporary container does not compile (see core/views.hpp); host offsets are validated, and
+//! every index a host layout computes (b * row_stride, B * T, offsets) fits index_t.
 #pragma once
 
 #include <rlpt/config.hpp>
+#include <rlpt/core/checked.hpp>
 #include <rlpt/core/error.hpp>
 #include <rlpt/core/views.hpp>
 
@@ -22,13 +27,21 @@ class basic_token_layout {
 public:
   constexpr basic_token_layout() noexcept = default;
 
-  //! [batch, seq_len] rows; row b starts at b * row_stride (default: seq_len).
+  //! [batch, seq_len] rows; row b starts at b * row_stride (-1, the default: seq_len).
+  //! batch * row_stride must fit index_t.
   static basic_token_layout padded(index_t batch, index_t seq_len, index_t row_stride = -1) {
-    if (row_stride < 0) row_stride = seq_len;
     RLPT_CHECK(batch >= 0 && seq_len >= 0, errors::layout::bad_shape,
                "padded layout [{}, {}] has a negative extent", batch, seq_len);
+    RLPT_CHECK(row_stride >= -1, errors::layout::bad_stride,
+               "padded layout row stride {} is negative (-1 means seq_len = {})", row_stride, seq_len);
+    if (row_stride == -1) row_stride = seq_len;
     RLPT_CHECK(row_stride >= seq_len, errors::layout::bad_stride,
                "padded layout row stride {} is smaller than seq_len {}", row_stride, seq_len);
+    index_t storage = 0;
+    RLPT_CHECK(!detail::mul_overflows(batch, row_stride, storage), errors::layout::bad_shape,
+               "padded layout [{}, {}] with row stride {} has more than {} token slots ({} * {} overflows a 64-bit "
+               "index)",
+               batch, seq_len, row_stride, detail::index_max, batch, row_stride);
     basic_token_layout l;
     l.kind_ = layout_kind::padded;
     l.num_seqs_ = batch;
@@ -39,6 +52,8 @@ public:
 
   //! Packed sequences given by offsets (cu_seqlens): sequence b is [offsets[b], offsets[b+1]).
   //! Host offsets are validated (start at 0, non-decreasing); device offsets are trusted.
+  //! The offsets are borrowed, not copied: they must outlive the layout (a temporary container
+  //! does not convert to the view).
   static basic_token_layout packed(view<const index_t, Space> offsets) {
     RLPT_CHECK(offsets.size() >= 1, errors::layout::bad_offsets,
                "packed layout needs B + 1 offsets (cu_seqlens), got an empty array");
@@ -47,14 +62,10 @@ public:
     l.num_seqs_ = offsets.size() - 1;
     l.offsets_ = offsets.data();
     if constexpr (Space == memory_space::host) {
-      RLPT_CHECK(offsets[0] == 0, errors::layout::bad_offsets, "packed offsets must start at 0, got {}", offsets[0]);
+      detail::check_offsets(errors::layout::bad_offsets, "packed offsets", "sequence", offsets);
       index_t longest = 0;
-      for (index_t b = 0; b < l.num_seqs_; ++b) {
-        RLPT_CHECK(offsets[b + 1] >= offsets[b], errors::layout::bad_offsets,
-                   "packed offsets decrease at sequence {}: offsets[{}] = {} > offsets[{}] = {}", b, b,
-                   offsets[b], b + 1, offsets[b + 1]);
+      for (index_t b = 0; b < l.num_seqs_; ++b)
         longest = offsets[b + 1] - offsets[b] > longest ? offsets[b + 1] - offsets[b] : longest;
-      }
       l.seq_len_ = longest;
       l.total_ = offsets[l.num_seqs_];
     }
@@ -65,6 +76,10 @@ public:
   static basic_token_layout packed(view<const index_t, Space> offsets, index_t total_tokens, index_t max_len)
     requires(Space == memory_space::device)
   {
+    RLPT_CHECK(total_tokens >= 0 && max_len >= 0 && max_len <= total_tokens, errors::layout::bad_offsets,
+               "packed device layout of {} sequences has total_tokens = {} and max_len = {}; both must be >= 0 and "
+               "max_len <= total_tokens",
+               offsets.size() - 1, total_tokens, max_len);
     basic_token_layout l = packed(offsets);
     l.total_ = total_tokens;
     l.seq_len_ = max_len;

@@ -5,12 +5,23 @@
 //! rlpt never owns the tensors it works on. A `view<T>` is a pointer and a length; a
 //! `view2d<T>` adds a row stride (elements; columns are contiguous). The memory-space tag
 //! makes passing device memory to a host function a compile-time error.
+//!
+//! Borrowing is explicit (as Eigen's `Map`): a view converts from a container the caller keeps
+//! (an lvalue vector, array, span) but not from a temporary one, which would be destroyed while
+//! the view still points into it:
+//!
+//!     std::vector<rlpt::index_t> cu{0, 3, 7};
+//!     auto ok = rlpt::token_layout::packed(cu);                                  // borrows cu
+//!     auto no = rlpt::token_layout::packed(std::vector<rlpt::index_t>{0, 3, 7}); // does not compile
+//!
+//! Temporaries that are themselves views (std::span, rlpt::view) are fine.
 #pragma once
 
 #include <rlpt/config.hpp>
 #include <rlpt/core/error.hpp>
 
 #include <cstddef>
+#include <limits>
 #include <span>
 #include <string_view>
 #include <type_traits>
@@ -18,6 +29,23 @@
 RLPT_NAMESPACE_BEGIN
 
 enum class memory_space : std::uint8_t { host, device };
+
+namespace detail {
+
+//! Whether a view may be made from an `R&&`: an lvalue the caller keeps, or a temporary that
+//! is itself a borrowed range (a span, a string_view). A temporary container is not.
+template <class R>
+inline constexpr bool may_borrow =
+    std::is_lvalue_reference_v<R> || std::ranges::enable_borrowed_range<std::remove_cvref_t<R>>;
+
+//! Raised by the view constructors on the host: a negative size, or a 2-D shape that is negative
+//! or has more elements than index_t counts, never makes a view. (Device code builds views from
+//! values the host validated.)
+[[noreturn]] inline void bad_view_size(index_t size);
+[[noreturn]] inline void bad_view2d_shape(index_t rows, index_t cols);
+[[noreturn]] inline void bad_subview(index_t offset, index_t count, index_t size);
+
+} // namespace detail
 
 //! Contiguous 1-D view.
 template <class T, memory_space Space = memory_space::host>
@@ -28,14 +56,26 @@ public:
   static constexpr memory_space space = Space;
 
   constexpr view() noexcept = default;
-  RLPT_HD constexpr view(T* data, index_t size) noexcept : data_(data), size_(size) {}
+  //! `size` elements at `data`. A negative size raises rlpt::error (rlpt.view.bad_shape) on the host.
+  RLPT_HD constexpr view(T* data, index_t size) : data_(data), size_(size) {
+#if !RLPT_DEVICE_PASS()
+    if (RLPT_UNLIKELY(size < 0)) detail::bad_view_size(size);
+#endif
+  }
 
-  //! Host views accept anything std::span accepts (vectors, arrays, spans).
+  //! Host views borrow anything std::span accepts (vectors, arrays, spans) that outlives them.
   template <class R>
-    requires(Space == memory_space::host && std::is_constructible_v<std::span<T>, R &&> &&
-             !std::is_same_v<std::remove_cvref_t<R>, view>)
+    requires(Space == memory_space::host && std::is_constructible_v<std::span<T>, R&> &&
+             !std::is_same_v<std::remove_cvref_t<R>, view> && detail::may_borrow<R>)
   constexpr view(R&& r) noexcept // NOLINT(google-explicit-constructor): views convert implicitly
-      : view(std::span<T>(std::forward<R>(r))) {}
+      : view(std::span<T>(r)) {}
+
+  //! A view of a temporary container would dangle as soon as the full expression ends: keep
+  //! the container in a variable (or pass a std::span of it to say the borrow is intended).
+  template <class R>
+    requires(Space == memory_space::host && std::is_constructible_v<std::span<T>, R&> &&
+             !std::is_same_v<std::remove_cvref_t<R>, view> && !detail::may_borrow<R>)
+  view(R&& r) = delete;
 
   template <std::size_t N>
     requires(Space == memory_space::host)
@@ -56,8 +96,8 @@ public:
 
   //! Elements [offset, offset + count); bounds are validated.
   [[nodiscard]] view subview(index_t offset, index_t count) const {
-    RLPT_CHECK(offset >= 0 && count >= 0 && offset + count <= size_, errors::view::out_of_range,
-               "subview [{}, {}) is outside a view of {} elements", offset, offset + count, size_);
+    if (RLPT_UNLIKELY(!(offset >= 0 && count >= 0 && offset <= size_ && count <= size_ - offset)))
+      detail::bad_subview(offset, count, size_);
     return {data_ + offset, count};
   }
 
@@ -85,16 +125,27 @@ public:
 
   constexpr view2d() noexcept = default;
 
-  //! Contiguous [rows, cols].
-  RLPT_HD constexpr view2d(T* data, index_t rows, index_t cols) noexcept
-      : data_(data), rows_(rows), cols_(cols), row_stride_(cols) {}
+  //! Contiguous [rows, cols]. On the host, a negative extent or a rows * cols beyond index_t
+  //! raises rlpt::error (rlpt.view.bad_shape).
+  RLPT_HD constexpr view2d(T* data, index_t rows, index_t cols)
+      : data_(data), rows_(rows), cols_(cols), row_stride_(cols) {
+#if !RLPT_DEVICE_PASS()
+    index_t elements = 0;
+    if (RLPT_UNLIKELY(rows < 0 || cols < 0 || __builtin_mul_overflow(rows, cols, &elements)))
+      detail::bad_view2d_shape(rows, cols);
+#endif
+  }
 
-  //! [rows, cols] whose row r starts at data + r * row_stride. Validated: row_stride >= cols.
+  //! [rows, cols] whose row r starts at data + r * row_stride. Validated: extents >= 0,
+  //! row_stride >= cols (unless there is at most one row), rows * row_stride within index_t.
   view2d(T* data, index_t rows, index_t cols, index_t row_stride)
       : data_(data), rows_(rows), cols_(cols), row_stride_(row_stride) {
     RLPT_CHECK(rows >= 0 && cols >= 0, errors::view::bad_shape, "view2d shape [{}, {}] is negative", rows, cols);
     RLPT_CHECK(row_stride >= cols || rows <= 1, errors::view::bad_stride,
                "view2d row stride {} is smaller than its {} columns: rows would overlap", row_stride, cols);
+    index_t span = 0;
+    RLPT_CHECK(!__builtin_mul_overflow(rows, row_stride, &span), errors::view::bad_shape,
+               "view2d of {} rows with row stride {} overflows a 64-bit index", rows, row_stride);
   }
 
   template <class U>
@@ -128,6 +179,21 @@ template <class T> using device_view2d = view2d<T, memory_space::device>;
 using mask_t = std::uint8_t;
 
 namespace detail {
+
+inline void bad_view_size(index_t size) { RLPT_FAIL(errors::view::bad_shape, "view size {} is negative", size); }
+
+inline void bad_subview(index_t offset, index_t count, index_t size) {
+  index_t end = 0;
+  if (__builtin_add_overflow(offset, count, &end))
+    RLPT_FAIL(errors::view::out_of_range, "subview of {} elements at offset {} is outside a view of {} elements", count,
+              offset, size);
+  RLPT_FAIL(errors::view::out_of_range, "subview [{}, {}) is outside a view of {} elements", offset, end, size);
+}
+
+inline void bad_view2d_shape(index_t rows, index_t cols) {
+  RLPT_FAIL(errors::view::bad_shape, "view2d shape [{}, {}] is negative or has more than {} elements", rows, cols,
+            std::numeric_limits<index_t>::max());
+}
 
 //! Validates that a view has exactly `expected` elements; `what` names the argument.
 inline void expect_size(std::string_view what, index_t got, index_t expected, std::string_view why = {}) {
