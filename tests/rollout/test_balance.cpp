@@ -5,6 +5,7 @@
 // above verl's on the same inputs.
 #include <rlpt/rollout/balance.hpp>
 #include <rlpt/rollout/compat.hpp>
+#include <rlpt/rollout/packing.hpp>
 
 #include "support/errors.hpp"
 #include "support/golden.hpp"
@@ -14,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <queue>
 #include <string>
@@ -124,7 +126,8 @@ TEST_CASE("fewer items than ranks leaves empty parts instead of failing") {
     check_partition(p, w, 4, true);
     CHECK(p.max_load() == 5.0);
   }
-  const partition none = partition_weights(std::vector<double>{}, 3);
+  const std::vector<double> nothing;
+  const partition none = partition_weights(nothing, 3);
   CHECK(none.num_parts() == 3);
   CHECK(none.max_load() == 0.0);
   CHECK(none.imbalance() == 1.0);
@@ -167,20 +170,24 @@ TEST_CASE("order_small_at_ends puts the cheap items first and last") {
   // ascending by cost: 1 3 5 4 2 0; evens 1 5 2, then odds reversed 0 4 3.
   CHECK(items == std::vector<index_t>{1, 5, 2, 0, 4, 3});
   std::vector<index_t> odd{0, 1, 2};
-  order_small_at_ends(odd, std::vector<double>{3, 2, 1});
+  const std::vector<double> odd_cost{3, 2, 1};
+  order_small_at_ends(odd, odd_cost);
   CHECK(odd == std::vector<index_t>{2, 0, 1});
 }
 
 TEST_CASE("balancing errors name the offending value") {
-  RLPT_CHECK_ERROR(partition_weights(std::vector<double>{1, 2}, 0), "rlpt.rollout.bad_partition", "0 parts");
-  RLPT_CHECK_ERROR(partition_weights(std::vector<double>{1, -2}, 2), "rlpt.rollout.bad_cost", "item 1", "-2");
-  RLPT_CHECK_ERROR(partition_weights(std::vector<double>{1, std::nan("")}, 2), "rlpt.rollout.bad_cost", "item 1");
-  RLPT_CHECK_ERROR(balance(std::vector<index_t>{3, -1}, {.ranks = 2}), "rlpt.rollout.bad_length", "sequence 1",
-                   "-1");
-  RLPT_CHECK_ERROR(balance(std::vector<index_t>{3, 4}, {.ranks = 2, .cost = cost_model::of([](index_t) { return -1.0; })}),
+  const std::vector<double> w12{1, 2}, w1m2{1, -2}, w1nan{1, std::nan("")};
+  RLPT_CHECK_ERROR(partition_weights(w12, 0), "rlpt.rollout.bad_partition", "0 parts");
+  RLPT_CHECK_ERROR(partition_weights(w1m2, 2), "rlpt.rollout.bad_cost", "item 1", "-2");
+  RLPT_CHECK_ERROR(partition_weights(w1nan, 2), "rlpt.rollout.bad_cost", "item 1");
+  const std::vector<index_t> l3m1{3, -1}, l34{3, 4}, l123{1, 2, 3};
+  RLPT_CHECK_ERROR(balance(l3m1, {.ranks = 2}), "rlpt.rollout.bad_length", "sequence 1", "-1");
+  RLPT_CHECK_ERROR(balance(l34, {.ranks = 2, .cost = cost_model::of([](index_t) { return -1.0; })}),
                    "rlpt.rollout.bad_cost", "item 0");
   const groups g = groups::uniform(4, 2);
-  RLPT_CHECK_ERROR(balance_groups(std::vector<index_t>{1, 2, 3}, g), "rlpt.view.size_mismatch", "lengths");
+  RLPT_CHECK_ERROR(balance_groups(l123, g), "rlpt.view.size_mismatch", "lengths");
+  RLPT_CHECK_ERROR(partition_weights(w12, 2, static_cast<partition_algorithm>(7)), "rlpt.rollout.bad_option",
+                   "code 7");
 }
 
 TEST_CASE("golden: balance is never worse than verl get_seqlen_balanced_partitions") {
@@ -500,3 +507,29 @@ TEST_CASE("the AVX2 bitonic sort of 32-bit keys sorts") {
     }
 }
 #endif
+
+TEST_CASE("balancing counts are bounded by the input: ranks = 2^40 is an error, not terabytes") {
+  const std::vector<index_t> len{3, 4, 5};
+  const std::vector<double> w{3, 4, 5};
+  constexpr index_t huge = index_t{1} << 40;
+  RLPT_CHECK_ERROR(balance(len, {.ranks = huge}), "rlpt.rollout.bad_partition", "parts = 1099511627776",
+                   "number of items (3)", std::to_string(max_empty_parts));
+  RLPT_CHECK_ERROR(partition_weights(w, huge), "rlpt.rollout.bad_partition", "parts = 1099511627776");
+  const groups g = groups::uniform(3, 1);
+  RLPT_CHECK_ERROR(balance_groups(len, g, {.ranks = huge}), "rlpt.rollout.bad_partition", "parts = 1099511627776");
+  RLPT_CHECK_ERROR(balance(len, {.ranks = std::numeric_limits<index_t>::max()}), "rlpt.rollout.bad_partition",
+                   "parts = 9223372036854775807");
+  RLPT_CHECK_ERROR(plan_step(len, {.ranks = huge}), "rlpt.rollout.bad_partition", "parts = 1099511627776");
+  // More ranks than items stay allowed (empty parts), up to max_empty_parts.
+  const partition p = balance(len, {.ranks = 1000});
+  CHECK(p.num_parts() == 1000);
+  CHECK(p.items.size() == 3);
+}
+
+TEST_CASE("order_small_at_ends rejects items outside the costs") {
+  const std::vector<double> cost{1, 2, 3};
+  std::vector<index_t> items{0, 3, 1};
+  RLPT_CHECK_ERROR(order_small_at_ends(items, cost), "rlpt.rollout.bad_items", "items[1] = 3", "3 costs");
+  std::vector<index_t> negative{-1};
+  RLPT_CHECK_ERROR(order_small_at_ends(negative, cost), "rlpt.rollout.bad_items", "items[0] = -1");
+}

@@ -441,3 +441,19 @@ TEST_CASE("a throwing filter rejects its group, keeps the accounting and reaches
                    "rlpt.rollout.bad_selection", "reason code 42");
   check_balanced(buf);
 }
+
+TEST_CASE("buffer options that would index past the counters or describe no schema are errors") {
+  // A filter's evict reason indexes the per-reason counters: code 200 used to write past them.
+  RLPT_CHECK_ERROR(rollout_buffer({.filters = {group_filter{"odd", static_cast<evict_reason>(200),
+                                                            [](const group_view&) { return false; }}}}),
+                   "rlpt.rollout.bad_option", "filters[0] 'odd'", "code 200");
+  RLPT_CHECK_ERROR(rollout_buffer({.when_full = static_cast<full_policy>(5)}), "rlpt.rollout.bad_option", "code 5");
+  RLPT_CHECK_ERROR(rollout_buffer({.schema = {.extras = {{"experts", dtype::i32, 0}}}}), "rlpt.rollout.bad_extra",
+                   "extras[0] 'experts' has width 0");
+  RLPT_CHECK_ERROR(rollout_buffer({.schema = {.extras = {{"x", static_cast<dtype>(42), 1}}}}), "rlpt.rollout.bad_extra",
+                   "dtype code 42");
+  RLPT_CHECK_ERROR(rollout_buffer({.schema = {.extras = {{"x", dtype::f32, 1}, {"x", dtype::i32, 2}}}}),
+                   "rlpt.rollout.bad_extra", "extras[0] and extras[1] are both named 'x'");
+  RLPT_CHECK_ERROR(rollout_buffer({.schema = {.reward_channels = -1}}), "rlpt.rollout.bad_option",
+                   "reward_channels = -1");
+}

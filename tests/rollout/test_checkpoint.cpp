@@ -12,10 +12,14 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <variant>
 #include <vector>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 using namespace rlpt;
 namespace fs = std::filesystem;
@@ -44,7 +48,8 @@ trajectory make(test::rng& r, std::int64_t group, std::int32_t sample) {
   const auto n = static_cast<std::size_t>(r.integer(1, 6));
   std::vector<token_id> out(n);
   for (auto& t : out) t = static_cast<token_id>(r.integer(0, 999));
-  b.model(out, r.uniforms(n, -4.0, 0.0), static_cast<policy_version>(group % 5));
+  const std::vector<float> lp = r.uniforms(n, -4.0, 0.0);
+  b.model(out, lp, static_cast<policy_version>(group % 5));
   if (r.bernoulli(0.3)) {
     const std::vector<token_id> tool{7, 7};
     b.context(tool, token_source::tool);
@@ -382,4 +387,126 @@ TEST_CASE("fuzz: mutated checkpoints give rlpt errors or valid buffers, never a 
           " from the parser or restore checks)");
   CHECK(errors > 0);
   CHECK(parser_errors > 1000); // the re-signed mutations really exercised the parser
+}
+
+namespace {
+
+// A pid that certainly ran and no longer runs: a child that exited and was reaped.
+pid_t dead_pid() {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  REQUIRE(child > 0);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  return child;
+}
+
+void touch(const fs::path& p) { std::ofstream(p) << "partial"; }
+
+} // namespace
+
+TEST_CASE("temporary files of a killed save are removed by the next save and by a load") {
+  const fs::path dir = temp_dir("stale_tmp");
+  test::rng r(53);
+  const auto ops = script(r, 6);
+  rollout_buffer a(options());
+  apply(a, ops, 0, ops.size());
+  const pid_t dead = dead_pid();
+  const std::string mine = std::to_string(::getpid());
+  // What kill -9 during save_checkpoint(a, dir / "c.bin") leaves behind, and files to keep:
+  const fs::path stale1 = dir / ("c.bin.tmp." + std::to_string(dead) + ".0");
+  const fs::path stale2 = dir / ("c.bin.tmp." + std::to_string(dead) + ".17");
+  const fs::path own = dir / ("c.bin.tmp." + mine + ".99");    // this process's (a concurrent save)
+  const fs::path running = dir / "c.bin.tmp.1.3";              // pid 1 runs
+  const fs::path other = dir / ("d.bin.tmp." + std::to_string(dead) + ".0"); // another checkpoint's
+  const fs::path unlike = dir / ("c.bin.tmp." + std::to_string(dead) + ".x"); // not a writer's name
+  for (const auto& p : {stale1, stale2, own, running, other, unlike}) touch(p);
+
+  save_checkpoint(a, dir / "c.bin");
+  CHECK_FALSE(fs::exists(stale1));
+  CHECK_FALSE(fs::exists(stale2));
+  CHECK(fs::exists(own));
+  CHECK(fs::exists(running));
+  CHECK(fs::exists(other));
+  CHECK(fs::exists(unlike));
+  CHECK(fs::exists(dir / "c.bin"));
+
+  // Loading cleans too (a run that crashed while saving, restarted and resumed from the file).
+  touch(stale1);
+  const checkpoint c = load_checkpoint(dir / "c.bin");
+  CHECK(encode_checkpoint(c.state) == encode_checkpoint(a.snapshot()));
+  CHECK_FALSE(fs::exists(stale1));
+  CHECK(remove_stale_checkpoint_temporaries(dir / "d.bin") == 1);
+  CHECK_FALSE(fs::exists(other));
+  CHECK(remove_stale_checkpoint_temporaries(dir / "c.bin") == 0);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("restore errors name the field that differs and both values") {
+  const checkpoint c = decode_checkpoint(sample_checkpoint(4));
+  {
+    buffer_options o = options();
+    o.schema.extras[0].width = 2;
+    rollout_buffer b(o);
+    RLPT_CHECK_ERROR(b.restore(c.state), "rlpt.rollout.restore_mismatch", "record schema",
+                     "extras[0] is 'experts' (i32 x 3) in the state, 'experts' (i32 x 2) in this buffer");
+  }
+  {
+    // Schemas that print alike but for an extra column only one of them has.
+    buffer_options o = options();
+    o.schema.extras.push_back({"teacher", dtype::f32, 1});
+    rollout_buffer b(o);
+    RLPT_CHECK_ERROR(b.restore(c.state), "rlpt.rollout.restore_mismatch",
+                     "the state has 1 extras and this buffer has 2", "extras[1] 'teacher' (f32 x 1) is only in this buffer");
+  }
+  {
+    buffer_options o = options();
+    o.schema.logprobs = false;
+    rollout_buffer b(o);
+    RLPT_CHECK_ERROR(b.restore(c.state), "rlpt.rollout.restore_mismatch", "logprobs is true in the state, false in this buffer");
+  }
+  {
+    // Equal resident record counts, but the token counter differs: the message says which.
+    buffer_state s = c.state;
+    s.stats.resident.tokens += 5;
+    s.stats.inserted.tokens += 5;
+    rollout_buffer b(options());
+    RLPT_CHECK_ERROR(b.restore(s), "rlpt.rollout.restore_inconsistent", "stats.resident.tokens = ",
+                     fmt::format("= {}, but the state holds {} tokens", c.state.stats.resident.tokens + 5,
+                                 c.state.stats.resident.tokens));
+  }
+  {
+    buffer_state s = c.state;
+    s.stats.ready_groups += 1;
+    rollout_buffer b(options());
+    RLPT_CHECK_ERROR(b.restore(s), "rlpt.rollout.restore_inconsistent",
+                     fmt::format("stats.ready_groups = {}, but the state holds {} ready groups", s.stats.ready_groups,
+                                 c.state.ready.size()));
+  }
+  {
+    buffer_state s = c.state;
+    s.stats.consumed.groups += 2;
+    rollout_buffer b(options());
+    RLPT_CHECK_ERROR(b.restore(s), "rlpt.rollout.restore_inconsistent", "do not balance",
+                     fmt::format("stats.inserted.groups = {}", s.stats.inserted.groups));
+  }
+  {
+    // Counters a file may hold (each <= 2^62) whose sum overflows: an error, not signed overflow.
+    buffer_state s = c.state;
+    for (auto& e : s.stats.evicted) e.records = index_t{1} << 62;
+    rollout_buffer b(options());
+    RLPT_CHECK_ERROR(b.restore(s), "rlpt.rollout.restore_inconsistent", "overflow a 64-bit count",
+                     "stats.inserted.records");
+    const checkpoint again = decode_checkpoint(encode_checkpoint(s));
+    RLPT_CHECK_ERROR(b.restore(again.state), "rlpt.rollout.restore_inconsistent", "overflow a 64-bit count");
+  }
+  {
+    buffer_state s = c.state;
+    auto& list = s.ready.empty() ? s.open : s.ready;
+    list[0].info.samples += 1;
+    rollout_buffer b(options());
+    RLPT_CHECK_ERROR(b.restore(s), "rlpt.rollout.restore_inconsistent",
+                     fmt::format("holds {} records but its samples counter says {}", list[0].records.size(),
+                                 list[0].info.samples));
+  }
 }

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -55,7 +56,7 @@ void check_plan(const microbatch_plan& p, view<const index_t> len, const microba
   CHECK(p.num_microbatches() >= o.min_microbatches);
   index_t regular = 0;
   for (const index_t l : len) regular += l <= o.token_budget ? l : 0;
-  CHECK(p.num_microbatches() - oversize >= (regular + o.token_budget - 1) / o.token_budget);
+  CHECK(p.num_microbatches() - oversize >= detail::ceil_div(regular, o.token_budget));
 }
 
 } // namespace
@@ -112,7 +113,8 @@ TEST_CASE("a forced count larger than the items gives explicit empty micro-batch
   check_plan(p, len, o);
   CHECK(p.num_microbatches() == 5);
   CHECK(p.empty == 3);
-  CHECK(plan_microbatches(std::vector<index_t>{}, {}).num_microbatches() == 1);
+  const std::vector<index_t> nothing;
+  CHECK(plan_microbatches(nothing, {}).num_microbatches() == 1);
 }
 
 TEST_CASE("small micro-batches sit at both ends (verl use_dynamic_bsz_balance)") {
@@ -131,7 +133,10 @@ TEST_CASE("micro-batch option errors") {
   const std::vector<index_t> len{1, 2};
   RLPT_CHECK_ERROR(plan_microbatches(len, {.token_budget = 0}), "rlpt.rollout.bad_option", "token_budget");
   RLPT_CHECK_ERROR(plan_microbatches(len, {.divisor = 0}), "rlpt.rollout.bad_option", "divisor (0)");
-  RLPT_CHECK_ERROR(plan_microbatches(std::vector<index_t>{4, -3}), "rlpt.rollout.bad_length", "sequence 1", "-3");
+  const std::vector<index_t> negative{4, -3};
+  RLPT_CHECK_ERROR(plan_microbatches(negative), "rlpt.rollout.bad_length", "sequence 1", "-3");
+  RLPT_CHECK_ERROR(plan_microbatches(len, {.algorithm = static_cast<pack_algorithm>(9)}), "rlpt.rollout.bad_option",
+                   "code 9");
 }
 
 TEST_CASE("plan_step: balanced ranks, equal micro-batch counts, global denominators") {
@@ -196,7 +201,8 @@ TEST_CASE("plan_step: balanced ranks, equal micro-batch counts, global denominat
   const std::vector<index_t> len{1, 2};
   RLPT_CHECK_ERROR(plan_step(len, {.ranks = 2, .groups_atomic = true}), "rlpt.rollout.bad_option", "groups_atomic");
   RLPT_CHECK_ERROR(plan_step(len, {.ranks = 0}), "rlpt.rollout.bad_option", "ranks");
-  RLPT_CHECK_ERROR(plan_step(len, {.ranks = 1}, std::vector<index_t>{1}), "rlpt.view.size_mismatch", "loss_tokens");
+  const std::vector<index_t> one{1};
+  RLPT_CHECK_ERROR(plan_step(len, {.ranks = 1}, one), "rlpt.view.size_mismatch", "loss_tokens");
 }
 
 TEST_CASE("golden: never more micro-batches than verl rearrange_micro_batches, cap respected") {
@@ -275,7 +281,8 @@ TEST_CASE("pack lays micro-batches out for varlen attention") {
   const packed_info info = pack_into(batch, items, {tok, cu, pos, mask});
   CHECK(info.pad_tokens == 0);
   CHECK(cu.back() == real);
-  RLPT_CHECK_ERROR(packed_size(batch, std::vector<index_t>{7}), "rlpt.rollout.bad_items", "item 7", "6 records");
+  const std::vector<index_t> seven{7};
+  RLPT_CHECK_ERROR(packed_size(batch, seven), "rlpt.rollout.bad_items", "item 7", "6 records");
 
   // Per-token and per-sequence columns follow the same order.
   std::vector<float> adv{0.5f, -1.0f, 2.0f, 0.0f, 3.0f, 1.5f};
@@ -287,4 +294,110 @@ TEST_CASE("pack lays micro-batches out for varlen attention") {
   std::vector<token_id> again(static_cast<std::size_t>(padded));
   pack_tokens<token_id>(batch.offsets(), batch.tokens(), 1, items, again, 0);
   CHECK(std::equal(again.begin(), again.begin() + real, m.tokens.begin()));
+}
+
+// --- hostile inputs (issue 18): an rlpt::error naming the values, never UB or a runaway request --
+
+TEST_CASE("pack_tokens and expand_per_sequence reject offsets that are not cu_seqlens") {
+  // Non-monotonic and negative offsets used to read and write outside src and dst.
+  std::vector<float> src(16, 1.0f), dst(32, 0.0f), per_seq{1.0f, 2.0f};
+  const std::vector<index_t> items{0, 1};
+  const std::vector<index_t> reversed{0, 10, 4};
+  RLPT_CHECK_ERROR(pack_tokens<float>(reversed, src, 1, items, dst), "rlpt.rollout.bad_items",
+                   "decrease at sequence 1", "offsets[1] = 10 > offsets[2] = 4");
+  const std::vector<index_t> negative{-6, 4};
+  const std::vector<index_t> first{0};
+  RLPT_CHECK_ERROR(pack_tokens<float>(negative, src, 1, first, dst), "rlpt.rollout.bad_items",
+                   "must start at 0, got -6");
+  const std::vector<index_t> none;
+  RLPT_CHECK_ERROR(pack_tokens<float>(none, src, 1, items, dst), "rlpt.rollout.bad_items", "empty");
+  const std::vector<index_t> dip{0, 5, 3};
+  RLPT_CHECK_ERROR(expand_per_sequence<float>(dip, per_seq, items, dst), "rlpt.rollout.bad_items",
+                   "decrease at sequence 1", "offsets[1] = 5 > offsets[2] = 3");
+  RLPT_CHECK_ERROR(expand_per_sequence<float>(none, per_seq, items, dst), "rlpt.rollout.bad_items", "empty");
+  // offsets.back() * width beyond index_t.
+  const std::vector<index_t> huge{0, index_t{1} << 62};
+  RLPT_CHECK_ERROR(pack_tokens<float>(huge, src, 4, items, dst), "rlpt.rollout.bad_items", "offsets.back() * width",
+                   "4611686018427387904 * 4");
+  // Item INT64_MAX: the bound check i + 1 < offsets.size() overflowed and let it through (found
+  // by the property test).
+  const std::vector<index_t> ok3{0, 6, 11, 24};
+  const std::vector<index_t> last_item{1, std::numeric_limits<index_t>::max()};
+  std::vector<float> src24(24, 1.0f);
+  RLPT_CHECK_ERROR(pack_tokens<float>(ok3, src24, 1, last_item, dst), "rlpt.rollout.bad_items",
+                   "item 9223372036854775807 (items[1]) is outside 3 sequences");
+  // A dst too small names the item and the sizes.
+  const std::vector<index_t> ok{0, 10, 16};
+  std::vector<float> small(12);
+  RLPT_CHECK_ERROR(pack_tokens<float>(ok, src, 1, items, small), "rlpt.rollout.bad_items", "dst of 12 elements",
+                   "items[1] = 1 needs 6 more after 10");
+  RLPT_CHECK_ERROR(expand_per_sequence<float>(ok, per_seq, items, small), "rlpt.rollout.bad_items",
+                   "dst of 12 elements");
+}
+
+TEST_CASE("plan_microbatches: budgets and lengths near index_t's limit do not overflow") {
+  constexpr index_t big = std::numeric_limits<index_t>::max();
+  // token_budget = INT64_MAX: ceil(tokens / budget) used to compute tokens + budget - 1.
+  const std::vector<index_t> len{5, 7, 3};
+  const microbatch_options whole{.token_budget = big};
+  const microbatch_plan p = plan_microbatches(len, whole);
+  check_plan(p, len, whole);
+  CHECK(p.num_microbatches() == 1);
+  CHECK(p.total_tokens() == 15);
+  // Lengths near 2^62: each fits, their sum does not.
+  const std::vector<index_t> huge{index_t{1} << 62, index_t{1} << 62, index_t{1} << 62};
+  RLPT_CHECK_ERROR(plan_microbatches(huge, whole), "rlpt.rollout.bad_length", "add up to more than", "at sequence 1");
+  RLPT_CHECK_ERROR(plan_step(huge, {.ranks = 2}), "rlpt.rollout.bad_length", "add up to more than");
+  const std::vector<index_t> two{index_t{1} << 61, index_t{1} << 61};
+  const microbatch_plan q = plan_microbatches(two, whole);
+  check_plan(q, two, whole);
+  CHECK(q.total_tokens() == index_t{1} << 62);
+}
+
+TEST_CASE("plan_microbatches: counts are bounded by the input, not looped to") {
+  const std::vector<index_t> len{5, 6};
+  // min_microbatches = 2^40 used to loop for ever making empty micro-batches.
+  RLPT_CHECK_ERROR(plan_microbatches(len, {.min_microbatches = index_t{1} << 40}), "rlpt.rollout.bad_option",
+                   "min_microbatches = 1099511627776", "number of sequences (2)", std::to_string(max_empty_parts));
+  RLPT_CHECK_ERROR(plan_microbatches(len, {.divisor = index_t{1} << 40}), "rlpt.rollout.bad_option",
+                   "divisor = 1099511627776");
+  RLPT_CHECK_ERROR(plan_microbatches(len, {.divisor = std::numeric_limits<index_t>::max()}), "rlpt.rollout.bad_option",
+                   "divisor");
+  // Up to the limit a forced count still gives empty micro-batches.
+  const microbatch_options many{.min_microbatches = 1000, .divisor = 7};
+  const microbatch_plan p = plan_microbatches(len, many);
+  check_plan(p, len, many);
+  CHECK(p.num_microbatches() == 1001);
+}
+
+TEST_CASE("plan_step rejects loss_tokens outside [0, length]") {
+  const std::vector<index_t> len{10, 20, 30};
+  const std::vector<index_t> negative{5, -1, 7};
+  RLPT_CHECK_ERROR(plan_step(len, {.ranks = 2}, negative), "rlpt.rollout.bad_length", "loss_tokens[1] = -1",
+                   "[0, 20]");
+  const std::vector<index_t> too_many{5, 20, 31};
+  RLPT_CHECK_ERROR(plan_step(len, {.ranks = 2}, too_many), "rlpt.rollout.bad_length", "loss_tokens[2] = 31",
+                   "[0, 30]");
+  const std::vector<index_t> ok{10, 0, 30};
+  const step_plan p = plan_step(len, {.ranks = 2}, ok);
+  CHECK(p.totals.loss_tokens == 40);
+  CHECK(p.totals.loss_sequences == 2);
+  CHECK(p.totals.tokens == 60);
+}
+
+TEST_CASE("pack: a padded length beyond int32 cu_seqlens is an error before anything is allocated") {
+  test::rng r(44);
+  std::vector<trajectory> recs;
+  for (int i = 0; i < 3; ++i) recs.push_back(test::make_record(r, i, 0, 2, 5));
+  const rollout_batch batch = rollout_batch::gather(recs, record_schema{});
+  const std::vector<index_t> items{0, 2};
+  // pad_to_multiple = INT64_MAX used to overflow in the round-up (tokens + multiple - 1).
+  RLPT_CHECK_ERROR(pack(batch, items, {.pad_to_multiple = std::numeric_limits<index_t>::max()}),
+                   "rlpt.rollout.bad_items", "14 packed tokens", "pad_to_multiple = 9223372036854775807", "int32");
+  RLPT_CHECK_ERROR(pack(batch, items, {.pad_to_multiple = index_t{1} << 31}), "rlpt.rollout.bad_items",
+                   "pad_to_multiple = 2147483648");
+  const packed_microbatch m = pack(batch, items, {.pad_to_multiple = index_t{1} << 10});
+  CHECK(m.cu_seqlens.back() == 1024);
+  std::vector<index_t> bad{0, -1};
+  RLPT_CHECK_ERROR(packed_size(batch, bad), "rlpt.rollout.bad_items", "item -1 (items[1])", "3 records");
 }

@@ -258,7 +258,8 @@ TEST_CASE("reward_column gives one reward channel of every record, contiguous") 
   for (int i = 0; i < 4; ++i) {
     std::vector<token_id> out(static_cast<std::size_t>(r.integer(1, 5)), 7);
     std::vector<float> lp = r.uniforms(out.size(), -3.0, 0.0);
-    trajectory_builder b(i / 2, std::vector<token_id>{1, 2}, {});
+    const std::vector<token_id> prompt{1, 2};
+    trajectory_builder b(i / 2, prompt, {});
     b.model(out, lp, 0);
     trajectory t = std::move(b).finish();
     t.rewards = {static_cast<float>(r.uniform(0, 1)), static_cast<float>(r.uniform(-1, 0))};
@@ -275,4 +276,31 @@ TEST_CASE("reward_column gives one reward channel of every record, contiguous") 
   }
   RLPT_CHECK_ERROR((void)batch.reward_column(2), "rlpt.rollout.bad_selection", "reward channel 2 does not exist: the batch has 2");
   RLPT_CHECK_ERROR((void)batch.reward_column(-1), "rlpt.rollout.bad_selection", "reward channel -1");
+}
+
+TEST_CASE("sizes that overflow index_t and group sizes that do not add up are errors") {
+  test::rng r(7);
+  const trajectory t = test::make_record(r, 1, 0, 2, 3);
+  // tokens * token_reward_channels used to overflow for a huge channel count.
+  const record_schema huge{.token_reward_channels = std::numeric_limits<index_t>::max() / 2};
+  RLPT_CHECK_ERROR(validate(t, huge), "rlpt.rollout.record_size", "token_rewards", "5 tokens * 4611686018427387903");
+  // Extra writes past the record (first * width used to overflow).
+  const std::vector<token_id> prompt{1, 2};
+  trajectory_builder b(3, prompt, {.extras = {{"teacher", dtype::f32, 2}}});
+  const std::vector<float> two{0.5f, 0.25f};
+  RLPT_CHECK_ERROR(b.extra<float>("teacher", std::numeric_limits<index_t>::max() / 2, two), "rlpt.rollout.bad_option",
+                   "does not fit");
+  b.extra<float>("teacher", 1, two);
+  // Batch group sizes: negative or too large counts no longer make non-monotonic group offsets.
+  std::vector<trajectory> recs{t, t, t};
+  std::vector<const trajectory*> ptrs{&recs[0], &recs[1], &recs[2]};
+  const std::vector<group_info> bad{{.id = 1, .samples = -1}, {.id = 2, .samples = 4}};
+  RLPT_CHECK_ERROR(rollout_batch::gather(ptrs, record_schema{}, bad), "rlpt.rollout.bad_groups",
+                   "groups[0] (id 1) has samples = -1");
+  const std::vector<group_info> over{{.id = 1, .samples = 2}, {.id = 2, .samples = 2}};
+  RLPT_CHECK_ERROR(rollout_batch::gather(ptrs, record_schema{}, over), "rlpt.rollout.bad_groups",
+                   "groups[1] (id 2) has samples = 2", "1 records left");
+  const std::vector<group_info> ok{{.id = 1, .samples = 2}, {.id = 2, .samples = 1}};
+  const rollout_batch batch = rollout_batch::gather(ptrs, record_schema{}, ok);
+  CHECK(batch.num_groups() == 2);
 }

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <rlpt/config.hpp>
+#include <rlpt/core/checked.hpp>
 #include <rlpt/core/error.hpp>
 #include <rlpt/core/groups.hpp>
 #include <rlpt/core/views.hpp>
@@ -80,10 +81,11 @@ struct partition {
   std::vector<double> loads{}; //!< cost per part
 
   [[nodiscard]] index_t num_parts() const noexcept { return static_cast<index_t>(offsets.size()) - 1; }
-  [[nodiscard]] view<const index_t> part(index_t p) const noexcept {
+  [[nodiscard]] view<const index_t> part(index_t p) const& noexcept {
     return {items.data() + offsets[static_cast<std::size_t>(p)],
             offsets[static_cast<std::size_t>(p) + 1] - offsets[static_cast<std::size_t>(p)]};
   }
+  view<const index_t> part(index_t p) const&& = delete; // would view a temporary partition
   [[nodiscard]] index_t part_size(index_t p) const noexcept {
     return offsets[static_cast<std::size_t>(p) + 1] - offsets[static_cast<std::size_t>(p)];
   }
@@ -103,8 +105,13 @@ struct partition {
   }
 };
 
+//! Parts beyond one per item stay empty. A count (ranks, micro-batches, divisor) may exceed the
+//! items it splits up to this many parts in all: a count is at most max(items, max_empty_parts),
+//! so what a call allocates is bounded by its input, not by a caller's typo (ranks = 2^40).
+inline constexpr index_t max_empty_parts = index_t{1} << 20;
+
 struct balance_options {
-  index_t ranks = 1;                                   //!< data-parallel ranks (parts)
+  index_t ranks = 1;                                   //!< data-parallel ranks (parts); at most max(items, max_empty_parts)
   partition_algorithm algorithm = partition_algorithm::best; //!< rlpt default; verl: karmarkar_karp
   bool equal_count = true;                             //!< same item (or group) count per rank (verl equal_size=True)
   bool refine = true;                                  //!< pairwise refinement after the algorithm (rlpt)
@@ -921,12 +928,27 @@ inline partition to_partition(const std::vector<index_t>& owner, index_t k, view
   return out;
 }
 
-inline void check_parts(index_t parts) {
+//! A count of parts (`what`) for `items` things (each a `unit`): at most max(items, max_empty_parts).
+inline void check_count(error_id id, std::string_view what, index_t count, index_t items, std::string_view unit) {
+  RLPT_CHECK(count <= std::max(items, max_empty_parts), id,
+             "{} = {} exceeds both the number of {}s ({}) and max_empty_parts ({}): parts beyond one per {} stay empty, "
+             "at most max({}, {}) are made",
+             what, count, unit, items, max_empty_parts, unit, items, max_empty_parts);
+}
+
+inline void check_algorithm(partition_algorithm a) {
+  RLPT_CHECK(a == partition_algorithm::karmarkar_karp || a == partition_algorithm::lpt || a == partition_algorithm::best,
+             errors::rollout::bad_option, "partition algorithm code {} is not a partition_algorithm",
+             static_cast<int>(a));
+}
+
+inline void check_parts(index_t parts, index_t items) {
   RLPT_CHECK(parts >= 1, errors::rollout::bad_partition, "cannot partition into {} parts; need at least 1", parts);
+  check_count(errors::rollout::bad_partition, "parts", parts, items, "item");
 }
 
 inline void check_weights(view<const double> w, index_t parts) {
-  check_parts(parts);
+  check_parts(parts, w.size());
   for (index_t i = 0; i < w.size(); ++i)
     RLPT_CHECK(std::isfinite(w[i]) && w[i] >= 0.0, errors::rollout::bad_cost,
                "cost of item {} is {}; costs must be finite and >= 0", i, w[i]);
@@ -1013,13 +1035,15 @@ inline void check_weights(view<const double> w, index_t parts) {
 [[nodiscard]] inline partition partition_weights(view<const double> weights, index_t parts,
                                                  partition_algorithm algorithm = partition_algorithm::best,
                                                  bool equal_count = true, bool refine = true) {
+  detail::check_algorithm(algorithm);
   detail::check_weights(weights, parts);
   return detail::partition_checked(weights, {}, parts, algorithm, equal_count, refine);
 }
 
 //! Balances sequences of the given lengths across options.ranks ranks. Loads are costs.
 [[nodiscard]] inline partition balance(view<const index_t> lengths, const balance_options& o = {}) {
-  detail::check_parts(o.ranks);
+  detail::check_algorithm(o.algorithm);
+  detail::check_parts(o.ranks, lengths.size());
   detail::length_hint hint;
   const std::vector<double> w = detail::costs_of(lengths, o.cost, &hint);
   return detail::partition_checked(w, hint, o.ranks, o.algorithm, o.equal_count, o.refine);
@@ -1031,6 +1055,7 @@ inline void check_weights(view<const double> w, index_t parts) {
 [[nodiscard]] inline partition balance_groups(view<const index_t> lengths, const groups& g,
                                               const balance_options& o = {}) {
   g.expect_items("lengths", lengths.size());
+  detail::check_parts(o.ranks, g.num_groups());
   const std::vector<double> seq = detail::costs_of(lengths, o.cost, nullptr);
   std::vector<double> w(static_cast<std::size_t>(g.num_groups()), 0.0);
   for (index_t k = 0; k < g.num_groups(); ++k)
@@ -1057,6 +1082,9 @@ inline void check_weights(view<const double> w, index_t parts) {
 //! within a rank: ascending by (cost, index), then the even positions followed by the odd
 //! positions reversed.
 inline void order_small_at_ends(std::span<index_t> items, view<const double> costs) {
+  for (std::size_t k = 0; k < items.size(); ++k)
+    RLPT_CHECK(items[k] >= 0 && items[k] < costs.size(), errors::rollout::bad_items,
+               "items[{}] = {} is outside the {} costs", k, items[k], costs.size());
   std::vector<index_t> s(items.begin(), items.end());
   std::sort(s.begin(), s.end(), [&](index_t a, index_t b) { return costs[a] != costs[b] ? costs[a] < costs[b] : a < b; });
   std::size_t at = 0;

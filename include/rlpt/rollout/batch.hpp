@@ -51,11 +51,13 @@ struct batch_extra {
 
   [[nodiscard]] dtype type() const noexcept { return detail::dtype_of_storage(values); }
   template <class T>
-  [[nodiscard]] view<const T> as() const {
+  [[nodiscard]] view<const T> as() const& {
     const auto* v = std::get_if<std::vector<T>>(&values);
     RLPT_CHECK(v != nullptr, errors::rollout::extra_dtype, "extra '{}' holds {}, not {}", name, type(), dtype_of<T>);
     return *v;
   }
+  template <class T>
+  view<const T> as() const&& = delete; // would view a temporary's values
 };
 
 class rollout_batch {
@@ -120,7 +122,7 @@ public:
   [[nodiscard]] const record_schema& schema() const noexcept { return schema_; }
 
   //! cu_seqlens: record i is tokens [offsets[i], offsets[i+1]); size() + 1 entries.
-  [[nodiscard]] view<const index_t> offsets() const noexcept { return offsets_; }
+  [[nodiscard]] view<const index_t> offsets() const& noexcept { return offsets_; }
   [[nodiscard]] index_t length(index_t i) const noexcept {
     return offsets_[detail::usize(i + 1)] - offsets_[detail::usize(i)];
   }
@@ -138,16 +140,16 @@ public:
     return c;
   }
 
-  [[nodiscard]] view<const token_id> tokens() const noexcept { return tokens_; }
-  [[nodiscard]] view<const mask_t> loss_mask() const noexcept { return loss_mask_; }
-  [[nodiscard]] view<const float> logprobs() const noexcept { return logprobs_; }
-  [[nodiscard]] view<const policy_version> versions() const noexcept { return versions_; }
+  [[nodiscard]] view<const token_id> tokens() const& noexcept { return tokens_; }
+  [[nodiscard]] view<const mask_t> loss_mask() const& noexcept { return loss_mask_; }
+  [[nodiscard]] view<const float> logprobs() const& noexcept { return logprobs_; }
+  [[nodiscard]] view<const policy_version> versions() const& noexcept { return versions_; }
   //! [num_tokens, token_reward_channels]
-  [[nodiscard]] view2d<const float> token_rewards() const noexcept {
+  [[nodiscard]] view2d<const float> token_rewards() const& noexcept {
     return {token_rewards_.data(), num_tokens(), schema_.token_reward_channels};
   }
   //! [size(), reward_channels]
-  [[nodiscard]] view2d<const float> rewards() const noexcept {
+  [[nodiscard]] view2d<const float> rewards() const& noexcept {
     return {rewards_.data(), size(), schema_.reward_channels};
   }
   //! Reward channel `c` of every record as one contiguous column: what the advantage
@@ -159,29 +161,29 @@ public:
     for (std::size_t i = 0; i < col.size(); ++i) col[i] = rewards_[i * detail::usize(schema_.reward_channels) + detail::usize(c)];
     return col;
   }
-  [[nodiscard]] view<const index_t> prompt_lens() const noexcept { return prompt_lens_; }
-  [[nodiscard]] view<const std::int64_t> group_ids() const noexcept { return group_ids_; }
-  [[nodiscard]] view<const std::int32_t> sample_indices() const noexcept { return sample_indices_; }
+  [[nodiscard]] view<const index_t> prompt_lens() const& noexcept { return prompt_lens_; }
+  [[nodiscard]] view<const std::int64_t> group_ids() const& noexcept { return group_ids_; }
+  [[nodiscard]] view<const std::int32_t> sample_indices() const& noexcept { return sample_indices_; }
   //! Segments of all records, record i owning [segment_offsets[i], segment_offsets[i+1]).
-  [[nodiscard]] view<const segment> segments() const noexcept { return segments_; }
-  [[nodiscard]] view<const index_t> segment_offsets() const noexcept { return segment_offsets_; }
-  [[nodiscard]] const std::vector<batch_extra>& extras() const noexcept { return extras_; }
-  [[nodiscard]] const batch_extra& extra(std::string_view name) const {
+  [[nodiscard]] view<const segment> segments() const& noexcept { return segments_; }
+  [[nodiscard]] view<const index_t> segment_offsets() const& noexcept { return segment_offsets_; }
+  [[nodiscard]] const std::vector<batch_extra>& extras() const& noexcept { return extras_; }
+  [[nodiscard]] const batch_extra& extra(std::string_view name) const& {
     for (const auto& e : extras_)
       if (e.name == name) return e;
     RLPT_FAIL(errors::rollout::no_extra, "the batch has no extra named '{}'", name);
   }
 
   //! Group g is records [group_offsets[g], group_offsets[g+1]).
-  [[nodiscard]] view<const index_t> group_offsets() const noexcept { return group_offsets_; }
-  [[nodiscard]] std::span<const group_info> group_infos() const noexcept { return group_info_; }
+  [[nodiscard]] view<const index_t> group_offsets() const& noexcept { return group_offsets_; }
+  [[nodiscard]] std::span<const group_info> group_infos() const& noexcept { return group_info_; }
   //! The groups as rlpt::groups (for the advantage estimators).
   [[nodiscard]] rlpt::groups groups() const { return rlpt::groups::from_offsets(group_offsets_); }
   //! Packed token layout over offsets() (views this batch: keep it alive).
-  [[nodiscard]] token_layout layout() const { return token_layout::packed(offsets_); }
+  [[nodiscard]] token_layout layout() const& { return token_layout::packed(offsets_); }
 
   //! Zero-copy view of record i.
-  [[nodiscard]] trajectory_view operator[](index_t i) const {
+  [[nodiscard]] trajectory_view operator[](index_t i) const& {
     const auto u = detail::usize(i);
     const index_t b = offsets_[u], n = offsets_[u + 1] - offsets_[u];
     trajectory_view v;
@@ -201,6 +203,27 @@ public:
     }
     return v;
   }
+
+  // Views into a temporary batch would dangle as soon as the full expression ends (e.g.
+  // `buffer.pop(8).tokens()`): keep the batch in a variable.
+  view<const index_t> offsets() const&& = delete;
+  view<const token_id> tokens() const&& = delete;
+  view<const mask_t> loss_mask() const&& = delete;
+  view<const float> logprobs() const&& = delete;
+  view<const policy_version> versions() const&& = delete;
+  view2d<const float> token_rewards() const&& = delete;
+  view2d<const float> rewards() const&& = delete;
+  view<const index_t> prompt_lens() const&& = delete;
+  view<const std::int64_t> group_ids() const&& = delete;
+  view<const std::int32_t> sample_indices() const&& = delete;
+  view<const segment> segments() const&& = delete;
+  view<const index_t> segment_offsets() const&& = delete;
+  const std::vector<batch_extra>& extras() const&& = delete;
+  const batch_extra& extra(std::string_view name) const&& = delete;
+  view<const index_t> group_offsets() const&& = delete;
+  std::span<const group_info> group_infos() const&& = delete;
+  token_layout layout() const&& = delete;
+  trajectory_view operator[](index_t i) const&& = delete;
 
   friend bool operator==(const rollout_batch& a, const rollout_batch& b) {
     if (!(a.schema_ == b.schema_ && a.offsets_ == b.offsets_ && a.tokens_ == b.tokens_ &&
@@ -308,7 +331,11 @@ private:
       return;
     }
     index_t at = 0;
-    for (const auto& g : groups) {
+    for (std::size_t k = 0; k < groups.size(); ++k) {
+      const group_info& g = groups[k];
+      RLPT_CHECK(g.samples >= 1 && g.samples <= size() - at, errors::rollout::bad_groups,
+                 "groups[{}] (id {}) has samples = {}; it must be >= 1 and fit the {} records left of the batch's {}", k,
+                 g.id, g.samples, size() - at, size());
       at += g.samples;
       group_offsets_.push_back(at);
       group_info_.push_back(g);

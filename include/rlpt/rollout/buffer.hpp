@@ -31,6 +31,7 @@
 #pragma once
 
 #include <rlpt/config.hpp>
+#include <rlpt/core/checked.hpp>
 #include <rlpt/core/error.hpp>
 #include <rlpt/rollout/batch.hpp>
 #include <rlpt/rollout/filters.hpp>
@@ -179,11 +180,18 @@ public:
     RLPT_CHECK(opt_.group_size >= 1, errors::rollout::bad_option, "group_size must be >= 1, got {}", opt_.group_size);
     RLPT_CHECK(opt_.min_group_size >= 0 && opt_.min_group_size <= opt_.group_size, errors::rollout::bad_option,
                "min_group_size {} must be in [0, group_size = {}]", opt_.min_group_size, opt_.group_size);
-    RLPT_CHECK(opt_.schema.reward_channels >= 0 && opt_.schema.token_reward_channels >= 0, errors::rollout::bad_option,
-               "reward channel counts must be >= 0 (got {} and {})", opt_.schema.reward_channels,
-               opt_.schema.token_reward_channels);
-    for (const auto& f : opt_.filters)
+    check_schema(opt_.schema);
+    RLPT_CHECK(opt_.when_full == full_policy::block || opt_.when_full == full_policy::drop_oldest,
+               errors::rollout::bad_option, "when_full has code {}, not a full_policy",
+               static_cast<int>(opt_.when_full));
+    for (std::size_t k = 0; k < opt_.filters.size(); ++k) {
+      const group_filter& f = opt_.filters[k];
       RLPT_CHECK(static_cast<bool>(f.keep), errors::rollout::bad_option, "filter '{}' has no keep function", f.name);
+      // The reason indexes the eviction counters: an out-of-range code would write past them.
+      RLPT_CHECK(static_cast<std::size_t>(f.reason) < evict_reason_count, errors::rollout::bad_option,
+                 "filters[{}] '{}' has evict reason code {}, not an evict_reason (0 to {})", k, f.name,
+                 static_cast<int>(f.reason), evict_reason_count - 1);
+    }
     stats_.dropped_by_filter.assign(opt_.filters.size(), 0);
   }
 
@@ -373,10 +381,8 @@ public:
                "state has group_size {} / min_group_size {}, this buffer {} / {}", s.group_size, s.min_group_size,
                opt_.group_size, opt_.min_group_size);
     RLPT_CHECK(s.schema == opt_.schema, errors::rollout::restore_mismatch,
-               "state was saved with a different record schema (logprobs {}, versions {}, {} reward / {} token reward "
-               "channels, {} extras) than this buffer's",
-               s.schema.logprobs, s.schema.versions, s.schema.reward_channels, s.schema.token_reward_channels,
-               s.schema.extras.size());
+               "state was saved with a different record schema than this buffer's: {}",
+               detail::schema_difference(s.schema, opt_.schema, "the state", "this buffer"));
     RLPT_CHECK(s.stats.dropped_by_filter.size() == opt_.filters.size(), errors::rollout::restore_mismatch,
                "state counts {} filters, this buffer has {}", s.stats.dropped_by_filter.size(), opt_.filters.size());
     flow_count held;
@@ -384,13 +390,19 @@ public:
     std::deque<group_slot> ready;
     std::unordered_map<std::int64_t, index_t> ready_ids;
     auto check_group = [&](const group_snapshot& g, bool is_ready) {
-      RLPT_CHECK(detail::isize(g.records.size()) == g.info.samples && g.info.samples <= g.info.expected &&
-                     g.info.expected >= 1,
-                 errors::rollout::restore_inconsistent, "group {} holds {} records but says {} of {} expected", g.info.id,
-                 g.records.size(), g.info.samples, g.info.expected);
-      RLPT_CHECK(g.info.ordinal < s.next_ordinal && (!is_ready || g.info.ready_seq < s.next_ready_seq),
-                 errors::rollout::restore_inconsistent, "group {} has ordinal {} / ready_seq {} beyond the counters {} / {}",
-                 g.info.id, g.info.ordinal, g.info.ready_seq, s.next_ordinal, s.next_ready_seq);
+      const char* list = is_ready ? "ready" : "open";
+      RLPT_CHECK(detail::isize(g.records.size()) == g.info.samples, errors::rollout::restore_inconsistent,
+                 "{} group {} holds {} records but its samples counter says {}", list, g.info.id, g.records.size(),
+                 g.info.samples);
+      RLPT_CHECK(g.info.expected >= 1 && g.info.samples <= g.info.expected, errors::rollout::restore_inconsistent,
+                 "{} group {} has samples = {} and expected = {}; expected must be >= 1 and >= samples", list,
+                 g.info.id, g.info.samples, g.info.expected);
+      RLPT_CHECK(g.info.ordinal < s.next_ordinal, errors::rollout::restore_inconsistent,
+                 "{} group {} has ordinal {}, not below the state's next_ordinal {}", list, g.info.id, g.info.ordinal,
+                 s.next_ordinal);
+      RLPT_CHECK(!is_ready || g.info.ready_seq < s.next_ready_seq, errors::rollout::restore_inconsistent,
+                 "ready group {} has ready_seq {}, not below the state's next_ready_seq {}", g.info.id,
+                 g.info.ready_seq, s.next_ready_seq);
       RLPT_CHECK(is_ready || g.info.samples < g.info.expected, errors::rollout::restore_inconsistent,
                  "open group {} already has all {} records", g.info.id, g.info.expected);
       for (const auto& t : g.records) {
@@ -422,12 +434,37 @@ public:
       ++ready_ids[g.info.id];
       ready.push_back({g.info, std::move(g.records)});
     }
-    RLPT_CHECK(held == s.stats.resident && s.stats.open_groups == detail::isize(open.size()) &&
-                   s.stats.ready_groups == detail::isize(ready.size()) && s.stats.balanced(),
-               errors::rollout::restore_inconsistent,
-               "state counters (resident {} records / {} groups) do not match the {} records in {} groups it holds, "
-               "or do not balance",
-               s.stats.resident.records, s.stats.resident.groups, held.records, held.groups);
+    // Name the first counter that disagrees, with both values.
+    auto held_check = [&](const char* counter, index_t stated, index_t actual, const char* unit) {
+      RLPT_CHECK(stated == actual, errors::rollout::restore_inconsistent,
+                 "state counters do not match the groups it holds: {} = {}, but the state holds {} {}", counter,
+                 stated, actual, unit);
+    };
+    held_check("stats.resident.records", s.stats.resident.records, held.records, "records");
+    held_check("stats.resident.groups", s.stats.resident.groups, held.groups, "groups");
+    held_check("stats.resident.tokens", s.stats.resident.tokens, held.tokens, "tokens");
+    held_check("stats.open_groups", s.stats.open_groups, detail::isize(open.size()), "open groups");
+    held_check("stats.ready_groups", s.stats.ready_groups, detail::isize(ready.size()), "ready groups");
+    // inserted == consumed + evicted + resident, per field; the counters come from the caller (or a
+    // file), so the sums are checked: a sum beyond index_t cannot balance.
+    auto balance_check = [&](const char* field, index_t flow_count::*m) {
+      const index_t inserted = s.stats.inserted.*m, consumed = s.stats.consumed.*m, resident = s.stats.resident.*m;
+      index_t evicted = 0, sum = 0;
+      bool overflow = false;
+      for (const auto& e : s.stats.evicted) overflow = overflow || detail::add_overflows(evicted, e.*m, evicted);
+      overflow = overflow || detail::add_overflows(consumed, evicted, sum) || detail::add_overflows(sum, resident, sum);
+      RLPT_CHECK(!overflow, errors::rollout::restore_inconsistent,
+                 "state counters do not balance: stats.inserted.{} = {}, but consumed.{} = {} + evicted.{} + "
+                 "resident.{} = {} overflow a 64-bit count",
+                 field, inserted, field, consumed, field, field, resident);
+      RLPT_CHECK(inserted == sum, errors::rollout::restore_inconsistent,
+                 "state counters do not balance: stats.inserted.{} = {}, but consumed + evicted + resident = {} + {} + "
+                 "{} = {}",
+                 field, inserted, consumed, evicted, resident, sum);
+    };
+    balance_check("records", &flow_count::records);
+    balance_check("groups", &flow_count::groups);
+    balance_check("tokens", &flow_count::tokens);
 
     std::lock_guard lock(mutex_);
     check_fresh_locked();

@@ -16,6 +16,8 @@
 //!            ready groups; every count is checked against the bytes that remain.
 //! Files are written to a temporary name in the same directory, fsync'ed, renamed over the
 //! target and the directory fsync'ed: a crash leaves either the old or the new checkpoint.
+//! A writer killed mid-save leaves its temporary file (`<name>.tmp.<pid>.<n>`) behind; the
+//! next save or load of `<name>` removes those of processes that no longer run.
 //! Any truncated, corrupted or inconsistent input raises rlpt::error (never UB): ids
 //! rlpt.rollout.checkpoint_corrupt, rlpt.rollout.checkpoint_version, rlpt.rollout.checkpoint_io,
 //! and the restore checks of rollout_buffer::restore.
@@ -23,12 +25,14 @@
 
 #include <rlpt/config.hpp>
 #include <rlpt/core/error.hpp>
+#include <rlpt/core/process.hpp>
 #include <rlpt/rollout/buffer.hpp>
 #include <rlpt/rollout/record.hpp>
 
 #include <atomic>
 #include <bit>
 #include <cerrno>
+#include <charconv>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -439,9 +443,52 @@ namespace detail {
   RLPT_FAIL(errors::rollout::checkpoint_io, "{} {}: {}", what, p.string(), std::generic_category().message(err));
 }
 
+//! The writer's pid if `file` is a temporary file of write_file_durable for `target`
+//! (`<target>.tmp.<pid>.<n>`, decimal pid and n), else -1.
+[[nodiscard]] inline std::int64_t temporary_writer(std::string_view file, std::string_view target) noexcept {
+  if (file.size() <= target.size() + 5 || file.substr(0, target.size()) != target ||
+      file.substr(target.size(), 5) != ".tmp.")
+    return -1;
+  const std::string_view rest = file.substr(target.size() + 5);
+  const std::size_t dot = rest.find('.');
+  if (dot == std::string_view::npos || dot == 0 || dot + 1 == rest.size()) return -1;
+  std::int32_t pid = 0;
+  const auto [end, ec] = std::from_chars(rest.data(), rest.data() + dot, pid);
+  if (ec != std::errc{} || end != rest.data() + dot || pid <= 0) return -1;
+  for (const char c : rest.substr(dot + 1))
+    if (c < '0' || c > '9') return -1;
+  return pid;
+}
+
+} // namespace detail
+
+//! Removes the temporary files that writers of the checkpoint `path` killed mid-save left
+//! behind (`<path>.tmp.<pid>.<n>` of processes that no longer run; never this process's, nor
+//! a running writer's). save and load call it; returns how many files it removed. Best effort:
+//! a file that cannot be removed (permissions, a race with another cleaner) is skipped.
+inline index_t remove_stale_checkpoint_temporaries(const std::filesystem::path& path) {
+  std::filesystem::path dir = path.parent_path();
+  if (dir.empty()) dir = ".";
+  const std::string target = path.filename().string();
+  const auto self = static_cast<std::int64_t>(::getpid());
+  index_t removed = 0;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::int64_t pid = detail::temporary_writer(it->path().filename().string(), target);
+    if (pid < 0 || pid == self || detail::pid_alive(static_cast<std::int32_t>(pid))) continue;
+    std::error_code rm;
+    if (std::filesystem::remove(it->path(), rm)) ++removed;
+  }
+  return removed;
+}
+
+namespace detail {
+
 //! Writes bytes durably: temporary file in the same directory, fsync, rename, fsync of the
 //! directory. On any failure the target is untouched and the temporary file removed.
+//! Temporary files that killed writers of `path` left are removed first.
 inline void write_file_durable(const std::filesystem::path& path, std::span<const std::byte> bytes) {
+  static_cast<void>(remove_stale_checkpoint_temporaries(path));
   static std::atomic<std::uint64_t> counter{0};
   std::filesystem::path tmp = path;
   tmp += fmt::format(".tmp.{}.{}", ::getpid(), counter.fetch_add(1, std::memory_order_relaxed));
@@ -506,6 +553,7 @@ inline void save_checkpoint(const rollout_buffer& buffer, const std::filesystem:
 
 //! Reads and verifies a checkpoint file.
 [[nodiscard]] inline checkpoint load_checkpoint(const std::filesystem::path& path) {
+  static_cast<void>(remove_stale_checkpoint_temporaries(path));
   const std::vector<std::byte> bytes = detail::read_file(path);
   return decode_checkpoint(bytes);
 }

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <rlpt/config.hpp>
+#include <rlpt/core/checked.hpp>
 #include <rlpt/core/error.hpp>
 #include <rlpt/core/groups.hpp>
 #include <rlpt/core/views.hpp>
@@ -47,8 +48,12 @@ struct microbatch_options {
   index_t token_budget = 16384;   //!< max tokens per micro-batch (verl ppo_max_token_len_per_gpu = 16384)
   pack_algorithm algorithm = pack_algorithm::karmarkar_karp; //!< verl; AReaL: ffd
   cost_model cost = cost_model::attention(); //!< what KK balances across micro-batches (verl calculate_workload)
-  index_t min_microbatches = 1;   //!< at least this many (verl min_num_micro_batch, AReaL n_mbs = 1)
-  index_t divisor = 1;            //!< count rounded up to a multiple (verl num_batches_divided_by, AReaL n_mbs_divisor = 1)
+  //! At least this many (verl min_num_micro_batch, AReaL n_mbs = 1). Beyond one per sequence
+  //! the extra micro-batches are empty; at most max(sequences, max_empty_parts) in all.
+  index_t min_microbatches = 1;
+  //! Count rounded up to a multiple (verl num_batches_divided_by, AReaL n_mbs_divisor = 1); at
+  //! most max(sequences, max_empty_parts).
+  index_t divisor = 1;
   bool small_at_ends = true;      //!< cheap micro-batches first and last (verl use_dynamic_bsz_balance = True)
   //! When KK overshoots the budget, first move sequences from the over-full micro-batches into
   //! the roomiest ones before trying a larger count (rlpt; verl only raises the count).
@@ -66,10 +71,11 @@ struct microbatch_plan {
   bool fell_back = false;          //!< KK kept overshooting the budget and FFD was used
 
   [[nodiscard]] index_t num_microbatches() const noexcept { return static_cast<index_t>(offsets.size()) - 1; }
-  [[nodiscard]] view<const index_t> microbatch(index_t m) const noexcept {
+  [[nodiscard]] view<const index_t> microbatch(index_t m) const& noexcept {
     const auto u = static_cast<std::size_t>(m);
     return {items.data() + offsets[u], offsets[u + 1] - offsets[u]};
   }
+  view<const index_t> microbatch(index_t m) const&& = delete; // would view a temporary plan
   [[nodiscard]] index_t total_tokens() const noexcept { return std::accumulate(tokens.begin(), tokens.end(), index_t{0}); }
   [[nodiscard]] index_t max_tokens() const noexcept {
     return tokens.empty() ? 0 : *std::max_element(tokens.begin(), tokens.end());
@@ -78,8 +84,21 @@ struct microbatch_plan {
 
 namespace detail {
 
-[[nodiscard]] inline index_t ceil_div(index_t a, index_t b) noexcept { return (a + b - 1) / b; }
+//! a rounded up to a multiple of b, for results known to fit (counts bounded by check_count).
 [[nodiscard]] inline index_t round_up(index_t a, index_t b) noexcept { return ceil_div(a, b) * b; }
+
+//! Sum of the sequence lengths; each must be >= 0 and the sum must fit index_t (so every
+//! partial sum of them does too).
+[[nodiscard]] inline index_t total_length(view<const index_t> lengths) {
+  index_t total = 0;
+  for (index_t i = 0; i < lengths.size(); ++i) {
+    RLPT_CHECK(lengths[i] >= 0, errors::rollout::bad_length, "sequence {} has length {}", i, lengths[i]);
+    RLPT_CHECK(!add_overflows(total, lengths[i], total), errors::rollout::bad_length,
+               "the sequence lengths add up to more than {} tokens (at sequence {}, length {})", index_max, i,
+               lengths[i]);
+  }
+  return total;
+}
 
 //! First-fit decreasing into bins of `cap` tokens (every item <= cap). A max segment tree over
 //! the bins' free space finds the first bin that fits in O(log bins).
@@ -178,11 +197,16 @@ inline void split_to(std::vector<std::vector<index_t>>& bins, index_t want, view
   RLPT_CHECK(o.min_microbatches >= 0 && o.divisor >= 1 && o.kk_attempts >= 1, errors::rollout::bad_option,
              "min_microbatches ({}) must be >= 0, divisor ({}) and kk_attempts ({}) >= 1", o.min_microbatches,
              o.divisor, o.kk_attempts);
+  RLPT_CHECK(o.algorithm == pack_algorithm::karmarkar_karp || o.algorithm == pack_algorithm::ffd,
+             errors::rollout::bad_option, "micro-batch algorithm code {} is not a pack_algorithm",
+             static_cast<int>(o.algorithm));
   const index_t n = lengths.size();
+  detail::check_count(errors::rollout::bad_option, "min_microbatches", o.min_microbatches, n, "sequence");
+  detail::check_count(errors::rollout::bad_option, "divisor", o.divisor, n, "sequence");
+  static_cast<void>(detail::total_length(lengths));
   std::vector<index_t> regular, big;
   index_t regular_tokens = 0;
   for (index_t i = 0; i < n; ++i) {
-    RLPT_CHECK(lengths[i] >= 0, errors::rollout::bad_length, "sequence {} has length {}", i, lengths[i]);
     if (lengths[i] > o.token_budget) {
       big.push_back(i);
     } else {
@@ -308,6 +332,11 @@ struct step_plan {
                                          view<const index_t> loss_tokens = {}, const groups* grouping = nullptr) {
   RLPT_CHECK(o.ranks >= 1, errors::rollout::bad_option, "ranks must be >= 1, got {}", o.ranks);
   detail::expect_size_or_empty("loss_tokens", loss_tokens.size(), lengths.size(), "one per sequence");
+  static_cast<void>(detail::total_length(lengths)); // every rank's and the step's token total fits
+  for (index_t i = 0; i < loss_tokens.size(); ++i)
+    RLPT_CHECK(loss_tokens[i] >= 0 && loss_tokens[i] <= lengths[i], errors::rollout::bad_length,
+               "loss_tokens[{}] = {} is outside [0, {}] (sequence {} has {} tokens)", i, loss_tokens[i], lengths[i], i,
+               lengths[i]);
   RLPT_CHECK(!o.groups_atomic || grouping != nullptr, errors::rollout::bad_option,
              "groups_atomic needs the groups (pass the batch's groups())");
   balance_options b = o.balance;
@@ -397,25 +426,33 @@ struct packed_info {
                                                const pack_options& o = {}) {
   RLPT_CHECK(o.pad_to_multiple >= 1, errors::rollout::bad_option, "pad_to_multiple must be >= 1, got {}",
              o.pad_to_multiple);
+  constexpr index_t int32_max = std::numeric_limits<std::int32_t>::max();
   packed_extent e;
-  for (const index_t i : items) {
-    RLPT_CHECK(i >= 0 && i < batch.size(), errors::rollout::bad_items, "item {} is outside the batch of {} records", i,
-               batch.size());
-    e.tokens += batch.length(i);
+  for (index_t k = 0; k < items.size(); ++k) {
+    const index_t i = items[k];
+    RLPT_CHECK(i >= 0 && i < batch.size(), errors::rollout::bad_items, "item {} (items[{}]) is outside the batch of {} records",
+               i, k, batch.size());
+    e.tokens += batch.length(i); // <= int32_max + a record's length: no overflow
+    RLPT_CHECK(e.tokens <= int32_max, errors::rollout::bad_items,
+               "the packed tokens overflow int32 cu_seqlens: {} tokens after items[{}] = {}, at most {}", e.tokens, k,
+               i, int32_max);
   }
   e.sequences = items.size();
-  e.pad_tokens = detail::round_up(e.tokens, o.pad_to_multiple) - e.tokens;
+  index_t padded = 0;
+  RLPT_CHECK(!detail::round_up_overflows(e.tokens, o.pad_to_multiple, padded) && padded <= int32_max,
+             errors::rollout::bad_items,
+             "{} packed tokens padded to a multiple of pad_to_multiple = {} overflow int32 cu_seqlens (at most {})",
+             e.tokens, o.pad_to_multiple, int32_max);
+  e.pad_tokens = padded - e.tokens;
   if (e.pad_tokens > 0) ++e.sequences;
-  e.tokens += e.pad_tokens;
+  e.tokens = padded;
   return e;
 }
 
 //! Writes records `items` of `batch` packed into `out` (sized by packed_size).
 inline packed_info pack_into(const rollout_batch& batch, view<const index_t> items, const packed_views& out,
                              const pack_options& o = {}) {
-  const packed_extent e = packed_size(batch, items, o);
-  RLPT_CHECK(e.tokens <= std::numeric_limits<std::int32_t>::max(), errors::rollout::bad_items,
-             "{} packed tokens overflow int32 cu_seqlens", e.tokens);
+  const packed_extent e = packed_size(batch, items, o); // validates items and the int32 bound
   detail::expect_size("tokens", out.tokens.size(), e.tokens, "packed_size().tokens");
   detail::expect_size("cu_seqlens", out.cu_seqlens.size(), e.sequences + 1, "packed_size().sequences + 1");
   detail::expect_size("position_ids", out.position_ids.size(), e.tokens, "packed_size().tokens");
@@ -503,19 +540,24 @@ struct packed_microbatch {
 
 //! Gathers a per-token column laid out like the batch (offsets: the batch's cu_seqlens,
 //! `width` values per token) into packed order; padding slots get `pad`.
+//! The offsets are validated as a layout's (start at 0, non-decreasing).
 template <class T>
 void pack_tokens(view<const index_t> offsets, view<const T> src, index_t width, view<const index_t> items, view<T> dst,
                  T pad = T{}) {
-  RLPT_CHECK(width >= 1 && offsets.size() >= 1, errors::rollout::bad_option, "width {} must be >= 1 and offsets non-empty",
-             width);
-  detail::expect_size("src", src.size(), offsets[offsets.size() - 1] * width, "offsets.back() * width");
+  RLPT_CHECK(width >= 1, errors::rollout::bad_option, "pack_tokens width must be >= 1, got {}", width);
+  detail::check_offsets(errors::rollout::bad_items, "pack_tokens offsets", "sequence", offsets);
+  const index_t total = offsets[offsets.size() - 1];
+  detail::expect_size("src", src.size(), detail::checked_mul(errors::rollout::bad_items, "offsets.back() * width", total, width),
+                      "offsets.back() * width");
   index_t at = 0;
-  for (const index_t i : items) {
-    RLPT_CHECK(i >= 0 && i + 1 < offsets.size(), errors::rollout::bad_items, "item {} is outside {} sequences", i,
-               offsets.size() - 1);
-    const index_t n = (offsets[i + 1] - offsets[i]) * width;
-    RLPT_CHECK(at + n <= dst.size(), errors::rollout::bad_items, "dst of {} elements is too small for the items",
-               dst.size());
+  for (index_t k = 0; k < items.size(); ++k) {
+    const index_t i = items[k];
+    RLPT_CHECK(i >= 0 && i < offsets.size() - 1, errors::rollout::bad_items, "item {} (items[{}]) is outside {} sequences",
+               i, k, offsets.size() - 1);
+    const index_t n = (offsets[i + 1] - offsets[i]) * width; // <= total * width
+    RLPT_CHECK(n <= dst.size() - at, errors::rollout::bad_items,
+               "dst of {} elements is too small for the items: items[{}] = {} needs {} more after {}", dst.size(), k, i,
+               n, at);
     std::copy_n(src.data() + offsets[i] * width, n, dst.data() + at);
     at += n;
   }
@@ -527,14 +569,17 @@ void pack_tokens(view<const index_t> offsets, view<const T> src, index_t width, 
 template <class T>
 void expand_per_sequence(view<const index_t> offsets, view<const T> per_sequence, view<const index_t> items, view<T> dst,
                          T pad = T{}) {
+  detail::check_offsets(errors::rollout::bad_items, "expand_per_sequence offsets", "sequence", offsets);
   detail::expect_size("per_sequence", per_sequence.size(), offsets.size() - 1, "one per sequence");
   index_t at = 0;
-  for (const index_t i : items) {
-    RLPT_CHECK(i >= 0 && i < per_sequence.size(), errors::rollout::bad_items, "item {} is outside {} sequences", i,
-               per_sequence.size());
+  for (index_t k = 0; k < items.size(); ++k) {
+    const index_t i = items[k];
+    RLPT_CHECK(i >= 0 && i < per_sequence.size(), errors::rollout::bad_items, "item {} (items[{}]) is outside {} sequences",
+               i, k, per_sequence.size());
     const index_t n = offsets[i + 1] - offsets[i];
-    RLPT_CHECK(at + n <= dst.size(), errors::rollout::bad_items, "dst of {} elements is too small for the items",
-               dst.size());
+    RLPT_CHECK(n <= dst.size() - at, errors::rollout::bad_items,
+               "dst of {} elements is too small for the items: items[{}] = {} needs {} more after {}", dst.size(), k, i,
+               n, at);
     std::fill_n(dst.data() + at, n, per_sequence[i]);
     at += n;
   }

@@ -137,10 +137,11 @@ struct token_extra {
     RLPT_CHECK(v != nullptr, errors::rollout::extra_dtype, "extra '{}' holds {}, not {}", name, type(), dtype_of<T>);
     return *v;
   }
-  [[nodiscard]] extra_view view() const noexcept {
+  [[nodiscard]] extra_view view() const& noexcept {
     const void* p = std::visit([](const auto& v) -> const void* { return v.data(); }, values);
     return {name, type(), width, p, elements()};
   }
+  extra_view view() const&& = delete; // would view a temporary's values
 };
 
 //! Declares the per-record fields every record of a stream carries, so that records stack
@@ -161,6 +162,41 @@ struct record_schema {
 
   friend bool operator==(const record_schema&, const record_schema&) = default;
 };
+
+namespace detail {
+
+//! The first field in which two schemas differ, naming both values ("" when they are equal):
+//! what a restore reports when a checkpoint's schema is not the buffer's.
+[[nodiscard]] inline std::string schema_difference(const record_schema& a, const record_schema& b,
+                                                   std::string_view a_name, std::string_view b_name) {
+  if (a.logprobs != b.logprobs)
+    return fmt::format("logprobs is {} in {}, {} in {}", a.logprobs, a_name, b.logprobs, b_name);
+  if (a.versions != b.versions)
+    return fmt::format("versions is {} in {}, {} in {}", a.versions, a_name, b.versions, b_name);
+  if (a.reward_channels != b.reward_channels)
+    return fmt::format("reward_channels is {} in {}, {} in {}", a.reward_channels, a_name, b.reward_channels, b_name);
+  if (a.token_reward_channels != b.token_reward_channels)
+    return fmt::format("token_reward_channels is {} in {}, {} in {}", a.token_reward_channels, a_name,
+                       b.token_reward_channels, b_name);
+  const std::size_t common = std::min(a.extras.size(), b.extras.size());
+  for (std::size_t k = 0; k < common; ++k) {
+    const extra_spec& x = a.extras[k];
+    const extra_spec& y = b.extras[k];
+    if (!(x == y))
+      return fmt::format("extras[{}] is '{}' ({} x {}) in {}, '{}' ({} x {}) in {}", k, x.name, x.type, x.width, a_name,
+                         y.name, y.type, y.width, b_name);
+  }
+  if (a.extras.size() != b.extras.size()) {
+    const bool a_longer = a.extras.size() > b.extras.size();
+    const extra_spec& e = (a_longer ? a : b).extras[common];
+    return fmt::format("{} has {} extras and {} has {}: extras[{}] '{}' ({} x {}) is only in {}", a_name,
+                       a.extras.size(), b_name, b.extras.size(), common, e.name, e.type, e.width,
+                       a_longer ? a_name : b_name);
+  }
+  return {};
+}
+
+} // namespace detail
 
 //! Zero-copy view of one trajectory: every per-token view has `size()` elements (times its
 //! width), or is empty when the schema leaves the field out.
@@ -223,7 +259,8 @@ struct trajectory {
 
   [[nodiscard]] index_t size() const noexcept { return detail::isize(tokens.size()); }
 
-  [[nodiscard]] trajectory_view view() const {
+  trajectory_view view() const&& = delete; // would view a temporary record's columns
+  [[nodiscard]] trajectory_view view() const& {
     trajectory_view v{group_id, sample_index, prompt_len, tokens, loss_mask, logprobs, versions, rewards, token_rewards,
                       segments, {}};
     v.extras.reserve(extras.size());
@@ -239,7 +276,34 @@ inline void expect_field(std::string_view field, index_t got, index_t want, std:
              got, want, what);
 }
 
+//! Elements of a per-token field of `tokens` tokens, `per_token` each, checked against index_t.
+[[nodiscard]] inline index_t field_elements(std::string_view field, index_t tokens, index_t per_token) {
+  index_t n = 0;
+  RLPT_CHECK(!__builtin_mul_overflow(tokens, per_token, &n), errors::rollout::record_size,
+             "trajectory field {} would have {} tokens * {} elements, more than a 64-bit index counts", field, tokens,
+             per_token);
+  return n;
+}
+
 } // namespace detail
+
+//! Checks a schema on its own: channel counts >= 0, extras with a known dtype, a width >= 1
+//! and distinct names. Buffers and builders check theirs on construction.
+inline void check_schema(const record_schema& s) {
+  RLPT_CHECK(s.reward_channels >= 0 && s.token_reward_channels >= 0, errors::rollout::bad_option,
+             "reward channel counts must be >= 0 (got reward_channels = {} and token_reward_channels = {})",
+             s.reward_channels, s.token_reward_channels);
+  for (std::size_t k = 0; k < s.extras.size(); ++k) {
+    const extra_spec& e = s.extras[k];
+    RLPT_CHECK(static_cast<std::uint8_t>(e.type) <= static_cast<std::uint8_t>(dtype::i64), errors::rollout::bad_extra,
+               "extras[{}] '{}' has dtype code {}, not an rlpt::dtype", k, e.name, static_cast<int>(e.type));
+    RLPT_CHECK(e.width >= 1, errors::rollout::bad_extra, "extras[{}] '{}' has width {}; it must be >= 1", k, e.name,
+               e.width);
+    for (std::size_t j = 0; j < k; ++j)
+      RLPT_CHECK(s.extras[j].name != e.name, errors::rollout::bad_extra, "extras[{}] and extras[{}] are both named '{}'",
+                 j, k, e.name);
+  }
+}
 
 //! Checks one record against the invariants and the schema; the error names the field, the
 //! position and the values. Invariants: every per-token field has one entry per token (times
@@ -257,7 +321,8 @@ inline void validate(const trajectory_view& t, const record_schema& schema) {
   detail::expect_field("versions", t.versions.size(), schema.versions ? n : 0,
                        schema.versions ? "one per token" : "the schema has no versions");
   detail::expect_field("rewards", t.rewards.size(), schema.reward_channels, "one per reward channel");
-  detail::expect_field("token_rewards", t.token_rewards.size(), n * schema.token_reward_channels,
+  detail::expect_field("token_rewards", t.token_rewards.size(),
+                       detail::field_elements("token_rewards", n, schema.token_reward_channels),
                        "tokens * token_reward_channels");
   RLPT_CHECK(detail::isize(t.extras.size()) == detail::isize(schema.extras.size()), errors::rollout::record_size,
              "trajectory has {} extras, the schema declares {}", t.extras.size(), schema.extras.size());
@@ -267,7 +332,7 @@ inline void validate(const trajectory_view& t, const record_schema& schema) {
     RLPT_CHECK(e.name == s.name && e.type == s.type && e.width == s.width, errors::rollout::record_value,
                "trajectory extra {} is '{}' ({} x {}), the schema declares '{}' ({} x {})", k, e.name, e.type, e.width,
                s.name, s.type, s.width);
-    detail::expect_field(s.name, e.elements, n * s.width, "tokens * width");
+    detail::expect_field(s.name, e.elements, detail::field_elements(s.name, n, s.width), "tokens * width");
   }
   // One branch-free pass finds whether any per-token invariant breaks; only then the detailed
   // checks run to name the first offending position.
@@ -336,15 +401,10 @@ class trajectory_builder {
 public:
   trajectory_builder(std::int64_t group_id, view<const token_id> prompt, builder_options opts = {})
       : opts_(std::move(opts)) {
-    RLPT_CHECK(opts_.reward_channels >= 0 && opts_.token_reward_channels >= 0, errors::rollout::bad_option,
-               "reward channel counts must be >= 0 (got {} and {})", opts_.reward_channels,
-               opts_.token_reward_channels);
+    check_schema(schema());
     t_.group_id = group_id;
     t_.rewards.assign(detail::usize(opts_.reward_channels), 0.0f);
-    for (const auto& e : opts_.extras) {
-      RLPT_CHECK(e.width >= 1, errors::rollout::bad_option, "extra '{}' has width {}; it must be >= 1", e.name, e.width);
-      t_.extras.emplace_back(e.name, e.type, e.width);
-    }
+    for (const auto& e : opts_.extras) t_.extras.emplace_back(e.name, e.type, e.width);
     append(prompt, token_source::prompt);
     t_.prompt_len = detail::isize(t_.tokens.size());
   }
@@ -352,6 +412,7 @@ public:
   //! Continues a record (e.g. a partial rollout resumed after a weight update). The record
   //! must be valid for these options; its last segment's turn numbering is continued.
   trajectory_builder(trajectory partial, builder_options opts) : opts_(std::move(opts)), t_(std::move(partial)) {
+    check_schema(schema());
     validate(t_, schema());
     for (const auto& s : t_.segments) turn_ = std::max(turn_, s.turn + 1);
   }
@@ -423,7 +484,8 @@ public:
     for (auto& e : t_.extras)
       if (e.name == name) {
         auto& v = e.as<T>();
-        RLPT_CHECK(first >= 0 && values.size() % e.width == 0 && first * e.width + values.size() <= detail::isize(v.size()),
+        RLPT_CHECK(first >= 0 && first <= size() && values.size() % e.width == 0 &&
+                       values.size() / e.width <= size() - first,
                    errors::rollout::bad_option,
                    "extra '{}' write of {} values at token {} does not fit {} tokens of width {}", name, values.size(),
                    first, size(), e.width);
