@@ -14,6 +14,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <limits>
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -302,4 +303,24 @@ TEST_CASE("unbounded staleness leaves only the concurrency cap (TRL's slots)") {
   CHECK(a.max_staleness == 2);
   CHECK(a.batch_groups == 16);
   CHECK(staleness_gate(a).options().max_concurrent == 16); // AReaL: unset cap = consumer batch
+}
+
+TEST_CASE("gate options whose capacity overflows are errors, and a large eta in target mode costs nothing") {
+  constexpr index_t big = std::numeric_limits<index_t>::max();
+  // (eta + v + 1)·B used to overflow for a huge eta or B.
+  RLPT_CHECK_ERROR(staleness_gate({.max_staleness = big}), "rlpt.staleness.bad_option",
+                   "max_staleness = 9223372036854775807", "batch_groups = 1");
+  RLPT_CHECK_ERROR(staleness_gate({.max_staleness = 2, .batch_groups = index_t{1} << 40}), "rlpt.staleness.bad_option",
+                   "batch_groups = 1099511627776", "2147483647");
+  RLPT_CHECK_ERROR(compat::trl::gate(index_t{1} << 40, index_t{1} << 40), "rlpt.staleness.bad_option",
+                   "max_staleness * batch_groups");
+  staleness_gate capacity({.max_staleness = index_t{1} << 40, .batch_groups = 4});
+  CHECK(capacity.capacity() == 4); // the concurrency cap (max_concurrent = B) binds
+  // Target mode: capacity counted over reserved steps only, not every step of a 2^40 window.
+  staleness_gate target({.max_staleness = index_t{1} << 40, .batch_groups = 2, .max_concurrent = 5,
+                         .mode = admission_mode::target});
+  std::vector<policy_version> targets;
+  while (auto t = target.try_admit()) targets.push_back(t.target);
+  CHECK(targets == std::vector<policy_version>{0, 0, 1, 1, 2});
+  CHECK(target.capacity() == 0);
 }

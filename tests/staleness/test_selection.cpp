@@ -11,6 +11,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 using namespace rlpt;
@@ -241,4 +242,26 @@ TEST_CASE("staleness histograms per item and per trained token") {
   RLPT_CHECK_ERROR(m.add(-1), "rlpt.staleness.bad_histogram", "staleness -1");
   const std::vector<mask_t> short_mask{1};
   RLPT_CHECK_ERROR(token_staleness(toks, short_mask, 3), "rlpt.view.size_mismatch", "token_staleness mask");
+}
+
+TEST_CASE("selection and histograms with huge windows, stalenesses and counts do not overflow") {
+  constexpr index_t big = std::numeric_limits<index_t>::max();
+  // eta = INT64_MAX under wait: deadlines version + eta used to overflow; nothing is ever stale.
+  const selection_options o{.max_staleness = big, .on_stale = stale_policy::wait};
+  const std::vector<version_count> flying{{0, -1, 3}};
+  pick_result r = pick_batch(versions({0, 1}), 2, 5, o, flying);
+  CHECK(r.status == pick_status::ready);
+  CHECK(r.take == std::vector<index_t>{0, 1});
+  CHECK(r.evict.empty());
+  // (k - current)·wanted with a huge wanted.
+  r = pick_batch(versions({0, 1}), big, 1, {.max_staleness = 3, .on_stale = stale_policy::wait}, flying);
+  CHECK(r.status == pick_status::waiting);
+  CHECK(r.must_take == 0);
+  const std::vector<version_count> huge{{0, -1, big - 1}, {1, -1, big}};
+  RLPT_CHECK_ERROR(pick_batch(versions({0}), 1, 5, o, huge), "rlpt.staleness.bad_option", "overflow", "entry 1");
+  staleness_histogram h;
+  RLPT_CHECK_ERROR(h.add(index_t{1} << 40), "rlpt.staleness.bad_histogram", "1099511627776", "2147483647");
+  h.add(3, big - 1);
+  RLPT_CHECK_ERROR(h.add(2, 2), "rlpt.staleness.bad_histogram", "adding 2 items", "9223372036854775806");
+  CHECK(h.total() == big - 1);
 }

@@ -31,6 +31,7 @@
 #pragma once
 
 #include <rlpt/config.hpp>
+#include <rlpt/core/checked.hpp>
 #include <rlpt/core/error.hpp>
 #include <rlpt/staleness/clock.hpp>
 #include <rlpt/staleness/metrics.hpp>
@@ -171,6 +172,16 @@ public:
     RLPT_CHECK(opt_.mode == admission_mode::capacity || opt_.max_staleness >= 0, errors::staleness::bad_option,
                "target-version reservation needs a finite max_staleness (the reservation window), got {}",
                opt_.max_staleness);
+    // The capacity (η + v + 1)·B must be computable at every version v an int32 clock reaches.
+    constexpr index_t v_max = std::numeric_limits<policy_version>::max();
+    index_t cap = 0;
+    RLPT_CHECK(opt_.max_staleness < 0 ||
+                   !(detail::add_overflows(opt_.max_staleness, v_max + 1, cap) ||
+                     detail::mul_overflows(cap, opt_.batch_groups, cap)),
+               errors::staleness::bad_option,
+               "max_staleness = {} with batch_groups = {} overflows the capacity (max_staleness + version + 1) * "
+               "batch_groups at version {}",
+               opt_.max_staleness, opt_.batch_groups, v_max);
     if (opt_.max_concurrent == 0) opt_.max_concurrent = opt_.batch_groups;
     if (opt_.clock == nullptr) {
       own_clock_ = std::make_unique<version_clock>();
@@ -437,7 +448,7 @@ private:
     entry e{v, -1, phase::running};
     if (opt_.mode == admission_mode::target) {
       gc_targets(v);
-      for (index_t t = v; t <= static_cast<index_t>(v) + opt_.max_staleness; ++t) {
+      for (index_t t = v; t <= window_end(v); ++t) { // stops at the first free step: O(full steps)
         const auto tv = static_cast<policy_version>(t);
         if (reserved_[tv] < opt_.batch_groups) {
           e.target = tv;
@@ -468,12 +479,19 @@ private:
       const index_t stale = (opt_.max_staleness + static_cast<index_t>(v) + 1) * opt_.batch_groups - (accepted_ + running);
       return std::min(conc, stale);
     }
-    index_t free = 0;
-    for (index_t t = v; t <= static_cast<index_t>(v) + opt_.max_staleness; ++t) {
-      const auto it = reserved_.find(static_cast<policy_version>(t));
-      free += std::max<index_t>(0, opt_.batch_groups - (it == reserved_.end() ? 0 : it->second));
-    }
+    // Free slots of the steps [v, v + η]: B each, less their reservations. Only reserved steps
+    // are visited, so a large η costs nothing.
+    const index_t end = window_end(v);
+    index_t free = (end - static_cast<index_t>(v) + 1) * opt_.batch_groups; // <= (η + 1)·B: checked on construction
+    for (auto it = reserved_.lower_bound(v); it != reserved_.end() && it->first <= end; ++it)
+      free -= std::min(it->second, opt_.batch_groups);
     return std::min(conc, free);
+  }
+
+  // The last step a group dispatched at v may be reserved for: v + η, capped at the last
+  // version an int32 clock shows.
+  [[nodiscard]] index_t window_end(policy_version v) const noexcept {
+    return std::min<index_t>(static_cast<index_t>(v) + opt_.max_staleness, std::numeric_limits<policy_version>::max());
   }
 
   // Reservations for steps already trained can never be used again.

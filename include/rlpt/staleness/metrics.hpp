@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <mutex>
 #include <span>
 #include <string>
@@ -31,9 +32,17 @@ RLPT_NAMESPACE_BEGIN
 struct staleness_histogram {
   std::vector<index_t> counts;
 
+  //! Adds n items of the given staleness: 0 <= staleness <= INT32_MAX (a difference of int32
+  //! policy versions), n >= 0, and the total count must stay within index_t.
   void add(index_t staleness, index_t n = 1) {
     RLPT_CHECK(staleness >= 0 && n >= 0, errors::staleness::bad_histogram,
                "histogram entry needs staleness >= 0 and count >= 0, got staleness {} count {}", staleness, n);
+    RLPT_CHECK(staleness <= std::numeric_limits<policy_version>::max(), errors::staleness::bad_histogram,
+               "histogram staleness {} exceeds {}, the largest difference of two policy versions", staleness,
+               std::numeric_limits<policy_version>::max());
+    const index_t before = total();
+    RLPT_CHECK(n <= std::numeric_limits<index_t>::max() - before, errors::staleness::bad_histogram,
+               "adding {} items of staleness {} to a histogram of {} overflows a 64-bit count", n, staleness, before);
     if (static_cast<std::size_t>(staleness) >= counts.size()) counts.resize(static_cast<std::size_t>(staleness) + 1, 0);
     counts[static_cast<std::size_t>(staleness)] += n;
   }

@@ -25,12 +25,14 @@
 #pragma once
 
 #include <rlpt/config.hpp>
+#include <rlpt/core/checked.hpp>
 #include <rlpt/core/error.hpp>
 #include <rlpt/staleness/clock.hpp>
 #include <rlpt/staleness/gate.hpp>
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -118,9 +120,12 @@ inline void check_candidate(const candidate& c, index_t i, policy_version curren
              "max_staleness must be >= 0 or unbounded_staleness (-1), got {}", opt.max_staleness);
   const bool bounded = opt.max_staleness >= 0;
   const bool targeted = opt.order == pick_order::target_version;
+  // Versions are int32, so no item is older than INT32_MAX: a larger η means the same, and the
+  // deadlines version + η below then fit index_t whatever η the caller gave.
+  const index_t eta = std::min<index_t>(opt.max_staleness, std::numeric_limits<policy_version>::max());
   auto stale = [&](policy_version version, policy_version target) {
     if (targeted && target < current) return true; // its step is gone
-    return bounded && static_cast<index_t>(current) - static_cast<index_t>(version) > opt.max_staleness;
+    return bounded && static_cast<index_t>(current) - static_cast<index_t>(version) > eta;
   };
   const stale_action action = opt.on_stale == stale_policy::requeue ? stale_action::requeue : stale_action::drop;
 
@@ -136,10 +141,14 @@ inline void check_candidate(const candidate& c, index_t i, policy_version curren
     else if (!targeted || c.target == current)
       usable.push_back(i);
   }
-  for (const auto& p : pending) {
+  index_t in_flight = static_cast<index_t>(ready.size()); // every deadline count below sums to at most this
+  for (std::size_t k = 0; k < pending.size(); ++k) {
+    const version_count& p = pending[k];
     RLPT_CHECK(p.count >= 0 && p.version <= current, errors::staleness::future_version,
-               "in-flight entry has version {} (count {}), newer than the current version {}", p.version, p.count,
-               current);
+               "in-flight entry {} has version {} (count {}); it needs a count >= 0 and a version <= the current {}", k,
+               p.version, p.count, current);
+    RLPT_CHECK(!detail::add_overflows(in_flight, p.count, in_flight), errors::staleness::bad_option,
+               "in-flight counts overflow a 64-bit count at entry {} (count {})", k, p.count);
     if (!stale(p.version, p.target) && (!targeted || p.target == current)) r.pending += p.count;
   }
   r.eligible = static_cast<index_t>(usable.size());
@@ -160,10 +169,10 @@ inline void check_candidate(const candidate& c, index_t i, policy_version curren
     // min(wanted, alive(<= k) - (k - current)·wanted) of them.
     std::vector<std::pair<index_t, index_t>> by_deadline; // (deadline, +count)
     for (const index_t i : usable)
-      by_deadline.emplace_back(static_cast<index_t>(ready[static_cast<std::size_t>(i)].version) + opt.max_staleness, 1);
+      by_deadline.emplace_back(static_cast<index_t>(ready[static_cast<std::size_t>(i)].version) + eta, 1);
     for (const auto& p : pending)
       if (!stale(p.version, p.target) && p.count > 0)
-        by_deadline.emplace_back(static_cast<index_t>(p.version) + opt.max_staleness, p.count);
+        by_deadline.emplace_back(static_cast<index_t>(p.version) + eta, p.count);
     std::sort(by_deadline.begin(), by_deadline.end());
     std::vector<index_t> oldest = usable; // deadline order = version order
     std::stable_sort(oldest.begin(), oldest.end(), [&](index_t a, index_t b) {
@@ -175,9 +184,12 @@ inline void check_candidate(const candidate& c, index_t i, policy_version curren
       alive += by_deadline[j].second;
       if (j + 1 < by_deadline.size() && by_deadline[j + 1].first == by_deadline[j].first) continue;
       const index_t k = by_deadline[j].first;
-      need = std::max(need, std::min(wanted, alive - (k - static_cast<index_t>(current)) * wanted));
+      // alive <= ready + in-flight counts (checked above); (k - current)·wanted may not fit,
+      // but then it exceeds alive and the bound is void.
+      const index_t steps = k - static_cast<index_t>(current);
+      if (steps == 0 || wanted <= alive / steps) need = std::max(need, std::min(wanted, alive - steps * wanted));
       while (have < oldest.size() &&
-             static_cast<index_t>(ready[static_cast<std::size_t>(oldest[have])].version) + opt.max_staleness <= k)
+             static_cast<index_t>(ready[static_cast<std::size_t>(oldest[have])].version) + eta <= k)
         ++have;
       if (static_cast<index_t>(have) < need) {
         r.must_take = need;
