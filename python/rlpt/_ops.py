@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Fake (meta) kernels and autograd formulas of the torch.ops.rlpt operators, and the Python
 functions that call them. The kernels themselves are C++ (rlpt._C, TORCH_LIBRARY "rlpt")."""
+import functools
+
 import torch
 
 from . import _C, _spec
@@ -270,6 +272,17 @@ class Objective:
 
     def __repr__(self):
         return f"rlpt.Objective({self.description}: {self.spec})"
+
+
+@functools.lru_cache(maxsize=512)
+def _cached(preset, items):
+    return Objective.preset(preset, **dict(items))
+
+
+def cached_objective(preset, **options):
+    """Objective.preset(preset, **options), memoised (options must be hashable): for adapters that
+    build the objective from a framework's arguments on every call."""
+    return _cached(preset, tuple(sorted(options.items())))
 
 
 # --- advantages ---------------------------------------------------------------------------------

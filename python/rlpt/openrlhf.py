@@ -14,7 +14,7 @@ import torch
 
 import rlpt
 
-from ._ops import metrics_dict
+from ._ops import cached_objective, metrics_dict
 
 
 def _batch_opts(dp_size, batch_num_tokens, global_batch_size):
@@ -86,9 +86,9 @@ class ValueLoss(torch.nn.Module):
 
     def forward(self, values, old_values, returns, action_mask=None, dp_size=1, batch_num_tokens=None,
                 global_batch_size=None):
-        obj = rlpt.Objective.openrlhf_value(clip_eps=None if self.clip_eps is None else float(self.clip_eps),
-                                            token_level_loss=bool(self.token_level_loss),
-                                            **_batch_opts(dp_size, batch_num_tokens, global_batch_size))
+        obj = cached_objective("openrlhf_value", clip_eps=None if self.clip_eps is None else float(self.clip_eps),
+                               token_level_loss=bool(self.token_level_loss),
+                               **_batch_opts(dp_size, batch_num_tokens, global_batch_size))
         loss, _ = rlpt.policy_loss(obj, None, action_mask, values=values, old_values=old_values, returns=returns)
         return loss
 
@@ -103,7 +103,7 @@ def kl_loss(log_probs, log_probs_base, action_mask, kl_estimator="k1", unbiased_
         opts["agg.batch_num_tokens"] = float(batch_num_tokens)
     if global_batch_size is not None:
         opts["agg.global_batch_size"] = float(global_batch_size)
-    obj = rlpt.Objective.custom(**opts)
+    obj = cached_objective("custom", **opts)
     old = log_probs_old if unbiased_gradient else None
     if unbiased_gradient and old is None:
         old = log_probs.detach()  # OpenRLHF: weight 1 without old log-probs

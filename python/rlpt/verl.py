@@ -20,13 +20,12 @@ token-mean); NaN inputs raise rlpt.Error instead of propagating; geo_mean's rati
 80 in log space (verl: none).
 """
 import os
-from functools import lru_cache
 
 import torch
 
 import rlpt
 
-from ._ops import metrics_dict
+from ._ops import cached_objective, metrics_dict
 
 #: verl estimator name -> rlpt function registered as "rlpt_<name>".
 ESTIMATORS = ("grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectorized", "opo", "gpg",
@@ -147,9 +146,8 @@ _ESTIMATOR_FNS = {
 
 # --- policy losses (verl signature) -----------------------------------------------------------------
 
-@lru_cache(maxsize=256)
 def _actor_objective(items):
-    return rlpt.Objective.verl_actor(**dict(items))
+    return cached_objective("verl_actor", **dict(items))
 
 
 def _global_batch_info(config):
@@ -219,7 +217,7 @@ def kl_loss(log_prob, ref_log_prob, response_mask, kl_loss_type="low_var_kl", lo
     for k, v in global_batch_info.items():
         if v is not None:
             opts["agg." + k] = v
-    obj = rlpt.Objective.custom(**opts)
+    obj = cached_objective("custom", **opts)
     loss, _ = rlpt.policy_loss(obj, log_prob, response_mask, ref_logp=ref_log_prob)
     return loss
 
@@ -232,7 +230,7 @@ def compute_value_loss(vpreds, returns, values, response_mask, cliprange_value, 
         opts["batch_num_tokens"] = float(batch_num_tokens)
     if global_batch_size is not None:
         opts["global_batch_size"] = float(global_batch_size)
-    obj = rlpt.Objective.verl_critic(**opts)
+    obj = cached_objective("verl_critic", **opts)
     loss, m = rlpt.policy_loss(obj, None, response_mask, values=vpreds, old_values=values, returns=returns)
     return loss, m[rlpt.METRICS.index("value_clip_frac")].to(loss.dtype)
 

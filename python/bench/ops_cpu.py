@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""CPU time of each rlpt op against the framework function it replaces (verl 0.9.1's eager torch
+code), on the same inputs in one run. Prints one line per op: rlpt and verl CPU milliseconds per
+call (median of --repeat rounds, each round alternating the two) and the ratio verl / rlpt.
+
+    .venv/bin/python python/bench/ops_cpu.py [--threads 1] [--repeat 7] [--quick]
+
+Run it on an idle machine (docs/performance.md records the figures with this command).
+"""
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+
+import rlpt
+import rlpt.verl as rv
+from verl.trainer.config import RolloutCorrectionConfig
+from verl.trainer.ppo import core_algos as ca
+from verl.utils import torch_functional as vf
+from verl.workers.config import ActorConfig
+from verl.workers.config.actor import PolicyLossConfig
+
+
+def cpu_ms(fn, calls):
+    t0 = time.process_time()
+    for _ in range(calls):
+        fn()
+    return (time.process_time() - t0) * 1e3 / calls
+
+
+def compare(name, ours, theirs, calls, repeat):
+    ours(), theirs()  # warm-up
+    a, b = [], []
+    for _ in range(repeat):
+        a.append(cpu_ms(ours, calls))
+        b.append(cpu_ms(theirs, calls))
+    ma, mb = statistics.median(a), statistics.median(b)
+    print(f"{name:44s} rlpt {ma:9.3f} ms   verl {mb:9.3f} ms   verl/rlpt {mb / ma:6.2f}x", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--quick", action="store_true", help="small sizes, 1 round (a smoke run)")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    g = torch.Generator().manual_seed(0)
+    q = a.quick
+    repeat = 1 if q else a.repeat
+    print(f"torch {torch.__version__}, {a.threads} thread(s), CPU time per call")
+
+    # advantages: GRPO over B sequences in groups of 8 (verl's uid strings), GAE over [B, T]
+    B, T = (64, 64) if q else (1024, 512)
+    tlr = torch.zeros(B, T)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).to(torch.int64)
+    tlr[torch.arange(B), lengths - 1] = torch.rand(B, generator=g)
+    uids = np.array([f"uid-{i // 8}" for i in range(B)], dtype=object)
+    compare(f"grpo advantages [B={B}, groups of 8]", lambda: rv.compute_grpo_outcome_advantage(tlr, mask, uids),
+            lambda: ca.compute_grpo_outcome_advantage(tlr.clone(), mask, uids), 3 if q else 10, repeat)
+    values = torch.randn(B, T, generator=g)
+    compare(f"gae + whitening [{B}, {T}]", lambda: rv.compute_gae_advantage_return(tlr, values, mask, 1.0, 0.95),
+            lambda: ca.compute_gae_advantage_return(tlr, values, mask, 1.0, 0.95), 2 if q else 5, repeat)
+
+    # policy loss (vanilla PPO, clip-higher, dual clip) forward + backward, float32 [B, T]
+    B, T = (8, 128) if q else (64, 2048)
+    lens = torch.randint(1, T + 1, (B,), generator=g)
+    m = torch.arange(T)[None, :] < lens[:, None]
+    lp = torch.rand(B, T, generator=g) * -3
+    old = lp + 0.2 * torch.randn(B, T, generator=g)
+    adv = torch.randn(B, 1, generator=g).expand(B, T) * m
+    cfg = ActorConfig(strategy="fsdp", rollout_n=1, clip_ratio_low=0.2, clip_ratio_high=0.28,
+                      ppo_micro_batch_size_per_gpu=1, loss_agg_mode="token-mean",
+                      policy_loss=PolicyLossConfig(loss_mode="vanilla", rollout_correction=RolloutCorrectionConfig()))
+
+    def loss_bwd(fn):
+        def run():
+            x = lp.clone().requires_grad_()
+            loss, _ = fn(old_log_prob=old, log_prob=x, advantages=adv, response_mask=m, loss_agg_mode="token-mean",
+                         config=cfg)
+            loss.backward()
+        return run
+
+    compare(f"ppo policy loss fwd+bwd [{B}, {T}]", loss_bwd(rv.compute_policy_loss_vanilla),
+            loss_bwd(ca.compute_policy_loss_vanilla), 3 if q else 10, repeat)
+
+    ref = lp + 0.2 * torch.randn(B, T, generator=g)
+
+    def kl_bwd(ours):
+        def run():
+            x = lp.clone().requires_grad_()
+            loss = rv.kl_loss(x, ref, m, "low_var_kl") if ours else ca.agg_loss(ca.kl_penalty(x, ref, "low_var_kl"),
+                                                                                  m, "token-mean")
+            loss.backward()
+        return run
+
+    compare(f"low_var_kl loss fwd+bwd [{B}, {T}]", kl_bwd(True), kl_bwd(False), 3 if q else 10, repeat)
+
+    # logprob + entropy from logits, forward + backward (float32 and bfloat16 logits)
+    N, V = (256, 4096) if q else (2048, 32768)
+    for dtype in (torch.float32, torch.bfloat16):
+        logits = (torch.randn(N, V, generator=g) * 2).to(dtype)
+        labels = torch.randint(0, V, (N,), generator=g)
+        up = torch.randn(N, generator=g)
+
+        def lp_ours():
+            x = logits.clone().requires_grad_()
+            lpv, ent = rv.logprobs_and_entropy(x, labels)
+            ((lpv + 0.01 * ent) * up).sum().backward()
+
+        def lp_theirs():
+            x = logits.clone().requires_grad_()
+            lpv = vf.logprobs_from_logits(x, labels)
+            ent = vf.entropy_from_logits(x)
+            ((lpv + 0.01 * ent) * up).sum().backward()
+
+        compare(f"logprob+entropy fwd+bwd [{N}, {V}] {str(dtype)[6:]}", lp_ours, lp_theirs, 1 if q else 2, repeat)
+    print("copies made by the rlpt ops:", rlpt.copy_stats() or "none")
+
+
+if __name__ == "__main__":
+    main()
