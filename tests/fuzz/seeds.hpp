@@ -159,6 +159,21 @@ inline std::vector<seed> safetensors_seeds() {
   s.push_back({"huge-dims", bytes_of(raw_safetensors(
                                 R"({"a":{"dtype":"F64","shape":[4294967296,4294967296],"data_offsets":[0,0]}})")),
                false});
+  // As rlpt's safetensors transport writes a dense version: plain tensors, and the manifest and
+  // piece checksums in the metadata (the target replays it through a receiving transport).
+  {
+    const sync::manifest mf = planned(m, 256, 3, 0);
+    std::string pieces;
+    for (std::uint64_t b = 0; b < mf.bucket_count(); ++b)
+      for (const sync::piece& p : mf.pieces(b)) {
+        std::size_t k = 0;
+        while (m.refs[k].name != mf[p.tensor].name) ++k;
+        pieces += sync::to_hex(sync::xxh3(m.storage[k].data() + p.tensor_offset, static_cast<std::size_t>(p.nbytes)));
+      }
+    s.push_back({"rlpt-dense", bytes_of(sync::serialize_safetensors(
+                                   m.refs, {{"format", "pt"}, {"rlpt.kind", "dense"}, {"rlpt.manifest", mf.to_json()},
+                                            {"rlpt.pieces", pieces}}))});
+  }
   std::vector<std::byte> huge = raw_safetensors("{}");
   const std::uint64_t n = ~std::uint64_t{0} - 3;
   std::memcpy(huge.data(), &n, 8);

@@ -3,6 +3,9 @@
 // memory) and through the reader API (safetensors_file over an in-memory file, mapped as a
 // real file would be). Accepted files must agree on both paths, every tensor must lie inside
 // the data, and writing the parsed tensors back gives a file that parses to the same tensors.
+// A file with rlpt's dense metadata (rlpt.kind, rlpt.manifest, rlpt.pieces) is also replayed
+// by a receiving safetensors_transport, as a receiver polling the directory would: every
+// message it makes must be a well-formed frame of the update the manifest describes.
 #pragma once
 
 #include "fuzz.hpp"
@@ -11,6 +14,9 @@
 
 #include <sys/mman.h>
 #include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
 
 #include <algorithm>
 #include <string>
@@ -55,6 +61,74 @@ inline void check_same_header(const sync::safetensors_header& a, const sync::saf
     RLPT_FUZZ_ASSERT(x.name == y.name && x.dtype == y.dtype && x.shape == y.shape && x.begin == y.begin && x.end == y.end,
                      "tensor {}", i);
   }
+}
+
+//! A directory for the replay, made once per process and removed at exit.
+class temp_dir {
+public:
+  temp_dir() {
+    char name[] = "/tmp/rlpt-fuzz-XXXXXX";
+    if (::mkdtemp(name) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path = name;
+  }
+  temp_dir(const temp_dir&) = delete;
+  temp_dir& operator=(const temp_dir&) = delete;
+  ~temp_dir() { ::rmdir(path.c_str()); }
+  std::string path;
+};
+
+//! Messages replayed so far (the replay test checks that the seeds reach the replay).
+inline std::uint64_t replayed_messages = 0;
+
+//! Replays an rlpt dense file through a receiving transport and checks the messages.
+inline void replay_dense(std::span<const std::byte> file, const sync::safetensors_header& h) {
+  const auto kind = h.meta("rlpt.kind");
+  const auto mj = h.meta("rlpt.manifest");
+  if (!kind || *kind != "dense" || !mj) return;
+  sync::manifest m;
+  try {
+    m = sync::manifest::from_json(*mj);
+  } catch (const rlpt::error&) {
+    return; // the transport rejects it the same way (checked by the manifest target)
+  }
+  static temp_dir dir;
+  struct file_guard {
+    std::string path;
+    ~file_guard() { ::unlink(path.c_str()); }
+  } guard{fmt::format("{}/rlpt-v{:020}.safetensors", dir.path, m.version())};
+  {
+    const int fd = ::open(guard.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) throw std::runtime_error("cannot create the replay file");
+    sync::detail::write_all(fd, file.data(), file.size(), 0, guard.path);
+    ::close(fd);
+  }
+  sync::safetensors_transport in(dir.path, sync::role::receiver, {.scan_interval = std::chrono::milliseconds(1)});
+  std::uint64_t messages = 0, buckets = 0;
+  while (const auto msg = in.receive(sync::clock::now())) {
+    const sync::frame f = sync::decode_frame(msg->meta, "replay"); // rlpt's own frames: never rejected
+    RLPT_FUZZ_ASSERT(f.version == m.version() && f.payload_bytes == msg->payload.size());
+    switch (f.type) {
+    case sync::frame_type::begin: {
+      RLPT_FUZZ_ASSERT(messages == 0 && f.count == m.layout_hash());
+      RLPT_FUZZ_ASSERT(sync::manifest::from_json(sync::as_chars(f.body)).to_json() == m.to_json());
+      break;
+    }
+    case sync::frame_type::bucket:
+      RLPT_FUZZ_ASSERT(f.index == buckets && f.index < m.bucket_count(), "bucket {} of {}", f.index, m.bucket_count());
+      RLPT_FUZZ_ASSERT(msg->payload.size() == m.bucket_size(f.index) && f.body.size() == 8 * m.pieces(f.index).size());
+      ++buckets;
+      break;
+    case sync::frame_type::commit:
+      RLPT_FUZZ_ASSERT(buckets == m.bucket_count() && f.body.size() == 8 * m.size());
+      break;
+    default: RLPT_FUZZ_ASSERT(false, "the replay made a {} frame", sync::name(f.type));
+    }
+    in.release();
+    ++messages;
+    ++replayed_messages;
+    RLPT_FUZZ_ASSERT(messages <= 2 + m.bucket_count(), "{} messages for {} buckets", messages, m.bucket_count());
+  }
+  RLPT_FUZZ_ASSERT(messages == 0 || messages == 2 + m.bucket_count(), "the replay stopped after {} messages", messages);
 }
 
 } // namespace detail
@@ -128,6 +202,8 @@ inline outcome safetensors(input in) {
   for (const auto& t : h2.tensors)
     refs2.push_back({t.name, t.dtype, t.shape, t.end > t.begin ? data2.data() + t.begin : nullptr});
   RLPT_FUZZ_ASSERT(same(sync::serialize_safetensors(refs2, h2.metadata), again));
+
+  detail::replay_dense(file, h);
   return outcome::accepted;
 }
 

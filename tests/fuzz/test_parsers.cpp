@@ -8,10 +8,15 @@
 #include <rlpt/staleness/buffer.hpp>
 #include <rlpt/sync/detail/json.hpp>
 #include <rlpt/sync/manifest.hpp>
+#include <rlpt/sync/safetensors.hpp>
+
+#include <unistd.h>
 
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -69,6 +74,24 @@ TEST_CASE("manifest: a few hundred bytes cannot make the receiver build tables o
                        "1", R"({"name":"a","dtype":"U8","shape":[67108864],"bucket":0,"offset":0,"nbytes":67108864,)"
                             R"("checksum":"0000000000000000"})")),
                    "rlpt.sync.bad_manifest", "more than 4194304 bucket pieces");
+}
+
+TEST_CASE("safetensors transport: a file name with a version beyond 2^64 - 1 is not a version") {
+  // The directory scan parsed the 20 digits with std::stoull, which threw std::out_of_range
+  // (not an rlpt::error) out of the receiver's receive().
+  char name[] = "/tmp/rlpt-test-XXXXXX";
+  REQUIRE(::mkdtemp(name) != nullptr);
+  const std::string dir = name;
+  const std::string file = dir + "/rlpt-v99999999999999999999.safetensors";
+  std::ofstream(file) << "not a safetensors file";
+  {
+    rlpt::sync::safetensors_transport in(dir, rlpt::sync::role::receiver);
+    std::optional<rlpt::sync::message> got;
+    CHECK_NOTHROW(got = in.receive(rlpt::sync::clock::now()));
+    CHECK_FALSE(got.has_value());
+  }
+  ::unlink(file.c_str());
+  ::rmdir(dir.c_str());
 }
 
 TEST_CASE("staleness: a refused restore leaves the adapter fresh, and a blob lists each group once") {

@@ -75,7 +75,11 @@ TEST_CASE("replay: checkpoint") { replay("checkpoint"); }
 TEST_CASE("replay: staleness") { replay("staleness"); }
 TEST_CASE("replay: dlpack") { replay("dlpack"); }
 
-TEST_CASE("seeds: safetensors") { seeds("safetensors"); }
+TEST_CASE("seeds: safetensors") {
+  const auto before = rlpt::fuzz::detail::replayed_messages;
+  seeds("safetensors");
+  CHECK(rlpt::fuzz::detail::replayed_messages > before); // the rlpt-dense seed went through the transport
+}
 TEST_CASE("seeds: manifest") { seeds("manifest"); }
 TEST_CASE("seeds: delta") { seeds("delta"); }
 TEST_CASE("seeds: frame") { seeds("frame"); }

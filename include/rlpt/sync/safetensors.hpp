@@ -37,6 +37,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -603,7 +604,11 @@ private:
       if (rest == ".safetensors") delta = false;
       else if (rest == ".delta.safetensors") delta = true;
       else continue;
-      out.push_back({std::stoull(std::string(digits)), delta, fmt::format("{}/{}", dir_, n)});
+      // 20 digits can exceed 2^64 - 1: such a name is not a version (std::stoull threw out_of_range).
+      std::uint64_t version = 0;
+      const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), version);
+      if (ec != std::errc{} || end != digits.data() + digits.size()) continue;
+      out.push_back({version, delta, fmt::format("{}/{}", dir_, n)});
     }
     ::closedir(d);
     std::sort(out.begin(), out.end(), [](const file_entry& a, const file_entry& b) {
