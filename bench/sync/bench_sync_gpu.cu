@@ -35,7 +35,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 extern char** environ;
@@ -43,6 +45,12 @@ extern char** environ;
 using namespace rlpt::sync;
 
 namespace {
+
+//! A failed check of the benchmark: printed by main(), no figure reported.
+template <class... Args>
+void require(bool ok, fmt::format_string<Args...> f, Args&&... args) {
+  if (!ok) throw std::runtime_error(fmt::format(f, std::forward<Args>(args)...));
+}
 
 __global__ void fill_kernel(std::uint16_t* p, std::uint64_t n, std::uint64_t seed) {
   for (std::uint64_t i = std::uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += std::uint64_t{gridDim.x} * blockDim.x) {
@@ -151,7 +159,7 @@ double ipc_receive(std::uint64_t bytes, std::uint64_t bucket, int versions, appl
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   pid_t pid = -1;
-  RLPT_CHECK(::posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), environ) == 0, "rlpt.bench", "spawn failed");
+  require(::posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), environ) == 0, "spawn failed");
   std::vector<double> secs;
   const double t_end = now_s() + 60;
   int status = 0;
@@ -159,14 +167,14 @@ double ipc_receive(std::uint64_t bytes, std::uint64_t bucket, int versions, appl
   while (now_s() < t_end && !exited) {
     const update u = rx.poll(std::chrono::milliseconds(20));
     if (u.published() && u.version >= 2) secs.push_back(u.seconds);
-    RLPT_CHECK(!u.failed(), "rlpt.bench", "IPC update {} failed: {}", u.version, u.reason);
+    require(!u.failed(), "IPC update {} failed: {}", u.version, u.reason);
     if (!u.published() && ::waitpid(pid, &status, WNOHANG) == pid) exited = true;
   }
   if (!exited) {
     ::kill(pid, SIGKILL);
     ::waitpid(pid, &status, 0);
   }
-  RLPT_CHECK(!secs.empty(), "rlpt.bench", "no IPC update arrived");
+  require(!secs.empty(), "no IPC update arrived");
   std::sort(secs.begin(), secs.end());
   return secs[secs.size() / 2];
 }
@@ -283,7 +291,7 @@ void bench_delta(double copy_bw, bool quick) {
     const double t0 = now_s();
     if (k % 2 == 0) {
       const std::string bad = app.apply(recs, arena.get(), s.get(), after(std::chrono::seconds(120)), "bench");
-      RLPT_CHECK(bad.empty(), "rlpt.bench", "delta apply refused: {}", bad);
+      require(bad.empty(), "delta apply refused: {}", bad);
     } else {
       app.undo(s.get());
     }

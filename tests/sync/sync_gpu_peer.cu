@@ -23,8 +23,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 using namespace rlpt::sync;
@@ -51,8 +53,16 @@ struct device_params {
       const auto bytes = model::tensor_bytes(specs[i], i, version);
       RLPT_CUDA_CHECK(cudaMemcpy(ptrs[i], bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
     }
+    // A pageable upload may return before its DMA landed: finish it before anything reads.
+    RLPT_CUDA_CHECK(cudaDeviceSynchronize());
   }
 };
+
+//! A failed check of this process: printed by main(), exit status 1.
+template <class... Args>
+void require(bool ok, fmt::format_string<Args...> f, Args&&... args) {
+  if (!ok) throw std::runtime_error(fmt::format(f, std::forward<Args>(args)...));
+}
 
 // Starts version v by hand and dies after its first bucket went out.
 [[noreturn]] void die_mid_update(ipc_link& l, const manifest& published, std::uint64_t v) {
@@ -67,7 +77,7 @@ struct device_params {
   l.send(meta, 0, after(std::chrono::seconds(20)));
   for (;;) {
     auto msg = l.receive(after(std::chrono::seconds(20)));
-    RLPT_CHECK(msg.has_value(), "rlpt.test", "no READY for the half update");
+    require(msg.has_value(), "no READY for the half update");
     const frame f = decode_frame(msg->meta, "peer");
     const bool ready = f.type == frame_type::ready && f.tag == tag;
     l.release();
@@ -97,7 +107,7 @@ int ipc_send(bool die, const std::string& path, std::uint64_t first, std::uint64
   for (std::uint64_t v = first; v <= last; ++v) {
     params.upload(specs, v);
     if (die && v == first + 1) die_mid_update(l, tx.current_manifest(), v);
-    const publish_result r = tx.publish(v);
+    const publish_result r = tx.publish(v, cudaStreamLegacy); // the stream the upload ran on
     std::printf("{\"version\": %llu, \"delta\": %d, \"fell_back\": %d, \"messages\": %llu, \"wire_bytes\": %llu}\n",
                 static_cast<unsigned long long>(r.version), r.delta ? 1 : 0, r.fell_back ? 1 : 0,
                 static_cast<unsigned long long>(r.messages), static_cast<unsigned long long>(r.wire_bytes));
@@ -116,17 +126,17 @@ int nccl_recv(std::uint16_t port, int device, std::uint64_t first, std::uint64_t
   device_receiver rx(l, params.tensors);
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   while (!(rx.has_version() && rx.version() >= last)) {
-    RLPT_CHECK(std::chrono::steady_clock::now() < until, "rlpt.test", "nccl receiver: timed out at version {}", rx.version());
+    require(std::chrono::steady_clock::now() < until, "nccl receiver: timed out at version {}", rx.version());
     const update u = rx.poll(std::chrono::milliseconds(100));
-    RLPT_CHECK(!u.failed(), "rlpt.test", "nccl receiver: version {} failed: {} ({})", u.version, u.reason, u.error_id);
+    require(!u.failed(), "nccl receiver: version {} failed: {} ({})", u.version, u.reason, u.error_id);
     if (!u.published()) continue;
     for (std::size_t i = 0; i < specs.size(); ++i) {
       const auto want = model::tensor_bytes(specs[i], i, u.version);
       std::vector<std::byte> got(want.size());
       RLPT_CUDA_CHECK(cudaMemcpy(got.data(), params.ptrs[i], got.size(), cudaMemcpyDeviceToHost));
-      RLPT_CHECK(got == want, "rlpt.test", "nccl receiver: tensor \"{}\" of version {} differs", specs[i].name, u.version);
+      require(got == want, "nccl receiver: tensor \"{}\" of version {} differs", specs[i].name, u.version);
     }
-    RLPT_CHECK(u.version >= first, "rlpt.test", "nccl receiver: unexpected version {}", u.version);
+    require(u.version >= first, "nccl receiver: unexpected version {}", u.version);
   }
   return 0;
 }

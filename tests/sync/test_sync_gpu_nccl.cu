@@ -52,6 +52,8 @@ struct params {
       const auto b = model::tensor_bytes(specs[i], i, v);
       RLPT_CUDA_CHECK(cudaMemcpy(ptrs[i], b.data(), b.size(), cudaMemcpyHostToDevice));
     }
+    // A pageable upload may return before its DMA landed: finish it before anything reads.
+    RLPT_CUDA_CHECK(cudaDeviceSynchronize());
   }
   //! Changed elements between two versions, counted on the host.
   [[nodiscard]] std::uint64_t changed(std::uint64_t a, std::uint64_t b) const {
@@ -75,9 +77,12 @@ void publish_three(nccl_link& l) {
   params p;
   const manifest m = model::model_manifest(bucket);
   device_sender tx(l, m, p.tensors, {.delta = true});
+  cudaEvent_t uploaded = nullptr;
+  RLPT_CUDA_CHECK(cudaEventCreateWithFlags(&uploaded, cudaEventDisableTiming));
   for (std::uint64_t v = 1; v <= 3; ++v) {
     p.upload(v);
-    const publish_result r = tx.publish(v);
+    RLPT_CUDA_CHECK(cudaEventRecord(uploaded, cudaStreamLegacy));
+    const publish_result r = tx.publish(v, uploaded); // packing waits for the event
     CHECK(r.version == v);
     CHECK(r.delta == (v > 1));
     if (v == 1) {
@@ -89,6 +94,7 @@ void publish_three(nccl_link& l) {
     }
     p.check_checksums(tx.current_manifest(), v);
   }
+  RLPT_CUDA_CHECK(cudaEventDestroy(uploaded));
 }
 
 } // namespace

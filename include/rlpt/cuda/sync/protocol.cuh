@@ -162,7 +162,22 @@ public:
   //! Sends version `version` (greater than the last published) and waits until every
   //! receiver published it. Throws on refusal, NACK (naming the peer), timeout, lost peer or
   //! abort; the sender then stays at its previous version and the next publish starts clean.
-  publish_result publish(std::uint64_t version) {
+  //!
+  //! The parameters are read on the link's own (non-blocking) stream, ordered after the work
+  //! that wrote them: `producer` is the stream the trainer wrote them on (the optimizer step),
+  //! or `ready` an event recorded after that work. publish(version) waits for the legacy
+  //! default stream, which covers work on it and on every blocking stream (PyTorch's default
+  //! stream); parameters written on a non-blocking stream must be named here. The parameters
+  //! must not change until publish() returns.
+  publish_result publish(std::uint64_t version) { return publish(version, cudaStreamLegacy); }
+  publish_result publish(std::uint64_t version, cudaStream_t producer) {
+    RLPT_CUDA_CHECK(cudaEventRecord(ready_.get(), producer));
+    return publish(version, ready_.get());
+  }
+  publish_result publish(std::uint64_t version, cudaEvent_t ready) {
+    RLPT_CHECK(ready != nullptr, errors::sync::bad_source, "{}: publish({}) needs an event recorded after the parameters were written",
+               where_, version);
+    RLPT_CUDA_CHECK(cudaStreamWaitEvent(link_.stream(), ready, 0));
     const auto t0 = clock::now();
     RLPT_CHECK(!published_ || version > last_, errors::sync::bad_version, "publish({}) after version {}: versions must increase",
                version, last_);
@@ -402,7 +417,7 @@ private:
   std::vector<std::uint64_t> piece_at_;
   detail::device_bytes d_sums_, d_msg_sum_, snapshot_;
   detail::pinned_bytes h_sums_, h_msg_sum_;
-  detail::event packed_, done_;
+  detail::event packed_, done_, ready_;
   std::vector<snap_copy> snap_copies_;
   std::uint64_t max_msg_ = 0;
   std::unique_ptr<device_delta_encoder> encoder_;
