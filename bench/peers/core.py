@@ -288,6 +288,7 @@ class Case:
     rounds: int | None = None   # override of the context's rounds
     calls: int | None = None    # override of the calls per round
     timed: bool = True          # False: the check run's outputs are the result (no timing rounds)
+    processes: int = 1          # busy processes while a side runs (the transports: 2)
 
 
 @dataclasses.dataclass
@@ -378,6 +379,9 @@ def run_case(ctx: Context, case: Case) -> dict:
                         series[side.label].extra[k] = v
         if ctx.gate:
             result["load_after"] = ctx.gate.record(case.key + " (after)")
+            if result["load_after"] > ctx.gate.limit + case.processes:  # more than this case's own processes
+                ctx.gate.contended.append(f"load {result['load_after']:.2f} after {case.key} (limit "
+                                          f"{ctx.gate.limit:.2f} + its own {case.processes} process(es))")
         result["rounds"], result["calls_per_round"], result["flush_bytes"] = rounds, calls, flush
         result["sides"] = {k: v.summary() for k, v in series.items()}
         result["roles"] = {s.label: s.role for s in case.sides}

@@ -130,7 +130,7 @@ def cases(ctx) -> list[Case]:
     for mean_len, records in ([(64, 4000)] if ctx.quick else [(64, 400_000), (1024, 40_000)]):
         out.append(Case(f"buffer mean {mean_len}", {"kind": "buffer", "mean_len": mean_len, "records": records},
                         [Side("rlpt", "bench_rollout_peer", ["buffer", 2, 2, records, 8, mean_len], check=False)],
-                        flush=False, warmup=0, rounds=3))
+                        flush=False, warmup=0, rounds=3, processes=4))
     return out
 
 

@@ -171,10 +171,10 @@ def cases(ctx) -> list[Case]:
                     [Side("rlpt", "bench_sync_runner", ["transport-peer", "shm", total, bucket, "weights"]),
                      Side("rlpt, no copy into weights", "bench_sync_runner",
                           ["transport-peer", "shm", total, bucket, "streaming"], role="diagnostic", check=False),
-                     *limits], None, check_transport, flush=False, warmup=1, calls=1 if quick else 3))
+                     *limits], None, check_transport, flush=False, warmup=1, calls=1 if quick else 3, processes=2))
     out.append(Case("tcp transport", {"kind": "transport", "transport": "tcp", "MiB": total, "bucket": bucket},
                     [Side("rlpt", "bench_sync_runner", ["transport-peer", "tcp", total, bucket, "weights"]),
-                     limits[2]], None, check_transport, flush=False, warmup=1, calls=1 if quick else 3))
+                     limits[2]], None, check_transport, flush=False, warmup=1, calls=1 if quick else 3, processes=2))
     return out
 
 
