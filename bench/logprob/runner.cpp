@@ -7,12 +7,19 @@
 //
 //   bench_logprob_runner DIR N V DTYPE TEMPERATURE THREADS REPEAT BACKWARD
 //
+// scripts/bench-peers (bench/peers/blocks/logprob.py) uses the peer mode: one thread, the outputs
+// (and the gradient) allocated inside every call, the timing protocol of
+// bench/support/peer_timing.hpp; PASS fwd times the forward, fwdbwd forward + backward (what
+// torch's autograd step does); --out writes logp.f32, entropy.f32 and grad_head.f32 (64 rows).
+//   bench_logprob_runner peer DIR N V DTYPE TEMPERATURE fwd|fwdbwd [--warmup N --calls N --flush B --out DIR]
+//
 // DIR holds logits.f32 or logits.bf16 ([N, V] little-endian; bf16 as raw 16-bit words),
 // targets.i64, dlogp.f32, dentropy.f32. Outputs: rlpt_logp.f32, rlpt_entropy.f32 and, with
 // BACKWARD=1, rlpt_grad.f32 (first 64 rows only, to keep the files small).
 #include <rlpt/logprob.hpp>
 
 #include "support/bandwidth.hpp"
+#include "support/peer_timing.hpp"
 
 #include <fmt/format.h>
 
@@ -23,6 +30,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -116,9 +124,80 @@ int run(const std::string& dir, rlpt::index_t n, rlpt::index_t v, float temp, un
   return 0;
 }
 
+template <class T>
+int peer(const std::string& dir, rlpt::index_t n, rlpt::index_t v, float temp, bool backward,
+         const rlpt::bench::timing_plan& plan) {
+  const auto nv = static_cast<std::size_t>(n * v), un = static_cast<std::size_t>(n);
+  const auto x = load<T>(dir + (sizeof(T) == 2 ? "/logits.bf16" : "/logits.f32"), nv);
+  const auto t = load<rlpt::index_t>(dir + "/targets.i64", un);
+  const auto dl = load<float>(dir + "/dlogp.f32", un);
+  const auto dh = load<float>(dir + "/dentropy.f32", un);
+  const rlpt::view2d<const T> xv(x.data(), n, v);
+  const rlpt::logprob_options opt{.temperature = temp};
+  struct result {
+    std::unique_ptr<float[]> logp, ent, lse;
+    std::unique_ptr<T[]> grad;
+  };
+  auto call = [&] {
+    using rlpt::bench::output;
+    result r{output<float>(un), output<float>(un), output<float>(un), backward ? output<T>(nv) : nullptr};
+    const rlpt::view<float> logp(r.logp.get(), n), ent(r.ent.get(), n), lse(r.lse.get(), n);
+    rlpt::logprob_entropy(xv, t, {.logp = logp, .entropy = ent, .saved = {.lse = lse}}, opt);
+    if (backward)
+      rlpt::logprob_entropy_backward(xv, t, dl, dh, ent, {.lse = lse}, rlpt::view2d<T>(r.grad.get(), n, v), opt);
+    return r;
+  };
+  const auto times = rlpt::bench::time_calls(plan, call);
+  const long base = reset_peak_kb();
+  long peak = 0;
+  {
+    const result r = call();
+    peak = status_kb("VmHWM:") - base;
+    if (!plan.out.empty()) {
+      save(plan.out + "/logp.f32", r.logp.get(), un);
+      save(plan.out + "/entropy.f32", r.ent.get(), un);
+      if (backward) {
+        std::vector<float> head(static_cast<std::size_t>(std::min<rlpt::index_t>(n, 64) * v));
+        for (std::size_t i = 0; i < head.size(); ++i) head[i] = static_cast<float>(r.grad[i]);
+        save(plan.out + "/grad_head.f32", head.data(), head.size());
+      }
+    }
+  }
+  // peak: resident bytes one call adds (VmHWM after a clear_refs reset), outputs and gradient included
+  std::printf("%s\n", fmt::format(R"({{"pass": "{}", "N": {}, "V": {}, "bytes": {}, "peak_extra_bytes": {}, {}}})",
+                                  backward ? "fwdbwd" : "fwd", n, v, nv * sizeof(T), peak * 1024,
+                                  rlpt::bench::json_series(times))
+                          .c_str());
+  return 0;
+}
+
+int peer_mode(int argc, char** argv) {
+  const rlpt::bench::timing_plan plan = rlpt::bench::parse_timing(argc, argv);
+  const std::string pass = argc == 8 ? argv[7] : "";
+  if (pass != "fwd" && pass != "fwdbwd") {
+    std::fprintf(stderr, "usage: bench_logprob_runner peer DIR N V f32|bf16 TEMPERATURE fwd|fwdbwd [timing]\n");
+    return 2;
+  }
+  const std::string dir = argv[2], dtype = argv[5];
+  const rlpt::index_t n = std::atoll(argv[3]), v = std::atoll(argv[4]);
+  const auto temp = static_cast<float>(std::atof(argv[6]));
+  if (dtype == "bf16") return peer<rlpt::bf16>(dir, n, v, temp, pass == "fwdbwd", plan);
+  if (dtype == "f32") return peer<float>(dir, n, v, temp, pass == "fwdbwd", plan);
+  std::fprintf(stderr, "unknown dtype %s\n", dtype.c_str());
+  return 2;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "peer") {
+    try {
+      return peer_mode(argc, argv);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "bench_logprob_runner: %s\n", e.what());
+      return 1;
+    }
+  }
   if (argc != 9) {
     std::fprintf(stderr, "usage: bench_logprob_runner DIR N V f32|bf16 TEMPERATURE THREADS REPEAT BACKWARD\n");
     return 2;
