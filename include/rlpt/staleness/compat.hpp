@@ -46,8 +46,8 @@ namespace trl {
              "TRL's automatic in-flight cap is max_staleness × batch; max_staleness must be >= 1, got {}",
              max_staleness);
   return {.max_staleness = unbounded_staleness, .batch_groups = batch_groups,
-          .max_concurrent = detail::checked_mul(errors::staleness::bad_option, "max_staleness * batch_groups",
-                                                max_staleness, batch_groups)};
+          .max_concurrent = ::rlpt::detail::checked_mul(errors::staleness::bad_option, "max_staleness * batch_groups",
+                                                       max_staleness, batch_groups)};
 }
 //! RolloutQueueDataset: drop a group when current − model_version > max_staleness (4).
 [[nodiscard]] inline selection_options selection(index_t max_staleness = 4) {
