@@ -96,9 +96,12 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
                "padded layout has {} sequences of length T = {}; T must be > 0", L.num_seqs(), L.max_len());
   const index_t n = L.storage_size();
   if (in.mask.size() != 0) L.expect_tokens("mask", in.mask); // no mask: every token is valid
+  // An input is absent when it is empty and the layout has token slots. A layout without any
+  // (an empty batch) makes every per-token input empty and complete: empty is not absent.
+  const bool no_tokens = n == 0;
   auto token_input = [&](auto v, std::string_view what) {
     if (v.size() != 0) L.expect_tokens(what, v);
-    return v.size() != 0;
+    return v.size() != 0 || no_tokens;
   };
   const bool has_logp = token_input(in.logp, "logp");
   p.has_old = token_input(in.old_logp, "old_logp");
@@ -112,6 +115,7 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
   if (in.seq_adv.size() != 0) {
     detail::expect_size("seq_adv", in.seq_adv.size(), L.num_seqs(), "one per sequence");
     p.has_seq_adv = true;
+    if (no_tokens) p.has_adv = false; // empty sequences with seq_adv: the advantages are seq_adv
   }
   RLPT_CHECK(!(p.has_adv && p.has_seq_adv), errors::objective::conflicting_input,
              "both adv ({} per-token values) and seq_adv ({} per-sequence values) were given; pass one", in.adv.size(),
