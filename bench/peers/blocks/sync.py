@@ -42,9 +42,20 @@ def to_bf16_bits(x: np.ndarray) -> np.ndarray:
     return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
 
 
+_streams: dict = {}
+
+
 def adam_stream(numel: int, lr: float, steps: int, seed: int = 0):
     """bf16 bit patterns of the weights before and after the last step, and the changed fraction
-    of every step."""
+    of every step (computed once per run and parameters: three cases use it)."""
+    key = (numel, lr, steps, seed)
+    if key not in _streams:
+        _streams.clear()
+        _streams[key] = _adam_stream(numel, lr, steps, seed)
+    return _streams[key]
+
+
+def _adam_stream(numel: int, lr: float, steps: int, seed: int = 0):
     rng = np.random.default_rng(seed)
     w = (0.02 * rng.standard_normal(numel, dtype=np.float32))
     m = np.zeros_like(w)
