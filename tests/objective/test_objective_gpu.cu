@@ -32,7 +32,7 @@ struct device_run {
 };
 
 //! Copies a host batch to the device, evaluates there, copies everything back.
-device_run run_device(const objective& obj, const batch<float>& b, bool packed_layout = false) {
+device_run run_device(const objective& obj, const batch<float>& b, bool packed_layout = false, bool no_mask = false) {
   dbuf<mask_t> mask(b.mask);
   dbuf<float> lp(b.lp), old(b.old), behav(b.behav), ref(b.ref), adv(b.adv), ent(b.entropy), val(b.values),
       vold(b.old_values), ret(b.returns), teach(b.teachers);
@@ -43,7 +43,7 @@ device_run run_device(const objective& obj, const batch<float>& b, bool packed_l
   device_objective_inputs<float> in;
   in.layout = packed_layout ? device_token_layout::packed(d_offs.cview(), static_cast<index_t>(b.size()), b.stride)
                             : device_token_layout::padded(b.B, b.L, b.stride);
-  in.mask = mask.cview();
+  if (!no_mask) in.mask = mask.cview(); // no mask: every token is valid
   in.logp = lp.cview();
   in.old_logp = old.cview();
   in.behav_logp = behav.cview();
@@ -148,6 +148,29 @@ TEST_CASE("device evaluate equals host evaluate on packed layouts and with expli
     compare(obj, b, /*packed=*/true);
     obj.agg = with_denominators(obj.agg, local_denominators(obj, b.inputs()) + loss_denominators{17.0, 3.0});
     compare(obj, b);
+  }
+}
+
+TEST_CASE("device: no mask means every token is valid, as on the host") {
+  batch<float> b(9, 300, 47, 0.4, 0.3);
+  for (auto& m : b.mask) m = 1; // the host runs with an all-ones mask, the device with none
+  for (const objective& obj : configurations()) {
+    test::grads<float> hg(b.size());
+    const objective_result h = evaluate(obj, b.inputs(), hg.view());
+    const device_run d = run_device(obj, b, /*packed=*/false, /*no_mask=*/true);
+    CHECK(d.r.tokens == h.tokens);
+    CHECK(d.r.loss_tokens == h.loss_tokens);
+    const double scale = std::fabs(h.policy_loss) + std::fabs(h.kl_loss) + std::fabs(h.value_loss) + 1e-30;
+    check_close("loss", d.r.loss, h.loss, scale);
+    double gscale = 0.0;
+    for (float x : hg.logp) gscale = std::max(gscale, static_cast<double>(std::fabs(x)));
+    for (std::size_t i = 0; i < b.size(); ++i) {
+      if (static_cast<index_t>(i) % b.stride >= b.L) continue; // stride gap: not a layout slot
+      if (!(std::fabs(d.g_logp[i] - hg.logp[i]) <= 1e-5 * std::fabs(hg.logp[i]) + 1e-6 * gscale)) {
+        FAIL_CHECK("grad_logp[", i, "]: device ", d.g_logp[i], " host ", hg.logp[i]);
+        break;
+      }
+    }
   }
 }
 

@@ -2,7 +2,8 @@
 //! @file
 //! rlpt::evaluate on device memory: a whole objective (policy term, correction, KL, entropy,
 //! value, distillation, aggregation, metrics) in one fused pass over the tokens plus a
-//! deterministic reduction, with the same per-token math as the host (objective/detail/*.hpp).
+//! deterministic reduction. Each thread runs the host's token stages (objective/detail/token.hpp)
+//! on a chunk of one token, so host and device combine a token's terms with the same code.
 //!
 //!     rlpt::workspace ws;                                          // size query
 //!     rlpt::evaluate(obj, d_inputs, d_grads, d_result, ws, stream);
@@ -11,9 +12,10 @@
 //!
 //! Kernels: [row statistics, only when a sequence-level piece or a local denominator needs
 //! them] -> token pass (one block per (sequence, 1024-token tile), per-block sums) -> [GSPO
-//! sequence-form gradient coupling] -> one-block reduction into *d_result. Every reduction has
-//! a fixed order (per-thread strided sums, warp shuffles, a fixed tree), so the result bits do
-//! not depend on scheduling and no atomics are used.
+//! sequence-form gradient coupling] -> one-block reduction into *d_result. Each kernel folds all
+//! its sums in one block_fold (one barrier for every value); every reduction has a fixed order
+//! (per-thread strided sums, warp shuffles, warps in order), so the result bits do not depend on
+//! scheduling and no atomics are used.
 //!
 //! Differences from the host entry point, which can throw: a non-finite input at a valid token
 //! under nonfinite::raise makes result.loss NaN (result.nonfinite_tokens counts them); an

@@ -136,18 +136,6 @@ struct row_stats {
   double sum_xs = 0.0;   //!< GMPO: sum of x* over in-loss tokens
   double sum_adv = 0.0;  //!< GMPO: sum of A over in-loss tokens
   double sum_logw = 0.0; //!< GMPO: sum of log(w + 1e-10) over in-loss tokens (token weights)
-
-  RLPT_HD void merge(const row_stats& o) {
-    len += o.len;
-    len_keep += o.len_keep;
-    sum_lr += o.sum_lr;
-    rs_sum += o.rs_sum;
-    rs_max = o.rs_max > rs_max ? o.rs_max : rs_max;
-    sum_x += o.sum_x;
-    sum_xs += o.sum_xs;
-    sum_adv += o.sum_adv;
-    sum_logw += o.sum_logw;
-  }
 };
 
 //! The per-row constants the token pass needs, derived from the row statistics.
