@@ -74,7 +74,8 @@ void backward(benchmark::State& st) {
   const rlpt::view2d<const T> xv(x.data(), n, v);
   rlpt::logprob_entropy(xv, t, {.logp = lp, .entropy = ent, .saved = {.lse = lse}}, {}, ex);
   for (auto _ : st) {
-    rlpt::logprob_entropy_backward(xv, t, dl, dh, ent, {.lse = lse}, rlpt::view2d<T>(grad.data(), n, v), {}, ex);
+    rlpt::logprob_entropy_backward(xv, t, {.dlogp = dl, .dentropy = dh, .entropy = ent, .saved = {.lse = lse}},
+                                   rlpt::view2d<T>(grad.data(), n, v), {}, ex);
     benchmark::DoNotOptimize(grad.data());
   }
   st.SetBytesProcessed(st.iterations() * 2 * n * v * static_cast<index_t>(sizeof(T))); // read + write

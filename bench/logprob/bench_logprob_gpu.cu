@@ -160,8 +160,9 @@ int main(int argc, char** argv) {
     const double ideal_ms = bytes / bw * 1e3;
     const double fwd = median_ms(20, 3, [&] { rlpt::logprob_entropy(xv, tv, out, {}, nullptr); });
     const double bwd = median_ms(20, 3, [&] {
-      rlpt::logprob_entropy_backward(xv, tv, {dl, n}, {dh, n}, {en, n}, {.lse = {ls, n}},
-                                     rlpt::device_view2d<rlpt::bf16>(g, n, v), {}, nullptr);
+      rlpt::logprob_entropy_backward(
+          xv, tv, {.dlogp = {dl, n}, .dentropy = {dh, n}, .logp = {lp, n}, .entropy = {en, n}, .saved = {.lse = {ls, n}}},
+          rlpt::device_view2d<rlpt::bf16>(g, n, v), {}, nullptr);
     });
     const double fused = median_ms(20, 3, [&] {
       rlpt::logprob_entropy_fused(xv, tv, out, rlpt::device_view2d<rlpt::bf16>(g, n, v), rlpt_bench::unit_grad{}, {},

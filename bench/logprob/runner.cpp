@@ -107,7 +107,8 @@ int run(const std::string& dir, rlpt::index_t n, rlpt::index_t v, float temp, un
   long rss_bwd = rss_fwd;
   if (backward) {
     bwd = median_seconds(repeat, [&] {
-      rlpt::logprob_entropy_backward(xv, t, dl, dh, ent, {.lse = lse}, rlpt::view2d<T>(grad.data(), n, v), opt, ex);
+      rlpt::logprob_entropy_backward(xv, t, {.dlogp = dl, .dentropy = dh, .entropy = ent, .saved = {.lse = lse}},
+                                     rlpt::view2d<T>(grad.data(), n, v), opt, ex);
     });
     rss_bwd = status_kb("VmHWM:");
     std::vector<float> head(static_cast<std::size_t>(std::min<rlpt::index_t>(n, 64) * v));

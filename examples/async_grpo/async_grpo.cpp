@@ -611,10 +611,11 @@ struct LogprobFn : torch::autograd::Function<LogprobFn> {
     auto dz = torch::empty_like(z);
     rlpt::logprob_entropy_backward(
         rlpt::view2d<const float>(z.data_ptr<float>(), n, v), rlpt::view<const index_t>(saved[1].data_ptr<std::int64_t>(), n),
-        rlpt::view<const float>(dlogp.data_ptr<float>(), n),
-        dent.defined() ? rlpt::view<const float>(dent.data_ptr<float>(), n) : rlpt::view<const float>{},
-        rlpt::view<const float>(saved[2].data_ptr<float>(), n),
-        rlpt::logprob_saved_view{.lse = {saved[3].data_ptr<float>(), n}}, rlpt::view2d<float>(dz.data_ptr<float>(), n, v),
+        {.dlogp = rlpt::view<const float>(dlogp.data_ptr<float>(), n),
+         .dentropy = dent.defined() ? rlpt::view<const float>(dent.data_ptr<float>(), n) : rlpt::view<const float>{},
+         .entropy = rlpt::view<const float>(saved[2].data_ptr<float>(), n),
+         .saved = {.lse = {saved[3].data_ptr<float>(), n}}},
+        rlpt::view2d<float>(dz.data_ptr<float>(), n, v),
         {.temperature = static_cast<float>(ctx->saved_data["temperature"].toDouble())});
     return {dz, torch::Tensor(), torch::Tensor()};
   }

@@ -106,7 +106,8 @@ TEST_CASE("masked vocabulary (-inf logits) has probability exactly 0") {
   const rlpt::view2d<const float> x(b.logits.data(), 3, 300);
   rlpt::logprob_entropy(x, b.targets, {.logp = logp, .entropy = ent, .saved = {.lse = lse}});
   std::vector<float> dl(3, 1.0f), dh(3, 0.5f), grad(900);
-  rlpt::logprob_entropy_backward(x, b.targets, dl, dh, ent, {.lse = lse}, rlpt::view2d<float>(grad.data(), 3, 300));
+  rlpt::logprob_entropy_backward(x, b.targets, {.dlogp = dl, .dentropy = dh, .entropy = ent, .saved = {.lse = lse}},
+                                 rlpt::view2d<float>(grad.data(), 3, 300));
   for (index_t r = 0; r < 3; ++r) {
     const auto xd = lt::to_double(b.logits.data() + r * 300, 300);
     const auto ref = lt::reference_row(xd, 1.0, b.targets[r]);
@@ -131,10 +132,11 @@ TEST_CASE_TEMPLATE("backward matches the analytic fp64 gradient", T, float, doub
     const auto dl = g.normals<float>(6), dh = g.normals<float>(6);
     std::vector<float> grad(static_cast<std::size_t>(6 * cols));
     const rlpt::view2d<float> gv(grad.data(), 6, cols);
-    rlpt::logprob_entropy_backward(x, b.targets, dl, dh, ent, {.lse = lse}, gv, {.temperature = temp});
+    rlpt::logprob_entropy_backward(x, b.targets, {.dlogp = dl, .dentropy = dh, .entropy = ent, .saved = {.lse = lse}}, gv,
+                                   {.temperature = temp});
     // without saved statistics the backward recomputes them: same result
     std::vector<float> grad2(grad.size());
-    rlpt::logprob_entropy_backward(x, b.targets, dl, dh, {}, {}, rlpt::view2d<float>(grad2.data(), 6, cols),
+    rlpt::logprob_entropy_backward(x, b.targets, {.dlogp = dl, .dentropy = dh}, rlpt::view2d<float>(grad2.data(), 6, cols),
                                    {.temperature = temp});
     CHECK(grad == grad2);
     for (index_t r = 0; r < 6; ++r) {
@@ -164,7 +166,8 @@ TEST_CASE("backward equals central finite differences of the fp64 forward") {
   rlpt::logprob_entropy(x, t, {.logp = logp, .entropy = ent, .saved = {.lse = lse}},
                         {.temperature = static_cast<float>(temp)});
   const std::vector<float> dlv = {static_cast<float>(dl)}, dhv = {static_cast<float>(dh)};
-  rlpt::logprob_entropy_backward(x, t, dlv, dhv, ent, {.lse = lse}, rlpt::view2d<float>(grad.data(), 1, cols),
+  rlpt::logprob_entropy_backward(x, t, {.dlogp = dlv, .dentropy = dhv, .entropy = ent, .saved = {.lse = lse}},
+                                 rlpt::view2d<float>(grad.data(), 1, cols),
                                  {.temperature = static_cast<float>(temp)});
   RLPT_CHECK_CLOSE(grad, fd, 1e-4, 1e-6);
 }
@@ -177,10 +180,12 @@ TEST_CASE_TEMPLATE("in-place backward equals out-of-place bit for bit", T, float
   rlpt::logprob_entropy(x, b.targets, {.logp = logp, .entropy = ent, .saved = {.lse = lse}});
   const auto dl = g.normals<float>(5), dh = g.normals<float>(5);
   std::vector<T> out(b.logits.size());
-  rlpt::logprob_entropy_backward(x, b.targets, dl, dh, ent, {.lse = lse}, rlpt::view2d<T>(out.data(), 5, 1031, 1040));
+  rlpt::logprob_entropy_backward(x, b.targets, {.dlogp = dl, .dentropy = dh, .entropy = ent, .saved = {.lse = lse}},
+                                 rlpt::view2d<T>(out.data(), 5, 1031, 1040));
   auto inplace = b.logits;
   const rlpt::view2d<T> w(inplace.data(), 5, 1031, 1040);
-  rlpt::logprob_entropy_backward(rlpt::view2d<const T>(w), b.targets, dl, dh, ent, {.lse = lse}, w);
+  rlpt::logprob_entropy_backward(rlpt::view2d<const T>(w), b.targets,
+                                 {.dlogp = dl, .dentropy = dh, .entropy = ent, .saved = {.lse = lse}}, w);
   for (index_t r = 0; r < 5; ++r)
     for (index_t j = 0; j < 1031; ++j) {
       const auto i = static_cast<std::size_t>(r * 1040 + j);
@@ -206,7 +211,9 @@ TEST_CASE("bf16 gradients round to nearest even like rlpt::bf16") {
   const auto dl = g.normals<float>(3), dh = g.normals<float>(3);
   std::vector<float> g32(2100);
   std::vector<rlpt::bf16> g16(2100);
-  rlpt::logprob_entropy_backward(x, b.targets, dl, dh, ent, {.lse = lse}, rlpt::view2d<float>(g32.data(), 3, 700));
-  rlpt::logprob_entropy_backward(x, b.targets, dl, dh, ent, {.lse = lse}, rlpt::view2d<rlpt::bf16>(g16.data(), 3, 700));
+  rlpt::logprob_entropy_backward(x, b.targets, {.dlogp = dl, .dentropy = dh, .entropy = ent, .saved = {.lse = lse}},
+                                 rlpt::view2d<float>(g32.data(), 3, 700));
+  rlpt::logprob_entropy_backward(x, b.targets, {.dlogp = dl, .dentropy = dh, .entropy = ent, .saved = {.lse = lse}},
+                                 rlpt::view2d<rlpt::bf16>(g16.data(), 3, 700));
   for (std::size_t i = 0; i < g32.size(); ++i) CHECK(g16[i].bits == rlpt::bf16(g32[i]).bits);
 }

@@ -62,7 +62,8 @@ void check_from_logits_file(const char* file) {
   }
   const auto dl = f.get<float>("dlogp"), dh = f.get<float>("dentropy");
   std::vector<float> grad(static_cast<std::size_t>(n * v));
-  rlpt::logprob_entropy_backward(xv, t, dl, dh, ent, {.lse = lse}, rlpt::view2d<float>(grad.data(), n, v),
+  rlpt::logprob_entropy_backward(xv, t, {.dlogp = dl, .dentropy = dh, .entropy = ent, .saved = {.lse = lse}},
+                                 rlpt::view2d<float>(grad.data(), n, v),
                                  {.temperature = temp});
   const auto torch_grad = f.get<float>("torch_grad");
   RLPT_CHECK_CLOSE(grad, torch_grad, 1e-4, 1e-7);

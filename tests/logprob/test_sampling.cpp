@@ -84,9 +84,11 @@ void check_against_reference(const std::vector<float>& x, index_t rows, index_t 
   const rlpt::view2d<const float> xv(x.data(), rows, cols);
   auto lse = run.lse, thr = run.thr;
   auto tie = run.tie;
-  rlpt::logprob_entropy_backward(xv, t, dl, dh, run.ent, {.lse = lse, .threshold = thr, .tie_last = tie},
+  rlpt::logprob_entropy_backward(xv, t,
+                                 {.dlogp = dl, .dentropy = dh, .entropy = run.ent,
+                                  .saved = {.lse = lse, .threshold = thr, .tie_last = tie}},
                                  rlpt::view2d<float>(grad.data(), rows, cols), o);
-  rlpt::logprob_entropy_backward(xv, t, dl, dh, {}, {}, rlpt::view2d<float>(grad2.data(), rows, cols), o);
+  rlpt::logprob_entropy_backward(xv, t, {.dlogp = dl, .dentropy = dh}, rlpt::view2d<float>(grad2.data(), rows, cols), o);
   CHECK(grad == grad2);
   for (index_t r = 0; r < rows; ++r) {
     const auto want = lt::reference_grad(lt::to_double(x.data() + r * cols, cols), o.temperature,
@@ -163,7 +165,7 @@ TEST_CASE("a target outside the support raises by default, or scores -inf and is
   // and no gradient flows from a dropped target
   std::vector<float> grad(2 * cols, 1.0f);
   const std::vector<float> dl = {1.0f, 1.0f};
-  rlpt::logprob_entropy_backward(rlpt::view2d<const float>(x.data(), 2, cols), t, dl, {}, {}, {},
+  rlpt::logprob_entropy_backward(rlpt::view2d<const float>(x.data(), 2, cols), t, {.dlogp = dl},
                                  rlpt::view2d<float>(grad.data(), 2, cols),
                                  {.top_k = 1, .on_dropped = rlpt::dropped_target::neg_inf});
   for (index_t j = 0; j < cols; ++j) CHECK(grad[j] == 0.0f);
@@ -220,7 +222,9 @@ void check_batch_invariance(const rlpt::logprob_options& o) {
                           o, ex);
     const auto dl = std::vector<float>(n, 0.75f), dh = std::vector<float>(n, -0.5f);
     std::vector<T> grad(static_cast<std::size_t>(n * cols));
-    rlpt::logprob_entropy_backward(x, t, dl, dh, ent, {.lse = lse, .threshold = thr, .tie_last = tie},
+    rlpt::logprob_entropy_backward(x, t,
+                                   {.dlogp = dl, .dentropy = dh, .entropy = ent,
+                                    .saved = {.lse = lse, .threshold = thr, .tie_last = tie}},
                                    rlpt::view2d<T>(grad.data(), n, cols), o, ex);
     std::vector<std::pair<index_t, row_bits>> out;
     for (index_t i = 0; i < n; ++i)
@@ -307,12 +311,12 @@ TEST_CASE("bad input raises clear errors naming the values") {
                    "rlpt.logprob.nonfinite", "row 3", "every logit is -inf");
 
   std::vector<float> grad(4 * cols);
-  RLPT_CHECK_ERROR(rlpt::logprob_entropy_backward(xv, t, logp, {}, {}, {}, rlpt::view2d<float>(grad.data(), 4, 49)),
+  RLPT_CHECK_ERROR(rlpt::logprob_entropy_backward(xv, t, {.dlogp = logp}, rlpt::view2d<float>(grad.data(), 4, 49)),
                    "rlpt.logprob.shape_mismatch", "dlogits are [4, 49]");
   auto inplace = x;
   const rlpt::view2d<float> shifted(inplace.data() + 1, 4, cols);
-  RLPT_CHECK_ERROR(rlpt::logprob_entropy_backward(rlpt::view2d<const float>(inplace.data(), 4, cols), t, logp, {}, {},
-                                                  {}, shifted),
+  RLPT_CHECK_ERROR(rlpt::logprob_entropy_backward(rlpt::view2d<const float>(inplace.data(), 4, cols), t, {.dlogp = logp},
+                                                  shifted),
                    "rlpt.logprob.alias", "partially overlaps");
   const rlpt::view2d<const float> empty_vocab(x.data(), 4, 0);
   RLPT_CHECK_ERROR(rlpt::logprob_entropy(empty_vocab, t, logp, ent), "rlpt.logprob.shape_mismatch", "0 columns");

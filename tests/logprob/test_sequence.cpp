@@ -67,7 +67,8 @@ per_token run_packed(const sequences& s, std::vector<float>* grad_out = nullptr,
       dh[i] = -0.25f;
     }
     grad_out->assign(x.size(), 9.0f);
-    rlpt::sequence_logprob_entropy_backward(xv, tok, layout, {}, dl, dh, r.ent, {.lse = lse},
+    rlpt::sequence_logprob_entropy_backward(xv, tok, layout, {},
+                                            {.dlogp = dl, .dentropy = dh, .entropy = r.ent, .saved = {.lse = lse}},
                                             rlpt::view2d<float>(grad_out->data(), n, s.vocab), {.temperature = temp});
   }
   return r;
@@ -112,7 +113,8 @@ per_token run_padded(const sequences& s, bool left, lt::rng& g, std::vector<std:
       }
     }
     grad.assign(x.size(), 9.0f);
-    rlpt::sequence_logprob_entropy_backward(xv, tok, layout, valid, dl, dh, full.ent, {.lse = lse},
+    rlpt::sequence_logprob_entropy_backward(xv, tok, layout, valid,
+                                            {.dlogp = dl, .dentropy = dh, .entropy = full.ent, .saved = {.lse = lse}},
                                             rlpt::view2d<float>(grad.data(), slots, s.vocab), {.temperature = temp});
   }
   // back to packed order; every padding slot must be 0 / unscored
@@ -244,7 +246,8 @@ TEST_CASE("vocab-parallel over k uneven simulated shards equals the unsharded re
   rlpt::logprob_entropy(xv, t, {.logp = want_lp, .entropy = want_ent, .saved = {.lse = want_lse}}, opt);
   const auto dl = g.normals<float>(n), dh = g.normals<float>(n);
   std::vector<float> want_grad(x.size());
-  rlpt::logprob_entropy_backward(xv, t, dl, dh, want_ent, {.lse = want_lse}, rlpt::view2d<float>(want_grad.data(), n, vocab),
+  rlpt::logprob_entropy_backward(xv, t, {.dlogp = dl, .dentropy = dh, .entropy = want_ent, .saved = {.lse = want_lse}},
+                                 rlpt::view2d<float>(want_grad.data(), n, vocab),
                                  opt);
   for (const int k : {1, 2, 3, 8}) {
     const auto cut = split_points(vocab, k, g);
@@ -261,9 +264,10 @@ TEST_CASE("vocab-parallel over k uneven simulated shards equals the unsharded re
             local, t, {.begin = b, .vocab = vocab}, comm,
             {.logp = lp[static_cast<std::size_t>(q)], .entropy = ent[static_cast<std::size_t>(q)], .saved = {.lse = lse[static_cast<std::size_t>(q)]}},
             [&](rlpt::view<float> d, rlpt::reduce_op op) { group.allreduce(q, d, op); }, opt);
-        rlpt::vocab_parallel_backward(local, t, {.begin = b, .vocab = vocab}, dl, dh, ent[static_cast<std::size_t>(q)],
-                                      lse[static_cast<std::size_t>(q)], rlpt::view2d<float>(grad.data() + b, n, e - b, vocab),
-                                      opt);
+        const auto qs = static_cast<std::size_t>(q);
+        rlpt::vocab_parallel_backward(local, t, {.begin = b, .vocab = vocab},
+                                      {.dlogp = dl, .dentropy = dh, .logp = lp[qs], .entropy = ent[qs], .saved = {.lse = lse[qs]}},
+                                      rlpt::view2d<float>(grad.data() + b, n, e - b, vocab), opt);
       });
     for (auto& th : ranks) th.join();
     INFO(k << " shards");

@@ -68,7 +68,7 @@ logprob_stats forward_rows(view2d<T> logits, Job&& job, const logprob_outputs& o
                            const host_executor& ex) {
   using E = std::remove_const_t<T>;
   const index_t rows = logits.rows(), cols = logits.cols();
-  const float scale = 1.0f / opt.temperature;
+  const float t = opt.temperature;
   const bool truncated = opt.truncated();
   const index_t top_k = opt.top_k < 0 ? 0 : opt.top_k;
   const auto body = [&](index_t r0, index_t r1) {
@@ -82,15 +82,15 @@ logprob_stats forward_rows(view2d<T> logits, Job&& job, const logprob_outputs& o
         continue;
       }
       const E* x = logits.data() + r * logits.row_stride();
-      const lse_state full = row_accumulate(x, cols, scale);
-      if (!lse_ok(full)) fail_nonfinite_row(r, full.m);
+      const lse_state full = row_accumulate(x, cols, t);
+      if (!lse_ok(full)) fail_nonfinite_row(r, cols, t, [x](index_t j) { return load_logit(x[j]); });
       row_support sup{neg_inf_f, cols - 1};
       lse_state kept_state = full;
       mask_t* kept_row = out.kept.data() != nullptr ? out.kept.data() + r * out.kept.row_stride() : nullptr;
       if (truncated) {
-        const truncation tr = row_truncation(x, cols, scale, full.m, top_k, opt.top_p);
+        const truncation tr = row_truncation(x, cols, t, full.m, top_k, opt.top_p);
         sup = {tr.threshold, tr.tie_last};
-        kept_state = row_accumulate_kept(x, cols, scale, full.m, sup.threshold, sup.tie_last, kept_row);
+        kept_state = row_accumulate_kept(x, cols, t, full.m, sup.threshold, sup.tie_last, kept_row);
       } else if (kept_row != nullptr) {
         std::memset(kept_row, 1, static_cast<std::size_t>(cols));
       }
@@ -98,13 +98,13 @@ logprob_stats forward_rows(view2d<T> logits, Job&& job, const logprob_outputs& o
       float logp = 0.0f;
       bool scored = jb.scored && jb.col >= 0;
       if (scored) {
-        const float zt = load_logit(x[jb.col]) * scale;
+        const float zt = load_logit(x[jb.col]) / t;
         if (kept_column(zt, jb.col, sup.threshold, sup.tie_last) && zt != neg_inf_f) {
-          logp = zt - res.lse;
+          logp = lse_logp(zt, kept_state);
         } else {
           if (opt.on_dropped == dropped_target::raise) {
             index_t rank = 1;
-            for (index_t j = 0; j < cols; ++j) rank += load_logit(x[j]) * scale > zt ? 1 : 0;
+            for (index_t j = 0; j < cols; ++j) rank += load_logit(x[j]) / t > zt ? 1 : 0;
             RLPT_FAIL(errors::logprob::dropped_target,
                       "target {} of row {} has probability 0 under the scored distribution (temperature {}, top_k "
                       "{}, top_p {}): it is rank {} of {} by logit (tempered logit {}, kept threshold {}); set "
@@ -155,25 +155,28 @@ void check_grad_alias(view2d<T> logits, view2d<G> dlogits) {
              logits.row_stride(), dlogits.row_stride());
 }
 
-//! Backward over every row; rows with !active get zeros. `entropy` is indexed like the outputs
-//! (job.out), `saved` like the rows. Missing statistics are recomputed from the logits.
+//! Backward over every row; rows with !active get zeros. `in`'s per-target views are indexed
+//! like the outputs (job.out), `in.saved` like the rows. Missing statistics are recomputed from
+//! the logits; with `in.logp`, whether a target gets a gradient is decided from it (the device
+//! rule, detail::target_dlogp), otherwise from the logits as the forward did.
 template <class T, class G, class Job>
-void backward_rows(view2d<T> logits, Job&& job, view<const float> dlogp, view<const float> dentropy,
-                   view<const float> entropy, const logprob_saved_view& saved, view2d<G> dlogits,
+void backward_rows(view2d<T> logits, Job&& job, const logprob_backward_inputs& in, view2d<G> dlogits,
                    const logprob_options& opt, const host_executor& ex) {
   using E = std::remove_const_t<T>;
   const index_t cols = logits.cols();
-  const float scale = 1.0f / opt.temperature;
+  const float t = opt.temperature;
   const bool truncated = opt.truncated();
   const index_t top_k = opt.top_k < 0 ? 0 : opt.top_k;
+  const logprob_saved_view& saved = in.saved;
   const bool have_lse = !saved.lse.empty() && (!truncated || (!saved.threshold.empty() && !saved.tie_last.empty()));
-  const bool need_entropy = !dentropy.empty();
+  const bool need_entropy = !in.dentropy.empty();
   ex.parallel_for(logits.rows(), row_grain(cols), [&](index_t r0, index_t r1) {
     for (index_t r = r0; r < r1; ++r) {
       G* dx = dlogits.data() + r * dlogits.row_stride();
       const row_job jb = job(r);
-      const float glp0 = jb.active && jb.scored && !dlogp.empty() ? dlogp[jb.out] : 0.0f;
-      const float gh = jb.active && need_entropy ? dentropy[jb.out] : 0.0f;
+      float glp0 = jb.active && jb.scored && !in.dlogp.empty() ? in.dlogp[jb.out] : 0.0f;
+      if (!in.logp.empty()) glp0 = target_dlogp(glp0, in.logp[jb.out]);
+      const float gh = jb.active && need_entropy ? in.dentropy[jb.out] : 0.0f;
       if (!jb.active || (glp0 == 0.0f && gh == 0.0f)) {
         for (index_t j = 0; j < cols; ++j) dx[j] = store_grad<G>(0.0f);
         continue;
@@ -185,34 +188,38 @@ void backward_rows(view2d<T> logits, Job&& job, view<const float> dlogp, view<co
         lse = saved.lse[r];
         if (truncated) sup = {saved.threshold[r], saved.tie_last[r]};
       }
-      if (!have_lse || (need_entropy && entropy.empty())) {
-        const lse_state full = row_accumulate(x, cols, scale);
-        if (!lse_ok(full)) fail_nonfinite_row(r, full.m);
+      if (!have_lse || (need_entropy && in.entropy.empty())) {
+        const lse_state full = row_accumulate(x, cols, t);
+        if (!lse_ok(full)) fail_nonfinite_row(r, cols, t, [x](index_t j) { return load_logit(x[j]); });
         lse_state ks = full;
         if (truncated) {
-          const truncation tr = row_truncation(x, cols, scale, full.m, top_k, opt.top_p);
+          const truncation tr = row_truncation(x, cols, t, full.m, top_k, opt.top_p);
           sup = {tr.threshold, tr.tie_last};
-          ks = row_accumulate_kept(x, cols, scale, full.m, sup.threshold, sup.tie_last, nullptr);
+          ks = row_accumulate_kept(x, cols, t, full.m, sup.threshold, sup.tie_last, nullptr);
         }
         const row_result res = lse_finish(ks);
         lse = res.lse;
         h = res.entropy;
       }
-      if (need_entropy && !entropy.empty()) h = entropy[jb.out];
+      if (need_entropy && !in.entropy.empty()) h = in.entropy[jb.out];
       float glp = glp0;
       index_t target = -1;
       if (glp0 != 0.0f && jb.col >= 0) {
-        const float zt = load_logit(x[jb.col]) * scale;
-        if (kept_column(zt, jb.col, sup.threshold, sup.tie_last) && zt != neg_inf_f) {
-          target = jb.col;
+        if (!in.logp.empty()) {
+          target = jb.col; // the forward's logp decided: glp0 is 0 for a dropped target
         } else {
-          glp = 0.0f; // dropped target: its logp was -inf, it has no gradient
+          const float zt = load_logit(x[jb.col]) / t; // read before the row is written (in place)
+          if (kept_column(zt, jb.col, sup.threshold, sup.tie_last) && zt != neg_inf_f) {
+            target = jb.col;
+          } else {
+            glp = 0.0f; // dropped target: its logp was -inf, it has no gradient
+          }
         }
       }
       if (truncated) {
-        row_backward<E, G, true>(x, dx, cols, scale, lse, h, glp, gh, sup.threshold, sup.tie_last, target);
+        row_backward<E, G, true>(x, dx, cols, t, lse, h, glp, gh, sup.threshold, sup.tie_last, target);
       } else {
-        row_backward<E, G, false>(x, dx, cols, scale, lse, h, glp, gh, sup.threshold, sup.tie_last, target);
+        row_backward<E, G, false>(x, dx, cols, t, lse, h, glp, gh, sup.threshold, sup.tie_last, target);
       }
     }
   });
@@ -220,9 +227,18 @@ void backward_rows(view2d<T> logits, Job&& job, view<const float> dlogp, view<co
 
 template <class T>
 void check_logits(view2d<T> logits, std::string_view what = "logits") {
-  RLPT_CHECK(logits.cols() > 0, errors::logprob::shape_mismatch, "{} have 0 columns: the vocabulary is empty", what);
-  RLPT_CHECK(logits.rows() == 0 || logits.data() != nullptr, errors::logprob::shape_mismatch,
-             "{} are [{}, {}] but their data pointer is null", what, logits.rows(), logits.cols());
+  check_logits_shape(logits.rows(), logits.cols(), logits.row_stride(), logits.data() != nullptr, what);
+}
+
+//! Validates a backward's per-target inputs (n_out values each) and saved statistics (rows).
+inline void check_backward_inputs(const logprob_backward_inputs& in, index_t n_out, index_t rows) {
+  expect_size_or_empty("dlogp", in.dlogp.size(), n_out, "one per row");
+  expect_size_or_empty("dentropy", in.dentropy.size(), n_out, "one per row");
+  expect_size_or_empty("logp", in.logp.size(), n_out, "the forward's logp: one per row");
+  expect_size_or_empty("entropy", in.entropy.size(), n_out, "the forward's entropy: one per row");
+  expect_size_or_empty("saved.lse", in.saved.lse.size(), rows, "one per logits row");
+  expect_size_or_empty("saved.threshold", in.saved.threshold.size(), rows, "one per logits row");
+  expect_size_or_empty("saved.tie_last", in.saved.tie_last.size(), rows, "one per logits row");
 }
 
 } // namespace detail
@@ -257,24 +273,19 @@ logprob_stats logprob_entropy(view2d<T> logits, view<const index_t> targets, vie
   return logprob_entropy(logits, targets, logprob_outputs{.logp = logp, .entropy = entropy}, opt, ex);
 }
 
-//! Backward: dlogits[r, j] = ∂(Σ dlogp·logp + dentropy·entropy)/∂logits[r, j]. `dentropy` may be
-//! empty (no entropy term); `entropy` (forward output) is needed with it, `saved` (forward
-//! statistics) avoids a second read of the row; whatever is missing is recomputed. dlogits may
-//! be the logits themselves (same pointer, stride and dtype: in-place); it is fully written.
+//! Backward: dlogits[r, j] = ∂(Σ dlogp·logp + dentropy·entropy)/∂logits[r, j], from the
+//! upstream gradients and what the forward wrote (logprob_backward_inputs: `dentropy` may be
+//! empty, `entropy` goes with it, `saved` avoids a second read of the row, `logp` decides which
+//! targets get a gradient; whatever is missing is recomputed). dlogits may be the logits
+//! themselves (same pointer, stride and dtype: in-place); it is fully written.
 template <logit_type T, grad_type G>
-void logprob_entropy_backward(view2d<T> logits, view<const index_t> targets, view<const float> dlogp,
-                              view<const float> dentropy, view<const float> entropy, const logprob_saved_view& saved,
+void logprob_entropy_backward(view2d<T> logits, view<const index_t> targets, const logprob_backward_inputs& in,
                               view2d<G> dlogits, const logprob_options& opt = {}, const host_executor& ex = {}) {
   detail::check_logprob_options(opt);
   detail::check_logits(logits);
   const index_t n = logits.rows(), v = logits.cols();
   detail::expect_size("targets", targets.size(), n, "one per logits row");
-  detail::expect_size_or_empty("dlogp", dlogp.size(), n, "one per row");
-  detail::expect_size_or_empty("dentropy", dentropy.size(), n, "one per row");
-  detail::expect_size_or_empty("entropy", entropy.size(), n, "one per row");
-  detail::expect_size_or_empty("saved.lse", saved.lse.size(), n, "one per row");
-  detail::expect_size_or_empty("saved.threshold", saved.threshold.size(), n, "one per row");
-  detail::expect_size_or_empty("saved.tie_last", saved.tie_last.size(), n, "one per row");
+  detail::check_backward_inputs(in, n, n);
   RLPT_CHECK(dlogits.rows() == n && dlogits.cols() == v, errors::logprob::shape_mismatch,
              "dlogits are [{}, {}], expected [{}, {}] like the logits", dlogits.rows(), dlogits.cols(), n, v);
   detail::check_grad_alias(logits, dlogits);
@@ -286,7 +297,7 @@ void logprob_entropy_backward(view2d<T> logits, view<const index_t> targets, vie
         const bool has = t != opt.ignore_index;
         return detail::row_job{true, has, has ? t : -1, r};
       },
-      dlogp, dentropy, entropy, saved, dlogits, opt, ex);
+      in, dlogits, opt, ex);
 }
 
 RLPT_NAMESPACE_END

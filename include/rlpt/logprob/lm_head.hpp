@@ -79,11 +79,22 @@ void check_lm_head(view2d<H> hidden, view2d<W> weight, view<const index_t> targe
              "temperature must be finite and > 0, got {}", o.temperature);
   RLPT_CHECK(o.token_tile > 0 && o.vocab_tile > 0, errors::logprob::bad_tile,
              "token_tile ({}) and vocab_tile ({}) must be positive", o.token_tile, o.vocab_tile);
+  check_logits_shape(hidden.rows(), hidden.cols(), hidden.row_stride(), hidden.data() != nullptr, "hidden");
+  check_logits_shape(weight.rows(), weight.cols(), weight.row_stride(), weight.data() != nullptr, "weight");
   RLPT_CHECK(hidden.cols() > 0 && hidden.cols() == weight.cols(), errors::logprob::shape_mismatch,
              "hidden is [{}, {}] and weight is [{}, {}]: both need the same positive hidden size D", hidden.rows(),
              hidden.cols(), weight.rows(), weight.cols());
   RLPT_CHECK(weight.rows() > 0, errors::logprob::shape_mismatch, "weight has 0 rows: the vocabulary is empty");
   expect_size("targets", targets.size(), hidden.rows(), "one per hidden row");
+}
+
+//! One logit hidden[r] · weight[j] in fp32 (the cold path of an error message).
+template <class H, class W>
+float lm_head_logit(view2d<H> hidden, view2d<W> weight, index_t r, index_t j) {
+  float acc = 0.0f;
+  for (index_t k = 0; k < hidden.cols(); ++k)
+    acc += load_logit(hidden.data()[r * hidden.row_stride() + k]) * load_logit(weight.data()[j * weight.row_stride() + k]);
+  return acc;
 }
 
 //! Forward core: per token tile, the online LSE state of every row over this weight's columns
@@ -94,7 +105,7 @@ void lm_head_rows(view2d<H> hidden, view2d<W> weight, view<const index_t> target
                   const lm_head_options& o, const host_executor& ex, Emit&& emit) {
   const index_t n = hidden.rows(), d = hidden.cols(), v = weight.rows();
   const index_t tt = round_tile(o.token_tile), vt = std::min(o.vocab_tile, v);
-  const float scale = 1.0f / o.temperature;
+  const float t = o.temperature;
   constexpr bool weight_f32 = std::is_same_v<std::remove_const_t<W>, float>;
   constexpr bool hidden_f32 = std::is_same_v<std::remove_const_t<H>, float>;
   const index_t tiles = (n + tt - 1) / tt;
@@ -138,10 +149,10 @@ void lm_head_rows(view2d<H> hidden, view2d<W> weight, view<const index_t> target
         lm.noalias() = hm * wm.transpose();
         for (index_t i = 0; i < rows; ++i) {
           const float* lr = logits.data() + i * cols;
-          st[static_cast<std::size_t>(i)] = lse_merge(st[static_cast<std::size_t>(i)], row_accumulate(lr, cols, scale));
+          st[static_cast<std::size_t>(i)] = lse_merge(st[static_cast<std::size_t>(i)], row_accumulate(lr, cols, t));
           const index_t y = targets[r0 + i] - col_begin - c0;
           if (targets[r0 + i] != o.ignore_index && y >= 0 && y < cols) {
-            zt[static_cast<std::size_t>(i)] = lr[y] * scale;
+            zt[static_cast<std::size_t>(i)] = lr[y] / t;
             hit[static_cast<std::size_t>(i)] = 1;
           }
         }
@@ -169,9 +180,10 @@ logprob_stats fused_lm_head_logprob(view2d<H> hidden, view2d<W> weight, view<con
              errors::logprob::unsupported, "the fused lm-head scores the full softmax: no kept mask or truncation");
   for (index_t r = 0; r < n; ++r) detail::check_target(r, targets[r], v, opt.ignore_index);
   detail::lm_head_rows(hidden, weight, targets, 0, opt, ex, [&](index_t r, lse_state st, float zt, bool has) {
-    if (!lse_ok(st)) detail::fail_nonfinite_row(r, st.m);
+    if (!lse_ok(st))
+      detail::fail_nonfinite_row(r, v, opt.temperature, [&](index_t j) { return detail::lm_head_logit(hidden, weight, r, j); });
     const row_result res = lse_finish(st);
-    out.logp[r] = has ? zt - res.lse : 0.0f;
+    out.logp[r] = has ? lse_logp(zt, st) : 0.0f;
     if (!out.entropy.empty()) out.entropy[r] = res.entropy;
     if (!out.saved.lse.empty()) out.saved.lse[r] = res.lse;
     if (!out.scored.empty()) out.scored[r] = has ? 1 : 0;
@@ -240,7 +252,7 @@ void fused_lm_head_backward(view2d<H> hidden, view2d<W> weight, view<const index
 
   const index_t tt = detail::round_tile(opt.token_tile), vt = std::min(opt.vocab_tile, v);
   const index_t tiles = (n + tt - 1) / tt;
-  const float scale = 1.0f / opt.temperature;
+  const float t = opt.temperature;
   constexpr bool weight_f32 = std::is_same_v<std::remove_const_t<W>, float>;
   if (!accumulate) {
     if (want_gh)
@@ -288,7 +300,7 @@ void fused_lm_head_backward(view2d<H> hidden, view2d<W> weight, view<const index
             continue;
           }
           const index_t y = scored ? targets[r] - shard.begin - c0 : -1;
-          detail::row_backward<float, float, false>(logits.data() + i * cols, drow, cols, scale, lse[r],
+          detail::row_backward<float, float, false>(logits.data() + i * cols, drow, cols, t, lse[r],
                                                     gh != 0.0f ? entropy[r] : 0.0f, glp, gh, 0.0f, 0,
                                                     y >= 0 && y < cols ? y : -1);
         }

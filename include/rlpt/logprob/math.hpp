@@ -7,6 +7,10 @@
 //!   lse = m + log s,   logp(y) = z_y − lse,   entropy = log s − a / s.
 //! Keeping `a` relative to m avoids the cancellation of lse − Σ p·z when |m| is large.
 //! States of disjoint column ranges merge exactly (vocab tiles, vocab-parallel shards).
+//!
+//! The device kernels keep the same state in base-2 units (lse_state2: the MUFU ex2 unit
+//! computes 2^x); its fold, merge and finish live here too, as RLPT_HD functions, so host tests
+//! run the device's arithmetic (with exp2f in place of ex2.approx).
 #pragma once
 
 #include <rlpt/config.hpp>
@@ -170,10 +174,17 @@ RLPT_HD row_result lse_finish(lse_state x) {
 }
 
 //! True when a finished row is usable: finite max and a positive finite sum (no NaN, no +inf,
-//! not every logit −inf).
+//! not every logit −inf). The sum is not required to reach 1: a state built with a rounded
+//! shift (the device's m = RN(max z·log2e), or a rank's max rounded into natural units) gives
+//! the maximum a weight just below 1, so a one-token support sums to 0.99999994.
 RLPT_HD bool lse_ok(lse_state x) {
-  return x.m - x.m == 0.0f && x.s >= 1.0f && x.s - x.s == 0.0f && x.a - x.a == 0.0f;
+  return x.m - x.m == 0.0f && x.s > 0.0f && x.s - x.s == 0.0f && x.a - x.a == 0.0f;
 }
+
+//! log p(target) = (z_t − m) − log s, never z_t − lse: lse is rounded to float (an ulp of 1e-3
+//! at |z| ~ 1e4) while z_t − m is exact when the two are close, so a log-probability keeps its
+//! relative precision whatever the logits' magnitude.
+RLPT_HD float lse_logp(float z_target, lse_state x) { return (z_target - x.m) - std::log(x.s); }
 
 //! d(loss)/dz_j for one kept column: dlogp·(δ_jy − p_j) − dentropy·p_j·(log p_j + H), where
 //! log p_j = z_j − lse. The δ term is added by the caller at the target column only.
@@ -183,5 +194,180 @@ RLPT_HD_FORCEINLINE float softmax_grad(float z, float lse, float entropy, float 
   p = detail::shifted_exp(lp, lpc);
   return -p * (dlogp + dentropy * (lpc + entropy));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Temperature: z = logits / T, divided, as every peer does (torch's logits.div(T)); multiplying
+// by RN(1/T) differs in the last bit for about a quarter of the logits.
+
+//! The temperature of a call with its reciprocal (RN(1/T), for the device's division).
+struct tempering {
+  float t = 1.0f; //!< T > 0
+  float r = 1.0f; //!< RN(1 / T)
+
+  [[nodiscard]] RLPT_HD static tempering of(float temperature) { return {temperature, 1.0f / temperature}; }
+  //! T = 1: logits are used as they are (x / 1 = x, so skipping the division changes no bit).
+  [[nodiscard]] RLPT_HD bool identity() const { return t == 1.0f; }
+};
+
+namespace detail {
+
+//! RN(x / t) from r = RN(1 / t) without a divide instruction (on the device, the IEEE division
+//! spends a MUFU reciprocal per element, and MUFU is the unit ex2 needs): q = x·r is within an
+//! ulp of x / t, the residual x − q·t is exact in an FMA, and one correction step rounds
+//! correctly (Markstein). Tiny |x| (the residual underflows) and results beyond ±3e38 take the
+//! IEEE division. Exact for every x whose quotient is a normal float (tests compare it against
+//! x / t over every bf16 and f16 value and millions of floats).
+RLPT_HD_FORCEINLINE float div_rn(float x, float t, float r) {
+#if RLPT_DEVICE_PASS()
+  const float q = x * r;
+  const float q1 = fmaf(fmaf(-q, t, x), r, q);
+  if (RLPT_UNLIKELY(!(fabsf(x) >= 0x1p-60f && fabsf(q1) <= 3.0e38f))) return __fdiv_rn(x, t);
+  return q1;
+#else
+  const float q = x * r;
+  const float q1 = std::fma(std::fma(-q, t, x), r, q);
+  if (RLPT_UNLIKELY(!(std::fabs(x) >= 0x1p-60f && std::fabs(q1) <= 3.0e38f))) return x / t;
+  return q1;
+#endif
+}
+
+//! The tempered logit z = x / T, rounded once: the division every host and device path uses
+//! (the host's vector loops divide lane by lane, the same IEEE operation).
+RLPT_HD_FORCEINLINE float temper(float x, tempering tp) {
+#if RLPT_DEVICE_PASS()
+  return tp.t == 1.0f ? x : div_rn(x, tp.t, tp.r);
+#else
+  return x / tp.t;
+#endif
+}
+
+//! 2^x: the MUFU ex2.approx.ftz on the device (2 ulp, −inf -> +0, NaN -> NaN); exp2f on the host,
+//! which runs the device arithmetic in tests.
+RLPT_HD_FORCEINLINE float ex2(float x) {
+#if RLPT_DEVICE_PASS()
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return std::exp2(x);
+#endif
+}
+
+inline constexpr float log2e_f = 1.4426950408889634f;
+inline constexpr float ln2_f = 0.6931471805599453f;
+
+} // namespace detail
+
+// ---------------------------------------------------------------------------------------------
+// The device's online state, base 2: m = max z·log2e (rounded), s = Σ 2^d, a = Σ 2^d·d with
+// d = fma(z, log2e, −m). The row maximum's d is the rounding error of m (|d| ≤ half an ulp of m),
+// so its weight is within an ulp of 1, above or below.
+
+//! Online log-sum-exp state of (part of) a row in base-2 units. Trivial (no member
+//! initialisers: kernels keep arrays of it in __shared__ memory); start from lse2_empty().
+struct lse_state2 {
+  float m; //!< running max of z·log2e
+  float s; //!< Σ 2^d
+  float a; //!< Σ 2^d·d
+};
+
+//! The state of an empty range.
+RLPT_HD_FORCEINLINE lse_state2 lse2_empty() { return {-std::numeric_limits<float>::infinity(), 0.0f, 0.0f}; }
+
+//! Adds one weight 2^d (d ≤ 0 relative to the state's shift) to a state. 2^−inf = 0 and the
+//! clamp keeps 0·(−inf) out of `a`; NaN is carried by the weight.
+RLPT_HD_FORCEINLINE void lse2_add(lse_state2& st, float d) {
+  const float e = detail::ex2(d);
+  st.s += e;
+  st.a = fmaf(e, fmaxf(d, -126.0f), st.a);
+}
+
+//! Folds W tempered logits into a state (the per-thread fold of the device kernels). A NaN
+//! poisons the state (s = NaN) even while the running max is still −inf, as the host's
+//! `poisoned` flag does: a NaN logit in a lane whose neighbours are −inf is never dropped.
+template <int W>
+RLPT_HD_FORCEINLINE void lse2_fold(lse_state2& st, const float (&z)[W]) {
+  float mx = z[0];
+  for (int k = 1; k < W; ++k) mx = fmaxf(mx, z[k]); // fmaxf skips NaN: NaN is caught below
+  const float mv = mx * detail::log2e_f;
+  if (mv > st.m) {
+    if (st.m != -std::numeric_limits<float>::infinity()) {
+      const float dm = st.m - mv;
+      const float c = detail::ex2(dm);
+      st.a = c * (st.a + dm * st.s);
+      st.s *= c;
+    }
+    st.m = mv;
+  }
+  if (st.m == -std::numeric_limits<float>::infinity()) { // nothing finite yet: keep NaN visible
+    bool nan = false;
+    for (int k = 0; k < W; ++k) nan = nan || z[k] != z[k];
+    if (nan) st.s = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
+  for (int k = 0; k < W; ++k) lse2_add(st, fmaf(z[k], detail::log2e_f, -st.m)); // NaN -> s NaN
+}
+
+//! Merge of two states (symmetric in its arithmetic, so xor partners agree bitwise when the
+//! caller fixes the operand order). NaN in either propagates.
+RLPT_HD_FORCEINLINE lse_state2 lse2_merge(lse_state2 x, lse_state2 y) {
+  const float m = fmaxf(x.m, y.m);
+  lse_state2 r{m, 0.0f, 0.0f};
+  if (x.s != 0.0f) {
+    const float d = x.m - m, c = detail::ex2(d);
+    r.s += c * x.s;
+    r.a += c * (x.a + d * x.s);
+  }
+  if (y.s != 0.0f) {
+    const float d = y.m - m, c = detail::ex2(d);
+    r.s += c * y.s;
+    r.a += c * (y.a + d * y.s);
+  }
+  if (x.s != x.s || y.s != y.s) r.s = std::numeric_limits<float>::quiet_NaN(); // NaN rows stay NaN
+  return r;
+}
+
+//! True when a finished base-2 state is usable: finite max, positive finite sum, finite `a`.
+//! s > 0, not s >= 1: the maximum's own weight 2^d may be just below 1 (see above), so a row
+//! whose support is one token (top_k = 1, tiny top_p, a top-1 margin beyond ~27 nats) sums to
+//! less than 1 about half the time.
+RLPT_HD_FORCEINLINE bool lse2_ok(lse_state2 st) {
+  return st.s > 0.0f && st.s - st.s == 0.0f && st.m - st.m == 0.0f && st.a - st.a == 0.0f;
+}
+
+//! lse (natural log) and entropy of a finished base-2 state; NaN for an unusable row.
+RLPT_HD_FORCEINLINE row_result lse2_finish(lse_state2 st) {
+  if (!lse2_ok(st)) return {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::quiet_NaN()};
+  const float l2s = std::log2(st.s);
+  return {(st.m + l2s) * detail::ln2_f, (l2s - st.a / st.s) * detail::ln2_f};
+}
+
+//! log p(target) from a base-2 state: (fma(z_t, log2e, −m) − log2 s)·ln2, the target's own shift
+//! as the fold computed it, so no rounded lse enters (see lse_logp). NaN for an unusable row.
+RLPT_HD_FORCEINLINE float lse2_logp(float z_target, lse_state2 st) {
+  if (!lse2_ok(st)) return std::numeric_limits<float>::quiet_NaN();
+  return (fmaf(z_target, detail::log2e_f, -st.m) - std::log2(st.s)) * detail::ln2_f;
+}
+
+//! The same state in natural-log units (the vocab-parallel wire format: m·ln2, s, a·ln2); an
+//! empty state stays empty (m −inf, s 0) and a NaN one keeps s NaN.
+RLPT_HD_FORCEINLINE lse_state lse2_natural(lse_state2 st) {
+  const bool empty = st.s == 0.0f;
+  return {empty ? -std::numeric_limits<float>::infinity() : st.m * detail::ln2_f, st.s,
+          empty ? 0.0f : st.a * detail::ln2_f};
+}
+
+namespace detail {
+
+//! The dlogp a row's gradient uses, decided from the logp the forward wrote: none for a target
+//! scored −inf (outside the top-k/top-p support, or logit −inf), NaN for one scored NaN (target
+//! out of range or unusable row: its gradient is NaN like its logp), dlogp otherwise. Backward
+//! kernels decide from this, never from the logits, which an in-place backward overwrites.
+RLPT_HD_FORCEINLINE float target_dlogp(float dlogp, float logp) {
+  if (dlogp == 0.0f || logp == -std::numeric_limits<float>::infinity()) return 0.0f;
+  return logp != logp ? std::numeric_limits<float>::quiet_NaN() : dlogp;
+}
+
+} // namespace detail
 
 RLPT_NAMESPACE_END

@@ -15,6 +15,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <string_view>
 
 RLPT_NAMESPACE_BEGIN
 
@@ -45,12 +47,33 @@ struct logprob_options {
   [[nodiscard]] bool truncated() const noexcept { return top_k > 0 || top_p < 1.0f; }
 };
 
-//! The same statistics as the backward reads them.
-struct logprob_saved_view {
-  view<const float> lse{};
-  view<const float> threshold{};
-  view<const index_t> tie_last{};
+//! The forward's per-row statistics as a backward reads them (host or device memory).
+template <memory_space Space = memory_space::host>
+struct basic_logprob_saved_view {
+  view<const float, Space> lse{};        //!< log Σ_kept exp(logits / T), one per logits row
+  view<const float, Space> threshold{};  //!< top-k/top-p: smallest kept tempered logit
+  view<const index_t, Space> tie_last{}; //!< top-k/top-p: last kept column among ties at threshold
 };
+using logprob_saved_view = basic_logprob_saved_view<>;
+
+//! What a backward reads besides the logits and the targets: the upstream gradients and what
+//! the forward wrote. Per-target views have one value per forward output (logp, entropy);
+//! `saved` one per logits row. Empty views are absent:
+//!
+//!     rlpt::logprob_entropy_backward(logits, targets,
+//!                                    {.dlogp = g, .logp = logp, .saved = out.saved}, dlogits);
+template <memory_space Space = memory_space::host>
+struct basic_logprob_backward_inputs {
+  view<const float, Space> dlogp{};    //!< ∂loss/∂logp (empty: no logp term)
+  view<const float, Space> dentropy{}; //!< ∂loss/∂entropy (empty: no entropy term)
+  //! The forward's logp: a target it scored −inf (outside the top-k/top-p support, or logit −inf)
+  //! gets no gradient. Required with dlogp on the device (kernels decide from it, never from
+  //! logits an in-place backward overwrites); on the host, absent means "decide from the logits".
+  view<const float, Space> logp{};
+  view<const float, Space> entropy{};  //!< the forward's entropy (with dentropy; host: recomputed when absent)
+  basic_logprob_saved_view<Space> saved{}; //!< the forward's statistics (host: recomputed when absent)
+};
+using logprob_backward_inputs = basic_logprob_backward_inputs<>;
 
 //! Per-row statistics the forward writes and the backward reads ([N] each, caller memory).
 //! `lse` is needed by every backward; `threshold` and `tie_last` only with top-k/top-p.
@@ -123,9 +146,38 @@ inline void check_target(index_t row, index_t target, index_t vocab, index_t ign
               "and is not ignore_index ({})", target, row, vocab, ignore_index);
 }
 
-[[noreturn]] inline void fail_nonfinite_row(index_t row, float max_z) {
-  RLPT_FAIL(errors::logprob::nonfinite, "logits row {} has no usable softmax: it contains NaN or +inf, or every "
-            "logit is -inf (row max after temperature: {})", row, max_z);
+//! Validates a logits view's shape before any size is compared against it (a view built with
+//! −1 rows would otherwise report "targets has 0 elements, expected -1").
+inline void check_logits_shape(index_t rows, index_t cols, index_t row_stride, bool has_data,
+                               std::string_view what = "logits") {
+  RLPT_CHECK(rows >= 0 && cols >= 0, errors::logprob::shape_mismatch, "{} view is [{}, {}]: a negative extent",
+             what, rows, cols);
+  RLPT_CHECK(cols > 0, errors::logprob::shape_mismatch, "{} have 0 columns (an empty vocabulary or hidden size)",
+             what);
+  RLPT_CHECK(rows <= 1 || row_stride >= cols, errors::logprob::shape_mismatch,
+             "{} are [{}, {}] with row stride {}: rows would overlap (the stride must be >= the columns)", what,
+             rows, cols, row_stride);
+  RLPT_CHECK(rows == 0 || has_data, errors::logprob::shape_mismatch, "{} are [{}, {}] but their data pointer is null",
+             what, rows, cols);
+}
+
+//! Raises rlpt.logprob.nonfinite for an unusable row, naming the row, the first offending column
+//! and its value (NaN or +inf, raw and tempered), or saying that every logit is −inf. `col_value`
+//! reads the raw logit of a column as float (a cold path: the row is scanned once more).
+template <class ColValue>
+[[noreturn]] void fail_nonfinite_row(index_t row, index_t cols, float temperature, ColValue&& col_value) {
+  for (index_t j = 0; j < cols; ++j) {
+    const float x = col_value(j);
+    const float z = x / temperature;
+    if (x != x || z != z || z == std::numeric_limits<float>::infinity())
+      RLPT_FAIL(errors::logprob::nonfinite,
+                "logits row {} has no usable softmax (a NaN or +inf logit): column {} is {} ({} after temperature "
+                "{}), the row's first such column",
+                row, j, x, z, temperature);
+  }
+  RLPT_FAIL(errors::logprob::nonfinite,
+            "logits row {} has no usable softmax: every logit is -inf (all {} columns, temperature {})", row, cols,
+            temperature);
 }
 
 } // namespace detail

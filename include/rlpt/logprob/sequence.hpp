@@ -88,28 +88,22 @@ logprob_stats sequence_logprob_entropy(view2d<T> logits, view<const index_t> tok
   return detail::forward_rows(logits, detail::sequence_jobs{&layout, tokens, valid, opt.ignore_index}, out, opt, ex);
 }
 
-//! Backward over sequences: dlogp/dentropy/entropy are per token (as the forward wrote them),
-//! `saved` per logits row. Rows that predict nothing (last token of a sequence, padding) get
-//! zeros; dlogits may be the logits themselves (in place).
+//! Backward over sequences: `in`'s per-target views (dlogp, dentropy, logp, entropy) are per
+//! token (as the forward wrote them), `in.saved` per logits row. Rows that predict nothing
+//! (last token of a sequence, padding) get zeros; dlogits may be the logits themselves (in place).
 template <logit_type T, grad_type G>
 void sequence_logprob_entropy_backward(view2d<T> logits, view<const index_t> tokens, const token_layout& layout,
-                                       view<const mask_t> valid, view<const float> dlogp, view<const float> dentropy,
-                                       view<const float> entropy, const logprob_saved_view& saved, view2d<G> dlogits,
-                                       const logprob_options& opt = {}, const host_executor& ex = {}) {
+                                       view<const mask_t> valid, const logprob_backward_inputs& in,
+                                       view2d<G> dlogits, const logprob_options& opt = {},
+                                       const host_executor& ex = {}) {
   detail::check_sequence_inputs(logits, tokens, layout, valid, opt);
   const index_t n = layout.storage_size();
-  detail::expect_size_or_empty("dlogp", dlogp.size(), n, "one per token slot");
-  detail::expect_size_or_empty("dentropy", dentropy.size(), n, "one per token slot");
-  detail::expect_size_or_empty("entropy", entropy.size(), n, "one per token slot");
-  detail::expect_size_or_empty("saved.lse", saved.lse.size(), n, "one per logits row");
-  detail::expect_size_or_empty("saved.threshold", saved.threshold.size(), n, "one per logits row");
-  detail::expect_size_or_empty("saved.tie_last", saved.tie_last.size(), n, "one per logits row");
+  detail::check_backward_inputs(in, n, n);
   RLPT_CHECK(dlogits.rows() == n && dlogits.cols() == logits.cols(), errors::logprob::shape_mismatch,
              "dlogits are [{}, {}], expected [{}, {}] like the logits", dlogits.rows(), dlogits.cols(), n,
              logits.cols());
   detail::check_grad_alias(logits, dlogits);
-  detail::backward_rows(logits, detail::sequence_jobs{&layout, tokens, valid, opt.ignore_index}, dlogp, dentropy,
-                        entropy, saved, dlogits, opt, ex);
+  detail::backward_rows(logits, detail::sequence_jobs{&layout, tokens, valid, opt.ignore_index}, in, dlogits, opt, ex);
 }
 
 RLPT_NAMESPACE_END

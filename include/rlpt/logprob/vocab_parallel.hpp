@@ -51,6 +51,51 @@ inline void check_shard(vocab_shard shard, index_t local_cols) {
              shard.begin + local_cols, shard.vocab, shard.begin, local_cols);
 }
 
+//! A target no shard holds: outside [0, V) and not ignore_index. Device ranks cannot raise, so
+//! each writes NaN into the row's target slot (all ranks see the same target and V: the SUM is
+//! NaN) and the finish counts the row; host ranks raise first (check_target).
+RLPT_HD_FORCEINLINE bool vocab_target_invalid(index_t target, index_t vocab, index_t ignore_index) {
+  return target != ignore_index && (target < 0 || target >= vocab);
+}
+
+//! The device finish of one row from its all-reduced state and target slot, with the counter it
+//! adds to (−1: none; 0: unusable row; 1: target out of range; 2: target logit −inf).
+struct vocab_row {
+  row_result res;
+  float logp;
+  bool scored;
+  int counter;
+};
+
+RLPT_HD_FORCEINLINE vocab_row vocab_parallel_row(lse_state st, float zt, bool has_target) {
+  constexpr float nan = std::numeric_limits<float>::quiet_NaN();
+  vocab_row v{{nan, nan}, 0.0f, false, -1};
+  if (!lse_ok(st)) {
+    v.counter = 0;
+    if (has_target) v.logp = nan;
+    return v;
+  }
+  v.res = lse_finish(st);
+  if (!has_target) return v;
+  v.logp = lse_logp(zt, st);
+  if (zt != zt) {
+    v.counter = 1; // the slot is NaN only when no shard holds the target
+  } else if (v.logp == -std::numeric_limits<float>::infinity()) {
+    v.counter = 2; // logit −inf: probability 0
+  } else {
+    v.scored = true;
+  }
+  return v;
+}
+
+[[noreturn]] inline void fail_nonfinite_combined(index_t row, float max_z) {
+  RLPT_FAIL(errors::logprob::nonfinite,
+            "logits row {} has no usable softmax over the combined shards (combined max after temperature: {}): a "
+            "shard holds NaN or +inf in it (the rank whose local max is NaN or +inf; its local stage does not raise, "
+            "so that no rank is left waiting in a collective), or every logit of the row is -inf",
+            row, max_z);
+}
+
 inline void check_vocab_parallel_common(index_t rows, view<const index_t> targets, view<float> comm, index_t vocab,
                                         const logprob_options& opt) {
   check_logprob_options(opt);
@@ -74,16 +119,16 @@ void vocab_parallel_local(view2d<T> logits_local, view<const index_t> targets, v
   const index_t n = logits_local.rows(), cols = logits_local.cols();
   detail::check_vocab_parallel_common(n, targets, comm, shard.vocab, opt);
   detail::expect_size("local_max", local_max.size(), n, "one per row");
-  const float scale = 1.0f / opt.temperature;
+  const float t = opt.temperature;
   ex.parallel_for(n, detail::row_grain(cols), [&](index_t r0, index_t r1) {
     for (index_t r = r0; r < r1; ++r) {
       const auto* x = logits_local.data() + r * logits_local.row_stride();
-      const lse_state st = detail::row_accumulate(x, cols, scale);
+      const lse_state st = detail::row_accumulate(x, cols, t);
       const index_t y = targets[r] - shard.begin;
       comm[r] = st.m;
       comm[n + r] = st.s;
       comm[2 * n + r] = st.a;
-      comm[3 * n + r] = targets[r] != opt.ignore_index && y >= 0 && y < cols ? detail::load_logit(x[y]) * scale : 0.0f;
+      comm[3 * n + r] = targets[r] != opt.ignore_index && y >= 0 && y < cols ? detail::load_logit(x[y]) / t : 0.0f;
       local_max[r] = st.m;
     }
   });
@@ -115,7 +160,7 @@ inline logprob_stats vocab_parallel_finish(view<const float> comm, view<const in
   logprob_stats stats;
   for (index_t r = 0; r < n; ++r) {
     const lse_state st{comm[r], comm[n + r], comm[2 * n + r]};
-    if (!lse_ok(st)) detail::fail_nonfinite_row(r, st.m);
+    if (!lse_ok(st)) detail::fail_nonfinite_combined(r, st.m);
     const row_result res = lse_finish(st);
     float logp = 0.0f;
     bool scored = false;
@@ -128,7 +173,7 @@ inline logprob_stats vocab_parallel_finish(view<const float> comm, view<const in
         logp = zt;
         ++stats.dropped;
       } else {
-        logp = zt - res.lse;
+        logp = lse_logp(zt, st);
         scored = true;
         ++stats.scored;
       }
@@ -159,13 +204,14 @@ logprob_stats vocab_parallel_logprob_entropy(view2d<T> logits_local, view<const 
   return vocab_parallel_finish(comm, targets, out, opt);
 }
 
-//! Backward on one rank, no communication: dlogits_local = ∂/∂logits_local from the global lse
-//! and entropy the forward wrote. dlogits may be the local logits (in place).
+//! Backward on one rank, no communication: dlogits_local = ∂/∂logits_local from what the forward
+//! wrote on every rank alike: `in.saved.lse` (the global lse, required), `in.entropy` (with
+//! dentropy) and `in.logp` (required with dlogp: a target scored −inf gets no gradient on any
+//! rank; the non-owners cannot see its logit). dlogits may be the local logits (in place).
 template <logit_type T, grad_type G>
 void vocab_parallel_backward(view2d<T> logits_local, view<const index_t> targets, vocab_shard shard,
-                             view<const float> dlogp, view<const float> dentropy, view<const float> entropy,
-                             view<const float> lse, view2d<G> dlogits_local, const logprob_options& opt = {},
-                             const host_executor& ex = {}) {
+                             const logprob_backward_inputs& in, view2d<G> dlogits_local,
+                             const logprob_options& opt = {}, const host_executor& ex = {}) {
   detail::check_logits(logits_local, "local logits");
   detail::check_shard(shard, logits_local.cols());
   detail::check_logprob_options(opt);
@@ -173,16 +219,18 @@ void vocab_parallel_backward(view2d<T> logits_local, view<const index_t> targets
              "top-k/top-p needs whole rows; vocab-parallel scoring supports temperature only");
   const index_t n = logits_local.rows(), cols = logits_local.cols();
   detail::expect_size("targets", targets.size(), n, "one per logits row");
-  detail::expect_size_or_empty("dlogp", dlogp.size(), n, "one per row");
-  detail::expect_size_or_empty("dentropy", dentropy.size(), n, "one per row");
-  detail::expect_size("lse", lse.size(), n, "the global lse the forward saved: one per row");
-  if (!dentropy.empty()) detail::expect_size("entropy", entropy.size(), n, "the global entropy: one per row");
+  detail::check_backward_inputs(in, n, n);
+  detail::expect_size("saved.lse", in.saved.lse.size(), n, "the global lse the forward saved: one per row");
+  if (!in.dlogp.empty())
+    detail::expect_size("logp", in.logp.size(), n,
+                        "the global logp the forward wrote, one per row (every rank must agree on which targets "
+                        "get a gradient)");
+  if (!in.dentropy.empty()) detail::expect_size("entropy", in.entropy.size(), n, "the global entropy: one per row");
   RLPT_CHECK(dlogits_local.rows() == n && dlogits_local.cols() == cols, errors::logprob::shape_mismatch,
              "dlogits are [{}, {}], expected [{}, {}] like the local logits", dlogits_local.rows(),
              dlogits_local.cols(), n, cols);
   detail::check_grad_alias(logits_local, dlogits_local);
   for (index_t r = 0; r < n; ++r) detail::check_target(r, targets[r], shard.vocab, opt.ignore_index);
-  const logprob_saved_view saved{.lse = lse};
   detail::backward_rows(
       logits_local,
       [&](index_t r) {
@@ -191,7 +239,8 @@ void vocab_parallel_backward(view2d<T> logits_local, view<const index_t> targets
         const index_t local = y - shard.begin;
         return detail::row_job{true, scored, scored && local >= 0 && local < cols ? local : -1, r};
       },
-      dlogp, dentropy, entropy, saved, dlogits_local, opt, ex);
+      logprob_backward_inputs{in.dlogp, in.dentropy, in.logp, in.entropy, {.lse = in.saved.lse}}, dlogits_local, opt,
+      ex);
 }
 
 RLPT_NAMESPACE_END

@@ -24,15 +24,8 @@
 RLPT_NAMESPACE_BEGIN
 namespace detail::cuda_lp {
 
-inline constexpr float log2e = 1.4426950408889634f;
-inline constexpr float ln2 = 0.6931471805599453f;
-
-//! 2^x on the MUFU unit (ex2.approx.ftz: 2 ulp; −inf -> +0, NaN -> NaN).
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
+inline constexpr float log2e = detail::log2e_f;
+inline constexpr float ln2 = detail::ln2_f;
 
 //! Logits per 16-byte vector.
 template <class T>
@@ -134,58 +127,27 @@ __device__ __forceinline__ bool row_aligned(const T* row) {
   return (reinterpret_cast<std::uintptr_t>(row) & 15u) == 0;
 }
 
-//! Online LSE state in base-2 units: m = max z·log2e, s = Σ 2^(d), a = Σ 2^(d)·d, d = z·log2e − m.
-struct state2 {
-  float m;
-  float s;
-  float a;
-};
+//! Online LSE state in base-2 units (<rlpt/logprob/math.hpp>: lse_state2 and its fold, merge
+//! and finish are shared with the host, which tests them).
+using state2 = lse_state2;
 
-__device__ __forceinline__ state2 empty_state() { return {-INFINITY, 0.0f, 0.0f}; }
+__device__ __forceinline__ state2 empty_state() { return lse2_empty(); }
 
-//! Folds one vector of raw logits into a thread's state; k2 = log2e / T.
+//! Tempers one vector of raw logits in place (z = x / T; nothing at T = 1).
 template <int W>
-__device__ __forceinline__ void fold(state2& st, const float (&x)[W], float k2) {
-  float mx = x[0];
+__device__ __forceinline__ void temper_vec(float (&x)[W], tempering tp) {
+  if (tp.identity()) return;
 #pragma unroll
-  for (int k = 1; k < W; ++k) mx = fmaxf(mx, x[k]);
-  const float mv = mx * k2; // raw max · k2: order is preserved because k2 > 0
-  if (mv > st.m) {
-    if (st.m != -INFINITY) {
-      const float dm = st.m - mv;
-      const float c = ex2(dm);
-      st.a = c * (st.a + dm * st.s);
-      st.s *= c;
-    }
-    st.m = mv;
-  }
-  if (st.m == -INFINITY) return; // nothing finite yet (NaN stays visible through s below)
-#pragma unroll
-  for (int k = 0; k < W; ++k) {
-    const float d = fmaf(x[k], k2, -st.m);
-    const float e = ex2(d);          // −inf -> 0, NaN -> NaN
-    st.s += e;
-    st.a = fmaf(e, fmaxf(d, -126.0f), st.a); // 0·(−inf) avoided; NaN carried by e
-  }
+  for (int k = 0; k < W; ++k) x[k] = temper(x[k], tp);
 }
 
-//! Merge of two states (exact up to rounding; symmetric, so both xor partners agree bitwise).
-__device__ __forceinline__ state2 merge(state2 x, state2 y) {
-  const float m = fmaxf(x.m, y.m);
-  state2 r{m, 0.0f, 0.0f};
-  if (x.s != 0.0f) {
-    const float d = x.m - m, c = ex2(d);
-    r.s += c * x.s;
-    r.a += c * (x.a + d * x.s);
-  }
-  if (y.s != 0.0f) {
-    const float d = y.m - m, c = ex2(d);
-    r.s += c * y.s;
-    r.a += c * (y.a + d * y.s);
-  }
-  if (x.s != x.s || y.s != y.s) r.s = NAN; // NaN rows stay NaN
-  return r;
+//! Folds one vector of tempered logits into a thread's state.
+template <int W>
+__device__ __forceinline__ void fold(state2& st, const float (&z)[W]) {
+  lse2_fold(st, z);
 }
+
+__device__ __forceinline__ state2 merge(state2 x, state2 y) { return lse2_merge(x, y); }
 
 __device__ __forceinline__ state2 warp_merge(state2 st) {
 #pragma unroll
@@ -221,12 +183,7 @@ __device__ __forceinline__ state2 block_merge(state2 st, state2* smem) {
 }
 
 //! lse (natural log) and entropy of a finished state; NaN for an unusable row.
-__device__ __forceinline__ row_result finish(state2 st) {
-  if (!(st.s >= 1.0f) || !(st.m > -INFINITY) || !(st.m < INFINITY) || st.a != st.a)
-    return {NAN, NAN};
-  const float l2s = log2f(st.s);
-  return {(st.m + l2s) * ln2, (l2s - st.a / st.s) * ln2};
-}
+__device__ __forceinline__ row_result finish(state2 st) { return lse2_finish(st); }
 
 } // namespace detail::cuda_lp
 RLPT_NAMESPACE_END

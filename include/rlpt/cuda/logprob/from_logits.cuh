@@ -53,12 +53,13 @@ struct device_logprob_outputs {
   device_view2d<mask_t> kept{};     //!< top-k/top-p: optional [N, V] sampling mask
 };
 
-//! The forward's statistics as the device backward reads them.
-struct device_logprob_saved {
-  device_view<const float> lse{};
-  device_view<const float> threshold{};  //!< needed with top-k/top-p
-  device_view<const index_t> tie_last{}; //!< needed with top-k/top-p
-};
+//! The forward's statistics as the device backward reads them (lse; with top-k/top-p also
+//! threshold and tie_last).
+using device_logprob_saved = basic_logprob_saved_view<memory_space::device>;
+
+//! What a device backward reads besides the logits and targets (see logprob_backward_inputs).
+//! `logp` (the forward's) is required whenever `dlogp` is given.
+using device_logprob_backward_inputs = basic_logprob_backward_inputs<memory_space::device>;
 
 namespace detail {
 namespace cuda_lp {
@@ -70,72 +71,37 @@ RLPT_KERNEL void __launch_bounds__(BLOCK) forward_kernel(const T* logits, Job jo
   const row_job jb = job(r);
   if (!jb.active) return;
   const T* x = logits + r * a.stride;
-  const state2 st = block_merge<BLOCK>(row_state<T, BLOCK, true>(x, a.cols, a.scale * log2e), smem);
+  const state2 st = block_merge<BLOCK>(row_state<T, BLOCK, true>(x, a.cols, a.tp), smem);
   if (threadIdx.x == 0) write_row(a, x, r, jb, st);
 }
 
-struct backward_args {
-  index_t rows, cols, stride, grad_stride;
-  float scale;
-  const float* dlogp;
-  const float* dentropy;
-  const float* entropy;
-  const float* lse;
-  const float* threshold; // null: nothing truncated
-  const index_t* tie_last;
-};
-
 //! dlogits for vectors [chunk·BLOCK·unroll, ...) of row blockIdx.x; inactive rows get zeros.
+//! Everything about the row comes from the forward's outputs (backward_row_of): in place, the
+//! blocks of a row overwrite its columns in no particular order.
 template <class T, class G, int BLOCK, class Job>
 RLPT_KERNEL void __launch_bounds__(BLOCK) backward_kernel(const T* logits, G* dlogits, Job job, backward_args a) {
   constexpr int W = vec_width<T>;
   static_assert(vec_width<G> == W, "in-vector gradient layout: G and T have the same width");
   const index_t r = blockIdx.x;
-  const row_job jb = job(r);
-  const float glp = jb.active && jb.scored && a.dlogp != nullptr ? a.dlogp[jb.out] : 0.0f;
-  const float gh = jb.active && a.dentropy != nullptr ? a.dentropy[jb.out] : 0.0f;
-  const float h = gh != 0.0f ? a.entropy[jb.out] : 0.0f;
-  const float lse = glp != 0.0f || gh != 0.0f ? a.lse[r] : 0.0f;
+  const backward_row b = backward_row_of(a, r, job(r));
   const T* x = logits + r * a.stride;
   G* dx = dlogits + r * a.grad_stride;
   const bool al = row_aligned(x) && row_aligned(dx);
   const index_t nvec = (a.cols + W - 1) / W;
   const index_t per_block = static_cast<index_t>(BLOCK) * unroll;
   const index_t q_begin = static_cast<index_t>(blockIdx.y) * per_block;
-  const bool truncated = a.threshold != nullptr;
-  const float thr = truncated && (glp != 0.0f || gh != 0.0f) ? a.threshold[r] : -INFINITY;
-  const index_t tie = truncated && (glp != 0.0f || gh != 0.0f) ? a.tie_last[r] : a.cols - 1;
-  index_t target = jb.col;
-  float glp_kept = glp;
-  if (glp != 0.0f && target >= 0 && target < a.cols) {
-    const float zt = load_logit(x[target]) * a.scale; // every thread: the row's target is kept or not
-    if (!((zt > thr) || (zt == thr && target <= tie)) || zt == -INFINITY) {
-      glp_kept = 0.0f; // dropped target: its logp was −inf, no gradient
-      target = -1;
-    }
-  }
-  const float gl = glp_kept * a.scale, ghs = gh * a.scale;
 #pragma unroll
   for (int u = 0; u < unroll; ++u) {
     const index_t q = q_begin + static_cast<index_t>(u) * BLOCK + threadIdx.x;
     if (q >= nvec) break;
     fvec<G> g;
-    if (glp_kept == 0.0f && gh == 0.0f) {
+    if (b.zero) {
 #pragma unroll
       for (int k = 0; k < W; ++k) g.v[k] = 0.0f;
     } else {
       const fvec<T> v = load_vec<T, false>(x, q, a.cols, al, 0.0f);
 #pragma unroll
-      for (int k = 0; k < W; ++k) {
-        const float z = v.v[k] * a.scale;
-        const float d = z - lse; // log p
-        const float p = ex2(d * log2e);
-        float gk = -p * fmaf(fmaxf(d, -87.0f) + h, ghs, gl);
-        const index_t j = q * W + k;
-        if (j == target) gk += gl;
-        if (truncated && !((z > thr) || (z == thr && j <= tie))) gk = 0.0f;
-        g.v[k] = gk;
-      }
+      for (int k = 0; k < W; ++k) g.v[k] = backward_element(v.v[k], q * W + k, b, a.tp);
     }
     store_vec<G>(dx, q, a.cols, al, g);
   }
@@ -145,39 +111,44 @@ RLPT_KERNEL void __launch_bounds__(BLOCK) backward_kernel(const T* logits, G* dl
 //! (dlogp, dentropy) = grad(row_out, logp, entropy), then dlogits (second read, meant to hit L2:
 //! the grid holds about as many rows as L2 keeps).
 template <class T, class G, int BLOCK, class Job, class Grad>
-RLPT_KERNEL void __launch_bounds__(BLOCK) fused_kernel(const T* logits, G* dlogits, index_t grad_stride, Job job,
+RLPT_KERNEL void __launch_bounds__(BLOCK, 1024 / BLOCK) fused_kernel(const T* logits, G* dlogits, index_t grad_stride, Job job,
                                                        forward_args a, Grad grad) {
   constexpr int W = vec_width<T>;
   __shared__ state2 smem[BLOCK / 32];
-  __shared__ float row_g[4];
+  __shared__ backward_row row_b;
   for (index_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
     const row_job jb = job(r);
     const T* x = logits + r * a.stride;
     G* dx = dlogits + r * grad_stride;
-    float glp = 0.0f, gh = 0.0f, lse = 0.0f, h = 0.0f;
+    backward_row b{};
+    b.zero = true;
     if (jb.active) {
-      const state2 st = block_merge<BLOCK>(row_state<T, BLOCK, false>(x, a.cols, a.scale * log2e), smem);
+      const state2 st = block_merge<BLOCK>(row_state<T, BLOCK, false>(x, a.cols, a.tp), smem);
       if (threadIdx.x == 0) {
         const float2 lh = write_row(a, x, r, jb, st);
         const float2 dg = grad(jb.out, lh.x, lh.y);
-        row_g[0] = jb.scored ? dg.x : 0.0f;
-        row_g[1] = dg.y;
-        row_g[2] = a.lse != nullptr ? a.lse[r] : finish(st).lse;
-        row_g[3] = lh.y;
+        // the same per-row rule as the separate backward, from the logp just written
+        const float dl = jb.scored ? target_dlogp(dg.x, lh.x) : 0.0f;
+        backward_row w{};
+        w.zero = dl == 0.0f && dg.y == 0.0f;
+        w.gl = dl / a.tp.t;
+        w.gh = dg.y / a.tp.t;
+        w.h = lh.y;
+        w.lse = a.lse != nullptr ? a.lse[r] : finish(st).lse;
+        w.thr = -INFINITY;
+        w.tie = a.cols - 1;
+        w.target = dl != 0.0f && jb.col >= 0 && jb.col < a.cols ? jb.col : -1;
+        row_b = w;
       }
       __syncthreads();
-      glp = row_g[0];
-      gh = row_g[1];
-      lse = row_g[2];
-      h = row_g[3];
+      b = row_b;
       __syncthreads();
     }
     const bool al = row_aligned(x) && row_aligned(dx);
     const index_t nvec = (a.cols + W - 1) / W;
-    const float gl = glp * a.scale, ghs = gh * a.scale;
     for (index_t q = threadIdx.x; q < nvec; q += BLOCK) {
       fvec<G> g;
-      if (glp == 0.0f && gh == 0.0f) {
+      if (b.zero) {
 #pragma unroll
         for (int k = 0; k < W; ++k) g.v[k] = 0.0f;
       } else {
@@ -189,13 +160,7 @@ RLPT_KERNEL void __launch_bounds__(BLOCK) fused_kernel(const T* logits, G* dlogi
           v = load_vec<T, false>(x, q, a.cols, al, 0.0f);
         }
 #pragma unroll
-        for (int k = 0; k < W; ++k) {
-          const float d = fmaf(v.v[k], a.scale, -lse);
-          const float p = ex2(d * log2e);
-          float gk = -p * fmaf(fmaxf(d, -87.0f) + h, ghs, gl);
-          if (j0 + k == jb.col) gk += gl;
-          g.v[k] = gk;
-        }
+        for (int k = 0; k < W; ++k) g.v[k] = backward_element(v.v[k], j0 + k, b, a.tp);
       }
       store_vec<G>(dx, q, a.cols, al, g);
     }
@@ -204,8 +169,8 @@ RLPT_KERNEL void __launch_bounds__(BLOCK) fused_kernel(const T* logits, G* dlogi
 }
 
 template <class T>
-void check_device_logits(device_view2d<T> logits) {
-  RLPT_CHECK(logits.cols() > 0, errors::logprob::shape_mismatch, "logits have 0 columns: the vocabulary is empty");
+void check_device_logits(device_view2d<T> logits, const char* what = "logits") {
+  check_logits_shape(logits.rows(), logits.cols(), logits.row_stride(), logits.data() != nullptr, what);
   RLPT_CHECK(logits.rows() < (index_t{1} << 31), errors::logprob::shape_mismatch,
              "{} logits rows exceed one launch (2^31 - 1 blocks)", logits.rows());
 }
@@ -239,7 +204,7 @@ inline void check_device_outputs(const device_logprob_outputs& out, index_t n, i
 
 inline forward_args make_forward_args(index_t rows, index_t cols, index_t stride, const logprob_options& opt,
                                       const device_logprob_outputs& out) {
-  return {rows, cols, stride, 1.0f / opt.temperature, out.logp.data(),
+  return {rows, cols, stride, tempering::of(opt.temperature), out.logp.data(),
           out.entropy.empty() ? nullptr : out.entropy.data(), out.lse.empty() ? nullptr : out.lse.data(),
           out.scored.empty() ? nullptr : out.scored.data(), out.counters.empty() ? nullptr : out.counters.data()};
 }
@@ -277,9 +242,8 @@ void launch_forward(device_view2d<T> logits, Job job, const device_logprob_outpu
 }
 
 template <class T, class G, class Job>
-void launch_backward(device_view2d<T> logits, Job job, device_view<const float> dlogp, device_view<const float> dentropy,
-                     device_view<const float> entropy, const device_logprob_saved& saved, device_view2d<G> dlogits,
-                     const logprob_options& opt, cudaStream_t stream) {
+void launch_backward(device_view2d<T> logits, Job job, const device_logprob_backward_inputs& in,
+                     device_view2d<G> dlogits, const logprob_options& opt, cudaStream_t stream) {
   using E = std::remove_const_t<T>;
   if (logits.rows() == 0) return;
   constexpr int block = 256;
@@ -290,33 +254,41 @@ void launch_backward(device_view2d<T> logits, Job job, device_view<const float> 
                         logits.cols(),
                         logits.row_stride(),
                         dlogits.row_stride(),
-                        1.0f / opt.temperature,
-                        dlogp.empty() ? nullptr : dlogp.data(),
-                        dentropy.empty() ? nullptr : dentropy.data(),
-                        entropy.empty() ? nullptr : entropy.data(),
-                        saved.lse.data(),
-                        opt.truncated() ? saved.threshold.data() : nullptr,
-                        opt.truncated() ? saved.tie_last.data() : nullptr};
+                        tempering::of(opt.temperature),
+                        in.dlogp.empty() ? nullptr : in.dlogp.data(),
+                        in.dentropy.empty() ? nullptr : in.dentropy.data(),
+                        in.logp.empty() ? nullptr : in.logp.data(),
+                        in.entropy.empty() ? nullptr : in.entropy.data(),
+                        in.saved.lse.data(),
+                        opt.truncated() ? in.saved.threshold.data() : nullptr,
+                        opt.truncated() ? in.saved.tie_last.data() : nullptr};
   const dim3 grid(static_cast<unsigned>(logits.rows()), static_cast<unsigned>(chunks));
   backward_kernel<E, G, block><<<grid, block, 0, stream>>>(logits.data(), dlogits.data(), job, a);
   RLPT_CUDA_CHECK_LAUNCH();
 }
 
+//! Validates a device backward's inputs: `n_out` per-target values (dlogp, dentropy, logp,
+//! entropy), one saved statistic per logits row.
 template <class T, class G>
-void check_device_grad(device_view2d<T> logits, device_view2d<G> dlogits, device_view<const float> dlogp,
-                       device_view<const float> dentropy, device_view<const float> entropy,
-                       const device_logprob_saved& saved, index_t n_out, bool truncated) {
+void check_device_grad(device_view2d<T> logits, device_view2d<G> dlogits, const device_logprob_backward_inputs& in,
+                       index_t n_out, bool truncated) {
   const index_t n = logits.rows();
   static_assert(sizeof(std::remove_const_t<T>) == sizeof(G),
                 "device gradients are written in the logits' width (16-byte vectors): use the same dtype, or f32 "
                 "for f32 logits");
-  expect_size_or_empty("dlogp", dlogp.size(), n_out, "one per row");
-  expect_size_or_empty("dentropy", dentropy.size(), n_out, "one per row");
-  if (!dentropy.empty()) expect_size("entropy", entropy.size(), n_out, "the forward's entropy: one per row");
-  expect_size("lse", saved.lse.size(), n, "the forward's lse: one per logits row");
+  expect_size_or_empty("dlogp", in.dlogp.size(), n_out, "one per row");
+  expect_size_or_empty("dentropy", in.dentropy.size(), n_out, "one per row");
+  if (!in.dlogp.empty())
+    expect_size("logp", in.logp.size(), n_out,
+                "the forward's logp, one per row (a target it scored -inf gets no gradient; the device decides "
+                "from it, never from logits an in-place backward overwrites)");
+  if (!in.dentropy.empty()) expect_size("entropy", in.entropy.size(), n_out, "the forward's entropy: one per row");
+  expect_size("saved.lse", in.saved.lse.size(), n, "the forward's lse: one per logits row");
   if (truncated) {
-    expect_size("threshold", saved.threshold.size(), n, "the forward's threshold (top-k/top-p): one per logits row");
-    expect_size("tie_last", saved.tie_last.size(), n, "the forward's tie_last (top-k/top-p): one per logits row");
+    expect_size("saved.threshold", in.saved.threshold.size(), n,
+                "the forward's threshold (top-k/top-p): one per logits row");
+    expect_size("saved.tie_last", in.saved.tie_last.size(), n,
+                "the forward's tie_last (top-k/top-p): one per logits row");
   }
   RLPT_CHECK(dlogits.rows() == n && dlogits.cols() == logits.cols(), errors::logprob::shape_mismatch,
              "dlogits are [{}, {}], expected [{}, {}] like the logits", dlogits.rows(), dlogits.cols(), n,
@@ -347,19 +319,19 @@ void logprob_entropy(device_view2d<T> logits, device_view<const index_t> targets
 }
 
 //! Device backward: dlogits (same dtype width as the logits; may be the logits themselves) from
-//! the forward's entropy and saved statistics (lse; with top-k/top-p also threshold and
-//! tie_last). Every element is written.
+//! the forward's outputs: `in.logp` (required with dlogp: a target scored −inf gets no gradient,
+//! one scored NaN a NaN row), `in.entropy` (with dentropy) and `in.saved` (lse; with
+//! top-k/top-p also threshold and tie_last). Every element is written.
 template <logit_type T, grad_type G>
 void logprob_entropy_backward(device_view2d<T> logits, device_view<const index_t> targets,
-                              device_view<const float> dlogp, device_view<const float> dentropy,
-                              device_view<const float> entropy, const device_logprob_saved& saved,
-                              device_view2d<G> dlogits, const logprob_options& opt, cudaStream_t stream) {
+                              const device_logprob_backward_inputs& in, device_view2d<G> dlogits,
+                              const logprob_options& opt, cudaStream_t stream) {
   detail::cuda_lp::check_device_options(opt, true);
   detail::cuda_lp::check_device_logits(logits);
   detail::expect_size("targets", targets.size(), logits.rows(), "one per logits row");
-  detail::cuda_lp::check_device_grad(logits, dlogits, dlogp, dentropy, entropy, saved, logits.rows(), opt.truncated());
-  detail::cuda_lp::launch_backward(logits, detail::cuda_lp::plain_job{targets.data(), opt.ignore_index}, dlogp,
-                                   dentropy, entropy, saved, dlogits, opt, stream);
+  detail::cuda_lp::check_device_grad(logits, dlogits, in, logits.rows(), opt.truncated());
+  detail::cuda_lp::launch_backward(logits, detail::cuda_lp::plain_job{targets.data(), opt.ignore_index}, in, dlogits,
+                                   opt, stream);
 }
 
 //! Fused forward + backward for a loss whose per-row gradient is known once the row's logp and
@@ -385,15 +357,29 @@ void logprob_entropy_fused(device_view2d<T> logits, device_view<const index_t> t
   if (!out.counters.empty())
     RLPT_CUDA_CHECK(cudaMemsetAsync(out.counters.data(), 0, 3 * sizeof(index_t), stream));
   if (n == 0) return;
-  int device = 0, sms = 0;
+  int device = 0, sms = 0, l2 = 0;
   RLPT_CUDA_CHECK(cudaGetDevice(&device));
   RLPT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  constexpr int block = 1024; // one resident block per SM: the rows in flight fit in L2
-  const auto grid = static_cast<unsigned>(std::min<index_t>(n, sms));
+  RLPT_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
+  // the plain forward's block size: both fold a row in the same tree, so give the same bits
+  const detail::fused_launch launch = detail::fused_launch_for<E>(n, logits.cols(), sms, l2);
+  const auto grid = static_cast<unsigned>(launch.grid);
   const auto a = detail::cuda_lp::make_forward_args(n, logits.cols(), logits.row_stride(), opt, out);
-  detail::cuda_lp::fused_kernel<E, G, block><<<grid, block, 0, stream>>>(
-      logits.data(), dlogits.data(), dlogits.row_stride(), detail::cuda_lp::plain_job{targets.data(), opt.ignore_index},
-      a, grad);
+  const detail::cuda_lp::plain_job job{targets.data(), opt.ignore_index};
+  switch (launch.block) {
+  case 512:
+    detail::cuda_lp::fused_kernel<E, G, 512><<<grid, 512, 0, stream>>>(logits.data(), dlogits.data(),
+                                                                      dlogits.row_stride(), job, a, grad);
+    break;
+  case 256:
+    detail::cuda_lp::fused_kernel<E, G, 256><<<grid, 256, 0, stream>>>(logits.data(), dlogits.data(),
+                                                                      dlogits.row_stride(), job, a, grad);
+    break;
+  default:
+    detail::cuda_lp::fused_kernel<E, G, 128><<<grid, 128, 0, stream>>>(logits.data(), dlogits.data(),
+                                                                      dlogits.row_stride(), job, a, grad);
+    break;
+  }
   RLPT_CUDA_CHECK_LAUNCH();
 }
 
@@ -425,13 +411,13 @@ void sequence_logprob_entropy(device_view2d<T> logits, device_view<const index_t
   detail::cuda_lp::launch_forward(logits, job, out, opt, stream);
 }
 
-//! Device backward over sequences: rows that predict nothing get zeros.
+//! Device backward over sequences: rows that predict nothing get zeros. `in`'s per-target views
+//! are per token slot (as the forward wrote them), `in.saved` per logits row.
 template <logit_type T, grad_type G>
 void sequence_logprob_entropy_backward(device_view2d<T> logits, device_view<const index_t> tokens,
                                        const device_token_layout& layout, device_view<const mask_t> valid,
-                                       device_view<const float> dlogp, device_view<const float> dentropy,
-                                       device_view<const float> entropy, const device_logprob_saved& saved,
-                                       device_view2d<G> dlogits, const logprob_options& opt, cudaStream_t stream) {
+                                       const device_logprob_backward_inputs& in, device_view2d<G> dlogits,
+                                       const logprob_options& opt, cudaStream_t stream) {
   detail::cuda_lp::check_device_options(opt, true);
   detail::cuda_lp::check_device_logits(logits);
   const index_t n = layout.storage_size();
@@ -439,7 +425,7 @@ void sequence_logprob_entropy_backward(device_view2d<T> logits, device_view<cons
              "logits have {} rows, the token layout has {} token slots", logits.rows(), n);
   detail::expect_size("tokens", tokens.size(), n, "one per token slot");
   detail::expect_size_or_empty("valid", valid.size(), n, "one per token slot");
-  detail::cuda_lp::check_device_grad(logits, dlogits, dlogp, dentropy, entropy, saved, n, opt.truncated());
+  detail::cuda_lp::check_device_grad(logits, dlogits, in, n, opt.truncated());
   const detail::cuda_lp::sequence_job job{layout.is_packed() ? layout.offsets() : nullptr,
                                           layout.num_seqs(),
                                           layout.row_stride(),
@@ -447,7 +433,7 @@ void sequence_logprob_entropy_backward(device_view2d<T> logits, device_view<cons
                                           tokens.data(),
                                           valid.empty() ? nullptr : valid.data(),
                                           opt.ignore_index};
-  detail::cuda_lp::launch_backward(logits, job, dlogp, dentropy, entropy, saved, dlogits, opt, stream);
+  detail::cuda_lp::launch_backward(logits, job, in, dlogits, opt, stream);
 }
 
 RLPT_NAMESPACE_END

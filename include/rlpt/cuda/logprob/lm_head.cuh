@@ -16,8 +16,10 @@
 //! grad_hidden += dlogits · W_slab and grad_weight[slab] += dlogitsᵀ · hidden (fp32 outputs):
 //! 8·N·D·V FLOPs in all.
 //!
-//! The caller's cuBLAS handle is used on `stream` (cublasSetStream is called on it); cuBLAS keeps
-//! its own workspace, set up when the handle was created.
+//! The caller's cuBLAS handle runs on `stream` during the call and is given back on the stream it
+//! had (cublas_stream_scope: switched only when it differs, since cublasSetStream also resets a
+//! workspace set with cublasSetWorkspace). With device_lm_head_options::fold_stream the forward's
+//! folds overlap the next GEMM.
 #pragma once
 
 #include <rlpt/config.hpp>
@@ -40,7 +42,8 @@
 RLPT_NAMESPACE_BEGIN
 
 struct device_lm_head_options {
-  //! logits = hidden · weightᵀ / T (applied as the GEMM's alpha).
+  //! logits = (hidden · weightᵀ) / T: the GEMM gives the raw logits, the folds divide them
+  //! (detail::temper, as every logprob path and every peer does).
   float temperature = 1.0f;
   //! Targets equal to this are not scored (torch cross_entropy: −100).
   index_t ignore_index = -100;
@@ -49,6 +52,12 @@ struct device_lm_head_options {
   index_t token_tile = 4096;
   //! Vocabulary columns per GEMM: the fp32 tile is token_tile·vocab_tile·4 bytes (64 MiB).
   index_t vocab_tile = 4096;
+  //! Forward only: a second stream of the caller's on which the tile folds run, so that the
+  //! GEMM of the next vocabulary slab overlaps the fold of this one (two fp32 tiles in the
+  //! workspace instead of one; per call, 4 events are created and released). Null (the
+  //! default): everything runs on the call's stream, each fold waiting for its GEMM. The
+  //! results are the same bits either way (the folds keep their order).
+  cudaStream_t fold_stream = nullptr;
 };
 
 namespace detail {
@@ -59,26 +68,69 @@ inline void check_cublas(cublasStatus_t status, const char* expr, const char* fi
 }
 #define RLPT_LOGPROB_CUBLAS_CHECK(expr) ::rlpt::detail::check_cublas((expr), #expr, __FILE__, __LINE__)
 
+//! Runs a cuBLAS handle on `stream` for a scope and gives it back as it was: the caller's handle
+//! keeps its own stream after the call. The stream is only switched when it differs (cuBLAS's
+//! cublasSetStream also resets a workspace set with cublasSetWorkspace to its default pool).
+class cublas_stream_scope {
+public:
+  cublas_stream_scope(cublasHandle_t handle, cudaStream_t stream) : handle_(handle) {
+    check_cublas(cublasGetStream(handle, &saved_), "cublasGetStream", __FILE__, __LINE__);
+    switched_ = saved_ != stream;
+    if (switched_) check_cublas(cublasSetStream(handle, stream), "cublasSetStream", __FILE__, __LINE__);
+  }
+  ~cublas_stream_scope() {
+    if (switched_) (void)cublasSetStream(handle_, saved_); // a destructor cannot raise
+  }
+  cublas_stream_scope(const cublas_stream_scope&) = delete;
+  cublas_stream_scope& operator=(const cublas_stream_scope&) = delete;
+
+private:
+  cublasHandle_t handle_;
+  cudaStream_t saved_ = nullptr;
+  bool switched_ = false;
+};
+
+//! Events created for one call and released when it returns (cudaEventDestroy defers the release
+//! until pending work on them completes).
+class call_events {
+public:
+  explicit call_events(int n) : n_(n) {
+    for (int i = 0; i < n_; ++i) RLPT_CUDA_CHECK(cudaEventCreateWithFlags(&ev_[i], cudaEventDisableTiming));
+  }
+  ~call_events() {
+    for (int i = 0; i < n_; ++i)
+      if (ev_[i] != nullptr) (void)cudaEventDestroy(ev_[i]);
+  }
+  call_events(const call_events&) = delete;
+  call_events& operator=(const call_events&) = delete;
+  [[nodiscard]] cudaEvent_t operator[](int i) const noexcept { return ev_[i]; }
+
+private:
+  int n_;
+  cudaEvent_t ev_[4] = {};
+};
+
 template <class T> inline constexpr cudaDataType_t cuda_type = CUDA_R_32F;
 template <> inline constexpr cudaDataType_t cuda_type<bf16> = CUDA_R_16BF;
 template <> inline constexpr cudaDataType_t cuda_type<f16> = CUDA_R_16F;
 
 namespace cuda_lp {
 
-//! Folds row i of a [rows, cols] fp32 tile of tempered logits (z) into the token's running
-//! state (base 2) and picks up the target's z when it lies in this slab.
+//! Folds row i of a [rows, cols] fp32 tile of logits into the token's running state (base 2,
+//! tempered as every logprob kernel: z = x / T) and picks up the target's z when it lies in
+//! this slab.
 template <int BLOCK>
 RLPT_KERNEL void __launch_bounds__(BLOCK)
-    tile_fold_kernel(const float* tile, index_t cols, index_t col_begin, state2* states, float* target_z,
-                     const index_t* targets, index_t ignore_index) {
+    tile_fold_kernel(const float* tile, index_t cols, index_t col_begin, tempering tp, state2* states,
+                     float* target_z, const index_t* targets, index_t ignore_index) {
   __shared__ state2 smem[BLOCK / 32];
   const index_t i = blockIdx.x;
   const float* x = tile + i * cols;
-  state2 st = block_merge<BLOCK>(row_state<float, BLOCK, true>(x, cols, log2e), smem);
+  state2 st = block_merge<BLOCK>(row_state<float, BLOCK, true>(x, cols, tp), smem);
   if (threadIdx.x != 0) return;
   states[i] = merge(states[i], st);
   const index_t y = targets[i] - col_begin;
-  if (targets[i] != ignore_index && y >= 0 && y < cols) target_z[i] = x[y];
+  if (targets[i] != ignore_index && y >= 0 && y < cols) target_z[i] = temper(x[y], tp);
 }
 
 struct lm_finish_args {
@@ -98,33 +150,35 @@ template <int = 0> // a template: a kernel defined in a header must not clash ac
 RLPT_KERNEL void lm_finish_kernel(lm_finish_args a) {
   const index_t i = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= a.rows) return;
-  const row_result res = finish(a.states[i]);
+  const state2 st = a.states[i];
+  const row_result res = finish(st);
   if (res.lse != res.lse && a.counters != nullptr) atomicAdd(reinterpret_cast<unsigned long long*>(a.counters), 1ull);
   const index_t y = a.targets[i];
   const bool has = y != a.ignore_index;
   const bool ok = y >= 0 && y < a.vocab;
   if (has && !ok && a.counters != nullptr) atomicAdd(reinterpret_cast<unsigned long long*>(a.counters + 1), 1ull);
-  a.logp[i] = has ? (ok ? a.target_z[i] - res.lse : NAN) : 0.0f;
+  const float logp = has ? (ok ? lse2_logp(a.target_z[i], st) : NAN) : 0.0f;
+  const bool dropped = has && ok && logp == -INFINITY; // logit −inf: probability 0
+  if (dropped && a.counters != nullptr) atomicAdd(reinterpret_cast<unsigned long long*>(a.counters + 2), 1ull);
+  a.logp[i] = logp;
   if (a.entropy != nullptr) a.entropy[i] = res.entropy;
   if (a.lse != nullptr) a.lse[i] = res.lse;
-  if (a.scored != nullptr) a.scored[i] = has && ok ? 1 : 0;
+  if (a.scored != nullptr) a.scored[i] = has && ok && !dropped ? 1 : 0;
 }
 
 //! Vocab-parallel stage 1 from a shard's token-tile states: comm = [m | s | a | t] in natural
-//! units, exactly as vocab_parallel_local writes it.
+//! units, exactly as vocab_parallel_local writes it (a target outside [0, V) gives NaN).
 template <int = 0>
-RLPT_KERNEL void lm_local_kernel(const state2* states, const float* target_z, index_t rows, index_t n, float* comm,
-                                 float* local_max) {
+RLPT_KERNEL void lm_local_kernel(const state2* states, const float* target_z, const index_t* targets, index_t vocab,
+                                 index_t ignore_index, index_t rows, index_t n, float* comm, float* local_max) {
   const index_t i = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows) return;
-  const state2 st = states[i];
-  const bool empty = !(st.s > 0.0f) && st.s == st.s;
-  const float m = empty ? -INFINITY : st.m * ln2;
-  comm[i] = m;
-  comm[n + i] = empty ? 0.0f : st.s;
-  comm[2 * n + i] = empty ? 0.0f : st.a * ln2;
-  comm[3 * n + i] = target_z[i];
-  local_max[i] = m;
+  const lse_state nat = lse2_natural(states[i]);
+  comm[i] = nat.m;
+  comm[n + i] = nat.s;
+  comm[2 * n + i] = nat.a;
+  comm[3 * n + i] = vocab_target_invalid(targets[i], vocab, ignore_index) ? NAN : target_z[i];
+  local_max[i] = nat.m;
 }
 
 template <int = 0>
@@ -135,33 +189,30 @@ RLPT_KERNEL void init_states_kernel(state2* states, float* target_z, index_t n) 
   target_z[i] = 0.0f;
 }
 
-//! dlogits of one tile row (fp32 math), written in the GEMM input type D.
+//! dlogits of one tile row (fp32 math, the element rule of every device backward), written in
+//! the GEMM input type D. The tile holds raw logits; the gradient is w.r.t. them.
 template <class D, int BLOCK>
 RLPT_KERNEL void __launch_bounds__(BLOCK)
-    tile_grad_kernel(const float* tile, D* dz, index_t cols, index_t col_begin, index_t live_rows, float scale,
+    tile_grad_kernel(const float* tile, D* dz, index_t cols, index_t col_begin, index_t live_rows, tempering tp,
                      const index_t* targets, index_t ignore_index, const float* dlogp, const float* dentropy,
                      const float* entropy, const float* lse) {
   const index_t i = blockIdx.x;
-  const float* z = tile + i * cols;
+  const float* x = tile + i * cols;
   D* g = dz + i * cols;
   const bool live = i < live_rows;
   const bool scored = live && targets[i] != ignore_index && dlogp != nullptr;
   const float glp = scored ? dlogp[i] : 0.0f;
   const float gh = live && dentropy != nullptr ? dentropy[i] : 0.0f;
-  const float h = gh != 0.0f ? entropy[i] : 0.0f;
-  const float l = live ? lse[i] : 0.0f;
-  const index_t y = scored ? targets[i] - col_begin : -1;
-  for (index_t j = threadIdx.x; j < cols; j += BLOCK) {
-    float gj = 0.0f;
-    if (glp != 0.0f || gh != 0.0f) {
-      const float d = z[j] - l;
-      const float p = ex2(d * log2e);
-      gj = -p * fmaf(fmaxf(d, -87.0f) + h, gh, glp);
-      if (j == y) gj += glp;
-      gj *= scale;
-    }
-    g[j] = store_grad<D>(gj);
-  }
+  backward_row b{};
+  b.zero = glp == 0.0f && gh == 0.0f;
+  b.gl = glp / tp.t;
+  b.gh = gh / tp.t;
+  b.h = gh != 0.0f ? entropy[i] : 0.0f;
+  b.lse = live ? lse[i] : 0.0f;
+  b.thr = -INFINITY;
+  b.tie = cols - 1;
+  b.target = scored ? targets[i] - col_begin : -1;
+  for (index_t j = threadIdx.x; j < cols; j += BLOCK) g[j] = store_grad<D>(b.zero ? 0.0f : backward_element(x[j], j, b, tp));
 }
 
 //! Copies rows [r0, r0 + rows) of hidden into a dense [tile, D] buffer, zero rows after them.
@@ -210,22 +261,29 @@ void check_device_lm_head(device_view2d<H> hidden, device_view2d<W> weight, devi
 namespace detail::cuda_lp {
 
 //! Forward loop shared by the full head and a vocab-parallel shard: `emit(r0, rows, states,
-//! target_z)` consumes each finished token tile.
+//! target_z)` consumes each finished token tile (on `stream`). With opt.fold_stream, slab k's
+//! fold runs there while slab k + 1's GEMM runs on `stream` (tiles alternate between two
+//! buffers; events order GEMM k -> fold k and fold k -> GEMM k + 2).
 template <class E, class Emit>
 void lm_head_forward(workspace& ws, device_view2d<const E> hidden, device_view2d<const E> weight,
                      device_view<const index_t> targets, index_t col_begin, cublasHandle_t cublas,
                      const device_lm_head_options& opt, cudaStream_t stream, Emit&& emit, bool& size_query) {
   const index_t n = hidden.rows(), d = hidden.cols(), v = weight.rows();
   const index_t tt = opt.token_tile, vt = std::min(opt.vocab_tile, v);
+  const bool overlap = opt.fold_stream != nullptr && opt.fold_stream != stream;
   workspace_carver carve(ws);
-  float* tile = carve.take<float>(static_cast<std::size_t>(tt * vt));
+  float* tiles[2] = {carve.take<float>(static_cast<std::size_t>(tt * vt)), nullptr};
+  if (overlap) tiles[1] = carve.take<float>(static_cast<std::size_t>(tt * vt));
   E* padded = carve.take<E>(static_cast<std::size_t>(tt * d));
   auto* states = carve.take<state2>(static_cast<std::size_t>(tt));
   float* target_z = carve.take<float>(static_cast<std::size_t>(tt));
   size_query = carve.finish_size_query();
   if (size_query) return;
-  RLPT_LOGPROB_CUBLAS_CHECK(cublasSetStream(cublas, stream));
-  const float alpha = 1.0f / opt.temperature;
+  const cublas_stream_scope on_stream(cublas, stream);
+  const tempering tp = tempering::of(opt.temperature); // the GEMM gives raw logits; folds divide
+  const call_events ev(overlap ? 4 : 0);               // [0, 1]: GEMM done; [2, 3]: fold done
+  const cudaStream_t fs = overlap ? opt.fold_stream : stream;
+  index_t k = 0; // slab counter over the whole call: buffer k % 2
   for (index_t r0 = 0; r0 < n; r0 += tt) {
     const index_t rows = std::min(tt, n - r0);
     const E* hp = hidden.data() + r0 * hidden.row_stride();
@@ -237,14 +295,22 @@ void lm_head_forward(workspace& ws, device_view2d<const E> hidden, device_view2d
     }
     init_states_kernel<<<static_cast<unsigned>((tt + 255) / 256), 256, 0, stream>>>(states, target_z, tt);
     RLPT_CUDA_CHECK_LAUNCH();
-    for (index_t c0 = 0; c0 < v; c0 += vt) {
+    for (index_t c0 = 0; c0 < v; c0 += vt, ++k) {
       const index_t cols = std::min(vt, v - c0);
-      tile_gemm<E>(cublas, hp, hld, weight.data() + c0 * weight.row_stride(), weight.row_stride(), tt, cols, d, alpha,
-                   tile);
-      tile_fold_kernel<256><<<static_cast<unsigned>(rows), 256, 0, stream>>>(
-          tile, cols, col_begin + c0, states, target_z, targets.data() + r0, opt.ignore_index);
+      const int buf = overlap ? static_cast<int>(k % 2) : 0;
+      if (overlap && k >= 2) RLPT_CUDA_CHECK(cudaStreamWaitEvent(stream, ev[2 + buf], 0)); // fold k − 2 read it
+      tile_gemm<E>(cublas, hp, hld, weight.data() + c0 * weight.row_stride(), weight.row_stride(), tt, cols, d, 1.0f,
+                   tiles[buf]);
+      if (overlap) {
+        RLPT_CUDA_CHECK(cudaEventRecord(ev[buf], stream));
+        RLPT_CUDA_CHECK(cudaStreamWaitEvent(fs, ev[buf], 0)); // also orders init_states and pad before it
+      }
+      tile_fold_kernel<256><<<static_cast<unsigned>(rows), 256, 0, fs>>>(
+          tiles[buf], cols, col_begin + c0, tp, states, target_z, targets.data() + r0, opt.ignore_index);
       RLPT_CUDA_CHECK_LAUNCH();
+      if (overlap) RLPT_CUDA_CHECK(cudaEventRecord(ev[2 + buf], fs));
     }
+    if (overlap) RLPT_CUDA_CHECK(cudaStreamWaitEvent(stream, ev[2 + static_cast<int>((k - 1) % 2)], 0));
     emit(r0, rows, states, target_z);
   }
 }
@@ -315,7 +381,8 @@ void fused_lm_head_local(workspace& ws, device_view2d<H> hidden, device_view2d<W
       stream,
       [&](index_t r0, index_t rows, const lp::state2* states, const float* target_z) {
         lp::lm_local_kernel<<<static_cast<unsigned>((rows + 255) / 256), 256, 0, stream>>>(
-            states, target_z, rows, n, comm.data() + r0, local_max.data() + r0);
+            states, target_z, targets.data() + r0, shard.vocab, opt.ignore_index, rows, n, comm.data() + r0,
+            local_max.data() + r0);
         RLPT_CUDA_CHECK_LAUNCH();
       },
       size_query);
@@ -356,7 +423,7 @@ void fused_lm_head_backward(workspace& ws, device_view2d<H> hidden, device_view2
     RLPT_CHECK(grad_weight.rows() == v && grad_weight.cols() == d, errors::logprob::shape_mismatch,
                "grad_weight is [{}, {}], expected [{}, {}] like weight", grad_weight.rows(), grad_weight.cols(), v, d);
   if (!want_gh && !want_gw) return;
-  RLPT_LOGPROB_CUBLAS_CHECK(cublasSetStream(cublas, stream));
+  const detail::cublas_stream_scope on_stream(cublas, stream);
   if (!accumulate) {
     if (want_gh)
       RLPT_CUDA_CHECK(cudaMemset2DAsync(grad_hidden.data(), static_cast<std::size_t>(grad_hidden.row_stride()) * 4, 0,
@@ -365,7 +432,8 @@ void fused_lm_head_backward(workspace& ws, device_view2d<H> hidden, device_view2
       RLPT_CUDA_CHECK(cudaMemset2DAsync(grad_weight.data(), static_cast<std::size_t>(grad_weight.row_stride()) * 4, 0,
                                         static_cast<std::size_t>(d) * 4, static_cast<std::size_t>(v), stream));
   }
-  const float alpha = 1.0f / opt.temperature, one = 1.0f;
+  const tempering tp = tempering::of(opt.temperature);
+  const float one = 1.0f;
   for (index_t c0 = 0; c0 < v; c0 += vt) {
     const index_t cols = std::min(vt, v - c0);
     const E* wp = weight.data() + c0 * weight.row_stride();
@@ -378,9 +446,9 @@ void fused_lm_head_backward(workspace& ws, device_view2d<H> hidden, device_view2
         hp = padded;
         hld = d;
       }
-      lp::tile_gemm<E>(cublas, hp, hld, wp, weight.row_stride(), tt, cols, d, alpha, tile);
+      lp::tile_gemm<E>(cublas, hp, hld, wp, weight.row_stride(), tt, cols, d, 1.0f, tile);
       lp::tile_grad_kernel<E, 256><<<static_cast<unsigned>(rows), 256, 0, stream>>>(
-          tile, dz, cols, shard.begin + c0, rows, alpha, targets.data() + r0, opt.ignore_index,
+          tile, dz, cols, shard.begin + c0, rows, tp, targets.data() + r0, opt.ignore_index,
           dlogp.empty() ? nullptr : dlogp.data() + r0, dentropy.empty() ? nullptr : dentropy.data() + r0,
           entropy.empty() ? nullptr : entropy.data() + r0, lse.data() + r0);
       RLPT_CUDA_CHECK_LAUNCH();

@@ -7,6 +7,7 @@
 #include <rlpt/config.hpp>
 #include <rlpt/core/views.hpp>
 #include <rlpt/cuda/logprob/detail.cuh>
+#include <rlpt/logprob/detail/device_rows.hpp>
 #include <rlpt/logprob/from_logits.hpp>
 #include <rlpt/logprob/math.hpp>
 
@@ -57,7 +58,7 @@ struct sequence_job {
 
 struct forward_args {
   index_t rows, cols, stride;
-  float scale; // 1 / T
+  tempering tp; // z = x / T
   float* logp;
   float* entropy;
   float* lse;
@@ -65,18 +66,18 @@ struct forward_args {
   index_t* counters;
 };
 
-//! Block size from the vocabulary only (never from N): fixes the reduction tree per V.
+//! Block size from the vocabulary only (never from N): fixes the reduction tree per V, the same
+//! in every kernel that folds whole rows (see detail::device_row_block).
 template <class T>
 inline int forward_block(index_t cols) {
-  const index_t nvec = (cols + vec_width<T> - 1) / vec_width<T>;
-  return nvec >= 4096 ? 512 : nvec >= 1024 ? 256 : 128;
+  return device_row_block<T>(cols);
 }
 
 inline constexpr int unroll = 4; // vectors in flight per thread
 
 //! One row's state: thread t folds vectors t, t + B, t + 2B, ... in increasing order.
 template <class T, int BLOCK, bool Stream>
-__device__ __forceinline__ state2 row_state(const T* x, index_t cols, float k2) {
+__device__ __forceinline__ state2 row_state(const T* x, index_t cols, tempering tp) {
   constexpr int W = vec_width<T>;
   const index_t nvec = (cols + W - 1) / W;
   const bool al = row_aligned(x);
@@ -90,7 +91,10 @@ __device__ __forceinline__ state2 row_state(const T* x, index_t cols, float k2) 
     }
 #pragma unroll
     for (int u = 0; u < unroll; ++u)
-      if (q0 + static_cast<index_t>(u) * BLOCK < nvec) fold(st, v[u].v, k2);
+      if (q0 + static_cast<index_t>(u) * BLOCK < nvec) {
+        temper_vec(v[u].v, tp);
+        fold(st, v[u].v);
+      }
   }
   return st;
 }
@@ -105,8 +109,10 @@ __device__ __forceinline__ float2 write_row(const forward_args& a, const T* x, i
   bool scored = false;
   if (jb.scored) {
     if (jb.col >= 0 && jb.col < a.cols) {
-      logp = load_logit(x[jb.col]) * a.scale - res.lse;
-      scored = true;
+      logp = lse2_logp(temper(load_logit(x[jb.col]), a.tp), st);
+      scored = logp != -INFINITY;
+      if (!scored && a.counters != nullptr) // logit −inf: probability 0, counted as dropped
+        atomicAdd(reinterpret_cast<unsigned long long*>(a.counters + 2), 1ull);
     } else {
       logp = NAN;
       if (a.counters != nullptr) atomicAdd(reinterpret_cast<unsigned long long*>(a.counters + 1), 1ull);

@@ -84,9 +84,9 @@ RLPT_KERNEL void __launch_bounds__(BLOCK)
   }
   const T* x = logits + r * a.stride;
   const index_t n = a.cols;
-  const float scale = a.scale, k2 = a.scale * log2e;
-  const state2 full = block_merge<BLOCK>(row_state<T, BLOCK, false>(x, n, k2), s.merge);
-  if (finish(full).lse != finish(full).lse) { // unusable row: NaN outputs, counted
+  const tempering tp = a.tp;
+  const state2 full = block_merge<BLOCK>(row_state<T, BLOCK, false>(x, n, tp), s.merge);
+  if (!lse2_ok(full)) { // unusable row: NaN outputs, counted
     if (threadIdx.x == 0) write_row(a, x, r, jb, full);
     if (kept != nullptr)
       for (index_t j = threadIdx.x; j < n; j += BLOCK) kept[j] = 0;
@@ -113,7 +113,7 @@ RLPT_KERNEL void __launch_bounds__(BLOCK)
       for (int i = static_cast<int>(threadIdx.x); i < radix_buckets; i += BLOCK) s.count[i] = 0;
       __syncthreads();
       for (index_t j = threadIdx.x; j < n; j += BLOCK) {
-        const std::uint32_t key = order_key(load_logit(x[j]) * scale);
+        const std::uint32_t key = order_key(temper(load_logit(x[j]), tp));
         if ((key & pmask) == prefix) atomicAdd(&s.count[(key >> lv.shift) & dmask], 1u);
       }
       __syncthreads();
@@ -140,7 +140,7 @@ RLPT_KERNEL void __launch_bounds__(BLOCK)
       }
       __syncthreads();
       for (index_t j = threadIdx.x; j < n; j += BLOCK) {
-        const float z = load_logit(x[j]) * scale;
+        const float z = temper(load_logit(x[j]), tp);
         const std::uint32_t key = order_key(z);
         if (key >= kmin && (key & pmask) == prefix) {
           const std::uint32_t d = (key >> lv.shift) & dmask;
@@ -176,7 +176,7 @@ RLPT_KERNEL void __launch_bounds__(BLOCK)
       if (threadIdx.x == 0) s.tie = n - 1;
       for (index_t c0 = 0; c0 < n; c0 += BLOCK) {
         const index_t j = c0 + threadIdx.x;
-        const unsigned long long flag = j < n && order_key(load_logit(x[j]) * scale) == prefix ? 1ull : 0ull;
+        const unsigned long long flag = j < n && order_key(temper(load_logit(x[j]), tp)) == prefix ? 1ull : 0ull;
         unsigned long long before = 0, chunk = 0;
         __syncthreads();
         typename truncation_smem<BLOCK>::scan(s.scan_storage).ExclusiveSum(flag, before, chunk);
@@ -188,22 +188,21 @@ RLPT_KERNEL void __launch_bounds__(BLOCK)
       tie = s.tie;
     }
   }
-  // kept mass, same vector assignment as row_state, relative to the row max
+  // kept mass, same vector assignment as row_state, relative to the row max (whose own weight
+  // may be just below 1: lse2_ok accepts a one-token support, top_k = 1 included)
   constexpr int W = vec_width<T>;
   const index_t nvec = (n + W - 1) / W;
   const bool al = row_aligned(x);
   state2 st{m2, 0.0f, 0.0f};
   for (index_t q = threadIdx.x; q < nvec; q += BLOCK) {
-    const fvec<T> v = load_vec<T, false>(x, q, n, al, -INFINITY);
+    fvec<T> v = load_vec<T, false>(x, q, n, al, -INFINITY);
+    temper_vec(v.v, tp);
 #pragma unroll
     for (int k = 0; k < W; ++k) {
       const index_t j = q * W + k;
-      const float z = v.v[k] * scale;
+      const float z = v.v[k];
       const bool in = j < n && ((z > thr) || (z == thr && j <= tie));
-      const float d = fmaf(v.v[k], k2, -m2);
-      const float e = in ? ex2(d) : 0.0f;
-      st.s += e;
-      st.a = fmaf(e, fmaxf(d, -126.0f), st.a);
+      lse2_add(st, in ? fmaf(z, log2e, -m2) : -INFINITY); // 2^-inf = 0: nothing added
       if (kept != nullptr && j < n) kept[j] = in ? 1 : 0;
     }
   }
@@ -213,7 +212,7 @@ RLPT_KERNEL void __launch_bounds__(BLOCK)
   if (tr.threshold != nullptr) tr.threshold[r] = thr;
   if (tr.tie_last != nullptr) tr.tie_last[r] = tie;
   if (jb.scored && jb.col >= 0 && jb.col < n) {
-    const float zt = load_logit(x[jb.col]) * scale;
+    const float zt = temper(load_logit(x[jb.col]), tp);
     if (!((zt > thr) || (zt == thr && jb.col <= tie)) || zt == -INFINITY) {
       // outside the support: −inf, counted (device kernels cannot raise)
       if (a.counters != nullptr) atomicAdd(reinterpret_cast<unsigned long long*>(a.counters + 2), 1ull);

@@ -31,8 +31,8 @@ RLPT_NAMESPACE_BEGIN
 namespace detail::cuda_lp {
 
 struct local_args {
-  index_t rows, cols, stride, begin;
-  float scale;
+  index_t rows, cols, stride, begin, vocab;
+  tempering tp;
   const index_t* targets;
   index_t ignore_index;
   float* comm;      // [m | s | a | t]
@@ -44,18 +44,18 @@ RLPT_KERNEL void __launch_bounds__(BLOCK) local_kernel(const T* logits, local_ar
   __shared__ state2 smem[BLOCK / 32];
   const index_t r = blockIdx.x;
   const T* x = logits + r * a.stride;
-  const state2 st = block_merge<BLOCK>(row_state<T, BLOCK, true>(x, a.cols, a.scale * log2e), smem);
+  const state2 st = block_merge<BLOCK>(row_state<T, BLOCK, true>(x, a.cols, a.tp), smem);
   if (threadIdx.x != 0) return;
   // natural-log units, like the host: m·ln2, Σ 2^d = Σ e^(d·ln2), a·ln2
-  const bool empty = !(st.s > 0.0f) && st.s == st.s;
-  const float m = empty ? -INFINITY : st.m * ln2;
-  a.comm[r] = m;
-  a.comm[a.rows + r] = empty ? 0.0f : st.s;
-  a.comm[2 * a.rows + r] = empty ? 0.0f : st.a * ln2;
-  const index_t y = a.targets[r] - a.begin;
-  a.comm[3 * a.rows + r] =
-      a.targets[r] != a.ignore_index && y >= 0 && y < a.cols ? load_logit(x[y]) * a.scale : 0.0f;
-  a.local_max[r] = m;
+  const lse_state nat = lse2_natural(st);
+  a.comm[r] = nat.m;
+  a.comm[a.rows + r] = nat.s;
+  a.comm[2 * a.rows + r] = nat.a;
+  const index_t t = a.targets[r], y = t - a.begin;
+  a.comm[3 * a.rows + r] = vocab_target_invalid(t, a.vocab, a.ignore_index) ? NAN
+                           : t != a.ignore_index && y >= 0 && y < a.cols      ? temper(load_logit(x[y]), a.tp)
+                                                                                 : 0.0f;
+  a.local_max[r] = nat.m;
 }
 
 template <int = 0> // a template: a kernel defined in a header must not clash across TUs
@@ -85,17 +85,14 @@ RLPT_KERNEL void finish_kernel(finish_args a) {
   if (r >= a.rows) return;
   const index_t n = a.rows;
   const lse_state st{a.comm[r], a.comm[n + r], a.comm[2 * n + r]};
-  row_result res{NAN, NAN};
-  if (lse_ok(st)) {
-    res = lse_finish(st);
-  } else if (a.counters != nullptr) {
-    atomicAdd(reinterpret_cast<unsigned long long*>(a.counters), 1ull);
-  }
   const bool has = a.targets[r] != a.ignore_index;
-  a.logp[r] = has ? a.comm[3 * n + r] - res.lse : 0.0f;
-  if (a.entropy != nullptr) a.entropy[r] = res.entropy;
-  if (a.lse != nullptr) a.lse[r] = res.lse;
-  if (a.scored != nullptr) a.scored[r] = has ? 1 : 0;
+  const vocab_row v = vocab_parallel_row(st, a.comm[3 * n + r], has);
+  if (v.counter >= 0 && a.counters != nullptr)
+    atomicAdd(reinterpret_cast<unsigned long long*>(a.counters + v.counter), 1ull);
+  a.logp[r] = v.logp;
+  if (a.entropy != nullptr) a.entropy[r] = v.res.entropy;
+  if (a.lse != nullptr) a.lse[r] = v.res.lse;
+  if (a.scored != nullptr) a.scored[r] = v.scored ? 1 : 0;
 }
 
 //! Row -> local target column of a shard (−1 when another rank owns it).
@@ -127,8 +124,15 @@ void vocab_parallel_local(device_view2d<T> logits_local, device_view<const index
   detail::expect_size("comm", comm.size(), vocab_parallel_buffer_size(n), "4 floats per row");
   detail::expect_size("local_max", local_max.size(), n, "one per row");
   if (n == 0) return;
-  const detail::cuda_lp::local_args a{n,           logits_local.cols(), logits_local.row_stride(), shard.begin,
-                                      1.0f / opt.temperature, targets.data(), opt.ignore_index, comm.data(),
+  const detail::cuda_lp::local_args a{n,
+                                      logits_local.cols(),
+                                      logits_local.row_stride(),
+                                      shard.begin,
+                                      shard.vocab,
+                                      tempering::of(opt.temperature),
+                                      targets.data(),
+                                      opt.ignore_index,
+                                      comm.data(),
                                       local_max.data()};
   const auto grid = static_cast<unsigned>(n);
   switch (detail::cuda_lp::forward_block<E>(logits_local.cols())) {
@@ -204,22 +208,22 @@ void vocab_parallel_logprob_entropy(device_view2d<T> logits_local, device_view<c
 }
 #endif
 
-//! Device backward on one rank (no communication): from the global entropy and lse.
+//! Device backward on one rank (no communication), from what the forward wrote on every rank
+//! alike: `in.saved.lse` (the global lse), `in.entropy` (with dentropy) and `in.logp` (required
+//! with dlogp: every rank decides from it whether the target gets a gradient).
 template <logit_type T, grad_type G>
 void vocab_parallel_backward(device_view2d<T> logits_local, device_view<const index_t> targets, vocab_shard shard,
-                             device_view<const float> dlogp, device_view<const float> dentropy,
-                             device_view<const float> entropy, device_view<const float> lse,
-                             device_view2d<G> dlogits_local, const logprob_options& opt, cudaStream_t stream) {
+                             const device_logprob_backward_inputs& in, device_view2d<G> dlogits_local,
+                             const logprob_options& opt, cudaStream_t stream) {
   detail::cuda_lp::check_device_options(opt, false, "vocab-parallel scoring");
-  detail::cuda_lp::check_device_logits(logits_local);
+  detail::cuda_lp::check_device_logits(logits_local, "local logits");
   detail::check_shard(shard, logits_local.cols());
   detail::expect_size("targets", targets.size(), logits_local.rows(), "one per logits row");
-  const device_logprob_saved saved{.lse = lse};
-  detail::cuda_lp::check_device_grad(logits_local, dlogits_local, dlogp, dentropy, entropy, saved, logits_local.rows(),
-                                     false);
+  const device_logprob_backward_inputs global{in.dlogp, in.dentropy, in.logp, in.entropy, {.lse = in.saved.lse}};
+  detail::cuda_lp::check_device_grad(logits_local, dlogits_local, global, logits_local.rows(), false);
   detail::cuda_lp::launch_backward(
       logits_local, detail::cuda_lp::shard_job{targets.data(), opt.ignore_index, shard.begin, logits_local.cols()},
-      dlogp, dentropy, entropy, saved, dlogits_local, opt, stream);
+      global, dlogits_local, opt, stream);
 }
 
 RLPT_NAMESPACE_END

@@ -54,9 +54,16 @@ RLPT_HD_FORCEINLINE bool kept_column(float z, index_t j, float threshold, index_
 // Bodies, on 16-lane packs of NB-byte native vectors (always inlined into the per-ISA entry
 // points below). The last partial block is padded with −inf, which contributes exactly 0.
 
-//! Online LSE state of x[0, n) · scale. Rescaling happens at most once per 512-column chunk.
+//! Tempered logits of one 16-column block: x / T lane by lane (IEEE division, the same bits as
+//! detail::temper on the host and the device); T = 1 skips it (x / 1 = x).
+template <int NB>
+RLPT_LOGPROB_HOST_INLINE simd::vf<NB> tempered(const simd::vf<NB>& x, float t) {
+  return t == 1.0f ? x : x / t;
+}
+
+//! Online LSE state of x[0, n) / t. Rescaling happens at most once per 512-column chunk.
 template <int NB, class T>
-RLPT_LOGPROB_HOST_INLINE lse_state row_accumulate_body(const T* x, index_t n, float scale) {
+RLPT_LOGPROB_HOST_INLINE lse_state row_accumulate_body(const T* x, index_t n, float t) {
   namespace v = simd;
   using vf = v::vf<NB>;
   constexpr int W = v::lanes;
@@ -70,11 +77,11 @@ RLPT_LOGPROB_HOST_INLINE lse_state row_accumulate_body(const T* x, index_t n, fl
     const T* xc = x + c0;
     vf mx = v::splat<NB>(neg_inf_f);
     for (int b = 0; b < full; ++b) {
-      z[b] = v::load<NB>(xc + b * W) * scale;
+      z[b] = tempered<NB>(v::load<NB>(xc + b * W), t);
       mx = v::max(mx, z[b]);
     }
     if (full < blocks) {
-      z[full] = v::load_partial<NB>(xc + full * W, len - full * W, neg_inf_f) * scale;
+      z[full] = tempered<NB>(v::load_partial<NB>(xc + full * W, len - full * W, neg_inf_f), t);
       mx = v::max(mx, z[full]);
     }
     const float cm = v::hmax(mx);
@@ -118,7 +125,7 @@ RLPT_LOGPROB_HOST_INLINE simd::vi<NB> kept_lanes(const simd::vf<NB>& z, index_t 
 //! Σ over kept columns of exp(z − m) and exp(z − m)·(z − m), for a known row max m; writes the
 //! kept mask when `kept` is not null.
 template <int NB, class T>
-RLPT_LOGPROB_HOST_INLINE lse_state row_accumulate_kept_body(const T* x, index_t n, float scale, float m, float threshold,
+RLPT_LOGPROB_HOST_INLINE lse_state row_accumulate_kept_body(const T* x, index_t n, float t, float m, float threshold,
                                                         index_t tie_last, mask_t* kept) {
   namespace v = simd;
   using vf = v::vf<NB>;
@@ -130,7 +137,7 @@ RLPT_LOGPROB_HOST_INLINE lse_state row_accumulate_kept_body(const T* x, index_t 
     for (int b0 = 0; b0 < len; b0 += W) {
       const int cnt = std::min(W, len - b0);
       const index_t j0 = c0 + b0;
-      const vf z = (cnt == W ? v::load<NB>(x + j0) : v::load_partial<NB>(x + j0, cnt, neg_inf_f)) * scale;
+      const vf z = tempered<NB>(cnt == W ? v::load<NB>(x + j0) : v::load_partial<NB>(x + j0, cnt, neg_inf_f), t);
       const v::vi<NB> k = kept_lanes<NB, T>(z, j0, threshold, tie_last);
       vf dc;
       const vf e = v::sel(k, v::shifted_exp(z - m, dc), v::splat<NB>(0.0f));
@@ -151,21 +158,21 @@ RLPT_LOGPROB_HOST_INLINE lse_state row_accumulate_kept_body(const T* x, index_t 
   return {m, v::hsum(s), v::hsum(a)};
 }
 
-//! dx[j] = scale · (dlogp·(δ_{j,target} − p_j) − dentropy·p_j·(log p_j + H)) over kept columns,
+//! dx[j] = (dlogp·(δ_{j,target} − p_j) − dentropy·p_j·(log p_j + H)) / T over kept columns,
 //! 0 elsewhere (target < 0: no one-hot term). x and dx may be the same memory (in-place
 //! backward): each block is read before it is written.
 template <int NB, class T, class G, bool Truncated>
-RLPT_LOGPROB_HOST_INLINE void row_backward_body(const T* x, G* dx, index_t n, float scale, float lse, float entropy,
+RLPT_LOGPROB_HOST_INLINE void row_backward_body(const T* x, G* dx, index_t n, float t, float lse, float entropy,
                                            float dlogp, float dentropy, float threshold, index_t tie_last,
                                            index_t target) {
   namespace v = simd;
   using vf = v::vf<NB>;
   constexpr int W = v::lanes;
-  const float gl = dlogp * scale, gh = dentropy * scale;
+  const float gl = dlogp / t, gh = dentropy / t;
   const v::vi<NB> cols = v::column_offsets<NB, T>();
   for (index_t j0 = 0; j0 < n; j0 += W) {
     const int cnt = static_cast<int>(std::min<index_t>(W, n - j0));
-    const vf z = (cnt == W ? v::load<NB>(x + j0) : v::load_partial<NB>(x + j0, cnt, 0.0f)) * scale;
+    const vf z = tempered<NB>(cnt == W ? v::load<NB>(x + j0) : v::load_partial<NB>(x + j0, cnt, 0.0f), t);
     vf lpc;
     const vf p = v::shifted_exp(z - lse, lpc);
     vf g = v::splat<NB>(0.0f) - p * ((lpc + entropy) * gh + gl);
@@ -184,64 +191,64 @@ RLPT_LOGPROB_HOST_INLINE void row_backward_body(const T* x, G* dx, index_t n, fl
 // Per-ISA entry points.
 
 template <class T>
-lse_state row_accumulate_generic(const T* x, index_t n, float scale) {
-  return row_accumulate_body<simd::baseline_bytes>(x, n, scale);
+lse_state row_accumulate_generic(const T* x, index_t n, float t) {
+  return row_accumulate_body<simd::baseline_bytes>(x, n, t);
 }
 template <class T>
-lse_state row_accumulate_kept_generic(const T* x, index_t n, float scale, float m, float thr, index_t tie,
+lse_state row_accumulate_kept_generic(const T* x, index_t n, float t, float m, float thr, index_t tie,
                                       mask_t* kept) {
-  return row_accumulate_kept_body<simd::baseline_bytes>(x, n, scale, m, thr, tie, kept);
+  return row_accumulate_kept_body<simd::baseline_bytes>(x, n, t, m, thr, tie, kept);
 }
 template <class T, class G, bool Tr>
-void row_backward_generic(const T* x, G* dx, index_t n, float scale, float lse, float h, float glp, float gh,
+void row_backward_generic(const T* x, G* dx, index_t n, float t, float lse, float h, float glp, float gh,
                           float thr, index_t tie, index_t target) {
-  row_backward_body<simd::baseline_bytes, T, G, Tr>(x, dx, n, scale, lse, h, glp, gh, thr, tie, target);
+  row_backward_body<simd::baseline_bytes, T, G, Tr>(x, dx, n, t, lse, h, glp, gh, thr, tie, target);
 }
 
 #if RLPT_LOGPROB_X86_DISPATCH()
 template <class T>
-RLPT_LOGPROB_AVX2 lse_state row_accumulate_avx2(const T* x, index_t n, float scale) {
-  return row_accumulate_body<32>(x, n, scale);
+RLPT_LOGPROB_AVX2 lse_state row_accumulate_avx2(const T* x, index_t n, float t) {
+  return row_accumulate_body<32>(x, n, t);
 }
 template <class T>
-RLPT_LOGPROB_AVX2 lse_state row_accumulate_kept_avx2(const T* x, index_t n, float scale, float m, float thr,
+RLPT_LOGPROB_AVX2 lse_state row_accumulate_kept_avx2(const T* x, index_t n, float t, float m, float thr,
                                                      index_t tie, mask_t* kept) {
-  return row_accumulate_kept_body<32>(x, n, scale, m, thr, tie, kept);
+  return row_accumulate_kept_body<32>(x, n, t, m, thr, tie, kept);
 }
 template <class T, class G, bool Tr>
-RLPT_LOGPROB_AVX2 void row_backward_avx2(const T* x, G* dx, index_t n, float scale, float lse, float h, float glp,
+RLPT_LOGPROB_AVX2 void row_backward_avx2(const T* x, G* dx, index_t n, float t, float lse, float h, float glp,
                                          float gh, float thr, index_t tie, index_t target) {
-  row_backward_body<32, T, G, Tr>(x, dx, n, scale, lse, h, glp, gh, thr, tie, target);
+  row_backward_body<32, T, G, Tr>(x, dx, n, t, lse, h, glp, gh, thr, tie, target);
 }
 #endif
 
-//! Online LSE state of one row of logits · scale.
+//! Online LSE state of one row of logits / t (t: the temperature).
 template <class T>
-lse_state row_accumulate(const T* x, index_t n, float scale) {
+lse_state row_accumulate(const T* x, index_t n, float t) {
 #if RLPT_LOGPROB_X86_DISPATCH()
-  if (row_kernels_use_avx2()) return row_accumulate_avx2(x, n, scale);
+  if (row_kernels_use_avx2()) return row_accumulate_avx2(x, n, t);
 #endif
-  return row_accumulate_generic(x, n, scale);
+  return row_accumulate_generic(x, n, t);
 }
 
 //! LSE state over the kept columns of a row whose max is m (truncated modes).
 template <class T>
-lse_state row_accumulate_kept(const T* x, index_t n, float scale, float m, float thr, index_t tie, mask_t* kept) {
+lse_state row_accumulate_kept(const T* x, index_t n, float t, float m, float thr, index_t tie, mask_t* kept) {
 #if RLPT_LOGPROB_X86_DISPATCH()
-  if (row_kernels_use_avx2()) return row_accumulate_kept_avx2(x, n, scale, m, thr, tie, kept);
+  if (row_kernels_use_avx2()) return row_accumulate_kept_avx2(x, n, t, m, thr, tie, kept);
 #endif
-  return row_accumulate_kept_generic(x, n, scale, m, thr, tie, kept);
+  return row_accumulate_kept_generic(x, n, t, m, thr, tie, kept);
 }
 
 //! Gradient of one row (target < 0: no one-hot term, e.g. the target lives on another shard).
 template <class T, class G, bool Truncated>
-void row_backward(const T* x, G* dx, index_t n, float scale, float lse, float h, float glp, float gh, float thr,
+void row_backward(const T* x, G* dx, index_t n, float t, float lse, float h, float glp, float gh, float thr,
                   index_t tie, index_t target) {
 #if RLPT_LOGPROB_X86_DISPATCH()
   if (row_kernels_use_avx2())
-    return row_backward_avx2<T, G, Truncated>(x, dx, n, scale, lse, h, glp, gh, thr, tie, target);
+    return row_backward_avx2<T, G, Truncated>(x, dx, n, t, lse, h, glp, gh, thr, tie, target);
 #endif
-  row_backward_generic<T, G, Truncated>(x, dx, n, scale, lse, h, glp, gh, thr, tie, target);
+  row_backward_generic<T, G, Truncated>(x, dx, n, t, lse, h, glp, gh, thr, tie, target);
 }
 
 } // namespace detail

@@ -66,10 +66,10 @@ RLPT_HD_FORCEINLINE std::uint64_t kept_ties(std::uint64_t cum, std::uint64_t tar
   return r < count ? r : count;
 }
 
-//! top_k/top_p support of x[0, n) · scale whose max is m (host; the row is read 3–8 times,
+//! top_k/top_p support of x[0, n) / temp whose max is m (host; the row is read 3–8 times,
 //! from cache for vocabulary-sized rows).
 template <class T>
-truncation row_truncation(const T* x, index_t n, float scale, float m, index_t top_k, float top_p) {
+truncation row_truncation(const T* x, index_t n, float temp, float m, index_t top_k, float top_p) {
   truncation tr;
   tr.tie_last = n - 1;
   const bool use_k = top_k > 0 && top_k < n;
@@ -85,7 +85,7 @@ truncation row_truncation(const T* x, index_t n, float scale, float m, index_t t
       const std::uint32_t dmask = (1u << lv.bits) - 1u;
       for (int d = 0; d < radix_buckets; ++d) count[d] = 0;
       for (index_t j = 0; j < n; ++j) {
-        const std::uint32_t key = order_key(load_logit(x[j]) * scale);
+        const std::uint32_t key = order_key(load_logit(x[j]) / temp);
         if ((key & pmask) == prefix) ++count[(key >> lv.shift) & dmask];
       }
       for (auto d = static_cast<int>(dmask); d >= 0; --d) {
@@ -112,7 +112,7 @@ truncation row_truncation(const T* x, index_t n, float scale, float m, index_t t
     const std::uint32_t dmask = (1u << lv.bits) - 1u;
     for (int d = 0; d < radix_buckets; ++d) mass[d] = count[d] = 0;
     for (index_t j = 0; j < n; ++j) {
-      const float z = load_logit(x[j]) * scale;
+      const float z = load_logit(x[j]) / temp;
       const std::uint32_t key = order_key(z);
       if (key >= kmin && (key & pmask) == prefix) {
         const std::uint32_t d = (key >> lv.shift) & dmask;
@@ -143,7 +143,7 @@ truncation row_truncation(const T* x, index_t n, float scale, float m, index_t t
   if (keep < ties) {
     std::uint64_t seen = 0;
     for (index_t j = 0; j < n; ++j) {
-      if (order_key(load_logit(x[j]) * scale) == prefix && ++seen == keep) {
+      if (order_key(load_logit(x[j]) / temp) == prefix && ++seen == keep) {
         tr.tie_last = j;
         break;
       }
