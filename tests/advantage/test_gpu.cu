@@ -279,6 +279,100 @@ TEST_CASE("gpu whitening: moments, merge of per-shard moments, apply") {
   CHECK(m.m2 == doctest::Approx(hr.stats.m2).epsilon(1e-12));
 }
 
+TEST_CASE("gpu gae: packed rows of mixed lengths (1024- and 2048-token tiles) match the host, each row's bits its own") {
+  // rows up to 1024 tokens run with 4 tokens per thread (one full tile), longer ones with 8; the
+  // choice is per row, so a row gives the same bits alone as in any batch
+  const std::vector<rlpt::index_t> lengths = {1024, 1025, 300, 5000, 1, 2048, 700, 4096, 1023};
+  std::vector<rlpt::index_t> offsets = {0};
+  for (const auto n : lengths) offsets.push_back(offsets.back() + n);
+  const rlpt::index_t total = offsets.back();
+  const token_batch b = random_tokens(35, 1, total); // one long masked row, cut into sequences
+  const dev_buffer<rlpt::index_t> d_offsets(offsets);
+  const auto host_layout = rlpt::token_layout::packed(offsets);
+  const auto dev_layout = rlpt::device_token_layout::packed(d_offsets.cview(), total, 5000);
+  const dev_buffer<float> rewards(b.rewards), values(b.values);
+  const dev_buffer<rlpt::mask_t> mask(b.mask);
+  dev_buffer<float> adv(b.rewards.size()), ret(b.rewards.size());
+  std::vector<float> hadv(b.rewards.size()), hret(hadv.size());
+  const rlpt::gae_options o{.gamma = 0.99, .lambda = 0.95, .masked = rlpt::mask_mode::zero,
+                            .on_nonfinite = rlpt::nonfinite::mask};
+  (void)rlpt::gae({.layout = host_layout, .rewards = b.rewards, .values = b.values, .mask = b.mask}, hadv, hret, o);
+  with_workspace([&](rlpt::workspace& ws) {
+    rlpt::gae({.layout = dev_layout, .rewards = rewards.cview(), .values = values.cview(), .mask = mask.cview()},
+              adv.view(), ret.view(), o, {}, ws, nullptr);
+  });
+  const auto full = adv.get();
+  ADV_CHECK_CLOSE(full, hadv, scan_vs_loop);
+  ADV_CHECK_CLOSE(ret.get(), hret, scan_vs_loop);
+  for (std::size_t k = 0; k < lengths.size(); ++k) { // each sequence alone
+    const std::vector<rlpt::index_t> one = {0, lengths[k]};
+    const dev_buffer<rlpt::index_t> d_one(one);
+    const auto off = offsets[k], n = lengths[k];
+    dev_buffer<float> alone(static_cast<std::size_t>(n));
+    with_workspace([&](rlpt::workspace& ws) {
+      rlpt::gae({.layout = rlpt::device_token_layout::packed(d_one.cview(), n, n),
+                 .rewards = {rewards.cview().data() + off, n},
+                 .values = {values.cview().data() + off, n},
+                 .mask = {mask.cview().data() + off, n}},
+                alone.view(), {}, o, {}, ws, nullptr);
+    });
+    const auto a = alone.get();
+    CAPTURE(n);
+    CHECK(std::memcmp(a.data(), full.data() + off, static_cast<std::size_t>(n) * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("gpu whitening: token chunks across rows, a row stride wider than the rows, packed layouts") {
+  // the moments kernel walks tokens in fixed chunks of 8192 whatever the rows; slots between a
+  // padded row's end and its stride are neither read nor written
+  const rlpt::index_t B = 50, T = 1000, stride = 1003;
+  const token_batch b = random_tokens(36, B, stride);
+  std::vector<float> x = b.rewards;
+  std::vector<rlpt::mask_t> m = b.mask;
+  for (rlpt::index_t r = 0; r < B; ++r)
+    for (rlpt::index_t t = T; t < stride; ++t) {
+      x[static_cast<std::size_t>(r * stride + t)] = 1.0e6f; // valid and finite: reading it would move the moments
+      m[static_cast<std::size_t>(r * stride + t)] = 1;
+    }
+  const auto o = rlpt::device_policies(rlpt::compat::openrlhf::whiten());
+  std::vector<float> host(x.size(), 7.0f);
+  const auto hr = rlpt::whiten(rlpt::token_layout::padded(B, T, stride), x, m, host, o);
+  const dev_buffer<float> dx(x);
+  const dev_buffer<rlpt::mask_t> dm(m);
+  dev_buffer<float> out(std::vector<float>(x.size(), 7.0f));
+  dev_buffer<rlpt::moments> stats(1);
+  with_workspace([&](rlpt::workspace& ws) {
+    rlpt::whiten(rlpt::device_token_layout::padded(B, T, stride), dx.cview(), dm.cview(), out.view(), o, stats.view(), ws,
+                 nullptr);
+  });
+  const auto st = stats.get()[0];
+  CHECK(st.count == hr.stats.count);
+  CHECK(st.mean == doctest::Approx(hr.stats.mean).epsilon(1e-12));
+  CHECK(st.m2 == doctest::Approx(hr.stats.m2).epsilon(1e-11));
+  const auto got = out.get();
+  ADV_CHECK_CLOSE(got, host, (rlpt::test::tolerance{1e-6, 1e-7})); // gap slots: 7 on both sides
+  // packed: sequences of uneven lengths crossing the chunk boundaries
+  std::vector<rlpt::index_t> offsets = {0};
+  rlpt::test::rng r(37);
+  while (offsets.back() < 30000) offsets.push_back(offsets.back() + r.integer(1, 3000));
+  const rlpt::index_t total = offsets.back();
+  const token_batch p = random_tokens(38, 1, total);
+  const dev_buffer<rlpt::index_t> d_offsets(offsets);
+  const dev_buffer<float> px(p.rewards);
+  const dev_buffer<rlpt::mask_t> pm(p.mask);
+  dev_buffer<float> pout(p.rewards.size());
+  std::vector<float> phost(p.rewards.size());
+  const auto pr = rlpt::whiten(rlpt::token_layout::packed(offsets), p.rewards, p.mask, phost, o);
+  with_workspace([&](rlpt::workspace& ws) {
+    rlpt::whiten(rlpt::device_token_layout::packed(d_offsets.cview(), total, 3000), px.cview(), pm.cview(), pout.view(), o,
+                 stats.view(), ws, nullptr);
+  });
+  const auto ps = stats.get()[0];
+  CHECK(ps.count == pr.stats.count);
+  CHECK(ps.m2 == doctest::Approx(pr.stats.m2).epsilon(1e-11));
+  ADV_CHECK_CLOSE(pout.get(), phost, (rlpt::test::tolerance{1e-6, 1e-7}));
+}
+
 #if RLPT_HAS_NCCL()
 TEST_CASE("gpu whitening over NCCL: a single-rank all-gather merges to the local moments") {
   const token_batch b = random_tokens(35, 16, 200);

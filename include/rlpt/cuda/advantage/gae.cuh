@@ -6,10 +6,12 @@
 //!   valid:   (V_next, A) -> (V_t, r_t - V_t + gamma V_next + gamma lambda A)
 //!   masked:  identity (skip), (0, gamma V_next + gamma lambda A) (zero), or (0, 0) (reset)
 //! and affine maps compose associatively (5 numbers in fp64). One block (256 threads) owns a
-//! sequence: it walks the sequence from the end in tiles of 2048 tokens; each thread composes the
-//! maps of its 8 consecutive tokens, a block-wide exclusive scan (cub::BlockScan, fixed
+//! sequence: it walks the sequence from the end in tiles of 256·ITEMS tokens; each thread composes
+//! the maps of its ITEMS consecutive tokens, a block-wide exclusive scan (cub::BlockScan, fixed
 //! association) gives each thread the state entering its tokens, and each thread then runs the
-//! plain recurrence over them. Loads and stores go through shared memory so global accesses are
+//! plain recurrence over them. ITEMS is 8 (tiles of 2048) for sequences longer than 1024 slots
+//! and 4 (tiles of 1024) otherwise, so a batch of 1024-token rows keeps every thread busy; the
+//! choice is a function of the sequence's own length. Loads and stores go through shared memory so global accesses are
 //! coalesced. A sequence's bits therefore depend on that sequence alone: never on the batch size,
 //! the grid, or other sequences. They match the host's sequential fp64 loop to fp32 rounding
 //! (not bit for bit: the association differs).
@@ -111,84 +113,112 @@ struct gae_kernel_args {
 };
 
 inline constexpr int gae_threads = 256;
-inline constexpr int gae_items = 8;
-inline constexpr int gae_tile = gae_threads * gae_items;
+inline constexpr int gae_max_items = 8;
 
-template <mask_mode Mode>
-RLPT_KERNEL void __launch_bounds__(gae_threads, 3) gae_kernel(gae_kernel_args a) {
-  constexpr int padded = gae_tile + gae_tile / 32; // one pad per 32 keeps the transposed reads conflict-free
+//! Tokens per thread for one sequence: 4 up to 1024 slots (one full tile), 8 above. A function
+//! of the sequence's own length, so its bits never depend on the batch around it.
+RLPT_HD int gae_items_for(index_t len) { return len <= gae_threads * 4 ? 4 : gae_max_items; }
+
+template <int Items>
+struct gae_smem {
   using scan_t = cub::BlockScan<gae_map, gae_threads, cub::BLOCK_SCAN_WARP_SCANS>;
-  __shared__ typename scan_t::TempStorage scan_storage;
-  __shared__ float s_r[padded];
-  __shared__ float s_v[padded];
-  __shared__ mask_t s_m[padded];
+  static constexpr int tile = gae_threads * Items;
+  static constexpr int padded = tile + tile / 32; // one pad per 32: conflict-free transposed reads
+  typename scan_t::TempStorage scan_storage;
+  float r[padded];
+  float v[padded];
+  mask_t m[padded];
+};
+
+//! One tile of cnt tokens ending at `end` of the sequence at `base`, Items per thread; carries
+//! (next_value, acc) across tiles.
+template <mask_mode Mode, int Items>
+__device__ __forceinline__ void gae_tile_step(const gae_kernel_args& a, gae_smem<Items>& sm, index_t base, index_t begin,
+                                              int cnt, double& next_value, double& acc, bool& bad) {
+  const int tid = static_cast<int>(threadIdx.x);
+  // Coalesced load; u counts tokens from the tile's end, so thread i owns u in [Items·i, Items·i + Items).
+  for (int e = tid; e < cnt; e += gae_threads) {
+    const int u = cnt - 1 - e, k = u + u / 32;
+    const index_t i = base + begin + e;
+    sm.r[k] = a.rewards[i];
+    sm.v[k] = a.values ? a.values[i] : 0.0f;
+    sm.m[k] = a.mask ? a.mask[i] : mask_t{1};
+  }
+  __syncthreads();
+  gae_map agg = gae_identity();
+#pragma unroll
+  for (int j = 0; j < Items; ++j) {
+    const int u = tid * Items + j, k = u + u / 32;
+    if (u < cnt) agg = gae_then(agg, gae_token(sm.m[k] != 0, sm.r[k], sm.v[k], a.gamma, a.gamma_lambda, Mode));
+  }
+  gae_map prefix, total;
+  typename gae_smem<Items>::scan_t(sm.scan_storage).ExclusiveScan(agg, prefix, gae_identity(), gae_scan_op{}, total);
+  double nv = prefix.alpha * next_value + prefix.n0;
+  double ac = prefix.c + prefix.p * next_value + prefix.q * acc;
+  // Each thread reads its own slots once more and overwrites them with its outputs; no other
+  // thread touches them until the barrier below.
+#pragma unroll
+  for (int j = 0; j < Items; ++j) {
+    const int u = tid * Items + j, k = u + u / 32;
+    if (u >= cnt) continue;
+    if (sm.m[k] != 0) {
+      const double vt = static_cast<double>(sm.v[k]);
+      const double delta = static_cast<double>(sm.r[k]) + a.gamma * nv - vt;
+      ac = delta + a.gamma_lambda * ac;
+      nv = vt;
+      const float out = static_cast<float>(ac);
+      bad = bad || !finite(out);
+      sm.r[k] = out;
+      sm.v[k] = static_cast<float>(ac + vt);
+    } else {
+      if constexpr (Mode == mask_mode::zero) {
+        ac = a.gamma * nv + a.gamma_lambda * ac;
+        nv = 0.0;
+      } else if constexpr (Mode == mask_mode::reset) {
+        ac = 0.0;
+        nv = 0.0;
+      }
+      sm.r[k] = 0.0f;
+      sm.v[k] = 0.0f;
+    }
+  }
+  const double carry_nv = total.alpha * next_value + total.n0;
+  acc = total.c + total.p * next_value + total.q * acc;
+  next_value = carry_nv;
+  __syncthreads();
+  for (int e = tid; e < cnt; e += gae_threads) {
+    const int u = cnt - 1 - e, k = u + u / 32;
+    const index_t i = base + begin + e;
+    a.adv[i] = sm.r[k];
+    if (a.ret) a.ret[i] = sm.v[k];
+  }
+  __syncthreads();
+}
+
+//! All tiles of one sequence, from its end.
+template <mask_mode Mode, int Items>
+__device__ __forceinline__ void gae_sequence(const gae_kernel_args& a, gae_smem<Items>& sm, index_t base, index_t len,
+                                             double& next_value, double& acc, bool& bad) {
+  constexpr index_t tile = gae_threads * Items;
+  for (index_t end = len; end > 0; end -= tile) {
+    const index_t begin = end > tile ? end - tile : 0;
+    gae_tile_step<Mode, Items>(a, sm, base, begin, static_cast<int>(end - begin), next_value, acc, bad);
+  }
+}
+
+//! The sequences whose gae_items_for(length) is Items (other blocks' sequences are skipped: a
+//! packed batch mixing both classes takes one launch per class).
+template <mask_mode Mode, int Items>
+RLPT_KERNEL void __launch_bounds__(gae_threads, 4) gae_kernel(gae_kernel_args a) {
+  __shared__ gae_smem<Items> sm;
   const int tid = static_cast<int>(threadIdx.x);
   for (index_t b = blockIdx.x; b < a.layout.num_seqs(); b += gridDim.x) {
     const index_t base = a.layout.begin(b), len = a.layout.length(b);
+    if (gae_items_for(len) != Items) continue; // uniform per block
     const float boot = a.bootstrap ? a.bootstrap[b] : 0.0f;
     double next_value = static_cast<double>(boot), acc = 0.0;
     bool bad = !finite(boot);
-    for (index_t end = len; end > 0; end -= gae_tile) {
-      const index_t begin = end > gae_tile ? end - gae_tile : 0;
-      const int cnt = static_cast<int>(end - begin);
-      // Coalesced load; u counts tokens from the tile's end, so thread i owns u in [8i, 8i + 8).
-      for (int e = tid; e < cnt; e += gae_threads) {
-        const int u = cnt - 1 - e, k = u + u / 32;
-        const index_t i = base + begin + e;
-        s_r[k] = a.rewards[i];
-        s_v[k] = a.values ? a.values[i] : 0.0f;
-        s_m[k] = a.mask ? a.mask[i] : mask_t{1};
-      }
-      __syncthreads();
-      gae_map agg = gae_identity();
-#pragma unroll
-      for (int j = 0; j < gae_items; ++j) {
-        const int u = tid * gae_items + j, k = u + u / 32;
-        if (u < cnt) agg = gae_then(agg, gae_token(s_m[k] != 0, s_r[k], s_v[k], a.gamma, a.gamma_lambda, Mode));
-      }
-      gae_map prefix, total;
-      scan_t(scan_storage).ExclusiveScan(agg, prefix, gae_identity(), gae_scan_op{}, total);
-      double nv = prefix.alpha * next_value + prefix.n0;
-      double ac = prefix.c + prefix.p * next_value + prefix.q * acc;
-      // Each thread reads its own slots once more and overwrites them with its outputs; no other
-      // thread touches them until the barrier below.
-#pragma unroll
-      for (int j = 0; j < gae_items; ++j) {
-        const int u = tid * gae_items + j, k = u + u / 32;
-        if (u >= cnt) continue;
-        if (s_m[k] != 0) {
-          const double vt = static_cast<double>(s_v[k]);
-          const double delta = static_cast<double>(s_r[k]) + a.gamma * nv - vt;
-          ac = delta + a.gamma_lambda * ac;
-          nv = vt;
-          const float out = static_cast<float>(ac);
-          bad = bad || !finite(out);
-          s_r[k] = out;
-          s_v[k] = static_cast<float>(ac + vt);
-        } else {
-          if constexpr (Mode == mask_mode::zero) {
-            ac = a.gamma * nv + a.gamma_lambda * ac;
-            nv = 0.0;
-          } else if constexpr (Mode == mask_mode::reset) {
-            ac = 0.0;
-            nv = 0.0;
-          }
-          s_r[k] = 0.0f;
-          s_v[k] = 0.0f;
-        }
-      }
-      const double carry_nv = total.alpha * next_value + total.n0;
-      acc = total.c + total.p * next_value + total.q * acc;
-      next_value = carry_nv;
-      __syncthreads();
-      for (int e = tid; e < cnt; e += gae_threads) {
-        const int u = cnt - 1 - e, k = u + u / 32;
-        const index_t i = base + begin + e;
-        a.adv[i] = s_r[k];
-        if (a.ret) a.ret[i] = s_v[k];
-      }
-      __syncthreads();
-    }
+    gae_sequence<Mode, Items>(a, sm, base, len, next_value, acc, bad);
     if (__syncthreads_or(bad ? 1 : 0)) {
       for (index_t t = tid; t < len; t += gae_threads) {
         const index_t i = base + t;
@@ -200,15 +230,25 @@ RLPT_KERNEL void __launch_bounds__(gae_threads, 3) gae_kernel(gae_kernel_args a)
   }
 }
 
+template <int Items>
+void launch_gae_items(const gae_kernel_args& a, mask_mode mode, unsigned grid, cudaStream_t stream) {
+  switch (mode) {
+  case mask_mode::zero: gae_kernel<mask_mode::zero, Items><<<grid, gae_threads, 0, stream>>>(a); break;
+  case mask_mode::reset: gae_kernel<mask_mode::reset, Items><<<grid, gae_threads, 0, stream>>>(a); break;
+  case mask_mode::skip: gae_kernel<mask_mode::skip, Items><<<grid, gae_threads, 0, stream>>>(a); break;
+  }
+  RLPT_CUDA_CHECK_LAUNCH();
+}
+
+//! One launch per class of sequence length that the layout can hold: padded layouts (every
+//! sequence max_len slots) and packed ones whose longest fits a 1024-token tile take one.
 inline void launch_gae(const gae_kernel_args& a, mask_mode mode, cudaStream_t stream) {
   if (a.layout.num_seqs() == 0) return;
   const unsigned grid = grid_for(a.layout.num_seqs(), 1);
-  switch (mode) {
-  case mask_mode::zero: gae_kernel<mask_mode::zero><<<grid, gae_threads, 0, stream>>>(a); break;
-  case mask_mode::reset: gae_kernel<mask_mode::reset><<<grid, gae_threads, 0, stream>>>(a); break;
-  case mask_mode::skip: gae_kernel<mask_mode::skip><<<grid, gae_threads, 0, stream>>>(a); break;
-  }
-  RLPT_CUDA_CHECK_LAUNCH();
+  const bool has_long = gae_items_for(a.layout.max_len()) == gae_max_items;
+  const bool has_short = !has_long || a.layout.is_packed();
+  if (has_short) launch_gae_items<4>(a, mode, grid, stream);
+  if (has_long) launch_gae_items<gae_max_items>(a, mode, grid, stream);
 }
 
 //! Scratch of a recurrence call: the report (when the caller gives none) and whitening's.

@@ -5,9 +5,13 @@
 //! (count, mean, M2) in between (see <rlpt/cuda/advantage/nccl.cuh>). The statistics never leave
 //! the device: whiten_apply reads them from device memory, so nothing synchronises.
 //!
-//! Moments are computed two-pass in fp64 per chunk of sequences (the chunking depends only on the
-//! layout) and merged in a fixed tree, so the same input gives the same bits on every run and
-//! every GPU. They agree with the host's to fp64 rounding, not bit for bit.
+//! The tokens of a layout are walked as one flat range (token k of a padded layout is slot
+//! (k / T)·stride + k % T; a packed layout's tokens are its slots [offsets[0], offsets[B])), cut
+//! into fixed chunks of whiten_chunk tokens whatever the sequences are: about a thousand
+//! 256-thread blocks at 1024 x 8192 or 8192 x 1024, each thread reading every 256th token of its
+//! chunk (coalesced). Moments are computed two-pass in fp64 per chunk (the second pass re-reads
+//! the chunk from cache) and merged in a fixed tree, so the same input gives the same bits on
+//! every run and every GPU. They agree with the host's to fp64 rounding, not bit for bit.
 #pragma once
 
 #include <rlpt/config.hpp>
@@ -37,40 +41,75 @@ RLPT_NAMESPACE_BEGIN
 
 namespace detail {
 
-//! Sequences per block of the moments kernel: the host's chunking (about 64K token slots).
-inline index_t device_seq_grain(const device_token_layout& l) {
-  return std::max<index_t>(1, index_t{1 << 16} / std::max<index_t>(1, l.max_len()));
+//! Tokens per block of the moments kernel (a function of nothing but this constant and the
+//! layout's token count, so the reduction order is fixed per layout).
+inline constexpr index_t whiten_chunk = 8192;
+
+//! A layout's tokens as one flat range (see the file comment). `end` bounds the token index;
+//! packed layouts additionally skip slots outside [offsets[0], offsets[B]) (read on the device).
+struct flat_tokens {
+  index_t end;      // padded: B·T tokens; packed: storage slots
+  index_t seq_len;  // padded T
+  index_t stride;   // padded row stride
+  bool direct;      // token k is slot k (packed, or padded with stride == T)
+  const index_t* offsets; // packed: B + 1 offsets (device memory); null for padded
+  index_t num_seqs;
+
+  [[nodiscard]] static flat_tokens of(const device_token_layout& l) {
+    if (l.is_packed()) return {l.storage_size(), 0, 0, true, l.offsets(), l.num_seqs()};
+    return {l.num_seqs() * l.max_len(), l.max_len(), l.row_stride(), l.row_stride() == l.max_len(), nullptr, 0};
+  }
+  //! Token range [lo, hi) of the whole layout (packed: read from the offsets).
+  __device__ __forceinline__ void bounds(index_t& lo, index_t& hi) const {
+    lo = 0;
+    hi = end;
+    if (offsets != nullptr) {
+      lo = offsets[0];
+      hi = offsets[num_seqs] < end ? offsets[num_seqs] : end;
+    }
+  }
+  __device__ __forceinline__ index_t slot(index_t k) const { return direct ? k : k / seq_len * stride + k % seq_len; }
+};
+
+//! Blocks of the moments kernel for a layout (one moments partial each).
+inline index_t whiten_blocks(const device_token_layout& l) {
+  return std::max<index_t>(1, (flat_tokens::of(l).end + whiten_chunk - 1) / whiten_chunk);
 }
 
 template <int = 0> // a template: a kernel defined in a header must not clash across TUs
 RLPT_KERNEL void __launch_bounds__(256)
-    whiten_partials_kernel(device_token_layout l, const float* x, const mask_t* m, index_t rows, moments* parts) {
+    whiten_partials_kernel(flat_tokens f, const float* x, const mask_t* m, moments* parts) {
   __shared__ double shared[256];
   __shared__ long long shared_count[256];
-  const index_t b0 = static_cast<index_t>(blockIdx.x) * rows;
-  const index_t b1 = b0 + rows < l.num_seqs() ? b0 + rows : l.num_seqs();
+  index_t lo = 0, hi = 0;
+  f.bounds(lo, hi);
+  const index_t k0 = static_cast<index_t>(blockIdx.x) * whiten_chunk;
+  const index_t k1 = k0 + whiten_chunk < hi ? k0 + whiten_chunk : hi;
+  const index_t start = (k0 > lo ? k0 : lo) + static_cast<index_t>(threadIdx.x);
   long long c = 0;
   double s = 0.0;
-  for (index_t b = b0; b < b1; ++b) {
-    const index_t base = l.begin(b), n = l.length(b);
-    for (index_t t = threadIdx.x; t < n; t += 256)
-      if (valid_at(m, base + t) && finite(x[base + t])) {
-        ++c;
-        s += static_cast<double>(x[base + t]);
-      }
+#pragma unroll 4
+  for (index_t k = start; k < k1; k += 256) {
+    const index_t i = f.slot(k);
+    const float v = x[i];
+    if (valid_at(m, i) && finite(v)) {
+      ++c;
+      s += static_cast<double>(v);
+    }
   }
   c = block_sum_256_int(c, shared_count);
   s = block_sum_256(s, shared);
   const double count = static_cast<double>(c);
   const double mean = c > 0 ? s / count : 0.0;
   double q = 0.0;
-  for (index_t b = b0; b < b1; ++b) {
-    const index_t base = l.begin(b), n = l.length(b);
-    for (index_t t = threadIdx.x; t < n; t += 256)
-      if (valid_at(m, base + t) && finite(x[base + t])) {
-        const double d = static_cast<double>(x[base + t]) - mean;
-        q += d * d;
-      }
+#pragma unroll 4
+  for (index_t k = start; k < k1; k += 256) { // the same tokens again, from cache
+    const index_t i = f.slot(k);
+    const float v = x[i];
+    if (valid_at(m, i) && finite(v)) {
+      const double d = static_cast<double>(v) - mean;
+      q += d * d;
+    }
   }
   q = block_sum_256(q, shared);
   if (threadIdx.x == 0) parts[blockIdx.x] = moments{count, mean, q};
@@ -100,27 +139,31 @@ RLPT_KERNEL void __launch_bounds__(256) merge_moments_kernel(const moments* part
   if (threadIdx.x == 0) *out = moments{count[0], mean[0], m2[0]};
 }
 
+//! Tokens per thread of the apply kernel's grid (grid-stride beyond it).
+inline constexpr index_t whiten_apply_per_thread = 8;
+
 template <int = 0>
-RLPT_KERNEL void __launch_bounds__(256) whiten_apply_kernel(device_token_layout l, const float* x, const mask_t* m,
-                                                            float* out, const moments* stats, whiten_options o,
+RLPT_KERNEL void __launch_bounds__(256) whiten_apply_kernel(flat_tokens f, const float* x, const mask_t* m, float* out,
+                                                            const moments* stats, whiten_options o,
                                                             index_t* nonfinite_count) {
   const moments st = *stats;
   const whiten_transform tr = whiten_from(st.count, st.mean, st.m2, o);
+  index_t lo = 0, hi = 0;
+  f.bounds(lo, hi);
   long long bad = 0;
-  for (index_t b = blockIdx.x; b < l.num_seqs(); b += gridDim.x) {
-    const index_t base = l.begin(b), n = l.length(b);
-    for (index_t t = threadIdx.x; t < n; t += blockDim.x) {
-      const index_t i = base + t;
-      float y = 0.0f;
-      if (valid_at(m, i)) {
-        const float v = x[i];
-        if (finite(v))
-          y = whiten_value(v, tr);
-        else
-          ++bad;
-      }
-      out[i] = y;
+  const index_t step = static_cast<index_t>(gridDim.x) * blockDim.x;
+#pragma unroll 4
+  for (index_t k = lo + static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < hi; k += step) {
+    const index_t i = f.slot(k);
+    float y = 0.0f;
+    if (valid_at(m, i)) {
+      const float v = x[i];
+      if (finite(v))
+        y = whiten_value(v, tr);
+      else
+        ++bad;
     }
+    out[i] = y;
   }
   count_into(nonfinite_count, bad);
 }
@@ -141,8 +184,7 @@ inline void whiten_moments(const device_token_layout& layout, device_view<const 
   layout.expect_tokens("values", x);
   if (!mask.empty()) layout.expect_tokens("mask", mask);
   detail::expect_size("stats", stats.size(), 1, "one moments struct");
-  const index_t rows = detail::device_seq_grain(layout);
-  const index_t chunks = std::max<index_t>(1, (layout.num_seqs() + rows - 1) / rows);
+  const index_t chunks = detail::whiten_blocks(layout);
   detail::workspace_carver carve(ws);
   moments* parts = carve.take<moments>(static_cast<std::size_t>(chunks));
   if (carve.finish_size_query()) return;
@@ -150,8 +192,11 @@ inline void whiten_moments(const device_token_layout& layout, device_view<const 
     RLPT_CUDA_CHECK(cudaMemsetAsync(stats.data(), 0, sizeof(moments), stream));
     return;
   }
+  RLPT_CHECK(chunks < (index_t{1} << 31), errors::advantage::bad_shape,
+             "{} tokens exceed the whitening grid (2^31 - 1 blocks of {})", detail::flat_tokens::of(layout).end,
+             detail::whiten_chunk);
   detail::whiten_partials_kernel<<<static_cast<unsigned>(chunks), 256, 0, stream>>>(
-      layout, x.data(), mask.empty() ? nullptr : mask.data(), rows, parts);
+      detail::flat_tokens::of(layout), x.data(), mask.empty() ? nullptr : mask.data(), parts);
   RLPT_CUDA_CHECK_LAUNCH();
   detail::merge_moments_kernel<<<1, 256, 0, stream>>>(parts, chunks, stats.data());
   RLPT_CUDA_CHECK_LAUNCH();
@@ -176,8 +221,9 @@ inline void whiten_apply(device_view<const moments> stats, const device_token_la
   if (!mask.empty()) layout.expect_tokens("mask", mask);
   detail::expect_size_or_empty("nonfinite_count", nonfinite_count.size(), 1, "one counter");
   if (layout.num_seqs() == 0) return;
-  detail::whiten_apply_kernel<<<detail::grid_for(layout.num_seqs(), 1), 256, 0, stream>>>(
-      layout, x.data(), mask.empty() ? nullptr : mask.data(), out.data(), stats.data(), o, nonfinite_count.data());
+  const detail::flat_tokens f = detail::flat_tokens::of(layout);
+  detail::whiten_apply_kernel<<<detail::grid_for(f.end, 256 * detail::whiten_apply_per_thread), 256, 0, stream>>>(
+      f, x.data(), mask.empty() ? nullptr : mask.data(), out.data(), stats.data(), o, nonfinite_count.data());
   RLPT_CUDA_CHECK_LAUNCH();
 }
 
