@@ -145,7 +145,8 @@ int peer(const std::string& dir, rlpt::index_t n, rlpt::index_t v, float temp, b
     const rlpt::view<float> logp(r.logp.get(), n), ent(r.ent.get(), n), lse(r.lse.get(), n);
     rlpt::logprob_entropy(xv, t, {.logp = logp, .entropy = ent, .saved = {.lse = lse}}, opt);
     if (backward)
-      rlpt::logprob_entropy_backward(xv, t, dl, dh, ent, {.lse = lse}, rlpt::view2d<T>(r.grad.get(), n, v), opt);
+      rlpt::logprob_entropy_backward(xv, t, {.dlogp = dl, .dentropy = dh, .entropy = ent, .saved = {.lse = lse}},
+                                     rlpt::view2d<T>(r.grad.get(), n, v), opt);
     return r;
   };
   const auto times = rlpt::bench::time_calls(plan, call);
