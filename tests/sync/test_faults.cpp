@@ -439,3 +439,75 @@ TEST_CASE("faults: the receiver survives fuzzed frame sequences") {
   CHECK(failed > 0);
   CHECK(published > 0); // mutations of ignorable bytes (padding) still publish
 }
+
+TEST_CASE("faults: a BEGIN repeating the version before any of it arrived is a retry, a BEGIN of another version supersedes") {
+  // One state machine for host and device receivers (issue 19): the device's retry rule (a
+  // sender resending a refused delta dense, to a group) holds on the host too, and only for
+  // the same version; a BEGIN of another version still fails the update it replaces.
+  rig g;
+  g.tx->publish(1);
+  REQUIRE(g.loop->wait(1).size() == 1);
+  std::uint64_t fake_version = 0;
+  g.fl.on_send = [&](std::size_t, std::vector<std::byte>& meta, std::span<std::byte>) {
+    if (type_of(meta) != frame_type::begin || fake_version == 0) return true;
+    const frame f = decode_frame(meta, "t");
+    std::vector<std::byte> fake; // an attempt the sender abandoned before sending anything else
+    encode_frame(fake, frame_type::begin, f.tag ^ 0x5a5a, fake_version, f.base_version, f.index, f.count, 0, f.body);
+    g.tl.send(fake, 0, after(1s));
+    fake_version = 0;
+    return true;
+  };
+  g.md.step(0.1, g.r);
+  fake_version = 2; // same version as the real BEGIN that follows
+  g.tx->publish(2);
+  auto ups = g.loop->wait(2);
+  REQUIRE(ups.size() == 2);
+  CHECK(ups[1].published());
+  CHECK(ups[1].version == 2);
+  g.md.step(0.1, g.r);
+  fake_version = 9; // another version: the real BEGIN of 3 supersedes it
+  g.tx->publish(3);
+  ups = g.loop->wait(4);
+  REQUIRE(ups.size() == 4);
+  CHECK(ups[2].failed());
+  CHECK(ups[2].version == 9);
+  CHECK(ups[2].error_id == "rlpt.sync.superseded");
+  CHECK(ups[2].reason.find("version 9 was superseded by a BEGIN of version 3") != std::string::npos);
+  CHECK(ups[3].published());
+  CHECK(ups[3].version == 3);
+  check_mirror(*g.rx, g.md);
+}
+
+TEST_CASE("faults: a failure after loading began makes the receiver take only a dense update next") {
+  // The engine holds a mix after a partly loaded update. A delta loads only what changed, so
+  // it cannot repair a tensor that the failed update loaded and the next version changes
+  // back: the receiver (host and device alike, issue 19) accepts only a dense update next.
+  rig g({.delta = true});
+  g.tx->publish(1);
+  REQUIRE(g.loop->wait(1).size() == 1);
+  const std::string a = "model.layers.0.self_attn.q_proj.weight", b = "model.layers.0.self_attn.k_proj.weight";
+  const std::vector<std::byte> a1(g.md.bytes(a).begin(), g.md.bytes(a).end());
+  g.md.bytes(a)[0] ^= std::byte{1};
+  g.md.bytes(b)[0] ^= std::byte{1};
+  g.before_load = [&](const tensor_view& t) {
+    if (t.name == b) throw std::runtime_error("engine rejected the tensor");
+  };
+  const update u = g.publish_expecting_failure(2, "rlpt.sync.load_failed");
+  CHECK(u.delta);
+  CHECK(u.partial);
+  CHECK(u.tensors_loaded == 1); // `a` reached the engine
+  CHECK(g.rx->dense_only());
+  CHECK_FALSE(g.rx->torn()); // the mirror is intact: only the engine holds a mix
+  g.before_load = nullptr;
+  std::copy(a1.begin(), a1.end(), g.md.bytes(a).begin()); // version 3 has `a` as version 1 had it
+  const publish_result p = g.tx->publish(3);
+  CHECK(p.fell_back);
+  CHECK_FALSE(p.delta);
+  REQUIRE(g.loop->wait(3).back().published());
+  CHECK_FALSE(g.rx->dense_only());
+  for (const auto& t : g.md.refs) CHECK_MESSAGE(same_bytes(g.s.got.at(t.name), g.md.bytes(t.name)), t.name);
+  g.md.step(0.01, g.r);
+  CHECK(g.tx->publish(4).delta);
+  REQUIRE(g.loop->wait(4).back().published());
+  check_mirror(*g.rx, g.md);
+}

@@ -316,24 +316,24 @@ TEST_CASE("sync ipc: an external buffer is exported as what it is, or refused wi
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = dev;
     std::size_t gran = 0;
-    RLPT_SYNC_CU_CHECK(drv.cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    RLPT_CU_CHECK(drv.cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
     const std::size_t bytes = (2 * slot + gran - 1) / gran * gran;
     CUmemGenericAllocationHandle h{};
-    RLPT_SYNC_CU_CHECK(drv.cuMemCreate(&h, bytes, &prop, 0));
+    RLPT_CU_CHECK(drv.cuMemCreate(&h, bytes, &prop, 0));
     CUdeviceptr va = 0;
-    RLPT_SYNC_CU_CHECK(drv.cuMemAddressReserve(&va, bytes, gran, 0, 0));
-    RLPT_SYNC_CU_CHECK(drv.cuMemMap(va, bytes, 0, h, 0));
+    RLPT_CU_CHECK(drv.cuMemAddressReserve(&va, bytes, gran, 0, 0));
+    RLPT_CU_CHECK(drv.cuMemMap(va, bytes, 0, h, 0));
     CUmemAccessDesc access{};
     access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     access.location.id = dev;
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    RLPT_SYNC_CU_CHECK(drv.cuMemSetAccess(va, bytes, &access, 1));
+    RLPT_CU_CHECK(drv.cuMemSetAccess(va, bytes, &access, 1));
     RLPT_CHECK_ERROR(ipc_link(host, role::sender,
                               {.slots = 2, .slot_bytes = slot, .memory = ipc_memory::external,
                                .buffer = reinterpret_cast<void*>(static_cast<std::uintptr_t>(va)), .buffer_bytes = bytes}),
                      "rlpt.sync.ipc", "without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR");
-    RLPT_SYNC_CU_CHECK(drv.cuMemUnmap(va, bytes));
-    RLPT_SYNC_CU_CHECK(drv.cuMemAddressFree(va, bytes));
-    RLPT_SYNC_CU_CHECK(drv.cuMemRelease(h));
+    RLPT_CU_CHECK(drv.cuMemUnmap(va, bytes));
+    RLPT_CU_CHECK(drv.cuMemAddressFree(va, bytes));
+    RLPT_CU_CHECK(drv.cuMemRelease(h));
   }
 }

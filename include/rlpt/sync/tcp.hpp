@@ -18,6 +18,7 @@
 #include <rlpt/config.hpp>
 #include <rlpt/core/error.hpp>
 #include <rlpt/sync/checksum.hpp>
+#include <rlpt/sync/detail/stream_link.hpp>
 #include <rlpt/sync/link.hpp>
 
 #include <arpa/inet.h>
@@ -59,135 +60,11 @@ namespace detail {
 inline constexpr std::uint32_t tcp_magic = 0x46544c52u; // "RLTF"
 inline constexpr std::size_t tcp_header_bytes = 32;
 
-struct fd_guard {
-  int fd = -1;
-  fd_guard() = default;
-  explicit fd_guard(int f) : fd(f) {}
-  fd_guard(const fd_guard&) = delete;
-  fd_guard& operator=(const fd_guard&) = delete;
-  ~fd_guard() { reset(); }
-  void reset(int f = -1) noexcept {
-    if (fd >= 0) ::close(fd);
-    fd = f;
-  }
-  [[nodiscard]] int release() noexcept {
-    const int f = fd;
-    fd = -1;
-    return f;
-  }
-};
-
-inline int ms_until(deadline until) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - clock::now()).count();
-  return static_cast<int>(std::clamp<long long>(left, 0, 100));
-}
-
-//! What a stream frame's header announced, once the link has checked it.
-struct frame_sizes {
-  std::uint32_t meta_bytes;
-  std::uint64_t payload_bytes;
-  std::uint64_t meta_check; //!< XXH3 of the meta block
-};
-
-//! Receive side of the stream links' frames (a fixed header, a checksummed meta block, a
-//! payload) over a non-blocking socket: takes what has arrived and never blocks. The link owns
-//! the socket and its header format: `recv(dst, want)` reads like ::recv; `header(bytes)`
-//! checks a complete header and returns its sizes (or drops the connection and throws);
-//! `drop()` closes the connection and resets this reader.
-template <std::size_t HeaderBytes>
-class frame_reader {
-public:
-  //! Starts over at a header (after a consumed frame or a dropped connection).
-  void reset() noexcept {
-    stage_ = 0;
-    got_ = 0;
-  }
-
-  //! The frame read_some() completed; valid until reset().
-  [[nodiscard]] message frame() const noexcept {
-    return {{meta_.data(), meta_.size()}, {payload_.get(), static_cast<std::size_t>(payload_bytes_)}};
-  }
-
-  //! Reads what is available; true when a whole frame is in.
-  template <class Recv, class Header, class Drop>
-  bool read_some(const std::string& where, Recv&& recv, Header&& header, Drop&& drop) {
-    for (;;) {
-      std::byte* dst = nullptr;
-      std::size_t want = 0;
-      if (stage_ == 0) {
-        dst = header_ + got_;
-        want = HeaderBytes - got_;
-      } else if (stage_ == 1) {
-        dst = meta_.data() + got_;
-        want = meta_.size() - got_;
-      } else {
-        dst = payload_.get() + got_;
-        want = static_cast<std::size_t>(payload_bytes_ - got_);
-      }
-      if (want == 0) {
-        if (advance(where, header, drop)) return true;
-        continue;
-      }
-      const ssize_t n = recv(dst, want);
-      if (n > 0) {
-        got_ += static_cast<std::size_t>(n);
-        continue;
-      }
-      if (n == 0) {
-        drop();
-        RLPT_FAIL(errors::sync::peer_lost, "{}: connection closed by the peer", where);
-      }
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
-      const int err = errno;
-      drop();
-      RLPT_FAIL(errors::sync::peer_lost, "{}: receive failed: {}", where, std::strerror(err));
-    }
-  }
-
-private:
-  // A stage is complete: validate and move on; true when the frame is complete.
-  template <class Header, class Drop>
-  bool advance(const std::string& where, Header& header, Drop& drop) {
-    if (stage_ == 0) {
-      const frame_sizes f = header(static_cast<const std::byte*>(header_));
-      meta_check_ = f.meta_check;
-      meta_.resize(f.meta_bytes);
-      payload_bytes_ = f.payload_bytes;
-      if (payload_cap_ < f.payload_bytes) {
-        payload_.reset(new std::byte[static_cast<std::size_t>(f.payload_bytes)]);
-        payload_cap_ = f.payload_bytes;
-      }
-      stage_ = 1;
-      got_ = 0;
-      return false;
-    }
-    if (stage_ == 1) {
-      if (xxh3(meta_.data(), meta_.size()) != meta_check_) {
-        drop();
-        RLPT_FAIL(errors::sync::wire, "{}: frame meta block of {} bytes fails its checksum", where, meta_.size());
-      }
-      stage_ = 2;
-      got_ = 0;
-      return false;
-    }
-    return true;
-  }
-
-  std::byte header_[HeaderBytes] = {};
-  std::vector<std::byte> meta_;
-  std::unique_ptr<std::byte[]> payload_;
-  std::uint64_t payload_cap_ = 0;
-  std::uint64_t payload_bytes_ = 0;
-  std::uint64_t meta_check_ = 0;
-  int stage_ = 0;
-  std::size_t got_ = 0;
-};
 } // namespace detail
 
-class tcp_transport final : public link {
+class tcp_transport final : public link, private detail::stream_link<tcp_transport, detail::tcp_header_bytes> {
 public:
-  tcp_transport(tcp_options o, role r) : o_(std::move(o)), role_(r) {
+  tcp_transport(tcp_options o, role r) : o_(std::move(o)) {
     if (o_.listen) open_listener();
     where_ = fmt::format("tcp {}:{} ({}, {})", o_.host, o_.listen ? port_ : o_.port, r == role::sender ? "sender" : "receiver",
                          o_.listen ? "listening" : "connecting");
@@ -214,7 +91,6 @@ public:
                "{}: meta block of {} bytes exceeds max_meta {}", where_, meta.size(), o_.max_meta);
     RLPT_CHECK(payload_bytes <= tx_payload_.size(), errors::sync::bad_link,
                "{}: send of {} payload bytes without a payload_buffer() of that size", where_, payload_bytes);
-    connect_or_accept(until);
     std::byte hdr[detail::tcp_header_bytes];
     const std::uint32_t magic = detail::tcp_magic, mb = static_cast<std::uint32_t>(meta.size());
     const std::uint64_t mcheck = xxh3(meta.data(), meta.size());
@@ -224,69 +100,20 @@ public:
     std::memcpy(hdr + 16, &mcheck, 8);
     const std::uint64_t hcheck = xxh3(hdr, 24);
     std::memcpy(hdr + 24, &hcheck, 8);
-    iovec iov[3] = {{hdr, sizeof(hdr)},
-                    {const_cast<std::byte*>(meta.data()), meta.size()},
-                    {tx_payload_.data(), static_cast<std::size_t>(payload_bytes)}};
-    int first = 0;
-    while (first < 3) {
-      while (first < 3 && iov[first].iov_len == 0) ++first;
-      if (first == 3) break;
-      msghdr mh{};
-      mh.msg_iov = iov + first;
-      mh.msg_iovlen = static_cast<std::size_t>(3 - first);
-      const ssize_t n = ::sendmsg(conn_.fd, &mh, MSG_NOSIGNAL);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) {
-          if (clock::now() >= until) {
-            drop(); // a half-sent frame cannot be resumed
-            detail::timeout(where_, "sending a frame (the peer stopped reading)");
-          }
-          pollfd p{conn_.fd, POLLOUT, 0};
-          ::poll(&p, 1, detail::ms_until(until));
-          continue;
-        }
-        const int err = errno;
-        drop();
-        RLPT_FAIL(errors::sync::peer_lost, "{}: send failed: {}", where_, std::strerror(err));
-      }
-      auto left = static_cast<std::size_t>(n);
-      while (left > 0 && first < 3) {
-        const std::size_t take = std::min(left, iov[first].iov_len);
-        iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + take;
-        iov[first].iov_len -= take;
-        left -= take;
-        if (iov[first].iov_len == 0) ++first;
-      }
-    }
+    send_frame(hdr, meta, std::span<const std::byte>(tx_payload_.data(), static_cast<std::size_t>(payload_bytes)), {}, until);
   }
 
   std::optional<message> receive(deadline until) override {
     release();
-    for (;;) {
-      if (o_.listen) accept_new(); // a restarted peer replaces the old connection
-      if (conn_.fd < 0) {
-        if (!try_connect_or_accept(until)) return std::nullopt;
-        continue;
-      }
-      if (read_some()) {
-        held_ = true;
-        return rx_.frame();
-      }
-      const auto now = clock::now();
-      if (now >= until) return std::nullopt;
-      pollfd p[2] = {{conn_.fd, POLLIN, 0}, {listen_.fd, POLLIN, 0}};
-      ::poll(p, o_.listen ? 2 : 1, detail::ms_until(until));
-    }
+    return receive_frame(until);
   }
 
-  void release() override {
-    if (!held_) return;
-    held_ = false;
-    rx_.reset();
-  }
+  void release() override { release_frame(); }
 
 private:
+  friend class detail::stream_link<tcp_transport, detail::tcp_header_bytes>;
+  static constexpr std::chrono::milliseconds reconnect_pause{5};
+
   void open_listener() {
     detail::fd_guard fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
     RLPT_CHECK(fd.fd >= 0, errors::sync::tcp, "tcp: socket failed: {}", std::strerror(errno));
@@ -319,7 +146,9 @@ private:
     return a;
   }
 
-  void tune(int fd) const {
+  // --- the socket specifics stream_link asks for ------------------------------------------
+
+  void on_connected(int fd) const {
     const int one = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &o_.socket_buffer, sizeof(o_.socket_buffer));
@@ -327,14 +156,8 @@ private:
     ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
   }
 
-  bool accept_new() {
-    const int fd = ::accept4(listen_.fd, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) return false;
-    tune(fd);
-    drop();
-    conn_.reset(fd);
-    return true;
-  }
+  void on_dropped() noexcept {}
+  void on_reconnect() const noexcept {}
 
   bool try_connect(deadline until) {
     detail::fd_guard fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
@@ -351,44 +174,11 @@ private:
       socklen_t len = sizeof(err);
       if (::getsockopt(fd.fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) return false;
     }
-    tune(fd.fd);
-    drop();
-    conn_.reset(fd.release());
+    adopt(fd.release());
     return true;
   }
 
-  bool try_connect_or_accept(deadline until) {
-    for (;;) {
-      if (o_.listen ? accept_new() : try_connect(until)) return true;
-      if (clock::now() >= until) return false;
-      if (o_.listen) {
-        pollfd p{listen_.fd, POLLIN, 0};
-        ::poll(&p, 1, detail::ms_until(until));
-      } else {
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      }
-    }
-  }
-
-  void connect_or_accept(deadline until) {
-    if (o_.listen) accept_new();
-    if (conn_.fd >= 0) return;
-    if (!try_connect_or_accept(until))
-      detail::timeout(where_, o_.listen ? "waiting for the peer to connect" : "connecting to the peer");
-  }
-
-  void drop() noexcept {
-    conn_.reset();
-    rx_.reset();
-    held_ = false;
-  }
-
-  // Reads what is available; true when a whole frame is in.
-  bool read_some() {
-    return rx_.read_some(
-        where_, [&](std::byte* dst, std::size_t want) { return ::recv(conn_.fd, dst, want, 0); },
-        [&](const std::byte* h) { return check_header(h); }, [&] { drop(); });
-  }
+  ssize_t recv_some(std::byte* dst, std::size_t want) const { return ::recv(conn_.fd, dst, want, 0); }
 
   detail::frame_sizes check_header(const std::byte* h) {
     std::uint32_t magic, mb;
@@ -410,14 +200,8 @@ private:
   }
 
   tcp_options o_;
-  role role_;
-  std::string where_;
   std::uint16_t port_ = 0;
-  detail::fd_guard listen_;
-  detail::fd_guard conn_;
   std::vector<std::byte> tx_payload_;
-  detail::frame_reader<detail::tcp_header_bytes> rx_;
-  bool held_ = false;
 };
 
 } // namespace sync

@@ -21,9 +21,10 @@
 #include <rlpt/config.hpp>
 #include <rlpt/core/error.hpp>
 #include <rlpt/cuda/error.cuh>
+#include <rlpt/cuda/resources.cuh>
 #include <rlpt/cuda/sync/copy.cuh>
 #include <rlpt/cuda/sync/delta_plan.hpp>
-#include <rlpt/cuda/sync/detail/resources.cuh>
+#include <rlpt/cuda/sync/device_link.cuh> // the sync names of the CUDA resources
 #include <rlpt/sync/delta.hpp>
 #include <rlpt/sync/manifest.hpp>
 

@@ -17,6 +17,8 @@
 #pragma once
 
 #include <rlpt/config.hpp>
+#include <rlpt/core/error.hpp>
+#include <rlpt/cuda/resources.cuh>
 #include <rlpt/sync/link.hpp>
 
 #include <cuda_runtime_api.h>
@@ -24,9 +26,33 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <utility>
 
 RLPT_NAMESPACE_BEGIN
 namespace sync {
+
+namespace detail {
+// The CUDA resources of <rlpt/cuda/resources.cuh>, by their names in the sync internals; every
+// device wait of weight sync raises rlpt.sync.timeout at its deadline.
+using ::rlpt::detail::device_bytes;
+using ::rlpt::detail::device_guard;
+using ::rlpt::detail::driver;
+using ::rlpt::detail::driver_api;
+using ::rlpt::detail::event;
+using ::rlpt::detail::pinned_bytes;
+using ::rlpt::detail::stream;
+
+template <class Poll>
+void wait_event(cudaEvent_t e, deadline until, std::string_view where, std::string_view what, Poll&& poll) {
+  ::rlpt::detail::wait_event(e, until, errors::sync::timeout, where, what, std::forward<Poll>(poll));
+}
+inline void wait_event(cudaEvent_t e, deadline until, std::string_view where, std::string_view what) {
+  ::rlpt::detail::wait_event(e, until, errors::sync::timeout, where, what, [] {});
+}
+inline void wait_stream(event& e, cudaStream_t s, deadline until, std::string_view where, std::string_view what) {
+  ::rlpt::detail::wait_stream(e, s, until, errors::sync::timeout, where, what);
+}
+} // namespace detail
 
 class device_link : public link {
 public:

@@ -26,7 +26,7 @@
 #include <rlpt/config.hpp>
 #include <rlpt/core/error.hpp>
 #include <rlpt/cuda/error.cuh>
-#include <rlpt/cuda/sync/detail/resources.cuh>
+#include <rlpt/cuda/resources.cuh>
 #include <rlpt/cuda/sync/device_link.cuh>
 #include <rlpt/cuda/sync/ipc_wire.hpp>
 #include <rlpt/cuda/sync/unix_link.hpp>
@@ -131,19 +131,19 @@ struct cuda_ipc_opener {
     } else {
       RLPT_CHECK(fd >= 0, errors::sync::ipc, "a POSIX-fd HELLO from pid {} arrived without its descriptor", h.pid);
       CUmemGenericAllocationHandle handle{};
-      RLPT_SYNC_CU_CHECK(driver().cuMemImportFromShareableHandle(&handle, reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd)),
+      RLPT_CU_CHECK(driver().cuMemImportFromShareableHandle(&handle, reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd)),
                                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
       CUdeviceptr ptr = 0;
       const CUresult r1 = driver().cuMemAddressReserve(&ptr, h.map_bytes, 0, 0, 0);
       if (r1 != CUDA_SUCCESS) {
         driver().cuMemRelease(handle);
-        RLPT_SYNC_CU_CHECK(r1);
+        RLPT_CU_CHECK(r1);
       }
       const CUresult r2 = driver().cuMemMap(ptr, h.map_bytes, 0, handle, 0);
       driver().cuMemRelease(handle); // the mapping holds its own reference
       if (r2 != CUDA_SUCCESS) {
         driver().cuMemAddressFree(ptr, h.map_bytes);
-        RLPT_SYNC_CU_CHECK(r2);
+        RLPT_CU_CHECK(r2);
       }
       CUmemAccessDesc access{};
       access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -153,7 +153,7 @@ struct cuda_ipc_opener {
       if (r3 != CUDA_SUCCESS) {
         driver().cuMemUnmap(ptr, h.map_bytes);
         driver().cuMemAddressFree(ptr, h.map_bytes);
-        RLPT_SYNC_CU_CHECK(r3);
+        RLPT_CU_CHECK(r3);
       }
       m.mapped = reinterpret_cast<void*>(static_cast<std::uintptr_t>(ptr));
     }
@@ -254,28 +254,28 @@ private:
 
   void alloc_vmm(std::uint64_t bytes) {
     int supported = 0;
-    RLPT_SYNC_CU_CHECK(driver().cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, device_));
+    RLPT_CU_CHECK(driver().cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, device_));
     RLPT_CHECK(supported != 0, errors::sync::ipc, "device {} cannot export VMM memory as POSIX file descriptors", device_);
     const CUmemAllocationProp prop = vmm_prop(device_);
     std::size_t gran = 0;
-    RLPT_SYNC_CU_CHECK(driver().cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    RLPT_CU_CHECK(driver().cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
     vmm_bytes_ = (bytes + gran - 1) / gran * gran;
-    RLPT_SYNC_CU_CHECK(driver().cuMemCreate(&vmm_handle_, vmm_bytes_, &prop, 0));
+    RLPT_CU_CHECK(driver().cuMemCreate(&vmm_handle_, vmm_bytes_, &prop, 0));
     vmm_created_ = true;
     CUdeviceptr va = 0;
-    RLPT_SYNC_CU_CHECK(driver().cuMemAddressReserve(&va, vmm_bytes_, gran, 0, 0));
+    RLPT_CU_CHECK(driver().cuMemAddressReserve(&va, vmm_bytes_, gran, 0, 0));
     const CUresult rm = driver().cuMemMap(va, vmm_bytes_, 0, vmm_handle_, 0);
     if (rm != CUDA_SUCCESS) {
       driver().cuMemAddressFree(va, vmm_bytes_);
-      RLPT_SYNC_CU_CHECK(rm);
+      RLPT_CU_CHECK(rm);
     }
     vmm_ptr_ = va; // reserved and mapped: cleanup() unmaps and frees it
     CUmemAccessDesc access{};
     access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     access.location.id = device_;
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    RLPT_SYNC_CU_CHECK(driver().cuMemSetAccess(vmm_ptr_, vmm_bytes_, &access, 1));
-    RLPT_SYNC_CU_CHECK(driver().cuMemExportToShareableHandle(&fd_, vmm_handle_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    RLPT_CU_CHECK(driver().cuMemSetAccess(vmm_ptr_, vmm_bytes_, &access, 1));
+    RLPT_CU_CHECK(driver().cuMemExportToShareableHandle(&fd_, vmm_handle_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
     hello_.kind = ipc_handle_kind::posix_fd;
     hello_.map_bytes = vmm_bytes_;
     hello_.offset = 0;
@@ -298,7 +298,7 @@ private:
     if (legacy != 0) {
       CUdeviceptr alloc = 0;
       std::size_t alloc_bytes = 0;
-      RLPT_SYNC_CU_CHECK(driver().cuMemGetAddressRange(&alloc, &alloc_bytes, p));
+      RLPT_CU_CHECK(driver().cuMemGetAddressRange(&alloc, &alloc_bytes, p));
       export_legacy(reinterpret_cast<void*>(static_cast<std::uintptr_t>(alloc)), alloc_bytes, p - alloc);
       return;
     }
@@ -336,11 +336,11 @@ private:
     }
     std::size_t gran = 0;
     const CUmemAllocationProp gp = vmm_prop(device_);
-    RLPT_SYNC_CU_CHECK(driver().cuMemGetAllocationGranularity(&gran, &gp, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    RLPT_CU_CHECK(driver().cuMemGetAllocationGranularity(&gran, &gp, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
     const std::uint64_t offset = p - start;
     const CUresult re = driver().cuMemExportToShareableHandle(&fd_, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
     driver().cuMemRelease(h); // the caller's allocation keeps its own reference
-    RLPT_SYNC_CU_CHECK(re);
+    RLPT_CU_CHECK(re);
     hello_.kind = ipc_handle_kind::posix_fd;
     hello_.map_bytes = (offset + need + gran - 1) / gran * gran;
     hello_.offset = offset;

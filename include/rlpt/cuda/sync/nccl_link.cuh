@@ -29,7 +29,7 @@
 #include <rlpt/core/error.hpp>
 #include <rlpt/cuda/error.cuh>
 #include <rlpt/cuda/nccl.cuh>
-#include <rlpt/cuda/sync/detail/resources.cuh>
+#include <rlpt/cuda/resources.cuh>
 #include <rlpt/cuda/sync/device_link.cuh>
 #include <rlpt/cuda/sync/nccl_wire.hpp>
 #include <rlpt/sync/frame.hpp>

@@ -20,8 +20,8 @@
 #include <rlpt/config.hpp>
 #include <rlpt/core/error.hpp>
 #include <rlpt/sync/checksum.hpp>
+#include <rlpt/sync/detail/stream_link.hpp>
 #include <rlpt/sync/link.hpp>
-#include <rlpt/sync/tcp.hpp> // detail::fd_guard, detail::ms_until
 
 #include <fcntl.h>
 #include <poll.h>
@@ -84,9 +84,9 @@ inline sockaddr_un unix_address(const std::string& path, socklen_t& len) {
   return {fds[0], fds[1]};
 }
 
-class unix_link final : public link {
+class unix_link final : public link, private detail::stream_link<unix_link, detail::unix_header_bytes> {
 public:
-  unix_link(unix_options o, role r) : o_(std::move(o)), role_(r) {
+  unix_link(unix_options o, role r) : o_(std::move(o)) {
     where_ = fmt::format("unix {} ({}, {})", o_.path, r == role::sender ? "sender" : "receiver",
                          o_.listen ? "listening" : "connecting");
     (void)detail::unix_address(o_.path, addr_len_); // validates the path
@@ -94,12 +94,10 @@ public:
   }
 
   //! Adopts a connected socket (one end of unix_socketpair()); the link owns and closes it.
-  unix_link(int connected_fd, role r, unix_options o = {}) : o_(std::move(o)), role_(r), adopted_(true) {
+  unix_link(int connected_fd, role r, unix_options o = {}) : o_(std::move(o)), adopted_(true) {
     RLPT_CHECK(connected_fd >= 0, errors::sync::bad_link, "unix_link needs a connected socket, got fd {}", connected_fd);
     where_ = fmt::format("unix socketpair fd {} ({})", connected_fd, r == role::sender ? "sender" : "receiver");
-    tune(connected_fd);
-    conn_.reset(connected_fd);
-    ++connections_;
+    adopt(connected_fd);
   }
 
   unix_link(const unix_link&) = delete;
@@ -136,7 +134,6 @@ public:
                fds.size(), o_.max_fds);
     RLPT_CHECK(payload_bytes <= tx_payload_.size(), errors::sync::bad_link,
                "{}: send of {} payload bytes without a payload_buffer() of that size", where_, payload_bytes);
-    connect_or_accept(until);
     std::byte hdr[detail::unix_header_bytes] = {};
     const std::uint32_t magic = detail::unix_magic, mb = static_cast<std::uint32_t>(meta.size());
     const auto nf = static_cast<std::uint32_t>(fds.size());
@@ -148,9 +145,6 @@ public:
     std::memcpy(hdr + 24, &mcheck, 8);
     const std::uint64_t hcheck = xxh3(hdr, 32);
     std::memcpy(hdr + 32, &hcheck, 8);
-    iovec iov[3] = {{hdr, sizeof(hdr)},
-                    {const_cast<std::byte*>(meta.data()), meta.size()},
-                    {tx_payload_.data(), static_cast<std::size_t>(payload_bytes)}};
     std::vector<unsigned char> control;
     if (!fds.empty()) {
       control.assign(CMSG_SPACE(sizeof(int) * fds.size()), 0);
@@ -163,75 +157,25 @@ public:
       c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
       std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
     }
-    int first = 0;
-    bool fds_sent = fds.empty();
-    while (first < 3) {
-      while (first < 3 && iov[first].iov_len == 0) ++first;
-      if (first == 3) break;
-      msghdr mh{};
-      mh.msg_iov = iov + first;
-      mh.msg_iovlen = static_cast<std::size_t>(3 - first);
-      if (!fds_sent) {
-        mh.msg_control = control.data();
-        mh.msg_controllen = control.size();
-      }
-      const ssize_t n = ::sendmsg(conn_.fd, &mh, MSG_NOSIGNAL);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) {
-          if (clock::now() >= until) {
-            drop(); // a half-sent frame cannot be resumed
-            detail::timeout(where_, "sending a frame (the peer stopped reading)");
-          }
-          pollfd p{conn_.fd, POLLOUT, 0};
-          ::poll(&p, 1, detail::ms_until(until));
-          continue;
-        }
-        const int err = errno;
-        drop();
-        RLPT_FAIL(errors::sync::peer_lost, "{}: send failed: {}", where_, std::strerror(err));
-      }
-      fds_sent = true; // attached to the first byte that went out
-      auto left = static_cast<std::size_t>(n);
-      while (left > 0 && first < 3) {
-        const std::size_t take = std::min(left, iov[first].iov_len);
-        iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + take;
-        iov[first].iov_len -= take;
-        left -= take;
-        if (iov[first].iov_len == 0) ++first;
-      }
-    }
+    send_frame(hdr, meta, std::span<const std::byte>(tx_payload_.data(), static_cast<std::size_t>(payload_bytes)), control, until);
   }
 
   std::optional<message> receive(deadline until) override {
     release();
-    for (;;) {
-      if (listen_.fd >= 0) accept_new(); // a restarted peer replaces the old connection
-      if (conn_.fd < 0) {
-        if (!try_connect_or_accept(until)) return std::nullopt;
-        continue;
-      }
-      if (read_some()) {
-        held_ = true;
-        return rx_.frame();
-      }
-      if (clock::now() >= until) return std::nullopt;
-      pollfd p[2] = {{conn_.fd, POLLIN, 0}, {listen_.fd, POLLIN, 0}};
-      ::poll(p, listen_.fd >= 0 ? 2 : 1, detail::ms_until(until));
-    }
+    return receive_frame(until);
   }
 
   //! Descriptors that came with the last received message; the caller owns (and closes) them.
   [[nodiscard]] std::vector<int> take_fds() { return std::exchange(msg_fds_, {}); }
 
   void release() override {
-    if (!held_) return;
-    held_ = false;
-    close_all(msg_fds_);
-    rx_.reset();
+    if (release_frame()) close_all(msg_fds_);
   }
 
 private:
+  friend class detail::stream_link<unix_link, detail::unix_header_bytes>;
+  static constexpr std::chrono::milliseconds reconnect_pause{2};
+
   static void close_all(std::vector<int>& fds) noexcept {
     for (int fd : fds) ::close(fd);
     fds.clear();
@@ -253,65 +197,35 @@ private:
     listen_.reset(fd.release());
   }
 
-  void tune(int fd) {
+  // --- the socket specifics stream_link asks for ------------------------------------------
+
+  void on_connected(int fd) {
     ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
     ucred cred{};
     socklen_t len = sizeof(cred);
     peer_pid_ = ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 ? cred.pid : 0;
-  }
-
-  bool accept_new() {
-    const int fd = ::accept4(listen_.fd, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) return false;
-    drop();
-    tune(fd);
-    conn_.reset(fd);
     ++connections_;
-    return true;
   }
 
-  bool try_connect() {
+  void on_dropped() noexcept {
+    peer_pid_ = 0;
+    close_all(msg_fds_);
+    for (int fd : pending_fds_) ::close(fd);
+    pending_fds_.clear();
+  }
+
+  void on_reconnect() const {
+    if (adopted_) RLPT_FAIL(errors::sync::peer_lost, "{}: the peer closed the socketpair", where_);
+  }
+
+  bool try_connect(deadline) {
     detail::fd_guard fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
     RLPT_CHECK(fd.fd >= 0, errors::sync::bad_link, "{}: socket failed: {}", where_, std::strerror(errno));
     socklen_t len = 0;
     sockaddr_un a = detail::unix_address(o_.path, len);
     if (::connect(fd.fd, reinterpret_cast<sockaddr*>(&a), len) != 0) return false; // not listening yet
-    drop();
-    tune(fd.fd);
-    conn_.reset(fd.release());
-    ++connections_;
+    adopt(fd.release());
     return true;
-  }
-
-  bool try_connect_or_accept(deadline until) {
-    if (adopted_) RLPT_FAIL(errors::sync::peer_lost, "{}: the peer closed the socketpair", where_);
-    for (;;) {
-      if (o_.listen ? accept_new() : try_connect()) return true;
-      if (clock::now() >= until) return false;
-      if (o_.listen) {
-        pollfd p{listen_.fd, POLLIN, 0};
-        ::poll(&p, 1, detail::ms_until(until));
-      } else {
-        std::this_thread::sleep_for(std::chrono::milliseconds(2));
-      }
-    }
-  }
-
-  void connect_or_accept(deadline until) {
-    if (listen_.fd >= 0) accept_new();
-    if (conn_.fd >= 0) return;
-    if (!try_connect_or_accept(until))
-      detail::timeout(where_, o_.listen ? "waiting for the peer to connect" : "connecting to the peer");
-  }
-
-  void drop() noexcept {
-    conn_.reset();
-    rx_.reset();
-    held_ = false;
-    peer_pid_ = 0;
-    close_all(msg_fds_);
-    for (int fd : pending_fds_) ::close(fd);
-    pending_fds_.clear();
   }
 
   // recvmsg that keeps every descriptor it is handed, in order.
@@ -339,13 +253,6 @@ private:
       RLPT_FAIL(errors::sync::wire, "{}: descriptors were truncated (more than 64 in one read)", where_);
     }
     return n;
-  }
-
-  // Reads what is available; true when a whole frame is in.
-  bool read_some() {
-    return rx_.read_some(
-        where_, [&](std::byte* dst, std::size_t want) { return recv_some(dst, want); },
-        [&](const std::byte* h) { return check_header(h); }, [&] { drop(); });
   }
 
   // A complete header: checked, and its announced descriptors taken from those that arrived.
@@ -379,17 +286,11 @@ private:
   }
 
   unix_options o_;
-  role role_;
   bool adopted_ = false;
-  std::string where_;
   socklen_t addr_len_ = 0;
-  detail::fd_guard listen_;
-  detail::fd_guard conn_;
   std::int32_t peer_pid_ = 0;
   std::uint64_t connections_ = 0;
   std::vector<std::byte> tx_payload_;
-  detail::frame_reader<detail::unix_header_bytes> rx_;
-  bool held_ = false;
   std::deque<int> pending_fds_; // received, not yet matched to a frame
   std::vector<int> msg_fds_;    // the current message's, until taken or released
 };

@@ -1,14 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file
-//! Owned CUDA resources of the device transports (device and pinned buffers, events, streams,
-//! the current-device guard), driver-API status checks, and the one way they wait: polling an
-//! event against a deadline, never a blocking synchronise that could hang forever.
+//! Owned CUDA resources for host code that drives the device (device and pinned buffers,
+//! events, streams, the current-device guard), the CUDA driver functions resolved at run time
+//! with their status check, and the one way to wait: polling an event against a deadline,
+//! never a blocking synchronise that could hang forever. The weight-sync transports use them.
 #pragma once
 
 #include <rlpt/config.hpp>
 #include <rlpt/core/error.hpp>
 #include <rlpt/cuda/error.cuh>
-#include <rlpt/sync/link.hpp>
 
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -21,9 +21,9 @@
 #include <utility>
 
 RLPT_NAMESPACE_BEGIN
-namespace sync::detail {
+namespace detail {
 
-//! The CUDA driver functions the device transports call, resolved through the runtime
+//! The CUDA driver functions rlpt calls, resolved through the runtime
 //! (cudaGetDriverEntryPointByVersion) instead of linking libcuda: executables that include
 //! these headers start (and skip GPU work) on machines without a driver, and users link only
 //! the CUDA runtime. Resolved once, on first use.
@@ -97,14 +97,14 @@ inline void check_cu(CUresult status, const char* expr, const char* file, int li
   }
 }
 
-} // namespace sync::detail
+} // namespace detail
 RLPT_NAMESPACE_END
 
 //! Throws rlpt::error if the CUDA driver call `expr` did not return CUDA_SUCCESS.
-#define RLPT_SYNC_CU_CHECK(expr) ::rlpt::sync::detail::check_cu((expr), #expr, __FILE__, __LINE__)
+#define RLPT_CU_CHECK(expr) ::rlpt::detail::check_cu((expr), #expr, __FILE__, __LINE__)
 
 RLPT_NAMESPACE_BEGIN
-namespace sync::detail {
+namespace detail {
 
 //! Makes `device` current for a scope and restores the previous one.
 class device_guard {
@@ -232,30 +232,28 @@ private:
 };
 
 //! Polls `e` until it completes. `poll()` runs between queries (it may throw: a peer failed);
-//! at `until` throws rlpt.sync.timeout "<where>: timed out <what>". Never blocks in CUDA.
+//! at `until` throws `timeout_id` "<where>: timed out <what>". Never blocks in CUDA.
 template <class Poll>
-void wait_event(cudaEvent_t e, deadline until, std::string_view where, std::string_view what, Poll&& poll) {
+void wait_event(cudaEvent_t e, std::chrono::steady_clock::time_point until, error_id timeout_id, std::string_view where,
+                std::string_view what, Poll&& poll) {
   int spins = 0;
   for (;;) {
     const cudaError_t s = cudaEventQuery(e);
     if (s == cudaSuccess) return;
     if (s != cudaErrorNotReady) RLPT_FAIL(errors::cuda::error, "{}: {}: {} ({})", where, what, cudaGetErrorName(s), cudaGetErrorString(s));
     poll();
-    if (clock::now() >= until) timeout(where, what);
+    if (std::chrono::steady_clock::now() >= until) RLPT_FAIL(timeout_id, "{}: timed out {}", where, what);
     if (++spins < 64) std::this_thread::yield();
     else std::this_thread::sleep_for(std::chrono::microseconds(spins < 1024 ? 20 : 200));
   }
 }
 
-inline void wait_event(cudaEvent_t e, deadline until, std::string_view where, std::string_view what) {
-  wait_event(e, until, where, what, [] {});
-}
-
-//! Records an event on `s` and waits for it (the stream's work so far is done).
-inline void wait_stream(event& e, cudaStream_t s, deadline until, std::string_view where, std::string_view what) {
+//! Records `e` on `s` and waits for it (the stream's work so far is done), as wait_event.
+inline void wait_stream(event& e, cudaStream_t s, std::chrono::steady_clock::time_point until, error_id timeout_id,
+                        std::string_view where, std::string_view what) {
   e.record(s);
-  wait_event(e.get(), until, where, what);
+  wait_event(e.get(), until, timeout_id, where, what, [] {});
 }
 
-} // namespace sync::detail
+} // namespace detail
 RLPT_NAMESPACE_END
