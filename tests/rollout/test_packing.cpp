@@ -302,17 +302,22 @@ TEST_CASE("pack_tokens and expand_per_sequence reject offsets that are not cu_se
   // Non-monotonic and negative offsets used to read and write outside src and dst.
   std::vector<float> src(16, 1.0f), dst(32, 0.0f), per_seq{1.0f, 2.0f};
   const std::vector<index_t> items{0, 1};
+  // src sized as offsets.back() says, so only the offsets are wrong: item 0 of {0, 10, 4} read
+  // 10 of 4 elements, {-6, 4} read from src - 6.
+  const std::vector<float> src4(4, 1.0f);
   const std::vector<index_t> reversed{0, 10, 4};
-  RLPT_CHECK_ERROR(pack_tokens<float>(reversed, src, 1, items, dst), "rlpt.rollout.bad_items",
+  RLPT_CHECK_ERROR(pack_tokens<float>(reversed, src4, 1, items, dst), "rlpt.rollout.bad_items",
                    "decrease at sequence 1", "offsets[1] = 10 > offsets[2] = 4");
   const std::vector<index_t> negative{-6, 4};
   const std::vector<index_t> first{0};
-  RLPT_CHECK_ERROR(pack_tokens<float>(negative, src, 1, first, dst), "rlpt.rollout.bad_items",
+  RLPT_CHECK_ERROR(pack_tokens<float>(negative, src4, 1, first, dst), "rlpt.rollout.bad_items",
                    "must start at 0, got -6");
   const std::vector<index_t> none;
   RLPT_CHECK_ERROR(pack_tokens<float>(none, src, 1, items, dst), "rlpt.rollout.bad_items", "empty");
+  // {0, 5, 3}: sequence 1 has length -2, so the items after it were written before dst.
   const std::vector<index_t> dip{0, 5, 3};
-  RLPT_CHECK_ERROR(expand_per_sequence<float>(dip, per_seq, items, dst), "rlpt.rollout.bad_items",
+  const std::vector<index_t> second_first{1, 0};
+  RLPT_CHECK_ERROR(expand_per_sequence<float>(dip, per_seq, second_first, dst), "rlpt.rollout.bad_items",
                    "decrease at sequence 1", "offsets[1] = 5 > offsets[2] = 3");
   RLPT_CHECK_ERROR(expand_per_sequence<float>(none, per_seq, items, dst), "rlpt.rollout.bad_items", "empty");
   // offsets.back() * width beyond index_t.
