@@ -63,8 +63,9 @@ logprob_entropy_cuda(const at::Tensor& logits, const at::Tensor& tokens, const o
     at::Tensor logp = at::empty(c.out_shape, f32), ent = at::empty(c.out_shape, f32);
     at::Tensor scored = at::empty(c.out_shape, logits.options().dtype(at::kBool));
     const index_t tr = c.opt.truncated() ? c.rows : 0;
-    at::Tensor lse = at::empty({c.rows}, f32), thr = at::empty({tr}, f32);
-    at::Tensor tie = at::empty({tr}, logits.options().dtype(at::kLong));
+    // Zero-filled: with top-k/top-p a row can be left unwritten by the kernel (outputs must be defined).
+    at::Tensor lse = at::zeros({c.rows}, f32), thr = at::zeros({tr}, f32);
+    at::Tensor tie = at::zeros({tr}, logits.options().dtype(at::kLong));
     const cuda::logprob_out out{logp.data_ptr<float>(),
                                 ent.data_ptr<float>(),
                                 lse.data_ptr<float>(),
