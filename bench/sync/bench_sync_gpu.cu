@@ -23,6 +23,8 @@
 #include <rlpt/cuda/sync/sync.cuh>
 #include <rlpt/sync/planner.hpp>
 
+#include "support/gpu_limits.cuh" // issue 16 target: the shared copy limit, verdict and JSON line
+
 #include <cuda_runtime_api.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -324,12 +326,24 @@ int main(int argc, char** argv) {
     const std::uint64_t model = quick ? std::uint64_t{256} << 20 : std::uint64_t{1} << 30;
     const double copy_bw = d2d_bandwidth(model);
     add(fmt::format("D2D cudaMemcpy of {} MiB", model >> 20), gbs(copy_bw), "-", "-");
+    // Issue 16's IPC target, stated against the copy bandwidth of bench/support/gpu_limits.cuh
+    // (cudaMemcpyAsync D2D of 4 GiB, bytes read + written, fastest of 10).
+    namespace gb = rlpt::bench::gpu;
+    const gb::copy_limit copy16 = gb::measure_copy(nullptr, quick ? std::size_t{1} << 30 : std::size_t{4} << 30);
+    gb::print_copy(copy16);
+    gb::report rep16("bench_sync_gpu");
+    rep16.text("device", prop.name);
+    rep16.figure("copy_bytes_per_s", copy16.bytes_per_s);
+    rep16.figure("copy_bytes", copy16.bytes);
+    rep16.figure("model_bytes", static_cast<double>(model));
+    std::vector<std::pair<apply_mode, double>> ipc16; // model bytes per second of update
     for (apply_mode mode : {apply_mode::streaming, apply_mode::staged}) {
       std::uint64_t buckets = 0;
       const double s = ipc_receive(model, std::uint64_t{256} << 20, 5, mode, buckets);
       const double bw = static_cast<double>(model) / s;
       add(fmt::format("IPC update {} MiB, {} buckets, {}", model >> 20, buckets, mode == apply_mode::staged ? "staged" : "streaming"),
           gbs(bw), "D2D " + gbs(copy_bw), fmt::format("{:.2f} (vs D2D/2: {:.2f})", bw / copy_bw, bw / (copy_bw / 2)));
+      ipc16.emplace_back(mode, bw);
     }
     {
       std::uint64_t buckets = 0;
@@ -345,6 +359,23 @@ int main(int argc, char** argv) {
     add("NCCL", "not built (no NCCL)", "-", "-");
 #endif
     bench_delta(copy_bw, quick);
+    // Streaming apply: the sender's pack and the receiver's apply are two copies of the model,
+    // 4 x its bytes read + written on the one HBM, so the bound is copy bandwidth / 4 in model
+    // bytes per second (half of a D2D copy's rate in copied bytes). Staged adds a third copy.
+    for (const auto& [mode, bw] : ipc16) {
+      const bool staged = mode == apply_mode::staged;
+      rep16.figure(staged ? "ipc_staged_model_bytes_per_s" : "ipc_streaming_model_bytes_per_s", bw);
+      const double fraction = 4.0 * bw / copy16.bytes_per_s;
+      if (staged)
+        rep16.figure("ipc_staged_two_copy_fraction", fraction);
+      else
+        rep16.check({"CUDA IPC update (streaming) / half the copy bandwidth", fraction, true, 0.70},
+                    "model bytes/s x 4 (pack + apply, each read + written) / copy bandwidth");
+    }
+    for (std::size_t i = 0; i < rows.size(); ++i)
+      rep16.text(fmt::format("row{}", i), rows[i].what + " | " + rows[i].measured + " | " + rows[i].reference + " | " +
+                                              rows[i].ratio);
+    rep16.print_json();
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_sync_gpu: %s\n", e.what());
