@@ -5,6 +5,8 @@
 #include "support/random.hpp"
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <map>
 #include <utility>
 #include <vector>
@@ -87,4 +89,106 @@ TEST_CASE("groups that would allocate beyond their limit are errors, not terabyt
                    std::to_string(rlpt::groups::max_items));
   RLPT_CHECK_ERROR(rlpt::groups::uniform(rlpt::index_t{1} << 40, 1), "rlpt.groups.bad_size", "1099511627776 sequences");
   CHECK(rlpt::groups::uniform(0, 3).num_groups() == 0);
+}
+
+namespace {
+// The definition from_ids must reproduce: a map from id to group (numbered by first appearance),
+// members ascending.
+struct reference_groups {
+  std::vector<std::int64_t> ids;
+  std::vector<std::vector<rlpt::index_t>> members;
+  std::vector<rlpt::index_t> group_of;
+};
+
+reference_groups reference_from_ids(const std::vector<std::int64_t>& ids) {
+  reference_groups g;
+  std::map<std::int64_t, rlpt::index_t> number;
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const auto [it, fresh] = number.try_emplace(ids[i], static_cast<rlpt::index_t>(g.ids.size()));
+    if (fresh) {
+      g.ids.push_back(ids[i]);
+      g.members.emplace_back();
+    }
+    g.members[static_cast<std::size_t>(it->second)].push_back(static_cast<rlpt::index_t>(i));
+    g.group_of.push_back(it->second);
+  }
+  return g;
+}
+
+void check_against_reference(const std::vector<std::int64_t>& ids) {
+  const auto g = rlpt::groups::from_ids(ids);
+  const reference_groups want = reference_from_ids(ids);
+  REQUIRE(g.num_groups() == static_cast<rlpt::index_t>(want.ids.size()));
+  REQUIRE(g.num_items() == static_cast<rlpt::index_t>(ids.size()));
+  const auto offsets = g.offsets();
+  REQUIRE(offsets.size() == g.num_groups() + 1);
+  CHECK(offsets[0] == 0);
+  for (rlpt::index_t k = 0; k < g.num_groups(); ++k) {
+    const auto& m = want.members[static_cast<std::size_t>(k)];
+    CHECK(g.id(k) == want.ids[static_cast<std::size_t>(k)]);
+    CHECK(g.size(k) == static_cast<rlpt::index_t>(m.size()));
+    CHECK(offsets[k + 1] - offsets[k] == g.size(k));
+    const auto got = g.members(k);
+    CHECK(std::vector<rlpt::index_t>(got.begin(), got.end()) == m);
+  }
+  const auto group_of = g.group_of();
+  CHECK(std::vector<rlpt::index_t>(group_of.begin(), group_of.end()) == want.group_of);
+  std::vector<rlpt::index_t> flat;
+  for (const auto& m : want.members) flat.insert(flat.end(), m.begin(), m.end());
+  const auto members = g.members();
+  CHECK(std::vector<rlpt::index_t>(members.begin(), members.end()) == flat);
+}
+} // namespace
+
+TEST_CASE("groups from ids: random ids (extremes, runs, interleaving, colliding hashes) match a map reference") {
+  rlpt::test::rng r(17);
+  constexpr std::int64_t lo = std::numeric_limits<std::int64_t>::min(), hi = std::numeric_limits<std::int64_t>::max();
+  const std::vector<std::int64_t> special = {lo, hi, 0, -1, 1, lo + 1, hi - 1};
+  for (int trial = 0; trial < 300; ++trial) {
+    CAPTURE(trial);
+    const auto n = static_cast<std::size_t>(r.integer(0, trial < 250 ? 200 : 5000));
+    const int kind = trial % 5;
+    std::vector<std::int64_t> ids;
+    while (ids.size() < n) {
+      std::int64_t id = 0;
+      switch (kind) {
+      case 0: id = special[static_cast<std::size_t>(r.integer(0, 6))]; break;            // extremes only
+      case 1: id = r.integer(lo, hi); break;                                              // all distinct
+      case 2: id = r.integer(-3, 3); break;                                               // few groups, interleaved
+      case 3: id = r.integer(0, 40) << 58; break;                                         // low bits equal
+      default: id = r.bernoulli(0.2) ? special[static_cast<std::size_t>(r.integer(0, 6))] : r.integer(-1000, 1000);
+      }
+      const auto run = static_cast<std::size_t>(r.integer(1, 8)); // adjacent members: the common layout
+      for (std::size_t k = 0; k < run && ids.size() < n; ++k) ids.push_back(id);
+    }
+    check_against_reference(ids);
+  }
+  // Contiguous groups in order (the in-order fast path) and the same ids coming back later.
+  std::vector<std::int64_t> ids;
+  for (std::int64_t k = 0; k < 1000; ++k)
+    for (int j = 0; j < 4; ++j) ids.push_back(k * 7919 - 500);
+  check_against_reference(ids);
+  ids.push_back(ids.front());
+  check_against_reference(ids);
+  check_against_reference({});
+  check_against_reference({lo});
+  check_against_reference({hi, lo, hi, lo});
+}
+
+TEST_CASE("groups are values: copies and moves keep every array") {
+  const std::vector<std::int64_t> ids{5, 5, 9, 5, 9, 1};
+  const auto g = rlpt::groups::from_ids(ids);
+  const rlpt::groups copy = g;
+  rlpt::groups moved = rlpt::groups::from_ids(ids);
+  rlpt::groups target;
+  CHECK(target.num_groups() == 0);
+  CHECK(target.offsets().size() == 1);
+  target = std::move(moved);
+  for (const rlpt::groups* x : {&copy, static_cast<const rlpt::groups*>(&target)}) {
+    CHECK(x->num_groups() == 3);
+    CHECK(x->id(2) == 1);
+    const auto m = x->members(0);
+    CHECK(std::vector<rlpt::index_t>(m.begin(), m.end()) == std::vector<rlpt::index_t>{0, 1, 3});
+    CHECK(x->group_of(4) == 1);
+  }
 }

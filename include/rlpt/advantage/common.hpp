@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -87,6 +88,14 @@ RLPT_HD_FORCEINLINE int canonical_width(index_t n) {
   return width;
 }
 
+//! The canonical tree over the first `width` lanes (a power of two): lane l += lane l + s for
+//! s = width / 2, ..., 2, 1; returns lane 0.
+RLPT_HD_FORCEINLINE double lane_tree(double* lane, int width) {
+  for (int s = width / 2; s >= 1; s >>= 1)
+    for (int l = 0; l < s; ++l) lane[l] = add_rn(lane[l], lane[l + s]);
+  return lane[0];
+}
+
 //! Canonical fp64 sum over n terms with `Lanes` partials: term k is added, in order, into
 //! partial k % Lanes (each starting at +0.0); the partials are then combined pairwise with
 //! offsets Lanes/2, ..., 2, 1 (partial l += partial l + s). Offsets at or above the smallest power
@@ -103,9 +112,7 @@ template <int Lanes = reduce_lanes, class F>
     double& p = lane[k & (Lanes - 1)];
     p = add_rn(p, term(k));
   }
-  for (int s = width / 2; s >= 1; s >>= 1)
-    for (int l = 0; l < s; ++l) lane[l] = add_rn(lane[l], lane[l + s]);
-  return lane[0];
+  return lane_tree(lane, width);
 }
 
 //! Count, mean and M2 (sum of squared deviations) of the finite values among n terms, each
@@ -117,8 +124,38 @@ struct canonical_moments {
   double m2 = 0.0;
 };
 
+//! moments_canonical for n <= Lanes, the common group size: term k is alone in lane k, so each
+//! lane is 0.0 + term k (the canonical_sum addition), and the values are read once into a local
+//! buffer instead of once per pass. The same operations as the general path, so the same bits.
+template <int Lanes, class Get>
+[[nodiscard]] canonical_moments moments_one_per_lane(index_t n, Get&& get) {
+  canonical_moments m;
+  float x[Lanes];
+  double lane[Lanes];
+  const int width = canonical_width<Lanes>(n);
+  const int k_n = static_cast<int>(n);
+  int c = 0;
+  for (int k = 0; k < k_n; ++k) {
+    x[k] = get(k);
+    c += finite(x[k]) ? 1 : 0;
+  }
+  m.count = static_cast<double>(c);
+  if (c == 0) return m;
+  for (int k = k_n; k < width; ++k) x[k] = std::numeric_limits<float>::quiet_NaN(); // empty lanes hold 0.0
+  for (int k = 0; k < width; ++k) lane[k] = finite(x[k]) ? add_rn(0.0, static_cast<double>(x[k])) : 0.0;
+  m.mean = lane_tree(lane, width) / m.count;
+  for (int k = 0; k < width; ++k) {
+    const double d = static_cast<double>(x[k]) - m.mean;
+    lane[k] = finite(x[k]) ? add_rn(0.0, mul_rn(d, d)) : 0.0;
+  }
+  m.m2 = lane_tree(lane, width);
+  return m;
+}
+
 template <int Lanes = reduce_lanes, class Get>
 [[nodiscard]] canonical_moments moments_canonical(index_t n, Get&& get) {
+  if constexpr (Lanes <= reduce_lanes)
+    if (n <= Lanes) return moments_one_per_lane<Lanes>(n, get);
   canonical_moments m;
   index_t c = 0;
   for (index_t k = 0; k < n; ++k) c += finite(get(k)) ? 1 : 0;

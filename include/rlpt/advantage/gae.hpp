@@ -16,6 +16,7 @@
 
 #include <rlpt/config.hpp>
 #include <rlpt/advantage/common.hpp>
+#include <rlpt/advantage/detail/recurrence.hpp>
 #include <rlpt/advantage/tokens.hpp>
 #include <rlpt/advantage/whiten.hpp>
 #include <rlpt/core/error.hpp>
@@ -55,62 +56,38 @@ struct gae_result {
 
 namespace detail {
 
-//! One sequence of a reverse recurrence: inputs (values and mask may be null), outputs (ret
-//! may be null), bootstrap value, and whether its valid outputs came out finite.
-struct recurrence_row {
-  const float* r = nullptr;
-  const float* v = nullptr;
-  const mask_t* m = nullptr;
-  index_t n = 0;
-  double boot = 0.0;
-  float* adv = nullptr;
-  float* ret = nullptr;
-  bool ok = true;
-};
-
-//! Reverse recurrence over one sequence, fp64, branch-free per token. Valid token:
+//! The reverse recurrence over sequences [b0, b1), fp64, branch-free per token. Valid token:
 //! delta = r + gamma * V_next - V, A = delta + gamma_lambda * A, V_next = V; masked tokens follow
 //! `Mode` through selects (never multiplies), so garbage there cannot leak. values == null means
 //! V = 0 (discounted returns with gamma_lambda = gamma). Writes A (and A + V) at valid tokens and
-//! 0 at masked ones; `ok` turns false when a valid output is not finite (a NaN/inf input).
-//! (Interleaving several sequences does not pay: rows a power-of-two apart alias in L1.)
+//! 0 at masked ones, the sequence's whitening sums of the written advantages (row_sums), and
+//! ok[b] = 0 when a valid output (or the bootstrap) is not finite (a NaN/inf input).
 template <mask_mode Mode, bool HasValues, bool HasMask>
-void reverse_recurrence(recurrence_row& row, double gamma, double gamma_lambda) {
-  const float* RLPT_RESTRICT r = row.r;
-  const float* RLPT_RESTRICT v = row.v;
-  const mask_t* RLPT_RESTRICT m = row.m;
-  float* RLPT_RESTRICT adv = row.adv;
-  float* RLPT_RESTRICT ret = row.ret;
-  double next_value = row.boot, acc = 0.0, check = row.boot;
-  for (index_t t = row.n - 1; t >= 0; --t) {
-    const bool valid = !HasMask || m[t] != 0;
-    const double vt = HasValues ? static_cast<double>(v[t]) : 0.0;
-    const double delta = static_cast<double>(r[t]) + gamma * next_value - vt;
-    const double a = delta + gamma_lambda * acc;
-    if constexpr (Mode == mask_mode::skip) {
-      acc = valid ? a : acc;
-      next_value = valid ? vt : next_value;
-    } else if constexpr (Mode == mask_mode::zero) {
-      acc = valid ? a : gamma * next_value + gamma_lambda * acc;
-      next_value = valid ? vt : 0.0;
-    } else {
-      acc = valid ? a : 0.0;
-      next_value = valid ? vt : 0.0;
-    }
-    const float out = valid ? static_cast<float>(acc) : 0.0f;
-    adv[t] = out;
-    if (ret) ret[t] = valid ? static_cast<float>(acc + vt) : 0.0f;
-    check += static_cast<double>(out);
+void recurrence_rows(const token_layout& layout, const float* r, const float* v, const mask_t* m, const float* boot,
+                     double gamma, double gamma_lambda, float* adv, float* ret, index_t b0, index_t b1,
+                     row_sums* sums, mask_t* ok) {
+  const auto boot_of = [&](index_t b) { return boot ? static_cast<double>(boot[b]) : 0.0; };
+  const auto finish = [&](index_t b) {
+    ok[b] = (std::isfinite(sums[b].s2) && std::isfinite(boot_of(b))) ? 1 : 0;
+  };
+  for (index_t b = b0; b < b1; ++b) {
+    const index_t base = layout.begin(b);
+    lanes::state<double, bool> st = lanes::start(boot_of(b));
+    lanes::one_sequence<Mode, HasValues, HasMask>(r + base, v ? v + base : nullptr, m ? m + base : nullptr,
+                                                  adv + base, ret ? ret + base : nullptr, layout.length(b), gamma,
+                                                  gamma_lambda, st);
+    sums[b] = lanes::sums_of(st);
+    finish(b);
   }
-  row.ok = std::isfinite(check);
 }
 
-using recurrence_fn = void (*)(recurrence_row&, double, double);
+using recurrence_fn = void (*)(const token_layout&, const float*, const float*, const mask_t*, const float*, double,
+                               double, float*, float*, index_t, index_t, row_sums*, mask_t*);
 
 template <mask_mode Mode>
 recurrence_fn recurrence_for(bool has_values, bool has_mask) {
-  if (has_values) return has_mask ? &reverse_recurrence<Mode, true, true> : &reverse_recurrence<Mode, true, false>;
-  return has_mask ? &reverse_recurrence<Mode, false, true> : &reverse_recurrence<Mode, false, false>;
+  if (has_values) return has_mask ? &recurrence_rows<Mode, true, true> : &recurrence_rows<Mode, true, false>;
+  return has_mask ? &recurrence_rows<Mode, false, true> : &recurrence_rows<Mode, false, false>;
 }
 
 inline recurrence_fn recurrence_for(mask_mode mode, bool has_values, bool has_mask) {
@@ -152,44 +129,37 @@ inline std::string name_bad_tokens(const token_layout& layout, const std::vector
 }
 
 //! Runs the recurrence over every sequence; returns the sequences whose outputs were not finite.
-//! Under nonfinite::mask their valid advantages are set to `poison` and returns to 0.
-//! `per_chunk(chunk, b0, b1)` (optional) runs right after a chunk of sequences is done, while its
-//! outputs are still in cache (GAE uses it to take the whitening moments in the same pass).
-template <class PerChunk>
-std::vector<index_t> run_recurrence(const token_layout& layout, view<const float> rewards, view<const float> values,
-                                    view<const mask_t> mask, view<const float> bootstrap, double gamma,
-                                    double gamma_lambda, mask_mode mode, view<float> adv, view<float> ret,
-                                    nonfinite policy, float poison, const char* what, const host_executor& ex,
-                                    PerChunk&& per_chunk) {
+//! Under nonfinite::mask their valid advantages are set to `poison` and returns to 0. `sums`
+//! (one per sequence) receives each sequence's whitening sums of its advantages.
+inline std::vector<index_t> run_recurrence(const token_layout& layout, view<const float> rewards,
+                                           view<const float> values, view<const mask_t> mask,
+                                           view<const float> bootstrap, double gamma, double gamma_lambda,
+                                           mask_mode mode, view<float> adv, view<float> ret, nonfinite policy,
+                                           float poison, const char* what, const host_executor& ex,
+                                           std::vector<row_sums>& sums) {
   const recurrence_fn fn = recurrence_for(mode, !values.empty(), !mask.empty());
   const mask_t* m = mask.empty() ? nullptr : mask.data();
-  std::vector<mask_t> bad(static_cast<std::size_t>(layout.num_seqs()), 0);
+  const auto num = static_cast<std::size_t>(layout.num_seqs());
+  sums.resize(num);
+  std::vector<mask_t> ok(num, 1);
   const index_t grain = seq_grain(layout);
   ex.parallel_for(layout.num_seqs(), grain, [&](index_t b0, index_t b1) {
+    fn(layout, rewards.data(), values.empty() ? nullptr : values.data(), m,
+       bootstrap.empty() ? nullptr : bootstrap.data(), gamma, gamma_lambda, adv.data(),
+       ret.empty() ? nullptr : ret.data(), b0, b1, sums.data(), ok.data());
+    if (policy != nonfinite::mask) return;
     for (index_t b = b0; b < b1; ++b) {
+      if (ok[static_cast<std::size_t>(b)]) continue;
       const index_t base = layout.begin(b), n = layout.length(b);
-      recurrence_row row{rewards.data() + base,
-                         values.empty() ? nullptr : values.data() + base,
-                         m ? m + base : nullptr,
-                         n,
-                         bootstrap.empty() ? 0.0 : static_cast<double>(bootstrap[b]),
-                         adv.data() + base,
-                         ret.empty() ? nullptr : ret.data() + base,
-                         true};
-      fn(row, gamma, gamma_lambda);
-      if (row.ok) continue;
-      bad[static_cast<std::size_t>(b)] = 1;
-      if (policy == nonfinite::mask)
-        for (index_t t = 0; t < n; ++t) {
-          adv[base + t] = valid_at(m, base + t) ? poison : 0.0f;
-          if (!ret.empty()) ret[base + t] = 0.0f;
-        }
+      for (index_t t = 0; t < n; ++t) {
+        adv[base + t] = valid_at(m, base + t) ? poison : 0.0f;
+        if (!ret.empty()) ret[base + t] = 0.0f;
+      }
     }
-    per_chunk(b0 / grain, b0, b1);
   });
   std::vector<index_t> seqs;
-  for (std::size_t b = 0; b < bad.size(); ++b)
-    if (bad[b]) seqs.push_back(static_cast<index_t>(b));
+  for (std::size_t b = 0; b < num; ++b)
+    if (!ok[b]) seqs.push_back(static_cast<index_t>(b));
   if (!seqs.empty() && policy == nonfinite::raise) {
     index_t c = 0;
     const std::string listed = name_bad_tokens(layout, seqs, rewards, values, m, bootstrap, c);
@@ -205,30 +175,28 @@ inline std::vector<index_t> run_recurrence(const token_layout& layout, view<cons
                                            view<const float> bootstrap, double gamma, double gamma_lambda,
                                            mask_mode mode, view<float> adv, view<float> ret, nonfinite policy,
                                            float poison, const char* what, const host_executor& ex) {
+  std::vector<row_sums> sums;
   return run_recurrence(layout, rewards, values, mask, bootstrap, gamma, gamma_lambda, mode, adv, ret, policy, poison,
-                        what, ex, [](index_t, index_t, index_t) {});
+                        what, ex, sums);
 }
 
-//! Recurrence + whitening with the moments taken chunk by chunk while the outputs are in cache:
-//! the same chunks and the same two-pass arithmetic as whiten_moments, so the statistics are
-//! bit-identical to a separate whiten() call, for one pass less over memory.
+//! Recurrence + whitening with the statistics taken in the same pass (row_sums of every sequence
+//! whose outputs are finite, merged in sequence order: the same bits as whiten_moments over the
+//! advantages), then applied in one streaming pass; one pass less over memory than whiten().
 inline std::vector<index_t> run_recurrence_whitened(const token_layout& layout, view<const float> rewards,
                                                     view<const float> values, view<const mask_t> mask,
                                                     view<const float> bootstrap, double gamma, double gamma_lambda,
                                                     mask_mode mode, view<float> adv, view<float> ret, nonfinite policy,
                                                     const whiten_options& w, const char* what,
                                                     const host_executor& ex, whiten_result& result) {
-  const index_t grain = seq_grain(layout);
-  std::vector<whiten_partial> parts(static_cast<std::size_t>((layout.num_seqs() + grain - 1) / grain));
-  const std::vector<index_t> bad = run_recurrence(
-      layout, rewards, values, mask, bootstrap, gamma, gamma_lambda, mode, adv, ret, policy,
-      std::numeric_limits<float>::quiet_NaN(), what, ex, [&](index_t chunk, index_t b0, index_t b1) {
-        parts[static_cast<std::size_t>(chunk)] = chunk_moments(layout, adv, mask.empty() ? nullptr : mask.data(), b0, b1);
-      });
+  std::vector<row_sums> sums;
+  const std::vector<index_t> bad =
+      run_recurrence(layout, rewards, values, mask, bootstrap, gamma, gamma_lambda, mode, adv, ret, policy,
+                     std::numeric_limits<float>::quiet_NaN(), what, ex, sums);
+  for (index_t b : bad) sums[static_cast<std::size_t>(b)] = {}; // poisoned: left out (count 0)
   whiten_options wo = w;
   if (!bad.empty()) wo.on_nonfinite = nonfinite::mask; // the poisoned sequences are left out
-  const moments stats = merge_partials(layout, adv, mask, parts, wo);
-  result = whiten_apply(stats, layout, adv, mask, adv, wo, ex);
+  result = whiten_apply(merge_rows(sums), layout, adv, mask, adv, wo, ex);
   return bad;
 }
 

@@ -74,21 +74,20 @@ inline reinforce_pp_result reinforce_pp_advantages(const token_layout& layout, v
   if (!returns.empty()) layout.expect_tokens("returns", returns);
   detail::expect_mask(layout, mask);
   if (o.whiten) detail::check_whiten_options(*o.whiten);
-  const float poison = o.whiten ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
-  const std::vector<index_t> bad =
-      detail::run_recurrence(layout, token_rewards, {}, mask, {}, o.gamma, o.gamma, o.masked, advantages, {},
-                             o.on_nonfinite, poison, "REINFORCE++", ex);
-  if (!returns.empty()) {
-    ex.parallel_for(layout.storage_size(), index_t{1} << 16, [&](index_t b, index_t e) {
-      for (index_t i = b; i < e; ++i) returns[i] = detail::finite(advantages[i]) ? advantages[i] : 0.0f;
-    });
-  }
+  // returns = G itself (A + V with V = 0): written by the same pass, before any whitening.
   reinforce_pp_result r;
-  r.num_nonfinite_seqs = static_cast<index_t>(bad.size());
   if (o.whiten) {
-    whiten_options w = *o.whiten;
-    if (!bad.empty()) w.on_nonfinite = nonfinite::mask;
-    r.whitening = whiten(layout, view<const float>(advantages), mask, advantages, w, ex);
+    whiten_result w;
+    r.num_nonfinite_seqs = static_cast<index_t>(
+        detail::run_recurrence_whitened(layout, token_rewards, {}, mask, {}, o.gamma, o.gamma, o.masked, advantages,
+                                        returns, o.on_nonfinite, *o.whiten, "REINFORCE++", ex, w)
+            .size());
+    r.whitening = w;
+  } else {
+    r.num_nonfinite_seqs = static_cast<index_t>(detail::run_recurrence(layout, token_rewards, {}, mask, {}, o.gamma,
+                                                                       o.gamma, o.masked, advantages, returns,
+                                                                       o.on_nonfinite, 0.0f, "REINFORCE++", ex)
+                                                    .size());
   }
   return r;
 }

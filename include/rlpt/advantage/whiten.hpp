@@ -15,6 +15,7 @@
 
 #include <rlpt/config.hpp>
 #include <rlpt/advantage/common.hpp>
+#include <rlpt/advantage/detail/recurrence.hpp>
 #include <rlpt/advantage/tokens.hpp>
 #include <rlpt/core/error.hpp>
 #include <rlpt/core/executor.hpp>
@@ -92,17 +93,28 @@ RLPT_HD float whiten_value(float x, const whiten_transform& t) {
   return static_cast<float>((static_cast<double>(x) - t.mean) * t.inv_std + t.add_back);
 }
 
+//! Whitens n values (0 where masked or not finite) and returns how many valid ones were not
+//! finite. Branch-free (bitwise &, the value computed everywhere), so the loop vectorises.
+template <bool HasMask>
+index_t whiten_span(const float* x, const mask_t* m, float* y, index_t n, const whiten_transform& t) {
+  index_t bad = 0;
+  for (index_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    const bool valid = !HasMask || m[i] != 0;
+    const bool ok = valid & finite(v);
+    const float w = whiten_value(v, t); // computed for every slot: no branch
+    bad += (valid & !ok) ? 1 : 0;
+    y[i] = ok ? w : 0.0f;
+  }
+  return bad;
+}
+
 inline void check_whiten_options(const whiten_options& o) {
   RLPT_CHECK(std::isfinite(o.eps) && o.eps >= 0.0, errors::advantage::bad_option,
              "whiten_options: eps must be finite and >= 0, got {}", o.eps);
   RLPT_CHECK(!o.scale || o.eps > 0.0 || o.on_too_few == too_few::raise, errors::advantage::bad_option,
              "whiten_options: eps = 0 would divide by a zero std; use eps > 0");
 }
-
-struct whiten_partial {
-  moments stats;
-  index_t nonfinite = 0;
-};
 
 //! Names the first non-finite values at valid tokens as "(sequence b, token t) = v".
 inline std::string name_nonfinite_tokens(const token_layout& layout, view<const float> x, const mask_t* m,
@@ -125,97 +137,58 @@ inline std::string name_nonfinite_tokens(const token_layout& layout, view<const 
 
 namespace detail {
 
-//! Two-pass fp64 moments of the valid, finite values of sequences [b0, b1) (one chunk). Each pass
-//! keeps 4 partial sums (token t of a sequence into partial t % 4, combined (0 + 1) + (2 + 3)):
-//! a fixed order, and 4 independent dependency chains instead of one.
-inline whiten_partial chunk_moments(const token_layout& layout, view<const float> x, const mask_t* m, index_t b0,
-                                    index_t b1) {
-  whiten_partial p;
-  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-  index_t c = 0, seen = 0;
-  const auto add = [&](const float* xs, index_t base, index_t t, double& s) {
-    const float v = xs[t];
-    const bool valid = valid_at(m, base + t);
-    const bool ok = valid && finite(v);
-    s += ok ? static_cast<double>(v) : 0.0;
-    c += ok ? 1 : 0;
-    seen += valid ? 1 : 0;
-  };
-  for (index_t b = b0; b < b1; ++b) {
-    const index_t base = layout.begin(b), n = layout.length(b);
-    const float* xs = x.data() + base;
-    index_t t = 0;
-    for (; t + 4 <= n; t += 4) {
-      add(xs, base, t, s0);
-      add(xs, base, t + 1, s1);
-      add(xs, base, t + 2, s2);
-      add(xs, base, t + 3, s3);
-    }
-    double* tail[3] = {&s0, &s1, &s2};
-    for (int j = 0; t < n; ++t, ++j) add(xs, base, t, *tail[j]);
+//! Whitening sums (row_sums, detail/recurrence.hpp) of the valid, finite values of one sequence;
+//! adds the valid non-finite ones to `nonfinite`.
+inline row_sums sums_of_row(const float* x, const mask_t* m, index_t n, index_t& nonfinite) {
+  lanes::state<double, bool> s = lanes::start(0.0);
+  for (index_t t = n - 1; t >= 0; --t) {
+    const bool valid = m == nullptr || m[t] != 0;
+    const bool counts = valid && finite(x[t]);
+    nonfinite += (valid && !counts) ? 1 : 0;
+    lanes::add_value(static_cast<double>(x[t]), counts, s);
   }
-  p.nonfinite = seen - c;
-  p.stats.count = static_cast<double>(c);
-  if (c == 0) return p;
-  const double mean = ((s0 + s1) + (s2 + s3)) / p.stats.count;
-  p.stats.mean = mean;
-  double q0 = 0, q1 = 0, q2 = 0, q3 = 0;
-  const auto dev = [&](const float* xs, index_t base, index_t t, double& q) {
-    const float v = xs[t];
-    const double d = (valid_at(m, base + t) && finite(v)) ? static_cast<double>(v) - mean : 0.0;
-    q += d * d;
-  };
-  for (index_t b = b0; b < b1; ++b) {
-    const index_t base = layout.begin(b), n = layout.length(b);
-    const float* xs = x.data() + base;
-    index_t t = 0;
-    for (; t + 4 <= n; t += 4) {
-      dev(xs, base, t, q0);
-      dev(xs, base, t + 1, q1);
-      dev(xs, base, t + 2, q2);
-      dev(xs, base, t + 3, q3);
-    }
-    double* tail[3] = {&q0, &q1, &q2};
-    for (int j = 0; t < n; ++t, ++j) dev(xs, base, t, *tail[j]);
-  }
-  p.stats.m2 = (q0 + q1) + (q2 + q3);
-  return p;
+  return lanes::sums_of(s);
 }
 
-//! Merges chunk moments in chunk order; raises naming non-finite values under nonfinite::raise.
-inline moments merge_partials(const token_layout& layout, view<const float> x, view<const mask_t> mask,
-                              const std::vector<whiten_partial>& parts, const whiten_options& o) {
-  whiten_partial total;
-  for (const whiten_partial& p : parts) {
-    total.stats.merge(p.stats);
-    total.nonfinite += p.nonfinite;
-  }
-  if (total.nonfinite != 0 && o.on_nonfinite == nonfinite::raise) {
-    index_t c = 0;
-    const std::string listed = name_nonfinite_tokens(layout, x, mask.empty() ? nullptr : mask.data(), c);
-    RLPT_FAIL(errors::advantage::nonfinite, "{} valid tokens hold non-finite values: {}{} (set on_nonfinite = "
-              "rlpt::nonfinite::mask to leave them out of the statistics with output 0)",
-              c, listed, c > max_named ? ", ..." : "");
-  }
-  return total.stats;
+//! The batch's moments: the sequences' moments merged in sequence order.
+inline moments merge_rows(const std::vector<row_sums>& sums) {
+  moments total;
+  for (const row_sums& r : sums) total.merge(moments_of(r));
+  return total;
 }
 
 } // namespace detail
 
-//! This rank's (count, mean, M2) over its valid tokens (two-pass fp64 per chunk of sequences,
-//! merged in chunk order: the same bits for any thread count). Non-finite values at valid tokens
-//! raise or, under nonfinite::mask, are left out.
+//! This rank's (count, mean, M2) over its valid tokens: one-pass shifted fp64 sums per sequence
+//! (detail::row_sums documents the order), merged in sequence order, so the same bits for any
+//! thread count, and the same as the statistics gae() takes in its own pass. Non-finite values at
+//! valid tokens raise or, under nonfinite::mask, are left out.
 [[nodiscard]] inline moments whiten_moments(const token_layout& layout, view<const float> x, view<const mask_t> mask,
                                             const whiten_options& o = {}, const host_executor& ex = {}) {
   layout.expect_tokens("values", x);
   detail::expect_mask(layout, mask);
   const mask_t* m = mask.empty() ? nullptr : mask.data();
-  const index_t grain = detail::seq_grain(layout);
-  std::vector<detail::whiten_partial> parts(static_cast<std::size_t>((layout.num_seqs() + grain - 1) / grain));
-  ex.parallel_for(layout.num_seqs(), grain, [&](index_t b0, index_t b1) {
-    parts[static_cast<std::size_t>(b0 / grain)] = detail::chunk_moments(layout, x, m, b0, b1);
-  });
-  return detail::merge_partials(layout, x, mask, parts, o);
+  std::vector<detail::row_sums> sums(static_cast<std::size_t>(layout.num_seqs()));
+  const index_t nonfinite = ex.parallel_reduce(
+      layout.num_seqs(), detail::seq_grain(layout), index_t{0},
+      [&](index_t b0, index_t b1) {
+        index_t bad = 0;
+        for (index_t b = b0; b < b1; ++b) {
+          const index_t base = layout.begin(b);
+          sums[static_cast<std::size_t>(b)] =
+              detail::sums_of_row(x.data() + base, m ? m + base : nullptr, layout.length(b), bad);
+        }
+        return bad;
+      },
+      [](index_t& acc, index_t part) { acc += part; });
+  if (nonfinite != 0 && o.on_nonfinite == nonfinite::raise) {
+    index_t c = 0;
+    const std::string listed = detail::name_nonfinite_tokens(layout, x, m, c);
+    RLPT_FAIL(errors::advantage::nonfinite, "{} valid tokens hold non-finite values: {}{} (set on_nonfinite = "
+              "rlpt::nonfinite::mask to leave them out of the statistics with output 0)",
+              c, listed, c > detail::max_named ? ", ..." : "");
+  }
+  return detail::merge_rows(sums);
 }
 
 //! Merges per-rank moments in the given (rank) order; count-0 entries are the identity.
@@ -246,16 +219,12 @@ inline whiten_result whiten_apply(const moments& stats, const token_layout& layo
       [&](index_t b0, index_t b1) {
         index_t nonfinite_here = 0;
         for (index_t b = b0; b < b1; ++b) {
-          const index_t base = layout.begin(b), n = layout.length(b);
-          const float* xs = x.data() + base;
-          float* ys = out.data() + base; // may equal xs (in place): each slot is read, then written
-          for (index_t t = 0; t < n; ++t) {
-            const float v = xs[t];
-            const bool valid = detail::valid_at(m, base + t);
-            const bool ok = valid && detail::finite(v);
-            nonfinite_here += (valid && !ok) ? 1 : 0;
-            ys[t] = ok ? detail::whiten_value(v, tr) : 0.0f;
-          }
+          const index_t base = layout.begin(b);
+          // out may equal x (in place): each slot is read, then written
+          nonfinite_here += m ? detail::whiten_span<true>(x.data() + base, m + base, out.data() + base,
+                                                          layout.length(b), tr)
+                              : detail::whiten_span<false>(x.data() + base, nullptr, out.data() + base,
+                                                           layout.length(b), tr);
         }
         return nonfinite_here;
       },

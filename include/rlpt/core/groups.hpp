@@ -16,7 +16,11 @@
 #include <rlpt/core/error.hpp>
 #include <rlpt/core/views.hpp>
 
-#include <unordered_map>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <new>
+#include <utility>
 #include <vector>
 
 RLPT_NAMESPACE_BEGIN
@@ -29,24 +33,24 @@ public:
 
   groups() = default;
 
-  //! One group id per sequence; groups are numbered in order of first appearance.
+  //! One group id per sequence (any int64); groups are numbered in order of first appearance.
+  //!
+  //! One pass over the runs of equal adjacent ids (the members of a group usually sit together):
+  //! each run looks its id up once in a flat open-addressing table sized to a power of two at
+  //! least twice the number of runs (so at most half full), counts its members and writes their
+  //! group numbers. When every run starts a new group the groups are contiguous and in order,
+  //! and the members are 0, 1, ..., n - 1; otherwise one scatter places them, ascending.
   [[nodiscard]] static groups from_ids(view<const std::int64_t> ids) {
     groups g;
+    const std::int64_t* id = ids.data();
     const index_t n = ids.size();
-    g.group_of_.resize(static_cast<std::size_t>(n));
-    std::unordered_map<std::int64_t, index_t> slot;
-    slot.reserve(static_cast<std::size_t>(n));
-    std::vector<index_t> counts;
-    for (index_t i = 0; i < n; ++i) {
-      auto [it, fresh] = slot.try_emplace(ids[i], static_cast<index_t>(g.ids_.size()));
-      if (fresh) {
-        g.ids_.push_back(ids[i]);
-        counts.push_back(0);
-      }
-      g.group_of_[static_cast<std::size_t>(i)] = it->second;
-      ++counts[static_cast<std::size_t>(it->second)];
-    }
-    g.fill_members(counts);
+    if (n == 0) return g;
+    index_t runs = 1;
+    for (index_t i = 1; i < n; ++i) runs += id[i] != id[i - 1] ? 1 : 0;
+    if (static_cast<std::uint64_t>(runs) < std::numeric_limits<std::uint32_t>::max())
+      g.number_runs<std::uint32_t>(id, n, runs);
+    else
+      g.number_runs<std::uint64_t>(id, n, runs);
     return g;
   }
 
@@ -60,16 +64,19 @@ public:
                "group offsets end at {} sequences (offsets[{}]), more than groups describe (at most {})",
                offsets[offsets.size() - 1], offsets.size() - 1, max_items);
     groups g;
-    const index_t num = offsets.size() - 1;
-    std::vector<index_t> counts(static_cast<std::size_t>(num));
-    g.ids_.reserve(static_cast<std::size_t>(num));
-    g.group_of_.reserve(static_cast<std::size_t>(offsets[num]));
+    const index_t num = offsets.size() - 1, n = offsets[num];
+    g.allocate(n, num);
+    index_t* const members = g.store_.data();
+    index_t* const group_of = members + n;
+    index_t* const offs = g.store_.data() + g.offsets_at_;
+    index_t* const known = g.store_.data() + g.ids_at_;
+    for (index_t k = 0; k <= num; ++k) offs[k] = offsets[k];
     for (index_t k = 0; k < num; ++k) {
-      counts[static_cast<std::size_t>(k)] = offsets[k + 1] - offsets[k];
-      g.ids_.push_back(k);
-      for (index_t i = offsets[k]; i < offsets[k + 1]; ++i) g.group_of_.push_back(k);
+      known[k] = k;
+      for (index_t i = offsets[k]; i < offsets[k + 1]; ++i) group_of[i] = k;
     }
-    g.fill_members(counts);
+    for (index_t i = 0; i < n; ++i) members[i] = i;
+    g.num_groups_ = num;
     return g;
   }
 
@@ -84,23 +91,21 @@ public:
     return from_offsets(offsets);
   }
 
-  [[nodiscard]] index_t num_groups() const noexcept { return static_cast<index_t>(ids_.size()); }
-  [[nodiscard]] index_t num_items() const noexcept { return static_cast<index_t>(group_of_.size()); }
-  [[nodiscard]] index_t size(index_t g) const noexcept {
-    return offsets_[static_cast<std::size_t>(g) + 1] - offsets_[static_cast<std::size_t>(g)];
-  }
+  [[nodiscard]] index_t num_groups() const noexcept { return num_groups_; }
+  [[nodiscard]] index_t num_items() const noexcept { return num_items_; }
+  [[nodiscard]] index_t size(index_t g) const noexcept { return offsets_ptr()[g + 1] - offsets_ptr()[g]; }
   //! Sequence indices of group g, ascending.
   [[nodiscard]] view<const index_t> members(index_t g) const& noexcept {
-    return {members_.data() + offsets_[static_cast<std::size_t>(g)], size(g)};
+    return {store_.data() + offsets_ptr()[g], size(g)};
   }
-  [[nodiscard]] index_t group_of(index_t item) const noexcept { return group_of_[static_cast<std::size_t>(item)]; }
+  [[nodiscard]] index_t group_of(index_t item) const noexcept { return store_.data()[num_items_ + item]; }
   //! The caller's id of group g (its position for from_offsets/uniform).
-  [[nodiscard]] std::int64_t id(index_t g) const noexcept { return ids_[static_cast<std::size_t>(g)]; }
+  [[nodiscard]] std::int64_t id(index_t g) const noexcept { return store_.data()[ids_at_ + g]; }
 
   //! CSR arrays, e.g. to copy to a device: offsets (G + 1), members (N), group_of (N).
-  [[nodiscard]] view<const index_t> offsets() const& noexcept { return offsets_; }
-  [[nodiscard]] view<const index_t> members() const& noexcept { return members_; }
-  [[nodiscard]] view<const index_t> group_of() const& noexcept { return group_of_; }
+  [[nodiscard]] view<const index_t> offsets() const& noexcept { return {offsets_ptr(), num_groups_ + 1}; }
+  [[nodiscard]] view<const index_t> members() const& noexcept { return {store_.data(), num_items_}; }
+  [[nodiscard]] view<const index_t> group_of() const& noexcept { return {store_.data() + num_items_, num_items_}; }
 
   // Views into a temporary groups object would dangle: keep the groups in a variable.
   view<const index_t> members(index_t g) const&& = delete;
@@ -114,19 +119,90 @@ public:
   }
 
 private:
-  void fill_members(const std::vector<index_t>& counts) {
-    offsets_.assign(counts.size() + 1, 0);
-    for (std::size_t k = 0; k < counts.size(); ++k) offsets_[k + 1] = offsets_[k] + counts[k];
-    members_.resize(group_of_.size());
-    std::vector<index_t> cursor(offsets_.begin(), offsets_.end() - 1);
-    for (std::size_t i = 0; i < group_of_.size(); ++i)
-      members_[static_cast<std::size_t>(cursor[static_cast<std::size_t>(group_of_[i])]++)] = static_cast<index_t>(i);
+  //! std::allocator whose value-initialisation does nothing: every slot is written before it is
+  //! read, so the storage is not zeroed first.
+  template <class T>
+  struct uninitialized_allocator : std::allocator<T> {
+    template <class U>
+    struct rebind {
+      using other = uninitialized_allocator<U>;
+    };
+    template <class U>
+    void construct(U* p) noexcept {
+      ::new (static_cast<void*>(p)) U;
+    }
+    template <class U, class... A>
+    void construct(U* p, A&&... a) {
+      ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
+    }
+  };
+
+  //! One allocation for every array: members (n), group_of (n), offsets (G + 1), ids (G), where
+  //! G is at most `max_groups` (from_ids knows only a bound before it is done).
+  void allocate(index_t n, index_t max_groups) {
+    num_items_ = n;
+    offsets_at_ = 2 * n;
+    ids_at_ = offsets_at_ + max_groups + 1;
+    store_.resize(static_cast<std::size_t>(ids_at_ + max_groups));
   }
 
-  std::vector<index_t> offsets_{0};
-  std::vector<index_t> members_;
-  std::vector<index_t> group_of_;
-  std::vector<std::int64_t> ids_;
+  [[nodiscard]] const index_t* offsets_ptr() const noexcept { return store_.data() + offsets_at_; }
+
+  //! Fibonacci hashing of an id into a table of 2^bits slots (the top bits of a multiplicative hash).
+  static std::size_t slot_of(std::int64_t id, int bits) noexcept {
+    return static_cast<std::size_t>((static_cast<std::uint64_t>(id) * 0x9e3779b97f4a7c15ull) >> (64 - bits));
+  }
+
+  //! from_ids after the runs are counted. Slot holds group number + 1 (0 = empty); it is wide
+  //! enough for `runs` groups, the most there can be.
+  template <class Slot>
+  void number_runs(const std::int64_t* id, index_t n, index_t runs) {
+    int bits = 4;
+    while ((std::uint64_t{1} << bits) < 2 * static_cast<std::uint64_t>(runs)) ++bits;
+    const std::size_t wrap = (std::size_t{1} << bits) - 1;
+    std::vector<Slot> table(wrap + 1, Slot{0});
+    allocate(n, runs);
+    index_t* const members = store_.data();
+    index_t* const group_of = members + n;
+    index_t* const offsets = store_.data() + offsets_at_;
+    std::int64_t* const known = store_.data() + ids_at_;
+    index_t num = 0;
+    bool in_order = true; // every run so far started a new group
+    offsets[0] = 0;
+    for (index_t i = 0; i < n;) {
+      const std::int64_t x = id[i];
+      index_t end = i + 1;
+      while (end < n && id[end] == x) ++end;
+      std::size_t h = slot_of(x, bits);
+      while (table[h] != 0 && known[table[h] - 1] != x) h = (h + 1) & wrap;
+      if (table[h] == 0) {
+        known[num] = x;
+        offsets[num + 1] = 0; // member count first, turned into an offset below
+        table[h] = static_cast<Slot>(++num);
+      } else {
+        in_order = false;
+      }
+      const index_t k = static_cast<index_t>(table[h]) - 1;
+      offsets[k + 1] += end - i;
+      for (index_t j = i; j < end; ++j) group_of[j] = k;
+      i = end;
+    }
+    num_groups_ = num;
+    for (index_t k = 0; k < num; ++k) offsets[k + 1] += offsets[k];
+    if (in_order) { // contiguous groups in order: group_of is non-decreasing
+      for (index_t i = 0; i < n; ++i) members[i] = i;
+      return;
+    }
+    std::vector<index_t> cursor(offsets, offsets + num);
+    for (index_t i = 0; i < n; ++i) members[cursor[static_cast<std::size_t>(group_of[i])]++] = i;
+  }
+
+  // store_ = members | group_of | offsets | ids (the empty object: offsets = {0}).
+  std::vector<index_t, uninitialized_allocator<index_t>> store_ = {0};
+  index_t num_items_ = 0;
+  index_t num_groups_ = 0;
+  index_t offsets_at_ = 0;
+  index_t ids_at_ = 1;
 };
 
 RLPT_NAMESPACE_END

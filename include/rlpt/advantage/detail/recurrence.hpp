@@ -1,0 +1,124 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file
+//! Host kernel of the reverse token recurrences (GAE, discounted returns) with the whitening
+//! statistics they feed taken in the same pass (fixed order, documented on row_sums).
+//!
+//! The recurrence runs backwards over one sequence at a time in fp64. (Eight sequences in SIMD
+//! lanes over transposed 8 x 8 tiles were tried: with the fused statistics in fp64 the vector
+//! step was no faster than this scalar loop on Zen 3 and the tiles of eight rows a power of two
+//! apart thrash L1/L2 sets; see docs/advantage.md, Host performance notes.)
+#pragma once
+
+#include <rlpt/config.hpp>
+#include <rlpt/advantage/common.hpp>
+#include <rlpt/core/stats.hpp>
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(__GNUC__) || defined(__clang__)
+#define RLPT_ADVANTAGE_INLINE inline __attribute__((always_inline))
+#else
+#define RLPT_ADVANTAGE_INLINE inline
+#endif
+
+RLPT_NAMESPACE_BEGIN
+namespace detail {
+
+//! One sequence's whitening sums. The values of the sequence that count (valid, finite) are
+//! visited from its last token to its first; `shift` is the first of them (its last valid
+//! value), and s1 = sum of (x - shift), s2 = sum of (x - shift)^2 are accumulated in that order
+//! in fp64, each starting at +0.0 (tokens that do not count add +0.0). The shift keeps the
+//! one-pass sums free of cancellation (a constant sequence has s1 = s2 = 0 exactly). A batch's
+//! moments merge the sequences' moments in sequence order (Chan), whatever the thread count.
+struct row_sums {
+  double count = 0.0;
+  double shift = 0.0;
+  double s1 = 0.0;
+  double s2 = 0.0;
+};
+
+//! (count, mean, M2) of one sequence from its sums.
+inline moments moments_of(const row_sums& r) {
+  moments m;
+  if (r.count == 0.0) return m;
+  const double q = r.s1 / r.count;
+  m.count = r.count;
+  m.mean = r.shift + q;
+  const double m2 = r.s2 - r.s1 * q;
+  m.m2 = m2 > 0.0 ? m2 : 0.0;
+  return m;
+}
+
+namespace lanes {
+
+// The step and the sums are written for a lane type V with mask type M (here double and bool):
+// `m ? a : b` selects and `&` / `|` combine masks, so a vectorised caller (V a vector of doubles,
+// M a vector of 64-bit masks, GCC/Clang vector extensions) performs the same operations per lane.
+//! State of one lane of a reverse recurrence and of its whitening sums.
+template <class V, class M>
+struct state {
+  V acc, next;                  // A_{t+1} and V_{t+1} as the recurrence carries them
+  V count, shift, s1, s2;       // row_sums
+  M have;                       // shift is set
+};
+
+//! One token of the recurrence (documented on detail::recurrence_rows in gae.hpp): updates
+//! the carry and sets the advantage and return to store (0 at masked tokens).
+template <mask_mode Mode, class V, class M>
+RLPT_ADVANTAGE_INLINE void step(const V& r, const V& v, const M& valid, const V& gamma, const V& gamma_lambda,
+                                state<V, M>& s, V& adv, V& ret) {
+  const V delta = r + gamma * s.next - v;
+  const V a = delta + gamma_lambda * s.acc;
+  const V zero{};
+  if constexpr (Mode == mask_mode::skip) {
+    s.acc = valid ? a : s.acc;
+    s.next = valid ? v : s.next;
+  } else if constexpr (Mode == mask_mode::zero) {
+    s.acc = valid ? a : gamma * s.next + gamma_lambda * s.acc;
+    s.next = valid ? v : zero;
+  } else {
+    s.acc = valid ? a : zero;
+    s.next = valid ? v : zero;
+  }
+  adv = valid ? s.acc : zero;
+  ret = valid ? s.acc + v : zero;
+}
+
+//! Adds value x (already rounded to float) to the whitening sums when `counts`.
+template <class V, class M>
+RLPT_ADVANTAGE_INLINE void add_value(const V& x, const M& counts, state<V, M>& s) {
+  const V zero{};
+  s.shift = (counts & (s.have == M{})) ? x : s.shift;
+  s.have = s.have | counts;
+  const V d = counts ? x - s.shift : zero;
+  s.count = s.count + (counts ? zero + 1.0 : zero);
+  s.s1 = s.s1 + d;
+  s.s2 = s.s2 + d * d;
+}
+
+RLPT_ADVANTAGE_INLINE state<double, bool> start(double boot) { return {0.0, boot, 0.0, 0.0, 0.0, 0.0, false}; }
+
+RLPT_ADVANTAGE_INLINE row_sums sums_of(const state<double, bool>& s) { return {s.count, s.shift, s.s1, s.s2}; }
+
+//! One sequence of n tokens, from its last token to its first.
+template <mask_mode Mode, bool HasValues, bool HasMask>
+RLPT_ADVANTAGE_INLINE void one_sequence(const float* r, const float* v, const mask_t* m, float* adv, float* ret,
+                                        index_t n, double gamma, double gamma_lambda, state<double, bool>& s) {
+  for (index_t t = n - 1; t >= 0; --t) {
+    const bool valid = !HasMask || m[t] != 0;
+    const double vt = HasValues ? static_cast<double>(v[t]) : 0.0;
+    double a = 0.0, g = 0.0;
+    const double rt = static_cast<double>(r[t]);
+    step<Mode>(rt, vt, valid, gamma, gamma_lambda, s, a, g);
+    const float out = static_cast<float>(a);
+    adv[t] = out;
+    if (ret) ret[t] = static_cast<float>(g);
+    const double x = static_cast<double>(out);
+    add_value(x, valid, s);
+  }
+}
+
+} // namespace lanes
+} // namespace detail
+RLPT_NAMESPACE_END
