@@ -3,6 +3,7 @@
 // Bytes counted: GAE reads rewards, values (4 B) and mask (1 B) and writes advantages and
 // returns (4 B): 17 B per token slot. The copy-bandwidth roofline is printed by bench_advantage_runner.
 #include <rlpt/advantage.hpp>
+#include <rlpt/core/thread_pool.hpp>
 
 #include "advantage/inputs.hpp"
 

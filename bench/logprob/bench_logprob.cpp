@@ -5,6 +5,7 @@
 // measured in the same run with the same thread count. The side-by-side comparison with torch,
 // verl and TRL is bench/peers/logprob_torch.py.
 #include <rlpt/logprob.hpp>
+#include <rlpt/core/thread_pool.hpp>
 
 #include "support/bandwidth.hpp"
 

@@ -17,6 +17,7 @@
 // targets.i64, dlogp.f32, dentropy.f32. Outputs: rlpt_logp.f32, rlpt_entropy.f32 and, with
 // BACKWARD=1, rlpt_grad.f32 (first 64 rows only, to keep the files small).
 #include <rlpt/logprob.hpp>
+#include <rlpt/core/thread_pool.hpp>
 
 #include "support/bandwidth.hpp"
 #include "support/peer_timing.hpp"

@@ -3,6 +3,7 @@
 // several configurations, serial and on a 2-thread pool, with the bytes each call must move.
 // Compare the bytes/s column with BM_copy (read + write) from bench_core on the same machine.
 #include <rlpt/objective.hpp>
+#include <rlpt/core/thread_pool.hpp>
 
 #include <benchmark/benchmark.h>
 

@@ -10,6 +10,7 @@
 //   objective_runner peer CONFIG DIR B T [--warmup N --calls N --flush BYTES --out DIR]
 //   CONFIG: ppo_k3_token_mean | ppo_tis_k3_entropy | gspo_seq_is | cispo_local
 #include <rlpt/objective.hpp>
+#include <rlpt/core/thread_pool.hpp>
 
 #include "support/bandwidth.hpp"
 #include "support/peer_timing.hpp"

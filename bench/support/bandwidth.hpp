@@ -4,6 +4,7 @@
 #pragma once
 
 #include <rlpt/core/executor.hpp>
+#include <rlpt/core/thread_pool.hpp>
 
 #include <algorithm>
 #include <chrono>

@@ -3,6 +3,7 @@
 // not the recurrence), masked-garbage invariance, packed == padded, thread and batch
 // independence, distributed whitening, NaN policies, and the token helpers.
 #include "common.hpp"
+#include <rlpt/core/thread_pool.hpp>
 
 #include "support/random.hpp"
 

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <rlpt/core/executor.hpp>
 #include <rlpt/core/stats.hpp>
+#include <rlpt/core/thread_pool.hpp>
 
 #include "support/random.hpp"
 

@@ -3,6 +3,8 @@
 // fp64 reference, finite differences for grad_hidden and grad_weight, bitwise batch
 // invariance, and vocab-parallel shards of the head.
 #include <rlpt/logprob.hpp>
+#include <rlpt/logprob/lm_head.hpp>
+#include <rlpt/core/thread_pool.hpp>
 
 #include "fake_group.hpp"
 #include "reference.hpp"

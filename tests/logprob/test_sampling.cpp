@@ -2,6 +2,7 @@
 // Sampling-consistent scoring (temperature, top-k, top-p) against an explicit sort-based fp64
 // reference, bitwise batch invariance, and the error contract.
 #include <rlpt/logprob.hpp>
+#include <rlpt/core/thread_pool.hpp>
 
 #include "reference.hpp"
 #include "support/errors.hpp"

@@ -3,6 +3,7 @@
 // mode; garbage (NaN, inf) under the mask changes nothing; packed equals padded; results do not
 // depend on the thread count; huge log-ratio gaps give finite results; per-token hand checks.
 #include <rlpt/objective.hpp>
+#include <rlpt/core/thread_pool.hpp>
 
 #include "batch.hpp"
 #include "support/reference.hpp"

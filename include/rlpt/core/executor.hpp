@@ -11,115 +11,49 @@
 #include <rlpt/core/error.hpp>
 
 #include <algorithm>
-#include <atomic>
-#include <condition_variable>
-#include <exception>
-#include <functional>
-#include <mutex>
-#include <thread>
+#include <type_traits>
 #include <vector>
 
 RLPT_NAMESPACE_BEGIN
 
-//! A fixed set of worker threads for fork-join loops. One loop runs at a time per pool;
-//! the calling thread takes part in every loop.
-class thread_pool {
+class thread_pool; // core/thread_pool.hpp
+
+namespace detail {
+
+//! A borrowed `void(index_t)` callable: two pointers, no allocation, no <functional>. The callable
+//! must outlive the chunk_fn (it is only used for the duration of one parallel loop).
+class chunk_fn {
 public:
-  //! `threads` counts the caller too: thread_pool(1) runs everything on the calling thread.
-  explicit thread_pool(unsigned threads = std::max(1u, std::thread::hardware_concurrency())) {
-    RLPT_CHECK(threads >= 1, errors::executor::bad_threads, "a thread pool needs at least 1 thread, got {}", threads);
-    workers_.reserve(threads - 1);
-    for (unsigned i = 1; i < threads; ++i) workers_.emplace_back([this] { work(); });
-  }
+  template <class F>
+    requires(!std::is_same_v<std::remove_cvref_t<F>, chunk_fn> && std::is_invocable_v<F&, index_t>)
+  chunk_fn(F& f) noexcept // NOLINT(google-explicit-constructor)
+      : obj_(const_cast<void*>(static_cast<const void*>(&f))), call_([](void* o, index_t c) { (*static_cast<F*>(o))(c); }) {}
 
-  thread_pool(const thread_pool&) = delete;
-  thread_pool& operator=(const thread_pool&) = delete;
-
-  ~thread_pool() {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-    }
-    wake_.notify_all();
-    for (auto& w : workers_) w.join();
-  }
-
-  [[nodiscard]] unsigned size() const noexcept { return static_cast<unsigned>(workers_.size()) + 1; }
-
-  //! Calls body(chunk) for chunk in [0, chunks) on the pool's threads and waits. The first
-  //! exception thrown by a body is rethrown here after every started chunk finished.
-  void run_chunks(index_t chunks, const std::function<void(index_t)>& body) {
-    if (chunks <= 0) return;
-    if (workers_.empty() || chunks == 1) {
-      for (index_t c = 0; c < chunks; ++c) body(c);
-      return;
-    }
-    std::lock_guard serial(loop_mutex_); // one loop at a time
-    {
-      std::lock_guard lock(mutex_);
-      body_ = &body;
-      chunks_ = chunks;
-      next_.store(0, std::memory_order_relaxed);
-      active_ = static_cast<unsigned>(workers_.size());
-      error_ = nullptr;
-      ++generation_;
-    }
-    wake_.notify_all();
-    drain();
-    std::unique_lock lock(mutex_);
-    done_.wait(lock, [this] { return active_ == 0; });
-    body_ = nullptr;
-    if (error_) std::rethrow_exception(error_);
-  }
+  void operator()(index_t chunk) const { call_(obj_, chunk); }
 
 private:
-  void drain() {
-    // relaxed is enough: the chunk index is the only shared datum and each is taken once;
-    // the mutex hand-off in run_chunks/work orders everything else.
-    for (index_t c = next_.fetch_add(1, std::memory_order_relaxed); c < chunks_;
-         c = next_.fetch_add(1, std::memory_order_relaxed)) {
-      try {
-        (*body_)(c);
-      } catch (...) {
-        std::lock_guard lock(mutex_);
-        if (!error_) error_ = std::current_exception();
-        next_.store(chunks_, std::memory_order_relaxed); // stop handing out chunks
-      }
-    }
-  }
-
-  void work() {
-    std::uint64_t seen = 0;
-    for (;;) {
-      {
-        std::unique_lock lock(mutex_);
-        wake_.wait(lock, [&] { return stopping_ || generation_ != seen; });
-        if (stopping_) return;
-        seen = generation_;
-      }
-      drain();
-      std::lock_guard lock(mutex_);
-      if (--active_ == 0) done_.notify_one();
-    }
-  }
-
-  std::vector<std::thread> workers_;
-  std::mutex loop_mutex_;
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::condition_variable done_;
-  const std::function<void(index_t)>* body_ = nullptr;
-  index_t chunks_ = 0;
-  alignas(cacheline_bytes) std::atomic<index_t> next_{0};
-  unsigned active_ = 0;
-  std::uint64_t generation_ = 0;
-  bool stopping_ = false;
-  std::exception_ptr error_;
+  void* obj_;
+  void (*call_)(void*, index_t);
 };
 
+} // namespace detail
+
 //! Where host work runs: serially (default) or on a thread pool the caller owns.
-struct host_executor {
-  thread_pool* pool = nullptr;
+//! Built from a `thread_pool*` (`host_executor{&pool}`; nullptr = serial), which needs
+//! <rlpt/core/thread_pool.hpp> where the pool is made; the blocks that take an executor do not.
+class host_executor {
+public:
+  constexpr host_executor() noexcept = default;
+  template <class Pool>
+    requires std::is_same_v<Pool, thread_pool>
+  constexpr host_executor(Pool* pool) noexcept // NOLINT(google-explicit-constructor)
+      : pool_(pool) {
+    if (pool != nullptr)
+      run_ = [](void* p, index_t chunks, detail::chunk_fn body) { static_cast<Pool*>(p)->run_chunks(chunks, body); };
+  }
+
+  //! The pool this executor runs on, or nullptr (serial).
+  [[nodiscard]] thread_pool* pool() const noexcept { return static_cast<thread_pool*>(pool_); }
 
   //! Calls f(begin, end) over [0, n) in chunks of `grain` items (the last may be shorter).
   template <class F>
@@ -131,11 +65,11 @@ struct host_executor {
       const index_t b = c * grain; // <= n
       f(b, b + std::min(grain, n - b));
     };
-    if (pool == nullptr || chunks == 1) {
+    if (run_ == nullptr || chunks == 1) {
       for (index_t c = 0; c < chunks; ++c) body(c);
       return;
     }
-    pool->run_chunks(chunks, body);
+    run_(pool_, chunks, detail::chunk_fn(body));
   }
 
   //! Maps each chunk to a partial result and folds the partials in chunk order, so the result
@@ -150,6 +84,10 @@ struct host_executor {
     for (const R& p : parts) fold(init, p);
     return init;
   }
+
+private:
+  void* pool_ = nullptr;
+  void (*run_)(void*, index_t, detail::chunk_fn) = nullptr;
 };
 
 RLPT_NAMESPACE_END
