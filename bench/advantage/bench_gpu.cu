@@ -107,7 +107,7 @@ void bench_grpo(rlpt::index_t N, rlpt::index_t group, grpo_counts& worst, g::rep
   rlpt::index_t* offsets = upload(std::vector<rlpt::index_t>(gr.offsets().begin(), gr.offsets().end()), stream);
   rlpt::index_t* members = upload(std::vector<rlpt::index_t>(gr.members().begin(), gr.members().end()), stream);
   const rlpt::device_groups dg{{offsets, gr.num_groups() + 1}, {members, N}, rlpt::max_group_size(gr)};
-  for (const auto& preset : {rlpt::compat::verl::grpo(), rlpt::compat::trl::grpo(rlpt::scale::batch_std)}) {
+  for (const auto& preset : {rlpt::compat::verl::grpo(), rlpt::compat::trl::grpo("batch")}) {
     const auto o = rlpt::device_policies(preset);
     const bool batch = o.scale == rlpt::scale::batch_std;
     rlpt::workspace ws;

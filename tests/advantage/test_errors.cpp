@@ -115,3 +115,11 @@ TEST_CASE("errors: shaping options") {
   RLPT_CHECK_ERROR(rlpt::transform_rewards(r, {.clip_low = 1.0, .clip_high = -1.0}), "rlpt.advantage.bad_option",
                    "clip_low (1) <= clip_high (-1)");
 }
+
+TEST_CASE("errors: presets take the framework's spelling and name an unknown value") {
+  CHECK(rlpt::compat::trl::grpo("batch").scale == rlpt::scale::batch_std);
+  CHECK(rlpt::compat::areal::reward_norm("none").scale == rlpt::scale::none);
+  RLPT_CHECK_ERROR(rlpt::compat::trl::grpo("Group"), "rlpt.advantage.bad_option",
+                   "trl scale_rewards = \"Group\" is not reproduced by rlpt (supported: group, batch, none)");
+  RLPT_CHECK_ERROR(rlpt::compat::areal::reward_norm("token"), "rlpt.advantage.bad_option", "reward_norm.std_level");
+}

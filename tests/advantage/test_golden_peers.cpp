@@ -149,13 +149,12 @@ TEST_CASE("trl golden: sum_then_normalize with scale_rewards group / batch / non
   CHECK(rlpt::combine_reward_channels(c.channels(), c.weights, summed, rlpt::compat::trl::channels()) == c.unscorable());
   ADV_CHECK_CLOSE(summed, c.file.get<float>("summed"), vs_f32);
   struct variant {
-    rlpt::scale scale;
+    const char* scale_rewards; // TRL's own spelling
     std::string name;
   };
-  for (const variant& v : {variant{rlpt::scale::group_std, "sum_group"}, variant{rlpt::scale::batch_std, "sum_batch"},
-                          variant{rlpt::scale::none, "sum_none"}}) {
+  for (const variant& v : {variant{"group", "sum_group"}, variant{"batch", "sum_batch"}, variant{"none", "sum_none"}}) {
     CAPTURE(v.name);
-    const rlpt::group_stats s = rlpt::grpo_advantages(summed, c.groups, adv, rlpt::compat::trl::grpo(v.scale));
+    const rlpt::group_stats s = rlpt::grpo_advantages(summed, c.groups, adv, rlpt::compat::trl::grpo(v.scale_rewards));
     CHECK(s.num_nonfinite == c.unscorable());
     ADV_CHECK_CLOSE(adv, c.file.get<float>(v.name), vs_f32);
   }

@@ -88,7 +88,7 @@ TEST_CASE("gpu grpo / rloo: bit-identical to the host, statistics and counters i
       dev_buffer<rlpt::mask_t> degenerate(G);
       const rlpt::device_group_stats ds{mean.view(), stdv.view(), size.view(), degenerate.view(), counters.view()};
       std::vector<float> host(b.rewards.size());
-      for (const auto& preset : {rlpt::compat::verl::grpo(), rlpt::compat::trl::grpo(rlpt::scale::batch_std),
+      for (const auto& preset : {rlpt::compat::verl::grpo(), rlpt::compat::trl::grpo("batch"),
                                  rlpt::compat::verl::dr_grpo(), rlpt::compat::areal::reward_norm(),
                                  rlpt::grpo_options{.unbiased = false, .std_floor = 0.01}}) {
         const auto o = rlpt::device_policies(preset);

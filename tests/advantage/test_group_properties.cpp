@@ -3,6 +3,7 @@
 // for zero-std groups (no cancellation), permutation equivariance, results independent of thread
 // count and of the other groups in the batch, NaN policies.
 #include "common.hpp"
+#include <rlpt/core/thread_pool.hpp>
 
 #include "support/random.hpp"
 
@@ -212,7 +213,7 @@ TEST_CASE("group estimators: same bits for any thread count and whatever other g
   std::vector<float> serial(b.rewards.size()), threaded(serial.size());
   rlpt::thread_pool pool(3);
   const rlpt::host_executor ex{&pool};
-  for (const auto& o : {rlpt::compat::verl::grpo(), rlpt::compat::trl::grpo(rlpt::scale::batch_std),
+  for (const auto& o : {rlpt::compat::verl::grpo(), rlpt::compat::trl::grpo("batch"),
                         rlpt::compat::verl::dr_grpo()}) {
     (void)rlpt::grpo_advantages(b.rewards, g, serial, o);
     (void)rlpt::grpo_advantages(b.rewards, g, threaded, o, ex);
@@ -300,7 +301,7 @@ TEST_CASE("nonfinite::mask leaves NaN/inf rewards out of every statistic and giv
   b.rewards[10] = std::numeric_limits<float>::infinity();
   b.rewards[11] = -std::numeric_limits<float>::infinity();
   b.rewards[40] = std::numeric_limits<float>::quiet_NaN();
-  for (const auto& o : {rlpt::compat::trl::grpo(), rlpt::compat::trl::grpo(rlpt::scale::batch_std)}) {
+  for (const auto& o : {rlpt::compat::trl::grpo(), rlpt::compat::trl::grpo("batch")}) {
     std::vector<float> adv(b.rewards.size()), cadv(clean.rewards.size());
     const auto s = rlpt::grpo_advantages(b.rewards, g, adv, o);
     (void)rlpt::grpo_advantages(clean.rewards, rlpt::groups::from_ids(clean.ids), cadv, o);

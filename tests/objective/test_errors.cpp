@@ -9,6 +9,8 @@
 #include <doctest/doctest.h>
 
 #include <limits>
+#include <string>
+#include <variant>
 #include <vector>
 
 using rlpt::test::batch;
@@ -157,4 +159,19 @@ TEST_CASE("errors: compat presets reject what they do not reproduce") {
   RLPT_CHECK_ERROR(compat::trl::grpo({.loss_type = "luspo"}), "rlpt.objective.compat", "loss_type = \"luspo\"");
   RLPT_CHECK_ERROR(compat::openrlhf::policy_loss({.policy_loss_type = "gspo", .is_correction_level = "token"}),
                    "rlpt.objective.compat", "rollout log-probs");
+}
+
+TEST_CASE("compat configs own their strings: a config outlives the buffer it was read from") {
+  compat::verl::actor_config verl_cfg;
+  compat::trl::grpo_config trl_cfg;
+  {
+    std::string parsed = "gspo";  // as read from a YAML file whose buffer is then freed
+    verl_cfg.loss_mode = parsed;
+    parsed = "sequence";
+    trl_cfg.importance_sampling_level = parsed;
+    parsed.assign(64, 'x'); // overwrite (and reallocate) the source
+  }
+  trl_cfg.loss_type = "grpo";
+  CHECK(std::holds_alternative<gspo>(compat::verl::actor(verl_cfg).policy));
+  CHECK(std::get<gspo>(compat::trl::grpo(trl_cfg).policy).token_level == false);
 }

@@ -4,6 +4,10 @@
 //! flavour, single-sample groups, mask semantics and whitening. Each returns a plain options
 //! struct, so a preset can be adjusted with ordinary member assignment.
 //!
+//! Parameters take each framework's own spelling of its option: verl's and OpenRLHF's booleans
+//! and numbers, TRL's and AReaL's strings (an unknown string raises rlpt.advantage.bad_option
+//! naming the allowed values).
+//!
 //! Where a peer silently produces NaN (OpenRLHF's group of one, NaN rewards anywhere but TRL) the
 //! preset raises instead; docs/advantage.md lists every difference. Versions read: verl 0.9.1,
 //! TRL 1.16.0, OpenRLHF 0.11.2, AReaL (2026-05 snapshot), slime (2026 snapshot).
@@ -21,8 +25,21 @@
 #include <rlpt/advantage/shaping.hpp>
 #include <rlpt/advantage/whiten.hpp>
 
+#include <string_view>
+
 RLPT_NAMESPACE_BEGIN
 namespace compat {
+
+namespace detail {
+//! A framework's std-scaling option spelled as that framework spells it, as an rlpt::scale.
+inline scale parse_scale(std::string_view framework, std::string_view option, std::string_view value) {
+  if (value == "group") return scale::group_std;
+  if (value == "batch") return scale::batch_std;
+  if (value == "none") return scale::none;
+  RLPT_FAIL(errors::advantage::bad_option, "{} {} = \"{}\" is not reproduced by rlpt (supported: group, batch, none)",
+            framework, option, value);
+}
+} // namespace detail
 
 namespace verl {
 
@@ -86,8 +103,9 @@ namespace trl {
 //! GRPOTrainer, multi_objective_aggregation="sum_then_normalize": scale_rewards "group"
 //! (default), "batch" (group mean, batch std) or "none"; std + 1e-4; unscorable (NaN) rewards
 //! are left out of the statistics and get advantage 0; a group with one scorable sample gets 0.
-inline grpo_options grpo(scale scale_rewards = scale::group_std) {
-  return {.scale = scale_rewards, .epsilon = 1e-4, .single = single::zero, .on_nonfinite = nonfinite::mask};
+inline grpo_options grpo(std::string_view scale_rewards = "group") {
+  return {.scale = detail::parse_scale("trl", "scale_rewards", scale_rewards), .epsilon = 1e-4, .single = single::zero,
+          .on_nonfinite = nonfinite::mask};
 }
 
 //! RLOOTrainer: leave-one-out over scorable siblings (a lone scorable sample gets 0), optional
@@ -162,9 +180,11 @@ inline reward_transform clip(double low = -10.0, double high = 10.0) { return {.
 namespace areal {
 
 //! Normalization(mean_level=group, std_level=group) on scalar rewards (reward_norm): unbiased,
-//! (R - mean) / (std + 1e-5); a group of one gets 0 (its own mean, std 1).
-inline grpo_options reward_norm(scale std_level = scale::group_std) {
-  return {.scale = std_level, .epsilon = std_level == scale::none ? 0.0 : 1e-5, .single = single::zero};
+//! (R - mean) / (std + 1e-5); a group of one gets 0 (its own mean, std 1). std_level "group",
+//! "batch" or "none" (AReaL's None).
+inline grpo_options reward_norm(std::string_view std_level = "group") {
+  const scale s = detail::parse_scale("areal", "reward_norm.std_level", std_level);
+  return {.scale = s, .epsilon = s == scale::none ? 0.0 : 1e-5, .single = single::zero};
 }
 
 //! Normalization(batch, batch) on token advantages (adv_norm): unbiased, / (std + 1e-5),

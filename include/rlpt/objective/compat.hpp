@@ -5,7 +5,8 @@
 //! OpenRLHF (0.11.2 PolicyLoss / ValueLoss / compute_approx_kl) and AReaL (ppo_actor_loss_fn).
 //! Each takes the framework's own option names and values and returns an rlpt::objective, so
 //! a configuration can be copied over verbatim. Denominators the framework takes from its
-//! batch (global token / sequence counts) are inputs here too.
+//! batch (global token / sequence counts) are inputs here too. The config structs own their
+//! strings, so a config filled from a parsed file may outlive the file's buffer.
 #pragma once
 
 #include <rlpt/config.hpp>
@@ -202,17 +203,17 @@ inline off_policy_correction rollout_correction(std::string_view rollout_is = ""
 
 //! The actor part of verl's config (ActorConfig / PolicyLossConfig) that the loss reads.
 struct actor_config {
-  std::string_view loss_mode = "vanilla"; //!< vanilla, gspo, geo_mean, cispo, sapo, gpg
+  std::string loss_mode = "vanilla"; //!< vanilla, gspo, geo_mean, cispo, sapo, gpg
   double clip_ratio = 0.2;
   std::optional<double> clip_ratio_low{};
   std::optional<double> clip_ratio_high{};
   double clip_ratio_c = 3.0;
   double tau_pos = 1.0;
   double tau_neg = 1.05;
-  std::string_view loss_agg_mode = "token-mean";
+  std::string loss_agg_mode = "token-mean";
   bool use_kl_loss = false;
   double kl_loss_coef = 0.001;
-  std::string_view kl_loss_type = "low_var_kl";
+  std::string kl_loss_type = "low_var_kl";
   double entropy_coeff = 0.0;
   // global_batch_info
   int dp_size = 1;
@@ -275,11 +276,11 @@ namespace trl {
 //! The GRPOConfig fields GRPOTrainer._compute_loss reads, plus the batch facts it takes from
 //! the trainer (gradient accumulation, processes, the generation batch's token count).
 struct grpo_config {
-  std::string_view loss_type = "dapo"; //!< grpo, bnpo, dr_grpo, dapo, cispo, sapo
+  std::string loss_type = "dapo"; //!< grpo, bnpo, dr_grpo, dapo, cispo, sapo
   double epsilon = 0.2;
   std::optional<double> epsilon_high{};
   std::optional<double> delta{};
-  std::string_view importance_sampling_level = "token"; //!< token, sequence
+  std::string importance_sampling_level = "token"; //!< token, sequence
   double beta = 0.0;
   bool use_bias_correction_kl = false;
   double sapo_temperature_pos = 1.0;
@@ -295,7 +296,7 @@ struct grpo_config {
   //! vLLM importance sampling (applied when use_vllm): mode token_truncate, token_mask,
   //! sequence_truncate, sequence_mask; bounds clip_min (none) and clip_max (3.0).
   bool vllm_importance_sampling_correction = false;
-  std::string_view vllm_importance_sampling_mode = "sequence_mask";
+  std::string vllm_importance_sampling_mode = "sequence_mask";
   std::optional<double> vllm_importance_sampling_min{};
   double vllm_importance_sampling_max = 3.0;
 };
@@ -393,16 +394,16 @@ struct policy_loss_config {
   double clip_eps_high = 0.2;
   std::optional<double> dual_clip{};
   bool token_level_loss = true;
-  std::string_view policy_loss_type = "ppo"; //!< ppo, gspo
-  std::string_view is_correction_level = "off"; //!< off, token, seq
-  std::string_view is_correction_mode = "mask";  //!< mask, clip
+  std::string policy_loss_type = "ppo"; //!< ppo, gspo
+  std::string is_correction_level = "off"; //!< off, token, seq
+  std::string is_correction_mode = "mask";  //!< mask, clip
   double is_correction_low = 0.5;
   double is_correction_high = 5.0;
   int dp_size = 1;
   std::optional<double> batch_num_tokens{};
   std::optional<double> global_batch_size{};
   double kl_coef = 0.0; //!< actor KL loss coefficient (kl_ctl) when use_kl_loss
-  std::string_view kl_estimator = "k1"; //!< k1, k2, k3
+  std::string kl_estimator = "k1"; //!< k1, k2, k3
   bool kl_unbiased_gradient = false;
   double entropy_coef = 0.0;
 };
@@ -524,11 +525,11 @@ struct actor_config {
   std::optional<double> c_clip{};
   bool use_decoupled_loss = true;
   bool rejection_sampling = true;              //!< false: the field is None (no weight)
-  std::string_view rejection_level = "token";  //!< token, sequence
-  std::string_view rejection_action = "mask";  //!< mask, clamp
+  std::string rejection_level = "token";  //!< token, sequence
+  std::string rejection_action = "mask";  //!< mask, clamp
   double rejection_upper = 5.0;
   std::optional<double> rejection_lower{};
-  std::string_view importance_sampling_level = "token"; //!< token, sequence (GSPO)
+  std::string importance_sampling_level = "token"; //!< token, sequence (GSPO)
   bool use_sapo_loss = false;
   double sapo_tau_pos = 1.0;
   double sapo_tau_neg = 1.05;
