@@ -105,7 +105,9 @@ using safetensors_metadata = std::vector<std::pair<std::string, std::string>>;
   if (n > file_size - 8) bad(fmt::format("header length {} runs past the end of the {}-byte file", n, file_size));
   if (prefix.size() < 8 + n) bad(fmt::format("only {} of the header's {} bytes were given", prefix.size() - 8, n));
   const std::string_view text(reinterpret_cast<const char*>(prefix.data() + 8), static_cast<std::size_t>(n));
-  if (text.empty() || text.front() != '{') bad("the header does not start with '{'");
+  // JSON whitespace may precede the object: the reference reader (serde_json) skips it too.
+  const std::size_t first = text.find_first_not_of(" \t\n\r");
+  if (first == std::string_view::npos || text[first] != '{') bad("the header does not start with '{'");
   const detail::json root = detail::parse_json(text, fmt::format("{} header", where), {64, limits.max_header_bytes});
   if (!root.is_object()) bad("the header is not a JSON object");
   safetensors_header h;
