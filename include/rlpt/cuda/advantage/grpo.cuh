@@ -48,13 +48,13 @@ struct device_groups {
 
 //! Optional per-group outputs in device memory (empty views are not written).
 struct device_group_stats {
-  device_view<float> mean;        //!< per group, as group_stats::mean
-  device_view<float> std;         //!< per group, as group_stats::std
-  device_view<index_t> size;      //!< per group: counted (finite) rewards
-  device_view<mask_t> degenerate; //!< per group: fewer than 2 counted or zero std
+  device_view<float> mean{};        //!< per group, as group_stats::mean
+  device_view<float> std{};         //!< per group, as group_stats::std
+  device_view<index_t> size{};      //!< per group: counted (finite) rewards
+  device_view<mask_t> degenerate{}; //!< per group: fewer than 2 counted or zero std
   //! 3 counters, zeroed by the call: [0] non-finite rewards masked, [1] degenerate groups,
   //! [2] groups with exactly one counted reward.
-  device_view<index_t> counters;
+  device_view<index_t> counters{};
 };
 
 //! The options with every raising policy replaced by its non-raising counterpart (device
