@@ -3,7 +3,7 @@
 // logits (bf16, f32), the sampling-consistent top-k/top-p mode, sequences, and the fused lm-head.
 // Each reports bytes/s of logits read (or FLOP/s for the lm-head) and the copy bandwidth
 // measured in the same run with the same thread count. The side-by-side comparison with torch,
-// verl and TRL is bench/peers/logprob_torch.py.
+// verl and TRL is scripts/bench-peers (bench/peers/blocks/logprob.py).
 #include <rlpt/logprob.hpp>
 #include <rlpt/core/thread_pool.hpp>
 

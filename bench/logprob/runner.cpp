@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// bench_logprob_runner: times rlpt on the logits written by bench/peers/logprob_torch.py (the very
-// arrays torch gets), writes rlpt's outputs next to them for a correctness cross-check, and prints
+// bench_logprob_runner: times rlpt on the logits in DIR (the very arrays torch gets when
+// scripts/bench-peers wrote them; this direct mode is for runs by hand, the harness uses the peer
+// mode below), writes rlpt's outputs next to them for a correctness cross-check, and prints
 // one JSON line: median seconds of the forward (and backward), effective GB/s, the copy bandwidth
 // measured in the same run with the same threads, and the peak resident memory beyond the inputs
 // and outputs (Linux VmHWM after a clear_refs reset; the gradient buffer counts as an output).

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// Runner for bench/peers/objective_verl.py: evaluates verl's vanilla PPO + low_var_kl (k3) +
-// token-mean on the inputs the script wrote (raw little-endian files in a directory), times it
-// and prints one JSON line: wall and CPU seconds (best of the repeats), the loss, a gradient
-// checksum, the bytes the call must move and the copy bandwidth measured in the same run.
+// objective_runner: rlpt's side of the objective comparison of scripts/bench-peers.
+// The direct mode (run by hand; no script calls it) evaluates verl's vanilla PPO + low_var_kl (k3)
+// + token-mean on inputs in DIR (raw little-endian files), times it and prints one JSON line: wall
+// and CPU seconds (best of the repeats), the loss, a gradient checksum, the bytes the call must
+// move and the copy bandwidth measured in the same run.
 //   objective_runner DIR B T THREADS REPEATS
 // scripts/bench-peers (bench/peers/blocks/objective.py) uses the peer mode: one configuration of
 // bench_objective in verl's terms, the gradient allocated inside every call, the timing protocol

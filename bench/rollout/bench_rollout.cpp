@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Rollout micro-benchmarks: rank balancing, micro-batch planning, packing, and the buffer's
-// single-thread push/pop cost. Side-by-side figures against verl: bench/peers/rollout_*.py.
+// single-thread push/pop cost. Side-by-side figures against verl: scripts/bench-peers
+// (bench/peers/blocks/rollout.py).
 #include <rlpt/rollout.hpp>
 
 #include <benchmark/benchmark.h>

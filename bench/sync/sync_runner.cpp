@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Weight-sync benchmark runner: each subcommand prints one JSON line (bench/peers/sync_*.py and
-// tools/golden/gen_sync.py read it).
+// Weight-sync benchmark runner: each subcommand prints one JSON line. scripts/bench-peers runs
+// delta-sim and the peer modes below; tools/golden/gen_sync.py runs write-golden; the others are
+// for runs by hand.
 //
 //   bench_sync_runner shm   TOTAL_MB BUCKET_MB REPS [staged]  shared memory, sender and receiver in two processes
 //   bench_sync_runner tcp   TOTAL_MB BUCKET_MB REPS [staged]  TCP loopback, two processes
@@ -242,7 +243,7 @@ std::string delta_sim(std::size_t n, double lr, int steps) {
 }
 
 // Times encode and apply of the delta between tensors "prev" and "now" of a safetensors file
-// (bench/peers/sync_delta.py writes them and times torch on the same pair).
+// (scripts/bench-peers times the same pair with delta-peer, against torch).
 std::string delta_pair(const std::string& path, int reps) {
   const safetensors_file f(path);
   const tensor_view prev = f.tensor("prev"), now = f.tensor("now");
