@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The fast paths of the advantage block against their definitions: the whitening statistics GAE
-// and REINFORCE++ take in their own pass (detail::row_sums) against whiten_moments and an fp64
+// and REINFORCE++ take in their own pass (detail::whiten_sums) against whiten_moments and an fp64
 // two-pass reference, and the one-member-per-lane group moments against canonical_sum.
 #include <rlpt/advantage.hpp>
 #if __has_include(<rlpt/core/thread_pool.hpp>)

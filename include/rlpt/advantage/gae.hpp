@@ -60,12 +60,12 @@ namespace detail {
 //! delta = r + gamma * V_next - V, A = delta + gamma_lambda * A, V_next = V; masked tokens follow
 //! `Mode` through selects (never multiplies), so garbage there cannot leak. values == null means
 //! V = 0 (discounted returns with gamma_lambda = gamma). Writes A (and A + V) at valid tokens and
-//! 0 at masked ones, the sequence's whitening sums of the written advantages (row_sums), and
+//! 0 at masked ones, the sequence's whitening sums of the written advantages (whiten_sums), and
 //! ok[b] = 0 when a valid output (or the bootstrap) is not finite (a NaN/inf input).
 template <mask_mode Mode, bool HasValues, bool HasMask>
 void recurrence_rows(const token_layout& layout, const float* r, const float* v, const mask_t* m, const float* boot,
                      double gamma, double gamma_lambda, float* adv, float* ret, index_t b0, index_t b1,
-                     row_sums* sums, mask_t* ok) {
+                     whiten_sums* sums, mask_t* ok) {
   const auto boot_of = [&](index_t b) { return boot ? static_cast<double>(boot[b]) : 0.0; };
   const auto finish = [&](index_t b) {
     ok[b] = (std::isfinite(sums[b].s2) && std::isfinite(boot_of(b))) ? 1 : 0;
@@ -82,7 +82,7 @@ void recurrence_rows(const token_layout& layout, const float* r, const float* v,
 }
 
 using recurrence_fn = void (*)(const token_layout&, const float*, const float*, const mask_t*, const float*, double,
-                               double, float*, float*, index_t, index_t, row_sums*, mask_t*);
+                               double, float*, float*, index_t, index_t, whiten_sums*, mask_t*);
 
 template <mask_mode Mode>
 recurrence_fn recurrence_for(bool has_values, bool has_mask) {
@@ -136,7 +136,7 @@ inline std::vector<index_t> run_recurrence(const token_layout& layout, view<cons
                                            view<const float> bootstrap, double gamma, double gamma_lambda,
                                            mask_mode mode, view<float> adv, view<float> ret, nonfinite policy,
                                            float poison, const char* what, const host_executor& ex,
-                                           std::vector<row_sums>& sums) {
+                                           std::vector<whiten_sums>& sums) {
   const recurrence_fn fn = recurrence_for(mode, !values.empty(), !mask.empty());
   const mask_t* m = mask.empty() ? nullptr : mask.data();
   const auto num = static_cast<std::size_t>(layout.num_seqs());
@@ -175,12 +175,12 @@ inline std::vector<index_t> run_recurrence(const token_layout& layout, view<cons
                                            view<const float> bootstrap, double gamma, double gamma_lambda,
                                            mask_mode mode, view<float> adv, view<float> ret, nonfinite policy,
                                            float poison, const char* what, const host_executor& ex) {
-  std::vector<row_sums> sums;
+  std::vector<whiten_sums> sums;
   return run_recurrence(layout, rewards, values, mask, bootstrap, gamma, gamma_lambda, mode, adv, ret, policy, poison,
                         what, ex, sums);
 }
 
-//! Recurrence + whitening with the statistics taken in the same pass (row_sums of every sequence
+//! Recurrence + whitening with the statistics taken in the same pass (whiten_sums of every sequence
 //! whose outputs are finite, merged in sequence order: the same bits as whiten_moments over the
 //! advantages), then applied in one streaming pass; one pass less over memory than whiten().
 inline std::vector<index_t> run_recurrence_whitened(const token_layout& layout, view<const float> rewards,
@@ -189,7 +189,7 @@ inline std::vector<index_t> run_recurrence_whitened(const token_layout& layout, 
                                                     mask_mode mode, view<float> adv, view<float> ret, nonfinite policy,
                                                     const whiten_options& w, const char* what,
                                                     const host_executor& ex, whiten_result& result) {
-  std::vector<row_sums> sums;
+  std::vector<whiten_sums> sums;
   const std::vector<index_t> bad =
       run_recurrence(layout, rewards, values, mask, bootstrap, gamma, gamma_lambda, mode, adv, ret, policy,
                      std::numeric_limits<float>::quiet_NaN(), what, ex, sums);

@@ -137,9 +137,9 @@ inline std::string name_nonfinite_tokens(const token_layout& layout, view<const 
 
 namespace detail {
 
-//! Whitening sums (row_sums, detail/recurrence.hpp) of the valid, finite values of one sequence;
+//! Whitening sums (whiten_sums, detail/recurrence.hpp) of the valid, finite values of one sequence;
 //! adds the valid non-finite ones to `nonfinite`.
-inline row_sums sums_of_row(const float* x, const mask_t* m, index_t n, index_t& nonfinite) {
+inline whiten_sums sums_of_row(const float* x, const mask_t* m, index_t n, index_t& nonfinite) {
   lanes::state<double, bool> s = lanes::start(0.0);
   for (index_t t = n - 1; t >= 0; --t) {
     const bool valid = m == nullptr || m[t] != 0;
@@ -151,16 +151,16 @@ inline row_sums sums_of_row(const float* x, const mask_t* m, index_t n, index_t&
 }
 
 //! The batch's moments: the sequences' moments merged in sequence order.
-inline moments merge_rows(const std::vector<row_sums>& sums) {
+inline moments merge_rows(const std::vector<whiten_sums>& sums) {
   moments total;
-  for (const row_sums& r : sums) total.merge(moments_of(r));
+  for (const whiten_sums& r : sums) total.merge(moments_of(r));
   return total;
 }
 
 } // namespace detail
 
 //! This rank's (count, mean, M2) over its valid tokens: one-pass shifted fp64 sums per sequence
-//! (detail::row_sums documents the order), merged in sequence order, so the same bits for any
+//! (detail::whiten_sums documents the order), merged in sequence order, so the same bits for any
 //! thread count, and the same as the statistics gae() takes in its own pass. Non-finite values at
 //! valid tokens raise or, under nonfinite::mask, are left out.
 [[nodiscard]] inline moments whiten_moments(const token_layout& layout, view<const float> x, view<const mask_t> mask,
@@ -168,7 +168,7 @@ inline moments merge_rows(const std::vector<row_sums>& sums) {
   layout.expect_tokens("values", x);
   detail::expect_mask(layout, mask);
   const mask_t* m = mask.empty() ? nullptr : mask.data();
-  std::vector<detail::row_sums> sums(static_cast<std::size_t>(layout.num_seqs()));
+  std::vector<detail::whiten_sums> sums(static_cast<std::size_t>(layout.num_seqs()));
   const index_t nonfinite = ex.parallel_reduce(
       layout.num_seqs(), detail::seq_grain(layout), index_t{0},
       [&](index_t b0, index_t b1) {

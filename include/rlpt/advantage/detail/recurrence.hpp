@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file
 //! Host kernel of the reverse token recurrences (GAE, discounted returns) with the whitening
-//! statistics they feed taken in the same pass (fixed order, documented on row_sums).
+//! statistics they feed taken in the same pass (fixed order, documented on whiten_sums).
 //!
 //! The recurrence runs backwards over one sequence at a time in fp64. (Eight sequences in SIMD
 //! lanes over transposed 8 x 8 tiles were tried: with the fused statistics in fp64 the vector
@@ -31,7 +31,7 @@ namespace detail {
 //! in fp64, each starting at +0.0 (tokens that do not count add +0.0). The shift keeps the
 //! one-pass sums free of cancellation (a constant sequence has s1 = s2 = 0 exactly). A batch's
 //! moments merge the sequences' moments in sequence order (Chan), whatever the thread count.
-struct row_sums {
+struct whiten_sums {
   double count = 0.0;
   double shift = 0.0;
   double s1 = 0.0;
@@ -39,7 +39,7 @@ struct row_sums {
 };
 
 //! (count, mean, M2) of one sequence from its sums.
-inline moments moments_of(const row_sums& r) {
+inline moments moments_of(const whiten_sums& r) {
   moments m;
   if (r.count == 0.0) return m;
   const double q = r.s1 / r.count;
@@ -59,7 +59,7 @@ namespace lanes {
 template <class V, class M>
 struct state {
   V acc, next;                  // A_{t+1} and V_{t+1} as the recurrence carries them
-  V count, shift, s1, s2;       // row_sums
+  V count, shift, s1, s2;       // whiten_sums
   M have;                       // shift is set
 };
 
@@ -99,7 +99,7 @@ RLPT_ADVANTAGE_INLINE void add_value(const V& x, const M& counts, state<V, M>& s
 
 RLPT_ADVANTAGE_INLINE state<double, bool> start(double boot) { return {0.0, boot, 0.0, 0.0, 0.0, 0.0, false}; }
 
-RLPT_ADVANTAGE_INLINE row_sums sums_of(const state<double, bool>& s) { return {s.count, s.shift, s.s1, s.s2}; }
+RLPT_ADVANTAGE_INLINE whiten_sums sums_of(const state<double, bool>& s) { return {s.count, s.shift, s.s1, s.s2}; }
 
 //! One sequence of n tokens, from its last token to its first.
 template <mask_mode Mode, bool HasValues, bool HasMask>
