@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The smallest rlpt program: rewards of 2 prompts x 4 samples -> GRPO advantages -> the PPO-clip
 // loss of a padded [8, 5] batch of token log-probs and its gradient. Eigen holds every array;
-// rlpt reads and writes it in place through views. Presets: verl's numbers.
+// rlpt reads and writes it in place: vectors and row-major matrices pass as views directly.
+// Presets: verl's numbers.
 #include <rlpt/advantage.hpp>
 #include <rlpt/objective.hpp>
 
@@ -11,7 +12,6 @@
 
 using Tokens = Eigen::Matrix<float, 8, 5, Eigen::RowMajor>; // [B, T] row-major = padded layout
 using Mask = Eigen::Matrix<rlpt::mask_t, 8, 5, Eigen::RowMajor>;
-template <class E> auto view_of(E& e) { return rlpt::view(e.data(), static_cast<rlpt::index_t>(e.size())); }
 
 int main() {
   Eigen::VectorXf rewards(8), adv(8);
@@ -19,8 +19,7 @@ int main() {
   Eigen::Matrix<std::int64_t, 8, 1> prompt;
   prompt << 0, 0, 0, 0, 1, 1, 1, 1; // which prompt each answer belongs to
   const rlpt::group_stats st =
-      rlpt::grpo_advantages(view_of(rewards), rlpt::groups::from_ids(view_of(prompt)), view_of(adv),
-                            rlpt::compat::verl::grpo());
+      rlpt::grpo_advantages(rewards, rlpt::groups::from_ids(prompt), adv, rlpt::compat::verl::grpo());
 
   const Tokens old_logp = Tokens::Constant(-1.2f);
   const Tokens logp = old_logp + 0.3f * Tokens::Random(); // the policy moved since sampling
@@ -29,9 +28,9 @@ int main() {
   Tokens grad;
   const rlpt::objective obj = rlpt::compat::verl::actor({.clip_ratio_low = 0.2, .clip_ratio_high = 0.28});
   const rlpt::objective_result r = rlpt::evaluate(
-      obj, rlpt::objective_inputs{.layout = rlpt::token_layout::padded(8, 5), .mask = view_of(mask),
-                                  .logp = view_of(logp), .old_logp = view_of(old_logp), .seq_adv = view_of(adv)},
-      {.logp = view_of(grad)});
+      obj, rlpt::objective_inputs{.layout = rlpt::token_layout::padded(8, 5), .mask = mask, .logp = logp,
+                                  .old_logp = old_logp, .seq_adv = adv},
+      {.logp = grad});
 
   std::printf("advantages: ");
   for (float a : adv) std::printf("%+.3f ", a);

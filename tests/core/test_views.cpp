@@ -6,6 +6,7 @@
 #include "support/errors.hpp"
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <span>
@@ -58,6 +59,16 @@ TEST_CASE("view wraps caller memory without copying") {
   RLPT_CHECK_ERROR(a.subview(3, 4), "rlpt.view.out_of_range", "[3, 7)", "5 elements");
   static_assert(!std::is_convertible_v<rlpt::device_view<float>, rlpt::view<float>>,
                 "device memory must not pass where host memory is expected");
+  // An lvalue device view is a range too (of device pointers): it must not become a host view.
+  static_assert(!std::is_convertible_v<rlpt::device_view<float>&, rlpt::view<float>>);
+  static_assert(!std::is_convertible_v<const rlpt::device_view<const float>&, rlpt::view<const float>>);
+  // Nor a buffer class with only data() and size(), as device buffers often are: the Eigen
+  // conversion asks for innerStride() too.
+  struct buffer {
+    float* data() const { return nullptr; }
+    std::size_t size() const { return 0; }
+  };
+  static_assert(!std::is_convertible_v<buffer&, rlpt::view<float>>);
 }
 
 TEST_CASE("view2d: row stride, contiguity and rejected overlapping rows") {

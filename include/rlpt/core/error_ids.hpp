@@ -327,6 +327,8 @@ namespace view {
 inline constexpr error_id bad_shape{"rlpt.view.bad_shape"};
 //! a 2-D view row stride is smaller than its columns
 inline constexpr error_id bad_stride{"rlpt.view.bad_stride"};
+//! an object given as a view has non-contiguous elements (a strided Eigen Map, padded rows in a 1-D view)
+inline constexpr error_id not_contiguous{"rlpt.view.not_contiguous"};
 //! a subview falls outside its view
 inline constexpr error_id out_of_range{"rlpt.view.out_of_range"};
 //! a view has another number of elements than the call needs

@@ -15,16 +15,26 @@
 //!     auto no = rlpt::token_layout::packed(std::vector<rlpt::index_t>{0, 3, 7}); // does not compile
 //!
 //! Temporaries that are themselves views (std::span, rlpt::view) are fine.
+//!
+//! Eigen objects convert too, without this header including Eigen: a vector, Map, Ref or
+//! row-major matrix (anything with `data()`, `size()` and `innerStride()`) to a `view`, a
+//! row-major matrix or map (`rows()`, `cols()`, `outerStride()`, `IsRowMajor`) to a `view2d`.
+//! Their elements must be contiguous (unit inner stride; a 1-D view also needs rows without
+//! padding), checked at run time (rlpt.view.not_contiguous); a column-major matrix does not
+//! compile, since rlpt's [rows, cols] inputs are row-major. Temporary Eigen objects, Maps
+//! included, do not convert: keep them in a variable.
 #pragma once
 
 #include <rlpt/config.hpp>
 #include <rlpt/core/error.hpp>
 
+#include <concepts>
 #include <cstddef>
 #include <limits>
 #include <span>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 
 RLPT_NAMESPACE_BEGIN
 
@@ -38,12 +48,76 @@ template <class R>
 inline constexpr bool may_borrow =
     std::is_lvalue_reference_v<R> || std::ranges::enable_borrowed_range<std::remove_cvref_t<R>>;
 
+//! rlpt's own views (and anything else tagged with a memory space) convert only through their
+//! own constructors, which keep the space: a device_view is a range too, of device pointers.
+template <class R>
+concept memory_tagged =
+    requires { requires std::is_same_v<std::remove_cv_t<decltype(std::remove_cvref_t<R>::space)>, memory_space>; };
+
+//! `P` points at elements a view of `T` may refer to (T itself, or T's non-const for a const T).
+template <class P, class T>
+concept element_pointer = std::is_pointer_v<P> && std::is_convertible_v<std::remove_pointer_t<P> (*)[], T (*)[]>;
+
+//! Dense strided storage std::span does not take: Eigen vectors, maps, refs and matrices
+//! (duck-typed, Eigen is not included). `innerStride()` is required, not only data() and size():
+//! a device buffer class with those two would otherwise pass for host memory.
+template <class R, class T>
+concept dense_storage = !memory_tagged<R> && !std::is_constructible_v<std::span<T>, R&> && requires(R& r) {
+  requires element_pointer<decltype(r.data()), T>;
+  { r.size() } -> std::convertible_to<index_t>;
+  { r.innerStride() } -> std::convertible_to<index_t>;
+};
+
+//! A row-major Eigen-like matrix (static IsRowMajor) with a row stride (outerStride()).
+template <class M, class T>
+concept dense_matrix = !memory_tagged<M> && requires(M& m) {
+  requires element_pointer<decltype(m.data()), T>;
+  { m.rows() } -> std::convertible_to<index_t>;
+  { m.cols() } -> std::convertible_to<index_t>;
+  { m.outerStride() } -> std::convertible_to<index_t>;
+  { m.innerStride() } -> std::convertible_to<index_t>;
+  { std::remove_cvref_t<M>::IsRowMajor } -> std::convertible_to<bool>;
+};
+
+//! Whether reading dense storage in memory order gives rlpt's row-major order: a row-major
+//! matrix or a compile-time vector does; a column-major matrix does not (Eigen's default).
+template <class E>
+consteval bool flat_order_is_row_major() {
+  if constexpr (requires { E::IsRowMajor; E::IsVectorAtCompileTime; })
+    return static_cast<bool>(E::IsRowMajor) || static_cast<bool>(E::IsVectorAtCompileTime);
+  else
+    return true;
+}
+
 //! Raised by the view constructors on the host: a negative size, or a 2-D shape that is negative
 //! or has more elements than index_t counts, never makes a view. (Device code builds views from
 //! values the host validated.)
 [[noreturn]] inline void bad_view_size(index_t size);
 [[noreturn]] inline void bad_view2d_shape(index_t rows, index_t cols);
 [[noreturn]] inline void bad_subview(index_t offset, index_t count, index_t size);
+[[noreturn]] inline void not_contiguous_inner(index_t inner_stride, index_t size);
+[[noreturn]] inline void not_contiguous_columns(index_t rows, index_t cols, index_t inner_stride);
+[[noreturn]] inline void not_contiguous_outer(index_t outer_size, index_t inner_size, index_t outer_stride);
+
+//! The run-time half of the dense-storage conversion to a 1-D view: consecutive elements
+//! (unit inner stride, unless there is at most one) and, for a matrix, no padding between its
+//! rows (outer stride == inner size, unless there is at most one row).
+template <class R>
+void expect_contiguous_storage(const R& r) {
+  const auto size = static_cast<index_t>(r.size());
+  const auto inner = static_cast<index_t>(r.innerStride());
+  if (RLPT_UNLIKELY(inner != 1 && size > 1)) not_contiguous_inner(inner, size);
+  if constexpr (requires {
+                  r.outerSize();
+                  r.innerSize();
+                  r.outerStride();
+                }) {
+    const auto outer_size = static_cast<index_t>(r.outerSize());
+    const auto inner_size = static_cast<index_t>(r.innerSize());
+    const auto outer = static_cast<index_t>(r.outerStride());
+    if (RLPT_UNLIKELY(outer_size > 1 && outer != inner_size)) not_contiguous_outer(outer_size, inner_size, outer);
+  }
+}
 
 } // namespace detail
 
@@ -66,7 +140,7 @@ public:
   //! Host views borrow anything std::span accepts (vectors, arrays, spans) that outlives them.
   template <class R>
     requires(Space == memory_space::host && std::is_constructible_v<std::span<T>, R&> &&
-             !std::is_same_v<std::remove_cvref_t<R>, view> && detail::may_borrow<R>)
+             !detail::memory_tagged<R> && detail::may_borrow<R>)
   constexpr view(R&& r) noexcept // NOLINT(google-explicit-constructor): views convert implicitly
       : view(std::span<T>(r)) {}
 
@@ -74,7 +148,27 @@ public:
   //! the container in a variable (or pass a std::span of it to say the borrow is intended).
   template <class R>
     requires(Space == memory_space::host && std::is_constructible_v<std::span<T>, R&> &&
-             !std::is_same_v<std::remove_cvref_t<R>, view> && !detail::may_borrow<R>)
+             !detail::memory_tagged<R> && !detail::may_borrow<R>)
+  view(R&& r) = delete;
+
+  //! Host views borrow dense Eigen storage the caller keeps: a vector, Map, Ref, or a row-major
+  //! matrix read row after row. Non-contiguous storage (a strided Map, a column of a row-major
+  //! matrix, a padded block) raises rlpt::error (rlpt.view.not_contiguous).
+  template <class R>
+    requires(Space == memory_space::host && detail::dense_storage<R, T> && detail::may_borrow<R>)
+  view(R&& r) // NOLINT(google-explicit-constructor): views convert implicitly
+      : view(r.data(), static_cast<index_t>(r.size())) {
+    static_assert(detail::flat_order_is_row_major<std::remove_cvref_t<R>>(),
+                  "rlpt::view of a column-major Eigen matrix: its memory order is column by column, rlpt's "
+                  "[rows, cols] data is row-major. Use Eigen::RowMajor, or map its data() as a vector "
+                  "if the column order is what you mean.");
+    detail::expect_contiguous_storage(r);
+  }
+
+  //! Eigen temporaries do not convert: a temporary matrix dies at the end of the full expression,
+  //! and a temporary Map cannot be told apart from it here. Keep the object in a variable.
+  template <class R>
+    requires(Space == memory_space::host && detail::dense_storage<R, T> && !detail::may_borrow<R>)
   view(R&& r) = delete;
 
   template <std::size_t N>
@@ -148,6 +242,27 @@ public:
                "view2d of {} rows with row stride {} overflows a 64-bit index", rows, row_stride);
   }
 
+  //! A row-major Eigen matrix, Map or block the caller keeps, its outerStride() the row stride.
+  //! A non-unit inner stride raises rlpt::error (rlpt.view.not_contiguous); a column-major
+  //! matrix does not compile.
+  template <class M>
+    requires(Space == memory_space::host && detail::dense_matrix<M, T> && detail::may_borrow<M>)
+  view2d(M&& m) { // NOLINT(google-explicit-constructor): views convert implicitly
+    static_assert(std::remove_cvref_t<M>::IsRowMajor,
+                  "rlpt::view2d of a column-major Eigen matrix: view2d is row-major (contiguous columns, a row "
+                  "stride). Use Eigen::Matrix<T, Rows, Cols, Eigen::RowMajor> or a Map of one.");
+    const auto rows = static_cast<index_t>(m.rows());
+    const auto cols = static_cast<index_t>(m.cols());
+    const auto inner = static_cast<index_t>(m.innerStride());
+    if (RLPT_UNLIKELY(inner != 1 && cols > 1)) detail::not_contiguous_columns(rows, cols, inner);
+    *this = view2d(m.data(), rows, cols, static_cast<index_t>(m.outerStride()));
+  }
+
+  //! Temporaries do not convert (see view): keep the matrix or Map in a variable.
+  template <class M>
+    requires(Space == memory_space::host && detail::dense_matrix<M, T> && !detail::may_borrow<M>)
+  view2d(M&& m) = delete;
+
   template <class U>
     requires(std::is_convertible_v<U (*)[], T (*)[]> && !std::is_same_v<U, T>)
   RLPT_HD constexpr view2d(view2d<U, Space> o) noexcept
@@ -172,6 +287,15 @@ private:
   index_t row_stride_ = 0;
 };
 
+template <class M>
+  requires requires(M& m) {
+    m.rows();
+    m.cols();
+    m.outerStride();
+    *m.data();
+  }
+view2d(M&&) -> view2d<std::remove_reference_t<decltype(*std::declval<M&>().data())>>;
+
 template <class T> using device_view = view<T, memory_space::device>;
 template <class T> using device_view2d = view2d<T, memory_space::device>;
 
@@ -188,6 +312,27 @@ inline void bad_subview(index_t offset, index_t count, index_t size) {
     RLPT_FAIL(errors::view::out_of_range, "subview of {} elements at offset {} is outside a view of {} elements", count,
               offset, size);
   RLPT_FAIL(errors::view::out_of_range, "subview [{}, {}) is outside a view of {} elements", offset, end, size);
+}
+
+inline void not_contiguous_inner(index_t inner_stride, index_t size) {
+  RLPT_FAIL(errors::view::not_contiguous,
+            "view of {} elements that are {} apart (inner stride {}): a view needs contiguous elements; copy them, or "
+            "map them with a unit inner stride",
+            size, inner_stride, inner_stride);
+}
+
+inline void not_contiguous_columns(index_t rows, index_t cols, index_t inner_stride) {
+  RLPT_FAIL(errors::view::not_contiguous,
+            "view2d of a [{}, {}] matrix whose columns are {} elements apart (inner stride {}): a view2d needs "
+            "contiguous columns; copy it, or map it with a unit inner stride",
+            rows, cols, inner_stride, inner_stride);
+}
+
+inline void not_contiguous_outer(index_t outer_size, index_t inner_size, index_t outer_stride) {
+  RLPT_FAIL(errors::view::not_contiguous,
+            "view of a matrix whose {} rows of {} elements are {} apart (outer stride {}): a 1-D view needs them "
+            "back to back; pass it as a view2d (row stride) or copy it",
+            outer_size, inner_size, outer_stride, outer_stride);
 }
 
 inline void bad_view2d_shape(index_t rows, index_t cols) {
