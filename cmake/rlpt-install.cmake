@@ -5,18 +5,20 @@ include(CMakePackageConfigHelpers)
 set(RLPT_CMAKE_DIR "${CMAKE_INSTALL_DATADIR}/cmake/rlpt"
   CACHE STRING "Where rlpt's CMake package files are installed, relative to the prefix")
 
+# core always; the others where their dependencies were found (CMakeLists.txt).
 set(_rlpt_components core)
-if(TARGET rlpt_cuda)
-  list(APPEND _rlpt_components cuda)
-endif()
-if(TARGET rlpt_nccl)
-  list(APPEND _rlpt_components nccl)
-endif()
+foreach(comp IN ITEMS lm_head cuda cuda_lm_head nccl)
+  if(TARGET rlpt_${comp})
+    list(APPEND _rlpt_components ${comp})
+  endif()
+endforeach()
 
-# One export set per component, so a consumer without CUDA never loads CUDA targets.
+# One export set per component, so a consumer never loads targets (and their dependencies:
+# Eigen, CUDA, cuBLAS, NCCL) of a component it did not ask for.
 set(_rlpt_export_core rlpt)
-set(_rlpt_export_cuda rlpt_cuda)
-set(_rlpt_export_nccl rlpt_nccl)
+foreach(comp IN ITEMS lm_head cuda cuda_lm_head nccl)
+  set(_rlpt_export_${comp} rlpt_${comp})
+endforeach()
 
 configure_package_config_file(
   "${CMAKE_CURRENT_LIST_DIR}/rlpt-config.cmake.in"
@@ -46,7 +48,19 @@ if(RLPT_INSTALL)
     "${CMAKE_CURRENT_LIST_DIR}/FindNCCL.cmake"
     DESTINATION "${RLPT_CMAKE_DIR}")
 
+  # The prefix relative to the .pc file, so that `cmake --install --prefix` elsewhere still holds.
+  if(IS_ABSOLUTE "${CMAKE_INSTALL_DATADIR}")
+    set(RLPT_PC_PREFIX "${CMAKE_INSTALL_PREFIX}")
+  else()
+    file(RELATIVE_PATH _rlpt_pc_up "/${CMAKE_INSTALL_DATADIR}/pkgconfig" "/")
+    string(REGEX REPLACE "/$" "" _rlpt_pc_up "${_rlpt_pc_up}")
+    set(RLPT_PC_PREFIX "\${pcfiledir}/${_rlpt_pc_up}")
+  endif()
   configure_file("${CMAKE_CURRENT_LIST_DIR}/rlpt.pc.in" "${PROJECT_BINARY_DIR}/rlpt.pc" @ONLY)
   install(FILES "${PROJECT_BINARY_DIR}/rlpt.pc" DESTINATION "${CMAKE_INSTALL_DATADIR}/pkgconfig")
+  if(TARGET rlpt_lm_head)
+    configure_file("${CMAKE_CURRENT_LIST_DIR}/rlpt-lm-head.pc.in" "${PROJECT_BINARY_DIR}/rlpt-lm-head.pc" @ONLY)
+    install(FILES "${PROJECT_BINARY_DIR}/rlpt-lm-head.pc" DESTINATION "${CMAKE_INSTALL_DATADIR}/pkgconfig")
+  endif()
   install(FILES LICENSE README.md DESTINATION "${CMAKE_INSTALL_DOCDIR}")
 endif()

@@ -5,6 +5,7 @@
 // measured in the same run with the same thread count. The side-by-side comparison with torch,
 // verl and TRL is scripts/bench-peers (bench/peers/blocks/logprob.py).
 #include <rlpt/logprob.hpp>
+#include <rlpt/logprob/lm_head.hpp>
 #include <rlpt/core/thread_pool.hpp>
 
 #include "support/bandwidth.hpp"

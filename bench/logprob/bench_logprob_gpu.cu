@@ -22,6 +22,7 @@
 // ~90 passes over 5 GB of logits, ~30 lm-head calls of ~25 ms each. --quick shrinks the token
 // counts and the lm-head vocabulary 8x (a smoke run; the memory target is not meaningful there).
 #include <rlpt/cuda/logprob.cuh>
+#include <rlpt/cuda/logprob/lm_head.cuh>
 
 #include "support/gpu_limits.cuh"
 

@@ -6,6 +6,9 @@
 // review of the never-run device code found (issue 16) or a conformance point (issue 19).
 #include <rlpt/logprob.hpp>
 #include <rlpt/logprob/detail/device_rows.hpp>
+#ifdef RLPT_TEST_LM_HEAD // component lm_head (Eigen) found: tests/logprob/CMakeLists.txt
+#include <rlpt/logprob/lm_head.hpp>
+#endif
 
 #include "device_model.hpp"
 #include "reference.hpp"
@@ -390,12 +393,14 @@ TEST_CASE("a logits view with a negative extent is reported as such, before any 
         rlpt::vocab_parallel_local(rlpt::view2d<const float>(x.data(), -2, 10), t, {.begin = 0, .vocab = 10}, comm, lm);
       },
       "[-2, 10]");
+#ifdef RLPT_TEST_LM_HEAD
   expect_negative(
       [&] {
         rlpt::fused_lm_head_logprob(rlpt::view2d<const float>(x.data(), -1, 10),
                                     rlpt::view2d<const float>(x.data(), 10, 10), t, {.logp = logp});
       },
       "[-1, 10]");
+#endif
   // the entry points' own check, on a shape a view can hold: a row stride below the columns
   RLPT_CHECK_ERROR(rlpt::detail::check_logits_shape(3, 10, 4, true), "rlpt.logprob.shape_mismatch", "row stride 4",
                    "overlap");

@@ -16,7 +16,14 @@
 //!
 //! Extra memory: forward, per worker, token_tile·(D + vocab_tile) + vocab_tile·D floats;
 //! backward, N·vocab_tile + vocab_tile·D floats plus the per-worker tiles. Independent of V.
+//!
+//! The one host header that needs Eigen, so no umbrella includes it: include it by name and link
+//! rlpt::lm_head (`find_package(rlpt COMPONENTS lm_head)`), or put Eigen 3.4 on the include path.
 #pragma once
+
+#if !__has_include(<Eigen/Core>) // name the component, not only "no such file"
+#error "<rlpt/logprob/lm_head.hpp> needs Eigen 3.4: link rlpt::lm_head (find_package(rlpt COMPONENTS lm_head)) or add Eigen's include directory (e.g. -I /usr/include/eigen3)"
+#endif
 
 #include <rlpt/config.hpp>
 #include <rlpt/core/dtype.hpp>

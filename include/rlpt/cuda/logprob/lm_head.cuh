@@ -20,6 +20,9 @@
 //! had (cublas_stream_scope: switched only when it differs, since cublasSetStream also resets a
 //! workspace set with cublasSetWorkspace). With device_lm_head_options::fold_stream the forward's
 //! folds overlap the next GEMM.
+//!
+//! The one device header that calls cuBLAS, so no umbrella includes it: include it by name and
+//! link rlpt::cuda_lm_head (rlpt::cuda + CUDA::cublas).
 #pragma once
 
 #include <rlpt/config.hpp>
