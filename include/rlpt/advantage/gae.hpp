@@ -110,7 +110,7 @@ inline std::string name_bad_tokens(const token_layout& layout, const std::vector
                                    view<const float> bootstrap, index_t& count) {
   std::string listed;
   count = 0;
-  auto note = [&](std::string s) {
+  auto note = [&](const std::string& s) {
     if (count < max_named) listed += (count ? ", " : "") + s;
     ++count;
   };
@@ -190,7 +190,7 @@ inline std::vector<index_t> run_recurrence_whitened(const token_layout& layout, 
                                                     const whiten_options& w, const char* what,
                                                     const host_executor& ex, whiten_result& result) {
   std::vector<whiten_sums> sums;
-  const std::vector<index_t> bad =
+  std::vector<index_t> bad =
       run_recurrence(layout, rewards, values, mask, bootstrap, gamma, gamma_lambda, mode, adv, ret, policy,
                      std::numeric_limits<float>::quiet_NaN(), what, ex, sums);
   for (index_t b : bad) sums[static_cast<std::size_t>(b)] = {}; // poisoned: left out (count 0)

@@ -52,7 +52,7 @@ struct bf16 {
   RLPT_HD explicit operator float() const { return detail::bits_float(std::uint32_t{bits} << 16); }
 
   [[nodiscard]] RLPT_HD static bf16 from_bits(std::uint16_t b) {
-    bf16 r;
+    bf16 r{};
     r.bits = b;
     return r;
   }
@@ -75,7 +75,7 @@ struct f16 {
   RLPT_HD explicit operator float() const { return to_float(bits); }
 
   [[nodiscard]] RLPT_HD static f16 from_bits(std::uint16_t b) {
-    f16 r;
+    f16 r{};
     r.bits = b;
     return r;
   }

@@ -20,6 +20,7 @@
 #include <limits>
 #include <memory>
 #include <new>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -56,7 +57,7 @@ public:
 
   //! Contiguous groups: group g is sequences [offsets[g], offsets[g+1]). Empty groups are errors.
   [[nodiscard]] static groups from_offsets(view<const index_t> offsets) {
-    RLPT_CHECK(offsets.size() >= 1 && offsets[0] == 0, errors::groups::bad_offsets,
+    RLPT_CHECK(!offsets.empty() && offsets[0] == 0, errors::groups::bad_offsets,
                "group offsets must have G + 1 entries starting at 0 (got {} entries, first {})", offsets.size(),
                offsets.empty() ? index_t{-1} : offsets[0]);
     detail::check_offsets(errors::groups::bad_offsets, "offsets", "group", offsets, true);
@@ -96,16 +97,16 @@ public:
   [[nodiscard]] index_t size(index_t g) const noexcept { return offsets_ptr()[g + 1] - offsets_ptr()[g]; }
   //! Sequence indices of group g, ascending.
   [[nodiscard]] view<const index_t> members(index_t g) const& noexcept {
-    return {store_.data() + offsets_ptr()[g], size(g)};
+    return stored(store_.data() + offsets_ptr()[g], size(g));
   }
   [[nodiscard]] index_t group_of(index_t item) const noexcept { return store_.data()[num_items_ + item]; }
   //! The caller's id of group g (its position for from_offsets/uniform).
   [[nodiscard]] std::int64_t id(index_t g) const noexcept { return store_.data()[ids_at_ + g]; }
 
   //! CSR arrays, e.g. to copy to a device: offsets (G + 1), members (N), group_of (N).
-  [[nodiscard]] view<const index_t> offsets() const& noexcept { return {offsets_ptr(), num_groups_ + 1}; }
-  [[nodiscard]] view<const index_t> members() const& noexcept { return {store_.data(), num_items_}; }
-  [[nodiscard]] view<const index_t> group_of() const& noexcept { return {store_.data() + num_items_, num_items_}; }
+  [[nodiscard]] view<const index_t> offsets() const& noexcept { return stored(offsets_ptr(), num_groups_ + 1); }
+  [[nodiscard]] view<const index_t> members() const& noexcept { return stored(store_.data(), num_items_); }
+  [[nodiscard]] view<const index_t> group_of() const& noexcept { return stored(store_.data() + num_items_, num_items_); }
 
   // Views into a temporary groups object would dangle: keep the groups in a variable.
   view<const index_t> members(index_t g) const&& = delete;
@@ -147,6 +148,13 @@ private:
   }
 
   [[nodiscard]] const index_t* offsets_ptr() const noexcept { return store_.data() + offsets_at_; }
+
+  //! A view of `n` stored entries. Every size here comes from the validated store and is never
+  //! negative, so the view is built through std::span, without view's (throwing) size check:
+  //! the accessors above are noexcept in fact, not only in name.
+  [[nodiscard]] static view<const index_t> stored(const index_t* p, index_t n) noexcept {
+    return std::span<const index_t>(p, static_cast<std::size_t>(n));
+  }
 
   //! Fibonacci hashing of an id into a table of 2^bits slots (the top bits of a multiplicative hash).
   static std::size_t slot_of(std::int64_t id, int bits) noexcept {

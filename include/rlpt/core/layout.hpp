@@ -55,7 +55,7 @@ public:
   //! The offsets are borrowed, not copied: they must outlive the layout (a temporary container
   //! does not convert to the view).
   static basic_token_layout packed(view<const index_t, Space> offsets) {
-    RLPT_CHECK(offsets.size() >= 1, errors::layout::bad_offsets,
+    RLPT_CHECK(!offsets.empty(), errors::layout::bad_offsets,
                "packed layout needs B + 1 offsets (cu_seqlens), got an empty array");
     basic_token_layout l;
     l.kind_ = layout_kind::packed;

@@ -301,7 +301,7 @@ RLPT_HD_FORCEINLINE void lse2_fold(lse_state2& st, const float (&z)[W]) {
   }
   if (st.m == -std::numeric_limits<float>::infinity()) { // nothing finite yet: keep NaN visible
     bool nan = false;
-    for (int k = 0; k < W; ++k) nan = nan || z[k] != z[k];
+    for (int k = 0; k < W; ++k) nan = nan || z[k] != z[k]; // NOLINT(misc-redundant-expression): NaN test
     if (nan) st.s = std::numeric_limits<float>::quiet_NaN();
     return;
   }

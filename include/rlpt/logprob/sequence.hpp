@@ -29,10 +29,10 @@ namespace detail {
 
 //! Maps logits row r of a layout to the token it predicts (row r + 1 in the same sequence).
 struct sequence_jobs {
-  const token_layout* layout;
+  const token_layout* layout = nullptr;
   view<const index_t> tokens;
   view<const mask_t> valid;
-  index_t ignore_index;
+  index_t ignore_index = 0;
 
   [[nodiscard]] row_job operator()(index_t r) const {
     bool has_next = false;

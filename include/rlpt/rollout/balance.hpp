@@ -81,7 +81,7 @@ struct partition {
   std::vector<double> loads{}; //!< cost per part
 
   [[nodiscard]] index_t num_parts() const noexcept { return static_cast<index_t>(offsets.size()) - 1; }
-  [[nodiscard]] view<const index_t> part(index_t p) const& noexcept {
+  [[nodiscard]] view<const index_t> part(index_t p) const& {
     return {items.data() + offsets[static_cast<std::size_t>(p)],
             offsets[static_cast<std::size_t>(p) + 1] - offsets[static_cast<std::size_t>(p)]};
   }
@@ -378,8 +378,10 @@ inline bool order_by_length(view<const double> w, const length_hint& h, std::vec
     for (std::size_t i = 0; i < n; ++i) order[i] = keys[i] & id_mask;
   } else
 #endif
-  if (bits + id_bits <= 32) radix_by_length<std::uint32_t>(h, bits, order.data());
-  else radix_by_length<std::uint64_t>(h, bits, order.data());
+  {
+    if (bits + id_bits <= 32) radix_by_length<std::uint32_t>(h, bits, order.data());
+    else radix_by_length<std::uint64_t>(h, bits, order.data());
+  }
   if (h.strict) return true;
   bool ok = true;
   for (std::size_t i = 1; i < n; ++i) {
@@ -475,7 +477,7 @@ __attribute__((target("avx2"))) inline void exchange_avx2(__m256i& a, __m256i& b
 __attribute__((target("avx2"))) inline void sort_runs16_avx2(std::uint64_t* v, std::size_t n) noexcept {
   for (std::size_t at = 0; at < n; at += 64) {
     __m256i r[16];
-    for (int j = 0; j < 16; ++j) r[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + at + 4 * j));
+    for (std::size_t j = 0; j < 16; ++j) r[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + at + 4 * j));
 #define RLPT_EX(a, b) exchange_avx2(r[a], r[b])
     RLPT_EX(0, 1), RLPT_EX(2, 3), RLPT_EX(0, 2), RLPT_EX(1, 3), RLPT_EX(1, 2), RLPT_EX(4, 5), RLPT_EX(6, 7),
     RLPT_EX(4, 6), RLPT_EX(5, 7), RLPT_EX(5, 6), RLPT_EX(0, 4), RLPT_EX(2, 6), RLPT_EX(2, 4), RLPT_EX(1, 5),
@@ -487,7 +489,7 @@ __attribute__((target("avx2"))) inline void sort_runs16_avx2(std::uint64_t* v, s
     RLPT_EX(5, 9), RLPT_EX(3, 11), RLPT_EX(7, 15), RLPT_EX(7, 11), RLPT_EX(3, 5), RLPT_EX(7, 9), RLPT_EX(11, 13),
     RLPT_EX(1, 2), RLPT_EX(3, 4), RLPT_EX(5, 6), RLPT_EX(7, 8), RLPT_EX(9, 10), RLPT_EX(11, 12), RLPT_EX(13, 14);
 #undef RLPT_EX
-    for (int m = 0; m < 4; ++m) {
+    for (std::size_t m = 0; m < 4; ++m) {
       const __m256i t0 = _mm256_unpacklo_epi64(r[4 * m], r[4 * m + 1]); // (r0[0], r1[0], r0[2], r1[2])
       const __m256i t1 = _mm256_unpackhi_epi64(r[4 * m], r[4 * m + 1]);
       const __m256i t2 = _mm256_unpacklo_epi64(r[4 * m + 2], r[4 * m + 3]);

@@ -49,7 +49,7 @@ struct batch_extra {
   index_t width = 1;
   detail::extra_storage values;
 
-  [[nodiscard]] dtype type() const noexcept { return detail::dtype_of_storage(values); }
+  [[nodiscard]] dtype type() const { return detail::dtype_of_storage(values); }
   template <class T>
   [[nodiscard]] view<const T> as() const& {
     const auto* v = std::get_if<std::vector<T>>(&values);
@@ -91,7 +91,7 @@ public:
   }
 
   //! Empties the batch, keeping its capacity.
-  void clear() noexcept {
+  void clear() {
     offsets_.assign(1, 0);
     tokens_.clear();
     loss_mask_.clear();
@@ -145,11 +145,11 @@ public:
   [[nodiscard]] view<const float> logprobs() const& noexcept { return logprobs_; }
   [[nodiscard]] view<const policy_version> versions() const& noexcept { return versions_; }
   //! [num_tokens, token_reward_channels]
-  [[nodiscard]] view2d<const float> token_rewards() const& noexcept {
+  [[nodiscard]] view2d<const float> token_rewards() const& {
     return {token_rewards_.data(), num_tokens(), schema_.token_reward_channels};
   }
   //! [size(), reward_channels]
-  [[nodiscard]] view2d<const float> rewards() const& noexcept {
+  [[nodiscard]] view2d<const float> rewards() const& {
     return {rewards_.data(), size(), schema_.reward_channels};
   }
   //! Reward channel `c` of every record as one contiguous column: what the advantage

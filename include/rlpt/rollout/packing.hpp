@@ -71,7 +71,7 @@ struct microbatch_plan {
   bool fell_back = false;          //!< KK kept overshooting the budget and FFD was used
 
   [[nodiscard]] index_t num_microbatches() const noexcept { return static_cast<index_t>(offsets.size()) - 1; }
-  [[nodiscard]] view<const index_t> microbatch(index_t m) const& noexcept {
+  [[nodiscard]] view<const index_t> microbatch(index_t m) const& {
     const auto u = static_cast<std::size_t>(m);
     return {items.data() + offsets[u], offsets[u + 1] - offsets[u]};
   }

@@ -89,11 +89,13 @@ using extra_storage = std::variant<std::vector<float>, std::vector<double>, std:
   RLPT_FAIL(errors::rollout::bad_extra, "unknown dtype code {}", static_cast<int>(t));
 }
 
-[[nodiscard]] inline dtype dtype_of_storage(const extra_storage& s) noexcept {
+// Not noexcept: std::visit throws std::bad_variant_access on a variant left valueless by a failed
+// assignment.
+[[nodiscard]] inline dtype dtype_of_storage(const extra_storage& s) {
   return std::visit([](const auto& v) { return dtype_of<typename std::decay_t<decltype(v)>::value_type>; }, s);
 }
 
-[[nodiscard]] inline index_t extra_elements(const extra_storage& s) noexcept {
+[[nodiscard]] inline index_t extra_elements(const extra_storage& s) {
   return std::visit([](const auto& v) { return isize(v.size()); }, s);
 }
 
@@ -129,15 +131,15 @@ struct token_extra {
   template <class T>
   token_extra(std::string n, index_t w, std::vector<T> v) : name(std::move(n)), width(w), values(std::move(v)) {}
 
-  [[nodiscard]] dtype type() const noexcept { return detail::dtype_of_storage(values); }
-  [[nodiscard]] index_t elements() const noexcept { return detail::extra_elements(values); }
+  [[nodiscard]] dtype type() const { return detail::dtype_of_storage(values); }
+  [[nodiscard]] index_t elements() const { return detail::extra_elements(values); }
   template <class T>
   [[nodiscard]] std::vector<T>& as() {
     auto* v = std::get_if<std::vector<T>>(&values);
     RLPT_CHECK(v != nullptr, errors::rollout::extra_dtype, "extra '{}' holds {}, not {}", name, type(), dtype_of<T>);
     return *v;
   }
-  [[nodiscard]] extra_view view() const& noexcept {
+  [[nodiscard]] extra_view view() const& {
     const void* p = std::visit([](const auto& v) -> const void* { return v.data(); }, values);
     return {name, type(), width, p, elements()};
   }
@@ -215,8 +217,8 @@ struct trajectory_view {
 
   [[nodiscard]] index_t size() const noexcept { return tokens.size(); }
   [[nodiscard]] index_t response_len() const noexcept { return tokens.size() - prompt_len; }
-  [[nodiscard]] view<const token_id> prompt() const noexcept { return {tokens.data(), prompt_len}; }
-  [[nodiscard]] view<const token_id> response() const noexcept {
+  [[nodiscard]] view<const token_id> prompt() const { return {tokens.data(), prompt_len}; }
+  [[nodiscard]] view<const token_id> response() const {
     return {tokens.data() + prompt_len, tokens.size() - prompt_len};
   }
   //! Tokens that count in the loss.

@@ -168,6 +168,7 @@ inline void check_candidate(const candidate& c, index_t i, policy_version curren
     // alive with deadline <= k must fit in steps current..k, so this step takes at least
     // min(wanted, alive(<= k) - (k - current)·wanted) of them.
     std::vector<std::pair<index_t, index_t>> by_deadline; // (deadline, +count)
+    by_deadline.reserve(usable.size() + pending.size());
     for (const index_t i : usable)
       by_deadline.emplace_back(static_cast<index_t>(ready[static_cast<std::size_t>(i)].version) + eta, 1);
     for (const auto& p : pending)

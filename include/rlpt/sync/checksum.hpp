@@ -51,6 +51,7 @@ namespace sync {
 //! Incremental XXH3-64: the same value as xxh3() over the concatenated updates.
 class xxh3_stream {
 public:
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init): reset() initializes state_
   xxh3_stream() noexcept { reset(); }
   void reset() noexcept { XXH3_64bits_reset(&state_); }
   void update(const void* data, std::size_t bytes) noexcept {

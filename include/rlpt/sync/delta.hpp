@@ -199,9 +199,9 @@ template <class U>
 inline std::uint64_t diff_word_sse2(const std::byte* a, const std::byte* b) noexcept {
   std::uint64_t eq = 0;
   for (unsigned k = 0; k < 4; ++k) { // 16 elements per k
-    const std::byte* pa = a + k * 16 * sizeof(U);
-    const std::byte* pb = b + k * 16 * sizeof(U);
-    auto load = [](const std::byte* p, unsigned j) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * j)); };
+    const std::byte* pa = a + std::size_t{k} * 16 * sizeof(U);
+    const std::byte* pb = b + std::size_t{k} * 16 * sizeof(U);
+    auto load = [](const std::byte* p, unsigned j) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + std::size_t{16} * j)); };
     unsigned m;
     if constexpr (sizeof(U) == 1) {
       m = static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(load(pa, 0), load(pb, 0))));

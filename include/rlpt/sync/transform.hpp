@@ -202,7 +202,7 @@ public:
         for (auto& [k, to] : moves) cur[k].name = to;
         check_unique(cur, rule);
       } else if (const auto* cc = std::get_if<concat>(&rules[r])) {
-        RLPT_CHECK(cc->inputs.size() >= 1, errors::sync::bad_transform, "{} (concat -> \"{}\") has no inputs", rule, cc->output);
+        RLPT_CHECK(!cc->inputs.empty(), errors::sync::bad_transform, "{} (concat -> \"{}\") has no inputs", rule, cc->output);
         for (const auto& p : cc->inputs) detail::check_pattern(p, rule);
         detail::check_pattern(cc->output, rule);
         std::vector<std::pair<std::string, std::string>> firsts; // (name, capture) of matches at rule start
@@ -319,6 +319,7 @@ private:
   template <class Cur>
   static void check_unique(const std::vector<Cur>& cur, std::string_view rule) {
     std::vector<std::string_view> names;
+    names.reserve(cur.size());
     for (const auto& c : cur) names.push_back(c.name);
     std::sort(names.begin(), names.end());
     const auto dup = std::adjacent_find(names.begin(), names.end());

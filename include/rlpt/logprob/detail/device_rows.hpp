@@ -50,15 +50,15 @@ template <class T>
 
 //! Arguments of the device backward kernels (pointers into device memory; null = absent).
 struct backward_args {
-  index_t rows, cols, stride, grad_stride;
+  index_t rows = 0, cols = 0, stride = 0, grad_stride = 0;
   tempering tp;
-  const float* dlogp;
-  const float* dentropy;
-  const float* logp; // the forward's logp: required with dlogp
-  const float* entropy;
-  const float* lse;
-  const float* threshold; // null: nothing truncated
-  const index_t* tie_last;
+  const float* dlogp = nullptr;
+  const float* dentropy = nullptr;
+  const float* logp = nullptr; // the forward's logp: required with dlogp
+  const float* entropy = nullptr;
+  const float* lse = nullptr;
+  const float* threshold = nullptr; // null: nothing truncated
+  const index_t* tie_last = nullptr;
 };
 
 //! What every block of a backward row needs, taken from the forward's outputs only. Never from

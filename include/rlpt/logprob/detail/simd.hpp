@@ -15,6 +15,7 @@
 #include <rlpt/logprob/math.hpp>
 
 #include <bit>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -240,7 +241,7 @@ RLPT_LOGPROB_HOST_INLINE vu<NB> load_halves(const void* p) {
   using U = typename native<NB>::u;
   constexpr int per = NB / 4; // 32-bit words per native vector
   U words[8 / per];
-  for (int k = 0; k < 8 / per; ++k) std::memcpy(&words[k], static_cast<const char*>(p) + k * NB, NB);
+  for (int k = 0; k < 8 / per; ++k) std::memcpy(&words[k], static_cast<const char*>(p) + std::ptrdiff_t{k} * NB, NB);
   vu<NB> r;
   constexpr int half = vu<NB>::parts / 2;
   for (int k = 0; k < half; ++k) {
@@ -253,7 +254,7 @@ RLPT_LOGPROB_HOST_INLINE vu<NB> load_halves(const void* p) {
 template <int NB>
 RLPT_LOGPROB_HOST_INLINE vf<NB> load(const float* p) {
   vf<NB> r;
-  for (int k = 0; k < vf<NB>::parts; ++k) std::memcpy(&r.p[k], p + k * (NB / 4), NB);
+  for (int k = 0; k < vf<NB>::parts; ++k) std::memcpy(&r.p[k], p + std::ptrdiff_t{k} * (NB / 4), NB);
   return r;
 }
 template <int NB>
@@ -308,7 +309,7 @@ RLPT_LOGPROB_HOST_INLINE void store(G* p, const vf<NB>& x) {
     constexpr int half = vu<NB>::parts / 2;
     for (int k = 0; k < half; ++k) {
       const U w = r.p[k] | (r.p[half + k] << 16);
-      std::memcpy(reinterpret_cast<char*>(p) + k * NB, &w, NB);
+      std::memcpy(reinterpret_cast<char*>(p) + std::ptrdiff_t{k} * NB, &w, NB);
     }
   } else {
     float t[lanes];

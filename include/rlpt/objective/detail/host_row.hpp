@@ -62,6 +62,7 @@ using host_chunk_data = token_chunk<T, host_chunk>;
 //! The per-row sums' count type on the host.
 using host_count = std::int64_t;
 
+// NOLINTBEGIN(bugprone-macro-parentheses): ATTR is a function attribute, which parentheses would break
 #define RLPT_OBJECTIVE_HOST_STAGES(ATTR)                                                                           \
   ATTR static int load(const objective_plan& p, const basic_objective_inputs<T>& in, index_t b, index_t i0, int n, \
                        host_chunk_data<T>& RLPT_OBJECTIVE_RESTRICT c) {                                             \
@@ -89,6 +90,7 @@ using host_count = std::int64_t;
     combine_chunk(p, k, i0, n, c, gr, a);                                                                           \
     return a;                                                                                                       \
   }
+// NOLINTEND(bugprone-macro-parentheses)
 
 //! The chunk stages for the default instruction set.
 template <class T>

@@ -92,15 +92,15 @@ RLPT_HD_FORCEINLINE R exp_r(R x) {
 
 template <class R>
 RLPT_HD_FORCEINLINE R log_r(R x) {
-  if constexpr (std::is_same_v<R, float>) {
 #if RLPT_DEVICE_PASS()
+  if constexpr (std::is_same_v<R, float>) {
     return ::logf(x);
-#else
-    return std::log(x);
-#endif
   } else {
     return std::log(x);
   }
+#else
+  return std::log(x);
+#endif
 }
 
 template <class R>
