@@ -190,9 +190,8 @@ inline std::vector<index_t> run_recurrence_whitened(const token_layout& layout, 
                                                     const whiten_options& w, const char* what,
                                                     const host_executor& ex, whiten_result& result) {
   std::vector<whiten_sums> sums;
-  std::vector<index_t> bad =
-      run_recurrence(layout, rewards, values, mask, bootstrap, gamma, gamma_lambda, mode, adv, ret, policy,
-                     std::numeric_limits<float>::quiet_NaN(), what, ex, sums);
+  std::vector<index_t> bad = run_recurrence(layout, rewards, values, mask, bootstrap, gamma, gamma_lambda, mode, adv,
+                                            ret, policy, std::numeric_limits<float>::quiet_NaN(), what, ex, sums);
   for (index_t b : bad) sums[static_cast<std::size_t>(b)] = {}; // poisoned: left out (count 0)
   whiten_options wo = w;
   if (!bad.empty()) wo.on_nonfinite = nonfinite::mask; // the poisoned sequences are left out

@@ -61,8 +61,7 @@ inline index_t checked_mul(error_id id, std::string_view what, index_t a, index_
 //! `what` names the array and `unit` its entries ("sequence", "group") in the error.
 inline void check_offsets(error_id id, std::string_view what, std::string_view unit, view<const index_t> offsets,
                           bool strict = false) {
-  RLPT_CHECK(!offsets.empty(), id, "{} need one entry per {} plus one, starting at 0; got an empty array", what,
-             unit);
+  RLPT_CHECK(!offsets.empty(), id, "{} need one entry per {} plus one, starting at 0; got an empty array", what, unit);
   RLPT_CHECK(offsets[0] == 0, id, "{} must start at 0, got {}", what, offsets[0]);
   for (index_t i = 0; i + 1 < offsets.size(); ++i) {
     if (RLPT_LIKELY(strict ? offsets[i + 1] > offsets[i] : offsets[i + 1] >= offsets[i])) continue;

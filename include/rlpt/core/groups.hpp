@@ -106,7 +106,9 @@ public:
   //! CSR arrays, e.g. to copy to a device: offsets (G + 1), members (N), group_of (N).
   [[nodiscard]] view<const index_t> offsets() const& noexcept { return stored(offsets_ptr(), num_groups_ + 1); }
   [[nodiscard]] view<const index_t> members() const& noexcept { return stored(store_.data(), num_items_); }
-  [[nodiscard]] view<const index_t> group_of() const& noexcept { return stored(store_.data() + num_items_, num_items_); }
+  [[nodiscard]] view<const index_t> group_of() const& noexcept {
+    return stored(store_.data() + num_items_, num_items_);
+  }
 
   // Views into a temporary groups object would dangle: keep the groups in a variable.
   view<const index_t> members(index_t g) const&& = delete;

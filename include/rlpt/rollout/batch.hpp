@@ -149,9 +149,7 @@ public:
     return {token_rewards_.data(), num_tokens(), schema_.token_reward_channels};
   }
   //! [size(), reward_channels]
-  [[nodiscard]] view2d<const float> rewards() const& {
-    return {rewards_.data(), size(), schema_.reward_channels};
-  }
+  [[nodiscard]] view2d<const float> rewards() const& { return {rewards_.data(), size(), schema_.reward_channels}; }
   //! Reward channel `c` of every record as one contiguous column: what the advantage
   //! estimators take (`grpo_advantages(batch.reward_column(), batch.groups(), adv, ...)`).
   [[nodiscard]] std::vector<float> reward_column(index_t c = 0) const {
