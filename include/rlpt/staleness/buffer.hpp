@@ -146,7 +146,7 @@ struct staleness_state {
 
 class staleness_buffer {
 public:
-  staleness_buffer(staleness_gate& gate, buffer_options buffer = {}, staleness_buffer_options opt = {})
+  explicit staleness_buffer(staleness_gate& gate, buffer_options buffer = {}, staleness_buffer_options opt = {})
       : gate_(gate), opt_(std::move(opt)), user_evict_(std::move(buffer.on_evict)),
         buf_(with_hook(std::move(buffer))), monitor_(opt_.starvation) {
     RLPT_CHECK(opt_.select.order != pick_order::target_version || gate_.options().mode == admission_mode::target,

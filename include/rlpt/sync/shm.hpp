@@ -298,7 +298,7 @@ private:
       const std::uint64_t tail = h_->back_tail.load(std::memory_order_relaxed);
       if (h_->back_head.load(std::memory_order_acquire) != tail) {
         const std::byte* s = base_ + g_.back_at + (tail % o_.reply_slots) * g_.back_stride;
-        detail::shm_slot_header sh;
+        detail::shm_slot_header sh{};
         std::memcpy(&sh, s, sizeof(sh));
         held_ = true;
         RLPT_CHECK(sh.meta_bytes <= o_.reply_bytes && sh.payload_bytes == 0, errors::sync::wire,
@@ -404,7 +404,7 @@ private:
       const std::uint64_t tail = h_->fwd_tail.load(std::memory_order_relaxed);
       if (h_->fwd_head.load(std::memory_order_acquire) != tail) {
         const std::byte* s = slot(tail);
-        detail::shm_slot_header sh;
+        detail::shm_slot_header sh{};
         std::memcpy(&sh, s, sizeof(sh));
         held_ = true;
         const std::uint64_t meta_cap = sh.meta_in_payload ? o_.slot_bytes : o_.meta_bytes;
