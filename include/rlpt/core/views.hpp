@@ -173,11 +173,13 @@ public:
 
   template <std::size_t N>
     requires(Space == memory_space::host)
+  // NOLINTNEXTLINE(google-explicit-constructor): a span converts like the container it views
   constexpr view(std::span<T, N> s) noexcept : data_(s.data()), size_(static_cast<index_t>(s.size())) {}
 
   //! view<T> converts to view<const T>.
   template <class U>
     requires(std::is_convertible_v<U (*)[], T (*)[]> && !std::is_same_v<U, T>)
+  // NOLINTNEXTLINE(google-explicit-constructor): view<T> converts to view<const T> as T* to const T*
   RLPT_HD constexpr view(view<U, Space> other) noexcept : data_(other.data()), size_(other.size()) {}
 
   [[nodiscard]] RLPT_HD constexpr T* data() const noexcept { return data_; }
@@ -265,6 +267,7 @@ public:
 
   template <class U>
     requires(std::is_convertible_v<U (*)[], T (*)[]> && !std::is_same_v<U, T>)
+  // NOLINTNEXTLINE(google-explicit-constructor): view2d<T> converts to view2d<const T> as T* to const T*
   RLPT_HD constexpr view2d(view2d<U, Space> o) noexcept
       : data_(o.data()), rows_(o.rows()), cols_(o.cols()), row_stride_(o.row_stride()) {}
 
