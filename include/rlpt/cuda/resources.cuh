@@ -124,15 +124,33 @@ private:
   int prev_ = -1;
 };
 
-//! cudaMalloc'd bytes.
-class device_bytes {
-public:
-  device_bytes() = default;
-  explicit device_bytes(std::size_t n) : n_(n) {
-    if (n != 0) RLPT_CUDA_CHECK(cudaMalloc(&p_, n));
+//! How a byte buffer is allocated: device memory (cudaMalloc) or pinned host memory
+//! (cudaMallocHost, the only host memory an async copy may use).
+struct device_alloc {
+  static void* allocate(std::size_t n) {
+    void* p = nullptr;
+    RLPT_CUDA_CHECK(cudaMalloc(&p, n));
+    return p;
   }
-  device_bytes(device_bytes&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
-  device_bytes& operator=(device_bytes&& o) noexcept {
+  static void release(void* p) noexcept { static_cast<void>(cudaFree(p)); }
+};
+struct pinned_alloc {
+  static void* allocate(std::size_t n) {
+    void* p = nullptr;
+    RLPT_CUDA_CHECK(cudaMallocHost(&p, n));
+    return p;
+  }
+  static void release(void* p) noexcept { static_cast<void>(cudaFreeHost(p)); }
+};
+
+//! Owned bytes from `Alloc`; empty until the first non-zero reserve.
+template <class Alloc>
+class basic_bytes {
+public:
+  basic_bytes() = default;
+  explicit basic_bytes(std::size_t n) { reserve(n); }
+  basic_bytes(basic_bytes&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  basic_bytes& operator=(basic_bytes&& o) noexcept {
     if (this != &o) {
       reset();
       p_ = std::exchange(o.p_, nullptr);
@@ -140,9 +158,9 @@ public:
     }
     return *this;
   }
-  ~device_bytes() { reset(); }
+  ~basic_bytes() { reset(); }
   void reset() noexcept {
-    if (p_ != nullptr) static_cast<void>(cudaFree(p_));
+    if (p_ != nullptr) Alloc::release(p_);
     p_ = nullptr;
     n_ = 0;
   }
@@ -150,7 +168,7 @@ public:
   void reserve(std::size_t n) {
     if (n <= n_) return;
     reset();
-    RLPT_CUDA_CHECK(cudaMalloc(&p_, n));
+    p_ = Alloc::allocate(n);
     n_ = n;
   }
   template <class T = std::byte>
@@ -164,42 +182,10 @@ private:
   std::size_t n_ = 0;
 };
 
+//! cudaMalloc'd bytes.
+using device_bytes = basic_bytes<device_alloc>;
 //! cudaMallocHost'd (pinned) bytes: the only host memory an async copy may use.
-class pinned_bytes {
-public:
-  pinned_bytes() = default;
-  explicit pinned_bytes(std::size_t n) { reserve(n); }
-  pinned_bytes(pinned_bytes&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
-  pinned_bytes& operator=(pinned_bytes&& o) noexcept {
-    if (this != &o) {
-      reset();
-      p_ = std::exchange(o.p_, nullptr);
-      n_ = std::exchange(o.n_, 0);
-    }
-    return *this;
-  }
-  ~pinned_bytes() { reset(); }
-  void reset() noexcept {
-    if (p_ != nullptr) static_cast<void>(cudaFreeHost(p_));
-    p_ = nullptr;
-    n_ = 0;
-  }
-  void reserve(std::size_t n) {
-    if (n <= n_) return;
-    reset();
-    RLPT_CUDA_CHECK(cudaMallocHost(&p_, n == 0 ? 1 : n));
-    n_ = n;
-  }
-  template <class T = std::byte>
-  [[nodiscard]] T* get() const noexcept {
-    return static_cast<T*>(p_);
-  }
-  [[nodiscard]] std::size_t size() const noexcept { return n_; }
-
-private:
-  void* p_ = nullptr;
-  std::size_t n_ = 0;
-};
+using pinned_bytes = basic_bytes<pinned_alloc>;
 
 class event {
 public:
