@@ -28,7 +28,8 @@ void gae(benchmark::State& state, bool whiten) {
   const auto layout = rlpt::token_layout::padded(in.B, in.T);
   const auto o = whiten ? rlpt::compat::verl::gae(1.0, 0.95) : rlpt::gae_options{.lambda = 0.95};
   for (auto _ : state) {
-    auto r = rlpt::gae({.layout = layout, .rewards = in.rewards, .values = in.values, .mask = in.mask}, adv, ret, o, ex);
+    auto r =
+        rlpt::gae({.layout = layout, .rewards = in.rewards, .values = in.values, .mask = in.mask}, adv, ret, o, ex);
     benchmark::DoNotOptimize(r);
     benchmark::ClobberMemory();
   }
@@ -45,7 +46,8 @@ void BM_reinforce_pp(benchmark::State& state) {
   std::vector<float> adv(in.rewards.size()), ret(adv.size());
   const auto layout = rlpt::token_layout::padded(in.B, in.T);
   for (auto _ : state) {
-    auto r = rlpt::reinforce_pp_advantages(layout, in.rewards, in.mask, adv, ret, rlpt::compat::verl::reinforce_pp(), ex);
+    auto r =
+        rlpt::reinforce_pp_advantages(layout, in.rewards, in.mask, adv, ret, rlpt::compat::verl::reinforce_pp(), ex);
     benchmark::DoNotOptimize(r);
     benchmark::ClobberMemory();
   }
@@ -79,9 +81,19 @@ void BM_grpo_with_grouping(benchmark::State& state) { // groups::from_ids inside
 
 } // namespace
 
-BENCHMARK(BM_gae)->Args({1024, 1024, 1})->Args({1024, 8192, 1})->Args({1024, 8192, 2})->Args({8192, 1024, 2})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_gae)
+    ->Args({1024, 1024, 1})
+    ->Args({1024, 8192, 1})
+    ->Args({1024, 8192, 2})
+    ->Args({8192, 1024, 2})
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_gae_verl_whitened)->Args({1024, 8192, 1})->Args({1024, 8192, 2})->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_reinforce_pp)->Args({1024, 8192, 2})->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_grpo)->Args({65536, 4, 1})->Args({65536, 16, 1})->Args({65536, 64, 1})->Args({65536, 16, 2})->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_grpo)
+    ->Args({65536, 4, 1})
+    ->Args({65536, 16, 1})
+    ->Args({65536, 64, 1})
+    ->Args({65536, 16, 2})
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_grpo_with_grouping)->Args({65536, 16, 1})->Unit(benchmark::kMicrosecond);
 BENCHMARK_MAIN();

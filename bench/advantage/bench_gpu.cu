@@ -35,8 +35,7 @@ namespace {
 
 namespace g = rlpt::bench::gpu;
 
-template <class T>
-T* upload(const std::vector<T>& h, cudaStream_t s) {
+template <class T> T* upload(const std::vector<T>& h, cudaStream_t s) {
   T* d = g::device_alloc<T>(h.size());
   RLPT_BENCH_CUDA(cudaMemcpyAsync(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice, s));
   RLPT_BENCH_CUDA(cudaStreamSynchronize(s));
@@ -62,8 +61,8 @@ void bench_gae(rlpt::index_t B, rlpt::index_t T, const g::copy_limit& copy, bool
   rlpt::mask_t* m = upload(in.mask, stream);
   float* adv = g::device_alloc<float>(static_cast<std::size_t>(n));
   float* ret = g::device_alloc<float>(static_cast<std::size_t>(n));
-  const rlpt::device_gae_inputs din{.layout = rlpt::device_token_layout::padded(B, T), .rewards = {r, n}, .values = {v, n},
-                                    .mask = {m, n}};
+  const rlpt::device_gae_inputs din{
+      .layout = rlpt::device_token_layout::padded(B, T), .rewards = {r, n}, .values = {v, n}, .mask = {m, n}};
   const double bytes = 17.0 * static_cast<double>(n);
   for (const bool whiten : {false, true}) {
     const auto o = whiten ? rlpt::device_policies(rlpt::compat::verl::gae(1.0, 0.95))
@@ -85,8 +84,9 @@ void bench_gae(rlpt::index_t B, rlpt::index_t T, const g::copy_limit& copy, bool
     rep.figure(key + "_bytes_per_s", bw);
     rep.figure(key + "_gpu_operations", operations(c));
     if (whiten && target)
-      rep.check({"GAE + masked whitening " + shape(B, T) + " bandwidth / copy bandwidth", bw / copy.bytes_per_s, true, 0.5},
-                "17 B per token slot: inputs read once, outputs written once");
+      rep.check(
+          {"GAE + masked whitening " + shape(B, T) + " bandwidth / copy bandwidth", bw / copy.bytes_per_s, true, 0.5},
+          "17 B per token slot: inputs read once, outputs written once");
     RLPT_BENCH_CUDA(cudaFree(ws.data));
   }
   for (void* p : {static_cast<void*>(r), static_cast<void*>(v), static_cast<void*>(m), static_cast<void*>(adv),
@@ -118,14 +118,17 @@ void bench_grpo(rlpt::index_t N, rlpt::index_t group, grpo_counts& worst, g::rep
     const g::launch_count c = g::count_launches(call);
     rlpt::device_group_stats with_counters{};
     with_counters.counters = {counters, 3};
-    const g::launch_count cc =
-        g::count_launches([&](cudaStream_t s) { rlpt::grpo_advantages({r, N}, dg, {out, N}, o, with_counters, ws, s); });
-    std::printf("grpo%-12s N=%lld, %lld groups of %lld: %7.1f us (min %.1f, max %.1f), %.2f G sequences/s; GPU operations "
-                "per call: %s; with stats.counters: %s\n",
-                batch ? " (batch std)" : "", static_cast<long long>(N), static_cast<long long>(gr.num_groups()),
-                static_cast<long long>(group), t.median_ms * 1e3, t.min_ms * 1e3, t.max_ms * 1e3,
-                static_cast<double>(N) / (t.median_ms * 1e-3) / 1e9, nodes(c).c_str(), nodes(cc).c_str());
-    const std::string key = std::string(batch ? "grpo_batch_std_" : "grpo_") + std::to_string(N) + "_g" + std::to_string(group);
+    const g::launch_count cc = g::count_launches([&](cudaStream_t s) {
+      rlpt::grpo_advantages({r, N}, dg, {out, N}, o, with_counters, ws, s);
+    });
+    std::printf(
+        "grpo%-12s N=%lld, %lld groups of %lld: %7.1f us (min %.1f, max %.1f), %.2f G sequences/s; GPU operations "
+        "per call: %s; with stats.counters: %s\n",
+        batch ? " (batch std)" : "", static_cast<long long>(N), static_cast<long long>(gr.num_groups()),
+        static_cast<long long>(group), t.median_ms * 1e3, t.min_ms * 1e3, t.max_ms * 1e3,
+        static_cast<double>(N) / (t.median_ms * 1e-3) / 1e9, nodes(c).c_str(), nodes(cc).c_str());
+    const std::string key =
+        std::string(batch ? "grpo_batch_std_" : "grpo_") + std::to_string(N) + "_g" + std::to_string(group);
     rep.figure(key + "_us", t.median_ms * 1e3);
     rep.figure(key + "_gpu_operations", operations(c));
     rep.figure(key + "_gpu_operations_with_counters", operations(cc));
@@ -134,8 +137,8 @@ void bench_grpo(rlpt::index_t N, rlpt::index_t group, grpo_counts& worst, g::rep
     w = std::isfinite(w) && std::isfinite(ops) ? std::max(w, ops) : NAN; // a failed capture: not measured
     RLPT_BENCH_CUDA(cudaFree(ws.data));
   }
-  for (void* p : {static_cast<void*>(r), static_cast<void*>(out), static_cast<void*>(counters), static_cast<void*>(offsets),
-                  static_cast<void*>(members)})
+  for (void* p : {static_cast<void*>(r), static_cast<void*>(out), static_cast<void*>(counters),
+                  static_cast<void*>(offsets), static_cast<void*>(members)})
     RLPT_BENCH_CUDA(cudaFree(p));
 }
 

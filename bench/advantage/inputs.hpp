@@ -22,7 +22,8 @@ inline token_inputs make_tokens(index_t B, index_t T, std::uint64_t seed = 7) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_int_distribution<index_t> len(T / 2, T);
-  token_inputs in{B, T, std::vector<float>(static_cast<std::size_t>(B * T)), std::vector<float>(static_cast<std::size_t>(B * T)),
+  token_inputs in{B, T, std::vector<float>(static_cast<std::size_t>(B * T)),
+                  std::vector<float>(static_cast<std::size_t>(B * T)),
                   std::vector<std::uint8_t>(static_cast<std::size_t>(B * T), 0)};
   for (index_t b = 0; b < B; ++b) {
     const index_t n = len(rng);

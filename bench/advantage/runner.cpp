@@ -92,11 +92,16 @@ int outcome(const std::string& est, const std::string& dir, rlpt::index_t N, con
     const rlpt::view<float> out(adv.get(), N);
     const rlpt::groups g = rlpt::groups::from_ids(ids); // verl groups the ids inside its call too
     rlpt::group_stats st;
-    if (est == "grpo") rlpt::grpo_advantages(rewards, g, out, verl::grpo(), st);
-    else if (est == "dr_grpo") rlpt::grpo_advantages(rewards, g, out, verl::dr_grpo(), st);
-    else if (est == "rloo") rlpt::rloo_advantages(rewards, g, out, verl::rloo_vectorized(), st);
-    else if (est == "gpg") rlpt::gpg_advantages(rewards, g, out, verl::gpg(), st);
-    else if (est == "passk") rlpt::passk_advantages(rewards, g, out, verl::grpo_passk(), st);
+    if (est == "grpo")
+      rlpt::grpo_advantages(rewards, g, out, verl::grpo(), st);
+    else if (est == "dr_grpo")
+      rlpt::grpo_advantages(rewards, g, out, verl::dr_grpo(), st);
+    else if (est == "rloo")
+      rlpt::rloo_advantages(rewards, g, out, verl::rloo_vectorized(), st);
+    else if (est == "gpg")
+      rlpt::gpg_advantages(rewards, g, out, verl::gpg(), st);
+    else if (est == "passk")
+      rlpt::passk_advantages(rewards, g, out, verl::grpo_passk(), st);
     else if (est == "rpp_baseline")
       (void)rlpt::reinforce_pp_baseline_advantages(rewards, g, layout, mask, out, verl::reinforce_pp_baseline());
     else { // opo: verl takes response_mask.sum(-1) as the lengths inside its call
@@ -111,9 +116,9 @@ int outcome(const std::string& est, const std::string& dir, rlpt::index_t N, con
     const auto adv = call();
     write_raw(plan.out + "/adv.f32", adv.get(), u);
   }
-  std::printf("%s\n", fmt::format(R"({{"op": "outcome", "estimator": "{}", "N": {}, {}}})", est, N,
-                                  rlpt::bench::json_series(t))
-                          .c_str());
+  std::printf("%s\n",
+              fmt::format(R"({{"op": "outcome", "estimator": "{}", "N": {}, {}}})", est, N, rlpt::bench::json_series(t))
+                  .c_str());
   return 0;
 }
 

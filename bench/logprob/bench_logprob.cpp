@@ -19,8 +19,7 @@ namespace {
 
 using rlpt::index_t;
 
-template <class T>
-const std::vector<T>& logits(index_t n, index_t v) {
+template <class T> const std::vector<T>& logits(index_t n, index_t v) {
   static std::vector<T> x;
   static index_t have = -1;
   if (have != n * v) {
@@ -41,12 +40,12 @@ std::vector<index_t> targets(index_t n, index_t v) {
 
 void report_copy(benchmark::State& st, unsigned threads) {
   static double copy[8] = {};
-  if (copy[threads] == 0) copy[threads] = rlpt::bench::measure_copy_bandwidth(std::size_t{1} << 29, 3, threads).copy_gbps;
+  if (copy[threads] == 0)
+    copy[threads] = rlpt::bench::measure_copy_bandwidth(std::size_t{1} << 29, 3, threads).copy_gbps;
   st.counters["copy_GBps"] = copy[threads];
 }
 
-template <class T>
-void forward(benchmark::State& st) {
+template <class T> void forward(benchmark::State& st) {
   const index_t n = st.range(0), v = st.range(1);
   const auto threads = static_cast<unsigned>(st.range(2));
   const auto& x = logits<T>(n, v);
@@ -62,8 +61,7 @@ void forward(benchmark::State& st) {
   report_copy(st, threads);
 }
 
-template <class T>
-void backward(benchmark::State& st) {
+template <class T> void backward(benchmark::State& st) {
   const index_t n = st.range(0), v = st.range(1);
   const auto threads = static_cast<unsigned>(st.range(2));
   const auto& x = logits<T>(n, v);
@@ -116,14 +114,22 @@ void lm_head(benchmark::State& st) {
                                 {.logp = lp, .entropy = ent, .saved = {.lse = lse}}, {}, ex);
     benchmark::DoNotOptimize(lp.data());
   }
-  st.counters["GFLOPs"] = benchmark::Counter(2.0 * static_cast<double>(n * d * v) * static_cast<double>(st.iterations()) / 1e9,
-                                             benchmark::Counter::kIsRate);
+  st.counters["GFLOPs"] = benchmark::Counter(
+      2.0 * static_cast<double>(n * d * v) * static_cast<double>(st.iterations()) / 1e9, benchmark::Counter::kIsRate);
 }
 
 } // namespace
 
-BENCHMARK_TEMPLATE(forward, rlpt::bf16)->Args({4096, 32768, 1})->Args({4096, 32768, 2})->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK_TEMPLATE(forward, float)->Args({4096, 32768, 1})->Args({4096, 32768, 2})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_TEMPLATE(forward, rlpt::bf16)
+    ->Args({4096, 32768, 1})
+    ->Args({4096, 32768, 2})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_TEMPLATE(forward, float)
+    ->Args({4096, 32768, 1})
+    ->Args({4096, 32768, 2})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK_TEMPLATE(backward, rlpt::bf16)->Args({4096, 32768, 2})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_TEMPLATE(backward, float)->Args({4096, 32768, 2})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(sampled)->Args({256, 151936, 0})->Args({256, 151936, 50})->Unit(benchmark::kMillisecond)->UseRealTime();

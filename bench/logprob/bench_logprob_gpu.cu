@@ -58,8 +58,7 @@ __device__ inline std::uint32_t mix(std::uint64_t x) {
   return static_cast<std::uint32_t>(x);
 }
 
-template <class T>
-__global__ void fill_kernel(T* p, std::size_t n, std::uint64_t seed, float scale) {
+template <class T> __global__ void fill_kernel(T* p, std::size_t n, std::uint64_t seed, float scale) {
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
     float s = 0; // sum of 4 uniforms: roughly normal, sd 1
@@ -74,8 +73,7 @@ __global__ void targets_kernel(index_t* t, index_t n, index_t v) {
   if (i < n) t[i] = static_cast<index_t>(mix(0x1234u + static_cast<std::uint64_t>(i)) % static_cast<std::uint32_t>(v));
 }
 
-template <class T>
-void fill(T* p, std::size_t n, std::uint64_t seed, float scale, cudaStream_t s) {
+template <class T> void fill(T* p, std::size_t n, std::uint64_t seed, float scale, cudaStream_t s) {
   fill_kernel<<<4096, 256, 0, s>>>(p, n, seed, scale);
   RLPT_BENCH_CUDA(cudaGetLastError());
 }
@@ -156,7 +154,8 @@ void logits_path(index_t n, const g::copy_limit& copy, g::report& rep, cudaStrea
     bwd_call();
   });
   // outputs of the plain forward, with the counters
-  rlpt::logprob_entropy(xv, tv, {.logp = {lp, n}, .entropy = {en, n}, .lse = {ls, n}, .counters = {counters, 3}}, {}, s);
+  rlpt::logprob_entropy(xv, tv, {.logp = {lp, n}, .entropy = {en, n}, .lse = {ls, n}, .counters = {counters, 3}}, {},
+                        s);
   RLPT_BENCH_CUDA(cudaStreamSynchronize(s));
   index_t cnt[3] = {};
   RLPT_BENCH_CUDA(cudaMemcpy(cnt, counters, sizeof cnt, cudaMemcpyDeviceToHost));
@@ -299,16 +298,17 @@ void lm_head(index_t n, index_t v, g::report& rep, cudaStream_t s) {
               flop / (gemm32.median_ms * 1e-3) / 1e12);
   std::printf("  cuBLAS GEMM, same shape, bf16 out   %8.3f ms  %.0f TFLOP/s\n", gemm16.median_ms,
               flop / (gemm16.median_ms * 1e-3) / 1e12);
-  std::printf("  unfused: GEMM to bf16 + forward     %8.3f ms  (%.2f GB of logits)\n", base.median_ms, logits_bytes / 1e9);
+  std::printf("  unfused: GEMM to bf16 + forward     %8.3f ms  (%.2f GB of logits)\n", base.median_ms,
+              logits_bytes / 1e9);
   for (const variant& f : fwd)
     std::printf("  forward, %-13s              %8.3f ms  %.0f TFLOP/s = %.2fx the fp32-out GEMM; workspace %.1f MB + "
                 "%.1f MB left allocated by the call\n",
                 f.name, f.time.median_ms, flop / (f.time.median_ms * 1e-3) / 1e12, f.time.median_ms / gemm32.median_ms,
                 static_cast<double>(f.ws.bytes) / 1e6, f.extra / 1e6);
-  std::printf("  backward (recomputes the logits)    %8.3f ms  %.0f TFLOP/s counted as 6·N·D·V; workspace %.1f MB + %.1f "
-              "MB\n",
-              bwd.median_ms, 3 * flop / (bwd.median_ms * 1e-3) / 1e12, static_cast<double>(bws.bytes) / 1e6,
-              bwd_extra / 1e6);
+  std::printf(
+      "  backward (recomputes the logits)    %8.3f ms  %.0f TFLOP/s counted as 6·N·D·V; workspace %.1f MB + %.1f "
+      "MB\n",
+      bwd.median_ms, 3 * flop / (bwd.median_ms * 1e-3) / 1e12, static_cast<double>(bws.bytes) / 1e6, bwd_extra / 1e6);
   std::printf("  fused vs unfused logp: max |difference| %.3g (bf16 logits round the unfused one)\n", max_diff);
   rep.figure("lm_head_tokens", static_cast<double>(n));
   rep.figure("lm_head_hidden", static_cast<double>(d));
@@ -326,18 +326,18 @@ void lm_head(index_t n, index_t v, g::report& rep, cudaStream_t s) {
   rep.figure("lm_head_extra_bwd_bytes", bwd_extra);
   rep.figure("bf16_logits_bytes", logits_bytes);
   rep.figure("lm_head_vs_unfused_max_abs_diff", max_diff);
-  rep.check({"lm-head forward (single stream) time / same-shape cuBLAS GEMM time", fwd[0].time.median_ms / gemm32.median_ms,
-             false, 1.25},
+  rep.check({"lm-head forward (single stream) time / same-shape cuBLAS GEMM time",
+             fwd[0].time.median_ms / gemm32.median_ms, false, 1.25},
             "GEMM: bf16 in, fp32 out");
-  rep.check({"lm-head forward (fold_stream) time / same-shape cuBLAS GEMM time", fwd[1].time.median_ms / gemm32.median_ms,
-             false, 1.25},
+  rep.check({"lm-head forward (fold_stream) time / same-shape cuBLAS GEMM time",
+             fwd[1].time.median_ms / gemm32.median_ms, false, 1.25},
             "GEMM: bf16 in, fp32 out");
   const double fwd_peak = std::max(static_cast<double>(fwd[0].ws.bytes) + fwd[0].extra,
                                    static_cast<double>(fwd[1].ws.bytes) + fwd[1].extra);
   rep.check({"lm-head forward peak extra memory / bf16 logits", fwd_peak / logits_bytes, false, 1.0 / 20},
             "workspace + memory the call left allocated, larger of the two forwards");
-  rep.check({"lm-head backward peak extra memory / bf16 logits", (static_cast<double>(bws.bytes) + bwd_extra) / logits_bytes,
-             false, 1.0 / 20},
+  rep.check({"lm-head backward peak extra memory / bf16 logits",
+             (static_cast<double>(bws.bytes) + bwd_extra) / logits_bytes, false, 1.0 / 20},
             "workspace + memory the call left allocated");
   free_all({h, w, t, lp, en, ls, dl, gh, gw, fwd[0].ws.data, fwd[1].ws.data, bws.data});
   check_cublas(cublasDestroy(cublas), "cublasDestroy");

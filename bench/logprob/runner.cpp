@@ -38,8 +38,7 @@
 
 namespace {
 
-template <class T>
-std::vector<T> load(const std::string& path, std::size_t n) {
+template <class T> std::vector<T> load(const std::string& path, std::size_t n) {
   std::vector<T> v(n);
   std::ifstream in(path, std::ios::binary);
   if (!in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * sizeof(T))))
@@ -47,8 +46,7 @@ std::vector<T> load(const std::string& path, std::size_t n) {
   return v;
 }
 
-template <class T>
-void save(const std::string& path, const T* p, std::size_t n) {
+template <class T> void save(const std::string& path, const T* p, std::size_t n) {
   std::ofstream out(path, std::ios::binary);
   out.write(reinterpret_cast<const char*>(p), static_cast<std::streamsize>(n * sizeof(T)));
 }
@@ -98,9 +96,8 @@ int run(const std::string& dir, rlpt::index_t n, rlpt::index_t v, float temp, un
   const rlpt::host_executor ex{threads > 1 ? &pool : nullptr};
   const rlpt::view2d<const T> xv(x.data(), n, v);
   const rlpt::logprob_options opt{.temperature = temp};
-  const double fwd = median_seconds(repeat, [&] {
-    rlpt::logprob_entropy(xv, t, {.logp = logp, .entropy = ent, .saved = {.lse = lse}}, opt, ex);
-  });
+  const double fwd = median_seconds(
+      repeat, [&] { rlpt::logprob_entropy(xv, t, {.logp = logp, .entropy = ent, .saved = {.lse = lse}}, opt, ex); });
   const long rss_fwd = status_kb("VmHWM:");
   save(dir + "/rlpt_logp.f32", logp.data(), logp.size());
   save(dir + "/rlpt_entropy.f32", ent.data(), ent.size());

@@ -35,8 +35,14 @@ struct inputs_1m {
     }
   }
   objective_inputs view() const {
-    return {.layout = token_layout::padded(B, T), .mask = mask, .logp = lp, .old_logp = old, .behav_logp = behav,
-            .ref_logp = ref, .adv = adv, .entropy = ent};
+    return {.layout = token_layout::padded(B, T),
+            .mask = mask,
+            .logp = lp,
+            .old_logp = old,
+            .behav_logp = behav,
+            .ref_logp = ref,
+            .adv = adv,
+            .entropy = ent};
   }
 };
 
@@ -64,12 +70,16 @@ void BM_ppo_k3_token_mean(benchmark::State& s) {
 }
 void BM_ppo_tis_k3_entropy(benchmark::State& s) {
   run(s,
-      {.policy = ppo_clip{.eps_high = 0.28}, .correction = token_tis(2.0), .kl = {.coef = 1e-3},
-       .entropy = {.coef = 1e-3}, .agg = {.global_tokens = valid_tokens}},
+      {.policy = ppo_clip{.eps_high = 0.28},
+       .correction = token_tis(2.0),
+       .kl = {.coef = 1e-3},
+       .entropy = {.coef = 1e-3},
+       .agg = {.global_tokens = valid_tokens}},
       6 * 4 + 1 + 8, true);
 }
 void BM_gspo_seq_is_seq_mean(benchmark::State& s) {
-  run(s, {.policy = gspo{.token_level = false}, .correction = seq_is(2.0), .agg = {.mode = agg_mode::seq_mean_token_mean}},
+  run(s,
+      {.policy = gspo{.token_level = false}, .correction = seq_is(2.0), .agg = {.mode = agg_mode::seq_mean_token_mean}},
       3 * 4 + 1 + 4, false);
 }
 void BM_cispo_local_denominators(benchmark::State& s) {

@@ -28,8 +28,7 @@ namespace {
 
 using namespace rlpt;
 
-template <class T>
-T* upload(const std::vector<T>& h) {
+template <class T> T* upload(const std::vector<T>& h) {
   T* p = nullptr;
   RLPT_CUDA_CHECK(cudaMalloc(&p, h.size() * sizeof(T)));
   RLPT_CUDA_CHECK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
@@ -99,20 +98,36 @@ int run() {
     bool entropy_grad; // writes d loss / d entropy too
   };
   const config configs[] = {
-      {"ppo+k3, token-mean (global N)", "ppo_k3", {.policy = ppo_clip{}, .kl = {.coef = 1e-3}, .agg = {.global_tokens = valid}}, 4,
+      {"ppo+k3, token-mean (global N)",
+       "ppo_k3",
+       {.policy = ppo_clip{}, .kl = {.coef = 1e-3}, .agg = {.global_tokens = valid}},
+       4,
        false},
-      {"ppo clip-higher+dual + token TIS + k3 + entropy, token-mean (global N)", "ppo_tis_k3_entropy",
-       {.policy = ppo_clip{.eps_high = 0.28}, .correction = token_tis(2.0), .kl = {.coef = 1e-3},
-        .entropy = {.coef = 1e-3}, .agg = {.global_tokens = valid}},
-       6, true},
-      {"same, local denominators (row pass + count)", "ppo_tis_k3_entropy_local",
-       {.policy = ppo_clip{.eps_high = 0.28}, .correction = token_tis(2.0), .kl = {.coef = 1e-3},
+      {"ppo clip-higher+dual + token TIS + k3 + entropy, token-mean (global N)",
+       "ppo_tis_k3_entropy",
+       {.policy = ppo_clip{.eps_high = 0.28},
+        .correction = token_tis(2.0),
+        .kl = {.coef = 1e-3},
+        .entropy = {.coef = 1e-3},
+        .agg = {.global_tokens = valid}},
+       6,
+       true},
+      {"same, local denominators (row pass + count)",
+       "ppo_tis_k3_entropy_local",
+       {.policy = ppo_clip{.eps_high = 0.28},
+        .correction = token_tis(2.0),
+        .kl = {.coef = 1e-3},
         .entropy = {.coef = 1e-3}},
-       6, true},
-      {"gspo sequence form + seq IS + k3, seq-mean-token-mean", "gspo_seq_is_k3",
-       {.policy = gspo{.token_level = false}, .correction = seq_is(2.0), .kl = {.coef = 1e-3},
+       6,
+       true},
+      {"gspo sequence form + seq IS + k3, seq-mean-token-mean",
+       "gspo_seq_is_k3",
+       {.policy = gspo{.token_level = false},
+        .correction = seq_is(2.0),
+        .kl = {.coef = 1e-3},
         .agg = {.mode = agg_mode::seq_mean_token_mean}},
-       5, false},
+       5,
+       false},
   };
   for (const config& c : configs) {
     device_objective_grads<float> gr{.logp = {gl, static_cast<index_t>(n)}};

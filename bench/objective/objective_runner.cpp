@@ -29,8 +29,7 @@
 
 namespace {
 
-template <class T>
-std::vector<T> load(const std::string& path, std::size_t n) {
+template <class T> std::vector<T> load(const std::string& path, std::size_t n) {
   std::vector<T> v(n);
   std::ifstream f(path, std::ios::binary);
   f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * sizeof(T)));
@@ -51,19 +50,27 @@ double cpu_now() {
 rlpt::objective peer_config(const std::string& name, double tokens) {
   namespace verl = rlpt::compat::verl;
   if (name == "ppo_k3_token_mean")
-    return verl::actor({.use_kl_loss = true, .kl_loss_coef = 0.001, .kl_loss_type = "low_var_kl",
-                        .batch_num_tokens = tokens});
+    return verl::actor(
+        {.use_kl_loss = true, .kl_loss_coef = 0.001, .kl_loss_type = "low_var_kl", .batch_num_tokens = tokens});
   if (name == "ppo_tis_k3_entropy")
-    return verl::actor({.clip_ratio_high = 0.28, .use_kl_loss = true, .kl_loss_coef = 0.001,
-                        .kl_loss_type = "low_var_kl", .entropy_coeff = 0.001, .batch_num_tokens = tokens},
+    return verl::actor({.clip_ratio_high = 0.28,
+                        .use_kl_loss = true,
+                        .kl_loss_coef = 0.001,
+                        .kl_loss_type = "low_var_kl",
+                        .entropy_coeff = 0.001,
+                        .batch_num_tokens = tokens},
                        verl::rollout_correction("token", "2.0"));
   if (name == "gspo_seq_is")
-    return verl::actor({.loss_mode = "gspo", .clip_ratio_low = 3e-4, .clip_ratio_high = 4e-4,
-                        .loss_agg_mode = "seq-mean-token-mean"},
-                       verl::rollout_correction("sequence", "2.0"));
+    return verl::actor(
+        {.loss_mode = "gspo", .clip_ratio_low = 3e-4, .clip_ratio_high = 4e-4, .loss_agg_mode = "seq-mean-token-mean"},
+        verl::rollout_correction("sequence", "2.0"));
   if (name == "cispo_local") // token-mean over this call's own tokens (no global count)
-    return verl::actor({.loss_mode = "cispo", .clip_ratio_low = 10.0, .clip_ratio_high = 0.28, .use_kl_loss = true,
-                        .kl_loss_coef = 0.001, .kl_loss_type = "low_var_kl"});
+    return verl::actor({.loss_mode = "cispo",
+                        .clip_ratio_low = 10.0,
+                        .clip_ratio_high = 0.28,
+                        .use_kl_loss = true,
+                        .kl_loss_coef = 0.001,
+                        .kl_loss_type = "low_var_kl"});
   throw std::invalid_argument("unknown configuration " + name);
 }
 
@@ -84,8 +91,13 @@ int peer_mode(int argc, char** argv) {
   for (auto m : mask) tokens += m;
   const rlpt::objective obj = peer_config(config, tokens);
   const bool entropy = config == "ppo_tis_k3_entropy";
-  const rlpt::objective_inputs in{.layout = rlpt::token_layout::padded(B, T), .mask = mask, .logp = lp,
-                                  .old_logp = old, .behav_logp = behav, .ref_logp = ref, .adv = adv,
+  const rlpt::objective_inputs in{.layout = rlpt::token_layout::padded(B, T),
+                                  .mask = mask,
+                                  .logp = lp,
+                                  .old_logp = old,
+                                  .behav_logp = behav,
+                                  .ref_logp = ref,
+                                  .adv = adv,
                                   .entropy = entropy ? rlpt::view<const float>(ent) : rlpt::view<const float>{}};
   struct result {
     std::unique_ptr<float[]> grad, grad_ent;
@@ -137,8 +149,12 @@ int main(int argc, char** argv) {
   for (auto m : mask) tokens += m;
   const rlpt::objective obj = rlpt::compat::verl::actor(
       {.use_kl_loss = true, .kl_loss_coef = 0.001, .kl_loss_type = "low_var_kl", .batch_num_tokens = tokens});
-  const rlpt::objective_inputs in{.layout = rlpt::token_layout::padded(B, T), .mask = mask, .logp = lp,
-                                  .old_logp = old, .ref_logp = ref, .adv = adv};
+  const rlpt::objective_inputs in{.layout = rlpt::token_layout::padded(B, T),
+                                  .mask = mask,
+                                  .logp = lp,
+                                  .old_logp = old,
+                                  .ref_logp = ref,
+                                  .adv = adv};
   rlpt::thread_pool pool(threads);
   const rlpt::host_executor ex{threads > 1 ? &pool : nullptr};
   double best = 1e30, best_cpu = 1e30, loss = 0;

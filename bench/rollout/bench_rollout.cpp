@@ -22,7 +22,8 @@ std::vector<rlpt::index_t> lognormal_lengths(std::size_t n, unsigned seed = 1) {
 
 void BM_balance(benchmark::State& state) {
   const auto len = lognormal_lengths(static_cast<std::size_t>(state.range(0)));
-  const rlpt::balance_options o{.ranks = state.range(1), .algorithm = static_cast<rlpt::partition_algorithm>(state.range(2))};
+  const rlpt::balance_options o{.ranks = state.range(1),
+                                .algorithm = static_cast<rlpt::partition_algorithm>(state.range(2))};
   double imbalance = 0;
   for (auto _ : state) {
     const rlpt::partition p = rlpt::balance(len, o);
@@ -39,11 +40,15 @@ BENCHMARK(BM_balance)
 
 void BM_plan_microbatches(benchmark::State& state) {
   const auto len = lognormal_lengths(static_cast<std::size_t>(state.range(0)));
-  const rlpt::microbatch_options o{.token_budget = 16384, .algorithm = static_cast<rlpt::pack_algorithm>(state.range(1))};
+  const rlpt::microbatch_options o{.token_budget = 16384,
+                                   .algorithm = static_cast<rlpt::pack_algorithm>(state.range(1))};
   for (auto _ : state) benchmark::DoNotOptimize(rlpt::plan_microbatches(len, o));
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * state.range(0));
 }
-BENCHMARK(BM_plan_microbatches)->ArgNames({"N", "algo"})->ArgsProduct({{256, 4096}, {0, 1}})->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_plan_microbatches)
+    ->ArgNames({"N", "algo"})
+    ->ArgsProduct({{256, 4096}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond);
 
 rlpt::trajectory record(std::int64_t group, std::int32_t sample, std::size_t n) {
   rlpt::trajectory t;
@@ -81,12 +86,14 @@ BENCHMARK(BM_buffer_push_pop)->Arg(16)->Arg(1024)->Unit(benchmark::kMicrosecond)
 void BM_pack(benchmark::State& state) {
   const auto len = lognormal_lengths(256);
   std::vector<rlpt::trajectory> recs;
-  for (std::size_t i = 0; i < len.size(); ++i) recs.push_back(record(static_cast<std::int64_t>(i), 0, static_cast<std::size_t>(len[i])));
+  for (std::size_t i = 0; i < len.size(); ++i)
+    recs.push_back(record(static_cast<std::int64_t>(i), 0, static_cast<std::size_t>(len[i])));
   const rlpt::rollout_batch batch = rlpt::rollout_batch::gather(recs, {});
   const std::vector<rlpt::index_t> lengths = batch.lengths();
   const rlpt::microbatch_plan plan = rlpt::plan_microbatches(lengths, {.token_budget = 16384});
   for (auto _ : state)
-    for (rlpt::index_t m = 0; m < plan.num_microbatches(); ++m) benchmark::DoNotOptimize(rlpt::pack(batch, plan.microbatch(m)));
+    for (rlpt::index_t m = 0; m < plan.num_microbatches(); ++m)
+      benchmark::DoNotOptimize(rlpt::pack(batch, plan.microbatch(m)));
   // Read and written per token: id 4 + mask 1 + logprob 4 + version 4, plus position, target and id written.
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * batch.num_tokens() * (13 + 25));
 }

@@ -56,14 +56,14 @@ double cpu_now() {
 using rlpt::bench::timing_plan;
 
 //! Writes one line of item indices per part (ascending) to DIR/parts.txt.
-template <class Parts>
-void write_parts(const std::string& dir, rlpt::index_t count, Parts&& part) {
+template <class Parts> void write_parts(const std::string& dir, rlpt::index_t count, Parts&& part) {
   std::FILE* f = std::fopen((dir + "/parts.txt").c_str(), "w");
   if (f == nullptr) throw std::runtime_error("cannot write " + dir + "/parts.txt");
   for (rlpt::index_t p = 0; p < count; ++p) {
     std::vector<rlpt::index_t> items(part(p).begin(), part(p).end());
     std::sort(items.begin(), items.end());
-    for (std::size_t i = 0; i < items.size(); ++i) std::fprintf(f, i ? " %lld" : "%lld", static_cast<long long>(items[i]));
+    for (std::size_t i = 0; i < items.size(); ++i)
+      std::fprintf(f, i ? " %lld" : "%lld", static_cast<long long>(items[i]));
     std::fputc('\n', f);
   }
   std::fclose(f);
@@ -105,8 +105,7 @@ int microbatch(const char* file, rlpt::index_t budget, const std::string& algo, 
   const rlpt::microbatch_options o = mb_options(budget, algo);
   const auto s = rlpt::bench::time_calls(plan, [&] { return rlpt::plan_microbatches(len, o); });
   const rlpt::microbatch_plan p = rlpt::plan_microbatches(len, o);
-  if (!plan.out.empty())
-    write_parts(plan.out, p.num_microbatches(), [&](rlpt::index_t m) { return p.microbatch(m); });
+  if (!plan.out.empty()) write_parts(plan.out, p.num_microbatches(), [&](rlpt::index_t m) { return p.microbatch(m); });
   // Waste if each micro-batch were a padded [rows, longest] tensor, and packed with 256 alignment.
   rlpt::index_t padded = 0, aligned = 0, tokens = 0;
   for (rlpt::index_t m = 0; m < p.num_microbatches(); ++m) {
@@ -123,7 +122,8 @@ int microbatch(const char* file, rlpt::index_t budget, const std::string& algo, 
   fmt::print("{{\"op\": \"microbatch\", {}, \"count\": {}, \"max_tokens\": {}, \"tokens\": {}, "
              "\"mb_imbalance\": {:.9g}, \"fill\": {:.9g}, \"pad_to_max_waste\": {:.9g}, \"align256_waste\": {:.9g}, "
              "\"fell_back\": {}}}\n",
-             rlpt::bench::json_series(s), p.num_microbatches(), p.max_tokens(), tokens, static_cast<double>(p.max_tokens()) / mean,
+             rlpt::bench::json_series(s), p.num_microbatches(), p.max_tokens(), tokens,
+             static_cast<double>(p.max_tokens()) / mean,
              static_cast<double>(tokens) / static_cast<double>(p.num_microbatches() * budget),
              static_cast<double>(padded - tokens) / static_cast<double>(tokens),
              static_cast<double>(aligned - tokens) / static_cast<double>(tokens), p.fell_back ? "true" : "false");
@@ -244,12 +244,14 @@ int buffer(int producers, int consumers, rlpt::index_t records, rlpt::index_t gr
       copy_cpu_gbps = std::max(copy_cpu_gbps, 2.0 * static_cast<double>(src.size()) / (cpu_now() - c1) / 1e9);
     }
   }
-  fmt::print("{{\"op\": \"buffer\", \"cpu_s\": [{:.9g}], \"wall_s\": [{:.9g}], \"records\": {}, \"tokens\": {}, \"records_per_s\": "
-             "{:.9g}, \"tokens_per_s\": {:.9g}, \"ns_per_record\": {:.9g}, \"cpu_ns_per_record\": {:.9g}, "
-             "\"column_gbps\": {:.9g}, \"copy_gbps\": {:.9g}, \"column_cpu_gbps\": {:.9g}, \"copy_cpu_gbps\": {:.9g}}}\n",
-             cpu, s, consumed.load(), tokens, static_cast<double>(consumed.load()) / s, static_cast<double>(tokens) / s,
-             s * 1e9 / static_cast<double>(consumed.load()), cpu * 1e9 / static_cast<double>(consumed.load()),
-             2.0 * bytes / s / 1e9, bw.copy_gbps, 2.0 * bytes / cpu / 1e9, copy_cpu_gbps);
+  fmt::print(
+      "{{\"op\": \"buffer\", \"cpu_s\": [{:.9g}], \"wall_s\": [{:.9g}], \"records\": {}, \"tokens\": {}, "
+      "\"records_per_s\": "
+      "{:.9g}, \"tokens_per_s\": {:.9g}, \"ns_per_record\": {:.9g}, \"cpu_ns_per_record\": {:.9g}, "
+      "\"column_gbps\": {:.9g}, \"copy_gbps\": {:.9g}, \"column_cpu_gbps\": {:.9g}, \"copy_cpu_gbps\": {:.9g}}}\n",
+      cpu, s, consumed.load(), tokens, static_cast<double>(consumed.load()) / s, static_cast<double>(tokens) / s,
+      s * 1e9 / static_cast<double>(consumed.load()), cpu * 1e9 / static_cast<double>(consumed.load()),
+      2.0 * bytes / s / 1e9, bw.copy_gbps, 2.0 * bytes / cpu / 1e9, copy_cpu_gbps);
   return 0;
 }
 
@@ -264,7 +266,8 @@ int main(int argc, char** argv) {
     if (mode == "microbatch" && argc == 5) return microbatch(argv[2], std::atoll(argv[3]), argv[4], plan);
     if (mode == "pack" && argc == 5) return pack(argv[2], std::atoll(argv[3]), std::atoll(argv[4]), plan);
     if (mode == "buffer" && argc == 7)
-      return buffer(std::atoi(argv[2]), std::atoi(argv[3]), std::atoll(argv[4]), std::atoll(argv[5]), std::atoll(argv[6]));
+      return buffer(std::atoi(argv[2]), std::atoi(argv[3]), std::atoll(argv[4]), std::atoll(argv[5]),
+                    std::atoll(argv[6]));
   } catch (const std::exception& e) {
     fmt::print(stderr, "bench_rollout_peer: {}\n", e.what());
     return 1;

@@ -29,7 +29,8 @@ double copy_bw() {
 
 void report_bandwidth(benchmark::State& state, double bytes_per_iter) {
   state.SetBytesProcessed(static_cast<std::int64_t>(static_cast<double>(state.iterations()) * bytes_per_iter));
-  state.counters["of_copy_bw"] = benchmark::Counter(bytes_per_iter / copy_bw(), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["of_copy_bw"] =
+      benchmark::Counter(bytes_per_iter / copy_bw(), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // One group's life in the gate: admit, accept, consume (a publish every B groups).
@@ -53,7 +54,8 @@ void BM_pick_batch(benchmark::State& state, rlpt::stale_policy pol) {
   std::vector<rlpt::candidate> ready(n);
   for (auto& c : ready) c.version = static_cast<rlpt::policy_version>(10 + rng() % 5);
   const std::vector<rlpt::version_count> flying{{11, -1, 20}, {13, -1, 40}, {14, -1, 64}};
-  for (auto _ : state) benchmark::DoNotOptimize(rlpt::pick_batch(ready, 64, 14, {.max_staleness = 4, .on_stale = pol}, flying));
+  for (auto _ : state)
+    benchmark::DoNotOptimize(rlpt::pick_batch(ready, 64, 14, {.max_staleness = 4, .on_stale = pol}, flying));
   state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(n));
 }
 BENCHMARK_CAPTURE(BM_pick_batch, drop, rlpt::stale_policy::drop)->Arg(64)->Arg(1024)->Arg(16384);
@@ -76,7 +78,8 @@ void BM_buffer_groups(benchmark::State& state, bool adapter) {
   constexpr index_t groups = 8, size = 4;
   std::vector<std::vector<rlpt::trajectory>> recs(groups);
   for (index_t g = 0; g < groups; ++g)
-    for (index_t s = 0; s < size; ++s) recs[static_cast<std::size_t>(g)].push_back(small_record(g, static_cast<std::int32_t>(s), 0));
+    for (index_t s = 0; s < size; ++s)
+      recs[static_cast<std::size_t>(g)].push_back(small_record(g, static_cast<std::int32_t>(s), 0));
   rlpt::staleness_gate gate({.max_staleness = 1000000, .batch_groups = groups, .max_concurrent = 64});
   rlpt::staleness_buffer sb(gate, {.capacity_groups = 64, .group_size = size}, {.select = {.max_staleness = 1}});
   rlpt::rollout_buffer plain({.capacity_groups = 64, .group_size = size});

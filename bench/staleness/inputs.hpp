@@ -14,11 +14,11 @@ namespace rlpt::bench {
 
 struct token_inputs {
   policy_version current = 0;
-  std::vector<index_t> offsets;           // packed sequences of 1000 tokens
-  std::vector<policy_version> versions;   // prompt tokens -1, then current - ((i * 7) % 8)
-  std::vector<mask_t> mask;               // trained unless a prompt token or i % 13 == 0
-  std::vector<float> behav;               // -(i % 1000) / 100
-  std::vector<float> cur;                 // -((i * 31) % 1000) / 100
+  std::vector<index_t> offsets;         // packed sequences of 1000 tokens
+  std::vector<policy_version> versions; // prompt tokens -1, then current - ((i * 7) % 8)
+  std::vector<mask_t> mask;             // trained unless a prompt token or i % 13 == 0
+  std::vector<float> behav;             // -(i % 1000) / 100
+  std::vector<float> cur;               // -((i * 31) % 1000) / 100
 };
 
 inline token_inputs make_token_inputs(index_t n, policy_version current = 20) {

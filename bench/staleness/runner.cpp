@@ -33,8 +33,8 @@ int main(int argc, char** argv) {
     const auto u = static_cast<std::size_t>(n);
     const auto in = rlpt::bench::make_token_inputs(n);
     const rlpt::token_layout layout = rlpt::token_layout::packed(in.offsets);
-    const rlpt::proximal_options po{.method = op == "prox_linear" ? rlpt::prox_method::linear
-                                                                  : rlpt::prox_method::loglinear};
+    const rlpt::proximal_options po{.method =
+                                        op == "prox_linear" ? rlpt::prox_method::linear : rlpt::prox_method::loglinear};
     // bytes one call moves: versions (4) + mask (1) in, mask (1) out; proximal: two logprobs (8),
     // versions (4) and mask (1) in, one logprob (4) out
     const double bytes = static_cast<double>(n) * (op == "mask" ? 6.0 : 17.0);
@@ -51,7 +51,8 @@ int main(int argc, char** argv) {
     } else {
       auto call = [&] {
         auto out = rlpt::bench::output<float>(u);
-        rlpt::proximal_logprobs(in.behav, in.cur, in.versions, in.mask, in.current, rlpt::view<float>(out.get(), n), po);
+        rlpt::proximal_logprobs(in.behav, in.cur, in.versions, in.mask, in.current, rlpt::view<float>(out.get(), n),
+                                po);
         return out;
       };
       const auto t = rlpt::bench::time_calls(plan, call);

@@ -47,17 +47,17 @@ using rlpt::policy_version;
 struct config {
   std::string dist = "all"; // longtail | lognormal | uniform | all
   index_t engines = 8;
-  index_t slots = 32;       // per engine
-  index_t group = 8;        // samples per group (G)
-  index_t batch = 32;       // groups per step (B); B·G = 256 = every slot once
+  index_t slots = 32; // per engine
+  index_t group = 8;  // samples per group (G)
+  index_t batch = 32; // groups per step (B); B·G = 256 = every slot once
   index_t steps = 100;
   index_t prompt = 256;
   index_t cap = 16384;
-  double t_base = 0.012;    // s per decode step, fixed part (weights read)
-  double t_seq = 0.00025;   // s per decode step per active sequence (KV read)
-  double train_fixed = 5.0; // s per optimizer step
-  double train_tps = 16000.0; // trained tokens per second
-  double sync_pause = 5.0;  // s every engine pauses per weight sync
+  double t_base = 0.012;       // s per decode step, fixed part (weights read)
+  double t_seq = 0.00025;      // s per decode step per active sequence (KV read)
+  double train_fixed = 5.0;    // s per optimizer step
+  double train_tps = 16000.0;  // trained tokens per second
+  double sync_pause = 5.0;     // s every engine pauses per weight sync
   std::string policy = "both"; // wait | drop | both
   //! Gate concurrency cap in groups; 0 = engines·slots, i.e. only the slots limit what runs
   //! (a group with one straggler must not hold G slots' worth of admission).
@@ -66,17 +66,17 @@ struct config {
 };
 
 struct sequence {
-  double remaining = 0.0;                 // tokens still to generate
-  index_t length = 0;                     // response length
-  std::size_t group = 0;                  // index into groups
+  double remaining = 0.0;                                   // tokens still to generate
+  index_t length = 0;                                       // response length
+  std::size_t group = 0;                                    // index into groups
   std::vector<std::pair<policy_version, index_t>> segments; // (version, tokens) so far
   double generated = 0.0;
 };
 
 struct group_state {
   rlpt::ticket t;
-  index_t pending = 0;     // samples not finished
-  index_t tokens = 0;      // prompt + response tokens of all samples
+  index_t pending = 0;                                            // samples not finished
+  index_t tokens = 0;                                             // prompt + response tokens of all samples
   std::vector<std::pair<policy_version, index_t>> token_versions; // all samples' segments
   bool done = false;
 };
@@ -102,7 +102,8 @@ class simulator {
 public:
   simulator(const config& c, std::string dist, bool sync, index_t eta, rlpt::stale_policy pol)
       : c_(c), dist_(std::move(dist)), sync_(sync), eta_(eta), pol_(pol), rng_(c.seed),
-        gate_({.max_staleness = eta, .batch_groups = c.batch,
+        gate_({.max_staleness = eta,
+               .batch_groups = c.batch,
                .max_concurrent = c.max_concurrent > 0 ? c.max_concurrent : c.engines * c.slots}) {
     engines_.resize(static_cast<std::size_t>(c.engines));
   }
@@ -149,9 +150,8 @@ public:
             idx.push_back(i);
           }
           const auto alive = gate_.alive();
-          const rlpt::pick_result p = rlpt::pick_batch(cands, c_.batch, alive.version,
-                                                       {.max_staleness = eta_, .on_stale = pol_},
-                                                       rlpt::in_flight(alive, cands));
+          const rlpt::pick_result p = rlpt::pick_batch(
+              cands, c_.batch, alive.version, {.max_staleness = eta_, .on_stale = pol_}, rlpt::in_flight(alive, cands));
           std::vector<std::uint8_t> gone(idx.size(), 0);
           for (const auto& [pos, act] : p.evict) {
             gate_.release(groups_[idx[static_cast<std::size_t>(pos)]].t, rlpt::release_reason::dropped);
@@ -243,7 +243,7 @@ private:
       len = 2000.0 * std::exp(0.8 * z(rng_));
     } else if (dist_ == "longtail") {
       len = std::uniform_real_distribution<double>(0.0, 1.0)(rng_) < 0.15 ? static_cast<double>(c_.cap)
-                                                                           : 1500.0 * std::exp(0.9 * z(rng_));
+                                                                          : 1500.0 * std::exp(0.9 * z(rng_));
     } else {
       len = std::uniform_real_distribution<double>(256.0, 8192.0)(rng_);
     }
@@ -360,21 +360,36 @@ bool parse(config& c, int argc, char** argv) {
     const std::string val(a.substr(eq + 1));
     auto num = [&] { return std::strtod(val.c_str(), nullptr); };
     auto integer = [&] { return static_cast<index_t>(std::strtoll(val.c_str(), nullptr, 10)); };
-    if (key == "dist") c.dist = val;
-    else if (key == "engines") c.engines = integer();
-    else if (key == "slots") c.slots = integer();
-    else if (key == "group") c.group = integer();
-    else if (key == "batch") c.batch = integer();
-    else if (key == "steps") c.steps = integer();
-    else if (key == "train-tps") c.train_tps = num();
-    else if (key == "train-fixed") c.train_fixed = num();
-    else if (key == "sync-pause") c.sync_pause = num();
-    else if (key == "t-base") c.t_base = num();
-    else if (key == "t-seq") c.t_seq = num();
-    else if (key == "policy") c.policy = val;
-    else if (key == "max-concurrent") c.max_concurrent = integer();
-    else if (key == "seed") c.seed = static_cast<std::uint64_t>(std::strtoull(val.c_str(), nullptr, 10));
-    else return false;
+    if (key == "dist")
+      c.dist = val;
+    else if (key == "engines")
+      c.engines = integer();
+    else if (key == "slots")
+      c.slots = integer();
+    else if (key == "group")
+      c.group = integer();
+    else if (key == "batch")
+      c.batch = integer();
+    else if (key == "steps")
+      c.steps = integer();
+    else if (key == "train-tps")
+      c.train_tps = num();
+    else if (key == "train-fixed")
+      c.train_fixed = num();
+    else if (key == "sync-pause")
+      c.sync_pause = num();
+    else if (key == "t-base")
+      c.t_base = num();
+    else if (key == "t-seq")
+      c.t_seq = num();
+    else if (key == "policy")
+      c.policy = val;
+    else if (key == "max-concurrent")
+      c.max_concurrent = integer();
+    else if (key == "seed")
+      c.seed = static_cast<std::uint64_t>(std::strtoull(val.c_str(), nullptr, 10));
+    else
+      return false;
   }
   return c.max_concurrent >= 0 && c.engines >= 1 && c.slots >= 1 && c.group >= 1 && c.batch >= 1 && c.steps >= 1 &&
          c.engines * c.slots >= c.group && (c.engines * c.slots / c.group) >= 1;
@@ -385,16 +400,15 @@ bool parse(config& c, int argc, char** argv) {
 int main(int argc, char** argv) {
   config c;
   if (!parse(c, argc, argv)) {
-    fmt::print(stderr,
-               "usage: rlpt_simulate_async [--dist=longtail|lognormal|uniform|all] [--steps=N] [--engines=E] "
-               "[--slots=S] [--group=G] [--batch=B] [--train-tps=X] [--train-fixed=S] [--sync-pause=S] "
-               "[--t-base=S] [--t-seq=S] [--policy=wait|drop|both] [--max-concurrent=N] [--seed=N]\n");
+    fmt::print(stderr, "usage: rlpt_simulate_async [--dist=longtail|lognormal|uniform|all] [--steps=N] [--engines=E] "
+                       "[--slots=S] [--group=G] [--batch=B] [--train-tps=X] [--train-fixed=S] [--sync-pause=S] "
+                       "[--t-base=S] [--t-seq=S] [--policy=wait|drop|both] [--max-concurrent=N] [--seed=N]\n");
     return 1;
   }
   fmt::print("rlpt_simulate_async: {} engines x {} slots, G = {}, B = {} groups, {} steps; decode step {:.1f} ms + "
              "{:.2f} ms/seq; train {:.0f} s + tokens / {:.0f} tok/s; weight sync pause {:.0f} s; seed {}\n",
-             c.engines, c.slots, c.group, c.batch, c.steps, 1e3 * c.t_base, 1e3 * c.t_seq, c.train_fixed,
-             c.train_tps, c.sync_pause, c.seed);
+             c.engines, c.slots, c.group, c.batch, c.steps, 1e3 * c.t_base, 1e3 * c.t_seq, c.train_fixed, c.train_tps,
+             c.sync_pause, c.seed);
   std::vector<std::string> dists;
   if (c.dist == "all")
     dists = {"longtail", "lognormal", "uniform"};
@@ -405,15 +419,14 @@ int main(int argc, char** argv) {
   if (c.policy != "wait") pols.push_back(rlpt::stale_policy::drop);
   for (const auto& d : dists) {
     fmt::print("\n== {} response lengths ==\n", d);
-    fmt::print("{:<20} {:>11} {:>8} {:>12} {:>10} {:>8} {:>9}  {:<34} {}\n", "mode", "tok/s", "speedup",
-               "trainer idle", "gen idle", "dropped", "s/step", "group staleness", "token staleness");
+    fmt::print("{:<20} {:>11} {:>8} {:>12} {:>10} {:>8} {:>9}  {:<34} {}\n", "mode", "tok/s", "speedup", "trainer idle",
+               "gen idle", "dropped", "s/step", "group staleness", "token staleness");
     const result base = simulator(c, d, true, 0, rlpt::stale_policy::wait).run();
     auto row = [&](const result& r) {
       const double tps = r.trained_tokens / r.time;
       const double slot_s = r.time * static_cast<double>(c.engines * c.slots);
       fmt::print("{:<20} {:>11.0f} {:>7.2f}x {:>11.1f}% {:>9.1f}% {:>7.1f}% {:>9.1f}  {:<34} {}\n", r.name, tps,
-                 tps / (base.trained_tokens / base.time), 100.0 * r.trainer_idle / r.time,
-                 100.0 * r.slot_idle / slot_s,
+                 tps / (base.trained_tokens / base.time), 100.0 * r.trainer_idle / r.time, 100.0 * r.slot_idle / slot_s,
                  100.0 * static_cast<double>(r.dropped) / static_cast<double>(std::max<index_t>(1, r.generated_groups)),
                  r.time / static_cast<double>(r.steps), r.group_age.to_string(), r.token_age.to_string());
     };

@@ -55,8 +55,7 @@ inline int no_device(const char* bench) {
   return 77;
 }
 
-template <class T>
-T* device_alloc(std::size_t n) {
+template <class T> T* device_alloc(std::size_t n) {
   void* p = nullptr;
   RLPT_BENCH_CUDA(cudaMalloc(&p, std::max<std::size_t>(n, 1) * sizeof(T)));
   return static_cast<T*>(p);
@@ -132,10 +131,11 @@ inline copy_limit measure_copy(cudaStream_t stream, std::size_t bytes = std::siz
 }
 
 inline void print_copy(const copy_limit& c) {
-  std::printf("device copy bandwidth: %.1f GB/s (read + written) = cudaMemcpyAsync D2D of %.2f GB in %.3f ms, fastest of "
-              "10\n  convention: a kernel's bandwidth counts the bytes it must read and write; one read of B bytes "
-              "takes B / copy bandwidth (half the time a D2D copy of B bytes takes)\n",
-              c.bytes_per_s / 1e9, c.bytes / 1e9, c.ms);
+  std::printf(
+      "device copy bandwidth: %.1f GB/s (read + written) = cudaMemcpyAsync D2D of %.2f GB in %.3f ms, fastest of "
+      "10\n  convention: a kernel's bandwidth counts the bytes it must read and write; one read of B bytes "
+      "takes B / copy bandwidth (half the time a D2D copy of B bytes takes)\n",
+      c.bytes_per_s / 1e9, c.bytes / 1e9, c.ms);
 }
 
 //! The GPU operations one call enqueues, counted from a CUDA graph it was captured into.
@@ -176,11 +176,20 @@ inline launch_count count_launches(const std::function<void(cudaStream_t)>& fn) 
     cudaGraphNodeType t{};
     RLPT_BENCH_CUDA(cudaGraphNodeGetType(node, &t));
     switch (t) {
-    case cudaGraphNodeTypeKernel: ++r.kernels; break;
-    case cudaGraphNodeTypeMemset: ++r.memsets; break;
-    case cudaGraphNodeTypeMemcpy: ++r.memcpys; break;
-    case cudaGraphNodeTypeEmpty: break; // dependency joins, no GPU work
-    default: ++r.other; break;
+    case cudaGraphNodeTypeKernel:
+      ++r.kernels;
+      break;
+    case cudaGraphNodeTypeMemset:
+      ++r.memsets;
+      break;
+    case cudaGraphNodeTypeMemcpy:
+      ++r.memcpys;
+      break;
+    case cudaGraphNodeTypeEmpty:
+      break; // dependency joins, no GPU work
+    default:
+      ++r.other;
+      break;
     }
   }
   r.captured = true;
@@ -210,7 +219,9 @@ public:
 
   void check(target t, std::string_view note = {}) {
     std::printf("TARGET %s: %.4g %s %.4g: %s", t.name.c_str(), t.value, t.at_least ? ">=" : "<=", t.bound,
-                !t.measured() ? "not measured" : t.met() ? "met" : "NOT met");
+                !t.measured() ? "not measured"
+                : t.met()     ? "met"
+                              : "NOT met");
     if (!note.empty()) std::printf(" (%.*s)", static_cast<int>(note.size()), note.data());
     std::printf("\n");
     std::fflush(stdout);

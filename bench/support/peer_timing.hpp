@@ -58,10 +58,7 @@ inline void flush_caches(std::size_t bytes) {
 
 //! Uninitialised storage for `n` values, what torch.empty gives a peer: allocated inside a
 //! timed call, released when the call's result is destroyed.
-template <class T>
-std::unique_ptr<T[]> output(std::size_t n) {
-  return std::unique_ptr<T[]>(new T[n]);
-}
+template <class T> std::unique_ptr<T[]> output(std::size_t n) { return std::unique_ptr<T[]>(new T[n]); }
 
 struct timing_plan {
   int warmup = 1;
@@ -84,10 +81,14 @@ inline timing_plan parse_timing(int& argc, char** argv) {
     }
     if (r + 1 >= argc) throw std::invalid_argument(fmt::format("{} needs a value", a));
     const char* v = argv[++r];
-    if (a == "--warmup") p.warmup = std::atoi(v);
-    else if (a == "--calls") p.calls = std::atoi(v);
-    else if (a == "--flush") p.flush = static_cast<std::size_t>(std::strtoull(v, nullptr, 10));
-    else p.out = v;
+    if (a == "--warmup")
+      p.warmup = std::atoi(v);
+    else if (a == "--calls")
+      p.calls = std::atoi(v);
+    else if (a == "--flush")
+      p.flush = static_cast<std::size_t>(std::strtoull(v, nullptr, 10));
+    else
+      p.out = v;
   }
   argc = w;
   if (p.warmup < 0 || p.calls < 1) throw std::invalid_argument("--warmup must be >= 0 and --calls >= 1");
@@ -100,13 +101,14 @@ struct call_times {
 };
 
 //! Times plan.calls single calls of f() after plan.warmup untimed ones (see the file comment).
-template <class F>
-call_times time_calls(const timing_plan& plan, F&& f) {
+template <class F> call_times time_calls(const timing_plan& plan, F&& f) {
   using R = std::invoke_result_t<F&>;
   for (int i = 0; i < plan.warmup; ++i) {
     flush_caches(plan.flush);
-    if constexpr (std::is_void_v<R>) f();
-    else (void)f();
+    if constexpr (std::is_void_v<R>)
+      f();
+    else
+      (void)f();
   }
   call_times t;
   for (int i = 0; i < plan.calls; ++i) {
@@ -140,8 +142,7 @@ inline std::string json_series(const call_times& t, std::string_view prefix = ""
 }
 
 //! Writes n values raw (little-endian) to `path`; throws when it cannot.
-template <class T>
-void write_raw(const std::string& path, const T* p, std::size_t n) {
+template <class T> void write_raw(const std::string& path, const T* p, std::size_t n) {
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (f == nullptr) throw std::runtime_error("cannot write " + path);
   const std::size_t put = n == 0 ? 0 : std::fwrite(p, sizeof(T), n, f);
@@ -150,8 +151,7 @@ void write_raw(const std::string& path, const T* p, std::size_t n) {
 }
 
 //! Reads exactly n values raw from `path`; throws when the file is shorter.
-template <class T>
-std::vector<T> read_raw(const std::string& path, std::size_t n) {
+template <class T> std::vector<T> read_raw(const std::string& path, std::size_t n) {
   std::vector<T> v(n);
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) throw std::runtime_error("cannot read " + path);

@@ -114,22 +114,30 @@ void large(benchmark::State& s) {
     std::uint64_t h = 0;
     if (s.range(0) == 0) std::memcpy(dst.data(), src.data(), src.size());
     for (std::size_t at = 0; s.range(0) != 0 && at < src.size(); at += piece) {
-      if (s.range(0) == 1) h ^= copy_hash(dst.data() + at, src.data() + at, piece);
-      else if (s.range(0) == 2) h ^= xxh3(src.data() + at, piece);
-      else h ^= RLPT_SYNC_XXH3_64(src.data() + at, piece);
+      if (s.range(0) == 1)
+        h ^= copy_hash(dst.data() + at, src.data() + at, piece);
+      else if (s.range(0) == 2)
+        h ^= xxh3(src.data() + at, piece);
+      else
+        h ^= RLPT_SYNC_XXH3_64(src.data() + at, piece);
     }
     benchmark::DoNotOptimize(h);
     benchmark::ClobberMemory();
   }
-  s.SetLabel(s.range(0) == 0 ? "memcpy 1 GiB" : s.range(0) == 1 ? "copy_hash" : s.range(0) == 2 ? "xxh3" : "XXH3 one-shot");
+  s.SetLabel(s.range(0) == 0   ? "memcpy 1 GiB"
+             : s.range(0) == 1 ? "copy_hash"
+             : s.range(0) == 2 ? "xxh3"
+                               : "XXH3 one-shot");
   s.SetBytesProcessed(static_cast<std::int64_t>(s.iterations() * src.size()));
 }
 
 std::vector<tensor_ref> model_tensors(int n) {
   std::vector<tensor_ref> v;
   for (int i = 0; i < n; ++i)
-    v.push_back({fmt::format("model.layers.{}.mlp.experts.{}.down_proj.weight", i / 128, i % 128), wire_dtype::bf16,
-                 {2048, 768}, nullptr});
+    v.push_back({fmt::format("model.layers.{}.mlp.experts.{}.down_proj.weight", i / 128, i % 128),
+                 wire_dtype::bf16,
+                 {2048, 768},
+                 nullptr});
   return v;
 }
 

@@ -49,13 +49,13 @@ using namespace rlpt::sync;
 namespace {
 
 //! A failed check of the benchmark: printed by main(), no figure reported.
-template <class... Args>
-void require(bool ok, fmt::format_string<Args...> f, Args&&... args) {
+template <class... Args> void require(bool ok, fmt::format_string<Args...> f, Args&&... args) {
   if (!ok) throw std::runtime_error(fmt::format(f, std::forward<Args>(args)...));
 }
 
 __global__ void fill_kernel(std::uint16_t* p, std::uint64_t n, std::uint64_t seed) {
-  for (std::uint64_t i = std::uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += std::uint64_t{gridDim.x} * blockDim.x) {
+  for (std::uint64_t i = std::uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
+       i += std::uint64_t{gridDim.x} * blockDim.x) {
     const std::uint64_t h = wsum_mix(i ^ (seed << 40));
     p[i] = static_cast<std::uint16_t>((h & 0x807f) | 0x3c00);
   }
@@ -63,7 +63,8 @@ __global__ void fill_kernel(std::uint16_t* p, std::uint64_t n, std::uint64_t see
 
 // Flips the lowest mantissa bit of `fraction` of the elements (an RL step's density).
 __global__ void step_kernel(std::uint16_t* p, std::uint64_t n, std::uint64_t seed, std::uint64_t per_million) {
-  for (std::uint64_t i = std::uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += std::uint64_t{gridDim.x} * blockDim.x)
+  for (std::uint64_t i = std::uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
+       i += std::uint64_t{gridDim.x} * blockDim.x)
     if (wsum_mix(i * 0x9e3779b97f4a7c15ull + seed) % 1000000 < per_million) p[i] ^= 1;
 }
 
@@ -81,8 +82,8 @@ std::vector<row> rows;
 
 void add(std::string what, std::string measured, std::string reference, std::string ratio) {
   rows.push_back({std::move(what), std::move(measured), std::move(reference), std::move(ratio)});
-  std::printf("%-46s %-22s %-26s %s\n", rows.back().what.c_str(), rows.back().measured.c_str(), rows.back().reference.c_str(),
-              rows.back().ratio.c_str());
+  std::printf("%-46s %-22s %-26s %s\n", rows.back().what.c_str(), rows.back().measured.c_str(),
+              rows.back().reference.c_str(), rows.back().ratio.c_str());
   std::fflush(stdout);
 }
 
@@ -113,8 +114,13 @@ double d2d_bandwidth(std::uint64_t bytes) {
 std::vector<tensor_entry> bf16_model(std::uint64_t bytes, int tensors) {
   std::vector<tensor_entry> e;
   for (int t = 0; t < tensors; ++t)
-    e.push_back({fmt::format("w{}", t), wire_dtype::bf16, {static_cast<std::int64_t>(bytes / 2 / static_cast<std::uint64_t>(tensors))},
-                 0, 0, 0, 0});
+    e.push_back({fmt::format("w{}", t),
+                 wire_dtype::bf16,
+                 {static_cast<std::int64_t>(bytes / 2 / static_cast<std::uint64_t>(tensors))},
+                 0,
+                 0,
+                 0,
+                 0});
   return e;
 }
 
@@ -138,7 +144,8 @@ int ipc_sender(const std::string& path, std::uint64_t bytes, std::uint64_t bucke
   dev_tensors params(m);
   device_sender tx(l, m, params.t);
   for (int v = 1; v <= versions; ++v) {
-    for (std::size_t i = 0; i < m.size(); ++i) fill(params.t[i].data, m[i].numel(), static_cast<std::uint64_t>(v * 16) + i);
+    for (std::size_t i = 0; i < m.size(); ++i)
+      fill(params.t[i].data, m[i].numel(), static_cast<std::uint64_t>(v * 16) + i);
     RLPT_CUDA_CHECK(cudaDeviceSynchronize());
     static_cast<void>(tx.publish(static_cast<std::uint64_t>(v)));
   }
@@ -155,8 +162,8 @@ double ipc_receive(std::uint64_t bytes, std::uint64_t bucket, int versions, appl
   ipc_link l(host, role::receiver);
   dev_tensors targets(m);
   device_receiver rx(l, targets.t, {.mode = mode});
-  std::vector<std::string> args = {"/proc/self/exe", "ipc-sender", path, std::to_string(bytes), std::to_string(bucket),
-                                   std::to_string(versions)};
+  std::vector<std::string> args = {"/proc/self/exe",      "ipc-sender",           path,
+                                   std::to_string(bytes), std::to_string(bucket), std::to_string(versions)};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -215,7 +222,8 @@ void bench_nccl(std::uint64_t bytes, std::uint64_t bucket) {
   RLPT_NCCL_CHECK(ncclCommDestroy(comm));
   const double b = static_cast<double>(m.payload_bytes());
   add(fmt::format("NCCL 1-rank publish, {} MiB in {} MiB buckets", bytes >> 20, bucket >> 20), gbs(b / link_s),
-      "ncclBroadcast " + gbs(b / plain_s), fmt::format("{:.2f} (time {:.2f} vs {:.2f} ms)", plain_s / link_s, link_s * 1e3, plain_s * 1e3));
+      "ncclBroadcast " + gbs(b / plain_s),
+      fmt::format("{:.2f} (time {:.2f} vs {:.2f} ms)", plain_s / link_s, link_s * 1e3, plain_s * 1e3));
 }
 #endif
 
@@ -271,16 +279,17 @@ void bench_delta(double copy_bw, bool quick) {
   const double changed = static_cast<double>(p.stats.changed) / static_cast<double>(p.stats.elements);
   add(fmt::format("delta encode, {:.1f} GB bf16, {:.2f} % changed", static_cast<double>(bytes) / 1e9, 100 * changed),
       gbs(2.0 * static_cast<double>(bytes) / enc_s) + " read", "D2D copy " + gbs(2.0 * copy_bw) + " r+w",
-      fmt::format("{:.2f} of HBM ({:.1f} ms, {:.1f}x fewer bytes)", (2.0 * static_cast<double>(bytes) / enc_s) / (2.0 * copy_bw),
-                  enc_s * 1e3, static_cast<double>(bytes) / static_cast<double>(total_bytes)));
+      fmt::format("{:.2f} of HBM ({:.1f} ms, {:.1f}x fewer bytes)",
+                  (2.0 * static_cast<double>(bytes) / enc_s) / (2.0 * copy_bw), enc_s * 1e3,
+                  static_cast<double>(bytes) / static_cast<double>(total_bytes)));
   // Apply into `base` (the receiver's parameters at the base version), then undo.
   std::vector<device_delta_record> recs;
   for (std::size_t j = 0; j < p.messages.size(); ++j)
     for (std::size_t k = p.messages[j].record_begin; k < p.messages[j].record_end; ++k) {
       const auto& pr = p.records[k];
       device_delta_record d;
-      d.head = detail::parse_delta_head(std::span<const std::byte>(reinterpret_cast<const std::byte*>(pr.header.data()), 64), "bench",
-                                        0);
+      d.head = detail::parse_delta_head(
+          std::span<const std::byte>(reinterpret_cast<const std::byte*>(pr.header.data()), 64), "bench", 0);
       d.header = pr.header;
       d.at = msg_at[j] + pr.offset;
       d.target = base.t[d.head.tensor].data;
@@ -303,7 +312,8 @@ void bench_delta(double copy_bw, bool quick) {
   // Minimum traffic of an apply: the records read and written back (swap), the changed
   // elements read and written in the targets.
   const double traffic = 2.0 * static_cast<double>(total_bytes) + 4.0 * static_cast<double>(p.stats.changed);
-  add("delta apply (validate + swap) of those records", gbs(traffic / app_s) + " r+w", "D2D copy " + gbs(2.0 * copy_bw) + " r+w",
+  add("delta apply (validate + swap) of those records", gbs(traffic / app_s) + " r+w",
+      "D2D copy " + gbs(2.0 * copy_bw) + " r+w",
       fmt::format("{:.2f} of HBM ({:.1f} ms; model covered at {})", (traffic / app_s) / (2.0 * copy_bw), app_s * 1e3,
                   gbs(static_cast<double>(bytes) / app_s)));
 }
@@ -313,7 +323,8 @@ void bench_delta(double copy_bw, bool quick) {
 int main(int argc, char** argv) {
   try {
     if (argc == 6 && std::string(argv[1]) == "ipc-sender")
-      return ipc_sender(argv[2], std::strtoull(argv[3], nullptr, 10), std::strtoull(argv[4], nullptr, 10), std::atoi(argv[5]));
+      return ipc_sender(argv[2], std::strtoull(argv[3], nullptr, 10), std::strtoull(argv[4], nullptr, 10),
+                        std::atoi(argv[5]));
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
       std::printf("bench_sync_gpu: no CUDA device, nothing measured\n");
@@ -322,7 +333,8 @@ int main(int argc, char** argv) {
     const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
     cudaDeviceProp prop{};
     RLPT_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    std::printf("bench_sync_gpu on %s\n%-46s %-22s %-26s %s\n", prop.name, "what", "measured", "reference (same run)", "ratio");
+    std::printf("bench_sync_gpu on %s\n%-46s %-22s %-26s %s\n", prop.name, "what", "measured", "reference (same run)",
+                "ratio");
     const std::uint64_t model = quick ? std::uint64_t{256} << 20 : std::uint64_t{1} << 30;
     const double copy_bw = d2d_bandwidth(model);
     add(fmt::format("D2D cudaMemcpy of {} MiB", model >> 20), gbs(copy_bw), "-", "-");
@@ -341,7 +353,8 @@ int main(int argc, char** argv) {
       std::uint64_t buckets = 0;
       const double s = ipc_receive(model, std::uint64_t{256} << 20, 5, mode, buckets);
       const double bw = static_cast<double>(model) / s;
-      add(fmt::format("IPC update {} MiB, {} buckets, {}", model >> 20, buckets, mode == apply_mode::staged ? "staged" : "streaming"),
+      add(fmt::format("IPC update {} MiB, {} buckets, {}", model >> 20, buckets,
+                      mode == apply_mode::staged ? "staged" : "streaming"),
           gbs(bw), "D2D " + gbs(copy_bw), fmt::format("{:.2f} (vs D2D/2: {:.2f})", bw / copy_bw, bw / (copy_bw / 2)));
       ipc16.emplace_back(mode, bw);
     }
@@ -350,11 +363,13 @@ int main(int argc, char** argv) {
       const std::uint64_t small = std::uint64_t{4} << 20;
       const double s = ipc_receive(small, 4096, 5, apply_mode::streaming, buckets);
       const double per = (s - 2.0 * static_cast<double>(small) / copy_bw) / static_cast<double>(buckets);
-      add(fmt::format("IPC control overhead ({} x 4 KiB buckets)", buckets), fmt::format("{:.1f} us / bucket", per * 1e6),
-          "target <= 1000 us", fmt::format("{:.4f} of target", per / 1e-3));
+      add(fmt::format("IPC control overhead ({} x 4 KiB buckets)", buckets),
+          fmt::format("{:.1f} us / bucket", per * 1e6), "target <= 1000 us",
+          fmt::format("{:.4f} of target", per / 1e-3));
     }
 #if RLPT_HAS_NCCL()
-    bench_nccl(quick ? std::uint64_t{256} << 20 : std::uint64_t{1} << 30, quick ? std::uint64_t{64} << 20 : std::uint64_t{256} << 20);
+    bench_nccl(quick ? std::uint64_t{256} << 20 : std::uint64_t{1} << 30,
+               quick ? std::uint64_t{64} << 20 : std::uint64_t{256} << 20);
 #else
     add("NCCL", "not built (no NCCL)", "-", "-");
 #endif
@@ -373,8 +388,8 @@ int main(int argc, char** argv) {
                     "model bytes/s x 4 (pack + apply, each read + written) / copy bandwidth");
     }
     for (std::size_t i = 0; i < rows.size(); ++i)
-      rep16.text(fmt::format("row{}", i), rows[i].what + " | " + rows[i].measured + " | " + rows[i].reference + " | " +
-                                              rows[i].ratio);
+      rep16.text(fmt::format("row{}", i),
+                 rows[i].what + " | " + rows[i].measured + " | " + rows[i].reference + " | " + rows[i].ratio);
     rep16.print_json();
     return 0;
   } catch (const std::exception& e) {

@@ -99,7 +99,9 @@ struct big_model {
       storage.emplace_back(new std::byte[n]);
       auto* p = reinterpret_cast<std::uint64_t*>(storage.back().get());
       for (std::uint64_t i = 0; i < n / 8; ++i) p[i] = g();
-      refs.push_back({fmt::format("layers.{}.weight", k), wire_dtype::bf16, {static_cast<std::int64_t>(n / 2)},
+      refs.push_back({fmt::format("layers.{}.weight", k),
+                      wire_dtype::bf16,
+                      {static_cast<std::int64_t>(n / 2)},
                       storage.back().get()});
     }
   }
@@ -132,8 +134,10 @@ std::string throughput(const char* what, std::uint64_t total, std::uint64_t buck
       }
       if (!u.published()) continue;
       const double now = process_cpu();
-      if (got >= 1) cpu[1] = std::min(cpu[1], now - c0);
-      else first = now;
+      if (got >= 1)
+        cpu[1] = std::min(cpu[1], now - c0);
+      else
+        first = now;
       c0 = now;
       ++got;
     }
@@ -272,10 +276,10 @@ std::string delta_pair(const std::string& path, int reps) {
     if (std::memcmp(target.data(), now.bytes.data(), target.size()) != 0) throw std::runtime_error("apply mismatch");
   }
   const double bytes = static_cast<double>(now.bytes.size());
-  return fmt::format(R"({{"bench":"delta-pair","bytes":{},"changed":{},"wire_bytes":{},"encode_s":{:.5f},"apply_s":{:.5f},"encode_gbps":{:.3f},"apply_gbps":{:.3f},"encode_cpu_s":{:.5f},"apply_cpu_s":{:.5f},"sparse":{},"bitmap":{},"dense":{},"memcpy_gbps":{:.3f},"memcpy_cpu_gbps":{:.3f}}})",
-                     now.bytes.size(), st.changed, st.bytes, enc_best, apply_best, bytes / enc_best / 1e9,
-                     bytes / apply_best / 1e9, enc_cpu, apply_cpu, st.by_encoding[1], st.by_encoding[2],
-                     st.by_encoding[3], memcpy_gbps(), memcpy_cpu_gbps());
+  return fmt::format(
+      R"({{"bench":"delta-pair","bytes":{},"changed":{},"wire_bytes":{},"encode_s":{:.5f},"apply_s":{:.5f},"encode_gbps":{:.3f},"apply_gbps":{:.3f},"encode_cpu_s":{:.5f},"apply_cpu_s":{:.5f},"sparse":{},"bitmap":{},"dense":{},"memcpy_gbps":{:.3f},"memcpy_cpu_gbps":{:.3f}}})",
+      now.bytes.size(), st.changed, st.bytes, enc_best, apply_best, bytes / enc_best / 1e9, bytes / apply_best / 1e9,
+      enc_cpu, apply_cpu, st.by_encoding[1], st.by_encoding[2], st.by_encoding[3], memcpy_gbps(), memcpy_cpu_gbps());
 }
 
 // Reads a safetensors file into owned buffers (what safetensors.torch.load_file does), then
@@ -305,9 +309,10 @@ std::string st_roundtrip(const std::string& in, const std::string& out, int reps
     write_safetensors(out, refs, meta);
     write_best = std::min(write_best, seconds_since(t0));
   }
-  return fmt::format(R"({{"bench":"st-roundtrip","bytes":{},"read_s":{:.4f},"write_s":{:.4f},"read_gbps":{:.3f},"write_gbps":{:.3f},"memcpy_gbps":{:.3f}}})",
-                     bytes, read_best, write_best, static_cast<double>(bytes) / read_best / 1e9,
-                     static_cast<double>(bytes) / write_best / 1e9, memcpy_gbps());
+  return fmt::format(
+      R"({{"bench":"st-roundtrip","bytes":{},"read_s":{:.4f},"write_s":{:.4f},"read_gbps":{:.3f},"write_gbps":{:.3f},"memcpy_gbps":{:.3f}}})",
+      bytes, read_best, write_best, static_cast<double>(bytes) / read_best / 1e9,
+      static_cast<double>(bytes) / write_best / 1e9, memcpy_gbps());
 }
 
 // --- scripts/bench-peers modes -------------------------------------------------------------------
@@ -347,7 +352,8 @@ std::string transport_peer(const char* what, std::uint64_t total, std::uint64_t 
     };
     auto link = make_receiver_link();
     receiver rx(*link, load,
-                {.timeout = 60s, .mode = mode == "staged" ? apply_mode::staged : apply_mode::streaming,
+                {.timeout = 60s,
+                 .mode = mode == "staged" ? apply_mode::staged : apply_mode::streaming,
                  .mirror = mode == "staged"});
     std::vector<double> cpu;
     double c0 = process_cpu();
@@ -495,18 +501,21 @@ int peer_modes(int argc, char** argv) {
     if (mode != "streaming" && mode != "staged" && mode != "weights") return usage();
     if (kind == "shm") {
       const std::string name = fmt::format("rlpt-bench-{}", ::getpid());
-      std::puts(transport_peer("shm", total, bucket, mode, tp,
-                               [&] { return std::make_unique<shm_transport>(name, role::sender, shm_options{.slot_bytes = bucket}); },
-                               [&] { return std::make_unique<shm_transport>(name, role::receiver); })
-                    .c_str());
+      std::puts(
+          transport_peer(
+              "shm", total, bucket, mode, tp,
+              [&] { return std::make_unique<shm_transport>(name, role::sender, shm_options{.slot_bytes = bucket}); },
+              [&] { return std::make_unique<shm_transport>(name, role::receiver); })
+              .c_str());
       return 0;
     }
     if (kind == "tcp") {
       auto listener = std::make_unique<tcp_transport>(tcp_options{.listen = true}, role::receiver);
       const std::uint16_t port = listener->port();
-      std::puts(transport_peer("tcp", total, bucket, mode, tp,
-                               [&] { return std::make_unique<tcp_transport>(tcp_options{.port = port}, role::sender); },
-                               [&] { return std::move(listener); })
+      std::puts(transport_peer(
+                    "tcp", total, bucket, mode, tp,
+                    [&] { return std::make_unique<tcp_transport>(tcp_options{.port = port}, role::sender); },
+                    [&] { return std::move(listener); })
                     .c_str());
       return 0;
     }
@@ -545,16 +554,19 @@ int main(int argc, char** argv) {
       const bool staged = argc >= 6 && std::string(argv[5]) == "staged";
       if (cmd == "shm") {
         const std::string name = fmt::format("rlpt-bench-{}", ::getpid());
-        std::puts(throughput("shm", total, bucket, reps, staged,
-                             [&] { return std::make_unique<shm_transport>(name, role::sender, shm_options{.slot_bytes = bucket}); },
-                             [&] { return std::make_unique<shm_transport>(name, role::receiver); })
-                      .c_str());
+        std::puts(
+            throughput(
+                "shm", total, bucket, reps, staged,
+                [&] { return std::make_unique<shm_transport>(name, role::sender, shm_options{.slot_bytes = bucket}); },
+                [&] { return std::make_unique<shm_transport>(name, role::receiver); })
+                .c_str());
       } else {
         auto listener = std::make_unique<tcp_transport>(tcp_options{.listen = true}, role::receiver);
         const std::uint16_t port = listener->port();
-        std::puts(throughput("tcp", total, bucket, reps, staged,
-                             [&] { return std::make_unique<tcp_transport>(tcp_options{.port = port}, role::sender); },
-                             [&] { return std::move(listener); })
+        std::puts(throughput(
+                      "tcp", total, bucket, reps, staged,
+                      [&] { return std::make_unique<tcp_transport>(tcp_options{.port = port}, role::sender); },
+                      [&] { return std::move(listener); })
                       .c_str());
       }
       return 0;

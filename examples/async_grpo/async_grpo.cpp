@@ -85,8 +85,8 @@ struct config {
   int d_model = 64;
   int layers = 2;
   int heads = 4;
-  int groups = 32;     // B: groups (prompts) per optimizer step
-  int group_size = 8;  // G: samples per prompt
+  int groups = 32;    // B: groups (prompts) per optimizer step
+  int group_size = 8; // G: samples per prompt
   double lr = 3e-3;
   double entropy_coef = 0.0; // entropy bonus (verl entropy_coeff; 0 = off, verl's default)
   float temperature = 1.0f;
@@ -109,7 +109,8 @@ struct config {
                "async_grpo: %s\n"
                "usage: async_grpo [--mode sync|async|both] [--eta N] [--digits K] [--max-len L] [--d-model D]\n"
                "                  [--layers N] [--heads H] [--groups B] [--group-size G] [--lr X] [--entropy-coef X]\n"
-               "                  [--temperature T] [--warmup-steps N] [--target A] [--eval-every N] [--max-steps N] [--max-seconds S]\n"
+               "                  [--temperature T] [--warmup-steps N] [--target A] [--eval-every N] [--max-steps N] "
+               "[--max-seconds S]\n"
                "                  [--seed S] [--wire bf16|f32] [--out DIR] [--check]\n",
                why.c_str());
   std::exit(code);
@@ -124,36 +125,62 @@ config parse(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--help" || a == "-h") usage("asynchronous GRPO with libtorch and rlpt (docs/examples.md)", 0);
-    if (a == "--role") c.role = next();
-    else if (a == "--mode") c.mode = next();
-    else if (a == "--eta") c.eta = std::stoi(next());
-    else if (a == "--digits") c.digits = std::stoi(next());
-    else if (a == "--max-len") c.max_len = std::stoi(next());
-    else if (a == "--d-model") c.d_model = std::stoi(next());
-    else if (a == "--layers") c.layers = std::stoi(next());
-    else if (a == "--heads") c.heads = std::stoi(next());
-    else if (a == "--groups") c.groups = std::stoi(next());
-    else if (a == "--group-size") c.group_size = std::stoi(next());
-    else if (a == "--lr") c.lr = std::stod(next());
-    else if (a == "--entropy-coef") c.entropy_coef = std::stod(next());
-    else if (a == "--temperature") c.temperature = std::stof(next());
-    else if (a == "--warmup-steps") c.warmup_steps = std::stoi(next());
-    else if (a == "--target") c.target = std::stod(next());
-    else if (a == "--eval-every") c.eval_every = std::stoi(next());
-    else if (a == "--max-steps") c.max_steps = std::stoi(next());
-    else if (a == "--max-seconds") c.max_seconds = std::stod(next());
-    else if (a == "--seed") c.seed = std::stoull(next());
-    else if (a == "--wire") c.wire = next();
-    else if (a == "--out") c.out = next();
-    else if (a == "--check") c.check = true;
-    else if (a == "--fd") c.fd = std::stoi(next());
-    else if (a == "--shm") c.shm = next();
-    else usage("unknown option " + a);
+    if (a == "--role")
+      c.role = next();
+    else if (a == "--mode")
+      c.mode = next();
+    else if (a == "--eta")
+      c.eta = std::stoi(next());
+    else if (a == "--digits")
+      c.digits = std::stoi(next());
+    else if (a == "--max-len")
+      c.max_len = std::stoi(next());
+    else if (a == "--d-model")
+      c.d_model = std::stoi(next());
+    else if (a == "--layers")
+      c.layers = std::stoi(next());
+    else if (a == "--heads")
+      c.heads = std::stoi(next());
+    else if (a == "--groups")
+      c.groups = std::stoi(next());
+    else if (a == "--group-size")
+      c.group_size = std::stoi(next());
+    else if (a == "--lr")
+      c.lr = std::stod(next());
+    else if (a == "--entropy-coef")
+      c.entropy_coef = std::stod(next());
+    else if (a == "--temperature")
+      c.temperature = std::stof(next());
+    else if (a == "--warmup-steps")
+      c.warmup_steps = std::stoi(next());
+    else if (a == "--target")
+      c.target = std::stod(next());
+    else if (a == "--eval-every")
+      c.eval_every = std::stoi(next());
+    else if (a == "--max-steps")
+      c.max_steps = std::stoi(next());
+    else if (a == "--max-seconds")
+      c.max_seconds = std::stod(next());
+    else if (a == "--seed")
+      c.seed = std::stoull(next());
+    else if (a == "--wire")
+      c.wire = next();
+    else if (a == "--out")
+      c.out = next();
+    else if (a == "--check")
+      c.check = true;
+    else if (a == "--fd")
+      c.fd = std::stoi(next());
+    else if (a == "--shm")
+      c.shm = next();
+    else
+      usage("unknown option " + a);
   }
   if (c.mode != "sync" && c.mode != "async" && c.mode != "both") usage("--mode must be sync, async or both");
   if (c.wire != "bf16" && c.wire != "f32") usage("--wire must be bf16 or f32");
   if (c.eta < 1) usage("--eta is the asynchronous mode's staleness bound: >= 1 (the sync mode uses 0)");
-  if (c.digits < 2 || c.digits > 10 || c.max_len < 1 || c.max_len > 8) usage("--digits in [2, 10], --max-len in [1, 8]");
+  if (c.digits < 2 || c.digits > 10 || c.max_len < 1 || c.max_len > 8)
+    usage("--digits in [2, 10], --max-len in [1, 8]");
   if (c.d_model % c.heads != 0) usage("--d-model must be a multiple of --heads");
   if (c.group_size < 2 || c.groups < 1) usage("--group-size >= 2 and --groups >= 1");
   return c;
@@ -239,9 +266,11 @@ struct task {
 struct BlockImpl : torch::nn::Module {
   BlockImpl(int d, int h)
       : heads(h), ln1(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})))),
-        qkv(register_module("qkv", torch::nn::Linear(d, 3 * d))), proj(register_module("proj", torch::nn::Linear(d, d))),
+        qkv(register_module("qkv", torch::nn::Linear(d, 3 * d))),
+        proj(register_module("proj", torch::nn::Linear(d, d))),
         ln2(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})))),
-        fc1(register_module("fc1", torch::nn::Linear(d, 4 * d))), fc2(register_module("fc2", torch::nn::Linear(4 * d, d))) {}
+        fc1(register_module("fc1", torch::nn::Linear(d, 4 * d))),
+        fc2(register_module("fc2", torch::nn::Linear(4 * d, d))) {}
 
   torch::Tensor forward(torch::Tensor x, const torch::Tensor& causal) {
     const auto n = x.size(0), t = x.size(1), d = x.size(2);
@@ -266,7 +295,8 @@ struct PolicyImpl : torch::nn::Module {
         pos(register_module("pos", torch::nn::Embedding(tk.max_seq(), c.d_model))),
         lnf(register_module("lnf", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})))),
         head(register_module("head", torch::nn::Linear(c.d_model, tk.vocab()))) {
-    for (int l = 0; l < c.layers; ++l) blocks.push_back(register_module("block" + std::to_string(l), Block(c.d_model, c.heads)));
+    for (int l = 0; l < c.layers; ++l)
+      blocks.push_back(register_module("block" + std::to_string(l), Block(c.d_model, c.heads)));
     causal = torch::full({tk.max_seq(), tk.max_seq()}, -1e9f).triu(1);
   }
 
@@ -288,8 +318,8 @@ TORCH_MODULE(Policy);
 // --- generation (engine sampling, trainer's greedy evaluation) ------------------------------
 
 struct generated {
-  std::vector<std::vector<rlpt::token_id>> tokens;   // response tokens (EOS included when emitted)
-  std::vector<std::vector<float>> logprobs;           // behaviour logprob of each (at the temperature)
+  std::vector<std::vector<rlpt::token_id>> tokens;         // response tokens (EOS included when emitted)
+  std::vector<std::vector<float>> logprobs;                // behaviour logprob of each (at the temperature)
   std::vector<std::vector<rlpt::policy_version>> versions; // version that sampled each
 };
 
@@ -311,7 +341,8 @@ generated generate(Policy& model, const task& tk, const std::vector<std::vector<
   for (int step = 0; step < tk.max_new() && !active.empty(); ++step) {
     const rlpt::policy_version version = before_step();
     std::int64_t t = 0;
-    for (std::size_t i : active) t = std::max<std::int64_t>(t, static_cast<std::int64_t>(prompts[i].size() + g.tokens[i].size()));
+    for (std::size_t i : active)
+      t = std::max<std::int64_t>(t, static_cast<std::int64_t>(prompts[i].size() + g.tokens[i].size()));
     auto x = torch::full({static_cast<std::int64_t>(active.size()), t}, tk.eos(), torch::kLong);
     auto xa = x.accessor<std::int64_t, 2>();
     std::vector<std::int64_t> last(active.size());
@@ -367,8 +398,7 @@ public:
   void put_i64(std::int64_t v) { put(&v, sizeof v); }
   void put_i32(std::int32_t v) { put(&v, sizeof v); }
   void put_f64(double v) { put(&v, sizeof v); }
-  template <class T>
-  void put_vec(const std::vector<T>& v) {
+  template <class T> void put_vec(const std::vector<T>& v) {
     put_i32(static_cast<std::int32_t>(v.size()));
     put(v.data(), v.size() * sizeof(T));
   }
@@ -399,11 +429,22 @@ public:
     }
     return true;
   }
-  std::int64_t get_i64() { std::int64_t v = 0; need(get(&v, sizeof v)); return v; }
-  std::int32_t get_i32() { std::int32_t v = 0; need(get(&v, sizeof v)); return v; }
-  double get_f64() { double v = 0; need(get(&v, sizeof v)); return v; }
-  template <class T>
-  std::vector<T> get_vec() {
+  std::int64_t get_i64() {
+    std::int64_t v = 0;
+    need(get(&v, sizeof v));
+    return v;
+  }
+  std::int32_t get_i32() {
+    std::int32_t v = 0;
+    need(get(&v, sizeof v));
+    return v;
+  }
+  double get_f64() {
+    double v = 0;
+    need(get(&v, sizeof v));
+    return v;
+  }
+  template <class T> std::vector<T> get_vec() {
     const std::int32_t n = get_i32();
     if (n < 0 || n > (1 << 20)) throw std::runtime_error("channel: bad vector size");
     std::vector<T> v(static_cast<std::size_t>(n));
@@ -437,7 +478,6 @@ rlpt::sync::shm_options shm_opts() {
   return {.slots = 2, .slot_bytes = std::uint64_t{4} << 20, .meta_bytes = std::uint64_t{256} << 10};
 }
 rlpt::sync::plan_options plan_opts() { return {.bucket_bytes = std::uint64_t{4} << 20}; }
-
 
 std::vector<std::pair<std::string, torch::Tensor>> named_params(Policy& m) {
   std::vector<std::pair<std::string, torch::Tensor>> v;
@@ -546,7 +586,8 @@ int run_engine(const config& c) {
       for (const auto& r : batch) need = std::max(need, r.version);
       const auto wait0 = clock_type::now();
       while (apply() < need) {
-        if (seconds_since(wait0) > 60) throw std::runtime_error("engine: version " + std::to_string(need) + " never arrived");
+        if (seconds_since(wait0) > 60)
+          throw std::runtime_error("engine: version " + std::to_string(need) + " never arrived");
         std::this_thread::sleep_for(std::chrono::microseconds(100));
       }
       const auto t0 = clock_type::now();
@@ -589,7 +630,8 @@ struct LogprobFn : torch::autograd::Function<LogprobFn> {
                                                 const torch::Tensor& targets, double temperature) {
     auto z = logits.contiguous();
     const index_t n = z.size(0), v = z.size(1);
-    auto logp = torch::empty({n}, torch::kFloat), ent = torch::empty({n}, torch::kFloat), lse = torch::empty({n}, torch::kFloat);
+    auto logp = torch::empty({n}, torch::kFloat), ent = torch::empty({n}, torch::kFloat),
+         lse = torch::empty({n}, torch::kFloat);
     rlpt::logprob_entropy(rlpt::view2d<const float>(z.data_ptr<float>(), n, v),
                           rlpt::view<const index_t>(targets.data_ptr<std::int64_t>(), n),
                           rlpt::logprob_outputs{.logp = {logp.data_ptr<float>(), n},
@@ -610,7 +652,8 @@ struct LogprobFn : torch::autograd::Function<LogprobFn> {
     const torch::Tensor dent = grads[1].defined() ? grads[1].contiguous() : torch::Tensor();
     auto dz = torch::empty_like(z);
     rlpt::logprob_entropy_backward(
-        rlpt::view2d<const float>(z.data_ptr<float>(), n, v), rlpt::view<const index_t>(saved[1].data_ptr<std::int64_t>(), n),
+        rlpt::view2d<const float>(z.data_ptr<float>(), n, v),
+        rlpt::view<const index_t>(saved[1].data_ptr<std::int64_t>(), n),
         {.dlogp = rlpt::view<const float>(dlogp.data_ptr<float>(), n),
          .dentropy = dent.defined() ? rlpt::view<const float>(dent.data_ptr<float>(), n) : rlpt::view<const float>{},
          .entropy = rlpt::view<const float>(saved[2].data_ptr<float>(), n),
@@ -631,7 +674,7 @@ struct step_row {
   double heldout = -1;                // greedy accuracy on held-out prompts (-1: not evaluated)
   double stale_mean = 0;
   int stale_max = 0;
-  std::array<int, 4> stale{};         // groups trained at staleness 0, 1, 2, >= 3
+  std::array<int, 4> stale{}; // groups trained at staleness 0, 1, 2, >= 3
   double sync_ms = 0;
   std::uint64_t wire_bytes = 0, dense_bytes = 0, changed = 0, elements = 0;
   bool delta = false;
@@ -723,16 +766,27 @@ std::string self_exe() {
 //! Starts the engine: this binary again, with --role engine, on one end of a socket pair.
 pid_t spawn_engine(const config& c, const std::string& shm, int child_fd) {
   const std::string exe = self_exe();
-  std::vector<std::string> args = {exe,           "--role",        "engine",
-                                   "--fd",        std::to_string(child_fd),
-                                   "--shm",       shm,
-                                   "--digits",    std::to_string(c.digits),
-                                   "--max-len",   std::to_string(c.max_len),
-                                   "--d-model",   std::to_string(c.d_model),
-                                   "--layers",    std::to_string(c.layers),
-                                   "--heads",     std::to_string(c.heads),
-                                   "--temperature", std::to_string(c.temperature),
-                                   "--seed",      std::to_string(c.seed)};
+  std::vector<std::string> args = {exe,
+                                   "--role",
+                                   "engine",
+                                   "--fd",
+                                   std::to_string(child_fd),
+                                   "--shm",
+                                   shm,
+                                   "--digits",
+                                   std::to_string(c.digits),
+                                   "--max-len",
+                                   std::to_string(c.max_len),
+                                   "--d-model",
+                                   std::to_string(c.d_model),
+                                   "--layers",
+                                   std::to_string(c.layers),
+                                   "--heads",
+                                   std::to_string(c.heads),
+                                   "--temperature",
+                                   std::to_string(c.temperature),
+                                   "--seed",
+                                   std::to_string(c.seed)};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -747,7 +801,8 @@ pid_t spawn_engine(const config& c, const std::string& shm, int child_fd) {
 }
 
 mode_summary run_mode(const config& c, const task& tk, const std::vector<torch::Tensor>& init, int eta,
-                      const std::string& name, const std::vector<std::vector<int>>& heldout, std::vector<step_row>& rows) {
+                      const std::string& name, const std::vector<std::vector<int>>& heldout,
+                      std::vector<step_row>& rows) {
   mode_summary sum;
   sum.name = name;
   sum.eta = eta;
@@ -836,7 +891,8 @@ mode_summary run_mode(const config& c, const task& tk, const std::vector<torch::
         {
           std::lock_guard lock(mu);
           auto it = inflight.find(gid);
-          if (it == inflight.end()) throw std::runtime_error("trainer: result for unknown group " + std::to_string(gid));
+          if (it == inflight.end())
+            throw std::runtime_error("trainer: result for unknown group " + std::to_string(gid));
           f = std::move(it->second);
           inflight.erase(it);
         }
@@ -852,8 +908,9 @@ mode_summary run_mode(const config& c, const task& tk, const std::vector<torch::
           const task::score s = tk.grade(tokens, want);
           rsum += s.reward;
           right += s.correct ? 1 : 0;
-          rlpt::trajectory_builder b(gid, prompt);                    // prompt: loss mask 0, version -1
-          b.model(tokens, logprobs, rlpt::view<const rlpt::policy_version>(versions)); // sampled: trained, per-token versions
+          rlpt::trajectory_builder b(gid, prompt); // prompt: loss mask 0, version -1
+          b.model(tokens, logprobs,
+                  rlpt::view<const rlpt::policy_version>(versions)); // sampled: trained, per-token versions
           b.reward(s.reward);
           rlpt::trajectory t = std::move(b).finish();
           t.sample_index = k;
@@ -937,8 +994,8 @@ mode_summary run_mode(const config& c, const task& tk, const std::vector<torch::
     const auto vers = batch.versions();
     for (index_t j = 0; j < batch.num_tokens(); ++j)
       if (lmask[j] != 0 && (v - vers[j] > eta || vers[j] > v || (eta == 0 && vers[j] != v)))
-        fail("step " + std::to_string(step) + ": token " + std::to_string(j) + " of version " + std::to_string(vers[j]) +
-             " trained at version " + std::to_string(v));
+        fail("step " + std::to_string(step) + ": token " + std::to_string(j) + " of version " +
+             std::to_string(vers[j]) + " trained at version " + std::to_string(v));
 
     // GRPO advantages over the batch's groups (verl's conventions).
     const index_t N = batch.size();
@@ -989,8 +1046,7 @@ mode_summary run_mode(const config& c, const task& tk, const std::vector<torch::
                                     .behav_logp = batch.logprobs(),
                                     .seq_adv = adv,
                                     .entropy = rlpt::view<const float>(ent.data_ptr<float>(), ntok)};
-    const rlpt::objective_result r =
-        rlpt::evaluate(obj, in, rlpt::objective_grads{.logp = grad, .entropy = grad_ent});
+    const rlpt::objective_result r = rlpt::evaluate(obj, in, rlpt::objective_grads{.logp = grad, .entropy = grad_ent});
     row.loss = r.loss;
     row.entropy = r.entropy_mean;
     row.is_weight_max = r.is_weight_max;
@@ -1055,12 +1111,14 @@ mode_summary run_mode(const config& c, const task& tk, const std::vector<torch::
     sum.steps = step;
 
     const int filled = static_cast<int>(std::lround(std::clamp(acc_now / c.target, 0.0, 1.0) * 20));
-    std::printf("[%-5s eta=%d] step %3d |%s%s| reward %.3f acc %.3f | held-out %.3f | stale %d:%d %d:%d %d:%d | sync %5.2f ms %s %4.0f%% | train %4.0f ms wait %4.0f ms | %6.1f s\n",
-                name.c_str(), eta, step, std::string(static_cast<std::size_t>(filled), '#').c_str(),
-                std::string(static_cast<std::size_t>(20 - filled), '.').c_str(), row.gen_reward, row.gen_acc, acc_now,
-                0, row.stale[0], 1, row.stale[1], 2, row.stale[2] + row.stale[3], row.sync_ms, row.delta ? "delta" : "dense",
-                100.0 * static_cast<double>(row.wire_bytes) / static_cast<double>(std::max<std::uint64_t>(row.dense_bytes, 1)),
-                row.train_ms, row.wait_ms, row.wall_s);
+    std::printf(
+        "[%-5s eta=%d] step %3d |%s%s| reward %.3f acc %.3f | held-out %.3f | stale %d:%d %d:%d %d:%d | sync %5.2f ms "
+        "%s %4.0f%% | train %4.0f ms wait %4.0f ms | %6.1f s\n",
+        name.c_str(), eta, step, std::string(static_cast<std::size_t>(filled), '#').c_str(),
+        std::string(static_cast<std::size_t>(20 - filled), '.').c_str(), row.gen_reward, row.gen_acc, acc_now, 0,
+        row.stale[0], 1, row.stale[1], 2, row.stale[2] + row.stale[3], row.sync_ms, row.delta ? "delta" : "dense",
+        100.0 * static_cast<double>(row.wire_bytes) / static_cast<double>(std::max<std::uint64_t>(row.dense_bytes, 1)),
+        row.train_ms, row.wait_ms, row.wall_s);
     std::fflush(stdout);
 
     if (row.heldout >= c.target && sum.to_target < 0) {
@@ -1099,8 +1157,8 @@ mode_summary run_mode(const config& c, const task& tk, const std::vector<torch::
   const rlpt::gate_counts gc = gate.counts();
   if (!bs.balanced())
     fail("buffer accounting: inserted " + std::to_string(bs.inserted.records) + " != consumed " +
-         std::to_string(bs.consumed.records) + " + evicted " + std::to_string(bs.evicted_total().records) + " + resident " +
-         std::to_string(bs.resident.records));
+         std::to_string(bs.consumed.records) + " + evicted " + std::to_string(bs.evicted_total().records) +
+         " + resident " + std::to_string(bs.resident.records));
   if (!gc.balanced()) fail("gate accounting does not balance");
   if (bs.consumed.groups != static_cast<index_t>(sum.steps) * B || gc.consumed != static_cast<index_t>(sum.steps) * B)
     fail("consumed groups: buffer " + std::to_string(bs.consumed.groups) + ", gate " + std::to_string(gc.consumed) +
@@ -1136,9 +1194,9 @@ void write_csv(const std::filesystem::path& path, const std::vector<step_row>& r
       << r.gen_acc << ',' << r.batch_reward << ',';
     if (r.heldout >= 0) f << r.heldout;
     f << ',' << r.stale_mean << ',' << r.stale_max << ',' << r.stale[0] << ',' << r.stale[1] << ',' << r.stale[2] << ','
-      << r.stale[3] << ',' << r.sync_ms << ',' << r.wire_bytes << ',' << r.dense_bytes << ',' << (r.delta ? 1 : 0) << ','
-      << r.changed << ',' << r.elements << ',' << r.train_ms << ',' << r.wait_ms << ',' << r.loss << ',' << r.entropy
-      << ',' << r.is_weight_max << ',' << r.filtered << '\n';
+      << r.stale[3] << ',' << r.sync_ms << ',' << r.wire_bytes << ',' << r.dense_bytes << ',' << (r.delta ? 1 : 0)
+      << ',' << r.changed << ',' << r.elements << ',' << r.train_ms << ',' << r.wait_ms << ',' << r.loss << ','
+      << r.entropy << ',' << r.is_weight_max << ',' << r.filtered << '\n';
   }
 }
 
@@ -1157,19 +1215,25 @@ void print_summary(const std::vector<mode_summary>& ms, const config& c) {
     return std::string(b);
   };
   const std::string target = "time to " + f("%.0f%%", 100 * c.target) + " held-out";
-  line(target.c_str(), [&](const mode_summary& m) { return m.to_target >= 0 ? f("%.1f s", m.to_target) : std::string("not reached"); });
-  line("steps to target", [&](const mode_summary& m) { return m.target_step >= 0 ? std::to_string(m.target_step) : std::string("-"); });
-  line("held-out acc start / end", [&](const mode_summary& m) { return f("%.3f", m.initial_acc) + " / " + f("%.3f", m.final_acc); });
+  line(target.c_str(),
+       [&](const mode_summary& m) { return m.to_target >= 0 ? f("%.1f s", m.to_target) : std::string("not reached"); });
+  line("steps to target",
+       [&](const mode_summary& m) { return m.target_step >= 0 ? std::to_string(m.target_step) : std::string("-"); });
+  line("held-out acc start / end",
+       [&](const mode_summary& m) { return f("%.3f", m.initial_acc) + " / " + f("%.3f", m.final_acc); });
   line("steps, wall time", [&](const mode_summary& m) { return std::to_string(m.steps) + ", " + f("%.1f s", m.wall); });
   line("samples generated", [&](const mode_summary& m) { return std::to_string(m.samples); });
-  line("groups: DAPO-filtered", [&](const mode_summary& m) { return std::to_string(m.filtered) + " of " + std::to_string(m.groups); });
+  line("groups: DAPO-filtered",
+       [&](const mode_summary& m) { return std::to_string(m.filtered) + " of " + std::to_string(m.groups); });
   line("staleness of trained grps", [&](const mode_summary& m) { return m.hist.to_string(); });
   line("sync per step", [&](const mode_summary& m) { return f("%.2f ms", m.sync_ms); });
-  line("sync wire / dense bytes", [&](const mode_summary& m) { return f("%.1f", m.wire_mb) + " / " + f("%.1f MB", m.dense_mb); });
+  line("sync wire / dense bytes",
+       [&](const mode_summary& m) { return f("%.1f", m.wire_mb) + " / " + f("%.1f MB", m.dense_mb); });
   line("wire elements changed", [&](const mode_summary& m) { return f("%.1f%%/step", 100 * m.changed_frac); });
   line("trainer idle (waits)", [&](const mode_summary& m) { return f("%.0f%%", 100 * m.trainer_wait); });
   line("engine busy", [&](const mode_summary& m) { return f("%.0f%%", 100 * m.engine_busy); });
-  line("bookkeeping", [&](const mode_summary& m) { return m.failures.empty() ? std::string("ok") : std::string("FAILED"); });
+  line("bookkeeping",
+       [&](const mode_summary& m) { return m.failures.empty() ? std::string("ok") : std::string("FAILED"); });
   if (ms.size() == 2 && ms[0].to_target > 0 && ms[1].to_target > 0) {
     const double r = ms[0].to_target / ms[1].to_target;
     std::printf("\nwall time to the target: sync %.1f s, async %.1f s: async is %.2fx %s\n", ms[0].to_target,
@@ -1196,13 +1260,14 @@ int main(int argc, char** argv) {
     const double warm_s = warmup(model, c, tk);
     std::vector<torch::Tensor> init;
     for (const auto& p : model->parameters()) init.push_back(p.detach().clone());
-    std::printf("rlpt async GRPO: reverse strings of 1-%d digits (0-%d); policy d_model %d, %d layers, %lld parameters\n"
-                "%zu held-out prompts; B = %d groups x G = %d samples per step; format warm-up %d steps (%.1f s); "
-                "held-out accuracy after warm-up %.3f\n\n",
-                c.max_len, c.digits - 1, c.d_model, c.layers,
-                static_cast<long long>(std::accumulate(init.begin(), init.end(), std::int64_t{0},
-                                                       [](std::int64_t a, const torch::Tensor& t) { return a + t.numel(); })),
-                heldout.size(), c.groups, c.group_size, c.warmup_steps, warm_s, evaluate_heldout(model, tk, heldout));
+    std::printf(
+        "rlpt async GRPO: reverse strings of 1-%d digits (0-%d); policy d_model %d, %d layers, %lld parameters\n"
+        "%zu held-out prompts; B = %d groups x G = %d samples per step; format warm-up %d steps (%.1f s); "
+        "held-out accuracy after warm-up %.3f\n\n",
+        c.max_len, c.digits - 1, c.d_model, c.layers,
+        static_cast<long long>(std::accumulate(init.begin(), init.end(), std::int64_t{0},
+                                               [](std::int64_t a, const torch::Tensor& t) { return a + t.numel(); })),
+        heldout.size(), c.groups, c.group_size, c.warmup_steps, warm_s, evaluate_heldout(model, tk, heldout));
 
     std::vector<step_row> rows;
     std::vector<mode_summary> ms;

@@ -28,8 +28,9 @@ int main() {
   Tokens grad;
   const rlpt::objective obj = rlpt::compat::verl::actor({.clip_ratio_low = 0.2, .clip_ratio_high = 0.28});
   const rlpt::objective_result r = rlpt::evaluate(
-      obj, rlpt::objective_inputs{.layout = rlpt::token_layout::padded(8, 5), .mask = mask, .logp = logp,
-                                  .old_logp = old_logp, .seq_adv = adv},
+      obj,
+      rlpt::objective_inputs{
+          .layout = rlpt::token_layout::padded(8, 5), .mask = mask, .logp = logp, .old_logp = old_logp, .seq_adv = adv},
       {.logp = grad});
 
   std::printf("advantages: ");

@@ -18,8 +18,7 @@
 
 using rlpt::index_t;
 
-template <class T>
-T* to_device(const T* h, std::size_t n) {
+template <class T> T* to_device(const T* h, std::size_t n) {
   void* d = nullptr;
   RLPT_CUDA_CHECK(cudaMalloc(&d, n * sizeof(T) + 1));
   RLPT_CUDA_CHECK(cudaMemcpy(d, h, n * sizeof(T), cudaMemcpyHostToDevice));
@@ -54,8 +53,9 @@ int main() {
   (void)rlpt::grpo_advantages(rewards, g, adv, go);
   const rlpt::objective obj = rlpt::compat::verl::actor({.clip_ratio_low = 0.2, .clip_ratio_high = 0.28});
   const rlpt::objective_result host = rlpt::evaluate(
-      obj, rlpt::objective_inputs{.layout = rlpt::token_layout::padded(B, T), .mask = mask, .logp = logp,
-                                  .old_logp = old_logp, .seq_adv = adv},
+      obj,
+      rlpt::objective_inputs{
+          .layout = rlpt::token_layout::padded(B, T), .mask = mask, .logp = logp, .old_logp = old_logp, .seq_adv = adv},
       {.logp = grad});
 
   // Device: same options, device views, one stream, no synchronisation inside rlpt.
@@ -94,7 +94,7 @@ int main() {
 
   bool ok = std::fabs(dev.loss - host.loss) <= 1e-6 * std::fabs(host.loss) + 1e-9;
   for (index_t i = 0; i < B; ++i) ok = ok && dev_adv[i] == adv[i]; // documented bit-identical
-  double worst = 0.0, scale = 0.0; // float gradients: the device may contract to FMAs
+  double worst = 0.0, scale = 0.0;                                 // float gradients: the device may contract to FMAs
   for (index_t i = 0; i < N; ++i) {
     worst = std::fmax(worst, std::fabs(double(dev_grad[i]) - grad[i]));
     scale = std::fmax(scale, std::fabs(double(grad[i])));

@@ -86,11 +86,11 @@
 // different rlpt versions then define different symbols instead of breaking the
 // one-definition rule. Users write `rlpt::` as always.
 
-#define RLPT_NAMESPACE_BEGIN                                                                       \
-  namespace rlpt {                                                                                 \
+#define RLPT_NAMESPACE_BEGIN                                                                                           \
+  namespace rlpt {                                                                                                     \
   inline namespace RLPT_ABI_NAMESPACE {
-#define RLPT_NAMESPACE_END                                                                         \
-  }                                                                                                \
+#define RLPT_NAMESPACE_END                                                                                             \
+  }                                                                                                                    \
   }
 
 // --- misc ---------------------------------------------------------------------------------

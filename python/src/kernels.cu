@@ -10,18 +10,24 @@ namespace rlpt_py::cuda {
 
 namespace {
 
-template <class F>
-void by_dtype(logits_dtype t, F&& f) {
+template <class F> void by_dtype(logits_dtype t, F&& f) {
   switch (t) {
-  case logits_dtype::f64: f(double{}); break;
-  case logits_dtype::bf16: f(rlpt::bf16{}); break;
-  case logits_dtype::f16: f(rlpt::f16{}); break;
-  default: f(float{}); break;
+  case logits_dtype::f64:
+    f(double{});
+    break;
+  case logits_dtype::bf16:
+    f(rlpt::bf16{});
+    break;
+  case logits_dtype::f16:
+    f(rlpt::f16{});
+    break;
+  default:
+    f(float{});
+    break;
   }
 }
 
-template <class T>
-rlpt::device_view<T> dv(T* p, rlpt::index_t n) {
+template <class T> rlpt::device_view<T> dv(T* p, rlpt::index_t n) {
   return p ? rlpt::device_view<T>(p, n) : rlpt::device_view<T>{};
 }
 
@@ -92,9 +98,10 @@ void objective(const rlpt::objective& obj, const rlpt::basic_objective_inputs<T,
 template std::size_t objective_workspace<float>(const rlpt::objective&,
                                                 const rlpt::basic_objective_inputs<float, rlpt::memory_space::device>&,
                                                 const rlpt::basic_objective_grads<float, rlpt::memory_space::device>&);
-template std::size_t objective_workspace<double>(const rlpt::objective&,
-                                                 const rlpt::basic_objective_inputs<double, rlpt::memory_space::device>&,
-                                                 const rlpt::basic_objective_grads<double, rlpt::memory_space::device>&);
+template std::size_t
+objective_workspace<double>(const rlpt::objective&,
+                            const rlpt::basic_objective_inputs<double, rlpt::memory_space::device>&,
+                            const rlpt::basic_objective_grads<double, rlpt::memory_space::device>&);
 template void objective<float>(const rlpt::objective&,
                                const rlpt::basic_objective_inputs<float, rlpt::memory_space::device>&,
                                const rlpt::basic_objective_grads<float, rlpt::memory_space::device>&,

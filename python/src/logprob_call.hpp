@@ -14,11 +14,11 @@ namespace rlpt_py {
 struct logprob_call {
   rlpt::logprob_options opt;
   bool sequence = false;
-  at::Tensor logits2d;          // [rows, V], last dimension contiguous, rows evenly spaced
+  at::Tensor logits2d; // [rows, V], last dimension contiguous, rows evenly spaced
   index_t rows = 0, vocab = 0, row_stride = 0;
-  at::Tensor tokens;            // int64, contiguous, one per row
-  at::Tensor valid;             // bytes or undefined
-  token_batch b;                // the sequence layout (sequence = true)
+  at::Tensor tokens; // int64, contiguous, one per row
+  at::Tensor valid;  // bytes or undefined
+  token_batch b;     // the sequence layout (sequence = true)
   std::vector<int64_t> out_shape;
 };
 

@@ -37,12 +37,18 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("check_spec", [](const std::string& kind, const std::string& spec) {
     rlpt_py::guard([&] {
-      if (kind == "outcome") (void)rlpt_py::outcome_from_spec(spec);
-      else if (kind == "gae") (void)rlpt_py::gae_from_spec(spec);
-      else if (kind == "reinforce_pp") (void)rlpt_py::reinforce_pp_from_spec(spec);
-      else if (kind == "reinforce_pp_baseline") (void)rlpt_py::reinforce_baseline_from_spec(spec);
-      else if (kind == "remax") (void)rlpt_py::remax_from_spec(spec);
-      else rlpt_py::raise(rlpt_py::ids::bad_option, "unknown spec kind " + kind);
+      if (kind == "outcome")
+        (void)rlpt_py::outcome_from_spec(spec);
+      else if (kind == "gae")
+        (void)rlpt_py::gae_from_spec(spec);
+      else if (kind == "reinforce_pp")
+        (void)rlpt_py::reinforce_pp_from_spec(spec);
+      else if (kind == "reinforce_pp_baseline")
+        (void)rlpt_py::reinforce_baseline_from_spec(spec);
+      else if (kind == "remax")
+        (void)rlpt_py::remax_from_spec(spec);
+      else
+        rlpt_py::raise(rlpt_py::ids::bad_option, "unknown spec kind " + kind);
       return 0;
     });
   });

@@ -33,7 +33,7 @@ objective_call prepare_objective(c10::string_view spec, const opt_tensor& logp, 
 //! (loss, grad_logp, grad_entropy, grad_values, metrics) from a call whose metrics tensor was
 //! filled: gradients in their inputs' dtypes and [B, T] shape (empty [0] when not asked for).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> finish_objective(const objective_call& c,
-                                                                                       const at::Tensor& metrics);
+                                                                                        const at::Tensor& metrics);
 
 template <class T, rlpt::memory_space S>
 rlpt::basic_objective_inputs<T, S> inputs_of(const objective_call& c, const rlpt::basic_token_layout<S>& layout) {
@@ -42,7 +42,8 @@ rlpt::basic_objective_inputs<T, S> inputs_of(const objective_call& c, const rlpt
   };
   rlpt::basic_objective_inputs<T, S> in;
   in.layout = layout;
-  if (c.mask.defined()) in.mask = rlpt::view<const rlpt::mask_t, S>(static_cast<const rlpt::mask_t*>(c.mask.data_ptr()), c.b.N);
+  if (c.mask.defined())
+    in.mask = rlpt::view<const rlpt::mask_t, S>(static_cast<const rlpt::mask_t*>(c.mask.data_ptr()), c.b.N);
   in.logp = tok(c.logp);
   in.old_logp = tok(c.old_logp);
   in.behav_logp = tok(c.behav_logp);
@@ -56,8 +57,7 @@ rlpt::basic_objective_inputs<T, S> inputs_of(const objective_call& c, const rlpt
   return in;
 }
 
-template <class T, rlpt::memory_space S>
-rlpt::basic_objective_grads<T, S> grads_of(const objective_call& c) {
+template <class T, rlpt::memory_space S> rlpt::basic_objective_grads<T, S> grads_of(const objective_call& c) {
   auto out = [&](const at::Tensor& t) {
     return t.defined() ? rlpt::view<T, S>(static_cast<T*>(t.data_ptr()), c.b.N) : rlpt::view<T, S>{};
   };

@@ -39,9 +39,15 @@ objective_call prepare_objective(c10::string_view spec, const opt_tensor& logp, 
   if (mask) mask_b = mask_bytes(*mask, "mask");
   const at::ScalarType mask_want = mask ? mask_b->scalar_type() : at::kByte;
   c.b = describe(*ref, ref_name, cu_seqlens,
-                 {{&logp, T, "logp"}, {&mask_b, mask_want, "mask"}, {&old_logp, T, "old_logp"},
-                  {&behav_logp, T, "behav_logp"}, {&ref_logp, T, "ref_logp"}, {&adv, T, "adv"},
-                  {&entropy, T, "entropy"}, {&values, T, "values"}, {&old_values, T, "old_values"},
+                 {{&logp, T, "logp"},
+                  {&mask_b, mask_want, "mask"},
+                  {&old_logp, T, "old_logp"},
+                  {&behav_logp, T, "behav_logp"},
+                  {&ref_logp, T, "ref_logp"},
+                  {&adv, T, "adv"},
+                  {&entropy, T, "entropy"},
+                  {&values, T, "values"},
+                  {&old_values, T, "old_values"},
                   {&returns, T, "returns"}});
   auto in = [&](const opt_tensor& t, std::string_view what) -> opt_tensor {
     if (!t) return std::nullopt;
@@ -63,7 +69,8 @@ objective_call prepare_objective(c10::string_view spec, const opt_tensor& logp, 
   if (seq_adv) {
     expect_device(*seq_adv, c.b.device, "seq_adv");
     if (seq_adv->dim() != 1)
-      raise(ids::shape, fmt::format("seq_adv has shape {}; it is one advantage per sequence [B]", dims(seq_adv->sizes())));
+      raise(ids::shape,
+            fmt::format("seq_adv has shape {}; it is one advantage per sequence [B]", dims(seq_adv->sizes())));
     c.seq_adv = contiguous_as(*seq_adv, T, "seq_adv");
   }
   if (logp) c.logp_dtype = logp->scalar_type();
@@ -77,7 +84,7 @@ objective_call prepare_objective(c10::string_view spec, const opt_tensor& logp, 
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> finish_objective(const objective_call& c,
-                                                                                       const at::Tensor& metrics) {
+                                                                                        const at::Tensor& metrics) {
   const at::Tensor loss = metrics.select(0, 0).to(c.compute, /*non_blocking=*/false, /*copy=*/true);
   auto grad = [&](const at::Tensor& g, at::ScalarType dtype) {
     if (!g.defined()) return at::empty({0}, metrics.options().dtype(c.compute));
@@ -95,21 +102,20 @@ namespace {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 objective_cpu(c10::string_view spec, const opt_tensor& logp, const opt_tensor& mask, const opt_tensor& old_logp,
-              const opt_tensor& behav_logp, const opt_tensor& ref_logp, const opt_tensor& adv, const opt_tensor& seq_adv,
-              const opt_tensor& entropy, const opt_tensor& values, const opt_tensor& old_values,
-              const opt_tensor& returns, const opt_tensor& cu_seqlens, bool grad_logp, bool grad_entropy,
-              bool grad_values) {
+              const opt_tensor& behav_logp, const opt_tensor& ref_logp, const opt_tensor& adv,
+              const opt_tensor& seq_adv, const opt_tensor& entropy, const opt_tensor& values,
+              const opt_tensor& old_values, const opt_tensor& returns, const opt_tensor& cu_seqlens, bool grad_logp,
+              bool grad_entropy, bool grad_values) {
   return guard([&] {
-    const objective_call c = prepare_objective(spec, logp, mask, old_logp, behav_logp, ref_logp, adv, seq_adv, entropy,
-                                               values, old_values, returns, cu_seqlens, grad_logp, grad_entropy,
-                                               grad_values);
+    const objective_call c =
+        prepare_objective(spec, logp, mask, old_logp, behav_logp, ref_logp, adv, seq_adv, entropy, values, old_values,
+                          returns, cu_seqlens, grad_logp, grad_entropy, grad_values);
     const rlpt::token_layout layout = c.b.host_layout();
-    const rlpt::objective_result r =
-        c.compute == at::kDouble
-            ? rlpt::evaluate(c.obj, inputs_of<double, rlpt::memory_space::host>(c, layout),
-                             grads_of<double, rlpt::memory_space::host>(c))
-            : rlpt::evaluate(c.obj, inputs_of<float, rlpt::memory_space::host>(c, layout),
-                             grads_of<float, rlpt::memory_space::host>(c));
+    const rlpt::objective_result r = c.compute == at::kDouble
+                                         ? rlpt::evaluate(c.obj, inputs_of<double, rlpt::memory_space::host>(c, layout),
+                                                          grads_of<double, rlpt::memory_space::host>(c))
+                                         : rlpt::evaluate(c.obj, inputs_of<float, rlpt::memory_space::host>(c, layout),
+                                                          grads_of<float, rlpt::memory_space::host>(c));
     at::Tensor metrics = at::empty({num_metrics}, at::TensorOptions().dtype(at::kDouble));
     std::memcpy(metrics.data_ptr<double>(), &r, sizeof r);
     return finish_objective(c, metrics);
@@ -123,10 +129,9 @@ at::Tensor local_denominators_cpu(c10::string_view spec, const opt_tensor& logp,
                                   const opt_tensor& cu_seqlens) {
   return guard([&] {
     auto cpu = [](const opt_tensor& t) { return t ? opt_tensor(t->cpu()) : std::nullopt; };
-    const objective_call c =
-        prepare_objective(spec, cpu(logp), cpu(mask), cpu(old_logp), cpu(behav_logp), cpu(ref_logp), cpu(adv),
-                          cpu(seq_adv), cpu(entropy), cpu(values), cpu(old_values), cpu(returns), cu_seqlens, false,
-                          false, false);
+    const objective_call c = prepare_objective(spec, cpu(logp), cpu(mask), cpu(old_logp), cpu(behav_logp),
+                                               cpu(ref_logp), cpu(adv), cpu(seq_adv), cpu(entropy), cpu(values),
+                                               cpu(old_values), cpu(returns), cu_seqlens, false, false, false);
     const rlpt::token_layout layout = c.b.host_layout();
     const rlpt::loss_denominators d =
         c.compute == at::kDouble
@@ -169,10 +174,14 @@ std::tuple<at::Tensor, at::Tensor> outcome_advantages(c10::string_view spec, con
     const auto r = view_of<const float>(rewards);
     const auto out = view_of<float>(adv);
     rlpt::group_stats st;
-    if (o.estimator == "grpo") rlpt::grpo_advantages(r, g, out, o.grpo, st);
-    else if (o.estimator == "rloo") rlpt::rloo_advantages(r, g, out, o.rloo, st);
-    else if (o.estimator == "gpg") rlpt::gpg_advantages(r, g, out, o.gpg, st);
-    else if (o.estimator == "passk") rlpt::passk_advantages(r, g, out, o.passk, st);
+    if (o.estimator == "grpo")
+      rlpt::grpo_advantages(r, g, out, o.grpo, st);
+    else if (o.estimator == "rloo")
+      rlpt::rloo_advantages(r, g, out, o.rloo, st);
+    else if (o.estimator == "gpg")
+      rlpt::gpg_advantages(r, g, out, o.gpg, st);
+    else if (o.estimator == "passk")
+      rlpt::passk_advantages(r, g, out, o.passk, st);
     else {
       if (!lengths) raise(ids::shape, "opo advantages need lengths (valid tokens per sequence)");
       const at::Tensor len = contiguous_as(host(*lengths), at::kLong, "lengths");
@@ -204,7 +213,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gae_cpu(c10::string_view spec, co
     const token_batch b = describe(r0, "rewards", cu_seqlens, {{&m0, at::kByte, "mask"}});
     const at::Tensor r = token_input(r0, at::kFloat, b, "rewards"), v = token_input(v0, at::kFloat, b, "values");
     const opt_tensor m = m0 ? opt_tensor(token_input(*m0, at::kByte, b, "mask")) : std::nullopt;
-    const opt_tensor boot = bootstrap ? opt_tensor(contiguous_as(host(*bootstrap), at::kFloat, "bootstrap")) : std::nullopt;
+    const opt_tensor boot =
+        bootstrap ? opt_tensor(contiguous_as(host(*bootstrap), at::kFloat, "bootstrap")) : std::nullopt;
     at::Tensor adv = token_output(b, r.options()), ret = token_output(b, r.options());
     const rlpt::gae_inputs in{.layout = b.host_layout(),
                               .rewards = {r.data_ptr<float>(), b.N},
@@ -228,10 +238,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> reinforce_pp_cpu(c10::string_view
     const at::Tensor r = token_input(r0, at::kFloat, b, "token_rewards");
     const opt_tensor m = m0 ? opt_tensor(token_input(*m0, at::kByte, b, "mask")) : std::nullopt;
     at::Tensor adv = token_output(b, r.options()), ret = token_output(b, r.options());
-    const auto res = rlpt::reinforce_pp_advantages(
-        b.host_layout(), {r.data_ptr<float>(), b.N},
-        m ? rlpt::view<const rlpt::mask_t>(m->data_ptr<uint8_t>(), b.N) : rlpt::view<const rlpt::mask_t>{},
-        {adv.data_ptr<float>(), b.N}, {ret.data_ptr<float>(), b.N}, o);
+    const auto res = rlpt::reinforce_pp_advantages(b.host_layout(), {r.data_ptr<float>(), b.N},
+                                                   m ? rlpt::view<const rlpt::mask_t>(m->data_ptr<uint8_t>(), b.N)
+                                                     : rlpt::view<const rlpt::mask_t>{},
+                                                   {adv.data_ptr<float>(), b.N}, {ret.data_ptr<float>(), b.N}, o);
     return std::make_tuple(token_view(adv, b).to(token_rewards.device()), token_view(ret, b).to(token_rewards.device()),
                            whiten_stats(res.whitening, res.num_nonfinite_seqs));
   });
@@ -249,8 +259,8 @@ std::tuple<at::Tensor, at::Tensor> reinforce_pp_baseline_cpu(c10::string_view sp
     const at::Tensor ids = contiguous_as(host(group_ids), at::kLong, "group_ids");
     const rlpt::groups g = rlpt::groups::from_ids(view_of<const int64_t>(ids));
     at::Tensor adv = token_output(b, r.options());
-    const auto res = rlpt::reinforce_pp_baseline_advantages(view_of<const float>(r), g, b.host_layout(),
-                                                             {m.data_ptr<uint8_t>(), b.N}, {adv.data_ptr<float>(), b.N}, o);
+    const auto res = rlpt::reinforce_pp_baseline_advantages(
+        view_of<const float>(r), g, b.host_layout(), {m.data_ptr<uint8_t>(), b.N}, {adv.data_ptr<float>(), b.N}, o);
     at::Tensor st = whiten_stats(res.whitening, res.groups.num_nonfinite);
     return std::make_tuple(token_view(adv, b).to(rewards.device()), st);
   });
@@ -269,9 +279,11 @@ std::tuple<at::Tensor, at::Tensor> remax_cpu(c10::string_view spec, const at::Te
     const at::Tensor bl = contiguous_as(host(baselines), at::kFloat, "baselines");
     at::Tensor adv = token_output(b, r.options()), ret = token_output(b, r.options());
     rlpt::remax_advantages(b.host_layout(), {r.data_ptr<float>(), b.N},
-                           m ? rlpt::view<const rlpt::mask_t>(m->data_ptr<uint8_t>(), b.N) : rlpt::view<const rlpt::mask_t>{},
+                           m ? rlpt::view<const rlpt::mask_t>(m->data_ptr<uint8_t>(), b.N)
+                             : rlpt::view<const rlpt::mask_t>{},
                            view_of<const float>(bl), {adv.data_ptr<float>(), b.N}, {ret.data_ptr<float>(), b.N}, o);
-    return std::make_tuple(token_view(adv, b).to(token_rewards.device()), token_view(ret, b).to(token_rewards.device()));
+    return std::make_tuple(token_view(adv, b).to(token_rewards.device()),
+                           token_view(ret, b).to(token_rewards.device()));
   });
 }
 
@@ -298,7 +310,8 @@ TORCH_LIBRARY(rlpt, m) {
   m.def("reinforce_pp(str spec, Tensor token_rewards, Tensor? mask, Tensor? cu_seqlens) -> (Tensor, Tensor, Tensor)");
   m.def("reinforce_pp_baseline(str spec, Tensor rewards, Tensor group_ids, Tensor mask, Tensor? cu_seqlens) "
         "-> (Tensor, Tensor)");
-  m.def("remax(str spec, Tensor token_rewards, Tensor baselines, Tensor? mask, Tensor? cu_seqlens) -> (Tensor, Tensor)");
+  m.def(
+      "remax(str spec, Tensor token_rewards, Tensor baselines, Tensor? mask, Tensor? cu_seqlens) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(rlpt, CPU, m) {

@@ -24,10 +24,18 @@ void* current_stream(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStre
 cuda::logits_desc logits_of(const logprob_call& c) {
   cuda::logits_desc d;
   switch (c.logits2d.scalar_type()) {
-  case at::kDouble: d.dtype = cuda::logits_dtype::f64; break;
-  case at::kBFloat16: d.dtype = cuda::logits_dtype::bf16; break;
-  case at::kHalf: d.dtype = cuda::logits_dtype::f16; break;
-  default: d.dtype = cuda::logits_dtype::f32; break;
+  case at::kDouble:
+    d.dtype = cuda::logits_dtype::f64;
+    break;
+  case at::kBFloat16:
+    d.dtype = cuda::logits_dtype::bf16;
+    break;
+  case at::kHalf:
+    d.dtype = cuda::logits_dtype::f16;
+    break;
+  default:
+    d.dtype = cuda::logits_dtype::f32;
+    break;
   }
   d.data = c.logits2d.data_ptr();
   d.rows = c.rows;
@@ -109,13 +117,13 @@ at::Tensor logprob_entropy_backward_cuda(const opt_tensor& dlogp, const opt_tens
   });
 }
 
-template <class T>
-void run_objective(const objective_call& c, const at::Tensor& metrics, const at::Tensor& ref) {
+template <class T> void run_objective(const objective_call& c, const at::Tensor& metrics, const at::Tensor& ref) {
   const rlpt::device_token_layout layout = device_layout(c.b);
   const auto in = inputs_of<T, dev::device>(c, layout);
   const auto gr = grads_of<T, dev::device>(c);
   const std::size_t bytes = cuda::objective_workspace<T>(c.obj, in, gr);
-  const at::Tensor ws = at::empty({static_cast<int64_t>(std::max<std::size_t>(bytes, 1))}, ref.options().dtype(at::kByte));
+  const at::Tensor ws =
+      at::empty({static_cast<int64_t>(std::max<std::size_t>(bytes, 1))}, ref.options().dtype(at::kByte));
   cuda::objective<T>(c.obj, in, gr, reinterpret_cast<rlpt::objective_result*>(metrics.data_ptr<double>()),
                      ws.data_ptr(), bytes, current_stream(ref));
 }
@@ -129,12 +137,14 @@ objective_cuda(c10::string_view spec, const opt_tensor& logp, const opt_tensor& 
   return guard([&] {
     const at::Tensor& ref = logp ? *logp : *values;
     const c10::cuda::CUDAGuard device_guard(ref.device());
-    const objective_call c = prepare_objective(spec, logp, mask, old_logp, behav_logp, ref_logp, adv, seq_adv, entropy,
-                                               values, old_values, returns, cu_seqlens, grad_logp, grad_entropy,
-                                               grad_values);
+    const objective_call c =
+        prepare_objective(spec, logp, mask, old_logp, behav_logp, ref_logp, adv, seq_adv, entropy, values, old_values,
+                          returns, cu_seqlens, grad_logp, grad_entropy, grad_values);
     at::Tensor metrics = at::empty({num_metrics}, ref.options().dtype(at::kDouble));
-    if (c.compute == at::kDouble) run_objective<double>(c, metrics, ref);
-    else run_objective<float>(c, metrics, ref);
+    if (c.compute == at::kDouble)
+      run_objective<double>(c, metrics, ref);
+    else
+      run_objective<float>(c, metrics, ref);
     return finish_objective(c, metrics);
   });
 }

@@ -29,18 +29,20 @@ logprob_call prepare_logprob(const at::Tensor& logits, const at::Tensor& tokens,
   if (tokens.dim() + 1 != logits.dim() || logits.dim() < 2 || logits.dim() > 3 ||
       tokens.sizes() != logits.sizes().slice(0, logits.dim() - 1))
     raise(ids::shape, fmt::format("logits {} and tokens {} do not match: logits are [..., V] over the tokens' shape "
-                                  "([N, V] with [N], or [B, T, V] with [B, T])", dims(logits.sizes()),
-                                  dims(tokens.sizes())));
+                                  "([N, V] with [N], or [B, T, V] with [B, T])",
+                                  dims(logits.sizes()), dims(tokens.sizes())));
   c.out_shape = tokens.sizes().vec();
   at::Tensor x = logits;
   if (x.size(-1) > 1 && x.stride(-1) != 1) {
-    if (strict()) raise(ids::strides, fmt::format("logits (strides {}) have a non-contiguous last dimension", dims(x.strides())));
+    if (strict())
+      raise(ids::strides, fmt::format("logits (strides {}) have a non-contiguous last dimension", dims(x.strides())));
     note_copy("copy", "logits");
     x = x.contiguous();
   }
   if (x.dim() == 3 && x.size(0) > 1 && x.stride(0) != x.size(1) * x.stride(1)) {
     if (strict())
-      raise(ids::strides, fmt::format("logits [B, T, V] with strides {} cannot be read as [B*T, V] rows", dims(x.strides())));
+      raise(ids::strides,
+            fmt::format("logits [B, T, V] with strides {} cannot be read as [B*T, V] rows", dims(x.strides())));
     note_copy("copy", "logits");
     x = x.contiguous();
   }
@@ -77,13 +79,16 @@ at::Tensor per_row_f32(const at::Tensor& t, const logprob_call& c, std::string_v
 
 namespace {
 
-template <class F>
-decltype(auto) dispatch_logits(at::ScalarType t, F&& f) {
+template <class F> decltype(auto) dispatch_logits(at::ScalarType t, F&& f) {
   switch (t) {
-  case at::kDouble: return f(double{});
-  case at::kBFloat16: return f(rlpt::bf16{});
-  case at::kHalf: return f(rlpt::f16{});
-  default: return f(float{});
+  case at::kDouble:
+    return f(double{});
+  case at::kBFloat16:
+    return f(rlpt::bf16{});
+  case at::kHalf:
+    return f(rlpt::f16{});
+  default:
+    return f(float{});
   }
 }
 
@@ -101,12 +106,11 @@ logprob_entropy_cpu(const at::Tensor& logits, const at::Tensor& tokens, const op
     // Zero-filled: with top-k/top-p a row can be left unwritten by the kernel (outputs must be defined).
     at::Tensor lse = at::zeros({c.rows}, f32), thr = at::zeros({tr}, f32);
     at::Tensor tie = at::zeros({tr}, logits.options().dtype(at::kLong));
-    const rlpt::logprob_outputs out{.logp = view_of<float>(logp),
-                                    .entropy = view_of<float>(ent),
-                                    .saved = {.lse = view_of<float>(lse),
-                                              .threshold = view_of<float>(thr),
-                                              .tie_last = view_of<index_t>(tie)},
-                                    .scored = {reinterpret_cast<rlpt::mask_t*>(scored.data_ptr<bool>()), c.rows}};
+    const rlpt::logprob_outputs out{
+        .logp = view_of<float>(logp),
+        .entropy = view_of<float>(ent),
+        .saved = {.lse = view_of<float>(lse), .threshold = view_of<float>(thr), .tie_last = view_of<index_t>(tie)},
+        .scored = {reinterpret_cast<rlpt::mask_t*>(scored.data_ptr<bool>()), c.rows}};
     const auto y = view_of<const index_t>(c.tokens);
     dispatch_logits(logits.scalar_type(), [&](auto tag) {
       using T = decltype(tag);
@@ -137,12 +141,12 @@ at::Tensor logprob_entropy_backward_cpu(const opt_tensor& dlogp, const opt_tenso
     const at::Tensor th = contiguous_as(threshold, at::kFloat, "threshold");
     const at::Tensor ti = contiguous_as(tie_last, at::kLong, "tie_last");
     at::Tensor dlogits = at::empty({c.rows, c.vocab}, logits.options().memory_format(at::MemoryFormat::Contiguous));
-    const rlpt::logprob_backward_inputs in{.dlogp = view_of<const float>(gl),
-                                           .dentropy = view_of<const float>(ge),
-                                           .logp = view_of<const float>(lp),
-                                           .entropy = ge ? view_of<const float>(en) : rlpt::view<const float>{},
-                                           .saved = {view_of<const float>(ls), view_of<const float>(th),
-                                                     view_of<const index_t>(ti)}};
+    const rlpt::logprob_backward_inputs in{
+        .dlogp = view_of<const float>(gl),
+        .dentropy = view_of<const float>(ge),
+        .logp = view_of<const float>(lp),
+        .entropy = ge ? view_of<const float>(en) : rlpt::view<const float>{},
+        .saved = {view_of<const float>(ls), view_of<const float>(th), view_of<const index_t>(ti)}};
     const auto y = view_of<const index_t>(c.tokens);
     dispatch_logits(logits.scalar_type(), [&](auto tag) {
       using T = decltype(tag);

@@ -105,13 +105,20 @@ rlpt::mask_mode mask_mode_of(spec& s, std::string_view key, rlpt::mask_mode d) {
 //! whiten=verl|openrlhf|openrlhf_centre|areal|none, then whiten.<field> overrides.
 std::optional<rlpt::whiten_options> whiten_of(spec& s, std::optional<rlpt::whiten_options> d) {
   if (auto w = s.str("whiten")) {
-    if (*w == "none" || *w == "0" || *w == "false") d.reset();
-    else if (*w == "verl" || *w == "1" || *w == "true") d = rlpt::compat::verl::whiten();
-    else if (*w == "openrlhf") d = rlpt::compat::openrlhf::whiten();
-    else if (*w == "openrlhf_no_std_norm") d = rlpt::compat::openrlhf::whiten(true);
-    else if (*w == "areal") d = rlpt::compat::areal::adv_norm();
-    else raise(ids::bad_option, fmt::format("{}: whiten = \"{}\" is not one of none, verl, openrlhf, "
-                                            "openrlhf_no_std_norm, areal", s.who(), *w));
+    if (*w == "none" || *w == "0" || *w == "false")
+      d.reset();
+    else if (*w == "verl" || *w == "1" || *w == "true")
+      d = rlpt::compat::verl::whiten();
+    else if (*w == "openrlhf")
+      d = rlpt::compat::openrlhf::whiten();
+    else if (*w == "openrlhf_no_std_norm")
+      d = rlpt::compat::openrlhf::whiten(true);
+    else if (*w == "areal")
+      d = rlpt::compat::areal::adv_norm();
+    else
+      raise(ids::bad_option, fmt::format("{}: whiten = \"{}\" is not one of none, verl, openrlhf, "
+                                         "openrlhf_no_std_norm, areal",
+                                         s.who(), *w));
   }
   if (d) {
     s.get("whiten.unbiased", d->unbiased);
@@ -121,7 +128,8 @@ std::optional<rlpt::whiten_options> whiten_of(spec& s, std::optional<rlpt::white
     d->on_too_few = pick(s, "whiten.on_too_few", d->on_too_few,
                          {{"raise", rlpt::too_few::raise}, {"unit_std", rlpt::too_few::unit_std}});
     d->eps_at = pick(s, "whiten.eps_at", d->eps_at,
-                     {{"add_var", rlpt::eps_mode::add_var}, {"floor_var", rlpt::eps_mode::floor_var},
+                     {{"add_var", rlpt::eps_mode::add_var},
+                      {"floor_var", rlpt::eps_mode::floor_var},
                       {"add_std", rlpt::eps_mode::add_std}});
   }
   return d;
@@ -200,23 +208,31 @@ rlpt::objective custom_objective(spec& s) {
     o.policy = rlpt::no_policy{};
   } else {
     raise(ids::bad_option, fmt::format("{}: policy = \"{}\" is not one of ppo_clip, gspo, gmpo, cispo, sapo, "
-                                       "policy_gradient, none", s.who(), p));
+                                       "policy_gradient, none",
+                                       s.who(), p));
   }
   auto& c = o.correction;
   c.weight.level = pick(s, "correction.weight.level", c.weight.level,
-                        {{"none", rlpt::is_level::none}, {"token", rlpt::is_level::token},
-                         {"seq_product", rlpt::is_level::seq_product}, {"seq_geomean", rlpt::is_level::seq_geomean}});
-  c.weight.bound = pick(s, "correction.weight.bound", c.weight.bound,
-                        {{"none", rlpt::is_bound::none}, {"truncate", rlpt::is_bound::truncate},
-                         {"mask", rlpt::is_bound::mask}});
+                        {{"none", rlpt::is_level::none},
+                         {"token", rlpt::is_level::token},
+                         {"seq_product", rlpt::is_level::seq_product},
+                         {"seq_geomean", rlpt::is_level::seq_geomean}});
+  c.weight.bound =
+      pick(s, "correction.weight.bound", c.weight.bound,
+           {{"none", rlpt::is_bound::none}, {"truncate", rlpt::is_bound::truncate}, {"mask", rlpt::is_bound::mask}});
   s.get("correction.weight.lo", c.weight.lo);
   s.get("correction.weight.hi", c.weight.hi);
   c.reject.stat = pick(s, "correction.reject.stat", c.reject.stat,
-                       {{"none", rlpt::rs_stat::none}, {"ratio", rlpt::rs_stat::ratio}, {"k1", rlpt::rs_stat::k1},
-                        {"k2", rlpt::rs_stat::k2}, {"k3", rlpt::rs_stat::k3}});
+                       {{"none", rlpt::rs_stat::none},
+                        {"ratio", rlpt::rs_stat::ratio},
+                        {"k1", rlpt::rs_stat::k1},
+                        {"k2", rlpt::rs_stat::k2},
+                        {"k3", rlpt::rs_stat::k3}});
   c.reject.level = pick(s, "correction.reject.level", c.reject.level,
-                        {{"token", rlpt::rs_level::token}, {"seq_sum", rlpt::rs_level::seq_sum},
-                         {"seq_mean", rlpt::rs_level::seq_mean}, {"seq_max", rlpt::rs_level::seq_max}});
+                        {{"token", rlpt::rs_level::token},
+                         {"seq_sum", rlpt::rs_level::seq_sum},
+                         {"seq_mean", rlpt::rs_level::seq_mean},
+                         {"seq_max", rlpt::rs_level::seq_max}});
   s.get("correction.reject.lo", c.reject.lo);
   s.get("correction.reject.hi", c.reject.hi);
   c.numerator = pick(s, "correction.numerator", c.numerator,
@@ -251,13 +267,16 @@ rlpt::objective custom_objective(spec& s) {
   auto& k = o.kl;
   s.get("kl.coef", k.coef);
   k.estimator = pick(s, "kl.estimator", k.estimator,
-                     {{"k1", rlpt::kl_estimator::k1}, {"abs", rlpt::kl_estimator::abs}, {"k2", rlpt::kl_estimator::k2},
+                     {{"k1", rlpt::kl_estimator::k1},
+                      {"abs", rlpt::kl_estimator::abs},
+                      {"k2", rlpt::kl_estimator::k2},
                       {"k3", rlpt::kl_estimator::k3}});
   s.get("kl.k3_x_min", k.k3_x_min);
   s.get("kl.k3_x_max", k.k3_x_max);
   s.get("kl.output_clamp", k.output_clamp);
   k.gradient = pick(s, "kl.gradient", k.gradient,
-                    {{"natural", rlpt::kl_gradient::natural}, {"straight_through", rlpt::kl_gradient::straight_through},
+                    {{"natural", rlpt::kl_gradient::natural},
+                     {"straight_through", rlpt::kl_gradient::straight_through},
                      {"k2_importance", rlpt::kl_gradient::k2_importance}});
   s.get("kl.is_cap", k.is_cap);
   s.get("kl.importance_corrected", k.importance_corrected);
@@ -388,7 +407,8 @@ rlpt::objective objective_from_spec(std::string_view text, std::string* descript
     if (description) *description = "custom objective";
   } else {
     raise(ids::bad_option, fmt::format("rlpt objective: preset = \"{}\" is not one of verl_actor, verl_critic, "
-                                       "trl_grpo, openrlhf_policy, openrlhf_value, custom", preset));
+                                       "trl_grpo, openrlhf_policy, openrlhf_value, custom",
+                                       preset));
   }
   // Aggregation overrides of the non-default terms (any preset), then the common keys.
   read_optional_agg(s, "policy_agg", o.agg, o.policy_agg);
@@ -418,17 +438,26 @@ outcome_options outcome_from_spec(std::string_view text) {
   o.estimator = s.str("estimator").value_or("grpo");
   const std::string preset = s.str("preset").value_or("rlpt");
   auto bad_preset = [&](std::string_view known) {
-    raise(ids::bad_option, fmt::format("rlpt advantages: {} has no preset \"{}\" (known: {})", o.estimator, preset, known));
+    raise(ids::bad_option,
+          fmt::format("rlpt advantages: {} has no preset \"{}\" (known: {})", o.estimator, preset, known));
   };
   if (o.estimator == "grpo") {
-    if (preset == "rlpt") o.grpo = {};
-    else if (preset == "verl") o.grpo = rlpt::compat::verl::grpo();
-    else if (preset == "trl") o.grpo = rlpt::compat::trl::grpo();
-    else if (preset == "openrlhf") o.grpo = rlpt::compat::openrlhf::group_norm();
-    else if (preset == "openrlhf_dr_grpo") o.grpo = rlpt::compat::openrlhf::dr_grpo();
-    else if (preset == "areal") o.grpo = rlpt::compat::areal::reward_norm();
-    else if (preset == "slime") o.grpo = rlpt::compat::slime::grpo();
-    else bad_preset("rlpt, verl, trl, openrlhf, openrlhf_dr_grpo, areal, slime");
+    if (preset == "rlpt")
+      o.grpo = {};
+    else if (preset == "verl")
+      o.grpo = rlpt::compat::verl::grpo();
+    else if (preset == "trl")
+      o.grpo = rlpt::compat::trl::grpo();
+    else if (preset == "openrlhf")
+      o.grpo = rlpt::compat::openrlhf::group_norm();
+    else if (preset == "openrlhf_dr_grpo")
+      o.grpo = rlpt::compat::openrlhf::dr_grpo();
+    else if (preset == "areal")
+      o.grpo = rlpt::compat::areal::reward_norm();
+    else if (preset == "slime")
+      o.grpo = rlpt::compat::slime::grpo();
+    else
+      bad_preset("rlpt, verl, trl, openrlhf, openrlhf_dr_grpo, areal, slime");
     auto& g = o.grpo;
     g.scale = scale_of(s, "scale", g.scale);
     s.get("unbiased", g.unbiased);
@@ -437,38 +466,50 @@ outcome_options outcome_from_spec(std::string_view text) {
     g.single = single_of(s, "single", g.single);
     g.on_nonfinite = nonfinite_of(s, "on_nonfinite", g.on_nonfinite);
   } else if (o.estimator == "rloo") {
-    if (preset == "rlpt") o.rloo = {};
-    else if (preset == "verl") o.rloo = rlpt::compat::verl::rloo();
-    else if (preset == "verl_vectorized") o.rloo = rlpt::compat::verl::rloo_vectorized();
-    else if (preset == "trl") o.rloo = rlpt::compat::trl::rloo();
-    else if (preset == "openrlhf") o.rloo = rlpt::compat::openrlhf::rloo();
-    else bad_preset("rlpt, verl, verl_vectorized, trl, openrlhf");
+    if (preset == "rlpt")
+      o.rloo = {};
+    else if (preset == "verl")
+      o.rloo = rlpt::compat::verl::rloo();
+    else if (preset == "verl_vectorized")
+      o.rloo = rlpt::compat::verl::rloo_vectorized();
+    else if (preset == "trl")
+      o.rloo = rlpt::compat::trl::rloo();
+    else if (preset == "openrlhf")
+      o.rloo = rlpt::compat::openrlhf::rloo();
+    else
+      bad_preset("rlpt, verl, verl_vectorized, trl, openrlhf");
     auto& r = o.rloo;
     r.single = single_of(s, "single", r.single);
     r.on_nonfinite = nonfinite_of(s, "on_nonfinite", r.on_nonfinite);
     s.get("batch_normalize", r.batch_normalize);
     s.get("batch_epsilon", r.batch_epsilon);
   } else if (o.estimator == "opo") {
-    if (preset == "verl") o.opo = rlpt::compat::verl::opo();
-    else if (preset != "rlpt") bad_preset("rlpt, verl");
+    if (preset == "verl")
+      o.opo = rlpt::compat::verl::opo();
+    else if (preset != "rlpt")
+      bad_preset("rlpt, verl");
     o.opo.single = single_of(s, "single", o.opo.single);
     o.opo.on_nonfinite = nonfinite_of(s, "on_nonfinite", o.opo.on_nonfinite);
   } else if (o.estimator == "gpg") {
-    if (preset == "verl") o.gpg = rlpt::compat::verl::gpg();
-    else if (preset != "rlpt") bad_preset("rlpt, verl");
+    if (preset == "verl")
+      o.gpg = rlpt::compat::verl::gpg();
+    else if (preset != "rlpt")
+      bad_preset("rlpt, verl");
     s.get("f_norm", o.gpg.f_norm);
     o.gpg.single = single_of(s, "single", o.gpg.single);
     o.gpg.on_nonfinite = nonfinite_of(s, "on_nonfinite", o.gpg.on_nonfinite);
   } else if (o.estimator == "passk") {
-    if (preset == "verl") o.passk = rlpt::compat::verl::grpo_passk();
-    else if (preset != "rlpt") bad_preset("rlpt, verl");
+    if (preset == "verl")
+      o.passk = rlpt::compat::verl::grpo_passk();
+    else if (preset != "rlpt")
+      bad_preset("rlpt, verl");
     s.get("scale_by_std", o.passk.scale_by_std);
     s.get("epsilon", o.passk.epsilon);
     o.passk.single = single_of(s, "single", o.passk.single);
     o.passk.on_nonfinite = nonfinite_of(s, "on_nonfinite", o.passk.on_nonfinite);
   } else {
-    raise(ids::bad_option, fmt::format("rlpt advantages: estimator = \"{}\" is not one of grpo, rloo, opo, gpg, passk",
-                                       o.estimator));
+    raise(ids::bad_option,
+          fmt::format("rlpt advantages: estimator = \"{}\" is not one of grpo, rloo, opo, gpg, passk", o.estimator));
   }
   s.finish();
   return o;
@@ -481,12 +522,19 @@ rlpt::gae_options gae_from_spec(std::string_view text) {
   s.get("lam", lam);
   const std::string preset = s.str("preset").value_or("rlpt");
   rlpt::gae_options o;
-  if (preset == "verl") o = rlpt::compat::verl::gae(gamma, lam);
-  else if (preset == "openrlhf") o = rlpt::compat::openrlhf::gae(gamma, lam);
-  else if (preset == "slime") o = rlpt::compat::slime::gae(gamma, lam);
-  else if (preset == "areal") o = rlpt::compat::areal::gae(gamma, lam);
-  else if (preset == "rlpt") o = {.gamma = gamma, .lambda = lam};
-  else raise(ids::bad_option, fmt::format("rlpt gae: preset \"{}\" is not one of rlpt, verl, openrlhf, slime, areal", preset));
+  if (preset == "verl")
+    o = rlpt::compat::verl::gae(gamma, lam);
+  else if (preset == "openrlhf")
+    o = rlpt::compat::openrlhf::gae(gamma, lam);
+  else if (preset == "slime")
+    o = rlpt::compat::slime::gae(gamma, lam);
+  else if (preset == "areal")
+    o = rlpt::compat::areal::gae(gamma, lam);
+  else if (preset == "rlpt")
+    o = {.gamma = gamma, .lambda = lam};
+  else
+    raise(ids::bad_option,
+          fmt::format("rlpt gae: preset \"{}\" is not one of rlpt, verl, openrlhf, slime, areal", preset));
   o.masked = mask_mode_of(s, "masked", o.masked);
   o.whiten = whiten_of(s, o.whiten);
   o.on_nonfinite = nonfinite_of(s, "on_nonfinite", o.on_nonfinite);
@@ -500,10 +548,14 @@ rlpt::reinforce_pp_options reinforce_pp_from_spec(std::string_view text) {
   s.get("gamma", gamma);
   const std::string preset = s.str("preset").value_or("rlpt");
   rlpt::reinforce_pp_options o;
-  if (preset == "verl") o = rlpt::compat::verl::reinforce_pp(gamma);
-  else if (preset == "openrlhf") o = rlpt::compat::openrlhf::reinforce(gamma);
-  else if (preset == "rlpt") o.gamma = gamma;
-  else raise(ids::bad_option, fmt::format("rlpt reinforce_pp: preset \"{}\" is not one of rlpt, verl, openrlhf", preset));
+  if (preset == "verl")
+    o = rlpt::compat::verl::reinforce_pp(gamma);
+  else if (preset == "openrlhf")
+    o = rlpt::compat::openrlhf::reinforce(gamma);
+  else if (preset == "rlpt")
+    o.gamma = gamma;
+  else
+    raise(ids::bad_option, fmt::format("rlpt reinforce_pp: preset \"{}\" is not one of rlpt, verl, openrlhf", preset));
   o.masked = mask_mode_of(s, "masked", o.masked);
   o.whiten = whiten_of(s, o.whiten);
   o.on_nonfinite = nonfinite_of(s, "on_nonfinite", o.on_nonfinite);
@@ -515,10 +567,13 @@ rlpt::reinforce_baseline_options reinforce_baseline_from_spec(std::string_view t
   spec s(text, "rlpt reinforce_pp_baseline");
   const std::string preset = s.str("preset").value_or("rlpt");
   rlpt::reinforce_baseline_options o;
-  if (preset == "verl") o = rlpt::compat::verl::reinforce_pp_baseline();
-  else if (preset == "openrlhf") o = rlpt::compat::openrlhf::reinforce_baseline();
+  if (preset == "verl")
+    o = rlpt::compat::verl::reinforce_pp_baseline();
+  else if (preset == "openrlhf")
+    o = rlpt::compat::openrlhf::reinforce_baseline();
   else if (preset != "rlpt")
-    raise(ids::bad_option, fmt::format("rlpt reinforce_pp_baseline: preset \"{}\" is not one of rlpt, verl, openrlhf", preset));
+    raise(ids::bad_option,
+          fmt::format("rlpt reinforce_pp_baseline: preset \"{}\" is not one of rlpt, verl, openrlhf", preset));
   o.single = single_of(s, "single", o.single);
   o.whiten = whiten_of(s, o.whiten);
   o.on_nonfinite = nonfinite_of(s, "on_nonfinite", o.on_nonfinite);
@@ -530,8 +585,10 @@ rlpt::remax_options remax_from_spec(std::string_view text) {
   spec s(text, "rlpt remax");
   const std::string preset = s.str("preset").value_or("rlpt");
   rlpt::remax_options o;
-  if (preset == "verl") o = rlpt::compat::verl::remax();
-  else if (preset != "rlpt") raise(ids::bad_option, fmt::format("rlpt remax: preset \"{}\" is not one of rlpt, verl", preset));
+  if (preset == "verl")
+    o = rlpt::compat::verl::remax();
+  else if (preset != "rlpt")
+    raise(ids::bad_option, fmt::format("rlpt remax: preset \"{}\" is not one of rlpt, verl", preset));
   o.on_nonfinite = nonfinite_of(s, "on_nonfinite", o.on_nonfinite);
   s.finish();
   return o;

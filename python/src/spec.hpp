@@ -38,8 +38,7 @@ public:
   //! A number, or nullopt for the literal "none".
   [[nodiscard]] std::optional<std::optional<double>> num_or_none(std::string_view key);
 
-  template <class T>
-  void get(std::string_view key, T& out) {
+  template <class T> void get(std::string_view key, T& out) {
     if constexpr (std::is_same_v<T, bool>) {
       if (auto v = flag(key)) out = *v;
     } else if constexpr (std::is_same_v<T, std::string>) {

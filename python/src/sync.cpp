@@ -30,44 +30,70 @@ using namespace rlpt::sync;
 
 wire_dtype wire_of(at::ScalarType t) {
   switch (t) {
-  case at::kFloat: return wire_dtype::f32;
-  case at::kDouble: return wire_dtype::f64;
-  case at::kHalf: return wire_dtype::f16;
-  case at::kBFloat16: return wire_dtype::bf16;
-  case at::kByte: return wire_dtype::u8;
-  case at::kChar: return wire_dtype::i8;
-  case at::kShort: return wire_dtype::i16;
-  case at::kInt: return wire_dtype::i32;
-  case at::kLong: return wire_dtype::i64;
-  case at::kBool: return wire_dtype::boolean;
-  case at::kFloat8_e4m3fn: return wire_dtype::f8_e4m3;
-  case at::kFloat8_e5m2: return wire_dtype::f8_e5m2;
-  default: break;
+  case at::kFloat:
+    return wire_dtype::f32;
+  case at::kDouble:
+    return wire_dtype::f64;
+  case at::kHalf:
+    return wire_dtype::f16;
+  case at::kBFloat16:
+    return wire_dtype::bf16;
+  case at::kByte:
+    return wire_dtype::u8;
+  case at::kChar:
+    return wire_dtype::i8;
+  case at::kShort:
+    return wire_dtype::i16;
+  case at::kInt:
+    return wire_dtype::i32;
+  case at::kLong:
+    return wire_dtype::i64;
+  case at::kBool:
+    return wire_dtype::boolean;
+  case at::kFloat8_e4m3fn:
+    return wire_dtype::f8_e4m3;
+  case at::kFloat8_e5m2:
+    return wire_dtype::f8_e5m2;
+  default:
+    break;
   }
   raise(ids::dtype, fmt::format("weight sync: dtype {} has no wire type", dtype_name(t)));
 }
 
 at::ScalarType torch_of(wire_dtype t) {
   switch (t) {
-  case wire_dtype::f32: return at::kFloat;
-  case wire_dtype::f64: return at::kDouble;
-  case wire_dtype::f16: return at::kHalf;
-  case wire_dtype::bf16: return at::kBFloat16;
-  case wire_dtype::u8: return at::kByte;
-  case wire_dtype::i8: return at::kChar;
-  case wire_dtype::i16: return at::kShort;
-  case wire_dtype::i32: return at::kInt;
-  case wire_dtype::i64: return at::kLong;
-  case wire_dtype::boolean: return at::kBool;
-  case wire_dtype::f8_e4m3: return at::kFloat8_e4m3fn;
-  case wire_dtype::f8_e5m2: return at::kFloat8_e5m2;
-  default: break;
+  case wire_dtype::f32:
+    return at::kFloat;
+  case wire_dtype::f64:
+    return at::kDouble;
+  case wire_dtype::f16:
+    return at::kHalf;
+  case wire_dtype::bf16:
+    return at::kBFloat16;
+  case wire_dtype::u8:
+    return at::kByte;
+  case wire_dtype::i8:
+    return at::kChar;
+  case wire_dtype::i16:
+    return at::kShort;
+  case wire_dtype::i32:
+    return at::kInt;
+  case wire_dtype::i64:
+    return at::kLong;
+  case wire_dtype::boolean:
+    return at::kBool;
+  case wire_dtype::f8_e4m3:
+    return at::kFloat8_e4m3fn;
+  case wire_dtype::f8_e5m2:
+    return at::kFloat8_e5m2;
+  default:
+    break;
   }
   raise(ids::dtype, fmt::format("weight sync: wire type {} has no torch dtype", name(t)));
 }
 
-std::unique_ptr<rlpt::sync::link> make_link(const std::string& transport, const std::string& address, bool listen, role r,
-                                std::uint64_t slot_bytes, std::uint32_t slots) {
+std::unique_ptr<rlpt::sync::link> make_link(const std::string& transport, const std::string& address, bool listen,
+                                            role r, std::uint64_t slot_bytes, std::uint32_t slots) {
   if (transport == "shm") {
     shm_options o;
     if (slot_bytes) o.slot_bytes = slot_bytes;
@@ -77,8 +103,7 @@ std::unique_ptr<rlpt::sync::link> make_link(const std::string& transport, const 
   if (transport == "tcp") {
     tcp_options o;
     const auto colon = address.rfind(':');
-    if (colon == std::string::npos)
-      raise(ids::bad_option, fmt::format("tcp address \"{}\" is not host:port", address));
+    if (colon == std::string::npos) raise(ids::bad_option, fmt::format("tcp address \"{}\" is not host:port", address));
     o.host = address.substr(0, colon);
     o.port = static_cast<std::uint16_t>(std::stoi(address.substr(colon + 1)));
     o.listen = listen;
@@ -114,9 +139,9 @@ public:
       for (const auto& [name, t] : tensors) {
         if (!t.device().is_cpu())
           raise(ids::device, fmt::format("weight sync: tensor \"{}\" is on {}; the sender reads host memory "
-                                         "(rlpt.sync.Sender stages device tensors)", name, t.device().str()));
-        if (!t.is_contiguous())
-          raise(ids::strides, fmt::format("weight sync: tensor \"{}\" is not contiguous", name));
+                                         "(rlpt.sync.Sender stages device tensors)",
+                                         name, t.device().str()));
+        if (!t.is_contiguous()) raise(ids::strides, fmt::format("weight sync: tensor \"{}\" is not contiguous", name));
         tensors_.push_back(t);
         refs.push_back({name, wire_of(t.scalar_type()), t.sizes().vec(), t.data_ptr()});
       }
@@ -125,7 +150,8 @@ public:
       const manifest m = plan(refs, po);
       std::uint64_t largest = 0;
       for (std::uint64_t b = 0; b < m.bucket_count(); ++b) largest = std::max(largest, m.bucket_size(b));
-      link_ = make_link(transport, address, listen, role::sender, slot_bytes ? slot_bytes : std::max<std::uint64_t>(largest, 4096), 0);
+      link_ = make_link(transport, address, listen, role::sender,
+                        slot_bytes ? slot_bytes : std::max<std::uint64_t>(largest, 4096), 0);
       sender_options o;
       o.delta = delta;
       o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
@@ -178,9 +204,9 @@ public:
         if (on_tensor_.is_none()) return;
         py::gil_scoped_acquire gil;
         // A view of the receiver's bytes, valid during the call: the callback copies what it keeps.
-        at::Tensor view = at::from_blob(const_cast<std::byte*>(t.bytes.data()),
-                                        std::vector<int64_t>(t.shape.begin(), t.shape.end()),
-                                        at::TensorOptions().dtype(torch_of(t.dtype)));
+        at::Tensor view =
+            at::from_blob(const_cast<std::byte*>(t.bytes.data()), std::vector<int64_t>(t.shape.begin(), t.shape.end()),
+                          at::TensorOptions().dtype(torch_of(t.dtype)));
         on_tensor_(std::string(t.name), view);
       };
       receiver_ = std::make_unique<receiver>(*link_, std::move(load), o);
@@ -199,8 +225,12 @@ public:
 
   bool has_version() const { return receiver_->has_version(); }
   std::uint64_t version() const { return receiver_->version(); }
-  std::uint64_t digest() const { return guard([&] { return receiver_->digest(); }); }
-  std::uint64_t verify() const { return guard([&] { return receiver_->verify(); }); }
+  std::uint64_t digest() const {
+    return guard([&] { return receiver_->digest(); });
+  }
+  std::uint64_t verify() const {
+    return guard([&] { return receiver_->verify(); });
+  }
 
   std::vector<std::string> names() const {
     return guard([&] {
@@ -214,8 +244,8 @@ public:
   at::Tensor tensor(const std::string& name) const {
     return guard([&] {
       const tensor_view t = receiver_->tensor(name);
-      at::Tensor out = at::empty(std::vector<int64_t>(t.shape.begin(), t.shape.end()),
-                                 at::TensorOptions().dtype(torch_of(t.dtype)));
+      at::Tensor out =
+          at::empty(std::vector<int64_t>(t.shape.begin(), t.shape.end()), at::TensorOptions().dtype(torch_of(t.dtype)));
       std::memcpy(out.data_ptr(), t.bytes.data(), t.bytes.size());
       return out;
     });
@@ -236,10 +266,11 @@ private:
 
 void bind_sync(py::module_& m) {
   py::class_<py_sender>(m, "SyncSender")
-      .def(py::init<const std::string&, const std::string&, bool, const std::vector<std::pair<std::string, at::Tensor>>&,
-                    std::uint64_t, std::uint64_t, bool, double>(),
-           py::arg("transport"), py::arg("address"), py::arg("listen"), py::arg("tensors"), py::arg("bucket_bytes"),
-           py::arg("slot_bytes"), py::arg("delta"), py::arg("timeout_s"))
+      .def(
+          py::init<const std::string&, const std::string&, bool, const std::vector<std::pair<std::string, at::Tensor>>&,
+                   std::uint64_t, std::uint64_t, bool, double>(),
+          py::arg("transport"), py::arg("address"), py::arg("listen"), py::arg("tensors"), py::arg("bucket_bytes"),
+          py::arg("slot_bytes"), py::arg("delta"), py::arg("timeout_s"))
       .def("publish", &py_sender::publish, py::arg("version"))
       .def("published_version", &py_sender::published_version)
       .def("port", &py_sender::port);

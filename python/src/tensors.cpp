@@ -49,7 +49,8 @@ at::Tensor contiguous_as(const at::Tensor& t, at::ScalarType want, std::string_v
   if (!x.is_contiguous()) {
     if (strict())
       raise(ids::strides, fmt::format("{} (shape {}, strides {}) is not contiguous and strict mode is on; call "
-                                      ".contiguous() on it", what, dims(t.sizes()), dims(t.strides())));
+                                      ".contiguous() on it",
+                                      what, dims(t.sizes()), dims(t.strides())));
     note_copy("copy", what);
     x = x.contiguous();
   }
@@ -58,7 +59,8 @@ at::Tensor contiguous_as(const at::Tensor& t, at::ScalarType want, std::string_v
 
 at::Tensor mask_bytes(const at::Tensor& t, std::string_view what) {
   at::Tensor m = t;
-  if (m.scalar_type() == at::kBool) m = m.view(at::kByte);
+  if (m.scalar_type() == at::kBool)
+    m = m.view(at::kByte);
   else if (m.scalar_type() != at::kByte) {
     note_copy("cast", what);
     m = m.ne(0).to(at::kByte);
@@ -99,11 +101,13 @@ token_batch describe(const at::Tensor& ref, std::string_view ref_name, const opt
     at::Tensor off = cu_seqlens->to(at::kCPU);
     if (off.scalar_type() != at::kLong) off = off.to(at::kLong);
     b.offsets = off.contiguous();
-    if (b.device.is_cpu()) b.offsets_dev = b.offsets;
-    else b.offsets_dev = cu_seqlens->scalar_type() == at::kLong && cu_seqlens->is_contiguous() &&
-                                 cu_seqlens->device() == b.device
-                             ? *cu_seqlens
-                             : b.offsets.to(b.device);
+    if (b.device.is_cpu())
+      b.offsets_dev = b.offsets;
+    else
+      b.offsets_dev =
+          cu_seqlens->scalar_type() == at::kLong && cu_seqlens->is_contiguous() && cu_seqlens->device() == b.device
+              ? *cu_seqlens
+              : b.offsets.to(b.device);
     b.packed = true;
     b.B = b.offsets.numel() - 1;
     const int64_t* o = b.offsets.data_ptr<int64_t>();

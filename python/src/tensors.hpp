@@ -33,8 +33,7 @@ void reset_copy_stats();
 
 //! Runs f, turning rlpt::error into c10::ValueError (Python ValueError) carrying rlpt's message
 //! "rlpt::error [<id>]: <message>" (rlpt/__init__.py maps it to rlpt.Error with .id).
-template <class F>
-decltype(auto) guard(F&& f) {
+template <class F> decltype(auto) guard(F&& f) {
   try {
     return f();
   } catch (const rlpt::error& e) {
@@ -60,9 +59,9 @@ struct token_batch {
   bool packed = false;
   index_t B = 0, T = 0, S = 0, N = 0; // N: storage size (B * S padded, offsets[B] packed)
   index_t max_len = 0;
-  at::Tensor offsets;                 // int64 CPU (packed)
-  at::Tensor offsets_dev;             // int64 on the tensors' device (packed)
-  std::vector<int64_t> shape;         // [B, T] or [N]
+  at::Tensor offsets;         // int64 CPU (packed)
+  at::Tensor offsets_dev;     // int64 on the tensors' device (packed)
+  std::vector<int64_t> shape; // [B, T] or [N]
   c10::Device device{c10::kCPU};
 
   [[nodiscard]] rlpt::token_layout host_layout() const;
@@ -80,12 +79,10 @@ at::Tensor token_input(const at::Tensor& t, at::ScalarType want, const token_bat
 at::Tensor token_output(const token_batch& b, const at::TensorOptions& o);
 at::Tensor token_view(const at::Tensor& buffer, const token_batch& b);
 
-template <class T, rlpt::memory_space S = rlpt::memory_space::host>
-rlpt::view<T, S> view_of(const at::Tensor& t) {
+template <class T, rlpt::memory_space S = rlpt::memory_space::host> rlpt::view<T, S> view_of(const at::Tensor& t) {
   return {static_cast<T*>(t.data_ptr()), static_cast<index_t>(t.numel())};
 }
-template <class T, rlpt::memory_space S = rlpt::memory_space::host>
-rlpt::view<T, S> view_of(const opt_tensor& t) {
+template <class T, rlpt::memory_space S = rlpt::memory_space::host> rlpt::view<T, S> view_of(const opt_tensor& t) {
   return t ? view_of<T, S>(*t) : rlpt::view<T, S>{};
 }
 

@@ -25,8 +25,7 @@ inline constexpr tolerance vs_f64{1e-6, 1e-9};
 inline constexpr tolerance vs_f32{2e-5, 2e-6};
 
 //! Values of a [B, T] array at valid mask positions, in row-major order.
-template <class T>
-std::vector<double> at_valid(const std::vector<T>& x, const std::vector<std::uint8_t>& mask) {
+template <class T> std::vector<double> at_valid(const std::vector<T>& x, const std::vector<std::uint8_t>& mask) {
   std::vector<double> v;
   for (std::size_t i = 0; i < x.size(); ++i)
     if (mask[i]) v.push_back(static_cast<double>(x[i]));
@@ -34,8 +33,7 @@ std::vector<double> at_valid(const std::vector<T>& x, const std::vector<std::uin
 }
 
 //! Every masked position of x is exactly 0.
-template <class T>
-bool masked_zero(const std::vector<T>& x, const std::vector<std::uint8_t>& mask) {
+template <class T> bool masked_zero(const std::vector<T>& x, const std::vector<std::uint8_t>& mask) {
   for (std::size_t i = 0; i < x.size(); ++i)
     if (!mask[i] && x[i] != T(0)) return false;
   return true;
@@ -43,8 +41,8 @@ bool masked_zero(const std::vector<T>& x, const std::vector<std::uint8_t>& mask)
 
 //! Per-sequence value of a [B, T] token array broadcast from one scalar per row: the value at
 //! the row's first valid token (rows without valid tokens give 0).
-inline std::vector<double> row_value(const std::vector<double>& x, const std::vector<std::uint8_t>& mask,
-                                     std::size_t B, std::size_t T) {
+inline std::vector<double> row_value(const std::vector<double>& x, const std::vector<std::uint8_t>& mask, std::size_t B,
+                                     std::size_t T) {
   std::vector<double> v(B, 0.0);
   for (std::size_t b = 0; b < B; ++b)
     for (std::size_t t = 0; t < T; ++t)

@@ -33,22 +33,25 @@ TEST_CASE("errors: single-sample groups under single::raise name the group") {
   const auto g = rlpt::groups::from_ids(ids);
   std::vector<float> adv(6);
   RLPT_CHECK_ERROR(rlpt::rloo_advantages(r, g, adv), "rlpt.advantage.group_size",
-                   "group 1 (id 42) has 1 sample; RLOO needs at least 2", "rlpt::rloo_options::single = rlpt::single::zero");
+                   "group 1 (id 42) has 1 sample; RLOO needs at least 2",
+                   "rlpt::rloo_options::single = rlpt::single::zero");
   RLPT_CHECK_ERROR(rlpt::grpo_advantages(r, g, adv, rlpt::compat::openrlhf::group_norm()), "rlpt.advantage.group_size",
                    "id 42", "grpo_options");
   RLPT_CHECK_ERROR(rlpt::passk_advantages(r, g, adv), "rlpt.advantage.group_size", "pass@k");
   // A group whose other samples are NaN (masked) has one counted sample too.
   const std::vector<float> r2 = {1, qnan, 0, 1};
   std::vector<float> adv2(4);
-  RLPT_CHECK_ERROR(rlpt::rloo_advantages(r2, rlpt::groups::uniform(4, 2), adv2, {.on_nonfinite = rlpt::nonfinite::mask}),
-                   "rlpt.advantage.group_size", "group 0 (id 0)");
+  RLPT_CHECK_ERROR(
+      rlpt::rloo_advantages(r2, rlpt::groups::uniform(4, 2), adv2, {.on_nonfinite = rlpt::nonfinite::mask}),
+      "rlpt.advantage.group_size", "group 0 (id 0)");
 }
 
 TEST_CASE("errors: sizes and options") {
   const std::vector<float> r = {1, 0, 1, 0};
   const auto g = rlpt::groups::uniform(4, 2);
   std::vector<float> small(3), adv(4);
-  RLPT_CHECK_ERROR(rlpt::grpo_advantages(r, g, small), "rlpt.view.size_mismatch", "advantages has 3 elements, expected 4");
+  RLPT_CHECK_ERROR(rlpt::grpo_advantages(r, g, small), "rlpt.view.size_mismatch",
+                   "advantages has 3 elements, expected 4");
   RLPT_CHECK_ERROR(rlpt::grpo_advantages(r, rlpt::groups::uniform(6, 2), adv), "rlpt.view.size_mismatch", "rewards");
   RLPT_CHECK_ERROR(rlpt::grpo_advantages(r, g, adv, {.epsilon = 0.0}), "rlpt.advantage.bad_option", "divides by zero");
   RLPT_CHECK_ERROR(rlpt::grpo_advantages(r, g, adv, {.epsilon = -1.0}), "rlpt.advantage.bad_option", "epsilon (-1)");
@@ -81,8 +84,9 @@ TEST_CASE("errors: token estimators name (sequence, token) of non-finite inputs"
   RLPT_CHECK_ERROR(rlpt::gae({.layout = layout, .rewards = rew, .values = short_values, .mask = mask}, adv, ret),
                    "rlpt.view.size_mismatch", "values has 7 elements, expected 8");
   const std::vector<float> boot = {0.0f};
-  RLPT_CHECK_ERROR(rlpt::gae({.layout = layout, .rewards = rew, .values = val, .mask = mask, .bootstrap = boot}, adv, ret),
-                   "rlpt.view.size_mismatch", "bootstrap has 1 elements, expected 2");
+  RLPT_CHECK_ERROR(
+      rlpt::gae({.layout = layout, .rewards = rew, .values = val, .mask = mask, .bootstrap = boot}, adv, ret),
+      "rlpt.view.size_mismatch", "bootstrap has 1 elements, expected 2");
 }
 
 TEST_CASE("errors: whitening with too few valid tokens, as verl's masked_var") {
@@ -105,8 +109,8 @@ TEST_CASE("errors: shaping options") {
   std::vector<float> r = {1, 1};
   RLPT_CHECK_ERROR(rlpt::apply_overlong_penalty(len, r, {.max_len = 10, .buffer_len = 20}), "rlpt.advantage.bad_option",
                    "buffer_len (20) <= max_len (10)");
-  RLPT_CHECK_ERROR(rlpt::apply_overlong_penalty(len, r, rlpt::compat::verl::overlong(100, 0)), "rlpt.advantage.bad_option",
-                   "buffer_len = 0 needs cap = true");
+  RLPT_CHECK_ERROR(rlpt::apply_overlong_penalty(len, r, rlpt::compat::verl::overlong(100, 0)),
+                   "rlpt.advantage.bad_option", "buffer_len = 0 needs cap = true");
   const std::vector<float> ch = {1, qnan, 3, 4};
   const std::vector<float> w = {1, 1};
   std::vector<float> out(2);

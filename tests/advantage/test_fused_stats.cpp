@@ -137,7 +137,10 @@ TEST_CASE("group moments, one member per lane (n <= 32), equal the canonical sum
     std::vector<float> x(static_cast<std::size_t>(n));
     for (auto& v : x) {
       const double u = r.uniform();
-      v = u < 0.05 ? std::numeric_limits<float>::quiet_NaN() : u < 0.08 ? -0.0f : u < 0.5 ? 0.35f : static_cast<float>(r.normal(3.0, 2.0));
+      v = u < 0.05   ? std::numeric_limits<float>::quiet_NaN()
+          : u < 0.08 ? -0.0f
+          : u < 0.5  ? 0.35f
+                     : static_cast<float>(r.normal(3.0, 2.0));
     }
     const auto get = [&](rlpt::index_t k) { return x[static_cast<std::size_t>(k)]; };
     const auto m = rlpt::detail::moments_canonical(n, get);
@@ -146,9 +149,10 @@ TEST_CASE("group moments, one member per lane (n <= 32), equal the canonical sum
     for (float v : x) count += rlpt::detail::finite(v) ? 1 : 0;
     CHECK(m.count == count);
     if (count == 0) continue;
-    const double mean = rlpt::detail::canonical_sum(n, [&](rlpt::index_t k) {
-                          return rlpt::detail::finite(get(k)) ? static_cast<double>(get(k)) : 0.0;
-                        }) / count;
+    const double mean =
+        rlpt::detail::canonical_sum(
+            n, [&](rlpt::index_t k) { return rlpt::detail::finite(get(k)) ? static_cast<double>(get(k)) : 0.0; }) /
+        count;
     const double m2 = rlpt::detail::canonical_sum(n, [&](rlpt::index_t k) {
       if (!rlpt::detail::finite(get(k))) return 0.0;
       const double d = static_cast<double>(get(k)) - mean;

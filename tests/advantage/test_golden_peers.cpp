@@ -64,7 +64,8 @@ TEST_CASE("openrlhf golden: overlong penalty and stop-properly penalty before gr
     double factor;
     double coef;
   };
-  for (const variant& v : {variant{"shaped_group_norm_adv", 0.5, 0.3}, variant{"shaped_neg_group_norm_adv", 2.0, -0.5}}) {
+  for (const variant& v :
+       {variant{"shaped_group_norm_adv", 0.5, 0.3}, variant{"shaped_neg_group_norm_adv", 2.0, -0.5}}) {
     CAPTURE(v.name);
     std::vector<float> r = c.rewards, adv(r.size());
     CHECK(rlpt::apply_overlong_penalty(c.lengths, r, rlpt::compat::openrlhf::overlong(c.T, 8, v.factor)) > 0);
@@ -146,7 +147,8 @@ TEST_CASE("trl golden: sum_then_normalize with scale_rewards group / batch / non
   trl_case c;
   std::vector<float> summed(static_cast<std::size_t>(c.B)), adv(summed.size());
   REQUIRE(c.unscorable() >= 2);
-  CHECK(rlpt::combine_reward_channels(c.channels(), c.weights, summed, rlpt::compat::trl::channels()) == c.unscorable());
+  CHECK(rlpt::combine_reward_channels(c.channels(), c.weights, summed, rlpt::compat::trl::channels()) ==
+        c.unscorable());
   ADV_CHECK_CLOSE(summed, c.file.get<float>("summed"), vs_f32);
   struct variant {
     const char* scale_rewards; // TRL's own spelling

@@ -90,8 +90,10 @@ TEST_CASE("verl golden: rloo (loop keeps singletons, vectorised zeroes them)") {
   ADV_CHECK_CLOSE(c.tokens(adv), c.file.get<double>("rloo_f64"), (rlpt::test::tolerance{vs_f64.rel, vs_f64.abs}));
   ADV_CHECK_CLOSE(c.tokens(adv), c.file.get<float>("rloo_f32"), (rlpt::test::tolerance{vs_f32.rel, vs_f32.abs}));
   (void)rlpt::rloo_advantages(c.rewards, c.groups, adv, rlpt::compat::verl::rloo_vectorized());
-  ADV_CHECK_CLOSE(c.tokens(adv), c.file.get<double>("rloo_vectorized_f64"), (rlpt::test::tolerance{vs_f64.rel, vs_f64.abs}));
-  ADV_CHECK_CLOSE(c.tokens(adv), c.file.get<float>("rloo_vectorized_f32"), (rlpt::test::tolerance{vs_f32.rel, vs_f32.abs}));
+  ADV_CHECK_CLOSE(c.tokens(adv), c.file.get<double>("rloo_vectorized_f64"),
+                  (rlpt::test::tolerance{vs_f64.rel, vs_f64.abs}));
+  ADV_CHECK_CLOSE(c.tokens(adv), c.file.get<float>("rloo_vectorized_f32"),
+                  (rlpt::test::tolerance{vs_f32.rel, vs_f32.abs}));
 }
 
 TEST_CASE("verl golden: opo (length-weighted baseline)") {
@@ -127,11 +129,15 @@ TEST_CASE("verl golden: remax (greedy baseline)") {
   outcome_case c;
   const auto baselines = c.file.get<float>("baselines");
   std::vector<float> adv(static_cast<std::size_t>(c.B * c.T)), ret(adv.size());
-  CHECK(rlpt::remax_advantages(c.layout, c.token_rewards, c.mask, baselines, adv, ret, rlpt::compat::verl::remax()) == 0);
+  CHECK(rlpt::remax_advantages(c.layout, c.token_rewards, c.mask, baselines, adv, ret, rlpt::compat::verl::remax()) ==
+        0);
   // verl's returns run a cumsum through masked slots; rlpt writes 0 there: compare valid tokens.
-  ADV_CHECK_CLOSE(at_valid(adv, c.mask), at_valid(c.file.get<double>("remax_adv_f64"), c.mask), (rlpt::test::tolerance{vs_f64.rel, vs_f64.abs}));
-  ADV_CHECK_CLOSE(at_valid(ret, c.mask), at_valid(c.file.get<double>("remax_ret_f64"), c.mask), (rlpt::test::tolerance{vs_f64.rel, vs_f64.abs}));
-  ADV_CHECK_CLOSE(at_valid(adv, c.mask), at_valid(c.file.get<float>("remax_adv_f32"), c.mask), (rlpt::test::tolerance{vs_f32.rel, vs_f32.abs}));
+  ADV_CHECK_CLOSE(at_valid(adv, c.mask), at_valid(c.file.get<double>("remax_adv_f64"), c.mask),
+                  (rlpt::test::tolerance{vs_f64.rel, vs_f64.abs}));
+  ADV_CHECK_CLOSE(at_valid(ret, c.mask), at_valid(c.file.get<double>("remax_ret_f64"), c.mask),
+                  (rlpt::test::tolerance{vs_f64.rel, vs_f64.abs}));
+  ADV_CHECK_CLOSE(at_valid(adv, c.mask), at_valid(c.file.get<float>("remax_adv_f32"), c.mask),
+                  (rlpt::test::tolerance{vs_f32.rel, vs_f32.abs}));
   CHECK(rlpt::test::masked_zero(adv, c.mask));
 }
 
@@ -171,10 +177,14 @@ TEST_CASE("verl golden: gae (skip semantics, holes, empty row, whitening) and re
     CHECK(res.whitening.has_value());
     const std::string p = "gae" + std::to_string(k);
     // verl leaves carried values at masked tokens (whitened); rlpt writes 0: compare valid tokens.
-    ADV_CHECK_CLOSE(at_valid(adv, mask), at_valid(f.get<double>(p + "_adv_f64"), mask), (rlpt::test::tolerance{vs_f64.rel, 1e-7}));
-    ADV_CHECK_CLOSE(at_valid(ret, mask), at_valid(f.get<double>(p + "_ret_f64"), mask), (rlpt::test::tolerance{vs_f64.rel, vs_f64.abs}));
-    ADV_CHECK_CLOSE(at_valid(adv, mask), at_valid(f.get<float>(p + "_adv_f32"), mask), (rlpt::test::tolerance{vs_f32.rel, vs_f32.abs}));
-    ADV_CHECK_CLOSE(at_valid(ret, mask), at_valid(f.get<float>(p + "_ret_f32"), mask), (rlpt::test::tolerance{vs_f32.rel, vs_f32.abs}));
+    ADV_CHECK_CLOSE(at_valid(adv, mask), at_valid(f.get<double>(p + "_adv_f64"), mask),
+                    (rlpt::test::tolerance{vs_f64.rel, 1e-7}));
+    ADV_CHECK_CLOSE(at_valid(ret, mask), at_valid(f.get<double>(p + "_ret_f64"), mask),
+                    (rlpt::test::tolerance{vs_f64.rel, vs_f64.abs}));
+    ADV_CHECK_CLOSE(at_valid(adv, mask), at_valid(f.get<float>(p + "_adv_f32"), mask),
+                    (rlpt::test::tolerance{vs_f32.rel, vs_f32.abs}));
+    ADV_CHECK_CLOSE(at_valid(ret, mask), at_valid(f.get<float>(p + "_ret_f32"), mask),
+                    (rlpt::test::tolerance{vs_f32.rel, vs_f32.abs}));
     CHECK(rlpt::test::masked_zero(adv, mask));
     CHECK(rlpt::test::masked_zero(ret, mask));
   }

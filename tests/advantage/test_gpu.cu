@@ -24,12 +24,10 @@
 
 namespace {
 
-template <class T>
-using dev_buffer = rlpt::test::device_buffer<T>;
+template <class T> using dev_buffer = rlpt::test::device_buffer<T>;
 
 //! Runs a device entry point twice: size query, then with a freshly allocated workspace.
-template <class F>
-void with_workspace(F&& call) {
+template <class F> void with_workspace(F&& call) {
   rlpt::workspace ws;
   call(ws);
   dev_buffer<char> buf(ws.bytes);
@@ -55,7 +53,9 @@ group_batch random_groups(std::uint64_t stream, int groups, int max_size, bool w
     for (std::int64_t i = 0; i < n; ++i) {
       b.ids.push_back(g * 13 % 997);
       const int kind = g % 4;
-      b.rewards.push_back(kind == 0 ? static_cast<float>(r.integer(0, 1)) : kind == 1 ? 0.35f : static_cast<float>(r.normal(1.0, 2.0)));
+      b.rewards.push_back(kind == 0   ? static_cast<float>(r.integer(0, 1))
+                          : kind == 1 ? 0.35f
+                                      : static_cast<float>(r.normal(1.0, 2.0)));
     }
   }
   // shuffle ids so groups are not contiguous
@@ -88,12 +88,13 @@ TEST_CASE("gpu grpo / rloo: bit-identical to the host, statistics and counters i
       dev_buffer<rlpt::mask_t> degenerate(G);
       const rlpt::device_group_stats ds{mean.view(), stdv.view(), size.view(), degenerate.view(), counters.view()};
       std::vector<float> host(b.rewards.size());
-      for (const auto& preset : {rlpt::compat::verl::grpo(), rlpt::compat::trl::grpo("batch"),
-                                 rlpt::compat::verl::dr_grpo(), rlpt::compat::areal::reward_norm(),
-                                 rlpt::grpo_options{.unbiased = false, .std_floor = 0.01}}) {
+      for (const auto& preset :
+           {rlpt::compat::verl::grpo(), rlpt::compat::trl::grpo("batch"), rlpt::compat::verl::dr_grpo(),
+            rlpt::compat::areal::reward_norm(), rlpt::grpo_options{.unbiased = false, .std_floor = 0.01}}) {
         const auto o = rlpt::device_policies(preset);
         const rlpt::group_stats hs = rlpt::grpo_advantages(b.rewards, g, host, o);
-        with_workspace([&](rlpt::workspace& ws) { rlpt::grpo_advantages(rewards.cview(), dg, out.view(), o, ds, ws, nullptr); });
+        with_workspace(
+            [&](rlpt::workspace& ws) { rlpt::grpo_advantages(rewards.cview(), dg, out.view(), o, ds, ws, nullptr); });
         CHECK(same_bits(out.get(), host));
         CHECK(same_bits(mean.get(), hs.mean));
         CHECK(same_bits(stdv.get(), hs.std));
@@ -103,10 +104,12 @@ TEST_CASE("gpu grpo / rloo: bit-identical to the host, statistics and counters i
         CHECK(c[0] == hs.num_nonfinite);
         CHECK(c[1] == hs.num_degenerate);
       }
-      for (const auto& preset : {rlpt::compat::verl::rloo(), rlpt::compat::verl::rloo_vectorized(), rlpt::rloo_options{}}) {
+      for (const auto& preset :
+           {rlpt::compat::verl::rloo(), rlpt::compat::verl::rloo_vectorized(), rlpt::rloo_options{}}) {
         const auto o = rlpt::device_policies(preset);
         (void)rlpt::rloo_advantages(b.rewards, g, host, o);
-        with_workspace([&](rlpt::workspace& ws) { rlpt::rloo_advantages(rewards.cview(), dg, out.view(), o, ds, ws, nullptr); });
+        with_workspace(
+            [&](rlpt::workspace& ws) { rlpt::rloo_advantages(rewards.cview(), dg, out.view(), o, ds, ws, nullptr); });
         CHECK(same_bits(out.get(), host));
       }
     }
@@ -166,11 +169,16 @@ TEST_CASE("gpu gae: matches the host for every mask mode, long rows, packed rows
     for (const auto& [gamma, lambda] : {std::pair{1.0, 1.0}, std::pair{0.99, 0.95}}) {
       CAPTURE(static_cast<int>(mode));
       CAPTURE(gamma);
-      const rlpt::gae_options o{.gamma = gamma, .lambda = lambda, .masked = mode, .on_nonfinite = rlpt::nonfinite::mask};
-      (void)rlpt::gae({.layout = host_layout, .rewards = b.rewards, .values = b.values, .mask = b.mask, .bootstrap = boot},
-                      hadv, hret, o);
+      const rlpt::gae_options o{
+          .gamma = gamma, .lambda = lambda, .masked = mode, .on_nonfinite = rlpt::nonfinite::mask};
+      (void)rlpt::gae(
+          {.layout = host_layout, .rewards = b.rewards, .values = b.values, .mask = b.mask, .bootstrap = boot}, hadv,
+          hret, o);
       with_workspace([&](rlpt::workspace& ws) {
-        rlpt::gae({.layout = dev_layout, .rewards = rewards.cview(), .values = values.cview(), .mask = mask.cview(),
+        rlpt::gae({.layout = dev_layout,
+                   .rewards = rewards.cview(),
+                   .values = values.cview(),
+                   .mask = mask.cview(),
                    .bootstrap = bootstrap.cview()},
                   adv.view(), ret.view(), o, report.view(), ws, nullptr);
       });
@@ -191,7 +199,9 @@ TEST_CASE("gpu gae: a row's bits do not depend on the batch around it, nor on th
     const auto off = first * b.T;
     const auto n = l.storage_size();
     with_workspace([&](rlpt::workspace& ws) {
-      rlpt::gae({.layout = l, .rewards = {rewards.cview().data() + off, n}, .values = {values.cview().data() + off, n},
+      rlpt::gae({.layout = l,
+                 .rewards = {rewards.cview().data() + off, n},
+                 .values = {values.cview().data() + off, n},
                  .mask = {mask.cview().data() + off, n}},
                 {out.view().data() + off, n}, {}, o, {}, ws, nullptr);
     });
@@ -224,10 +234,11 @@ TEST_CASE("gpu gae + whitening (verl preset via device_policies), packed layout,
   std::vector<float> hadv(b.rewards.size()), hret(hadv.size());
 
   const auto o = rlpt::device_policies(rlpt::compat::verl::gae(0.99, 0.95));
-  const auto hr = rlpt::gae({.layout = host_layout, .rewards = b.rewards, .values = b.values, .mask = b.mask}, hadv, hret, o);
+  const auto hr =
+      rlpt::gae({.layout = host_layout, .rewards = b.rewards, .values = b.values, .mask = b.mask}, hadv, hret, o);
   with_workspace([&](rlpt::workspace& ws) {
-    rlpt::gae({.layout = dev_layout, .rewards = rewards.cview(), .values = values.cview(), .mask = mask.cview()}, adv.view(),
-              ret.view(), o, report.view(), ws, nullptr);
+    rlpt::gae({.layout = dev_layout, .rewards = rewards.cview(), .values = values.cview(), .mask = mask.cview()},
+              adv.view(), ret.view(), o, report.view(), ws, nullptr);
   });
   const auto rep = report.get()[0];
   CHECK(rep.num_nonfinite_seqs == 1);
@@ -241,8 +252,8 @@ TEST_CASE("gpu gae + whitening (verl preset via device_policies), packed layout,
   const auto ro = rlpt::device_policies(rlpt::compat::openrlhf::reinforce(0.97));
   (void)rlpt::reinforce_pp_advantages(host_layout, b.rewards, b.mask, hadv, hret, ro);
   with_workspace([&](rlpt::workspace& ws) {
-    rlpt::reinforce_pp_advantages(dev_layout, rewards.cview(), mask.cview(), adv.view(), ret.view(), ro, report.view(), ws,
-                                  nullptr);
+    rlpt::reinforce_pp_advantages(dev_layout, rewards.cview(), mask.cview(), adv.view(), ret.view(), ro, report.view(),
+                                  ws, nullptr);
   });
   ADV_CHECK_CLOSE(adv.get(), hadv, scan_vs_loop);
   ADV_CHECK_CLOSE(ret.get(), hret, scan_vs_loop);
@@ -258,7 +269,9 @@ TEST_CASE("gpu whitening: moments, merge of per-shard moments, apply") {
   const auto o = rlpt::device_policies(rlpt::compat::openrlhf::whiten());
   std::vector<float> host(b.rewards.size());
   const auto hr = rlpt::whiten(rlpt::token_layout::padded(b.B, b.T), b.rewards, b.mask, host, o);
-  with_workspace([&](rlpt::workspace& ws) { rlpt::whiten(layout, x.cview(), mask.cview(), out.view(), o, stats.view(), ws, nullptr); });
+  with_workspace([&](rlpt::workspace& ws) {
+    rlpt::whiten(layout, x.cview(), mask.cview(), out.view(), o, stats.view(), ws, nullptr);
+  });
   ADV_CHECK_CLOSE(out.get(), host, (rlpt::test::tolerance{1e-6, 1e-7}));
   const auto st = stats.get()[0];
   CHECK(st.count == hr.stats.count);
@@ -279,7 +292,8 @@ TEST_CASE("gpu whitening: moments, merge of per-shard moments, apply") {
   CHECK(m.m2 == doctest::Approx(hr.stats.m2).epsilon(1e-12));
 }
 
-TEST_CASE("gpu gae: packed rows of mixed lengths (1024- and 2048-token tiles) match the host, each row's bits its own") {
+TEST_CASE(
+    "gpu gae: packed rows of mixed lengths (1024- and 2048-token tiles) match the host, each row's bits its own") {
   // rows up to 1024 tokens run with 4 tokens per thread (one full tile), longer ones with 8; the
   // choice is per row, so a row gives the same bits alone as in any batch
   const std::vector<rlpt::index_t> lengths = {1024, 1025, 300, 5000, 1, 2048, 700, 4096, 1023};
@@ -294,8 +308,8 @@ TEST_CASE("gpu gae: packed rows of mixed lengths (1024- and 2048-token tiles) ma
   const dev_buffer<rlpt::mask_t> mask(b.mask);
   dev_buffer<float> adv(b.rewards.size()), ret(b.rewards.size());
   std::vector<float> hadv(b.rewards.size()), hret(hadv.size());
-  const rlpt::gae_options o{.gamma = 0.99, .lambda = 0.95, .masked = rlpt::mask_mode::zero,
-                            .on_nonfinite = rlpt::nonfinite::mask};
+  const rlpt::gae_options o{
+      .gamma = 0.99, .lambda = 0.95, .masked = rlpt::mask_mode::zero, .on_nonfinite = rlpt::nonfinite::mask};
   (void)rlpt::gae({.layout = host_layout, .rewards = b.rewards, .values = b.values, .mask = b.mask}, hadv, hret, o);
   with_workspace([&](rlpt::workspace& ws) {
     rlpt::gae({.layout = dev_layout, .rewards = rewards.cview(), .values = values.cview(), .mask = mask.cview()},
@@ -342,8 +356,8 @@ TEST_CASE("gpu whitening: token chunks across rows, a row stride wider than the 
   dev_buffer<float> out(std::vector<float>(x.size(), 7.0f));
   dev_buffer<rlpt::moments> stats(1);
   with_workspace([&](rlpt::workspace& ws) {
-    rlpt::whiten(rlpt::device_token_layout::padded(B, T, stride), dx.cview(), dm.cview(), out.view(), o, stats.view(), ws,
-                 nullptr);
+    rlpt::whiten(rlpt::device_token_layout::padded(B, T, stride), dx.cview(), dm.cview(), out.view(), o, stats.view(),
+                 ws, nullptr);
   });
   const auto st = stats.get()[0];
   CHECK(st.count == hr.stats.count);
@@ -364,8 +378,8 @@ TEST_CASE("gpu whitening: token chunks across rows, a row stride wider than the 
   std::vector<float> phost(p.rewards.size());
   const auto pr = rlpt::whiten(rlpt::token_layout::packed(offsets), p.rewards, p.mask, phost, o);
   with_workspace([&](rlpt::workspace& ws) {
-    rlpt::whiten(rlpt::device_token_layout::packed(d_offsets.cview(), total, 3000), px.cview(), pm.cview(), pout.view(), o,
-                 stats.view(), ws, nullptr);
+    rlpt::whiten(rlpt::device_token_layout::packed(d_offsets.cview(), total, 3000), px.cview(), pm.cview(), pout.view(),
+                 o, stats.view(), ws, nullptr);
   });
   const auto ps = stats.get()[0];
   CHECK(ps.count == pr.stats.count);
@@ -380,7 +394,8 @@ TEST_CASE("gpu whitening over NCCL: a single-rank all-gather merges to the local
   const dev_buffer<float> x(b.rewards);
   const dev_buffer<rlpt::mask_t> mask(b.mask);
   dev_buffer<rlpt::moments> local(1), gathered(1), merged(1);
-  with_workspace([&](rlpt::workspace& ws) { rlpt::whiten_moments(layout, x.cview(), mask.cview(), local.view(), ws, nullptr); });
+  with_workspace(
+      [&](rlpt::workspace& ws) { rlpt::whiten_moments(layout, x.cview(), mask.cview(), local.view(), ws, nullptr); });
   ncclComm_t comm;
   int dev = 0;
   RLPT_NCCL_CHECK(ncclCommInitAll(&comm, 1, &dev));

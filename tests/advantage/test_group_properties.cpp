@@ -40,7 +40,8 @@ batch random_batch(std::uint64_t stream, int groups = 60) {
       b.rewards.push_back(kind == 0   ? static_cast<float>(r.integer(0, 1))
                           : kind == 1 ? static_cast<float>(r.normal(2.0, 3.0))
                           : kind == 2 ? 0.35f
-                                      : static_cast<float>(std::vector<double>{0.35, 0.4, 0.3}[static_cast<std::size_t>(r.integer(0, 2))]));
+                                      : static_cast<float>(std::vector<double>{
+                                            0.35, 0.4, 0.3}[static_cast<std::size_t>(r.integer(0, 2))]));
     }
   }
   std::vector<std::size_t> perm(b.ids.size());
@@ -96,7 +97,7 @@ std::vector<double> naive_grpo(const batch& b, const rlpt::grpo_options& o) {
       mu = 0.0;
       sigma = o.scale == rlpt::scale::batch_std ? bs : 1.0;
     } else {
-      sigma = o.scale == rlpt::scale::group_std ? std::sqrt(s.m2 / (s.n - (o.unbiased ? 1 : 0)))
+      sigma = o.scale == rlpt::scale::group_std   ? std::sqrt(s.m2 / (s.n - (o.unbiased ? 1 : 0)))
               : o.scale == rlpt::scale::batch_std ? bs
                                                   : 1.0;
     }
@@ -116,7 +117,8 @@ TEST_CASE("grpo equals the fp64 definition for every scaling, ddof, floor and si
     for (const bool unbiased : {true, false})
       for (const double floor : {0.0, 0.05})
         for (const auto single : {rlpt::single::raw, rlpt::single::zero}) {
-          const rlpt::grpo_options o{.scale = scale, .unbiased = unbiased, .epsilon = 1e-4, .std_floor = floor, .single = single};
+          const rlpt::grpo_options o{
+              .scale = scale, .unbiased = unbiased, .epsilon = 1e-4, .std_floor = floor, .single = single};
           CAPTURE(static_cast<int>(scale));
           CAPTURE(unbiased);
           CAPTURE(floor);
@@ -131,9 +133,9 @@ TEST_CASE("zero-std groups give exactly 0 (0.35, 0.4, 0.3 regression): no cancel
   // amplified advantages ~4000x. Two-pass fp64 statistics give M2 == 0 exactly.
   std::vector<float> rewards;
   std::vector<std::int64_t> ids;
-  const std::vector<std::vector<float>> groups = {{0.35f, 0.35f, 0.35f}, {0.4f, 0.4f, 0.4f, 0.4f, 0.4f},
+  const std::vector<std::vector<float>> groups = {{0.35f, 0.35f, 0.35f},        {0.4f, 0.4f, 0.4f, 0.4f, 0.4f},
                                                   std::vector<float>(64, 0.3f), {0.1f, 0.1f, 0.1f},
-                                                  {0.35f, 0.4f, 0.3f}, std::vector<float>(7, 0.7f)};
+                                                  {0.35f, 0.4f, 0.3f},          std::vector<float>(7, 0.7f)};
   for (std::size_t k = 0; k < groups.size(); ++k)
     for (float x : groups[k]) {
       rewards.push_back(x);
@@ -213,8 +215,7 @@ TEST_CASE("group estimators: same bits for any thread count and whatever other g
   std::vector<float> serial(b.rewards.size()), threaded(serial.size());
   rlpt::thread_pool pool(3);
   const rlpt::host_executor ex{&pool};
-  for (const auto& o : {rlpt::compat::verl::grpo(), rlpt::compat::trl::grpo("batch"),
-                        rlpt::compat::verl::dr_grpo()}) {
+  for (const auto& o : {rlpt::compat::verl::grpo(), rlpt::compat::trl::grpo("batch"), rlpt::compat::verl::dr_grpo()}) {
     (void)rlpt::grpo_advantages(b.rewards, g, serial, o);
     (void)rlpt::grpo_advantages(b.rewards, g, threaded, o, ex);
     CHECK(std::memcmp(serial.data(), threaded.data(), serial.size() * sizeof(float)) == 0);

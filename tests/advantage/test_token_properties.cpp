@@ -119,7 +119,9 @@ TEST_CASE("masked garbage (huge, NaN, inf) never changes valid outputs") {
   token_batch dirty = b;
   for (std::size_t i = 0; i < b.mask.size(); ++i)
     if (!b.mask[i]) {
-      dirty.rewards[i] = i % 3 == 0 ? 1e30f : i % 3 == 1 ? std::numeric_limits<float>::quiet_NaN() : -std::numeric_limits<float>::infinity();
+      dirty.rewards[i] = i % 3 == 0   ? 1e30f
+                         : i % 3 == 1 ? std::numeric_limits<float>::quiet_NaN()
+                                      : -std::numeric_limits<float>::infinity();
       dirty.values[i] = i % 2 ? std::numeric_limits<float>::infinity() : -1e30f;
     }
   const auto layout = rlpt::token_layout::padded(b.B, b.T);
@@ -188,7 +190,8 @@ TEST_CASE("gae: packed layout equals padded, a row's bits depend on that row onl
   const auto sub = [&](const auto& v) { return std::vector(v.begin() + row * b.T, v.begin() + (row + 1) * b.T); };
   const auto r1 = sub(b.rewards), v1 = sub(b.values);
   const auto m1 = sub(b.mask);
-  (void)rlpt::gae({.layout = rlpt::token_layout::padded(1, b.T), .rewards = r1, .values = v1, .mask = m1}, one, one_ret, o);
+  (void)rlpt::gae({.layout = rlpt::token_layout::padded(1, b.T), .rewards = r1, .values = v1, .mask = m1}, one, one_ret,
+                  o);
   CHECK(one == sub(a));
 }
 
@@ -198,8 +201,8 @@ TEST_CASE("gae bootstrap: the value after the last token (AReaL truncated sequen
   const auto layout = rlpt::token_layout::padded(b.B, b.T);
   std::vector<float> boot = {0.5f, -1.0f, 0.0f, 2.0f, 0.25f, -0.75f};
   std::vector<float> adv(b.rewards.size()), ret(adv.size());
-  (void)rlpt::gae({.layout = layout, .rewards = b.rewards, .values = b.values, .mask = b.mask, .bootstrap = boot}, adv, ret,
-                  {.gamma = 0.9, .lambda = 0.8});
+  (void)rlpt::gae({.layout = layout, .rewards = b.rewards, .values = b.values, .mask = b.mask, .bootstrap = boot}, adv,
+                  ret, {.gamma = 0.9, .lambda = 0.8});
   // Bootstrapping adds gamma * V_T to the last TD error: A_t gains (gamma lambda)^(T-1-t) * gamma * V_T.
   const auto plain = naive_gae(b, 0.9, 0.8, rlpt::mask_mode::skip, &b.values);
   std::vector<double> want(plain);
@@ -312,7 +315,8 @@ TEST_CASE("nonfinite::mask in token estimators: the sequence is zeroed, counted,
   std::vector<float> adv(b.rewards.size()), ret(adv.size()), cadv(adv.size()), cret(adv.size());
   const auto r = rlpt::gae({.layout = layout, .rewards = b.rewards, .values = b.values, .mask = b.mask}, adv, ret, o);
   CHECK(r.num_nonfinite_seqs == 2);
-  (void)rlpt::gae({.layout = layout, .rewards = clean.rewards, .values = clean.values, .mask = clean.mask}, cadv, cret, o);
+  (void)rlpt::gae({.layout = layout, .rewards = clean.rewards, .values = clean.values, .mask = clean.mask}, cadv, cret,
+                  o);
   CHECK(adv == cadv); // the poisoned rows are all 0, the rest whitened without them
   CHECK(ret == cret);
 }
@@ -369,7 +373,8 @@ TEST_CASE("shaping: overlong penalties (verl linear, OpenRLHF / TRL capped), tru
   const std::vector<float> ch = {1, 2, nan, 4, nan, nan};
   const std::vector<float> w = {0.5f, 2.0f};
   std::vector<float> out(3);
-  CHECK(rlpt::combine_reward_channels(rlpt::view2d<const float>(ch.data(), 3, 2), w, out, rlpt::compat::trl::channels()) == 1);
+  CHECK(rlpt::combine_reward_channels(rlpt::view2d<const float>(ch.data(), 3, 2), w, out,
+                                      rlpt::compat::trl::channels()) == 1);
   CHECK(out[0] == 4.5f);
   CHECK(out[1] == 8.0f);
   CHECK(std::isnan(out[2]));

@@ -74,7 +74,8 @@ TEST_CASE("dlpack: every producer mistake is rejected with what and why") {
   RLPT_CHECK_ERROR(rlpt::from_dlpack<float>(lanes.t), "rlpt.dlpack.dtype", "float32x4");
 
   fake_tensor rank(buf.data(), f32, {4, 4});
-  RLPT_CHECK_ERROR(rlpt::from_dlpack<float>(rank.t, "rewards"), "rlpt.dlpack.ndim", "rewards has 2 dimensions, expected 1");
+  RLPT_CHECK_ERROR(rlpt::from_dlpack<float>(rank.t, "rewards"), "rlpt.dlpack.ndim",
+                   "rewards has 2 dimensions, expected 1");
 
   fake_tensor strided(buf.data(), f32, {4}, {2});
   RLPT_CHECK_ERROR(rlpt::from_dlpack<float>(strided.t), "rlpt.dlpack.strides", "stride 2, expected 1");

@@ -20,8 +20,9 @@ std::uint16_t bf16_reference(float f) {
   const auto hi = static_cast<std::uint16_t>(lo + 1);
   const double a = std::fabs(static_cast<double>(f));
   const double alo = std::fabs(static_cast<double>(std::bit_cast<float>(std::uint32_t{lo} << 16)));
-  const double ahi = (hi & 0x7fffu) == 0x7f80u ? std::ldexp(1.0, 128)
-                                               : std::fabs(static_cast<double>(std::bit_cast<float>(std::uint32_t{hi} << 16)));
+  const double ahi = (hi & 0x7fffu) == 0x7f80u
+                         ? std::ldexp(1.0, 128)
+                         : std::fabs(static_cast<double>(std::bit_cast<float>(std::uint32_t{hi} << 16)));
   const double mid = (alo + ahi) / 2;
   if (a < mid) return lo;
   if (a > mid) return hi;
@@ -57,8 +58,8 @@ TEST_CASE("bf16 -> float is exact and float -> bf16 rounds to nearest even") {
     if (std::isnan(f)) continue;
     REQUIRE_MESSAGE(rlpt::bf16(f).bits == bf16_reference(f), "bits 0x", std::hex, u);
   }
-  CHECK(rlpt::bf16(1.00390625f).bits == rlpt::bf16(1.0f).bits);             // tie, even stays
-  CHECK(rlpt::bf16(1.01171875f).bits == rlpt::bf16(1.015625f).bits);        // tie, odd rounds up
+  CHECK(rlpt::bf16(1.00390625f).bits == rlpt::bf16(1.0f).bits);      // tie, even stays
+  CHECK(rlpt::bf16(1.01171875f).bits == rlpt::bf16(1.015625f).bits); // tie, odd rounds up
   CHECK(std::isnan(static_cast<float>(rlpt::bf16(std::numeric_limits<float>::quiet_NaN()))));
 }
 

@@ -86,6 +86,7 @@ TEST_CASE("chunking never overflows: grains and counts near index_t's limit") {
   });
   CHECK(chunks == 2);
   CHECK(last_end == big);
-  CHECK(ex.parallel_reduce(7, big, rlpt::index_t{0}, [](rlpt::index_t b, rlpt::index_t e) { return e - b; },
-                           [](rlpt::index_t& acc, rlpt::index_t part) { acc += part; }) == 7);
+  CHECK(ex.parallel_reduce(
+            7, big, rlpt::index_t{0}, [](rlpt::index_t b, rlpt::index_t e) { return e - b; },
+            [](rlpt::index_t& acc, rlpt::index_t part) { acc += part; }) == 7);
 }

@@ -15,11 +15,17 @@ namespace {
 // The views a groups object returns borrow its arrays: from a temporary groups they would
 // dangle (`for (auto i : groups::from_ids(ids).members(0))`), so that does not compile.
 template <class G>
-concept members_of = requires(G&& g) { std::forward<G>(g).members(0); };
+concept members_of = requires(G&& g) {
+  std::forward<G>(g).members(0);
+};
 template <class G>
-concept offsets_of = requires(G&& g) { std::forward<G>(g).offsets(); };
+concept offsets_of = requires(G&& g) {
+  std::forward<G>(g).offsets();
+};
 template <class G>
-concept group_of_view = requires(G&& g) { std::forward<G>(g).group_of(); };
+concept group_of_view = requires(G&& g) {
+  std::forward<G>(g).group_of();
+};
 static_assert(!members_of<rlpt::groups>);
 static_assert(!offsets_of<rlpt::groups>);
 static_assert(!group_of_view<rlpt::groups>);
@@ -152,11 +158,20 @@ TEST_CASE("groups from ids: random ids (extremes, runs, interleaving, colliding 
     while (ids.size() < n) {
       std::int64_t id = 0;
       switch (kind) {
-      case 0: id = special[static_cast<std::size_t>(r.integer(0, 6))]; break;            // extremes only
-      case 1: id = r.integer(lo, hi); break;                                              // all distinct
-      case 2: id = r.integer(-3, 3); break;                                               // few groups, interleaved
-      case 3: id = r.integer(0, 40) << 58; break;                                         // low bits equal
-      default: id = r.bernoulli(0.2) ? special[static_cast<std::size_t>(r.integer(0, 6))] : r.integer(-1000, 1000);
+      case 0:
+        id = special[static_cast<std::size_t>(r.integer(0, 6))];
+        break; // extremes only
+      case 1:
+        id = r.integer(lo, hi);
+        break; // all distinct
+      case 2:
+        id = r.integer(-3, 3);
+        break; // few groups, interleaved
+      case 3:
+        id = r.integer(0, 40) << 58;
+        break; // low bits equal
+      default:
+        id = r.bernoulli(0.2) ? special[static_cast<std::size_t>(r.integer(0, 6))] : r.integer(-1000, 1000);
       }
       const auto run = static_cast<std::size_t>(r.integer(1, 8)); // adjacent members: the common layout
       for (std::size_t k = 0; k < run && ids.size() < n; ++k) ids.push_back(id);

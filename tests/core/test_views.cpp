@@ -22,9 +22,13 @@ constexpr rlpt::index_t big = std::numeric_limits<rlpt::index_t>::max();
 // keeps. From a temporary container it would dangle, so it must not compile; from an lvalue or
 // from a temporary that is itself a view (std::span) it does.
 template <class V, class R>
-concept view_from = requires(R&& r) { V(std::forward<R>(r)); };
+concept view_from = requires(R&& r) {
+  V(std::forward<R>(r));
+};
 template <class R>
-concept packs = requires(R&& r) { rlpt::token_layout::packed(std::forward<R>(r)); };
+concept packs = requires(R&& r) {
+  rlpt::token_layout::packed(std::forward<R>(r));
+};
 
 static_assert(!view_from<rlpt::view<const float>, std::vector<float>>, "a view of a temporary vector dangles");
 static_assert(!view_from<rlpt::view<const float>, const std::vector<float>>, "a view of a temporary vector dangles");

@@ -25,7 +25,9 @@ using StridedMap = Eigen::Map<Eigen::VectorXf, Eigen::Unaligned, Eigen::InnerStr
 using PaddedRows = Eigen::Map<RowMajor, Eigen::Unaligned, Eigen::OuterStride<>>;
 
 template <class V, class R>
-concept view_from = requires(R&& r) { V(std::forward<R>(r)); };
+concept view_from = requires(R&& r) {
+  V(std::forward<R>(r));
+};
 
 // Lvalues the caller keeps convert, with the element type's constness respected.
 static_assert(std::is_convertible_v<Eigen::VectorXf&, rlpt::view<float>>);
@@ -141,8 +143,8 @@ TEST_CASE("non-contiguous Eigen storage raises rlpt.view.not_contiguous") {
   RLPT_CHECK_ERROR(rlpt::view<const float>(column), "rlpt.view.not_contiguous", "3 elements", "inner stride 4");
   std::vector<float> storage(3 * 8);
   PaddedRows p(storage.data(), 3, 5, Eigen::OuterStride<>(8));
-  RLPT_CHECK_ERROR(rlpt::view<const float>(p), "rlpt.view.not_contiguous", "3 rows of 5 elements",
-                   "outer stride 8", "view2d");
+  RLPT_CHECK_ERROR(rlpt::view<const float>(p), "rlpt.view.not_contiguous", "3 rows of 5 elements", "outer stride 8",
+                   "view2d");
 
   // view2d: the columns must be contiguous.
   using StridedRows = Eigen::Map<RowMajor, Eigen::Unaligned, Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>>;

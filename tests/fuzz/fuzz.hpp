@@ -48,8 +48,7 @@ class reader {
 public:
   explicit reader(input in) : in_(in) {}
 
-  template <class T>
-  T get() {
+  template <class T> T get() {
     T v{};
     const std::size_t n = std::min(sizeof(T), in_.size() - at_);
     if (n != 0) std::memcpy(&v, in_.data() + at_, n);

@@ -143,22 +143,31 @@ inline std::vector<seed> safetensors_seeds() {
   s.push_back({"one", bytes_of(sync::serialize_safetensors(one))});
   // Hand-written headers: key order, spacing and escapes HF's writer would not produce, but
   // any reader must take.
-  s.push_back({"escapes", bytes_of(raw_safetensors(
-                              R"({"a\u00e9\ud83d\ude00": {"shape": [2], "data_offsets": [0, 4], "dtype": "I16"}} )", 4))});
+  s.push_back(
+      {"escapes", bytes_of(raw_safetensors(
+                      R"({"a\u00e9\ud83d\ude00": {"shape": [2], "data_offsets": [0, 4], "dtype": "I16"}} )", 4))});
   s.push_back({"zero-dim", bytes_of(raw_safetensors(R"({"z":{"dtype":"F32","shape":[3,0,2],"data_offsets":[0,0]}})"))});
   // Rejected: whitespace before '{', gaps, overlaps, trailing bytes, size mismatch, huge length.
-  s.push_back({"leading-space", bytes_of(raw_safetensors(R"( {"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", 1)), true}); // JSON whitespace before the object: safetensors accepts it
+  s.push_back({"leading-space",
+               bytes_of(raw_safetensors(R"( {"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", 1)),
+               true}); // JSON whitespace before the object: safetensors accepts it
   s.push_back({"gap", bytes_of(raw_safetensors(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})", 2)), false});
-  s.push_back({"overlap", bytes_of(raw_safetensors(
-                              R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})",
-                              2)),
-               false});
-  s.push_back({"trailing", bytes_of(raw_safetensors(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", 3)), false});
-  s.push_back({"size-mismatch", bytes_of(raw_safetensors(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", 4)), false});
-  s.push_back({"unknown-dtype", bytes_of(raw_safetensors(R"({"a":{"dtype":"F4","shape":[2],"data_offsets":[0,1]}})", 1)), false});
-  s.push_back({"huge-dims", bytes_of(raw_safetensors(
-                                R"({"a":{"dtype":"F64","shape":[4294967296,4294967296],"data_offsets":[0,0]}})")),
-               false});
+  s.push_back(
+      {"overlap",
+       bytes_of(raw_safetensors(
+           R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})",
+           2)),
+       false});
+  s.push_back(
+      {"trailing", bytes_of(raw_safetensors(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", 3)), false});
+  s.push_back({"size-mismatch",
+               bytes_of(raw_safetensors(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", 4)), false});
+  s.push_back({"unknown-dtype",
+               bytes_of(raw_safetensors(R"({"a":{"dtype":"F4","shape":[2],"data_offsets":[0,1]}})", 1)), false});
+  s.push_back(
+      {"huge-dims",
+       bytes_of(raw_safetensors(R"({"a":{"dtype":"F64","shape":[4294967296,4294967296],"data_offsets":[0,0]}})")),
+       false});
   // As rlpt's safetensors transport writes a dense version: plain tensors, and the manifest and
   // piece checksums in the metadata (the target replays it through a receiving transport).
   {
@@ -170,9 +179,10 @@ inline std::vector<seed> safetensors_seeds() {
         while (m.refs[k].name != mf[p.tensor].name) ++k;
         pieces += sync::to_hex(sync::xxh3(m.storage[k].data() + p.tensor_offset, static_cast<std::size_t>(p.nbytes)));
       }
-    s.push_back({"rlpt-dense", bytes_of(sync::serialize_safetensors(
-                                   m.refs, {{"format", "pt"}, {"rlpt.kind", "dense"}, {"rlpt.manifest", mf.to_json()},
-                                            {"rlpt.pieces", pieces}}))});
+    s.push_back({"rlpt-dense", bytes_of(sync::serialize_safetensors(m.refs, {{"format", "pt"},
+                                                                             {"rlpt.kind", "dense"},
+                                                                             {"rlpt.manifest", mf.to_json()},
+                                                                             {"rlpt.pieces", pieces}}))});
   }
   std::vector<std::byte> huge = raw_safetensors("{}");
   const std::uint64_t n = ~std::uint64_t{0} - 3;
@@ -269,7 +279,9 @@ inline buffer_options checkpoint_buffer_options() {
   return {.capacity_groups = 16,
           .group_size = 2,
           .min_group_size = 1,
-          .schema = {.reward_channels = b.reward_channels, .token_reward_channels = b.token_reward_channels, .extras = b.extras},
+          .schema = {.reward_channels = b.reward_channels,
+                     .token_reward_channels = b.token_reward_channels,
+                     .extras = b.extras},
           .filters = {filters::dapo()}};
 }
 
@@ -324,7 +336,8 @@ inline std::vector<seed> staleness_seeds() {
   push_group(4);
   const ticket open = gate.try_admit();
   sb.push(open, record(6, 0, open.version, 0.0f, g, ro));
-  s.push_back({"checkpoint", bytes_of(encode_checkpoint(sb.buffer().snapshot(), encode(sb.state())), 2 | (1 << 2) | (1 << 5))});
+  s.push_back(
+      {"checkpoint", bytes_of(encode_checkpoint(sb.buffer().snapshot(), encode(sb.state())), 2 | (1 << 2) | (1 << 5))});
   sb.fail(open);
   return s;
 }
@@ -377,8 +390,12 @@ struct seed_set {
 };
 
 inline constexpr seed_set seed_sets[] = {
-    {"safetensors", safetensors_seeds}, {"manifest", manifest_seeds},   {"delta", delta_seeds},
-    {"frame", frame_seeds},             {"checkpoint", checkpoint_seeds}, {"staleness", staleness_seeds},
+    {"safetensors", safetensors_seeds},
+    {"manifest", manifest_seeds},
+    {"delta", delta_seeds},
+    {"frame", frame_seeds},
+    {"checkpoint", checkpoint_seeds},
+    {"staleness", staleness_seeds},
     {"dlpack", dlpack_seeds},
 };
 

@@ -29,7 +29,8 @@ inline void resign_checkpoint(std::vector<std::byte>& b) {
   if (b.size() < rlpt::detail::checkpoint_header_bytes) return;
   const std::uint64_t payload = b.size() - rlpt::detail::checkpoint_header_bytes;
   std::memcpy(b.data() + 16, &payload, 8);
-  const std::uint64_t ph = rlpt::detail::xxh3(std::span<const std::byte>(b).subspan(rlpt::detail::checkpoint_header_bytes));
+  const std::uint64_t ph =
+      rlpt::detail::xxh3(std::span<const std::byte>(b).subspan(rlpt::detail::checkpoint_header_bytes));
   std::memcpy(b.data() + 24, &ph, 8);
   const std::uint64_t hh = rlpt::detail::xxh3(std::span<const std::byte>(b).first(32));
   std::memcpy(b.data() + 32, &hh, 8);

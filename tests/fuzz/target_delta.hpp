@@ -87,9 +87,8 @@ inline outcome delta(input in) {
       for (std::size_t i = 0; i < target.size(); ++i) target[i] = static_cast<std::byte>(i * 131 + 7);
       const std::vector<std::byte> before = target;
       const std::byte* rec_bytes = rec.values;
-      const std::size_t values_bytes =
-          static_cast<std::size_t>((rec.encoding == sync::delta_encoding::dense ? rec.elem_count : rec.changed) *
-                                   rec.elem_bytes);
+      const std::size_t values_bytes = static_cast<std::size_t>(
+          (rec.encoding == sync::delta_encoding::dense ? rec.elem_count : rec.changed) * rec.elem_bytes);
       const std::vector<std::byte> values(rec_bytes, rec_bytes + values_bytes);
       sync::swap_apply(rec, target);
       std::uint64_t differ = 0;

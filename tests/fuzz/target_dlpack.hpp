@@ -43,8 +43,7 @@ struct dl_input {
   DLTensor t{};
 };
 
-template <class T>
-void dl_check_1d(const dl_input& d, const view<const T>& v, const std::byte* buf) {
+template <class T> void dl_check_1d(const dl_input& d, const view<const T>& v, const std::byte* buf) {
   const DLTensor& t = d.t;
   RLPT_FUZZ_ASSERT(t.ndim == 1 && t.shape != nullptr && v.size() == t.shape[0]);
   RLPT_FUZZ_ASSERT(t.dtype.lanes == 1, "accepted a dtype with {} lanes", t.dtype.lanes);
@@ -53,8 +52,8 @@ void dl_check_1d(const dl_input& d, const view<const T>& v, const std::byte* buf
   RLPT_FUZZ_ASSERT(reinterpret_cast<std::uintptr_t>(v.data()) == base + t.byte_offset);
   std::uint64_t bytes = 0, end = 0;
   RLPT_FUZZ_ASSERT(!__builtin_mul_overflow(static_cast<std::uint64_t>(v.size()), sizeof(T), &bytes) &&
-                       bytes <= static_cast<std::uint64_t>(INT64_MAX) && !__builtin_add_overflow(t.byte_offset, bytes, &end) &&
-                       !__builtin_add_overflow(base, end, &end),
+                       bytes <= static_cast<std::uint64_t>(INT64_MAX) &&
+                       !__builtin_add_overflow(t.byte_offset, bytes, &end) && !__builtin_add_overflow(base, end, &end),
                    "accepted a view whose byte range overflows ({} elements, byte_offset {})", v.size(), t.byte_offset);
   if (t.data == buf && t.byte_offset + bytes <= dl_buffer_bytes && device_type_of(d.t) == kDLCPU) {
     volatile unsigned char sink = 0;
@@ -63,8 +62,7 @@ void dl_check_1d(const dl_input& d, const view<const T>& v, const std::byte* buf
   }
 }
 
-template <class T>
-void dl_check_2d(const dl_input& d, const view2d<const T>& v, const std::byte* buf) {
+template <class T> void dl_check_2d(const dl_input& d, const view2d<const T>& v, const std::byte* buf) {
   const DLTensor& t = d.t;
   RLPT_FUZZ_ASSERT(t.ndim == 2 && t.shape != nullptr && v.rows() == t.shape[0] && v.cols() == t.shape[1]);
   RLPT_FUZZ_ASSERT(t.dtype.lanes == 1, "accepted a dtype with {} lanes", t.dtype.lanes);
@@ -93,16 +91,19 @@ void dl_check_2d(const dl_input& d, const view2d<const T>& v, const std::byte* b
   }
 }
 
-template <class T>
-void dl_import(const dl_input& d, const std::byte* buf) {
+template <class T> void dl_import(const dl_input& d, const std::byte* buf) {
   const bool two_d = d.op & 1u;
   const bool device = d.op & 16u;
   if (two_d) {
-    if (device) static_cast<void>(from_dlpack_2d<const T, memory_space::device>(d.t, "fuzz"));
-    else dl_check_2d<T>(d, from_dlpack_2d<const T>(d.t, "fuzz"), buf);
+    if (device)
+      static_cast<void>(from_dlpack_2d<const T, memory_space::device>(d.t, "fuzz"));
+    else
+      dl_check_2d<T>(d, from_dlpack_2d<const T>(d.t, "fuzz"), buf);
   } else {
-    if (device) static_cast<void>(from_dlpack<const T, memory_space::device>(d.t, "fuzz"));
-    else dl_check_1d<T>(d, from_dlpack<const T>(d.t, "fuzz"), buf);
+    if (device)
+      static_cast<void>(from_dlpack<const T, memory_space::device>(d.t, "fuzz"));
+    else
+      dl_check_1d<T>(d, from_dlpack<const T>(d.t, "fuzz"), buf);
   }
 }
 
@@ -132,10 +133,18 @@ inline outcome dlpack(input in) {
   t.shape = (d.flags & 1u) ? nullptr : d.shape.data();
   t.strides = (d.op & 32u) ? d.strides.data() : nullptr;
   switch (d.op >> 6) {
-  case 0: t.data = buffer; break;
-  case 1: t.data = nullptr; break;
-  case 2: t.data = buffer + 1; break;
-  default: t.data = buffer + 8; break;
+  case 0:
+    t.data = buffer;
+    break;
+  case 1:
+    t.data = nullptr;
+    break;
+  case 2:
+    t.data = buffer + 1;
+    break;
+  default:
+    t.data = buffer + 8;
+    break;
   }
   // Handed over as a producer would: a managed tensor whose deleter the consumer calls once.
   DLManagedTensor managed{t, nullptr, [](DLManagedTensor*) { ++detail::dl_deleted; }};
@@ -143,14 +152,30 @@ inline outcome dlpack(input in) {
   outcome result = outcome::accepted;
   try {
     switch ((d.op >> 1) & 7u) {
-    case 0: detail::dl_import<float>(d, buffer); break;
-    case 1: detail::dl_import<double>(d, buffer); break;
-    case 2: detail::dl_import<f16>(d, buffer); break;
-    case 3: detail::dl_import<bf16>(d, buffer); break;
-    case 4: detail::dl_import<std::int8_t>(d, buffer); break;
-    case 5: detail::dl_import<std::uint8_t>(d, buffer); break;
-    case 6: detail::dl_import<std::int32_t>(d, buffer); break;
-    default: detail::dl_import<std::int64_t>(d, buffer); break;
+    case 0:
+      detail::dl_import<float>(d, buffer);
+      break;
+    case 1:
+      detail::dl_import<double>(d, buffer);
+      break;
+    case 2:
+      detail::dl_import<f16>(d, buffer);
+      break;
+    case 3:
+      detail::dl_import<bf16>(d, buffer);
+      break;
+    case 4:
+      detail::dl_import<std::int8_t>(d, buffer);
+      break;
+    case 5:
+      detail::dl_import<std::uint8_t>(d, buffer);
+      break;
+    case 6:
+      detail::dl_import<std::int32_t>(d, buffer);
+      break;
+    default:
+      detail::dl_import<std::int64_t>(d, buffer);
+      break;
     }
   } catch (const rlpt::error&) {
     result = outcome::rejected;

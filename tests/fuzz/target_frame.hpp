@@ -67,7 +67,8 @@ inline outcome frame(input in) {
     if (f.body.size() % 8 == 0)
       for (std::size_t i = 0; i < f.body.size() / 8; ++i) static_cast<void>(sync::detail::body_u64(f.body, i));
     break;
-  default: break;
+  default:
+    break;
   }
   return outcome::accepted;
 }

@@ -25,8 +25,7 @@ inline outcome manifest(input in) {
     const std::string once = sync::detail::to_json_string(j);
     const std::string twice = sync::detail::to_json_string(sync::detail::parse_json(once, "fuzz rewrite"));
     RLPT_FUZZ_ASSERT(once == twice, "{} vs {}", once, twice);
-  } catch (const rlpt::error&) {
-  }
+  } catch (const rlpt::error&) {}
 
   sync::manifest m;
   try {

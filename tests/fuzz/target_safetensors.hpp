@@ -58,7 +58,8 @@ inline void check_same_header(const sync::safetensors_header& a, const sync::saf
   for (std::size_t i = 0; i < a.tensors.size(); ++i) {
     const auto& x = a.tensors[i];
     const auto& y = b.tensors[i];
-    RLPT_FUZZ_ASSERT(x.name == y.name && x.dtype == y.dtype && x.shape == y.shape && x.begin == y.begin && x.end == y.end,
+    RLPT_FUZZ_ASSERT(x.name == y.name && x.dtype == y.dtype && x.shape == y.shape && x.begin == y.begin &&
+                         x.end == y.end,
                      "tensor {}", i);
   }
 }
@@ -121,7 +122,8 @@ inline void replay_dense(std::span<const std::byte> file, const sync::safetensor
     case sync::frame_type::commit:
       RLPT_FUZZ_ASSERT(buckets == m.bucket_count() && f.body.size() == 8 * m.size());
       break;
-    default: RLPT_FUZZ_ASSERT(false, "the replay made a {} frame", sync::name(f.type));
+    default:
+      RLPT_FUZZ_ASSERT(false, "the replay made a {} frame", sync::name(f.type));
     }
     in.release();
     ++messages;
@@ -144,8 +146,7 @@ inline outcome safetensors(input in) {
     try {
       const sync::safetensors_file sf(f.path());
       RLPT_FUZZ_ASSERT(false, "the reader accepted a file the header parser rejects");
-    } catch (const rlpt::error&) {
-    }
+    } catch (const rlpt::error&) {}
     return outcome::rejected;
   }
 
@@ -168,8 +169,10 @@ inline outcome safetensors(input in) {
   const std::span<const std::byte> data(file.data() + 8 + h.header_bytes, static_cast<std::size_t>(h.data_bytes));
   for (const auto& t : sf.header().tensors) {
     const sync::tensor_view v = sf.tensor(t.name);
-    RLPT_FUZZ_ASSERT(v.bytes.data() >= sf.data().data() && v.bytes.data() + v.bytes.size() <= sf.data().data() + sf.data().size());
-    RLPT_FUZZ_ASSERT(same(v.bytes, data.subspan(static_cast<std::size_t>(t.begin), static_cast<std::size_t>(t.end - t.begin))));
+    RLPT_FUZZ_ASSERT(v.bytes.data() >= sf.data().data() &&
+                     v.bytes.data() + v.bytes.size() <= sf.data().data() + sf.data().size());
+    RLPT_FUZZ_ASSERT(
+        same(v.bytes, data.subspan(static_cast<std::size_t>(t.begin), static_cast<std::size_t>(t.end - t.begin))));
   }
 
   // Round trip: write the tensors (and metadata) back, parse again, compare.
@@ -194,8 +197,9 @@ inline outcome safetensors(input in) {
   for (const auto& t : h.tensors) {
     const sync::safetensors_entry* u = h2.find(t.name);
     RLPT_FUZZ_ASSERT(u != nullptr && u->dtype == t.dtype && u->shape == t.shape, "tensor \"{}\"", t.name);
-    RLPT_FUZZ_ASSERT(same(data.subspan(static_cast<std::size_t>(t.begin), static_cast<std::size_t>(t.end - t.begin)),
-                          data2.subspan(static_cast<std::size_t>(u->begin), static_cast<std::size_t>(u->end - u->begin))));
+    RLPT_FUZZ_ASSERT(
+        same(data.subspan(static_cast<std::size_t>(t.begin), static_cast<std::size_t>(t.end - t.begin)),
+             data2.subspan(static_cast<std::size_t>(u->begin), static_cast<std::size_t>(u->end - u->begin))));
   }
   // What rlpt wrote is canonical: writing it again gives the same bytes.
   std::vector<sync::tensor_ref> refs2;

@@ -21,8 +21,8 @@ struct target {
 };
 
 inline constexpr target targets[] = {
-    {"safetensors", safetensors}, {"manifest", manifest},     {"delta", delta},   {"frame", frame},
-    {"checkpoint", checkpoint},   {"staleness", staleness},   {"dlpack", dlpack},
+    {"safetensors", safetensors}, {"manifest", manifest},   {"delta", delta},   {"frame", frame},
+    {"checkpoint", checkpoint},   {"staleness", staleness}, {"dlpack", dlpack},
 };
 
 } // namespace rlpt::fuzz

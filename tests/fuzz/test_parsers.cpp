@@ -26,9 +26,10 @@ using rlpt::sync::detail::parse_json;
 namespace {
 
 std::string manifest_with(std::string_view bucket_bytes, std::string_view tensor) {
-  return fmt::format(R"({{"format":"rlpt.sync.manifest/1","version":1,"base_version":0,"bucket_bytes":{},"alignment":1,)"
-                     R"("layout_hash":"0000000000000000","tensors":[{}]}})",
-                     bucket_bytes, tensor);
+  return fmt::format(
+      R"({{"format":"rlpt.sync.manifest/1","version":1,"base_version":0,"bucket_bytes":{},"alignment":1,)"
+      R"("layout_hash":"0000000000000000","tensors":[{}]}})",
+      bucket_bytes, tensor);
 }
 
 } // namespace
@@ -50,7 +51,8 @@ TEST_CASE("json: an object with 200,000 keys parses in well under a second per 1
   dup.insert(dup.size() - 1, R"(,"model.layers.123456.weight":0)");
   RLPT_CHECK_ERROR(parse_json(dup, "big"), "rlpt.sync.json", "duplicate key \"model.layers.123456.weight\"",
                    fmt::format("at byte {}", doc.size()));
-  RLPT_CHECK_ERROR(parse_json(R"({"a":1,"b":2,"a":3})", "small"), "rlpt.sync.json", "at byte 13", "duplicate key \"a\"");
+  RLPT_CHECK_ERROR(parse_json(R"({"a":1,"b":2,"a":3})", "small"), "rlpt.sync.json", "at byte 13",
+                   "duplicate key \"a\"");
   std::string twenty = "{";
   for (int i = 0; i < 20; ++i) twenty += fmt::format(R"({}"k{}":{})", i ? "," : "", i % 18, i);
   twenty += "}";
@@ -60,10 +62,11 @@ TEST_CASE("json: an object with 200,000 keys parses in well under a second per 1
 
 TEST_CASE("manifest: a bucket index of 2^64 - 1 is rejected, not wrapped to an empty bucket table") {
   // Wrapped to 0 buckets, the bucket table was written at index 2^64 - 1 (heap out of bounds).
-  RLPT_CHECK_ERROR(manifest::from_json(manifest_with(
-                       "1", R"({"name":"a","dtype":"U8","shape":[0],"bucket":18446744073709551615,"offset":0,"nbytes":0,)"
-                            R"("checksum":"0000000000000000"})")),
-                   "rlpt.sync.bad_manifest", "spans 2^64 buckets but has only 1 pieces");
+  RLPT_CHECK_ERROR(
+      manifest::from_json(manifest_with(
+          "1", R"({"name":"a","dtype":"U8","shape":[0],"bucket":18446744073709551615,"offset":0,"nbytes":0,)"
+               R"("checksum":"0000000000000000"})")),
+      "rlpt.sync.bad_manifest", "spans 2^64 buckets but has only 1 pieces");
 }
 
 TEST_CASE("manifest: a few hundred bytes cannot make the receiver build tables of gigabytes") {
@@ -135,7 +138,8 @@ TEST_CASE("staleness: a refused restore leaves the adapter fresh, and a blob lis
 
   staleness_state twice = vs;
   twice.groups.push_back(twice.groups.front());
-  RLPT_CHECK_ERROR(decode_staleness_state(encode(twice)), "rlpt.staleness.state_corrupt", "lists group 1 more than once");
+  RLPT_CHECK_ERROR(decode_staleness_state(encode(twice)), "rlpt.staleness.state_corrupt",
+                   "lists group 1 more than once");
 }
 
 #if RLPT_HAS_DLPACK()
@@ -165,7 +169,8 @@ TEST_CASE("dlpack: null shapes, overflowing extents and byte ranges are rejected
 
   tensor null_shape(buf, f32, {4});
   null_shape.t.shape = nullptr; // crashed (null dereference)
-  RLPT_CHECK_ERROR(rlpt::from_dlpack<float>(null_shape.t, "x"), "rlpt.dlpack.shape", "x has 1 dimensions but a null shape");
+  RLPT_CHECK_ERROR(rlpt::from_dlpack<float>(null_shape.t, "x"), "rlpt.dlpack.shape",
+                   "x has 1 dimensions but a null shape");
 
   tensor numel(buf, f32, {big, 4}); // numel overflowed int64 (undefined), the view was accepted
   RLPT_CHECK_ERROR(rlpt::from_dlpack_2d<float>(numel.t, "x"), "rlpt.dlpack.shape", "more than 2^63");

@@ -21,17 +21,16 @@ inline void model_warp_merge(std::array<lse_state2, 32>& lane) {
     std::array<lse_state2, 32> next{};
     for (int l = 0; l < 32; ++l) {
       const int p = l ^ o;
-      next[static_cast<std::size_t>(l)] = (l & o) == 0
-                                              ? lse2_merge(lane[static_cast<std::size_t>(l)], lane[static_cast<std::size_t>(p)])
-                                              : lse2_merge(lane[static_cast<std::size_t>(p)], lane[static_cast<std::size_t>(l)]);
+      next[static_cast<std::size_t>(l)] =
+          (l & o) == 0 ? lse2_merge(lane[static_cast<std::size_t>(l)], lane[static_cast<std::size_t>(p)])
+                       : lse2_merge(lane[static_cast<std::size_t>(p)], lane[static_cast<std::size_t>(l)]);
     }
     lane = next;
   }
 }
 
 //! The state a BLOCK-thread device kernel computes for row x[0, cols) (tempered by tp).
-template <class T>
-lse_state2 device_row_model(const T* x, index_t cols, int block, tempering tp) {
+template <class T> lse_state2 device_row_model(const T* x, index_t cols, int block, tempering tp) {
   constexpr int W = detail::device_vec_width<T>;
   const index_t nvec = (cols + W - 1) / W;
   std::vector<lse_state2> thread(static_cast<std::size_t>(block), lse2_empty());

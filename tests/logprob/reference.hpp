@@ -106,26 +106,20 @@ inline std::vector<double> finite_difference(const std::function<double(const st
 }
 
 //! Converts a row of any logit type to double exactly.
-template <class T>
-std::vector<double> to_double(const T* p, std::int64_t n) {
+template <class T> std::vector<double> to_double(const T* p, std::int64_t n) {
   std::vector<double> r(static_cast<std::size_t>(n));
   for (std::int64_t j = 0; j < n; ++j) r[static_cast<std::size_t>(j)] = static_cast<double>(static_cast<float>(p[j]));
   return r;
 }
-template <>
-inline std::vector<double> to_double<double>(const double* p, std::int64_t n) {
-  return {p, p + n};
-}
+template <> inline std::vector<double> to_double<double>(const double* p, std::int64_t n) { return {p, p + n}; }
 
 //! Seeded logits of type T with a spread typical of LM heads (normal, scale `sd`).
-template <class T>
-std::vector<T> random_logits(rng& g, std::size_t n, double sd = 3.0) {
+template <class T> std::vector<T> random_logits(rng& g, std::size_t n, double sd = 3.0) {
   std::vector<T> v(n);
   for (auto& e : v) e = T(static_cast<float>(g.normal(0.0, sd)));
   return v;
 }
-template <>
-inline std::vector<double> random_logits<double>(rng& g, std::size_t n, double sd) {
+template <> inline std::vector<double> random_logits<double>(rng& g, std::size_t n, double sd) {
   std::vector<double> v(n);
   for (auto& e : v) e = g.normal(0.0, sd);
   return v;

@@ -134,9 +134,10 @@ TEST_CASE("the device backward decides each row from the forward's logp, never f
                         {.logp = logp, .entropy = ent, .saved = {.lse = lse, .threshold = thr, .tie_last = tie}}, o);
   REQUIRE(logp[0] == -inf);
   const std::vector<float> dl = {0.75f}, dh = {0.0f};
-  const rlpt::detail::backward_args a{1,       cols,      cols,      cols,       rlpt::tempering::of(o.temperature),
-                                      dl.data(), dh.data(), logp.data(), ent.data(), lse.data(),
-                                      thr.data(), tie.data()};
+  const rlpt::detail::backward_args a{
+      1,          cols,      cols,        cols,       rlpt::tempering::of(o.temperature),
+      dl.data(),  dh.data(), logp.data(), ent.data(), lse.data(),
+      thr.data(), tie.data()};
   const rlpt::detail::row_job jb{true, true, target, 0};
   // out of place: each chunk of 16 columns reads the untouched logits
   std::vector<float> want(static_cast<std::size_t>(cols));
@@ -230,8 +231,10 @@ TEST_CASE("the fused forward+backward folds a row in the plain forward's tree") 
   for (index_t r = 0; r < 8; ++r) {
     const auto* row = x.data() + r * v;
     const auto a = lt::device_row_model(row, v, 1024, rlpt::tempering::of(1.1f));
-    const auto b = lt::device_row_model(row, v, rlpt::detail::device_row_block<rlpt::bf16>(v), rlpt::tempering::of(1.1f));
-    const auto c = lt::device_row_model(row, v, rlpt::detail::device_row_block<rlpt::bf16>(v), rlpt::tempering::of(1.1f));
+    const auto b =
+        lt::device_row_model(row, v, rlpt::detail::device_row_block<rlpt::bf16>(v), rlpt::tempering::of(1.1f));
+    const auto c =
+        lt::device_row_model(row, v, rlpt::detail::device_row_block<rlpt::bf16>(v), rlpt::tempering::of(1.1f));
     differ += std::memcmp(&a, &b, sizeof a) != 0 ? 1 : 0;
     CHECK(std::memcmp(&b, &c, sizeof b) == 0);
   }
@@ -246,10 +249,11 @@ TEST_CASE("the device temperature division is x / T rounded once") {
   lt::rng g(73);
   std::vector<float> xs;
   for (std::uint32_t h = 0; h < 65536; ++h) {
-    xs.push_back(std::bit_cast<float>(h << 16)); // every bf16
+    xs.push_back(std::bit_cast<float>(h << 16));                                           // every bf16
     xs.push_back(static_cast<float>(rlpt::f16::from_bits(static_cast<std::uint16_t>(h)))); // every f16
   }
-  for (int i = 0; i < 200000; ++i) xs.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(g.integer(0, 0xffffffffLL))));
+  for (int i = 0; i < 200000; ++i)
+    xs.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(g.integer(0, 0xffffffffLL))));
   for (const float s : {0.0f, -0.0f, inf, -inf, nan_f, 1e-45f, 1e-38f, 3.0e38f, 3.4028235e38f, 1e-20f, 8.7e-19f})
     xs.push_back(s);
   int mult_differs = 0;
@@ -284,7 +288,8 @@ TEST_CASE("logits are divided by the temperature: the kept threshold is x / T to
     rows.push_back(-1.0f);
   }
   const std::vector<index_t> tg(static_cast<std::size_t>(n), 0);
-  std::vector<float> logp(static_cast<std::size_t>(n)), lse(static_cast<std::size_t>(n)), thr(static_cast<std::size_t>(n));
+  std::vector<float> logp(static_cast<std::size_t>(n)), lse(static_cast<std::size_t>(n)),
+      thr(static_cast<std::size_t>(n));
   std::vector<index_t> tie(static_cast<std::size_t>(n));
   rlpt::logprob_entropy(rlpt::view2d<const float>(rows.data(), n, cols), tg,
                         {.logp = logp, .saved = {.lse = lse, .threshold = thr, .tie_last = tie}},
@@ -322,7 +327,8 @@ TEST_CASE("log-probabilities keep their relative precision at |logit| ~ 1e4") {
         for (index_t j = 0; j < cols; ++j) z[static_cast<std::size_t>(j)] = static_cast<double>(row[j] / temp);
         want.push_back(lt::reference_row(z, 1.0, t[static_cast<std::size_t>(r)]).logp);
         const auto st = lt::device_row_model(row, cols, 128, rlpt::tempering::of(temp));
-        device.push_back(rlpt::lse2_logp(rlpt::detail::temper(row[t[static_cast<std::size_t>(r)]], rlpt::tempering::of(temp)), st));
+        device.push_back(
+            rlpt::lse2_logp(rlpt::detail::temper(row[t[static_cast<std::size_t>(r)]], rlpt::tempering::of(temp)), st));
       }
       INFO("base " << base << " temperature " << temp);
       RLPT_CHECK_CLOSE(logp, want, 2e-5, 1e-6);
@@ -385,7 +391,9 @@ TEST_CASE("a logits view with a negative extent is reported as such, before any 
       "[-1, 10]");
   const rlpt::token_layout layout = rlpt::token_layout::padded(1, 10);
   expect_negative(
-      [&] { rlpt::sequence_logprob_entropy(rlpt::view2d<const float>(x.data(), 10, -3), t, layout, {}, {.logp = logp}); },
+      [&] {
+        rlpt::sequence_logprob_entropy(rlpt::view2d<const float>(x.data(), 10, -3), t, layout, {}, {.logp = logp});
+      },
       "[10, -3]");
   std::vector<float> comm(40), lm(10);
   expect_negative(

@@ -20,15 +20,13 @@ namespace {
 // fp32 accumulation over V columns: lse carries ~V·eps absolute error at worst.
 lt::tolerance tol_for(index_t vocab) { return {2e-5, 2e-6 * std::sqrt(static_cast<double>(vocab)) + 1e-5}; }
 
-template <class T>
-struct batch {
+template <class T> struct batch {
   index_t rows, cols, stride;
   std::vector<T> logits;
   std::vector<index_t> targets;
 };
 
-template <class T>
-batch<T> make_batch(lt::rng& g, index_t rows, index_t cols, index_t pad = 0) {
+template <class T> batch<T> make_batch(lt::rng& g, index_t rows, index_t cols, index_t pad = 0) {
   batch<T> b{rows, cols, cols + pad, {}, {}};
   b.logits = lt::random_logits<T>(g, static_cast<std::size_t>(rows * b.stride));
   for (index_t r = 0; r < rows; ++r) b.targets.push_back(g.integer(0, cols - 1));
@@ -47,9 +45,8 @@ TEST_CASE_TEMPLATE("forward matches the fp64 reference for every logits dtype", 
       std::vector<float> logp(9), ent(9), lse(9);
       std::vector<rlpt::mask_t> scored(9);
       const rlpt::view2d<const T> x(b.logits.data(), b.rows, b.cols, b.stride);
-      const auto st = rlpt::logprob_entropy(x, b.targets,
-                                            {.logp = logp, .entropy = ent, .saved = {.lse = lse}, .scored = scored},
-                                            {.temperature = temp});
+      const auto st = rlpt::logprob_entropy(
+          x, b.targets, {.logp = logp, .entropy = ent, .saved = {.lse = lse}, .scored = scored}, {.temperature = temp});
       CHECK(st.scored == 8);
       CHECK(st.ignored == 1);
       std::vector<double> want_lp, want_ent, want_lse;
@@ -132,12 +129,12 @@ TEST_CASE_TEMPLATE("backward matches the analytic fp64 gradient", T, float, doub
     const auto dl = g.normals<float>(6), dh = g.normals<float>(6);
     std::vector<float> grad(static_cast<std::size_t>(6 * cols));
     const rlpt::view2d<float> gv(grad.data(), 6, cols);
-    rlpt::logprob_entropy_backward(x, b.targets, {.dlogp = dl, .dentropy = dh, .entropy = ent, .saved = {.lse = lse}}, gv,
-                                   {.temperature = temp});
+    rlpt::logprob_entropy_backward(x, b.targets, {.dlogp = dl, .dentropy = dh, .entropy = ent, .saved = {.lse = lse}},
+                                   gv, {.temperature = temp});
     // without saved statistics the backward recomputes them: same result
     std::vector<float> grad2(grad.size());
-    rlpt::logprob_entropy_backward(x, b.targets, {.dlogp = dl, .dentropy = dh}, rlpt::view2d<float>(grad2.data(), 6, cols),
-                                   {.temperature = temp});
+    rlpt::logprob_entropy_backward(x, b.targets, {.dlogp = dl, .dentropy = dh},
+                                   rlpt::view2d<float>(grad2.data(), 6, cols), {.temperature = temp});
     CHECK(grad == grad2);
     for (index_t r = 0; r < 6; ++r) {
       const auto want = lt::reference_grad(lt::to_double(b.logits.data() + r * b.stride, cols), temp,
@@ -167,8 +164,7 @@ TEST_CASE("backward equals central finite differences of the fp64 forward") {
                         {.temperature = static_cast<float>(temp)});
   const std::vector<float> dlv = {static_cast<float>(dl)}, dhv = {static_cast<float>(dh)};
   rlpt::logprob_entropy_backward(x, t, {.dlogp = dlv, .dentropy = dhv, .entropy = ent, .saved = {.lse = lse}},
-                                 rlpt::view2d<float>(grad.data(), 1, cols),
-                                 {.temperature = static_cast<float>(temp)});
+                                 rlpt::view2d<float>(grad.data(), 1, cols), {.temperature = static_cast<float>(temp)});
   RLPT_CHECK_CLOSE(grad, fd, 1e-4, 1e-6);
 }
 

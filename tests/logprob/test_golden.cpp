@@ -18,8 +18,7 @@ namespace lt = rlpt::test;
 
 namespace {
 
-template <class T>
-void check_from_logits_file(const char* file) {
+template <class T> void check_from_logits_file(const char* file) {
   const lt::golden_file f(lt::golden_path("logprob", file));
   const auto& shape = f["logits"].shape;
   const auto n = static_cast<index_t>(shape[0]), v = static_cast<index_t>(shape[1]);
@@ -63,8 +62,7 @@ void check_from_logits_file(const char* file) {
   const auto dl = f.get<float>("dlogp"), dh = f.get<float>("dentropy");
   std::vector<float> grad(static_cast<std::size_t>(n * v));
   rlpt::logprob_entropy_backward(xv, t, {.dlogp = dl, .dentropy = dh, .entropy = ent, .saved = {.lse = lse}},
-                                 rlpt::view2d<float>(grad.data(), n, v),
-                                 {.temperature = temp});
+                                 rlpt::view2d<float>(grad.data(), n, v), {.temperature = temp});
   const auto torch_grad = f.get<float>("torch_grad");
   RLPT_CHECK_CLOSE(grad, torch_grad, 1e-4, 1e-7);
 }

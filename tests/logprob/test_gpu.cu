@@ -33,25 +33,21 @@ namespace lt = rlpt::test;
 
 namespace {
 
-template <class T>
-using dev_buffer = rlpt::test::device_buffer<T>;
+template <class T> using dev_buffer = rlpt::test::device_buffer<T>;
 
-template <class T>
-std::vector<float> as_floats(const std::vector<T>& v) {
+template <class T> std::vector<float> as_floats(const std::vector<T>& v) {
   std::vector<float> r(v.size());
   for (std::size_t i = 0; i < v.size(); ++i) r[i] = static_cast<float>(v[i]);
   return r;
 }
 
-template <class T>
-struct host_case {
+template <class T> struct host_case {
   index_t n, v, stride;
   std::vector<T> x;
   std::vector<index_t> t;
 };
 
-template <class T>
-host_case<T> make_case(lt::rng& g, index_t n, index_t v, index_t pad) {
+template <class T> host_case<T> make_case(lt::rng& g, index_t n, index_t v, index_t pad) {
   host_case<T> c{n, v, v + pad, lt::random_logits<T>(g, static_cast<std::size_t>(n * (v + pad)), 3.0), {}};
   for (index_t r = 0; r < n; ++r) c.t.push_back(g.integer(0, v - 1));
   c.t[0] = -100;
@@ -59,10 +55,7 @@ host_case<T> make_case(lt::rng& g, index_t n, index_t v, index_t pad) {
 }
 
 // gradient tolerance: fp32 math either side, then one rounding to T
-template <class T>
-double grad_rel() {
-  return sizeof(T) == 2 ? 1.0 / 128 : 1e-4;
-}
+template <class T> double grad_rel() { return sizeof(T) == 2 ? 1.0 / 128 : 1e-4; }
 
 } // namespace
 
@@ -75,7 +68,8 @@ TEST_CASE_TEMPLATE("device forward and backward match the host", T, float, rlpt:
       std::vector<float> hl(c.n), he(c.n), hs(c.n);
       const rlpt::view2d<const T> hx(c.x.data(), c.n, v, c.stride);
       rlpt::logprob_entropy(hx, c.t, {.logp = hl, .entropy = he, .saved = {.lse = hs}}, o);
-      const auto dl = g.normals<float>(static_cast<std::size_t>(c.n)), dh = g.normals<float>(static_cast<std::size_t>(c.n));
+      const auto dl = g.normals<float>(static_cast<std::size_t>(c.n)),
+                 dh = g.normals<float>(static_cast<std::size_t>(c.n));
       std::vector<T> hg(c.x.size());
       rlpt::logprob_entropy_backward(hx, c.t, {.dlogp = dl, .dentropy = dh, .entropy = he, .saved = {.lse = hs}},
                                      rlpt::view2d<T>(hg.data(), c.n, v, c.stride), o);
@@ -85,8 +79,9 @@ TEST_CASE_TEMPLATE("device forward and backward match the host", T, float, rlpt:
       dev_buffer<float> lp(c.n), en(c.n), ls(c.n), ddl(dl), ddh(dh);
       dev_buffer<index_t> cnt(3);
       const rlpt::device_view2d<const T> x(dx.data(), c.n, v, c.stride);
-      rlpt::logprob_entropy(x, dt.cview(), {.logp = lp.view(), .entropy = en.view(), .lse = ls.view(), .counters = cnt.view()},
-                            o, nullptr);
+      rlpt::logprob_entropy(x, dt.cview(),
+                            {.logp = lp.view(), .entropy = en.view(), .lse = ls.view(), .counters = cnt.view()}, o,
+                            nullptr);
       const auto got_lp = lp.get(), got_en = en.get(), got_ls = ls.get();
       INFO("V " << v << " pad " << pad);
       RLPT_CHECK_CLOSE(got_lp, hl, 1e-5, 1e-4);
@@ -178,19 +173,24 @@ TEST_CASE("fused forward+backward equals forward, then the gradient, then backwa
   dev_buffer<float> lp(90), en(90), ls(90), lp2(90), en2(90), ls2(90), dadv(adv);
   const rlpt::device_view2d<const rlpt::bf16> x(dx.data(), 90, 20001);
   rlpt::logprob_entropy_fused(x, dt.cview(), {.logp = lp.view(), .entropy = en.view(), .lse = ls.view()},
-                              rlpt::device_view2d<rlpt::bf16>(fused_grad.data(), 90, 20001), logprob_gpu_test::ppo_like_grad{dadv.data()},
-                              {.temperature = 1.1f}, nullptr);
+                              rlpt::device_view2d<rlpt::bf16>(fused_grad.data(), 90, 20001),
+                              logprob_gpu_test::ppo_like_grad{dadv.data()}, {.temperature = 1.1f}, nullptr);
   rlpt::logprob_entropy(x, dt.cview(), {.logp = lp2.view(), .entropy = en2.view(), .lse = ls2.view()},
                         {.temperature = 1.1f}, nullptr);
   const auto flp = lp.get(), slp = lp2.get();
   CHECK(std::memcmp(flp.data(), slp.data(), flp.size() * 4) == 0); // same fold, same bits
   std::vector<float> dl(90), dh(90, -0.01f);
-  for (index_t r = 0; r < 90; ++r) dl[static_cast<std::size_t>(r)] = -adv[static_cast<std::size_t>(r)] * std::exp(slp[static_cast<std::size_t>(r)]);
+  for (index_t r = 0; r < 90; ++r)
+    dl[static_cast<std::size_t>(r)] = -adv[static_cast<std::size_t>(r)] * std::exp(slp[static_cast<std::size_t>(r)]);
   dev_buffer<float> ddl(dl), ddh(dh);
-  rlpt::logprob_entropy_backward(
-      x, dt.cview(),
-      {.dlogp = ddl.cview(), .dentropy = ddh.cview(), .logp = lp2.cview(), .entropy = en2.cview(), .saved = {.lse = ls2.cview()}},
-      rlpt::device_view2d<rlpt::bf16>(sep_grad.data(), 90, 20001), {.temperature = 1.1f}, nullptr);
+  rlpt::logprob_entropy_backward(x, dt.cview(),
+                                 {.dlogp = ddl.cview(),
+                                  .dentropy = ddh.cview(),
+                                  .logp = lp2.cview(),
+                                  .entropy = en2.cview(),
+                                  .saved = {.lse = ls2.cview()}},
+                                 rlpt::device_view2d<rlpt::bf16>(sep_grad.data(), 90, 20001), {.temperature = 1.1f},
+                                 nullptr);
   const auto a = as_floats(fused_grad.get()), b = as_floats(sep_grad.get());
   RLPT_CHECK_CLOSE(a, b, 1.0 / 128, 1e-7);
 }
@@ -234,7 +234,8 @@ TEST_CASE("device vocab-parallel stages over 3 shards match the host") {
   std::vector<index_t> t(static_cast<std::size_t>(n));
   for (auto& y : t) y = g.integer(0, v - 1);
   std::vector<float> hl(n), he(n), hs(n);
-  rlpt::logprob_entropy(rlpt::view2d<const float>(x.data(), n, v), t, {.logp = hl, .entropy = he, .saved = {.lse = hs}});
+  rlpt::logprob_entropy(rlpt::view2d<const float>(x.data(), n, v), t,
+                        {.logp = hl, .entropy = he, .saved = {.lse = hs}});
   const std::vector<index_t> cut = {0, 1000, 1001, 3001};
   dev_buffer<float> dx(x);
   dev_buffer<index_t> dt(t);
@@ -243,8 +244,9 @@ TEST_CASE("device vocab-parallel stages over 3 shards match the host") {
   for (int q = 0; q < 3; ++q) {
     comm_d.push_back(std::make_unique<dev_buffer<float>>(static_cast<std::size_t>(4 * n)));
     lmax_d.push_back(std::make_unique<dev_buffer<float>>(static_cast<std::size_t>(n)));
-    rlpt::vocab_parallel_local(rlpt::device_view2d<const float>(dx.data() + cut[q], n, cut[q + 1] - cut[q], v), dt.cview(),
-                               {.begin = cut[q], .vocab = v}, comm_d.back()->view(), lmax_d.back()->view(), {}, nullptr);
+    rlpt::vocab_parallel_local(rlpt::device_view2d<const float>(dx.data() + cut[q], n, cut[q + 1] - cut[q], v),
+                               dt.cview(), {.begin = cut[q], .vocab = v}, comm_d.back()->view(), lmax_d.back()->view(),
+                               {}, nullptr);
   }
   // the all-reduces, done on the host in rank order
   const auto reduce = [&](index_t begin, index_t count, bool is_max) {
@@ -252,7 +254,8 @@ TEST_CASE("device vocab-parallel stages over 3 shards match the host") {
     for (auto& c : comm_d) h.push_back(c->get());
     for (index_t i = begin; i < begin + count; ++i) {
       float acc = h[0][static_cast<std::size_t>(i)];
-      for (int q = 1; q < 3; ++q) acc = is_max ? std::max(acc, h[q][static_cast<std::size_t>(i)]) : acc + h[q][static_cast<std::size_t>(i)];
+      for (int q = 1; q < 3; ++q)
+        acc = is_max ? std::max(acc, h[q][static_cast<std::size_t>(i)]) : acc + h[q][static_cast<std::size_t>(i)];
       for (auto& hq : h) hq[static_cast<std::size_t>(i)] = acc;
     }
     for (int q = 0; q < 3; ++q)
@@ -262,8 +265,8 @@ TEST_CASE("device vocab-parallel stages over 3 shards match the host") {
   for (int q = 0; q < 3; ++q) rlpt::vocab_parallel_rebase(comm_d[q]->view(), lmax_d[q]->cview(), nullptr);
   reduce(n, 3 * n, false);
   dev_buffer<float> lp(n), en(n), ls(n);
-  rlpt::vocab_parallel_finish(comm_d[1]->cview(), dt.cview(), {.logp = lp.view(), .entropy = en.view(), .lse = ls.view()},
-                              {}, nullptr);
+  rlpt::vocab_parallel_finish(comm_d[1]->cview(), dt.cview(),
+                              {.logp = lp.view(), .entropy = en.view(), .lse = ls.view()}, {}, nullptr);
   const auto a = lp.get(), b = en.get();
   RLPT_CHECK_CLOSE(a, hl, 1e-5, 1e-4);
   RLPT_CHECK_CLOSE(b, he, 1e-5, 1e-4);
@@ -312,8 +315,8 @@ TEST_CASE("cuBLAS fused lm-head matches the host fused lm-head, forward and back
   rlpt::fused_lm_head_logprob(ws, xh, xw, dt.cview(), {}, cublas, o, nullptr);
   dev_buffer<char> wsb(ws.bytes);
   ws.data = wsb.data();
-  rlpt::fused_lm_head_logprob(ws, xh, xw, dt.cview(), {.logp = lp.view(), .entropy = en.view(), .lse = ls.view()}, cublas,
-                              o, nullptr);
+  rlpt::fused_lm_head_logprob(ws, xh, xw, dt.cview(), {.logp = lp.view(), .entropy = en.view(), .lse = ls.view()},
+                              cublas, o, nullptr);
   const auto a = lp.get(), b = en.get(), c = ls.get();
   RLPT_CHECK_CLOSE(a, hl, 1e-4, 1e-3);
   RLPT_CHECK_CLOSE(b, he, 1e-4, 1e-3);
@@ -323,8 +326,8 @@ TEST_CASE("cuBLAS fused lm-head matches the host fused lm-head, forward and back
   rlpt::workspace bws;
   const auto call = [&](rlpt::workspace& wsx) {
     rlpt::fused_lm_head_backward(wsx, xh, xw, dt.cview(), ddl.cview(), ddh.cview(), en.cview(), ls.cview(),
-                                 rlpt::device_view2d<float>(gh.data(), n, d), rlpt::device_view2d<float>(gw.data(), v, d),
-                                 cublas, o, nullptr);
+                                 rlpt::device_view2d<float>(gh.data(), n, d),
+                                 rlpt::device_view2d<float>(gw.data(), v, d), cublas, o, nullptr);
   };
   call(bws);
   dev_buffer<char> bwsb(bws.bytes);
@@ -350,7 +353,10 @@ TEST_CASE_TEMPLATE("device top-k / top-p support, logprobs and gradients match t
   for (index_t r = 0; r < n; ++r) { // the row's argmax: inside every support
     index_t best = 0;
     for (index_t j = 1; j < v; ++j)
-      best = static_cast<float>(x[static_cast<std::size_t>(r * v + j)]) > static_cast<float>(x[static_cast<std::size_t>(r * v + best)]) ? j : best;
+      best = static_cast<float>(x[static_cast<std::size_t>(r * v + j)]) >
+                     static_cast<float>(x[static_cast<std::size_t>(r * v + best)])
+                 ? j
+                 : best;
     t[static_cast<std::size_t>(r)] = best;
   }
   t[5] = -100;
@@ -362,7 +368,9 @@ TEST_CASE_TEMPLATE("device top-k / top-p support, logprobs and gradients match t
     std::vector<rlpt::mask_t> hk(static_cast<std::size_t>(n * v));
     const rlpt::view2d<const T> hx(x.data(), n, v);
     rlpt::logprob_entropy(hx, t,
-                          {.logp = hl, .entropy = he, .saved = {.lse = hs, .threshold = hthr, .tie_last = htie},
+                          {.logp = hl,
+                           .entropy = he,
+                           .saved = {.lse = hs, .threshold = hthr, .tie_last = htie},
                            .kept = rlpt::view2d<rlpt::mask_t>(hk.data(), n, v)},
                           o);
     dev_buffer<T> dx(x);
@@ -371,8 +379,12 @@ TEST_CASE_TEMPLATE("device top-k / top-p support, logprobs and gradients match t
     dev_buffer<rlpt::mask_t> kept(static_cast<std::size_t>(n * v));
     const rlpt::device_view2d<const T> xv(dx.data(), n, v);
     rlpt::logprob_entropy(xv, dt.cview(),
-                          {.logp = lp.view(), .entropy = en.view(), .lse = ls.view(), .counters = cnt.view(),
-                           .threshold = thr.view(), .tie_last = dtie.view(),
+                          {.logp = lp.view(),
+                           .entropy = en.view(),
+                           .lse = ls.view(),
+                           .counters = cnt.view(),
+                           .threshold = thr.view(),
+                           .tie_last = dtie.view(),
                            .kept = rlpt::device_view2d<rlpt::mask_t>(kept.data(), n, v)},
                           o, nullptr);
     INFO("top_k " << o.top_k << " top_p " << o.top_p);
@@ -385,14 +397,16 @@ TEST_CASE_TEMPLATE("device top-k / top-p support, logprobs and gradients match t
     CHECK(cnt.get() == std::vector<index_t>{0, 0, 0});
     const auto dl = g.normals<float>(static_cast<std::size_t>(n)), dh = g.normals<float>(static_cast<std::size_t>(n));
     std::vector<T> hg(x.size());
-    rlpt::logprob_entropy_backward(hx, t,
-                                   {.dlogp = dl, .dentropy = dh, .entropy = he,
-                                    .saved = {.lse = hs, .threshold = hthr, .tie_last = htie}},
-                                   rlpt::view2d<T>(hg.data(), n, v), o);
+    rlpt::logprob_entropy_backward(
+        hx, t, {.dlogp = dl, .dentropy = dh, .entropy = he, .saved = {.lse = hs, .threshold = hthr, .tie_last = htie}},
+        rlpt::view2d<T>(hg.data(), n, v), o);
     dev_buffer<float> ddl(dl), ddh(dh);
     dev_buffer<T> dg(x.size());
     rlpt::logprob_entropy_backward(xv, dt.cview(),
-                                   {.dlogp = ddl.cview(), .dentropy = ddh.cview(), .logp = lp.cview(), .entropy = en.cview(),
+                                   {.dlogp = ddl.cview(),
+                                    .dentropy = ddh.cview(),
+                                    .logp = lp.cview(),
+                                    .entropy = en.cview(),
                                     .saved = {.lse = ls.cview(), .threshold = thr.cview(), .tie_last = dtie.cview()}},
                                    rlpt::device_view2d<T>(dg.data(), n, v), o, nullptr);
     const auto got = as_floats(dg.get()), want = as_floats(hg);
@@ -443,7 +457,8 @@ TEST_CASE("device: peaked rows, top_k = 1 and tiny top_p give finite logprobs (i
   for (const auto& o : {rlpt::logprob_options{}, rlpt::logprob_options{.temperature = 0.9f, .top_k = 1},
                         rlpt::logprob_options{.top_p = 1e-6f}}) {
     INFO("top_k " << o.top_k << " top_p " << o.top_p);
-    rlpt::logprob_entropy(xv, dt.cview(), {.logp = lp.view(), .entropy = en.view(), .counters = cnt.view()}, o, nullptr);
+    rlpt::logprob_entropy(xv, dt.cview(), {.logp = lp.view(), .entropy = en.view(), .counters = cnt.view()}, o,
+                          nullptr);
     CHECK(cnt.get() == std::vector<index_t>{0, 0, 0});
     for (const float l : lp.get()) CHECK(l == doctest::Approx(0.0).epsilon(1e-5));
     for (const float h : en.get()) CHECK(h == doctest::Approx(0.0).epsilon(1e-5));
@@ -466,7 +481,8 @@ TEST_CASE("device: a NaN next to -inf logits poisons its row (issue 16 item 2)")
   dev_buffer<float> dx(x), lp(2), en(2);
   dev_buffer<index_t> dt(t), cnt(3);
   rlpt::logprob_entropy(rlpt::device_view2d<const float>(dx.data(), 2, v), dt.cview(),
-                        {.logp = lp.view(), .entropy = en.view(), .counters = cnt.view()}, {.temperature = 0.7f}, nullptr);
+                        {.logp = lp.view(), .entropy = en.view(), .counters = cnt.view()}, {.temperature = 0.7f},
+                        nullptr);
   const auto l = lp.get(), h = en.get();
   CHECK(std::isnan(l[0]));
   CHECK(std::isnan(h[0]));
@@ -489,15 +505,22 @@ TEST_CASE_TEMPLATE("device: in-place backward with top-k decides from the forwar
   dev_buffer<float> lp(n), en(n), ls(n), thr(n);
   const rlpt::device_view2d<const T> xv(dx.data(), n, v);
   rlpt::logprob_entropy(xv, dt.cview(),
-                        {.logp = lp.view(), .entropy = en.view(), .lse = ls.view(), .counters = cnt.view(),
-                         .threshold = thr.view(), .tie_last = tie.view()},
+                        {.logp = lp.view(),
+                         .entropy = en.view(),
+                         .lse = ls.view(),
+                         .counters = cnt.view(),
+                         .threshold = thr.view(),
+                         .tie_last = tie.view()},
                         o, nullptr);
   CHECK(cnt.get()[2] > 0); // some targets were dropped
   const auto dl = g.normals<float>(static_cast<std::size_t>(n)), dh = g.normals<float>(static_cast<std::size_t>(n));
   dev_buffer<float> ddl(dl), ddh(dh);
-  const rlpt::device_logprob_backward_inputs in{.dlogp = ddl.cview(), .dentropy = ddh.cview(), .logp = lp.cview(),
-                                               .entropy = en.cview(),
-                                               .saved = {.lse = ls.cview(), .threshold = thr.cview(), .tie_last = tie.cview()}};
+  const rlpt::device_logprob_backward_inputs in{
+      .dlogp = ddl.cview(),
+      .dentropy = ddh.cview(),
+      .logp = lp.cview(),
+      .entropy = en.cview(),
+      .saved = {.lse = ls.cview(), .threshold = thr.cview(), .tie_last = tie.cview()}};
   rlpt::logprob_entropy_backward(xv, dt.cview(), in, rlpt::device_view2d<T>(out_of_place.data(), n, v), o, nullptr);
   const rlpt::device_view2d<T> w(inplace.data(), n, v);
   rlpt::logprob_entropy_backward(rlpt::device_view2d<const T>(w), dt.cview(), in, w, o, nullptr);
@@ -507,11 +530,11 @@ TEST_CASE_TEMPLATE("device: in-place backward with top-k decides from the forwar
   std::vector<T> hg(x.size());
   const auto hlp = lp.get(), hen = en.get(), hls = ls.get(), hthr = thr.get();
   const auto htie = tie.get();
-  rlpt::logprob_entropy_backward(rlpt::view2d<const T>(x.data(), n, v), t,
-                                 {.dlogp = dl, .dentropy = dh, .entropy = hen,
-                                  .saved = {.lse = hls, .threshold = hthr, .tie_last = htie}},
-                                 rlpt::view2d<T>(hg.data(), n, v), {.temperature = 0.8f, .top_k = 50,
-                                                                    .on_dropped = rlpt::dropped_target::neg_inf});
+  rlpt::logprob_entropy_backward(
+      rlpt::view2d<const T>(x.data(), n, v), t,
+      {.dlogp = dl, .dentropy = dh, .entropy = hen, .saved = {.lse = hls, .threshold = hthr, .tie_last = htie}},
+      rlpt::view2d<T>(hg.data(), n, v),
+      {.temperature = 0.8f, .top_k = 50, .on_dropped = rlpt::dropped_target::neg_inf});
   const auto got = as_floats(a), want = as_floats(hg);
   RLPT_CHECK_CLOSE(got, want, grad_rel<T>(), 1e-7);
 }
@@ -541,7 +564,8 @@ TEST_CASE("device: a target outside every vocab-parallel shard is NaN and counte
     merged[i] = m;
     merged[static_cast<std::size_t>(n) + i] = a.s + b.s;
     merged[static_cast<std::size_t>(2 * n) + i] = a.a + b.a;
-    merged[static_cast<std::size_t>(3 * n) + i] = c0[static_cast<std::size_t>(3 * n) + i] + c1[static_cast<std::size_t>(3 * n) + i];
+    merged[static_cast<std::size_t>(3 * n) + i] =
+        c0[static_cast<std::size_t>(3 * n) + i] + c1[static_cast<std::size_t>(3 * n) + i];
   }
   dev_buffer<float> dm(merged), lp(n);
   dev_buffer<index_t> cnt(3);
@@ -566,8 +590,8 @@ TEST_CASE("device: fused and plain forwards give the same bits at every V (issue
     dev_buffer<float> lp(n), en(n), ls(n), lp2(n), en2(n), ls2(n), adv(g.normals<float>(static_cast<std::size_t>(n)));
     const rlpt::device_view2d<const rlpt::bf16> x(dx.data(), n, v);
     rlpt::logprob_entropy_fused(x, dt.cview(), {.logp = lp.view(), .entropy = en.view(), .lse = ls.view()},
-                                rlpt::device_view2d<rlpt::bf16>(grad.data(), n, v), logprob_gpu_test::ppo_like_grad{adv.data()},
-                                {.temperature = 0.7f}, nullptr);
+                                rlpt::device_view2d<rlpt::bf16>(grad.data(), n, v),
+                                logprob_gpu_test::ppo_like_grad{adv.data()}, {.temperature = 0.7f}, nullptr);
     rlpt::logprob_entropy(x, dt.cview(), {.logp = lp2.view(), .entropy = en2.view(), .lse = ls2.view()},
                           {.temperature = 0.7f}, nullptr);
     INFO("V " << v);
@@ -620,7 +644,8 @@ TEST_CASE("device: logits are divided by T and logprobs keep their precision at 
 }
 
 #ifdef RLPT_TEST_LM_HEAD
-TEST_CASE("device: the lm-head gives the caller's cuBLAS handle back on its stream, and its folds may overlap the GEMMs (issue 16 items 7, 8)") {
+TEST_CASE("device: the lm-head gives the caller's cuBLAS handle back on its stream, and its folds may overlap the "
+          "GEMMs (issue 16 items 7, 8)") {
   lt::rng g(85);
   const index_t n = 200, d = 64, v = 3000;
   const auto h = lt::random_logits<rlpt::bf16>(g, static_cast<std::size_t>(n * d), 1.0);
@@ -638,7 +663,8 @@ TEST_CASE("device: the lm-head gives the caller's cuBLAS handle back on its stre
   dev_buffer<index_t> dt(t);
   const rlpt::device_view2d<const rlpt::bf16> xh(dh.data(), n, d), xw(dw.data(), v, d);
   const auto run = [&](cudaStream_t fold_stream, dev_buffer<float>& lp, dev_buffer<float>& en) {
-    const rlpt::device_lm_head_options o{.temperature = 0.9f, .token_tile = 64, .vocab_tile = 512, .fold_stream = fold_stream};
+    const rlpt::device_lm_head_options o{
+        .temperature = 0.9f, .token_tile = 64, .vocab_tile = 512, .fold_stream = fold_stream};
     rlpt::workspace ws;
     rlpt::fused_lm_head_logprob(ws, xh, xw, dt.cview(), {}, cublas, o, call);
     dev_buffer<char> wsb(ws.bytes);
@@ -659,8 +685,9 @@ TEST_CASE("device: the lm-head gives the caller's cuBLAS handle back on its stre
   CHECK(std::memcmp(c.data(), e.data(), c.size() * 4) == 0);
   // and the host lm-head (same division by T)
   std::vector<float> hl(n), he(n);
-  rlpt::fused_lm_head_logprob(rlpt::view2d<const rlpt::bf16>(h.data(), n, d), rlpt::view2d<const rlpt::bf16>(w.data(), v, d),
-                              t, {.logp = hl, .entropy = he}, {.temperature = 0.9f});
+  rlpt::fused_lm_head_logprob(rlpt::view2d<const rlpt::bf16>(h.data(), n, d),
+                              rlpt::view2d<const rlpt::bf16>(w.data(), v, d), t, {.logp = hl, .entropy = he},
+                              {.temperature = 0.9f});
   RLPT_CHECK_CLOSE(a, hl, 1e-4, 1e-3);
   cublasDestroy(cublas);
   cudaStreamDestroy(mine);

@@ -23,8 +23,7 @@ namespace lt = rlpt::test;
 
 namespace {
 
-template <class T>
-double as_double(T x) {
+template <class T> double as_double(T x) {
   if constexpr (std::is_same_v<T, double>) {
     return x;
   } else {
@@ -32,8 +31,7 @@ double as_double(T x) {
   }
 }
 
-template <class T>
-std::vector<T> random_matrix(lt::rng& g, index_t rows, index_t cols, double sd) {
+template <class T> std::vector<T> random_matrix(lt::rng& g, index_t rows, index_t cols, double sd) {
   return lt::random_logits<T>(g, static_cast<std::size_t>(rows * cols), sd);
 }
 
@@ -46,11 +44,11 @@ std::vector<lt::ref_row> reference_head(const std::vector<H>& h, const std::vect
     std::vector<double> x(static_cast<std::size_t>(v));
     for (index_t j = 0; j < v; ++j) {
       double acc = 0;
-      for (index_t k = 0; k < d; ++k)
-        acc += as_double(h[r * d + k]) * as_double(w[j * d + k]);
+      for (index_t k = 0; k < d; ++k) acc += as_double(h[r * d + k]) * as_double(w[j * d + k]);
       x[static_cast<std::size_t>(j)] = acc;
     }
-    out.push_back(lt::reference_row(x, temp, t[static_cast<std::size_t>(r)] == -100 ? -1 : t[static_cast<std::size_t>(r)]));
+    out.push_back(
+        lt::reference_row(x, temp, t[static_cast<std::size_t>(r)] == -100 ? -1 : t[static_cast<std::size_t>(r)]));
   }
   return out;
 }
@@ -66,9 +64,9 @@ TEST_CASE_TEMPLATE("fused lm-head forward matches the fp64 reference", T, float,
   t[7] = -100;
   std::vector<float> logp(n), ent(n), lse(n);
   std::vector<rlpt::mask_t> scored(n);
-  const auto st = rlpt::fused_lm_head_logprob(rlpt::view2d<const T>(h.data(), n, d), rlpt::view2d<const T>(w.data(), v, d), t,
-                                              {.logp = logp, .entropy = ent, .saved = {.lse = lse}, .scored = scored},
-                                              {.temperature = 0.8f});
+  const auto st = rlpt::fused_lm_head_logprob(
+      rlpt::view2d<const T>(h.data(), n, d), rlpt::view2d<const T>(w.data(), v, d), t,
+      {.logp = logp, .entropy = ent, .saved = {.lse = lse}, .scored = scored}, {.temperature = 0.8f});
   CHECK(st.scored == n - 1);
   CHECK(st.ignored == 1);
   const auto ref = reference_head(h, w, n, d, v, t, 0.8);
@@ -101,9 +99,9 @@ TEST_CASE("fused lm-head results are bitwise independent of N, row position and 
     }
     rlpt::thread_pool tp(threads);
     std::vector<float> logp(n), ent(n);
-    rlpt::fused_lm_head_logprob(rlpt::view2d<const rlpt::bf16>(h.data(), n, d), rlpt::view2d<const rlpt::bf16>(w.data(), v, d),
-                                t, {.logp = logp, .entropy = ent}, {.token_tile = 48, .vocab_tile = 512},
-                                {threads > 1 ? &tp : nullptr});
+    rlpt::fused_lm_head_logprob(rlpt::view2d<const rlpt::bf16>(h.data(), n, d),
+                                rlpt::view2d<const rlpt::bf16>(w.data(), v, d), t, {.logp = logp, .entropy = ent},
+                                {.token_tile = 48, .vocab_tile = 512}, {threads > 1 ? &tp : nullptr});
     std::vector<std::pair<index_t, std::pair<float, float>>> out;
     for (index_t i = 0; i < n; ++i) out.push_back({(i * 3 + shift) % pool_n, {logp[i], ent[i]}});
     return out;
@@ -130,7 +128,9 @@ TEST_CASE("fused lm-head gradients equal central finite differences of the fp64 
     double f = 0;
     const auto rows = reference_head(hh, ww, n, d, v, t, temp);
     for (index_t r = 0; r < n; ++r)
-      f += (t[static_cast<std::size_t>(r)] == -100 ? 0.0 : dl[static_cast<std::size_t>(r)] * rows[static_cast<std::size_t>(r)].logp) +
+      f += (t[static_cast<std::size_t>(r)] == -100
+                ? 0.0
+                : dl[static_cast<std::size_t>(r)] * rows[static_cast<std::size_t>(r)].logp) +
            dh[static_cast<std::size_t>(r)] * rows[static_cast<std::size_t>(r)].entropy;
     return f;
   };
@@ -171,11 +171,12 @@ TEST_CASE_TEMPLATE("fused lm-head backward matches the analytic fp64 gradient ac
     for (index_t j = 0; j < v; ++j) {
       double acc = 0;
       for (index_t k = 0; k < d; ++k)
-        acc += static_cast<double>(static_cast<float>(h[r * d + k])) * static_cast<double>(static_cast<float>(w[j * d + k]));
+        acc += static_cast<double>(static_cast<float>(h[r * d + k])) *
+               static_cast<double>(static_cast<float>(w[j * d + k]));
       x[static_cast<std::size_t>(j)] = acc;
     }
-    const auto dz = lt::reference_grad(x, 1.0, t[static_cast<std::size_t>(r)] == -100 ? -1 : t[static_cast<std::size_t>(r)],
-                                       dl[r], dh[r]);
+    const auto dz = lt::reference_grad(
+        x, 1.0, t[static_cast<std::size_t>(r)] == -100 ? -1 : t[static_cast<std::size_t>(r)], dl[r], dh[r]);
     for (index_t j = 0; j < v; ++j)
       for (index_t k = 0; k < d; ++k) {
         want_gh[r * d + k] += dz[static_cast<std::size_t>(j)] * static_cast<double>(static_cast<float>(w[j * d + k]));
@@ -186,8 +187,8 @@ TEST_CASE_TEMPLATE("fused lm-head backward matches the analytic fp64 gradient ac
   RLPT_CHECK_CLOSE(gw, want_gw, 2e-4, 2e-5);
   // accumulate mode adds
   auto gh2 = gh;
-  rlpt::fused_lm_head_backward(hv, wv, t, dl, dh, ent, lse, rlpt::view2d<float>(gh2.data(), n, d), {}, {.vocab_tile = 256},
-                               {&tp}, {}, true);
+  rlpt::fused_lm_head_backward(hv, wv, t, dl, dh, ent, lse, rlpt::view2d<float>(gh2.data(), n, d), {},
+                               {.vocab_tile = 256}, {&tp}, {}, true);
   for (std::size_t i = 0; i < gh.size(); ++i) CHECK(gh2[i] == doctest::Approx(2.0 * gh[i]).epsilon(1e-6));
 }
 
@@ -209,7 +210,8 @@ TEST_CASE("a vocab-parallel fused head over uneven shards equals the whole head"
   const std::vector<index_t> cut = {0, 100, 612, 999};
   const int k = 3;
   lt::fake_group group(k);
-  std::vector<std::vector<float>> lp(k, std::vector<float>(n)), gh(k, std::vector<float>(static_cast<std::size_t>(n * d)));
+  std::vector<std::vector<float>> lp(k, std::vector<float>(n)),
+      gh(k, std::vector<float>(static_cast<std::size_t>(n * d)));
   std::vector<float> gw(static_cast<std::size_t>(v * d));
   std::vector<std::thread> ranks;
   for (int q = 0; q < k; ++q)
@@ -224,7 +226,8 @@ TEST_CASE("a vocab-parallel fused head over uneven shards equals the whole head"
       rlpt::vocab_parallel_rebase(comm, mine);
       group.allreduce(q, rlpt::view<float>(comm).subview(n, 3 * n), rlpt::reduce_op::sum);
       rlpt::vocab_parallel_finish(comm, t, {.logp = mine, .entropy = ent, .saved = {.lse = lse}});
-      rlpt::fused_lm_head_backward(hv, wl, t, dl, dh, ent, lse, rlpt::view2d<float>(gh[static_cast<std::size_t>(q)].data(), n, d),
+      rlpt::fused_lm_head_backward(hv, wl, t, dl, dh, ent, lse,
+                                   rlpt::view2d<float>(gh[static_cast<std::size_t>(q)].data(), n, d),
                                    rlpt::view2d<float>(gw.data() + b * d, e - b, d), {}, {}, shard);
     });
   for (auto& th : ranks) th.join();

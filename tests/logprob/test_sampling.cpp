@@ -80,16 +80,18 @@ void check_against_reference(const std::vector<float>& x, index_t rows, index_t 
   }
   // backward under the same support, from saved statistics and from scratch
   lt::rng g(99);
-  const auto dl = g.normals<float>(static_cast<std::size_t>(rows)), dh = g.normals<float>(static_cast<std::size_t>(rows));
+  const auto dl = g.normals<float>(static_cast<std::size_t>(rows)),
+             dh = g.normals<float>(static_cast<std::size_t>(rows));
   std::vector<float> grad(x.size()), grad2(x.size());
   const rlpt::view2d<const float> xv(x.data(), rows, cols);
   auto lse = run.lse, thr = run.thr;
   auto tie = run.tie;
-  rlpt::logprob_entropy_backward(xv, t,
-                                 {.dlogp = dl, .dentropy = dh, .entropy = run.ent,
-                                  .saved = {.lse = lse, .threshold = thr, .tie_last = tie}},
-                                 rlpt::view2d<float>(grad.data(), rows, cols), o);
-  rlpt::logprob_entropy_backward(xv, t, {.dlogp = dl, .dentropy = dh}, rlpt::view2d<float>(grad2.data(), rows, cols), o);
+  rlpt::logprob_entropy_backward(
+      xv, t,
+      {.dlogp = dl, .dentropy = dh, .entropy = run.ent, .saved = {.lse = lse, .threshold = thr, .tie_last = tie}},
+      rlpt::view2d<float>(grad.data(), rows, cols), o);
+  rlpt::logprob_entropy_backward(xv, t, {.dlogp = dl, .dentropy = dh}, rlpt::view2d<float>(grad2.data(), rows, cols),
+                                 o);
   CHECK(grad == grad2);
   for (index_t r = 0; r < rows; ++r) {
     const auto want = lt::reference_grad(lt::to_double(x.data() + r * cols, cols), o.temperature,
@@ -188,8 +190,7 @@ TEST_CASE("an untruncated kept mask is all ones and the saved threshold keeps ev
 
 namespace {
 
-template <class T>
-void check_batch_invariance(const rlpt::logprob_options& o) {
+template <class T> void check_batch_invariance(const rlpt::logprob_options& o) {
   lt::rng g(20);
   const index_t cols = 3001, pool_rows = 7;
   auto pool = lt::random_logits<T>(g, pool_rows * cols, 4.0);
@@ -218,26 +219,26 @@ void check_batch_invariance(const rlpt::logprob_options& o) {
     std::vector<float> logp(n), ent(n), lse(n), thr(n);
     std::vector<index_t> tie(n);
     const rlpt::view2d<const T> x(buf.data() + offset, n, cols, stride);
-    rlpt::logprob_entropy(x, t,
-                          {.logp = logp, .entropy = ent, .saved = {.lse = lse, .threshold = thr, .tie_last = tie}},
-                          o, ex);
+    rlpt::logprob_entropy(
+        x, t, {.logp = logp, .entropy = ent, .saved = {.lse = lse, .threshold = thr, .tie_last = tie}}, o, ex);
     const auto dl = std::vector<float>(n, 0.75f), dh = std::vector<float>(n, -0.5f);
     std::vector<T> grad(static_cast<std::size_t>(n * cols));
-    rlpt::logprob_entropy_backward(x, t,
-                                   {.dlogp = dl, .dentropy = dh, .entropy = ent,
-                                    .saved = {.lse = lse, .threshold = thr, .tie_last = tie}},
-                                   rlpt::view2d<T>(grad.data(), n, cols), o, ex);
+    rlpt::logprob_entropy_backward(
+        x, t, {.dlogp = dl, .dentropy = dh, .entropy = ent, .saved = {.lse = lse, .threshold = thr, .tie_last = tie}},
+        rlpt::view2d<T>(grad.data(), n, cols), o, ex);
     std::vector<std::pair<index_t, row_bits>> out;
     for (index_t i = 0; i < n; ++i)
-      out.push_back({(i * 5 + shift) % pool_rows,
-                     {logp[i], ent[i], lse[i], std::vector<T>(grad.begin() + i * cols, grad.begin() + (i + 1) * cols)}});
+      out.push_back(
+          {(i * 5 + shift) % pool_rows,
+           {logp[i], ent[i], lse[i], std::vector<T>(grad.begin() + i * cols, grad.begin() + (i + 1) * cols)}});
     return out;
   };
   std::vector<row_bits> canon;
   for (index_t r = 0; r < pool_rows; ++r) canon.push_back(run_batch(1, cols, 0, 1, r)[0].second);
   const auto same = [](const row_bits& a, const row_bits& b) {
     return std::memcmp(&a.logp, &b.logp, 4) == 0 && std::memcmp(&a.ent, &b.ent, 4) == 0 &&
-           std::memcmp(&a.lse, &b.lse, 4) == 0 && std::memcmp(a.grad.data(), b.grad.data(), a.grad.size() * sizeof(T)) == 0;
+           std::memcmp(&a.lse, &b.lse, 4) == 0 &&
+           std::memcmp(a.grad.data(), b.grad.data(), a.grad.size() * sizeof(T)) == 0;
   };
   for (const index_t n : {2, 3, 8, 33})
     for (const index_t stride : {cols, cols + 1, cols + 7})
@@ -294,9 +295,8 @@ TEST_CASE("bad input raises clear errors naming the values") {
   RLPT_CHECK_ERROR(rlpt::logprob_entropy(xv, t, {.logp = logp, .kept = rlpt::view2d<rlpt::mask_t>(kept.data(), 4, 49)}),
                    "rlpt.logprob.shape_mismatch", "kept mask is [4, 49]", "[4, 50]");
   std::vector<float> lse(4);
-  RLPT_CHECK_ERROR(
-      rlpt::logprob_entropy(xv, t, {.logp = logp, .saved = {.lse = lse}}, {.top_p = 0.9f}),
-      "rlpt.logprob.missing_saved", "saved.threshold");
+  RLPT_CHECK_ERROR(rlpt::logprob_entropy(xv, t, {.logp = logp, .saved = {.lse = lse}}, {.top_p = 0.9f}),
+                   "rlpt.logprob.missing_saved", "saved.threshold");
 
   auto nan_x = x;
   nan_x[2 * cols + 7] = std::numeric_limits<float>::quiet_NaN();
@@ -316,9 +316,9 @@ TEST_CASE("bad input raises clear errors naming the values") {
                    "rlpt.logprob.shape_mismatch", "dlogits are [4, 49]");
   auto inplace = x;
   const rlpt::view2d<float> shifted(inplace.data() + 1, 4, cols);
-  RLPT_CHECK_ERROR(rlpt::logprob_entropy_backward(rlpt::view2d<const float>(inplace.data(), 4, cols), t, {.dlogp = logp},
-                                                  shifted),
-                   "rlpt.logprob.alias", "partially overlaps");
+  RLPT_CHECK_ERROR(
+      rlpt::logprob_entropy_backward(rlpt::view2d<const float>(inplace.data(), 4, cols), t, {.dlogp = logp}, shifted),
+      "rlpt.logprob.alias", "partially overlaps");
   const rlpt::view2d<const float> empty_vocab(x.data(), 4, 0);
   RLPT_CHECK_ERROR(rlpt::logprob_entropy(empty_vocab, t, logp, ent), "rlpt.logprob.shape_mismatch", "0 columns");
 }

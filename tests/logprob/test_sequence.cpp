@@ -23,8 +23,8 @@ namespace {
 
 struct sequences {
   index_t vocab;
-  std::vector<std::vector<index_t>> tokens;       // per sequence
-  std::vector<std::vector<float>> logits;         // per sequence: len × vocab (row t = output at token t)
+  std::vector<std::vector<index_t>> tokens; // per sequence
+  std::vector<std::vector<float>> logits;   // per sequence: len × vocab (row t = output at token t)
 };
 
 sequences make_sequences(lt::rng& g, index_t vocab, const std::vector<index_t>& lengths) {
@@ -58,7 +58,8 @@ per_token run_packed(const sequences& s, std::vector<float>* grad_out = nullptr,
   per_token r{std::vector<float>(n, 7.0f), std::vector<float>(n, 7.0f), std::vector<rlpt::mask_t>(n, 7)};
   std::vector<float> lse(n);
   const rlpt::view2d<const float> xv(x.data(), n, s.vocab);
-  rlpt::sequence_logprob_entropy(xv, tok, layout, {}, {.logp = r.logp, .entropy = r.ent, .saved = {.lse = lse}, .scored = r.scored},
+  rlpt::sequence_logprob_entropy(xv, tok, layout, {},
+                                 {.logp = r.logp, .entropy = r.ent, .saved = {.lse = lse}, .scored = r.scored},
                                  {.temperature = temp});
   if (grad_out != nullptr) {
     std::vector<float> dl(n), dh(n);
@@ -83,7 +84,7 @@ per_token run_padded(const sequences& s, bool left, lt::rng& g, std::vector<std:
   std::vector<index_t> tok(static_cast<std::size_t>(slots));
   std::vector<rlpt::mask_t> valid(static_cast<std::size_t>(slots), 0);
   auto x = lt::random_logits<float>(g, static_cast<std::size_t>(slots * s.vocab), 50.0); // garbage
-  for (auto& t : tok) t = g.integer(-1000, 1000);                                            // garbage ids
+  for (auto& t : tok) t = g.integer(-1000, 1000);                                        // garbage ids
   for (index_t b = 0; b < bsz; ++b) {
     const auto len = static_cast<index_t>(s.tokens[b].size());
     const index_t start = b * stride + (left ? tmax - len : 0);
@@ -167,10 +168,10 @@ TEST_CASE("packed, right-padded and left-padded sequences agree bit for bit, aga
         CHECK(packed.scored[i] == 0);
         CHECK(packed.logp[i] == 0.0f);
       } else {
-        const auto ref = lt::reference_row(
-            std::vector<double>(s.logits[b].begin() + static_cast<index_t>(t - 1) * s.vocab,
-                                s.logits[b].begin() + static_cast<index_t>(t) * s.vocab),
-            0.8, s.tokens[b][t]);
+        const auto ref =
+            lt::reference_row(std::vector<double>(s.logits[b].begin() + static_cast<index_t>(t - 1) * s.vocab,
+                                                  s.logits[b].begin() + static_cast<index_t>(t) * s.vocab),
+                              0.8, s.tokens[b][t]);
         CHECK(packed.scored[i] == 1);
         CHECK(packed.logp[i] == doctest::Approx(ref.logp).epsilon(2e-5));
         CHECK(packed.ent[i] == doctest::Approx(ref.entropy).epsilon(2e-5));
@@ -236,7 +237,8 @@ TEST_CASE("vocab-parallel over k uneven simulated shards equals the unsharded re
   lt::rng g(43);
   const index_t n = 23, vocab = 1537;
   auto x = lt::random_logits<float>(g, static_cast<std::size_t>(n * vocab), 3.0);
-  for (index_t j = 0; j < 40; ++j) x[static_cast<std::size_t>(5 * vocab + 1000 + j)] = -std::numeric_limits<float>::infinity();
+  for (index_t j = 0; j < 40; ++j)
+    x[static_cast<std::size_t>(5 * vocab + 1000 + j)] = -std::numeric_limits<float>::infinity();
   std::vector<index_t> t(n);
   for (auto& v : t) v = g.integer(0, vocab - 1);
   t[4] = -100;
@@ -247,12 +249,12 @@ TEST_CASE("vocab-parallel over k uneven simulated shards equals the unsharded re
   const auto dl = g.normals<float>(n), dh = g.normals<float>(n);
   std::vector<float> want_grad(x.size());
   rlpt::logprob_entropy_backward(xv, t, {.dlogp = dl, .dentropy = dh, .entropy = want_ent, .saved = {.lse = want_lse}},
-                                 rlpt::view2d<float>(want_grad.data(), n, vocab),
-                                 opt);
+                                 rlpt::view2d<float>(want_grad.data(), n, vocab), opt);
   for (const int k : {1, 2, 3, 8}) {
     const auto cut = split_points(vocab, k, g);
     lt::fake_group group(k);
-    std::vector<std::vector<float>> lp(k, std::vector<float>(n)), ent(k, std::vector<float>(n)), lse(k, std::vector<float>(n));
+    std::vector<std::vector<float>> lp(k, std::vector<float>(n)), ent(k, std::vector<float>(n)),
+        lse(k, std::vector<float>(n));
     std::vector<float> grad(x.size(), 5.0f);
     std::vector<std::thread> ranks;
     for (int q = 0; q < k; ++q)
@@ -262,12 +264,15 @@ TEST_CASE("vocab-parallel over k uneven simulated shards equals the unsharded re
         std::vector<float> comm(static_cast<std::size_t>(rlpt::vocab_parallel_buffer_size(n)));
         rlpt::vocab_parallel_logprob_entropy(
             local, t, {.begin = b, .vocab = vocab}, comm,
-            {.logp = lp[static_cast<std::size_t>(q)], .entropy = ent[static_cast<std::size_t>(q)], .saved = {.lse = lse[static_cast<std::size_t>(q)]}},
+            {.logp = lp[static_cast<std::size_t>(q)],
+             .entropy = ent[static_cast<std::size_t>(q)],
+             .saved = {.lse = lse[static_cast<std::size_t>(q)]}},
             [&](rlpt::view<float> d, rlpt::reduce_op op) { group.allreduce(q, d, op); }, opt);
         const auto qs = static_cast<std::size_t>(q);
-        rlpt::vocab_parallel_backward(local, t, {.begin = b, .vocab = vocab},
-                                      {.dlogp = dl, .dentropy = dh, .logp = lp[qs], .entropy = ent[qs], .saved = {.lse = lse[qs]}},
-                                      rlpt::view2d<float>(grad.data() + b, n, e - b, vocab), opt);
+        rlpt::vocab_parallel_backward(
+            local, t, {.begin = b, .vocab = vocab},
+            {.dlogp = dl, .dentropy = dh, .logp = lp[qs], .entropy = ent[qs], .saved = {.lse = lse[qs]}},
+            rlpt::view2d<float>(grad.data() + b, n, e - b, vocab), opt);
       });
     for (auto& th : ranks) th.join();
     INFO(k << " shards");
@@ -295,9 +300,9 @@ TEST_CASE("vocab-parallel errors are raised on every rank alike") {
       const index_t b = q == 0 ? 0 : 5;
       std::vector<float> comm(4 * n), lp(n);
       try {
-        rlpt::vocab_parallel_logprob_entropy(rlpt::view2d<const float>(x.data() + b, n, 5, vocab), t,
-                                             {.begin = b, .vocab = vocab}, comm, {.logp = lp},
-                                             [&](rlpt::view<float> d, rlpt::reduce_op op) { group.allreduce(q, d, op); });
+        rlpt::vocab_parallel_logprob_entropy(
+            rlpt::view2d<const float>(x.data() + b, n, 5, vocab), t, {.begin = b, .vocab = vocab}, comm, {.logp = lp},
+            [&](rlpt::view<float> d, rlpt::reduce_op op) { group.allreduce(q, d, op); });
       } catch (const rlpt::error& e) {
         ids[static_cast<std::size_t>(q)] = e.id() + " " + e.message();
       }
@@ -307,10 +312,10 @@ TEST_CASE("vocab-parallel errors are raised on every rank alike") {
   CHECK(ids[1].find("rlpt.logprob.nonfinite") == 0);
   CHECK(ids[0].find("row 1") != std::string::npos);
   std::vector<float> comm(4 * n), lp(n);
-  RLPT_CHECK_ERROR(rlpt::vocab_parallel_local(rlpt::view2d<const float>(x.data(), n, 5, vocab), t, {.begin = 6, .vocab = 10},
-                                              comm, lp),
+  RLPT_CHECK_ERROR(rlpt::vocab_parallel_local(rlpt::view2d<const float>(x.data(), n, 5, vocab), t,
+                                              {.begin = 6, .vocab = 10}, comm, lp),
                    "rlpt.logprob.bad_shard", "[6, 11)", "10 columns");
-  RLPT_CHECK_ERROR(rlpt::vocab_parallel_local(rlpt::view2d<const float>(x.data(), n, 5, vocab), t, {.begin = 0, .vocab = 10},
-                                              comm, lp, {.top_k = 5}),
+  RLPT_CHECK_ERROR(rlpt::vocab_parallel_local(rlpt::view2d<const float>(x.data(), n, 5, vocab), t,
+                                              {.begin = 0, .vocab = 10}, comm, lp, {.top_k = 5}),
                    "rlpt.logprob.unsupported", "top_k 5");
 }

@@ -13,8 +13,7 @@
 
 namespace rlpt::test {
 
-template <class T>
-struct batch {
+template <class T> struct batch {
   index_t B = 0, L = 0, stride = 0;
   std::vector<mask_t> mask;
   std::vector<T> lp, old, behav, ref, adv, entropy, values, old_values, returns, teachers;
@@ -49,7 +48,8 @@ struct batch {
         old_values[i] = static_cast<T>(static_cast<double>(values[i]) + r.normal(0.0, 0.6));
         if (r.bernoulli(0.5)) adv[i] = a; // a mix of per-sequence and per-token advantages
         for (int k = 0; k < n_teachers; ++k)
-          teachers[static_cast<std::size_t>(k) * n + i] = static_cast<T>(static_cast<double>(lp[i]) + r.normal(0.0, 0.5));
+          teachers[static_cast<std::size_t>(k) * n + i] =
+              static_cast<T>(static_cast<double>(lp[i]) + r.normal(0.0, 0.5));
       }
     }
   }
@@ -75,8 +75,7 @@ struct batch {
 };
 
 //! Gradient buffers pre-filled with a sentinel, so a slot the call forgot to write shows.
-template <class T>
-struct grads {
+template <class T> struct grads {
   std::vector<T> logp, entropy, values;
   explicit grads(std::size_t n) : logp(n, T(-777)), entropy(n, T(-777)), values(n, T(-777)) {}
   basic_objective_grads<T> view() { return {.logp = logp, .entropy = entropy, .values = values}; }

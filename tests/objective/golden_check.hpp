@@ -37,11 +37,22 @@ struct golden_case {
     B = static_cast<index_t>(shape.at(0));
     T = static_cast<index_t>(shape.at(1));
     mask = f.get<std::uint8_t>("mask");
-    for (auto [dst, key] : {std::pair{&lp, "lp"}, {&old, "old"}, {&behav, "behav"}, {&ref, "ref"}, {&adv, "adv"},
-                            {&entropy, "entropy"}, {&values, "values"}, {&old_values, "old_values"},
-                            {&returns, "returns"}, {&loss32, "loss"}, {&grad_logp32, "grad_logp"},
-                            {&grad_entropy32, "grad_entropy"}, {&grad_values32, "grad_values"}, {&loss64, "loss_64"},
-                            {&grad_logp64, "grad_logp_64"}, {&grad_entropy64, "grad_entropy_64"},
+    for (auto [dst, key] : {std::pair{&lp, "lp"},
+                            {&old, "old"},
+                            {&behav, "behav"},
+                            {&ref, "ref"},
+                            {&adv, "adv"},
+                            {&entropy, "entropy"},
+                            {&values, "values"},
+                            {&old_values, "old_values"},
+                            {&returns, "returns"},
+                            {&loss32, "loss"},
+                            {&grad_logp32, "grad_logp"},
+                            {&grad_entropy32, "grad_entropy"},
+                            {&grad_values32, "grad_values"},
+                            {&loss64, "loss_64"},
+                            {&grad_logp64, "grad_logp_64"},
+                            {&grad_entropy64, "grad_entropy_64"},
                             {&grad_values64, "grad_values_64"}})
       *dst = f.get<double>(key);
   }
@@ -53,13 +64,11 @@ struct golden_inputs {
   bool seq_adv = false; //!< pass adv[:, 0] as per-sequence advantages
 };
 
-template <class T>
-struct typed_inputs {
+template <class T> struct typed_inputs {
   std::vector<T> lp, old, behav, ref, adv, seq_adv, entropy, values, old_values, returns;
   std::vector<T> g_logp, g_entropy, g_values;
 
-  template <class V>
-  static std::vector<T> cast(const V& v) {
+  template <class V> static std::vector<T> cast(const V& v) {
     std::vector<T> out(v.size());
     for (std::size_t i = 0; i < v.size(); ++i) out[i] = static_cast<T>(v[i]);
     return out;
@@ -134,10 +143,7 @@ inline std::string compare_golden(const std::string& what, const std::vector<dou
   return {};
 }
 
-template <class T>
-std::vector<double> as_double(const std::vector<T>& v) {
-  return {v.begin(), v.end()};
-}
+template <class T> std::vector<double> as_double(const std::vector<T>& v) { return {v.begin(), v.end()}; }
 
 struct golden_outcome {
   objective_result r32, r64;

@@ -33,8 +33,13 @@ TEST_CASE("objective: an empty batch evaluates to zero, it is not a missing inpu
   const std::vector<float> seq_adv{0.5f, -0.5f};
   for (const token_layout& layout : {token_layout::padded(0, 8), token_layout::packed(empty_seqs)}) {
     CAPTURE(layout.num_seqs());
-    objective_inputs in{.layout = layout, .mask = no_mask, .logp = none, .old_logp = none, .behav_logp = none,
-                        .ref_logp = none, .adv = none};
+    objective_inputs in{.layout = layout,
+                        .mask = no_mask,
+                        .logp = none,
+                        .old_logp = none,
+                        .behav_logp = none,
+                        .ref_logp = none,
+                        .adv = none};
     std::vector<float> grad;
     check_zero(evaluate(ppo, in, {.logp = grad}));
     if (layout.num_seqs() == 2) { // per-sequence advantages of the empty sequences
@@ -44,11 +49,12 @@ TEST_CASE("objective: an empty batch evaluates to zero, it is not a missing inpu
   }
   // Inputs of the wrong size are still errors, and absent inputs still absent when there are tokens.
   const std::vector<float> three(3, 0.0f);
-  objective_inputs wrong{.layout = token_layout::padded(0, 8), .mask = no_mask, .logp = three, .old_logp = none,
-                         .adv = none};
+  objective_inputs wrong{
+      .layout = token_layout::padded(0, 8), .mask = no_mask, .logp = three, .old_logp = none, .adv = none};
   RLPT_CHECK_ERROR(evaluate(objective{}, wrong), "rlpt.view.size_mismatch", "logp has 3 elements, expected 0");
   const std::vector<mask_t> mask(6, 1);
   const std::vector<float> six(6, -1.0f);
-  objective_inputs absent{.layout = token_layout::padded(2, 3), .mask = mask, .logp = none, .old_logp = six, .adv = six};
+  objective_inputs absent{
+      .layout = token_layout::padded(2, 3), .mask = mask, .logp = none, .old_logp = six, .adv = six};
   RLPT_CHECK_ERROR(evaluate(objective{}, absent), "rlpt.objective.missing_input", "needs logp");
 }

@@ -113,10 +113,9 @@ TEST_CASE("errors: bad options name the field and the value") {
                    "rlpt.objective.bad_option", "cispo.cap = -1");
   RLPT_CHECK_ERROR(evaluate(objective{.correction = token_tis(0.5, 1.0)}, in), "rlpt.objective.bad_option",
                    "is_weighting.hi = 0.5", ">= lo");
-  RLPT_CHECK_ERROR(evaluate(objective{.correction = {.reject = {.stat = rs_stat::k1, .level = rs_level::seq_max,
-                                                                .hi = 2.0}}},
-                            in),
-                   "rlpt.objective.bad_option", "seq_max", "k2 or k3");
+  RLPT_CHECK_ERROR(
+      evaluate(objective{.correction = {.reject = {.stat = rs_stat::k1, .level = rs_level::seq_max, .hi = 2.0}}}, in),
+      "rlpt.objective.bad_option", "seq_max", "k2 or k3");
   RLPT_CHECK_ERROR(evaluate(objective{.agg = {.mode = agg_mode::seq_mean_token_sum_norm}}, in),
                    "rlpt.objective.bad_option", "needs norm > 0", "got 0");
   RLPT_CHECK_ERROR(evaluate(objective{.policy = gmpo{}}, in), "rlpt.objective.bad_option",
@@ -152,7 +151,8 @@ TEST_CASE("errors: compat presets reject what they do not reproduce") {
   RLPT_CHECK_ERROR(compat::verl::agg("seq-mean-token-sum-norm"), "rlpt.objective.compat", "loss_scale_factor");
   RLPT_CHECK_ERROR(compat::verl::agg("token-mean", 8), "rlpt.objective.compat", "dp_size = 8", "batch_num_tokens");
   RLPT_CHECK_ERROR(compat::verl::kl("full"), "rlpt.objective.compat", "kl_loss_type = \"full\"");
-  RLPT_CHECK_ERROR(compat::verl::rollout_correction("token", "abc"), "rlpt.objective.compat", "\"abc\" is not a number");
+  RLPT_CHECK_ERROR(compat::verl::rollout_correction("token", "abc"), "rlpt.objective.compat",
+                   "\"abc\" is not a number");
   RLPT_CHECK_ERROR(compat::verl::rollout_correction("", "", "token_k2", "0.5_2"), "rlpt.objective.compat",
                    "only k1 options");
   RLPT_CHECK_ERROR(compat::trl::grpo({.loss_type = "dapo"}), "rlpt.objective.compat", "num_items_in_batch");
@@ -165,7 +165,7 @@ TEST_CASE("compat configs own their strings: a config outlives the buffer it was
   compat::verl::actor_config verl_cfg;
   compat::trl::grpo_config trl_cfg;
   {
-    std::string parsed = "gspo";  // as read from a YAML file whose buffer is then freed
+    std::string parsed = "gspo"; // as read from a YAML file whose buffer is then freed
     verl_cfg.loss_mode = parsed;
     parsed = "sequence";
     trl_cfg.importance_sampling_level = parsed;

@@ -13,10 +13,10 @@ using rlpt::test::golden_inputs;
 
 TEST_CASE("golden openrlhf PolicyLoss ppo: token and sample level, dual clip, global batch info") {
   check_golden_case("openrlhf_ppo", orl::policy_loss({}), golden_inputs{});
-  check_golden_case("openrlhf_ppo_dual_clip_global",
-                    orl::policy_loss({.clip_eps_high = 0.28, .dual_clip = 3.0, .dp_size = 2,
-                                      .batch_num_tokens = 300.0}),
-                    golden_inputs{});
+  check_golden_case(
+      "openrlhf_ppo_dual_clip_global",
+      orl::policy_loss({.clip_eps_high = 0.28, .dual_clip = 3.0, .dp_size = 2, .batch_num_tokens = 300.0}),
+      golden_inputs{});
   check_golden_case("openrlhf_ppo_sample_level", orl::policy_loss({.token_level_loss = false}), golden_inputs{});
   check_golden_case("openrlhf_ppo_sample_level_global",
                     orl::policy_loss({.token_level_loss = false, .dp_size = 2, .global_batch_size = 20.0}),
@@ -28,13 +28,16 @@ TEST_CASE("golden openrlhf PolicyLoss gspo") {
 }
 
 TEST_CASE("golden openrlhf PolicyLoss train/rollout corrections: tis clip, icepop, seq-mask-tis") {
-  check_golden_case("openrlhf_tis_clip", orl::policy_loss({.is_correction_level = "token", .is_correction_mode = "clip"}),
+  check_golden_case("openrlhf_tis_clip",
+                    orl::policy_loss({.is_correction_level = "token", .is_correction_mode = "clip"}),
                     golden_inputs{.behav = true});
   check_golden_case("openrlhf_icepop", orl::policy_loss({.is_correction_level = "token", .is_correction_mode = "mask"}),
                     golden_inputs{.behav = true});
   const auto r = check_golden_case("openrlhf_seq_mask_tis",
-                                   orl::policy_loss({.is_correction_level = "seq", .is_correction_mode = "mask",
-                                                     .is_correction_low = 0.8, .is_correction_high = 1.25}),
+                                   orl::policy_loss({.is_correction_level = "seq",
+                                                     .is_correction_mode = "mask",
+                                                     .is_correction_low = 0.8,
+                                                     .is_correction_high = 1.25}),
                                    golden_inputs{.behav = true});
   CHECK(r.r64.rejected_frac > 0.0);
 }

@@ -23,8 +23,8 @@ double items_in_batch(const std::string& name) {
 TEST_CASE("golden trl loss types grpo, bnpo, dr_grpo, dapo, cispo, sapo") {
   const double n = items_in_batch("trl_grpo");
   for (const char* lt : {"grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"}) {
-    trl::grpo_config c{.loss_type = lt, .max_completion_length = 32, .gradient_accumulation_steps = 2,
-                       .num_items_in_batch = n};
+    trl::grpo_config c{
+        .loss_type = lt, .max_completion_length = 32, .gradient_accumulation_steps = 2, .num_items_in_batch = n};
     if (std::string(lt) == "cispo") c.epsilon_high = 5.0;
     // SAPO's temperatures are float32 tensors in TRL even for float64 inputs.
     check_golden_case(std::string("trl_") + lt, trl::grpo(c), golden_inputs{.entropy = true, .seq_adv = true}, false,
@@ -34,14 +34,17 @@ TEST_CASE("golden trl loss types grpo, bnpo, dr_grpo, dapo, cispo, sapo") {
 
 TEST_CASE("golden trl dapo with delta, clip-higher and a k3 KL term") {
   const double n = items_in_batch("trl_grpo");
-  const auto obj = trl::grpo({.loss_type = "dapo", .epsilon_high = 0.28, .delta = 4.0, .beta = 0.04,
-                              .num_items_in_batch = n});
+  const auto obj =
+      trl::grpo({.loss_type = "dapo", .epsilon_high = 0.28, .delta = 4.0, .beta = 0.04, .num_items_in_batch = n});
   check_golden_case("trl_dapo_delta_beta", obj, golden_inputs{.ref = true, .entropy = true, .seq_adv = true});
 }
 
 TEST_CASE("golden trl bnpo with the bias-corrected KL and an entropy bonus") {
-  const auto obj = trl::grpo({.loss_type = "bnpo", .beta = 0.1, .use_bias_correction_kl = true,
-                              .entropy_coef = 0.02, .gradient_accumulation_steps = 3});
+  const auto obj = trl::grpo({.loss_type = "bnpo",
+                              .beta = 0.1,
+                              .use_bias_correction_kl = true,
+                              .entropy_coef = 0.02,
+                              .gradient_accumulation_steps = 3});
   check_golden_case("trl_bnpo_bias_kl_entropy", obj, golden_inputs{.ref = true, .entropy = true, .seq_adv = true},
                     true);
 }
@@ -56,10 +59,13 @@ TEST_CASE("golden trl sequence-level importance sampling (GSPO)") {
 
 TEST_CASE("golden trl vLLM importance sampling (token_truncate) applied before the KL term") {
   const double n = items_in_batch("trl_grpo");
-  const auto obj = trl::grpo({.loss_type = "dapo", .beta = 0.04, .num_items_in_batch = n,
+  const auto obj = trl::grpo({.loss_type = "dapo",
+                              .beta = 0.04,
+                              .num_items_in_batch = n,
                               .vllm_importance_sampling_correction = true,
                               .vllm_importance_sampling_mode = "token_truncate",
-                              .vllm_importance_sampling_min = 0.5, .vllm_importance_sampling_max = 3.0});
+                              .vllm_importance_sampling_min = 0.5,
+                              .vllm_importance_sampling_max = 3.0});
   check_golden_case("trl_dapo_vllm_token_truncate", obj,
                     golden_inputs{.behav = true, .ref = true, .entropy = true, .seq_adv = true});
 }

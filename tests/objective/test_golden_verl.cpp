@@ -14,8 +14,8 @@ using rlpt::test::check_golden_case;
 using rlpt::test::golden_inputs;
 
 TEST_CASE("golden verl vanilla under every loss_agg_mode") {
-  for (const char* agg : {"token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
-                          "seq-mean-token-sum-norm"}) {
+  for (const char* agg :
+       {"token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"}) {
     std::string tag(agg);
     for (char& c : tag)
       if (c == '-') c = '_';
@@ -30,8 +30,11 @@ TEST_CASE("golden verl vanilla under every loss_agg_mode") {
 
 TEST_CASE("golden verl vanilla with clip-higher, dual clip and global batch info") {
   check_golden_case("verl_vanilla_clip_higher_global",
-                    verl::actor({.clip_ratio_low = 0.2, .clip_ratio_high = 0.28, .dp_size = 4,
-                                 .batch_num_tokens = 400.0, .global_batch_size = 31.0}),
+                    verl::actor({.clip_ratio_low = 0.2,
+                                 .clip_ratio_high = 0.28,
+                                 .dp_size = 4,
+                                 .batch_num_tokens = 400.0,
+                                 .global_batch_size = 31.0}),
                     golden_inputs{});
   check_golden_case("verl_vanilla_seq_mean_token_mean_global",
                     verl::actor({.loss_agg_mode = "seq-mean-token-mean", .dp_size = 2, .global_batch_size = 16.0}),
@@ -43,21 +46,20 @@ TEST_CASE("golden verl gspo, sapo, geo_mean, cispo, gpg") {
     std::string tag(agg);
     for (char& c : tag)
       if (c == '-') c = '_';
-    check_golden_case("verl_gspo_" + tag + "_wide",
-                      verl::actor({.loss_mode = "gspo", .clip_ratio_low = 0.2, .clip_ratio_high = 0.28,
-                                   .loss_agg_mode = agg}),
-                      golden_inputs{});
-    check_golden_case("verl_gspo_" + tag + "_paper",
-                      verl::actor({.loss_mode = "gspo", .clip_ratio_low = 3e-4, .clip_ratio_high = 4e-4,
-                                   .loss_agg_mode = agg}),
-                      golden_inputs{});
+    check_golden_case(
+        "verl_gspo_" + tag + "_wide",
+        verl::actor({.loss_mode = "gspo", .clip_ratio_low = 0.2, .clip_ratio_high = 0.28, .loss_agg_mode = agg}),
+        golden_inputs{});
+    check_golden_case(
+        "verl_gspo_" + tag + "_paper",
+        verl::actor({.loss_mode = "gspo", .clip_ratio_low = 3e-4, .clip_ratio_high = 4e-4, .loss_agg_mode = agg}),
+        golden_inputs{});
   }
   check_golden_case("verl_sapo", verl::actor({.loss_mode = "sapo"}), golden_inputs{});
   check_golden_case("verl_geo_mean",
                     verl::actor({.loss_mode = "geo_mean", .clip_ratio_low = 0.4, .clip_ratio_high = 0.4}),
                     golden_inputs{});
-  check_golden_case("verl_cispo",
-                    verl::actor({.loss_mode = "cispo", .clip_ratio_low = 10.0, .clip_ratio_high = 0.28}),
+  check_golden_case("verl_cispo", verl::actor({.loss_mode = "cispo", .clip_ratio_low = 10.0, .clip_ratio_high = 0.28}),
                     golden_inputs{});
   check_golden_case("verl_gpg", verl::actor({.loss_mode = "gpg", .loss_agg_mode = "seq-mean-token-sum"}),
                     golden_inputs{.old = false});
@@ -89,11 +91,15 @@ TEST_CASE("every token masked: rlpt gives a loss and gradients of 0 where verl a
   const std::vector<rlpt::mask_t> mask(6, 0);
   const std::vector<double> lp{-1, -2, -3, -1, -2, -3}, old{-1.1, -2, -2.9, -1, -2.2, -3}, adv{1, -1, 1, 1, -1, 1};
   const std::vector<double> ref{-1.2, -2, -3, -1, -2, -3.1};
-  const rlpt::basic_objective_inputs<double> in{.layout = rlpt::token_layout::padded(2, 3), .mask = mask, .logp = lp,
-                                                .old_logp = old, .ref_logp = ref, .adv = adv};
-  const rlpt::objective objs[] = {
-      verl::actor({}), verl::actor({.loss_agg_mode = "seq-mean-token-mean"}), verl::kl_loss("low_var_kl", 1.0),
-      rlpt::compat::openrlhf::policy_loss({}), rlpt::compat::openrlhf::policy_loss({.token_level_loss = false})};
+  const rlpt::basic_objective_inputs<double> in{.layout = rlpt::token_layout::padded(2, 3),
+                                                .mask = mask,
+                                                .logp = lp,
+                                                .old_logp = old,
+                                                .ref_logp = ref,
+                                                .adv = adv};
+  const rlpt::objective objs[] = {verl::actor({}), verl::actor({.loss_agg_mode = "seq-mean-token-mean"}),
+                                  verl::kl_loss("low_var_kl", 1.0), rlpt::compat::openrlhf::policy_loss({}),
+                                  rlpt::compat::openrlhf::policy_loss({.token_level_loss = false})};
   for (const rlpt::objective& obj : objs) {
     std::vector<double> g(6, 7.0);
     const rlpt::objective_result r = rlpt::evaluate(obj, in, {.logp = g});
@@ -108,8 +114,8 @@ TEST_CASE("golden verl compute_value_loss") {
     std::string tag(agg);
     for (char& c : tag)
       if (c == '-') c = '_';
-    const auto r = check_golden_case("verl_value_" + tag, verl::critic(0.5, agg), golden_inputs{.old = false, .values = true},
-                                     false, true);
+    const auto r = check_golden_case("verl_value_" + tag, verl::critic(0.5, agg),
+                                     golden_inputs{.old = false, .values = true}, false, true);
     CHECK(r.r64.value_clip_frac > 0.0);
   }
 }
@@ -131,8 +137,8 @@ TEST_CASE("golden verl rollout corrections (IS weights, IcePop, rejection) in de
       {"tis_and_rs_token_k2", verl::rollout_correction("token", "2.0", "token_k2", "0.5")},
   };
   for (const spec& s : specs) {
-    const auto r = check_golden_case(std::string("verl_corr_") + s.name, verl::actor(cfg, s.c),
-                                     golden_inputs{.behav = true});
+    const auto r =
+        check_golden_case(std::string("verl_corr_") + s.name, verl::actor(cfg, s.c), golden_inputs{.behav = true});
     const std::string n(s.name);
     INFO("correction ", n);
     if (n == "token_tis" || n == "seq_tis") {

@@ -106,15 +106,17 @@ TEST_CASE("finite differences: KL estimators (natural gradients, importance corr
     INFO("aggregation ", name(m));
     for (kl_estimator e : {kl_estimator::k1, kl_estimator::abs, kl_estimator::k2, kl_estimator::k3}) {
       INFO("estimator ", name(e));
-      check_fd("kl", {.policy = no_policy{}, .kl = {.coef = 0.7, .estimator = e, .output_clamp = 0.0}, .agg = agg_of(m)},
+      check_fd("kl",
+               {.policy = no_policy{}, .kl = {.coef = 0.7, .estimator = e, .output_clamp = 0.0}, .agg = agg_of(m)}, b);
+      check_fd("kl clamped",
+               {.policy = no_policy{},
+                .kl = {.coef = 0.7, .estimator = e, .k3_x_min = -0.5, .k3_x_max = 0.5, .output_clamp = 0.3},
+                .agg = agg_of(m)},
                b);
-      check_fd("kl clamped", {.policy = no_policy{}, .kl = {.coef = 0.7, .estimator = e, .k3_x_min = -0.5,
-                                                             .k3_x_max = 0.5, .output_clamp = 0.3},
-                              .agg = agg_of(m)},
-               b);
-      check_fd("kl importance corrected",
-               {.policy = no_policy{}, .kl = {.coef = 0.7, .estimator = e, .importance_corrected = true}, .agg = agg_of(m)},
-               b);
+      check_fd(
+          "kl importance corrected",
+          {.policy = no_policy{}, .kl = {.coef = 0.7, .estimator = e, .importance_corrected = true}, .agg = agg_of(m)},
+          b);
     }
   }
 }
@@ -129,8 +131,10 @@ TEST_CASE("finite differences: entropy and value terms under every aggregation")
     for (double clip : {0.0, 0.5})
       for (double huber : {0.0, 0.7})
         for (bool half : {false, true})
-          check_fd("value", {.policy = no_policy{}, .value = {.coef = 0.5, .clip = clip, .half = half, .huber_delta = huber},
-                             .agg = agg_of(m)},
+          check_fd("value",
+                   {.policy = no_policy{},
+                    .value = {.coef = 0.5, .clip = clip, .half = half, .huber_delta = huber},
+                    .agg = agg_of(m)},
                    b, wrt::values);
   }
 }
@@ -144,16 +148,18 @@ TEST_CASE("finite differences: corrections (their weights depend only on old/beh
       seq_geo_is(1.2, is_bound::mask, 0.8),
       {.reject = {.stat = rs_stat::k1, .level = rs_level::token, .lo = 0.7, .hi = 1.5}},
       {.reject = {.stat = rs_stat::k3, .level = rs_level::seq_mean, .hi = 0.05}},
-      {.reject = {.stat = rs_stat::k2, .level = rs_level::seq_max, .hi = 0.1}, .rejected = rejected_tokens::zero_weight},
+      {.reject = {.stat = rs_stat::k2, .level = rs_level::seq_max, .hi = 0.1},
+       .rejected = rejected_tokens::zero_weight},
       {.weight = {.level = is_level::token, .bound = is_bound::none},
        .reject = {.stat = rs_stat::ratio, .level = rs_level::seq_mean, .lo = 0.9, .hi = 1.1}},
   };
   for (const auto& c : corrections) {
     for (agg_mode m : {agg_mode::token_mean, agg_mode::seq_mean_token_mean}) {
-      check_fd("ppo + correction + kl + entropy",
-               {.policy = ppo_clip{}, .correction = c, .kl = {.coef = 0.1}, .entropy = {.coef = 0.01}, .agg = agg_of(m)},
+      check_fd(
+          "ppo + correction + kl + entropy",
+          {.policy = ppo_clip{}, .correction = c, .kl = {.coef = 0.1}, .entropy = {.coef = 0.01}, .agg = agg_of(m)}, b);
+      check_fd("gspo sequence + correction", {.policy = gspo{.token_level = false}, .correction = c, .agg = agg_of(m)},
                b);
-      check_fd("gspo sequence + correction", {.policy = gspo{.token_level = false}, .correction = c, .agg = agg_of(m)}, b);
     }
   }
 }
@@ -161,7 +167,8 @@ TEST_CASE("finite differences: corrections (their weights depend only on old/beh
 TEST_CASE("finite differences: distillation advantage (behaviour student) and per-term aggregation overrides") {
   const batch<double> b(5, 9, 7);
   const std::vector<double> w{0.3, 0.7};
-  check_fd("distill", {.policy = ppo_clip{}, .distill = {.coef = 0.8, .teacher_weights = w}, .agg = agg_of(agg_mode::token_mean)},
+  check_fd("distill",
+           {.policy = ppo_clip{}, .distill = {.coef = 0.8, .teacher_weights = w}, .agg = agg_of(agg_mode::token_mean)},
            b);
   objective o{.policy = sapo{}, .kl = {.coef = 0.2}, .entropy = {.coef = 0.05}, .agg = agg_of(agg_mode::token_mean)};
   o.policy_agg = agg_of(agg_mode::seq_mean_token_mean);
@@ -190,7 +197,8 @@ TEST_CASE("analytic gradients of detached and straight-through terms") {
   SUBCASE("straight-through KL: value of the estimator, gradient of k2") {
     for (kl_estimator e : {kl_estimator::k1, kl_estimator::abs, kl_estimator::k3}) {
       grads<double> g(b.size());
-      const objective st{.policy = no_policy{}, .kl = {.coef = 1.0, .estimator = e, .gradient = kl_gradient::straight_through},
+      const objective st{.policy = no_policy{},
+                         .kl = {.coef = 1.0, .estimator = e, .gradient = kl_gradient::straight_through},
                          .agg = a};
       const objective nat{.policy = no_policy{}, .kl = {.coef = 1.0, .estimator = e}, .agg = a};
       const auto r_st = evaluate(st, in, g.view());
@@ -201,10 +209,12 @@ TEST_CASE("analytic gradients of detached and straight-through terms") {
   }
   SUBCASE("importance-weighted k2 gradient (OpenRLHF unbiased_gradient)") {
     grads<double> g(b.size());
-    evaluate(objective{.policy = no_policy{},
-                       .kl = {.coef = 1.0, .estimator = kl_estimator::k3, .gradient = kl_gradient::k2_importance, .is_cap = 1.1},
-                       .agg = a},
-             in, g.view());
+    evaluate(
+        objective{
+            .policy = no_policy{},
+            .kl = {.coef = 1.0, .estimator = kl_estimator::k3, .gradient = kl_gradient::k2_importance, .is_cap = 1.1},
+            .agg = a},
+        in, g.view());
     for (std::size_t i = 0; i < b.size(); ++i) {
       if (!b.mask[i]) continue;
       const double w = std::min(std::exp(b.lp[i] - b.old[i]), 1.1);

@@ -23,8 +23,7 @@ using namespace rlpt;
 
 namespace {
 
-template <class T>
-using dbuf = rlpt::test::device_buffer<T>;
+template <class T> using dbuf = rlpt::test::device_buffer<T>;
 
 struct device_run {
   objective_result r{};
@@ -115,22 +114,32 @@ void compare(const objective& obj, const batch<float>& b, bool packed_layout = f
 std::vector<objective> configurations() {
   static const std::vector<double> tw{0.25, 0.75};
   return {
-      {.policy = ppo_clip{.eps_high = 0.28}, .correction = token_tis(2.0), .kl = {.coef = 0.1}, .entropy = {.coef = 0.01},
+      {.policy = ppo_clip{.eps_high = 0.28},
+       .correction = token_tis(2.0),
+       .kl = {.coef = 0.1},
+       .entropy = {.coef = 0.01},
        .value = {.coef = 0.5}},
-      {.policy = ppo_clip{.dual_clip = 0.0, .delta = 2.0}, .kl = {.coef = 0.2, .estimator = kl_estimator::k2,
-                                                                  .gradient = kl_gradient::k2_importance},
+      {.policy = ppo_clip{.dual_clip = 0.0, .delta = 2.0},
+       .kl = {.coef = 0.2, .estimator = kl_estimator::k2, .gradient = kl_gradient::k2_importance},
        .agg = {.mode = agg_mode::seq_mean_token_mean, .len_eps = 1e-8}},
       {.policy = gspo{.token_level = false}, .correction = seq_is(2.0), .agg = {.mode = agg_mode::seq_mean_token_mean}},
-      {.policy = gspo{}, .correction = {.reject = {.stat = rs_stat::k3, .level = rs_level::seq_mean, .hi = 0.02}},
+      {.policy = gspo{},
+       .correction = {.reject = {.stat = rs_stat::k3, .level = rs_level::seq_mean, .hi = 0.02}},
        .agg = {.mode = agg_mode::token_sum}},
-      {.policy = gmpo{}, .correction = icepop(0.5, 2.0), .agg = {.mode = agg_mode::seq_mean_token_sum, .count_empty_rows = true}},
-      {.policy = sapo{}, .correction = {.reject = {.stat = rs_stat::k1, .level = rs_level::token, .lo = 0.8, .hi = 1.25}},
+      {.policy = gmpo{},
+       .correction = icepop(0.5, 2.0),
+       .agg = {.mode = agg_mode::seq_mean_token_sum, .count_empty_rows = true}},
+      {.policy = sapo{},
+       .correction = {.reject = {.stat = rs_stat::k1, .level = rs_level::token, .lo = 0.8, .hi = 1.25}},
        .kl = {.coef = 0.3, .estimator = kl_estimator::abs, .gradient = kl_gradient::straight_through}},
-      {.policy = cispo{}, .kl = {.coef = 0.2, .importance_corrected = true}, .distill = {.coef = 0.5, .teacher_weights = tw},
+      {.policy = cispo{},
+       .kl = {.coef = 0.2, .importance_corrected = true},
+       .distill = {.coef = 0.5, .teacher_weights = tw},
        .agg = {.mode = agg_mode::seq_mean_token_sum_norm, .norm = 64.0}},
-      {.policy = policy_gradient{}, .correction = {.weight = {.level = is_level::token, .bound = is_bound::none},
-                                                   .reject = {.stat = rs_stat::ratio, .level = rs_level::seq_mean, .lo = 0.9, .hi = 1.1},
-                                                   .rejected = rejected_tokens::zero_weight}},
+      {.policy = policy_gradient{},
+       .correction = {.weight = {.level = is_level::token, .bound = is_bound::none},
+                      .reject = {.stat = rs_stat::ratio, .level = rs_level::seq_mean, .lo = 0.9, .hi = 1.1},
+                      .rejected = rejected_tokens::zero_weight}},
       {.policy = no_policy{}, .value = {.coef = 1.0, .clip = 0.2, .huber_delta = 0.5}},
   };
 }
@@ -189,8 +198,11 @@ TEST_CASE("device workspace: size query, and a too-small workspace is an error")
   dbuf<mask_t> mask(b.mask);
   dbuf<float> lp(b.lp), old(b.old), adv(b.adv);
   dbuf<objective_result> result(1);
-  device_objective_inputs<float> in{.layout = device_token_layout::padded(b.B, b.L, b.stride), .mask = mask.cview(),
-                                    .logp = lp.cview(), .old_logp = old.cview(), .adv = adv.cview()};
+  device_objective_inputs<float> in{.layout = device_token_layout::padded(b.B, b.L, b.stride),
+                                    .mask = mask.cview(),
+                                    .logp = lp.cview(),
+                                    .old_logp = old.cview(),
+                                    .adv = adv.cview()};
   workspace ws;
   evaluate(objective{}, in, device_objective_grads<float>{}, result.data(), ws, nullptr);
   REQUIRE(ws.bytes > 0);

@@ -21,8 +21,7 @@ using namespace rlpt;
 namespace {
 
 //! A copy of rows [r0, r1) of a batch as its own padded batch.
-template <class T>
-batch<T> rows(const batch<T>& b, index_t r0, index_t r1) {
+template <class T> batch<T> rows(const batch<T>& b, index_t r0, index_t r1) {
   batch<T> m = b;
   m.B = r1 - r0;
   const auto lo = static_cast<std::ptrdiff_t>(r0 * b.stride), hi = static_cast<std::ptrdiff_t>(r1 * b.stride);
@@ -119,11 +118,16 @@ TEST_CASE("masked garbage (NaN, inf, huge) changes no output bit") {
     for (auto* v : {&dirty.lp, &dirty.old, &dirty.behav, &dirty.ref, &dirty.adv, &dirty.entropy, &dirty.values,
                     &dirty.old_values, &dirty.returns})
       (*v)[i] = garbage[k++ % 5];
-    for (int t = 0; t < dirty.n_teachers; ++t) dirty.teachers[static_cast<std::size_t>(t) * dirty.size() + i] = garbage[k++ % 5];
+    for (int t = 0; t < dirty.n_teachers; ++t)
+      dirty.teachers[static_cast<std::size_t>(t) * dirty.size() + i] = garbage[k++ % 5];
   }
   const std::vector<double> tw{0.5, 0.5};
   const objective objs[] = {
-      {.policy = ppo_clip{}, .correction = token_tis(2.0), .kl = {.coef = 0.1}, .entropy = {.coef = 0.01}, .value = {.coef = 0.5}},
+      {.policy = ppo_clip{},
+       .correction = token_tis(2.0),
+       .kl = {.coef = 0.1},
+       .entropy = {.coef = 0.01},
+       .value = {.coef = 0.5}},
       {.policy = gspo{.token_level = false}, .correction = seq_is(2.0), .agg = {.mode = agg_mode::seq_mean_token_mean}},
       {.policy = gmpo{}, .correction = icepop(0.5, 2.0), .agg = {.mode = agg_mode::seq_mean_token_sum}},
       {.policy = sapo{}, .correction = {.reject = {.stat = rs_stat::k2, .level = rs_level::seq_max, .hi = 0.2}}},
@@ -199,8 +203,12 @@ TEST_CASE("packed and padded layouts give the same loss and gradients") {
     grads<double> gp(b.size());
     const auto rp = evaluate(obj, b.inputs(), gp.view());
     std::vector<double> g(lp.size());
-    basic_objective_inputs<double> in{.layout = token_layout::packed(offsets), .mask = mask, .logp = lp,
-                                      .old_logp = old, .ref_logp = ref, .adv = adv};
+    basic_objective_inputs<double> in{.layout = token_layout::packed(offsets),
+                                      .mask = mask,
+                                      .logp = lp,
+                                      .old_logp = old,
+                                      .ref_logp = ref,
+                                      .adv = adv};
     const auto rk = evaluate(obj, in, {.logp = g});
     CHECK(rk.loss == doctest::Approx(rp.loss).epsilon(1e-14));
     for (std::size_t j = 0; j < g.size(); ++j) CHECK(g[j] == doctest::Approx(gp.logp[where[j]]).epsilon(1e-14));
@@ -209,7 +217,8 @@ TEST_CASE("packed and padded layouts give the same loss and gradients") {
 
 TEST_CASE("results do not depend on the number of threads") {
   const batch<float> b(300, 64, 25);
-  const objective obj{.policy = ppo_clip{}, .correction = token_tis(2.0), .kl = {.coef = 0.05}, .entropy = {.coef = 0.01}};
+  const objective obj{
+      .policy = ppo_clip{}, .correction = token_tis(2.0), .kl = {.coef = 0.05}, .entropy = {.coef = 0.01}};
   grads<float> g1(b.size()), g2(b.size());
   const auto r1 = evaluate(obj, b.inputs(), g1.view());
   thread_pool pool(3);
@@ -231,7 +240,8 @@ TEST_CASE("huge log-ratio gaps give finite losses, gradients and metrics") {
   }
   const std::vector<double> tw{1.0, 0.0};
   const objective objs[] = {
-      {.policy = ppo_clip{.dual_clip = 0.0, .log_ratio_clamp = 80.0}, .correction = token_tis(2.0),
+      {.policy = ppo_clip{.dual_clip = 0.0, .log_ratio_clamp = 80.0},
+       .correction = token_tis(2.0),
        .kl = {.coef = 1.0, .k3_x_min = -80.0, .k3_x_max = 80.0, .output_clamp = 0.0}},
       {.policy = gspo{.token_level = false, .log_ratio_max = 80.0}, .correction = seq_is(2.0, is_bound::mask)},
       {.policy = gmpo{}, .correction = seq_geo_is(), .agg = {.mode = agg_mode::seq_mean_token_sum}},
@@ -255,8 +265,8 @@ TEST_CASE("hand-computed tokens: verl dual clip, TRL delta, GMPO sign-aware clip
   const std::vector<double> lp{-1.0, -1.0, -1.0};
   const std::vector<double> old{-1.0 - std::log(4.0), -1.0 + std::log(2.0), -1.0 - std::log(1.1)};
   const std::vector<double> adv{-2.0, 3.0, 0.5};
-  const basic_objective_inputs<double> in{.layout = token_layout::padded(1, 3), .mask = mask, .logp = lp,
-                                          .old_logp = old, .adv = adv};
+  const basic_objective_inputs<double> in{
+      .layout = token_layout::padded(1, 3), .mask = mask, .logp = lp, .old_logp = old, .adv = adv};
   const aggregation sum{.mode = agg_mode::token_sum};
   std::vector<double> g(3);
   // ratios 4, 0.5, 1.1. verl: token 0 (A<0, r=4): max(8, 2*1.2) = 8 capped at c|A| = 6; token 1
@@ -295,8 +305,8 @@ TEST_CASE("metrics: clip fractions, approximate KL, importance weights, rejectio
   const std::vector<double> old{-1.5, -0.5, -1.0, -1.1, 0.0};
   const std::vector<double> behav{-1.5 - std::log(3.0), -0.5, -1.0 + std::log(4.0), -1.1, 0.0};
   const std::vector<double> adv{1.0, -1.0, 1.0, 1.0, 0.0};
-  const basic_objective_inputs<double> in{.layout = token_layout::padded(1, 5), .mask = mask, .logp = lp,
-                                          .old_logp = old, .behav_logp = behav, .adv = adv};
+  const basic_objective_inputs<double> in{
+      .layout = token_layout::padded(1, 5), .mask = mask, .logp = lp, .old_logp = old, .behav_logp = behav, .adv = adv};
   // ratios e^0.5 (A>0: high clip), e^-0.5 (A<0: low clip), 1, e^0.1
   const auto r = evaluate(objective{.policy = ppo_clip{}, .correction = icepop(0.5, 2.0)}, in);
   CHECK(r.tokens == 4.0);
@@ -355,10 +365,12 @@ TEST_CASE("distillation: reverse-KL advantage against weighted teachers") {
   const std::vector<double> lp{-1.0, -2.0}, behav{-1.2, -1.8};
   const std::vector<double> teachers{-0.5, -3.0, /* teacher 2 */ -1.5, -1.0};
   const std::vector<double> w{0.25, 0.75};
-  basic_objective_inputs<double> in{.layout = token_layout::padded(1, 2), .mask = mask, .logp = lp, .behav_logp = behav};
+  basic_objective_inputs<double> in{
+      .layout = token_layout::padded(1, 2), .mask = mask, .logp = lp, .behav_logp = behav};
   in.teacher_logp = view2d<const double>(teachers.data(), 2, 2);
   std::vector<double> g(2);
-  const auto r = evaluate(objective{.policy = policy_gradient{}, .distill = {.coef = 1.0, .teacher_weights = w},
+  const auto r = evaluate(objective{.policy = policy_gradient{},
+                                    .distill = {.coef = 1.0, .teacher_weights = w},
                                     .agg = {.mode = agg_mode::token_sum}},
                           in, {.logp = g});
   const double a0 = 0.25 * -0.5 + 0.75 * -1.5 - (-1.2);
@@ -374,12 +386,18 @@ TEST_CASE("the SSE2 and AVX2 row kernels give identical bits") {
   const batch<float> b(9, 300, 28, 0.4, 0.4);
   const std::vector<double> tw{0.5, 0.5};
   const objective objs[] = {
-      {.policy = ppo_clip{}, .correction = token_tis(2.0), .kl = {.coef = 0.1}, .entropy = {.coef = 0.01}, .value = {.coef = 0.5}},
+      {.policy = ppo_clip{},
+       .correction = token_tis(2.0),
+       .kl = {.coef = 0.1},
+       .entropy = {.coef = 0.01},
+       .value = {.coef = 0.5}},
       {.policy = gspo{.token_level = false}, .correction = seq_is(2.0), .agg = {.mode = agg_mode::seq_mean_token_mean}},
       {.policy = gmpo{}, .correction = icepop(0.5, 2.0), .agg = {.mode = agg_mode::seq_mean_token_sum}},
-      {.policy = sapo{}, .correction = {.reject = {.stat = rs_stat::k2, .level = rs_level::token, .hi = 0.2}},
+      {.policy = sapo{},
+       .correction = {.reject = {.stat = rs_stat::k2, .level = rs_level::token, .hi = 0.2}},
        .kl = {.coef = 0.3, .estimator = kl_estimator::abs, .gradient = kl_gradient::k2_importance}},
-      {.policy = cispo{}, .kl = {.coef = 0.2, .estimator = kl_estimator::k3, .importance_corrected = true},
+      {.policy = cispo{},
+       .kl = {.coef = 0.2, .estimator = kl_estimator::k3, .importance_corrected = true},
        .distill = {.coef = 0.5, .teacher_weights = tw}},
   };
   for (const objective& obj : objs) {
@@ -414,7 +432,8 @@ objective_result scalar_reference(const objective& obj, const basic_objective_in
   const basic_objective_grads<double> gr{.logp = grad};
   detail::objective_plan p = detail::make_plan(obj, in, gr);
   const detail::local_counts counts = detail::count_local(p, in, host_executor{});
-  for (detail::agg_plan* a : {&p.agg_policy, &p.agg_kl, &p.agg_entropy, &p.agg_value}) detail::resolve_local(*a, counts);
+  for (detail::agg_plan* a : {&p.agg_policy, &p.agg_kl, &p.agg_entropy, &p.agg_value})
+    detail::resolve_local(*a, counts);
   using stages = detail::inline_stages;
   detail::token_chunk<double, 1> c;
   detail::zero_absent(p, in, c);
@@ -447,18 +466,27 @@ TEST_CASE("the device's per-token path (the token stages on chunks of one token)
   const batch<double> b(17, 90, 29, 0.4, 0.4);
   const std::vector<double> tw{0.25, 0.75};
   const objective objs[] = {
-      {.policy = ppo_clip{.eps_high = 0.28}, .correction = token_tis(2.0), .kl = {.coef = 0.1}, .entropy = {.coef = 0.01},
+      {.policy = ppo_clip{.eps_high = 0.28},
+       .correction = token_tis(2.0),
+       .kl = {.coef = 0.1},
+       .entropy = {.coef = 0.01},
        .value = {.coef = 0.5}},
       {.policy = ppo_clip{.dual_clip = 0.0, .delta = 2.0},
        .kl = {.coef = 0.2, .estimator = kl_estimator::k2, .gradient = kl_gradient::k2_importance},
        .agg = {.mode = agg_mode::seq_mean_token_mean, .len_eps = 1e-8}},
       {.policy = gspo{.token_level = false}, .correction = seq_is(2.0), .agg = {.mode = agg_mode::seq_mean_token_mean}},
-      {.policy = gspo{}, .correction = {.reject = {.stat = rs_stat::k3, .level = rs_level::seq_mean, .hi = 0.02}},
+      {.policy = gspo{},
+       .correction = {.reject = {.stat = rs_stat::k3, .level = rs_level::seq_mean, .hi = 0.02}},
        .agg = {.mode = agg_mode::token_sum}},
-      {.policy = gmpo{}, .correction = icepop(0.5, 2.0), .agg = {.mode = agg_mode::seq_mean_token_sum, .count_empty_rows = true}},
-      {.policy = sapo{}, .correction = {.reject = {.stat = rs_stat::k1, .level = rs_level::token, .lo = 0.8, .hi = 1.25}},
+      {.policy = gmpo{},
+       .correction = icepop(0.5, 2.0),
+       .agg = {.mode = agg_mode::seq_mean_token_sum, .count_empty_rows = true}},
+      {.policy = sapo{},
+       .correction = {.reject = {.stat = rs_stat::k1, .level = rs_level::token, .lo = 0.8, .hi = 1.25}},
        .kl = {.coef = 0.3, .estimator = kl_estimator::abs, .gradient = kl_gradient::straight_through}},
-      {.policy = cispo{}, .kl = {.coef = 0.2, .importance_corrected = true}, .distill = {.coef = 0.5, .teacher_weights = tw},
+      {.policy = cispo{},
+       .kl = {.coef = 0.2, .importance_corrected = true},
+       .distill = {.coef = 0.5, .teacher_weights = tw},
        .agg = {.mode = agg_mode::seq_mean_token_sum_norm, .norm = 64.0}},
       {.policy = policy_gradient{},
        .correction = {.weight = {.level = is_level::token, .bound = is_bound::none},
@@ -479,6 +507,7 @@ TEST_CASE("the device's per-token path (the token stages on chunks of one token)
     CHECK(got.rejected_frac == want.rejected_frac);
     CHECK(got.is_weight_max == doctest::Approx(want.is_weight_max).epsilon(1e-15));
     for (std::size_t i = 0; i < b.size(); ++i)
-      if (static_cast<index_t>(i) % b.stride < b.L) CHECK(got_grad[i] == doctest::Approx(g.logp[i]).epsilon(1e-12).scale(1e-12));
+      if (static_cast<index_t>(i) % b.stride < b.L)
+        CHECK(got_grad[i] == doctest::Approx(g.logp[i]).epsilon(1e-12).scale(1e-12));
   }
 }

@@ -29,10 +29,18 @@ std::vector<index_t> random_lengths(test::rng& r, index_t n, int dist) {
   std::vector<index_t> l(static_cast<std::size_t>(n));
   for (auto& x : l) {
     switch (dist) {
-    case 0: x = 256 + static_cast<index_t>(std::exp(std::log(2000.0) + 0.8 * r.normal())); break;
-    case 1: x = r.bernoulli(0.15) ? 16384 : 256 + static_cast<index_t>(std::exp(std::log(1500.0) + 0.9 * r.normal())); break;
-    case 2: x = r.integer(256, 8192); break;
-    default: x = r.integer(0, 3); break; // tiny, many ties and zeros
+    case 0:
+      x = 256 + static_cast<index_t>(std::exp(std::log(2000.0) + 0.8 * r.normal()));
+      break;
+    case 1:
+      x = r.bernoulli(0.15) ? 16384 : 256 + static_cast<index_t>(std::exp(std::log(1500.0) + 0.9 * r.normal()));
+      break;
+    case 2:
+      x = r.integer(256, 8192);
+      break;
+    default:
+      x = r.integer(0, 3);
+      break; // tiny, many ties and zeros
     }
     x = std::min<index_t>(x, 16384);
   }
@@ -186,8 +194,7 @@ TEST_CASE("balancing errors name the offending value") {
                    "rlpt.rollout.bad_cost", "item 0");
   const groups g = groups::uniform(4, 2);
   RLPT_CHECK_ERROR(balance_groups(l123, g), "rlpt.view.size_mismatch", "lengths");
-  RLPT_CHECK_ERROR(partition_weights(w12, 2, static_cast<partition_algorithm>(7)), "rlpt.rollout.bad_option",
-                   "code 7");
+  RLPT_CHECK_ERROR(partition_weights(w12, 2, static_cast<partition_algorithm>(7)), "rlpt.rollout.bad_option", "code 7");
 }
 
 TEST_CASE("golden: balance is never worse than verl get_seqlen_balanced_partitions") {
@@ -274,14 +281,16 @@ TEST_CASE("the bucket sort behind partitions puts items heaviest first, ties by 
       v[i] = {x, static_cast<index_t>(i)};
     }
     auto want = v;
-    std::sort(want.begin(), want.end(), [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
+    std::sort(want.begin(), want.end(), [](const auto& a, const auto& b) {
+      return a.first != b.first ? a.first > b.first : a.second < b.second;
+    });
     sort_by_weight(v);
     CHECK(v == want);
   }
   // Integer-valued workloads take the one-integer-per-item path (the key relative to the smallest,
   // the index in the low bits); ties, zeros and -0.0 (equal to 0.0) must order as the pairs do.
-  for (const std::size_t n : {std::size_t{2}, std::size_t{47}, std::size_t{256}, std::size_t{1000}, std::size_t{2047},
-                              std::size_t{5000}})
+  for (const std::size_t n :
+       {std::size_t{2}, std::size_t{47}, std::size_t{256}, std::size_t{1000}, std::size_t{2047}, std::size_t{5000}})
     for (const bool tokens : {false, true}) {
       CAPTURE(n);
       std::vector<std::pair<double, index_t>> v(n);
@@ -344,7 +353,8 @@ std::vector<index_t> plain_kk(const std::vector<double>& w, index_t k, bool equa
   std::vector<std::pair<double, index_t>> order;
   for (index_t i = 0; i < pad; ++i) order.push_back({0.0, n + i});
   std::vector<std::pair<double, index_t>> real;
-  for (index_t i = 0; i < n; ++i) real.push_back({w[static_cast<std::size_t>(i)] == 0.0 ? 0.0 : w[static_cast<std::size_t>(i)], i});
+  for (index_t i = 0; i < n; ++i)
+    real.push_back({w[static_cast<std::size_t>(i)] == 0.0 ? 0.0 : w[static_cast<std::size_t>(i)], i});
   std::sort(real.begin(), real.end());
   order.insert(order.end(), real.begin(), real.end());
   std::vector<state> states;
@@ -428,8 +438,11 @@ TEST_CASE("the optimised Karmarkar-Karp assigns every item as the plain definiti
           ++cases;
           // balance() orders the items by their lengths, not their costs: the same partition.
           if (dist == 2 && n > 100) continue; // w[5] is not the cost of a length
-          const partition by_length = balance(len, {.ranks = k, .algorithm = partition_algorithm::karmarkar_karp,
-                                                    .equal_count = equal, .refine = false, .cost = cost});
+          const partition by_length = balance(len, {.ranks = k,
+                                                    .algorithm = partition_algorithm::karmarkar_karp,
+                                                    .equal_count = equal,
+                                                    .refine = false,
+                                                    .cost = cost});
           const partition by_cost = detail::to_partition(want, k, w);
           CHECK(by_length.offsets == by_cost.offsets);
           CHECK(by_length.items == by_cost.items);
@@ -459,8 +472,10 @@ TEST_CASE("ordering by length gives the costs' heaviest-first order, or declines
       for (auto& x : len) x = base + (r.bernoulli(0.1) ? top : r.integer(0, top));
       const bool distinct = *std::min_element(len.begin(), len.end()) != *std::max_element(len.begin(), len.end());
       CHECK(kept(len, cost_model::tokens()));
-      if (bits <= 25) CHECK(kept(len, cost_model::attention())); // exact below 2^53: strictly increasing
-      else kept(len, cost_model::attention());                    // L² rounds: ties of unequal lengths may decline
+      if (bits <= 25)
+        CHECK(kept(len, cost_model::attention())); // exact below 2^53: strictly increasing
+      else
+        kept(len, cost_model::attention()); // L² rounds: ties of unequal lengths may decline
       const bool decreasing = kept(len, cost_model::of([](index_t l) { return 1e9 / (1.0 + static_cast<double>(l)); }));
       CHECK(decreasing == !distinct);
       kept(len, cost_model::of([base](index_t l) { return static_cast<double>(l == base ? 1 : 0); }));
@@ -473,7 +488,8 @@ TEST_CASE("ordering by length gives the costs' heaviest-first order, or declines
 
 TEST_CASE("the branchless key sort sorts, on its scalar and its AVX2 path") {
   test::rng r(36);
-  for (const std::size_t n : {std::size_t{8}, std::size_t{16}, std::size_t{32}, std::size_t{64}, std::size_t{128}, std::size_t{256}})
+  for (const std::size_t n :
+       {std::size_t{8}, std::size_t{16}, std::size_t{32}, std::size_t{64}, std::size_t{128}, std::size_t{256}})
     for (const bool avx2 : {false, true})
       for (int rep = 0; rep < 20; ++rep) {
         CAPTURE(n);

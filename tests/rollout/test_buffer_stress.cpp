@@ -103,8 +103,10 @@ outcome run(std::uint64_t seed, index_t records, int producers, int consumers, i
       while (open && (g < groups || !live.empty())) {
         while (live.size() < 3 && g < groups) {
           const bool early = r.bernoulli(0.05);
-          live.push_back({g, 0, early ? static_cast<std::int32_t>(r.integer(1, group_size - 1)) : static_cast<std::int32_t>(group_size),
-                          early && r.bernoulli(0.3)});
+          live.push_back(
+              {g, 0,
+               early ? static_cast<std::int32_t>(r.integer(1, group_size - 1)) : static_cast<std::int32_t>(group_size),
+               early && r.bernoulli(0.3)});
           g += producers;
         }
         const auto pick = static_cast<std::size_t>(r.integer(0, static_cast<std::int64_t>(live.size()) - 1));
@@ -210,8 +212,7 @@ void check_outcome(outcome& o) {
 
 } // namespace
 
-TEST_CASE("stress: producers and consumers move 10^6 records with every record accounted for" *
-          doctest::timeout(240)) {
+TEST_CASE("stress: producers and consumers move 10^6 records with every record accounted for" * doctest::timeout(240)) {
   const index_t n = stress_records(default_records);
   outcome o = run(test::base_seed(), n, 3, 3, -1);
   check_outcome(o);

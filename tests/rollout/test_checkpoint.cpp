@@ -37,7 +37,9 @@ buffer_options options() {
   return {.capacity_groups = 64,
           .group_size = group_size,
           .min_group_size = 2,
-          .schema = {.reward_channels = b.reward_channels, .token_reward_channels = b.token_reward_channels, .extras = b.extras},
+          .schema = {.reward_channels = b.reward_channels,
+                     .token_reward_channels = b.token_reward_channels,
+                     .extras = b.extras},
           .filters = {filters::dapo()}};
 }
 
@@ -108,8 +110,12 @@ result apply(rollout_buffer& buf, const std::vector<op>& ops, std::size_t from, 
       res.statuses.push_back(static_cast<int>(buf.try_push(std::move(t))));
       break;
     }
-    case op::close_group: res.statuses.push_back(buf.close_group(o.group) ? 1 : 0); break;
-    case op::pop: res.pops.push_back(buf.try_pop(o.n)); break;
+    case op::close_group:
+      res.statuses.push_back(buf.close_group(o.group) ? 1 : 0);
+      break;
+    case op::pop:
+      res.pops.push_back(buf.try_pop(o.n));
+      break;
     }
   }
   return res;
@@ -283,7 +289,9 @@ TEST_CASE("restore refuses a used buffer, different options and inconsistent sta
 
 TEST_CASE("corrupted and truncated checkpoints give clear errors") {
   const std::vector<std::byte> good = sample_checkpoint(3);
-  auto cut = [&](std::size_t n) { return std::vector<std::byte>(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(n)); };
+  auto cut = [&](std::size_t n) {
+    return std::vector<std::byte>(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(n));
+  };
   RLPT_CHECK_ERROR(decode_checkpoint(cut(10)), "rlpt.rollout.checkpoint_corrupt", "truncated", "10 bytes");
   RLPT_CHECK_ERROR(decode_checkpoint(cut(good.size() - 5)), "rlpt.rollout.checkpoint_corrupt", "truncated",
                    "announces");
@@ -326,7 +334,8 @@ TEST_CASE("fuzz: mutated checkpoints give rlpt errors or valid buffers, never a 
         b[pos()] ^= static_cast<std::byte>(1u << r.integer(0, 7));
       break;
     case 1: // random bytes
-      for (int i = 0, n = static_cast<int>(r.integer(1, 16)); i < n; ++i) b[pos()] = static_cast<std::byte>(r.integer(0, 255));
+      for (int i = 0, n = static_cast<int>(r.integer(1, 16)); i < n; ++i)
+        b[pos()] = static_cast<std::byte>(r.integer(0, 255));
       break;
     case 2: // truncation
       b.resize(pos());
@@ -374,8 +383,7 @@ TEST_CASE("fuzz: mutated checkpoints give rlpt errors or valid buffers, never a 
       ++restored;
       CHECK(b.stats().balanced());
       b.close();
-      while (!b.pop(4).empty()) {
-      }
+      while (!b.pop(4).empty()) {}
       b.evict_incomplete();
       CHECK(b.stats().resident == flow_count{});
     } catch (const rlpt::error& e) {
@@ -416,9 +424,9 @@ TEST_CASE("temporary files of a killed save are removed by the next save and by 
   // What kill -9 during save_checkpoint(a, dir / "c.bin") leaves behind, and files to keep:
   const fs::path stale1 = dir / ("c.bin.tmp." + std::to_string(dead) + ".0");
   const fs::path stale2 = dir / ("c.bin.tmp." + std::to_string(dead) + ".17");
-  const fs::path own = dir / ("c.bin.tmp." + mine + ".99");    // this process's (a concurrent save)
-  const fs::path running = dir / "c.bin.tmp.1.3";              // pid 1 runs
-  const fs::path other = dir / ("d.bin.tmp." + std::to_string(dead) + ".0"); // another checkpoint's
+  const fs::path own = dir / ("c.bin.tmp." + mine + ".99");                   // this process's (a concurrent save)
+  const fs::path running = dir / "c.bin.tmp.1.3";                             // pid 1 runs
+  const fs::path other = dir / ("d.bin.tmp." + std::to_string(dead) + ".0");  // another checkpoint's
   const fs::path unlike = dir / ("c.bin.tmp." + std::to_string(dead) + ".x"); // not a writer's name
   for (const auto& p : {stale1, stale2, own, running, other, unlike}) touch(p);
 
@@ -457,13 +465,15 @@ TEST_CASE("restore errors name the field that differs and both values") {
     o.schema.extras.push_back({"teacher", dtype::f32, 1});
     rollout_buffer b(o);
     RLPT_CHECK_ERROR(b.restore(c.state), "rlpt.rollout.restore_mismatch",
-                     "the state has 1 extras and this buffer has 2", "extras[1] 'teacher' (f32 x 1) is only in this buffer");
+                     "the state has 1 extras and this buffer has 2",
+                     "extras[1] 'teacher' (f32 x 1) is only in this buffer");
   }
   {
     buffer_options o = options();
     o.schema.logprobs = false;
     rollout_buffer b(o);
-    RLPT_CHECK_ERROR(b.restore(c.state), "rlpt.rollout.restore_mismatch", "logprobs is true in the state, false in this buffer");
+    RLPT_CHECK_ERROR(b.restore(c.state), "rlpt.rollout.restore_mismatch",
+                     "logprobs is true in the state, false in this buffer");
   }
   {
     // Equal resident record counts, but the token counter differs: the message says which.
@@ -505,8 +515,8 @@ TEST_CASE("restore errors name the field that differs and both values") {
     auto& list = s.ready.empty() ? s.open : s.ready;
     list[0].info.samples += 1;
     rollout_buffer b(options());
-    RLPT_CHECK_ERROR(b.restore(s), "rlpt.rollout.restore_inconsistent",
-                     fmt::format("holds {} records but its samples counter says {}", list[0].records.size(),
-                                 list[0].info.samples));
+    RLPT_CHECK_ERROR(
+        b.restore(s), "rlpt.rollout.restore_inconsistent",
+        fmt::format("holds {} records but its samples counter says {}", list[0].records.size(), list[0].info.samples));
   }
 }

@@ -25,7 +25,9 @@ namespace {
 
 std::vector<index_t> lengths(test::rng& r, index_t n, index_t hi) {
   std::vector<index_t> l(static_cast<std::size_t>(n));
-  for (auto& x : l) x = r.bernoulli(0.1) ? r.integer(hi / 2, hi) : std::min<index_t>(hi, 1 + static_cast<index_t>(std::exp(r.normal(6.0, 1.0))));
+  for (auto& x : l)
+    x = r.bernoulli(0.1) ? r.integer(hi / 2, hi)
+                         : std::min<index_t>(hi, 1 + static_cast<index_t>(std::exp(r.normal(6.0, 1.0))));
   return l;
 }
 
@@ -229,7 +231,8 @@ TEST_CASE("golden: never more micro-batches than verl rearrange_micro_batches, c
 TEST_CASE("pack lays micro-batches out for varlen attention") {
   test::rng r(43);
   std::vector<trajectory> recs;
-  for (int i = 0; i < 6; ++i) recs.push_back(test::make_record(r, i, 0, r.integer(1, 5), r.integer(1, 9), i, 0.0f, true));
+  for (int i = 0; i < 6; ++i)
+    recs.push_back(test::make_record(r, i, 0, r.integer(1, 5), r.integer(1, 9), i, 0.0f, true));
   const rollout_batch batch = rollout_batch::gather(recs, record_schema{});
   const std::vector<index_t> items{4, 1, 3};
 
@@ -378,11 +381,9 @@ TEST_CASE("plan_microbatches: counts are bounded by the input, not looped to") {
 TEST_CASE("plan_step rejects loss_tokens outside [0, length]") {
   const std::vector<index_t> len{10, 20, 30};
   const std::vector<index_t> negative{5, -1, 7};
-  RLPT_CHECK_ERROR(plan_step(len, {.ranks = 2}, negative), "rlpt.rollout.bad_length", "loss_tokens[1] = -1",
-                   "[0, 20]");
+  RLPT_CHECK_ERROR(plan_step(len, {.ranks = 2}, negative), "rlpt.rollout.bad_length", "loss_tokens[1] = -1", "[0, 20]");
   const std::vector<index_t> too_many{5, 20, 31};
-  RLPT_CHECK_ERROR(plan_step(len, {.ranks = 2}, too_many), "rlpt.rollout.bad_length", "loss_tokens[2] = 31",
-                   "[0, 30]");
+  RLPT_CHECK_ERROR(plan_step(len, {.ranks = 2}, too_many), "rlpt.rollout.bad_length", "loss_tokens[2] = 31", "[0, 30]");
   const std::vector<index_t> ok{10, 0, 30};
   const step_plan p = plan_step(len, {.ranks = 2}, ok);
   CHECK(p.totals.loss_tokens == 40);

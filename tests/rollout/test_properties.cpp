@@ -43,8 +43,7 @@ int rounds(int base) {
 
 //! Outcome of one call: a valid result (then the invariants were checked) or an rlpt::error.
 //! Anything else fails the test, naming the case.
-template <class F>
-bool valid_or_error(const std::string& what, F&& f) {
+template <class F> bool valid_or_error(const std::string& what, F&& f) {
   try {
     f();
     return true;
@@ -66,12 +65,18 @@ bool valid_or_error(const std::string& what, F&& f) {
 //! group table is what the caller asked for), so they are left to the unit tests.
 index_t hostile(test::rng& r, index_t small_hi) {
   switch (r.integer(0, 9)) {
-  case 0: return -r.integer(1, 3);
-  case 1: return 0;
-  case 2: return big - r.integer(0, 1);
-  case 3: return index_t{1} << r.integer(33, 62);
-  case 4: return (index_t{1} << r.integer(32, 40)) + r.integer(-1, 1);
-  default: return r.integer(1, small_hi);
+  case 0:
+    return -r.integer(1, 3);
+  case 1:
+    return 0;
+  case 2:
+    return big - r.integer(0, 1);
+  case 3:
+    return index_t{1} << r.integer(33, 62);
+  case 4:
+    return (index_t{1} << r.integer(32, 40)) + r.integer(-1, 1);
+  default:
+    return r.integer(1, small_hi);
   }
 }
 
@@ -88,12 +93,23 @@ std::vector<index_t> offsets(test::rng& r, index_t n, bool nasty) {
   for (std::size_t i = 1; i < o.size(); ++i) o[i] = o[i - 1] + r.integer(0, 40);
   if (!nasty) return o;
   switch (r.integer(0, 5)) {
-  case 0: o.clear(); break;
-  case 1: o[0] = hostile(r, 5); break;
-  case 2: if (o.size() > 1) o[static_cast<std::size_t>(r.integer(1, n))] = hostile(r, 100); break;
-  case 3: o.back() = big; break;
-  case 4: std::reverse(o.begin(), o.end()); break;
-  default: break;
+  case 0:
+    o.clear();
+    break;
+  case 1:
+    o[0] = hostile(r, 5);
+    break;
+  case 2:
+    if (o.size() > 1) o[static_cast<std::size_t>(r.integer(1, n))] = hostile(r, 100);
+    break;
+  case 3:
+    o.back() = big;
+    break;
+  case 4:
+    std::reverse(o.begin(), o.end());
+    break;
+  default:
+    break;
   }
   return o;
 }
@@ -243,8 +259,7 @@ TEST_CASE("property: balancing hostile lengths, costs and rank counts is valid o
       check_partition(p, n, ranks, equal);
 
     std::vector<double> w(static_cast<std::size_t>(n));
-    for (auto& x : w)
-      x = nasty && r.bernoulli(0.1) ? (r.bernoulli(0.5) ? std::nan("") : -1.0) : r.uniform(0.0, 100.0);
+    for (auto& x : w) x = nasty && r.bernoulli(0.1) ? (r.bernoulli(0.5) ? std::nan("") : -1.0) : r.uniform(0.0, 100.0);
     if (valid_or_error("partition_weights", [&] { p = partition_weights(w, ranks, algorithm, equal); }))
       check_partition(p, n, ranks, equal);
 
@@ -272,9 +287,9 @@ TEST_CASE("property: micro-batch and step plans of hostile input are valid or rl
                                .divisor = nasty ? hostile(r, 4) : r.integer(1, 4),
                                .small_at_ends = r.bernoulli(0.5),
                                .kk_attempts = nasty ? hostile(r, 8) : r.integer(1, 8)};
-    const std::string what = "plan_microbatches(n = " + std::to_string(n) + ", budget = " +
-                             std::to_string(o.token_budget) + ", min = " + std::to_string(o.min_microbatches) +
-                             ", divisor = " + std::to_string(o.divisor) + ")";
+    const std::string what =
+        "plan_microbatches(n = " + std::to_string(n) + ", budget = " + std::to_string(o.token_budget) +
+        ", min = " + std::to_string(o.min_microbatches) + ", divisor = " + std::to_string(o.divisor) + ")";
     microbatch_plan p;
     if (valid_or_error(what, [&] { p = plan_microbatches(len, o); })) check_microbatches(p, len, o);
 
@@ -341,7 +356,8 @@ TEST_CASE("property: packing columns with hostile offsets, items and pads is val
     const index_t width = nasty ? hostile(r, 3) : r.integer(1, 3);
     const index_t seqs = std::max<index_t>(static_cast<index_t>(off.size()) - 1, 0);
     const index_t total = nondecreasing_from_zero(off) ? off.back() : 0;
-    std::vector<float> src(static_cast<std::size_t>(std::clamp<index_t>(total, 0, 4096) * std::clamp<index_t>(width, 1, 3)));
+    std::vector<float> src(
+        static_cast<std::size_t>(std::clamp<index_t>(total, 0, 4096) * std::clamp<index_t>(width, 1, 3)));
     std::iota(src.begin(), src.end(), 0.0f);
     std::vector<float> dst(static_cast<std::size_t>(r.integer(0, 400)), -1.0f);
     const std::vector<index_t> its = items(r, seqs, nasty);
@@ -354,7 +370,8 @@ TEST_CASE("property: packing columns with hostile offsets, items and pads is val
       CAPTURE(case_);
       index_t at = 0;
       for (const index_t i : its)
-        for (index_t e = off[static_cast<std::size_t>(i)] * width; e < off[static_cast<std::size_t>(i) + 1] * width; ++e)
+        for (index_t e = off[static_cast<std::size_t>(i)] * width; e < off[static_cast<std::size_t>(i) + 1] * width;
+             ++e)
           CHECK(dst[static_cast<std::size_t>(at++)] == src[static_cast<std::size_t>(e)]);
       for (auto u = static_cast<std::size_t>(at); u < dst.size(); ++u) CHECK(dst[u] == 0.5f);
     }

@@ -18,10 +18,7 @@ using namespace rlpt;
 
 namespace {
 
-template <class T>
-std::vector<T> to_vec(view<const T> v) {
-  return {v.begin(), v.end()};
-}
+template <class T> std::vector<T> to_vec(view<const T> v) { return {v.begin(), v.end()}; }
 
 trajectory multi_turn() {
   const std::vector<token_id> prompt{11, 12, 13};
@@ -274,7 +271,8 @@ TEST_CASE("reward_column gives one reward channel of every record, contiguous") 
       CHECK(col[i] == batch.rewards()(static_cast<index_t>(i), c));
     }
   }
-  RLPT_CHECK_ERROR((void)batch.reward_column(2), "rlpt.rollout.bad_selection", "reward channel 2 does not exist: the batch has 2");
+  RLPT_CHECK_ERROR((void)batch.reward_column(2), "rlpt.rollout.bad_selection",
+                   "reward channel 2 does not exist: the batch has 2");
   RLPT_CHECK_ERROR((void)batch.reward_column(-1), "rlpt.rollout.bad_selection", "reward channel -1");
 }
 

@@ -28,12 +28,12 @@ namespace rlpt::test {
 
 struct harness_config {
   index_t eta = 1;
-  index_t batch = 4;          // B
-  index_t workers = 8;        // concurrent generations the engine can run (gate cap = max(B, this))
+  index_t batch = 4;   // B
+  index_t workers = 8; // concurrent generations the engine can run (gate cap = max(B, this))
   admission_mode mode = admission_mode::capacity;
   selection_options select{};
-  double reject_prob = 0.1;   // a generation fails / a filter rejects it
-  index_t steps = 60;         // trainer steps to run
+  double reject_prob = 0.1; // a generation fails / a filter rejects it
+  index_t steps = 60;       // trainer steps to run
   std::uint64_t seed = 1;
   index_t trainer_batch = 0;       // groups the trainer wants per step (0: batch)
   index_t stall_after_step = -1;   // producers stop admitting after this step (-1: never)
@@ -46,10 +46,10 @@ struct harness_config {
 enum class fate : std::uint8_t { alive, consumed, rejected, dropped, requeued, lost_in_crash };
 
 struct consumed_group {
-  std::uint64_t id;            // harness-wide id (stable across a restore)
-  policy_version head;         // dispatch version
-  policy_version tail;         // version of its last token
-  policy_version trained_at;   // version of the step that consumed it
+  std::uint64_t id;          // harness-wide id (stable across a restore)
+  policy_version head;       // dispatch version
+  policy_version tail;       // version of its last token
+  policy_version trained_at; // version of the step that consumed it
 };
 
 struct harness_result {
@@ -145,8 +145,9 @@ public:
       if (trainer_next) next = trainer_free_at;
       if (!training && (who == flight_.size() || next >= cfg_.horizon)) {
         // Nothing will ever happen again (stalled producers): let starvation be observed once more.
-        if (auto rep = monitor.observe(now + cfg_.starvation_after, last_pick, want(), gate_->version(), gate_->capacity(),
-                                       gate_->running(), cfg_.select.order == pick_order::target_version))
+        if (auto rep =
+                monitor.observe(now + cfg_.starvation_after, last_pick, want(), gate_->version(), gate_->capacity(),
+                                gate_->running(), cfg_.select.order == pick_order::target_version))
           r.starvations.push_back(*rep);
         break;
       }
@@ -192,8 +193,11 @@ private:
   [[nodiscard]] index_t want() const { return cfg_.trainer_batch > 0 ? cfg_.trainer_batch : cfg_.batch; }
 
   void make_gate() {
-    gate_options o{.max_staleness = cfg_.eta, .batch_groups = cfg_.batch,
-                   .max_concurrent = std::max(cfg_.batch, cfg_.workers), .mode = cfg_.mode, .clock = nullptr,
+    gate_options o{.max_staleness = cfg_.eta,
+                   .batch_groups = cfg_.batch,
+                   .max_concurrent = std::max(cfg_.batch, cfg_.workers),
+                   .mode = cfg_.mode,
+                   .clock = nullptr,
                    .metrics = &metrics_};
     gate_ = std::make_unique<staleness_gate>(o);
   }

@@ -138,8 +138,9 @@ TEST_CASE("too-stale groups are evicted as `stale` (drop) or handed back as `req
 
 TEST_CASE("wait: the consumer holds the batch for an in-flight group that would age out") {
   staleness_gate gate({.max_staleness = 1, .batch_groups = 1, .max_concurrent = 4});
-  staleness_buffer sb(gate, {.capacity_groups = 8, .group_size = 2},
-                      {.select = {.max_staleness = 1, .order = pick_order::freshest_first, .on_stale = stale_policy::wait}});
+  staleness_buffer sb(
+      gate, {.capacity_groups = 8, .group_size = 2},
+      {.select = {.max_staleness = 1, .order = pick_order::freshest_first, .on_stale = stale_policy::wait}});
   const ticket a = gate.try_admit(), late = gate.try_admit();
   push_group(sb, a, 1);
   CHECK(group_ids(sb.pop(1)) == std::vector<std::int64_t>{1});
@@ -177,7 +178,8 @@ TEST_CASE("fail() evicts a half-pushed group and returns its slot, errors name g
   RLPT_CHECK_ERROR(sb.push(ticket{}, record(6, 0, 0, 0.0f)), "rlpt.staleness.unknown_ticket", "group 6",
                    "empty ticket");
   CHECK(sb.push(c, record(6, 0, 0, 0.0f)));
-  RLPT_CHECK_ERROR(sb.push(c, record(7, 0, 0, 0.0f)), "rlpt.staleness.ticket_mismatch", "ticket 3 already carries group 6");
+  RLPT_CHECK_ERROR(sb.push(c, record(7, 0, 0, 0.0f)), "rlpt.staleness.ticket_mismatch",
+                   "ticket 3 already carries group 6");
   CHECK(sb.push(c, record(6, 1, 0, 1.0f)));
   RLPT_CHECK_ERROR(sb.push(c, record(6, 2, 0, 1.0f)), "rlpt.staleness.bad_group", "already received its 2 records");
   RLPT_CHECK_ERROR(sb.fail(c), "rlpt.staleness.bad_transition", "group 6 already completed");

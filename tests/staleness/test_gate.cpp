@@ -286,7 +286,8 @@ TEST_CASE("gate errors name the ticket, the state and the values") {
   RLPT_CHECK_ERROR(g.reject(t), "rlpt.staleness.bad_transition", "release(ticket");
   g.consume(t);
   RLPT_CHECK_ERROR(g.consume(t), "rlpt.staleness.unknown_ticket", "not outstanding");
-  RLPT_CHECK_ERROR(staleness_gate({.batch_groups = 0}), "rlpt.staleness.bad_option", "batch_groups must be >= 1, got 0");
+  RLPT_CHECK_ERROR(staleness_gate({.batch_groups = 0}), "rlpt.staleness.bad_option",
+                   "batch_groups must be >= 1, got 0");
   RLPT_CHECK_ERROR(staleness_gate({.max_staleness = -2}), "rlpt.staleness.bad_option", "got -2");
   RLPT_CHECK_ERROR(staleness_gate({.max_concurrent = -1}), "rlpt.staleness.bad_option", "max_concurrent");
 }
@@ -317,8 +318,8 @@ TEST_CASE("gate options whose capacity overflows are errors, and a large eta in 
   staleness_gate capacity({.max_staleness = index_t{1} << 40, .batch_groups = 4});
   CHECK(capacity.capacity() == 4); // the concurrency cap (max_concurrent = B) binds
   // Target mode: capacity counted over reserved steps only, not every step of a 2^40 window.
-  staleness_gate target({.max_staleness = index_t{1} << 40, .batch_groups = 2, .max_concurrent = 5,
-                         .mode = admission_mode::target});
+  staleness_gate target(
+      {.max_staleness = index_t{1} << 40, .batch_groups = 2, .max_concurrent = 5, .mode = admission_mode::target});
   std::vector<policy_version> targets;
   while (auto t = target.try_admit()) targets.push_back(t.target);
   CHECK(targets == std::vector<policy_version>{0, 0, 1, 1, 2});

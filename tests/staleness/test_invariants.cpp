@@ -25,12 +25,24 @@ void check_accounting(const harness_result& r, index_t alive_expected) {
   index_t alive = 0, consumed = 0, rejected = 0, dropped = 0, requeued = 0, lost = 0;
   for (const auto& [id, f] : r.fates) {
     switch (f) {
-    case fate::alive: ++alive; break;
-    case fate::consumed: ++consumed; break;
-    case fate::rejected: ++rejected; break;
-    case fate::dropped: ++dropped; break;
-    case fate::requeued: ++requeued; break;
-    case fate::lost_in_crash: ++lost; break;
+    case fate::alive:
+      ++alive;
+      break;
+    case fate::consumed:
+      ++consumed;
+      break;
+    case fate::rejected:
+      ++rejected;
+      break;
+    case fate::dropped:
+      ++dropped;
+      break;
+    case fate::requeued:
+      ++requeued;
+      break;
+    case fate::lost_in_crash:
+      ++lost;
+      break;
     }
   }
   std::set<std::uint64_t> ids;

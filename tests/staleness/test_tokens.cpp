@@ -208,10 +208,9 @@ TEST_CASE("proximal interpolation: endpoints are behaviour and current, monotone
         CHECK(a == doctest::Approx(want_a).epsilon(1e-6));
         const float p = proximal_logprob(b, c, a, m);
         // fp64 reference formulas (AReaL prox_approx.md)
-        const double ref = m == prox_method::loglinear
-                               ? b + want_a * (static_cast<double>(c) - b)
-                               : std::log((1.0 - want_a) * std::exp(static_cast<double>(b)) +
-                                          want_a * std::exp(static_cast<double>(c)));
+        const double ref = m == prox_method::loglinear ? b + want_a * (static_cast<double>(c) - b)
+                                                       : std::log((1.0 - want_a) * std::exp(static_cast<double>(b)) +
+                                                                  want_a * std::exp(static_cast<double>(c)));
         CHECK(p == doctest::Approx(ref).epsilon(1e-5));
         if (c >= b)
           CHECK(p >= prev - 1e-6f);
@@ -258,8 +257,7 @@ TEST_CASE("proximal_logprobs over a batch: AReaL's default lag, masks, errors") 
   CHECK(r.tokens == 3);
   CHECK(r.interpolated == 2);
   const std::vector<float> bad_behav{-1.0f, std::numeric_limits<float>::infinity(), -0.5f, -3.0f, 0.0f};
-  RLPT_CHECK_ERROR(proximal_logprobs(bad_behav, cur, ver, mask, 5, out), "rlpt.staleness.non_finite", "token 1",
-                   "inf");
+  RLPT_CHECK_ERROR(proximal_logprobs(bad_behav, cur, ver, mask, 5, out), "rlpt.staleness.non_finite", "token 1", "inf");
   RLPT_CHECK_ERROR(proximal_logprobs(behav, cur, ver, mask, 4, out), "rlpt.staleness.future_version",
                    "token 2 has version 5", "v_theta 4");
   const std::vector<float> short_cur{-1.0f};

@@ -14,10 +14,11 @@
 
 namespace rlpt::test {
 
-template <class T>
-class device_buffer {
+template <class T> class device_buffer {
 public:
-  explicit device_buffer(std::size_t n) : n_(n) { RLPT_CUDA_CHECK(cudaMalloc(&p_, std::max<std::size_t>(n, 1) * sizeof(T))); }
+  explicit device_buffer(std::size_t n) : n_(n) {
+    RLPT_CUDA_CHECK(cudaMalloc(&p_, std::max<std::size_t>(n, 1) * sizeof(T)));
+  }
   explicit device_buffer(const std::vector<T>& host) : device_buffer(host.size()) {
     if (n_ != 0) RLPT_CUDA_CHECK(cudaMemcpy(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
   }

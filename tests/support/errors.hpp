@@ -18,10 +18,10 @@
       static_cast<void>(expr);                                                                                         \
     } catch (const ::rlpt::error& rlpt_e_) {                                                                           \
       rlpt_threw_ = true;                                                                                              \
-      CHECK_MESSAGE(rlpt_e_.id() == std::string(want_id), "id was ", rlpt_e_.id(), ": ", rlpt_e_.what());             \
-      for (const std::string& rlpt_part_ : std::initializer_list<std::string>{"", __VA_ARGS__})                                                \
-        CHECK_MESSAGE(rlpt_e_.message().find(rlpt_part_) != std::string::npos, "message lacks \"", rlpt_part_,        \
+      CHECK_MESSAGE(rlpt_e_.id() == std::string(want_id), "id was ", rlpt_e_.id(), ": ", rlpt_e_.what());              \
+      for (const std::string& rlpt_part_ : std::initializer_list<std::string>{"", __VA_ARGS__})                        \
+        CHECK_MESSAGE(rlpt_e_.message().find(rlpt_part_) != std::string::npos, "message lacks \"", rlpt_part_,         \
                       "\": ", rlpt_e_.message());                                                                      \
     }                                                                                                                  \
-    CHECK_MESSAGE(rlpt_threw_, #expr " did not throw rlpt::error");                                                   \
+    CHECK_MESSAGE(rlpt_threw_, #expr " did not throw rlpt::error");                                                    \
   } while (0)

@@ -32,8 +32,7 @@ struct golden_array {
   }
 
   //! The data converted to T (any numeric T): golden files store the peer's own dtype.
-  template <class T>
-  [[nodiscard]] std::vector<T> as() const {
+  template <class T> [[nodiscard]] std::vector<T> as() const {
     std::vector<T> out(numel());
     for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<T>(element(i));
     return out;
@@ -42,16 +41,21 @@ struct golden_array {
 private:
   [[nodiscard]] double element(std::size_t i) const {
     switch (code) {
-    case 0: return load<float>(i);
-    case 1: return load<double>(i);
-    case 2: return load<std::int32_t>(i);
-    case 3: return static_cast<double>(load<std::int64_t>(i));
-    case 4: return load<std::uint8_t>(i);
-    default: return 0.0;
+    case 0:
+      return load<float>(i);
+    case 1:
+      return load<double>(i);
+    case 2:
+      return load<std::int32_t>(i);
+    case 3:
+      return static_cast<double>(load<std::int64_t>(i));
+    case 4:
+      return load<std::uint8_t>(i);
+    default:
+      return 0.0;
     }
   }
-  template <class U>
-  [[nodiscard]] double load(std::size_t i) const {
+  template <class U> [[nodiscard]] double load(std::size_t i) const {
     U u;
     std::memcpy(&u, bytes.data() + i * sizeof(U), sizeof(U));
     return static_cast<double>(u);
@@ -107,10 +111,7 @@ public:
     RLPT_CHECK(it != arrays_.end(), golden_error, "{} has no array named {}", path_, name);
     return it->second;
   }
-  template <class T>
-  [[nodiscard]] std::vector<T> get(const std::string& name) const {
-    return (*this)[name].as<T>();
-  }
+  template <class T> [[nodiscard]] std::vector<T> get(const std::string& name) const { return (*this)[name].as<T>(); }
   [[nodiscard]] std::string meta() const {
     if (!has("meta")) return {};
     const auto& b = (*this)["meta"].bytes;

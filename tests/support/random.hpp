@@ -24,20 +24,20 @@ public:
   explicit rng(std::uint64_t stream = 0) : engine_(base_seed() * 0x9E3779B97F4A7C15ull + stream) {}
 
   double uniform(double lo = 0.0, double hi = 1.0) { return std::uniform_real_distribution<double>(lo, hi)(engine_); }
-  double normal(double mean = 0.0, double stddev = 1.0) { return std::normal_distribution<double>(mean, stddev)(engine_); }
+  double normal(double mean = 0.0, double stddev = 1.0) {
+    return std::normal_distribution<double>(mean, stddev)(engine_);
+  }
   std::int64_t integer(std::int64_t lo, std::int64_t hi) { // inclusive
     return std::uniform_int_distribution<std::int64_t>(lo, hi)(engine_);
   }
   bool bernoulli(double p) { return std::bernoulli_distribution(p)(engine_); }
 
-  template <class T = float>
-  std::vector<T> normals(std::size_t n, double mean = 0.0, double stddev = 1.0) {
+  template <class T = float> std::vector<T> normals(std::size_t n, double mean = 0.0, double stddev = 1.0) {
     std::vector<T> v(n);
     for (auto& x : v) x = static_cast<T>(normal(mean, stddev));
     return v;
   }
-  template <class T = float>
-  std::vector<T> uniforms(std::size_t n, double lo = 0.0, double hi = 1.0) {
+  template <class T = float> std::vector<T> uniforms(std::size_t n, double lo = 0.0, double hi = 1.0) {
     std::vector<T> v(n);
     for (auto& x : v) x = static_cast<T>(uniform(lo, hi));
     return v;

@@ -29,8 +29,7 @@ inline bool close(double a, double b, tolerance tol) {
 }
 
 //! Empty string when all elements are close; otherwise a description of the first mismatch.
-template <class A, class B>
-std::string compare(std::span<const A> got, std::span<const B> want, tolerance tol) {
+template <class A, class B> std::string compare(std::span<const A> got, std::span<const B> want, tolerance tol) {
   if (got.size() != want.size()) return fmt::format("size {} != expected {}", got.size(), want.size());
   std::size_t bad = 0, first = 0;
   double worst = 0.0;
@@ -44,9 +43,10 @@ std::string compare(std::span<const A> got, std::span<const B> want, tolerance t
     }
   }
   if (bad == 0) return {};
-  return fmt::format("{} of {} elements differ; first at [{}]: got {:.17g}, expected {:.17g} (rel {:g}, abs {:g}); worst rel {:g}",
-                     bad, got.size(), first, static_cast<double>(got[first]), static_cast<double>(want[first]), tol.rel,
-                     tol.abs, worst);
+  return fmt::format(
+      "{} of {} elements differ; first at [{}]: got {:.17g}, expected {:.17g} (rel {:g}, abs {:g}); worst rel {:g}",
+      bad, got.size(), first, static_cast<double>(got[first]), static_cast<double>(want[first]), tol.rel, tol.abs,
+      worst);
 }
 
 } // namespace rlpt::test
@@ -54,7 +54,7 @@ std::string compare(std::span<const A> got, std::span<const B> want, tolerance t
 //! CHECK that two ranges agree elementwise within a tolerance, printing the first mismatch.
 #define RLPT_CHECK_CLOSE(got, want, ...)                                                                               \
   do {                                                                                                                 \
-    const std::string rlpt_mismatch_ = ::rlpt::test::compare(std::span(std::as_const(got)), std::span(std::as_const(want)), \
-                                                             ::rlpt::test::tolerance{__VA_ARGS__});                    \
+    const std::string rlpt_mismatch_ = ::rlpt::test::compare(                                                          \
+        std::span(std::as_const(got)), std::span(std::as_const(want)), ::rlpt::test::tolerance{__VA_ARGS__});          \
     CHECK_MESSAGE(rlpt_mismatch_.empty(), rlpt_mismatch_);                                                             \
   } while (0)

@@ -37,11 +37,27 @@ inline std::vector<golden_tensor> golden_tensors(std::uint64_t seed) {
     for (std::size_t i = 0; i < t.bytes.size(); i += eb) {
       const float v = normal(g);
       switch (dt) {
-      case wire_dtype::bf16: { const auto b = rlpt::bf16(v).bits; std::memcpy(&t.bytes[i], &b, 2); break; }
-      case wire_dtype::f16: { const auto b = rlpt::f16(v).bits; std::memcpy(&t.bytes[i], &b, 2); break; }
-      case wire_dtype::f32: std::memcpy(&t.bytes[i], &v, 4); break;
-      case wire_dtype::f64: { const double d = v; std::memcpy(&t.bytes[i], &d, 8); break; }
-      case wire_dtype::boolean: t.bytes[i] = static_cast<std::byte>(g() & 1); break;
+      case wire_dtype::bf16: {
+        const auto b = rlpt::bf16(v).bits;
+        std::memcpy(&t.bytes[i], &b, 2);
+        break;
+      }
+      case wire_dtype::f16: {
+        const auto b = rlpt::f16(v).bits;
+        std::memcpy(&t.bytes[i], &b, 2);
+        break;
+      }
+      case wire_dtype::f32:
+        std::memcpy(&t.bytes[i], &v, 4);
+        break;
+      case wire_dtype::f64: {
+        const double d = v;
+        std::memcpy(&t.bytes[i], &d, 8);
+        break;
+      }
+      case wire_dtype::boolean:
+        t.bytes[i] = static_cast<std::byte>(g() & 1);
+        break;
       default:
         for (std::size_t k = 0; k < eb; ++k) t.bytes[i + k] = static_cast<std::byte>(g());
       }

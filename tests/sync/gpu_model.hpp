@@ -67,8 +67,10 @@ inline std::vector<std::byte> tensor_bytes(const spec& t, std::size_t i, std::ui
   for (std::uint64_t e = 0; e < n; ++e) {
     const std::uint64_t h = mix((std::uint64_t{i} << 40) ^ e);
     std::uint64_t bits;
-    if (eb == 2) bits = (h & 0x807f) | 0x3c00;              // bf16 of magnitude ~2^-7 .. 2^-6
-    else bits = (h & 0x807fffffu) | 0x3c000000u;            // f32 likewise
+    if (eb == 2)
+      bits = (h & 0x807f) | 0x3c00; // bf16 of magnitude ~2^-7 .. 2^-6
+    else
+      bits = (h & 0x807fffffu) | 0x3c000000u;                // f32 likewise
     if (h % 50 == version % 50) bits ^= (version % 127) + 1; // this element's phase: it changes
     std::memcpy(out.data() + e * eb, &bits, eb);
   }

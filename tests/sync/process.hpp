@@ -15,8 +15,7 @@ namespace rlpt::test::sync {
 
 //! Runs fn() in a forked child (call before starting threads); the child exits 0 when fn
 //! returns, 1 when it throws (printing why), and never returns into the test runner.
-template <class F>
-pid_t spawn(F&& fn) {
+template <class F> pid_t spawn(F&& fn) {
   std::fflush(nullptr);
   const pid_t pid = ::fork();
   if (pid == 0) {

@@ -59,8 +59,7 @@ struct device_params {
 };
 
 //! A failed check of this process: printed by main(), exit status 1.
-template <class... Args>
-void require(bool ok, fmt::format_string<Args...> f, Args&&... args) {
+template <class... Args> void require(bool ok, fmt::format_string<Args...> f, Args&&... args) {
   if (!ok) throw std::runtime_error(fmt::format(f, std::forward<Args>(args)...));
 }
 
@@ -95,8 +94,8 @@ void require(bool ok, fmt::format_string<Args...> f, Args&&... args) {
   std::abort();
 }
 
-int ipc_send(bool die, const std::string& path, std::uint64_t first, std::uint64_t last, const std::string& memory, bool delta,
-             std::uint64_t bucket) {
+int ipc_send(bool die, const std::string& path, std::uint64_t first, std::uint64_t last, const std::string& memory,
+             bool delta, std::uint64_t bucket) {
   const auto specs = model::model_specs();
   const manifest m = model::model_manifest(bucket);
   unix_link host({.path = path}, role::sender);
@@ -148,8 +147,9 @@ int main(int argc, char** argv) {
   try {
     const std::string mode = argc > 1 ? argv[1] : "";
     if ((mode == "ipc-send" || mode == "ipc-die") && argc == 8)
-      return ipc_send(mode == "ipc-die", argv[2], std::strtoull(argv[3], nullptr, 10), std::strtoull(argv[4], nullptr, 10),
-                      argv[5], std::strcmp(argv[6], "1") == 0, std::strtoull(argv[7], nullptr, 10));
+      return ipc_send(mode == "ipc-die", argv[2], std::strtoull(argv[3], nullptr, 10),
+                      std::strtoull(argv[4], nullptr, 10), argv[5], std::strcmp(argv[6], "1") == 0,
+                      std::strtoull(argv[7], nullptr, 10));
 #if RLPT_HAS_NCCL()
     if (mode == "nccl-recv" && argc == 6)
       return nccl_recv(static_cast<std::uint16_t>(std::strtoul(argv[2], nullptr, 10)), std::atoi(argv[3]),

@@ -47,10 +47,24 @@ struct model {
     for (std::size_t i = 0; i + eb <= bytes.size(); i += eb) {
       const double v = r.normal(0.0, 0.05);
       switch (dt) {
-      case wire_dtype::bf16: { const auto b = rlpt::bf16(static_cast<float>(v)).bits; std::memcpy(&bytes[i], &b, 2); break; }
-      case wire_dtype::f16: { const auto b = rlpt::f16(static_cast<float>(v)).bits; std::memcpy(&bytes[i], &b, 2); break; }
-      case wire_dtype::f32: { const auto f = static_cast<float>(v); std::memcpy(&bytes[i], &f, 4); break; }
-      case wire_dtype::f64: std::memcpy(&bytes[i], &v, 8); break;
+      case wire_dtype::bf16: {
+        const auto b = rlpt::bf16(static_cast<float>(v)).bits;
+        std::memcpy(&bytes[i], &b, 2);
+        break;
+      }
+      case wire_dtype::f16: {
+        const auto b = rlpt::f16(static_cast<float>(v)).bits;
+        std::memcpy(&bytes[i], &b, 2);
+        break;
+      }
+      case wire_dtype::f32: {
+        const auto f = static_cast<float>(v);
+        std::memcpy(&bytes[i], &f, 4);
+        break;
+      }
+      case wire_dtype::f64:
+        std::memcpy(&bytes[i], &v, 8);
+        break;
       default:
         for (std::size_t k = 0; k < eb; ++k) bytes[i + k] = static_cast<std::byte>(r.integer(0, 255));
       }
@@ -115,11 +129,14 @@ inline bool same_bytes(std::span<const std::byte> a, std::span<const std::byte> 
 
 //! Applies 1-4 random mutations (bit flips, byte sets, inserts, deletes, truncation, splices).
 inline std::vector<std::byte> mutate(std::vector<std::byte> v, rng& r) {
-  static constexpr unsigned char interesting[] = {0x00, 0xff, 0x7f, 0x80, '{', '}', '[', ']', '"', ',', ':', '0', '9',
-                                                  '-', 'e', '\\', ' ', 0x01};
+  static constexpr unsigned char interesting[] = {0x00, 0xff, 0x7f, 0x80, '{', '}', '[',  ']', '"',
+                                                  ',',  ':',  '0',  '9',  '-', 'e', '\\', ' ', 0x01};
   const int n = static_cast<int>(r.integer(1, 4));
   for (int k = 0; k < n; ++k) {
-    const auto pos = [&] { return v.empty() ? std::size_t{0} : static_cast<std::size_t>(r.integer(0, static_cast<std::int64_t>(v.size()) - 1)); };
+    const auto pos = [&] {
+      return v.empty() ? std::size_t{0}
+                       : static_cast<std::size_t>(r.integer(0, static_cast<std::int64_t>(v.size()) - 1));
+    };
     switch (r.integer(0, 6)) {
     case 0:
       if (!v.empty()) v[pos()] ^= static_cast<std::byte>(1u << r.integer(0, 7));
@@ -221,7 +238,8 @@ public:
   }
   void send(std::span<const std::byte> meta, std::uint64_t payload_bytes, deadline until) override {
     std::vector<std::byte> m(meta.begin(), meta.end());
-    const std::span<std::byte> p = payload_bytes ? last_payload_.first(static_cast<std::size_t>(payload_bytes)) : std::span<std::byte>{};
+    const std::span<std::byte> p =
+        payload_bytes ? last_payload_.first(static_cast<std::size_t>(payload_bytes)) : std::span<std::byte>{};
     const std::size_t index = sent_++;
     if (on_send && !on_send(index, m, p)) return;
     inner_.send(m, payload_bytes, until);

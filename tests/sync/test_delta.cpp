@@ -20,7 +20,8 @@ delta_case make_case(wire_dtype dt, std::size_t n, double density, std::uint64_t
   for (auto& b : c.base) b = static_cast<std::byte>(r.integer(0, 255));
   c.now = c.base;
   for (std::size_t i = 0; i < n; ++i)
-    if (r.bernoulli(density)) c.now[i * eb + static_cast<std::size_t>(r.integer(0, static_cast<std::int64_t>(eb) - 1))] ^=
+    if (r.bernoulli(density))
+      c.now[i * eb + static_cast<std::size_t>(r.integer(0, static_cast<std::int64_t>(eb) - 1))] ^=
           static_cast<std::byte>(r.integer(1, 255));
   return c;
 }
@@ -40,7 +41,8 @@ TEST_CASE("delta: encode then apply reproduces the new bytes at every density an
   std::uint64_t seed = 0;
   for (wire_dtype dt : dts)
     for (double d : densities)
-      for (std::size_t n : {std::size_t{1}, std::size_t{63}, std::size_t{64}, std::size_t{65537}, std::size_t{200003}}) {
+      for (std::size_t n :
+           {std::size_t{1}, std::size_t{63}, std::size_t{64}, std::size_t{65537}, std::size_t{200003}}) {
         CAPTURE(dt);
         CAPTURE(d);
         CAPTURE(n);
@@ -185,8 +187,8 @@ TEST_CASE("delta: fuzzed streams parse and apply or fail cleanly, never writing 
     std::vector<std::byte> v(in); // std::vector data is suitably aligned
     std::fill(target.begin() + 6000, target.end(), std::byte{0xab});
     for_each_delta_record(v, "fuzz", [&](delta_record& rec) {
-      RLPT_CHECK(rec.elem_bytes == 2 && rec.elem_begin <= 3000 && rec.elem_count <= 3000 - rec.elem_begin, rlpt::errors::sync::bad_delta,
-                 "record outside the tensor");
+      RLPT_CHECK(rec.elem_bytes == 2 && rec.elem_begin <= 3000 && rec.elem_count <= 3000 - rec.elem_begin,
+                 rlpt::errors::sync::bad_delta, "record outside the tensor");
       swap_apply(rec, std::span<std::byte>(target).subspan(rec.elem_begin * 2, rec.elem_count * 2));
     });
     for (std::size_t i = 6000; i < target.size(); ++i) REQUIRE(target[i] == std::byte{0xab});

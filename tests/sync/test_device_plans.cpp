@@ -75,9 +75,22 @@ TEST_CASE("device sync: element casts are bit-identical to the host cast transfo
     // Random bit patterns (NaNs with payloads, infinities, subnormals, both zeros) plus normals.
     std::vector<std::byte> src = random_bytes(fb * 4096, r);
     for (std::size_t i = 0; i < 256; ++i) { // special values at the front
-      const std::uint64_t specials[] = {0, 0x8000000000000000ull, 0x7ff0000000000000ull, 0x7ff8000000000001ull,
-                                        0xfff4000000000abcull, 1, 0x7f800000u, 0x7fc00001u, 0xff800001u,
-                                        0x7c00u, 0x7e01u, 0x7f81u, 0x0001u, 0x8001u, 0x3c00u, 0x3f80u};
+      const std::uint64_t specials[] = {0,
+                                        0x8000000000000000ull,
+                                        0x7ff0000000000000ull,
+                                        0x7ff8000000000001ull,
+                                        0xfff4000000000abcull,
+                                        1,
+                                        0x7f800000u,
+                                        0x7fc00001u,
+                                        0xff800001u,
+                                        0x7c00u,
+                                        0x7e01u,
+                                        0x7f81u,
+                                        0x0001u,
+                                        0x8001u,
+                                        0x3c00u,
+                                        0x3f80u};
       const std::uint64_t s = specials[i % std::size(specials)];
       std::memcpy(src.data() + i * fb, &s, fb);
     }
@@ -92,8 +105,8 @@ TEST_CASE("device sync: element casts are bit-identical to the host cast transfo
         if (got != want) {
           std::uint64_t in = 0;
           std::memcpy(&in, src.data() + i * fb, fb);
-          FAIL_CHECK(fmt::format("{} -> {}: input bits {:#x} gave {:#x}, the host transform {:#x}", name(from), name(to), in,
-                                 got, want));
+          FAIL_CHECK(fmt::format("{} -> {}: input bits {:#x} gave {:#x}, the host transform {:#x}", name(from),
+                                 name(to), in, got, want));
         }
         (void)tb;
       }
@@ -134,10 +147,10 @@ std::vector<tensor_entry> entries_of(const dev_model& d, wire_dtype wire_for_f32
 TEST_CASE("device sync: pack plans lay buckets out as the manifest says and checksum every piece") {
   rng r(3);
   dev_model d;
-  d.add("a", wire_dtype::bf16, {33, 7}, r);    // odd sizes: tails inside words
-  d.add("b", wire_dtype::f32, {300}, r);       // master weights cast to bf16 on the wire
+  d.add("a", wire_dtype::bf16, {33, 7}, r); // odd sizes: tails inside words
+  d.add("b", wire_dtype::f32, {300}, r);    // master weights cast to bf16 on the wire
   d.add("c", wire_dtype::u8, {5}, r);
-  d.add("big", wire_dtype::f32, {2000}, r);    // 4000 wire bytes: split over 1 KiB buckets
+  d.add("big", wire_dtype::f32, {2000}, r); // 4000 wire bytes: split over 1 KiB buckets
   d.add("empty", wire_dtype::bf16, {0}, r);
   d.add("f64", wire_dtype::f64, {17}, r);
   const manifest m = plan(entries_of(d, wire_dtype::bf16), {.bucket_bytes = 1024, .alignment = 64});
@@ -153,7 +166,8 @@ TEST_CASE("device sync: pack plans lay buckets out as the manifest says and chec
     wire[i].resize(m[i].nbytes);
     for (std::uint64_t e = 0; e < m[i].numel(); ++e)
       detail::cast_element(d.tensors[i].dtype, m[i].dtype,
-                           reinterpret_cast<const unsigned char*>(d.storage[i].data()) + e * size_of(d.tensors[i].dtype),
+                           reinterpret_cast<const unsigned char*>(d.storage[i].data()) +
+                               e * size_of(d.tensors[i].dtype),
                            reinterpret_cast<unsigned char*>(wire[i].data()) + e * size_of(m[i].dtype));
   }
   std::vector<std::uint64_t> raw(m.size(), 0);
@@ -169,7 +183,8 @@ TEST_CASE("device sync: pack plans lay buckets out as the manifest says and chec
     }
     CHECK(bucket[m.bucket_size(b)] == std::byte{0xee}); // nothing written past the bucket
   }
-  for (std::size_t i = 0; i < m.size(); ++i) CHECK(wsum_finish(raw[i], m[i].nbytes) == wsum(wire[i].data(), m[i].nbytes));
+  for (std::size_t i = 0; i < m.size(); ++i)
+    CHECK(wsum_finish(raw[i], m[i].nbytes) == wsum(wire[i].data(), m[i].nbytes));
   CHECK(m.piece_count(*m.find("big")) == 4);
 }
 
@@ -199,7 +214,8 @@ TEST_CASE("device sync: stage, apply and unpack plans deliver the wire bytes int
     out.resize(m[i].numel() * size_of(t.tensors[i].dtype));
     for (std::uint64_t e = 0; e < m[i].numel(); ++e)
       detail::cast_element(s.tensors[i].dtype, t.tensors[i].dtype,
-                           reinterpret_cast<const unsigned char*>(s.storage[i].data()) + e * size_of(s.tensors[i].dtype),
+                           reinterpret_cast<const unsigned char*>(s.storage[i].data()) +
+                               e * size_of(s.tensors[i].dtype),
                            reinterpret_cast<unsigned char*>(out.data()) + e * size_of(t.tensors[i].dtype));
   };
   SUBCASE("staged: slots -> arena (checksummed), then arena -> targets") {
@@ -217,7 +233,8 @@ TEST_CASE("device sync: stage, apply and unpack plans deliver the wire bytes int
     const detail::copy_plan unpack = detail::plan_unpack(m, dst);
     std::vector<std::uint64_t> got(piece_at.back(), 0);
     for (std::uint64_t b = 0; b < m.bucket_count(); ++b)
-      detail::run_copy_host(unpack.tasks, unpack.launches[b], reinterpret_cast<std::uintptr_t>(buckets[b].data()), 0, got);
+      detail::run_copy_host(unpack.tasks, unpack.launches[b], reinterpret_cast<std::uintptr_t>(buckets[b].data()), 0,
+                            got);
     CHECK(got == sums);
   }
   for (std::size_t i = 0; i < m.size(); ++i) {
@@ -243,7 +260,8 @@ TEST_CASE("device sync: binding sources and targets rejects what a kernel could 
   const manifest m = plan(entries_of(d, wire_dtype::f32), {.bucket_bytes = 1024, .alignment = 64});
   auto bad = d.tensors;
   bad[0].shape = {16};
-  RLPT_CHECK_ERROR(detail::bind(m, bad, "here", "source", true), "rlpt.sync.bad_source", "here", "\"a\"", "[16]", "[4, 4]");
+  RLPT_CHECK_ERROR(detail::bind(m, bad, "here", "source", true), "rlpt.sync.bad_source", "here", "\"a\"", "[16]",
+                   "[4, 4]");
   bad = d.tensors;
   bad[1].dtype = wire_dtype::f32;
   RLPT_CHECK_ERROR(detail::bind(m, bad, "here", "target", true), "rlpt.sync.bad_source", "\"i\"", "F32", "I32");
@@ -280,7 +298,9 @@ delta_fixture make_delta(std::vector<std::pair<wire_dtype, std::uint64_t>> specs
     f.base.push_back(random_bytes(n * eb, r));
     f.now.push_back(f.base.back());
     for (std::uint64_t k = 0; k < n; ++k)
-      if (r.bernoulli(density)) f.now.back()[k * eb + static_cast<std::size_t>(r.integer(0, static_cast<std::int64_t>(eb) - 1))] ^= std::byte{0x41};
+      if (r.bernoulli(density))
+        f.now.back()[k * eb + static_cast<std::size_t>(r.integer(0, static_cast<std::int64_t>(eb) - 1))] ^=
+            std::byte{0x41};
     f.base_sums.push_back(static_cast<std::uint64_t>(r.integer(0, std::numeric_limits<std::int64_t>::max())));
   }
   f.m = plan(e, {.bucket_bytes = 1 << 20, .alignment = 256});
@@ -297,16 +317,19 @@ TEST_CASE("device sync: the device delta planner chooses the host encoder's reco
     for (std::uint64_t max_record : max_records) {
       CAPTURE(density);
       CAPTURE(max_record);
-      const delta_fixture f = make_delta({{wire_dtype::bf16, 200000}, {wire_dtype::f32, 777}, {wire_dtype::u8, 70001},
-                                          {wire_dtype::f64, 9000}, {wire_dtype::f16, 3}},
+      const delta_fixture f = make_delta({{wire_dtype::bf16, 200000},
+                                          {wire_dtype::f32, 777},
+                                          {wire_dtype::u8, 70001},
+                                          {wire_dtype::f64, 9000},
+                                          {wire_dtype::f16, 3}},
                                          density, ++seed);
       // Host encoder: the records the host sender would send.
       delta_encoder enc(max_record);
       std::vector<std::byte> stream;
       delta_stats host_stats;
       for (std::size_t i = 0; i < f.m.size(); ++i)
-        static_cast<void>(enc.encode(static_cast<std::uint32_t>(i), f.now[i], f.base[i], size_of(f.m[i].dtype), f.base_sums[i],
-                                     f.m.bucket_bytes(), stream, host_stats));
+        static_cast<void>(enc.encode(static_cast<std::uint32_t>(i), f.now[i], f.base[i], size_of(f.m[i].dtype),
+                                     f.base_sums[i], f.m.bucket_bytes(), stream, host_stats));
       // Device planner, with its count pass run by the host reference on host memory.
       std::uint64_t chunks = 0;
       auto ranges = detail::plan_delta_ranges(f.m, max_record, chunks);
@@ -317,7 +340,8 @@ TEST_CASE("device sync: the device delta planner chooses the host encoder's reco
       std::vector<std::uint32_t> counts(chunks, 0);
       std::vector<std::uint64_t> raw(f.m.size(), 0);
       detail::delta_count_host(ranges, counts, raw);
-      for (std::size_t i = 0; i < f.m.size(); ++i) CHECK(wsum_finish(raw[i], f.m[i].nbytes) == wsum(f.now[i].data(), f.m[i].nbytes));
+      for (std::size_t i = 0; i < f.m.size(); ++i)
+        CHECK(wsum_finish(raw[i], f.m[i].nbytes) == wsum(f.now[i].data(), f.m[i].nbytes));
       const detail::delta_plan p = detail::plan_delta(ranges, counts, f.base_sums, max_record);
       CHECK(p.stats.changed == host_stats.changed);
       CHECK(p.stats.elements == host_stats.elements);
@@ -331,7 +355,8 @@ TEST_CASE("device sync: the device delta planner chooses the host encoder's reco
       for (const auto& rec : p.records) {
         REQUIRE(at + 64 <= stream.size());
         CHECK(std::memcmp(rec.header.data(), stream.data() + at, 64) == 0);
-        const detail::delta_head h = detail::parse_delta_head(std::span<const std::byte>(stream).subspan(at, 64), "test", at);
+        const detail::delta_head h =
+            detail::parse_delta_head(std::span<const std::byte>(stream).subspan(at, 64), "test", at);
         CHECK(h.encoding == rec.encoding);
         CHECK(delta_header_bytes + h.body == rec.total);
         at += rec.total;
@@ -375,13 +400,14 @@ TEST_CASE("device sync: delta record headers are parsed and checked like parse_d
   CHECK(h.encoding == delta_encoding::sparse);
   auto bad = stream;
   bad[20] ^= std::byte{1};
-  RLPT_CHECK_ERROR(detail::parse_delta_head(std::span<const std::byte>(bad).first(64), "hdr", 128), "rlpt.sync.bad_delta", "hdr",
-                   "byte 128", "header checksum");
+  RLPT_CHECK_ERROR(detail::parse_delta_head(std::span<const std::byte>(bad).first(64), "hdr", 128),
+                   "rlpt.sync.bad_delta", "hdr", "byte 128", "header checksum");
   bad = stream;
   bad[0] = std::byte{0};
-  RLPT_CHECK_ERROR(detail::parse_delta_head(std::span<const std::byte>(bad).first(64), "hdr", 0), "rlpt.sync.bad_delta", "magic");
-  RLPT_CHECK_ERROR(detail::parse_delta_head(std::span<const std::byte>(stream).first(10), "hdr", 0), "rlpt.sync.bad_delta",
-                   "10 header bytes");
+  RLPT_CHECK_ERROR(detail::parse_delta_head(std::span<const std::byte>(bad).first(64), "hdr", 0), "rlpt.sync.bad_delta",
+                   "magic");
+  RLPT_CHECK_ERROR(detail::parse_delta_head(std::span<const std::byte>(stream).first(10), "hdr", 0),
+                   "rlpt.sync.bad_delta", "10 header bytes");
   // Layout offsets agree with the host encoder's body.
   const detail::delta_layout l = detail::layout_of(1, h.elem_count, h.changed, 2);
   CHECK(l.total == 64 + h.body);

@@ -60,7 +60,8 @@ TEST_CASE("device sync wire: IPC envelopes round-trip and every damaged byte is 
     }
     CHECK_MESSAGE(threw, "byte ", i, " flipped went unnoticed");
   }
-  RLPT_CHECK_ERROR(decode_envelope(std::span<const std::byte>(e).first(10), "ipc"), "rlpt.sync.wire", "10 bytes", "32-byte");
+  RLPT_CHECK_ERROR(decode_envelope(std::span<const std::byte>(e).first(10), "ipc"), "rlpt.sync.wire", "10 bytes",
+                   "32-byte");
   CHECK_FALSE(is_envelope(bytes_of("RLSF....")));
   rng r(11);
   for (int k = 0; k < 2000; ++k) { // fuzz: a clear error or a valid envelope, never a crash
@@ -100,10 +101,14 @@ TEST_CASE("device sync wire: HELLO round-trips and bad geometry or descriptor co
   RLPT_CHECK_ERROR(decode_hello(with([](ipc_hello& x) { x.slot_stride = 100; }), "ipc"), "rlpt.sync.wire", "geometry");
   RLPT_CHECK_ERROR(decode_hello(with([](ipc_hello& x) { x.slots = 0; }), "ipc"), "rlpt.sync.wire", "0 slots");
   RLPT_CHECK_ERROR(decode_hello(with([](ipc_hello& x) { x.slots = 1u << 31; }), "ipc"), "rlpt.sync.wire", "geometry");
-  RLPT_CHECK_ERROR(decode_hello(with([](ipc_hello& x) { x.slot_stride = std::uint64_t{1} << 62; x.slots = 8; }), "ipc"),
+  RLPT_CHECK_ERROR(decode_hello(with([](ipc_hello& x) {
+                                  x.slot_stride = std::uint64_t{1} << 62;
+                                  x.slots = 8;
+                                }),
+                                "ipc"),
                    "rlpt.sync.wire", "past the");
-  RLPT_CHECK_ERROR(decode_hello(with([](ipc_hello& x) { x.kind = ipc_handle_kind::posix_fd; }), "ipc"), "rlpt.sync.wire",
-                   "posix_fd HELLO must carry 1 descriptors", "says 0");
+  RLPT_CHECK_ERROR(decode_hello(with([](ipc_hello& x) { x.kind = ipc_handle_kind::posix_fd; }), "ipc"),
+                   "rlpt.sync.wire", "posix_fd HELLO must carry 1 descriptors", "says 0");
   RLPT_CHECK_ERROR(decode_hello(with([](ipc_hello& x) { x.fds = 1; }), "ipc"), "rlpt.sync.wire", "legacy HELLO");
   auto k = body;
   k[12] = std::byte{7};
@@ -127,7 +132,7 @@ struct counting_opener {
     m.gpu_uuid = h.gpu_uuid;
     m.kind = h.kind;
     m.map_bytes = h.map_bytes;
-    m.mapped = this; // any non-null address
+    m.mapped = this;  // any non-null address
     m.base = nullptr; // never dereferenced here
     return m;
   }
@@ -289,9 +294,7 @@ TEST_CASE("device sync wire: unix_link rejects damaged frames, reports a lost pe
   SUBCASE("peer closed") {
     auto fds = unix_socketpair();
     unix_link b(fds[1], role::receiver);
-    {
-      unix_link a(fds[0], role::sender);
-    }
+    { unix_link a(fds[0], role::sender); }
     RLPT_CHECK_ERROR(b.receive(after(std::chrono::seconds(5))), "rlpt.sync.peer_lost", "closed by the peer");
   }
   SUBCASE("limits") {
@@ -304,11 +307,13 @@ TEST_CASE("device sync wire: unix_link rejects damaged frames, reports a lost pe
                      "rlpt.sync.too_large", "2 descriptors", "limit is 1");
     static_cast<void>(a.payload_buffer(12, after(std::chrono::seconds(1))));
     a.send(bytes_of("big"), 12, after(std::chrono::seconds(1)));
-    RLPT_CHECK_ERROR(b.receive(after(std::chrono::seconds(5))), "rlpt.sync.wire", "payload larger than max_payload", "12");
+    RLPT_CHECK_ERROR(b.receive(after(std::chrono::seconds(5))), "rlpt.sync.wire", "payload larger than max_payload",
+                     "12");
   }
 }
 
-TEST_CASE("device sync wire: a listening unix_link takes a connection from another process, and a new one after it died") {
+TEST_CASE(
+    "device sync wire: a listening unix_link takes a connection from another process, and a new one after it died") {
   const std::string path = fmt::format("@rlpt-test-unix-{}", ::getpid());
   unix_link rx({.path = path, .listen = true}, role::receiver);
   for (int round = 0; round < 2; ++round) {

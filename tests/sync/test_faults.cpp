@@ -33,10 +33,13 @@ struct rig {
     if (so.commit_timeout == sender_options{}.commit_timeout) so.commit_timeout = 2s;
     if (ro.timeout == receiver_options{}.timeout) ro.timeout = 300ms;
     tx = std::make_unique<sender>(fl, m, md.refs, so);
-    rx = std::make_unique<receiver>(rl, [this, f = s.fn()](const tensor_view& t) {
-      if (before_load) before_load(t);
-      f(t);
-    }, std::move(ro));
+    rx = std::make_unique<receiver>(
+        rl,
+        [this, f = s.fn()](const tensor_view& t) {
+          if (before_load) before_load(t);
+          f(t);
+        },
+        std::move(ro));
     loop = std::make_unique<receiver_loop>(*rx);
   }
 
@@ -51,7 +54,8 @@ struct rig {
 };
 
 // The receiver still serves `want` (bytes captured at the last good version).
-void check_intact(const receiver& rx, std::uint64_t version, const std::map<std::string, std::vector<std::byte>>& want) {
+void check_intact(const receiver& rx, std::uint64_t version,
+                  const std::map<std::string, std::vector<std::byte>>& want) {
   CHECK(rx.version() == version);
   for (const auto& [name, bytes] : want) CHECK(same_bytes(rx.tensor(name).bytes, bytes));
 }
@@ -107,7 +111,8 @@ TEST_CASE("faults: staged updates reuse the replaced mirror as staging, failures
   std::string id;
   SUBCASE("the last bucket is corrupted") {
     g.fl.on_send = [last](std::size_t, std::vector<std::byte>& meta, std::span<std::byte> payload) {
-      if (type_of(meta) == frame_type::bucket && static_cast<std::uint64_t>(meta[24]) == last) payload[0] ^= std::byte{1};
+      if (type_of(meta) == frame_type::bucket && static_cast<std::uint64_t>(meta[24]) == last)
+        payload[0] ^= std::byte{1};
       return true;
     };
     id = "rlpt.sync.checksum";
@@ -236,7 +241,8 @@ TEST_CASE("faults: a delta whose result fails its checksum is rolled back") {
   g.md.step(0.01, g.r);
   const update u = g.publish_expecting_failure(2, "rlpt.sync.checksum");
   CHECK(u.delta);
-  CHECK(u.reason.find("after applying delta version 2, tensor \"model.layers.1.mlp.up_proj.weight\"") != std::string::npos);
+  CHECK(u.reason.find("after applying delta version 2, tensor \"model.layers.1.mlp.up_proj.weight\"") !=
+        std::string::npos);
   CHECK(u.reason.find("rolled back to version 1") != std::string::npos);
   CHECK(g.rx->version() == 1);
   CHECK(same_bytes(g.rx->tensor(name).bytes, v1)); // exactly as before the update
@@ -333,7 +339,8 @@ TEST_CASE("faults: corrupted frames, wrong manifest hash, stale versions") {
     g.tx->publish(5);
     REQUIRE(g.loop->wait(1).size() == 1);
     sender again(g.fl, g.m, g.md.refs, {.timeout = 500ms});
-    RLPT_CHECK_ERROR(again.publish(3), "rlpt.sync.stale_version", "version 3 is not newer than the published version 5");
+    RLPT_CHECK_ERROR(again.publish(3), "rlpt.sync.stale_version",
+                     "version 3 is not newer than the published version 5");
     CHECK(g.rx->version() == 5);
   }
 }
@@ -418,8 +425,10 @@ TEST_CASE("faults: the receiver survives fuzzed frame sequences") {
     for (std::size_t k = 0; k < recorded.size(); ++k) {
       std::vector<std::byte> meta = recorded[k].first, payload = recorded[k].second;
       if (k == victim) {
-        if (r.bernoulli(0.5) || payload.empty()) meta = mutate(meta, r);
-        else payload = mutate(payload, r);
+        if (r.bernoulli(0.5) || payload.empty())
+          meta = mutate(meta, r);
+        else
+          payload = mutate(payload, r);
       }
       const auto buf = tl.payload_buffer(payload.size(), after(1s));
       if (!payload.empty()) std::memcpy(buf.data(), payload.data(), payload.size());
@@ -440,7 +449,8 @@ TEST_CASE("faults: the receiver survives fuzzed frame sequences") {
   CHECK(published > 0); // mutations of ignorable bytes (padding) still publish
 }
 
-TEST_CASE("faults: a BEGIN repeating the version before any of it arrived is a retry, a BEGIN of another version supersedes") {
+TEST_CASE("faults: a BEGIN repeating the version before any of it arrived is a retry, a BEGIN of another version "
+          "supersedes") {
   // One state machine for host and device receivers (issue 19): the device's retry rule (a
   // sender resending a refused delta dense, to a group) holds on the host too, and only for
   // the same version; a BEGIN of another version still fails the update it replaces.

@@ -84,13 +84,14 @@ TEST_CASE("json: fuzzed documents parse or fail with rlpt.sync.json, and what pa
       R"({"format":"x","n":[0,1,-2,3.25e+10],"s":"\u00e9\n","o":{"a":[true,false,null],"b":{}},"e":[]})";
   rlpt::test::rng r(7);
   int parsed = 0;
-  const auto rejected = rlpt::test::sync::fuzz(rlpt::test::sync::to_bytes(seed), 20000, 11, [&](const std::vector<std::byte>& in) {
-    const std::string_view text(reinterpret_cast<const char*>(in.data()), in.size());
-    const json j = parse_json(text);
-    ++parsed;
-    const std::string out = to_json_string(j);
-    CHECK(to_json_string(parse_json(out)) == out);
-  });
+  const auto rejected =
+      rlpt::test::sync::fuzz(rlpt::test::sync::to_bytes(seed), 20000, 11, [&](const std::vector<std::byte>& in) {
+        const std::string_view text(reinterpret_cast<const char*>(in.data()), in.size());
+        const json j = parse_json(text);
+        ++parsed;
+        const std::string out = to_json_string(j);
+        CHECK(to_json_string(parse_json(out)) == out);
+      });
   CHECK(rejected > 10000); // most mutants are invalid
   CHECK(parsed > 100);     // and some stay valid, exercising the writer
 }

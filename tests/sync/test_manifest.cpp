@@ -8,7 +8,8 @@ using rlpt::test::rng;
 namespace {
 
 std::vector<tensor_ref> random_tensors(rng& r, int n) {
-  static constexpr wire_dtype dts[] = {wire_dtype::bf16, wire_dtype::f32, wire_dtype::u8, wire_dtype::f64, wire_dtype::i16};
+  static constexpr wire_dtype dts[] = {wire_dtype::bf16, wire_dtype::f32, wire_dtype::u8, wire_dtype::f64,
+                                       wire_dtype::i16};
   std::vector<tensor_ref> v;
   for (int i = 0; i < n; ++i) {
     std::vector<std::int64_t> shape;
@@ -70,8 +71,10 @@ TEST_CASE("planner: properties over random tensor lists (alignment, no overlap, 
       const std::uint64_t start = t.bucket * B + t.offset;
       CHECK(start >= prev_linear_end); // in order, never overlapping
       prev_linear_end = start + t.nbytes;
-      if (t.nbytes > B) CHECK(t.offset == 0);
-      else CHECK(t.offset + t.nbytes <= B);
+      if (t.nbytes > B)
+        CHECK(t.offset == 0);
+      else
+        CHECK(t.offset + t.nbytes <= B);
     }
     std::uint64_t packed = 0;
     for (std::uint64_t b = 0; b < m.bucket_count(); ++b) {
@@ -115,7 +118,8 @@ TEST_CASE("planner: a tensor larger than a bucket is split and the next tensor f
   // The split tensor's checksum combines its piece checksums.
   std::vector<std::byte> bytes(2500);
   for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<std::byte>(i * 7);
-  const std::uint64_t parts[3] = {xxh3(bytes.data(), 1024), xxh3(bytes.data() + 1024, 1024), xxh3(bytes.data() + 2048, 452)};
+  const std::uint64_t parts[3] = {xxh3(bytes.data(), 1024), xxh3(bytes.data() + 1024, 1024),
+                                  xxh3(bytes.data() + 2048, 452)};
   CHECK(tensor_checksum(bytes.data(), 2500, 1024) == combine_piece_checksums(parts));
   CHECK(tensor_checksum(bytes.data(), 1000, 1024) == xxh3(bytes.data(), 1000));
 }
@@ -143,10 +147,12 @@ TEST_CASE("manifest: validation errors name the tensor and the values") {
                    "tensor \"a\" says nbytes 9 but F32 [2] has 8 bytes");
   RLPT_CHECK_ERROR(manifest({E{"a", wire_dtype::f32, {2}, 0, 4, 8, 0}}, 64, 8), "rlpt.sync.bad_manifest",
                    "tensor \"a\" at offset 4");
-  RLPT_CHECK_ERROR(manifest({E{"a", wire_dtype::f32, {2}, 0, 0, 8, 0}, E{"b", wire_dtype::f32, {2}, 0, 0, 8, 0}}, 64, 8),
-                   "rlpt.sync.bad_manifest", "tensors \"a\" and \"b\" overlap");
-  RLPT_CHECK_ERROR(manifest({E{"a", wire_dtype::f32, {2}, 0, 0, 8, 0}, E{"a", wire_dtype::f32, {2}, 0, 8, 8, 0}}, 64, 8),
-                   "rlpt.sync.bad_manifest", "tensor name \"a\" appears twice");
+  RLPT_CHECK_ERROR(
+      manifest({E{"a", wire_dtype::f32, {2}, 0, 0, 8, 0}, E{"b", wire_dtype::f32, {2}, 0, 0, 8, 0}}, 64, 8),
+      "rlpt.sync.bad_manifest", "tensors \"a\" and \"b\" overlap");
+  RLPT_CHECK_ERROR(
+      manifest({E{"a", wire_dtype::f32, {2}, 0, 0, 8, 0}, E{"a", wire_dtype::f32, {2}, 0, 8, 8, 0}}, 64, 8),
+      "rlpt.sync.bad_manifest", "tensor name \"a\" appears twice");
   RLPT_CHECK_ERROR(manifest({E{"a", wire_dtype::u8, {100}, 0, 8, 100, 0}}, 64, 8), "rlpt.sync.bad_manifest",
                    "is split over buckets (100 bytes > 64) and must start at offset 0, not 8");
   RLPT_CHECK_ERROR(manifest({E{"a", wire_dtype::u8, {8}, 2, 0, 8, 0}}, 64, 8), "rlpt.sync.bad_manifest",
@@ -155,7 +161,8 @@ TEST_CASE("manifest: validation errors name the tensor and the values") {
                    "rlpt.sync.bad_manifest", "lies beyond 2^64 bytes");
   RLPT_CHECK_ERROR(manifest({E{"a", wire_dtype::u8, {-1}, 0, 0, 0, 0}}, 64, 8), "rlpt.sync.bad_shape",
                    "negative dimension -1");
-  RLPT_CHECK_ERROR(manifest({}, 60, 8), "rlpt.sync.bad_manifest", "bucket_bytes 60 is not a multiple of the alignment 8");
+  RLPT_CHECK_ERROR(manifest({}, 60, 8), "rlpt.sync.bad_manifest",
+                   "bucket_bytes 60 is not a multiple of the alignment 8");
   RLPT_CHECK_ERROR(manifest({}, 64, 3), "rlpt.sync.bad_manifest", "alignment must be a power of two, got 3");
   RLPT_CHECK_ERROR(plan(std::vector<tensor_ref>{}, {.bucket_bytes = 0}), "rlpt.sync.bad_plan", "must be positive");
   RLPT_CHECK_ERROR(manifest({E{"a", wire_dtype::u8, {std::int64_t{1} << 40}, 0, 0, std::uint64_t{1} << 40, 0}}, 64, 8,
@@ -170,7 +177,8 @@ TEST_CASE("manifest: validation errors name the tensor and the values") {
     return s;
   };
   RLPT_CHECK_ERROR(manifest::from_json(edit("\"F32\"", "\"F4\"")), "rlpt.sync.bad_manifest", "unsupported dtype F4");
-  RLPT_CHECK_ERROR(manifest::from_json(edit("\"format\"", "\"formats\"")), "rlpt.sync.bad_manifest", "unknown key \"formats\"");
+  RLPT_CHECK_ERROR(manifest::from_json(edit("\"format\"", "\"formats\"")), "rlpt.sync.bad_manifest",
+                   "unknown key \"formats\"");
   RLPT_CHECK_ERROR(manifest::from_json(edit("\"version\":0", "\"version\":-1")), "rlpt.sync.bad_manifest",
                    "\"version\" of the document is not an unsigned integer");
   RLPT_CHECK_ERROR(manifest::from_json(edit("\"checksum\":\"0000000000000000\"", "\"checksum\":\"00\"")),

@@ -22,8 +22,8 @@ TEST_CASE("protocol: copy_hash copies exactly and hashes like one-shot XXH3, wit
   std::vector<std::byte> src(big + (1u << 20) + 64);
   for (auto& b : src) b = static_cast<std::byte>(r.integer(0, 255));
   std::vector<std::byte> dst(src.size() + 64);
-  for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{63}, std::size_t{32} << 10, (std::size_t{32} << 10) + 1,
-                              big - 1, big, big + 17, big + 4097, big + (1u << 20) + 3})
+  for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{63}, std::size_t{32} << 10,
+                              (std::size_t{32} << 10) + 1, big - 1, big, big + 17, big + 4097, big + (1u << 20) + 3})
     for (const std::size_t so : {0u, 5u})
       for (const std::size_t d_off : {0u, 1u, 9u, 16u}) {
         CAPTURE(n);
@@ -43,7 +43,8 @@ TEST_CASE("protocol: copy_hash copies exactly and hashes like one-shot XXH3, wit
       }
 }
 
-TEST_CASE("protocol: copy_hash's checksum is of the bytes it wrote, while another process writes the source or the destination") {
+TEST_CASE("protocol: copy_hash's checksum is of the bytes it wrote, while another process writes the source or the "
+          "destination") {
   // Issue 18: a shared-memory slot can change under the copy (another process writes it). The
   // receiver copies out of a slot (shared source): the checksum must describe its private copy.
   // The sender copies into a slot (shared destination): the checksum must describe the bytes it
@@ -66,7 +67,7 @@ TEST_CASE("protocol: copy_hash's checksum is of the bytes it wrote, while anothe
   int torn_copies = 0, wrong = 0;
   for (int it = 0; it < 60; ++it) {
     for (const std::size_t n : {bytes, std::size_t{1} << 20, std::size_t{3000}}) { // paged, cached, one page
-      const std::uint64_t got = copy_hash(out.data(), shared, n); // receiver: shared source
+      const std::uint64_t got = copy_hash(out.data(), shared, n);                  // receiver: shared source
       if (got != xxh3(out.data(), n)) ++wrong;
       if (std::memcmp(out.data(), priv.data(), n) != 0) ++torn_copies;
       const std::uint64_t sent = copy_hash(shared, priv.data(), n); // sender: shared destination
@@ -76,7 +77,8 @@ TEST_CASE("protocol: copy_hash's checksum is of the bytes it wrote, while anothe
   ::kill(writer, SIGKILL);
   CHECK(wait_child(writer) == 128 + SIGKILL);
   ::munmap(map, bytes);
-  MESSAGE(fmt::format("{} copies saw the writer's bytes, {} checksums were not of the bytes copied", torn_copies, wrong));
+  MESSAGE(
+      fmt::format("{} copies saw the writer's bytes, {} checksums were not of the bytes copied", torn_copies, wrong));
   CHECK(torn_copies > 0); // the writer did run during the copies
   CHECK(wrong == 0);
 }
@@ -102,7 +104,8 @@ TEST_CASE("protocol: dense update arrives bit-exact, with checksums, and is read
   CHECK(ups[0].tensors_loaded == md.refs.size());
   CHECK(rx.version() == 7);
   check_mirror(rx, md);
-  for (const auto& t : md.refs) CHECK(s.got.at(t.name) == std::vector<std::byte>(md.bytes(t.name).begin(), md.bytes(t.name).end()));
+  for (const auto& t : md.refs)
+    CHECK(s.got.at(t.name) == std::vector<std::byte>(md.bytes(t.name).begin(), md.bytes(t.name).end()));
   const manifest& pub = rx.published_manifest();
   for (std::size_t i = 0; i < pub.size(); ++i) {
     CHECK(pub[i].checksum == tensor_checksum(md.refs[i].data, pub[i].nbytes, pub.bucket_bytes()));
@@ -188,8 +191,10 @@ TEST_CASE("protocol: streaming receivers load each bucket as it arrives, with an
     REQUIRE(ups.size() == 2);
     CHECK(ups[1].published());
     for (const auto& t : md.refs) CHECK(same_bytes(s.got.at(t.name), md.bytes(t.name)));
-    if (mirror) check_mirror(rx, md);
-    else RLPT_CHECK_ERROR(rx.tensor(md.refs[0].name), "rlpt.sync.no_version", "mirror off");
+    if (mirror)
+      check_mirror(rx, md);
+    else
+      RLPT_CHECK_ERROR(rx.tensor(md.refs[0].name), "rlpt.sync.no_version", "mirror off");
   }
 }
 

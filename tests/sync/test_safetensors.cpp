@@ -28,7 +28,9 @@ std::vector<std::byte> read_file(const std::string& path) {
   return out;
 }
 
-std::string bytes_string(const rlpt::test::golden_array& a) { return {reinterpret_cast<const char*>(a.bytes.data()), a.bytes.size()}; }
+std::string bytes_string(const rlpt::test::golden_array& a) {
+  return {reinterpret_cast<const char*>(a.bytes.data()), a.bytes.size()};
+}
 
 // A fresh temporary directory, removed with its files at scope exit.
 struct temp_dir {
@@ -53,17 +55,51 @@ struct temp_dir {
 
 double decode(wire_dtype dt, const std::byte* p) {
   switch (dt) {
-  case wire_dtype::bf16: { std::uint16_t b; std::memcpy(&b, p, 2); return static_cast<float>(rlpt::bf16::from_bits(b)); }
-  case wire_dtype::f16: { std::uint16_t b; std::memcpy(&b, p, 2); return static_cast<float>(rlpt::f16::from_bits(b)); }
-  case wire_dtype::f32: { float f; std::memcpy(&f, p, 4); return f; }
-  case wire_dtype::f64: { double d; std::memcpy(&d, p, 8); return d; }
-  case wire_dtype::i64: { std::int64_t v; std::memcpy(&v, p, 8); return static_cast<double>(v); }
-  case wire_dtype::i32: { std::int32_t v; std::memcpy(&v, p, 4); return v; }
-  case wire_dtype::i16: { std::int16_t v; std::memcpy(&v, p, 2); return v; }
-  case wire_dtype::i8: { std::int8_t v; std::memcpy(&v, p, 1); return v; }
+  case wire_dtype::bf16: {
+    std::uint16_t b;
+    std::memcpy(&b, p, 2);
+    return static_cast<float>(rlpt::bf16::from_bits(b));
+  }
+  case wire_dtype::f16: {
+    std::uint16_t b;
+    std::memcpy(&b, p, 2);
+    return static_cast<float>(rlpt::f16::from_bits(b));
+  }
+  case wire_dtype::f32: {
+    float f;
+    std::memcpy(&f, p, 4);
+    return f;
+  }
+  case wire_dtype::f64: {
+    double d;
+    std::memcpy(&d, p, 8);
+    return d;
+  }
+  case wire_dtype::i64: {
+    std::int64_t v;
+    std::memcpy(&v, p, 8);
+    return static_cast<double>(v);
+  }
+  case wire_dtype::i32: {
+    std::int32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+  }
+  case wire_dtype::i16: {
+    std::int16_t v;
+    std::memcpy(&v, p, 2);
+    return v;
+  }
+  case wire_dtype::i8: {
+    std::int8_t v;
+    std::memcpy(&v, p, 1);
+    return v;
+  }
   case wire_dtype::u8:
-  case wire_dtype::boolean: return static_cast<double>(std::to_integer<unsigned>(*p));
-  default: return std::nan("");
+  case wire_dtype::boolean:
+    return static_cast<double>(std::to_integer<unsigned>(*p));
+  default:
+    return std::nan("");
   }
 }
 
@@ -85,7 +121,8 @@ TEST_CASE("safetensors: files from Hugging Face's writer are read exactly (golde
       const auto shape = g.get<std::int64_t>(fmt::format("{}.{}.shape", c, k));
       CHECK(std::vector<std::int64_t>(t.shape.begin(), t.shape.end()) == shape);
       const auto& bytes = g[fmt::format("{}.{}.bytes", c, k)].bytes;
-      CHECK(same_bytes(t.bytes, std::span<const std::byte>(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size())));
+      CHECK(same_bytes(t.bytes,
+                       std::span<const std::byte>(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size())));
       const auto values = g.get<double>(fmt::format("{}.{}.values", c, k));
       const std::size_t eb = size_of(t.dtype);
       REQUIRE(values.size() * eb == t.bytes.size());
@@ -118,7 +155,7 @@ TEST_CASE("safetensors: rlpt's writer reproduces Hugging Face's files byte for b
 
 TEST_CASE("safetensors: files rlpt writes were read back by Python's safetensors (golden check)") {
   const std::string golden = rlpt::test::golden_path("sync", "py_reads_rlpt.bin");
-  struct stat st{};
+  struct stat st {};
   REQUIRE_MESSAGE(::stat(golden.c_str(), &st) == 0, "run tools/golden/gen.py sync with the bench runner built");
   const rlpt::test::golden_file g(golden);
   temp_dir dir;
@@ -129,7 +166,8 @@ TEST_CASE("safetensors: files rlpt writes were read back by Python's safetensors
     // The bytes Python read are the bytes rlpt writes today...
     const auto& checked = g[fmt::format("file{}.bytes", k)].bytes;
     const auto now = read_file(dir.path + "/" + names[k]);
-    CHECK(same_bytes(now, std::span<const std::byte>(reinterpret_cast<const std::byte*>(checked.data()), checked.size())));
+    CHECK(same_bytes(now,
+                     std::span<const std::byte>(reinterpret_cast<const std::byte*>(checked.data()), checked.size())));
     // ...and Python found every tensor with the right bytes.
     CHECK(meta.find(fmt::format("\"{}\": {{\"index\": {}", names[k], k)) != std::string::npos); // json.dumps spacing
     const safetensors_file f(dir.path + "/" + names[k]);
@@ -137,7 +175,8 @@ TEST_CASE("safetensors: files rlpt writes were read back by Python's safetensors
       const std::string key = fmt::format("file{}.{}.bytes", k, e.name);
       REQUIRE(g.has(key));
       const auto& py = g[key].bytes;
-      CHECK(same_bytes(f.view(e).bytes, std::span<const std::byte>(reinterpret_cast<const std::byte*>(py.data()), py.size())));
+      CHECK(same_bytes(f.view(e).bytes,
+                       std::span<const std::byte>(reinterpret_cast<const std::byte*>(py.data()), py.size())));
     }
   }
 }
@@ -180,14 +219,14 @@ TEST_CASE("safetensors: error messages name the problem") {
     return out;
   };
   auto parse = [](const std::vector<std::byte>& f) { return parse_safetensors_header(f, f.size(), "x.safetensors"); };
-  RLPT_CHECK_ERROR(parse(file(R"({"a":{"dtype":"F4","shape":[2],"data_offsets":[0,1]}})", 1)), "rlpt.sync.bad_safetensors",
-                   "x.safetensors: tensor \"a\" has unsupported dtype F4");
-  RLPT_CHECK_ERROR(parse(file(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8)), "rlpt.sync.bad_safetensors",
-                   "tensor \"a\" spans 8 bytes but F32 [3] needs 12");
-  RLPT_CHECK_ERROR(parse(file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12)), "rlpt.sync.bad_safetensors",
-                   "tensor \"a\" starts at 4 but the previous data ends at 0");
-  RLPT_CHECK_ERROR(parse(file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 9)), "rlpt.sync.bad_safetensors",
-                   "the tensors cover 8 data bytes but the file has 9");
+  RLPT_CHECK_ERROR(parse(file(R"({"a":{"dtype":"F4","shape":[2],"data_offsets":[0,1]}})", 1)),
+                   "rlpt.sync.bad_safetensors", "x.safetensors: tensor \"a\" has unsupported dtype F4");
+  RLPT_CHECK_ERROR(parse(file(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8)),
+                   "rlpt.sync.bad_safetensors", "tensor \"a\" spans 8 bytes but F32 [3] needs 12");
+  RLPT_CHECK_ERROR(parse(file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12)),
+                   "rlpt.sync.bad_safetensors", "tensor \"a\" starts at 4 but the previous data ends at 0");
+  RLPT_CHECK_ERROR(parse(file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 9)),
+                   "rlpt.sync.bad_safetensors", "the tensors cover 8 data bytes but the file has 9");
   RLPT_CHECK_ERROR(parse(file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"extra":1}})", 8)),
                    "rlpt.sync.bad_safetensors", "unknown key \"extra\"");
   RLPT_CHECK_ERROR(parse(file(R"({"__metadata__":{"k":1}})", 0)), "rlpt.sync.bad_safetensors",

@@ -80,10 +80,12 @@ TEST_CASE("shm: a sender killed mid-update leaves the previous version, the next
       const manifest m = plan(md.refs, small_buckets);
       shm_transport link(name, role::sender, small_slots);
       bool stalled = false;
-      sender tx(link, m, [&](std::size_t i) {
-        if (stalled && i == 8) ::pause(); // hang half-way through version 2 until SIGKILL
-        return std::span<const std::byte>(md.storage[i]);
-      }, {.timeout = 10s});
+      sender tx(link, m,
+                [&](std::size_t i) {
+                  if (stalled && i == 8) ::pause(); // hang half-way through version 2 until SIGKILL
+                  return std::span<const std::byte>(md.storage[i]);
+                },
+                {.timeout = 10s});
       if (stall) {
         tx.publish(1);
         rlpt::test::rng r(1002);
@@ -228,7 +230,8 @@ TEST_CASE("shm: credits: a slot is not reused until the receiver releases it") {
 }
 
 TEST_CASE("shm: configuration errors") {
-  RLPT_CHECK_ERROR(shm_transport("bad/name", role::sender), "rlpt.sync.bad_link", "must be 1-200 characters of [A-Za-z0-9._-]");
+  RLPT_CHECK_ERROR(shm_transport("bad/name", role::sender), "rlpt.sync.bad_link",
+                   "must be 1-200 characters of [A-Za-z0-9._-]");
   RLPT_CHECK_ERROR(shm_transport("", role::receiver), "rlpt.sync.bad_link", "shm name \"\"");
   const std::string name = unique_name("owned");
   int ready[2];
@@ -260,8 +263,10 @@ TEST_CASE("shm: a process writing into the slots during updates never gets a wro
   // bursts (each leaves the bytes as it found them), so some updates run undisturbed.
   const std::string name = unique_name("scribble");
   const shm_options so{.slots = 2, .slot_bytes = std::uint64_t{8} << 20, .meta_bytes = 64 << 10};
-  const auto geo = rlpt::sync::detail::shm_geometry::of(so.slots, so.meta_bytes, so.slot_bytes, so.reply_slots, so.reply_bytes);
-  std::vector<std::uint64_t> hot; // segment offsets the writer flips: every 16th page of every slot's payload, and byte 200
+  const auto geo =
+      rlpt::sync::detail::shm_geometry::of(so.slots, so.meta_bytes, so.slot_bytes, so.reply_slots, so.reply_bytes);
+  std::vector<std::uint64_t>
+      hot; // segment offsets the writer flips: every 16th page of every slot's payload, and byte 200
   for (std::uint64_t k = 0; k < so.slots; ++k) {
     const std::uint64_t payload = rlpt::sync::detail::shm_page + k * geo.fwd_stride + geo.fwd_payload_at;
     hot.push_back(payload + 200);
@@ -274,7 +279,7 @@ TEST_CASE("shm: a process writing into the slots during updates never gets a wro
     const std::string path = "/" + name;
     for (;;) {
       const int fd = ::shm_open(path.c_str(), O_RDWR, 0);
-      struct stat st{};
+      struct stat st {};
       if (fd < 0 || ::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) < geo.total) {
         if (fd >= 0) ::close(fd);
         std::this_thread::sleep_for(1ms);
@@ -314,7 +319,8 @@ TEST_CASE("shm: a process writing into the slots during updates never gets a wro
         if (v > 1) md.step(0.01, r);
         {
           std::lock_guard lock(mu);
-          sent[v] = {xxh3(md.storage[0].data(), md.storage[0].size()), xxh3(md.storage[1].data(), md.storage[1].size())};
+          sent[v] = {xxh3(md.storage[0].data(), md.storage[0].size()),
+                     xxh3(md.storage[1].data(), md.storage[1].size())};
         }
         try {
           tx.publish(v);
@@ -342,7 +348,8 @@ TEST_CASE("shm: a process writing into the slots during updates never gets a wro
     tx_thread.join();
     ::kill(writer, SIGKILL);
     wait_child(writer);
-    MESSAGE(fmt::format("{}: {} published, {} refused, {} wrong", delta ? "delta" : "dense", published, refused, wrong));
+    MESSAGE(
+        fmt::format("{}: {} published, {} refused, {} wrong", delta ? "delta" : "dense", published, refused, wrong));
     CHECK(wrong == 0);
     CHECK(published + refused == static_cast<int>(versions));
     CHECK(refused == sender_failures);

@@ -150,8 +150,8 @@ bool vmm_supported() {
   int dev = 0, ok = 0;
   RLPT_CUDA_CHECK(cudaGetDevice(&dev));
   RLPT_CUDA_CHECK(cudaFree(nullptr)); // initialise the primary context for the driver API
-  return detail::driver().cuDeviceGetAttribute(&ok, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev) ==
-             CUDA_SUCCESS &&
+  return detail::driver().cuDeviceGetAttribute(&ok, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                                               dev) == CUDA_SUCCESS &&
          ok != 0;
 }
 
@@ -233,7 +233,8 @@ TEST_CASE("sync ipc: 100 delta updates leak no mapping, descriptor or device mem
   }
 }
 
-TEST_CASE("sync ipc: a sender killed mid-update leaves the receiver on its previous version, and the next sender succeeds") {
+TEST_CASE(
+    "sync ipc: a sender killed mid-update leaves the receiver on its previous version, and the next sender succeeds") {
   const std::string path = socket_path("kill");
   unix_link host({.path = path, .listen = true}, role::receiver);
   ipc_link link(host, role::receiver);
@@ -275,7 +276,10 @@ TEST_CASE("sync ipc: an external buffer is exported as what it is, or refused wi
     RLPT_CUDA_CHECK(cudaMalloc(&p, 4 * slot));
     {
       ipc_link l(host, role::sender,
-                 {.slots = 2, .slot_bytes = slot, .memory = ipc_memory::external, .buffer = static_cast<std::byte*>(p) + slot,
+                 {.slots = 2,
+                  .slot_bytes = slot,
+                  .memory = ipc_memory::external,
+                  .buffer = static_cast<std::byte*>(p) + slot,
                   .buffer_bytes = 2 * slot});
       CHECK(l.handle_kind() == ipc_handle_kind::legacy);
       l.close(after(std::chrono::milliseconds(50))); // nobody answers the BYE: close() still returns
@@ -286,9 +290,11 @@ TEST_CASE("sync ipc: an external buffer is exported as what it is, or refused wi
     void* p = nullptr;
     RLPT_CUDA_CHECK(cudaMallocAsync(&p, 2 * slot, nullptr));
     RLPT_CUDA_CHECK(cudaStreamSynchronize(nullptr));
-    RLPT_CHECK_ERROR(ipc_link(host, role::sender,
-                              {.slots = 2, .slot_bytes = slot, .memory = ipc_memory::external, .buffer = p, .buffer_bytes = 2 * slot}),
-                     "rlpt.sync.ipc", "can be shared neither", "ipc_memory::legacy");
+    RLPT_CHECK_ERROR(
+        ipc_link(
+            host, role::sender,
+            {.slots = 2, .slot_bytes = slot, .memory = ipc_memory::external, .buffer = p, .buffer_bytes = 2 * slot}),
+        "rlpt.sync.ipc", "can be shared neither", "ipc_memory::legacy");
     RLPT_CUDA_CHECK(cudaFreeAsync(p, nullptr));
     RLPT_CUDA_CHECK(cudaStreamSynchronize(nullptr));
   }
@@ -296,14 +302,18 @@ TEST_CASE("sync ipc: an external buffer is exported as what it is, or refused wi
     std::vector<std::byte> h(4 * slot + 256);
     void* aligned = reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(h.data()) + 255) / 256 * 256);
     RLPT_CHECK_ERROR(ipc_link(host, role::sender,
-                              {.slots = 2, .slot_bytes = slot, .memory = ipc_memory::external, .buffer = aligned,
+                              {.slots = 2,
+                               .slot_bytes = slot,
+                               .memory = ipc_memory::external,
+                               .buffer = aligned,
                                .buffer_bytes = 2 * slot}),
                      "rlpt.sync.ipc", "ipc_options::buffer at"); // "not device memory" (or, with HMM, "shared neither")
     void* p = nullptr;
     RLPT_CUDA_CHECK(cudaMalloc(&p, slot));
-    RLPT_CHECK_ERROR(ipc_link(host, role::sender,
-                              {.slots = 2, .slot_bytes = slot, .memory = ipc_memory::external, .buffer = p, .buffer_bytes = slot}),
-                     "rlpt.sync.ipc", "must hold at least", std::to_string(2 * slot));
+    RLPT_CHECK_ERROR(
+        ipc_link(host, role::sender,
+                 {.slots = 2, .slot_bytes = slot, .memory = ipc_memory::external, .buffer = p, .buffer_bytes = slot}),
+        "rlpt.sync.ipc", "must hold at least", std::to_string(2 * slot));
     RLPT_CUDA_CHECK(cudaFree(p));
   }
   SUBCASE("VMM memory created without POSIX-fd export cannot be shared: a clear error") {
@@ -329,8 +339,11 @@ TEST_CASE("sync ipc: an external buffer is exported as what it is, or refused wi
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     RLPT_CU_CHECK(drv.cuMemSetAccess(va, bytes, &access, 1));
     RLPT_CHECK_ERROR(ipc_link(host, role::sender,
-                              {.slots = 2, .slot_bytes = slot, .memory = ipc_memory::external,
-                               .buffer = reinterpret_cast<void*>(static_cast<std::uintptr_t>(va)), .buffer_bytes = bytes}),
+                              {.slots = 2,
+                               .slot_bytes = slot,
+                               .memory = ipc_memory::external,
+                               .buffer = reinterpret_cast<void*>(static_cast<std::uintptr_t>(va)),
+                               .buffer_bytes = bytes}),
                      "rlpt.sync.ipc", "without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR");
     RLPT_CU_CHECK(drv.cuMemUnmap(va, bytes));
     RLPT_CU_CHECK(drv.cuMemAddressFree(va, bytes));

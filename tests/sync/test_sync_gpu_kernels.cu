@@ -66,11 +66,12 @@ TEST_CASE("sync gpu: pack, stage, unpack and apply kernels equal their host refe
     wire_dtype wire, src, dst;
     std::int64_t n;
   };
-  const t_spec specs[] = {{"a", wire_dtype::bf16, wire_dtype::bf16, wire_dtype::bf16, 300001}, // many chunks, vector path
-                          {"b", wire_dtype::bf16, wire_dtype::f32, wire_dtype::f32, 70001},    // fp32 master -> bf16 -> fp32
-                          {"c", wire_dtype::f16, wire_dtype::f64, wire_dtype::f32, 1234},
-                          {"d", wire_dtype::u8, wire_dtype::u8, wire_dtype::u8, 99},
-                          {"e", wire_dtype::f32, wire_dtype::f32, wire_dtype::bf16, 5}};
+  const t_spec specs[] = {
+      {"a", wire_dtype::bf16, wire_dtype::bf16, wire_dtype::bf16, 300001}, // many chunks, vector path
+      {"b", wire_dtype::bf16, wire_dtype::f32, wire_dtype::f32, 70001},    // fp32 master -> bf16 -> fp32
+      {"c", wire_dtype::f16, wire_dtype::f64, wire_dtype::f32, 1234},
+      {"d", wire_dtype::u8, wire_dtype::u8, wire_dtype::u8, 99},
+      {"e", wire_dtype::f32, wire_dtype::f32, wire_dtype::bf16, 5}};
   std::vector<tensor_entry> entries;
   std::vector<std::vector<std::byte>> src_h, dst_h;
   std::vector<dbuf> src_d, dst_d;
@@ -99,17 +100,20 @@ TEST_CASE("sync gpu: pack, stage, unpack and apply kernels equal their host refe
   std::vector<std::vector<std::byte>> buckets_h(m.bucket_count());
   for (std::uint64_t b = 0; b < m.bucket_count(); ++b) {
     buckets_h[b].resize(m.bucket_size(b));
-    detail::run_copy_host(pack_h.tasks, pack_h.launches[b], 0, reinterpret_cast<std::uintptr_t>(buckets_h[b].data()), sums_h);
+    detail::run_copy_host(pack_h.tasks, pack_h.launches[b], 0, reinterpret_cast<std::uintptr_t>(buckets_h[b].data()),
+                          sums_h);
   }
   const auto unpack_h = detail::plan_unpack(m, detail::bind(m, dst_host_t, "t", "target", true));
   std::vector<std::uint64_t> usums_h(pieces, 0);
   for (std::uint64_t b = 0; b < m.bucket_count(); ++b)
-    detail::run_copy_host(unpack_h.tasks, unpack_h.launches[b], reinterpret_cast<std::uintptr_t>(buckets_h[b].data()), 0, usums_h);
+    detail::run_copy_host(unpack_h.tasks, unpack_h.launches[b], reinterpret_cast<std::uintptr_t>(buckets_h[b].data()),
+                          0, usums_h);
   CHECK(usums_h == sums_h);
   // Device: the same plans with device addresses.
   auto upload = [](const detail::copy_plan& p) {
     detail::device_bytes t(std::max<std::size_t>(1, p.tasks.size()) * sizeof(detail::copy_task));
-    RLPT_CUDA_CHECK(cudaMemcpy(t.get(), p.tasks.data(), p.tasks.size() * sizeof(detail::copy_task), cudaMemcpyHostToDevice));
+    RLPT_CUDA_CHECK(
+        cudaMemcpy(t.get(), p.tasks.data(), p.tasks.size() * sizeof(detail::copy_task), cudaMemcpyHostToDevice));
     return t;
   };
   const auto pack_p = detail::plan_pack(m, detail::bind(m, src_t, "t", "source", true));
@@ -118,42 +122,47 @@ TEST_CASE("sync gpu: pack, stage, unpack and apply kernels equal their host refe
   std::vector<dbuf> buckets_d;
   for (std::uint64_t b = 0; b < m.bucket_count(); ++b) {
     buckets_d.emplace_back(m.bucket_size(b));
-    run_copy(pack_d.get<detail::copy_task>(), pack_p.launches[b], 0, reinterpret_cast<std::uintptr_t>(buckets_d[b].ptr()),
-             reinterpret_cast<std::uint64_t*>(sums_d.ptr()), nullptr);
+    run_copy(pack_d.get<detail::copy_task>(), pack_p.launches[b], 0,
+             reinterpret_cast<std::uintptr_t>(buckets_d[b].ptr()), reinterpret_cast<std::uint64_t*>(sums_d.ptr()),
+             nullptr);
   }
   std::vector<std::uint64_t> sums(pieces);
   RLPT_CUDA_CHECK(cudaMemcpy(sums.data(), sums_d.ptr(), pieces * 8, cudaMemcpyDeviceToHost));
   CHECK(sums == sums_h);
-  for (std::uint64_t b = 0; b < m.bucket_count(); ++b) CHECK_MESSAGE(buckets_d[b].get(m.bucket_size(b)) == buckets_h[b], "bucket ", b);
+  for (std::uint64_t b = 0; b < m.bucket_count(); ++b)
+    CHECK_MESSAGE(buckets_d[b].get(m.bucket_size(b)) == buckets_h[b], "bucket ", b);
   SUBCASE("staged") {
     const auto stage_p = detail::plan_stage(m);
     const auto stage_d = upload(stage_p);
     dbuf arena(m.packed_bytes());
     dbuf ssum(pieces * 8);
     for (std::uint64_t b = 0; b < m.bucket_count(); ++b)
-      run_copy(stage_d.get<detail::copy_task>(), stage_p.launches[b], reinterpret_cast<std::uintptr_t>(buckets_d[b].ptr()),
-               reinterpret_cast<std::uintptr_t>(arena.ptr()), reinterpret_cast<std::uint64_t*>(ssum.ptr()), nullptr);
+      run_copy(stage_d.get<detail::copy_task>(), stage_p.launches[b],
+               reinterpret_cast<std::uintptr_t>(buckets_d[b].ptr()), reinterpret_cast<std::uintptr_t>(arena.ptr()),
+               reinterpret_cast<std::uint64_t*>(ssum.ptr()), nullptr);
     std::vector<std::uint64_t> s(pieces);
     RLPT_CUDA_CHECK(cudaMemcpy(s.data(), ssum.ptr(), pieces * 8, cudaMemcpyDeviceToHost));
     CHECK(s == sums_h);
     const auto apply_p = detail::plan_apply_staged(m, detail::bind(m, dst_t, "t", "target", true));
     const auto apply_d = upload(apply_p);
-    run_copy(apply_d.get<detail::copy_task>(), apply_p.launches[0], reinterpret_cast<std::uintptr_t>(arena.ptr()), 0, nullptr,
-             nullptr);
+    run_copy(apply_d.get<detail::copy_task>(), apply_p.launches[0], reinterpret_cast<std::uintptr_t>(arena.ptr()), 0,
+             nullptr, nullptr);
   }
   SUBCASE("streaming") {
     const auto unpack_p = detail::plan_unpack(m, detail::bind(m, dst_t, "t", "target", true));
     const auto unpack_d = upload(unpack_p);
     dbuf usum(pieces * 8);
     for (std::uint64_t b = 0; b < m.bucket_count(); ++b)
-      run_copy(unpack_d.get<detail::copy_task>(), unpack_p.launches[b], reinterpret_cast<std::uintptr_t>(buckets_d[b].ptr()), 0,
-               reinterpret_cast<std::uint64_t*>(usum.ptr()), nullptr);
+      run_copy(unpack_d.get<detail::copy_task>(), unpack_p.launches[b],
+               reinterpret_cast<std::uintptr_t>(buckets_d[b].ptr()), 0, reinterpret_cast<std::uint64_t*>(usum.ptr()),
+               nullptr);
     std::vector<std::uint64_t> s(pieces);
     RLPT_CUDA_CHECK(cudaMemcpy(s.data(), usum.ptr(), pieces * 8, cudaMemcpyDeviceToHost));
     CHECK(s == sums_h);
   }
   RLPT_CUDA_CHECK(cudaDeviceSynchronize());
-  for (std::size_t i = 0; i < std::size(specs); ++i) CHECK_MESSAGE(dst_d[i].get(dst_h[i].size()) == dst_h[i], "target ", specs[i].name);
+  for (std::size_t i = 0; i < std::size(specs); ++i)
+    CHECK_MESSAGE(dst_d[i].get(dst_h[i].size()) == dst_h[i], "target ", specs[i].name);
 }
 
 namespace {
@@ -167,8 +176,11 @@ struct delta_case {
 delta_case make_case(double density, std::uint64_t seed) {
   rng r(seed);
   delta_case c;
-  const std::pair<wire_dtype, std::uint64_t> specs[] = {
-      {wire_dtype::bf16, 1000003}, {wire_dtype::f32, 70000}, {wire_dtype::u8, 131075}, {wire_dtype::f64, 999}, {wire_dtype::f16, 1}};
+  const std::pair<wire_dtype, std::uint64_t> specs[] = {{wire_dtype::bf16, 1000003},
+                                                        {wire_dtype::f32, 70000},
+                                                        {wire_dtype::u8, 131075},
+                                                        {wire_dtype::f64, 999},
+                                                        {wire_dtype::f16, 1}};
   std::vector<tensor_entry> e;
   for (std::size_t i = 0; i < std::size(specs); ++i) {
     const auto [dt, n] = specs[i];
@@ -177,7 +189,9 @@ delta_case make_case(double density, std::uint64_t seed) {
     c.base.push_back(random_bytes(n * eb, r));
     c.now.push_back(c.base.back());
     for (std::uint64_t k = 0; k < n; ++k)
-      if (r.bernoulli(density)) c.now.back()[k * eb + static_cast<std::size_t>(r.integer(0, static_cast<std::int64_t>(eb) - 1))] ^= std::byte{0x11};
+      if (r.bernoulli(density))
+        c.now.back()[k * eb + static_cast<std::size_t>(r.integer(0, static_cast<std::int64_t>(eb) - 1))] ^=
+            std::byte{0x11};
     c.base_sums.push_back(static_cast<std::uint64_t>(r.integer(1, std::numeric_limits<std::int64_t>::max())));
   }
   c.m = plan(e, {.bucket_bytes = 1 << 20, .alignment = 256});
@@ -186,7 +200,8 @@ delta_case make_case(double density, std::uint64_t seed) {
 
 } // namespace
 
-TEST_CASE("sync gpu: the device delta encoder writes the host encoder's bytes, and the applier applies, undoes and refuses") {
+TEST_CASE(
+    "sync gpu: the device delta encoder writes the host encoder's bytes, and the applier applies, undoes and refuses") {
   const double densities[] = {0.0001, 0.01, 0.05, 0.3, 1.0};
   const std::uint64_t max_records[] = {4096, 300000, 1 << 20};
   std::uint64_t seed = 500;
@@ -199,8 +214,8 @@ TEST_CASE("sync gpu: the device delta encoder writes the host encoder's bytes, a
       std::vector<std::byte> stream;
       delta_stats st;
       for (std::size_t i = 0; i < c.m.size(); ++i)
-        static_cast<void>(enc.encode(static_cast<std::uint32_t>(i), c.now[i], c.base[i], size_of(c.m[i].dtype), c.base_sums[i],
-                                     c.m.bucket_bytes(), stream, st));
+        static_cast<void>(enc.encode(static_cast<std::uint32_t>(i), c.now[i], c.base[i], size_of(c.m[i].dtype),
+                                     c.base_sums[i], c.m.bucket_bytes(), stream, st));
       std::vector<dbuf> now_d, base_d;
       std::vector<const void*> now_p, base_p;
       for (std::size_t i = 0; i < c.m.size(); ++i) {
@@ -212,11 +227,13 @@ TEST_CASE("sync gpu: the device delta encoder writes the host encoder's bytes, a
         base_p.push_back(base_d[i].ptr());
       }
       device_delta_encoder denc(c.m, now_p, base_p, max_record);
-      const detail::delta_plan& p = denc.plan(c.base_sums, max_record, nullptr, after(std::chrono::seconds(60)), "test");
+      const detail::delta_plan& p =
+          denc.plan(c.base_sums, max_record, nullptr, after(std::chrono::seconds(60)), "test");
       CHECK(p.stats.changed == st.changed);
       CHECK(p.stats.bytes == stream.size());
       const auto raw = denc.tensor_raw_sums();
-      for (std::size_t i = 0; i < c.m.size(); ++i) CHECK(wsum_finish(raw[i], c.m[i].nbytes) == wsum(c.now[i].data(), c.now[i].size()));
+      for (std::size_t i = 0; i < c.m.size(); ++i)
+        CHECK(wsum_finish(raw[i], c.m[i].nbytes) == wsum(c.now[i].data(), c.now[i].size()));
       std::vector<std::byte> device_stream;
       for (std::size_t k = 0; k < p.messages.size(); ++k) {
         dbuf out(p.messages[k].bytes + 64);
@@ -245,10 +262,12 @@ TEST_CASE("sync gpu: the device delta encoder writes the host encoder's bytes, a
       device_delta_applier app;
       CHECK(app.apply(recs, arena.ptr(), nullptr, after(std::chrono::seconds(60)), "test").empty());
       RLPT_CUDA_CHECK(cudaDeviceSynchronize());
-      for (std::size_t i = 0; i < c.m.size(); ++i) CHECK_MESSAGE(base_d[i].get(c.now[i].size()) == c.now[i], "applied tensor ", i);
+      for (std::size_t i = 0; i < c.m.size(); ++i)
+        CHECK_MESSAGE(base_d[i].get(c.now[i].size()) == c.now[i], "applied tensor ", i);
       app.undo(nullptr);
       RLPT_CUDA_CHECK(cudaDeviceSynchronize());
-      for (std::size_t i = 0; i < c.m.size(); ++i) CHECK_MESSAGE(base_d[i].get(c.base[i].size()) == c.base[i], "undone tensor ", i);
+      for (std::size_t i = 0; i < c.m.size(); ++i)
+        CHECK_MESSAGE(base_d[i].get(c.base[i].size()) == c.base[i], "undone tensor ", i);
       CHECK(arena.get(stream.size()) == stream); // swapped twice: the records hold the new values again
 
       // A sparse record whose indices are not increasing is refused before anything moves.
@@ -258,7 +277,8 @@ TEST_CASE("sync gpu: the device delta encoder writes the host encoder's bytes, a
         std::memcpy(&in_block0, stream.data() + recs[j].at + 64 + 4, 4);
         if (in_block0 < 2) continue;
         auto bad = stream;
-        const detail::delta_layout l = detail::layout_of(1, recs[j].head.elem_count, recs[j].head.changed, recs[j].head.elem_bytes);
+        const detail::delta_layout l =
+            detail::layout_of(1, recs[j].head.elem_count, recs[j].head.changed, recs[j].head.elem_bytes);
         std::byte* lo = bad.data() + recs[j].at + l.lo_at;
         std::swap_ranges(lo, lo + 2, lo + 2); // the first two indices of block 0 change places
         dbuf bad_arena(bad);

@@ -137,10 +137,11 @@ TEST_CASE("sync nccl: with several GPUs, one receiver process per extra GPU gets
   std::vector<rlpt::sync::link*> links;
   std::vector<pid_t> pids;
   for (int g = 1; g < gpus && g < 4; ++g) {
-    hosts.push_back(std::make_unique<tcp_transport>(tcp_options{.host = "127.0.0.1", .port = 0, .listen = true}, role::sender));
+    hosts.push_back(
+        std::make_unique<tcp_transport>(tcp_options{.host = "127.0.0.1", .port = 0, .listen = true}, role::sender));
     links.push_back(hosts.back().get());
-    std::vector<std::string> args = {RLPT_SYNC_GPU_PEER, "nccl-recv", std::to_string(hosts.back()->port()), std::to_string(g), "1",
-                                     "3"};
+    std::vector<std::string> args = {RLPT_SYNC_GPU_PEER, "nccl-recv", std::to_string(hosts.back()->port()),
+                                     std::to_string(g),  "1",         "3"};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);

@@ -114,10 +114,12 @@ TEST_CASE("tcp: a sender killed mid-update leaves the previous version, a reconn
       const manifest m = plan(md.refs, small_buckets);
       tcp_transport out({.port = port}, role::sender);
       bool stalled = false;
-      sender tx(out, m, [&](std::size_t i) {
-        if (stalled && i == 8) ::pause();
-        return std::span<const std::byte>(md.storage[i]);
-      }, {.timeout = 10s});
+      sender tx(out, m,
+                [&](std::size_t i) {
+                  if (stalled && i == 8) ::pause();
+                  return std::span<const std::byte>(md.storage[i]);
+                },
+                {.timeout = 10s});
       if (stall) tx.publish(1);
       rlpt::test::rng r(2002);
       md.step(0.02, r);

@@ -65,8 +65,10 @@ TEST_CASE("transform: concat along the last dim interleaves rows") {
   const auto& ab = got.at("ab");
   REQUIRE(ab.size() == 3 * 6 * 4);
   for (int row = 0; row < 3; ++row) {
-    CHECK(std::memcmp(&ab[static_cast<std::size_t>(row * 24)], &md.bytes("a")[static_cast<std::size_t>(row * 8)], 8) == 0);
-    CHECK(std::memcmp(&ab[static_cast<std::size_t>(row * 24 + 8)], &md.bytes("b")[static_cast<std::size_t>(row * 16)], 16) == 0);
+    CHECK(std::memcmp(&ab[static_cast<std::size_t>(row * 24)], &md.bytes("a")[static_cast<std::size_t>(row * 8)], 8) ==
+          0);
+    CHECK(std::memcmp(&ab[static_cast<std::size_t>(row * 24 + 8)], &md.bytes("b")[static_cast<std::size_t>(row * 16)],
+                      16) == 0);
   }
 }
 
@@ -79,8 +81,8 @@ TEST_CASE("transform: slice keeps a shard, rename_tensor, drop and cast follow")
   const manifest m = plan(md.refs);
   sink s;
   const auto got = run(md, m,
-                       {slice{"model.embed.weight", "", 0, 2, 6}, rename_tensor{"model.*", "*"}, drop{"rotary.inv_freq"},
-                        cast{"*", wire_dtype::bf16}},
+                       {slice{"model.embed.weight", "", 0, 2, 6}, rename_tensor{"model.*", "*"},
+                        drop{"rotary.inv_freq"}, cast{"*", wire_dtype::bf16}},
                        s);
   CHECK(got.size() == 2);
   REQUIRE(got.count("embed.weight") == 1);
@@ -127,22 +129,25 @@ TEST_CASE("transform: rules that do not fit the manifest are errors naming the r
   const manifest m = plan(md.refs);
   RLPT_CHECK_ERROR(transform_plan(m, {rename_tensor{"nope.*", "x.*"}}), "rlpt.sync.bad_transform",
                    "transform #0 (rename \"nope.*\" -> \"x.*\") matches no tensor");
-  RLPT_CHECK_ERROR(transform_plan(m, {concat{{"*.q_proj.weight", "*.missing.weight"}, "*.qm"}}), "rlpt.sync.bad_transform",
-                   "input \"model.layers.0.self_attn.missing.weight\" does not exist");
+  RLPT_CHECK_ERROR(transform_plan(m, {concat{{"*.q_proj.weight", "*.missing.weight"}, "*.qm"}}),
+                   "rlpt.sync.bad_transform", "input \"model.layers.0.self_attn.missing.weight\" does not exist");
   RLPT_CHECK_ERROR(transform_plan(m, {concat{{"*.q_proj.weight", "*.input_layernorm.weight"}, "x", 0}}),
                    "rlpt.sync.bad_transform", "does not exist");
-  RLPT_CHECK_ERROR(transform_plan(m, {concat{{"model.layers.0.self_attn.q_proj.weight", "model.layers.0.input_layernorm.weight"},
-                                             "x"}}),
-                   "rlpt.sync.bad_transform", "differ in dtype");
-  RLPT_CHECK_ERROR(transform_plan(m, {concat{{"model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.up_proj.weight"},
-                                             "x", 1}}),
-                   "rlpt.sync.bad_transform", "differ outside dim 1");
+  RLPT_CHECK_ERROR(
+      transform_plan(
+          m, {concat{{"model.layers.0.self_attn.q_proj.weight", "model.layers.0.input_layernorm.weight"}, "x"}}),
+      "rlpt.sync.bad_transform", "differ in dtype");
+  RLPT_CHECK_ERROR(
+      transform_plan(m,
+                     {concat{{"model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.up_proj.weight"}, "x", 1}}),
+      "rlpt.sync.bad_transform", "differ outside dim 1");
   RLPT_CHECK_ERROR(transform_plan(m, {slice{"model.embed_tokens.weight", "", 0, 5, 200}}), "rlpt.sync.bad_transform",
                    "slice [5, 200) is outside dim 0 of \"model.embed_tokens.weight\" (size 100)");
   RLPT_CHECK_ERROR(transform_plan(m, {slice{"model.embed_tokens.weight", "", 2, 0, 1}}), "rlpt.sync.bad_transform",
                    "slice dim 2 is out of range");
-  RLPT_CHECK_ERROR(transform_plan(m, {rename_tensor{"*.q_proj.weight", "model.embed_tokens.weight"}}), "rlpt.sync.bad_transform",
-                   "which already exists");
+  RLPT_CHECK_ERROR(transform_plan(m, {rename_tensor{"*.q_proj.weight", "model.embed_tokens.weight"}}),
+                   "rlpt.sync.bad_transform", "which already exists");
   RLPT_CHECK_ERROR(transform_plan(m, {rename_tensor{"a*b*", "x"}}), "rlpt.sync.bad_transform", "more than one '*'");
-  RLPT_CHECK_ERROR(transform_plan(m, {cast{"*", wire_dtype::i32}}), "rlpt.sync.bad_transform", "casts go to F32, F64, F16 or BF16");
+  RLPT_CHECK_ERROR(transform_plan(m, {cast{"*", wire_dtype::i32}}), "rlpt.sync.bad_transform",
+                   "casts go to F32, F64, F16 or BF16");
 }

@@ -104,14 +104,18 @@ namespace trl {
 //! (default), "batch" (group mean, batch std) or "none"; std + 1e-4; unscorable (NaN) rewards
 //! are left out of the statistics and get advantage 0; a group with one scorable sample gets 0.
 inline grpo_options grpo(std::string_view scale_rewards = "group") {
-  return {.scale = detail::parse_scale("trl", "scale_rewards", scale_rewards), .epsilon = 1e-4, .single = single::zero,
+  return {.scale = detail::parse_scale("trl", "scale_rewards", scale_rewards),
+          .epsilon = 1e-4,
+          .single = single::zero,
           .on_nonfinite = nonfinite::mask};
 }
 
 //! RLOOTrainer: leave-one-out over scorable siblings (a lone scorable sample gets 0), optional
 //! normalize_advantages over the batch with std + 1e-4.
 inline rloo_options rloo(bool normalize_advantages = false) {
-  return {.single = single::zero, .on_nonfinite = nonfinite::mask, .batch_normalize = normalize_advantages,
+  return {.single = single::zero,
+          .on_nonfinite = nonfinite::mask,
+          .batch_normalize = normalize_advantages,
           .batch_epsilon = 1e-4};
 }
 
@@ -133,7 +137,10 @@ namespace openrlhf {
 //! Token whitening in compute_advantages_and_returns: biased variance, rsqrt(max(var, 1e-8));
 //! no_std_norm centres only.
 inline whiten_options whiten(bool no_std_norm = false) {
-  return {.unbiased = false, .eps = 1e-8, .eps_at = eps_mode::floor_var, .scale = !no_std_norm,
+  return {.unbiased = false,
+          .eps = 1e-8,
+          .eps_at = eps_mode::floor_var,
+          .scale = !no_std_norm,
           .on_too_few = too_few::unit_std};
 }
 

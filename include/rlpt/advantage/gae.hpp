@@ -42,15 +42,15 @@ struct gae_inputs {
 };
 
 struct gae_options {
-  double gamma = 1.0;                               //!< verl algorithm.gamma default
-  double lambda = 1.0;                              //!< verl algorithm.lam default (OpenRLHF 0.95)
-  rlpt::mask_mode masked = rlpt::mask_mode::skip;   //!< verl / AReaL
-  std::optional<whiten_options> whiten = std::nullopt; //!< whiten the advantages afterwards (verl: always)
+  double gamma = 1.0;                                    //!< verl algorithm.gamma default
+  double lambda = 1.0;                                   //!< verl algorithm.lam default (OpenRLHF 0.95)
+  rlpt::mask_mode masked = rlpt::mask_mode::skip;        //!< verl / AReaL
+  std::optional<whiten_options> whiten = std::nullopt;   //!< whiten the advantages afterwards (verl: always)
   rlpt::nonfinite on_nonfinite = rlpt::nonfinite::raise; //!< mask: zero the whole sequence and count it
 };
 
 struct gae_result {
-  index_t num_nonfinite_seqs = 0;        //!< sequences zeroed under nonfinite::mask
+  index_t num_nonfinite_seqs = 0;         //!< sequences zeroed under nonfinite::mask
   std::optional<whiten_result> whitening; //!< set when the options asked for whitening
 };
 
@@ -67,15 +67,13 @@ void recurrence_rows(const token_layout& layout, const float* r, const float* v,
                      double gamma, double gamma_lambda, float* adv, float* ret, index_t b0, index_t b1,
                      whiten_sums* sums, mask_t* ok) {
   const auto boot_of = [&](index_t b) { return boot ? static_cast<double>(boot[b]) : 0.0; };
-  const auto finish = [&](index_t b) {
-    ok[b] = (std::isfinite(sums[b].s2) && std::isfinite(boot_of(b))) ? 1 : 0;
-  };
+  const auto finish = [&](index_t b) { ok[b] = (std::isfinite(sums[b].s2) && std::isfinite(boot_of(b))) ? 1 : 0; };
   for (index_t b = b0; b < b1; ++b) {
     const index_t base = layout.begin(b);
     lanes::state<double, bool> st = lanes::start(boot_of(b));
-    lanes::one_sequence<Mode, HasValues, HasMask>(r + base, v ? v + base : nullptr, m ? m + base : nullptr,
-                                                  adv + base, ret ? ret + base : nullptr, layout.length(b), gamma,
-                                                  gamma_lambda, st);
+    lanes::one_sequence<Mode, HasValues, HasMask>(r + base, v ? v + base : nullptr, m ? m + base : nullptr, adv + base,
+                                                  ret ? ret + base : nullptr, layout.length(b), gamma, gamma_lambda,
+                                                  st);
     sums[b] = lanes::sums_of(st);
     finish(b);
   }
@@ -84,17 +82,19 @@ void recurrence_rows(const token_layout& layout, const float* r, const float* v,
 using recurrence_fn = void (*)(const token_layout&, const float*, const float*, const mask_t*, const float*, double,
                                double, float*, float*, index_t, index_t, whiten_sums*, mask_t*);
 
-template <mask_mode Mode>
-recurrence_fn recurrence_for(bool has_values, bool has_mask) {
+template <mask_mode Mode> recurrence_fn recurrence_for(bool has_values, bool has_mask) {
   if (has_values) return has_mask ? &recurrence_rows<Mode, true, true> : &recurrence_rows<Mode, true, false>;
   return has_mask ? &recurrence_rows<Mode, false, true> : &recurrence_rows<Mode, false, false>;
 }
 
 inline recurrence_fn recurrence_for(mask_mode mode, bool has_values, bool has_mask) {
   switch (mode) {
-  case mask_mode::zero: return recurrence_for<mask_mode::zero>(has_values, has_mask);
-  case mask_mode::reset: return recurrence_for<mask_mode::reset>(has_values, has_mask);
-  case mask_mode::skip: break;
+  case mask_mode::zero:
+    return recurrence_for<mask_mode::zero>(has_values, has_mask);
+  case mask_mode::reset:
+    return recurrence_for<mask_mode::reset>(has_values, has_mask);
+  case mask_mode::skip:
+    break;
   }
   return recurrence_for<mask_mode::skip>(has_values, has_mask);
 }
@@ -163,7 +163,8 @@ inline std::vector<index_t> run_recurrence(const token_layout& layout, view<cons
   if (!seqs.empty() && policy == nonfinite::raise) {
     index_t c = 0;
     const std::string listed = name_bad_tokens(layout, seqs, rewards, values, m, bootstrap, c);
-    RLPT_FAIL(errors::advantage::nonfinite, "{}: {} sequence{} with non-finite inputs at valid tokens: {}{} (set "
+    RLPT_FAIL(errors::advantage::nonfinite,
+              "{}: {} sequence{} with non-finite inputs at valid tokens: {}{} (set "
               "on_nonfinite = rlpt::nonfinite::mask to zero such sequences and count them)",
               what, seqs.size(), seqs.size() == 1 ? "" : "s", listed, c > max_named ? ", ..." : "");
   }
@@ -187,8 +188,8 @@ inline std::vector<index_t> run_recurrence_whitened(const token_layout& layout, 
                                                     view<const float> values, view<const mask_t> mask,
                                                     view<const float> bootstrap, double gamma, double gamma_lambda,
                                                     mask_mode mode, view<float> adv, view<float> ret, nonfinite policy,
-                                                    const whiten_options& w, const char* what,
-                                                    const host_executor& ex, whiten_result& result) {
+                                                    const whiten_options& w, const char* what, const host_executor& ex,
+                                                    whiten_result& result) {
   std::vector<whiten_sums> sums;
   std::vector<index_t> bad = run_recurrence(layout, rewards, values, mask, bootstrap, gamma, gamma_lambda, mode, adv,
                                             ret, policy, std::numeric_limits<float>::quiet_NaN(), what, ex, sums);
@@ -219,10 +220,9 @@ inline gae_result gae(const gae_inputs& in, view<float> advantages, view<float> 
   gae_result result;
   if (o.whiten) {
     whiten_result w;
-    const std::vector<index_t> bad =
-        detail::run_recurrence_whitened(layout, in.rewards, in.values, in.mask, in.bootstrap, o.gamma,
-                                        o.gamma * o.lambda, o.masked, advantages, returns, o.on_nonfinite, *o.whiten,
-                                        "gae", ex, w);
+    const std::vector<index_t> bad = detail::run_recurrence_whitened(
+        layout, in.rewards, in.values, in.mask, in.bootstrap, o.gamma, o.gamma * o.lambda, o.masked, advantages,
+        returns, o.on_nonfinite, *o.whiten, "gae", ex, w);
     result.num_nonfinite_seqs = static_cast<index_t>(bad.size());
     result.whitening = w;
     return result;

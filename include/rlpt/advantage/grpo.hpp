@@ -134,8 +134,7 @@ inline void gpg_advantages(view<const float> rewards, const groups& g, view<floa
   stats.num_nonfinite = bad;
   index_t nonzero = 0;
   for (index_t i = 0; i < rewards.size(); ++i) nonzero += (detail::finite(rewards[i]) && rewards[i] != 0.0f) ? 1 : 0;
-  const double alpha =
-      static_cast<double>(rewards.size() - bad) / static_cast<double>(std::max<index_t>(nonzero, 1));
+  const double alpha = static_cast<double>(rewards.size() - bad) / static_cast<double>(std::max<index_t>(nonzero, 1));
   detail::for_each_group(g, ex, [&](index_t k) {
     const view<const index_t> mem = g.members(k);
     const detail::canonical_moments m =

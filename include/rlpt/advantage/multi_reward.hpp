@@ -52,7 +52,8 @@ inline gdpo_result gdpo_advantages(view2d<const float> channels, view<const floa
   RLPT_CHECK(o.batch_epsilon > 0.0 || !o.batch_normalize, errors::advantage::bad_option,
              "gdpo_options: batch_epsilon must be > 0 when batch_normalize is set, got {}", o.batch_epsilon);
   for (index_t k = 0; k < K; ++k)
-    RLPT_CHECK(detail::finite(weights[k]), errors::advantage::bad_option, "weights[{}] = {} is not finite", k, weights[k]);
+    RLPT_CHECK(detail::finite(weights[k]), errors::advantage::bad_option, "weights[{}] = {} is not finite", k,
+               weights[k]);
 
   gdpo_result r;
   r.channels.resize(static_cast<std::size_t>(K));
@@ -66,7 +67,8 @@ inline gdpo_result gdpo_advantages(view2d<const float> channels, view<const floa
     }
     grpo_advantages(column, g, z, o.channel, r.channels[static_cast<std::size_t>(k)], ex);
     for (index_t b = 0; b < B; ++b)
-      sum[static_cast<std::size_t>(b)] += static_cast<double>(weights[k]) * static_cast<double>(z[static_cast<std::size_t>(b)]);
+      sum[static_cast<std::size_t>(b)] +=
+          static_cast<double>(weights[k]) * static_cast<double>(z[static_cast<std::size_t>(b)]);
   }
   for (index_t b = 0; b < B; ++b) {
     const auto i = static_cast<std::size_t>(b);
@@ -74,7 +76,8 @@ inline gdpo_result gdpo_advantages(view2d<const float> channels, view<const floa
     column[i] = scorable[i] ? static_cast<float>(sum[i]) : std::numeric_limits<float>::quiet_NaN();
   }
   if (!o.batch_normalize) {
-    for (index_t b = 0; b < B; ++b) out[b] = detail::finite(column[static_cast<std::size_t>(b)]) ? column[static_cast<std::size_t>(b)] : 0.0f;
+    for (index_t b = 0; b < B; ++b)
+      out[b] = detail::finite(column[static_cast<std::size_t>(b)]) ? column[static_cast<std::size_t>(b)] : 0.0f;
     return r;
   }
   const view<const float> summed(column);

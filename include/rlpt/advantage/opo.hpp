@@ -50,20 +50,23 @@ inline void opo_advantages(view<const float> rewards, view<const index_t> length
     if (m.count >= 2.0) {
       const auto valid = [&](index_t j) { return detail::finite(rewards[mem[j]]); };
       const double wsum = detail::canonical_sum(mem.size(), [&](index_t j) {
-        return valid(j) ? detail::mul_rn(static_cast<double>(lengths[mem[j]]), static_cast<double>(rewards[mem[j]])) : 0.0;
+        return valid(j) ? detail::mul_rn(static_cast<double>(lengths[mem[j]]), static_cast<double>(rewards[mem[j]]))
+                        : 0.0;
       });
-      const double lsum =
-          detail::canonical_sum(mem.size(), [&](index_t j) { return valid(j) ? static_cast<double>(lengths[mem[j]]) : 0.0; });
+      const double lsum = detail::canonical_sum(
+          mem.size(), [&](index_t j) { return valid(j) ? static_cast<double>(lengths[mem[j]]) : 0.0; });
       baseline = wsum / lsum;
     }
     for (index_t i : mem)
-      out[i] = (zero || !detail::finite(rewards[i])) ? 0.0f : static_cast<float>(static_cast<double>(rewards[i]) - baseline);
+      out[i] =
+          (zero || !detail::finite(rewards[i])) ? 0.0f : static_cast<float>(static_cast<double>(rewards[i]) - baseline);
   });
   detail::finish_stats(stats);
 }
 
 [[nodiscard]] inline group_stats opo_advantages(view<const float> rewards, view<const index_t> lengths, const groups& g,
-                                                view<float> out, const opo_options& o = {}, const host_executor& ex = {}) {
+                                                view<float> out, const opo_options& o = {},
+                                                const host_executor& ex = {}) {
   group_stats s;
   opo_advantages(rewards, lengths, g, out, o, s, ex);
   return s;

@@ -38,9 +38,8 @@ struct returns_options {
 
 //! Discounted reward-to-go G_t = r_t + gamma * G_next over valid tokens (masked outputs 0).
 //! Returns the number of sequences zeroed under nonfinite::mask.
-inline index_t discounted_returns(const token_layout& layout, view<const float> token_rewards,
-                                  view<const mask_t> mask, view<float> returns, const returns_options& o = {},
-                                  const host_executor& ex = {}) {
+inline index_t discounted_returns(const token_layout& layout, view<const float> token_rewards, view<const mask_t> mask,
+                                  view<float> returns, const returns_options& o = {}, const host_executor& ex = {}) {
   detail::check_discount("returns_options::gamma", o.gamma);
   layout.expect_tokens("token_rewards", token_rewards);
   layout.expect_tokens("returns", returns);
@@ -51,8 +50,8 @@ inline index_t discounted_returns(const token_layout& layout, view<const float> 
 }
 
 struct reinforce_pp_options {
-  double gamma = 1.0;                                    //!< verl algorithm.gamma
-  rlpt::mask_mode masked = rlpt::mask_mode::skip;        //!< verl 0.9 (OpenRLHF: zero)
+  double gamma = 1.0;                                      //!< verl algorithm.gamma
+  rlpt::mask_mode masked = rlpt::mask_mode::skip;          //!< verl 0.9 (OpenRLHF: zero)
   std::optional<whiten_options> whiten = whiten_options{}; //!< verl masked_whiten; nullopt = raw returns
   rlpt::nonfinite on_nonfinite = rlpt::nonfinite::raise;
 };
@@ -65,9 +64,8 @@ struct reinforce_pp_result {
 //! REINFORCE++: advantages = whiten(G) on valid tokens (0 elsewhere); `returns` (may be empty)
 //! receives G itself, as verl returns it.
 inline reinforce_pp_result reinforce_pp_advantages(const token_layout& layout, view<const float> token_rewards,
-                                                   view<const mask_t> mask, view<float> advantages,
-                                                   view<float> returns, const reinforce_pp_options& o = {},
-                                                   const host_executor& ex = {}) {
+                                                   view<const mask_t> mask, view<float> advantages, view<float> returns,
+                                                   const reinforce_pp_options& o = {}, const host_executor& ex = {}) {
   detail::check_discount("reinforce_pp_options::gamma", o.gamma);
   layout.expect_tokens("token_rewards", token_rewards);
   layout.expect_tokens("advantages", advantages);
@@ -84,10 +82,10 @@ inline reinforce_pp_result reinforce_pp_advantages(const token_layout& layout, v
             .size());
     r.whitening = w;
   } else {
-    r.num_nonfinite_seqs = static_cast<index_t>(detail::run_recurrence(layout, token_rewards, {}, mask, {}, o.gamma,
-                                                                       o.gamma, o.masked, advantages, returns,
-                                                                       o.on_nonfinite, 0.0f, "REINFORCE++", ex)
-                                                    .size());
+    r.num_nonfinite_seqs =
+        static_cast<index_t>(detail::run_recurrence(layout, token_rewards, {}, mask, {}, o.gamma, o.gamma, o.masked,
+                                                    advantages, returns, o.on_nonfinite, 0.0f, "REINFORCE++", ex)
+                                 .size());
   }
   return r;
 }
@@ -133,8 +131,9 @@ inline reinforce_baseline_result reinforce_pp_baseline_advantages(view<const flo
     const double mean = m.count < 2.0 ? 0.0 : m.mean;
     for (index_t i : mem) {
       const float x = rewards[i];
-      centred[static_cast<std::size_t>(i)] =
-          !detail::finite(x) ? poison : zero ? 0.0f : static_cast<float>(static_cast<double>(x) - mean);
+      centred[static_cast<std::size_t>(i)] = !detail::finite(x) ? poison
+                                             : zero             ? 0.0f
+                                                                : static_cast<float>(static_cast<double>(x) - mean);
     }
   });
   detail::finish_stats(st);

@@ -71,7 +71,8 @@ inline index_t remax_advantages(const token_layout& layout, view<const float> to
   if (!bad.empty() && o.on_nonfinite == nonfinite::raise) {
     index_t c = 0;
     const std::string listed = detail::name_bad_tokens(layout, bad, token_rewards, {}, m, {}, c);
-    RLPT_FAIL(errors::advantage::nonfinite, "ReMax: {} sequence{} with non-finite rewards at valid tokens: {}{} (set "
+    RLPT_FAIL(errors::advantage::nonfinite,
+              "ReMax: {} sequence{} with non-finite rewards at valid tokens: {}{} (set "
               "on_nonfinite = rlpt::nonfinite::mask to zero such sequences and count them)",
               bad.size(), bad.size() == 1 ? "" : "s", listed, c > detail::max_named ? ", ..." : "");
   }

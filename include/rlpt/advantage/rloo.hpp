@@ -45,8 +45,9 @@ RLPT_HD float rloo_value(float x, double count, double sum, single policy) {
 //! RLOO advantages, one per sequence, and per-group statistics (mean = plain group mean).
 inline void rloo_advantages(view<const float> rewards, const groups& g, view<float> out, const rloo_options& o,
                             group_stats& stats, const host_executor& ex = {}) {
-  RLPT_CHECK(!o.batch_normalize || (o.batch_epsilon > 0.0 && std::isfinite(o.batch_epsilon)), errors::advantage::bad_option,
-             "rloo_options: batch_epsilon must be finite and > 0, got {}", o.batch_epsilon);
+  RLPT_CHECK(!o.batch_normalize || (o.batch_epsilon > 0.0 && std::isfinite(o.batch_epsilon)),
+             errors::advantage::bad_option, "rloo_options: batch_epsilon must be finite and > 0, got {}",
+             o.batch_epsilon);
   const index_t bad = detail::start_group_estimator(rewards, g, out, o.on_nonfinite);
   detail::check_singles(rewards, g, o.single, "RLOO", "rloo_options");
   detail::reset_stats(stats, g.num_groups());
@@ -69,8 +70,8 @@ inline void rloo_advantages(view<const float> rewards, const groups& g, view<flo
   for (index_t i = 0; i < out.size(); ++i)
     if (detail::finite(rewards[i]) && stats.size[static_cast<std::size_t>(g.group_of(i))] >= 2)
       part[static_cast<std::size_t>(i)] = out[i];
-  const detail::canonical_moments m =
-      detail::moments_canonical<detail::batch_lanes>(out.size(), [&](index_t i) { return part[static_cast<std::size_t>(i)]; });
+  const detail::canonical_moments m = detail::moments_canonical<detail::batch_lanes>(
+      out.size(), [&](index_t i) { return part[static_cast<std::size_t>(i)]; });
   if (m.count < 2.0) { // TRL: nanstd of fewer than 2 values is NaN, and NaN advantages become 0
     for (index_t i = 0; i < out.size(); ++i) out[i] = 0.0f;
     return;

@@ -90,10 +90,17 @@ inline index_t apply_truncation(view<const mask_t> truncated, view<float> reward
   for (index_t i = 0; i < rewards.size(); ++i) {
     if (!truncated[i]) continue;
     switch (o.action) {
-    case truncation::zero_reward: rewards[i] = 0.0f; break;
-    case truncation::scale_reward: rewards[i] = static_cast<float>(static_cast<double>(rewards[i]) * o.value); break;
-    case truncation::set_reward: rewards[i] = static_cast<float>(o.value); break;
-    case truncation::keep: break;
+    case truncation::zero_reward:
+      rewards[i] = 0.0f;
+      break;
+    case truncation::scale_reward:
+      rewards[i] = static_cast<float>(static_cast<double>(rewards[i]) * o.value);
+      break;
+    case truncation::set_reward:
+      rewards[i] = static_cast<float>(o.value);
+      break;
+    case truncation::keep:
+      break;
     }
     ++n;
   }
@@ -131,7 +138,8 @@ inline index_t combine_reward_channels(view2d<const float> channels, view<const 
   detail::expect_size("weights", weights.size(), channels.cols(), "one weight per reward channel");
   detail::expect_size("out", out.size(), channels.rows(), "one reward per row");
   for (index_t k = 0; k < weights.size(); ++k)
-    RLPT_CHECK(detail::finite(weights[k]), errors::advantage::bad_option, "weights[{}] = {} is not finite", k, weights[k]);
+    RLPT_CHECK(detail::finite(weights[k]), errors::advantage::bad_option, "weights[{}] = {} is not finite", k,
+               weights[k]);
   if (o.on_nonfinite == nonfinite::raise) {
     index_t count = 0;
     std::string listed;
@@ -142,7 +150,8 @@ inline index_t combine_reward_channels(view2d<const float> channels, view<const 
             listed += fmt::format("{}(row {}, channel {}) = {}", count ? ", " : "", b, k, channels(b, k));
           ++count;
         }
-    RLPT_CHECK(count == 0, errors::advantage::nonfinite, "{} reward channel values are not finite: {}{} (set "
+    RLPT_CHECK(count == 0, errors::advantage::nonfinite,
+               "{} reward channel values are not finite: {}{} (set "
                "channel_options::on_nonfinite = rlpt::nonfinite::mask for TRL's nansum semantics)",
                count, listed, count > detail::max_named ? ", ..." : "");
   }
@@ -165,16 +174,18 @@ inline index_t combine_reward_channels(view2d<const float> channels, view<const 
 // --- affine transform and clip ---------------------------------------------------------------
 
 struct reward_transform {
-  double bias = 0.0;                                        //!< AReaL reward_bias (0)
-  double scaling = 1.0;                                     //!< AReaL reward_scaling (1)
-  double clip_low = -std::numeric_limits<double>::infinity(); //!< AReaL -reward_clip (-20), OpenRLHF clip_range[0] (-10)
+  double bias = 0.0;    //!< AReaL reward_bias (0)
+  double scaling = 1.0; //!< AReaL reward_scaling (1)
+  double clip_low =
+      -std::numeric_limits<double>::infinity(); //!< AReaL -reward_clip (-20), OpenRLHF clip_range[0] (-10)
   double clip_high = std::numeric_limits<double>::infinity(); //!< AReaL reward_clip (20), OpenRLHF clip_range[1] (10)
 };
 
 //! x <- clamp((x + bias) * scaling, clip_low, clip_high) in place. Non-finite values stay
 //! non-finite (the estimator's policy handles them); they are not clipped into range.
 inline void transform_rewards(view<float> rewards, const reward_transform& t) {
-  RLPT_CHECK(std::isfinite(t.bias) && std::isfinite(t.scaling) && !(t.clip_low > t.clip_high), errors::advantage::bad_option,
+  RLPT_CHECK(std::isfinite(t.bias) && std::isfinite(t.scaling) && !(t.clip_low > t.clip_high),
+             errors::advantage::bad_option,
              "reward_transform: bias ({}) and scaling ({}) must be finite and clip_low ({}) <= clip_high ({})", t.bias,
              t.scaling, t.clip_low, t.clip_high);
   for (float& x : rewards) {

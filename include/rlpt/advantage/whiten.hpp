@@ -43,11 +43,11 @@ enum class too_few : std::uint8_t {
 };
 
 struct whiten_options {
-  bool unbiased = true;                        //!< verl masked_var(unbiased=True); OpenRLHF false
-  double eps = 1e-8;                           //!< verl 1e-8
+  bool unbiased = true;                            //!< verl masked_var(unbiased=True); OpenRLHF false
+  double eps = 1e-8;                               //!< verl 1e-8
   rlpt::eps_mode eps_at = rlpt::eps_mode::add_var; //!< verl
-  bool scale = true;                           //!< false: centre only (OpenRLHF no_std_norm)
-  bool shift_mean = true;                      //!< false: add the mean back after scaling (verl shift_mean=False)
+  bool scale = true;                               //!< false: centre only (OpenRLHF no_std_norm)
+  bool shift_mean = true;                          //!< false: add the mean back after scaling (verl shift_mean=False)
   rlpt::too_few on_too_few = rlpt::too_few::raise; //!< verl
   rlpt::nonfinite on_nonfinite = rlpt::nonfinite::raise; //!< verl would propagate NaN
 };
@@ -80,9 +80,15 @@ RLPT_HD whiten_transform whiten_from(double count, double mean, double m2, const
   if (count > 0.0) t.mean = mean;
   if (o.scale) {
     switch (o.eps_at) {
-    case eps_mode::add_var: t.inv_std = 1.0 / std::sqrt(var + o.eps); break;
-    case eps_mode::floor_var: t.inv_std = 1.0 / std::sqrt(var > o.eps ? var : o.eps); break;
-    case eps_mode::add_std: t.inv_std = 1.0 / (std::sqrt(var) + o.eps); break;
+    case eps_mode::add_var:
+      t.inv_std = 1.0 / std::sqrt(var + o.eps);
+      break;
+    case eps_mode::floor_var:
+      t.inv_std = 1.0 / std::sqrt(var > o.eps ? var : o.eps);
+      break;
+    case eps_mode::add_std:
+      t.inv_std = 1.0 / (std::sqrt(var) + o.eps);
+      break;
     }
   }
   if (!o.shift_mean) t.add_back = t.mean;
@@ -184,7 +190,8 @@ inline moments merge_rows(const std::vector<whiten_sums>& sums) {
   if (nonfinite != 0 && o.on_nonfinite == nonfinite::raise) {
     index_t c = 0;
     const std::string listed = detail::name_nonfinite_tokens(layout, x, m, c);
-    RLPT_FAIL(errors::advantage::nonfinite, "{} valid tokens hold non-finite values: {}{} (set on_nonfinite = "
+    RLPT_FAIL(errors::advantage::nonfinite,
+              "{} valid tokens hold non-finite values: {}{} (set on_nonfinite = "
               "rlpt::nonfinite::mask to leave them out of the statistics with output 0)",
               c, listed, c > detail::max_named ? ", ..." : "");
   }
@@ -221,16 +228,16 @@ inline whiten_result whiten_apply(const moments& stats, const token_layout& layo
         for (index_t b = b0; b < b1; ++b) {
           const index_t base = layout.begin(b);
           // out may equal x (in place): each slot is read, then written
-          nonfinite_here += m ? detail::whiten_span<true>(x.data() + base, m + base, out.data() + base,
-                                                          layout.length(b), tr)
-                              : detail::whiten_span<false>(x.data() + base, nullptr, out.data() + base,
-                                                           layout.length(b), tr);
+          nonfinite_here +=
+              m ? detail::whiten_span<true>(x.data() + base, m + base, out.data() + base, layout.length(b), tr)
+                : detail::whiten_span<false>(x.data() + base, nullptr, out.data() + base, layout.length(b), tr);
         }
         return nonfinite_here;
       },
       [](index_t& acc, index_t part) { acc += part; });
   RLPT_CHECK(bad == 0 || o.on_nonfinite == nonfinite::mask, errors::advantage::nonfinite,
-             "{} valid tokens hold non-finite values (set on_nonfinite = rlpt::nonfinite::mask to leave them out)", bad);
+             "{} valid tokens hold non-finite values (set on_nonfinite = rlpt::nonfinite::mask to leave them out)",
+             bad);
   return {stats, tr.mean, tr.inv_std, bad};
 }
 

@@ -51,12 +51,18 @@ inline std::string dl_dtype_name(DLDataType t) {
 
 inline std::string_view dl_device_name(std::int32_t type) {
   switch (type) {
-  case kDLCPU: return "cpu";
-  case kDLCUDA: return "cuda";
-  case kDLCUDAHost: return "cuda_host";
-  case kDLCUDAManaged: return "cuda_managed";
-  case kDLROCM: return "rocm";
-  default: return "other";
+  case kDLCPU:
+    return "cpu";
+  case kDLCUDA:
+    return "cuda";
+  case kDLCUDAHost:
+    return "cuda_host";
+  case kDLCUDAManaged:
+    return "cuda_managed";
+  case kDLROCM:
+    return "rocm";
+  default:
+    return "other";
   }
 }
 
@@ -86,13 +92,15 @@ T* dl_checked_data(const DLTensor& t, std::string_view what, int ndim, index_t& 
   }
   // torch exports bool as uint8 in DLPack < 0.8 and kDLBool after; accept both for masks.
   const bool bool_as_u8 = std::is_same_v<E, std::uint8_t> && t.dtype.code == 6 && t.dtype.bits == 8;
-  RLPT_CHECK((bool_as_u8 || (t.dtype.code == dl_type<E>::code && t.dtype.bits == dl_type<E>::bits)) && t.dtype.lanes == 1,
+  RLPT_CHECK((bool_as_u8 || (t.dtype.code == dl_type<E>::code && t.dtype.bits == dl_type<E>::bits)) &&
+                 t.dtype.lanes == 1,
              errors::dlpack::dtype, "{} has dtype {}, expected {}", what, dl_dtype_name(t.dtype), name(dtype_of<E>));
   RLPT_CHECK(t.ndim == ndim, errors::dlpack::ndim, "{} has {} dimensions, expected {}", what, t.ndim, ndim);
   RLPT_CHECK(t.shape != nullptr, errors::dlpack::shape, "{} has {} dimensions but a null shape pointer", what, t.ndim);
   numel = 1;
   for (int d = 0; d < ndim; ++d) {
-    RLPT_CHECK(t.shape[d] >= 0, errors::dlpack::shape, "{} has negative extent {} in dimension {}", what, t.shape[d], d);
+    RLPT_CHECK(t.shape[d] >= 0, errors::dlpack::shape, "{} has negative extent {} in dimension {}", what, t.shape[d],
+               d);
     RLPT_CHECK(!__builtin_mul_overflow(numel, t.shape[d], &numel), errors::dlpack::shape,
                "{} has {} elements up to dimension {} (extent {}): more than 2^63", what, numel, d, t.shape[d]);
   }
@@ -105,21 +113,21 @@ T* dl_checked_data(const DLTensor& t, std::string_view what, int ndim, index_t& 
   RLPT_CHECK(!__builtin_add_overflow(reinterpret_cast<std::uintptr_t>(t.data), t.byte_offset, &first),
              errors::dlpack::shape, "{} has byte_offset {}: data pointer {} plus the offset wraps around", what,
              t.byte_offset, static_cast<const void*>(t.data));
-  RLPT_CHECK(first % alignof(E) == 0, errors::dlpack::alignment, "{} data address {:#x} is not aligned to {} bytes", what,
-             first, alignof(E));
+  RLPT_CHECK(first % alignof(E) == 0, errors::dlpack::alignment, "{} data address {:#x} is not aligned to {} bytes",
+             what, first, alignof(E));
   return reinterpret_cast<T*>(first);
 }
 
 //! Checks that `elements` elements of E starting at `first` lie below the end of the address
 //! space and within 2^63 bytes.
-template <class T>
-void dl_check_extent(const T* first, index_t elements, std::string_view what) {
+template <class T> void dl_check_extent(const T* first, index_t elements, std::string_view what) {
   std::int64_t bytes = 0;
   std::uintptr_t end = 0;
-  RLPT_CHECK(!__builtin_mul_overflow(elements, static_cast<std::int64_t>(sizeof(T)), &bytes) &&
-                 !__builtin_add_overflow(reinterpret_cast<std::uintptr_t>(first), static_cast<std::uintptr_t>(bytes), &end),
-             errors::dlpack::shape, "{} spans {} elements of {} bytes from address {}: the byte range overflows", what,
-             elements, sizeof(T), static_cast<const void*>(first));
+  RLPT_CHECK(
+      !__builtin_mul_overflow(elements, static_cast<std::int64_t>(sizeof(T)), &bytes) &&
+          !__builtin_add_overflow(reinterpret_cast<std::uintptr_t>(first), static_cast<std::uintptr_t>(bytes), &end),
+      errors::dlpack::shape, "{} spans {} elements of {} bytes from address {}: the byte range overflows", what,
+      elements, sizeof(T), static_cast<const void*>(first));
 }
 
 } // namespace detail
@@ -160,8 +168,8 @@ template <class T, memory_space Space = memory_space::host>
     // Elements from the first to the last one the view reaches: (rows - 1) * row_stride + cols.
     index_t span = 0;
     RLPT_CHECK(!__builtin_mul_overflow(rows - 1, row_stride, &span) && !__builtin_add_overflow(span, cols, &span),
-               errors::dlpack::strides, "{} has {} rows of stride {}: the rows span more than 2^63 elements", what, rows,
-               row_stride);
+               errors::dlpack::strides, "{} has {} rows of stride {}: the rows span more than 2^63 elements", what,
+               rows, row_stride);
     detail::dl_check_extent(p, span, what);
   }
   return {p, rows, cols, row_stride};

@@ -26,8 +26,10 @@ class chunk_fn {
 public:
   template <class F>
     requires(!std::is_same_v<std::remove_cvref_t<F>, chunk_fn> && std::is_invocable_v<F&, index_t>)
-  chunk_fn(F& f) noexcept // NOLINT(google-explicit-constructor)
-      : obj_(const_cast<void*>(static_cast<const void*>(&f))), call_([](void* o, index_t c) { (*static_cast<F*>(o))(c); }) {}
+  chunk_fn(F& f)
+  noexcept // NOLINT(google-explicit-constructor)
+      : obj_(const_cast<void*>(static_cast<const void*>(&f))),
+        call_([](void* o, index_t c) { (*static_cast<F*>(o))(c); }) {}
 
   void operator()(index_t chunk) const { call_(obj_, chunk); }
 
@@ -56,8 +58,7 @@ public:
   [[nodiscard]] thread_pool* pool() const noexcept { return static_cast<thread_pool*>(pool_); }
 
   //! Calls f(begin, end) over [0, n) in chunks of `grain` items (the last may be shorter).
-  template <class F>
-  void parallel_for(index_t n, index_t grain, F&& f) const {
+  template <class F> void parallel_for(index_t n, index_t grain, F&& f) const {
     if (n <= 0) return;
     grain = std::max<index_t>(grain, 1);
     const index_t chunks = n / grain + (n % grain != 0 ? 1 : 0); // no n + grain - 1 to overflow

@@ -124,18 +124,10 @@ public:
 private:
   //! std::allocator whose value-initialisation does nothing: every slot is written before it is
   //! read, so the storage is not zeroed first.
-  template <class T>
-  struct uninitialized_allocator : std::allocator<T> {
-    template <class U>
-    struct rebind {
-      using other = uninitialized_allocator<U>;
-    };
-    template <class U>
-    void construct(U* p) noexcept {
-      ::new (static_cast<void*>(p)) U;
-    }
-    template <class U, class... A>
-    void construct(U* p, A&&... a) {
+  template <class T> struct uninitialized_allocator : std::allocator<T> {
+    template <class U> struct rebind { using other = uninitialized_allocator<U>; };
+    template <class U> void construct(U* p) noexcept { ::new (static_cast<void*>(p)) U; }
+    template <class U, class... A> void construct(U* p, A&&... a) {
       ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
     }
   };
@@ -165,8 +157,7 @@ private:
 
   //! from_ids after the runs are counted. Slot holds group number + 1 (0 = empty); it is wide
   //! enough for `runs` groups, the most there can be.
-  template <class Slot>
-  void number_runs(const std::int64_t* id, index_t n, index_t runs) {
+  template <class Slot> void number_runs(const std::int64_t* id, index_t n, index_t runs) {
     int bits = 4;
     while ((std::uint64_t{1} << bits) < 2 * static_cast<std::uint64_t>(runs)) ++bits;
     const std::size_t wrap = (std::size_t{1} << bits) - 1;

@@ -22,16 +22,15 @@ RLPT_NAMESPACE_BEGIN
 
 enum class layout_kind : std::uint8_t { padded, packed };
 
-template <memory_space Space = memory_space::host>
-class basic_token_layout {
+template <memory_space Space = memory_space::host> class basic_token_layout {
 public:
   constexpr basic_token_layout() noexcept = default;
 
   //! [batch, seq_len] rows; row b starts at b * row_stride (-1, the default: seq_len).
   //! batch * row_stride must fit index_t.
   static basic_token_layout padded(index_t batch, index_t seq_len, index_t row_stride = -1) {
-    RLPT_CHECK(batch >= 0 && seq_len >= 0, errors::layout::bad_shape,
-               "padded layout [{}, {}] has a negative extent", batch, seq_len);
+    RLPT_CHECK(batch >= 0 && seq_len >= 0, errors::layout::bad_shape, "padded layout [{}, {}] has a negative extent",
+               batch, seq_len);
     RLPT_CHECK(row_stride >= -1, errors::layout::bad_stride,
                "padded layout row stride {} is negative (-1 means seq_len = {})", row_stride, seq_len);
     if (row_stride == -1) row_stride = seq_len;
@@ -73,9 +72,8 @@ public:
   }
 
   //! Packed layout over device offsets whose total token count the caller knows.
-  static basic_token_layout packed(view<const index_t, Space> offsets, index_t total_tokens, index_t max_len)
-    requires(Space == memory_space::device)
-  {
+  static basic_token_layout packed(view<const index_t, Space> offsets, index_t total_tokens,
+                                   index_t max_len) requires(Space == memory_space::device) {
     RLPT_CHECK(total_tokens >= 0 && max_len >= 0 && max_len <= total_tokens, errors::layout::bad_offsets,
                "packed device layout of {} sequences has total_tokens = {} and max_len = {}; both must be >= 0 and "
                "max_len <= total_tokens",
@@ -116,9 +114,9 @@ public:
   }
 
   //! Validates a per-token array against the layout; `what` names it in the error.
-  template <class T>
-  void expect_tokens(std::string_view what, view<T, Space> v) const {
-    detail::expect_size(what, v.size(), storage_size(), kind_ == layout_kind::packed ? "one per packed token" : "B * row_stride");
+  template <class T> void expect_tokens(std::string_view what, view<T, Space> v) const {
+    detail::expect_size(what, v.size(), storage_size(),
+                        kind_ == layout_kind::packed ? "one per packed token" : "B * row_stride");
   }
 
 private:

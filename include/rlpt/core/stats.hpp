@@ -57,8 +57,7 @@ struct moments {
 };
 
 //! Two-pass mean and M2 of all elements (fp64 accumulation, no cancellation).
-template <class T>
-[[nodiscard]] moments moments_of(view<const T> x) {
+template <class T> [[nodiscard]] moments moments_of(view<const T> x) {
   moments m;
   if (x.empty()) return m;
   double sum = 0.0;
@@ -74,8 +73,7 @@ template <class T>
 
 //! Two-pass moments of the elements whose mask is nonzero. Masked values are never read into
 //! the result, so garbage (even NaN) under a zero mask cannot change it.
-template <class T>
-[[nodiscard]] moments moments_of(view<const T> x, view<const mask_t> mask) {
+template <class T> [[nodiscard]] moments moments_of(view<const T> x, view<const mask_t> mask) {
   detail::expect_size("mask", mask.size(), x.size(), "one per value");
   moments m;
   double sum = 0.0;
@@ -96,15 +94,12 @@ template <class T>
 
 // Template argument deduction helpers for non-const views and containers.
 template <class T, class M>
-[[nodiscard]] moments moments_of(const T& x, const M& mask)
-  requires(!std::is_same_v<T, view<const typename T::value_type>>)
-{
+[[nodiscard]] moments moments_of(const T& x,
+                                 const M& mask) requires(!std::is_same_v<T, view<const typename T::value_type>>) {
   return moments_of<typename T::value_type>(view<const typename T::value_type>(x), view<const mask_t>(mask));
 }
 template <class T>
-[[nodiscard]] moments moments_of(const T& x)
-  requires(!std::is_same_v<T, view<const typename T::value_type>>)
-{
+[[nodiscard]] moments moments_of(const T& x) requires(!std::is_same_v<T, view<const typename T::value_type>>) {
   return moments_of<typename T::value_type>(view<const typename T::value_type>(x));
 }
 

@@ -51,18 +51,20 @@ inline constexpr bool may_borrow =
 //! rlpt's own views (and anything else tagged with a memory space) convert only through their
 //! own constructors, which keep the space: a device_view is a range too, of device pointers.
 template <class R>
-concept memory_tagged =
-    requires { requires std::is_same_v<std::remove_cv_t<decltype(std::remove_cvref_t<R>::space)>, memory_space>; };
+concept memory_tagged = requires {
+  requires std::is_same_v<std::remove_cv_t<decltype(std::remove_cvref_t<R>::space)>, memory_space>;
+};
 
 //! `P` points at elements a view of `T` may refer to (T itself, or T's non-const for a const T).
 template <class P, class T>
-concept element_pointer = std::is_pointer_v<P> && std::is_convertible_v<std::remove_pointer_t<P> (*)[], T (*)[]>;
+concept element_pointer = std::is_pointer_v<P> && std::is_convertible_v < std::remove_pointer_t<P>(*)
+[], T (*)[] > ;
 
 //! Dense strided storage std::span does not take: Eigen vectors, maps, refs and matrices
 //! (duck-typed, Eigen is not included). `innerStride()` is required, not only data() and size():
 //! a device buffer class with those two would otherwise pass for host memory.
 template <class R, class T>
-concept dense_storage = !memory_tagged<R> && !std::is_constructible_v<std::span<T>, R&> && requires(R& r) {
+concept dense_storage = !memory_tagged<R> && !std::is_constructible_v<std::span<T>, R&> && requires(R & r) {
   requires element_pointer<decltype(r.data()), T>;
   { r.size() } -> std::convertible_to<index_t>;
   { r.innerStride() } -> std::convertible_to<index_t>;
@@ -70,7 +72,7 @@ concept dense_storage = !memory_tagged<R> && !std::is_constructible_v<std::span<
 
 //! A row-major Eigen-like matrix (static IsRowMajor) with a row stride (outerStride()).
 template <class M, class T>
-concept dense_matrix = !memory_tagged<M> && requires(M& m) {
+concept dense_matrix = !memory_tagged<M> && requires(M & m) {
   requires element_pointer<decltype(m.data()), T>;
   { m.rows() } -> std::convertible_to<index_t>;
   { m.cols() } -> std::convertible_to<index_t>;
@@ -81,9 +83,11 @@ concept dense_matrix = !memory_tagged<M> && requires(M& m) {
 
 //! Whether reading dense storage in memory order gives rlpt's row-major order: a row-major
 //! matrix or a compile-time vector does; a column-major matrix does not (Eigen's default).
-template <class E>
-consteval bool flat_order_is_row_major() {
-  if constexpr (requires { E::IsRowMajor; E::IsVectorAtCompileTime; })
+template <class E> consteval bool flat_order_is_row_major() {
+  if constexpr (requires {
+                  E::IsRowMajor;
+                  E::IsVectorAtCompileTime;
+                })
     return static_cast<bool>(E::IsRowMajor) || static_cast<bool>(E::IsVectorAtCompileTime);
   else
     return true;
@@ -102,8 +106,7 @@ consteval bool flat_order_is_row_major() {
 //! The run-time half of the dense-storage conversion to a 1-D view: consecutive elements
 //! (unit inner stride, unless there is at most one) and, for a matrix, no padding between its
 //! rows (outer stride == inner size, unless there is at most one row).
-template <class R>
-void expect_contiguous_storage(const R& r) {
+template <class R> void expect_contiguous_storage(const R& r) {
   const auto size = static_cast<index_t>(r.size());
   const auto inner = static_cast<index_t>(r.innerStride());
   if (RLPT_UNLIKELY(inner != 1 && size > 1)) not_contiguous_inner(inner, size);
@@ -122,8 +125,7 @@ void expect_contiguous_storage(const R& r) {
 } // namespace detail
 
 //! Contiguous 1-D view.
-template <class T, memory_space Space = memory_space::host>
-class view {
+template <class T, memory_space Space = memory_space::host> class view {
 public:
   using element_type = T;
   using value_type = std::remove_cv_t<T>;
@@ -139,17 +141,18 @@ public:
 
   //! Host views borrow anything std::span accepts (vectors, arrays, spans) that outlives them.
   template <class R>
-    requires(Space == memory_space::host && std::is_constructible_v<std::span<T>, R&> &&
-             !detail::memory_tagged<R> && detail::may_borrow<R>)
+    requires(Space == memory_space::host && std::is_constructible_v<std::span<T>, R&> && !detail::memory_tagged<R> &&
+             detail::may_borrow<R>)
   constexpr view(R&& r) noexcept // NOLINT(google-explicit-constructor): views convert implicitly
       : view(std::span<T>(r)) {}
 
   //! A view of a temporary container would dangle as soon as the full expression ends: keep
   //! the container in a variable (or pass a std::span of it to say the borrow is intended).
   template <class R>
-    requires(Space == memory_space::host && std::is_constructible_v<std::span<T>, R&> &&
-             !detail::memory_tagged<R> && !detail::may_borrow<R>)
-  view(R&& r) = delete;
+    requires(Space == memory_space::host && std::is_constructible_v<std::span<T>, R&> && !detail::memory_tagged<R> &&
+             !detail::may_borrow<R>)
+  view(R&& r)
+  = delete;
 
   //! Host views borrow dense Eigen storage the caller keeps: a vector, Map, Ref, or a row-major
   //! matrix read row after row. Non-contiguous storage (a strided Map, a column of a row-major
@@ -169,7 +172,8 @@ public:
   //! and a temporary Map cannot be told apart from it here. Keep the object in a variable.
   template <class R>
     requires(Space == memory_space::host && detail::dense_storage<R, T> && !detail::may_borrow<R>)
-  view(R&& r) = delete;
+  view(R&& r)
+  = delete;
 
   template <std::size_t N>
     requires(Space == memory_space::host)
@@ -197,9 +201,7 @@ public:
     return {data_ + offset, count};
   }
 
-  [[nodiscard]] std::span<T> span() const noexcept
-    requires(Space == memory_space::host)
-  {
+  [[nodiscard]] std::span<T> span() const noexcept requires(Space == memory_space::host) {
     return {data_, static_cast<std::size_t>(size_)};
   }
 
@@ -208,12 +210,10 @@ private:
   index_t size_ = 0;
 };
 
-template <class R>
-view(R&&) -> view<std::remove_reference_t<decltype(*std::data(std::declval<R&>()))>>;
+template <class R> view(R&&) -> view<std::remove_reference_t<decltype(*std::data(std::declval<R&>()))>>;
 
 //! Row-major 2-D view with a row stride in elements and contiguous columns.
-template <class T, memory_space Space = memory_space::host>
-class view2d {
+template <class T, memory_space Space = memory_space::host> class view2d {
 public:
   using element_type = T;
   using value_type = std::remove_cv_t<T>;
@@ -263,7 +263,8 @@ public:
   //! Temporaries do not convert (see view): keep the matrix or Map in a variable.
   template <class M>
     requires(Space == memory_space::host && detail::dense_matrix<M, T> && !detail::may_borrow<M>)
-  view2d(M&& m) = delete;
+  view2d(M&& m)
+  = delete;
 
   template <class U>
     requires(std::is_convertible_v<U (*)[], T (*)[]> && !std::is_same_v<U, T>)
@@ -297,7 +298,7 @@ template <class M>
     m.outerStride();
     *m.data();
   }
-view2d(M&&) -> view2d<std::remove_reference_t<decltype(*std::declval<M&>().data())>>;
+view2d(M&&)->view2d<std::remove_reference_t<decltype(*std::declval<M&>().data())>>;
 
 template <class T> using device_view = view<T, memory_space::device>;
 template <class T> using device_view2d = view2d<T, memory_space::device>;
@@ -346,8 +347,7 @@ inline void bad_view2d_shape(index_t rows, index_t cols) {
 //! Validates that a view has exactly `expected` elements; `what` names the argument.
 inline void expect_size(std::string_view what, index_t got, index_t expected, std::string_view why = {}) {
   if (RLPT_UNLIKELY(got != expected)) {
-    if (why.empty())
-      RLPT_FAIL(errors::view::size_mismatch, "{} has {} elements, expected {}", what, got, expected);
+    if (why.empty()) RLPT_FAIL(errors::view::size_mismatch, "{} has {} elements, expected {}", what, got, expected);
     RLPT_FAIL(errors::view::size_mismatch, "{} has {} elements, expected {} ({})", what, got, expected, why);
   }
 }

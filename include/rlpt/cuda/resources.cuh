@@ -47,8 +47,7 @@ struct driver_api {
   decltype(&::cuPointerGetAttribute) cuPointerGetAttribute = nullptr;
 };
 
-template <class F>
-void load_driver_entry(const char* name, F& f) {
+template <class F> void load_driver_entry(const char* name, F& f) {
   void* p = nullptr;
   cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
 #if CUDART_VERSION >= 12050
@@ -57,8 +56,8 @@ void load_driver_entry(const char* name, F& f) {
   const cudaError_t e = cudaGetDriverEntryPoint(name, &p, cudaEnableDefault, &found);
 #endif
   RLPT_CHECK(e == cudaSuccess && found == cudaDriverEntryPointSuccess && p != nullptr, errors::cuda::error,
-             "the CUDA driver entry point {} is not available ({}): is an NVIDIA driver (12.0 or newer) installed?", name,
-             cudaGetErrorString(e));
+             "the CUDA driver entry point {} is not available ({}): is an NVIDIA driver (12.0 or newer) installed?",
+             name, cudaGetErrorString(e));
   f = reinterpret_cast<F>(p);
 }
 
@@ -93,7 +92,8 @@ inline void check_cu(CUresult status, const char* expr, const char* file, int li
     const char* text = nullptr;
     driver().cuGetErrorName(status, &name);
     driver().cuGetErrorString(status, &text);
-    RLPT_FAIL(errors::cuda::error, "{} failed with {} ({}) at {}:{}", expr, name ? name : "?", text ? text : "?", file, line);
+    RLPT_FAIL(errors::cuda::error, "{} failed with {} ({}) at {}:{}", expr, name ? name : "?", text ? text : "?", file,
+              line);
   }
 }
 
@@ -111,8 +111,10 @@ class device_guard {
 public:
   explicit device_guard(int device) {
     RLPT_CUDA_CHECK(cudaGetDevice(&prev_));
-    if (device >= 0 && device != prev_) RLPT_CUDA_CHECK(cudaSetDevice(device));
-    else prev_ = -1;
+    if (device >= 0 && device != prev_)
+      RLPT_CUDA_CHECK(cudaSetDevice(device));
+    else
+      prev_ = -1;
   }
   device_guard(const device_guard&) = delete;
   device_guard& operator=(const device_guard&) = delete;
@@ -144,8 +146,7 @@ struct pinned_alloc {
 };
 
 //! Owned bytes from `Alloc`; empty until the first non-zero reserve.
-template <class Alloc>
-class basic_bytes {
+template <class Alloc> class basic_bytes {
 public:
   basic_bytes() = default;
   explicit basic_bytes(std::size_t n) { reserve(n); }
@@ -171,10 +172,7 @@ public:
     p_ = Alloc::allocate(n);
     n_ = n;
   }
-  template <class T = std::byte>
-  [[nodiscard]] T* get() const noexcept {
-    return static_cast<T*>(p_);
-  }
+  template <class T = std::byte> [[nodiscard]] T* get() const noexcept { return static_cast<T*>(p_); }
   [[nodiscard]] std::size_t size() const noexcept { return n_; }
 
 private:
@@ -226,11 +224,14 @@ void wait_event(cudaEvent_t e, std::chrono::steady_clock::time_point until, erro
   for (;;) {
     const cudaError_t s = cudaEventQuery(e);
     if (s == cudaSuccess) return;
-    if (s != cudaErrorNotReady) RLPT_FAIL(errors::cuda::error, "{}: {}: {} ({})", where, what, cudaGetErrorName(s), cudaGetErrorString(s));
+    if (s != cudaErrorNotReady)
+      RLPT_FAIL(errors::cuda::error, "{}: {}: {} ({})", where, what, cudaGetErrorName(s), cudaGetErrorString(s));
     poll();
     if (std::chrono::steady_clock::now() >= until) RLPT_FAIL(timeout_id, "{}: timed out {}", where, what);
-    if (++spins < 64) std::this_thread::yield();
-    else std::this_thread::sleep_for(std::chrono::microseconds(spins < 1024 ? 20 : 200));
+    if (++spins < 64)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(spins < 1024 ? 20 : 200));
   }
 }
 

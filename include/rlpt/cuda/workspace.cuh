@@ -35,8 +35,7 @@ class workspace_carver {
 public:
   explicit workspace_carver(workspace& ws) noexcept : ws_(ws) {}
 
-  template <class T>
-  T* take(std::size_t count, std::size_t align = 256) {
+  template <class T> T* take(std::size_t count, std::size_t align = 256) {
     offset_ = (offset_ + align - 1) / align * align;
     T* p = ws_.data ? reinterpret_cast<T*>(static_cast<char*>(ws_.data) + offset_) : nullptr;
     offset_ += count * sizeof(T);

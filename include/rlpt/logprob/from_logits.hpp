@@ -34,8 +34,9 @@ RLPT_NAMESPACE_BEGIN
 
 //! Element types a logits view may have.
 template <class T>
-concept logit_type = std::is_same_v<std::remove_const_t<T>, float> || std::is_same_v<std::remove_const_t<T>, double> ||
-                     std::is_same_v<std::remove_const_t<T>, bf16> || std::is_same_v<std::remove_const_t<T>, f16>;
+concept logit_type = std::is_same_v < std::remove_const_t<T>,
+float > || std::is_same_v<std::remove_const_t<T>, double> || std::is_same_v<std::remove_const_t<T>, bf16> ||
+    std::is_same_v<std::remove_const_t<T>, f16>;
 
 //! Element types a gradient output may have.
 template <class G>
@@ -137,8 +138,7 @@ logprob_stats forward_rows(view2d<T> logits, Job&& job, const logprob_outputs& o
 }
 
 //! Rejects a gradient output that partially overlaps the logits (exact in-place is fine).
-template <class T, class G>
-void check_grad_alias(view2d<T> logits, view2d<G> dlogits) {
+template <class T, class G> void check_grad_alias(view2d<T> logits, view2d<G> dlogits) {
   const auto span_of = [](auto v) {
     using V = std::remove_const_t<std::remove_pointer_t<decltype(v.data())>>;
     const auto* b = reinterpret_cast<const unsigned char*>(v.data());
@@ -148,7 +148,8 @@ void check_grad_alias(view2d<T> logits, view2d<G> dlogits) {
   const auto [lb, le] = span_of(logits);
   const auto [gb, ge] = span_of(dlogits);
   const bool overlap = lb < ge && gb < le;
-  const bool same = std::is_same_v<std::remove_const_t<T>, G> && lb == gb && logits.row_stride() == dlogits.row_stride();
+  const bool same =
+      std::is_same_v<std::remove_const_t<T>, G> && lb == gb && logits.row_stride() == dlogits.row_stride();
   RLPT_CHECK(!overlap || same, errors::logprob::alias,
              "dlogits partially overlaps the logits (in-place backward needs the same pointer, row stride {} and "
              "dtype; got row stride {})",
@@ -225,8 +226,7 @@ void backward_rows(view2d<T> logits, Job&& job, const logprob_backward_inputs& i
   });
 }
 
-template <class T>
-void check_logits(view2d<T> logits, std::string_view what = "logits") {
+template <class T> void check_logits(view2d<T> logits, std::string_view what = "logits") {
   check_logits_shape(logits.rows(), logits.cols(), logits.row_stride(), logits.data() != nullptr, what);
 }
 

@@ -124,8 +124,7 @@ RLPT_HD_FORCEINLINE std::uint16_t bf16_bits_rne(float f) {
 }
 
 //! Stores a gradient element in the output's type.
-template <class T>
-RLPT_HD_FORCEINLINE T store_grad(float g) {
+template <class T> RLPT_HD_FORCEINLINE T store_grad(float g) {
   if constexpr (std::is_same_v<T, float>) {
     return g;
   } else if constexpr (std::is_same_v<T, double>) {
@@ -177,9 +176,7 @@ RLPT_HD row_result lse_finish(lse_state x) {
 //! not every logit −inf). The sum is not required to reach 1: a state built with a rounded
 //! shift (the device's m = RN(max z·log2e), or a rank's max rounded into natural units) gives
 //! the maximum a weight just below 1, so a one-token support sums to 0.99999994.
-RLPT_HD bool lse_ok(lse_state x) {
-  return x.m - x.m == 0.0f && x.s > 0.0f && x.s - x.s == 0.0f && x.a - x.a == 0.0f;
-}
+RLPT_HD bool lse_ok(lse_state x) { return x.m - x.m == 0.0f && x.s > 0.0f && x.s - x.s == 0.0f && x.a - x.a == 0.0f; }
 
 //! log p(target) = (z_t − m) − log s, never z_t − lse: lse is rounded to float (an ulp of 1e-3
 //! at |z| ~ 1e4) while z_t − m is exact when the two are close, so a log-probability keeps its
@@ -285,8 +282,7 @@ RLPT_HD_FORCEINLINE void lse2_add(lse_state2& st, float d) {
 //! Folds W tempered logits into a state (the per-thread fold of the device kernels). A NaN
 //! poisons the state (s = NaN) even while the running max is still −inf, as the host's
 //! `poisoned` flag does: a NaN logit in a lane whose neighbours are −inf is never dropped.
-template <int W>
-RLPT_HD_FORCEINLINE void lse2_fold(lse_state2& st, const float (&z)[W]) {
+template <int W> RLPT_HD_FORCEINLINE void lse2_fold(lse_state2& st, const float (&z)[W]) {
   float mx = z[0];
   for (int k = 1; k < W; ++k) mx = fmaxf(mx, z[k]); // fmaxf skips NaN: NaN is caught below
   const float mv = mx * detail::log2e_f;

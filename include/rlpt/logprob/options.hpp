@@ -48,8 +48,7 @@ struct logprob_options {
 };
 
 //! The forward's per-row statistics as a backward reads them (host or device memory).
-template <memory_space Space = memory_space::host>
-struct basic_logprob_saved_view {
+template <memory_space Space = memory_space::host> struct basic_logprob_saved_view {
   view<const float, Space> lse{};        //!< log Σ_kept exp(logits / T), one per logits row
   view<const float, Space> threshold{};  //!< top-k/top-p: smallest kept tempered logit
   view<const index_t, Space> tie_last{}; //!< top-k/top-p: last kept column among ties at threshold
@@ -62,15 +61,14 @@ using logprob_saved_view = basic_logprob_saved_view<>;
 //!
 //!     rlpt::logprob_entropy_backward(logits, targets,
 //!                                    {.dlogp = g, .logp = logp, .saved = out.saved}, dlogits);
-template <memory_space Space = memory_space::host>
-struct basic_logprob_backward_inputs {
+template <memory_space Space = memory_space::host> struct basic_logprob_backward_inputs {
   view<const float, Space> dlogp{};    //!< ∂loss/∂logp (empty: no logp term)
   view<const float, Space> dentropy{}; //!< ∂loss/∂entropy (empty: no entropy term)
   //! The forward's logp: a target it scored −inf (outside the top-k/top-p support, or logit −inf)
   //! gets no gradient. Required with dlogp on the device (kernels decide from it, never from
   //! logits an in-place backward overwrites); on the host, absent means "decide from the logits".
   view<const float, Space> logp{};
-  view<const float, Space> entropy{};  //!< the forward's entropy (with dentropy; host: recomputed when absent)
+  view<const float, Space> entropy{};      //!< the forward's entropy (with dentropy; host: recomputed when absent)
   basic_logprob_saved_view<Space> saved{}; //!< the forward's statistics (host: recomputed when absent)
 };
 using logprob_backward_inputs = basic_logprob_backward_inputs<>;
@@ -78,8 +76,8 @@ using logprob_backward_inputs = basic_logprob_backward_inputs<>;
 //! Per-row statistics the forward writes and the backward reads ([N] each, caller memory).
 //! `lse` is needed by every backward; `threshold` and `tie_last` only with top-k/top-p.
 struct logprob_saved {
-  view<float> lse{};      //!< log Σ_kept exp(logits / T)
-  view<float> threshold{}; //!< smallest kept tempered logit (−inf when nothing is truncated)
+  view<float> lse{};        //!< log Σ_kept exp(logits / T)
+  view<float> threshold{};  //!< smallest kept tempered logit (−inf when nothing is truncated)
   view<index_t> tie_last{}; //!< column j is kept iff z_j > threshold or (z_j == threshold and j ≤ tie_last)
 
   operator logprob_saved_view() const noexcept { return {lse, threshold, tie_last}; } // NOLINT: views convert
@@ -142,21 +140,22 @@ inline void check_outputs(const logprob_outputs& out, index_t rows, index_t voca
 
 inline void check_target(index_t row, index_t target, index_t vocab, index_t ignore_index) {
   if (RLPT_UNLIKELY((target < 0 || target >= vocab) && target != ignore_index))
-    RLPT_FAIL(errors::logprob::target_out_of_range, "target {} of row {} is outside the vocabulary [0, {}) "
-              "and is not ignore_index ({})", target, row, vocab, ignore_index);
+    RLPT_FAIL(errors::logprob::target_out_of_range,
+              "target {} of row {} is outside the vocabulary [0, {}) "
+              "and is not ignore_index ({})",
+              target, row, vocab, ignore_index);
 }
 
 //! Validates a logits view's shape before any size is compared against it (a view built with
 //! −1 rows would otherwise report "targets has 0 elements, expected -1").
 inline void check_logits_shape(index_t rows, index_t cols, index_t row_stride, bool has_data,
                                std::string_view what = "logits") {
-  RLPT_CHECK(rows >= 0 && cols >= 0, errors::logprob::shape_mismatch, "{} view is [{}, {}]: a negative extent",
-             what, rows, cols);
-  RLPT_CHECK(cols > 0, errors::logprob::shape_mismatch, "{} have 0 columns (an empty vocabulary or hidden size)",
-             what);
+  RLPT_CHECK(rows >= 0 && cols >= 0, errors::logprob::shape_mismatch, "{} view is [{}, {}]: a negative extent", what,
+             rows, cols);
+  RLPT_CHECK(cols > 0, errors::logprob::shape_mismatch, "{} have 0 columns (an empty vocabulary or hidden size)", what);
   RLPT_CHECK(rows <= 1 || row_stride >= cols, errors::logprob::shape_mismatch,
-             "{} are [{}, {}] with row stride {}: rows would overlap (the stride must be >= the columns)", what,
-             rows, cols, row_stride);
+             "{} are [{}, {}] with row stride {}: rows would overlap (the stride must be >= the columns)", what, rows,
+             cols, row_stride);
   RLPT_CHECK(rows == 0 || has_data, errors::logprob::shape_mismatch, "{} are [{}, {}] but their data pointer is null",
              what, rows, cols);
 }

@@ -93,9 +93,8 @@ logprob_stats sequence_logprob_entropy(view2d<T> logits, view<const index_t> tok
 //! (last token of a sequence, padding) get zeros; dlogits may be the logits themselves (in place).
 template <logit_type T, grad_type G>
 void sequence_logprob_entropy_backward(view2d<T> logits, view<const index_t> tokens, const token_layout& layout,
-                                       view<const mask_t> valid, const logprob_backward_inputs& in,
-                                       view2d<G> dlogits, const logprob_options& opt = {},
-                                       const host_executor& ex = {}) {
+                                       view<const mask_t> valid, const logprob_backward_inputs& in, view2d<G> dlogits,
+                                       const logprob_options& opt = {}, const host_executor& ex = {}) {
   detail::check_sequence_inputs(logits, tokens, layout, valid, opt);
   const index_t n = layout.storage_size();
   detail::check_backward_inputs(in, n, n);

@@ -45,8 +45,7 @@ struct vocab_shard {
 namespace detail {
 
 inline void check_shard(vocab_shard shard, index_t local_cols) {
-  RLPT_CHECK(shard.vocab > 0 && shard.begin >= 0 && shard.begin + local_cols <= shard.vocab,
-             errors::logprob::bad_shard,
+  RLPT_CHECK(shard.vocab > 0 && shard.begin >= 0 && shard.begin + local_cols <= shard.vocab, errors::logprob::bad_shard,
              "shard [{}, {}) does not fit a global vocabulary of {} columns (begin {} + {} local columns)", shard.begin,
              shard.begin + local_cols, shard.vocab, shard.begin, local_cols);
 }

@@ -40,11 +40,16 @@ enum class agg_mode : std::uint8_t {
 
 [[nodiscard]] constexpr std::string_view name(agg_mode m) noexcept {
   switch (m) {
-  case agg_mode::token_mean: return "token_mean";
-  case agg_mode::token_sum: return "token_sum";
-  case agg_mode::seq_mean_token_sum: return "seq_mean_token_sum";
-  case agg_mode::seq_mean_token_mean: return "seq_mean_token_mean";
-  case agg_mode::seq_mean_token_sum_norm: return "seq_mean_token_sum_norm";
+  case agg_mode::token_mean:
+    return "token_mean";
+  case agg_mode::token_sum:
+    return "token_sum";
+  case agg_mode::seq_mean_token_sum:
+    return "seq_mean_token_sum";
+  case agg_mode::seq_mean_token_mean:
+    return "seq_mean_token_mean";
+  case agg_mode::seq_mean_token_sum_norm:
+    return "seq_mean_token_sum_norm";
   }
   return "?";
 }
@@ -120,11 +125,16 @@ struct agg_plan {
   [[nodiscard]] RLPT_HD double row_weight(double len) const {
     if (len <= 0.0) return 0.0;
     switch (mode) {
-    case agg_mode::token_mean: return tokens > 0.0 ? factor / tokens : 0.0;
-    case agg_mode::token_sum: return factor;
-    case agg_mode::seq_mean_token_sum: return seqs > 0.0 ? factor / seqs : 0.0;
-    case agg_mode::seq_mean_token_mean: return seqs > 0.0 ? factor / (seqs * (len + len_eps)) : 0.0;
-    case agg_mode::seq_mean_token_sum_norm: return seqs > 0.0 ? factor / (seqs * norm) : 0.0;
+    case agg_mode::token_mean:
+      return tokens > 0.0 ? factor / tokens : 0.0;
+    case agg_mode::token_sum:
+      return factor;
+    case agg_mode::seq_mean_token_sum:
+      return seqs > 0.0 ? factor / seqs : 0.0;
+    case agg_mode::seq_mean_token_mean:
+      return seqs > 0.0 ? factor / (seqs * (len + len_eps)) : 0.0;
+    case agg_mode::seq_mean_token_sum_norm:
+      return seqs > 0.0 ? factor / (seqs * norm) : 0.0;
     }
     return 0.0;
   }

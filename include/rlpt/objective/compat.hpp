@@ -46,7 +46,8 @@ inline double parse_number(std::string_view framework, std::string_view option, 
     used = static_cast<std::size_t>(end - str.c_str());
 #endif
   }
-  RLPT_CHECK(ok && used == str.size(), errors::objective::compat, "{} {} = \"{}\" is not a number", framework, option, s);
+  RLPT_CHECK(ok && used == str.size(), errors::objective::compat, "{} {} = \"{}\" is not a number", framework, option,
+             s);
   return v;
 }
 } // namespace detail
@@ -67,9 +68,8 @@ inline aggregation agg(std::string_view loss_agg_mode = "token-mean", int dp_siz
   a.global_seqs = global_batch_size;
   RLPT_CHECK(dp_size == 1 || loss_agg_mode == "token-sum" ||
                  (loss_agg_mode == "token-mean" ? batch_num_tokens.has_value() : global_batch_size.has_value()),
-             errors::objective::compat,
-             "verl agg_loss with dp_size = {} needs the global {} (verl raises too)", dp_size,
-             loss_agg_mode == "token-mean" ? "batch_num_tokens" : "global_batch_size");
+             errors::objective::compat, "verl agg_loss with dp_size = {} needs the global {} (verl raises too)",
+             dp_size, loss_agg_mode == "token-mean" ? "batch_num_tokens" : "global_batch_size");
   if (loss_agg_mode == "token-mean") {
     a.mode = agg_mode::token_mean;
   } else if (loss_agg_mode == "token-sum") {
@@ -232,7 +232,8 @@ inline objective actor(const actor_config& c, const off_policy_correction& corre
   const double hi = c.clip_ratio_high.value_or(c.clip_ratio);
   o.agg = agg(c.loss_agg_mode, c.dp_size, c.batch_num_tokens, c.global_batch_size, c.loss_scale_factor);
   if (c.loss_mode == "vanilla") {
-    o.policy = ppo_clip{.eps_low = lo, .eps_high = hi, .dual_clip = c.clip_ratio_c, .delta = 0.0, .log_ratio_clamp = 20.0};
+    o.policy =
+        ppo_clip{.eps_low = lo, .eps_high = hi, .dual_clip = c.clip_ratio_c, .delta = 0.0, .log_ratio_clamp = 20.0};
   } else if (c.loss_mode == "gspo") {
     // verl's registered default aggregation for gspo is its argument; the trainer passes loss_agg_mode.
     o.policy = gspo{.eps_low = lo, .eps_high = hi, .token_level = true, .log_ratio_max = 10.0};
@@ -316,10 +317,17 @@ inline objective grpo(const grpo_config& c) {
   const std::string_view lt = c.loss_type;
   if (lt == "grpo" || lt == "bnpo" || lt == "dr_grpo" || lt == "dapo") {
     if (seq)
-      o.policy = gspo{.eps_low = c.epsilon, .eps_high = eh, .token_level = false, .log_ratio_max = 80.0,
-                      .dual_clip = 0.0, .delta = c.delta.value_or(0.0)};
+      o.policy = gspo{.eps_low = c.epsilon,
+                      .eps_high = eh,
+                      .token_level = false,
+                      .log_ratio_max = 80.0,
+                      .dual_clip = 0.0,
+                      .delta = c.delta.value_or(0.0)};
     else
-      o.policy = ppo_clip{.eps_low = c.epsilon, .eps_high = eh, .dual_clip = 0.0, .delta = c.delta.value_or(0.0),
+      o.policy = ppo_clip{.eps_low = c.epsilon,
+                          .eps_high = eh,
+                          .dual_clip = 0.0,
+                          .delta = c.delta.value_or(0.0),
                           .log_ratio_clamp = 80.0};
   } else if (lt == "cispo" && !seq) {
     o.policy = cispo{.bounds = cispo_bounds::absolute, .cap = eh, .log_ratio_clamp = 80.0};
@@ -352,8 +360,12 @@ inline objective grpo(const grpo_config& c) {
   }
   o.agg = a;
   if (c.beta != 0.0) {
-    o.kl = kl_penalty{.coef = c.beta, .estimator = kl_estimator::k3, .k3_x_min = -80.0, .k3_x_max = 80.0,
-                      .output_clamp = 0.0, .importance_corrected = c.use_bias_correction_kl};
+    o.kl = kl_penalty{.coef = c.beta,
+                      .estimator = kl_estimator::k3,
+                      .k3_x_min = -80.0,
+                      .k3_x_max = 80.0,
+                      .output_clamp = 0.0,
+                      .importance_corrected = c.use_bias_correction_kl};
   }
   if (c.entropy_coef != 0.0) {
     o.entropy.coef = c.entropy_coef;
@@ -394,15 +406,15 @@ struct policy_loss_config {
   double clip_eps_high = 0.2;
   std::optional<double> dual_clip{};
   bool token_level_loss = true;
-  std::string policy_loss_type = "ppo"; //!< ppo, gspo
+  std::string policy_loss_type = "ppo";    //!< ppo, gspo
   std::string is_correction_level = "off"; //!< off, token, seq
-  std::string is_correction_mode = "mask";  //!< mask, clip
+  std::string is_correction_mode = "mask"; //!< mask, clip
   double is_correction_low = 0.5;
   double is_correction_high = 5.0;
   int dp_size = 1;
   std::optional<double> batch_num_tokens{};
   std::optional<double> global_batch_size{};
-  double kl_coef = 0.0; //!< actor KL loss coefficient (kl_ctl) when use_kl_loss
+  double kl_coef = 0.0;            //!< actor KL loss coefficient (kl_ctl) when use_kl_loss
   std::string kl_estimator = "k1"; //!< k1, k2, k3
   bool kl_unbiased_gradient = false;
   double entropy_coef = 0.0;
@@ -457,15 +469,21 @@ inline objective policy_loss(const policy_loss_config& c) {
   objective o;
   const bool gspo_type = c.policy_loss_type == "gspo";
   if (c.policy_loss_type == "ppo") {
-    o.policy = ppo_clip{.eps_low = c.clip_eps_low, .eps_high = c.clip_eps_high, .dual_clip = c.dual_clip.value_or(0.0),
-                        .delta = 0.0, .log_ratio_clamp = 20.0};
+    o.policy = ppo_clip{.eps_low = c.clip_eps_low,
+                        .eps_high = c.clip_eps_high,
+                        .dual_clip = c.dual_clip.value_or(0.0),
+                        .delta = 0.0,
+                        .log_ratio_clamp = 20.0};
   } else if (gspo_type) {
     RLPT_CHECK(c.is_correction_level == "off", errors::objective::compat,
                "openrlhf gspo with is_correction_level = \"{}\" takes its ratio against the rollout log-probs; pass "
                "behav_logp as old_logp with is_correction_level = \"off\" instead",
                c.is_correction_level);
-    o.policy = gspo{.eps_low = c.clip_eps_low, .eps_high = c.clip_eps_high, .token_level = false,
-                    .log_ratio_max = 80.0, .dual_clip = c.dual_clip.value_or(0.0)};
+    o.policy = gspo{.eps_low = c.clip_eps_low,
+                    .eps_high = c.clip_eps_high,
+                    .token_level = false,
+                    .log_ratio_max = 80.0,
+                    .dual_clip = c.dual_clip.value_or(0.0)};
   } else {
     detail::unknown("openrlhf", "policy_loss_type", c.policy_loss_type, "ppo, gspo");
   }
@@ -479,18 +497,19 @@ inline objective policy_loss(const policy_loss_config& c) {
     if (!seq && c.is_correction_level != "token")
       detail::unknown("openrlhf", "is_correction_level", c.is_correction_level, "off, token, seq");
     if (c.is_correction_mode == "clip") {
-      RLPT_CHECK(!seq, errors::objective::compat, "openrlhf is_correction_mode = clip needs is_correction_level = token");
-      k.weight = {.level = is_level::token, .bound = is_bound::truncate, .lo = c.is_correction_low,
-                  .hi = c.is_correction_high};
+      RLPT_CHECK(!seq, errors::objective::compat,
+                 "openrlhf is_correction_mode = clip needs is_correction_level = token");
+      k.weight = {
+          .level = is_level::token, .bound = is_bound::truncate, .lo = c.is_correction_low, .hi = c.is_correction_high};
     } else if (c.is_correction_mode == "mask") {
       if (seq) {
         // seq-mask-tis: gate on the geometric-mean ratio, weight survivors by their token ratio.
         k.weight = {.level = is_level::token, .bound = is_bound::none};
-        k.reject = {.stat = rs_stat::ratio, .level = rs_level::seq_mean, .lo = c.is_correction_low,
-                    .hi = c.is_correction_high};
+        k.reject = {
+            .stat = rs_stat::ratio, .level = rs_level::seq_mean, .lo = c.is_correction_low, .hi = c.is_correction_high};
       } else {
-        k.weight = {.level = is_level::token, .bound = is_bound::mask, .lo = c.is_correction_low,
-                    .hi = c.is_correction_high};
+        k.weight = {
+            .level = is_level::token, .bound = is_bound::mask, .lo = c.is_correction_low, .hi = c.is_correction_high};
       }
     } else {
       detail::unknown("openrlhf", "is_correction_mode", c.is_correction_mode, "mask, clip");
@@ -524,9 +543,9 @@ struct actor_config {
   std::optional<double> eps_clip_higher{};
   std::optional<double> c_clip{};
   bool use_decoupled_loss = true;
-  bool rejection_sampling = true;              //!< false: the field is None (no weight)
-  std::string rejection_level = "token";  //!< token, sequence
-  std::string rejection_action = "mask";  //!< mask, clamp
+  bool rejection_sampling = true;        //!< false: the field is None (no weight)
+  std::string rejection_level = "token"; //!< token, sequence
+  std::string rejection_action = "mask"; //!< mask, clamp
   double rejection_upper = 5.0;
   std::optional<double> rejection_lower{};
   std::string importance_sampling_level = "token"; //!< token, sequence (GSPO)
@@ -540,13 +559,20 @@ inline objective actor(const actor_config& c) {
   objective o;
   const double eh = c.eps_clip_higher.value_or(c.eps_clip);
   if (c.use_sapo_loss) {
-    RLPT_CHECK(!c.use_decoupled_loss, errors::objective::compat, "areal use_sapo_loss requires use_decoupled_loss = false");
+    RLPT_CHECK(!c.use_decoupled_loss, errors::objective::compat,
+               "areal use_sapo_loss requires use_decoupled_loss = false");
     o.policy = sapo{.tau_pos = c.sapo_tau_pos, .tau_neg = c.sapo_tau_neg, .log_ratio_clamp = 80.0};
   } else if (c.importance_sampling_level == "sequence") {
-    o.policy = gspo{.eps_low = c.eps_clip, .eps_high = eh, .token_level = false, .log_ratio_max = 80.0,
+    o.policy = gspo{.eps_low = c.eps_clip,
+                    .eps_high = eh,
+                    .token_level = false,
+                    .log_ratio_max = 80.0,
                     .dual_clip = c.c_clip.value_or(0.0)};
   } else if (c.importance_sampling_level == "token") {
-    o.policy = ppo_clip{.eps_low = c.eps_clip, .eps_high = eh, .dual_clip = c.c_clip.value_or(0.0), .delta = 0.0,
+    o.policy = ppo_clip{.eps_low = c.eps_clip,
+                        .eps_high = eh,
+                        .dual_clip = c.c_clip.value_or(0.0),
+                        .delta = 0.0,
                         .log_ratio_clamp = 80.0};
   } else {
     detail::unknown("areal", "importance_sampling_level", c.importance_sampling_level, "token, sequence");
@@ -566,7 +592,9 @@ inline objective actor(const actor_config& c) {
       k.weight = {.level = level, .bound = is_bound::truncate, .lo = lo, .hi = c.rejection_upper};
     } else if (c.rejection_action == "mask") {
       k.weight = {.level = level, .bound = is_bound::none};
-      k.reject = {.stat = rs_stat::ratio, .level = seq ? rs_level::seq_mean : rs_level::token, .lo = lo,
+      k.reject = {.stat = rs_stat::ratio,
+                  .level = seq ? rs_level::seq_mean : rs_level::token,
+                  .lo = lo,
                   .hi = c.rejection_upper};
     } else {
       detail::unknown("areal", "rejection_sampling.action", c.rejection_action, "mask, clamp");

@@ -118,38 +118,43 @@ struct off_policy_correction {
 namespace detail {
 
 //! Applies the bound of an importance weight (branch-free: the bound kind is per call).
-template <class R>
-RLPT_HD_FORCEINLINE R bound_weight(is_bound b, R raw, R lo, R hi) {
+template <class R> RLPT_HD_FORCEINLINE R bound_weight(is_bound b, R raw, R lo, R hi) {
   const R t = clamp_r(raw, lo, hi);
   const R m = sel((raw >= lo) & (raw <= hi), raw, R(0));
   return sel(b == is_bound::truncate, t, sel(b == is_bound::mask, m, raw));
 }
 
 //! The per-token rejection statistic of a (clamped) log rho.
-template <class R>
-RLPT_HD_FORCEINLINE R rs_token_stat(rs_stat s, R lr) {
+template <class R> RLPT_HD_FORCEINLINE R rs_token_stat(rs_stat s, R lr) {
   switch (s) {
-  case rs_stat::none: return R(0);
-  case rs_stat::ratio: return lr;
-  case rs_stat::k1: return -lr;
-  case rs_stat::k2: return R(0.5) * lr * lr;
-  case rs_stat::k3: return exp_r(lr) - R(1) - lr;
+  case rs_stat::none:
+    return R(0);
+  case rs_stat::ratio:
+    return lr;
+  case rs_stat::k1:
+    return -lr;
+  case rs_stat::k2:
+    return R(0.5) * lr * lr;
+  case rs_stat::k3:
+    return exp_r(lr) - R(1) - lr;
   }
   return R(0);
 }
 
 //! Whether a (token or aggregated) statistic passes. For `ratio`, stat is in log space.
-template <class R>
-RLPT_HD_FORCEINLINE bool rs_keep(rs_stat s, R stat, R lo, R hi, R log_lo, R log_hi) {
+template <class R> RLPT_HD_FORCEINLINE bool rs_keep(rs_stat s, R stat, R lo, R hi, R log_lo, R log_hi) {
   switch (s) {
-  case rs_stat::none: return true;
+  case rs_stat::none:
+    return true;
   case rs_stat::ratio: {
     const R e = exp_r(clamp_r(stat, R(-80), R(80)));
     return e >= lo && e <= hi;
   }
-  case rs_stat::k1: return stat >= log_lo && stat <= log_hi;
+  case rs_stat::k1:
+    return stat >= log_lo && stat <= log_hi;
   case rs_stat::k2:
-  case rs_stat::k3: return stat <= hi;
+  case rs_stat::k3:
+    return stat <= hi;
   }
   return true;
 }

@@ -36,7 +36,8 @@ struct entropy_schedule {
     if (shape == schedule_shape::constant) return start;
     const double t = std::min(1.0, static_cast<double>(step) / static_cast<double>(steps));
     const double f = shape == schedule_shape::linear ? t : 0.5 * (1.0 - std::cos(t * 3.14159265358979323846));
-    return static_cast<double>(static_cast<double>(start) + (static_cast<double>(end) - static_cast<double>(start)) * f);
+    return static_cast<double>(static_cast<double>(start) +
+                               (static_cast<double>(end) - static_cast<double>(start)) * f);
   }
 };
 

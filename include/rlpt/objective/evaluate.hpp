@@ -298,8 +298,8 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
                "(verl: torch.mean over rows), not {}",
                name(p.agg_policy.mode));
   p.nonfinite = obj.nonfinite;
-  p.need_row_pass = p.is_seq || p.rs_seq || p.policy == policy_kind::gspo || p.policy == policy_kind::gmpo ||
-                    p.needs_length();
+  p.need_row_pass =
+      p.is_seq || p.rs_seq || p.policy == policy_kind::gspo || p.policy == policy_kind::gmpo || p.needs_length();
   if (!p.use_policy) p.use_is = p.use_rs = p.removes = p.is_seq = p.rs_seq = false;
   return p;
 }
@@ -397,10 +397,11 @@ inline void check_global(const agg_plan& a, const objective_sums& s, bool used, 
   if (a.needs_seqs()) {
     const double local = a.count_empty_rows ? s.rows : s.loss_seqs;
     if (a.seqs + 1e-6 < local)
-      RLPT_FAIL(errors::objective::bad_denominator,
-                "{} aggregation global_seqs = {} is smaller than the {} sequences in this call alone; it must count the "
-                "sequences of every micro-batch and rank of the step",
-                term, a.seqs, local);
+      RLPT_FAIL(
+          errors::objective::bad_denominator,
+          "{} aggregation global_seqs = {} is smaller than the {} sequences in this call alone; it must count the "
+          "sequences of every micro-batch and rank of the step",
+          term, a.seqs, local);
   }
 }
 

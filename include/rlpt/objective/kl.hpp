@@ -33,18 +33,22 @@ enum class kl_estimator : std::uint8_t { k1, abs, k2, k3 };
 
 [[nodiscard]] constexpr std::string_view name(kl_estimator e) noexcept {
   switch (e) {
-  case kl_estimator::k1: return "k1";
-  case kl_estimator::abs: return "abs";
-  case kl_estimator::k2: return "k2";
-  case kl_estimator::k3: return "k3";
+  case kl_estimator::k1:
+    return "k1";
+  case kl_estimator::abs:
+    return "abs";
+  case kl_estimator::k2:
+    return "k2";
+  case kl_estimator::k3:
+    return "k3";
   }
   return "?";
 }
 
 enum class kl_gradient : std::uint8_t {
-  natural,         //!< the estimator's own gradient
-  straight_through,//!< value of the estimator, gradient of k2: x (verl "k1+", "k3+", "low_var_kl+", "abs+")
-  k2_importance    //!< value of the estimator, gradient sg(w) x, w = min(exp(logp - old), is_cap) (OpenRLHF unbiased_gradient)
+  natural,          //!< the estimator's own gradient
+  straight_through, //!< value of the estimator, gradient of k2: x (verl "k1+", "k3+", "low_var_kl+", "abs+")
+  k2_importance //!< value of the estimator, gradient sg(w) x, w = min(exp(logp - old), is_cap) (OpenRLHF unbiased_gradient)
 };
 
 struct kl_penalty {
@@ -68,8 +72,7 @@ struct kl_penalty {
 
 namespace detail {
 
-template <class R>
-struct kl_token {
+template <class R> struct kl_token {
   R value;
   R grad;
 };
@@ -78,8 +81,7 @@ struct kl_token {
 //! host runs this, kl_regrad and kl_importance as separate loops (4 + 2 + 1 instantiations
 //! instead of 4 x 3 x 2 fused ones: the fused set dominated the compile time of every TU that
 //! calls evaluate); kl_value_t composes them per token. Same operations either way.
-template <kl_estimator E, class R>
-RLPT_HD_FORCEINLINE kl_token<R> kl_estimate(const kl_penalty& k, R x) {
+template <kl_estimator E, class R> RLPT_HD_FORCEINLINE kl_token<R> kl_estimate(const kl_penalty& k, R x) {
   R v = R(0);
   R g = R(0);
   if constexpr (E == kl_estimator::k1) {
@@ -110,8 +112,7 @@ RLPT_HD_FORCEINLINE kl_token<R> kl_estimate(const kl_penalty& k, R x) {
 
 //! The gradient a non-natural gradient mode G puts in place of the estimator's (x = logp - ref,
 //! xo = logp - old).
-template <kl_gradient G, class R>
-RLPT_HD_FORCEINLINE R kl_regrad(const kl_penalty& k, R x, R xo) {
+template <kl_gradient G, class R> RLPT_HD_FORCEINLINE R kl_regrad(const kl_penalty& k, R x, R xo) {
   static_assert(G != kl_gradient::natural, "the natural gradient is kl_estimate's");
   if constexpr (G == kl_gradient::straight_through) {
     return x;
@@ -122,8 +123,7 @@ RLPT_HD_FORCEINLINE R kl_regrad(const kl_penalty& k, R x, R xo) {
 }
 
 //! Importance correction of a KL term: value times r = exp(xo), r differentiated.
-template <class R>
-RLPT_HD_FORCEINLINE kl_token<R> kl_importance(kl_token<R> q, R xo) {
+template <class R> RLPT_HD_FORCEINLINE kl_token<R> kl_importance(kl_token<R> q, R xo) {
   const R xc = clamp_r(xo, R(-20), R(20));
   const R r = exp_r(xc);
   const R dr = sel((xo >= R(-20)) & (xo <= R(20)), r, R(0));
@@ -142,8 +142,7 @@ RLPT_HD_FORCEINLINE kl_token<R> kl_value_t(const kl_penalty& k, R x, R xo) {
 
 //! Calls f.template operator()<E, G, IC>() for the KL configuration k (a runtime-to-compile-time
 //! dispatch, done once per chunk on the host and once per thread on the device).
-template <class F>
-RLPT_HD_FORCEINLINE void dispatch_kl(const kl_penalty& k, F&& f) {
+template <class F> RLPT_HD_FORCEINLINE void dispatch_kl(const kl_penalty& k, F&& f) {
   auto with_ic = [&](auto e, auto g) {
     if (k.importance_corrected)
       f.template operator()<decltype(e)::value, decltype(g)::value, true>();
@@ -152,24 +151,35 @@ RLPT_HD_FORCEINLINE void dispatch_kl(const kl_penalty& k, F&& f) {
   };
   auto with_g = [&](auto e) {
     switch (k.gradient) {
-    case kl_gradient::natural: with_ic(e, std::integral_constant<kl_gradient, kl_gradient::natural>{}); break;
+    case kl_gradient::natural:
+      with_ic(e, std::integral_constant<kl_gradient, kl_gradient::natural>{});
+      break;
     case kl_gradient::straight_through:
       with_ic(e, std::integral_constant<kl_gradient, kl_gradient::straight_through>{});
       break;
-    case kl_gradient::k2_importance: with_ic(e, std::integral_constant<kl_gradient, kl_gradient::k2_importance>{}); break;
+    case kl_gradient::k2_importance:
+      with_ic(e, std::integral_constant<kl_gradient, kl_gradient::k2_importance>{});
+      break;
     }
   };
   switch (k.estimator) {
-  case kl_estimator::k1: with_g(std::integral_constant<kl_estimator, kl_estimator::k1>{}); break;
-  case kl_estimator::abs: with_g(std::integral_constant<kl_estimator, kl_estimator::abs>{}); break;
-  case kl_estimator::k2: with_g(std::integral_constant<kl_estimator, kl_estimator::k2>{}); break;
-  case kl_estimator::k3: with_g(std::integral_constant<kl_estimator, kl_estimator::k3>{}); break;
+  case kl_estimator::k1:
+    with_g(std::integral_constant<kl_estimator, kl_estimator::k1>{});
+    break;
+  case kl_estimator::abs:
+    with_g(std::integral_constant<kl_estimator, kl_estimator::abs>{});
+    break;
+  case kl_estimator::k2:
+    with_g(std::integral_constant<kl_estimator, kl_estimator::k2>{});
+    break;
+  case kl_estimator::k3:
+    with_g(std::integral_constant<kl_estimator, kl_estimator::k3>{});
+    break;
   }
 }
 
 //! KL term of one token, configuration read at run time.
-template <class R>
-RLPT_HD_FORCEINLINE kl_token<R> kl_value(const kl_penalty& k, R x, R xo) {
+template <class R> RLPT_HD_FORCEINLINE kl_token<R> kl_value(const kl_penalty& k, R x, R xo) {
   kl_token<R> out{R(0), R(0)};
   dispatch_kl(k, [&]<kl_estimator E, kl_gradient G, bool IC>() { out = kl_value_t<E, G, IC>(k, x, xo); });
   return out;

@@ -82,8 +82,8 @@ struct cispo {
 //! SAPO (arXiv 2511.20347): L = -A * sigmoid(tau (r - 1)) * 4 / tau, tau = tau_pos if A > 0
 //! else tau_neg.
 struct sapo {
-  double tau_pos = 1.0;  //!< verl tau_pos, TRL sapo_temperature_pos, AReaL sapo_tau_pos
-  double tau_neg = 1.05; //!< verl tau_neg, TRL sapo_temperature_neg, AReaL sapo_tau_neg
+  double tau_pos = 1.0;          //!< verl tau_pos, TRL sapo_temperature_pos, AReaL sapo_tau_pos
+  double tau_neg = 1.05;         //!< verl tau_neg, TRL sapo_temperature_neg, AReaL sapo_tau_neg
   double log_ratio_clamp = 20.0; //!< verl 20 (TRL none)
 };
 
@@ -99,13 +99,20 @@ enum class policy_kind : std::uint8_t { ppo_clip, gspo, gmpo, cispo, sapo, polic
 
 [[nodiscard]] constexpr std::string_view name(policy_kind k) noexcept {
   switch (k) {
-  case policy_kind::ppo_clip: return "ppo_clip";
-  case policy_kind::gspo: return "gspo";
-  case policy_kind::gmpo: return "gmpo";
-  case policy_kind::cispo: return "cispo";
-  case policy_kind::sapo: return "sapo";
-  case policy_kind::policy_gradient: return "policy_gradient";
-  case policy_kind::none: return "no_policy";
+  case policy_kind::ppo_clip:
+    return "ppo_clip";
+  case policy_kind::gspo:
+    return "gspo";
+  case policy_kind::gmpo:
+    return "gmpo";
+  case policy_kind::cispo:
+    return "cispo";
+  case policy_kind::sapo:
+    return "sapo";
+  case policy_kind::policy_gradient:
+    return "policy_gradient";
+  case policy_kind::none:
+    return "no_policy";
   }
   return "?";
 }
@@ -122,8 +129,7 @@ inline constexpr std::uint32_t flag_clamped = 8u; //!< the log-ratio hit its cla
 
 RLPT_HD_FORCEINLINE std::uint32_t flag_if(bool c, std::uint32_t f) { return static_cast<std::uint32_t>(c) * f; }
 
-template <class R>
-struct policy_token {
+template <class R> struct policy_token {
   R value = R(0);
   R grad = R(0); //!< d value / d logp (GSPO sequence form: d value / d s_i)
   std::uint32_t flags = 0;
@@ -132,8 +138,7 @@ struct policy_token {
 //! The PPO clip given a ratio r, dr = d r / d logp and the clip bounds lo = 1 - eps_low,
 //! hi = 1 + eps_high (formed in double and rounded once, as torch does with Python scalars).
 //! Written with selects only, so loops over it vectorise.
-template <class R>
-RLPT_HD_FORCEINLINE policy_token<R> clip_surrogate(R r, R dr, R A, R lo, R hi, R dual_c, R delta) {
+template <class R> RLPT_HD_FORCEINLINE policy_token<R> clip_surrogate(R r, R dr, R A, R lo, R hi, R dual_c, R delta) {
   policy_token<R> o;
   const R rc = clamp_r(r, lo, hi);
   const R drc = sel((r >= lo) & (r <= hi), dr, R(0));
@@ -152,14 +157,13 @@ RLPT_HD_FORCEINLINE policy_token<R> clip_surrogate(R r, R dr, R A, R lo, R hi, R
   l = sel(dual, l3, l);
   o.value = l;
   o.grad = dl;
-  o.flags = flag_if((r < lo) & (A < R(0)), flag_low) | flag_if((r > hi) & (A > R(0)), flag_high) |
-            flag_if(dual, flag_dual);
+  o.flags =
+      flag_if((r < lo) & (A < R(0)), flag_low) | flag_if((r > hi) & (A > R(0)), flag_high) | flag_if(dual, flag_dual);
   return o;
 }
 
 //! exp(clamp(x, -c, c)) and its derivative with respect to x.
-template <class R>
-RLPT_HD_FORCEINLINE void clamped_ratio(R x, R c, R& r, R& dr, bool& clamped) {
+template <class R> RLPT_HD_FORCEINLINE void clamped_ratio(R x, R c, R& r, R& dr, bool& clamped) {
   const R xc = clamp_r(x, -c, c);
   r = exp_r(xc);
   const bool pass = (x >= -c) & (x <= c);
@@ -167,8 +171,7 @@ RLPT_HD_FORCEINLINE void clamped_ratio(R x, R c, R& r, R& dr, bool& clamped) {
   clamped = !pass;
 }
 
-template <class R>
-RLPT_HD_FORCEINLINE policy_token<R> ppo_token(const ppo_clip& p, R x, R A) {
+template <class R> RLPT_HD_FORCEINLINE policy_token<R> ppo_token(const ppo_clip& p, R x, R A) {
   R r, dr;
   bool clamped;
   clamped_ratio(x, R(p.log_ratio_clamp), r, dr, clamped);
@@ -177,8 +180,7 @@ RLPT_HD_FORCEINLINE policy_token<R> ppo_token(const ppo_clip& p, R x, R A) {
   return o;
 }
 
-template <class R>
-RLPT_HD_FORCEINLINE policy_token<R> sapo_token(const sapo& p, R x, R A) {
+template <class R> RLPT_HD_FORCEINLINE policy_token<R> sapo_token(const sapo& p, R x, R A) {
   R r, dr;
   bool clamped;
   clamped_ratio(x, R(p.log_ratio_clamp), r, dr, clamped);
@@ -191,8 +193,7 @@ RLPT_HD_FORCEINLINE policy_token<R> sapo_token(const sapo& p, R x, R A) {
   return o;
 }
 
-template <class R>
-RLPT_HD_FORCEINLINE policy_token<R> cispo_token(const cispo& p, R x, R lp, R A) {
+template <class R> RLPT_HD_FORCEINLINE policy_token<R> cispo_token(const cispo& p, R x, R lp, R A) {
   R r, dr;
   bool clamped;
   clamped_ratio(x, R(p.log_ratio_clamp), r, dr, clamped);
@@ -207,8 +208,7 @@ RLPT_HD_FORCEINLINE policy_token<R> cispo_token(const cispo& p, R x, R lp, R A) 
   return o;
 }
 
-template <class R>
-RLPT_HD_FORCEINLINE policy_token<R> pg_token(R lp, R A) {
+template <class R> RLPT_HD_FORCEINLINE policy_token<R> pg_token(R lp, R A) {
   policy_token<R> o;
   o.value = -lp * A;
   o.grad = -A;
@@ -217,8 +217,7 @@ RLPT_HD_FORCEINLINE policy_token<R> pg_token(R lp, R A) {
 
 //! GSPO per token given the sequence's mean log-ratio s. Token form: grad is d/d logp_t.
 //! Sequence form: grad is d value / d s_i (the caller chains it through the mean).
-template <class R>
-RLPT_HD_FORCEINLINE policy_token<R> gspo_token(const gspo& p, R s, R A) {
+template <class R> RLPT_HD_FORCEINLINE policy_token<R> gspo_token(const gspo& p, R s, R A) {
   const R ls = min_r(s, R(p.log_ratio_max));
   const R r = exp_r(ls);
   const R dr = sel(s <= R(p.log_ratio_max), r, R(0));
@@ -228,8 +227,7 @@ RLPT_HD_FORCEINLINE policy_token<R> gspo_token(const gspo& p, R s, R A) {
 }
 
 //! GMPO's sign-aware log-space clip of one token: x* and d x* / d x.
-template <class R>
-RLPT_HD_FORCEINLINE void gmpo_token(const gmpo& p, R x, R A, R& xs, R& dxs, std::uint32_t& flags) {
+template <class R> RLPT_HD_FORCEINLINE void gmpo_token(const gmpo& p, R x, R A, R& xs, R& dxs, std::uint32_t& flags) {
   const R xc = clamp_r(x, -R(p.eps_low), R(p.eps_high));
   const R sa = sign_r(A);
   const R a = sa * x;

@@ -29,16 +29,15 @@ struct value_loss {
 
 namespace detail {
 
-template <class R>
-struct value_token {
+template <class R> struct value_token {
   R value;
   R grad;
-  std::uint32_t clipped; //!< 1 when the clipped branch is the larger one (verl vf_clipfrac); a word keeps loops vectorised
+  std::uint32_t
+      clipped; //!< 1 when the clipped branch is the larger one (verl vf_clipfrac); a word keeps loops vectorised
 };
 
 //! Square (delta = 0) or Huber loss of e and its derivative, without branches.
-template <class R>
-RLPT_HD_FORCEINLINE R value_pointwise(R e, R delta, R& de) {
+template <class R> RLPT_HD_FORCEINLINE R value_pointwise(R e, R delta, R& de) {
   const R ae = sel(e < R(0), -e, e);
   const bool huber = delta > R(0);
   const bool inner = ae <= delta;
@@ -51,8 +50,7 @@ RLPT_HD_FORCEINLINE R value_pointwise(R e, R delta, R& de) {
   return sel(huber, sel(inner, quad_h, lin_h), sq);
 }
 
-template <class R>
-RLPT_HD_FORCEINLINE value_token<R> value_term(const value_loss& p, R v, R v_old, R ret) {
+template <class R> RLPT_HD_FORCEINLINE value_token<R> value_term(const value_loss& p, R v, R v_old, R ret) {
   const bool clip = p.clip > 0.0;
   const R lo = v_old - R(p.clip);
   const R hi = v_old + R(p.clip);

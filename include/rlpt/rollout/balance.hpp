@@ -111,11 +111,11 @@ struct partition {
 inline constexpr index_t max_empty_parts = index_t{1} << 20;
 
 struct balance_options {
-  index_t ranks = 1;                                   //!< data-parallel ranks (parts); at most max(items, max_empty_parts)
+  index_t ranks = 1; //!< data-parallel ranks (parts); at most max(items, max_empty_parts)
   partition_algorithm algorithm = partition_algorithm::best; //!< rlpt default; verl: karmarkar_karp
-  bool equal_count = true;                             //!< same item (or group) count per rank (verl equal_size=True)
-  bool refine = true;                                  //!< pairwise refinement after the algorithm (rlpt)
-  cost_model cost = cost_model::attention();           //!< verl's calculate_workload
+  bool equal_count = true;                   //!< same item (or group) count per rank (verl equal_size=True)
+  bool refine = true;                        //!< pairwise refinement after the algorithm (rlpt)
+  cost_model cost = cost_model::attention(); //!< verl's calculate_workload
 };
 
 namespace detail {
@@ -181,7 +181,8 @@ inline void bucket_sort_keys(std::uint64_t* v, std::uint64_t* tmp, std::size_t n
   for (std::size_t i = 0; i < n; ++i) tmp[at[(v[i] - lo) >> shift]++] = v[i];
   for (std::size_t b = 0; b < buckets; ++b) {
     const std::size_t first = counts[counts_at + b], last = counts[counts_at + b + 1]; // counts may move
-    if (last - first > 1) bucket_sort_keys(tmp + first, v + first, last - first, counts, counts_at + 2 * buckets + 1, depth + 1);
+    if (last - first > 1)
+      bucket_sort_keys(tmp + first, v + first, last - first, counts, counts_at + 2 * buckets + 1, depth + 1);
   }
   std::copy(tmp, tmp + n, v);
 }
@@ -221,7 +222,8 @@ inline void order_heaviest_first(view<const double> w, std::vector<std::uint32_t
     return;
   }
   std::vector<std::pair<std::uint64_t, std::uint32_t>> pairs(n);
-  for (std::size_t i = 0; i < n; ++i) pairs[i] = {hi - weight_key(w[static_cast<index_t>(i)]), static_cast<std::uint32_t>(i)};
+  for (std::size_t i = 0; i < n; ++i)
+    pairs[i] = {hi - weight_key(w[static_cast<index_t>(i)]), static_cast<std::uint32_t>(i)};
   std::sort(pairs.begin(), pairs.end());
   for (std::size_t i = 0; i < n; ++i) order[i] = pairs[i].second;
 }
@@ -238,8 +240,7 @@ struct length_hint {
 //! Item ids by descending length, ascending id among equal ones: an LSD radix sort of words
 //! (hi - length) << id_bits | id, stable, in passes of at most 8 bits over the `bits` of the
 //! key (at most 32, and a Word holds them all).
-template <class Word>
-void radix_by_length(const length_hint& h, int bits, std::uint32_t* order) {
+template <class Word> void radix_by_length(const length_hint& h, int bits, std::uint32_t* order) {
   const auto n = static_cast<std::size_t>(h.lengths.size());
   const int id_bits = static_cast<int>(std::bit_width(n - 1));
   const int passes = (bits + 7) / 8;
@@ -323,7 +324,8 @@ __attribute__((target("avx2"))) inline void bitonic_sort_avx2(std::uint32_t* key
   for (std::size_t block = 2; block <= regs; block *= 2) { // merge sorted runs of 4·block keys into runs of 8·block
     for (std::size_t b = 0; b < regs; b += block)
       for (std::size_t q = 0; q < block / 2; ++q) { // flip: key i against key 8·block - 1 - i
-        const __m256i x = _mm256_loadu_si256(v + b + q), y = _mm256_permutevar8x32_epi32(_mm256_loadu_si256(v + b + block - 1 - q), x7);
+        const __m256i x = _mm256_loadu_si256(v + b + q),
+                      y = _mm256_permutevar8x32_epi32(_mm256_loadu_si256(v + b + block - 1 - q), x7);
         _mm256_storeu_si256(v + b + q, _mm256_min_epu32(x, y));
         _mm256_storeu_si256(v + b + block - 1 - q, _mm256_permutevar8x32_epi32(_mm256_max_epu32(x, y), x7));
       }
@@ -371,7 +373,8 @@ inline bool order_by_length(view<const double> w, const length_hint& h, std::vec
     const std::size_t m = std::max<std::size_t>(std::bit_ceil(n), 8);
     const auto keys = std::make_unique_for_overwrite<std::uint32_t[]>(m);
     for (std::size_t i = 0; i < n; ++i)
-      keys[i] = static_cast<std::uint32_t>(h.hi - h.lengths[static_cast<index_t>(i)]) << id_bits | static_cast<std::uint32_t>(i);
+      keys[i] = static_cast<std::uint32_t>(h.hi - h.lengths[static_cast<index_t>(i)]) << id_bits |
+                static_cast<std::uint32_t>(i);
     std::fill(keys.get() + n, keys.get() + m, std::numeric_limits<std::uint32_t>::max()); // above every key
     bitonic_sort_avx2(keys.get(), m);
     const std::uint32_t id_mask = (std::uint32_t{1} << id_bits) - 1;
@@ -379,8 +382,10 @@ inline bool order_by_length(view<const double> w, const length_hint& h, std::vec
   } else
 #endif
   {
-    if (bits + id_bits <= 32) radix_by_length<std::uint32_t>(h, bits, order.data());
-    else radix_by_length<std::uint64_t>(h, bits, order.data());
+    if (bits + id_bits <= 32)
+      radix_by_length<std::uint32_t>(h, bits, order.data());
+    else
+      radix_by_length<std::uint64_t>(h, bits, order.data());
   }
   if (h.strict) return true;
   bool ok = true;
@@ -480,14 +485,15 @@ __attribute__((target("avx2"))) inline void sort_runs16_avx2(std::uint64_t* v, s
     for (std::size_t j = 0; j < 16; ++j) r[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + at + 4 * j));
 #define RLPT_EX(a, b) exchange_avx2(r[a], r[b])
     RLPT_EX(0, 1), RLPT_EX(2, 3), RLPT_EX(0, 2), RLPT_EX(1, 3), RLPT_EX(1, 2), RLPT_EX(4, 5), RLPT_EX(6, 7),
-    RLPT_EX(4, 6), RLPT_EX(5, 7), RLPT_EX(5, 6), RLPT_EX(0, 4), RLPT_EX(2, 6), RLPT_EX(2, 4), RLPT_EX(1, 5),
-    RLPT_EX(3, 7), RLPT_EX(3, 5), RLPT_EX(1, 2), RLPT_EX(3, 4), RLPT_EX(5, 6), RLPT_EX(8, 9), RLPT_EX(10, 11),
-    RLPT_EX(8, 10), RLPT_EX(9, 11), RLPT_EX(9, 10), RLPT_EX(12, 13), RLPT_EX(14, 15), RLPT_EX(12, 14), RLPT_EX(13, 15),
-    RLPT_EX(13, 14), RLPT_EX(8, 12), RLPT_EX(10, 14), RLPT_EX(10, 12), RLPT_EX(9, 13), RLPT_EX(11, 15), RLPT_EX(11, 13),
-    RLPT_EX(9, 10), RLPT_EX(11, 12), RLPT_EX(13, 14), RLPT_EX(0, 8), RLPT_EX(4, 12), RLPT_EX(4, 8), RLPT_EX(2, 10),
-    RLPT_EX(6, 14), RLPT_EX(6, 10), RLPT_EX(2, 4), RLPT_EX(6, 8), RLPT_EX(10, 12), RLPT_EX(1, 9), RLPT_EX(5, 13),
-    RLPT_EX(5, 9), RLPT_EX(3, 11), RLPT_EX(7, 15), RLPT_EX(7, 11), RLPT_EX(3, 5), RLPT_EX(7, 9), RLPT_EX(11, 13),
-    RLPT_EX(1, 2), RLPT_EX(3, 4), RLPT_EX(5, 6), RLPT_EX(7, 8), RLPT_EX(9, 10), RLPT_EX(11, 12), RLPT_EX(13, 14);
+        RLPT_EX(4, 6), RLPT_EX(5, 7), RLPT_EX(5, 6), RLPT_EX(0, 4), RLPT_EX(2, 6), RLPT_EX(2, 4), RLPT_EX(1, 5),
+        RLPT_EX(3, 7), RLPT_EX(3, 5), RLPT_EX(1, 2), RLPT_EX(3, 4), RLPT_EX(5, 6), RLPT_EX(8, 9), RLPT_EX(10, 11),
+        RLPT_EX(8, 10), RLPT_EX(9, 11), RLPT_EX(9, 10), RLPT_EX(12, 13), RLPT_EX(14, 15), RLPT_EX(12, 14),
+        RLPT_EX(13, 15), RLPT_EX(13, 14), RLPT_EX(8, 12), RLPT_EX(10, 14), RLPT_EX(10, 12), RLPT_EX(9, 13),
+        RLPT_EX(11, 15), RLPT_EX(11, 13), RLPT_EX(9, 10), RLPT_EX(11, 12), RLPT_EX(13, 14), RLPT_EX(0, 8),
+        RLPT_EX(4, 12), RLPT_EX(4, 8), RLPT_EX(2, 10), RLPT_EX(6, 14), RLPT_EX(6, 10), RLPT_EX(2, 4), RLPT_EX(6, 8),
+        RLPT_EX(10, 12), RLPT_EX(1, 9), RLPT_EX(5, 13), RLPT_EX(5, 9), RLPT_EX(3, 11), RLPT_EX(7, 15), RLPT_EX(7, 11),
+        RLPT_EX(3, 5), RLPT_EX(7, 9), RLPT_EX(11, 13), RLPT_EX(1, 2), RLPT_EX(3, 4), RLPT_EX(5, 6), RLPT_EX(7, 8),
+        RLPT_EX(9, 10), RLPT_EX(11, 12), RLPT_EX(13, 14);
 #undef RLPT_EX
     for (std::size_t m = 0; m < 4; ++m) {
       const __m256i t0 = _mm256_unpacklo_epi64(r[4 * m], r[4 * m + 1]); // (r0[0], r1[0], r0[2], r1[2])
@@ -614,7 +620,8 @@ private:
 //! owners resolve in one backward pass.
 class kk_unions {
 public:
-  explicit kk_unions(std::size_t items) : parent_(std::make_unique_for_overwrite<std::uint32_t[]>(items)), items_(items) {
+  explicit kk_unions(std::size_t items)
+      : parent_(std::make_unique_for_overwrite<std::uint32_t[]>(items)), items_(items) {
     absorbed_.reserve(items);
   }
   void join(kk_set& into, const kk_set& from) noexcept {
@@ -643,8 +650,10 @@ inline std::vector<std::vector<index_t>> parts_of(const std::vector<index_t>& ow
   std::vector<index_t> count(static_cast<std::size_t>(k), 0);
   for (const index_t p : owner) ++count[static_cast<std::size_t>(p)];
   std::vector<std::vector<index_t>> parts(static_cast<std::size_t>(k));
-  for (index_t p = 0; p < k; ++p) parts[static_cast<std::size_t>(p)].reserve(static_cast<std::size_t>(count[static_cast<std::size_t>(p)]));
-  for (std::size_t i = 0; i < owner.size(); ++i) parts[static_cast<std::size_t>(owner[i])].push_back(static_cast<index_t>(i));
+  for (index_t p = 0; p < k; ++p)
+    parts[static_cast<std::size_t>(p)].reserve(static_cast<std::size_t>(count[static_cast<std::size_t>(p)]));
+  for (std::size_t i = 0; i < owner.size(); ++i)
+    parts[static_cast<std::size_t>(owner[i])].push_back(static_cast<index_t>(i));
   return parts;
 }
 
@@ -652,7 +661,8 @@ inline std::vector<std::vector<index_t>> parts_of(const std::vector<index_t>& ow
 //! Equal counts with n % k != 0 add zero-weight padding items that sort last, so the lightest
 //! chunk gives them one per set and they are dropped at the end: parts get floor(n/k) or
 //! ceil(n/k) items. Parts come back ascending.
-inline std::vector<index_t> kk_assign(view<const double> w, std::vector<std::uint32_t> order, index_t k, bool equal_count) {
+inline std::vector<index_t> kk_assign(view<const double> w, std::vector<std::uint32_t> order, index_t k,
+                                      bool equal_count) {
   const index_t n = w.size();
   const index_t pad = equal_count ? (k - n % k) % k : 0;
   const index_t total = n + pad; // padding items have ids n .. n + pad - 1, weight 0
@@ -691,7 +701,8 @@ inline std::vector<index_t> kk_assign(view<const double> w, std::vector<std::uin
       while (lo > 0 && rank(order[static_cast<std::size_t>(lo - 1)]) == v) --lo;
       while (hi < total && rank(order[static_cast<std::size_t>(hi)]) == v) ++hi;
       std::reverse(order.begin() + lo, order.begin() + hi);
-      for (index_t c = lo / k * k; c < hi; c += k) std::reverse(order.begin() + std::max(lo, c), order.begin() + std::min(hi, c + k));
+      for (index_t c = lo / k * k; c < hi; c += k)
+        std::reverse(order.begin() + std::max(lo, c), order.begin() + std::min(hi, c + k));
       b = (hi - 1) / k * k;
     }
     for (std::size_t p = 0; p < static_cast<std::size_t>(n); ++p) arena[p] = {w[order[p]], 1, order[p]};
@@ -932,16 +943,17 @@ inline partition to_partition(const std::vector<index_t>& owner, index_t k, view
 
 //! A count of parts (`what`) for `items` things (each a `unit`): at most max(items, max_empty_parts).
 inline void check_count(error_id id, std::string_view what, index_t count, index_t items, std::string_view unit) {
-  RLPT_CHECK(count <= std::max(items, max_empty_parts), id,
-             "{} = {} exceeds both the number of {}s ({}) and max_empty_parts ({}): parts beyond one per {} stay empty, "
-             "at most max({}, {}) are made",
-             what, count, unit, items, max_empty_parts, unit, items, max_empty_parts);
+  RLPT_CHECK(
+      count <= std::max(items, max_empty_parts), id,
+      "{} = {} exceeds both the number of {}s ({}) and max_empty_parts ({}): parts beyond one per {} stay empty, "
+      "at most max({}, {}) are made",
+      what, count, unit, items, max_empty_parts, unit, items, max_empty_parts);
 }
 
 inline void check_algorithm(partition_algorithm a) {
-  RLPT_CHECK(a == partition_algorithm::karmarkar_karp || a == partition_algorithm::lpt || a == partition_algorithm::best,
-             errors::rollout::bad_option, "partition algorithm code {} is not a partition_algorithm",
-             static_cast<int>(a));
+  RLPT_CHECK(
+      a == partition_algorithm::karmarkar_karp || a == partition_algorithm::lpt || a == partition_algorithm::best,
+      errors::rollout::bad_option, "partition algorithm code {} is not a partition_algorithm", static_cast<int>(a));
 }
 
 inline void check_parts(index_t parts, index_t items) {
@@ -969,8 +981,12 @@ inline void check_weights(view<const double> w, index_t parts) {
   order_items(weights, hint, order);
   std::vector<index_t> owner;
   switch (algorithm) {
-  case partition_algorithm::karmarkar_karp: owner = kk_assign(weights, std::move(order), parts, equal_count); break;
-  case partition_algorithm::lpt: owner = lpt_assign(weights, order, parts, equal_count); break;
+  case partition_algorithm::karmarkar_karp:
+    owner = kk_assign(weights, std::move(order), parts, equal_count);
+    break;
+  case partition_algorithm::lpt:
+    owner = lpt_assign(weights, order, parts, equal_count);
+    break;
   case partition_algorithm::best: {
     auto b = lpt_assign(weights, order, parts, equal_count);
     auto a = kk_assign(weights, std::move(order), parts, equal_count);
@@ -984,7 +1000,8 @@ inline void check_weights(view<const double> w, index_t parts) {
 
 //! Costs of sequences of the given lengths; rejects negative lengths and costs that are not
 //! finite and >= 0, naming the first. hint: the lengths and their range.
-[[nodiscard]] inline std::vector<double> costs_of(view<const index_t> lengths, const cost_model& cost, length_hint* hint) {
+[[nodiscard]] inline std::vector<double> costs_of(view<const index_t> lengths, const cost_model& cost,
+                                                  length_hint* hint) {
   const auto n = static_cast<std::size_t>(lengths.size());
   std::vector<double> w(n);
   index_t lo = std::numeric_limits<index_t>::max(), hi = std::numeric_limits<index_t>::min();
@@ -1019,7 +1036,8 @@ inline void check_weights(view<const double> w, index_t parts) {
     // costs rise strictly (verl's 24576·L + L², tokens).
     const auto top = static_cast<double>(hi);
     const double max_cost = a * top + q * top * top;
-    const bool monotone = a >= 0.0 && q >= 0.0 && a <= std::numeric_limits<double>::max() && q <= std::numeric_limits<double>::max();
+    const bool monotone =
+        a >= 0.0 && q >= 0.0 && a <= std::numeric_limits<double>::max() && q <= std::numeric_limits<double>::max();
     if (!monotone || !(max_cost <= std::numeric_limits<double>::max()))
       for (const double c : w) bad |= !(c >= 0.0 && c <= std::numeric_limits<double>::max());
     strict = monotone && a == std::floor(a) && q == std::floor(q) && a + q > 0.0 && max_cost < 0x1p53;
@@ -1088,7 +1106,8 @@ inline void order_small_at_ends(std::span<index_t> items, view<const double> cos
     RLPT_CHECK(items[k] >= 0 && items[k] < costs.size(), errors::rollout::bad_items,
                "items[{}] = {} is outside the {} costs", k, items[k], costs.size());
   std::vector<index_t> s(items.begin(), items.end());
-  std::sort(s.begin(), s.end(), [&](index_t a, index_t b) { return costs[a] != costs[b] ? costs[a] < costs[b] : a < b; });
+  std::sort(s.begin(), s.end(),
+            [&](index_t a, index_t b) { return costs[a] != costs[b] ? costs[a] < costs[b] : a < b; });
   std::size_t at = 0;
   for (std::size_t i = 0; i < s.size(); i += 2) items[at++] = s[i];
   std::size_t last_odd = s.size() % 2 == 0 ? s.size() : s.size() - 1; // one past the last odd position

@@ -29,16 +29,16 @@ RLPT_NAMESPACE_BEGIN
 //! What the buffer knows about a group: ordinals, size, tokens, and the policy versions
 //! that generated it (the staleness family selects on these).
 struct group_info {
-  std::int64_t id = 0;           //!< the records' group_id
-  std::uint64_t ordinal = 0;     //!< stream ordinal: order in which groups were opened (monotonic)
-  std::uint64_t ready_seq = 0;   //!< order in which groups became ready (monotonic)
-  index_t samples = 0;           //!< records in the group
-  index_t expected = 0;          //!< records the group was declared to have
-  index_t tokens = 0;            //!< total tokens of its records
-  index_t loss_tokens = 0;       //!< total trained tokens (loss_mask != 0)
+  std::int64_t id = 0;                      //!< the records' group_id
+  std::uint64_t ordinal = 0;                //!< stream ordinal: order in which groups were opened (monotonic)
+  std::uint64_t ready_seq = 0;              //!< order in which groups became ready (monotonic)
+  index_t samples = 0;                      //!< records in the group
+  index_t expected = 0;                     //!< records the group was declared to have
+  index_t tokens = 0;                       //!< total tokens of its records
+  index_t loss_tokens = 0;                  //!< total trained tokens (loss_mask != 0)
   policy_version head_version = no_version; //!< oldest version among generated tokens (-1: none)
   policy_version tail_version = no_version; //!< newest version among generated tokens (-1: none)
-  bool partial = false;          //!< closed early with fewer than `expected` records
+  bool partial = false;                     //!< closed early with fewer than `expected` records
 
   friend bool operator==(const group_info&, const group_info&) = default;
 };
@@ -50,14 +50,12 @@ struct batch_extra {
   detail::extra_storage values;
 
   [[nodiscard]] dtype type() const { return detail::dtype_of_storage(values); }
-  template <class T>
-  [[nodiscard]] view<const T> as() const& {
+  template <class T> [[nodiscard]] view<const T> as() const& {
     const auto* v = std::get_if<std::vector<T>>(&values);
     RLPT_CHECK(v != nullptr, errors::rollout::extra_dtype, "extra '{}' holds {}, not {}", name, type(), dtype_of<T>);
     return *v;
   }
-  template <class T>
-  view<const T> as() const&& = delete; // would view a temporary's values
+  template <class T> view<const T> as() const&& = delete; // would view a temporary's values
 };
 
 class rollout_batch {
@@ -156,7 +154,8 @@ public:
     RLPT_CHECK(c >= 0 && c < schema_.reward_channels, errors::rollout::bad_selection,
                "reward channel {} does not exist: the batch has {} reward channels", c, schema_.reward_channels);
     std::vector<float> col(detail::usize(size()));
-    for (std::size_t i = 0; i < col.size(); ++i) col[i] = rewards_[i * detail::usize(schema_.reward_channels) + detail::usize(c)];
+    for (std::size_t i = 0; i < col.size(); ++i)
+      col[i] = rewards_[i * detail::usize(schema_.reward_channels) + detail::usize(c)];
     return col;
   }
   [[nodiscard]] view<const index_t> prompt_lens() const& noexcept { return prompt_lens_; }
@@ -302,17 +301,16 @@ private:
   void validate_shape(const trajectory& t) const {
     // Cheap structural check only; full validation happens where records enter (buffer push).
     const index_t n = t.size();
-    const bool ok = detail::isize(t.loss_mask.size()) == n &&
-                    detail::isize(t.logprobs.size()) == (schema_.logprobs ? n : 0) &&
-                    detail::isize(t.versions.size()) == (schema_.versions ? n : 0) &&
-                    detail::isize(t.rewards.size()) == schema_.reward_channels &&
-                    detail::isize(t.token_rewards.size()) == n * schema_.token_reward_channels &&
-                    t.extras.size() == extras_.size();
+    const bool ok =
+        detail::isize(t.loss_mask.size()) == n && detail::isize(t.logprobs.size()) == (schema_.logprobs ? n : 0) &&
+        detail::isize(t.versions.size()) == (schema_.versions ? n : 0) &&
+        detail::isize(t.rewards.size()) == schema_.reward_channels &&
+        detail::isize(t.token_rewards.size()) == n * schema_.token_reward_channels && t.extras.size() == extras_.size();
     if (!ok) validate(t, schema_); // throws naming the field
     for (std::size_t k = 0; k < extras_.size(); ++k)
-      RLPT_CHECK(t.extras[k].values.index() == extras_[k].values.index() &&
-                     t.extras[k].elements() == n * extras_[k].width,
-                 errors::rollout::record_value, "trajectory extra '{}' does not match the batch schema", extras_[k].name);
+      RLPT_CHECK(
+          t.extras[k].values.index() == extras_[k].values.index() && t.extras[k].elements() == n * extras_[k].width,
+          errors::rollout::record_value, "trajectory extra '{}' does not match the batch schema", extras_[k].name);
   }
 
   void set_groups(std::span<const group_info> groups) {
@@ -323,8 +321,8 @@ private:
         group_offsets_.push_back(i + 1);
         const trajectory_view v = (*this)[i];
         const auto [lo, hi] = v.version_span();
-        group_info_.push_back({group_ids_[detail::usize(i)], static_cast<std::uint64_t>(i), static_cast<std::uint64_t>(i),
-                               1, 1, v.size(), v.loss_tokens(), lo, hi, false});
+        group_info_.push_back({group_ids_[detail::usize(i)], static_cast<std::uint64_t>(i),
+                               static_cast<std::uint64_t>(i), 1, 1, v.size(), v.loss_tokens(), lo, hi, false});
       }
       return;
     }
@@ -332,8 +330,8 @@ private:
     for (std::size_t k = 0; k < groups.size(); ++k) {
       const group_info& g = groups[k];
       RLPT_CHECK(g.samples >= 1 && g.samples <= size() - at, errors::rollout::bad_groups,
-                 "groups[{}] (id {}) has samples = {}; it must be >= 1 and fit the {} records left of the batch's {}", k,
-                 g.id, g.samples, size() - at, size());
+                 "groups[{}] (id {}) has samples = {}; it must be >= 1 and fit the {} records left of the batch's {}",
+                 k, g.id, g.samples, size() - at, size());
       at += g.samples;
       group_offsets_.push_back(at);
       group_info_.push_back(g);

@@ -74,15 +74,15 @@ struct evicted_group {
 };
 
 struct buffer_options {
-  index_t capacity_groups = 1024;   //!< resident groups (open + ready); rlpt default (TRL's queue holds 1024)
-  index_t group_size = 1;           //!< records per group unless open_group declares otherwise (verl rollout.n = 1)
+  index_t capacity_groups = 1024; //!< resident groups (open + ready); rlpt default (TRL's queue holds 1024)
+  index_t group_size = 1;         //!< records per group unless open_group declares otherwise (verl rollout.n = 1)
   //! A group closed early with close_group() is released as `partial` when it has at least
   //! this many records, else evicted as incomplete. 0 = the group's full size: never release a
   //! partial group ("all or retry", tinker-cookbook #497).
   index_t min_group_size = 0;
-  full_policy when_full = full_policy::block; //!< AReaL/TRL block; verl fully_async drops the oldest
-  record_schema schema{};           //!< fields every record carries (validated on push)
-  std::vector<group_filter> filters{}; //!< run in order when a group completes; none by default
+  full_policy when_full = full_policy::block;      //!< AReaL/TRL block; verl fully_async drops the oldest
+  record_schema schema{};                          //!< fields every record carries (validated on push)
+  std::vector<group_filter> filters{};             //!< run in order when a group completes; none by default
   std::function<void(evicted_group&&)> on_evict{}; //!< receives evicted groups (outside the lock); optional
 };
 
@@ -110,14 +110,14 @@ struct flow_count {
 
 //! A consistent snapshot of the buffer's accounting.
 struct buffer_stats {
-  flow_count inserted;  //!< records pushed; groups opened
-  flow_count consumed;  //!< handed to consumers by pop
+  flow_count inserted;                                  //!< records pushed; groups opened
+  flow_count consumed;                                  //!< handed to consumers by pop
   std::array<flow_count, evict_reason_count> evicted{}; //!< left unconsumed, by reason
-  flow_count resident;  //!< still inside (open + ready)
-  index_t open_groups = 0;    //!< resident groups still collecting records
-  index_t ready_groups = 0;   //!< resident groups waiting for a consumer
-  index_t completed_groups = 0; //!< groups that completed and went through the filters
-  std::vector<index_t> dropped_by_filter; //!< groups each options.filters[i] dropped
+  flow_count resident;                                  //!< still inside (open + ready)
+  index_t open_groups = 0;                              //!< resident groups still collecting records
+  index_t ready_groups = 0;                             //!< resident groups waiting for a consumer
+  index_t completed_groups = 0;                         //!< groups that completed and went through the filters
+  std::vector<index_t> dropped_by_filter;               //!< groups each options.filters[i] dropped
   bool closed = false;
 
   [[nodiscard]] const flow_count& evicted_by(evict_reason r) const noexcept {
@@ -134,10 +134,10 @@ struct buffer_stats {
 
 //! How many more groups the producers should start to fill a consumer batch.
 struct refill_info {
-  index_t ready = 0;     //!< groups ready now
-  index_t open = 0;      //!< groups still collecting records
-  index_t needed = 0;    //!< max(0, batch - ready - open): missing even if every open group passes
-  index_t suggested = 0; //!< max(0, ceil((batch - ready) / pass_rate) - open): over-sampling for the filters
+  index_t ready = 0;      //!< groups ready now
+  index_t open = 0;       //!< groups still collecting records
+  index_t needed = 0;     //!< max(0, batch - ready - open): missing even if every open group passes
+  index_t suggested = 0;  //!< max(0, ceil((batch - ready) / pass_rate) - open): over-sampling for the filters
   double pass_rate = 1.0; //!< share of completed groups the filters kept so far (1 before any completed)
 };
 
@@ -152,7 +152,8 @@ struct selection {
 //! of groups wanted and whether the buffer is closed. Taking fewer than `wanted` makes a
 //! blocking pop wait (and re-run the selector when groups arrive or notify() is called);
 //! evictions apply immediately either way.
-using group_selector = std::function<void(std::span<const group_info> ready, index_t wanted, bool closed, selection& out)>;
+using group_selector =
+    std::function<void(std::span<const group_info> ready, index_t wanted, bool closed, selection& out)>;
 
 //! A group as stored in a snapshot.
 struct group_snapshot {
@@ -168,8 +169,8 @@ struct buffer_state {
   std::uint64_t next_ordinal = 0;
   std::uint64_t next_ready_seq = 0;
   buffer_stats stats;
-  std::vector<group_snapshot> open;   //!< in ordinal order
-  std::vector<group_snapshot> ready;  //!< in ready order
+  std::vector<group_snapshot> open;  //!< in ordinal order
+  std::vector<group_snapshot> ready; //!< in ready order
 };
 
 class rollout_buffer {
@@ -344,7 +345,8 @@ public:
     index_t dropped = 0;
     for (const auto d : stats_.dropped_by_filter) dropped += d;
     if (stats_.completed_groups > 0)
-      r.pass_rate = static_cast<double>(stats_.completed_groups - dropped) / static_cast<double>(stats_.completed_groups);
+      r.pass_rate =
+          static_cast<double>(stats_.completed_groups - dropped) / static_cast<double>(stats_.completed_groups);
     const index_t missing = std::max<index_t>(0, batch_groups - r.ready);
     if (missing > 0) {
       const double want = r.pass_rate > 0.0 ? std::ceil(static_cast<double>(missing) / r.pass_rate)
@@ -377,9 +379,9 @@ public:
   //! must be self-consistent (counts match the records it holds); records are validated.
   void restore(buffer_state s) {
     check_fresh();
-    RLPT_CHECK(s.group_size == opt_.group_size && s.min_group_size == opt_.min_group_size, errors::rollout::restore_mismatch,
-               "state has group_size {} / min_group_size {}, this buffer {} / {}", s.group_size, s.min_group_size,
-               opt_.group_size, opt_.min_group_size);
+    RLPT_CHECK(s.group_size == opt_.group_size && s.min_group_size == opt_.min_group_size,
+               errors::rollout::restore_mismatch, "state has group_size {} / min_group_size {}, this buffer {} / {}",
+               s.group_size, s.min_group_size, opt_.group_size, opt_.min_group_size);
     RLPT_CHECK(s.schema == opt_.schema, errors::rollout::restore_mismatch,
                "state was saved with a different record schema than this buffer's: {}",
                detail::schema_difference(s.schema, opt_.schema, "the state", "this buffer"));
@@ -411,18 +413,19 @@ public:
                    "a record of group {} has group_id {}", g.info.id, t.group_id);
       }
       const group_info want = info_of(g.info, g.records);
-      RLPT_CHECK(want.tokens == g.info.tokens && want.loss_tokens == g.info.loss_tokens &&
-                     want.head_version == g.info.head_version && want.tail_version == g.info.tail_version,
-                 errors::rollout::restore_inconsistent,
-                 "group {} metadata ({} tokens, {} trained, versions {}..{}) does not match its records ({}, {}, {}..{})",
-                 g.info.id, g.info.tokens, g.info.loss_tokens, g.info.head_version, g.info.tail_version, want.tokens,
-                 want.loss_tokens, want.head_version, want.tail_version);
+      RLPT_CHECK(
+          want.tokens == g.info.tokens && want.loss_tokens == g.info.loss_tokens &&
+              want.head_version == g.info.head_version && want.tail_version == g.info.tail_version,
+          errors::rollout::restore_inconsistent,
+          "group {} metadata ({} tokens, {} trained, versions {}..{}) does not match its records ({}, {}, {}..{})",
+          g.info.id, g.info.tokens, g.info.loss_tokens, g.info.head_version, g.info.tail_version, want.tokens,
+          want.loss_tokens, want.head_version, want.tail_version);
       held += {g.info.samples, 1, g.info.tokens};
     };
     for (auto& g : s.open) {
       check_group(g, false);
-      RLPT_CHECK(open.find(g.info.id) == open.end(), errors::rollout::restore_inconsistent,
-                 "group {} is open twice", g.info.id);
+      RLPT_CHECK(open.find(g.info.id) == open.end(), errors::rollout::restore_inconsistent, "group {} is open twice",
+                 g.info.id);
       open.emplace(g.info.id, group_slot{g.info, std::move(g.records)});
     }
     for (auto& g : s.ready) {
@@ -437,8 +440,8 @@ public:
     // Name the first counter that disagrees, with both values.
     auto held_check = [&](const char* counter, index_t stated, index_t actual, const char* unit) {
       RLPT_CHECK(stated == actual, errors::rollout::restore_inconsistent,
-                 "state counters do not match the groups it holds: {} = {}, but the state holds {} {}", counter,
-                 stated, actual, unit);
+                 "state counters do not match the groups it holds: {} = {}, but the state holds {} {}", counter, stated,
+                 actual, unit);
     };
     held_check("stats.resident.records", s.stats.resident.records, held.records, "records");
     held_check("stats.resident.groups", s.stats.resident.groups, held.groups, "groups");
@@ -525,9 +528,13 @@ private:
             Pred pred) {
     if (pred()) return true;
     switch (mode) {
-    case wait_mode::none: return false;
-    case wait_mode::forever: cv.wait(lock, pred); return true;
-    case wait_mode::until: return cv.wait_until(lock, deadline, pred);
+    case wait_mode::none:
+      return false;
+    case wait_mode::forever:
+      cv.wait(lock, pred);
+      return true;
+    case wait_mode::until:
+      return cv.wait_until(lock, deadline, pred);
     }
     return false;
   }
@@ -547,9 +554,8 @@ private:
       }
       const std::uint64_t seen = space_generation_;
       ++waiting_producers_;
-      const bool woke = wait(lock, space_, mode, deadline, [&] {
-        return closed_.load(std::memory_order_relaxed) || space_generation_ != seen;
-      });
+      const bool woke = wait(lock, space_, mode, deadline,
+                             [&] { return closed_.load(std::memory_order_relaxed) || space_generation_ != seen; });
       --waiting_producers_;
       if (!woke) return mode == wait_mode::none ? push_status::full : push_status::timeout;
     }
@@ -577,8 +583,8 @@ private:
     return status;
   }
 
-  push_status push_locked(std::unique_lock<std::mutex>& lock, trajectory& t, wait_mode mode,
-                          clock::time_point deadline, std::vector<evicted_group>& out, bool& wake_consumers) {
+  push_status push_locked(std::unique_lock<std::mutex>& lock, trajectory& t, wait_mode mode, clock::time_point deadline,
+                          std::vector<evicted_group>& out, bool& wake_consumers) {
     auto it = open_.find(t.group_id);
     if (it == open_.end()) {
       check_not_complete(t.group_id);
@@ -717,8 +723,8 @@ private:
     const auto n = detail::isize(infos.size());
     std::vector<std::uint8_t> used(infos.size(), 0);
     auto mark = [&](index_t p, std::string_view what) {
-      RLPT_CHECK(p >= 0 && p < n, errors::rollout::bad_selection, "selector {} position {}, but {} groups are ready", what,
-                 p, n);
+      RLPT_CHECK(p >= 0 && p < n, errors::rollout::bad_selection, "selector {} position {}, but {} groups are ready",
+                 what, p, n);
       RLPT_CHECK(used[detail::usize(p)] == 0, errors::rollout::bad_selection,
                  "selector names ready position {} twice (take or evict)", p);
       used[detail::usize(p)] = 1;
@@ -817,8 +823,8 @@ private:
   // A group leaves the open set (records all in, or closed early): order, filter, publish.
   bool complete_locked(group_slot g, std::vector<evicted_group>& out) {
     ++stats_.completed_groups;
-    const bool indexed = std::all_of(g.records.begin(), g.records.end(),
-                                     [](const trajectory& r) { return r.sample_index >= 0; });
+    const bool indexed =
+        std::all_of(g.records.begin(), g.records.end(), [](const trajectory& r) { return r.sample_index >= 0; });
     if (indexed)
       std::sort(g.records.begin(), g.records.end(),
                 [](const trajectory& a, const trajectory& b) { return a.sample_index < b.sample_index; });
@@ -884,8 +890,8 @@ private:
   buffer_stats stats_;
   std::uint64_t next_ordinal_ = 0;
   std::uint64_t next_ready_seq_ = 0;
-  std::uint64_t generation_ = 0;       // bumped whenever a consumer's selection could change
-  std::uint64_t space_generation_ = 0; // bumped whenever a group leaves
+  std::uint64_t generation_ = 0;         // bumped whenever a consumer's selection could change
+  std::uint64_t space_generation_ = 0;   // bumped whenever a group leaves
   std::multiset<index_t> waiting_wants_; // groups wanted by each consumer waiting without a selector
   index_t selector_waiters_ = 0;
   index_t waiting_producers_ = 0;

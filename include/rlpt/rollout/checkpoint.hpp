@@ -86,16 +86,15 @@ public:
     requires std::is_arithmetic_v<T>
   void put(T v) {
     using U = std::conditional_t<sizeof(T) == 1, std::uint8_t,
-              std::conditional_t<sizeof(T) == 2, std::uint16_t,
-              std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>>;
+                                 std::conditional_t<sizeof(T) == 2, std::uint16_t,
+                                                    std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>>;
     U u;
     std::memcpy(&u, &v, sizeof(T));
     for (std::size_t i = 0; i < sizeof(T); ++i) out_.push_back(static_cast<std::byte>((u >> (8 * i)) & 0xFFu));
   }
   void put_bool(bool v) { put<std::uint8_t>(v ? 1 : 0); }
   //! Element arrays as raw little-endian bytes (the host is checked little-endian below).
-  template <class T>
-  void put_raw(const T* data, std::size_t n) {
+  template <class T> void put_raw(const T* data, std::size_t n) {
     const auto* p = reinterpret_cast<const std::byte*>(data);
     out_.insert(out_.end(), p, p + n * sizeof(T));
   }
@@ -118,8 +117,8 @@ public:
   [[nodiscard]] T get(std::string_view what) {
     need(sizeof(T), what);
     using U = std::conditional_t<sizeof(T) == 1, std::uint8_t,
-              std::conditional_t<sizeof(T) == 2, std::uint16_t,
-              std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>>;
+                                 std::conditional_t<sizeof(T) == 2, std::uint16_t,
+                                                    std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>>;
     U u = 0;
     for (std::size_t i = 0; i < sizeof(T); ++i) u = static_cast<U>(u | (static_cast<U>(in_[pos_ + i]) << (8 * i)));
     pos_ += sizeof(T);
@@ -149,8 +148,7 @@ public:
                "checkpoint field {} at byte {} is {}, outside [{}, {}]", what, pos_ - 8, v, lo, hi);
     return v;
   }
-  template <class T>
-  void get_raw(std::vector<T>& v, std::size_t n, std::string_view what) {
+  template <class T> void get_raw(std::vector<T>& v, std::size_t n, std::string_view what) {
     RLPT_CHECK(n <= (in_.size() - pos_) / sizeof(T), errors::rollout::checkpoint_corrupt,
                "checkpoint is truncated: field {} at byte {} needs {} bytes, {} remain", what, pos_, n * sizeof(T),
                in_.size() - pos_);
@@ -336,7 +334,8 @@ inline void put_schema(byte_writer& w, const record_schema& s) {
   s.stats.ready_groups = r.get_index("stats.ready_groups", 0, big);
   s.stats.completed_groups = r.get_index("stats.completed_groups", 0, big);
   const std::size_t nf = r.get_count("stats.dropped_by_filter", 8);
-  for (std::size_t k = 0; k < nf; ++k) s.stats.dropped_by_filter.push_back(r.get_index("stats.dropped_by_filter", 0, big));
+  for (std::size_t k = 0; k < nf; ++k)
+    s.stats.dropped_by_filter.push_back(r.get_index("stats.dropped_by_filter", 0, big));
   const std::size_t nu = r.get_count("user blob", 1);
   r.get_raw(c.user, nu, "user blob");
   for (auto* list : {&s.open, &s.ready}) {
@@ -362,7 +361,8 @@ inline void put_schema(byte_writer& w, const record_schema& s) {
 } // namespace detail
 
 //! Serialises a buffer state (and a caller blob) into the checkpoint format.
-[[nodiscard]] inline std::vector<std::byte> encode_checkpoint(const buffer_state& s, std::span<const std::byte> user = {}) {
+[[nodiscard]] inline std::vector<std::byte> encode_checkpoint(const buffer_state& s,
+                                                              std::span<const std::byte> user = {}) {
   detail::byte_writer w;
   w.put<std::int64_t>(s.group_size);
   w.put<std::int64_t>(s.min_group_size);

@@ -36,13 +36,20 @@ inline constexpr std::size_t evict_reason_count = 7;
 
 [[nodiscard]] constexpr std::string_view name(evict_reason r) noexcept {
   switch (r) {
-  case evict_reason::filtered: return "filtered";
-  case evict_reason::rejected: return "rejected";
-  case evict_reason::incomplete: return "incomplete";
-  case evict_reason::overflow: return "overflow";
-  case evict_reason::stale: return "stale";
-  case evict_reason::requeued: return "requeued";
-  case evict_reason::discarded: return "discarded";
+  case evict_reason::filtered:
+    return "filtered";
+  case evict_reason::rejected:
+    return "rejected";
+  case evict_reason::incomplete:
+    return "incomplete";
+  case evict_reason::overflow:
+    return "overflow";
+  case evict_reason::stale:
+    return "stale";
+  case evict_reason::requeued:
+    return "requeued";
+  case evict_reason::discarded:
+    return "discarded";
   }
   return "?";
 }
@@ -105,10 +112,8 @@ struct nonzero_std {
 } // namespace filters
 RLPT_NAMESPACE_END
 
-template <>
-struct fmt::formatter<rlpt::evict_reason> : fmt::formatter<std::string_view> {
-  template <class Ctx>
-  auto format(rlpt::evict_reason r, Ctx& ctx) const {
+template <> struct fmt::formatter<rlpt::evict_reason> : fmt::formatter<std::string_view> {
+  template <class Ctx> auto format(rlpt::evict_reason r, Ctx& ctx) const {
     return fmt::formatter<std::string_view>::format(rlpt::name(r), ctx);
   }
 };

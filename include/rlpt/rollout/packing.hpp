@@ -45,7 +45,7 @@ enum class pack_algorithm : std::uint8_t {
 };
 
 struct microbatch_options {
-  index_t token_budget = 16384;   //!< max tokens per micro-batch (verl ppo_max_token_len_per_gpu = 16384)
+  index_t token_budget = 16384; //!< max tokens per micro-batch (verl ppo_max_token_len_per_gpu = 16384)
   pack_algorithm algorithm = pack_algorithm::karmarkar_karp; //!< verl; AReaL: ffd
   cost_model cost = cost_model::attention(); //!< what KK balances across micro-batches (verl calculate_workload)
   //! At least this many (verl min_num_micro_batch, AReaL n_mbs = 1). Beyond one per sequence
@@ -54,21 +54,21 @@ struct microbatch_options {
   //! Count rounded up to a multiple (verl num_batches_divided_by, AReaL n_mbs_divisor = 1); at
   //! most max(sequences, max_empty_parts).
   index_t divisor = 1;
-  bool small_at_ends = true;      //!< cheap micro-batches first and last (verl use_dynamic_bsz_balance = True)
+  bool small_at_ends = true; //!< cheap micro-batches first and last (verl use_dynamic_bsz_balance = True)
   //! When KK overshoots the budget, first move sequences from the over-full micro-batches into
   //! the roomiest ones before trying a larger count (rlpt; verl only raises the count).
   bool repair = true;
-  index_t kk_attempts = 8;        //!< KK tries (k, k + divisor, ...) before falling back to FFD (rlpt)
+  index_t kk_attempts = 8; //!< KK tries (k, k + divisor, ...) before falling back to FFD (rlpt)
 };
 
 //! Micro-batch m holds items[offsets[m], offsets[m+1]) (indices into the planner's input).
 struct microbatch_plan {
   std::vector<index_t> offsets{0};
   std::vector<index_t> items{};
-  std::vector<index_t> tokens{};   //!< tokens per micro-batch
-  index_t oversize = 0;            //!< micro-batches holding a single sequence longer than the budget
-  index_t empty = 0;               //!< micro-batches with no sequence (forced by min_microbatches / divisor)
-  bool fell_back = false;          //!< KK kept overshooting the budget and FFD was used
+  std::vector<index_t> tokens{}; //!< tokens per micro-batch
+  index_t oversize = 0;          //!< micro-batches holding a single sequence longer than the budget
+  index_t empty = 0;             //!< micro-batches with no sequence (forced by min_microbatches / divisor)
+  bool fell_back = false;        //!< KK kept overshooting the budget and FFD was used
 
   [[nodiscard]] index_t num_microbatches() const noexcept { return static_cast<index_t>(offsets.size()) - 1; }
   [[nodiscard]] view<const index_t> microbatch(index_t m) const& {
@@ -76,7 +76,9 @@ struct microbatch_plan {
     return {items.data() + offsets[u], offsets[u + 1] - offsets[u]};
   }
   view<const index_t> microbatch(index_t m) const&& = delete; // would view a temporary plan
-  [[nodiscard]] index_t total_tokens() const noexcept { return std::accumulate(tokens.begin(), tokens.end(), index_t{0}); }
+  [[nodiscard]] index_t total_tokens() const noexcept {
+    return std::accumulate(tokens.begin(), tokens.end(), index_t{0});
+  }
   [[nodiscard]] index_t max_tokens() const noexcept {
     return tokens.empty() ? 0 : *std::max_element(tokens.begin(), tokens.end());
   }
@@ -104,7 +106,8 @@ namespace detail {
 //! the bins' free space finds the first bin that fits in O(log bins).
 inline std::vector<std::vector<index_t>> ffd(std::span<const index_t> ids, view<const index_t> len, index_t cap) {
   std::vector<index_t> order(ids.begin(), ids.end());
-  std::sort(order.begin(), order.end(), [&](index_t a, index_t b) { return len[a] != len[b] ? len[a] > len[b] : a < b; });
+  std::sort(order.begin(), order.end(),
+            [&](index_t a, index_t b) { return len[a] != len[b] ? len[a] > len[b] : a < b; });
   std::size_t size = 1;
   while (size < std::max<std::size_t>(order.size(), 1)) size *= 2;
   std::vector<index_t> tree(2 * size, 0); // free space; unopened bins count as `cap`
@@ -138,7 +141,8 @@ inline bool repair(std::vector<std::vector<index_t>>& bins, view<const index_t> 
   for (std::size_t b = 0; b < bins.size(); ++b) {
     if (tokens[b] <= cap) continue;
     auto& over = bins[b];
-    std::sort(over.begin(), over.end(), [&](index_t x, index_t y) { return len[x] != len[y] ? len[x] > len[y] : x < y; });
+    std::sort(over.begin(), over.end(),
+              [&](index_t x, index_t y) { return len[x] != len[y] ? len[x] > len[y] : x < y; });
     for (std::size_t i = 0; i < over.size() && tokens[b] > cap;) {
       std::size_t roomiest = b;
       for (std::size_t c = 0; c < bins.size(); ++c)
@@ -171,7 +175,8 @@ inline void split_to(std::vector<std::vector<index_t>>& bins, index_t want, view
       }
     if (pick == bins.size()) return;
     std::vector<index_t> items = std::move(bins[pick]);
-    std::sort(items.begin(), items.end(), [&](index_t a, index_t b) { return len[a] != len[b] ? len[a] > len[b] : a < b; });
+    std::sort(items.begin(), items.end(),
+              [&](index_t a, index_t b) { return len[a] != len[b] ? len[a] > len[b] : a < b; });
     std::vector<index_t> a, b;
     index_t ta = 0, tb = 0;
     for (const index_t i : items) {
@@ -257,8 +262,8 @@ inline void split_to(std::vector<std::vector<index_t>>& bins, index_t want, view
   }
   for (const index_t b : big) bins.push_back({b});
   plan.oversize = nbig;
-  while (static_cast<index_t>(bins.size()) < want_total ||
-         static_cast<index_t>(bins.size()) % o.divisor != 0) bins.emplace_back();
+  while (static_cast<index_t>(bins.size()) < want_total || static_cast<index_t>(bins.size()) % o.divisor != 0)
+    bins.emplace_back();
   for (auto& b : bins) std::sort(b.begin(), b.end());
 
   // Order micro-batches: cheap ones at both ends (verl), else by first item.
@@ -295,27 +300,27 @@ inline void split_to(std::vector<std::vector<index_t>>& bins, index_t want, view
 // --- a whole step on one controller ------------------------------------------------------------
 
 struct step_options {
-  index_t ranks = 1;                    //!< data-parallel ranks
-  balance_options balance{};            //!< rank balancing (its `ranks` is ignored; this one counts)
-  bool groups_atomic = false;           //!< keep each group on one rank (needs groups)
-  microbatch_options microbatch{};      //!< per-rank micro-batching
-  bool equal_microbatches = true;       //!< same micro-batch count on every rank (verl same_micro_num_in_dp = True)
+  index_t ranks = 1;               //!< data-parallel ranks
+  balance_options balance{};       //!< rank balancing (its `ranks` is ignored; this one counts)
+  bool groups_atomic = false;      //!< keep each group on one rank (needs groups)
+  microbatch_options microbatch{}; //!< per-rank micro-batching
+  bool equal_microbatches = true;  //!< same micro-batch count on every rank (verl same_micro_num_in_dp = True)
 };
 
 struct rank_plan {
   std::vector<index_t> items{};   //!< sequence indices of this rank, ascending
   microbatch_plan microbatches{}; //!< over global sequence indices
   index_t tokens = 0;
-  index_t loss_tokens = 0;        //!< trained tokens on this rank (needs loss token counts)
+  index_t loss_tokens = 0; //!< trained tokens on this rank (needs loss token counts)
   index_t sequences = 0;
 };
 
 //! The normalisers a loss aggregation needs for the whole step (all ranks, all micro-batches).
 struct step_totals {
-  index_t tokens = 0;              //!< all tokens
-  index_t loss_tokens = 0;         //!< trained tokens: the token-mean denominator
-  index_t sequences = 0;           //!< all sequences
-  index_t loss_sequences = 0;      //!< sequences with at least one trained token: the seq-mean denominator
+  index_t tokens = 0;                //!< all tokens
+  index_t loss_tokens = 0;           //!< trained tokens: the token-mean denominator
+  index_t sequences = 0;             //!< all sequences
+  index_t loss_sequences = 0;        //!< sequences with at least one trained token: the seq-mean denominator
   index_t microbatches_per_rank = 0; //!< when equal_microbatches, the common count; else the maximum
 };
 
@@ -397,29 +402,29 @@ struct pack_options {
 
 //! Sizes of a packed micro-batch: allocate the outputs of pack_into with these.
 struct packed_extent {
-  index_t tokens = 0;        //!< flat tokens including padding
-  index_t sequences = 0;     //!< cu_seqlens has sequences + 1 entries (padding counts as one sequence)
+  index_t tokens = 0;    //!< flat tokens including padding
+  index_t sequences = 0; //!< cu_seqlens has sequences + 1 entries (padding counts as one sequence)
   index_t pad_tokens = 0;
 };
 
 //! Caller-owned outputs of pack_into; optional ones may be empty views.
 struct packed_views {
-  view<token_id> tokens;               //!< [extent.tokens]
-  view<std::int32_t> cu_seqlens;       //!< [extent.sequences + 1]
-  view<std::int32_t> position_ids;     //!< [extent.tokens], restart at 0 per sequence
-  view<mask_t> loss_mask;              //!< [extent.tokens], 0 on padding
-  view<token_id> targets{};            //!< optional [extent.tokens]: next token within the sequence, else ignore_target
-  view<float> logprobs{};              //!< optional [extent.tokens]: behaviour logprobs, 0 on padding
-  view<policy_version> versions{};     //!< optional [extent.tokens]: -1 on padding
+  view<token_id> tokens;           //!< [extent.tokens]
+  view<std::int32_t> cu_seqlens;   //!< [extent.sequences + 1]
+  view<std::int32_t> position_ids; //!< [extent.tokens], restart at 0 per sequence
+  view<mask_t> loss_mask;          //!< [extent.tokens], 0 on padding
+  view<token_id> targets{};        //!< optional [extent.tokens]: next token within the sequence, else ignore_target
+  view<float> logprobs{};          //!< optional [extent.tokens]: behaviour logprobs, 0 on padding
+  view<policy_version> versions{}; //!< optional [extent.tokens]: -1 on padding
 };
 
 //! What pack_into wrote.
 struct packed_info {
-  index_t tokens = 0;        //!< real tokens (without padding)
-  index_t loss_tokens = 0;   //!< trained tokens
-  index_t sequences = 0;     //!< real sequences
+  index_t tokens = 0;      //!< real tokens (without padding)
+  index_t loss_tokens = 0; //!< trained tokens
+  index_t sequences = 0;   //!< real sequences
   index_t pad_tokens = 0;
-  index_t max_seqlen = 0;    //!< longest sequence (flash-attn max_seqlen), padding included
+  index_t max_seqlen = 0; //!< longest sequence (flash-attn max_seqlen), padding included
 };
 
 [[nodiscard]] inline packed_extent packed_size(const rollout_batch& batch, view<const index_t> items,
@@ -430,8 +435,8 @@ struct packed_info {
   packed_extent e;
   for (index_t k = 0; k < items.size(); ++k) {
     const index_t i = items[k];
-    RLPT_CHECK(i >= 0 && i < batch.size(), errors::rollout::bad_items, "item {} (items[{}]) is outside the batch of {} records",
-               i, k, batch.size());
+    RLPT_CHECK(i >= 0 && i < batch.size(), errors::rollout::bad_items,
+               "item {} (items[{}]) is outside the batch of {} records", i, k, batch.size());
     e.tokens += batch.length(i); // <= int32_max + a record's length: no overflow
     RLPT_CHECK(e.tokens <= int32_max, errors::rollout::bad_items,
                "the packed tokens overflow int32 cu_seqlens: {} tokens after items[{}] = {}, at most {}", e.tokens, k,
@@ -533,8 +538,8 @@ struct packed_microbatch {
   if (batch.schema().logprobs) m.logprobs.resize(nt);
   if (batch.schema().versions) m.versions.resize(nt);
   m.items.assign(items.begin(), items.end());
-  m.info = pack_into(batch, items, {m.tokens, m.cu_seqlens, m.position_ids, m.loss_mask, m.targets, m.logprobs, m.versions},
-                     o);
+  m.info = pack_into(batch, items,
+                     {m.tokens, m.cu_seqlens, m.position_ids, m.loss_mask, m.targets, m.logprobs, m.versions}, o);
   return m;
 }
 
@@ -547,13 +552,14 @@ void pack_tokens(view<const index_t> offsets, view<const T> src, index_t width, 
   RLPT_CHECK(width >= 1, errors::rollout::bad_option, "pack_tokens width must be >= 1, got {}", width);
   detail::check_offsets(errors::rollout::bad_items, "pack_tokens offsets", "sequence", offsets);
   const index_t total = offsets[offsets.size() - 1];
-  detail::expect_size("src", src.size(), detail::checked_mul(errors::rollout::bad_items, "offsets.back() * width", total, width),
+  detail::expect_size("src", src.size(),
+                      detail::checked_mul(errors::rollout::bad_items, "offsets.back() * width", total, width),
                       "offsets.back() * width");
   index_t at = 0;
   for (index_t k = 0; k < items.size(); ++k) {
     const index_t i = items[k];
-    RLPT_CHECK(i >= 0 && i < offsets.size() - 1, errors::rollout::bad_items, "item {} (items[{}]) is outside {} sequences",
-               i, k, offsets.size() - 1);
+    RLPT_CHECK(i >= 0 && i < offsets.size() - 1, errors::rollout::bad_items,
+               "item {} (items[{}]) is outside {} sequences", i, k, offsets.size() - 1);
     const index_t n = (offsets[i + 1] - offsets[i]) * width; // <= total * width
     RLPT_CHECK(n <= dst.size() - at, errors::rollout::bad_items,
                "dst of {} elements is too small for the items: items[{}] = {} needs {} more after {}", dst.size(), k, i,
@@ -567,15 +573,15 @@ void pack_tokens(view<const index_t> offsets, view<const T> src, index_t width, 
 //! Expands one value per sequence (e.g. a GRPO advantage) to every token of the packed items;
 //! padding slots get `pad`.
 template <class T>
-void expand_per_sequence(view<const index_t> offsets, view<const T> per_sequence, view<const index_t> items, view<T> dst,
-                         T pad = T{}) {
+void expand_per_sequence(view<const index_t> offsets, view<const T> per_sequence, view<const index_t> items,
+                         view<T> dst, T pad = T{}) {
   detail::check_offsets(errors::rollout::bad_items, "expand_per_sequence offsets", "sequence", offsets);
   detail::expect_size("per_sequence", per_sequence.size(), offsets.size() - 1, "one per sequence");
   index_t at = 0;
   for (index_t k = 0; k < items.size(); ++k) {
     const index_t i = items[k];
-    RLPT_CHECK(i >= 0 && i < per_sequence.size(), errors::rollout::bad_items, "item {} (items[{}]) is outside {} sequences",
-               i, k, per_sequence.size());
+    RLPT_CHECK(i >= 0 && i < per_sequence.size(), errors::rollout::bad_items,
+               "item {} (items[{}]) is outside {} sequences", i, k, per_sequence.size());
     const index_t n = offsets[i + 1] - offsets[i];
     RLPT_CHECK(n <= dst.size() - at, errors::rollout::bad_items,
                "dst of {} elements is too small for the items: items[{}] = {} needs {} more after {}", dst.size(), k, i,

@@ -46,11 +46,16 @@ enum class token_source : std::uint8_t { prompt, model, tool, environment, chat_
 
 [[nodiscard]] constexpr std::string_view name(token_source s) noexcept {
   switch (s) {
-  case token_source::prompt: return "prompt";
-  case token_source::model: return "model";
-  case token_source::tool: return "tool";
-  case token_source::environment: return "environment";
-  case token_source::chat_template: return "chat_template";
+  case token_source::prompt:
+    return "prompt";
+  case token_source::model:
+    return "model";
+  case token_source::tool:
+    return "tool";
+  case token_source::environment:
+    return "environment";
+  case token_source::chat_template:
+    return "chat_template";
   }
   return "?";
 }
@@ -71,20 +76,28 @@ namespace detail {
 [[nodiscard]] constexpr index_t isize(std::size_t n) noexcept { return static_cast<index_t>(n); }
 
 //! Element storage for a per-token extra column, one alternative per rlpt::dtype.
-using extra_storage = std::variant<std::vector<float>, std::vector<double>, std::vector<f16>, std::vector<bf16>,
-                                   std::vector<std::int8_t>, std::vector<std::uint8_t>, std::vector<std::int32_t>,
-                                   std::vector<std::int64_t>>;
+using extra_storage =
+    std::variant<std::vector<float>, std::vector<double>, std::vector<f16>, std::vector<bf16>, std::vector<std::int8_t>,
+                 std::vector<std::uint8_t>, std::vector<std::int32_t>, std::vector<std::int64_t>>;
 
 [[nodiscard]] inline extra_storage make_extra_storage(dtype t) {
   switch (t) {
-  case dtype::f32: return std::vector<float>{};
-  case dtype::f64: return std::vector<double>{};
-  case dtype::f16: return std::vector<f16>{};
-  case dtype::bf16: return std::vector<bf16>{};
-  case dtype::i8: return std::vector<std::int8_t>{};
-  case dtype::u8: return std::vector<std::uint8_t>{};
-  case dtype::i32: return std::vector<std::int32_t>{};
-  case dtype::i64: return std::vector<std::int64_t>{};
+  case dtype::f32:
+    return std::vector<float>{};
+  case dtype::f64:
+    return std::vector<double>{};
+  case dtype::f16:
+    return std::vector<f16>{};
+  case dtype::bf16:
+    return std::vector<bf16>{};
+  case dtype::i8:
+    return std::vector<std::int8_t>{};
+  case dtype::u8:
+    return std::vector<std::uint8_t>{};
+  case dtype::i32:
+    return std::vector<std::int32_t>{};
+  case dtype::i64:
+    return std::vector<std::int64_t>{};
   }
   RLPT_FAIL(errors::rollout::bad_extra, "unknown dtype code {}", static_cast<int>(t));
 }
@@ -110,8 +123,7 @@ struct extra_view {
   index_t elements = 0; //!< tokens * width
 
   //! Typed access; the dtype must match (error otherwise).
-  template <class T>
-  [[nodiscard]] view<const T> as() const {
+  template <class T> [[nodiscard]] view<const T> as() const {
     RLPT_CHECK(dtype_of<T> == type, errors::rollout::extra_dtype, "extra '{}' holds {}, not {}", name, type,
                dtype_of<T>);
     return {static_cast<const T*>(data), elements};
@@ -123,18 +135,18 @@ struct extra_view {
 //! teacher logprobs [T, 1] f32, ... Values cover every token of the record, prompt included.
 struct token_extra {
   std::string name;
-  index_t width = 1;                   //!< elements per token
-  detail::extra_storage values;        //!< [T * width], row-major
+  index_t width = 1;            //!< elements per token
+  detail::extra_storage values; //!< [T * width], row-major
 
   token_extra() = default;
-  token_extra(std::string n, dtype t, index_t w) : name(std::move(n)), width(w), values(detail::make_extra_storage(t)) {}
+  token_extra(std::string n, dtype t, index_t w)
+      : name(std::move(n)), width(w), values(detail::make_extra_storage(t)) {}
   template <class T>
   token_extra(std::string n, index_t w, std::vector<T> v) : name(std::move(n)), width(w), values(std::move(v)) {}
 
   [[nodiscard]] dtype type() const { return detail::dtype_of_storage(values); }
   [[nodiscard]] index_t elements() const { return detail::extra_elements(values); }
-  template <class T>
-  [[nodiscard]] std::vector<T>& as() {
+  template <class T> [[nodiscard]] std::vector<T>& as() {
     auto* v = std::get_if<std::vector<T>>(&values);
     RLPT_CHECK(v != nullptr, errors::rollout::extra_dtype, "extra '{}' holds {}, not {}", name, type(), dtype_of<T>);
     return *v;
@@ -156,11 +168,11 @@ struct extra_spec {
 };
 
 struct record_schema {
-  bool logprobs = true;                //!< behaviour logprobs present (AReaL, verl rollout_log_probs)
-  bool versions = true;                //!< per-token policy versions present (AReaL)
-  index_t reward_channels = 1;         //!< scalar rewards per record (1: outcome reward)
-  index_t token_reward_channels = 0;   //!< per-token reward channels (0: none)
-  std::vector<extra_spec> extras{};    //!< per-token extra columns, in this order
+  bool logprobs = true;              //!< behaviour logprobs present (AReaL, verl rollout_log_probs)
+  bool versions = true;              //!< per-token policy versions present (AReaL)
+  index_t reward_channels = 1;       //!< scalar rewards per record (1: outcome reward)
+  index_t token_reward_channels = 0; //!< per-token reward channels (0: none)
+  std::vector<extra_spec> extras{};  //!< per-token extra columns, in this order
 
   friend bool operator==(const record_schema&, const record_schema&) = default;
 };
@@ -210,8 +222,8 @@ struct trajectory_view {
   view<const mask_t> loss_mask;
   view<const float> logprobs;
   view<const policy_version> versions;
-  view<const float> rewards;        //!< [reward_channels]
-  view<const float> token_rewards;  //!< [T, token_reward_channels] row-major
+  view<const float> rewards;       //!< [reward_channels]
+  view<const float> token_rewards; //!< [T, token_reward_channels] row-major
   view<const segment> segments;
   std::vector<extra_view> extras;
 
@@ -247,24 +259,24 @@ struct trajectory_view {
 
 //! One sample, owning its columns. Plain aggregate: fill the fields or use trajectory_builder.
 struct trajectory {
-  std::int64_t group_id = 0;        //!< which prompt this answers (any value; groups are keyed by it)
-  std::int32_t sample_index = -1;   //!< position within its group; >= 0 fixes the order in a batch
-  index_t prompt_len = 0;           //!< tokens [0, prompt_len) are the prompt
-  std::vector<token_id> tokens;     //!< prompt + response (+ later turns)
-  std::vector<mask_t> loss_mask;    //!< 1 = trained token; 0 for prompt and environment tokens
-  std::vector<float> logprobs;      //!< behaviour logprob of each token (0 where no policy sampled it)
+  std::int64_t group_id = 0;            //!< which prompt this answers (any value; groups are keyed by it)
+  std::int32_t sample_index = -1;       //!< position within its group; >= 0 fixes the order in a batch
+  index_t prompt_len = 0;               //!< tokens [0, prompt_len) are the prompt
+  std::vector<token_id> tokens;         //!< prompt + response (+ later turns)
+  std::vector<mask_t> loss_mask;        //!< 1 = trained token; 0 for prompt and environment tokens
+  std::vector<float> logprobs;          //!< behaviour logprob of each token (0 where no policy sampled it)
   std::vector<policy_version> versions; //!< policy version per token; -1 = not generated
-  std::vector<float> rewards;       //!< scalar reward channels
-  std::vector<float> token_rewards; //!< [T, token_reward_channels]
-  std::vector<segment> segments;    //!< turn spans, ascending, non-overlapping
-  std::vector<token_extra> extras;  //!< per-token extra columns (schema order)
+  std::vector<float> rewards;           //!< scalar reward channels
+  std::vector<float> token_rewards;     //!< [T, token_reward_channels]
+  std::vector<segment> segments;        //!< turn spans, ascending, non-overlapping
+  std::vector<token_extra> extras;      //!< per-token extra columns (schema order)
 
   [[nodiscard]] index_t size() const noexcept { return detail::isize(tokens.size()); }
 
   trajectory_view view() const&& = delete; // would view a temporary record's columns
   [[nodiscard]] trajectory_view view() const& {
-    trajectory_view v{group_id, sample_index, prompt_len, tokens, loss_mask, logprobs, versions, rewards, token_rewards,
-                      segments, {}};
+    trajectory_view v{group_id, sample_index, prompt_len,    tokens,   loss_mask, logprobs,
+                      versions, rewards,      token_rewards, segments, {}};
     v.extras.reserve(extras.size());
     for (const auto& e : extras) v.extras.push_back(e.view());
     return v;
@@ -302,8 +314,8 @@ inline void check_schema(const record_schema& s) {
     RLPT_CHECK(e.width >= 1, errors::rollout::bad_extra, "extras[{}] '{}' has width {}; it must be >= 1", k, e.name,
                e.width);
     for (std::size_t j = 0; j < k; ++j)
-      RLPT_CHECK(s.extras[j].name != e.name, errors::rollout::bad_extra, "extras[{}] and extras[{}] are both named '{}'",
-                 j, k, e.name);
+      RLPT_CHECK(s.extras[j].name != e.name, errors::rollout::bad_extra,
+                 "extras[{}] and extras[{}] are both named '{}'", j, k, e.name);
   }
 }
 
@@ -386,11 +398,11 @@ inline void validate(const trajectory& t, const record_schema& schema) { validat
 
 //! Options of trajectory_builder.
 struct builder_options {
-  index_t reward_channels = 1;        //!< as record_schema::reward_channels
-  index_t token_reward_channels = 0;  //!< as record_schema::token_reward_channels
-  bool logprobs = true;               //!< keep behaviour logprobs (schema.logprobs)
-  bool versions = true;               //!< keep per-token versions (schema.versions)
-  std::vector<extra_spec> extras{};   //!< extra columns, zero-filled as tokens are appended
+  index_t reward_channels = 1;       //!< as record_schema::reward_channels
+  index_t token_reward_channels = 0; //!< as record_schema::token_reward_channels
+  bool logprobs = true;              //!< keep behaviour logprobs (schema.logprobs)
+  bool versions = true;              //!< keep per-token versions (schema.versions)
+  std::vector<extra_spec> extras{};  //!< extra columns, zero-filled as tokens are appended
 };
 
 //! Append-only construction of a (multi-turn) record. Each call appends one span:
@@ -424,8 +436,10 @@ public:
   trajectory_builder& model(view<const token_id> tokens, view<const float> logprobs, policy_version version,
                             view<const mask_t> mask = {}) {
     RLPT_CHECK(version >= 0, errors::rollout::record_value,
-               "model tokens need a policy version >= 0, got {} (use context() for tokens no policy generated)", version);
-    return model_impl(tokens, logprobs, [version](index_t) { return version; }, mask);
+               "model tokens need a policy version >= 0, got {} (use context() for tokens no policy generated)",
+               version);
+    return model_impl(
+        tokens, logprobs, [version](index_t) { return version; }, mask);
   }
 
   //! As above with one version per token (a generation interrupted by weight updates).
@@ -435,7 +449,8 @@ public:
     for (index_t i = 0; i < versions.size(); ++i)
       RLPT_CHECK(versions[i] >= 0, errors::rollout::record_value, "model versions[{}] = {}; generated tokens need >= 0",
                  i, versions[i]);
-    return model_impl(tokens, logprobs, [versions](index_t i) { return versions[i]; }, mask);
+    return model_impl(
+        tokens, logprobs, [versions](index_t i) { return versions[i]; }, mask);
   }
 
   //! Appends tokens no policy generated (tool output, observation, template): masked out.
@@ -481,16 +496,14 @@ public:
   }
 
   //! Writes extra `name` for tokens [first, first + values.size() / width).
-  template <class T>
-  trajectory_builder& extra(std::string_view name, index_t first, view<const T> values) {
+  template <class T> trajectory_builder& extra(std::string_view name, index_t first, view<const T> values) {
     for (auto& e : t_.extras)
       if (e.name == name) {
         auto& v = e.as<T>();
-        RLPT_CHECK(first >= 0 && first <= size() && values.size() % e.width == 0 &&
-                       values.size() / e.width <= size() - first,
-                   errors::rollout::bad_option,
-                   "extra '{}' write of {} values at token {} does not fit {} tokens of width {}", name, values.size(),
-                   first, size(), e.width);
+        RLPT_CHECK(
+            first >= 0 && first <= size() && values.size() % e.width == 0 && values.size() / e.width <= size() - first,
+            errors::rollout::bad_option, "extra '{}' write of {} values at token {} does not fit {} tokens of width {}",
+            name, values.size(), first, size(), e.width);
         std::copy(values.begin(), values.end(), v.begin() + first * e.width);
         return *this;
       }
@@ -558,10 +571,8 @@ private:
 
 RLPT_NAMESPACE_END
 
-template <>
-struct fmt::formatter<rlpt::token_source> : fmt::formatter<std::string_view> {
-  template <class Ctx>
-  auto format(rlpt::token_source s, Ctx& ctx) const {
+template <> struct fmt::formatter<rlpt::token_source> : fmt::formatter<std::string_view> {
+  template <class Ctx> auto format(rlpt::token_source s, Ctx& ctx) const {
     return fmt::formatter<std::string_view>::format(rlpt::name(s), ctx);
   }
 };

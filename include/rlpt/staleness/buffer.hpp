@@ -45,8 +45,8 @@
 RLPT_NAMESPACE_BEGIN
 
 struct staleness_buffer_options {
-  selection_options select{};        //!< window, order, stale policy
-  starvation_options starvation{};   //!< when a waiting consumer is reported
+  selection_options select{};      //!< window, order, stale policy
+  starvation_options starvation{}; //!< when a waiting consumer is reported
   //! Called (on the consumer's thread) when a pop waited past the starvation threshold.
   std::function<void(const starvation_report&)> on_starvation{};
 };
@@ -147,8 +147,8 @@ struct staleness_state {
 class staleness_buffer {
 public:
   explicit staleness_buffer(staleness_gate& gate, buffer_options buffer = {}, staleness_buffer_options opt = {})
-      : gate_(gate), opt_(std::move(opt)), user_evict_(std::move(buffer.on_evict)),
-        buf_(with_hook(std::move(buffer))), monitor_(opt_.starvation) {
+      : gate_(gate), opt_(std::move(opt)), user_evict_(std::move(buffer.on_evict)), buf_(with_hook(std::move(buffer))),
+        monitor_(opt_.starvation) {
     RLPT_CHECK(opt_.select.order != pick_order::target_version || gate_.options().mode == admission_mode::target,
                errors::staleness::bad_option,
                "target_version selection needs a gate in admission_mode::target (tickets carry the reserved step)");
@@ -230,8 +230,8 @@ public:
       // Not open: either already evicted (hook handled it) or complete and ready.
       std::lock_guard lock(mutex_);
       RLPT_CHECK(groups_.find(*gid) == groups_.end(), errors::staleness::bad_transition,
-                 "fail(ticket {}): group {} already completed; a finished group is released by the consumer side",
-                 t.id, *gid);
+                 "fail(ticket {}): group {} already completed; a finished group is released by the consumer side", t.id,
+                 *gid);
     }
     buf_.notify();
   }
@@ -302,7 +302,8 @@ public:
                "restore needs a gate without outstanding tickets; this one has {} running and {} buffered", gc.running,
                gc.buffered);
     RLPT_CHECK(vs.version >= 0, errors::staleness::bad_version, "recovered version must be >= 0, got {}", vs.version);
-    RLPT_CHECK(gate_.options().clock == nullptr || gate_.clock().current() == vs.version, errors::staleness::restore_mismatch,
+    RLPT_CHECK(gate_.options().clock == nullptr || gate_.clock().current() == vs.version,
+               errors::staleness::restore_mismatch,
                "the shared clock shows version {}, the checkpoint was taken at {} (restore the clock first)",
                gate_.clock().current(), vs.version);
     // Survivors: the ready groups (open ones are evicted below), with the version each was
@@ -441,8 +442,8 @@ private:
       for (const auto& [pos, act] : last.evict) {
         out.evict.emplace_back(pos, act == stale_action::requeue ? evict_reason::requeued : evict_reason::stale);
         const auto it = groups_.find(ready[static_cast<std::size_t>(pos)].id);
-        if (it != groups_.end()) settle_locked(it, act == stale_action::requeue ? release_reason::requeued
-                                                                                : release_reason::dropped);
+        if (it != groups_.end())
+          settle_locked(it, act == stale_action::requeue ? release_reason::requeued : release_reason::dropped);
       }
       if (last.status == pick_status::ready) {
         // The buffer takes exactly this selection (it is complete), so the tickets are consumed now.
@@ -511,7 +512,7 @@ private:
   staleness_buffer_options opt_;
   std::function<void(evicted_group&&)> user_evict_;
   mutable std::mutex mutex_;
-  std::unordered_map<std::int64_t, slot> groups_;      // group id -> its ticket and arrival count
+  std::unordered_map<std::int64_t, slot> groups_;             // group id -> its ticket and arrival count
   std::unordered_map<std::uint64_t, std::int64_t> by_ticket_; // ticket id -> group id
   rollout_buffer buf_;
   starvation_monitor monitor_;

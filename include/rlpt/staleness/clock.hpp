@@ -65,7 +65,8 @@ public:
   };
 
   explicit version_clock(policy_version initial = 0) : version_(initial) {
-    RLPT_CHECK(initial >= 0, errors::staleness::bad_version, "the initial policy version must be >= 0, got {}", initial);
+    RLPT_CHECK(initial >= 0, errors::staleness::bad_version, "the initial policy version must be >= 0, got {}",
+               initial);
   }
   version_clock(const version_clock&) = delete;
   version_clock& operator=(const version_clock&) = delete;
@@ -102,8 +103,7 @@ public:
   }
 
   //! Waits until the version is at least `v` or `timeout` passes; returns whether it is.
-  template <class Rep, class Period>
-  bool wait_for(policy_version v, std::chrono::duration<Rep, Period> timeout) const {
+  template <class Rep, class Period> bool wait_for(policy_version v, std::chrono::duration<Rep, Period> timeout) const {
     std::unique_lock lock(mutex_);
     return changed_.wait_for(lock, timeout, [&] { return version_.load(std::memory_order_relaxed) >= v; });
   }

@@ -27,8 +27,8 @@ namespace areal {
 //! `max_concurrent_rollouts` (0 = B, AReaL's default when unset).
 [[nodiscard]] inline gate_options gate(index_t batch_groups, index_t max_head_offpolicyness = 0,
                                        index_t max_concurrent_rollouts = 0) {
-  return {.max_staleness = max_head_offpolicyness, .batch_groups = batch_groups,
-          .max_concurrent = max_concurrent_rollouts};
+  return {
+      .max_staleness = max_head_offpolicyness, .batch_groups = batch_groups, .max_concurrent = max_concurrent_rollouts};
 }
 //! `wait_results`: the oldest finished results by create_time; no consumer-side window.
 [[nodiscard]] inline selection_options selection() {
@@ -45,9 +45,10 @@ namespace trl {
   RLPT_CHECK(max_staleness >= 1, errors::staleness::bad_option,
              "TRL's automatic in-flight cap is max_staleness × batch; max_staleness must be >= 1, got {}",
              max_staleness);
-  return {.max_staleness = unbounded_staleness, .batch_groups = batch_groups,
+  return {.max_staleness = unbounded_staleness,
+          .batch_groups = batch_groups,
           .max_concurrent = ::rlpt::detail::checked_mul(errors::staleness::bad_option, "max_staleness * batch_groups",
-                                                       max_staleness, batch_groups)};
+                                                        max_staleness, batch_groups)};
 }
 //! RolloutQueueDataset: drop a group when current − model_version > max_staleness (4).
 [[nodiscard]] inline selection_options selection(index_t max_staleness = 4) {
@@ -74,12 +75,13 @@ namespace slime {
 //! PR #2278 `--max-policy-version-lag N`: accept a group iff current − group_version <= N,
 //! otherwise re-queue its pristine prompt; the buffer is served first-in first-out.
 [[nodiscard]] inline selection_options selection(index_t max_policy_version_lag) {
-  return {.max_staleness = max_policy_version_lag, .order = pick_order::oldest_first,
-          .on_stale = stale_policy::requeue};
+  return {
+      .max_staleness = max_policy_version_lag, .order = pick_order::oldest_first, .on_stale = stale_policy::requeue};
 }
 //! `--partial-rollout` with `--mask-offpolicy-in-partial-rollout` (default off).
 [[nodiscard]] inline partial_options partial(index_t max_new_tokens, bool mask_offpolicy_in_partial_rollout = false) {
-  return {.max_new_tokens = max_new_tokens, .mask_prefix_on_resume = mask_offpolicy_in_partial_rollout,
+  return {.max_new_tokens = max_new_tokens,
+          .mask_prefix_on_resume = mask_offpolicy_in_partial_rollout,
           .max_interruptions = -1};
 }
 } // namespace slime

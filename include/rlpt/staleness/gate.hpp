@@ -97,9 +97,12 @@ enum class release_reason : std::uint8_t {
 
 [[nodiscard]] constexpr std::string_view name(release_reason r) noexcept {
   switch (r) {
-  case release_reason::rejected: return "rejected";
-  case release_reason::dropped: return "dropped";
-  case release_reason::requeued: return "requeued";
+  case release_reason::rejected:
+    return "rejected";
+  case release_reason::dropped:
+    return "dropped";
+  case release_reason::requeued:
+    return "requeued";
   }
   return "?";
 }
@@ -115,15 +118,15 @@ struct version_count {
 //! A consistent view of the gate's accounting.
 struct gate_counts {
   policy_version version = 0;
-  index_t running = 0;   //!< admitted, still generating
-  index_t buffered = 0;  //!< accepted, not yet consumed or released
-  index_t accepted = 0;  //!< AReaL's `accepted`: finished and not released (buffered + consumed since recovery)
-  index_t admitted = 0;  //!< tickets issued (including recovered ones)
+  index_t running = 0;  //!< admitted, still generating
+  index_t buffered = 0; //!< accepted, not yet consumed or released
+  index_t accepted = 0; //!< AReaL's `accepted`: finished and not released (buffered + consumed since recovery)
+  index_t admitted = 0; //!< tickets issued (including recovered ones)
   index_t consumed = 0;
-  index_t rejected = 0;  //!< running -> rejected, plus buffered -> released(rejected)
+  index_t rejected = 0; //!< running -> rejected, plus buffered -> released(rejected)
   index_t dropped = 0;
   index_t requeued = 0;
-  index_t capacity = 0;  //!< groups admissible now (may be negative after a recovery)
+  index_t capacity = 0; //!< groups admissible now (may be negative after a recovery)
   bool closed = false;
 
   //! Every ticket is accounted for exactly once.
@@ -175,9 +178,8 @@ public:
     // The capacity (η + v + 1)·B must be computable at every version v an int32 clock reaches.
     constexpr index_t v_max = std::numeric_limits<policy_version>::max();
     index_t cap = 0;
-    RLPT_CHECK(opt_.max_staleness < 0 ||
-                   !(detail::add_overflows(opt_.max_staleness, v_max + 1, cap) ||
-                     detail::mul_overflows(cap, opt_.batch_groups, cap)),
+    RLPT_CHECK(opt_.max_staleness < 0 || !(detail::add_overflows(opt_.max_staleness, v_max + 1, cap) ||
+                                           detail::mul_overflows(cap, opt_.batch_groups, cap)),
                errors::staleness::bad_option,
                "max_staleness = {} with batch_groups = {} overflows the capacity (max_staleness + version + 1) * "
                "batch_groups at version {}",
@@ -223,9 +225,9 @@ public:
 
   //! As admit, waiting at most `timeout` (empty ticket on timeout or close). A timeout counts
   //! in `staleness_metrics` as one of `timeouts`, a close as `refused`.
-  template <class Rep, class Period>
-  [[nodiscard]] ticket admit_for(std::chrono::duration<Rep, Period> timeout) {
-    return admit_until(std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(timeout));
+  template <class Rep, class Period> [[nodiscard]] ticket admit_for(std::chrono::duration<Rep, Period> timeout) {
+    return admit_until(std::chrono::steady_clock::now() +
+                       std::chrono::duration_cast<std::chrono::nanoseconds>(timeout));
   }
 
   //! The group finished generating and is handed to the buffer.
@@ -234,7 +236,8 @@ public:
       std::lock_guard lock(mutex_);
       entry& e = find_locked(t, "accept");
       RLPT_CHECK(e.at == phase::running, errors::staleness::bad_transition,
-                 "ticket {} (version {}) was already accepted; accept it once, when its group finished", t.id, t.version);
+                 "ticket {} (version {}) was already accepted; accept it once, when its group finished", t.id,
+                 t.version);
       e.at = phase::buffered;
       bump(running_, e, -1);
       bump(buffered_, e, +1);
@@ -285,9 +288,15 @@ public:
       unreserve(e);
       --accepted_;
       switch (why) {
-      case release_reason::rejected: ++rejected_; break;
-      case release_reason::dropped: ++dropped_; break;
-      case release_reason::requeued: ++requeued_; break;
+      case release_reason::rejected:
+        ++rejected_;
+        break;
+      case release_reason::dropped:
+        ++dropped_;
+        break;
+      case release_reason::requeued:
+        ++requeued_;
+        break;
       }
       tickets_.erase(t.id);
     }
@@ -476,7 +485,8 @@ private:
     const index_t conc = opt_.max_concurrent - running;
     if (opt_.mode == admission_mode::capacity) {
       if (opt_.max_staleness < 0) return conc;
-      const index_t stale = (opt_.max_staleness + static_cast<index_t>(v) + 1) * opt_.batch_groups - (accepted_ + running);
+      const index_t stale =
+          (opt_.max_staleness + static_cast<index_t>(v) + 1) * opt_.batch_groups - (accepted_ + running);
       return std::min(conc, stale);
     }
     // Free slots of the steps [v, v + η]: B each, less their reservations. Only reserved steps

@@ -48,16 +48,19 @@ enum class partial_state : std::uint8_t {
 
 [[nodiscard]] constexpr std::string_view name(partial_state s) noexcept {
   switch (s) {
-  case partial_state::running: return "running";
-  case partial_state::interrupted: return "interrupted";
-  case partial_state::finished: return "finished";
+  case partial_state::running:
+    return "running";
+  case partial_state::interrupted:
+    return "interrupted";
+  case partial_state::finished:
+    return "finished";
   }
   return "?";
 }
 
 struct partial_options {
-  index_t max_new_tokens = 1024;       //!< generation budget (rlpt default; set it to your engine's max_new_tokens)
-  bool mask_prefix_on_resume = false;  //!< slime --mask-offpolicy-in-partial-rollout, default off
+  index_t max_new_tokens = 1024;      //!< generation budget (rlpt default; set it to your engine's max_new_tokens)
+  bool mask_prefix_on_resume = false; //!< slime --mask-offpolicy-in-partial-rollout, default off
   //! Give up after this many interruptions: a further interrupt finishes the generation
   //! (-1: never; verl and AReaL resume indefinitely).
   index_t max_interruptions = -1;
@@ -166,9 +169,7 @@ public:
   //! Staleness is measured from here: the version at dispatch.
   [[nodiscard]] policy_version head_version() const noexcept { return head_; }
   //! Newest version among generated tokens (the head version before the first token).
-  [[nodiscard]] policy_version tail_version() const noexcept {
-    return generated() > 0 ? versions_.back() : head_;
-  }
+  [[nodiscard]] policy_version tail_version() const noexcept { return generated() > 0 ? versions_.back() : head_; }
   //! tail − head: how many updates the generation spanned (verl `max_partial_span`).
   [[nodiscard]] index_t version_span() const noexcept {
     return static_cast<index_t>(tail_version()) - static_cast<index_t>(head_);
@@ -197,8 +198,8 @@ private:
                "group {} got {} tokens but only {} of its max_new_tokens {} remain", group_id_, tokens.size(),
                remaining(), opt_.max_new_tokens);
     for (index_t i = 0; i < logprobs.size(); ++i)
-      RLPT_CHECK(std::isfinite(logprobs[i]), errors::staleness::non_finite,
-                 "group {} chunk token {} has logprob {}", group_id_, i, logprobs[i]);
+      RLPT_CHECK(std::isfinite(logprobs[i]), errors::staleness::non_finite, "group {} chunk token {} has logprob {}",
+                 group_id_, i, logprobs[i]);
   }
 
   void check_version(policy_version v, index_t i, policy_version prev = -2) const {
@@ -208,8 +209,7 @@ private:
                group_id_, i, v, std::max(prev, head_));
   }
 
-  template <class Version>
-  void push(view<const token_id> tokens, view<const float> logprobs, Version version) {
+  template <class Version> void push(view<const token_id> tokens, view<const float> logprobs, Version version) {
     for (index_t i = 0; i < tokens.size(); ++i) {
       tokens_.push_back(tokens[i]);
       logprobs_.push_back(logprobs[i]);

@@ -73,8 +73,8 @@ struct proximal_options {
 }
 
 struct proximal_result {
-  index_t tokens = 0;        //!< valid tokens written
-  index_t interpolated = 0;  //!< tokens with 0 < α < 1 (the rest equal behaviour or current exactly)
+  index_t tokens = 0;       //!< valid tokens written
+  index_t interpolated = 0; //!< tokens with 0 < α < 1 (the rest equal behaviour or current exactly)
 };
 
 //! Writes the approximate proximal log-probs of every valid token (mask != 0; empty mask =
@@ -125,8 +125,8 @@ inline proximal_result proximal_logprobs(view<const float> behav, view<const flo
         RLPT_CHECK(std::isfinite(bp[i]) && std::isfinite(cp[i]), errors::staleness::non_finite,
                    "token {} has behaviour logprob {} and current logprob {}; both must be finite on a valid token", i,
                    bp[i], cp[i]);
-        RLPT_CHECK(vp[i] <= v_theta, errors::staleness::future_version, "token {} has version {}, newer than v_theta {}",
-                   i, vp[i], v_theta);
+        RLPT_CHECK(vp[i] <= v_theta, errors::staleness::future_version,
+                   "token {} has version {}, newer than v_theta {}", i, vp[i], v_theta);
       }
     tokens += tok;
     interpolated += v_prox < v_theta ? mid : 0;

@@ -48,9 +48,9 @@ enum class pick_order : std::uint8_t {
 };
 
 enum class stale_policy : std::uint8_t {
-  drop,    //!< evict stale items (TRL AsyncGRPO, verl V1 `drop`, open-instruct)
-  wait,    //!< wait for in-flight items before they age out; items already stale are dropped (verl V1 `wait`)
-  requeue  //!< hand stale items back to the producers to regenerate (slime PR #2278)
+  drop,   //!< evict stale items (TRL AsyncGRPO, verl V1 `drop`, open-instruct)
+  wait,   //!< wait for in-flight items before they age out; items already stale are dropped (verl V1 `wait`)
+  requeue //!< hand stale items back to the producers to regenerate (slime PR #2278)
 };
 
 struct selection_options {
@@ -70,18 +70,22 @@ struct candidate {
 enum class stale_action : std::uint8_t { drop, requeue };
 
 enum class pick_status : std::uint8_t {
-  ready,      //!< `take` holds the batch (`wanted` items; fewer only when closed)
-  waiting,    //!< fewer eligible items than wanted: wait for arrivals
-  urgent,     //!< policy wait: an in-flight item must be in this batch, wait for it
-  drained     //!< closed and nothing eligible is left
+  ready,   //!< `take` holds the batch (`wanted` items; fewer only when closed)
+  waiting, //!< fewer eligible items than wanted: wait for arrivals
+  urgent,  //!< policy wait: an in-flight item must be in this batch, wait for it
+  drained  //!< closed and nothing eligible is left
 };
 
 [[nodiscard]] constexpr std::string_view name(pick_status s) noexcept {
   switch (s) {
-  case pick_status::ready: return "ready";
-  case pick_status::waiting: return "waiting";
-  case pick_status::urgent: return "urgent";
-  case pick_status::drained: return "drained";
+  case pick_status::ready:
+    return "ready";
+  case pick_status::waiting:
+    return "waiting";
+  case pick_status::urgent:
+    return "urgent";
+  case pick_status::drained:
+    return "drained";
   }
   return "?";
 }
@@ -257,24 +261,29 @@ enum class starvation_cause : std::uint8_t {
 
 [[nodiscard]] constexpr std::string_view name(starvation_cause c) noexcept {
   switch (c) {
-  case starvation_cause::no_producers: return "no_producers";
-  case starvation_cause::no_capacity: return "no_capacity";
-  case starvation_cause::slow_producers: return "slow_producers";
-  case starvation_cause::all_stale: return "all_stale";
-  case starvation_cause::missing_target: return "missing_target";
+  case starvation_cause::no_producers:
+    return "no_producers";
+  case starvation_cause::no_capacity:
+    return "no_capacity";
+  case starvation_cause::slow_producers:
+    return "slow_producers";
+  case starvation_cause::all_stale:
+    return "all_stale";
+  case starvation_cause::missing_target:
+    return "missing_target";
   }
   return "?";
 }
 
 struct starvation_report {
   starvation_cause cause = starvation_cause::slow_producers;
-  double waited_s = 0.0;       //!< how long the consumer has been waiting
-  policy_version version = 0;  //!< current version
+  double waited_s = 0.0;      //!< how long the consumer has been waiting
+  policy_version version = 0; //!< current version
   index_t wanted = 0;
-  index_t eligible = 0;        //!< usable ready groups
-  index_t pending = 0;         //!< usable in-flight groups
-  index_t dropped = 0;         //!< groups dropped as stale during this wait
-  index_t capacity = 0;        //!< gate capacity at the time
+  index_t eligible = 0;               //!< usable ready groups
+  index_t pending = 0;                //!< usable in-flight groups
+  index_t dropped = 0;                //!< groups dropped as stale during this wait
+  index_t capacity = 0;               //!< gate capacity at the time
   policy_version oldest_pending = -1; //!< oldest in-flight version (-1: none)
 };
 
@@ -349,10 +358,8 @@ private:
 
 RLPT_NAMESPACE_END
 
-template <>
-struct fmt::formatter<rlpt::starvation_cause> : fmt::formatter<std::string_view> {
-  template <class Ctx>
-  auto format(rlpt::starvation_cause c, Ctx& ctx) const {
+template <> struct fmt::formatter<rlpt::starvation_cause> : fmt::formatter<std::string_view> {
+  template <class Ctx> auto format(rlpt::starvation_cause c, Ctx& ctx) const {
     return fmt::formatter<std::string_view>::format(rlpt::name(c), ctx);
   }
 };

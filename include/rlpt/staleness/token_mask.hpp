@@ -27,7 +27,8 @@ RLPT_NAMESPACE_BEGIN
 
 //! Per-token rule shared by every backend: does a trained token of version `v` stay in the
 //! loss at version `current`? (max_age < 0: no window.)
-[[nodiscard]] RLPT_HD constexpr bool token_is_fresh(policy_version v, policy_version current, index_t max_age) noexcept {
+[[nodiscard]] RLPT_HD constexpr bool token_is_fresh(policy_version v, policy_version current,
+                                                    index_t max_age) noexcept {
   return max_age < 0 || static_cast<index_t>(current) - static_cast<index_t>(v) <= max_age;
 }
 
@@ -38,9 +39,9 @@ struct token_mask_options {
 };
 
 struct token_mask_result {
-  index_t trained = 0;              //!< tokens with loss_mask != 0 on input
-  index_t kept = 0;                 //!< of those, tokens still trained (the new token-mean denominator)
-  index_t masked = 0;               //!< trained tokens removed as stale (trained − kept)
+  index_t trained = 0;               //!< tokens with loss_mask != 0 on input
+  index_t kept = 0;                  //!< of those, tokens still trained (the new token-mean denominator)
+  index_t masked = 0;                //!< trained tokens removed as stale (trained − kept)
   index_t sequences_fully_stale = 0; //!< sequences that had trained tokens and now have none
 };
 
@@ -64,9 +65,9 @@ inline token_mask_result mask_stale_tokens(const token_layout& layout, view<cons
   detail::expect_size_or_empty("has_loss", has_loss.size(), layout.num_seqs(), "one per sequence");
 
   // Tokens fresher than this stay (no int32 overflow, whatever garbage masked slots hold).
-  const index_t lo64 = opt.max_age < 0 ? index_t{std::numeric_limits<policy_version>::min()}
-                                       : std::max<index_t>(index_t{current} - opt.max_age,
-                                                           std::numeric_limits<policy_version>::min());
+  const index_t lo64 =
+      opt.max_age < 0 ? index_t{std::numeric_limits<policy_version>::min()}
+                      : std::max<index_t>(index_t{current} - opt.max_age, std::numeric_limits<policy_version>::min());
   const auto lo = static_cast<policy_version>(lo64);
   token_mask_result r;
   for (index_t b = 0; b < layout.num_seqs(); ++b) {

@@ -185,8 +185,10 @@ inline std::uint64_t copy_hash(void* dst, const void* src, std::size_t bytes) no
     const std::size_t n = std::min(step, bytes - off);
     detail::copy_page_prefetch_next(page, s, off, n, bytes);
     h.update(page, n);
-    if (streaming) detail::stream_copy_unfenced(d + off, page, n);
-    else std::memcpy(d + off, page, n);
+    if (streaming)
+      detail::stream_copy_unfenced(d + off, page, n);
+    else
+      std::memcpy(d + off, page, n);
   }
 #if defined(__SSE2__)
   if (streaming) _mm_sfence(); // a later release (the slot handed to the receiver) orders after the copy
@@ -208,10 +210,14 @@ inline std::uint64_t copy_hash(void* dst, const void* src, std::size_t bytes) no
   std::uint64_t v = 0;
   for (char c : s) {
     unsigned d;
-    if (c >= '0' && c <= '9') d = static_cast<unsigned>(c - '0');
-    else if (c >= 'a' && c <= 'f') d = static_cast<unsigned>(c - 'a' + 10);
-    else if (c >= 'A' && c <= 'F') d = static_cast<unsigned>(c - 'A' + 10);
-    else return std::nullopt;
+    if (c >= '0' && c <= '9')
+      d = static_cast<unsigned>(c - '0');
+    else if (c >= 'a' && c <= 'f')
+      d = static_cast<unsigned>(c - 'a' + 10);
+    else if (c >= 'A' && c <= 'F')
+      d = static_cast<unsigned>(c - 'A' + 10);
+    else
+      return std::nullopt;
     v = (v << 4) | d;
   }
   return v;

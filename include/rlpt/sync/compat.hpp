@@ -16,16 +16,23 @@ namespace compat {
 
 namespace slime {
 //! slime: --update-weight-buffer-size 512 MiB buckets; disk-delta sync sends changed elements.
-[[nodiscard]] inline sync::plan_options sync_plan() { return {.bucket_bytes = std::uint64_t{512} << 20, .alignment = 256}; }
+[[nodiscard]] inline sync::plan_options sync_plan() {
+  return {.bucket_bytes = std::uint64_t{512} << 20, .alignment = 256};
+}
 [[nodiscard]] inline sync::sender_options sync_delta() { return {.delta = true}; }
 } // namespace slime
 
 namespace trl {
 //! TRL: 256 MB buckets (trl #6386); vLLM requests time out after 300 s; delta sync with
 //! periodic full anchors.
-[[nodiscard]] inline sync::plan_options sync_plan() { return {.bucket_bytes = std::uint64_t{256} << 20, .alignment = 256}; }
+[[nodiscard]] inline sync::plan_options sync_plan() {
+  return {.bucket_bytes = std::uint64_t{256} << 20, .alignment = 256};
+}
 [[nodiscard]] inline sync::sender_options sync_sender() {
-  return {.delta = false, .anchor_every = 0, .timeout = std::chrono::seconds(300), .commit_timeout = std::chrono::seconds(300)};
+  return {.delta = false,
+          .anchor_every = 0,
+          .timeout = std::chrono::seconds(300),
+          .commit_timeout = std::chrono::seconds(300)};
 }
 } // namespace trl
 

@@ -50,9 +50,12 @@ enum class delta_encoding : std::uint8_t { sparse = 1, bitmap = 2, dense = 3 };
 
 [[nodiscard]] constexpr std::string_view name(delta_encoding e) noexcept {
   switch (e) {
-  case delta_encoding::sparse: return "sparse";
-  case delta_encoding::bitmap: return "bitmap";
-  case delta_encoding::dense: return "dense";
+  case delta_encoding::sparse:
+    return "sparse";
+  case delta_encoding::bitmap:
+    return "bitmap";
+  case delta_encoding::dense:
+    return "dense";
   }
   return "?";
 }
@@ -97,8 +100,8 @@ namespace detail {
 }
 
 //! Body bytes of an encoding; false on overflow.
-[[nodiscard]] inline bool delta_body_bytes(delta_encoding enc, std::uint64_t n, std::uint64_t changed,
-                                           std::uint64_t eb, std::uint64_t& out) noexcept {
+[[nodiscard]] inline bool delta_body_bytes(delta_encoding enc, std::uint64_t n, std::uint64_t changed, std::uint64_t eb,
+                                           std::uint64_t& out) noexcept {
   std::uint64_t vals = 0;
   switch (enc) {
   case delta_encoding::dense:
@@ -131,7 +134,8 @@ struct delta_head {
 //! the body size its encoding implies); not the body. The host parser (parse_delta_record) and
 //! the device receiver (which validates bodies on the GPU) share it. Errors: rlpt.sync.bad_delta
 //! naming `where` and the record's byte offset `at`.
-[[nodiscard]] inline delta_head parse_delta_head(std::span<const std::byte> h, std::string_view where, std::uint64_t at) {
+[[nodiscard]] inline delta_head parse_delta_head(std::span<const std::byte> h, std::string_view where,
+                                                 std::uint64_t at) {
   auto bad = [&](std::string_view what) -> void {
     RLPT_FAIL(errors::sync::bad_delta, "{}: delta record at byte {}: {}", where, at, what);
   };
@@ -166,13 +170,12 @@ struct delta_head {
     bad(fmt::format("{} elements: a record covers 1 to 2^40 elements", d.elem_count));
   std::uint64_t want = 0;
   if (!delta_body_bytes(d.encoding, d.elem_count, d.changed, eb, want) || d.body != want)
-    bad(fmt::format("{} body of {} bytes, expected {} for {} of {} elements of {} bytes", name(d.encoding), d.body, want,
-                    d.changed, d.elem_count, eb));
+    bad(fmt::format("{} body of {} bytes, expected {} for {} of {} elements of {} bytes", name(d.encoding), d.body,
+                    want, d.changed, d.elem_count, eb));
   return d;
 }
 
-template <class U>
-inline void swap_elem(std::byte* a, std::byte* b) noexcept {
+template <class U> inline void swap_elem(std::byte* a, std::byte* b) noexcept {
   U x, y;
   std::memcpy(&x, a, sizeof(U));
   std::memcpy(&y, b, sizeof(U));
@@ -195,13 +198,14 @@ inline std::uint64_t diff_word_scalar(const std::byte* a, const std::byte* b, st
 
 #if defined(__SSE2__)
 // SSE2 (every x86-64): compare 16 elements per step and gather one bit each with movemask.
-template <class U>
-inline std::uint64_t diff_word_sse2(const std::byte* a, const std::byte* b) noexcept {
+template <class U> inline std::uint64_t diff_word_sse2(const std::byte* a, const std::byte* b) noexcept {
   std::uint64_t eq = 0;
   for (unsigned k = 0; k < 4; ++k) { // 16 elements per k
     const std::byte* pa = a + std::size_t{k} * 16 * sizeof(U);
     const std::byte* pb = b + std::size_t{k} * 16 * sizeof(U);
-    auto load = [](const std::byte* p, unsigned j) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + std::size_t{16} * j)); };
+    auto load = [](const std::byte* p, unsigned j) {
+      return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + std::size_t{16} * j));
+    };
     unsigned m;
     if constexpr (sizeof(U) == 1) {
       m = static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(load(pa, 0), load(pb, 0))));
@@ -232,8 +236,10 @@ inline std::uint64_t diff_bits(const std::byte* a, const std::byte* b, std::uint
     const std::byte* pb = b + w * 64 * sizeof(U);
 #if defined(__SSE2__)
     std::uint64_t bits;
-    if constexpr (sizeof(U) <= 4) bits = diff_word_sse2<U>(pa, pb);
-    else bits = diff_word_scalar<U>(pa, pb, 64);
+    if constexpr (sizeof(U) <= 4)
+      bits = diff_word_sse2<U>(pa, pb);
+    else
+      bits = diff_word_scalar<U>(pa, pb, 64);
 #else
     const std::uint64_t bits = diff_word_scalar<U>(pa, pb, 64);
 #endif
@@ -251,10 +257,14 @@ inline std::uint64_t diff_bits(const std::byte* a, const std::byte* b, std::uint
 inline std::uint64_t diff_bits(std::size_t eb, const std::byte* a, const std::byte* b, std::uint64_t n,
                                std::uint64_t* words) noexcept {
   switch (eb) {
-  case 1: return diff_bits<std::uint8_t>(a, b, n, words);
-  case 2: return diff_bits<std::uint16_t>(a, b, n, words);
-  case 4: return diff_bits<std::uint32_t>(a, b, n, words);
-  default: return diff_bits<std::uint64_t>(a, b, n, words);
+  case 1:
+    return diff_bits<std::uint8_t>(a, b, n, words);
+  case 2:
+    return diff_bits<std::uint16_t>(a, b, n, words);
+  case 4:
+    return diff_bits<std::uint32_t>(a, b, n, words);
+  default:
+    return diff_bits<std::uint64_t>(a, b, n, words);
   }
 }
 
@@ -285,7 +295,8 @@ struct delta_record {
   };
   if (stream.size() < delta_header_bytes) bad(fmt::format("only {} bytes left, a header needs 64", stream.size()));
   if (reinterpret_cast<std::uintptr_t>(stream.data()) % 8 != 0) bad("stream is not 8-byte aligned");
-  const detail::delta_head d = detail::parse_delta_head(std::span<const std::byte>(stream).first(delta_header_bytes), where, at);
+  const detail::delta_head d =
+      detail::parse_delta_head(std::span<const std::byte>(stream).first(delta_header_bytes), where, at);
   delta_record r;
   r.encoding = d.encoding;
   r.elem_bytes = d.elem_bytes;
@@ -296,11 +307,14 @@ struct delta_record {
   r.base_checksum = d.base_checksum;
   const std::uint64_t body = d.body;
   if (body > stream.size() - delta_header_bytes)
-    bad(fmt::format("body of {} bytes runs past the stream's {} remaining bytes", body, stream.size() - delta_header_bytes));
+    bad(fmt::format("body of {} bytes runs past the stream's {} remaining bytes", body,
+                    stream.size() - delta_header_bytes));
   r.total_bytes = delta_header_bytes + body;
   std::byte* b = stream.data() + delta_header_bytes;
   switch (r.encoding) {
-  case delta_encoding::dense: r.values = b; break;
+  case delta_encoding::dense:
+    r.values = b;
+    break;
   case delta_encoding::bitmap: {
     const std::uint64_t words = (r.elem_count + 63) / 64;
     r.bits = reinterpret_cast<const std::uint64_t*>(b);
@@ -341,19 +355,30 @@ struct delta_record {
 //! record holds the values it replaced, so a second call undoes the first.
 inline void swap_apply(const delta_record& r, std::span<std::byte> range) {
   RLPT_CHECK(range.size() == r.elem_count * r.elem_bytes, errors::sync::bad_delta,
-             "delta target range has {} bytes, the record covers {} x {} bytes", range.size(), r.elem_count, r.elem_bytes);
+             "delta target range has {} bytes, the record covers {} x {} bytes", range.size(), r.elem_count,
+             r.elem_bytes);
   const std::size_t eb = r.elem_bytes;
   std::byte* dst = range.data();
   auto swap_at = [&](std::uint64_t idx, std::uint64_t k) {
     switch (eb) {
-    case 1: detail::swap_elem<std::uint8_t>(dst + idx, r.values + k); break;
-    case 2: detail::swap_elem<std::uint16_t>(dst + idx * 2, r.values + k * 2); break;
-    case 4: detail::swap_elem<std::uint32_t>(dst + idx * 4, r.values + k * 4); break;
-    default: detail::swap_elem<std::uint64_t>(dst + idx * 8, r.values + k * 8); break;
+    case 1:
+      detail::swap_elem<std::uint8_t>(dst + idx, r.values + k);
+      break;
+    case 2:
+      detail::swap_elem<std::uint16_t>(dst + idx * 2, r.values + k * 2);
+      break;
+    case 4:
+      detail::swap_elem<std::uint32_t>(dst + idx * 4, r.values + k * 4);
+      break;
+    default:
+      detail::swap_elem<std::uint64_t>(dst + idx * 8, r.values + k * 8);
+      break;
     }
   };
   switch (r.encoding) {
-  case delta_encoding::dense: std::swap_ranges(dst, dst + range.size(), r.values); break;
+  case delta_encoding::dense:
+    std::swap_ranges(dst, dst + range.size(), r.values);
+    break;
   case delta_encoding::bitmap: {
     std::uint64_t k = 0;
     const std::uint64_t words = (r.elem_count + 63) / 64;
@@ -365,15 +390,15 @@ inline void swap_apply(const delta_record& r, std::span<std::byte> range) {
   case delta_encoding::sparse: {
     const std::uint64_t blocks = (r.elem_count + delta_sparse_block - 1) / delta_sparse_block;
     for (std::uint64_t b = 0; b < blocks; ++b)
-      for (std::uint64_t j = r.block_start[b]; j < r.block_start[b + 1]; ++j) swap_at(b * delta_sparse_block + r.lo[j], j);
+      for (std::uint64_t j = r.block_start[b]; j < r.block_start[b + 1]; ++j)
+        swap_at(b * delta_sparse_block + r.lo[j], j);
     break;
   }
   }
 }
 
 //! Calls f(delta_record&) for every record of a stream (validated as it goes).
-template <class F>
-void for_each_delta_record(std::span<std::byte> stream, std::string_view where, F&& f) {
+template <class F> void for_each_delta_record(std::span<std::byte> stream, std::string_view where, F&& f) {
   std::uint64_t at = 0;
   while (at < stream.size()) {
     delta_record r = parse_delta_record(stream.subspan(at), where, at);
@@ -406,8 +431,8 @@ public:
     const std::uint64_t n = now.size() / elem_bytes;
     // Range length: a dense record of it fits max_record_ bytes.
     // Capped at 2^31 elements so sparse block prefix counts fit u32.
-    const std::uint64_t range = std::clamp<std::uint64_t>((max_record_ - delta_header_bytes - 8) / elem_bytes, 1,
-                                                          std::uint64_t{1} << 31);
+    const std::uint64_t range =
+        std::clamp<std::uint64_t>((max_record_ - delta_header_bytes - 8) / elem_bytes, 1, std::uint64_t{1} << 31);
     stats.elements += n;
     stats.dense_bytes += now.size();
     // Checksum pieces follow the bucket split, hashed while the bytes are in cache.
@@ -427,7 +452,8 @@ public:
         hash_range(h, parts, piece_fill, a, cn * elem_bytes, split, bucket_bytes);
       }
       stats.changed += changed;
-      if (changed != 0) write_record(index, now.data() + r0 * elem_bytes, elem_bytes, r0, rn, changed, base_checksum, out, stats);
+      if (changed != 0)
+        write_record(index, now.data() + r0 * elem_bytes, elem_bytes, r0, rn, changed, base_checksum, out, stats);
     }
     if (!split) return h.digest();
     if (piece_fill != 0) parts.push_back(h.digest());
@@ -456,7 +482,8 @@ private:
   }
 
   void write_record(std::uint32_t index, const std::byte* now, std::size_t eb, std::uint64_t first, std::uint64_t n,
-                    std::uint64_t changed, std::uint64_t base_checksum, std::vector<std::byte>& out, delta_stats& stats) {
+                    std::uint64_t changed, std::uint64_t base_checksum, std::vector<std::byte>& out,
+                    delta_stats& stats) {
     std::uint64_t s_sparse = 0, s_bitmap = 0, s_dense = 0;
     // n < 2^31 elements of at most 8 bytes: none of these overflow.
     static_cast<void>(detail::delta_body_bytes(delta_encoding::sparse, n, changed, eb, s_sparse));
@@ -490,7 +517,9 @@ private:
     std::byte* b = p + delta_header_bytes;
     const std::uint64_t words = (n + 63) / 64;
     switch (enc) {
-    case delta_encoding::dense: std::memcpy(b, now, static_cast<std::size_t>(n * eb)); break;
+    case delta_encoding::dense:
+      std::memcpy(b, now, static_cast<std::size_t>(n * eb));
+      break;
     case delta_encoding::bitmap: {
       std::memcpy(b, words_.data(), static_cast<std::size_t>(words * 8));
       gather(b + words * 8, now, eb, words);
@@ -502,10 +531,18 @@ private:
       auto* lo = reinterpret_cast<std::uint16_t*>(b + detail::pad8(4 * (blocks + 1)));
       std::byte* values = b + detail::pad8(4 * (blocks + 1)) + detail::pad8(2 * changed);
       switch (eb) {
-      case 1: write_sparse<1>(block_start, lo, values, now, blocks, words); break;
-      case 2: write_sparse<2>(block_start, lo, values, now, blocks, words); break;
-      case 4: write_sparse<4>(block_start, lo, values, now, blocks, words); break;
-      default: write_sparse<8>(block_start, lo, values, now, blocks, words); break;
+      case 1:
+        write_sparse<1>(block_start, lo, values, now, blocks, words);
+        break;
+      case 2:
+        write_sparse<2>(block_start, lo, values, now, blocks, words);
+        break;
+      case 4:
+        write_sparse<4>(block_start, lo, values, now, blocks, words);
+        break;
+      default:
+        write_sparse<8>(block_start, lo, values, now, blocks, words);
+        break;
       }
       break;
     }
@@ -535,8 +572,7 @@ private:
     block_start[blocks] = static_cast<std::uint32_t>(k);
   }
 
-  template <std::size_t EB>
-  void gather_n(std::byte* dst, const std::byte* now, std::uint64_t words) const {
+  template <std::size_t EB> void gather_n(std::byte* dst, const std::byte* now, std::uint64_t words) const {
     for (std::uint64_t w = 0; w < words; ++w)
       for (std::uint64_t bits = words_[w]; bits != 0; bits &= bits - 1) {
         const std::uint64_t i = w * 64 + static_cast<std::uint64_t>(std::countr_zero(bits));
@@ -547,10 +583,18 @@ private:
 
   void gather(std::byte* dst, const std::byte* now, std::size_t eb, std::uint64_t words) const {
     switch (eb) {
-    case 1: gather_n<1>(dst, now, words); break;
-    case 2: gather_n<2>(dst, now, words); break;
-    case 4: gather_n<4>(dst, now, words); break;
-    default: gather_n<8>(dst, now, words); break;
+    case 1:
+      gather_n<1>(dst, now, words);
+      break;
+    case 2:
+      gather_n<2>(dst, now, words);
+      break;
+    case 4:
+      gather_n<4>(dst, now, words);
+      break;
+    default:
+      gather_n<8>(dst, now, words);
+      break;
     }
   }
 

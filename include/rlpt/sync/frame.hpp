@@ -41,15 +41,24 @@ enum class frame_type : std::uint16_t { begin = 1, ready, refuse, bucket, delta,
 
 [[nodiscard]] constexpr std::string_view name(frame_type t) noexcept {
   switch (t) {
-  case frame_type::begin: return "BEGIN";
-  case frame_type::ready: return "READY";
-  case frame_type::refuse: return "REFUSE";
-  case frame_type::bucket: return "BUCKET";
-  case frame_type::delta: return "DELTA";
-  case frame_type::commit: return "COMMIT";
-  case frame_type::ack: return "ACK";
-  case frame_type::nack: return "NACK";
-  case frame_type::abort: return "ABORT";
+  case frame_type::begin:
+    return "BEGIN";
+  case frame_type::ready:
+    return "READY";
+  case frame_type::refuse:
+    return "REFUSE";
+  case frame_type::bucket:
+    return "BUCKET";
+  case frame_type::delta:
+    return "DELTA";
+  case frame_type::commit:
+    return "COMMIT";
+  case frame_type::ack:
+    return "ACK";
+  case frame_type::nack:
+    return "NACK";
+  case frame_type::abort:
+    return "ABORT";
   }
   return "?";
 }
@@ -58,7 +67,13 @@ enum class frame_type : std::uint16_t { begin = 1, ready, refuse, bucket, delta,
 enum class update_kind : std::uint64_t { dense = 0, delta = 1 };
 
 //! Why a receiver refused a BEGIN (REFUSE.index). base_mismatch asks for a dense update.
-enum class refusal : std::uint64_t { base_mismatch = 1, layout_mismatch = 2, stale_version = 3, bad_manifest = 4, too_large = 5 };
+enum class refusal : std::uint64_t {
+  base_mismatch = 1,
+  layout_mismatch = 2,
+  stale_version = 3,
+  bad_manifest = 4,
+  too_large = 5
+};
 
 inline constexpr std::uint32_t frame_magic = 0x46534c52u; // "RLSF"
 inline constexpr std::uint16_t frame_protocol = 1;
@@ -110,8 +125,8 @@ inline std::string_view as_chars(std::span<const std::byte> b) noexcept {
 
 //! Decodes and verifies a meta block; `where` names the link in errors (rlpt.sync.wire).
 [[nodiscard]] inline frame decode_frame(std::span<const std::byte> meta, std::string_view where) {
-  RLPT_CHECK(meta.size() >= frame_header_bytes, errors::sync::wire, "{}: frame of {} bytes is shorter than the {}-byte header",
-             where, meta.size(), frame_header_bytes);
+  RLPT_CHECK(meta.size() >= frame_header_bytes, errors::sync::wire,
+             "{}: frame of {} bytes is shorter than the {}-byte header", where, meta.size(), frame_header_bytes);
   const std::byte* p = meta.data();
   std::uint32_t magic;
   std::uint16_t proto, type;
@@ -126,7 +141,8 @@ inline std::string_view as_chars(std::span<const std::byte> b) noexcept {
              frame_protocol);
   RLPT_CHECK(type >= 1 && type <= 9, errors::sync::wire, "{}: unknown frame type {}", where, type);
   RLPT_CHECK(v[5] == meta.size() - frame_header_bytes, errors::sync::wire,
-             "{}: frame header says {} body bytes but the message has {}", where, v[5], meta.size() - frame_header_bytes);
+             "{}: frame header says {} body bytes but the message has {}", where, v[5],
+             meta.size() - frame_header_bytes);
   xxh3_stream h;
   h.update(p, 64);
   h.update(p + frame_header_bytes, meta.size() - frame_header_bytes);

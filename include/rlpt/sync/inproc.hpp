@@ -60,7 +60,7 @@ private:
   inproc_options o_;
   std::mutex mu_;
   std::condition_variable cv_;
-  direction dir_[2]; // [0]: sender -> receiver, [1]: receiver -> sender
+  direction dir_[2];              // [0]: sender -> receiver, [1]: receiver -> sender
   bool open_[2] = {false, false}; // endpoint attached: [0] sender, [1] receiver
 };
 
@@ -69,7 +69,8 @@ public:
   //! Attaching drops whatever a previous endpoint of this role left unread (a restart).
   inproc_transport(inproc_pipe& p, role r) : p_(p), me_(r == role::sender ? 0 : 1) {
     std::lock_guard lock(p_.mu_);
-    RLPT_CHECK(!p_.open_[me_], errors::sync::bad_link, "inproc pipe already has a {} endpoint", me_ == 0 ? "sender" : "receiver");
+    RLPT_CHECK(!p_.open_[me_], errors::sync::bad_link, "inproc pipe already has a {} endpoint",
+               me_ == 0 ? "sender" : "receiver");
     p_.open_[me_] = true;
     auto& in = p_.dir_[1 - me_];
     for (auto& m : in.queue)
@@ -94,8 +95,8 @@ public:
   }
 
   std::span<std::byte> payload_buffer(std::uint64_t bytes, deadline until) override {
-    RLPT_CHECK(bytes <= p_.o_.max_payload, errors::sync::too_large, "inproc: payload of {} bytes exceeds max_payload {}",
-               bytes, p_.o_.max_payload);
+    RLPT_CHECK(bytes <= p_.o_.max_payload, errors::sync::too_large,
+               "inproc: payload of {} bytes exceeds max_payload {}", bytes, p_.o_.max_payload);
     std::unique_lock lock(p_.mu_);
     auto& out = p_.dir_[me_];
     if (reserved_ < 0) {
@@ -139,7 +140,8 @@ public:
     message m;
     m.meta = held_->meta;
     if (held_->buffer >= 0)
-      m.payload = {in.buffers[static_cast<std::size_t>(held_->buffer)].data(), static_cast<std::size_t>(held_->payload)};
+      m.payload = {in.buffers[static_cast<std::size_t>(held_->buffer)].data(),
+                   static_cast<std::size_t>(held_->payload)};
     return m;
   }
 
@@ -153,7 +155,8 @@ public:
 
 private:
   void check_peer() const {
-    RLPT_CHECK(p_.open_[1 - me_], errors::sync::peer_lost, "inproc: the {} endpoint is gone", me_ == 0 ? "receiver" : "sender");
+    RLPT_CHECK(p_.open_[1 - me_], errors::sync::peer_lost, "inproc: the {} endpoint is gone",
+               me_ == 0 ? "receiver" : "sender");
   }
 
   inproc_pipe& p_;

@@ -42,9 +42,9 @@ struct message {
 };
 
 struct link_info {
-  std::string name;                              //!< for error messages ("shm /rlpt-policy", "tcp 127.0.0.1:5555")
-  bool duplex = true;                            //!< false: the peer never answers (the link answers for it)
-  std::uint64_t max_payload = 0;                 //!< largest payload one message can carry
+  std::string name;                                //!< for error messages ("shm /rlpt-policy", "tcp 127.0.0.1:5555")
+  bool duplex = true;                              //!< false: the peer never answers (the link answers for it)
+  std::uint64_t max_payload = 0;                   //!< largest payload one message can carry
   memory_space payload_space = memory_space::host; //!< where payload buffers live
 };
 

@@ -117,9 +117,7 @@ inline std::uint64_t nack_code(std::string_view id) noexcept {
   return id == errors::sync::base_mismatch ? static_cast<std::uint64_t>(refusal::base_mismatch) : 0;
 }
 
-inline double seconds_since(clock::time_point t0) {
-  return std::chrono::duration<double>(clock::now() - t0).count();
-}
+inline double seconds_since(clock::time_point t0) { return std::chrono::duration<double>(clock::now() - t0).count(); }
 
 } // namespace detail
 
@@ -193,13 +191,13 @@ struct delta_body {
 
 //! What a receiver holds: shared by the state machine and its backend.
 struct receiver_state {
-  std::string where;        //!< the link, for messages
-  bool has = false;         //!< a version is published
-  bool torn = false;        //!< the held bytes (mirror or targets) were partly overwritten by a failed update
-  bool dense_next = false;  //!< accept only a dense update next
-  std::string dense_why{};  //!< why (said in the refusal)
+  std::string where;       //!< the link, for messages
+  bool has = false;        //!< a version is published
+  bool torn = false;       //!< the held bytes (mirror or targets) were partly overwritten by a failed update
+  bool dense_next = false; //!< accept only a dense update next
+  std::string dense_why{}; //!< why (said in the refusal)
   std::uint64_t version = 0;
-  manifest pub{};           //!< the published version, with its checksums
+  manifest pub{}; //!< the published version, with its checksums
 
   //! From now until the next dense update, deltas are refused (`why` says so in the refusal).
   void require_dense(std::string why) {
@@ -209,31 +207,30 @@ struct receiver_state {
 };
 
 //! An update in progress: what every backend shares, and the backend's own `be`.
-template <class BackendState>
-struct receiver_inflight {
+template <class BackendState> struct receiver_inflight {
   bool active = false;
   std::uint64_t tag = 0, version = 0, base = 0;
   bool delta = false;
   bool same_layout = false; //!< the layout of the published version
   manifest m{};
-  std::uint64_t next = 0;   //!< next bucket / delta chunk expected
+  std::uint64_t next = 0; //!< next bucket / delta chunk expected
   std::uint64_t bytes = 0, loaded = 0;
-  bool partial = false;     //!< loading (or writing targets) has begun
+  bool partial = false; //!< loading (or writing targets) has begun
   clock::time_point t0{};
   BackendState be{};
 };
 
 //! Trainer side: publishes versions of the tensors in a manifest over a link (see the file
 //! comment; `sender` and `device_sender` are this over host and device backends).
-template <class Backend>
-class basic_sender {
+template <class Backend> class basic_sender {
 public:
   using backend_type = Backend;
   using link_type = typename Backend::link_type;
 
   template <class... Args>
   basic_sender(link_type& l, manifest m, sender_options o, Args&&... backend_args)
-      : link_(l), m_(std::move(m)), o_(o), where_(checked_name(l, m_)), be_(l, m_, o_, where_, std::forward<Args>(backend_args)...) {}
+      : link_(l), m_(std::move(m)), o_(o), where_(checked_name(l, m_)),
+        be_(l, m_, o_, where_, std::forward<Args>(backend_args)...) {}
 
   basic_sender(const basic_sender&) = delete;
   basic_sender& operator=(const basic_sender&) = delete;
@@ -264,8 +261,8 @@ public:
   //! NACK only over single-receiver links (in a group the others may have published already).
   publish_result publish(std::uint64_t version) {
     const auto t0 = clock::now();
-    RLPT_CHECK(!published_ || version > last_, errors::sync::bad_version, "publish({}) after version {}: versions must increase",
-               version, last_);
+    RLPT_CHECK(!published_ || version > last_, errors::sync::bad_version,
+               "publish({}) after version {}: versions must increase", version, last_);
     abort_.store(false, std::memory_order_release);
     tag_ = next_tag();
     publish_result r;
@@ -288,16 +285,18 @@ public:
         const reply rep = begin(version, delta);
         if (rep.type != frame_type::ready) {
           if (fall_back(rep, false)) continue;
-          ::rlpt::detail::raise(rep.id, fmt::format("{}: {} refused version {}: {}", where_, be_.peer_name(rep.peer), version,
-                                                    rep.message));
+          ::rlpt::detail::raise(rep.id, fmt::format("{}: {} refused version {}: {}", where_, be_.peer_name(rep.peer),
+                                                    version, rep.message));
         }
         r.delta = delta;
         const std::uint64_t first = r.messages;
         reply no;
         std::string_view verb = "rejected";
         try {
-          if (delta) send_delta(version, sums, r);
-          else send_dense(version, sums, r);
+          if (delta)
+            send_delta(version, sums, r);
+          else
+            send_dense(version, sums, r);
           check_abort(version);
           be_.drain(after(o_.timeout));
           encode_frame(meta_, frame_type::commit, tag_, version, delta ? last_ : 0, 0, r.messages - first, 0,
@@ -314,7 +313,8 @@ public:
           }
         }
         if (verb == "rejected" && fall_back(no, true)) continue;
-        ::rlpt::detail::raise(no.id, fmt::format("{}: {} {} version {}: {}", where_, be_.peer_name(no.peer), verb, version, no.message));
+        ::rlpt::detail::raise(
+            no.id, fmt::format("{}: {} {} version {}: {}", where_, be_.peer_name(no.peer), verb, version, no.message));
       }
     } catch (...) {
       std::string why;
@@ -326,8 +326,7 @@ public:
       try { // best effort: tell the receivers, so they stop waiting
         encode_frame(meta_, frame_type::abort, tag_, version, 0, 0, 0, 0, as_bytes(why));
         link_.send(meta_, 0, after(std::chrono::milliseconds(100)));
-      } catch (...) {
-      }
+      } catch (...) {}
       throw;
     }
     be_.committed(delta, after(o_.timeout)); // what the receivers now hold is the next delta's base
@@ -378,7 +377,8 @@ private:
     announced.clear_checksums(); // the new checksums travel with COMMIT
     const std::string body = announced.to_json();
     encode_frame(meta_, frame_type::begin, tag_, version, delta ? last_ : 0,
-                 static_cast<std::uint64_t>(delta ? update_kind::delta : update_kind::dense), m_.layout_hash(), 0, as_bytes(body));
+                 static_cast<std::uint64_t>(delta ? update_kind::delta : update_kind::dense), m_.layout_hash(), 0,
+                 as_bytes(body));
     link_.send(meta_, 0, after(o_.timeout));
     return wait_all(version, after(o_.timeout), "waiting for READY", frame_type::ready);
   }
@@ -397,7 +397,8 @@ private:
           std::string missing;
           for (std::size_t p = 0; p < got.size(); ++p)
             if (!got[p]) missing += fmt::format("{}{}", missing.empty() ? "" : ", ", be_.peer_name(p));
-          RLPT_FAIL(errors::sync::timeout, "{}: timed out {} for version {} (no answer from {})", where_, what, version, missing);
+          RLPT_FAIL(errors::sync::timeout, "{}: timed out {} for version {} (no answer from {})", where_, what, version,
+                    missing);
         }
         continue;
       }
@@ -423,13 +424,15 @@ private:
   static std::optional<reply> to_reply(const frame& f, std::size_t peer) {
     switch (f.type) {
     case frame_type::ready:
-    case frame_type::ack: return reply{f.type, 0, peer, {}, {}};
+    case frame_type::ack:
+      return reply{f.type, 0, peer, {}, {}};
     case frame_type::refuse:
     case frame_type::nack: {
       auto [id, msg] = detail::split_error_body(f.body);
       return reply{f.type, f.index, peer, std::move(id), std::move(msg)};
     }
-    default: return std::nullopt;
+    default:
+      return std::nullopt;
     }
   }
 
@@ -499,8 +502,8 @@ private:
   std::string where_;
   Backend be_;
   std::uint64_t tag_ = 0;
-  std::uint64_t tag_seed_ = static_cast<std::uint64_t>(clock::now().time_since_epoch().count()) ^
-                            reinterpret_cast<std::uintptr_t>(this);
+  std::uint64_t tag_seed_ =
+      static_cast<std::uint64_t>(clock::now().time_since_epoch().count()) ^ reinterpret_cast<std::uintptr_t>(this);
   std::vector<std::byte> meta_;
   bool published_ = false;
   std::uint64_t last_ = 0;
@@ -513,8 +516,7 @@ private:
 //! Engine side: receives updates from a link, verifies them, applies them and publishes each
 //! version only once all of it verified (see the file comment; `receiver` and
 //! `device_receiver` are this over host and device backends).
-template <class Backend>
-class basic_receiver {
+template <class Backend> class basic_receiver {
 public:
   using backend_type = Backend;
   using link_type = typename Backend::link_type;
@@ -553,7 +555,8 @@ public:
   //! Call it from the thread that polls.
   std::uint64_t verify() {
     RLPT_CHECK(st_.has, errors::sync::no_version, "{}: no version has been published yet", st_.where);
-    RLPT_CHECK(!st_.torn, errors::sync::torn, "{}: the held bytes were partly overwritten by a failed update", st_.where);
+    RLPT_CHECK(!st_.torn, errors::sync::torn, "{}: the held bytes were partly overwritten by a failed update",
+               st_.where);
     std::vector<std::uint64_t> sums(st_.pub.size(), 0);
     std::vector<char> known(st_.pub.size(), 0);
     be_.held_checksums(st_, sums, known);
@@ -584,8 +587,8 @@ public:
       }
       if (!msg) {
         if (cur_.active)
-          return fail(errors::sync::timeout, fmt::format("{}: timed out after {} ms waiting for {} of version {}", st_.where,
-                                                       o_.timeout.count(), expecting(), cur_.version));
+          return fail(errors::sync::timeout, fmt::format("{}: timed out after {} ms waiting for {} of version {}",
+                                                         st_.where, o_.timeout.count(), expecting(), cur_.version));
         return {};
       }
       std::optional<update> done;
@@ -636,8 +639,7 @@ private:
   void release() {
     try {
       link_.release();
-    } catch (...) {
-    }
+    } catch (...) {}
   }
 
   [[nodiscard]] std::string expecting() const {
@@ -653,8 +655,10 @@ private:
     encode_frame(meta, type, tag, version, 0, index, count, 0, as_bytes(body));
     try {
       // A NACK is best effort: its peer may be the one that just went away.
-      link_.send(meta, 0, after(type == frame_type::nack ? std::min<std::chrono::nanoseconds>(o_.timeout, std::chrono::milliseconds(100))
-                                                         : std::chrono::nanoseconds(o_.timeout)));
+      link_.send(meta, 0,
+                 after(type == frame_type::nack
+                           ? std::min<std::chrono::nanoseconds>(o_.timeout, std::chrono::milliseconds(100))
+                           : std::chrono::nanoseconds(o_.timeout)));
     } catch (const error& e) {
       last_link_error_ = e.message();
       // The sender cannot hear us: an update in progress cannot complete.
@@ -682,7 +686,8 @@ private:
       // No NACK to a sender the link saw go away: nobody would read it (a restarted sender
       // runs another attempt), and waiting to send it would only delay this report.
       if (id != errors::sync::peer_lost)
-        reply(frame_type::nack, cur_.tag, cur_.version, detail::nack_code(id), 0, detail::error_body(u.error_id, u.reason));
+        reply(frame_type::nack, cur_.tag, cur_.version, detail::nack_code(id), 0,
+              detail::error_body(u.error_id, u.reason));
     }
     cur_ = inflight{};
     return u;
@@ -708,7 +713,9 @@ private:
   std::optional<update> handle(const message& msg) {
     const frame f = decode_frame(msg.meta, st_.where);
     switch (f.type) {
-    case frame_type::begin: on_begin(f); return std::nullopt;
+    case frame_type::begin:
+      on_begin(f);
+      return std::nullopt;
     case frame_type::bucket:
       if (!current(f)) return std::nullopt; // a failed attempt's leftovers
       on_bucket(f, msg.payload);
@@ -720,9 +727,11 @@ private:
     case frame_type::commit:
       if (!current(f)) {
         reply(frame_type::nack, f.tag, f.version, 0, 0,
-              detail::error_body(errors::sync::no_update,
-                                 fmt::format("{}: COMMIT of version {} without a BEGIN (the receiver restarted or already "
-                                             "failed this update)", st_.where, f.version)));
+              detail::error_body(
+                  errors::sync::no_update,
+                  fmt::format("{}: COMMIT of version {} without a BEGIN (the receiver restarted or already "
+                              "failed this update)",
+                              st_.where, f.version)));
         return std::nullopt;
       }
       return on_commit(f);
@@ -744,35 +753,39 @@ private:
         be_.discard(cur_);
         cur_ = inflight{};
       } else {
-        events_.push_back(fail(errors::sync::superseded, fmt::format("{}: version {} was superseded by a BEGIN of version {}",
-                                                                   st_.where, cur_.version, f.version)));
+        events_.push_back(
+            fail(errors::sync::superseded, fmt::format("{}: version {} was superseded by a BEGIN of version {}",
+                                                       st_.where, cur_.version, f.version)));
       }
     }
     const bool delta = f.index == static_cast<std::uint64_t>(update_kind::delta);
-    RLPT_CHECK(f.index <= 1, errors::sync::protocol, "{}: BEGIN of version {} has unknown kind {}", st_.where, f.version, f.index);
+    RLPT_CHECK(f.index <= 1, errors::sync::protocol, "{}: BEGIN of version {} has unknown kind {}", st_.where,
+               f.version, f.index);
     inflight c;
     try {
       c.m = manifest::from_json(as_chars(f.body));
       be_.check_manifest(c.be, c.m);
     } catch (const error& e) {
-      return refuse(f, refusal::bad_manifest, e.id(), fmt::format("{}: BEGIN of version {}: {}", st_.where, f.version, e.message()));
+      return refuse(f, refusal::bad_manifest, e.id(),
+                    fmt::format("{}: BEGIN of version {}: {}", st_.where, f.version, e.message()));
     }
     const manifest& m = c.m;
     if (m.layout_hash() != f.count)
       return refuse(f, refusal::bad_manifest, errors::sync::manifest_hash,
-                    fmt::format("{}: BEGIN of version {} announces layout hash {} but its manifest hashes to {}", st_.where,
-                                f.version, to_hex(f.count), to_hex(m.layout_hash())));
+                    fmt::format("{}: BEGIN of version {} announces layout hash {} but its manifest hashes to {}",
+                                st_.where, f.version, to_hex(f.count), to_hex(m.layout_hash())));
     if (o_.expect_layout_hash && m.layout_hash() != *o_.expect_layout_hash)
       return refuse(f, refusal::layout_mismatch, errors::sync::manifest_hash,
                     fmt::format("{}: version {} has layout hash {}, this receiver expects {}", st_.where, f.version,
                                 to_hex(m.layout_hash()), to_hex(*o_.expect_layout_hash)));
     if (st_.has && f.version <= st_.version)
-      return refuse(f, refusal::stale_version, errors::sync::stale_version,
-                    fmt::format("{}: version {} is not newer than the published version {}", st_.where, f.version, st_.version));
+      return refuse(
+          f, refusal::stale_version, errors::sync::stale_version,
+          fmt::format("{}: version {} is not newer than the published version {}", st_.where, f.version, st_.version));
     if (m.packed_bytes() > o_.max_update_bytes)
       return refuse(f, refusal::too_large, errors::sync::too_large,
-                    fmt::format("{}: version {} packs {} bytes, more than {}::max_update_bytes = {}", st_.where, f.version,
-                                m.packed_bytes(), Backend::options_name, o_.max_update_bytes));
+                    fmt::format("{}: version {} packs {} bytes, more than {}::max_update_bytes = {}", st_.where,
+                                f.version, m.packed_bytes(), Backend::options_name, o_.max_update_bytes));
     const bool same = st_.has && st_.pub.layout_hash() == m.layout_hash() && st_.pub.same_layout(m);
     if (delta) {
       std::string why = be_.delta_refusal(c.be, m);
@@ -803,7 +816,8 @@ private:
       be_.setup(c, st_);
     } catch (const error& e) {
       be_.discard(c);
-      return refuse(f, Backend::setup_refusal, e.id(), fmt::format("{}: version {}: {}", st_.where, f.version, e.message()));
+      return refuse(f, Backend::setup_refusal, e.id(),
+                    fmt::format("{}: version {}: {}", st_.where, f.version, e.message()));
     }
     cur_ = std::move(c);
     reply(frame_type::ready, f.tag, f.version, st_.has ? 1 : 0, st_.has ? st_.pub.layout_hash() : 0, {});
@@ -816,8 +830,8 @@ private:
                "{}: got bucket {} of version {}, expected {}", st_.where, f.index, f.version, expecting());
     const std::size_t pieces = m.pieces(f.index).size();
     RLPT_CHECK(f.count == pieces && f.body.size() == pieces * 8, errors::sync::protocol,
-               "{}: bucket {} of version {} lists {} piece checksums, the manifest has {} pieces", st_.where, f.index, f.version,
-               f.count, pieces);
+               "{}: bucket {} of version {} lists {} piece checksums, the manifest has {} pieces", st_.where, f.index,
+               f.version, f.count, pieces);
     RLPT_CHECK(payload.size() == m.bucket_size(f.index), errors::sync::truncated,
                "{}: bucket {} of version {} has {} bytes, expected {}", st_.where, f.index, f.version, payload.size(),
                m.bucket_size(f.index));
@@ -828,8 +842,8 @@ private:
 
   void on_delta(const frame& f, std::span<const std::byte> payload) {
     RLPT_CHECK(cur_.delta, errors::sync::protocol, "{}: DELTA frame in dense version {}", st_.where, f.version);
-    RLPT_CHECK(f.index == cur_.next, errors::sync::protocol, "{}: got delta chunk {} of version {}, expected {}", st_.where,
-               f.index, f.version, cur_.next);
+    RLPT_CHECK(f.index == cur_.next, errors::sync::protocol, "{}: got delta chunk {} of version {}, expected {}",
+               st_.where, f.index, f.version, cur_.next);
     be_.delta_chunk(cur_, f, payload, st_);
     cur_.bytes += payload.size();
     ++cur_.next;
@@ -842,11 +856,14 @@ private:
     RLPT_CHECK(cur_.delta || cur_.next == m.bucket_count(), errors::sync::truncated,
                "{}: COMMIT of version {} after {} of {} buckets", st_.where, f.version, cur_.next, m.bucket_count());
     RLPT_CHECK(f.body.size() == m.size() * 8, errors::sync::protocol,
-               "{}: COMMIT of version {} carries {} checksum bytes for {} tensors", st_.where, f.version, f.body.size(), m.size());
+               "{}: COMMIT of version {} carries {} checksum bytes for {} tensors", st_.where, f.version, f.body.size(),
+               m.size());
     std::vector<std::uint64_t> want(m.size());
     if (!want.empty()) std::memcpy(want.data(), f.body.data(), f.body.size());
-    if (cur_.delta) be_.commit_delta(cur_, f, want, st_);
-    else be_.commit_dense(cur_, f, want, st_);
+    if (cur_.delta)
+      be_.commit_delta(cur_, f, want, st_);
+    else
+      be_.commit_dense(cur_, f, want, st_);
     return publish(want);
   }
 

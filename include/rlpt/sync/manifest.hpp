@@ -96,8 +96,8 @@ inline bool add_overflows(std::uint64_t a, std::uint64_t b, std::uint64_t& out) 
 //! Bytes of a tensor of `shape` and `dt`, validated (no negative dims, no overflow).
 inline std::uint64_t tensor_nbytes(std::string_view name, wire_dtype dt, std::span<const std::int64_t> shape,
                                    std::uint64_t max_rank = 16) {
-  RLPT_CHECK(shape.size() <= max_rank, errors::sync::bad_shape, "tensor \"{}\" has rank {}, more than the limit {}", name,
-             shape.size(), max_rank);
+  RLPT_CHECK(shape.size() <= max_rank, errors::sync::bad_shape, "tensor \"{}\" has rank {}, more than the limit {}",
+             name, shape.size(), max_rank);
   std::uint64_t n = size_of(dt);
   for (auto d : shape) {
     RLPT_CHECK(d >= 0, errors::sync::bad_shape, "tensor \"{}\" has a negative dimension {} in shape [{}]", name, d,
@@ -118,7 +118,8 @@ inline void put_le64(std::byte* p, std::uint64_t v) noexcept { std::memcpy(p, &v
 } // namespace detail
 
 //! Checksum of a whole tensor held contiguously (see the file comment for split tensors).
-[[nodiscard]] inline std::uint64_t tensor_checksum(const void* bytes, std::uint64_t nbytes, std::uint64_t bucket_bytes) {
+[[nodiscard]] inline std::uint64_t tensor_checksum(const void* bytes, std::uint64_t nbytes,
+                                                   std::uint64_t bucket_bytes) {
   if (nbytes <= bucket_bytes) return xxh3(bytes, static_cast<std::size_t>(nbytes));
   std::vector<std::uint64_t> parts;
   const auto* p = static_cast<const unsigned char*>(bytes);
@@ -195,7 +196,9 @@ public:
   [[nodiscard]] std::uint64_t layout_hash() const noexcept { return layout_hash_; }
 
   //! True when both describe the same packing.
-  [[nodiscard]] bool same_layout(const manifest& o) const noexcept { return layout_hash_ == o.layout_hash_ && layout_json() == o.layout_json(); }
+  [[nodiscard]] bool same_layout(const manifest& o) const noexcept {
+    return layout_hash_ == o.layout_hash_ && layout_json() == o.layout_json();
+  }
 
   //! Canonical JSON of the layout alone (the input of layout_hash()).
   [[nodiscard]] std::string layout_json() const { return detail::to_json_string(to_json_value(false)); }
@@ -239,15 +242,13 @@ public:
 
   [[nodiscard]] static manifest from_json_value(const detail::json& root, manifest_limits limits = {}) {
     using detail::json;
-    auto fail = [](std::string_view what) -> void {
-      RLPT_FAIL(errors::sync::bad_manifest, "manifest JSON: {}", what);
-    };
+    auto fail = [](std::string_view what) -> void { RLPT_FAIL(errors::sync::bad_manifest, "manifest JSON: {}", what); };
     if (!root.is_object()) fail("the document is not an object");
-    static constexpr std::string_view top_keys[] = {"format", "version", "base_version", "bucket_bytes", "alignment",
-                                                    "layout_hash", "tensors"};
+    static constexpr std::string_view top_keys[] = {"format",    "version",     "base_version", "bucket_bytes",
+                                                    "alignment", "layout_hash", "tensors"};
     for (const auto& k : root.keys())
-      RLPT_CHECK(std::find(std::begin(top_keys), std::end(top_keys), k) != std::end(top_keys), errors::sync::bad_manifest,
-                 "manifest JSON: unknown key \"{}\"", k);
+      RLPT_CHECK(std::find(std::begin(top_keys), std::end(top_keys), k) != std::end(top_keys),
+                 errors::sync::bad_manifest, "manifest JSON: unknown key \"{}\"", k);
     auto member = [&](const json& obj, std::string_view key, std::string_view where) -> const json& {
       const json* v = obj.find(key);
       RLPT_CHECK(v != nullptr, errors::sync::bad_manifest, "manifest JSON: {} lacks \"{}\"", where, key);
@@ -275,7 +276,8 @@ public:
                "manifest JSON lists {} tensors, more than the limit {}", arr.size(), limits.max_tensors);
     std::vector<tensor_entry> entries;
     entries.reserve(arr.size());
-    static constexpr std::string_view entry_keys[] = {"name", "dtype", "shape", "bucket", "offset", "nbytes", "checksum"};
+    static constexpr std::string_view entry_keys[] = {"name",   "dtype",  "shape",   "bucket",
+                                                      "offset", "nbytes", "checksum"};
     for (std::size_t i = 0; i < arr.size(); ++i) {
       const json& e = arr.items()[i];
       const std::string where = fmt::format("tensor #{}", i);
@@ -289,8 +291,9 @@ public:
       t.name = nm.text();
       const json& dt = member(e, "dtype", where);
       const auto parsed = dt.is_string() ? parse_wire_dtype(dt.text()) : std::nullopt;
-      RLPT_CHECK(parsed.has_value(), errors::sync::bad_manifest, "manifest JSON: {} (\"{}\") has an unsupported dtype {}",
-                 where, t.name, dt.is_string() ? dt.text() : std::string("(not a string)"));
+      RLPT_CHECK(parsed.has_value(), errors::sync::bad_manifest,
+                 "manifest JSON: {} (\"{}\") has an unsupported dtype {}", where, t.name,
+                 dt.is_string() ? dt.text() : std::string("(not a string)"));
       t.dtype = *parsed;
       const json& shape = member(e, "shape", where);
       RLPT_CHECK(shape.is_array() && shape.size() <= limits.max_rank, errors::sync::bad_manifest,
@@ -307,8 +310,8 @@ public:
       t.nbytes = uint_of(e, "nbytes", where);
       const json& ck = member(e, "checksum", where);
       const auto c = ck.is_string() ? parse_hex(ck.text()) : std::nullopt;
-      RLPT_CHECK(c.has_value(), errors::sync::bad_manifest, "manifest JSON: the checksum of {} (\"{}\") is not 16 hex digits",
-                 where, t.name);
+      RLPT_CHECK(c.has_value(), errors::sync::bad_manifest,
+                 "manifest JSON: the checksum of {} (\"{}\") is not 16 hex digits", where, t.name);
       t.checksum = *c;
       entries.push_back(std::move(t));
     }
@@ -326,8 +329,8 @@ private:
     RLPT_CHECK(B > 0, errors::sync::bad_manifest, "bucket_bytes must be positive, got {}", B);
     RLPT_CHECK(alignment_ > 0 && (alignment_ & (alignment_ - 1)) == 0, errors::sync::bad_manifest,
                "alignment must be a power of two, got {}", alignment_);
-    RLPT_CHECK(B % alignment_ == 0, errors::sync::bad_manifest, "bucket_bytes {} is not a multiple of the alignment {}", B,
-               alignment_);
+    RLPT_CHECK(B % alignment_ == 0, errors::sync::bad_manifest, "bucket_bytes {} is not a multiple of the alignment {}",
+               B, alignment_);
     RLPT_CHECK(tensors_.size() <= limits.max_tensors && tensors_.size() < std::numeric_limits<std::uint32_t>::max(),
                errors::sync::bad_manifest, "{} tensors, more than the limit {}", tensors_.size(), limits.max_tensors);
     by_name_.clear();
@@ -344,11 +347,11 @@ private:
     for (std::size_t i = 0; i < tensors_.size(); ++i) {
       const auto& t = tensors_[i];
       RLPT_CHECK(!t.name.empty(), errors::sync::bad_manifest, "tensor #{} has an empty name", i);
-      RLPT_CHECK(by_name_.emplace(t.name, i).second, errors::sync::bad_manifest, "tensor name \"{}\" appears twice", t.name);
+      RLPT_CHECK(by_name_.emplace(t.name, i).second, errors::sync::bad_manifest, "tensor name \"{}\" appears twice",
+                 t.name);
       const std::uint64_t want = detail::tensor_nbytes(t.name, t.dtype, t.shape, limits.max_rank);
-      RLPT_CHECK(t.nbytes == want, errors::sync::bad_manifest,
-                 "tensor \"{}\" says nbytes {} but {} [{}] has {} bytes", t.name, t.nbytes, name(t.dtype),
-                 fmt::join(t.shape, ", "), want);
+      RLPT_CHECK(t.nbytes == want, errors::sync::bad_manifest, "tensor \"{}\" says nbytes {} but {} [{}] has {} bytes",
+                 t.name, t.nbytes, name(t.dtype), fmt::join(t.shape, ", "), want);
       const std::uint64_t pieces = t.nbytes <= B ? 1 : (t.nbytes + B - 1) / B;
       if (t.nbytes <= B) {
         RLPT_CHECK(t.offset % alignment_ == 0 && t.offset < B && t.nbytes <= B - t.offset, errors::sync::bad_manifest,
@@ -360,8 +363,9 @@ private:
                    t.nbytes, B, t.offset);
       }
       std::uint64_t end_bucket = 0, start = 0, end = 0;
-      RLPT_CHECK(!detail::add_overflows(t.bucket, pieces - 1, end_bucket) && !detail::mul_overflows(t.bucket, B, start) &&
-                     !detail::add_overflows(start, t.offset, start) && !detail::add_overflows(start, t.nbytes, end),
+      RLPT_CHECK(!detail::add_overflows(t.bucket, pieces - 1, end_bucket) &&
+                     !detail::mul_overflows(t.bucket, B, start) && !detail::add_overflows(start, t.offset, start) &&
+                     !detail::add_overflows(start, t.nbytes, end),
                  errors::sync::bad_manifest, "tensor \"{}\" lies beyond 2^64 bytes (bucket {})", t.name, t.bucket);
       RLPT_CHECK(!detail::add_overflows(total_pieces, pieces, total_pieces) && total_pieces <= limits.max_pieces,
                  errors::sync::bad_manifest, "the manifest has more than {} bucket pieces", limits.max_pieces);
@@ -377,9 +381,8 @@ private:
                                                                         : std::to_string(last_bucket + 1),
                total_pieces);
     const std::uint64_t buckets = tensors_.empty() ? 0 : last_bucket + 1;
-    std::sort(spans.begin(), spans.end(), [](const span_t& a, const span_t& b) {
-      return a.start != b.start ? a.start < b.start : a.end < b.end;
-    });
+    std::sort(spans.begin(), spans.end(),
+              [](const span_t& a, const span_t& b) { return a.start != b.start ? a.start < b.start : a.end < b.end; });
     for (std::size_t k = 1; k < spans.size(); ++k)
       RLPT_CHECK(spans[k].start >= spans[k - 1].end, errors::sync::bad_manifest, "tensors \"{}\" and \"{}\" overlap",
                  tensors_[spans[k - 1].tensor].name, tensors_[spans[k].tensor].name);

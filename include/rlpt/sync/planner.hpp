@@ -37,10 +37,10 @@ struct plan_options {
   const std::uint64_t B = opts.bucket_bytes;
   const std::uint64_t A = opts.alignment;
   RLPT_CHECK(B > 0, errors::sync::bad_plan, "plan_options::bucket_bytes must be positive, got {}", B);
-  RLPT_CHECK(A > 0 && (A & (A - 1)) == 0, errors::sync::bad_plan, "plan_options::alignment must be a power of two, got {}",
-             A);
-  RLPT_CHECK(B % A == 0, errors::sync::bad_plan, "plan_options::bucket_bytes {} is not a multiple of the alignment {}", B,
-             A);
+  RLPT_CHECK(A > 0 && (A & (A - 1)) == 0, errors::sync::bad_plan,
+             "plan_options::alignment must be a power of two, got {}", A);
+  RLPT_CHECK(B % A == 0, errors::sync::bad_plan, "plan_options::bucket_bytes {} is not a multiple of the alignment {}",
+             B, A);
   std::vector<tensor_entry> entries;
   entries.reserve(tensors.size());
   std::uint64_t bucket = 0;

@@ -97,8 +97,10 @@ public:
   [[nodiscard]] std::span<std::byte> span() const noexcept { return {p_.get(), n_}; }
   //! Size `n` with the old bytes kept when `n` fits the capacity, else a fresh allocation.
   void resize(std::size_t n) {
-    if (n <= cap_) n_ = n;
-    else *this = byte_buffer(n);
+    if (n <= cap_)
+      n_ = n;
+    else
+      *this = byte_buffer(n);
   }
 
 private:
@@ -143,10 +145,13 @@ public:
       const piece& p = pieces[j];
       if (p.bucket_offset > end) std::memset(buf.data() + end, 0, static_cast<std::size_t>(p.bucket_offset - end));
       const auto src = source(p.tensor);
-      piece_sums_[j] = copy_hash(buf.data() + p.bucket_offset, src.data() + p.tensor_offset, static_cast<std::size_t>(p.nbytes));
+      piece_sums_[j] =
+          copy_hash(buf.data() + p.bucket_offset, src.data() + p.tensor_offset, static_cast<std::size_t>(p.nbytes));
       end = p.bucket_offset + p.nbytes;
-      if (m_.piece_count(p.tensor) == 1) dense_sums_[p.tensor] = piece_sums_[j];
-      else parts_[p.tensor].push_back(piece_sums_[j]);
+      if (m_.piece_count(p.tensor) == 1)
+        dense_sums_[p.tensor] = piece_sums_[j];
+      else
+        parts_[p.tensor].push_back(piece_sums_[j]);
     }
     return piece_sums_;
   }
@@ -164,8 +169,8 @@ public:
       const tensor_entry& t = m_[i];
       const auto now = source(i);
       const std::span<const std::byte> base(snapshot_.data() + m_.packed_offset(i), static_cast<std::size_t>(t.nbytes));
-      sums[i] = enc.encode(static_cast<std::uint32_t>(i), now, base, size_of(t.dtype), t.checksum, m_.bucket_bytes(), records_,
-                           stats);
+      sums[i] = enc.encode(static_cast<std::uint32_t>(i), now, base, size_of(t.dtype), t.checksum, m_.bucket_bytes(),
+                           records_, stats);
     }
     // Messages of whole records (records never straddle messages).
     msgs_.clear();
@@ -219,8 +224,8 @@ private:
 
   std::span<const std::byte> source(std::size_t i) {
     const auto s = src_(i);
-    RLPT_CHECK(s.size() == m_[i].nbytes, errors::sync::bad_source, "source of tensor \"{}\" has {} bytes, the manifest says {}",
-               m_[i].name, s.size(), m_[i].nbytes);
+    RLPT_CHECK(s.size() == m_[i].nbytes, errors::sync::bad_source,
+               "source of tensor \"{}\" has {} bytes, the manifest says {}", m_[i].name, s.size(), m_[i].nbytes);
     return s;
   }
 
@@ -251,14 +256,14 @@ public:
 
   struct inflight_state {
     transform_plan plan;
-    byte_buffer staging;                    // dense staged: packed arena
-    std::vector<std::byte> records;         // delta: concatenated records
-    std::vector<std::uint64_t> sums;        // tensor checksums from pieces
+    byte_buffer staging;             // dense staged: packed arena
+    std::vector<std::byte> records;  // delta: concatenated records
+    std::vector<std::uint64_t> sums; // tensor checksums from pieces
     std::unordered_map<std::size_t, std::vector<std::uint64_t>> parts;
     // streaming
-    std::vector<std::uint64_t> pieces_left;  // per tensor
-    std::vector<std::uint64_t> inputs_left;  // per output
-    std::vector<std::uint64_t> outputs_left; // per tensor: outputs not yet run
+    std::vector<std::uint64_t> pieces_left;                       // per tensor
+    std::vector<std::uint64_t> inputs_left;                       // per output
+    std::vector<std::uint64_t> outputs_left;                      // per tensor: outputs not yet run
     std::unordered_map<std::size_t, std::vector<std::byte>> held; // tensor bytes kept across buckets
     std::vector<std::span<const std::byte>> avail;
   };
@@ -292,7 +297,8 @@ public:
     c.be.pieces_left.resize(m.size());
     for (std::size_t i = 0; i < m.size(); ++i) c.be.pieces_left[i] = m.piece_count(i);
     c.be.inputs_left.resize(c.be.plan.outputs().size());
-    for (std::size_t k = 0; k < c.be.plan.outputs().size(); ++k) c.be.inputs_left[k] = c.be.plan.outputs()[k].sources.size();
+    for (std::size_t k = 0; k < c.be.plan.outputs().size(); ++k)
+      c.be.inputs_left[k] = c.be.plan.outputs()[k].sources.size();
     c.be.outputs_left.resize(m.size());
     for (std::size_t i = 0; i < m.size(); ++i) c.be.outputs_left[i] = c.be.plan.outputs_of(i).size();
     c.be.avail.assign(m.size(), {});
@@ -309,19 +315,22 @@ public:
     for (std::size_t j = 0; j < pieces.size(); ++j) {
       const piece& p = pieces[j];
       const std::byte* src = payload.data() + p.bucket_offset;
-      const std::uint64_t got =
-          arena ? copy_hash(arena + m.bucket_packed_offset(b) + p.bucket_offset, src, static_cast<std::size_t>(p.nbytes))
-                : xxh3(src, static_cast<std::size_t>(p.nbytes));
+      const std::uint64_t got = arena ? copy_hash(arena + m.bucket_packed_offset(b) + p.bucket_offset, src,
+                                                  static_cast<std::size_t>(p.nbytes))
+                                      : xxh3(src, static_cast<std::size_t>(p.nbytes));
       const std::uint64_t want = body_u64(f.body, j);
       if (got != want) {
         if (streaming && o_.mirror) st.torn = true;
-        RLPT_FAIL(errors::sync::checksum,
-                  "{}: bucket {} of version {}: piece {} (tensor \"{}\", bytes [{}, {})) has checksum {}, the sender's is {}",
-                  where_, b, f.version, j, m[p.tensor].name, p.tensor_offset, p.tensor_offset + p.nbytes, to_hex(got),
-                  to_hex(want));
+        RLPT_FAIL(
+            errors::sync::checksum,
+            "{}: bucket {} of version {}: piece {} (tensor \"{}\", bytes [{}, {})) has checksum {}, the sender's is {}",
+            where_, b, f.version, j, m[p.tensor].name, p.tensor_offset, p.tensor_offset + p.nbytes, to_hex(got),
+            to_hex(want));
       }
-      if (m.piece_count(p.tensor) == 1) c.be.sums[p.tensor] = got;
-      else c.be.parts[p.tensor].push_back(got);
+      if (m.piece_count(p.tensor) == 1)
+        c.be.sums[p.tensor] = got;
+      else
+        c.be.parts[p.tensor].push_back(got);
     }
     if (streaming && o_.mirror) st.torn = true; // until the commit succeeds
     if (streaming) stream_bucket(c, b, payload);
@@ -329,8 +338,8 @@ public:
 
   void delta_chunk(inflight& c, const frame& f, std::span<const std::byte> payload, receiver_state&) {
     RLPT_CHECK(f.body.size() == 8 && payload.size() % 8 == 0, errors::sync::protocol,
-               "{}: delta chunk {} of version {} is malformed ({} body bytes, {} payload bytes)", where_, f.index, f.version,
-               f.body.size(), payload.size());
+               "{}: delta chunk {} of version {} is malformed ({} body bytes, {} payload bytes)", where_, f.index,
+               f.version, f.body.size(), payload.size());
     // Copy first, then check the copy: the records kept are the bytes verified, whatever the
     // link's slot holds afterwards (a shared-memory slot another process may write into).
     auto& records = c.be.records;
@@ -340,8 +349,8 @@ public:
     const std::uint64_t want = body_u64(f.body, 0);
     if (got != want) {
       records.resize(at);
-      RLPT_FAIL(errors::sync::checksum, "{}: delta chunk {} of version {} has checksum {}, the sender's is {}", where_, f.index,
-                f.version, to_hex(got), to_hex(want));
+      RLPT_FAIL(errors::sync::checksum, "{}: delta chunk {} of version {} has checksum {}, the sender's is {}", where_,
+                f.index, f.version, to_hex(got), to_hex(want));
     }
   }
 
@@ -350,8 +359,8 @@ public:
     for (auto& [t, v] : c.be.parts) c.be.sums[t] = combine_piece_checksums(v);
     for (std::size_t i = 0; i < m.size(); ++i)
       RLPT_CHECK(c.be.sums[i] == want[i], errors::sync::checksum,
-                 "{}: version {}: tensor \"{}\" arrived with checksum {}, the sender's is {}", where_, f.version, m[i].name,
-                 to_hex(c.be.sums[i]), to_hex(want[i]));
+                 "{}: version {}: tensor \"{}\" arrived with checksum {}, the sender's is {}", where_, f.version,
+                 m[i].name, to_hex(c.be.sums[i]), to_hex(want[i]));
     if (o_.mode != apply_mode::staged) return;
     const std::byte* arena = c.be.staging.data();
     for (std::size_t k = 0; k < c.be.plan.outputs().size(); ++k) {
@@ -372,29 +381,29 @@ public:
     };
     std::vector<applied> recs;
     std::vector<char> touched(m.size(), 0);
-    for_each_delta_record(std::span<std::byte>(c.be.records), fmt::format("{} version {}", where_, f.version),
-                          [&](delta_record& r) {
-                            RLPT_CHECK(r.tensor < m.size(), errors::sync::bad_delta,
-                                       "{}: delta record names tensor #{} of {}", where_, r.tensor, m.size());
-                            const tensor_entry& t = m[r.tensor];
-                            RLPT_CHECK(r.elem_bytes == size_of(t.dtype), errors::sync::bad_delta,
-                                       "{}: delta record for \"{}\" has {}-byte elements, {} has {}", where_, t.name,
-                                       r.elem_bytes, t.dtype, size_of(t.dtype));
-                            RLPT_CHECK(r.elem_begin <= t.numel() && r.elem_count <= t.numel() - r.elem_begin,
-                                       errors::sync::bad_delta, "{}: delta record for \"{}\" covers elements [{}, {}) of {}",
-                                       where_, t.name, r.elem_begin, r.elem_begin + r.elem_count, t.numel());
-                            if (r.base_checksum != st.pub[r.tensor].checksum) {
-                              st.require_dense(fmt::format("delta version {} was encoded against another base", f.version));
-                              RLPT_FAIL(errors::sync::base_mismatch,
-                                        "{}: delta for \"{}\" was encoded against checksum {}, the published version {} has {}",
-                                        where_, t.name, to_hex(r.base_checksum), st.version, to_hex(st.pub[r.tensor].checksum));
-                            }
-                            const std::size_t eb = size_of(t.dtype);
-                            recs.push_back({r, mirror_.span().subspan(static_cast<std::size_t>(m.packed_offset(r.tensor) +
-                                                                                               r.elem_begin * eb),
-                                                                      static_cast<std::size_t>(r.elem_count * eb))});
-                            touched[r.tensor] = 1;
-                          });
+    for_each_delta_record(
+        std::span<std::byte>(c.be.records), fmt::format("{} version {}", where_, f.version), [&](delta_record& r) {
+          RLPT_CHECK(r.tensor < m.size(), errors::sync::bad_delta, "{}: delta record names tensor #{} of {}", where_,
+                     r.tensor, m.size());
+          const tensor_entry& t = m[r.tensor];
+          RLPT_CHECK(r.elem_bytes == size_of(t.dtype), errors::sync::bad_delta,
+                     "{}: delta record for \"{}\" has {}-byte elements, {} has {}", where_, t.name, r.elem_bytes,
+                     t.dtype, size_of(t.dtype));
+          RLPT_CHECK(r.elem_begin <= t.numel() && r.elem_count <= t.numel() - r.elem_begin, errors::sync::bad_delta,
+                     "{}: delta record for \"{}\" covers elements [{}, {}) of {}", where_, t.name, r.elem_begin,
+                     r.elem_begin + r.elem_count, t.numel());
+          if (r.base_checksum != st.pub[r.tensor].checksum) {
+            st.require_dense(fmt::format("delta version {} was encoded against another base", f.version));
+            RLPT_FAIL(errors::sync::base_mismatch,
+                      "{}: delta for \"{}\" was encoded against checksum {}, the published version {} has {}", where_,
+                      t.name, to_hex(r.base_checksum), st.version, to_hex(st.pub[r.tensor].checksum));
+          }
+          const std::size_t eb = size_of(t.dtype);
+          recs.push_back(
+              {r, mirror_.span().subspan(static_cast<std::size_t>(m.packed_offset(r.tensor) + r.elem_begin * eb),
+                                         static_cast<std::size_t>(r.elem_count * eb))});
+          touched[r.tensor] = 1;
+        });
     for (const auto& a : recs) swap_apply(a.rec, a.range);
     auto undo = [&] {
       for (auto it = recs.rbegin(); it != recs.rend(); ++it) swap_apply(it->rec, it->range);
@@ -410,14 +419,18 @@ public:
         st.require_dense(fmt::format("delta version {} failed verification here", f.version));
         const std::uint64_t base = tensor_checksum(bytes, m[i].nbytes, m.bucket_bytes());
         if (base != st.pub[i].checksum)
-          RLPT_FAIL(errors::sync::base_mismatch,
-                    "{}: after applying delta version {}, tensor \"{}\" has checksum {}, the sender's is {}; rolled back to "
-                    "version {}, whose copy here is damaged (tensor \"{}\" has checksum {}, published as {}): send a dense "
-                    "update", where_, f.version, m[i].name, to_hex(got), to_hex(want[i]), st.version, m[i].name, to_hex(base),
-                    to_hex(st.pub[i].checksum));
-        RLPT_FAIL(errors::sync::checksum,
-                  "{}: after applying delta version {}, tensor \"{}\" has checksum {}, the sender's is {}; rolled back to "
-                  "version {}", where_, f.version, m[i].name, to_hex(got), to_hex(want[i]), st.version);
+          RLPT_FAIL(
+              errors::sync::base_mismatch,
+              "{}: after applying delta version {}, tensor \"{}\" has checksum {}, the sender's is {}; rolled back to "
+              "version {}, whose copy here is damaged (tensor \"{}\" has checksum {}, published as {}): send a dense "
+              "update",
+              where_, f.version, m[i].name, to_hex(got), to_hex(want[i]), st.version, m[i].name, to_hex(base),
+              to_hex(st.pub[i].checksum));
+        RLPT_FAIL(
+            errors::sync::checksum,
+            "{}: after applying delta version {}, tensor \"{}\" has checksum {}, the sender's is {}; rolled back to "
+            "version {}",
+            where_, f.version, m[i].name, to_hex(got), to_hex(want[i]), st.version);
       }
     }
     std::vector<char> out_needed(c.be.plan.outputs().size(), 0);
@@ -449,8 +462,8 @@ public:
   }
 
   void held_checksums(const receiver_state& st, std::vector<std::uint64_t>& sums, std::vector<char>& known) const {
-    RLPT_CHECK(o_.mirror, errors::sync::no_version, "{}: no bytes of version {} are held to verify (mirror off)", where_,
-               st.version);
+    RLPT_CHECK(o_.mirror, errors::sync::no_version, "{}: no bytes of version {} are held to verify (mirror off)",
+               where_, st.version);
     for (std::size_t i = 0; i < st.pub.size(); ++i) {
       sums[i] = tensor_checksum(mirror_.data() + st.pub.packed_offset(i), st.pub[i].nbytes, st.pub.bucket_bytes());
       known[i] = 1;
@@ -461,9 +474,11 @@ public:
   [[nodiscard]] tensor_view tensor(const receiver_state& st, std::string_view name) const {
     RLPT_CHECK(st.has && o_.mirror, errors::sync::no_version, "{}: no published version to read (mirror {})", where_,
                o_.mirror ? "on" : "off");
-    RLPT_CHECK(!st.torn, errors::sync::torn, "{}: the mirror was partly overwritten by a failed streaming update", where_);
+    RLPT_CHECK(!st.torn, errors::sync::torn, "{}: the mirror was partly overwritten by a failed streaming update",
+               where_);
     const auto i = st.pub.find(name);
-    RLPT_CHECK(i.has_value(), errors::sync::unknown_tensor, "{}: version {} has no tensor \"{}\"", where_, st.version, name);
+    RLPT_CHECK(i.has_value(), errors::sync::unknown_tensor, "{}: version {} has no tensor \"{}\"", where_, st.version,
+               name);
     const tensor_entry& t = st.pub[*i];
     return {t.name, t.dtype, t.shape, {mirror_.data() + st.pub.packed_offset(*i), static_cast<std::size_t>(t.nbytes)}};
   }
@@ -515,7 +530,8 @@ private:
     const auto& out = c.be.plan.outputs()[k];
     c.partial = true;
     try {
-      c.be.plan.run(k, [&](std::size_t t) { return c.be.avail[t]; }, load_);
+      c.be.plan.run(
+          k, [&](std::size_t t) { return c.be.avail[t]; }, load_);
     } catch (const error&) {
       throw;
     } catch (const std::exception& e) {
@@ -542,10 +558,12 @@ class sender : public basic_sender<detail::host_send_backend> {
 public:
   //! `params` are matched to the manifest by name (dtype and shape must agree); their memory
   //! must stay valid and unchanged during publish().
-  sender(link& l, manifest m, std::span<const tensor_ref> params, sender_options o = {}) : sender(l, bind(std::move(m), params), o) {}
+  sender(link& l, manifest m, std::span<const tensor_ref> params, sender_options o = {})
+      : sender(l, bind(std::move(m), params), o) {}
 
   //! Tensor i's bytes come from `source(i)`, called per bucket (and per delta).
-  sender(link& l, manifest m, source_fn source, sender_options o = {}) : basic_sender(l, std::move(m), o, std::move(source)) {}
+  sender(link& l, manifest m, source_fn source, sender_options o = {})
+      : basic_sender(l, std::move(m), o, std::move(source)) {}
 
 private:
   struct bound {
@@ -567,8 +585,8 @@ private:
       ptrs[*i] = p.data;
     }
     for (std::size_t i = 0; i < m.size(); ++i) {
-      RLPT_CHECK(ptrs[i] != nullptr || m[i].nbytes == 0, errors::sync::bad_source, "manifest tensor \"{}\" has no parameter",
-                 m[i].name);
+      RLPT_CHECK(ptrs[i] != nullptr || m[i].nbytes == 0, errors::sync::bad_source,
+                 "manifest tensor \"{}\" has no parameter", m[i].name);
       sizes[i] = m[i].nbytes;
     }
     source_fn src = [ptrs = std::move(ptrs), sizes = std::move(sizes)](std::size_t i) {

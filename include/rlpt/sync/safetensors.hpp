@@ -95,13 +95,13 @@ using safetensors_metadata = std::vector<std::pair<std::string, std::string>>;
 [[nodiscard]] inline safetensors_header parse_safetensors_header(std::span<const std::byte> prefix,
                                                                  std::uint64_t file_size, std::string_view where,
                                                                  safetensors_limits limits = {}) {
-  auto bad = [&](const std::string& what) -> void {
-    RLPT_FAIL(errors::sync::bad_safetensors, "{}: {}", where, what);
-  };
-  if (file_size < 8 || prefix.size() < 8) bad(fmt::format("{} bytes is too short for the 8-byte header length", file_size));
+  auto bad = [&](const std::string& what) -> void { RLPT_FAIL(errors::sync::bad_safetensors, "{}: {}", where, what); };
+  if (file_size < 8 || prefix.size() < 8)
+    bad(fmt::format("{} bytes is too short for the 8-byte header length", file_size));
   std::uint64_t n = 0;
   std::memcpy(&n, prefix.data(), 8);
-  if (n > limits.max_header_bytes) bad(fmt::format("header length {} exceeds the limit {}", n, limits.max_header_bytes));
+  if (n > limits.max_header_bytes)
+    bad(fmt::format("header length {} exceeds the limit {}", n, limits.max_header_bytes));
   if (n > file_size - 8) bad(fmt::format("header length {} runs past the end of the {}-byte file", n, file_size));
   if (prefix.size() < 8 + n) bad(fmt::format("only {} of the header's {} bytes were given", prefix.size() - 8, n));
   const std::string_view text(reinterpret_cast<const char*>(prefix.data() + 8), static_cast<std::size_t>(n));
@@ -126,7 +126,8 @@ using safetensors_metadata = std::vector<std::pair<std::string, std::string>>;
     if (h.tensors.size() >= limits.max_tensors) bad(fmt::format("more than {} tensors", limits.max_tensors));
     if (!v.is_object()) bad(fmt::format("tensor \"{}\" is not an object", key));
     for (const auto& k : v.keys())
-      if (k != "dtype" && k != "shape" && k != "data_offsets") bad(fmt::format("tensor \"{}\" has an unknown key \"{}\"", key, k));
+      if (k != "dtype" && k != "shape" && k != "data_offsets")
+        bad(fmt::format("tensor \"{}\" has an unknown key \"{}\"", key, k));
     const detail::json* dt = v.find("dtype");
     const detail::json* shape = v.find("shape");
     const detail::json* off = v.find("data_offsets");
@@ -135,11 +136,13 @@ using safetensors_metadata = std::vector<std::pair<std::string, std::string>>;
     e.name = key;
     const auto parsed = dt->is_string() ? parse_wire_dtype(dt->text()) : std::nullopt;
     if (!parsed)
-      bad(fmt::format("tensor \"{}\" has unsupported dtype {} (supported: BOOL, U8, I8, F8_E5M2, F8_E4M3, F8_E8M0, I16, "
-                      "U16, F16, BF16, I32, U32, F32, C64, F64, I64, U64)",
-                      key, dt->is_string() ? dt->text() : std::string("(not a string)")));
+      bad(fmt::format(
+          "tensor \"{}\" has unsupported dtype {} (supported: BOOL, U8, I8, F8_E5M2, F8_E4M3, F8_E8M0, I16, "
+          "U16, F16, BF16, I32, U32, F32, C64, F64, I64, U64)",
+          key, dt->is_string() ? dt->text() : std::string("(not a string)")));
     e.dtype = *parsed;
-    if (!shape->is_array() || shape->size() > 16) bad(fmt::format("tensor \"{}\" shape is not an array of at most 16 dims", key));
+    if (!shape->is_array() || shape->size() > 16)
+      bad(fmt::format("tensor \"{}\" shape is not an array of at most 16 dims", key));
     for (const auto& d : shape->items()) {
       std::uint64_t u = 0;
       if (!d.to_uint(u) || u > static_cast<std::uint64_t>(INT64_MAX))
@@ -166,8 +169,8 @@ using safetensors_metadata = std::vector<std::pair<std::string, std::string>>;
   std::uint64_t at = 0;
   for (const auto& t : h.tensors) {
     if (t.begin != at)
-      bad(fmt::format("tensor \"{}\" starts at {} but the previous data ends at {} (gaps and overlaps are invalid)", t.name,
-                      t.begin, at));
+      bad(fmt::format("tensor \"{}\" starts at {} but the previous data ends at {} (gaps and overlaps are invalid)",
+                      t.name, t.begin, at));
     at = t.end;
   }
   if (at != file_size - 8 - n)
@@ -186,7 +189,8 @@ struct safetensors_layout {
 };
 
 template <class T>
-[[nodiscard]] safetensors_layout layout_safetensors(std::span<const T> tensors, const safetensors_metadata& metadata = {}) {
+[[nodiscard]] safetensors_layout layout_safetensors(std::span<const T> tensors,
+                                                    const safetensors_metadata& metadata = {}) {
   safetensors_layout l;
   l.order.resize(tensors.size());
   for (std::size_t i = 0; i < tensors.size(); ++i) l.order[i] = i;
@@ -220,8 +224,8 @@ template <class T>
     if (!first) s.push_back(',');
     first = false;
     detail::write_json_string(s, t.name);
-    s += fmt::format(":{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}", name(t.dtype), fmt::join(t.shape, ","),
-                     at, at + n);
+    s += fmt::format(":{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}", name(t.dtype),
+                     fmt::join(t.shape, ","), at, at + n);
     l.offset[i] = at;
     at += n;
     seen.push_back(t.name);
@@ -264,14 +268,13 @@ inline std::string parent_dir(const std::string& path) {
 }
 
 //! Creates `path` atomically: writes `tmp`, fsyncs, renames over `path`, fsyncs the directory.
-template <class Fill>
-void atomic_write(const std::string& path, std::uint64_t size, Fill&& fill) {
+template <class Fill> void atomic_write(const std::string& path, std::uint64_t size, Fill&& fill) {
   const std::string tmp = fmt::format("{}.tmp{}", path, ::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   RLPT_CHECK(fd >= 0, errors::sync::io, "{}: cannot create: {}", tmp, std::strerror(errno));
   try {
-    RLPT_CHECK(::ftruncate(fd, static_cast<off_t>(size)) == 0, errors::sync::io, "{}: cannot size to {} bytes: {}", tmp, size,
-               std::strerror(errno));
+    RLPT_CHECK(::ftruncate(fd, static_cast<off_t>(size)) == 0, errors::sync::io, "{}: cannot size to {} bytes: {}", tmp,
+               size, std::strerror(errno));
     fill(fd, tmp);
     RLPT_CHECK(::fsync(fd) == 0, errors::sync::io, "{}: fsync failed: {}", tmp, std::strerror(errno));
   } catch (...) {
@@ -300,7 +303,8 @@ void atomic_write(const std::string& path, std::uint64_t size, Fill&& fill) {
   std::memcpy(out.data() + 8, l.header.data(), l.header.size());
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const std::uint64_t bytes = detail::tensor_nbytes(tensors[i].name, tensors[i].dtype, tensors[i].shape);
-    RLPT_CHECK(bytes == 0 || tensors[i].data != nullptr, errors::sync::bad_source, "tensor \"{}\" has no data", tensors[i].name);
+    RLPT_CHECK(bytes == 0 || tensors[i].data != nullptr, errors::sync::bad_source, "tensor \"{}\" has no data",
+               tensors[i].name);
     if (bytes) std::memcpy(out.data() + 8 + n + l.offset[i], tensors[i].data, static_cast<std::size_t>(bytes));
   }
   return out;
@@ -329,7 +333,7 @@ public:
   explicit safetensors_file(const std::string& path, safetensors_limits limits = {}) : path_(path) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     RLPT_CHECK(fd >= 0, errors::sync::io, "{}: cannot open: {}", path, std::strerror(errno));
-    struct stat st{};
+    struct stat st {};
     if (::fstat(fd, &st) != 0) {
       const int err = errno;
       ::close(fd);
@@ -368,7 +372,8 @@ public:
     return view(*e);
   }
   [[nodiscard]] tensor_view view(const safetensors_entry& e) const {
-    return {e.name, e.dtype, e.shape, data().subspan(static_cast<std::size_t>(e.begin), static_cast<std::size_t>(e.end - e.begin))};
+    return {e.name, e.dtype, e.shape,
+            data().subspan(static_cast<std::size_t>(e.begin), static_cast<std::size_t>(e.end - e.begin))};
   }
 
 private:
@@ -398,7 +403,7 @@ class safetensors_transport final : public link {
 public:
   safetensors_transport(std::string dir, role r, safetensors_options o = {}) : dir_(std::move(dir)), role_(r), o_(o) {
     where_ = fmt::format("safetensors {} ({})", dir_, r == role::sender ? "sender" : "receiver");
-    struct stat st{};
+    struct stat st {};
     RLPT_CHECK(::stat(dir_.c_str(), &st) == 0 && S_ISDIR(st.st_mode), errors::sync::io, "{}: not a directory", where_);
   }
   safetensors_transport(const safetensors_transport&) = delete;
@@ -408,7 +413,9 @@ public:
   [[nodiscard]] link_info info() const override { return {where_, true, std::uint64_t{1} << 40, memory_space::host}; }
 
   //! Path of the dense file of `version` / the delta file of `version`.
-  [[nodiscard]] std::string dense_path(std::uint64_t version) const { return fmt::format("{}/rlpt-v{:020}.safetensors", dir_, version); }
+  [[nodiscard]] std::string dense_path(std::uint64_t version) const {
+    return fmt::format("{}/rlpt-v{:020}.safetensors", dir_, version);
+  }
   [[nodiscard]] std::string delta_path(std::uint64_t version) const {
     return fmt::format("{}/rlpt-v{:020}.delta.safetensors", dir_, version);
   }
@@ -423,12 +430,19 @@ public:
     if (role_ == role::receiver) return on_reply(f);
     const std::span<const std::byte> payload(payload_.data(), static_cast<std::size_t>(payload_bytes));
     switch (f.type) {
-    case frame_type::begin: return begin(f);
-    case frame_type::bucket: return bucket(f, payload);
-    case frame_type::delta: return delta(f, payload);
-    case frame_type::commit: return commit(f);
-    case frame_type::abort: abandon_tmp(); return;
-    default: RLPT_FAIL(errors::sync::protocol, "{}: unexpected {} frame from the sender", where_, name(f.type));
+    case frame_type::begin:
+      return begin(f);
+    case frame_type::bucket:
+      return bucket(f, payload);
+    case frame_type::delta:
+      return delta(f, payload);
+    case frame_type::commit:
+      return commit(f);
+    case frame_type::abort:
+      abandon_tmp();
+      return;
+    default:
+      RLPT_FAIL(errors::sync::protocol, "{}: unexpected {} frame from the sender", where_, name(f.type));
     }
   }
 
@@ -477,25 +491,28 @@ private:
     tx_.version = f.version;
     tx_.delta = f.index == static_cast<std::uint64_t>(update_kind::delta);
     tx_.base = f.base_version;
-    tx_.m.set_versions(f.version, tx_.delta ? f.base_version : 0); // fixed from here on: the header's length must not change
+    tx_.m.set_versions(f.version,
+                       tx_.delta ? f.base_version : 0); // fixed from here on: the header's length must not change
     if (tx_.delta) {
       const auto latest = latest_version();
       if (!latest || *latest != f.base_version) {
-        queue_reply(frame_type::refuse, f.version, static_cast<std::uint64_t>(refusal::base_mismatch),
-                    fmt::format("rlpt.sync.base_mismatch\n{}: the directory's latest version is {}, not the delta's base {}",
-                                where_, latest ? fmt::format("{}", *latest) : std::string("none"), f.base_version));
+        queue_reply(
+            frame_type::refuse, f.version, static_cast<std::uint64_t>(refusal::base_mismatch),
+            fmt::format("rlpt.sync.base_mismatch\n{}: the directory's latest version is {}, not the delta's base {}",
+                        where_, latest ? fmt::format("{}", *latest) : std::string("none"), f.base_version));
         return;
       }
     } else {
       std::vector<tensor_entry> entries(tx_.m.tensors().begin(), tx_.m.tensors().end());
       tx_.pieces.assign(pieces_placeholder(tx_.m).size() / 16, 0);
-      tx_.layout = layout_safetensors(std::span<const tensor_entry>(entries), dense_metadata(tx_.m, pieces_placeholder(tx_.m)));
+      tx_.layout =
+          layout_safetensors(std::span<const tensor_entry>(entries), dense_metadata(tx_.m, pieces_placeholder(tx_.m)));
       tx_.tmp = dense_path(f.version) + fmt::format(".tmp{}", ::getpid());
       tx_.fd = ::open(tx_.tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
       RLPT_CHECK(tx_.fd >= 0, errors::sync::io, "{}: cannot create {}: {}", where_, tx_.tmp, std::strerror(errno));
       const std::uint64_t size = 8 + tx_.layout.header.size() + tx_.layout.data_bytes;
-      RLPT_CHECK(::ftruncate(tx_.fd, static_cast<off_t>(size)) == 0, errors::sync::io, "{}: cannot size {} to {} bytes: {}",
-                 where_, tx_.tmp, size, std::strerror(errno));
+      RLPT_CHECK(::ftruncate(tx_.fd, static_cast<off_t>(size)) == 0, errors::sync::io,
+                 "{}: cannot size {} to {} bytes: {}", where_, tx_.tmp, size, std::strerror(errno));
       std::uint64_t b0 = 0;
       tx_.piece_base.clear();
       for (std::uint64_t b = 0; b < tx_.m.bucket_count(); ++b) {
@@ -508,11 +525,11 @@ private:
   }
 
   void bucket(const frame& f, std::span<const std::byte> payload) {
-    RLPT_CHECK(tx_.active && !tx_.delta && f.version == tx_.version && f.index < tx_.m.bucket_count(), errors::sync::protocol,
-               "{}: unexpected bucket {} of version {}", where_, f.index, f.version);
+    RLPT_CHECK(tx_.active && !tx_.delta && f.version == tx_.version && f.index < tx_.m.bucket_count(),
+               errors::sync::protocol, "{}: unexpected bucket {} of version {}", where_, f.index, f.version);
     const auto pieces = tx_.m.pieces(f.index);
-    RLPT_CHECK(f.body.size() == pieces.size() * 8 && payload.size() >= tx_.m.bucket_size(f.index), errors::sync::protocol,
-               "{}: bucket {} of version {} is malformed", where_, f.index, f.version);
+    RLPT_CHECK(f.body.size() == pieces.size() * 8 && payload.size() >= tx_.m.bucket_size(f.index),
+               errors::sync::protocol, "{}: bucket {} of version {} is malformed", where_, f.index, f.version);
     const std::uint64_t data_at = 8 + tx_.layout.header.size();
     for (std::size_t j = 0; j < pieces.size(); ++j) {
       const piece& p = pieces[j];
@@ -523,8 +540,8 @@ private:
   }
 
   void delta(const frame& f, std::span<const std::byte> payload) {
-    RLPT_CHECK(tx_.active && tx_.delta && f.version == tx_.version, errors::sync::protocol, "{}: unexpected delta chunk {}",
-               where_, f.index);
+    RLPT_CHECK(tx_.active && tx_.delta && f.version == tx_.version, errors::sync::protocol,
+               "{}: unexpected delta chunk {}", where_, f.index);
     tx_.chunks.emplace_back(payload.begin(), payload.end());
     RLPT_CHECK(f.body.size() == 8, errors::sync::protocol, "{}: delta chunk {} has a malformed body", where_, f.index);
     std::uint64_t sum;
@@ -546,30 +563,38 @@ private:
       pieces.reserve(tx_.pieces.size() * 16);
       for (auto c : tx_.pieces) pieces += to_hex(c);
       std::vector<tensor_entry> entries(tx_.m.tensors().begin(), tx_.m.tensors().end());
-      const safetensors_layout l = layout_safetensors(std::span<const tensor_entry>(entries), dense_metadata(tx_.m, pieces));
-      RLPT_CHECK(l.header.size() == tx_.layout.header.size(), errors::sync::io, "{}: header size changed at commit", where_);
+      const safetensors_layout l =
+          layout_safetensors(std::span<const tensor_entry>(entries), dense_metadata(tx_.m, pieces));
+      RLPT_CHECK(l.header.size() == tx_.layout.header.size(), errors::sync::io, "{}: header size changed at commit",
+                 where_);
       const std::uint64_t n = l.header.size();
       detail::write_all(tx_.fd, &n, 8, 0, tx_.tmp);
       detail::write_all(tx_.fd, l.header.data(), l.header.size(), 8, tx_.tmp);
-      RLPT_CHECK(::fsync(tx_.fd) == 0, errors::sync::io, "{}: fsync of {} failed: {}", where_, tx_.tmp, std::strerror(errno));
+      RLPT_CHECK(::fsync(tx_.fd) == 0, errors::sync::io, "{}: fsync of {} failed: {}", where_, tx_.tmp,
+                 std::strerror(errno));
       ::close(tx_.fd);
       tx_.fd = -1;
       const std::string path = dense_path(tx_.version);
-      RLPT_CHECK(::rename(tx_.tmp.c_str(), path.c_str()) == 0, errors::sync::io, "{}: cannot rename {} to {}: {}", where_,
-                 tx_.tmp, path, std::strerror(errno));
+      RLPT_CHECK(::rename(tx_.tmp.c_str(), path.c_str()) == 0, errors::sync::io, "{}: cannot rename {} to {}: {}",
+                 where_, tx_.tmp, path, std::strerror(errno));
       tx_.tmp.clear();
       detail::fsync_dir(dir_);
     } else {
       std::vector<tensor_ref> refs;
       std::string sums;
       for (std::size_t k = 0; k < tx_.chunks.size(); ++k) {
-        refs.push_back({fmt::format("rlpt.delta.{:06}", k), wire_dtype::u8,
-                        {static_cast<std::int64_t>(tx_.chunks[k].size())}, tx_.chunks[k].data()});
+        refs.push_back({fmt::format("rlpt.delta.{:06}", k),
+                        wire_dtype::u8,
+                        {static_cast<std::int64_t>(tx_.chunks[k].size())},
+                        tx_.chunks[k].data()});
         sums += to_hex(tx_.chunk_sums[k]);
       }
       write_safetensors(delta_path(tx_.version), refs,
-                        {{"format", "pt"}, {"rlpt.kind", "delta"}, {"rlpt.manifest", tx_.m.to_json()},
-                         {"rlpt.base_version", fmt::format("{}", tx_.base)}, {"rlpt.chunks", sums}});
+                        {{"format", "pt"},
+                         {"rlpt.kind", "delta"},
+                         {"rlpt.manifest", tx_.m.to_json()},
+                         {"rlpt.base_version", fmt::format("{}", tx_.base)},
+                         {"rlpt.chunks", sums}});
     }
     const std::uint64_t v = tx_.version;
     const bool dense = !tx_.delta;
@@ -603,9 +628,12 @@ private:
       if (digits.find_first_not_of("0123456789") != std::string_view::npos) continue;
       const std::string_view rest = n.substr(26);
       bool delta;
-      if (rest == ".safetensors") delta = false;
-      else if (rest == ".delta.safetensors") delta = true;
-      else continue;
+      if (rest == ".safetensors")
+        delta = false;
+      else if (rest == ".delta.safetensors")
+        delta = true;
+      else
+        continue;
       // 20 digits can exceed 2^64 - 1: such a name is not a version (std::stoull threw out_of_range).
       std::uint64_t version = 0;
       const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), version);
@@ -645,11 +673,13 @@ private:
   };
 
   static std::vector<std::uint64_t> parse_sums(std::string_view hex, std::string_view what, std::string_view where) {
-    RLPT_CHECK(hex.size() % 16 == 0, errors::sync::bad_safetensors, "{}: {} is not a list of 16-digit checksums", where, what);
+    RLPT_CHECK(hex.size() % 16 == 0, errors::sync::bad_safetensors, "{}: {} is not a list of 16-digit checksums", where,
+               what);
     std::vector<std::uint64_t> out;
     for (std::size_t i = 0; i < hex.size(); i += 16) {
       const auto v = parse_hex(hex.substr(i, 16));
-      RLPT_CHECK(v.has_value(), errors::sync::bad_safetensors, "{}: {} has a malformed checksum at {}", where, what, i / 16);
+      RLPT_CHECK(v.has_value(), errors::sync::bad_safetensors, "{}: {} has a malformed checksum at {}", where, what,
+                 i / 16);
       out.push_back(*v);
     }
     return out;
@@ -679,7 +709,8 @@ private:
       const auto& h = r->file->header();
       const auto mj = h.meta("rlpt.manifest");
       const auto kind = h.meta("rlpt.kind");
-      RLPT_CHECK(mj && kind, errors::sync::bad_safetensors, "{}: no rlpt metadata (not written by an rlpt sender)", pick->path);
+      RLPT_CHECK(mj && kind, errors::sync::bad_safetensors, "{}: no rlpt metadata (not written by an rlpt sender)",
+                 pick->path);
       r->m = manifest::from_json(*mj);
       r->version = r->m.version();
       r->base = r->m.base_version();
@@ -707,7 +738,8 @@ private:
         for (std::size_t i = 0; i < r->m.size(); ++i) {
           const auto it = by_name.find(r->m[i].name);
           const safetensors_entry* e = it == by_name.end() ? nullptr : it->second;
-          RLPT_CHECK(e != nullptr && e->dtype == r->m[i].dtype && e->shape == r->m[i].shape, errors::sync::bad_safetensors,
+          RLPT_CHECK(e != nullptr && e->dtype == r->m[i].dtype && e->shape == r->m[i].shape,
+                     errors::sync::bad_safetensors,
                      "{}: tensor \"{}\" of the manifest is missing or differs in the file", pick->path, r->m[i].name);
           r->offset.push_back(e->begin);
         }
@@ -760,30 +792,35 @@ private:
     for (const piece& p : pieces)
       std::memcpy(payload_.data() + p.bucket_offset, data.data() + r.offset[p.tensor] + p.tensor_offset,
                   static_cast<std::size_t>(p.nbytes));
-    encode_frame(held_meta_, frame_type::bucket, r.tag, r.version, 0, b, pieces.size(), size,
-                 std::span<const std::byte>(reinterpret_cast<const std::byte*>(r.pieces.data() + first), pieces.size() * 8));
+    encode_frame(
+        held_meta_, frame_type::bucket, r.tag, r.version, 0, b, pieces.size(), size,
+        std::span<const std::byte>(reinterpret_cast<const std::byte*>(r.pieces.data() + first), pieces.size() * 8));
     return message{held_meta_, {payload_.data(), static_cast<std::size_t>(size)}};
   }
 
   void on_reply(const frame& f) {
     if (!replay_ || f.version != replay_->version || f.tag != replay_->tag) return;
     switch (f.type) {
-    case frame_type::ready: return;
+    case frame_type::ready:
+      return;
     case frame_type::ack:
       acked_ = f.version;
       want_dense_ = false;
       replay_.reset();
       return;
     case frame_type::refuse:
-      if (f.index == static_cast<std::uint64_t>(refusal::base_mismatch)) want_dense_ = true;
-      else skip_.insert(replay_path_);
+      if (f.index == static_cast<std::uint64_t>(refusal::base_mismatch))
+        want_dense_ = true;
+      else
+        skip_.insert(replay_path_);
       replay_.reset();
       return;
     case frame_type::nack:
       skip_.insert(replay_path_);
       replay_.reset();
       return;
-    default: return;
+    default:
+      return;
     }
   }
 

@@ -64,7 +64,9 @@ namespace detail {
 inline constexpr std::uint64_t shm_magic = 0x314d485354504c52ull; // "RLPTSHM1"
 inline constexpr std::uint64_t shm_page = 4096;
 
-[[nodiscard]] constexpr std::uint64_t page_up(std::uint64_t n) noexcept { return (n + shm_page - 1) / shm_page * shm_page; }
+[[nodiscard]] constexpr std::uint64_t page_up(std::uint64_t n) noexcept {
+  return (n + shm_page - 1) / shm_page * shm_page;
+}
 
 using ::rlpt::detail::pid_alive; // core/process.hpp
 
@@ -162,8 +164,8 @@ public:
 
   std::span<std::byte> payload_buffer(std::uint64_t bytes, deadline until) override {
     RLPT_CHECK(role_ == role::sender, errors::sync::bad_link, "{}: only the sender sends payloads", where_);
-    RLPT_CHECK(bytes <= o_.slot_bytes, errors::sync::too_large, "{}: payload of {} bytes exceeds the slot size {}", where_,
-               bytes, o_.slot_bytes);
+    RLPT_CHECK(bytes <= o_.slot_bytes, errors::sync::too_large, "{}: payload of {} bytes exceeds the slot size {}",
+               where_, bytes, o_.slot_bytes);
     wait_credit(until);
     return {slot(h_->fwd_head.load(std::memory_order_relaxed)) + g_.fwd_payload_at, static_cast<std::size_t>(bytes)};
   }
@@ -196,8 +198,10 @@ public:
     if (!held_) return;
     held_ = false;
     if (h_ == nullptr) return;
-    if (role_ == role::sender) h_->back_tail.fetch_add(1, std::memory_order_release);
-    else h_->fwd_tail.fetch_add(1, std::memory_order_release);
+    if (role_ == role::sender)
+      h_->back_tail.fetch_add(1, std::memory_order_release);
+    else
+      h_->fwd_tail.fetch_add(1, std::memory_order_release);
   }
 
   //! The segment's name under /dev/shm.
@@ -207,7 +211,8 @@ private:
   // --- sender side ----------------------------------------------------------------------
 
   void create() {
-    RLPT_CHECK(o_.slots >= 1 && o_.reply_slots >= 1, errors::sync::bad_link, "{}: needs at least one slot each way", where_);
+    RLPT_CHECK(o_.slots >= 1 && o_.reply_slots >= 1, errors::sync::bad_link, "{}: needs at least one slot each way",
+               where_);
     g_ = detail::shm_geometry::of(o_.slots, o_.meta_bytes, o_.slot_bytes, o_.reply_slots, o_.reply_bytes);
     const std::string path = "/" + name_;
     int fd = ::shm_open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
@@ -223,7 +228,7 @@ private:
       RLPT_FAIL(errors::sync::shm, "{}: cannot size the segment to {} bytes: {}", where_, g_.total, std::strerror(err));
     }
     map(fd, g_.total);
-    struct stat st{};
+    struct stat st {};
     ::fstat(fd, &st);
     ino_ = st.st_ino;
     ::close(fd);
@@ -244,7 +249,7 @@ private:
   void replace_stale(const std::string& path) {
     const int fd = ::shm_open(path.c_str(), O_RDONLY, 0);
     if (fd >= 0) {
-      struct stat st{};
+      struct stat st {};
       std::int32_t owner = 0;
       if (::fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_size) >= sizeof(detail::shm_header)) {
         void* p = ::mmap(nullptr, sizeof(detail::shm_header), PROT_READ, MAP_SHARED, fd, 0);
@@ -320,7 +325,7 @@ private:
     const std::string path = "/" + name_;
     const int fd = ::shm_open(path.c_str(), O_RDONLY, 0);
     if (fd < 0) return;
-    struct stat st{};
+    struct stat st {};
     const bool ours = ::fstat(fd, &st) == 0 && st.st_ino == ino_;
     ::close(fd);
     if (ours) ::shm_unlink(path.c_str());
@@ -333,7 +338,7 @@ private:
     const std::string path = "/" + name_;
     const int fd = ::shm_open(path.c_str(), O_RDWR, 0);
     if (fd < 0) return false;
-    struct stat st{};
+    struct stat st {};
     if (::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) < detail::shm_page) {
       ::close(fd);
       return false; // being created
@@ -349,7 +354,8 @@ private:
     const auto g = detail::shm_geometry::of(h->slots, h->slot_meta, h->slot_payload, h->reply_slots, h->reply_meta);
     if (h->layout != 1 || h->slots == 0 || h->reply_slots == 0 || g.total != h->total_bytes || g.total != size) {
       unmap();
-      RLPT_FAIL(errors::sync::shm, "{}: the segment's header is inconsistent (layout {}, {} bytes)", where_, h->layout, size);
+      RLPT_FAIL(errors::sync::shm, "{}: the segment's header is inconsistent (layout {}, {} bytes)", where_, h->layout,
+                size);
     }
     std::int32_t other = h->receiver_pid.load();
     if (other != 0 && other != ::getpid() && detail::pid_alive(other)) {
@@ -416,7 +422,8 @@ private:
         // was checked is what is parsed. Payload bytes are checked by the protocol as it copies them.
         const std::byte* meta = s + (sh.meta_in_payload ? g_.fwd_payload_at : g_.fwd_meta_at);
         rx_meta_.assign(meta, meta + sh.meta_bytes);
-        return message{{rx_meta_.data(), rx_meta_.size()}, {s + g_.fwd_payload_at, static_cast<std::size_t>(sh.payload_bytes)}};
+        return message{{rx_meta_.data(), rx_meta_.size()},
+                       {s + g_.fwd_payload_at, static_cast<std::size_t>(sh.payload_bytes)}};
       }
       const auto now = clock::now();
       if (now >= next_check) {
@@ -430,8 +437,8 @@ private:
 
   void send_reply(std::span<const std::byte> meta, deadline until) {
     RLPT_CHECK(h_ != nullptr, errors::sync::peer_lost, "{}: not attached to a sender", where_);
-    RLPT_CHECK(meta.size() <= o_.reply_bytes, errors::sync::too_large, "{}: reply of {} bytes exceeds the reply slot's {}",
-               where_, meta.size(), o_.reply_bytes);
+    RLPT_CHECK(meta.size() <= o_.reply_bytes, errors::sync::too_large,
+               "{}: reply of {} bytes exceeds the reply slot's {}", where_, meta.size(), o_.reply_bytes);
     detail::backoff b;
     for (;;) {
       const std::uint64_t head = h_->back_head.load(std::memory_order_relaxed);

@@ -48,9 +48,9 @@ RLPT_NAMESPACE_BEGIN
 namespace sync {
 
 struct tcp_options {
-  std::string host = "127.0.0.1"; //!< connect: peer address; listen: address to bind
-  std::uint16_t port = 0;         //!< listen: 0 picks a free port (see tcp_transport::port())
-  bool listen = false;            //!< accept connections instead of connecting
+  std::string host = "127.0.0.1";                     //!< connect: peer address; listen: address to bind
+  std::uint16_t port = 0;                             //!< listen: 0 picks a free port (see tcp_transport::port())
+  bool listen = false;                                //!< accept connections instead of connecting
   std::uint64_t max_payload = std::uint64_t{1} << 32; //!< largest payload accepted (and sent)
   std::uint64_t max_meta = std::uint64_t{256} << 20;  //!< largest meta block accepted
   int socket_buffer = 8 << 20;                        //!< SO_SNDBUF / SO_RCVBUF request
@@ -66,8 +66,8 @@ class tcp_transport final : public link, private detail::stream_link<tcp_transpo
 public:
   tcp_transport(tcp_options o, role r) : o_(std::move(o)) {
     if (o_.listen) open_listener();
-    where_ = fmt::format("tcp {}:{} ({}, {})", o_.host, o_.listen ? port_ : o_.port, r == role::sender ? "sender" : "receiver",
-                         o_.listen ? "listening" : "connecting");
+    where_ = fmt::format("tcp {}:{} ({}, {})", o_.host, o_.listen ? port_ : o_.port,
+                         r == role::sender ? "sender" : "receiver", o_.listen ? "listening" : "connecting");
   }
 
   tcp_transport(const tcp_transport&) = delete;
@@ -80,8 +80,8 @@ public:
   [[nodiscard]] link_info info() const override { return {where_, true, o_.max_payload, memory_space::host}; }
 
   std::span<std::byte> payload_buffer(std::uint64_t bytes, deadline) override {
-    RLPT_CHECK(bytes <= o_.max_payload, errors::sync::too_large, "{}: payload of {} bytes exceeds max_payload {}", where_,
-               bytes, o_.max_payload);
+    RLPT_CHECK(bytes <= o_.max_payload, errors::sync::too_large, "{}: payload of {} bytes exceeds max_payload {}",
+               where_, bytes, o_.max_payload);
     if (tx_payload_.size() < bytes) tx_payload_.resize(static_cast<std::size_t>(bytes));
     return {tx_payload_.data(), static_cast<std::size_t>(bytes)};
   }
@@ -100,7 +100,8 @@ public:
     std::memcpy(hdr + 16, &mcheck, 8);
     const std::uint64_t hcheck = xxh3(hdr, 24);
     std::memcpy(hdr + 24, &hcheck, 8);
-    send_frame(hdr, meta, std::span<const std::byte>(tx_payload_.data(), static_cast<std::size_t>(payload_bytes)), {}, until);
+    send_frame(hdr, meta, std::span<const std::byte>(tx_payload_.data(), static_cast<std::size_t>(payload_bytes)), {},
+               until);
   }
 
   std::optional<message> receive(deadline until) override {
@@ -120,8 +121,8 @@ private:
     const int one = 1;
     ::setsockopt(fd.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     sockaddr_in a = address(o_.host, o_.port);
-    RLPT_CHECK(::bind(fd.fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0, errors::sync::tcp, "tcp: bind {}:{} failed: {}",
-               o_.host, o_.port, std::strerror(errno));
+    RLPT_CHECK(::bind(fd.fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0, errors::sync::tcp,
+               "tcp: bind {}:{} failed: {}", o_.host, o_.port, std::strerror(errno));
     RLPT_CHECK(::listen(fd.fd, 4) == 0, errors::sync::tcp, "tcp: listen failed: {}", std::strerror(errno));
     socklen_t len = sizeof(a);
     ::getsockname(fd.fd, reinterpret_cast<sockaddr*>(&a), &len);
@@ -140,7 +141,8 @@ private:
     hints.ai_socktype = SOCK_STREAM;
     addrinfo* res = nullptr;
     const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
-    RLPT_CHECK(rc == 0 && res != nullptr, errors::sync::tcp, "tcp: cannot resolve host \"{}\": {}", host, ::gai_strerror(rc));
+    RLPT_CHECK(rc == 0 && res != nullptr, errors::sync::tcp, "tcp: cannot resolve host \"{}\": {}", host,
+               ::gai_strerror(rc));
     a.sin_addr = reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr;
     ::freeaddrinfo(res);
     return a;
@@ -165,7 +167,7 @@ private:
     sockaddr_in a = address(o_.host, o_.port);
     if (::connect(fd.fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
       if (errno != EINPROGRESS) return false; // not listening yet
-      for (;;) { // bounded by the deadline: an unreachable host must not hang the caller
+      for (;;) {                              // bounded by the deadline: an unreachable host must not hang the caller
         pollfd p{fd.fd, POLLOUT, 0};
         if (::poll(&p, 1, detail::ms_until(until)) > 0) break;
         if (clock::now() >= until) return false;
@@ -189,10 +191,14 @@ private:
     std::memcpy(&mcheck, h + 16, 8);
     std::memcpy(&hcheck, h + 24, 8);
     const char* problem = nullptr;
-    if (magic != detail::tcp_magic) problem = "bad magic";
-    else if (xxh3(h, 24) != hcheck) problem = "header checksum mismatch";
-    else if (mb > o_.max_meta) problem = "meta block larger than max_meta";
-    else if (pb > o_.max_payload) problem = "payload larger than max_payload";
+    if (magic != detail::tcp_magic)
+      problem = "bad magic";
+    else if (xxh3(h, 24) != hcheck)
+      problem = "header checksum mismatch";
+    else if (mb > o_.max_meta)
+      problem = "meta block larger than max_meta";
+    else if (pb > o_.max_payload)
+      problem = "payload larger than max_payload";
     if (problem == nullptr) return {mb, pb, mcheck};
     drop();
     RLPT_FAIL(errors::sync::wire, "{}: bad frame header ({}; magic 0x{:08x}, {} meta bytes, {} payload bytes)", where_,

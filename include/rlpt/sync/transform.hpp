@@ -114,19 +114,49 @@ inline bool is_float_wire(wire_dtype t) noexcept {
 
 inline double load_float(wire_dtype t, const std::byte* p) noexcept {
   switch (t) {
-  case wire_dtype::f64: { double v; std::memcpy(&v, p, 8); return v; }
-  case wire_dtype::f32: { float v; std::memcpy(&v, p, 4); return v; }
-  case wire_dtype::f16: { std::uint16_t b; std::memcpy(&b, p, 2); return static_cast<double>(static_cast<float>(f16::from_bits(b))); }
-  default: { std::uint16_t b; std::memcpy(&b, p, 2); return static_cast<double>(static_cast<float>(bf16::from_bits(b))); }
+  case wire_dtype::f64: {
+    double v;
+    std::memcpy(&v, p, 8);
+    return v;
+  }
+  case wire_dtype::f32: {
+    float v;
+    std::memcpy(&v, p, 4);
+    return v;
+  }
+  case wire_dtype::f16: {
+    std::uint16_t b;
+    std::memcpy(&b, p, 2);
+    return static_cast<double>(static_cast<float>(f16::from_bits(b)));
+  }
+  default: {
+    std::uint16_t b;
+    std::memcpy(&b, p, 2);
+    return static_cast<double>(static_cast<float>(bf16::from_bits(b)));
+  }
   }
 }
 
 inline void store_float(wire_dtype t, std::byte* p, double v) noexcept {
   switch (t) {
-  case wire_dtype::f64: std::memcpy(p, &v, 8); break;
-  case wire_dtype::f32: { const auto f = static_cast<float>(v); std::memcpy(p, &f, 4); break; }
-  case wire_dtype::f16: { const std::uint16_t b = f16(static_cast<float>(v)).bits; std::memcpy(p, &b, 2); break; }
-  default: { const std::uint16_t b = bf16(static_cast<float>(v)).bits; std::memcpy(p, &b, 2); break; }
+  case wire_dtype::f64:
+    std::memcpy(p, &v, 8);
+    break;
+  case wire_dtype::f32: {
+    const auto f = static_cast<float>(v);
+    std::memcpy(p, &f, 4);
+    break;
+  }
+  case wire_dtype::f16: {
+    const std::uint16_t b = f16(static_cast<float>(v)).bits;
+    std::memcpy(p, &b, 2);
+    break;
+  }
+  default: {
+    const std::uint16_t b = bf16(static_cast<float>(v)).bits;
+    std::memcpy(p, &b, 2);
+    break;
+  }
   }
 }
 
@@ -195,14 +225,18 @@ public:
         for (auto& [k, to] : moves) {
           const auto clash = find(to);
           RLPT_CHECK(clash < 0 || moves.end() != std::find_if(moves.begin(), moves.end(),
-                                                                 [&](const auto& mv) { return static_cast<std::ptrdiff_t>(mv.first) == clash; }),
-                     errors::sync::bad_transform, "{} (rename \"{}\" -> \"{}\") renames \"{}\" to \"{}\", which already exists",
-                     rule, rn->from, rn->to, cur[k].name, to);
+                                                              [&](const auto& mv) {
+                                                                return static_cast<std::ptrdiff_t>(mv.first) == clash;
+                                                              }),
+                     errors::sync::bad_transform,
+                     "{} (rename \"{}\" -> \"{}\") renames \"{}\" to \"{}\", which already exists", rule, rn->from,
+                     rn->to, cur[k].name, to);
         }
         for (auto& [k, to] : moves) cur[k].name = to;
         check_unique(cur, rule);
       } else if (const auto* cc = std::get_if<concat>(&rules[r])) {
-        RLPT_CHECK(!cc->inputs.empty(), errors::sync::bad_transform, "{} (concat -> \"{}\") has no inputs", rule, cc->output);
+        RLPT_CHECK(!cc->inputs.empty(), errors::sync::bad_transform, "{} (concat -> \"{}\") has no inputs", rule,
+                   cc->output);
         for (const auto& p : cc->inputs) detail::check_pattern(p, rule);
         detail::check_pattern(cc->output, rule);
         std::vector<std::pair<std::string, std::string>> firsts; // (name, capture) of matches at rule start
@@ -258,8 +292,8 @@ public:
           const node& src = nodes_[c.node];
           if (src.dtype == ca->to) continue;
           RLPT_CHECK(detail::is_float_wire(src.dtype), errors::sync::bad_transform,
-                     "{} (cast \"{}\" -> {}) matches \"{}\" of dtype {}, which is not floating", rule, ca->pattern, ca->to,
-                     c.name, src.dtype);
+                     "{} (cast \"{}\" -> {}) matches \"{}\" of dtype {}, which is not floating", rule, ca->pattern,
+                     ca->to, c.name, src.dtype);
           node n;
           n.kind = op::cast;
           n.inputs = {c.node};
@@ -292,12 +326,13 @@ public:
   [[nodiscard]] std::span<const output> outputs() const noexcept { return outputs_; }
   [[nodiscard]] const node& node_at(std::size_t k) const noexcept { return nodes_[k]; }
   //! Outputs that read manifest tensor `tensor`.
-  [[nodiscard]] std::span<const std::size_t> outputs_of(std::size_t tensor) const noexcept { return by_tensor_[tensor]; }
+  [[nodiscard]] std::span<const std::size_t> outputs_of(std::size_t tensor) const noexcept {
+    return by_tensor_[tensor];
+  }
   [[nodiscard]] bool identity() const noexcept { return identity_; }
 
   //! Evaluates output `k`: `source(i)` returns manifest tensor i's bytes; `load` gets the result.
-  template <class Source>
-  void run(std::size_t k, Source&& source, const load_fn& load) const {
+  template <class Source> void run(std::size_t k, Source&& source, const load_fn& load) const {
     const output& o = outputs_[k];
     std::vector<std::vector<std::byte>> temps;
     const std::span<const std::byte> bytes = eval(o.node, source, temps);
@@ -316,8 +351,7 @@ private:
     return fmt::format("drop \"{}\"", std::get<drop>(t).pattern);
   }
 
-  template <class Cur>
-  static void check_unique(const std::vector<Cur>& cur, std::string_view rule) {
+  template <class Cur> static void check_unique(const std::vector<Cur>& cur, std::string_view rule) {
     std::vector<std::string_view> names;
     names.reserve(cur.size());
     for (const auto& c : cur) names.push_back(c.name);
@@ -332,8 +366,8 @@ private:
     const node& a = nodes_[ins[0]];
     const auto rank = static_cast<std::int64_t>(a.shape.size());
     const std::int64_t d = dim < 0 ? dim + rank : dim;
-    RLPT_CHECK(d >= 0 && d < rank, errors::sync::bad_transform, "{}: concat dim {} is out of range for \"{}\" of rank {}",
-               rule, dim, names[0], rank);
+    RLPT_CHECK(d >= 0 && d < rank, errors::sync::bad_transform,
+               "{}: concat dim {} is out of range for \"{}\" of rank {}", rule, dim, names[0], rank);
     node n;
     n.kind = op::concat;
     n.inputs = ins;
@@ -343,12 +377,14 @@ private:
     n.shape[static_cast<std::size_t>(d)] = 0;
     for (std::size_t i = 0; i < ins.size(); ++i) {
       const node& b = nodes_[ins[i]];
-      RLPT_CHECK(b.dtype == a.dtype, errors::sync::bad_transform, "{}: concat inputs \"{}\" ({}) and \"{}\" ({}) differ in dtype",
-                 rule, names[0], a.dtype, names[i], b.dtype);
+      RLPT_CHECK(b.dtype == a.dtype, errors::sync::bad_transform,
+                 "{}: concat inputs \"{}\" ({}) and \"{}\" ({}) differ in dtype", rule, names[0], a.dtype, names[i],
+                 b.dtype);
       bool ok = b.shape.size() == a.shape.size();
-      for (std::size_t j = 0; ok && j < a.shape.size(); ++j) ok = j == static_cast<std::size_t>(d) || a.shape[j] == b.shape[j];
-      RLPT_CHECK(ok, errors::sync::bad_transform, "{}: concat inputs \"{}\" [{}] and \"{}\" [{}] differ outside dim {}", rule,
-                 names[0], fmt::join(a.shape, ", "), names[i], fmt::join(b.shape, ", "), d);
+      for (std::size_t j = 0; ok && j < a.shape.size(); ++j)
+        ok = j == static_cast<std::size_t>(d) || a.shape[j] == b.shape[j];
+      RLPT_CHECK(ok, errors::sync::bad_transform, "{}: concat inputs \"{}\" [{}] and \"{}\" [{}] differ outside dim {}",
+                 rule, names[0], fmt::join(a.shape, ", "), names[i], fmt::join(b.shape, ", "), d);
       n.shape[static_cast<std::size_t>(d)] += b.shape[static_cast<std::size_t>(d)];
       n.nbytes += b.nbytes;
     }
@@ -361,8 +397,8 @@ private:
     const node& a = nodes_[in];
     const auto rank = static_cast<std::int64_t>(a.shape.size());
     const std::int64_t d = dim < 0 ? dim + rank : dim;
-    RLPT_CHECK(d >= 0 && d < rank, errors::sync::bad_transform, "{}: slice dim {} is out of range for \"{}\" of rank {}",
-               rule, dim, nm, rank);
+    RLPT_CHECK(d >= 0 && d < rank, errors::sync::bad_transform,
+               "{}: slice dim {} is out of range for \"{}\" of rank {}", rule, dim, nm, rank);
     const std::int64_t size = a.shape[static_cast<std::size_t>(d)];
     RLPT_CHECK(begin >= 0 && begin <= end && end <= size, errors::sync::bad_transform,
                "{}: slice [{}, {}) is outside dim {} of \"{}\" (size {})", rule, begin, end, d, nm, size);
@@ -433,7 +469,8 @@ private:
         detail::store_float(n.dtype, out + i * eb, detail::load_float(from, ins[0].data() + i * fb));
       break;
     }
-    case op::source: break;
+    case op::source:
+      break;
     }
     return temps.back();
   }

@@ -8,8 +8,8 @@
 
 int main() {
   const rlpt::index_t n = 2, d = 3, v = 4;
-  const std::vector<float> hidden{1, 0, 0, 0, 1, 0};                       // [n, d]
-  const std::vector<float> weight{1, 0, 0, 0, 1, 0, 0, 0, 1, 1, 1, 1};     // [v, d]
+  const std::vector<float> hidden{1, 0, 0, 0, 1, 0};                   // [n, d]
+  const std::vector<float> weight{1, 0, 0, 0, 1, 0, 0, 0, 1, 1, 1, 1}; // [v, d]
   const std::vector<rlpt::index_t> targets{0, 3};
   std::vector<float> logp(n);
   rlpt::fused_lm_head_logprob(rlpt::view2d<const float>(hidden.data(), n, d),

@@ -56,11 +56,10 @@ namespace lanes {
 // `m ? a : b` selects and `&` / `|` combine masks, so a vectorised caller (V a vector of doubles,
 // M a vector of 64-bit masks, GCC/Clang vector extensions) performs the same operations per lane.
 //! State of one lane of a reverse recurrence and of its whitening sums.
-template <class V, class M>
-struct state {
-  V acc, next;                  // A_{t+1} and V_{t+1} as the recurrence carries them
-  V count, shift, s1, s2;       // whiten_sums
-  M have;                       // shift is set
+template <class V, class M> struct state {
+  V acc, next;            // A_{t+1} and V_{t+1} as the recurrence carries them
+  V count, shift, s1, s2; // whiten_sums
+  M have;                 // shift is set
 };
 
 //! One token of the recurrence (documented on detail::recurrence_rows in gae.hpp): updates
@@ -86,8 +85,7 @@ RLPT_ADVANTAGE_INLINE void step(const V& r, const V& v, const M& valid, const V&
 }
 
 //! Adds value x (already rounded to float) to the whitening sums when `counts`.
-template <class V, class M>
-RLPT_ADVANTAGE_INLINE void add_value(const V& x, const M& counts, state<V, M>& s) {
+template <class V, class M> RLPT_ADVANTAGE_INLINE void add_value(const V& x, const M& counts, state<V, M>& s) {
   const V zero{};
   s.shift = (counts & (s.have == M{})) ? x : s.shift;
   s.have = s.have | counts;

@@ -19,8 +19,7 @@ RLPT_NAMESPACE_BEGIN
 namespace detail {
 
 //! Lane mask of the W-lane tile (W = 1, 2, ..., 32) that the calling thread belongs to.
-template <int W>
-__device__ __forceinline__ unsigned tile_lane_mask() {
+template <int W> __device__ __forceinline__ unsigned tile_lane_mask() {
   if constexpr (W == 32) {
     return 0xffffffffu;
   } else {
@@ -32,15 +31,13 @@ __device__ __forceinline__ unsigned tile_lane_mask() {
 //! Butterfly over a W-lane tile with offsets W/2, ..., 1: lane l ends with the canonical tree
 //! sum of the tile's partials (partial l combined with l + s for s = W/2, ..., 1). Lanes beyond
 //! a group's canonical width hold +0.0, so the extra offsets add exact zeros.
-template <int W>
-__device__ __forceinline__ double tile_sum(double v, unsigned mask) {
+template <int W> __device__ __forceinline__ double tile_sum(double v, unsigned mask) {
 #pragma unroll
   for (int s = W / 2; s >= 1; s >>= 1) v = add_rn(v, __shfl_xor_sync(mask, v, s, W));
   return v;
 }
 
-template <int W>
-__device__ __forceinline__ long long tile_sum_int(long long v, unsigned mask) {
+template <int W> __device__ __forceinline__ long long tile_sum_int(long long v, unsigned mask) {
 #pragma unroll
   for (int s = W / 2; s >= 1; s >>= 1) v += __shfl_xor_sync(mask, v, s, W);
   return v;

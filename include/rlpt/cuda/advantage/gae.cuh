@@ -42,8 +42,8 @@ RLPT_NAMESPACE_BEGIN
 struct device_gae_inputs {
   device_token_layout layout;
   device_view<const float> rewards;
-  device_view<const float> values;        //!< empty: V = 0 (discounted returns)
-  device_view<const mask_t> mask = {};    //!< empty: every slot valid
+  device_view<const float> values;         //!< empty: V = 0 (discounted returns)
+  device_view<const mask_t> mask = {};     //!< empty: every slot valid
   device_view<const float> bootstrap = {}; //!< per sequence V after its last token; empty = 0
 };
 
@@ -87,9 +87,12 @@ RLPT_HD gae_map gae_then(const gae_map& first, const gae_map& second) {
 RLPT_HD gae_map gae_token(bool valid, float r, float v, double gamma, double gamma_lambda, mask_mode mode) {
   if (valid) return {0.0, static_cast<double>(v), static_cast<double>(r) - static_cast<double>(v), gamma, gamma_lambda};
   switch (mode) {
-  case mask_mode::zero: return {0.0, 0.0, 0.0, gamma, gamma_lambda};
-  case mask_mode::reset: return {0.0, 0.0, 0.0, 0.0, 0.0};
-  case mask_mode::skip: break;
+  case mask_mode::zero:
+    return {0.0, 0.0, 0.0, gamma, gamma_lambda};
+  case mask_mode::reset:
+    return {0.0, 0.0, 0.0, 0.0, 0.0};
+  case mask_mode::skip:
+    break;
   }
   return gae_identity();
 }
@@ -119,8 +122,7 @@ inline constexpr int gae_max_items = 8;
 //! of the sequence's own length, so its bits never depend on the batch around it.
 RLPT_HD int gae_items_for(index_t len) { return len <= gae_threads * 4 ? 4 : gae_max_items; }
 
-template <int Items>
-struct gae_smem {
+template <int Items> struct gae_smem {
   using scan_t = cub::BlockScan<gae_map, gae_threads, cub::BLOCK_SCAN_WARP_SCANS>;
   static constexpr int tile = gae_threads * Items;
   static constexpr int padded = tile + tile / 32; // one pad per 32: conflict-free transposed reads
@@ -133,8 +135,8 @@ struct gae_smem {
 //! One tile of cnt tokens ending at `end` of the sequence at `base`, Items per thread; carries
 //! (next_value, acc) across tiles.
 template <mask_mode Mode, int Items>
-__device__ __forceinline__ void gae_tile_step(const gae_kernel_args& a, gae_smem<Items>& sm, index_t base, index_t begin,
-                                              int cnt, double& next_value, double& acc, bool& bad) {
+__device__ __forceinline__ void gae_tile_step(const gae_kernel_args& a, gae_smem<Items>& sm, index_t base,
+                                              index_t begin, int cnt, double& next_value, double& acc, bool& bad) {
   const int tid = static_cast<int>(threadIdx.x);
   // Coalesced load; u counts tokens from the tile's end, so thread i owns u in [Items·i, Items·i + Items).
   for (int e = tid; e < cnt; e += gae_threads) {
@@ -208,8 +210,7 @@ __device__ __forceinline__ void gae_sequence(const gae_kernel_args& a, gae_smem<
 
 //! The sequences whose gae_items_for(length) is Items (other blocks' sequences are skipped: a
 //! packed batch mixing both classes takes one launch per class).
-template <mask_mode Mode, int Items>
-RLPT_KERNEL void __launch_bounds__(gae_threads, 4) gae_kernel(gae_kernel_args a) {
+template <mask_mode Mode, int Items> RLPT_KERNEL void __launch_bounds__(gae_threads, 4) gae_kernel(gae_kernel_args a) {
   __shared__ gae_smem<Items> sm;
   const int tid = static_cast<int>(threadIdx.x);
   for (index_t b = blockIdx.x; b < a.layout.num_seqs(); b += gridDim.x) {
@@ -233,9 +234,15 @@ RLPT_KERNEL void __launch_bounds__(gae_threads, 4) gae_kernel(gae_kernel_args a)
 template <int Items>
 void launch_gae_items(const gae_kernel_args& a, mask_mode mode, unsigned grid, cudaStream_t stream) {
   switch (mode) {
-  case mask_mode::zero: gae_kernel<mask_mode::zero, Items><<<grid, gae_threads, 0, stream>>>(a); break;
-  case mask_mode::reset: gae_kernel<mask_mode::reset, Items><<<grid, gae_threads, 0, stream>>>(a); break;
-  case mask_mode::skip: gae_kernel<mask_mode::skip, Items><<<grid, gae_threads, 0, stream>>>(a); break;
+  case mask_mode::zero:
+    gae_kernel<mask_mode::zero, Items><<<grid, gae_threads, 0, stream>>>(a);
+    break;
+  case mask_mode::reset:
+    gae_kernel<mask_mode::reset, Items><<<grid, gae_threads, 0, stream>>>(a);
+    break;
+  case mask_mode::skip:
+    gae_kernel<mask_mode::skip, Items><<<grid, gae_threads, 0, stream>>>(a);
+    break;
   }
   RLPT_CUDA_CHECK_LAUNCH();
 }
@@ -273,7 +280,8 @@ inline bool carve_token_scratch(workspace& ws, const device_token_layout& layout
 inline void finish_token_call(const device_token_layout& layout, device_view<float> adv, device_view<const mask_t> mask,
                               const std::optional<whiten_options>& w, const token_scratch& s, cudaStream_t stream) {
   if (!w) return;
-  auto* stats = reinterpret_cast<moments*>(reinterpret_cast<char*>(s.report) + offsetof(device_token_report, whitening));
+  auto* stats =
+      reinterpret_cast<moments*>(reinterpret_cast<char*>(s.report) + offsetof(device_token_report, whitening));
   workspace inner{s.whiten_ws, s.whiten_bytes};
   whiten_moments(layout, adv, mask, device_view<moments>(stats, 1), inner, stream);
   whiten_apply(device_view<const moments>(stats, 1), layout, adv, mask, adv, *w, {}, stream);

@@ -90,8 +90,7 @@ struct group_kernel_args {
   index_t* counters;
 };
 
-template <group_estimator E, int W>
-RLPT_KERNEL void __launch_bounds__(256) group_kernel(group_kernel_args a) {
+template <group_estimator E, int W> RLPT_KERNEL void __launch_bounds__(256) group_kernel(group_kernel_args a) {
   const int lane = static_cast<int>(threadIdx.x) % W;
   const unsigned mask = tile_lane_mask<W>();
   const index_t tiles_per_block = static_cast<index_t>(blockDim.x) / W;
@@ -179,22 +178,36 @@ void launch_group_kernel(const group_kernel_args& a, index_t max_size, cudaStrea
   const index_t per_block = 256 / w;
   const unsigned grid = grid_for(a.num_groups, per_block);
   switch (w) {
-  case 1: group_kernel<E, 1><<<grid, 256, 0, stream>>>(a); break;
-  case 2: group_kernel<E, 2><<<grid, 256, 0, stream>>>(a); break;
-  case 4: group_kernel<E, 4><<<grid, 256, 0, stream>>>(a); break;
-  case 8: group_kernel<E, 8><<<grid, 256, 0, stream>>>(a); break;
-  case 16: group_kernel<E, 16><<<grid, 256, 0, stream>>>(a); break;
-  default: group_kernel<E, 32><<<grid, 256, 0, stream>>>(a); break;
+  case 1:
+    group_kernel<E, 1><<<grid, 256, 0, stream>>>(a);
+    break;
+  case 2:
+    group_kernel<E, 2><<<grid, 256, 0, stream>>>(a);
+    break;
+  case 4:
+    group_kernel<E, 4><<<grid, 256, 0, stream>>>(a);
+    break;
+  case 8:
+    group_kernel<E, 8><<<grid, 256, 0, stream>>>(a);
+    break;
+  case 16:
+    group_kernel<E, 16><<<grid, 256, 0, stream>>>(a);
+    break;
+  default:
+    group_kernel<E, 32><<<grid, 256, 0, stream>>>(a);
+    break;
   }
   RLPT_CUDA_CHECK_LAUNCH();
 }
 
 inline group_kernel_args check_group_call(const char* what, device_view<const float> rewards, const device_groups& g,
-                                          device_view<float> out, const device_group_stats& st, nonfinite nf, single sg) {
-  RLPT_CHECK(nf == nonfinite::mask && sg != single::raise, errors::advantage::device_policy,
-             "{} on the device cannot raise from a kernel: pass rlpt::device_policies(options) (non-finite rewards are "
-             "masked and counted, single-sample groups get 0 or their raw reward) and read device_group_stats::counters",
-             what);
+                                          device_view<float> out, const device_group_stats& st, nonfinite nf,
+                                          single sg) {
+  RLPT_CHECK(
+      nf == nonfinite::mask && sg != single::raise, errors::advantage::device_policy,
+      "{} on the device cannot raise from a kernel: pass rlpt::device_policies(options) (non-finite rewards are "
+      "masked and counted, single-sample groups get 0 or their raw reward) and read device_group_stats::counters",
+      what);
   RLPT_CHECK(g.offsets.size() >= 1 && g.max_size >= 0, errors::advantage::bad_groups,
              "device_groups needs G + 1 offsets (got {}) and max_size >= 0 (got {})", g.offsets.size(), g.max_size);
   expect_size("rewards", rewards.size(), g.members.size(), "one per group member");
@@ -205,8 +218,13 @@ inline group_kernel_args check_group_call(const char* what, device_view<const fl
   expect_size_or_empty("stats.size", st.size.size(), G, "one per group");
   expect_size_or_empty("stats.degenerate", st.degenerate.size(), G, "one per group");
   expect_size_or_empty("stats.counters", st.counters.size(), 3, "non-finite, degenerate, single-sample");
-  return {rewards.data(), g.offsets.data(), g.members.data(), G, out.data(), {}, single::raw, nullptr,
-          st.mean.data(), st.std.data(), st.size.data(), st.degenerate.data(), st.counters.data()};
+  return {rewards.data(),    g.offsets.data(),
+          g.members.data(),  G,
+          out.data(),        {},
+          single::raw,       nullptr,
+          st.mean.data(),    st.std.data(),
+          st.size.data(),    st.degenerate.data(),
+          st.counters.data()};
 }
 
 } // namespace detail
@@ -215,7 +233,8 @@ inline group_kernel_args check_group_call(const char* what, device_view<const fl
 //! bit. Workspace: 8 bytes for scale::batch_std, else none (size query when ws.data is null).
 //! Asynchronous on `stream`; allocates nothing.
 inline void grpo_advantages(device_view<const float> rewards, const device_groups& g, device_view<float> out,
-                            const grpo_options& o, const device_group_stats& stats, workspace& ws, cudaStream_t stream) {
+                            const grpo_options& o, const device_group_stats& stats, workspace& ws,
+                            cudaStream_t stream) {
   detail::check_grpo_options(o);
   detail::group_kernel_args a =
       detail::check_group_call("grpo_advantages", rewards, g, out, stats, o.on_nonfinite, o.single);
@@ -235,9 +254,11 @@ inline void grpo_advantages(device_view<const float> rewards, const device_group
 //! Device RLOO: the same advantages and statistics as the host rlpt::rloo_advantages (without
 //! batch_normalize, which is refused here). Needs no workspace.
 inline void rloo_advantages(device_view<const float> rewards, const device_groups& g, device_view<float> out,
-                            const rloo_options& o, const device_group_stats& stats, workspace& ws, cudaStream_t stream) {
-  RLPT_CHECK(!o.batch_normalize, errors::advantage::bad_option,
-             "rloo_options::batch_normalize is host-only; whiten the per-sequence advantages with rlpt::whiten instead");
+                            const rloo_options& o, const device_group_stats& stats, workspace& ws,
+                            cudaStream_t stream) {
+  RLPT_CHECK(
+      !o.batch_normalize, errors::advantage::bad_option,
+      "rloo_options::batch_normalize is host-only; whiten the per-sequence advantages with rlpt::whiten instead");
   detail::group_kernel_args a =
       detail::check_group_call("rloo_advantages", rewards, g, out, stats, o.on_nonfinite, o.single);
   detail::workspace_carver carve(ws);

@@ -48,10 +48,10 @@ inline constexpr index_t whiten_chunk = 8192;
 //! A layout's tokens as one flat range (see the file comment). `end` bounds the token index;
 //! packed layouts additionally skip slots outside [offsets[0], offsets[B]) (read on the device).
 struct flat_tokens {
-  index_t end;      // padded: B·T tokens; packed: storage slots
-  index_t seq_len;  // padded T
-  index_t stride;   // padded row stride
-  bool direct;      // token k is slot k (packed, or padded with stride == T)
+  index_t end;            // padded: B·T tokens; packed: storage slots
+  index_t seq_len;        // padded T
+  index_t stride;         // padded row stride
+  bool direct;            // token k is slot k (packed, or padded with stride == T)
   const index_t* offsets; // packed: B + 1 offsets (device memory); null for padded
   index_t num_seqs;
 
@@ -143,9 +143,9 @@ RLPT_KERNEL void __launch_bounds__(256) merge_moments_kernel(const moments* part
 inline constexpr index_t whiten_apply_per_thread = 8;
 
 template <int = 0>
-RLPT_KERNEL void __launch_bounds__(256) whiten_apply_kernel(flat_tokens f, const float* x, const mask_t* m, float* out,
-                                                            const moments* stats, whiten_options o,
-                                                            index_t* nonfinite_count) {
+RLPT_KERNEL void __launch_bounds__(256)
+    whiten_apply_kernel(flat_tokens f, const float* x, const mask_t* m, float* out, const moments* stats,
+                        whiten_options o, index_t* nonfinite_count) {
   const moments st = *stats;
   const whiten_transform tr = whiten_from(st.count, st.mean, st.m2, o);
   index_t lo = 0, hi = 0;
@@ -179,8 +179,9 @@ inline void check_device_whiten(const whiten_options& o) {
 
 //! (count, mean, M2) of the valid, finite values, written to stats[0] in device memory.
 //! Workspace: one moments per chunk of sequences (size query when ws.data is null).
-inline void whiten_moments(const device_token_layout& layout, device_view<const float> x, device_view<const mask_t> mask,
-                           device_view<moments> stats, workspace& ws, cudaStream_t stream) {
+inline void whiten_moments(const device_token_layout& layout, device_view<const float> x,
+                           device_view<const mask_t> mask, device_view<moments> stats, workspace& ws,
+                           cudaStream_t stream) {
   layout.expect_tokens("values", x);
   if (!mask.empty()) layout.expect_tokens("mask", mask);
   detail::expect_size("stats", stats.size(), 1, "one moments struct");

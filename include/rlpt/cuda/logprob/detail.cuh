@@ -28,20 +28,15 @@ inline constexpr float log2e = detail::log2e_f;
 inline constexpr float ln2 = detail::ln2_f;
 
 //! Logits per 16-byte vector.
-template <class T>
-inline constexpr int vec_width = static_cast<int>(16 / sizeof(T));
+template <class T> inline constexpr int vec_width = static_cast<int>(16 / sizeof(T));
 
 //! 16 bytes of logits as floats.
-template <class T>
-struct fvec {
-  float v[vec_width<T>];
-};
+template <class T> struct fvec { float v[vec_width<T>]; };
 
 __device__ __forceinline__ float bf16_lo(std::uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(std::uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
-template <class T>
-__device__ __forceinline__ fvec<T> unpack(uint4 raw) {
+template <class T> __device__ __forceinline__ fvec<T> unpack(uint4 raw) {
   fvec<T> r;
   const std::uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
   if constexpr (std::is_same_v<T, float>) {
@@ -122,8 +117,7 @@ __device__ __forceinline__ void store_vec(G* row, index_t q, index_t n, bool ali
     if (j0 + k < n) row[j0 + k] = store_grad<G>(g.v[k]);
 }
 
-template <class T>
-__device__ __forceinline__ bool row_aligned(const T* row) {
+template <class T> __device__ __forceinline__ bool row_aligned(const T* row) {
   return (reinterpret_cast<std::uintptr_t>(row) & 15u) == 0;
 }
 
@@ -134,18 +128,14 @@ using state2 = lse_state2;
 __device__ __forceinline__ state2 empty_state() { return lse2_empty(); }
 
 //! Tempers one vector of raw logits in place (z = x / T; nothing at T = 1).
-template <int W>
-__device__ __forceinline__ void temper_vec(float (&x)[W], tempering tp) {
+template <int W> __device__ __forceinline__ void temper_vec(float (&x)[W], tempering tp) {
   if (tp.identity()) return;
 #pragma unroll
   for (int k = 0; k < W; ++k) x[k] = temper(x[k], tp);
 }
 
 //! Folds one vector of tempered logits into a thread's state.
-template <int W>
-__device__ __forceinline__ void fold(state2& st, const float (&z)[W]) {
-  lse2_fold(st, z);
-}
+template <int W> __device__ __forceinline__ void fold(state2& st, const float (&z)[W]) { lse2_fold(st, z); }
 
 __device__ __forceinline__ state2 merge(state2 x, state2 y) { return lse2_merge(x, y); }
 
@@ -164,8 +154,7 @@ __device__ __forceinline__ state2 warp_merge(state2 st) {
 }
 
 //! Block-wide merge; every thread returns the row's state. `smem` holds BLOCK / 32 states.
-template <int BLOCK>
-__device__ __forceinline__ state2 block_merge(state2 st, state2* smem) {
+template <int BLOCK> __device__ __forceinline__ state2 block_merge(state2 st, state2* smem) {
   constexpr int warps = BLOCK / 32;
   st = warp_merge(st);
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;

@@ -41,16 +41,16 @@ RLPT_NAMESPACE_BEGIN
 struct device_logprob_outputs {
   device_view<float> logp{};
   device_view<float> entropy{};
-  device_view<float> lse{};         //!< saved for the backward
-  device_view<mask_t> scored{};     //!< 1 where a target was scored
+  device_view<float> lse{};     //!< saved for the backward
+  device_view<mask_t> scored{}; //!< 1 where a target was scored
   //! Optional, 3 counters zeroed by the call: [0] rows with no usable softmax (NaN, +inf, all
   //! −inf; their outputs are NaN), [1] targets outside [0, V) that are not ignore_index (logp
   //! NaN), [2] targets outside the top-k/top-p support (logp −inf: the device always applies
   //! dropped_target::neg_inf, it cannot raise).
   device_view<index_t> counters{};
-  device_view<float> threshold{};   //!< top-k/top-p: saved support (see logprob_saved)
-  device_view<index_t> tie_last{};  //!< top-k/top-p: saved support
-  device_view2d<mask_t> kept{};     //!< top-k/top-p: optional [N, V] sampling mask
+  device_view<float> threshold{};  //!< top-k/top-p: saved support (see logprob_saved)
+  device_view<index_t> tie_last{}; //!< top-k/top-p: saved support
+  device_view2d<mask_t> kept{};    //!< top-k/top-p: optional [N, V] sampling mask
 };
 
 //! The forward's statistics as the device backward reads them (lse; with top-k/top-p also
@@ -111,8 +111,8 @@ RLPT_KERNEL void __launch_bounds__(BLOCK) backward_kernel(const T* logits, G* dl
 //! (dlogp, dentropy) = grad(row_out, logp, entropy), then dlogits (second read, meant to hit L2:
 //! the grid holds about as many rows as L2 keeps).
 template <class T, class G, int BLOCK, class Job, class Grad>
-RLPT_KERNEL void __launch_bounds__(BLOCK, 1024 / BLOCK) fused_kernel(const T* logits, G* dlogits, index_t grad_stride, Job job,
-                                                       forward_args a, Grad grad) {
+RLPT_KERNEL void __launch_bounds__(BLOCK, 1024 / BLOCK)
+    fused_kernel(const T* logits, G* dlogits, index_t grad_stride, Job job, forward_args a, Grad grad) {
   constexpr int W = vec_width<T>;
   __shared__ state2 smem[BLOCK / 32];
   __shared__ backward_row row_b;
@@ -168,8 +168,7 @@ RLPT_KERNEL void __launch_bounds__(BLOCK, 1024 / BLOCK) fused_kernel(const T* lo
   }
 }
 
-template <class T>
-void check_device_logits(device_view2d<T> logits, const char* what = "logits") {
+template <class T> void check_device_logits(device_view2d<T> logits, const char* what = "logits") {
   check_logits_shape(logits.rows(), logits.cols(), logits.row_stride(), logits.data() != nullptr, what);
   RLPT_CHECK(logits.rows() < (index_t{1} << 31), errors::logprob::shape_mismatch,
              "{} logits rows exceed one launch (2^31 - 1 blocks)", logits.rows());
@@ -204,17 +203,22 @@ inline void check_device_outputs(const device_logprob_outputs& out, index_t n, i
 
 inline forward_args make_forward_args(index_t rows, index_t cols, index_t stride, const logprob_options& opt,
                                       const device_logprob_outputs& out) {
-  return {rows, cols, stride, tempering::of(opt.temperature), out.logp.data(),
-          out.entropy.empty() ? nullptr : out.entropy.data(), out.lse.empty() ? nullptr : out.lse.data(),
-          out.scored.empty() ? nullptr : out.scored.data(), out.counters.empty() ? nullptr : out.counters.data()};
+  return {rows,
+          cols,
+          stride,
+          tempering::of(opt.temperature),
+          out.logp.data(),
+          out.entropy.empty() ? nullptr : out.entropy.data(),
+          out.lse.empty() ? nullptr : out.lse.data(),
+          out.scored.empty() ? nullptr : out.scored.data(),
+          out.counters.empty() ? nullptr : out.counters.data()};
 }
 
 template <class T, class Job>
 void launch_forward(device_view2d<T> logits, Job job, const device_logprob_outputs& out, const logprob_options& opt,
                     cudaStream_t stream) {
   using E = std::remove_const_t<T>;
-  if (!out.counters.empty())
-    RLPT_CUDA_CHECK(cudaMemsetAsync(out.counters.data(), 0, 3 * sizeof(index_t), stream));
+  if (!out.counters.empty()) RLPT_CUDA_CHECK(cudaMemsetAsync(out.counters.data(), 0, 3 * sizeof(index_t), stream));
   if (logits.rows() == 0) return;
   const forward_args a = make_forward_args(logits.rows(), logits.cols(), logits.row_stride(), opt, out);
   const auto grid = static_cast<unsigned>(logits.rows());
@@ -226,17 +230,29 @@ void launch_forward(device_view2d<T> logits, Job job, const device_logprob_outpu
                              out.threshold.empty() ? nullptr : out.threshold.data(),
                              out.tie_last.empty() ? nullptr : out.tie_last.data()};
     switch (forward_block<E>(logits.cols())) {
-    case 512: truncated_forward_kernel<E, 512><<<grid, 512, 0, stream>>>(logits.data(), job, a, tr); break;
-    case 256: truncated_forward_kernel<E, 256><<<grid, 256, 0, stream>>>(logits.data(), job, a, tr); break;
-    default: truncated_forward_kernel<E, 128><<<grid, 128, 0, stream>>>(logits.data(), job, a, tr); break;
+    case 512:
+      truncated_forward_kernel<E, 512><<<grid, 512, 0, stream>>>(logits.data(), job, a, tr);
+      break;
+    case 256:
+      truncated_forward_kernel<E, 256><<<grid, 256, 0, stream>>>(logits.data(), job, a, tr);
+      break;
+    default:
+      truncated_forward_kernel<E, 128><<<grid, 128, 0, stream>>>(logits.data(), job, a, tr);
+      break;
     }
     RLPT_CUDA_CHECK_LAUNCH();
     return;
   }
   switch (forward_block<E>(logits.cols())) {
-  case 512: forward_kernel<E, 512><<<grid, 512, 0, stream>>>(logits.data(), job, a); break;
-  case 256: forward_kernel<E, 256><<<grid, 256, 0, stream>>>(logits.data(), job, a); break;
-  default: forward_kernel<E, 128><<<grid, 128, 0, stream>>>(logits.data(), job, a); break;
+  case 512:
+    forward_kernel<E, 512><<<grid, 512, 0, stream>>>(logits.data(), job, a);
+    break;
+  case 256:
+    forward_kernel<E, 256><<<grid, 256, 0, stream>>>(logits.data(), job, a);
+    break;
+  default:
+    forward_kernel<E, 128><<<grid, 128, 0, stream>>>(logits.data(), job, a);
+    break;
   }
   RLPT_CUDA_CHECK_LAUNCH();
 }
@@ -296,7 +312,8 @@ void check_device_grad(device_view2d<T> logits, device_view2d<G> dlogits, const 
   const auto* lb = reinterpret_cast<const char*>(logits.data());
   const auto* gb = reinterpret_cast<const char*>(dlogits.data());
   const index_t span = n == 0 ? 0 : ((n - 1) * logits.row_stride() + logits.cols()) * static_cast<index_t>(sizeof(G));
-  const index_t gspan = n == 0 ? 0 : ((n - 1) * dlogits.row_stride() + dlogits.cols()) * static_cast<index_t>(sizeof(G));
+  const index_t gspan =
+      n == 0 ? 0 : ((n - 1) * dlogits.row_stride() + dlogits.cols()) * static_cast<index_t>(sizeof(G));
   const bool overlap = lb < gb + gspan && gb < lb + span;
   RLPT_CHECK(!overlap || (lb == gb && logits.row_stride() == dlogits.row_stride()), errors::logprob::alias,
              "dlogits partially overlaps the logits (in-place backward needs the same pointer and row stride)");
@@ -354,8 +371,7 @@ void logprob_entropy_fused(device_view2d<T> logits, device_view<const index_t> t
              "dlogits are [{}, {}], expected [{}, {}] like the logits", dlogits.rows(), dlogits.cols(), n,
              logits.cols());
   static_assert(sizeof(E) == sizeof(G), "dlogits are written in the logits' width");
-  if (!out.counters.empty())
-    RLPT_CUDA_CHECK(cudaMemsetAsync(out.counters.data(), 0, 3 * sizeof(index_t), stream));
+  if (!out.counters.empty()) RLPT_CUDA_CHECK(cudaMemsetAsync(out.counters.data(), 0, 3 * sizeof(index_t), stream));
   if (n == 0) return;
   int device = 0, sms = 0, l2 = 0;
   RLPT_CUDA_CHECK(cudaGetDevice(&device));
@@ -368,16 +384,16 @@ void logprob_entropy_fused(device_view2d<T> logits, device_view<const index_t> t
   const detail::cuda_lp::plain_job job{targets.data(), opt.ignore_index};
   switch (launch.block) {
   case 512:
-    detail::cuda_lp::fused_kernel<E, G, 512><<<grid, 512, 0, stream>>>(logits.data(), dlogits.data(),
-                                                                      dlogits.row_stride(), job, a, grad);
+    detail::cuda_lp::fused_kernel<E, G, 512>
+        <<<grid, 512, 0, stream>>>(logits.data(), dlogits.data(), dlogits.row_stride(), job, a, grad);
     break;
   case 256:
-    detail::cuda_lp::fused_kernel<E, G, 256><<<grid, 256, 0, stream>>>(logits.data(), dlogits.data(),
-                                                                      dlogits.row_stride(), job, a, grad);
+    detail::cuda_lp::fused_kernel<E, G, 256>
+        <<<grid, 256, 0, stream>>>(logits.data(), dlogits.data(), dlogits.row_stride(), job, a, grad);
     break;
   default:
-    detail::cuda_lp::fused_kernel<E, G, 128><<<grid, 128, 0, stream>>>(logits.data(), dlogits.data(),
-                                                                      dlogits.row_stride(), job, a, grad);
+    detail::cuda_lp::fused_kernel<E, G, 128>
+        <<<grid, 128, 0, stream>>>(logits.data(), dlogits.data(), dlogits.row_stride(), job, a, grad);
     break;
   }
   RLPT_CUDA_CHECK_LAUNCH();

@@ -124,8 +124,8 @@ namespace cuda_lp {
 //! this slab.
 template <int BLOCK>
 RLPT_KERNEL void __launch_bounds__(BLOCK)
-    tile_fold_kernel(const float* tile, index_t cols, index_t col_begin, tempering tp, state2* states,
-                     float* target_z, const index_t* targets, index_t ignore_index) {
+    tile_fold_kernel(const float* tile, index_t cols, index_t col_begin, tempering tp, state2* states, float* target_z,
+                     const index_t* targets, index_t ignore_index) {
   __shared__ state2 smem[BLOCK / 32];
   const index_t i = blockIdx.x;
   const float* x = tile + i * cols;
@@ -184,8 +184,7 @@ RLPT_KERNEL void lm_local_kernel(const state2* states, const float* target_z, co
   local_max[i] = nat.m;
 }
 
-template <int = 0>
-RLPT_KERNEL void init_states_kernel(state2* states, float* target_z, index_t n) {
+template <int = 0> RLPT_KERNEL void init_states_kernel(state2* states, float* target_z, index_t n) {
   const index_t i = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   states[i] = empty_state();
@@ -215,7 +214,8 @@ RLPT_KERNEL void __launch_bounds__(BLOCK)
   b.thr = -INFINITY;
   b.tie = cols - 1;
   b.target = scored ? targets[i] - col_begin : -1;
-  for (index_t j = threadIdx.x; j < cols; j += BLOCK) g[j] = store_grad<D>(b.zero ? 0.0f : backward_element(x[j], j, b, tp));
+  for (index_t j = threadIdx.x; j < cols; j += BLOCK)
+    g[j] = store_grad<D>(b.zero ? 0.0f : backward_element(x[j], j, b, tp));
 }
 
 //! Copies rows [r0, r0 + rows) of hidden into a dense [tile, D] buffer, zero rows after them.
@@ -227,7 +227,8 @@ void pad_tile(const H* src, index_t src_stride, index_t r0, index_t rows, index_
                                     static_cast<std::size_t>(d) * sizeof(H), static_cast<std::size_t>(rows),
                                     cudaMemcpyDeviceToDevice, stream));
   if (rows < tile)
-    RLPT_CUDA_CHECK(cudaMemsetAsync(dst + rows * d, 0, static_cast<std::size_t>((tile - rows) * d) * sizeof(H), stream));
+    RLPT_CUDA_CHECK(
+        cudaMemsetAsync(dst + rows * d, 0, static_cast<std::size_t>((tile - rows) * d) * sizeof(H), stream));
 }
 
 //! C[rows × cols] (row-major fp32, ld = cols) = alpha · H_tile[rows × D] · W_slab[cols × D]ᵀ.
@@ -324,8 +325,8 @@ void lm_head_forward(workspace& ws, device_view2d<const E> hidden, device_view2d
 //! `ws.data == nullptr`: size query (nothing else happens).
 template <class H, class W>
 void fused_lm_head_logprob(workspace& ws, device_view2d<H> hidden, device_view2d<W> weight,
-                           device_view<const index_t> targets, const device_logprob_outputs& out,
-                           cublasHandle_t cublas, const device_lm_head_options& opt, cudaStream_t stream) {
+                           device_view<const index_t> targets, const device_logprob_outputs& out, cublasHandle_t cublas,
+                           const device_lm_head_options& opt, cudaStream_t stream) {
   using E = std::remove_const_t<H>;
   static_assert(std::is_same_v<E, std::remove_const_t<W>>, "hidden and weight must have the same dtype");
   static_assert(std::is_same_v<E, bf16> || std::is_same_v<E, f16> || std::is_same_v<E, float>,
@@ -335,10 +336,10 @@ void fused_lm_head_logprob(workspace& ws, device_view2d<H> hidden, device_view2d
   const index_t n = hidden.rows(), v = weight.rows();
   if (!ws.is_size_query()) {
     lp::check_device_outputs(out, n);
-    RLPT_CHECK(out.kept.data() == nullptr && out.threshold.empty() && out.tie_last.empty(), errors::logprob::unsupported,
+    RLPT_CHECK(out.kept.data() == nullptr && out.threshold.empty() && out.tie_last.empty(),
+               errors::logprob::unsupported,
                "the fused lm-head scores the full softmax: no kept mask or truncation statistics");
-    if (!out.counters.empty())
-      RLPT_CUDA_CHECK(cudaMemsetAsync(out.counters.data(), 0, 3 * sizeof(index_t), stream));
+    if (!out.counters.empty()) RLPT_CUDA_CHECK(cudaMemsetAsync(out.counters.data(), 0, 3 * sizeof(index_t), stream));
   }
   bool size_query = false;
   lp::lm_head_forward<E>(

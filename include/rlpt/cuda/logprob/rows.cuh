@@ -31,10 +31,10 @@ struct plain_job {
 struct sequence_job {
   const index_t* offsets; // packed: B + 1 entries; null for padded
   index_t num_seqs;
-  index_t row_stride;     // padded
-  index_t seq_len;        // padded
+  index_t row_stride; // padded
+  index_t seq_len;    // padded
   const index_t* tokens;
-  const mask_t* valid;    // optional
+  const mask_t* valid; // optional
   index_t ignore_index;
   __device__ __forceinline__ row_job operator()(index_t r) const {
     bool has_next;
@@ -42,7 +42,10 @@ struct sequence_job {
       index_t lo = 0, hi = num_seqs; // first b with offsets[b + 1] > r
       while (lo < hi) {
         const index_t mid = (lo + hi) / 2;
-        if (offsets[mid + 1] > r) hi = mid; else lo = mid + 1;
+        if (offsets[mid + 1] > r)
+          hi = mid;
+        else
+          lo = mid + 1;
       }
       has_next = lo < num_seqs && r + 1 < offsets[lo + 1];
     } else {
@@ -68,10 +71,7 @@ struct forward_args {
 
 //! Block size from the vocabulary only (never from N): fixes the reduction tree per V, the same
 //! in every kernel that folds whole rows (see detail::device_row_block).
-template <class T>
-inline int forward_block(index_t cols) {
-  return device_row_block<T>(cols);
-}
+template <class T> inline int forward_block(index_t cols) { return device_row_block<T>(cols); }
 
 inline constexpr int unroll = 4; // vectors in flight per thread
 

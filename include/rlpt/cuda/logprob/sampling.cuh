@@ -24,16 +24,15 @@ RLPT_NAMESPACE_BEGIN
 namespace detail::cuda_lp {
 
 struct truncation_args {
-  index_t top_k;  // 0: off
-  float top_p;    // 1: off
-  mask_t* kept;   // optional [rows, kept_stride]
+  index_t top_k; // 0: off
+  float top_p;   // 1: off
+  mask_t* kept;  // optional [rows, kept_stride]
   index_t kept_stride;
-  float* threshold; // optional [rows]
+  float* threshold;  // optional [rows]
   index_t* tie_last; // optional [rows]
 };
 
-template <int BLOCK>
-struct truncation_smem {
+template <int BLOCK> struct truncation_smem {
   using scan = cub::BlockScan<unsigned long long, BLOCK>;
   typename scan::TempStorage scan_storage;
   state2 merge[BLOCK / 32];
@@ -117,7 +116,8 @@ RLPT_KERNEL void __launch_bounds__(BLOCK)
         if ((key & pmask) == prefix) atomicAdd(&s.count[(key >> lv.shift) & dmask], 1u);
       }
       __syncthreads();
-      select_digit<BLOCK>(s, 1 << lv.bits, remaining, [&](int d) { return static_cast<unsigned long long>(s.count[d]); });
+      select_digit<BLOCK>(s, 1 << lv.bits, remaining,
+                          [&](int d) { return static_cast<unsigned long long>(s.count[d]); });
       prefix |= static_cast<std::uint32_t>(s.digit) << lv.shift;
       remaining -= s.above;
       pmask |= dmask << lv.shift;

@@ -39,8 +39,7 @@ struct local_args {
   float* local_max; // [N]
 };
 
-template <class T, int BLOCK>
-RLPT_KERNEL void __launch_bounds__(BLOCK) local_kernel(const T* logits, local_args a) {
+template <class T, int BLOCK> RLPT_KERNEL void __launch_bounds__(BLOCK) local_kernel(const T* logits, local_args a) {
   __shared__ state2 smem[BLOCK / 32];
   const index_t r = blockIdx.x;
   const T* x = logits + r * a.stride;
@@ -53,8 +52,8 @@ RLPT_KERNEL void __launch_bounds__(BLOCK) local_kernel(const T* logits, local_ar
   a.comm[2 * a.rows + r] = nat.a;
   const index_t t = a.targets[r], y = t - a.begin;
   a.comm[3 * a.rows + r] = vocab_target_invalid(t, a.vocab, a.ignore_index) ? NAN
-                           : t != a.ignore_index && y >= 0 && y < a.cols      ? temper(load_logit(x[y]), a.tp)
-                                                                                 : 0.0f;
+                           : t != a.ignore_index && y >= 0 && y < a.cols    ? temper(load_logit(x[y]), a.tp)
+                                                                            : 0.0f;
   a.local_max[r] = nat.m;
 }
 
@@ -79,8 +78,7 @@ struct finish_args {
   index_t* counters;
 };
 
-template <int = 0>
-RLPT_KERNEL void finish_kernel(finish_args a) {
+template <int = 0> RLPT_KERNEL void finish_kernel(finish_args a) {
   const index_t r = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= a.rows) return;
   const index_t n = a.rows;
@@ -136,9 +134,15 @@ void vocab_parallel_local(device_view2d<T> logits_local, device_view<const index
                                       local_max.data()};
   const auto grid = static_cast<unsigned>(n);
   switch (detail::cuda_lp::forward_block<E>(logits_local.cols())) {
-  case 512: detail::cuda_lp::local_kernel<E, 512><<<grid, 512, 0, stream>>>(logits_local.data(), a); break;
-  case 256: detail::cuda_lp::local_kernel<E, 256><<<grid, 256, 0, stream>>>(logits_local.data(), a); break;
-  default: detail::cuda_lp::local_kernel<E, 128><<<grid, 128, 0, stream>>>(logits_local.data(), a); break;
+  case 512:
+    detail::cuda_lp::local_kernel<E, 512><<<grid, 512, 0, stream>>>(logits_local.data(), a);
+    break;
+  case 256:
+    detail::cuda_lp::local_kernel<E, 256><<<grid, 256, 0, stream>>>(logits_local.data(), a);
+    break;
+  default:
+    detail::cuda_lp::local_kernel<E, 128><<<grid, 128, 0, stream>>>(logits_local.data(), a);
+    break;
   }
   RLPT_CUDA_CHECK_LAUNCH();
 }
@@ -149,7 +153,7 @@ inline void vocab_parallel_rebase(device_view<float> comm, device_view<const flo
   detail::expect_size("comm", comm.size(), vocab_parallel_buffer_size(n), "4 floats per row");
   if (n == 0) return;
   detail::cuda_lp::rebase_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(comm.data(),
-                                                                                            local_max.data(), n);
+                                                                                             local_max.data(), n);
   RLPT_CUDA_CHECK_LAUNCH();
 }
 
@@ -160,8 +164,7 @@ inline void vocab_parallel_finish(device_view<const float> comm, device_view<con
   const index_t n = targets.size();
   detail::expect_size("comm", comm.size(), vocab_parallel_buffer_size(n), "4 floats per row");
   detail::cuda_lp::check_device_outputs(out, n);
-  if (!out.counters.empty())
-    RLPT_CUDA_CHECK(cudaMemsetAsync(out.counters.data(), 0, 3 * sizeof(index_t), stream));
+  if (!out.counters.empty()) RLPT_CUDA_CHECK(cudaMemsetAsync(out.counters.data(), 0, 3 * sizeof(index_t), stream));
   if (n == 0) return;
   const detail::cuda_lp::finish_args a{n,
                                        comm.data(),

@@ -44,10 +44,8 @@
 
 RLPT_NAMESPACE_BEGIN
 
-template <class T>
-using device_objective_inputs = basic_objective_inputs<T, memory_space::device>;
-template <class T>
-using device_objective_grads = basic_objective_grads<T, memory_space::device>;
+template <class T> using device_objective_inputs = basic_objective_inputs<T, memory_space::device>;
+template <class T> using device_objective_grads = basic_objective_grads<T, memory_space::device>;
 
 namespace detail {
 
@@ -56,8 +54,7 @@ inline constexpr int obj_tokens_per_thread = 4;
 inline constexpr int obj_tile = obj_threads * obj_tokens_per_thread; // tokens per block of the token pass
 
 //! The device's chunk: one token per thread (the stages' arrays become registers).
-template <class T>
-using device_chunk = token_chunk<T, 1>;
+template <class T> using device_chunk = token_chunk<T, 1>;
 
 //! How block_fold combines value k.
 enum class fold_op : std::uint8_t { sum, min, max };
@@ -67,8 +64,7 @@ enum class fold_op : std::uint8_t { sum, min, max };
 //! values in warp order. After the call (it ends with a barrier) shared[k], k < K, holds the
 //! block's value k for every thread to read. `shared` holds K doubles per warp of the block, at
 //! least K of them; `op(k)` says how value k combines.
-template <int K, class Op>
-RLPT_DEVICE void block_fold(double (&v)[K], double* shared, Op op) {
+template <int K, class Op> RLPT_DEVICE void block_fold(double (&v)[K], double* shared, Op op) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
   const int warps = static_cast<int>(blockDim.x + 31) >> 5;
@@ -93,17 +89,14 @@ RLPT_DEVICE void block_fold(double (&v)[K], double* shared, Op op) {
 }
 
 //! A trivially copyable struct of doubles as an array (block_fold's operand) and back.
-template <class S>
-inline constexpr int double_fields = static_cast<int>(sizeof(S) / sizeof(double));
+template <class S> inline constexpr int double_fields = static_cast<int>(sizeof(S) / sizeof(double));
 
-template <class S>
-RLPT_DEVICE void to_doubles(const S& s, double (&v)[double_fields<S>]) {
+template <class S> RLPT_DEVICE void to_doubles(const S& s, double (&v)[double_fields<S>]) {
   static_assert(sizeof(S) % sizeof(double) == 0 && std::is_trivially_copyable_v<S>, "a struct of doubles");
   memcpy(v, &s, sizeof(S));
 }
 
-template <class S>
-RLPT_DEVICE S from_doubles(const double* v) {
+template <class S> RLPT_DEVICE S from_doubles(const double* v) {
   S s;
   memcpy(&s, v, sizeof(S));
   return s;
@@ -128,7 +121,8 @@ RLPT_KERNEL void __launch_bounds__(obj_threads)
   device_chunk<T> c;
   zero_absent(p, in, c);
   row_stats st;
-  for (index_t t = threadIdx.x; t < n; t += blockDim.x) st = row_stats_pass<inline_stages>(p, in, b, base + t, 1, c, st);
+  for (index_t t = threadIdx.x; t < n; t += blockDim.x)
+    st = row_stats_pass<inline_stages>(p, in, b, base + t, 1, c, st);
   double v[K];
   to_doubles(st, v);
   constexpr int k_max = static_cast<int>(offsetof(row_stats, rs_max) / sizeof(double));
@@ -144,7 +138,8 @@ RLPT_KERNEL void __launch_bounds__(obj_threads)
 
 //! Sums the per-row lengths into the local denominators (one block, fixed order).
 template <int = 0> // a template: a kernel defined in a header must not clash across TUs
-RLPT_KERNEL void __launch_bounds__(1024) objective_count_kernel(const double* row_len, index_t rows, device_counts* out) {
+RLPT_KERNEL void __launch_bounds__(1024)
+    objective_count_kernel(const double* row_len, index_t rows, device_counts* out) {
   __shared__ double shared[32 * 2];
   double v[2] = {0.0, 0.0}; // tokens, rows with a token in the loss
   for (index_t b = threadIdx.x; b < rows; b += blockDim.x) {
@@ -185,16 +180,15 @@ RLPT_DEVICE row_consts device_row_consts(const objective_plan& p, const row_cons
 
 //! Blocks of the token pass per SM the register allocation must allow: 4 in fp32 (64 registers,
 //! no spill), 2 in fp64 (128 registers).
-template <class T>
-inline constexpr int obj_token_min_blocks = sizeof(T) == sizeof(float) ? 4 : 2;
+template <class T> inline constexpr int obj_token_min_blocks = sizeof(T) == sizeof(float) ? 4 : 2;
 
 //! The token pass: one block per (sequence, tile), each thread running the stages on its tokens;
 //! one fold of the block's sums, then its first thread writes the tile's objective_sums.
 template <class T>
 RLPT_KERNEL void __launch_bounds__(obj_threads, obj_token_min_blocks<T>)
     objective_token_kernel(const objective_plan p, device_objective_inputs<T> in, device_objective_grads<T> gr,
-                           const row_consts* consts, const device_counts* counts, index_t tiles, objective_sums* partials,
-                           double* dcoef_partials) {
+                           const row_consts* consts, const device_counts* counts, index_t tiles,
+                           objective_sums* partials, double* dcoef_partials) {
   using acc_t = token_acc<double, double>;
   constexpr int K = double_fields<acc_t>;
   __shared__ double shared[obj_threads / 32 * K];
@@ -211,11 +205,26 @@ RLPT_KERNEL void __launch_bounds__(obj_threads, obj_token_min_blocks<T>)
   token_acc<T, std::uint32_t> a; // in the compute type: a thread adds a few tokens
   const index_t t0 = tile * obj_tile;
   const index_t t1 = t0 + obj_tile < n ? t0 + obj_tile : n;
-  for (index_t t = t0 + threadIdx.x; t < t1; t += blockDim.x) a = token_pass<inline_stages>(p, k, in, gr, b, base + t, 1, c, a);
-  const acc_t d{a.policy, a.kl, a.entropy, a.value, a.dcoef, a.approx_kl, a.w_sum, a.w_min, a.w_max,
-                static_cast<double>(a.valid), static_cast<double>(a.in_loss), static_cast<double>(a.rejected),
-                static_cast<double>(a.nonfinite), static_cast<double>(a.low), static_cast<double>(a.high),
-                static_cast<double>(a.dual), static_cast<double>(a.clamped), static_cast<double>(a.vclip)};
+  for (index_t t = t0 + threadIdx.x; t < t1; t += blockDim.x)
+    a = token_pass<inline_stages>(p, k, in, gr, b, base + t, 1, c, a);
+  const acc_t d{a.policy,
+                a.kl,
+                a.entropy,
+                a.value,
+                a.dcoef,
+                a.approx_kl,
+                a.w_sum,
+                a.w_min,
+                a.w_max,
+                static_cast<double>(a.valid),
+                static_cast<double>(a.in_loss),
+                static_cast<double>(a.rejected),
+                static_cast<double>(a.nonfinite),
+                static_cast<double>(a.low),
+                static_cast<double>(a.high),
+                static_cast<double>(a.dual),
+                static_cast<double>(a.clamped),
+                static_cast<double>(a.vclip)};
   double v[K];
   to_doubles(d, v);
   constexpr int k_min = static_cast<int>(offsetof(acc_t, w_min) / sizeof(double));
@@ -248,7 +257,8 @@ RLPT_KERNEL void __launch_bounds__(obj_threads)
   zero_absent(p, in, c);
   const index_t t0 = tile * obj_tile;
   const index_t t1 = t0 + obj_tile < n ? t0 + obj_tile : n;
-  for (index_t t = t0 + threadIdx.x; t < t1; t += blockDim.x) gspo_pass<inline_stages>(p, k, in, gr, scale, b, base + t, 1, c);
+  for (index_t t = t0 + threadIdx.x; t < t1; t += blockDim.x)
+    gspo_pass<inline_stages>(p, k, in, gr, scale, b, base + t, 1, c);
 }
 
 inline constexpr int obj_finish_threads = 256;
@@ -334,12 +344,14 @@ void evaluate(const objective& obj, const device_objective_inputs<T>& in, const 
   RLPT_CHECK(blocks <= static_cast<std::size_t>(std::numeric_limits<int>::max()), errors::objective::bad_layout,
              "{} sequences x {} tiles of {} tokens exceed the grid limit", rows, tiles, detail::obj_tile);
   if (rows == 0) {
-    detail::objective_finish_kernel<<<1, detail::obj_finish_threads, 0, stream>>>(p, partials, 0, tiles, nullptr, result);
+    detail::objective_finish_kernel<<<1, detail::obj_finish_threads, 0, stream>>>(p, partials, 0, tiles, nullptr,
+                                                                                  result);
     RLPT_CUDA_CHECK_LAUNCH();
     return;
   }
   if (row_kernel) {
-    detail::objective_row_kernel<T><<<static_cast<unsigned>(rows), detail::obj_threads, 0, stream>>>(p, in, consts, row_len);
+    detail::objective_row_kernel<T>
+        <<<static_cast<unsigned>(rows), detail::obj_threads, 0, stream>>>(p, in, consts, row_len);
     RLPT_CUDA_CHECK_LAUNCH();
   }
   if (local_needed) {
@@ -352,12 +364,12 @@ void evaluate(const objective& obj, const device_objective_inputs<T>& in, const 
       p, in, grads, cptr, nptr, tiles, partials, p.gspo_sequence ? dcoef : nullptr);
   RLPT_CUDA_CHECK_LAUNCH();
   if (p.gspo_sequence && grads.logp.size() != 0) {
-    detail::objective_gspo_kernel<T><<<static_cast<unsigned>(blocks), detail::obj_threads, 0, stream>>>(
-        p, in, grads, consts, nptr, tiles, dcoef);
+    detail::objective_gspo_kernel<T>
+        <<<static_cast<unsigned>(blocks), detail::obj_threads, 0, stream>>>(p, in, grads, consts, nptr, tiles, dcoef);
     RLPT_CUDA_CHECK_LAUNCH();
   }
-  detail::objective_finish_kernel<<<1, detail::obj_finish_threads, 0, stream>>>(p, partials, static_cast<index_t>(blocks), tiles, nptr,
-                                                         result);
+  detail::objective_finish_kernel<<<1, detail::obj_finish_threads, 0, stream>>>(
+      p, partials, static_cast<index_t>(blocks), tiles, nptr, result);
   RLPT_CUDA_CHECK_LAUNCH();
 }
 

@@ -23,8 +23,7 @@ namespace sync::detail {
 
 //! Unaligned-safe load of a little-endian T on the host; a plain load on the device, where
 //! the transports require every element to be naturally aligned (checked on the host).
-template <class T>
-[[nodiscard]] RLPT_HD_FORCEINLINE T load_as(const unsigned char* p) noexcept {
+template <class T> [[nodiscard]] RLPT_HD_FORCEINLINE T load_as(const unsigned char* p) noexcept {
 #if RLPT_DEVICE_PASS()
   return *reinterpret_cast<const T*>(p);
 #else
@@ -34,8 +33,7 @@ template <class T>
 #endif
 }
 
-template <class T>
-RLPT_HD_FORCEINLINE void store_as(unsigned char* p, T v) noexcept {
+template <class T> RLPT_HD_FORCEINLINE void store_as(unsigned char* p, T v) noexcept {
 #if RLPT_DEVICE_PASS()
   *reinterpret_cast<T*>(p) = v;
 #else
@@ -77,7 +75,7 @@ RLPT_HD_FORCEINLINE void store_as(unsigned char* p, T v) noexcept {
   const std::uint64_t u = double_bits(d);
   if ((u & 0x7fffffffffffffffull) > 0x7ff0000000000000ull)
     return ::rlpt::detail::bits_float(static_cast<std::uint32_t>((u >> 63) << 31) | 0x7f800000u |
-                      static_cast<std::uint32_t>((u >> 29) & 0x7fffffu) | 0x400000u);
+                                      static_cast<std::uint32_t>((u >> 29) & 0x7fffffu) | 0x400000u);
   return static_cast<float>(d);
 }
 
@@ -87,15 +85,19 @@ RLPT_HD_FORCEINLINE void store_as(unsigned char* p, T v) noexcept {
   case wire_dtype::i16:
   case wire_dtype::u16:
   case wire_dtype::f16:
-  case wire_dtype::bf16: return 2;
+  case wire_dtype::bf16:
+    return 2;
   case wire_dtype::i32:
   case wire_dtype::u32:
-  case wire_dtype::f32: return 4;
+  case wire_dtype::f32:
+    return 4;
   case wire_dtype::c64:
   case wire_dtype::f64:
   case wire_dtype::i64:
-  case wire_dtype::u64: return 8;
-  default: return 1;
+  case wire_dtype::u64:
+    return 8;
+  default:
+    return 1;
   }
 }
 
@@ -106,9 +108,12 @@ RLPT_HD_FORCEINLINE void store_as(unsigned char* p, T v) noexcept {
 
 [[nodiscard]] RLPT_HD_FORCEINLINE float load_narrow(wire_dtype t, const unsigned char* p) noexcept {
   switch (t) {
-  case wire_dtype::f32: return load_as<float>(p);
-  case wire_dtype::f16: return static_cast<float>(f16::from_bits(load_as<std::uint16_t>(p)));
-  default: return static_cast<float>(bf16::from_bits(load_as<std::uint16_t>(p)));
+  case wire_dtype::f32:
+    return load_as<float>(p);
+  case wire_dtype::f16:
+    return static_cast<float>(f16::from_bits(load_as<std::uint16_t>(p)));
+  default:
+    return static_cast<float>(bf16::from_bits(load_as<std::uint16_t>(p)));
   }
 }
 
@@ -120,8 +125,12 @@ RLPT_HD_FORCEINLINE void store_narrow(wire_dtype t, unsigned char* p, float f) n
     store_as<std::uint32_t>(p, u);
     break;
   }
-  case wire_dtype::f16: store_as<std::uint16_t>(p, f16(f).bits); break;
-  default: store_as<std::uint16_t>(p, bf16(f).bits); break;
+  case wire_dtype::f16:
+    store_as<std::uint16_t>(p, f16(f).bits);
+    break;
+  default:
+    store_as<std::uint16_t>(p, bf16(f).bits);
+    break;
   }
 }
 
@@ -131,17 +140,27 @@ RLPT_HD_FORCEINLINE void cast_element(wire_dtype from, wire_dtype to, const unsi
                                       unsigned char* dst) noexcept {
   if (from == to) {
     switch (elem_bytes(from)) {
-    case 1: *dst = *src; break;
-    case 2: store_as<std::uint16_t>(dst, load_as<std::uint16_t>(src)); break;
-    case 4: store_as<std::uint32_t>(dst, load_as<std::uint32_t>(src)); break;
-    default: store_as<std::uint64_t>(dst, load_as<std::uint64_t>(src)); break;
+    case 1:
+      *dst = *src;
+      break;
+    case 2:
+      store_as<std::uint16_t>(dst, load_as<std::uint16_t>(src));
+      break;
+    case 4:
+      store_as<std::uint32_t>(dst, load_as<std::uint32_t>(src));
+      break;
+    default:
+      store_as<std::uint64_t>(dst, load_as<std::uint64_t>(src));
+      break;
     }
     return;
   }
   if (from == wire_dtype::f64 || to == wire_dtype::f64) {
     const double d = from == wire_dtype::f64 ? load_as<double>(src) : widen(load_narrow(from, src));
-    if (to == wire_dtype::f64) store_as<double>(dst, d);
-    else store_narrow(to, dst, narrow(d));
+    if (to == wire_dtype::f64)
+      store_as<double>(dst, d);
+    else
+      store_narrow(to, dst, narrow(d));
     return;
   }
   store_narrow(to, dst, load_narrow(from, src));

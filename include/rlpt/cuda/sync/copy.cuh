@@ -23,8 +23,7 @@ namespace detail {
 inline constexpr unsigned copy_threads = 256;
 
 //! Block-wide sum of one u64 per thread; the result is valid in thread 0.
-template <unsigned Threads>
-__device__ __forceinline__ std::uint64_t block_sum(std::uint64_t v) {
+template <unsigned Threads> __device__ __forceinline__ std::uint64_t block_sum(std::uint64_t v) {
   __shared__ std::uint64_t warp_sums[Threads / 32];
   for (int o = 16; o > 0; o /= 2) v += __shfl_down_sync(0xffffffffu, v, o);
   const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -41,8 +40,10 @@ __device__ __forceinline__ std::uint64_t find_task(const copy_task* tasks, std::
   std::uint64_t lo = 0, hi = n; // first index with chunk_begin > chunk
   while (lo < hi) {
     const std::uint64_t mid = (lo + hi) / 2;
-    if (tasks[mid].chunk_begin <= chunk) lo = mid + 1;
-    else hi = mid;
+    if (tasks[mid].chunk_begin <= chunk)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   return lo - 1;
 }
@@ -50,17 +51,18 @@ __device__ __forceinline__ std::uint64_t find_task(const copy_task* tasks, std::
 // A template: kernels defined in a header need vague linkage, or the host-side launch wrappers of two
 // translation units that include it collide at link time.
 template <int = 0>
-RLPT_KERNEL void __launch_bounds__(copy_threads) copy_kernel(const copy_task* tasks, std::uint64_t n_tasks,
-                                                             std::uint64_t src_base, std::uint64_t dst_base,
-                                                             std::uint64_t* sums) {
+RLPT_KERNEL void __launch_bounds__(copy_threads)
+    copy_kernel(const copy_task* tasks, std::uint64_t n_tasks, std::uint64_t src_base, std::uint64_t dst_base,
+                std::uint64_t* sums) {
   const std::uint64_t chunk = blockIdx.x;
   const copy_task t = tasks[find_task(tasks, n_tasks, chunk)];
   const std::uint64_t c = chunk - t.chunk_begin;
   std::uint64_t first = 0, last = 0;
   chunk_words(t, c, first, last);
   const auto* src = reinterpret_cast<const unsigned char*>(t.src + ((t.flags & copy_src_relative) ? src_base : 0));
-  unsigned char* dst = (t.flags & copy_has_dst) ? reinterpret_cast<unsigned char*>(t.dst + ((t.flags & copy_dst_relative) ? dst_base : 0))
-                                                : nullptr;
+  unsigned char* dst = (t.flags & copy_has_dst)
+                           ? reinterpret_cast<unsigned char*>(t.dst + ((t.flags & copy_dst_relative) ? dst_base : 0))
+                           : nullptr;
   const std::uint64_t word0 = t.wire_at / 8;
   std::uint64_t sum = 0;
   std::uint64_t w = first;
@@ -89,14 +91,16 @@ RLPT_KERNEL void __launch_bounds__(copy_threads) copy_kernel(const copy_task* ta
 }
 
 template <int = 0>
-RLPT_KERNEL void __launch_bounds__(copy_threads) checksum_kernel(const unsigned char* p, std::uint64_t bytes, std::uint64_t* sum) {
+RLPT_KERNEL void __launch_bounds__(copy_threads)
+    checksum_kernel(const unsigned char* p, std::uint64_t bytes, std::uint64_t* sum) {
   const std::uint64_t words = (bytes + 7) / 8;
   const std::uint64_t stride = std::uint64_t{gridDim.x} * copy_threads;
   std::uint64_t s = 0;
   for (std::uint64_t w = std::uint64_t{blockIdx.x} * copy_threads + threadIdx.x; w < words; w += stride) {
     const std::uint64_t avail = bytes - w * 8 < 8 ? bytes - w * 8 : 8;
     std::uint64_t v = 0;
-    if (avail == 8) v = load_as<std::uint64_t>(p + w * 8);
+    if (avail == 8)
+      v = load_as<std::uint64_t>(p + w * 8);
     else
       for (std::uint64_t k = 0; k < avail; ++k) v |= std::uint64_t{p[w * 8 + k]} << (8 * k);
     s += wsum_term(v, w);
@@ -111,10 +115,11 @@ RLPT_KERNEL void __launch_bounds__(copy_threads) checksum_kernel(const unsigned 
 //! to `*sum` (device), on `stream`.
 inline void run_checksum(const void* data, std::uint64_t bytes, std::uint64_t* sum, cudaStream_t stream) {
   if (bytes == 0) return;
-  RLPT_CHECK(reinterpret_cast<std::uintptr_t>(data) % 8 == 0, errors::sync::bad_link, "checksum of unaligned device bytes at {}",
-             data);
+  RLPT_CHECK(reinterpret_cast<std::uintptr_t>(data) % 8 == 0, errors::sync::bad_link,
+             "checksum of unaligned device bytes at {}", data);
   const std::uint64_t words = (bytes + 7) / 8;
-  const std::uint64_t blocks = std::min<std::uint64_t>((words + detail::copy_threads * 8 - 1) / (detail::copy_threads * 8), 4096);
+  const std::uint64_t blocks =
+      std::min<std::uint64_t>((words + detail::copy_threads * 8 - 1) / (detail::copy_threads * 8), 4096);
   detail::checksum_kernel<><<<static_cast<unsigned>(blocks), detail::copy_threads, 0, stream>>>(
       static_cast<const unsigned char*>(data), bytes, sum);
   RLPT_CUDA_CHECK_LAUNCH();
@@ -126,8 +131,8 @@ inline void run_checksum(const void* data, std::uint64_t bytes, std::uint64_t* s
 inline void run_copy(const detail::copy_task* tasks, const detail::copy_launch& launch, std::uint64_t src_base,
                      std::uint64_t dst_base, std::uint64_t* sums, cudaStream_t stream) {
   if (launch.chunks == 0) return;
-  RLPT_CHECK(launch.chunks <= 0x7fffffffu, errors::sync::too_large, "a copy launch of {} chunks is more than a grid holds",
-             launch.chunks);
+  RLPT_CHECK(launch.chunks <= 0x7fffffffu, errors::sync::too_large,
+             "a copy launch of {} chunks is more than a grid holds", launch.chunks);
   detail::copy_kernel<><<<static_cast<unsigned>(launch.chunks), detail::copy_threads, 0, stream>>>(
       tasks + launch.task_begin, launch.task_end - launch.task_begin, src_base, dst_base, sums);
   RLPT_CUDA_CHECK_LAUNCH();

@@ -51,8 +51,8 @@ inline constexpr std::uint64_t copy_chunk_bytes = std::uint64_t{64} << 10; //!< 
 inline constexpr std::uint32_t no_sum = 0xffffffffu;
 
 enum copy_flags : std::uint8_t {
-  copy_wire_is_dst = 1, //!< the checksummed (wire) bytes are the destination: packing
-  copy_has_dst = 2,     //!< 0: checksum only
+  copy_wire_is_dst = 1,  //!< the checksummed (wire) bytes are the destination: packing
+  copy_has_dst = 2,      //!< 0: checksum only
   copy_src_relative = 4, //!< src is an offset from the launch's src_base
   copy_dst_relative = 8, //!< dst is an offset from the launch's dst_base
 };
@@ -93,26 +93,38 @@ struct copy_launch {
 
 [[nodiscard]] RLPT_HD_FORCEINLINE std::uint64_t load_bits(const unsigned char* p, unsigned eb) noexcept {
   switch (eb) {
-  case 1: return *p;
-  case 2: return load_as<std::uint16_t>(p);
-  case 4: return load_as<std::uint32_t>(p);
-  default: return load_as<std::uint64_t>(p);
+  case 1:
+    return *p;
+  case 2:
+    return load_as<std::uint16_t>(p);
+  case 4:
+    return load_as<std::uint32_t>(p);
+  default:
+    return load_as<std::uint64_t>(p);
   }
 }
 
 RLPT_HD_FORCEINLINE void store_bits(unsigned char* p, unsigned eb, std::uint64_t v) noexcept {
   switch (eb) {
-  case 1: *p = static_cast<unsigned char>(v); break;
-  case 2: store_as<std::uint16_t>(p, static_cast<std::uint16_t>(v)); break;
-  case 4: store_as<std::uint32_t>(p, static_cast<std::uint32_t>(v)); break;
-  default: store_as<std::uint64_t>(p, v); break;
+  case 1:
+    *p = static_cast<unsigned char>(v);
+    break;
+  case 2:
+    store_as<std::uint16_t>(p, static_cast<std::uint16_t>(v));
+    break;
+  case 4:
+    store_as<std::uint32_t>(p, static_cast<std::uint32_t>(v));
+    break;
+  default:
+    store_as<std::uint64_t>(p, v);
+    break;
   }
 }
 
 //! Copies (and casts) the elements of wire word `w` of task `t` and returns the word's wsum64
 //! term. `src` and `dst` are the task's resolved addresses.
-[[nodiscard]] RLPT_HD_FORCEINLINE std::uint64_t copy_word(const copy_task& t, const unsigned char* src, unsigned char* dst,
-                                                          std::uint64_t w) noexcept {
+[[nodiscard]] RLPT_HD_FORCEINLINE std::uint64_t copy_word(const copy_task& t, const unsigned char* src,
+                                                          unsigned char* dst, std::uint64_t w) noexcept {
   const bool pack = (t.flags & copy_wire_is_dst) != 0;
   const unsigned es = elem_bytes(t.from), ed = elem_bytes(t.to);
   const unsigned ew = pack ? ed : es;
@@ -124,12 +136,14 @@ RLPT_HD_FORCEINLINE void store_bits(unsigned char* p, unsigned eb, std::uint64_t
   std::uint64_t word = 0;
   if (t.from == t.to) {
     const unsigned char* s = src + e0 * es;
-    if (whole && (reinterpret_cast<std::uintptr_t>(src) & 7u) == 0) word = load_as<std::uint64_t>(s);
+    if (whole && (reinterpret_cast<std::uintptr_t>(src) & 7u) == 0)
+      word = load_as<std::uint64_t>(s);
     else
       for (unsigned k = 0; k < cnt; ++k) word |= load_bits(s + k * es, es) << (8u * es * k);
     if (dst != nullptr) {
       unsigned char* d = dst + e0 * ed;
-      if (whole && (reinterpret_cast<std::uintptr_t>(dst) & 7u) == 0) store_as<std::uint64_t>(d, word);
+      if (whole && (reinterpret_cast<std::uintptr_t>(dst) & 7u) == 0)
+        store_as<std::uint64_t>(d, word);
       else
         for (unsigned k = 0; k < cnt; ++k) store_bits(d + k * ed, ed, word >> (8u * ed * k));
     }
@@ -150,7 +164,8 @@ RLPT_HD_FORCEINLINE void store_bits(unsigned char* p, unsigned eb, std::uint64_t
 }
 
 //! Words of wire bytes [c * copy_chunk_bytes, ...) of task t: [first, last).
-RLPT_HD_FORCEINLINE void chunk_words(const copy_task& t, std::uint64_t c, std::uint64_t& first, std::uint64_t& last) noexcept {
+RLPT_HD_FORCEINLINE void chunk_words(const copy_task& t, std::uint64_t c, std::uint64_t& first,
+                                     std::uint64_t& last) noexcept {
   const std::uint64_t wb = wire_bytes_of(t);
   const std::uint64_t b0 = c * copy_chunk_bytes;
   const std::uint64_t b1 = b0 + copy_chunk_bytes < wb ? b0 + copy_chunk_bytes : wb;
@@ -164,8 +179,9 @@ inline void run_copy_host(std::span<const copy_task> tasks, const copy_launch& l
   for (std::size_t i = launch.task_begin; i < launch.task_end; ++i) {
     const copy_task& t = tasks[i];
     const auto* src = reinterpret_cast<const unsigned char*>(t.src + ((t.flags & copy_src_relative) ? src_base : 0));
-    auto* dst = (t.flags & copy_has_dst) ? reinterpret_cast<unsigned char*>(t.dst + ((t.flags & copy_dst_relative) ? dst_base : 0))
-                                         : nullptr;
+    auto* dst = (t.flags & copy_has_dst)
+                    ? reinterpret_cast<unsigned char*>(t.dst + ((t.flags & copy_dst_relative) ? dst_base : 0))
+                    : nullptr;
     std::uint64_t raw = 0;
     const std::uint64_t words = (wire_bytes_of(t) + 7) / 8;
     for (std::uint64_t w = 0; w < words; ++w) raw += copy_word(t, src, dst, w);
@@ -190,28 +206,31 @@ inline void check_device_manifest(const manifest& m, std::string_view where) {
 
 //! Matches bound tensors to manifest entries by name; returns one pointer (or nullopt) per
 //! manifest tensor. Checks shape, castability and alignment; `what` is "source" or "target".
-inline std::vector<const device_tensor*> bind(const manifest& m, std::span<const device_tensor> bound, std::string_view where,
-                                              std::string_view what, bool all_required) {
+inline std::vector<const device_tensor*> bind(const manifest& m, std::span<const device_tensor> bound,
+                                              std::string_view where, std::string_view what, bool all_required) {
   std::vector<const device_tensor*> by(m.size(), nullptr);
   for (const auto& b : bound) {
     const auto i = m.find(b.name);
-    RLPT_CHECK(i.has_value(), errors::sync::unknown_tensor, "{}: {} \"{}\" is not in the manifest", where, what, b.name);
+    RLPT_CHECK(i.has_value(), errors::sync::unknown_tensor, "{}: {} \"{}\" is not in the manifest", where, what,
+               b.name);
     RLPT_CHECK(by[*i] == nullptr, errors::sync::bad_source, "{}: {} \"{}\" is bound twice", where, what, b.name);
     const tensor_entry& e = m[*i];
-    RLPT_CHECK(b.shape == e.shape, errors::sync::bad_source, "{}: {} \"{}\" has shape [{}], the manifest says [{}]", where, what,
-               b.name, fmt::join(b.shape, ", "), fmt::join(e.shape, ", "));
+    RLPT_CHECK(b.shape == e.shape, errors::sync::bad_source, "{}: {} \"{}\" has shape [{}], the manifest says [{}]",
+               where, what, b.name, fmt::join(b.shape, ", "), fmt::join(e.shape, ", "));
     RLPT_CHECK(b.dtype == e.dtype || (castable(b.dtype) && castable(e.dtype)), errors::sync::bad_source,
-               "{}: {} \"{}\" is {} but travels as {}; only F32, F64, F16 and BF16 convert", where, what, b.name, b.dtype,
-               e.dtype);
-    RLPT_CHECK(b.data != nullptr || e.nbytes == 0, errors::sync::bad_source, "{}: {} \"{}\" has no data", where, what, b.name);
+               "{}: {} \"{}\" is {} but travels as {}; only F32, F64, F16 and BF16 convert", where, what, b.name,
+               b.dtype, e.dtype);
+    RLPT_CHECK(b.data != nullptr || e.nbytes == 0, errors::sync::bad_source, "{}: {} \"{}\" has no data", where, what,
+               b.name);
     RLPT_CHECK(reinterpret_cast<std::uintptr_t>(b.data) % size_of(b.dtype) == 0, errors::sync::bad_source,
-               "{}: {} \"{}\" at {} is not aligned to its {}-byte elements", where, what, b.name, b.data, size_of(b.dtype));
+               "{}: {} \"{}\" at {} is not aligned to its {}-byte elements", where, what, b.name, b.data,
+               size_of(b.dtype));
     by[*i] = &b;
   }
   if (all_required)
     for (std::size_t i = 0; i < m.size(); ++i)
-      RLPT_CHECK(by[i] != nullptr || m[i].nbytes == 0, errors::sync::bad_source, "{}: manifest tensor \"{}\" has no {}", where,
-                 m[i].name, what);
+      RLPT_CHECK(by[i] != nullptr || m[i].nbytes == 0, errors::sync::bad_source, "{}: manifest tensor \"{}\" has no {}",
+                 where, m[i].name, what);
   return by;
 }
 
@@ -243,7 +262,8 @@ inline copy_plan plan_pack(const manifest& m, const std::vector<const device_ten
       copy_task t;
       t.from = s != nullptr ? s->dtype : e.dtype;
       t.to = e.dtype;
-      t.src = reinterpret_cast<std::uintptr_t>(s != nullptr ? s->data : nullptr) + pc.tensor_offset / ew * size_of(t.from);
+      t.src =
+          reinterpret_cast<std::uintptr_t>(s != nullptr ? s->data : nullptr) + pc.tensor_offset / ew * size_of(t.from);
       t.dst = pc.bucket_offset;
       t.elements = pc.nbytes / ew;
       t.wire_at = pc.tensor_offset;

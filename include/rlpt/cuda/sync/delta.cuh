@@ -73,12 +73,12 @@ struct delta_apply_rec {
 static_assert(sizeof(delta_apply_rec) == 128);
 
 enum delta_fault : std::uint32_t {
-  fault_header = 1,    //!< the staged header differs from the announced one
-  fault_tail = 2,      //!< bitmap bits past the element range
-  fault_blocks = 4,    //!< sparse block_start is not a prefix from 0 to `changed`
-  fault_range = 8,     //!< a sparse index past the element range
-  fault_order = 16,    //!< sparse indices not strictly increasing in a block
-  fault_count = 32,    //!< bitmap bits do not add up to `changed` (found on the host)
+  fault_header = 1, //!< the staged header differs from the announced one
+  fault_tail = 2,   //!< bitmap bits past the element range
+  fault_blocks = 4, //!< sparse block_start is not a prefix from 0 to `changed`
+  fault_range = 8,  //!< a sparse index past the element range
+  fault_order = 16, //!< sparse indices not strictly increasing in a block
+  fault_count = 32, //!< bitmap bits do not add up to `changed` (found on the host)
 };
 
 //! Last entry of `begin` (a field of T at stride) <= x among [0, n): binary search.
@@ -87,8 +87,10 @@ __device__ __forceinline__ std::uint64_t find_last_le(const T* a, std::uint64_t 
   std::uint64_t lo = 0, hi = n;
   while (lo < hi) {
     const std::uint64_t mid = (lo + hi) / 2;
-    if (key(a[mid]) <= x) lo = mid + 1;
-    else hi = mid;
+    if (key(a[mid]) <= x)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   return lo == 0 ? 0 : lo - 1;
 }
@@ -125,12 +127,13 @@ __device__ __forceinline__ void zero_bytes(unsigned char* p, std::uint64_t from,
 
 template <int = 0>
 RLPT_KERNEL void __launch_bounds__(delta_warps * 32)
-    delta_write_kernel(const delta_write_rec* recs, std::uint64_t n_recs, std::uint64_t chunks, const std::uint32_t* firsts,
-                       unsigned char* out_base) {
+    delta_write_kernel(const delta_write_rec* recs, std::uint64_t n_recs, std::uint64_t chunks,
+                       const std::uint32_t* firsts, unsigned char* out_base) {
   const std::uint64_t g = std::uint64_t{blockIdx.x} * delta_warps + threadIdx.x / 32;
   const unsigned lane = threadIdx.x % 32;
   if (g >= chunks) return;
-  const delta_write_rec& r = recs[find_last_le(recs, n_recs, g, [](const delta_write_rec& x) { return x.chunk_begin; })];
+  const delta_write_rec& r =
+      recs[find_last_le(recs, n_recs, g, [](const delta_write_rec& x) { return x.chunk_begin; })];
   const std::uint64_t c = g - r.chunk_begin;
   const unsigned eb = r.eb;
   const delta_layout lay = layout_of(r.enc, r.elems, r.changed, eb);
@@ -152,12 +155,14 @@ RLPT_KERNEL void __launch_bounds__(delta_warps * 32)
   const std::uint64_t e_begin = c * delta_chunk_elems;
   const std::uint64_t e_end = e_begin + delta_chunk_elems < r.elems ? e_begin + delta_chunk_elems : r.elems;
   if (r.enc == 3) { // dense: every element
-    for (std::uint64_t i = e_begin + lane; i < e_end; i += 32) store_bits(values + i * eb, eb, load_bits(now + i * eb, eb));
+    for (std::uint64_t i = e_begin + lane; i < e_end; i += 32)
+      store_bits(values + i * eb, eb, load_bits(now + i * eb, eb));
     return;
   }
   std::uint64_t k = firsts[r.first_chunk + c];
   if (r.enc == 1 && c % (delta_sparse_block / delta_chunk_elems) == 0 && lane == 0)
-    store_as<std::uint32_t>(rec + 64 + 4 * (c / (delta_sparse_block / delta_chunk_elems)), static_cast<std::uint32_t>(k));
+    store_as<std::uint32_t>(rec + 64 + 4 * (c / (delta_sparse_block / delta_chunk_elems)),
+                            static_cast<std::uint32_t>(k));
   const unsigned below = (1u << lane) - 1u;
   for (std::uint64_t e = e_begin; e < e_end; e += 64) {
     const std::uint64_t i0 = e + lane, i1 = e + 32 + lane;
@@ -166,7 +171,8 @@ RLPT_KERNEL void __launch_bounds__(delta_warps * 32)
     const unsigned m0 = __ballot_sync(0xffffffffu, d0);
     const unsigned m1 = __ballot_sync(0xffffffffu, d1);
     const std::uint64_t k0 = k + static_cast<std::uint64_t>(__popc(m0 & below));
-    const std::uint64_t k1 = k + static_cast<std::uint64_t>(__popc(m0)) + static_cast<std::uint64_t>(__popc(m1 & below));
+    const std::uint64_t k1 =
+        k + static_cast<std::uint64_t>(__popc(m0)) + static_cast<std::uint64_t>(__popc(m1 & below));
     if (r.enc == 2) {
       if (lane == 0) store_as<std::uint64_t>(rec + 64 + e / 8, (std::uint64_t{m1} << 32) | m0);
     } else {
@@ -189,12 +195,15 @@ __device__ __forceinline__ std::uint64_t validate_units(const delta_apply_rec& r
 
 //! Sparse: the block holding entry k (block_start is searched even when invalid: the result
 //! stays in [0, blocks) and validation flags the record).
-__device__ __forceinline__ std::uint64_t sparse_block_of(const std::uint32_t* block_start, std::uint64_t blocks, std::uint64_t k) {
+__device__ __forceinline__ std::uint64_t sparse_block_of(const std::uint32_t* block_start, std::uint64_t blocks,
+                                                         std::uint64_t k) {
   std::uint64_t lo = 0, hi = blocks + 1; // first index with block_start > k
   while (lo < hi) {
     const std::uint64_t mid = (lo + hi) / 2;
-    if (block_start[mid] <= k) lo = mid + 1;
-    else hi = mid;
+    if (block_start[mid] <= k)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   const std::uint64_t b = lo == 0 ? 0 : lo - 1;
   return b < blocks ? b : blocks - 1;
@@ -202,8 +211,8 @@ __device__ __forceinline__ std::uint64_t sparse_block_of(const std::uint32_t* bl
 
 template <int = 0>
 RLPT_KERNEL void __launch_bounds__(delta_warps * 32)
-    delta_validate_kernel(const delta_apply_rec* recs, std::uint64_t n_recs, std::uint64_t units, const unsigned char* arena,
-                          std::uint32_t* faults, std::uint32_t* pops) {
+    delta_validate_kernel(const delta_apply_rec* recs, std::uint64_t n_recs, std::uint64_t units,
+                          const unsigned char* arena, std::uint32_t* faults, std::uint32_t* pops) {
   const std::uint64_t g = std::uint64_t{blockIdx.x} * delta_warps + threadIdx.x / 32;
   const unsigned lane = threadIdx.x % 32;
   if (g >= units) return;
@@ -260,7 +269,8 @@ RLPT_KERNEL void __launch_bounds__(delta_warps * 32)
   const std::uint64_t g = std::uint64_t{blockIdx.x} * delta_warps + threadIdx.x / 32;
   const unsigned lane = threadIdx.x % 32;
   if (g >= units) return;
-  const delta_apply_rec& r = recs[find_last_le(recs, n_recs, g, [](const delta_apply_rec& x) { return x.aunit_begin; })];
+  const delta_apply_rec& r =
+      recs[find_last_le(recs, n_recs, g, [](const delta_apply_rec& x) { return x.aunit_begin; })];
   const std::uint64_t u = g - r.aunit_begin;
   unsigned char* rec = arena + r.at;
   const unsigned eb = r.eb;
@@ -269,7 +279,8 @@ RLPT_KERNEL void __launch_bounds__(delta_warps * 32)
   auto* target = reinterpret_cast<unsigned char*>(r.target);
   if (r.enc == 3) {
     const std::uint64_t e_end = (u + 1) * delta_chunk_elems < r.elems ? (u + 1) * delta_chunk_elems : r.elems;
-    for (std::uint64_t i = u * delta_chunk_elems + lane; i < e_end; i += 32) swap_elem(target + i * eb, values + i * eb, eb);
+    for (std::uint64_t i = u * delta_chunk_elems + lane; i < e_end; i += 32)
+      swap_elem(target + i * eb, values + i * eb, eb);
   } else if (r.enc == 2) {
     const auto* bits = reinterpret_cast<const std::uint64_t*>(rec + 64);
     std::uint64_t k = firsts[r.pop_begin + u];
@@ -304,7 +315,8 @@ RLPT_KERNEL void __launch_bounds__(delta_warps * 32)
 
 [[nodiscard]] inline unsigned delta_grid(std::uint64_t warps) {
   const std::uint64_t blocks = (warps + delta_warps - 1) / delta_warps;
-  RLPT_CHECK(blocks <= 0x7fffffffu, errors::sync::too_large, "a delta launch of {} warps is more than a grid holds", warps);
+  RLPT_CHECK(blocks <= 0x7fffffffu, errors::sync::too_large, "a delta launch of {} warps is more than a grid holds",
+             warps);
   return static_cast<unsigned>(blocks);
 }
 
@@ -321,7 +333,8 @@ public:
                        std::uint64_t max_record)
       : tensors_(m.size()), max_record_(max_record) {
     RLPT_CHECK(now.size() == m.size() && base.size() == m.size(), errors::sync::bad_delta,
-               "device delta encoder: {} current and {} base addresses for {} tensors", now.size(), base.size(), m.size());
+               "device delta encoder: {} current and {} base addresses for {} tensors", now.size(), base.size(),
+               m.size());
     ranges_ = detail::plan_delta_ranges(m, max_record, chunks_);
     for (auto& r : ranges_) {
       r.now = reinterpret_cast<std::uintptr_t>(now[r.tensor]);
@@ -348,7 +361,8 @@ public:
   //! i's headers) and groups them into messages of at most `max_msg` bytes.
   const detail::delta_plan& plan(std::span<const std::uint64_t> base_checksums, std::uint64_t max_msg, cudaStream_t s,
                                  deadline until, std::string_view where) {
-    detail::wait_event(uploaded_.get(), until, where, "waiting for the previous delta upload"); // pinned tables are reused
+    detail::wait_event(uploaded_.get(), until, where,
+                       "waiting for the previous delta upload"); // pinned tables are reused
     RLPT_CUDA_CHECK(cudaMemsetAsync(d_sums_.get(), 0, tensors_ * 8, s));
     if (chunks_ != 0) {
       detail::delta_count_kernel<><<<detail::delta_grid(chunks_), detail::delta_warps * 32, 0, s>>>(
@@ -359,8 +373,8 @@ public:
     }
     RLPT_CUDA_CHECK(cudaMemcpyAsync(h_sums_.get(), d_sums_.get(), tensors_ * 8, cudaMemcpyDeviceToHost, s));
     detail::wait_stream(counted_, s, until, where, "counting changed elements");
-    plan_ = detail::plan_delta(ranges_, std::span<const std::uint32_t>(h_counts_.get<std::uint32_t>(), chunks_), base_checksums,
-                               max_msg);
+    plan_ = detail::plan_delta(ranges_, std::span<const std::uint32_t>(h_counts_.get<std::uint32_t>(), chunks_),
+                               base_checksums, max_msg);
     // Upload every message's write table and the chunk offsets at once.
     std::vector<detail::delta_write_rec> table;
     table.reserve(plan_.records.size());
@@ -394,7 +408,8 @@ public:
       RLPT_CUDA_CHECK(cudaMemcpyAsync(d_table_.get(), h_table_.get(), table.size() * sizeof(detail::delta_write_rec),
                                       cudaMemcpyHostToDevice, s));
       std::memcpy(h_firsts_.get(), plan_.firsts.data(), plan_.firsts.size() * 4);
-      RLPT_CUDA_CHECK(cudaMemcpyAsync(d_firsts_.get(), h_firsts_.get(), plan_.firsts.size() * 4, cudaMemcpyHostToDevice, s));
+      RLPT_CUDA_CHECK(
+          cudaMemcpyAsync(d_firsts_.get(), h_firsts_.get(), plan_.firsts.size() * 4, cudaMemcpyHostToDevice, s));
     }
     uploaded_.record(s);
     return plan_;
@@ -411,7 +426,8 @@ public:
   //! the message's bytes), on `s` (which must be ordered after plan()'s stream).
   void write(std::size_t k, void* out, cudaStream_t s) const {
     RLPT_CHECK(k < launches_.size(), errors::sync::bad_delta, "delta message {} of {}", k, launches_.size());
-    RLPT_CHECK(reinterpret_cast<std::uintptr_t>(out) % 8 == 0, errors::sync::bad_delta, "delta output is not 8-byte aligned");
+    RLPT_CHECK(reinterpret_cast<std::uintptr_t>(out) % 8 == 0, errors::sync::bad_delta,
+               "delta output is not 8-byte aligned");
     const launch& l = launches_[k];
     if (l.chunks == 0) return;
     detail::delta_write_kernel<><<<detail::delta_grid(l.chunks), detail::delta_warps * 32, 0, s>>>(
@@ -466,8 +482,8 @@ public:
       r.eb = x.head.elem_bytes;
       r.enc = static_cast<std::uint32_t>(x.head.encoding);
       std::memcpy(r.header, x.header.data(), 64);
-      RLPT_CHECK(r.at % 8 == 0 && r.target % r.eb == 0, errors::sync::bad_delta, "{}: delta record {} is misaligned", where,
-                 table_.size());
+      RLPT_CHECK(r.at % 8 == 0 && r.target % r.eb == 0, errors::sync::bad_delta, "{}: delta record {} is misaligned",
+                 where, table_.size());
       const detail::delta_layout lay = detail::layout_of(r.enc, r.elems, r.changed, r.eb);
       r.vunit_begin = vunits_;
       r.aunit_begin = aunits_;
@@ -502,7 +518,8 @@ public:
         d_faults_.get<std::uint32_t>(), d_pops_.get<std::uint32_t>());
     RLPT_CUDA_CHECK_LAUNCH();
     RLPT_CUDA_CHECK(cudaMemcpyAsync(h_faults_.get(), d_faults_.get(), table_.size() * 4, cudaMemcpyDeviceToHost, s));
-    if (pops_ != 0) RLPT_CUDA_CHECK(cudaMemcpyAsync(h_pops_.get(), d_pops_.get(), pops_ * 4, cudaMemcpyDeviceToHost, s));
+    if (pops_ != 0)
+      RLPT_CUDA_CHECK(cudaMemcpyAsync(h_pops_.get(), d_pops_.get(), pops_ * 4, cudaMemcpyDeviceToHost, s));
     detail::wait_stream(validated_, s, until, where, "validating delta records");
     const auto* faults = h_faults_.get<std::uint32_t>();
     auto* pops = h_pops_.get<std::uint32_t>();
@@ -519,8 +536,9 @@ public:
         if (run != r.changed) f |= detail::fault_count;
       }
       if (f != 0)
-        return fmt::format("delta record {} (tensor #{}, elements [{}, {}), {}) is malformed:{}{}{}{}{}{}", i, recs[i].head.tensor,
-                           recs[i].head.elem_begin, recs[i].head.elem_begin + r.elems, name(recs[i].head.encoding),
+        return fmt::format("delta record {} (tensor #{}, elements [{}, {}), {}) is malformed:{}{}{}{}{}{}", i,
+                           recs[i].head.tensor, recs[i].head.elem_begin, recs[i].head.elem_begin + r.elems,
+                           name(recs[i].head.encoding),
                            (f & detail::fault_header) ? " its staged header differs from the announced one;" : "",
                            (f & detail::fault_tail) ? " bitmap bits past its elements;" : "",
                            (f & detail::fault_blocks) ? " block_start is not a prefix from 0 to the change count;" : "",
@@ -528,7 +546,8 @@ public:
                            (f & detail::fault_order) ? " indices not strictly increasing;" : "",
                            (f & detail::fault_count) ? " bitmap bits do not add up to the change count;" : "");
     }
-    if (pops_ != 0) RLPT_CUDA_CHECK(cudaMemcpyAsync(d_pops_.get(), h_pops_.get(), pops_ * 4, cudaMemcpyHostToDevice, s));
+    if (pops_ != 0)
+      RLPT_CUDA_CHECK(cudaMemcpyAsync(d_pops_.get(), h_pops_.get(), pops_ * 4, cudaMemcpyHostToDevice, s));
     uploaded_.record(s);
     swap(s);
     return {};

@@ -39,7 +39,9 @@ inline constexpr std::uint64_t delta_chunk_elems = 8192; //!< elements per warp 
 inline constexpr std::uint64_t delta_chunk_words = delta_chunk_elems / 64;
 static_assert(delta_sparse_block % delta_chunk_elems == 0);
 
-[[nodiscard]] RLPT_HD_FORCEINLINE std::uint64_t pad8_hd(std::uint64_t n) noexcept { return (n + 7) & ~std::uint64_t{7}; }
+[[nodiscard]] RLPT_HD_FORCEINLINE std::uint64_t pad8_hd(std::uint64_t n) noexcept {
+  return (n + 7) & ~std::uint64_t{7};
+}
 
 //! Byte offsets inside one record (from its header), for any encoding.
 struct delta_layout {
@@ -76,7 +78,7 @@ struct delta_layout {
 struct delta_range {
   std::uint32_t tensor = 0;
   std::uint32_t eb = 0;
-  std::uint64_t elem_begin = 0;  //!< first element in the tensor
+  std::uint64_t elem_begin = 0; //!< first element in the tensor
   std::uint64_t elems = 0;
   std::uint64_t chunk_begin = 0; //!< its first chunk among all chunks
   std::uint64_t tensor_bytes = 0;
@@ -97,8 +99,8 @@ static_assert(sizeof(delta_range) == 56);
 //! The ranges of every tensor of `m` in manifest order (device addresses left 0).
 [[nodiscard]] inline std::vector<delta_range> plan_delta_ranges(const manifest& m, std::uint64_t max_record,
                                                                 std::uint64_t& total_chunks) {
-  RLPT_CHECK(max_record >= delta_header_bytes + 64, errors::sync::bad_delta, "max_record_bytes {} is too small for a delta record",
-             max_record);
+  RLPT_CHECK(max_record >= delta_header_bytes + 64, errors::sync::bad_delta,
+             "max_record_bytes {} is too small for a delta record", max_record);
   std::vector<delta_range> out;
   total_chunks = 0;
   for (std::size_t i = 0; i < m.size(); ++i) {
@@ -139,10 +141,17 @@ static_assert(sizeof(delta_range) == 56);
 [[nodiscard]] RLPT_HD_FORCEINLINE std::uint64_t nonzero_elements(std::uint64_t x, unsigned eb) noexcept {
   std::uint64_t low = 0; // every bit of an element but its top one
   switch (eb) {
-  case 1: low = 0x7f7f7f7f7f7f7f7full; break;
-  case 2: low = 0x7fff7fff7fff7fffull; break;
-  case 4: low = 0x7fffffff7fffffffull; break;
-  default: return x != 0 ? 1 : 0;
+  case 1:
+    low = 0x7f7f7f7f7f7f7f7full;
+    break;
+  case 2:
+    low = 0x7fff7fff7fff7fffull;
+    break;
+  case 4:
+    low = 0x7fffffff7fffffffull;
+    break;
+  default:
+    return x != 0 ? 1 : 0;
   }
   // Per element: (x & low) + low carries into the top bit iff the low bits are nonzero, and
   // never out of the element; OR-ing x adds the top bit itself.
@@ -161,8 +170,9 @@ static_assert(sizeof(delta_range) == 56);
 //! One word of the count pass: counts the changed elements of word `w` of range r's tensor
 //! inside bytes [b0, b1) (a chunk), and adds the word's wsum64 term to `sum` when the word
 //! starts inside [b0, b1) (each word of a tensor belongs to exactly one chunk).
-[[nodiscard]] RLPT_HD_FORCEINLINE std::uint64_t delta_count_word(const delta_range& r, std::uint64_t b0, std::uint64_t b1,
-                                                                 std::uint64_t w, std::uint64_t& sum) noexcept {
+[[nodiscard]] RLPT_HD_FORCEINLINE std::uint64_t delta_count_word(const delta_range& r, std::uint64_t b0,
+                                                                 std::uint64_t b1, std::uint64_t w,
+                                                                 std::uint64_t& sum) noexcept {
   const std::uint64_t wb = w * 8;
   const std::uint64_t avail = r.tensor_bytes - wb < 8 ? r.tensor_bytes - wb : 8;
   const bool aligned8 = ((r.now | r.base) & 7u) == 0;
@@ -175,7 +185,8 @@ static_assert(sizeof(delta_range) == 56);
 }
 
 //! Byte range [b0, b1) (in the tensor) of chunk c of range r.
-RLPT_HD_FORCEINLINE void chunk_bytes(const delta_range& r, std::uint64_t c, std::uint64_t& b0, std::uint64_t& b1) noexcept {
+RLPT_HD_FORCEINLINE void chunk_bytes(const delta_range& r, std::uint64_t c, std::uint64_t& b0,
+                                     std::uint64_t& b1) noexcept {
   const std::uint64_t e0 = r.elem_begin + c * delta_chunk_elems;
   const std::uint64_t end = r.elem_begin + r.elems;
   const std::uint64_t e1 = e0 + delta_chunk_elems < end ? e0 + delta_chunk_elems : end;
@@ -252,15 +263,16 @@ inline delta_plan plan_delta(std::span<const delta_range> ranges, std::span<cons
     }
     p.stats.elements += r.elems;
     const std::uint64_t nc = chunks_in(r.elems);
-    RLPT_CHECK(r.chunk_begin + nc <= counts.size(), errors::sync::bad_delta, "delta plan: range {} needs chunks [{}, {}) of {}", ri,
-               r.chunk_begin, r.chunk_begin + nc, counts.size());
+    RLPT_CHECK(r.chunk_begin + nc <= counts.size(), errors::sync::bad_delta,
+               "delta plan: range {} needs chunks [{}, {}) of {}", ri, r.chunk_begin, r.chunk_begin + nc,
+               counts.size());
     std::uint64_t changed = 0;
     for (std::uint64_t c = 0; c < nc; ++c) {
       p.firsts[r.chunk_begin + c] = static_cast<std::uint32_t>(changed);
       changed += counts[r.chunk_begin + c];
     }
-    RLPT_CHECK(changed <= r.elems, errors::sync::bad_delta, "delta plan: range {} counts {} changes among {} elements", ri,
-               changed, r.elems);
+    RLPT_CHECK(changed <= r.elems, errors::sync::bad_delta, "delta plan: range {} counts {} changes among {} elements",
+               ri, changed, r.elems);
     p.stats.changed += changed;
     if (changed == 0) continue;
     std::uint64_t s_sparse = 0, s_bitmap = 0, s_dense = 0;
@@ -281,8 +293,10 @@ inline delta_plan plan_delta(std::span<const delta_range> ranges, std::span<cons
     }
     rec.changed = rec.encoding == delta_encoding::dense ? r.elems : changed;
     rec.total = delta_header_bytes + body;
-    RLPT_CHECK(r.tensor < base_checksums.size(), errors::sync::bad_delta, "delta plan: no base checksum for tensor #{}", r.tensor);
-    rec.header = delta_header(rec.encoding, r.eb, r.tensor, r.elem_begin, r.elems, rec.changed, body, base_checksums[r.tensor]);
+    RLPT_CHECK(r.tensor < base_checksums.size(), errors::sync::bad_delta, "delta plan: no base checksum for tensor #{}",
+               r.tensor);
+    rec.header =
+        delta_header(rec.encoding, r.eb, r.tensor, r.elem_begin, r.elems, rec.changed, body, base_checksums[r.tensor]);
     p.stats.bytes += rec.total;
     p.stats.records += 1;
     p.stats.by_encoding[static_cast<int>(rec.encoding)] += 1;

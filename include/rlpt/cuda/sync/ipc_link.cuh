@@ -82,12 +82,12 @@ struct ipc_options {
 
 //! Counters of an IPC link (the leak tests read them).
 struct ipc_stats {
-  std::uint64_t hellos = 0;    //!< sender: HELLOs sent; receiver: HELLOs handled
-  std::uint64_t opens = 0;     //!< receiver: mappings opened
-  std::uint64_t closes = 0;    //!< receiver: mappings closed
-  std::uint64_t hits = 0;      //!< receiver: HELLOs answered from the cache
-  std::uint64_t mapped = 0;    //!< receiver: mappings held now
-  std::uint64_t releases = 0;  //!< RELEASE credits sent (receiver) or received (sender)
+  std::uint64_t hellos = 0;   //!< sender: HELLOs sent; receiver: HELLOs handled
+  std::uint64_t opens = 0;    //!< receiver: mappings opened
+  std::uint64_t closes = 0;   //!< receiver: mappings closed
+  std::uint64_t hits = 0;     //!< receiver: HELLOs answered from the cache
+  std::uint64_t mapped = 0;   //!< receiver: mappings held now
+  std::uint64_t releases = 0; //!< RELEASE credits sent (receiver) or received (sender)
 };
 
 namespace detail {
@@ -108,7 +108,8 @@ struct cuda_ipc_opener {
     int dev = -1;
     for (int d = 0; d < count && dev < 0; ++d)
       if (device_uuid(d) == h.gpu_uuid) dev = d;
-    RLPT_CHECK(dev >= 0, errors::sync::ipc, "the exporter's GPU {} is not visible in this process (check CUDA_VISIBLE_DEVICES)",
+    RLPT_CHECK(dev >= 0, errors::sync::ipc,
+               "the exporter's GPU {} is not visible in this process (check CUDA_VISIBLE_DEVICES)",
                uuid_text(h.gpu_uuid));
     device_guard g(dev);
     ipc_mapping m;
@@ -123,16 +124,17 @@ struct cuda_ipc_opener {
       std::memcpy(&mh, h.legacy.data(), 64);
       void* p = nullptr;
       const cudaError_t e = cudaIpcOpenMemHandle(&p, mh, cudaIpcMemLazyEnablePeerAccess);
-      RLPT_CHECK(e == cudaSuccess, errors::sync::ipc,
-                 "cudaIpcOpenMemHandle of {} bytes from pid {} on {} failed with {} ({}) (a process cannot open its own "
-                 "handle; the exporter must be alive)",
-                 h.map_bytes, h.pid, uuid_text(h.gpu_uuid), cudaGetErrorName(e), cudaGetErrorString(e));
+      RLPT_CHECK(
+          e == cudaSuccess, errors::sync::ipc,
+          "cudaIpcOpenMemHandle of {} bytes from pid {} on {} failed with {} ({}) (a process cannot open its own "
+          "handle; the exporter must be alive)",
+          h.map_bytes, h.pid, uuid_text(h.gpu_uuid), cudaGetErrorName(e), cudaGetErrorString(e));
       m.mapped = p;
     } else {
       RLPT_CHECK(fd >= 0, errors::sync::ipc, "a POSIX-fd HELLO from pid {} arrived without its descriptor", h.pid);
       CUmemGenericAllocationHandle handle{};
-      RLPT_CU_CHECK(driver().cuMemImportFromShareableHandle(&handle, reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd)),
-                                                        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+      RLPT_CU_CHECK(driver().cuMemImportFromShareableHandle(
+          &handle, reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd)), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
       CUdeviceptr ptr = 0;
       const CUresult r1 = driver().cuMemAddressReserve(&ptr, h.map_bytes, 0, 0, 0);
       if (r1 != CUDA_SUCCESS) {
@@ -186,15 +188,23 @@ public:
     hello_.pid = static_cast<std::int32_t>(::getpid());
     hello_.gpu_uuid = device_uuid(device);
     std::random_device rd;
-    hello_.session = (std::uint64_t{rd()} << 32 | rd()) ^ static_cast<std::uint64_t>(clock::now().time_since_epoch().count());
+    hello_.session =
+        (std::uint64_t{rd()} << 32 | rd()) ^ static_cast<std::uint64_t>(clock::now().time_since_epoch().count());
     try {
       switch (o.memory) {
-      case ipc_memory::legacy: alloc_legacy(bytes); break;
-      case ipc_memory::vmm: alloc_vmm(bytes); break;
-      case ipc_memory::external: adopt(o.buffer, o.buffer_bytes, bytes); break;
+      case ipc_memory::legacy:
+        alloc_legacy(bytes);
+        break;
+      case ipc_memory::vmm:
+        alloc_vmm(bytes);
+        break;
+      case ipc_memory::external:
+        adopt(o.buffer, o.buffer_bytes, bytes);
+        break;
       }
-      RLPT_CHECK(hello_.kind == ipc_handle_kind::legacy || fd_channel, errors::sync::ipc,
-                 "this buffer is VMM memory, shared by file descriptor: the host link must be an rlpt::sync::unix_link");
+      RLPT_CHECK(
+          hello_.kind == ipc_handle_kind::legacy || fd_channel, errors::sync::ipc,
+          "this buffer is VMM memory, shared by file descriptor: the host link must be an rlpt::sync::unix_link");
     } catch (...) {
       cleanup();
       throw;
@@ -254,8 +264,10 @@ private:
 
   void alloc_vmm(std::uint64_t bytes) {
     int supported = 0;
-    RLPT_CU_CHECK(driver().cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, device_));
-    RLPT_CHECK(supported != 0, errors::sync::ipc, "device {} cannot export VMM memory as POSIX file descriptors", device_);
+    RLPT_CU_CHECK(driver().cuDeviceGetAttribute(
+        &supported, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, device_));
+    RLPT_CHECK(supported != 0, errors::sync::ipc, "device {} cannot export VMM memory as POSIX file descriptors",
+               device_);
     const CUmemAllocationProp prop = vmm_prop(device_);
     std::size_t gran = 0;
     RLPT_CU_CHECK(driver().cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
@@ -275,7 +287,8 @@ private:
     access.location.id = device_;
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     RLPT_CU_CHECK(driver().cuMemSetAccess(vmm_ptr_, vmm_bytes_, &access, 1));
-    RLPT_CU_CHECK(driver().cuMemExportToShareableHandle(&fd_, vmm_handle_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    RLPT_CU_CHECK(
+        driver().cuMemExportToShareableHandle(&fd_, vmm_handle_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
     hello_.kind = ipc_handle_kind::posix_fd;
     hello_.map_bytes = vmm_bytes_;
     hello_.offset = 0;
@@ -286,14 +299,15 @@ private:
   // The caller's buffer: legacy-capable cudaMalloc memory, or VMM memory exportable as a fd.
   void adopt(void* buffer, std::uint64_t buffer_bytes, std::uint64_t need) {
     RLPT_CHECK(buffer != nullptr && buffer_bytes >= need, errors::sync::ipc,
-               "ipc_options::buffer must hold at least {} bytes (slots x slot stride), got {} bytes at {}", need, buffer_bytes,
-               buffer);
-    RLPT_CHECK(reinterpret_cast<std::uintptr_t>(buffer) % 256 == 0, errors::sync::ipc, "ipc_options::buffer at {} is not 256-byte aligned",
-               buffer);
+               "ipc_options::buffer must hold at least {} bytes (slots x slot stride), got {} bytes at {}", need,
+               buffer_bytes, buffer);
+    RLPT_CHECK(reinterpret_cast<std::uintptr_t>(buffer) % 256 == 0, errors::sync::ipc,
+               "ipc_options::buffer at {} is not 256-byte aligned", buffer);
     const auto p = static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(buffer));
     int legacy = 0;
     const CUresult q = driver().cuPointerGetAttribute(&legacy, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, p);
-    RLPT_CHECK(q == CUDA_SUCCESS, errors::sync::ipc, "ipc_options::buffer at {} is not device memory this process knows", buffer);
+    RLPT_CHECK(q == CUDA_SUCCESS, errors::sync::ipc,
+               "ipc_options::buffer at {} is not device memory this process knows", buffer);
     base_ = static_cast<std::byte*>(buffer);
     if (legacy != 0) {
       CUdeviceptr alloc = 0;
@@ -304,16 +318,20 @@ private:
     }
     CUmemGenericAllocationHandle h{};
     const CUresult r = driver().cuMemRetainAllocationHandle(&h, buffer);
-    RLPT_CHECK(r == CUDA_SUCCESS, errors::sync::ipc,
-               "ipc_options::buffer at {} can be shared neither as cudaMalloc memory (cudaIpcGetMemHandle) nor as VMM memory "
-               "(cuMemExportToShareableHandle): it is pool (cudaMallocAsync), managed or host memory; use ipc_memory::legacy or "
-               "ipc_memory::vmm to let rlpt allocate the buffer",
-               buffer);
+    RLPT_CHECK(
+        r == CUDA_SUCCESS, errors::sync::ipc,
+        "ipc_options::buffer at {} can be shared neither as cudaMalloc memory (cudaIpcGetMemHandle) nor as VMM memory "
+        "(cuMemExportToShareableHandle): it is pool (cudaMallocAsync), managed or host memory; use ipc_memory::legacy "
+        "or "
+        "ipc_memory::vmm to let rlpt allocate the buffer",
+        buffer);
     CUmemAllocationProp prop{};
     const CUresult rp = driver().cuMemGetAllocationPropertiesFromHandle(&prop, h);
-    const bool fd_ok = rp == CUDA_SUCCESS && (prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
+    const bool fd_ok =
+        rp == CUDA_SUCCESS && (prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
     CUmemGenericAllocationHandle h_end{};
-    const bool same = driver().cuMemRetainAllocationHandle(&h_end, static_cast<std::byte*>(buffer) + need - 1) == CUDA_SUCCESS;
+    const bool same =
+        driver().cuMemRetainAllocationHandle(&h_end, static_cast<std::byte*>(buffer) + need - 1) == CUDA_SUCCESS;
     const bool one = same && h_end == h;
     if (same) driver().cuMemRelease(h_end);
     if (!fd_ok || !one) {
@@ -323,16 +341,18 @@ private:
                  "requestedHandleTypes, so no other process can map it; allocate it with POSIX-fd export or use "
                  "ipc_memory::vmm",
                  buffer);
-      RLPT_FAIL(errors::sync::ipc,
-                "ipc_options::buffer [{}, +{}) spans several VMM allocations (expandable segments map memory in chunks); "
-                "export one allocation, or use ipc_memory::vmm",
-                buffer, need);
+      RLPT_FAIL(
+          errors::sync::ipc,
+          "ipc_options::buffer [{}, +{}) spans several VMM allocations (expandable segments map memory in chunks); "
+          "export one allocation, or use ipc_memory::vmm",
+          buffer, need);
     }
     CUdeviceptr start = 0;
     const CUresult rs = driver().cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p);
     if (rs != CUDA_SUCCESS || start > p) {
       driver().cuMemRelease(h);
-      RLPT_FAIL(errors::sync::ipc, "cannot tell where the VMM allocation holding ipc_options::buffer at {} starts", buffer);
+      RLPT_FAIL(errors::sync::ipc, "cannot tell where the VMM allocation holding ipc_options::buffer at {} starts",
+                buffer);
     }
     std::size_t gran = 0;
     const CUmemAllocationProp gp = vmm_prop(device_);
@@ -365,9 +385,10 @@ public:
   //! `host` carries frames and credits; a VMM export needs it to be a unix_link (fd passing).
   //! The sender allocates (or adopts) and exports its buffer now; the receiver maps it when
   //! the first HELLO arrives.
-  ipc_link(link& host, role r, ipc_options o = {}) : host_(host), role_(r), o_(o), unix_(dynamic_cast<unix_link*>(&host)) {
-    RLPT_CHECK(o_.slots >= 1 && o_.slots <= ipc_max_slots, errors::sync::bad_link, "ipc: slots must be 1 to {}, got {}", ipc_max_slots,
-               o_.slots);
+  ipc_link(link& host, role r, ipc_options o = {})
+      : host_(host), role_(r), o_(o), unix_(dynamic_cast<unix_link*>(&host)) {
+    RLPT_CHECK(o_.slots >= 1 && o_.slots <= ipc_max_slots, errors::sync::bad_link, "ipc: slots must be 1 to {}, got {}",
+               ipc_max_slots, o_.slots);
     if (o_.device < 0) RLPT_CUDA_CHECK(cudaGetDevice(&o_.device));
     detail::device_guard g(o_.device);
     where_ = fmt::format("cuda ipc {} over {}", r == role::sender ? "sender" : "receiver", host.info().name);
@@ -390,8 +411,7 @@ public:
   ~ipc_link() override {
     try {
       close(after(std::chrono::milliseconds(500)));
-    } catch (...) {
-    }
+    } catch (...) {}
   }
 
   [[nodiscard]] link_info info() const override {
@@ -434,14 +454,15 @@ public:
     while (attach_state_ == 0) {
       if (!pump(until)) detail::timeout(where_, "waiting for the receiver to map the exported buffer (ATTACHED)");
     }
-    RLPT_CHECK(attach_state_ == 1, errors::sync::ipc, "{}: the receiver could not map the exported buffer: {}", where_, attach_error_);
+    RLPT_CHECK(attach_state_ == 1, errors::sync::ipc, "{}: the receiver could not map the exported buffer: {}", where_,
+               attach_error_);
     std::fill(busy_.begin(), busy_.end(), 0);
   }
 
   std::span<std::byte> payload_buffer(std::uint64_t bytes, deadline until) override {
     RLPT_CHECK(role_ == role::sender, errors::sync::bad_link, "{}: only the sender sends payloads", where_);
-    RLPT_CHECK(bytes <= o_.slot_bytes, errors::sync::too_large, "{}: payload of {} bytes exceeds the slot size {}", where_, bytes,
-               o_.slot_bytes);
+    RLPT_CHECK(bytes <= o_.slot_bytes, errors::sync::too_large, "{}: payload of {} bytes exceeds the slot size {}",
+               where_, bytes, o_.slot_bytes);
     const std::size_t s = next_slot_;
     while (busy_[s]) {
       if (!pump(until))
@@ -459,8 +480,8 @@ public:
     }
     std::uint32_t slot = ipc_no_slot;
     if (payload_bytes > 0) {
-      RLPT_CHECK(reserved_ >= 0, errors::sync::bad_link, "{}: send of {} payload bytes without a payload_buffer()", where_,
-                 payload_bytes);
+      RLPT_CHECK(reserved_ >= 0, errors::sync::bad_link, "{}: send of {} payload bytes without a payload_buffer()",
+                 where_, payload_bytes);
       slot = static_cast<std::uint32_t>(reserved_);
       detail::device_guard g(o_.device);
       // The receiver reads the slot as soon as MSG arrives: the fill must be complete first.
@@ -495,8 +516,7 @@ public:
         detail::device_guard g(o_.device);
         consumed_[s].record(work_->get()); // after the consumer's copy out of the slot
         pending_.push_back(s);
-      } catch (...) {
-      }
+      } catch (...) {}
       held_slot_ = -1;
     }
     held_ = false;
@@ -507,7 +527,8 @@ public:
     if (role_ == role::sender) {
       for (std::size_t s = 0; s < busy_.size(); ++s)
         while (busy_[s])
-          if (!pump(until)) detail::timeout(where_, fmt::format("waiting for {} to release slot {} ({})", peer_name(0), s, labels_[s]));
+          if (!pump(until))
+            detail::timeout(where_, fmt::format("waiting for {} to release slot {} ({})", peer_name(0), s, labels_[s]));
       return;
     }
     flush_releases(until, true);
@@ -525,23 +546,19 @@ public:
         encode_envelope(scratch_, ipc_kind::bye, ipc_no_slot, 0, as_bytes("closing"));
         host_.send(scratch_, 0, until);
         bye_ = false;
-        while (!bye_ && pump(until)) {
-        }
-      } catch (...) {
-      }
+        while (!bye_ && pump(until)) {}
+      } catch (...) {}
       exp_.reset();
       return;
     }
     try {
       flush_releases(until, true);
-    } catch (...) {
-    }
+    } catch (...) {}
     unmap();
     try {
       encode_envelope(scratch_, ipc_kind::bye, ipc_no_slot, 0, as_bytes("closing"));
       host_.send(scratch_, 0, until);
-    } catch (...) {
-    }
+    } catch (...) {}
   }
 
 private:
@@ -552,8 +569,10 @@ private:
     std::memcpy(&type, meta.data() + 6, 2);
     std::memcpy(&version, meta.data() + 8, 8);
     std::memcpy(&index, meta.data() + 24, 8);
-    if (type == static_cast<std::uint16_t>(frame_type::bucket)) return fmt::format("bucket {} of version {}", index, version);
-    if (type == static_cast<std::uint16_t>(frame_type::delta)) return fmt::format("delta chunk {} of version {}", index, version);
+    if (type == static_cast<std::uint16_t>(frame_type::bucket))
+      return fmt::format("bucket {} of version {}", index, version);
+    if (type == static_cast<std::uint16_t>(frame_type::delta))
+      return fmt::format("delta chunk {} of version {}", index, version);
     return fmt::format("a payload of version {}", version);
   }
 
@@ -582,12 +601,15 @@ private:
           ++stats_.releases;
         }
         break;
-      case ipc_kind::reply: replies_.emplace_back(e.body.begin(), e.body.end()); break;
+      case ipc_kind::reply:
+        replies_.emplace_back(e.body.begin(), e.body.end());
+        break;
       case ipc_kind::bye:
         bye_ = true;
         std::fill(busy_.begin(), busy_.end(), 0); // the receiver finished with every slot before saying BYE
         break;
-      default: RLPT_FAIL(errors::sync::wire, "{}: unexpected {} message from the receiver", where_, name(e.kind));
+      default:
+        RLPT_FAIL(errors::sync::wire, "{}: unexpected {} message from the receiver", where_, name(e.kind));
       }
     } catch (...) {
       host_.release();
@@ -611,8 +633,10 @@ private:
     detail::device_guard g(o_.device);
     while (!pending_.empty()) {
       const std::size_t s = pending_.front();
-      if (all) detail::wait_event(consumed_[s].get(), until, where_, fmt::format("waiting for the copy out of slot {}", s));
-      else if (cudaEventQuery(consumed_[s].get()) != cudaSuccess) break;
+      if (all)
+        detail::wait_event(consumed_[s].get(), until, where_, fmt::format("waiting for the copy out of slot {}", s));
+      else if (cudaEventQuery(consumed_[s].get()) != cudaSuccess)
+        break;
       pending_.pop_front();
       encode_envelope(scratch_, ipc_kind::release, static_cast<std::uint32_t>(s), 0, {});
       host_.send(scratch_, 0, after(o_.timeout));
@@ -646,14 +670,17 @@ private:
           host_.release();
           continue;
         }
-        RLPT_CHECK(e.kind == ipc_kind::msg, errors::sync::wire, "{}: unexpected {} message from the sender", where_, name(e.kind));
+        RLPT_CHECK(e.kind == ipc_kind::msg, errors::sync::wire, "{}: unexpected {} message from the sender", where_,
+                   name(e.kind));
         if (e.slot != ipc_no_slot) {
-          RLPT_CHECK(map_ != nullptr, errors::sync::ipc, "{}: a payload arrived before the exported buffer was mapped", where_);
+          RLPT_CHECK(map_ != nullptr, errors::sync::ipc, "{}: a payload arrived before the exported buffer was mapped",
+                     where_);
           RLPT_CHECK(e.slot < slots_ && e.payload_bytes <= mapped_slot_bytes_, errors::sync::wire,
-                     "{}: payload of {} bytes in slot {} (the buffer has {} slots of {} bytes)", where_, e.payload_bytes, e.slot,
-                     slots_, mapped_slot_bytes_);
+                     "{}: payload of {} bytes in slot {} (the buffer has {} slots of {} bytes)", where_,
+                     e.payload_bytes, e.slot, slots_, mapped_slot_bytes_);
         } else {
-          RLPT_CHECK(e.payload_bytes == 0, errors::sync::wire, "{}: {} payload bytes without a slot", where_, e.payload_bytes);
+          RLPT_CHECK(e.payload_bytes == 0, errors::sync::wire, "{}: {} payload bytes without a slot", where_,
+                     e.payload_bytes);
         }
       } catch (...) {
         host_.release();
@@ -672,7 +699,8 @@ private:
     std::string problem;
     try {
       const ipc_hello h = decode_hello(e.body, where_);
-      RLPT_CHECK(fds.size() == h.fds, errors::sync::ipc, "{}: HELLO announces {} descriptors, {} arrived{}", where_, h.fds, fds.size(),
+      RLPT_CHECK(fds.size() == h.fds, errors::sync::ipc, "{}: HELLO announces {} descriptors, {} arrived{}", where_,
+                 h.fds, fds.size(),
                  unix_ == nullptr && h.fds != 0 ? " (a POSIX-fd export needs a unix_link host channel)" : "");
       flush_releases(after(o_.timeout), true); // nothing of ours reads the slots any more
       const int fd = fds.empty() ? -1 : fds[0];

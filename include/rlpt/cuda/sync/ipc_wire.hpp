@@ -48,12 +48,18 @@ enum class ipc_kind : std::uint8_t { hello = 1, attached, msg, reply, release, b
 
 [[nodiscard]] constexpr std::string_view name(ipc_kind k) noexcept {
   switch (k) {
-  case ipc_kind::hello: return "HELLO";
-  case ipc_kind::attached: return "ATTACHED";
-  case ipc_kind::msg: return "MSG";
-  case ipc_kind::reply: return "REPLY";
-  case ipc_kind::release: return "RELEASE";
-  case ipc_kind::bye: return "BYE";
+  case ipc_kind::hello:
+    return "HELLO";
+  case ipc_kind::attached:
+    return "ATTACHED";
+  case ipc_kind::msg:
+    return "MSG";
+  case ipc_kind::reply:
+    return "REPLY";
+  case ipc_kind::release:
+    return "RELEASE";
+  case ipc_kind::bye:
+    return "BYE";
   }
   return "?";
 }
@@ -102,8 +108,8 @@ inline void encode_envelope(std::vector<std::byte>& out, ipc_kind kind, std::uin
 }
 
 [[nodiscard]] inline ipc_envelope decode_envelope(std::span<const std::byte> meta, std::string_view where) {
-  RLPT_CHECK(meta.size() >= ipc_envelope_header, errors::sync::wire, "{}: IPC message of {} bytes is shorter than its {}-byte header",
-             where, meta.size(), ipc_envelope_header);
+  RLPT_CHECK(meta.size() >= ipc_envelope_header, errors::sync::wire,
+             "{}: IPC message of {} bytes is shorter than its {}-byte header", where, meta.size(), ipc_envelope_header);
   const std::byte* p = meta.data();
   std::uint32_t magic, slot;
   std::uint8_t kind, z[3];
@@ -118,10 +124,10 @@ inline void encode_envelope(std::vector<std::byte>& out, ipc_kind kind, std::uin
   xxh3_stream h;
   h.update(p, 24);
   h.update(p + ipc_envelope_header, meta.size() - ipc_envelope_header);
-  RLPT_CHECK(h.digest() == check, errors::sync::wire, "{}: IPC message checksum {} does not match its contents ({})", where,
-             to_hex(check), to_hex(h.digest()));
-  RLPT_CHECK(kind >= 1 && kind <= 6 && z[0] == 0 && z[1] == 0 && z[2] == 0, errors::sync::wire, "{}: unknown IPC message kind {}",
-             where, kind);
+  RLPT_CHECK(h.digest() == check, errors::sync::wire, "{}: IPC message checksum {} does not match its contents ({})",
+             where, to_hex(check), to_hex(h.digest()));
+  RLPT_CHECK(kind >= 1 && kind <= 6 && z[0] == 0 && z[1] == 0 && z[2] == 0, errors::sync::wire,
+             "{}: unknown IPC message kind {}", where, kind);
   ipc_envelope e;
   e.kind = static_cast<ipc_kind>(kind);
   e.slot = slot;
@@ -137,8 +143,8 @@ struct ipc_hello {
   ipc_handle_kind kind = ipc_handle_kind::legacy;
   std::array<unsigned char, 16> gpu_uuid{}; //!< the exporting GPU (cudaDeviceProp::uuid)
   std::array<unsigned char, 64> legacy{};   //!< cudaIpcMemHandle_t (legacy only)
-  std::uint64_t map_bytes = 0;   //!< bytes to map (the whole exported allocation)
-  std::uint64_t offset = 0;      //!< where slot 0 starts in the mapping
+  std::uint64_t map_bytes = 0;              //!< bytes to map (the whole exported allocation)
+  std::uint64_t offset = 0;                 //!< where slot 0 starts in the mapping
   std::uint32_t slots = 0;
   std::uint32_t fds = 0;         //!< descriptors sent with the message (1 for posix_fd)
   std::uint64_t slot_bytes = 0;  //!< payload capacity of a slot
@@ -166,8 +172,8 @@ inline constexpr std::size_t ipc_hello_bytes = 8 + 4 + 4 + 16 + 64 + 8 + 8 + 4 +
 }
 
 [[nodiscard]] inline ipc_hello decode_hello(std::span<const std::byte> body, std::string_view where) {
-  RLPT_CHECK(body.size() == ipc_hello_bytes, errors::sync::wire, "{}: HELLO body has {} bytes, expected {}", where, body.size(),
-             ipc_hello_bytes);
+  RLPT_CHECK(body.size() == ipc_hello_bytes, errors::sync::wire, "{}: HELLO body has {} bytes, expected {}", where,
+             body.size(), ipc_hello_bytes);
   const std::byte* p = body.data();
   ipc_hello h;
   std::uint32_t kind;
@@ -182,27 +188,31 @@ inline constexpr std::size_t ipc_hello_bytes = 8 + 4 + 4 + 16 + 64 + 8 + 8 + 4 +
   std::memcpy(&h.fds, p + 116, 4);
   std::memcpy(&h.slot_bytes, p + 120, 8);
   std::memcpy(&h.slot_stride, p + 128, 8);
-  RLPT_CHECK(kind == 1 || kind == 2, errors::sync::wire, "{}: HELLO names handle kind {}, not legacy (1) or posix_fd (2)", where,
-             kind);
+  RLPT_CHECK(kind == 1 || kind == 2, errors::sync::wire,
+             "{}: HELLO names handle kind {}, not legacy (1) or posix_fd (2)", where, kind);
   h.kind = static_cast<ipc_handle_kind>(kind);
   RLPT_CHECK(h.fds == (h.kind == ipc_handle_kind::posix_fd ? 1u : 0u), errors::sync::wire,
-             "{}: a {} HELLO must carry {} descriptors, it says {}", where, h.kind == ipc_handle_kind::legacy ? "legacy" : "posix_fd",
-             h.kind == ipc_handle_kind::legacy ? 0 : 1, h.fds);
+             "{}: a {} HELLO must carry {} descriptors, it says {}", where,
+             h.kind == ipc_handle_kind::legacy ? "legacy" : "posix_fd", h.kind == ipc_handle_kind::legacy ? 0 : 1,
+             h.fds);
   RLPT_CHECK(h.slots >= 1 && h.slots <= ipc_max_slots && h.slot_bytes >= 1 && h.slot_stride >= h.slot_bytes &&
                  h.slot_stride % 256 == 0 && h.offset % 256 == 0,
-             errors::sync::wire, "{}: HELLO slot geometry is invalid ({} slots of {} bytes every {} bytes from offset {})", where,
-             h.slots, h.slot_bytes, h.slot_stride, h.offset);
+             errors::sync::wire,
+             "{}: HELLO slot geometry is invalid ({} slots of {} bytes every {} bytes from offset {})", where, h.slots,
+             h.slot_bytes, h.slot_stride, h.offset);
   std::uint64_t span = 0, end = 0;
   RLPT_CHECK(!__builtin_mul_overflow(std::uint64_t{h.slots}, h.slot_stride, &span) &&
                  !__builtin_add_overflow(span, h.offset, &end) && end <= h.map_bytes,
-             errors::sync::wire, "{}: HELLO slots end past the {}-byte mapping ({} slots every {} bytes from offset {})", where,
+             errors::sync::wire,
+             "{}: HELLO slots end past the {}-byte mapping ({} slots every {} bytes from offset {})", where,
              h.map_bytes, h.slots, h.slot_stride, h.offset);
   return h;
 }
 
 [[nodiscard]] inline std::string uuid_text(const std::array<unsigned char, 16>& u) {
-  return fmt::format("GPU-{:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}",
-                     u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+  return fmt::format(
+      "GPU-{:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}", u[0],
+      u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
 }
 
 //! A mapping the importer holds: `base` is where slot 0 starts in this process.
@@ -210,18 +220,17 @@ struct ipc_mapping {
   std::uint64_t session = 0;
   std::array<unsigned char, 16> gpu_uuid{};
   ipc_handle_kind kind = ipc_handle_kind::legacy;
-  int device = -1;            //!< the local device ordinal of the exporting GPU
-  void* mapped = nullptr;     //!< start of the whole mapping
+  int device = -1;        //!< the local device ordinal of the exporting GPU
+  void* mapped = nullptr; //!< start of the whole mapping
   std::uint64_t map_bytes = 0;
-  std::byte* base = nullptr;  //!< slot 0
+  std::byte* base = nullptr; //!< slot 0
 };
 
 //! The importer's mappings, one per exporting GPU, opened once per export session.
 //! `Opener` provides `ipc_mapping open(const ipc_hello&, int fd)` (which must not close the
 //! fd) and `void close(ipc_mapping&) noexcept`; the CUDA opener lives in the IPC transport,
 //! tests pass a counting fake.
-template <class Opener>
-class ipc_import_cache {
+template <class Opener> class ipc_import_cache {
 public:
   explicit ipc_import_cache(Opener opener = {}) : opener_(std::move(opener)) {}
   ipc_import_cache(const ipc_import_cache&) = delete;

@@ -74,7 +74,8 @@ struct nccl_options {
 class nccl_link final : public device_link {
 public:
   //! Sender (rank 0, the root) of a group the link creates: one host link per receiver.
-  nccl_link(std::vector<link*> receivers, nccl_options o = {}) : o_(o), role_(role::sender), own_(true), hosts_(std::move(receivers)) {
+  nccl_link(std::vector<link*> receivers, nccl_options o = {})
+      : o_(o), role_(role::sender), own_(true), hosts_(std::move(receivers)) {
     where_ = fmt::format("nccl sender ({} receivers)", hosts_.size());
     init_common(o_.device);
   }
@@ -97,20 +98,21 @@ public:
     RLPT_NCCL_CHECK(ncclCommCount(comm, &ranks));
     RLPT_NCCL_CHECK(ncclCommUserRank(comm, &rank));
     RLPT_NCCL_CHECK(ncclCommCuDevice(comm, &dev));
-    RLPT_CHECK(root >= 0 && root < ranks, errors::sync::bad_link, "nccl_link: root {} is not a rank of a {}-rank communicator", root,
-               ranks);
+    RLPT_CHECK(root >= 0 && root < ranks, errors::sync::bad_link,
+               "nccl_link: root {} is not a rank of a {}-rank communicator", root, ranks);
     role_ = rank == root ? role::sender : role::receiver;
     ranks_ = ranks;
     rank_ = rank;
     root_ = root;
     if (role_ == role::sender)
       RLPT_CHECK(static_cast<std::size_t>(ranks) == hosts_.size() + 1, errors::sync::bad_link,
-                 "nccl_link: the communicator has {} ranks but the sender was given {} host links (one per receiver)", ranks,
-                 hosts_.size());
+                 "nccl_link: the communicator has {} ranks but the sender was given {} host links (one per receiver)",
+                 ranks, hosts_.size());
     else
-      RLPT_CHECK(hosts_.size() == 1, errors::sync::bad_link, "nccl_link: a receiver needs exactly one host link, got {}",
-                 hosts_.size());
-    where_ = fmt::format("nccl rank {} of {} ({}, root {})", rank, ranks, role_ == role::sender ? "sender" : "receiver", root);
+      RLPT_CHECK(hosts_.size() == 1, errors::sync::bad_link,
+                 "nccl_link: a receiver needs exactly one host link, got {}", hosts_.size());
+    where_ = fmt::format("nccl rank {} of {} ({}, root {})", rank, ranks, role_ == role::sender ? "sender" : "receiver",
+                         root);
     init_common(dev);
   }
 
@@ -122,8 +124,7 @@ public:
       detail::device_guard g(device_);
       if (comm_ != nullptr && own_) static_cast<void>(ncclCommAbort(comm_)); // local teardown, never waits on peers
       comm_ = nullptr;
-    } catch (...) {
-    }
+    } catch (...) {}
   }
 
   [[nodiscard]] link_info info() const override { return {where_, true, o_.slot_bytes, memory_space::device}; }
@@ -146,19 +147,21 @@ public:
   void prepare(deadline until) override {
     if (role_ == role::receiver) return; // the sender drives the bootstrap
     if (comm_ != nullptr && !broken_) return;
-    RLPT_CHECK(own_, errors::sync::peer_lost, "{}: the user's communicator was aborted after an error; create a new one", where_);
+    RLPT_CHECK(own_, errors::sync::peer_lost,
+               "{}: the user's communicator was aborted after an error; create a new one", where_);
     bootstrap(until);
   }
 
   std::span<std::byte> payload_buffer(std::uint64_t bytes, deadline until) override {
     RLPT_CHECK(role_ == role::sender, errors::sync::bad_link, "{}: only the sender sends payloads", where_);
-    RLPT_CHECK(bytes <= o_.slot_bytes, errors::sync::too_large, "{}: payload of {} bytes exceeds the slot size {}", where_, bytes,
-               o_.slot_bytes);
+    RLPT_CHECK(bytes <= o_.slot_bytes, errors::sync::too_large, "{}: payload of {} bytes exceeds the slot size {}",
+               where_, bytes, o_.slot_bytes);
     ready();
     if (reserved_ < 0) {
       const auto s = static_cast<std::size_t>(next_slot_);
       detail::device_guard g(device_);
-      wait_slot(slots_[s].sent.get(), until, fmt::format("waiting for the broadcast of {} to finish (slot {})", slots_[s].label, s));
+      wait_slot(slots_[s].sent.get(), until,
+                fmt::format("waiting for the broadcast of {} to finish (slot {})", slots_[s].label, s));
       reserved_ = next_slot_;
     }
     return {slot_ptr(static_cast<std::size_t>(reserved_)), static_cast<std::size_t>(bytes)};
@@ -170,8 +173,8 @@ public:
       return;
     }
     if (payload_bytes > 0) {
-      RLPT_CHECK(reserved_ >= 0, errors::sync::bad_link, "{}: send of {} payload bytes without a payload_buffer()", where_,
-                 payload_bytes);
+      RLPT_CHECK(reserved_ >= 0, errors::sync::bad_link, "{}: send of {} payload bytes without a payload_buffer()",
+                 where_, payload_bytes);
       ready();
     }
     for (auto* h : hosts_) h->send(meta, 0, until);
@@ -197,8 +200,7 @@ public:
       try {
         detail::device_guard g(device_);
         slots_[static_cast<std::size_t>(held_slot_)].used.record(work_->get()); // the consumer's work is enqueued
-      } catch (...) {
-      }
+      } catch (...) {}
       held_slot_ = -1;
     }
     hosts_[static_cast<std::size_t>(held_host_)]->release();
@@ -209,8 +211,10 @@ public:
     if (comm_ == nullptr && slots_busy() == 0) return;
     detail::device_guard g(device_);
     for (std::size_t s = 0; s < slots_.size(); ++s) {
-      if (role_ == role::sender) wait_slot(slots_[s].sent.get(), until, fmt::format("waiting for the broadcast of {}", slots_[s].label));
-      else wait_slot(slots_[s].used.get(), until, fmt::format("waiting for {} to be consumed", slots_[s].label));
+      if (role_ == role::sender)
+        wait_slot(slots_[s].sent.get(), until, fmt::format("waiting for the broadcast of {}", slots_[s].label));
+      else
+        wait_slot(slots_[s].used.get(), until, fmt::format("waiting for {} to be consumed", slots_[s].label));
     }
   }
 
@@ -219,8 +223,7 @@ public:
       detail::device_guard g(device_);
       reserved_ = -1;
       if (comm_ != nullptr && !broken_ && broadcasts_pending()) abort_comm(why);
-    } catch (...) {
-    }
+    } catch (...) {}
   }
 
 private:
@@ -231,8 +234,8 @@ private:
   };
 
   void init_common(int device) {
-    RLPT_CHECK(o_.slots >= 2, errors::sync::bad_link, "{}: needs at least 2 slots (pack one while the other is on the wire), got {}",
-               where_, o_.slots);
+    RLPT_CHECK(o_.slots >= 2, errors::sync::bad_link,
+               "{}: needs at least 2 slots (pack one while the other is on the wire), got {}", where_, o_.slots);
     RLPT_CHECK(o_.slot_bytes >= 256, errors::sync::bad_link, "{}: slot_bytes {} is too small", where_, o_.slot_bytes);
     if (device < 0) RLPT_CUDA_CHECK(cudaGetDevice(&device));
     device_ = device;
@@ -252,8 +255,10 @@ private:
     std::size_t n = 0;
     for (const auto& s : slots_) {
       const cudaError_t e = cudaEventQuery(role_ == role::sender ? s.sent.get() : s.used.get());
-      if (e == cudaErrorNotReady) ++n;
-      else if (e != cudaSuccess) static_cast<void>(cudaGetLastError());
+      if (e == cudaErrorNotReady)
+        ++n;
+      else if (e != cudaSuccess)
+        static_cast<void>(cudaGetLastError());
     }
     return n;
   }
@@ -266,7 +271,8 @@ private:
   }
 
   void ready() const {
-    RLPT_CHECK(comm_ != nullptr, errors::sync::peer_lost, "{}: no communicator yet (the sender creates it at its first update)", where_);
+    RLPT_CHECK(comm_ != nullptr, errors::sync::peer_lost,
+               "{}: no communicator yet (the sender creates it at its first update)", where_);
     RLPT_CHECK(!broken_, errors::sync::peer_lost, "{}: the communicator was aborted ({}){}", where_, last_abort_,
                own_ ? "; the sender creates a new one at its next update" : "; create a new one");
   }
@@ -278,8 +284,10 @@ private:
     std::memcpy(&type, meta.data() + 6, 2);
     std::memcpy(&version, meta.data() + 8, 8);
     std::memcpy(&index, meta.data() + 24, 8);
-    if (type == static_cast<std::uint16_t>(frame_type::bucket)) return fmt::format("bucket {} of version {}", index, version);
-    if (type == static_cast<std::uint16_t>(frame_type::delta)) return fmt::format("delta chunk {} of version {}", index, version);
+    if (type == static_cast<std::uint16_t>(frame_type::bucket))
+      return fmt::format("bucket {} of version {}", index, version);
+    if (type == static_cast<std::uint16_t>(frame_type::delta))
+      return fmt::format("delta chunk {} of version {}", index, version);
     return fmt::format("a payload of version {}", version);
   }
 
@@ -304,8 +312,8 @@ private:
     const ncclResult_t rc = ncclCommGetAsyncError(comm_, &st);
     if (rc == ncclSuccess && (st == ncclSuccess || st == ncclInProgress)) return;
     const ncclResult_t bad = rc != ncclSuccess ? rc : st;
-    const std::string msg = fmt::format("{}: {}: NCCL reported {} ({}); the communicator was aborted (peers: {})", where_, what,
-                                        static_cast<int>(bad), ncclGetErrorString(bad), peers_text());
+    const std::string msg = fmt::format("{}: {}: NCCL reported {} ({}); the communicator was aborted (peers: {})",
+                                        where_, what, static_cast<int>(bad), ncclGetErrorString(bad), peers_text());
     abort_comm(msg);
     RLPT_FAIL(errors::nccl::error, "{}", msg);
   }
@@ -318,18 +326,21 @@ private:
       if (rc == ncclSuccess && st == ncclSuccess) return;
       if (rc != ncclSuccess || st != ncclInProgress) {
         const ncclResult_t bad = rc != ncclSuccess ? rc : st;
-        const std::string msg = fmt::format("{}: {}: NCCL reported {} ({}); the communicator was aborted (peers: {})", where_,
-                                            what, static_cast<int>(bad), ncclGetErrorString(bad), peers_text());
+        const std::string msg = fmt::format("{}: {}: NCCL reported {} ({}); the communicator was aborted (peers: {})",
+                                            where_, what, static_cast<int>(bad), ncclGetErrorString(bad), peers_text());
         abort_comm(msg);
         RLPT_FAIL(errors::nccl::error, "{}", msg);
       }
       if (clock::now() >= until) {
-        const std::string msg = fmt::format("{}: timed out {}; the communicator was aborted (peers: {})", where_, what, peers_text());
+        const std::string msg =
+            fmt::format("{}: timed out {}; the communicator was aborted (peers: {})", where_, what, peers_text());
         abort_comm(msg);
         RLPT_FAIL(errors::sync::timeout, "{}", msg);
       }
-      if (spins < 64) std::this_thread::yield();
-      else std::this_thread::sleep_for(std::chrono::microseconds(50));
+      if (spins < 64)
+        std::this_thread::yield();
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
 
@@ -350,10 +361,12 @@ private:
   void broadcast(std::size_t s, std::uint64_t bytes, deadline until) {
     const std::string what = fmt::format("broadcasting {} (slot {}, {} bytes)", slots_[s].label, s, bytes);
     const ncclResult_t rc = ncclBroadcast(slot_ptr(s), slot_ptr(s), bytes, ncclUint8, root_, comm_, net_->get());
-    if (rc == ncclInProgress) settle(until, what);
+    if (rc == ncclInProgress)
+      settle(until, what);
     else if (rc != ncclSuccess) {
-      const std::string msg = fmt::format("{}: {}: ncclBroadcast failed with {} ({}); the communicator was aborted (peers: {})",
-                                          where_, what, static_cast<int>(rc), ncclGetErrorString(rc), peers_text());
+      const std::string msg =
+          fmt::format("{}: {}: ncclBroadcast failed with {} ({}); the communicator was aborted (peers: {})", where_,
+                      what, static_cast<int>(rc), ncclGetErrorString(rc), peers_text());
       abort_comm(msg);
       RLPT_FAIL(errors::nccl::error, "{}", msg);
     }
@@ -407,7 +420,8 @@ private:
         std::string missing;
         for (std::size_t i = 0; i < hosts_.size(); ++i)
           if (!joined_[i]) missing += fmt::format("{}{}", missing.empty() ? "" : ", ", peer_name(i));
-        RLPT_FAIL(errors::sync::timeout, "{}: timed out waiting for {} to join communicator {}", where_, missing, epoch_);
+        RLPT_FAIL(errors::sync::timeout, "{}: timed out waiting for {} to join communicator {}", where_, missing,
+                  epoch_);
       }
       if (!any) std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
@@ -419,8 +433,8 @@ private:
     ncclComm_t comm = nullptr;
     const ncclResult_t rc = ncclCommInitRankConfig(&comm, ranks, id, rank, &c);
     if (rc != ncclSuccess && rc != ncclInProgress)
-      RLPT_FAIL(errors::nccl::error, "{}: ncclCommInitRankConfig (rank {} of {}) failed with {} ({})", where_, rank, ranks,
-                static_cast<int>(rc), ncclGetErrorString(rc));
+      RLPT_FAIL(errors::nccl::error, "{}: ncclCommInitRankConfig (rank {} of {}) failed with {} ({})", where_, rank,
+                ranks, static_cast<int>(rc), ncclGetErrorString(rc));
     comm_ = comm;
     broken_ = false;
     ranks_ = ranks;
@@ -469,8 +483,10 @@ private:
         return msg;
       }
       if (hosts_.empty() || clock::now() >= until) return std::nullopt;
-      if (++spins < 32) std::this_thread::yield();
-      else std::this_thread::sleep_for(std::chrono::microseconds(50));
+      if (++spins < 32)
+        std::this_thread::yield();
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
 
@@ -496,12 +512,13 @@ private:
       // Every payload the sender announces is a broadcast this rank must join, whatever the
       // protocol makes of the frame: otherwise the whole group stalls.
       ready();
-      RLPT_CHECK(payload <= o_.slot_bytes, errors::sync::too_large, "{}: payload of {} bytes exceeds the slot size {}", where_, payload,
-                 o_.slot_bytes);
+      RLPT_CHECK(payload <= o_.slot_bytes, errors::sync::too_large, "{}: payload of {} bytes exceeds the slot size {}",
+                 where_, payload, o_.slot_bytes);
       const auto s = static_cast<std::size_t>(next_slot_);
       detail::device_guard g(device_);
       const deadline limit = after(o_.timeout);
-      wait_slot(slots_[s].used.get(), limit, fmt::format("waiting for {} to be consumed (slot {})", slots_[s].label, s));
+      wait_slot(slots_[s].used.get(), limit,
+                fmt::format("waiting for {} to be consumed (slot {})", slots_[s].label, s));
       slots_[s].label = label_of(msg->meta);
       broadcast(s, payload, limit);
       wait_slot(slots_[s].sent.get(), limit, fmt::format("receiving {} from {}", slots_[s].label, peer_name(0)));

@@ -94,8 +94,8 @@ struct nccl_join_msg {
 namespace detail {
 inline void check_boot(std::span<const std::byte> meta, std::size_t want, std::uint8_t kind, std::string_view what,
                        std::string_view where) {
-  RLPT_CHECK(meta.size() == want, errors::sync::wire, "{}: NCCL {} message has {} bytes, expected {}", where, what, meta.size(),
-             want);
+  RLPT_CHECK(meta.size() == want, errors::sync::wire, "{}: NCCL {} message has {} bytes, expected {}", where, what,
+             meta.size(), want);
   std::uint32_t magic;
   std::uint8_t k, z[3];
   std::uint64_t c;
@@ -105,7 +105,8 @@ inline void check_boot(std::span<const std::byte> meta, std::size_t want, std::u
   std::memcpy(&c, meta.data() + want - 8, 8);
   RLPT_CHECK(magic == nccl_boot_magic && k == kind && z[0] == 0 && z[1] == 0 && z[2] == 0, errors::sync::wire,
              "{}: not an NCCL {} message", where, what);
-  RLPT_CHECK(xxh3(meta.data(), want - 8) == c, errors::sync::wire, "{}: NCCL {} message fails its checksum", where, what);
+  RLPT_CHECK(xxh3(meta.data(), want - 8) == c, errors::sync::wire, "{}: NCCL {} message fails its checksum", where,
+             what);
 }
 } // namespace detail
 

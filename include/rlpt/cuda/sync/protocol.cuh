@@ -96,11 +96,14 @@ struct device_copy_plan {
   device_bytes tasks;
 
   device_copy_plan() = default;
-  explicit device_copy_plan(copy_plan p) : host(std::move(p)), tasks(std::max<std::size_t>(1, host.tasks.size()) * sizeof(copy_task)) {
+  explicit device_copy_plan(copy_plan p)
+      : host(std::move(p)), tasks(std::max<std::size_t>(1, host.tasks.size()) * sizeof(copy_task)) {
     if (!host.tasks.empty())
-      RLPT_CUDA_CHECK(cudaMemcpy(tasks.get(), host.tasks.data(), host.tasks.size() * sizeof(copy_task), cudaMemcpyHostToDevice));
+      RLPT_CUDA_CHECK(
+          cudaMemcpy(tasks.get(), host.tasks.data(), host.tasks.size() * sizeof(copy_task), cudaMemcpyHostToDevice));
   }
-  void run(std::size_t launch, std::uint64_t src_base, std::uint64_t dst_base, std::uint64_t* sums, cudaStream_t s) const {
+  void run(std::size_t launch, std::uint64_t src_base, std::uint64_t dst_base, std::uint64_t* sums,
+           cudaStream_t s) const {
     run_copy(tasks.get<copy_task>(), host.launches[launch], src_base, dst_base, sums, s);
   }
 };
@@ -133,8 +136,8 @@ public:
     if (o_.delta) {
       for (std::size_t i = 0; i < m_.size(); ++i)
         RLPT_CHECK(src[i] == nullptr || src[i]->dtype == m_[i].dtype, errors::sync::bad_source,
-                   "{}: deltas compare wire bytes, but parameter \"{}\" is stored as {} and travels as {}", where_, m_[i].name,
-                   src[i]->dtype, m_[i].dtype);
+                   "{}: deltas compare wire bytes, but parameter \"{}\" is stored as {} and travels as {}", where_,
+                   m_[i].name, src[i]->dtype, m_[i].dtype);
       snapshot_ = device_bytes(std::max<std::uint64_t>(1, m_.packed_bytes()));
       std::vector<const void*> now(m_.size()), base(m_.size());
       for (std::size_t i = 0; i < m_.size(); ++i) {
@@ -143,7 +146,8 @@ public:
         if (m_[i].nbytes != 0) snap_copies_.push_back({snapshot_.get() + m_.packed_offset(i), now[i], m_[i].nbytes});
       }
       max_msg_ = std::min<std::uint64_t>(m_.bucket_bytes(), link_.info().max_payload);
-      encoder_ = std::make_unique<device_delta_encoder>(m_, now, base, std::max<std::uint64_t>(max_msg_, delta_header_bytes + 64));
+      encoder_ = std::make_unique<device_delta_encoder>(m_, now, base,
+                                                        std::max<std::uint64_t>(max_msg_, delta_header_bytes + 64));
     }
   }
 
@@ -156,8 +160,8 @@ public:
 
   //! The link's stream waits for `ready` before it reads the parameters (the next publish).
   void wait_for(cudaEvent_t ready) {
-    RLPT_CHECK(ready != nullptr, errors::sync::bad_source, "{}: publish needs an event recorded after the parameters were written",
-               where_);
+    RLPT_CHECK(ready != nullptr, errors::sync::bad_source,
+               "{}: publish needs an event recorded after the parameters were written", where_);
     RLPT_CUDA_CHECK(cudaStreamWaitEvent(link_.stream(), ready, 0));
   }
   void wait_for(cudaStream_t producer) {
@@ -167,7 +171,8 @@ public:
 
   void begin_dense() { raw_.assign(m_.size(), 0); }
 
-  std::span<const std::uint64_t> pack(std::uint64_t b, std::span<std::byte> buf, std::uint64_t version, deadline until) {
+  std::span<const std::uint64_t> pack(std::uint64_t b, std::span<std::byte> buf, std::uint64_t version,
+                                      deadline until) {
     const cudaStream_t s = link_.stream();
     const std::uint64_t p0 = piece_at_[b], np = piece_at_[b + 1] - p0;
     auto* host = h_sums_.get<std::uint64_t>();
@@ -209,7 +214,8 @@ public:
     const std::size_t nrec = msg.record_end - msg.record_begin;
     body_.resize(8 + 64 * nrec);
     std::memcpy(body_.data(), h_msg_sum_.get(), 8);
-    for (std::size_t j = 0; j < nrec; ++j) std::memcpy(body_.data() + 8 + 64 * j, p.records[msg.record_begin + j].header.data(), 64);
+    for (std::size_t j = 0; j < nrec; ++j)
+      std::memcpy(body_.data() + 8 + 64 * j, p.records[msg.record_begin + j].header.data(), 64);
     return {body_, nrec};
   }
 
@@ -217,7 +223,8 @@ public:
   void committed(bool, deadline until) {
     if (!o_.delta) return;
     const cudaStream_t s = link_.stream();
-    for (const auto& c : snap_copies_) RLPT_CUDA_CHECK(cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDeviceToDevice, s));
+    for (const auto& c : snap_copies_)
+      RLPT_CUDA_CHECK(cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDeviceToDevice, s));
     wait_stream(done_, s, until, where_, "updating the delta snapshot");
   }
 
@@ -262,11 +269,11 @@ public:
     std::uint64_t tensor_first = 0, tensor_end = 0; // element range in the tensor
   };
   struct inflight_state {
-    std::vector<const device_tensor*> bound;  // the manifest's targets (BEGIN)
-    std::vector<std::uint64_t> want_pieces;   // dense: per piece, from BUCKET bodies
-    std::vector<std::uint64_t> want_msgs;     // delta: per message, from DELTA bodies
-    std::vector<staged_record> records;       // delta
-    std::uint64_t arena_used = 0;             // delta
+    std::vector<const device_tensor*> bound; // the manifest's targets (BEGIN)
+    std::vector<std::uint64_t> want_pieces;  // dense: per piece, from BUCKET bodies
+    std::vector<std::uint64_t> want_msgs;    // delta: per message, from DELTA bodies
+    std::vector<staged_record> records;      // delta
+    std::uint64_t arena_used = 0;            // delta
   };
   using inflight = receiver_inflight<inflight_state>;
 
@@ -321,9 +328,9 @@ public:
 
   void delta_chunk(inflight& c, const frame& f, std::span<const std::byte> payload, receiver_state& st) {
     const manifest& m = c.m;
-    RLPT_CHECK(f.count >= 1 && f.count <= (f.body.size() / 64) && f.body.size() == 8 + 64 * f.count, errors::sync::protocol,
-               "{}: delta chunk {} of version {} announces {} records in a {}-byte body", where_, f.index, f.version, f.count,
-               f.body.size());
+    RLPT_CHECK(f.count >= 1 && f.count <= (f.body.size() / 64) && f.body.size() == 8 + 64 * f.count,
+               errors::sync::protocol, "{}: delta chunk {} of version {} announces {} records in a {}-byte body",
+               where_, f.index, f.version, f.count, f.body.size());
     const std::string ctx = fmt::format("{} version {} delta chunk {}", where_, f.version, f.index);
     std::uint64_t at = 0;
     const std::uint64_t arena_at = c.be.arena_used;
@@ -334,17 +341,20 @@ public:
       s.rec.head = parse_delta_head(h, ctx, at);
       std::memcpy(s.rec.header.data(), h.data(), 64);
       const delta_head& d = s.rec.head;
-      RLPT_CHECK(d.tensor < m.size(), errors::sync::bad_delta, "{}: delta record names tensor #{} of {}", ctx, d.tensor, m.size());
+      RLPT_CHECK(d.tensor < m.size(), errors::sync::bad_delta, "{}: delta record names tensor #{} of {}", ctx, d.tensor,
+                 m.size());
       const tensor_entry& t = m[d.tensor];
-      RLPT_CHECK(d.elem_bytes == size_of(t.dtype), errors::sync::bad_delta, "{}: delta record for \"{}\" has {}-byte elements, {} has {}",
-                 ctx, t.name, d.elem_bytes, t.dtype, size_of(t.dtype));
+      RLPT_CHECK(d.elem_bytes == size_of(t.dtype), errors::sync::bad_delta,
+                 "{}: delta record for \"{}\" has {}-byte elements, {} has {}", ctx, t.name, d.elem_bytes, t.dtype,
+                 size_of(t.dtype));
       RLPT_CHECK(d.elem_begin <= t.numel() && d.elem_count <= t.numel() - d.elem_begin, errors::sync::bad_delta,
                  "{}: delta record for \"{}\" covers elements [{}, {}) of {}", ctx, t.name, d.elem_begin,
                  d.elem_begin + d.elem_count, t.numel());
       if (d.base_checksum != st.pub[d.tensor].checksum) {
         st.require_dense(fmt::format("delta version {} was encoded against another base", f.version));
-        RLPT_FAIL(errors::sync::base_mismatch, "{}: delta for \"{}\" was encoded against checksum {}, the published version {} has {}",
-                  ctx, t.name, to_hex(d.base_checksum), st.version, to_hex(st.pub[d.tensor].checksum));
+        RLPT_FAIL(errors::sync::base_mismatch,
+                  "{}: delta for \"{}\" was encoded against checksum {}, the published version {} has {}", ctx, t.name,
+                  to_hex(d.base_checksum), st.version, to_hex(st.pub[d.tensor].checksum));
       }
       if (bound_[d.tensor] == nullptr) { // skipped tensor: nothing to apply it to
         at += delta_header_bytes + d.body;
@@ -357,17 +367,19 @@ public:
       at += delta_header_bytes + d.body;
       recs.push_back(s);
     }
-    RLPT_CHECK(at == payload.size(), errors::sync::truncated, "{}: its records add up to {} bytes, the payload has {}", ctx, at,
-               payload.size());
+    RLPT_CHECK(at == payload.size(), errors::sync::truncated, "{}: its records add up to {} bytes, the payload has {}",
+               ctx, at, payload.size());
     const cudaStream_t s = link_.stream();
     grow_arena(c, arena_at + payload.size());
-    RLPT_CUDA_CHECK(cudaMemcpyAsync(arena_.get() + arena_at, payload.data(), payload.size(), cudaMemcpyDeviceToDevice, s));
+    RLPT_CUDA_CHECK(
+        cudaMemcpyAsync(arena_.get() + arena_at, payload.data(), payload.size(), cudaMemcpyDeviceToDevice, s));
     const std::size_t k = c.be.want_msgs.size();
     if (k % 64 == 0) { // message sums live in blocks of 64 slots; grow keeping the old ones
       const std::size_t cap = (k + 64) * 8;
       if (d_msg_sums_.size() < cap) {
         device_bytes bigger(cap * 2);
-        if (k != 0) RLPT_CUDA_CHECK(cudaMemcpyAsync(bigger.get(), d_msg_sums_.get(), k * 8, cudaMemcpyDeviceToDevice, s));
+        if (k != 0)
+          RLPT_CUDA_CHECK(cudaMemcpyAsync(bigger.get(), d_msg_sums_.get(), k * 8, cudaMemcpyDeviceToDevice, s));
         wait_stream(done_, s, after(o_.timeout), where_, "growing the delta checksums");
         d_msg_sums_ = std::move(bigger);
         h_msg_sums_.reserve(cap * 2);
@@ -395,17 +407,19 @@ public:
       for (std::size_t j = 0; j < pieces.size(); ++j) {
         const std::uint64_t g = piece_at_[b] + j;
         const piece& p = pieces[j];
-        RLPT_CHECK(got[g] == c.be.want_pieces[g], errors::sync::checksum,
-                   "{}: bucket {} of version {}: piece {} (tensor \"{}\", bytes [{}, {})) has checksum {}, the sender's is {}",
-                   where_, b, f.version, j, m[p.tensor].name, p.tensor_offset, p.tensor_offset + p.nbytes, to_hex(got[g]),
-                   to_hex(c.be.want_pieces[g]));
+        RLPT_CHECK(
+            got[g] == c.be.want_pieces[g], errors::sync::checksum,
+            "{}: bucket {} of version {}: piece {} (tensor \"{}\", bytes [{}, {})) has checksum {}, the sender's is {}",
+            where_, b, f.version, j, m[p.tensor].name, p.tensor_offset, p.tensor_offset + p.nbytes, to_hex(got[g]),
+            to_hex(c.be.want_pieces[g]));
         raw[p.tensor] += got[g];
       }
     }
     for (std::size_t i = 0; i < m.size(); ++i) {
       const std::uint64_t sum = wsum_finish(raw[i], m[i].nbytes);
-      RLPT_CHECK(sum == want[i], errors::sync::checksum, "{}: version {}: tensor \"{}\" arrived with checksum {}, the sender's is {}",
-                 where_, f.version, m[i].name, to_hex(sum), to_hex(want[i]));
+      RLPT_CHECK(sum == want[i], errors::sync::checksum,
+                 "{}: version {}: tensor \"{}\" arrived with checksum {}, the sender's is {}", where_, f.version,
+                 m[i].name, to_hex(sum), to_hex(want[i]));
     }
     if (o_.mode == apply_mode::staged) {
       c.partial = true; // from here on the parameters change
@@ -420,7 +434,8 @@ public:
     link_.drain(after(o_.timeout));
     const cudaStream_t s = link_.stream();
     const std::size_t nm = c.be.want_msgs.size();
-    if (nm != 0) RLPT_CUDA_CHECK(cudaMemcpyAsync(h_msg_sums_.get(), d_msg_sums_.get(), nm * 8, cudaMemcpyDeviceToHost, s));
+    if (nm != 0)
+      RLPT_CUDA_CHECK(cudaMemcpyAsync(h_msg_sums_.get(), d_msg_sums_.get(), nm * 8, cudaMemcpyDeviceToHost, s));
     wait_stream(done_, s, after(o_.timeout), where_, fmt::format("verifying delta version {}", f.version));
     for (std::size_t k = 0; k < nm; ++k)
       RLPT_CHECK(h_msg_sums_.get<std::uint64_t>()[k] == c.be.want_msgs[k], errors::sync::checksum,
@@ -429,12 +444,14 @@ public:
     // Records of one tensor must not overlap: the swap runs them in parallel.
     auto sorted = c.be.records;
     std::sort(sorted.begin(), sorted.end(), [](const staged_record& a, const staged_record& b) {
-      return a.rec.head.tensor != b.rec.head.tensor ? a.rec.head.tensor < b.rec.head.tensor : a.tensor_first < b.tensor_first;
+      return a.rec.head.tensor != b.rec.head.tensor ? a.rec.head.tensor < b.rec.head.tensor
+                                                    : a.tensor_first < b.tensor_first;
     });
     for (std::size_t i = 1; i < sorted.size(); ++i)
       if (sorted[i].rec.head.tensor == sorted[i - 1].rec.head.tensor)
         RLPT_CHECK(sorted[i].tensor_first >= sorted[i - 1].tensor_end, errors::sync::bad_delta,
-                   "{}: delta version {} has overlapping records for \"{}\"", where_, f.version, m[sorted[i].rec.head.tensor].name);
+                   "{}: delta version {} has overlapping records for \"{}\"", where_, f.version,
+                   m[sorted[i].rec.head.tensor].name);
     std::vector<device_delta_record> recs;
     recs.reserve(c.be.records.size());
     for (const auto& r : c.be.records) recs.push_back(r.rec);
@@ -447,17 +464,21 @@ public:
     for (std::size_t i = 0; i < m.size(); ++i) {
       if (bound_[i] == nullptr || got[i] == want[i]) continue;
       applier_.undo(s);
-      const std::vector<std::uint64_t> base = target_checksums(m, s, fmt::format("rolling back delta version {}", f.version));
+      const std::vector<std::uint64_t> base =
+          target_checksums(m, s, fmt::format("rolling back delta version {}", f.version));
       c.partial = false;
       st.require_dense(fmt::format("delta version {} failed verification here", f.version));
       if (base[i] != st.pub[i].checksum)
-        RLPT_FAIL(errors::sync::base_mismatch,
-                  "{}: after applying delta version {}, tensor \"{}\" has checksum {}, the sender's is {}; rolled back to "
-                  "version {}, whose copy here is damaged (tensor \"{}\" has checksum {}, published as {}): send a dense update",
-                  where_, f.version, m[i].name, to_hex(got[i]), to_hex(want[i]), st.version, m[i].name, to_hex(base[i]),
-                  to_hex(st.pub[i].checksum));
+        RLPT_FAIL(
+            errors::sync::base_mismatch,
+            "{}: after applying delta version {}, tensor \"{}\" has checksum {}, the sender's is {}; rolled back to "
+            "version {}, whose copy here is damaged (tensor \"{}\" has checksum {}, published as {}): send a dense "
+            "update",
+            where_, f.version, m[i].name, to_hex(got[i]), to_hex(want[i]), st.version, m[i].name, to_hex(base[i]),
+            to_hex(st.pub[i].checksum));
       RLPT_FAIL(errors::sync::checksum,
-                "{}: after applying delta version {}, tensor \"{}\" has checksum {}, the sender's is {}; rolled back to version {}",
+                "{}: after applying delta version {}, tensor \"{}\" has checksum {}, the sender's is {}; rolled back "
+                "to version {}",
                 where_, f.version, m[i].name, to_hex(got[i]), to_hex(want[i]), st.version);
     }
     c.loaded = m.size();
@@ -478,7 +499,8 @@ public:
     // The plans may have been built for a later BEGIN (of another layout) that failed.
     if (!plans_ready_ || plans_hash_ != st.pub.layout_hash() || plans_layout_ != st.pub.layout_json())
       build_plans(st.pub, detail::bind(st.pub, targets_, where_, "target", false));
-    const std::vector<std::uint64_t> got = target_checksums(st.pub, link_.stream(), fmt::format("verifying version {}", st.version));
+    const std::vector<std::uint64_t> got =
+        target_checksums(st.pub, link_.stream(), fmt::format("verifying version {}", st.version));
     for (std::size_t i = 0; i < st.pub.size(); ++i) {
       known[i] = bound_[i] != nullptr ? 1 : 0; // skipped tensors have no bytes here
       sums[i] = got[i];
@@ -506,7 +528,8 @@ private:
   std::vector<std::uint64_t> target_checksums(const manifest& m, cudaStream_t s, std::string_view what) {
     RLPT_CUDA_CHECK(cudaMemsetAsync(d_sums_.get(), 0, m.size() * 8, s));
     check_.run(0, 0, 0, d_sums_.get<std::uint64_t>(), s);
-    if (m.size() != 0) RLPT_CUDA_CHECK(cudaMemcpyAsync(h_sums_.get(), d_sums_.get(), m.size() * 8, cudaMemcpyDeviceToHost, s));
+    if (m.size() != 0)
+      RLPT_CUDA_CHECK(cudaMemcpyAsync(h_sums_.get(), d_sums_.get(), m.size() * 8, cudaMemcpyDeviceToHost, s));
     wait_stream(done_, s, after(o_.timeout), where_, what);
     std::vector<std::uint64_t> out(m.size());
     for (std::size_t i = 0; i < m.size(); ++i) out[i] = wsum_finish(h_sums_.get<std::uint64_t>()[i], m[i].nbytes);
@@ -518,7 +541,8 @@ private:
     if (n <= arena_.size()) return;
     device_bytes bigger(std::max<std::uint64_t>(n, arena_.size() * 2));
     if (c.be.arena_used != 0)
-      RLPT_CUDA_CHECK(cudaMemcpyAsync(bigger.get(), arena_.get(), c.be.arena_used, cudaMemcpyDeviceToDevice, link_.stream()));
+      RLPT_CUDA_CHECK(
+          cudaMemcpyAsync(bigger.get(), arena_.get(), c.be.arena_used, cudaMemcpyDeviceToDevice, link_.stream()));
     // The old arena may still be read by queued copies: free it only once the stream is past them.
     wait_stream(done_, link_.stream(), after(o_.timeout), where_, "growing the delta arena");
     arena_ = std::move(bigger);

@@ -52,10 +52,10 @@ struct unix_options {
   //! Socket address: a filesystem path, or "@name" for Linux's abstract namespace (nothing
   //! to clean up after a crash). Unused by an adopted socketpair end.
   std::string path{};
-  bool listen = false;                                 //!< accept connections instead of connecting
-  std::uint64_t max_payload = std::uint64_t{1} << 32;  //!< largest payload accepted (and sent)
-  std::uint64_t max_meta = std::uint64_t{256} << 20;   //!< largest meta block accepted
-  std::uint32_t max_fds = 16;                          //!< most descriptors one frame may carry
+  bool listen = false;                                //!< accept connections instead of connecting
+  std::uint64_t max_payload = std::uint64_t{1} << 32; //!< largest payload accepted (and sent)
+  std::uint64_t max_meta = std::uint64_t{256} << 20;  //!< largest meta block accepted
+  std::uint32_t max_fds = 16;                         //!< most descriptors one frame may carry
 };
 
 namespace detail {
@@ -95,7 +95,8 @@ public:
 
   //! Adopts a connected socket (one end of unix_socketpair()); the link owns and closes it.
   unix_link(int connected_fd, role r, unix_options o = {}) : o_(std::move(o)), adopted_(true) {
-    RLPT_CHECK(connected_fd >= 0, errors::sync::bad_link, "unix_link needs a connected socket, got fd {}", connected_fd);
+    RLPT_CHECK(connected_fd >= 0, errors::sync::bad_link, "unix_link needs a connected socket, got fd {}",
+               connected_fd);
     where_ = fmt::format("unix socketpair fd {} ({})", connected_fd, r == role::sender ? "sender" : "receiver");
     adopt(connected_fd);
   }
@@ -116,8 +117,8 @@ public:
   [[nodiscard]] std::uint64_t connections() const noexcept { return connections_; }
 
   std::span<std::byte> payload_buffer(std::uint64_t bytes, deadline) override {
-    RLPT_CHECK(bytes <= o_.max_payload, errors::sync::too_large, "{}: payload of {} bytes exceeds max_payload {}", where_, bytes,
-               o_.max_payload);
+    RLPT_CHECK(bytes <= o_.max_payload, errors::sync::too_large, "{}: payload of {} bytes exceeds max_payload {}",
+               where_, bytes, o_.max_payload);
     if (tx_payload_.size() < bytes) tx_payload_.resize(static_cast<std::size_t>(bytes));
     return {tx_payload_.data(), static_cast<std::size_t>(bytes)};
   }
@@ -127,11 +128,12 @@ public:
   }
 
   //! Sends a frame carrying duplicates of `fds` (the caller keeps its own).
-  void send_with_fds(std::span<const std::byte> meta, std::span<const int> fds, std::uint64_t payload_bytes, deadline until) {
+  void send_with_fds(std::span<const std::byte> meta, std::span<const int> fds, std::uint64_t payload_bytes,
+                     deadline until) {
     RLPT_CHECK(meta.size() <= o_.max_meta && meta.size() <= 0xffffffffu, errors::sync::too_large,
                "{}: meta block of {} bytes exceeds max_meta {}", where_, meta.size(), o_.max_meta);
-    RLPT_CHECK(fds.size() <= o_.max_fds, errors::sync::too_large, "{}: {} descriptors in one frame, the limit is {}", where_,
-               fds.size(), o_.max_fds);
+    RLPT_CHECK(fds.size() <= o_.max_fds, errors::sync::too_large, "{}: {} descriptors in one frame, the limit is {}",
+               where_, fds.size(), o_.max_fds);
     RLPT_CHECK(payload_bytes <= tx_payload_.size(), errors::sync::bad_link,
                "{}: send of {} payload bytes without a payload_buffer() of that size", where_, payload_bytes);
     std::byte hdr[detail::unix_header_bytes] = {};
@@ -157,7 +159,8 @@ public:
       c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
       std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
     }
-    send_frame(hdr, meta, std::span<const std::byte>(tx_payload_.data(), static_cast<std::size_t>(payload_bytes)), control, until);
+    send_frame(hdr, meta, std::span<const std::byte>(tx_payload_.data(), static_cast<std::size_t>(payload_bytes)),
+               control, until);
   }
 
   std::optional<message> receive(deadline until) override {
@@ -187,11 +190,11 @@ private:
     socklen_t len = 0;
     sockaddr_un a = detail::unix_address(o_.path, len);
     if (o_.path[0] != '@') { // a socket file left by a crashed listener
-      struct stat st{};
+      struct stat st {};
       if (::lstat(o_.path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) ::unlink(o_.path.c_str());
     }
-    RLPT_CHECK(::bind(fd.fd, reinterpret_cast<sockaddr*>(&a), len) == 0, errors::sync::bad_link, "{}: bind failed: {}", where_,
-               std::strerror(errno));
+    RLPT_CHECK(::bind(fd.fd, reinterpret_cast<sockaddr*>(&a), len) == 0, errors::sync::bad_link, "{}: bind failed: {}",
+               where_, std::strerror(errno));
     RLPT_CHECK(::listen(fd.fd, 4) == 0, errors::sync::bad_link, "{}: listen failed: {}", where_, std::strerror(errno));
     ::fcntl(fd.fd, F_SETFL, ::fcntl(fd.fd, F_GETFL) | O_NONBLOCK);
     listen_.reset(fd.release());
@@ -266,16 +269,23 @@ private:
     std::memcpy(&mcheck, h + 24, 8);
     std::memcpy(&hcheck, h + 32, 8);
     const char* problem = nullptr;
-    if (magic != detail::unix_magic) problem = "bad magic";
-    else if (xxh3(h, 32) != hcheck) problem = "header checksum mismatch";
-    else if (mb > o_.max_meta) problem = "meta block larger than max_meta";
-    else if (pb > o_.max_payload) problem = "payload larger than max_payload";
-    else if (nf > o_.max_fds) problem = "more descriptors than max_fds";
-    else if (nf > pending_fds_.size()) problem = "announced descriptors did not arrive";
+    if (magic != detail::unix_magic)
+      problem = "bad magic";
+    else if (xxh3(h, 32) != hcheck)
+      problem = "header checksum mismatch";
+    else if (mb > o_.max_meta)
+      problem = "meta block larger than max_meta";
+    else if (pb > o_.max_payload)
+      problem = "payload larger than max_payload";
+    else if (nf > o_.max_fds)
+      problem = "more descriptors than max_fds";
+    else if (nf > pending_fds_.size())
+      problem = "announced descriptors did not arrive";
     if (problem != nullptr) {
       drop();
-      RLPT_FAIL(errors::sync::wire, "{}: bad frame header ({}; magic 0x{:08x}, {} meta bytes, {} payload bytes, {} fds)", where_,
-                problem, magic, mb, pb, nf);
+      RLPT_FAIL(errors::sync::wire,
+                "{}: bad frame header ({}; magic 0x{:08x}, {} meta bytes, {} payload bytes, {} fds)", where_, problem,
+                magic, mb, pb, nf);
     }
     close_all(msg_fds_);
     for (std::uint32_t i = 0; i < nf; ++i) {

@@ -16,15 +16,13 @@ RLPT_NAMESPACE_BEGIN
 namespace detail {
 
 //! Logits per 16-byte vector of a device row.
-template <class T>
-inline constexpr int device_vec_width = static_cast<int>(16 / sizeof(T));
+template <class T> inline constexpr int device_vec_width = static_cast<int>(16 / sizeof(T));
 
 //! Threads per block of every device kernel that folds a whole row (forward, truncated
 //! forward, fused forward+backward, vocab-parallel local): a function of V only, and the same
 //! for all of them, so a row's reduction tree and its bits are the same in each and never
 //! depend on N (the batch-invariance promise).
-template <class T>
-[[nodiscard]] RLPT_HD int device_row_block(index_t cols) {
+template <class T> [[nodiscard]] RLPT_HD int device_row_block(index_t cols) {
   const index_t nvec = (cols + device_vec_width<T> - 1) / device_vec_width<T>;
   return nvec >= 4096 ? 512 : nvec >= 1024 ? 256 : 128;
 }

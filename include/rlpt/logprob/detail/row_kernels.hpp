@@ -56,14 +56,12 @@ RLPT_HD_FORCEINLINE bool kept_column(float z, index_t j, float threshold, index_
 
 //! Tempered logits of one 16-column block: x / T lane by lane (IEEE division, the same bits as
 //! detail::temper on the host and the device); T = 1 skips it (x / 1 = x).
-template <int NB>
-RLPT_LOGPROB_HOST_INLINE simd::vf<NB> tempered(const simd::vf<NB>& x, float t) {
+template <int NB> RLPT_LOGPROB_HOST_INLINE simd::vf<NB> tempered(const simd::vf<NB>& x, float t) {
   return t == 1.0f ? x : x / t;
 }
 
 //! Online LSE state of x[0, n) / t. Rescaling happens at most once per 512-column chunk.
-template <int NB, class T>
-RLPT_LOGPROB_HOST_INLINE lse_state row_accumulate_body(const T* x, index_t n, float t) {
+template <int NB, class T> RLPT_LOGPROB_HOST_INLINE lse_state row_accumulate_body(const T* x, index_t n, float t) {
   namespace v = simd;
   using vf = v::vf<NB>;
   constexpr int W = v::lanes;
@@ -126,7 +124,7 @@ RLPT_LOGPROB_HOST_INLINE simd::vi<NB> kept_lanes(const simd::vf<NB>& z, index_t 
 //! kept mask when `kept` is not null.
 template <int NB, class T>
 RLPT_LOGPROB_HOST_INLINE lse_state row_accumulate_kept_body(const T* x, index_t n, float t, float m, float threshold,
-                                                        index_t tie_last, mask_t* kept) {
+                                                            index_t tie_last, mask_t* kept) {
   namespace v = simd;
   using vf = v::vf<NB>;
   constexpr int W = v::lanes;
@@ -163,8 +161,8 @@ RLPT_LOGPROB_HOST_INLINE lse_state row_accumulate_kept_body(const T* x, index_t 
 //! backward): each block is read before it is written.
 template <int NB, class T, class G, bool Truncated>
 RLPT_LOGPROB_HOST_INLINE void row_backward_body(const T* x, G* dx, index_t n, float t, float lse, float entropy,
-                                           float dlogp, float dentropy, float threshold, index_t tie_last,
-                                           index_t target) {
+                                                float dlogp, float dentropy, float threshold, index_t tie_last,
+                                                index_t target) {
   namespace v = simd;
   using vf = v::vf<NB>;
   constexpr int W = v::lanes;
@@ -190,41 +188,37 @@ RLPT_LOGPROB_HOST_INLINE void row_backward_body(const T* x, G* dx, index_t n, fl
 // ---------------------------------------------------------------------------------------------
 // Per-ISA entry points.
 
-template <class T>
-lse_state row_accumulate_generic(const T* x, index_t n, float t) {
+template <class T> lse_state row_accumulate_generic(const T* x, index_t n, float t) {
   return row_accumulate_body<simd::baseline_bytes>(x, n, t);
 }
 template <class T>
-lse_state row_accumulate_kept_generic(const T* x, index_t n, float t, float m, float thr, index_t tie,
-                                      mask_t* kept) {
+lse_state row_accumulate_kept_generic(const T* x, index_t n, float t, float m, float thr, index_t tie, mask_t* kept) {
   return row_accumulate_kept_body<simd::baseline_bytes>(x, n, t, m, thr, tie, kept);
 }
 template <class T, class G, bool Tr>
-void row_backward_generic(const T* x, G* dx, index_t n, float t, float lse, float h, float glp, float gh,
-                          float thr, index_t tie, index_t target) {
+void row_backward_generic(const T* x, G* dx, index_t n, float t, float lse, float h, float glp, float gh, float thr,
+                          index_t tie, index_t target) {
   row_backward_body<simd::baseline_bytes, T, G, Tr>(x, dx, n, t, lse, h, glp, gh, thr, tie, target);
 }
 
 #if RLPT_LOGPROB_X86_DISPATCH()
-template <class T>
-RLPT_LOGPROB_AVX2 lse_state row_accumulate_avx2(const T* x, index_t n, float t) {
+template <class T> RLPT_LOGPROB_AVX2 lse_state row_accumulate_avx2(const T* x, index_t n, float t) {
   return row_accumulate_body<32>(x, n, t);
 }
 template <class T>
-RLPT_LOGPROB_AVX2 lse_state row_accumulate_kept_avx2(const T* x, index_t n, float t, float m, float thr,
-                                                     index_t tie, mask_t* kept) {
+RLPT_LOGPROB_AVX2 lse_state row_accumulate_kept_avx2(const T* x, index_t n, float t, float m, float thr, index_t tie,
+                                                     mask_t* kept) {
   return row_accumulate_kept_body<32>(x, n, t, m, thr, tie, kept);
 }
 template <class T, class G, bool Tr>
-RLPT_LOGPROB_AVX2 void row_backward_avx2(const T* x, G* dx, index_t n, float t, float lse, float h, float glp,
-                                         float gh, float thr, index_t tie, index_t target) {
+RLPT_LOGPROB_AVX2 void row_backward_avx2(const T* x, G* dx, index_t n, float t, float lse, float h, float glp, float gh,
+                                         float thr, index_t tie, index_t target) {
   row_backward_body<32, T, G, Tr>(x, dx, n, t, lse, h, glp, gh, thr, tie, target);
 }
 #endif
 
 //! Online LSE state of one row of logits / t (t: the temperature).
-template <class T>
-lse_state row_accumulate(const T* x, index_t n, float t) {
+template <class T> lse_state row_accumulate(const T* x, index_t n, float t) {
 #if RLPT_LOGPROB_X86_DISPATCH()
   if (row_kernels_use_avx2()) return row_accumulate_avx2(x, n, t);
 #endif
@@ -245,8 +239,7 @@ template <class T, class G, bool Truncated>
 void row_backward(const T* x, G* dx, index_t n, float t, float lse, float h, float glp, float gh, float thr,
                   index_t tie, index_t target) {
 #if RLPT_LOGPROB_X86_DISPATCH()
-  if (row_kernels_use_avx2())
-    return row_backward_avx2<T, G, Truncated>(x, dx, n, t, lse, h, glp, gh, thr, tie, target);
+  if (row_kernels_use_avx2()) return row_backward_avx2<T, G, Truncated>(x, dx, n, t, lse, h, glp, gh, thr, tie, target);
 #endif
   row_backward_generic<T, G, Truncated>(x, dx, n, t, lse, h, glp, gh, thr, tie, target);
 }

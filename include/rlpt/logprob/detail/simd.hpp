@@ -64,8 +64,7 @@ template <> struct native<4> { // scalar fallback
 };
 
 //! 16 logical lanes of element type E as 64 / NB native vectors.
-template <class N, int NB>
-struct pack {
+template <class N, int NB> struct pack {
   static constexpr int parts = 64 / NB;
   N p[parts];
 };
@@ -76,14 +75,14 @@ template <int NB> using vu = pack<typename native<NB>::u, NB>;
 
 #define RLPT_LOGPROB_PACK_OP(op)                                                                                       \
   template <class N, int NB>                                                                                           \
-  RLPT_LOGPROB_HOST_INLINE pack<N, NB> operator op(const pack<N, NB>& a, const pack<N, NB>& b) {                      \
+  RLPT_LOGPROB_HOST_INLINE pack<N, NB> operator op(const pack<N, NB>& a, const pack<N, NB>& b) {                       \
     pack<N, NB> r;                                                                                                     \
     for (int k = 0; k < pack<N, NB>::parts; ++k) r.p[k] = a.p[k] op b.p[k];                                            \
     return r;                                                                                                          \
   }                                                                                                                    \
   template <class N, int NB, class S>                                                                                  \
-    requires std::is_arithmetic_v<S>                                                                                   \
-  RLPT_LOGPROB_HOST_INLINE pack<N, NB> operator op(const pack<N, NB>& a, S s) {                                        \
+    requires std::is_arithmetic_v<S> RLPT_LOGPROB_HOST_INLINE pack<N, NB>                                              \
+  operator op(const pack<N, NB>& a, S s) {                                                                             \
     pack<N, NB> r;                                                                                                     \
     for (int k = 0; k < pack<N, NB>::parts; ++k) r.p[k] = a.p[k] op s;                                                 \
     return r;                                                                                                          \
@@ -96,31 +95,26 @@ RLPT_LOGPROB_PACK_OP(&)
 RLPT_LOGPROB_PACK_OP(|)
 #undef RLPT_LOGPROB_PACK_OP
 
-template <class N, int NB>
-RLPT_LOGPROB_HOST_INLINE pack<N, NB>& operator+=(pack<N, NB>& a, const pack<N, NB>& b) {
+template <class N, int NB> RLPT_LOGPROB_HOST_INLINE pack<N, NB>& operator+=(pack<N, NB>& a, const pack<N, NB>& b) {
   return a = a + b;
 }
-template <class N, int NB>
-RLPT_LOGPROB_HOST_INLINE pack<N, NB> operator<<(const pack<N, NB>& a, int s) {
+template <class N, int NB> RLPT_LOGPROB_HOST_INLINE pack<N, NB> operator<<(const pack<N, NB>& a, int s) {
   pack<N, NB> r;
   for (int k = 0; k < pack<N, NB>::parts; ++k) r.p[k] = a.p[k] << s;
   return r;
 }
-template <class N, int NB>
-RLPT_LOGPROB_HOST_INLINE pack<N, NB> operator>>(const pack<N, NB>& a, int s) {
+template <class N, int NB> RLPT_LOGPROB_HOST_INLINE pack<N, NB> operator>>(const pack<N, NB>& a, int s) {
   pack<N, NB> r;
   for (int k = 0; k < pack<N, NB>::parts; ++k) r.p[k] = a.p[k] >> s;
   return r;
 }
 
-template <int NB>
-RLPT_LOGPROB_HOST_INLINE vf<NB> splat(float x) {
+template <int NB> RLPT_LOGPROB_HOST_INLINE vf<NB> splat(float x) {
   vf<NB> r;
   for (auto& e : r.p) e = typename native<NB>::f{} + x;
   return r;
 }
-template <int NB>
-RLPT_LOGPROB_HOST_INLINE vi<NB> splat_i(std::int32_t x) {
+template <int NB> RLPT_LOGPROB_HOST_INLINE vi<NB> splat_i(std::int32_t x) {
   vi<NB> r;
   for (auto& e : r.p) e = typename native<NB>::i{} + x;
   return r;
@@ -128,8 +122,7 @@ RLPT_LOGPROB_HOST_INLINE vi<NB> splat_i(std::int32_t x) {
 
 //! Lane masks: all ones or zero per lane (scalar fallback: 1 or 0, used the same way).
 #define RLPT_LOGPROB_PACK_CMP(name, op, In)                                                                            \
-  template <int NB>                                                                                                    \
-  RLPT_LOGPROB_HOST_INLINE vi<NB> name(const In<NB>& a, const In<NB>& b) {                                                  \
+  template <int NB> RLPT_LOGPROB_HOST_INLINE vi<NB> name(const In<NB>& a, const In<NB>& b) {                           \
     vi<NB> r;                                                                                                          \
     for (int k = 0; k < vi<NB>::parts; ++k) r.p[k] = static_cast<typename native<NB>::i>(a.p[k] op b.p[k]);            \
     return r;                                                                                                          \
@@ -150,26 +143,19 @@ RLPT_LOGPROB_HOST_INLINE pack<N, NB> sel(const vi<NB>& m, const pack<N, NB>& a, 
   return r;
 }
 
-template <class To, class From>
-RLPT_LOGPROB_HOST_INLINE To bitcast(const From& x) {
+template <class To, class From> RLPT_LOGPROB_HOST_INLINE To bitcast(const From& x) {
   static_assert(sizeof(To) == sizeof(From));
   To r;
   std::memcpy(&r, &x, sizeof r);
   return r;
 }
-template <int NB>
-RLPT_LOGPROB_HOST_INLINE vf<NB> as_f(const vi<NB>& x) { return bitcast<vf<NB>>(x); }
-template <int NB>
-RLPT_LOGPROB_HOST_INLINE vf<NB> as_f(const vu<NB>& x) { return bitcast<vf<NB>>(x); }
-template <int NB>
-RLPT_LOGPROB_HOST_INLINE vu<NB> as_u(const vf<NB>& x) { return bitcast<vu<NB>>(x); }
-template <int NB>
-RLPT_LOGPROB_HOST_INLINE vi<NB> as_i(const vu<NB>& x) { return bitcast<vi<NB>>(x); }
-template <int NB>
-RLPT_LOGPROB_HOST_INLINE vu<NB> as_u(const vi<NB>& x) { return bitcast<vu<NB>>(x); }
+template <int NB> RLPT_LOGPROB_HOST_INLINE vf<NB> as_f(const vi<NB>& x) { return bitcast<vf<NB>>(x); }
+template <int NB> RLPT_LOGPROB_HOST_INLINE vf<NB> as_f(const vu<NB>& x) { return bitcast<vf<NB>>(x); }
+template <int NB> RLPT_LOGPROB_HOST_INLINE vu<NB> as_u(const vf<NB>& x) { return bitcast<vu<NB>>(x); }
+template <int NB> RLPT_LOGPROB_HOST_INLINE vi<NB> as_i(const vu<NB>& x) { return bitcast<vi<NB>>(x); }
+template <int NB> RLPT_LOGPROB_HOST_INLINE vu<NB> as_u(const vi<NB>& x) { return bitcast<vu<NB>>(x); }
 
-template <int NB>
-RLPT_LOGPROB_HOST_INLINE vi<NB> to_int_trunc(const vf<NB>& x) {
+template <int NB> RLPT_LOGPROB_HOST_INLINE vi<NB> to_int_trunc(const vf<NB>& x) {
   using I = typename native<NB>::i;
   vi<NB> r;
   for (int k = 0; k < vf<NB>::parts; ++k) {
@@ -183,8 +169,7 @@ RLPT_LOGPROB_HOST_INLINE vi<NB> to_int_trunc(const vf<NB>& x) {
   }
   return r;
 }
-template <int NB>
-RLPT_LOGPROB_HOST_INLINE vf<NB> to_float(const vi<NB>& x) {
+template <int NB> RLPT_LOGPROB_HOST_INLINE vf<NB> to_float(const vi<NB>& x) {
   using F = typename native<NB>::f;
   vf<NB> r;
   for (int k = 0; k < vf<NB>::parts; ++k) {
@@ -200,18 +185,15 @@ RLPT_LOGPROB_HOST_INLINE vf<NB> to_float(const vi<NB>& x) {
 }
 
 //! Logical lanes in memory order (part 0 first).
-template <int NB>
-RLPT_LOGPROB_HOST_INLINE void to_array(const vf<NB>& x, float (&out)[lanes]) {
+template <int NB> RLPT_LOGPROB_HOST_INLINE void to_array(const vf<NB>& x, float (&out)[lanes]) {
   std::memcpy(out, &x, sizeof out);
 }
-template <int NB>
-RLPT_LOGPROB_HOST_INLINE vf<NB> from_array(const float (&in)[lanes]) {
+template <int NB> RLPT_LOGPROB_HOST_INLINE vf<NB> from_array(const float (&in)[lanes]) {
   vf<NB> r;
   std::memcpy(&r, in, sizeof r);
   return r;
 }
-template <int NB>
-RLPT_LOGPROB_HOST_INLINE vi<NB> from_array_i(const std::int32_t (&in)[lanes]) {
+template <int NB> RLPT_LOGPROB_HOST_INLINE vi<NB> from_array_i(const std::int32_t (&in)[lanes]) {
   vi<NB> r;
   std::memcpy(&r, in, sizeof r);
   return r;
@@ -220,13 +202,13 @@ RLPT_LOGPROB_HOST_INLINE vi<NB> from_array_i(const std::int32_t (&in)[lanes]) {
 // --- column layout of a 16-column block ------------------------------------------------------
 
 //! Logical lane -> column offset within its 16-column block, for logits of type T.
-template <class T>
-RLPT_LOGPROB_HOST_INLINE constexpr int lane_column(int l) {
-  if constexpr (sizeof(T) == 2) return l < 8 ? 2 * l : 2 * (l - 8) + 1;
-  else return l;
+template <class T> RLPT_LOGPROB_HOST_INLINE constexpr int lane_column(int l) {
+  if constexpr (sizeof(T) == 2)
+    return l < 8 ? 2 * l : 2 * (l - 8) + 1;
+  else
+    return l;
 }
-template <int NB, class T>
-RLPT_LOGPROB_HOST_INLINE vi<NB> column_offsets() {
+template <int NB, class T> RLPT_LOGPROB_HOST_INLINE vi<NB> column_offsets() {
   std::int32_t c[lanes];
   for (int l = 0; l < lanes; ++l) c[l] = lane_column<T>(l);
   return from_array_i<NB>(c);
@@ -236,8 +218,7 @@ RLPT_LOGPROB_HOST_INLINE vi<NB> column_offsets() {
 
 //! 16 consecutive 16-bit values as 32-bit lanes: low halves (even columns) in lanes 0..7, high
 //! halves (odd columns) in lanes 8..15, value in the low 16 bits.
-template <int NB>
-RLPT_LOGPROB_HOST_INLINE vu<NB> load_halves(const void* p) {
+template <int NB> RLPT_LOGPROB_HOST_INLINE vu<NB> load_halves(const void* p) {
   using U = typename native<NB>::u;
   constexpr int per = NB / 4; // 32-bit words per native vector
   U words[8 / per];
@@ -251,24 +232,18 @@ RLPT_LOGPROB_HOST_INLINE vu<NB> load_halves(const void* p) {
   return r;
 }
 
-template <int NB>
-RLPT_LOGPROB_HOST_INLINE vf<NB> load(const float* p) {
+template <int NB> RLPT_LOGPROB_HOST_INLINE vf<NB> load(const float* p) {
   vf<NB> r;
   for (int k = 0; k < vf<NB>::parts; ++k) std::memcpy(&r.p[k], p + std::ptrdiff_t{k} * (NB / 4), NB);
   return r;
 }
-template <int NB>
-RLPT_LOGPROB_HOST_INLINE vf<NB> load(const double* p) {
+template <int NB> RLPT_LOGPROB_HOST_INLINE vf<NB> load(const double* p) {
   float t[lanes];
   for (int l = 0; l < lanes; ++l) t[l] = static_cast<float>(p[l]);
   return from_array<NB>(t);
 }
-template <int NB>
-RLPT_LOGPROB_HOST_INLINE vf<NB> load(const bf16* p) {
-  return as_f(load_halves<NB>(p) << 16);
-}
-template <int NB>
-RLPT_LOGPROB_HOST_INLINE vf<NB> load(const f16* p) {
+template <int NB> RLPT_LOGPROB_HOST_INLINE vf<NB> load(const bf16* p) { return as_f(load_halves<NB>(p) << 16); }
+template <int NB> RLPT_LOGPROB_HOST_INLINE vf<NB> load(const f16* p) {
   const vu<NB> w = load_halves<NB>(p);
   const vu<NB> em = w & 0x7fffu;
   const vu<NB> sign = (w & 0x8000u) << 16;
@@ -281,8 +256,7 @@ RLPT_LOGPROB_HOST_INLINE vf<NB> load(const f16* p) {
 }
 
 //! Loads the first `len` (< 16) columns; lanes of the other columns get `fill`.
-template <int NB, class T>
-RLPT_LOGPROB_HOST_INLINE vf<NB> load_partial(const T* p, int len, float fill) {
+template <int NB, class T> RLPT_LOGPROB_HOST_INLINE vf<NB> load_partial(const T* p, int len, float fill) {
   alignas(64) T buf[lanes]{};
   std::memcpy(buf, p, sizeof(T) * static_cast<std::size_t>(len));
   const vf<NB> r = load<NB>(static_cast<const T*>(buf));
@@ -293,8 +267,7 @@ RLPT_LOGPROB_HOST_INLINE vf<NB> load_partial(const T* p, int len, float fill) {
 
 //! Stores 16 lanes laid out as logits of type L (see lane_column) into 16 consecutive G's.
 //! Fast paths: f32 -> f32 and 16-bit -> bf16 (the in-place cases); the rest goes lane by lane.
-template <int NB, class L, class G>
-RLPT_LOGPROB_HOST_INLINE void store(G* p, const vf<NB>& x) {
+template <int NB, class L, class G> RLPT_LOGPROB_HOST_INLINE void store(G* p, const vf<NB>& x) {
   if constexpr (sizeof(L) == 4 && std::is_same_v<G, float>) {
     for (int k = 0; k < vf<NB>::parts; ++k) std::memcpy(p + k * (NB / 4), &x.p[k], NB);
   } else if constexpr (sizeof(L) == 2 && std::is_same_v<G, bf16>) {
@@ -318,8 +291,7 @@ RLPT_LOGPROB_HOST_INLINE void store(G* p, const vf<NB>& x) {
   }
 }
 
-template <int NB, class L, class G>
-RLPT_LOGPROB_HOST_INLINE void store_partial(G* p, const vf<NB>& x, int len) {
+template <int NB, class L, class G> RLPT_LOGPROB_HOST_INLINE void store_partial(G* p, const vf<NB>& x, int len) {
   alignas(64) G buf[lanes];
   store<NB, L>(buf, x);
   std::memcpy(p, buf, sizeof(G) * static_cast<std::size_t>(len));
@@ -328,8 +300,7 @@ RLPT_LOGPROB_HOST_INLINE void store_partial(G* p, const vf<NB>& x, int len) {
 // --- math -----------------------------------------------------------------------------------
 
 //! exp with the same operations as detail::exp_fast, lane by lane.
-template <int NB>
-RLPT_LOGPROB_HOST_INLINE vf<NB> exp(const vf<NB>& x0) {
+template <int NB> RLPT_LOGPROB_HOST_INLINE vf<NB> exp(const vf<NB>& x0) {
   vf<NB> x = sel(lt(x0, splat<NB>(-87.0f)), splat<NB>(-87.0f), x0);
   x = sel(gt(x, splat<NB>(88.0f)), splat<NB>(88.0f), x);
   const vf<NB> t = x * 1.44269504088896341f;
@@ -348,8 +319,7 @@ RLPT_LOGPROB_HOST_INLINE vf<NB> exp(const vf<NB>& x0) {
 
 //! shifted_exp lane by lane (same operations as detail::shifted_exp): exp(d) for a shift
 //! d ≤ 0, with d < −87 giving exactly 0; dc = d clamped at −87.
-template <int NB>
-RLPT_LOGPROB_HOST_INLINE vf<NB> shifted_exp(const vf<NB>& d, vf<NB>& dc) {
+template <int NB> RLPT_LOGPROB_HOST_INLINE vf<NB> shifted_exp(const vf<NB>& d, vf<NB>& dc) {
   const vi<NB> low = lt(d, splat<NB>(-87.0f));
   dc = sel(low, splat<NB>(-87.0f), d);
   const vf<NB> t = dc * 1.44269504088896341f;
@@ -366,13 +336,9 @@ RLPT_LOGPROB_HOST_INLINE vf<NB> shifted_exp(const vf<NB>& d, vf<NB>& dc) {
   return sel(low, splat<NB>(0.0f), e * as_f((n + 127) << 23));
 }
 
-template <int NB>
-RLPT_LOGPROB_HOST_INLINE vf<NB> max(const vf<NB>& a, const vf<NB>& b) {
-  return sel(gt(b, a), b, a);
-}
+template <int NB> RLPT_LOGPROB_HOST_INLINE vf<NB> max(const vf<NB>& a, const vf<NB>& b) { return sel(gt(b, a), b, a); }
 
-template <int NB>
-RLPT_LOGPROB_HOST_INLINE float hmax(const vf<NB>& x) {
+template <int NB> RLPT_LOGPROB_HOST_INLINE float hmax(const vf<NB>& x) {
   float t[lanes];
   to_array(x, t);
   float m = t[0];
@@ -381,8 +347,7 @@ RLPT_LOGPROB_HOST_INLINE float hmax(const vf<NB>& x) {
 }
 
 //! Σ lanes in a fixed pairwise tree.
-template <int NB>
-RLPT_LOGPROB_HOST_INLINE float hsum(const vf<NB>& x) {
+template <int NB> RLPT_LOGPROB_HOST_INLINE float hsum(const vf<NB>& x) {
   float t[lanes];
   to_array(x, t);
   for (int w = lanes / 2; w > 0; w /= 2)
@@ -390,8 +355,7 @@ RLPT_LOGPROB_HOST_INLINE float hsum(const vf<NB>& x) {
   return t[0];
 }
 
-template <int NB>
-RLPT_LOGPROB_HOST_INLINE bool any_nan(const vf<NB>& x) {
+template <int NB> RLPT_LOGPROB_HOST_INLINE bool any_nan(const vf<NB>& x) {
   float t[lanes];
   to_array(x, t);
   bool r = false;

@@ -60,7 +60,7 @@ struct truncation {
 //! Number of kept ties at the crossing key: ties each have mass `unit`, and the i-th (by column)
 //! is kept while cum + i·unit < target.
 RLPT_HD_FORCEINLINE std::uint64_t kept_ties(std::uint64_t cum, std::uint64_t target, std::uint64_t unit,
-                                           std::uint64_t count) {
+                                            std::uint64_t count) {
   if (unit == 0) return count;
   const std::uint64_t r = (target - cum + unit - 1) / unit;
   return r < count ? r : count;
@@ -68,8 +68,7 @@ RLPT_HD_FORCEINLINE std::uint64_t kept_ties(std::uint64_t cum, std::uint64_t tar
 
 //! top_k/top_p support of x[0, n) / temp whose max is m (host; the row is read 3–8 times,
 //! from cache for vocabulary-sized rows).
-template <class T>
-truncation row_truncation(const T* x, index_t n, float temp, float m, index_t top_k, float top_p) {
+template <class T> truncation row_truncation(const T* x, index_t n, float temp, float m, index_t top_k, float top_p) {
   truncation tr;
   tr.tie_last = n - 1;
   const bool use_k = top_k > 0 && top_k < n;

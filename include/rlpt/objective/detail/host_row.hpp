@@ -21,8 +21,7 @@ namespace detail {
 
 inline constexpr int host_chunk = 256;
 
-template <class T>
-using host_chunk_data = token_chunk<T, host_chunk>;
+template <class T> using host_chunk_data = token_chunk<T, host_chunk>;
 
 // Host-only force-inline (RLPT_HD_FORCEINLINE would make the row body host+device under nvcc):
 // the row driver must inline into each ISA clone below.
@@ -36,7 +35,7 @@ using host_chunk_data = token_chunk<T, host_chunk>;
 // AVX2 clone roughly halves its time; it is chosen at run time when the CPU has AVX2. The clone
 // enables AVX2 only (no FMA): with the same operations per lane and fixed summation lanes, both
 // clones give bit-identical results.
-#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__) && !defined(__AVX2__) && \
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__) && !defined(__AVX2__) &&                          \
     !defined(RLPT_NO_ISA_DISPATCH)
 #define RLPT_OBJECTIVE_AVX2_CLONE() 1
 #else
@@ -63,47 +62,42 @@ using host_chunk_data = token_chunk<T, host_chunk>;
 using host_count = std::int64_t;
 
 // NOLINTBEGIN(bugprone-macro-parentheses): ATTR is a function attribute, which parentheses would break
-#define RLPT_OBJECTIVE_HOST_STAGES(ATTR)                                                                           \
-  ATTR static int load(const objective_plan& p, const basic_objective_inputs<T>& in, index_t b, index_t i0, int n, \
-                       host_chunk_data<T>& RLPT_OBJECTIVE_RESTRICT c) {                                             \
-    return load_chunk(p, in, b, i0, n, c);                                                                          \
-  }                                                                                                                 \
-  ATTR static void correction(const objective_plan& p, const token_consts<T>& k, int n,                             \
-                              host_chunk_data<T>& RLPT_OBJECTIVE_RESTRICT c) {                                      \
-    correction_chunk(p, k, n, c);                                                                                   \
-  }                                                                                                                 \
-  ATTR static row_stats stats(const objective_plan& p, int n, host_chunk_data<T>& RLPT_OBJECTIVE_RESTRICT c,        \
-                              row_stats st) {                                                                      \
-    stats_chunk(p, n, c, st);                                                                                       \
-    return st;                                                                                                      \
-  }                                                                                                                 \
-  ATTR static void policy(const objective_plan& p, const token_consts<T>& k, int n,                                 \
-                          host_chunk_data<T>& RLPT_OBJECTIVE_RESTRICT c) {                                          \
-    policy_chunk(p, k, n, c);                                                                                       \
-  }                                                                                                                 \
-  ATTR static void kl(const objective_plan& p, int n, host_chunk_data<T>& RLPT_OBJECTIVE_RESTRICT c) {             \
-    kl_chunk(p, n, c);                                                                                              \
-  }                                                                                                                 \
-  ATTR static token_acc<double, host_count> combine(const objective_plan& p, const token_consts<T>& k, index_t i0, int n,   \
-                                            host_chunk_data<T>& RLPT_OBJECTIVE_RESTRICT c,                          \
-                                            const basic_objective_grads<T>& gr, token_acc<double, host_count> a) {          \
-    combine_chunk(p, k, i0, n, c, gr, a);                                                                           \
-    return a;                                                                                                       \
+#define RLPT_OBJECTIVE_HOST_STAGES(ATTR)                                                                               \
+  ATTR static int load(const objective_plan& p, const basic_objective_inputs<T>& in, index_t b, index_t i0, int n,     \
+                       host_chunk_data<T>& RLPT_OBJECTIVE_RESTRICT c) {                                                \
+    return load_chunk(p, in, b, i0, n, c);                                                                             \
+  }                                                                                                                    \
+  ATTR static void correction(const objective_plan& p, const token_consts<T>& k, int n,                                \
+                              host_chunk_data<T>& RLPT_OBJECTIVE_RESTRICT c) {                                         \
+    correction_chunk(p, k, n, c);                                                                                      \
+  }                                                                                                                    \
+  ATTR static row_stats stats(const objective_plan& p, int n, host_chunk_data<T>& RLPT_OBJECTIVE_RESTRICT c,           \
+                              row_stats st) {                                                                          \
+    stats_chunk(p, n, c, st);                                                                                          \
+    return st;                                                                                                         \
+  }                                                                                                                    \
+  ATTR static void policy(const objective_plan& p, const token_consts<T>& k, int n,                                    \
+                          host_chunk_data<T>& RLPT_OBJECTIVE_RESTRICT c) {                                             \
+    policy_chunk(p, k, n, c);                                                                                          \
+  }                                                                                                                    \
+  ATTR static void kl(const objective_plan& p, int n, host_chunk_data<T>& RLPT_OBJECTIVE_RESTRICT c) {                 \
+    kl_chunk(p, n, c);                                                                                                 \
+  }                                                                                                                    \
+  ATTR static token_acc<double, host_count> combine(const objective_plan& p, const token_consts<T>& k, index_t i0,     \
+                                                    int n, host_chunk_data<T>& RLPT_OBJECTIVE_RESTRICT c,              \
+                                                    const basic_objective_grads<T>& gr,                                \
+                                                    token_acc<double, host_count> a) {                                 \
+    combine_chunk(p, k, i0, n, c, gr, a);                                                                              \
+    return a;                                                                                                          \
   }
 // NOLINTEND(bugprone-macro-parentheses)
 
 //! The chunk stages for the default instruction set.
-template <class T>
-struct host_stages_default {
-  RLPT_OBJECTIVE_HOST_STAGES(RLPT_OBJECTIVE_STAGE_NOINLINE)
-};
+template <class T> struct host_stages_default { RLPT_OBJECTIVE_HOST_STAGES(RLPT_OBJECTIVE_STAGE_NOINLINE) };
 
 #if RLPT_OBJECTIVE_AVX2_CLONE()
 //! The chunk stages compiled for AVX2 (chosen at run time).
-template <class T>
-struct host_stages_avx2 {
-  RLPT_OBJECTIVE_HOST_STAGES(__attribute__((noinline, target("avx2"))))
-};
+template <class T> struct host_stages_avx2 { RLPT_OBJECTIVE_HOST_STAGES(__attribute__((noinline, target("avx2")))) };
 #endif
 
 #undef RLPT_OBJECTIVE_HOST_STAGES
@@ -181,8 +175,7 @@ inline bool cpu_has_avx2() noexcept {
 #endif
 
 //! The row kernel for this CPU.
-template <class T>
-auto host_row_kernel() noexcept {
+template <class T> auto host_row_kernel() noexcept {
 #if RLPT_OBJECTIVE_AVX2_CLONE()
   if (cpu_has_avx2()) return &host_row_avx2<T>;
 #endif

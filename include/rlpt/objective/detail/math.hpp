@@ -77,8 +77,7 @@ RLPT_HD_FORCEINLINE float exp_poly(float x) {
 
 //! exp in the compute type R: the vectorisable polynomial for float on the host, the CUDA
 //! math library on the device, std::exp for double.
-template <class R>
-RLPT_HD_FORCEINLINE R exp_r(R x) {
+template <class R> RLPT_HD_FORCEINLINE R exp_r(R x) {
   if constexpr (std::is_same_v<R, float>) {
 #if RLPT_DEVICE_PASS()
     return ::expf(x);
@@ -90,8 +89,7 @@ RLPT_HD_FORCEINLINE R exp_r(R x) {
   }
 }
 
-template <class R>
-RLPT_HD_FORCEINLINE R log_r(R x) {
+template <class R> RLPT_HD_FORCEINLINE R log_r(R x) {
 #if RLPT_DEVICE_PASS()
   if constexpr (std::is_same_v<R, float>) {
     return ::logf(x);
@@ -103,40 +101,26 @@ RLPT_HD_FORCEINLINE R log_r(R x) {
 #endif
 }
 
-template <class R>
-RLPT_HD_FORCEINLINE R clamp_r(R x, R lo, R hi) {
-  return sel(x < lo, lo, sel(x > hi, hi, x));
-}
+template <class R> RLPT_HD_FORCEINLINE R clamp_r(R x, R lo, R hi) { return sel(x < lo, lo, sel(x > hi, hi, x)); }
 
 //! 1 where torch.clamp(x, lo, hi) passes the gradient (lo <= x <= hi), else 0.
-template <class R>
-RLPT_HD_FORCEINLINE R clamp_pass(R x, R lo, R hi) {
-  return sel((x >= lo) & (x <= hi), R(1), R(0));
-}
+template <class R> RLPT_HD_FORCEINLINE R clamp_pass(R x, R lo, R hi) { return sel((x >= lo) & (x <= hi), R(1), R(0)); }
 
 //! d max(a, b) given da, db, with torch's tie rule (half to each side).
-template <class R>
-RLPT_HD_FORCEINLINE R dmax(R a, R b, R da, R db) {
+template <class R> RLPT_HD_FORCEINLINE R dmax(R a, R b, R da, R db) {
   const R half = R(0.5) * (da + db);
   return sel(a > b, da, sel(b > a, db, half));
 }
 
 //! d min(a, b) given da, db, with torch's tie rule.
-template <class R>
-RLPT_HD_FORCEINLINE R dmin(R a, R b, R da, R db) {
+template <class R> RLPT_HD_FORCEINLINE R dmin(R a, R b, R da, R db) {
   const R half = R(0.5) * (da + db);
   return sel(a < b, da, sel(b < a, db, half));
 }
 
-template <class R>
-RLPT_HD_FORCEINLINE R max_r(R a, R b) {
-  return sel(a > b, a, b);
-}
+template <class R> RLPT_HD_FORCEINLINE R max_r(R a, R b) { return sel(a > b, a, b); }
 
-template <class R>
-RLPT_HD_FORCEINLINE R min_r(R a, R b) {
-  return sel(a < b, a, b);
-}
+template <class R> RLPT_HD_FORCEINLINE R min_r(R a, R b) { return sel(a < b, a, b); }
 
 //! Finite without calling into libm (vectorises; NaN and +-inf fail).
 RLPT_HD_FORCEINLINE bool finite_r(float x) {
@@ -151,10 +135,7 @@ RLPT_HD_FORCEINLINE bool finite_r(double x) {
 }
 
 //! torch.sign.
-template <class R>
-RLPT_HD_FORCEINLINE R sign_r(R x) {
-  return sel(x > R(0), R(1), sel(x < R(0), R(-1), R(0)));
-}
+template <class R> RLPT_HD_FORCEINLINE R sign_r(R x) { return sel(x > R(0), R(1), sel(x < R(0), R(-1), R(0))); }
 
 } // namespace detail
 RLPT_NAMESPACE_END

@@ -108,11 +108,11 @@ struct objective_plan {
   bool use_kl = false;
   bool use_entropy = false; //!< the entropy term is in the loss (coef != 0)
   bool use_value = false;
-  bool use_is = false;      //!< importance weights on
-  bool use_rs = false;      //!< rejection on
-  bool removes = false;     //!< rejected tokens leave the loss
-  bool is_seq = false;      //!< sequence-level importance weight
-  bool rs_seq = false;      //!< sequence-level rejection
+  bool use_is = false;  //!< importance weights on
+  bool use_rs = false;  //!< rejection on
+  bool removes = false; //!< rejected tokens leave the loss
+  bool is_seq = false;  //!< sequence-level importance weight
+  bool rs_seq = false;  //!< sequence-level rejection
   bool need_row_pass = false;
   bool gspo_sequence = false; //!< GSPO with the gradient through the sequence mean
 
@@ -140,7 +140,7 @@ struct row_stats {
 
 //! The per-row constants the token pass needs, derived from the row statistics.
 struct row_consts {
-  bool seq_keep = true; //!< sequence-level rejection passed
+  bool seq_keep = true;  //!< sequence-level rejection passed
   double len_loss = 0.0; //!< tokens in the loss (the length every per-row denominator uses)
   double w_seq = 1.0;    //!< sequence-level importance weight
   double s_gspo = 0.0;   //!< GSPO: mean log-ratio over the in-loss tokens
@@ -158,10 +158,17 @@ RLPT_HD row_consts row_finish(const objective_plan& p, const row_stats& s) {
   if (p.use_rs && p.rs_seq) {
     double stat = 0.0;
     switch (p.corr.reject.level) {
-    case rs_level::seq_sum: stat = s.rs_sum; break;
-    case rs_level::seq_mean: stat = s.len > 0.0 ? s.rs_sum / s.len : 0.0; break;
-    case rs_level::seq_max: stat = s.len > 0.0 ? s.rs_max : 0.0; break;
-    case rs_level::token: break;
+    case rs_level::seq_sum:
+      stat = s.rs_sum;
+      break;
+    case rs_level::seq_mean:
+      stat = s.len > 0.0 ? s.rs_sum / s.len : 0.0;
+      break;
+    case rs_level::seq_max:
+      stat = s.len > 0.0 ? s.rs_max : 0.0;
+      break;
+    case rs_level::token:
+      break;
     }
     // A row without valid tokens counts as kept (nothing to reject).
     c.seq_keep = s.len <= 0.0 || rs_keep(p.corr.reject.stat, stat, static_cast<double>(p.corr.reject.lo),

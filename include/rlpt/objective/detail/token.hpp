@@ -36,43 +36,39 @@ RLPT_NAMESPACE_BEGIN
 namespace detail {
 
 //! N tokens of one row, one array per quantity.
-template <class T, int N>
-struct token_chunk {
+template <class T, int N> struct token_chunk {
   T lp[N], old[N], behav[N], ref[N], adv[N];
   T ent[N], v[N], v_old[N], ret[N];
-  T w[N];          //!< importance weight (valid tokens; 0 for zero-weighted rejections)
-  T pv[N], pg[N];  //!< policy value and d value / d logp (GSPO sequence form: d value / d s)
-  T kv[N], kg[N];  //!< KL value and gradient
-  T vv[N], vg[N];  //!< value-loss value and gradient
-  T tmp[N];        //!< scratch: clamped log rho after correction, x = logp - old after policy
+  T w[N];         //!< importance weight (valid tokens; 0 for zero-weighted rejections)
+  T pv[N], pg[N]; //!< policy value and d value / d logp (GSPO sequence form: d value / d s)
+  T kv[N], kg[N]; //!< KL value and gradient
+  T vv[N], vg[N]; //!< value-loss value and gradient
+  T tmp[N];       //!< scratch: clamped log rho after correction, x = logp - old after policy
   std::uint8_t valid[N], keep[N], inl[N], rej[N];
   std::uint32_t flags[N]; //!< policy clip events
   std::uint8_t vclip[N];
 };
 
 //! The constants of a row's token pass in the compute type, formed once per row from row_consts.
-template <class T>
-struct token_consts {
-  bool seq_keep = true;      //!< sequence-level rejection passed
-  T w_seq = T(1);            //!< sequence-level importance weight
-  T s_gspo = T(0);           //!< GSPO: the row's mean log-ratio
-  T gmpo_coef = T(0);        //!< GMPO: d loss_i / d x*_t (the row term's chain factor)
+template <class T> struct token_consts {
+  bool seq_keep = true; //!< sequence-level rejection passed
+  T w_seq = T(1);       //!< sequence-level importance weight
+  T s_gspo = T(0);      //!< GSPO: the row's mean log-ratio
+  T gmpo_coef = T(0);   //!< GMPO: d loss_i / d x*_t (the row term's chain factor)
   std::uint32_t gmpo_flags = 0;
-  T a_policy = T(0);         //!< alpha of the policy term
-  T a_kl = T(0);             //!< kl.coef * alpha of the KL term
-  T g_entropy = T(0);        //!< d loss / d H: -entropy.coef * alpha (0 when the term is off)
-  T a_value = T(0);          //!< value.coef * alpha of the value term
+  T a_policy = T(0);  //!< alpha of the policy term
+  T a_kl = T(0);      //!< kl.coef * alpha of the KL term
+  T g_entropy = T(0); //!< d loss / d H: -entropy.coef * alpha (0 when the term is off)
+  T a_value = T(0);   //!< value.coef * alpha of the value term
 };
 
-template <class T>
-RLPT_HD token_consts<T> make_token_consts(const objective_plan& p, const row_consts& rc) {
+template <class T> RLPT_HD token_consts<T> make_token_consts(const objective_plan& p, const row_consts& rc) {
   token_consts<T> k;
   k.seq_keep = rc.seq_keep;
   k.w_seq = p.use_is ? T(rc.w_seq) : T(1);
   k.s_gspo = T(rc.s_gspo);
-  k.gmpo_coef = rc.gmpo_clamped || rc.len_loss <= 0.0
-                    ? T(0)
-                    : -T(rc.gmpo_adv) * T(rc.gmpo_w) * T(rc.gmpo_ratio) / T(rc.len_loss);
+  k.gmpo_coef =
+      rc.gmpo_clamped || rc.len_loss <= 0.0 ? T(0) : -T(rc.gmpo_adv) * T(rc.gmpo_w) * T(rc.gmpo_ratio) / T(rc.len_loss);
   k.gmpo_flags = flag_if(rc.gmpo_clamped, flag_clamped);
   k.a_policy = T(rc.a_policy);
   k.a_kl = T(p.kl.coef * rc.a_kl);
@@ -83,8 +79,7 @@ RLPT_HD token_consts<T> make_token_consts(const objective_plan& p, const row_con
 
 //! A row's sums over its tokens: the host's per row in fp64 (V = double); the device's per thread
 //! over its few tokens in the compute type (fewer live registers), then per block in fp64.
-template <class V, class Count>
-struct token_acc {
+template <class V, class Count> struct token_acc {
   V policy = 0, kl = 0, entropy = 0, value = 0, dcoef = 0, approx_kl = 0, w_sum = 0;
   V w_min = std::numeric_limits<V>::infinity();
   V w_max = -std::numeric_limits<V>::infinity();
@@ -95,8 +90,7 @@ struct token_acc {
 // ---- reductions over a chunk ---------------------------------------------------------------
 
 //! Sum of v[0..n) in fp64 over eight independent lanes (vectorises without reassociation).
-template <class T, int N>
-RLPT_HD_FORCEINLINE double lane_sum(const T (&v)[N], int n) {
+template <class T, int N> RLPT_HD_FORCEINLINE double lane_sum(const T (&v)[N], int n) {
   if constexpr (N == 1) {
     return static_cast<double>(v[0]);
   } else {
@@ -110,8 +104,7 @@ RLPT_HD_FORCEINLINE double lane_sum(const T (&v)[N], int n) {
 }
 
 //! Maximum of v[0..n) where use[j], over eight lanes (-inf when none).
-template <class T, int N>
-RLPT_HD_FORCEINLINE double lane_max(const T (&v)[N], const std::uint8_t (&use)[N], int n) {
+template <class T, int N> RLPT_HD_FORCEINLINE double lane_max(const T (&v)[N], const std::uint8_t (&use)[N], int n) {
   constexpr T ninf = -std::numeric_limits<T>::infinity();
   if constexpr (N == 1) {
     return static_cast<double>(sel(use[0] != 0, v[0], ninf));
@@ -128,8 +121,7 @@ RLPT_HD_FORCEINLINE double lane_max(const T (&v)[N], const std::uint8_t (&use)[N
   }
 }
 
-template <class F, int N>
-RLPT_HD_FORCEINLINE std::int32_t count(const F (&v)[N], int n) {
+template <class F, int N> RLPT_HD_FORCEINLINE std::int32_t count(const F (&v)[N], int n) {
   std::int32_t c = 0;
   for (int j = 0; j < n; ++j) c += v[j] ? 1 : 0;
   return c;
@@ -206,7 +198,7 @@ RLPT_HD_FORCEINLINE int load_chunk(const objective_plan& p, const basic_objectiv
   if (p.distill_coef != 0.0) {
     for (int j = 0; j < n; ++j) c.tmp[j] = T(0);
     RLPT_OBJECTIVE_ROLLED // unrolled on the device, the teachers' loads and weights took ~20 registers
-    for (int k = 0; k < p.teachers; ++k) {
+        for (int k = 0; k < p.teachers; ++k) {
       const T* tk = in.teacher_logp.data() + k * in.teacher_logp.row_stride() + i0;
       const T wk = T(p.teacher_w[k]);
       for (int j = 0; j < n; ++j) {
@@ -214,7 +206,9 @@ RLPT_HD_FORCEINLINE int load_chunk(const objective_plan& p, const basic_objectiv
         c.rej[j] = static_cast<std::uint8_t>(c.rej[j] | static_cast<std::uint8_t>(!finite_r(tk[j])));
       }
     }
-    const T* student = p.student == student_logp::behaviour ? c.behav : p.student == student_logp::proximal ? c.old : c.lp;
+    const T* student = p.student == student_logp::behaviour  ? c.behav
+                       : p.student == student_logp::proximal ? c.old
+                                                             : c.lp;
     const T coef = T(p.distill_coef);
     for (int j = 0; j < n; ++j) c.adv[j] += coef * (c.tmp[j] - student[j]);
   }
@@ -248,11 +242,20 @@ RLPT_HD_FORCEINLINE void correction_chunk(const objective_plan& p, const token_c
       for (int j = 0; j < n; ++j) c.keep[j] = rs_keep(st, rs_token_stat(st, c.tmp[j]), lo, hi, llo, lhi) ? 1 : 0;
     };
     switch (p.corr.reject.stat) {
-    case rs_stat::ratio: loop(std::integral_constant<rs_stat, rs_stat::ratio>{}); break;
-    case rs_stat::k1: loop(std::integral_constant<rs_stat, rs_stat::k1>{}); break;
-    case rs_stat::k2: loop(std::integral_constant<rs_stat, rs_stat::k2>{}); break;
-    case rs_stat::k3: loop(std::integral_constant<rs_stat, rs_stat::k3>{}); break;
-    case rs_stat::none: break;
+    case rs_stat::ratio:
+      loop(std::integral_constant<rs_stat, rs_stat::ratio>{});
+      break;
+    case rs_stat::k1:
+      loop(std::integral_constant<rs_stat, rs_stat::k1>{});
+      break;
+    case rs_stat::k2:
+      loop(std::integral_constant<rs_stat, rs_stat::k2>{});
+      break;
+    case rs_stat::k3:
+      loop(std::integral_constant<rs_stat, rs_stat::k3>{});
+      break;
+    case rs_stat::none:
+      break;
     }
   } else {
     for (int j = 0; j < n; ++j) c.keep[j] = 1;
@@ -325,8 +328,7 @@ RLPT_HD_FORCEINLINE void stats_chunk(const objective_plan& p, int n, token_chunk
 
 //! The policy term of each token: value pv and gradient pg (before weights and alpha).
 template <class T, int N>
-RLPT_HD_FORCEINLINE void policy_chunk(const objective_plan& p, const token_consts<T>& k, int n,
-                                      token_chunk<T, N>& c) {
+RLPT_HD_FORCEINLINE void policy_chunk(const objective_plan& p, const token_consts<T>& k, int n, token_chunk<T, N>& c) {
   for (int j = 0; j < n; ++j) c.tmp[j] = c.lp[j] - c.old[j]; // x
   // Options copied into locals: the compiler then knows the chunk stores cannot change them
   // and hoists every conversion out of the loops.
@@ -400,12 +402,11 @@ RLPT_HD_FORCEINLINE void policy_chunk(const objective_plan& p, const token_const
 
 //! The KL term of each token: the estimator, then the gradient mode, then the importance
 //! correction, each its own loop (4 + 2 + 1 instantiations, not 24 fused ones).
-template <class T, int N>
-RLPT_HD_FORCEINLINE void kl_chunk(const objective_plan& p, int n, token_chunk<T, N>& c) {
+template <class T, int N> RLPT_HD_FORCEINLINE void kl_chunk(const objective_plan& p, int n, token_chunk<T, N>& c) {
   if (!p.use_kl) return;
   if (!p.has_old)
     for (int j = 0; j < n; ++j) c.tmp[j] = T(0); // x = logp - old is 0 without old_logp
-  const kl_penalty k = p.kl; // a local: see policy_chunk
+  const kl_penalty k = p.kl;                     // a local: see policy_chunk
   auto estimate = [&](auto e) {
     for (int j = 0; j < n; ++j) {
       const kl_token<T> q = kl_estimate<decltype(e)::value>(k, c.lp[j] - c.ref[j]);
@@ -413,10 +414,18 @@ RLPT_HD_FORCEINLINE void kl_chunk(const objective_plan& p, int n, token_chunk<T,
     }
   };
   switch (k.estimator) {
-  case kl_estimator::k1: estimate(std::integral_constant<kl_estimator, kl_estimator::k1>{}); break;
-  case kl_estimator::abs: estimate(std::integral_constant<kl_estimator, kl_estimator::abs>{}); break;
-  case kl_estimator::k2: estimate(std::integral_constant<kl_estimator, kl_estimator::k2>{}); break;
-  case kl_estimator::k3: estimate(std::integral_constant<kl_estimator, kl_estimator::k3>{}); break;
+  case kl_estimator::k1:
+    estimate(std::integral_constant<kl_estimator, kl_estimator::k1>{});
+    break;
+  case kl_estimator::abs:
+    estimate(std::integral_constant<kl_estimator, kl_estimator::abs>{});
+    break;
+  case kl_estimator::k2:
+    estimate(std::integral_constant<kl_estimator, kl_estimator::k2>{});
+    break;
+  case kl_estimator::k3:
+    estimate(std::integral_constant<kl_estimator, kl_estimator::k3>{});
+    break;
   }
   if (k.gradient == kl_gradient::straight_through)
     for (int j = 0; j < n; ++j) c.kg[j] = kl_regrad<kl_gradient::straight_through>(k, c.lp[j] - c.ref[j], c.tmp[j]);
@@ -576,13 +585,12 @@ struct inline_stages {
                                          token_chunk<T, N>& c) {
     policy_chunk(p, k, n, c);
   }
-  template <class T, int N>
-  RLPT_HD_FORCEINLINE static void kl(const objective_plan& p, int n, token_chunk<T, N>& c) {
+  template <class T, int N> RLPT_HD_FORCEINLINE static void kl(const objective_plan& p, int n, token_chunk<T, N>& c) {
     kl_chunk(p, n, c);
   }
   template <class T, memory_space M, int N, class V, class Count>
-  RLPT_HD_FORCEINLINE static token_acc<V, Count> combine(const objective_plan& p, const token_consts<T>& k,
-                                                         index_t i0, int n, token_chunk<T, N>& c,
+  RLPT_HD_FORCEINLINE static token_acc<V, Count> combine(const objective_plan& p, const token_consts<T>& k, index_t i0,
+                                                         int n, token_chunk<T, N>& c,
                                                          const basic_objective_grads<T, M>& gr, token_acc<V, Count> a) {
     combine_chunk(p, k, i0, n, c, gr, a);
     return a;
@@ -600,8 +608,8 @@ struct inline_stages {
 //! Row-statistics pass over tokens [i0, i0 + n) of row b: adds them to `st`.
 RLPT_OBJECTIVE_DRIVER
 template <class S, class T, memory_space M, int N>
-RLPT_HD_FORCEINLINE row_stats row_stats_pass(const objective_plan& p, const basic_objective_inputs<T, M>& in,
-                                             index_t b, index_t i0, int n, token_chunk<T, N>& c, row_stats st) {
+RLPT_HD_FORCEINLINE row_stats row_stats_pass(const objective_plan& p, const basic_objective_inputs<T, M>& in, index_t b,
+                                             index_t i0, int n, token_chunk<T, N>& c, row_stats st) {
   S::load(p, in, b, i0, n, c);
   S::correction(p, token_consts<T>{}, n, c); // seq_keep = true: sequence-level rejection is decided from these sums
   return S::stats(p, n, c, st);
@@ -643,7 +651,8 @@ RLPT_HD_FORCEINLINE void gspo_pass(const objective_plan& p, const token_consts<T
 //! The sums of a row (the device: of one tile of a row, `head` being its first) from its token
 //! sums: terms weighted by the row's alphas, the row's own GMPO term once, metrics as counted.
 template <class V, class Count>
-RLPT_HD objective_sums row_sums(const objective_plan& p, const row_consts& rc, const token_acc<V, Count>& a, bool head) {
+RLPT_HD objective_sums row_sums(const objective_plan& p, const row_consts& rc, const token_acc<V, Count>& a,
+                                bool head) {
   objective_sums s;
   double pol = static_cast<double>(a.policy);
   // GMPO's loss is one value per row: -mean(A) * exp(mean x*) * (geometric mean weight).

@@ -32,13 +32,36 @@ public:
   enum class kind : std::uint8_t { null, boolean, number, string, array, object };
 
   json() = default;
-  static json make_bool(bool b) { json j; j.kind_ = kind::boolean; j.bool_ = b; return j; }
-  static json make_string(std::string s) { json j; j.kind_ = kind::string; j.text_ = std::move(s); return j; }
-  static json make_number_text(std::string s) { json j; j.kind_ = kind::number; j.text_ = std::move(s); return j; }
+  static json make_bool(bool b) {
+    json j;
+    j.kind_ = kind::boolean;
+    j.bool_ = b;
+    return j;
+  }
+  static json make_string(std::string s) {
+    json j;
+    j.kind_ = kind::string;
+    j.text_ = std::move(s);
+    return j;
+  }
+  static json make_number_text(std::string s) {
+    json j;
+    j.kind_ = kind::number;
+    j.text_ = std::move(s);
+    return j;
+  }
   static json make_uint(std::uint64_t v) { return make_number_text(std::to_string(v)); }
   static json make_int(std::int64_t v) { return make_number_text(std::to_string(v)); }
-  static json make_array() { json j; j.kind_ = kind::array; return j; }
-  static json make_object() { json j; j.kind_ = kind::object; return j; }
+  static json make_array() {
+    json j;
+    j.kind_ = kind::array;
+    return j;
+  }
+  static json make_object() {
+    json j;
+    j.kind_ = kind::object;
+    return j;
+  }
 
   [[nodiscard]] kind type() const noexcept { return kind_; }
   [[nodiscard]] bool is_null() const noexcept { return kind_ == kind::null; }
@@ -135,12 +158,21 @@ private:
     if (pos_ >= s_.size()) fail_at(pos_, "unexpected end of input, expected a value");
     const char c = s_[pos_];
     switch (c) {
-    case '{': return object(depth + 1);
-    case '[': return array(depth + 1);
-    case '"': return json::make_string(string());
-    case 't': expect_literal("true"); return json::make_bool(true);
-    case 'f': expect_literal("false"); return json::make_bool(false);
-    case 'n': expect_literal("null"); return json{};
+    case '{':
+      return object(depth + 1);
+    case '[':
+      return array(depth + 1);
+    case '"':
+      return json::make_string(string());
+    case 't':
+      expect_literal("true");
+      return json::make_bool(true);
+    case 'f':
+      expect_literal("false");
+      return json::make_bool(false);
+    case 'n':
+      expect_literal("null");
+      return json{};
     default:
       if (c == '-' || (c >= '0' && c <= '9')) return number();
       fail_at(pos_, "unexpected character {}, expected a value", describe(c));
@@ -177,7 +209,8 @@ private:
       if (peek() != '"') fail_at(pos_, "expected a string key");
       key_at.push_back(pos_);
       std::string key = string();
-      if (obj.size() < linear_key_check && obj.find(key) != nullptr) fail_at(key_at.back(), "duplicate key \"{}\"", key);
+      if (obj.size() < linear_key_check && obj.find(key) != nullptr)
+        fail_at(key_at.back(), "duplicate key \"{}\"", key);
       skip_ws();
       if (peek() != ':') fail_at(pos_, "expected ':' after key \"{}\"", key);
       ++pos_;
@@ -203,9 +236,8 @@ private:
     const auto& keys = obj.keys_;
     std::vector<std::size_t> order(keys.size());
     for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-      return keys[a] != keys[b] ? keys[a] < keys[b] : a < b;
-    });
+    std::sort(order.begin(), order.end(),
+              [&](std::size_t a, std::size_t b) { return keys[a] != keys[b] ? keys[a] < keys[b] : a < b; });
     std::size_t dup = keys.size();
     for (std::size_t k = 1; k < order.size(); ++k)
       if (keys[order[k]] == keys[order[k - 1]]) dup = std::min(dup, order[k]);
@@ -268,10 +300,14 @@ private:
     for (int i = 0; i < 4; ++i) {
       const char c = s_[pos_++];
       unsigned d;
-      if (c >= '0' && c <= '9') d = static_cast<unsigned>(c - '0');
-      else if (c >= 'a' && c <= 'f') d = static_cast<unsigned>(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F') d = static_cast<unsigned>(c - 'A' + 10);
-      else fail_at(pos_ - 1, "invalid hex digit {} in \\u escape", describe(c));
+      if (c >= '0' && c <= '9')
+        d = static_cast<unsigned>(c - '0');
+      else if (c >= 'a' && c <= 'f')
+        d = static_cast<unsigned>(c - 'a' + 10);
+      else if (c >= 'A' && c <= 'F')
+        d = static_cast<unsigned>(c - 'A' + 10);
+      else
+        fail_at(pos_ - 1, "invalid hex digit {} in \\u escape", describe(c));
       v = (v << 4) | d;
     }
     return v;
@@ -343,14 +379,30 @@ private:
         if (pos_ >= s_.size()) fail_at(pos_, "truncated escape");
         const char e = s_[pos_++];
         switch (e) {
-        case '"': out.push_back('"'); break;
-        case '\\': out.push_back('\\'); break;
-        case '/': out.push_back('/'); break;
-        case 'b': out.push_back('\b'); break;
-        case 'f': out.push_back('\f'); break;
-        case 'n': out.push_back('\n'); break;
-        case 'r': out.push_back('\r'); break;
-        case 't': out.push_back('\t'); break;
+        case '"':
+          out.push_back('"');
+          break;
+        case '\\':
+          out.push_back('\\');
+          break;
+        case '/':
+          out.push_back('/');
+          break;
+        case 'b':
+          out.push_back('\b');
+          break;
+        case 'f':
+          out.push_back('\f');
+          break;
+        case 'n':
+          out.push_back('\n');
+          break;
+        case 'r':
+          out.push_back('\r');
+          break;
+        case 't':
+          out.push_back('\t');
+          break;
         case 'u': {
           const std::size_t at = pos_ - 2;
           std::uint32_t cp = hex4();
@@ -359,13 +411,15 @@ private:
             if (s_.substr(pos_, 2) != "\\u") fail_at(at, "lone leading surrogate \\u{:04x}", cp);
             pos_ += 2;
             const std::uint32_t lo = hex4();
-            if (lo < 0xdc00 || lo > 0xdfff) fail_at(at, "leading surrogate \\u{:04x} not followed by a trailing one", cp);
+            if (lo < 0xdc00 || lo > 0xdfff)
+              fail_at(at, "leading surrogate \\u{:04x} not followed by a trailing one", cp);
             cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
           }
           put_utf8(out, cp);
           break;
         }
-        default: fail_at(pos_ - 1, "invalid escape \\{}", describe(e));
+        default:
+          fail_at(pos_ - 1, "invalid escape \\{}", describe(e));
         }
         continue;
       }
@@ -398,13 +452,27 @@ inline void write_json_string(std::string& out, std::string_view s) {
   for (char ch : s) {
     const auto c = static_cast<unsigned char>(ch);
     switch (c) {
-    case '"': out += "\\\""; break;
-    case '\\': out += "\\\\"; break;
-    case '\b': out += "\\b"; break;
-    case '\f': out += "\\f"; break;
-    case '\n': out += "\\n"; break;
-    case '\r': out += "\\r"; break;
-    case '\t': out += "\\t"; break;
+    case '"':
+      out += "\\\"";
+      break;
+    case '\\':
+      out += "\\\\";
+      break;
+    case '\b':
+      out += "\\b";
+      break;
+    case '\f':
+      out += "\\f";
+      break;
+    case '\n':
+      out += "\\n";
+      break;
+    case '\r':
+      out += "\\r";
+      break;
+    case '\t':
+      out += "\\t";
+      break;
     default:
       if (c < 0x20) {
         out += "\\u00";
@@ -421,10 +489,18 @@ inline void write_json_string(std::string& out, std::string_view s) {
 //! Appends compact JSON (no spaces), members in insertion order.
 inline void write_json(std::string& out, const json& v) {
   switch (v.type()) {
-  case json::kind::null: out += "null"; break;
-  case json::kind::boolean: out += v.boolean() ? "true" : "false"; break;
-  case json::kind::number: out += v.text(); break;
-  case json::kind::string: write_json_string(out, v.text()); break;
+  case json::kind::null:
+    out += "null";
+    break;
+  case json::kind::boolean:
+    out += v.boolean() ? "true" : "false";
+    break;
+  case json::kind::number:
+    out += v.text();
+    break;
+  case json::kind::string:
+    write_json_string(out, v.text());
+    break;
   case json::kind::array:
     out.push_back('[');
     for (std::size_t i = 0; i < v.size(); ++i) {

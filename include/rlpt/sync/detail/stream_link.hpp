@@ -69,8 +69,7 @@ struct frame_sizes {
 //! the socket and its header format: `recv(dst, want)` reads like ::recv; `header(bytes)`
 //! checks a complete header and returns its sizes (or drops the connection and throws);
 //! `drop()` closes the connection and resets this reader.
-template <std::size_t HeaderBytes>
-class frame_reader {
+template <std::size_t HeaderBytes> class frame_reader {
 public:
   //! Starts over at a header (after a consumed frame or a dropped connection).
   void reset() noexcept {
@@ -122,8 +121,7 @@ public:
 
 private:
   // A stage is complete: validate and move on; true when the frame is complete.
-  template <class Header, class Drop>
-  bool advance(const std::string& where, Header& header, Drop& drop) {
+  template <class Header, class Drop> bool advance(const std::string& where, Header& header, Drop& drop) {
     if (stage_ == 0) {
       const frame_sizes f = header(static_cast<const std::byte*>(header_));
       meta_check_ = f.meta_check;
@@ -168,15 +166,14 @@ private:
 //!     ssize_t recv_some(std::byte* dst, std::size_t want);  // like ::recv
 //!     frame_sizes check_header(const std::byte* h);  // a complete header: checked, or drop() and throw
 //!     static constexpr std::chrono::milliseconds reconnect_pause;
-template <class Link, std::size_t HeaderBytes>
-class stream_link {
+template <class Link, std::size_t HeaderBytes> class stream_link {
 protected:
   //! Sends a frame (its header, meta block and payload) whole; `control` (ancillary data,
   //! SCM_RIGHTS) goes with its first byte. A frame that cannot go out by `until` drops the
   //! connection (half a frame cannot be resumed): rlpt.sync.timeout; a broken connection:
   //! rlpt.sync.peer_lost.
-  void send_frame(std::span<const std::byte> header, std::span<const std::byte> meta, std::span<const std::byte> payload,
-                  std::span<unsigned char> control, deadline until) {
+  void send_frame(std::span<const std::byte> header, std::span<const std::byte> meta,
+                  std::span<const std::byte> payload, std::span<unsigned char> control, deadline until) {
     connect_or_accept(until);
     iovec iov[3] = {{const_cast<std::byte*>(header.data()), header.size()},
                     {const_cast<std::byte*>(meta.data()), meta.size()},
@@ -252,7 +249,8 @@ protected:
   void connect_or_accept(deadline until) {
     if (listening()) accept_new();
     if (conn_.fd >= 0) return;
-    if (!try_connect_or_accept(until)) timeout(where_, listening() ? "waiting for the peer to connect" : "connecting to the peer");
+    if (!try_connect_or_accept(until))
+      timeout(where_, listening() ? "waiting for the peer to connect" : "connecting to the peer");
   }
 
   //! Uses `fd` (connected) as the connection, dropping the previous one.
