@@ -13,7 +13,7 @@
 #include <rlpt/core/nonfinite.hpp>
 #include <rlpt/core/views.hpp>
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <cmath>
 #include <cstdint>
@@ -81,8 +81,7 @@ inline constexpr int reduce_lanes = 32;
 inline constexpr int batch_lanes = 256;
 
 //! The tree width (1, 2, 4, ..., Lanes) canonical_sum<Lanes> uses for n terms.
-template <int Lanes = reduce_lanes>
-RLPT_HD_FORCEINLINE int canonical_width(index_t n) {
+template <int Lanes = reduce_lanes> RLPT_HD_FORCEINLINE int canonical_width(index_t n) {
   int width = 1;
   while (width < Lanes && width < n) width <<= 1;
   return width;
@@ -102,8 +101,7 @@ RLPT_HD_FORCEINLINE double lane_tree(double* lane, int width) {
 //! of two covering min(n, Lanes) only add exact zeros and are skipped. The device kernels perform
 //! exactly these operations (a warp butterfly for groups, a shared-memory tree for the batch), so
 //! statistics are bit-identical on host and device and a group's depend on its own members only.
-template <int Lanes = reduce_lanes, class F>
-[[nodiscard]] double canonical_sum(index_t n, F&& term) {
+template <int Lanes = reduce_lanes, class F> [[nodiscard]] double canonical_sum(index_t n, F&& term) {
   static_assert(Lanes >= 1 && (Lanes & (Lanes - 1)) == 0, "lane count must be a power of two");
   const int width = canonical_width<Lanes>(n);
   double lane[Lanes]; // only the first `width` lanes are ever read
@@ -127,8 +125,7 @@ struct canonical_moments {
 //! moments_canonical for n <= Lanes, the common group size: term k is alone in lane k, so each
 //! lane is 0.0 + term k (the canonical_sum addition), and the values are read once into a local
 //! buffer instead of once per pass. The same operations as the general path, so the same bits.
-template <int Lanes, class Get>
-[[nodiscard]] canonical_moments moments_one_per_lane(index_t n, Get&& get) {
+template <int Lanes, class Get> [[nodiscard]] canonical_moments moments_one_per_lane(index_t n, Get&& get) {
   canonical_moments m;
   float x[Lanes];
   double lane[Lanes];
@@ -152,8 +149,7 @@ template <int Lanes, class Get>
   return m;
 }
 
-template <int Lanes = reduce_lanes, class Get>
-[[nodiscard]] canonical_moments moments_canonical(index_t n, Get&& get) {
+template <int Lanes = reduce_lanes, class Get> [[nodiscard]] canonical_moments moments_canonical(index_t n, Get&& get) {
   if constexpr (Lanes <= reduce_lanes)
     if (n <= Lanes) return moments_one_per_lane<Lanes>(n, get);
   canonical_moments m;
@@ -185,8 +181,7 @@ RLPT_HD_FORCEINLINE double std_of(double count, double m2, bool unbiased) {
 inline constexpr index_t max_named = 8;
 
 //! Formats "[i]=value" for the first max_named indices of non-finite values in x.
-template <class T>
-std::string name_nonfinite(view<const T> x, index_t& count) {
+template <class T> std::string name_nonfinite(view<const T> x, index_t& count) {
   std::string listed;
   count = 0;
   for (index_t i = 0; i < x.size(); ++i)
@@ -204,7 +199,8 @@ inline index_t check_rewards(view<const float> rewards, nonfinite policy, const 
   if (count != 0 && policy == nonfinite::raise) {
     index_t c = 0;
     const std::string listed = name_nonfinite(rewards, c);
-    RLPT_FAIL(errors::advantage::nonfinite, "{} of {} {} are not finite: {}{} (set on_nonfinite = rlpt::nonfinite::mask "
+    RLPT_FAIL(errors::advantage::nonfinite,
+              "{} of {} {} are not finite: {}{} (set on_nonfinite = rlpt::nonfinite::mask "
               "to leave them out of the statistics with advantage 0)",
               count, rewards.size(), what, listed, count > max_named ? ", ..." : "");
   }
@@ -260,13 +256,11 @@ inline void check_singles(view<const float> rewards, const groups& g, single pol
 }
 
 //! Runs f(group) for every group, chunked by group_grain.
-template <class F>
-void for_each_group(const groups& g, const host_executor& ex, F&& f) {
+template <class F> void for_each_group(const groups& g, const host_executor& ex, F&& f) {
   ex.parallel_for(g.num_groups(), group_grain, [&](index_t b, index_t e) {
     for (index_t k = b; k < e; ++k) f(k);
   });
 }
-
 
 inline void reset_stats(group_stats& s, index_t num_groups) {
   const auto g = static_cast<std::size_t>(num_groups);
@@ -291,8 +285,8 @@ inline void record_group(group_stats& s, index_t g, const canonical_moments& m, 
 inline void finish_stats(group_stats& s) {
   s.num_degenerate = 0;
   for (mask_t d : s.degenerate) s.num_degenerate += d;
-  s.frac_degenerate = s.degenerate.empty() ? 0.0
-                                           : static_cast<double>(s.num_degenerate) / static_cast<double>(s.degenerate.size());
+  s.frac_degenerate =
+      s.degenerate.empty() ? 0.0 : static_cast<double>(s.num_degenerate) / static_cast<double>(s.degenerate.size());
 }
 
 } // namespace detail

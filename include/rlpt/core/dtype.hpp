@@ -10,7 +10,7 @@
 #include <rlpt/config.hpp>
 #include <rlpt/core/error.hpp>
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <bit>
 #include <cstddef>
@@ -121,16 +121,10 @@ static_assert(sizeof(bf16) == 2 && std::is_trivially_copyable_v<bf16>);
 static_assert(sizeof(f16) == 2 && std::is_trivially_copyable_v<f16>);
 
 //! Loads any supported element as float (the compute type of every kernel).
-template <class T>
-RLPT_HD_FORCEINLINE float to_float(T v) {
-  return static_cast<float>(v);
-}
+template <class T> RLPT_HD_FORCEINLINE float to_float(T v) { return static_cast<float>(v); }
 
 //! Stores a float into any supported element type, rounding to nearest even.
-template <class T>
-RLPT_HD_FORCEINLINE T from_float(float v) {
-  return static_cast<T>(v);
-}
+template <class T> RLPT_HD_FORCEINLINE T from_float(float v) { return static_cast<T>(v); }
 
 // --- static <-> runtime mapping -----------------------------------------------------------
 
@@ -147,20 +141,23 @@ template <> struct dtype_of_impl<std::int64_t> { static constexpr dtype value = 
 } // namespace detail
 
 //! The runtime tag of a static element type (cv-qualifiers ignored).
-template <class T>
-inline constexpr dtype dtype_of = detail::dtype_of_impl<std::remove_cv_t<T>>::value;
+template <class T> inline constexpr dtype dtype_of = detail::dtype_of_impl<std::remove_cv_t<T>>::value;
 
 //! Size in bytes of one element.
 [[nodiscard]] constexpr std::size_t size_of(dtype t) noexcept {
   switch (t) {
   case dtype::f64:
-  case dtype::i64: return 8;
+  case dtype::i64:
+    return 8;
   case dtype::f32:
-  case dtype::i32: return 4;
+  case dtype::i32:
+    return 4;
   case dtype::f16:
-  case dtype::bf16: return 2;
+  case dtype::bf16:
+    return 2;
   case dtype::i8:
-  case dtype::u8: return 1;
+  case dtype::u8:
+    return 1;
   }
   return 0;
 }
@@ -168,14 +165,22 @@ inline constexpr dtype dtype_of = detail::dtype_of_impl<std::remove_cv_t<T>>::va
 //! Lower-case name as torch and safetensors spell the family ("f32", "bf16", ...).
 [[nodiscard]] constexpr std::string_view name(dtype t) noexcept {
   switch (t) {
-  case dtype::f32: return "f32";
-  case dtype::f64: return "f64";
-  case dtype::f16: return "f16";
-  case dtype::bf16: return "bf16";
-  case dtype::i8: return "i8";
-  case dtype::u8: return "u8";
-  case dtype::i32: return "i32";
-  case dtype::i64: return "i64";
+  case dtype::f32:
+    return "f32";
+  case dtype::f64:
+    return "f64";
+  case dtype::f16:
+    return "f16";
+  case dtype::bf16:
+    return "bf16";
+  case dtype::i8:
+    return "i8";
+  case dtype::u8:
+    return "u8";
+  case dtype::i32:
+    return "i32";
+  case dtype::i64:
+    return "i64";
   }
   return "?";
 }
@@ -188,24 +193,26 @@ inline constexpr dtype dtype_of = detail::dtype_of_impl<std::remove_cv_t<T>>::va
 template <class T> struct type_tag { using type = T; };
 
 //! Calls `f(type_tag<T>{})` for the floating dtype `t`; other dtypes are an error naming `what`.
-template <class F>
-decltype(auto) dispatch_floating(dtype t, std::string_view what, F&& f) {
+template <class F> decltype(auto) dispatch_floating(dtype t, std::string_view what, F&& f) {
   switch (t) {
-  case dtype::f32: return f(type_tag<float>{});
-  case dtype::f64: return f(type_tag<double>{});
-  case dtype::f16: return f(type_tag<f16>{});
-  case dtype::bf16: return f(type_tag<bf16>{});
-  default: break;
+  case dtype::f32:
+    return f(type_tag<float>{});
+  case dtype::f64:
+    return f(type_tag<double>{});
+  case dtype::f16:
+    return f(type_tag<f16>{});
+  case dtype::bf16:
+    return f(type_tag<bf16>{});
+  default:
+    break;
   }
   RLPT_FAIL(errors::dtype::unsupported, "{} has dtype {}; expected one of f32, f64, f16, bf16", what, name(t));
 }
 
 RLPT_NAMESPACE_END
 
-template <>
-struct fmt::formatter<rlpt::dtype> : fmt::formatter<std::string_view> {
-  template <class Ctx>
-  auto format(rlpt::dtype t, Ctx& ctx) const {
+template <> struct fmt::formatter<rlpt::dtype> : fmt::formatter<std::string_view> {
+  template <class Ctx> auto format(rlpt::dtype t, Ctx& ctx) const {
     return fmt::formatter<std::string_view>::format(rlpt::name(t), ctx);
   }
 };

@@ -22,7 +22,8 @@
 #pragma once
 
 #if !__has_include(<Eigen/Core>) // name the component, not only "no such file"
-#error "<rlpt/logprob/lm_head.hpp> needs Eigen 3.4: link rlpt::lm_head (find_package(rlpt COMPONENTS lm_head)) or add Eigen's include directory (e.g. -I /usr/include/eigen3)"
+// Fix: find_package(rlpt COMPONENTS lm_head) and link rlpt::lm_head, or add -I /usr/include/eigen3.
+#error "<rlpt/logprob/lm_head.hpp> needs Eigen 3.4: link rlpt::lm_head or add Eigen's include directory"
 #endif
 
 #include <rlpt/config.hpp>
@@ -96,11 +97,11 @@ void check_lm_head(view2d<H> hidden, view2d<W> weight, view<const index_t> targe
 }
 
 //! One logit hidden[r] · weight[j] in fp32 (the cold path of an error message).
-template <class H, class W>
-float lm_head_logit(view2d<H> hidden, view2d<W> weight, index_t r, index_t j) {
+template <class H, class W> float lm_head_logit(view2d<H> hidden, view2d<W> weight, index_t r, index_t j) {
   float acc = 0.0f;
   for (index_t k = 0; k < hidden.cols(); ++k)
-    acc += load_logit(hidden.data()[r * hidden.row_stride() + k]) * load_logit(weight.data()[j * weight.row_stride() + k]);
+    acc +=
+        load_logit(hidden.data()[r * hidden.row_stride() + k]) * load_logit(weight.data()[j * weight.row_stride() + k]);
   return acc;
 }
 
@@ -188,7 +189,8 @@ logprob_stats fused_lm_head_logprob(view2d<H> hidden, view2d<W> weight, view<con
   for (index_t r = 0; r < n; ++r) detail::check_target(r, targets[r], v, opt.ignore_index);
   detail::lm_head_rows(hidden, weight, targets, 0, opt, ex, [&](index_t r, lse_state st, float zt, bool has) {
     if (!lse_ok(st))
-      detail::fail_nonfinite_row(r, v, opt.temperature, [&](index_t j) { return detail::lm_head_logit(hidden, weight, r, j); });
+      detail::fail_nonfinite_row(r, v, opt.temperature,
+                                 [&](index_t j) { return detail::lm_head_logit(hidden, weight, r, j); });
     const row_result res = lse_finish(st);
     out.logp[r] = has ? lse_logp(zt, st) : 0.0f;
     if (!out.entropy.empty()) out.entropy[r] = res.entropy;

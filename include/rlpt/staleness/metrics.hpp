@@ -16,7 +16,7 @@
 #include <rlpt/core/views.hpp>
 #include <rlpt/staleness/clock.hpp>
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -51,8 +51,9 @@ struct staleness_histogram {
       if (o.counts[s] != 0) add(static_cast<index_t>(s), o.counts[s]);
   }
   [[nodiscard]] index_t at(index_t staleness) const noexcept {
-    return staleness >= 0 && static_cast<std::size_t>(staleness) < counts.size() ? counts[static_cast<std::size_t>(staleness)]
-                                                                                  : 0;
+    return staleness >= 0 && static_cast<std::size_t>(staleness) < counts.size()
+               ? counts[static_cast<std::size_t>(staleness)]
+               : 0;
   }
   [[nodiscard]] index_t total() const noexcept {
     index_t n = 0;
@@ -125,16 +126,16 @@ inline index_t age_of(policy_version v, policy_version current, index_t where) {
 
 //! Everything `staleness_metrics` counted, read at one instant.
 struct metrics_snapshot {
-  index_t admitted = 0;  //!< groups admitted by the gate (tickets issued)
-  index_t refused = 0;   //!< try_admit calls that found no capacity, and admissions a closed gate ended
-  index_t timeouts = 0;  //!< admit_for waits that ended at their deadline without capacity
-  index_t accepted = 0;  //!< groups that finished generating and entered the buffer
-  index_t rejected = 0;  //!< groups that failed or a filter rejected (their slot returned)
-  index_t consumed = 0;  //!< groups handed to the trainer
-  index_t dropped = 0;   //!< groups dropped as too stale (or evicted before use: overflow)
-  index_t requeued = 0;  //!< groups handed back to the producers (regenerate / resume)
-  index_t batches = 0;   //!< batches handed to the trainer
-  index_t starvations = 0; //!< times a consumer waited past its starvation threshold
+  index_t admitted = 0;           //!< groups admitted by the gate (tickets issued)
+  index_t refused = 0;            //!< try_admit calls that found no capacity, and admissions a closed gate ended
+  index_t timeouts = 0;           //!< admit_for waits that ended at their deadline without capacity
+  index_t accepted = 0;           //!< groups that finished generating and entered the buffer
+  index_t rejected = 0;           //!< groups that failed or a filter rejected (their slot returned)
+  index_t consumed = 0;           //!< groups handed to the trainer
+  index_t dropped = 0;            //!< groups dropped as too stale (or evicted before use: overflow)
+  index_t requeued = 0;           //!< groups handed back to the producers (regenerate / resume)
+  index_t batches = 0;            //!< batches handed to the trainer
+  index_t starvations = 0;        //!< times a consumer waited past its starvation threshold
   double generation_wait_s = 0.0; //!< total time producers waited for admission
   double train_wait_s = 0.0;      //!< total time consumers waited for a batch
   staleness_histogram consumed_staleness; //!< cumulative, one entry per consumed group
