@@ -5,6 +5,11 @@
 //   bench_limits copy BYTES [timing]
 //       single-thread memcpy of BYTES between two buffers touched beforehand; the harness
 //       counts bytes read + written per CPU second.
+//   bench_limits fresh BYTES [timing]
+//       allocates BYTES with new[] inside the call, writes every byte once and releases it after
+//       the clock is read: what a call that allocates its outputs (as torch.empty does for a
+//       peer, and the runners do per call) pays before it computes anything. Large blocks come
+//       from fresh mmap'd pages, so this is the kernel's page-fault cost of the outputs.
 //   bench_limits expsum DIR N V f32|bf16 [timing]
 //       rlpt's own SIMD exp (rlpt::detail::simd::exp, the AVX2 build where the CPU has it, as
 //       the logprob row kernels choose) summed over every logit of DIR/logits.{f32,bf16}: one
@@ -48,12 +53,22 @@ int copy(std::size_t bytes, const timing_plan& plan) {
   return 0;
 }
 
+int fresh(std::size_t bytes, const timing_plan& plan) {
+  const auto t = rlpt::bench::time_calls(plan, [&] {
+    auto out = rlpt::bench::output<char>(bytes); // the runners' output allocation, released after the clock
+    std::memset(out.get(), 1, bytes);
+    asm volatile("" : : "r"(out.get()) : "memory");
+    return out;
+  });
+  std::printf("%s\n", fmt::format(R"({{"op": "fresh", "bytes": {}, {}}})", bytes, rlpt::bench::json_series(t)).c_str());
+  return 0;
+}
+
 // --- exp + sum: the compute limit of the logprob row passes ---------------------------------
 
 namespace simd = rlpt::detail::simd;
 
-template <int NB, class T>
-RLPT_LOGPROB_HOST_INLINE float expsum_row_body(const T* x, rlpt::index_t n) {
+template <int NB, class T> RLPT_LOGPROB_HOST_INLINE float expsum_row_body(const T* x, rlpt::index_t n) {
   simd::vf<NB> acc = simd::splat<NB>(0.0f);
   rlpt::index_t j = 0;
   for (; j + simd::lanes <= n; j += simd::lanes) acc = acc + simd::exp<NB>(simd::load<NB>(x + j));
@@ -62,20 +77,17 @@ RLPT_LOGPROB_HOST_INLINE float expsum_row_body(const T* x, rlpt::index_t n) {
   return simd::hsum<NB>(acc) + tail;
 }
 
-template <class T>
-float expsum_row_generic(const T* x, rlpt::index_t n) {
+template <class T> float expsum_row_generic(const T* x, rlpt::index_t n) {
   return expsum_row_body<simd::baseline_bytes>(x, n);
 }
 
 #if RLPT_LOGPROB_X86_DISPATCH()
-template <class T>
-RLPT_LOGPROB_AVX2 float expsum_row_avx2(const T* x, rlpt::index_t n) {
+template <class T> RLPT_LOGPROB_AVX2 float expsum_row_avx2(const T* x, rlpt::index_t n) {
   return expsum_row_body<32>(x, n);
 }
 #endif
 
-template <class T>
-double expsum(const T* x, rlpt::index_t rows, rlpt::index_t cols) {
+template <class T> double expsum(const T* x, rlpt::index_t rows, rlpt::index_t cols) {
   double total = 0.0;
 #if RLPT_LOGPROB_X86_DISPATCH()
   if (rlpt::detail::row_kernels_use_avx2()) {
@@ -87,16 +99,15 @@ double expsum(const T* x, rlpt::index_t rows, rlpt::index_t cols) {
   return total;
 }
 
-template <class T>
-int expsum_mode(const std::string& dir, rlpt::index_t n, rlpt::index_t v, const timing_plan& plan) {
+template <class T> int expsum_mode(const std::string& dir, rlpt::index_t n, rlpt::index_t v, const timing_plan& plan) {
   const auto nv = static_cast<std::size_t>(n * v);
   const auto x = rlpt::bench::read_raw<T>(dir + (sizeof(T) == 2 ? "/logits.bf16" : "/logits.f32"), nv);
   double sum = 0.0;
   const auto t = rlpt::bench::time_calls(plan, [&] { sum = expsum(x.data(), n, v); });
-  std::printf("%s\n", fmt::format(R"({{"op": "expsum", "N": {}, "V": {}, "bytes": {}, "avx2": {}, "sum": {}, {}}})",
-                                  n, v, nv * sizeof(T), rlpt::detail::row_kernels_use_avx2(), sum,
-                                  rlpt::bench::json_series(t))
-                          .c_str());
+  std::printf("%s\n",
+              fmt::format(R"({{"op": "expsum", "N": {}, "V": {}, "bytes": {}, "avx2": {}, "sum": {}, {}}})", n, v,
+                          nv * sizeof(T), rlpt::detail::row_kernels_use_avx2(), sum, rlpt::bench::json_series(t))
+                  .c_str());
   return 0;
 }
 
@@ -200,6 +211,7 @@ int streams(std::size_t total, std::size_t bucket, int nstreams, const timing_pl
 
 int usage() {
   std::fprintf(stderr, "usage: bench_limits copy BYTES [timing]\n"
+                       "       bench_limits fresh BYTES [timing]\n"
                        "       bench_limits expsum DIR N V f32|bf16 [timing]\n"
                        "       bench_limits streams TOTAL_MB BUCKET_MB 3|4 [timing]\n");
   return 2;
@@ -213,6 +225,7 @@ int main(int argc, char** argv) {
     if (argc < 2) return usage();
     const std::string op = argv[1];
     if (op == "copy" && argc == 3) return copy(std::strtoull(argv[2], nullptr, 10), plan);
+    if (op == "fresh" && argc == 3) return fresh(std::strtoull(argv[2], nullptr, 10), plan);
     if (op == "expsum" && argc == 6) {
       const std::string dtype = argv[5];
       if (dtype == "f32") return expsum_mode<float>(argv[2], std::atoll(argv[3]), std::atoll(argv[4]), plan);

@@ -11,7 +11,8 @@ The compute limit, measured in the same rounds on the same logits: rlpt's own SI
 (rlpt::detail::simd::exp, the build the row kernels choose) summed over every logit
 (bench_limits expsum): one read and one exp per logit. The forward makes one such pass; forward
 + backward two (the backward recomputes each probability and writes the gradient), so its limit
-is twice the exp+sum time. Every output is checked against an fp64 evaluation of the first 64
+is twice the exp+sum time plus the first touch of the gradient both sides allocate per call
+(bench_limits fresh). Every output is checked against an fp64 evaluation of the first 64
 rows (and rlpt against each peer) before anything is timed.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from core import Case, CheckError, Side, ratio, spread
+from core import Case, CheckError, Side, ratio, spread, fmt_s
 
 TITLE = "Logprob"
 COMMAND = "scripts/bench-peers --only logprob"
@@ -98,6 +99,10 @@ def cases(ctx) -> list[Case]:
                 sides.append(Side("exp+sum", "bench_limits", ["expsum", "{dir}", n, v, dtype], role="limit", check=False))
             else:
                 sides.append(Side("torch", peer="torch_fwdbwd", params=params, role="peer"))
+                # Both sides allocate the [n, v] gradient per call (torch.empty / new[]): its first
+                # touch is part of any such backward's cost, and part of its limit.
+                sides.append(Side("gradient first touch", "bench_limits", ["fresh", nbytes], role="limit",
+                                  check=False))
 
             def check(d: Path, o, n=n, v=v, dtype=dtype, temp=temp, pass_=pass_):
                 rows = min(CHECK_ROWS, n)
@@ -150,12 +155,14 @@ def report(ctx, results: list[dict]) -> dict:
         fwd = lab["pass"] == "forward"
         rl = (r.get("sides") or {}).get("rlpt", {}).get("median")
         lim = limits.get(key)
-        lim_t = lim * (1 if fwd else 2) if lim else None
+        touch = (r.get("sides") or {}).get("gradient first touch", {}).get("median")
+        lim_t = (lim if fwd else 2 * lim + (touch or 0.0)) if lim else None
         frac = lim_t / rl if lim_t and rl else None
         x_torch = ratio(r, "torch")
         rows.append([lab["shape"], lab["dtype"], lab["pass"], spread(r, "rlpt"), spread(r, "torch"),
                      fmt_x(x_torch), fmt_x(ratio(r, "verl")), fmt_x(ratio(r, "trl")),
-                     spread(r, "exp+sum") if fwd else ("2 x exp+sum" if lim else "-"),
+                     spread(r, "exp+sum") if fwd else (f"2 x exp+sum + {fmt_s(touch)} first touch" if lim and touch
+                                                       else "2 x exp+sum" if lim else "-"),
                      "-" if frac is None else f"{100 * frac:.0f} %",
                      "-" if not rl else f"{lab['bytes'] * (1 if fwd else 3) / rl / 1e9:.3g}"])
         info = r.get("info") or {}
@@ -171,7 +178,9 @@ def report(ctx, results: list[dict]) -> dict:
                            "TRL/rlpt", "exp+sum limit CPU s", "of the limit", "rlpt GB per CPU s"],
                "rows": rows,
                "notes": "Ratios: > 1 means rlpt is faster. Limit: rlpt's SIMD exp summed over the same logits, one "
-                        "thread, same rounds; forward + backward is held against two such passes. GB: logits read "
+                        "thread, same rounds; forward + backward is held against two such passes plus the first touch of "
+                        "the freshly allocated gradient (`bench_limits fresh`: both sides allocate it per call, and "
+                        "on this VM a fresh page costs microseconds of kernel time). GB: logits read "
                         "(forward), logits read twice + gradient written (forward + backward)."},
               {"title": "Peak resident memory one call adds (outputs and gradient included), MB",
                "columns": ["shape", "dtype", "pass", "rlpt", "torch", "logits"], "rows": mem_rows, "notes": ""}]
