@@ -6,6 +6,7 @@
 #pragma once
 
 #include <rlpt/staleness/buffer.hpp>
+#include <rlpt/staleness/checkpoint.hpp>
 #include <rlpt/staleness/clock.hpp>
 #include <rlpt/staleness/compat.hpp>
 #include <rlpt/staleness/gate.hpp>

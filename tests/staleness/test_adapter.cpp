@@ -5,6 +5,7 @@
 #include <rlpt/rollout/buffer.hpp>
 #include <rlpt/rollout/filters.hpp>
 #include <rlpt/staleness/buffer.hpp>
+#include <rlpt/staleness/checkpoint.hpp>
 
 #include "support/errors.hpp"
 #include "support/random.hpp"

@@ -20,7 +20,6 @@
 #include <rlpt/config.hpp>
 #include <rlpt/core/error.hpp>
 #include <rlpt/rollout/buffer.hpp>
-#include <rlpt/rollout/checkpoint.hpp>
 #include <rlpt/rollout/record.hpp>
 #include <rlpt/staleness/clock.hpp>
 #include <rlpt/staleness/gate.hpp>
@@ -33,7 +32,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <filesystem>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -518,19 +516,5 @@ private:
   starvation_monitor monitor_;
   version_clock::subscription sub_;
 };
-
-//! Writes the buffer and its version state to `path` (rollout checkpoint format, the version
-//! state in the caller blob), crash-consistently. Call it between steps.
-inline void save_checkpoint(staleness_buffer& sb, const std::filesystem::path& path) {
-  const buffer_state bs = sb.buffer().snapshot();
-  const std::vector<std::byte> blob = encode(sb.state());
-  detail::write_file_durable(path, encode_checkpoint(bs, blob));
-}
-
-//! Restores a fresh staleness_buffer (and its gate) from save_checkpoint's file.
-inline void restore_checkpoint(staleness_buffer& sb, const std::filesystem::path& path) {
-  checkpoint c = load_checkpoint(path);
-  sb.restore(std::move(c.state), decode_staleness_state(c.user));
-}
 
 RLPT_NAMESPACE_END
