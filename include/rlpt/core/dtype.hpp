@@ -10,7 +10,7 @@
 #include <rlpt/config.hpp>
 #include <rlpt/core/error.hpp>
 
-#include <fmt/core.h>
+#include <fmt/format.h> // the formatter below reuses formatter<string_view>::format, defined here in fmt 9
 
 #include <bit>
 #include <cstddef>

@@ -13,7 +13,7 @@
 #include <rlpt/core/dtype.hpp>
 #include <rlpt/core/error.hpp>
 
-#include <fmt/core.h>
+#include <fmt/format.h> // the formatter below reuses formatter<string_view>::format, defined here in fmt 9
 
 #include <array>
 #include <cstddef>
