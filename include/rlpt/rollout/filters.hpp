@@ -12,6 +12,8 @@
 #include <rlpt/core/error.hpp>
 #include <rlpt/rollout/record.hpp>
 
+#include <fmt/format.h> // the formatter below reuses formatter<string_view>::format, defined here in fmt 9
+
 #include <cmath>
 #include <cstdint>
 #include <functional>

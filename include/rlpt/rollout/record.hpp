@@ -22,6 +22,8 @@
 #include <rlpt/core/error.hpp>
 #include <rlpt/core/views.hpp>
 
+#include <fmt/format.h> // the formatter below reuses formatter<string_view>::format, defined here in fmt 9
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

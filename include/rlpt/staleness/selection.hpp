@@ -30,6 +30,8 @@
 #include <rlpt/staleness/clock.hpp>
 #include <rlpt/staleness/gate.hpp>
 
+#include <fmt/format.h> // the formatter below reuses formatter<string_view>::format, defined here in fmt 9
+
 #include <algorithm>
 #include <cstdint>
 #include <limits>
