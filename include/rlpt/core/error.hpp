@@ -60,14 +60,14 @@ namespace detail {
 // as a plain string view: the consteval check of ~600 messages is a large part of what including
 // rlpt costs, and a string that passed rlpt's CI cannot fail it in a user's build.
 #if defined(RLPT_CHECK_FORMAT_STRINGS)
-template <class... Args> [[noreturn]] void fail(error_id id, fmt::format_string<Args...> format, Args&&... args) {
-  raise(id, fmt::vformat(format, fmt::make_format_args(args...)));
-}
+template <class... Args> using message_format = fmt::format_string<Args...>;
 #else
-template <class... Args> [[noreturn]] void fail(error_id id, fmt::string_view format, Args&&... args) {
+template <class... Args> using message_format = fmt::string_view;
+#endif
+
+template <class... Args> [[noreturn]] void fail(error_id id, message_format<Args...> format, Args&&... args) {
   raise(id, fmt::vformat(format, fmt::make_format_args(args...)));
 }
-#endif
 
 } // namespace detail
 RLPT_NAMESPACE_END
