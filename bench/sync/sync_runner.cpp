@@ -4,7 +4,8 @@
 // for runs by hand.
 //
 //   bench_sync_runner shm   TOTAL_MB BUCKET_MB REPS [staged]  shared memory, sender and receiver in two processes
-//   bench_sync_runner tcp   TOTAL_MB BUCKET_MB REPS [staged]  TCP loopback, two processes
+//   bench_sync_runner tcp   TOTAL_MB BUCKET_MB REPS [staged] [auth-control|auth-full]
+//                                                          TCP loopback, two processes
 //   bench_sync_runner delta-sim NUMEL LR STEPS                RL-like bf16 update stream: density, bytes, throughput
 //   bench_sync_runner delta-pair FILE REPS                     encode/apply "prev" -> "now" (bf16) from a safetensors file
 //   bench_sync_runner st-roundtrip IN OUT REPS                read a safetensors file, write it back (timed)
@@ -27,6 +28,9 @@
 #include "golden_writer.hpp"
 
 #include <rlpt/sync.hpp>
+#ifdef RLPT_BENCH_AUTH
+#include <rlpt/sync/auth_openssl.hpp>
+#endif
 
 #include "support/bandwidth.hpp"
 #include "support/peer_timing.hpp"
@@ -536,7 +540,8 @@ int peer_modes(int argc, char** argv) {
 }
 
 int usage() {
-  std::fprintf(stderr, "usage: bench_sync_runner shm|tcp TOTAL_MB BUCKET_MB REPS [staged] | delta-sim NUMEL LR STEPS | "
+  std::fprintf(stderr, "usage: bench_sync_runner shm|tcp TOTAL_MB BUCKET_MB REPS [staged] [auth-control|auth-full] | "
+                       "delta-sim NUMEL LR STEPS | "
                        "delta-pair FILE REPS | st-roundtrip IN OUT REPS | write-golden DIR SEED\n");
   return 2;
 }
@@ -551,7 +556,25 @@ int main(int argc, char** argv) {
     if ((cmd == "shm" || cmd == "tcp") && argc >= 5) {
       const std::uint64_t total = std::stoull(argv[2]) << 20, bucket = std::stoull(argv[3]) << 20;
       const int reps = std::stoi(argv[4]);
-      const bool staged = argc >= 6 && std::string(argv[5]) == "staged";
+      bool staged = false;
+      std::shared_ptr<const authenticator> auth; // tcp: authenticated (auth.hpp), frame tags as named
+      integrity tags = integrity::full;
+      for (int a = 5; a < argc; ++a) {
+        const std::string opt = argv[a];
+        if (opt == "staged") {
+          staged = true;
+        } else if (opt == "auth-control" || opt == "auth-full") {
+#ifdef RLPT_BENCH_AUTH
+          auth = openssl_authenticator::from_string("bench secret: 32 bytes, not a real one");
+          tags = opt == "auth-full" ? integrity::full : integrity::control;
+#else
+          std::fprintf(stderr, "bench_sync_runner: built without the auth component (OpenSSL)\n");
+          return 2;
+#endif
+        } else {
+          return usage();
+        }
+      }
       if (cmd == "shm") {
         const std::string name = fmt::format("rlpt-bench-{}", ::getpid());
         std::puts(
@@ -561,11 +584,28 @@ int main(int argc, char** argv) {
                 [&] { return std::make_unique<shm_transport>(name, role::receiver); })
                 .c_str());
       } else {
-        auto listener = std::make_unique<tcp_transport>(tcp_options{.listen = true}, role::receiver);
+        if (auth != nullptr) { // the tag primitive alone, one thread: the ceiling of integrity::full
+          std::vector<std::byte> buf(std::size_t{64} << 20, std::byte{1});
+          const authenticator::mac k{};
+          double best = 1e30;
+          for (int r = 0; r < 5; ++r) {
+            const auto t0 = std::chrono::steady_clock::now();
+            static_cast<void>(auth->frame_tag(k, static_cast<std::uint64_t>(r), {std::span<const std::byte>(buf)}));
+            best = std::min(best, seconds_since(t0));
+          }
+          std::printf("{\"bench\":\"frame_tag\",\"what\":\"%s\",\"bytes\":%zu,\"gbps\":%.3f}\n",
+                      auth->describe().c_str(), buf.size(), static_cast<double>(buf.size()) / best / 1e9);
+        }
+        auto listener =
+            std::make_unique<tcp_transport>(tcp_options{.listen = true, .auth = auth, .tags = tags}, role::receiver);
         const std::uint16_t port = listener->port();
+        const char* what = auth == nullptr ? "tcp" : tags == integrity::full ? "tcp+auth-full" : "tcp+auth-control";
         std::puts(throughput(
-                      "tcp", total, bucket, reps, staged,
-                      [&] { return std::make_unique<tcp_transport>(tcp_options{.port = port}, role::sender); },
+                      what, total, bucket, reps, staged,
+                      [&] {
+                        return std::make_unique<tcp_transport>(tcp_options{.port = port, .auth = auth, .tags = tags},
+                                                               role::sender);
+                      },
                       [&] { return std::move(listener); })
                       .c_str());
       }

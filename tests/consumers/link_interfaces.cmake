@@ -1,6 +1,6 @@
 # cmake -DDIR=<rlpt build dir> -P link_interfaces.cmake
 # Each component's export file links what the component needs and nothing more: a user of the
-# core never gets Eigen, a user of rlpt::cuda never gets cuBLAS.
+# core never gets Eigen or OpenSSL, a user of rlpt::cuda never gets cuBLAS.
 function(_links comp out)
   set(file "${DIR}/rlpt-${comp}-targets.cmake")
   if(NOT EXISTS "${file}")
@@ -12,7 +12,8 @@ function(_links comp out)
 endfunction()
 
 set(failed FALSE)
-foreach(rule IN ITEMS "core;Eigen3|CUDA::|cublas;fmt::fmt" "lm_head;CUDA::|cublas;Eigen3::Eigen"
+foreach(rule IN ITEMS "core;Eigen3|CUDA::|cublas|OpenSSL;fmt::fmt" "lm_head;CUDA::|cublas;Eigen3::Eigen"
+                      "auth;Eigen3|CUDA::;OpenSSL::Crypto"
                       "cuda;Eigen3|cublas;CUDA::cudart" "cuda_lm_head;Eigen3;CUDA::cublas")
   list(GET rule 0 comp)
   list(GET rule 1 banned)

@@ -53,9 +53,9 @@ void send_raw(std::uint16_t port, std::span<const std::byte> bytes) {
   ::close(fd);
 }
 
-// One TCP frame as the transport writes it.
+// One TCP frame as the transport writes it without auth (48-byte header, zero tag).
 std::vector<std::byte> tcp_frame(std::span<const std::byte> meta, std::span<const std::byte> payload) {
-  std::vector<std::byte> out(32 + meta.size() + payload.size());
+  std::vector<std::byte> out(48 + meta.size() + payload.size());
   const std::uint32_t magic = 0x46544c52u, mb = static_cast<std::uint32_t>(meta.size());
   const std::uint64_t pb = payload.size(), mcheck = xxh3(meta.data(), meta.size());
   std::memcpy(out.data(), &magic, 4);
@@ -64,8 +64,8 @@ std::vector<std::byte> tcp_frame(std::span<const std::byte> meta, std::span<cons
   std::memcpy(out.data() + 16, &mcheck, 8);
   const std::uint64_t hcheck = xxh3(out.data(), 24);
   std::memcpy(out.data() + 24, &hcheck, 8);
-  if (!meta.empty()) std::memcpy(out.data() + 32, meta.data(), meta.size());
-  if (!payload.empty()) std::memcpy(out.data() + 32 + meta.size(), payload.data(), payload.size());
+  if (!meta.empty()) std::memcpy(out.data() + 48, meta.data(), meta.size());
+  if (!payload.empty()) std::memcpy(out.data() + 48 + meta.size(), payload.data(), payload.size());
   return out;
 }
 
@@ -216,6 +216,24 @@ TEST_CASE("tcp: frames beyond the limits are refused before anything is allocate
   tcp_transport client({.port = link.port()}, role::sender);
   RLPT_CHECK_ERROR(static_cast<void>(client.payload_buffer(std::uint64_t{1} << 33, after(1s))), "rlpt.sync.too_large",
                    "exceeds max_payload");
-  RLPT_CHECK_ERROR(tcp_transport({.host = "no-such-host.invalid", .port = 1}, role::sender).send({}, 0, after(100ms)),
-                   "rlpt.sync.tcp", "cannot resolve host \"no-such-host.invalid\"");
+  RLPT_CHECK_ERROR(
+      tcp_transport({.host = "no-such-host.invalid", .port = 1, .allow_unauthenticated = true}, role::sender)
+          .send({}, 0, after(100ms)),
+      "rlpt.sync.tcp", "cannot resolve host \"no-such-host.invalid\"");
+}
+
+TEST_CASE("tcp: a non-loopback address needs an authenticator or an explicit opt-out") {
+  RLPT_CHECK_ERROR(tcp_transport({.host = "0.0.0.0", .listen = true}, role::receiver), "rlpt.sync.insecure",
+                   "tcp 0.0.0.0:0: listening on a non-loopback address without authentication lets any host that "
+                   "reaches it publish weights");
+  RLPT_CHECK_ERROR(tcp_transport({.host = "10.1.2.3", .port = 5555}, role::sender), "rlpt.sync.insecure",
+                   "connecting to a non-loopback address");
+  RLPT_CHECK_ERROR(tcp_transport({.host = "trainer-0.cluster", .port = 5555}, role::receiver), "rlpt.sync.insecure",
+                   "set tcp_options::auth");
+  // Loopback needs neither; a trusted network may opt out.
+  CHECK_NOTHROW(tcp_transport({.host = "127.0.0.2", .listen = true}, role::receiver));
+  CHECK_NOTHROW(tcp_transport({.host = "localhost", .port = 5555}, role::sender));
+  tcp_transport open({.host = "0.0.0.0", .listen = true, .allow_unauthenticated = true}, role::receiver);
+  CHECK(open.port() != 0);
+  CHECK(open.auth_stats().handshakes == 0);
 }

@@ -255,6 +255,8 @@ inline constexpr error_id version_overflow{"rlpt.staleness.version_overflow"};
 namespace sync {
 //! an update was aborted; the receiver stays on its previous version
 inline constexpr error_id aborted{"rlpt.sync.aborted"};
+//! a peer failed authentication or a frame failed its tag; the receiver stays on its version
+inline constexpr error_id auth{"rlpt.sync.auth"};
 //! a delta record is malformed or does not fit its tensor
 inline constexpr error_id bad_delta{"rlpt.sync.bad_delta"};
 //! a transport was misused or misconfigured
@@ -279,6 +281,8 @@ inline constexpr error_id base_mismatch{"rlpt.sync.base_mismatch"};
 inline constexpr error_id checksum{"rlpt.sync.checksum"};
 //! a file operation failed
 inline constexpr error_id io{"rlpt.sync.io"};
+//! a cross-machine link has no authenticator and did not opt out
+inline constexpr error_id insecure{"rlpt.sync.insecure"};
 //! a CUDA IPC handle could not be exported or opened
 inline constexpr error_id ipc{"rlpt.sync.ipc"};
 //! a JSON text is invalid

@@ -202,6 +202,9 @@ private:
 
   // --- the socket specifics stream_link asks for ------------------------------------------
 
+  static bool admit(int) noexcept { return true; } // the socket's file mode is the access control
+  static void on_send(std::span<std::byte>, std::span<const std::byte>, std::span<const std::byte>) noexcept {}
+
   void on_connected(int fd) {
     ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
     ucred cred{};

@@ -77,6 +77,9 @@ public:
     got_ = 0;
   }
 
+  //! The header of the frame read_some() completed; valid until reset().
+  [[nodiscard]] std::span<const std::byte, HeaderBytes> header() const noexcept { return std::span(header_); }
+
   //! The frame read_some() completed; valid until reset().
   [[nodiscard]] message frame() const noexcept {
     return {{meta_.data(), meta_.size()}, {payload_.get(), static_cast<std::size_t>(payload_bytes_)}};
@@ -160,7 +163,9 @@ private:
 //! supplies the socket specifics:
 //!
 //!     bool try_connect(deadline until);              // connect once; false: nobody listens (yet)
+//!     bool admit(int fd);                            // an accepted connection: keep it (false: closed, the old one stays)
 //!     void on_connected(int fd);                     // tune a new connection (it is non-blocking after)
+//!     void on_send(header, meta, payload);           // a frame about to go out on the current connection
 //!     void on_dropped() noexcept;                    // forget the connection's state
 //!     void on_reconnect();                           // before reconnecting: may throw (an adopted socket)
 //!     ssize_t recv_some(std::byte* dst, std::size_t want);  // like ::recv
@@ -172,9 +177,10 @@ protected:
   //! SCM_RIGHTS) goes with its first byte. A frame that cannot go out by `until` drops the
   //! connection (half a frame cannot be resumed): rlpt.sync.timeout; a broken connection:
   //! rlpt.sync.peer_lost.
-  void send_frame(std::span<const std::byte> header, std::span<const std::byte> meta,
-                  std::span<const std::byte> payload, std::span<unsigned char> control, deadline until) {
+  void send_frame(std::span<std::byte> header, std::span<const std::byte> meta, std::span<const std::byte> payload,
+                  std::span<unsigned char> control, deadline until) {
     connect_or_accept(until);
+    self().on_send(header, meta, payload); // the connection is settled: it may tag the frame for it
     iovec iov[3] = {{const_cast<std::byte*>(header.data()), header.size()},
                     {const_cast<std::byte*>(meta.data()), meta.size()},
                     {const_cast<std::byte*>(payload.data()), payload.size()}};
@@ -270,6 +276,9 @@ protected:
 
   [[nodiscard]] bool listening() const noexcept { return listen_.fd >= 0; }
 
+  //! The header of the frame receive_frame() returned; valid until release_frame().
+  [[nodiscard]] std::span<const std::byte, HeaderBytes> received_header() const noexcept { return rx_.header(); }
+
   std::string where_;
   fd_guard listen_;
   fd_guard conn_;
@@ -278,9 +287,11 @@ private:
   Link& self() noexcept { return static_cast<Link&>(*this); }
 
   bool accept_new() {
-    const int fd = ::accept4(listen_.fd, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) return false;
-    adopt(fd);
+    fd_guard fd(::accept4(listen_.fd, nullptr, nullptr, SOCK_CLOEXEC));
+    if (fd.fd < 0) return false;
+    // A connection that fails admission (authentication) never displaces the current one.
+    if (!self().admit(fd.fd)) return false;
+    adopt(fd.release());
     return true;
   }
 

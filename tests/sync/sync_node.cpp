@@ -1,0 +1,116 @@
+// SPDX-License-Identifier: Apache-2.0
+// One host of the namespaced-cluster test (netns_cluster.sh): a trainer that publishes seeded
+// model versions, or an inference host that receives them and checks every published version
+// bit-exact. Prints one line; exits 0 when everything it was asked to do happened.
+//
+//   sync_node send|recv HOST PORT VERSIONS SEED [--listen] [--secret-env VAR] [--insecure]
+//                       [--tags full|control] [--timeout-s S]
+//
+// The secret comes from the environment variable named by --secret-env; without one the link
+// is unauthenticated, which a non-loopback address refuses unless --insecure opts out.
+#include "sync_support.hpp"
+
+#include <rlpt/sync/auth_openssl.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+using namespace rlpt::sync;
+using namespace rlpt::test::sync;
+using namespace std::chrono_literals;
+
+namespace {
+
+model model_at(std::uint64_t seed, std::uint64_t v) {
+  model md = make_model(seed);
+  for (std::uint64_t k = 2; k <= v; ++k) {
+    rlpt::test::rng r(2000 + k);
+    md.step(0.02, r);
+  }
+  return md;
+}
+
+int usage() {
+  std::fprintf(stderr, "usage: sync_node send|recv HOST PORT VERSIONS SEED [--listen] [--secret-env VAR] "
+                       "[--insecure] [--tags full|control] [--timeout-s S]\n");
+  return 2;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 6) return usage();
+  const std::string cmd = argv[1];
+  tcp_options o{.host = argv[2], .port = static_cast<std::uint16_t>(std::stoul(argv[3]))};
+  const std::uint64_t versions = std::stoull(argv[4]), seed = std::stoull(argv[5]);
+  double timeout_s = 30;
+  for (int a = 6; a < argc; ++a) {
+    const std::string opt = argv[a];
+    if (opt == "--listen") {
+      o.listen = true;
+    } else if (opt == "--insecure") {
+      o.allow_unauthenticated = true;
+    } else if (opt == "--secret-env" && a + 1 < argc) {
+      o.auth = openssl_authenticator::from_env(argv[++a]);
+    } else if (opt == "--tags" && a + 1 < argc) {
+      const std::string t = argv[++a];
+      o.tags = t == "control" ? integrity::control : integrity::full;
+    } else if (opt == "--timeout-s" && a + 1 < argc) {
+      timeout_s = std::stod(argv[++a]);
+    } else {
+      return usage();
+    }
+  }
+  const plan_options buckets{.bucket_bytes = 4096, .alignment = 256};
+  try {
+    if (cmd == "send") {
+      model md = model_at(seed, 1);
+      tcp_transport out(o, role::sender);
+      sender tx(out, plan(md.refs, buckets), md.refs, {.delta = true, .timeout = 10s});
+      for (std::uint64_t v = 1; v <= versions; ++v) {
+        if (v > 1) {
+          rlpt::test::rng r(2000 + v);
+          md.step(0.02, r);
+        }
+        tx.publish(v);
+      }
+      std::printf("sent %llu versions, handshakes %llu\n", static_cast<unsigned long long>(versions),
+                  static_cast<unsigned long long>(out.auth_stats().handshakes));
+      return 0;
+    }
+    if (cmd == "recv") {
+      tcp_transport in(o, role::receiver);
+      receiver rx(in, [](const tensor_view&) {});
+      const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+      std::uint64_t published = 0, failed = 0;
+      while ((!rx.has_version() || rx.version() < versions) && std::chrono::steady_clock::now() < until) {
+        const update u = rx.poll(50ms);
+        if (u.failed()) ++failed;
+        if (!u.published()) continue;
+        ++published;
+        // Every published version is exactly the sender's.
+        model want = model_at(seed, u.version);
+        for (const auto& t : want.refs)
+          if (!same_bytes(rx.tensor(t.name).bytes, want.bytes(t.name))) {
+            std::printf("version %llu: tensor %s differs from the sender's\n",
+                        static_cast<unsigned long long>(u.version), t.name.c_str());
+            return 1;
+          }
+      }
+      const auth_counters& c = in.auth_stats();
+      std::printf("received version %llu (%llu published, %llu failed), handshakes %llu, refused peers %llu, refused "
+                  "frames %llu, last refusal: %s\n",
+                  static_cast<unsigned long long>(rx.has_version() ? rx.version() : 0),
+                  static_cast<unsigned long long>(published), static_cast<unsigned long long>(failed),
+                  static_cast<unsigned long long>(c.handshakes), static_cast<unsigned long long>(c.refused_peers),
+                  static_cast<unsigned long long>(c.refused_frames), c.last_refusal.c_str());
+      return rx.has_version() && rx.version() == versions ? 0 : 1;
+    }
+  } catch (const rlpt::error& e) {
+    std::printf("error %.*s: %s\n", static_cast<int>(e.id().size()), e.id().data(), e.message().c_str());
+    return 1;
+  }
+  return usage();
+}
