@@ -13,12 +13,25 @@ the receiver on its last complete version and poll() says why.
 
 Transports: "shm" (address: a segment name, /dev/shm/<name>; the sender creates it) and "tcp"
 (address "host:port"; one side listens, ``listen=True``, port 0 picks a free one: ``port``).
+
+Across machines, TCP authenticates both ends with the job's secret (``secret=``, str or bytes of
+at least 16 bytes, the same on every end; e.g. ``os.environ["RLPT_SYNC_SECRET"]``): a peer
+without it is refused, and every frame is tagged (AES-256-GMAC) so that nothing altered in flight
+is published. ``integrity="full"`` (default) tags every byte, ``"control"`` only manifests,
+checksums and commits. A non-loopback address without a secret raises rlpt.sync.insecure unless
+``allow_unauthenticated=True`` (only on a network where every host is trusted). See docs/sync.md.
 Device tensors are staged through host copies on the sender; the receiver keeps a host mirror.
 """
 import torch
 
 from . import _C
 from ._errors import call
+
+
+def _security(secret, integrity, allow_unauthenticated):
+    if isinstance(secret, str):
+        secret = secret.encode()
+    return _C.LinkSecurity(bytes(secret or b""), str(integrity), bool(allow_unauthenticated))
 
 
 def _items(tensors):
@@ -32,7 +45,7 @@ class Sender:
     publish. Other tensors are copied into host staging buffers at each publish()."""
 
     def __init__(self, tensors, transport="shm", address="rlpt-weights", listen=False, bucket_bytes=64 << 20,
-                 delta=False, timeout=30.0):
+                 delta=False, timeout=30.0, secret=None, integrity="full", allow_unauthenticated=False):
         self._sources = []
         host = []
         for name, t in _items(tensors):
@@ -45,7 +58,7 @@ class Sender:
                 host.append((name, buf))
         self._host = host
         self._impl = call(_C.SyncSender, transport, address, bool(listen), host, int(bucket_bytes), 0, bool(delta),
-                          float(timeout))
+                          float(timeout), _security(secret, integrity, allow_unauthenticated))
 
     def publish(self, version):
         """Sends ``version`` (increasing) and waits until the receiver published it. Returns a dict
@@ -68,8 +81,10 @@ class Receiver:
     """Takes versions from a Sender. ``on_tensor(name, tensor)`` (optional) is called for every
     tensor of a version once it is verified, with a view valid during the call (copy what you keep)."""
 
-    def __init__(self, transport="shm", address="rlpt-weights", listen=False, timeout=30.0, on_tensor=None):
-        self._impl = call(_C.SyncReceiver, transport, address, bool(listen), float(timeout), on_tensor)
+    def __init__(self, transport="shm", address="rlpt-weights", listen=False, timeout=30.0, on_tensor=None,
+                 secret=None, integrity="full", allow_unauthenticated=False):
+        self._impl = call(_C.SyncReceiver, transport, address, bool(listen), float(timeout), on_tensor,
+                          _security(secret, integrity, allow_unauthenticated))
 
     def poll(self, wait=0.0):
         """Processes messages for up to ``wait`` seconds (an update in progress is driven to its end).

@@ -12,6 +12,9 @@
 #include <rlpt/sync/protocol.hpp>
 #include <rlpt/sync/shm.hpp>
 #include <rlpt/sync/tcp.hpp>
+#ifdef RLPT_PY_AUTH
+#include <rlpt/sync/auth_openssl.hpp>
+#endif
 
 #include <fmt/format.h>
 
@@ -92,8 +95,16 @@ at::ScalarType torch_of(wire_dtype t) {
   raise(ids::dtype, fmt::format("weight sync: wire type {} has no torch dtype", name(t)));
 }
 
+//! Authentication of a cross-machine (TCP) link, as the Python constructors take it.
+struct link_security {
+  std::string secret; //!< empty: none
+  std::string integrity = "full";
+  bool allow_unauthenticated = false;
+};
+
 std::unique_ptr<rlpt::sync::link> make_link(const std::string& transport, const std::string& address, bool listen,
-                                            role r, std::uint64_t slot_bytes, std::uint32_t slots) {
+                                            role r, std::uint64_t slot_bytes, std::uint32_t slots,
+                                            const link_security& sec) {
   if (transport == "shm") {
     shm_options o;
     if (slot_bytes) o.slot_bytes = slot_bytes;
@@ -107,6 +118,18 @@ std::unique_ptr<rlpt::sync::link> make_link(const std::string& transport, const 
     o.host = address.substr(0, colon);
     o.port = static_cast<std::uint16_t>(std::stoi(address.substr(colon + 1)));
     o.listen = listen;
+    o.allow_unauthenticated = sec.allow_unauthenticated;
+    if (sec.integrity != "full" && sec.integrity != "control")
+      raise(ids::bad_option, fmt::format("integrity \"{}\" is not one of full, control", sec.integrity));
+    o.tags = sec.integrity == "full" ? integrity::full : integrity::control;
+    if (!sec.secret.empty()) {
+#ifdef RLPT_PY_AUTH
+      o.auth = openssl_authenticator::from_string(sec.secret);
+#else
+      raise(ids::bad_option, "this rlpt package was built without OpenSSL 3 (libcrypto): secret= is unavailable; "
+                             "rebuild it where OpenSSL's headers are installed (libssl-dev, openssl-devel)");
+#endif
+    }
     return std::make_unique<tcp_transport>(o, r);
   }
   raise(ids::bad_option, fmt::format("weight sync transport \"{}\" is not one of shm, tcp", transport));
@@ -132,7 +155,7 @@ class py_sender {
 public:
   py_sender(const std::string& transport, const std::string& address, bool listen,
             const std::vector<std::pair<std::string, at::Tensor>>& tensors, std::uint64_t bucket_bytes,
-            std::uint64_t slot_bytes, bool delta, double timeout_s)
+            std::uint64_t slot_bytes, bool delta, double timeout_s, const link_security& sec)
       : tensors_() {
     guard([&] {
       std::vector<tensor_ref> refs;
@@ -151,7 +174,7 @@ public:
       std::uint64_t largest = 0;
       for (std::uint64_t b = 0; b < m.bucket_count(); ++b) largest = std::max(largest, m.bucket_size(b));
       link_ = make_link(transport, address, listen, role::sender,
-                        slot_bytes ? slot_bytes : std::max<std::uint64_t>(largest, 4096), 0);
+                        slot_bytes ? slot_bytes : std::max<std::uint64_t>(largest, 4096), 0, sec);
       sender_options o;
       o.delta = delta;
       o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
@@ -193,10 +216,10 @@ private:
 class py_receiver {
 public:
   py_receiver(const std::string& transport, const std::string& address, bool listen, double timeout_s,
-              py::object on_tensor)
+              py::object on_tensor, const link_security& sec)
       : on_tensor_(std::move(on_tensor)) {
     guard([&] {
-      link_ = make_link(transport, address, listen, role::receiver, 0, 0);
+      link_ = make_link(transport, address, listen, role::receiver, 0, 0, sec);
       receiver_options o;
       o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
       o.mirror = true;
@@ -265,18 +288,31 @@ private:
 } // namespace
 
 void bind_sync(py::module_& m) {
+  py::class_<link_security>(m, "LinkSecurity")
+      .def(py::init([](py::bytes secret, std::string integrity, bool allow_unauthenticated) {
+             return link_security{std::string(secret), std::move(integrity), allow_unauthenticated};
+           }),
+           py::arg("secret"), py::arg("integrity"), py::arg("allow_unauthenticated"));
+  m.attr("SYNC_AUTH") = py::bool_(
+#ifdef RLPT_PY_AUTH
+      true
+#else
+      false
+#endif
+  );
   py::class_<py_sender>(m, "SyncSender")
-      .def(
-          py::init<const std::string&, const std::string&, bool, const std::vector<std::pair<std::string, at::Tensor>>&,
-                   std::uint64_t, std::uint64_t, bool, double>(),
-          py::arg("transport"), py::arg("address"), py::arg("listen"), py::arg("tensors"), py::arg("bucket_bytes"),
-          py::arg("slot_bytes"), py::arg("delta"), py::arg("timeout_s"))
+      .def(py::init<const std::string&, const std::string&, bool,
+                    const std::vector<std::pair<std::string, at::Tensor>>&, std::uint64_t, std::uint64_t, bool, double,
+                    const link_security&>(),
+           py::arg("transport"), py::arg("address"), py::arg("listen"), py::arg("tensors"), py::arg("bucket_bytes"),
+           py::arg("slot_bytes"), py::arg("delta"), py::arg("timeout_s"), py::arg("security"))
       .def("publish", &py_sender::publish, py::arg("version"))
       .def("published_version", &py_sender::published_version)
       .def("port", &py_sender::port);
   py::class_<py_receiver>(m, "SyncReceiver")
-      .def(py::init<const std::string&, const std::string&, bool, double, py::object>(), py::arg("transport"),
-           py::arg("address"), py::arg("listen"), py::arg("timeout_s"), py::arg("on_tensor"))
+      .def(py::init<const std::string&, const std::string&, bool, double, py::object, const link_security&>(),
+           py::arg("transport"), py::arg("address"), py::arg("listen"), py::arg("timeout_s"), py::arg("on_tensor"),
+           py::arg("security"))
       .def("poll", &py_receiver::poll, py::arg("wait_s"))
       .def("has_version", &py_receiver::has_version)
       .def("version", &py_receiver::version)

@@ -28,9 +28,10 @@ def main():
     ap.add_argument("--versions", type=int, required=True)
     ap.add_argument("--hang-at", type=int, default=0)
     ap.add_argument("--big", type=int, default=0)
+    ap.add_argument("--secret", default=None)
     a = ap.parse_args()
     state = params(a.first, a.big)
-    tx = rlpt.sync.Sender(state, a.transport, a.address, bucket_bytes=1 << 20, timeout=30.0)
+    tx = rlpt.sync.Sender(state, a.transport, a.address, bucket_bytes=1 << 20, timeout=30.0, secret=a.secret)
     for v in range(a.first, a.first + a.versions):
         for k, t in params(v, a.big).items():
             state[k].copy_(t)
