@@ -301,11 +301,11 @@ void bind_sync(py::module_& m) {
 #endif
   );
   py::class_<py_sender>(m, "SyncSender")
-      .def(py::init<const std::string&, const std::string&, bool,
-                    const std::vector<std::pair<std::string, at::Tensor>>&, std::uint64_t, std::uint64_t, bool, double,
-                    const link_security&>(),
-           py::arg("transport"), py::arg("address"), py::arg("listen"), py::arg("tensors"), py::arg("bucket_bytes"),
-           py::arg("slot_bytes"), py::arg("delta"), py::arg("timeout_s"), py::arg("security"))
+      .def(
+          py::init<const std::string&, const std::string&, bool, const std::vector<std::pair<std::string, at::Tensor>>&,
+                   std::uint64_t, std::uint64_t, bool, double, const link_security&>(),
+          py::arg("transport"), py::arg("address"), py::arg("listen"), py::arg("tensors"), py::arg("bucket_bytes"),
+          py::arg("slot_bytes"), py::arg("delta"), py::arg("timeout_s"), py::arg("security"))
       .def("publish", &py_sender::publish, py::arg("version"))
       .def("published_version", &py_sender::published_version)
       .def("port", &py_sender::port);

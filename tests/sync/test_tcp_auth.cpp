@@ -127,7 +127,9 @@ public:
     ::close(listen_);
   }
   [[nodiscard]] std::uint16_t port() const { return port_; }
-  void start() { thread_ = std::thread([this] { run(); }); }
+  void start() {
+    thread_ = std::thread([this] { run(); });
+  }
   std::vector<std::byte> recorded() {
     std::lock_guard lock(mu_);
     return recorded_;
@@ -203,7 +205,8 @@ int serve_until_exit(receiver& rx, pid_t child) {
   const auto until = clock::now() + 20s;
   while (clock::now() < until) {
     int status = 0;
-    if (::waitpid(child, &status, WNOHANG) == child) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (::waitpid(child, &status, WNOHANG) == child)
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     static_cast<void>(rx.poll(20ms));
   }
   return wait_child(child, 0ms);

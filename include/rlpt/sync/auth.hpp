@@ -76,10 +76,10 @@ public:
 
 //! What an authenticated link counts (read them with the link's auth_counters()).
 struct auth_counters {
-  std::uint64_t handshakes = 0;       //!< connections that authenticated
-  std::uint64_t refused_peers = 0;    //!< connections refused: wrong secret, replay, mismatch, silence
-  std::uint64_t refused_frames = 0;   //!< frames whose tag failed (the connection was dropped)
-  std::string last_refusal;           //!< why the last connection or frame was refused
+  std::uint64_t handshakes = 0;     //!< connections that authenticated
+  std::uint64_t refused_peers = 0;  //!< connections refused: wrong secret, replay, mismatch, silence
+  std::uint64_t refused_frames = 0; //!< frames whose tag failed (the connection was dropped)
+  std::string last_refusal;         //!< why the last connection or frame was refused
 };
 
 namespace detail {

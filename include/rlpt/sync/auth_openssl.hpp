@@ -103,9 +103,9 @@ public:
     unsigned char iv[12] = {};
     std::memcpy(iv + 4, &nonce, 8);
     int len = 0;
-    bool ok = ctx != nullptr && EVP_EncryptInit_ex(ctx.get(), EVP_aes_256_gcm(), nullptr, nullptr, nullptr) == 1 &&
-              EVP_EncryptInit_ex(ctx.get(), nullptr, nullptr, reinterpret_cast<const unsigned char*>(key.data()),
-                                 iv) == 1;
+    bool ok =
+        ctx != nullptr && EVP_EncryptInit_ex(ctx.get(), EVP_aes_256_gcm(), nullptr, nullptr, nullptr) == 1 &&
+        EVP_EncryptInit_ex(ctx.get(), nullptr, nullptr, reinterpret_cast<const unsigned char*>(key.data()), iv) == 1;
     // GMAC: everything is additional authenticated data; OpenSSL takes it in int-sized pieces.
     for (const auto& p : parts)
       for (std::size_t at = 0; ok && at < p.size();) {

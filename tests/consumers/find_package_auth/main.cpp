@@ -27,8 +27,8 @@ int main() {
   const bool got = m && std::string(reinterpret_cast<const char*>(m->payload.data()), m->payload.size()) == "weights";
   bool refused = false;
   try {
-    tcp_transport intruder({.port = rx.port(), .auth = openssl_authenticator::from_string("not the job's secret, 32 b")},
-                           role::sender);
+    tcp_transport intruder(
+        {.port = rx.port(), .auth = openssl_authenticator::from_string("not the job's secret, 32 b")}, role::sender);
     std::thread serve([&] { static_cast<void>(rx.receive(after(std::chrono::seconds(3)))); });
     try {
       intruder.send({}, 0, after(std::chrono::seconds(3)));
