@@ -3,14 +3,17 @@
 // model versions, or an inference host that receives them and checks every published version
 // bit-exact. Prints one line; exits 0 when everything it was asked to do happened.
 //
-//   sync_node send|recv HOST PORT VERSIONS SEED [--listen] [--secret-env VAR] [--insecure]
-//                       [--tags full|control] [--timeout-s S]
+//   sync_node send|recv|forward HOST PORT VERSIONS SEED [--listen] [--secret-env VAR] [--insecure]
+//                       [--tags full|control] [--timeout-s S] [--layers N] [--to HOST:PORT]...
+//
+// forward: receives as recv does and passes every version on to each --to host (sync/forward.hpp).
 //
 // The secret comes from the environment variable named by --secret-env; without one the link
 // is unauthenticated, which a non-loopback address refuses unless --insecure opts out.
 #include "sync_support.hpp"
 
 #include <rlpt/sync/auth_openssl.hpp>
+#include <rlpt/sync/forward.hpp>
 
 #include <chrono>
 #include <cstdio>
@@ -23,8 +26,10 @@ using namespace std::chrono_literals;
 
 namespace {
 
+int layers = 3;
+
 model model_at(std::uint64_t seed, std::uint64_t v) {
-  model md = make_model(seed);
+  model md = make_model(seed, layers);
   for (std::uint64_t k = 2; k <= v; ++k) {
     rlpt::test::rng r(2000 + k);
     md.step(0.02, r);
@@ -46,6 +51,7 @@ int main(int argc, char** argv) {
   tcp_options o{.host = argv[2], .port = static_cast<std::uint16_t>(std::stoul(argv[3]))};
   const std::uint64_t versions = std::stoull(argv[4]), seed = std::stoull(argv[5]);
   double timeout_s = 30;
+  std::vector<std::string> to;
   for (int a = 6; a < argc; ++a) {
     const std::string opt = argv[a];
     if (opt == "--listen") {
@@ -57,6 +63,10 @@ int main(int argc, char** argv) {
     } else if (opt == "--tags" && a + 1 < argc) {
       const std::string t = argv[++a];
       o.tags = t == "control" ? integrity::control : integrity::full;
+    } else if (opt == "--layers" && a + 1 < argc) {
+      layers = std::stoi(argv[++a]);
+    } else if (opt == "--to" && a + 1 < argc) {
+      to.emplace_back(argv[++a]);
     } else if (opt == "--timeout-s" && a + 1 < argc) {
       timeout_s = std::stod(argv[++a]);
     } else {
@@ -69,27 +79,49 @@ int main(int argc, char** argv) {
       model md = model_at(seed, 1);
       tcp_transport out(o, role::sender);
       sender tx(out, plan(md.refs, buckets), md.refs, {.delta = true, .timeout = 10s});
+      std::uint64_t wire = 0;
       for (std::uint64_t v = 1; v <= versions; ++v) {
         if (v > 1) {
           rlpt::test::rng r(2000 + v);
           md.step(0.02, r);
         }
-        tx.publish(v);
+        wire += tx.publish(v).wire_bytes;
       }
-      std::printf("sent %llu versions, handshakes %llu\n", static_cast<unsigned long long>(versions),
+      std::printf("sent %llu versions, %llu payload bytes, handshakes %llu\n",
+                  static_cast<unsigned long long>(versions), static_cast<unsigned long long>(wire),
                   static_cast<unsigned long long>(out.auth_stats().handshakes));
       return 0;
     }
-    if (cmd == "recv") {
+    if (cmd == "recv" || cmd == "forward") {
       tcp_transport in(o, role::receiver);
-      receiver rx(in, [](const tensor_view&) {});
+      std::vector<std::unique_ptr<tcp_transport>> outs;
+      std::vector<rlpt::sync::link*> down;
+      for (const std::string& hp : to) {
+        tcp_options d = o;
+        d.listen = false;
+        d.host = hp.substr(0, hp.rfind(':'));
+        d.port = static_cast<std::uint16_t>(std::stoul(hp.substr(hp.rfind(':') + 1)));
+        outs.push_back(std::make_unique<tcp_transport>(d, role::sender));
+        down.push_back(outs.back().get());
+      }
+      forwarder fw(in, down, {}, {.send = {.delta = true, .timeout = 10s}});
+      const receiver& rx = fw.upstream();
+      std::uint64_t forwarded = 0, forward_failures = 0;
       const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
       std::uint64_t published = 0, failed = 0;
       while ((!rx.has_version() || rx.version() < versions) && std::chrono::steady_clock::now() < until) {
-        const update u = rx.poll(50ms);
+        const update u = fw.poll(50ms);
         if (u.failed()) ++failed;
         if (!u.published()) continue;
         ++published;
+        for (const forward_result& r : fw.last_forwarded()) {
+          forwarded += r.sent.wire_bytes;
+          if (!r.ok) {
+            ++forward_failures;
+            std::printf("forwarding version %llu to %s failed: %s %s\n", static_cast<unsigned long long>(u.version),
+                        to[r.link].c_str(), r.error_id.c_str(), r.reason.c_str());
+          }
+        }
         // Every published version is exactly the sender's.
         model want = model_at(seed, u.version);
         for (const auto& t : want.refs)
@@ -106,7 +138,11 @@ int main(int argc, char** argv) {
                   static_cast<unsigned long long>(published), static_cast<unsigned long long>(failed),
                   static_cast<unsigned long long>(c.handshakes), static_cast<unsigned long long>(c.refused_peers),
                   static_cast<unsigned long long>(c.refused_frames), c.last_refusal.c_str());
-      return rx.has_version() && rx.version() == versions ? 0 : 1;
+      if (!to.empty())
+        std::printf("forwarded %llu payload bytes to %zu hosts, %llu failures\n",
+                    static_cast<unsigned long long>(forwarded), to.size(),
+                    static_cast<unsigned long long>(forward_failures));
+      return rx.has_version() && rx.version() == versions && forward_failures == 0 ? 0 : 1;
     }
   } catch (const rlpt::error& e) {
     std::printf("error %.*s: %s\n", static_cast<int>(e.id().size()), e.id().data(), e.message().c_str());
