@@ -29,6 +29,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <initializer_list>
 #include <memory>
 #include <span>
@@ -76,10 +77,18 @@ public:
 
 //! What an authenticated link counts (read them with the link's auth_counters()).
 struct auth_counters {
-  std::uint64_t handshakes = 0;     //!< connections that authenticated
-  std::uint64_t refused_peers = 0;  //!< connections refused: wrong secret, replay, mismatch, silence
-  std::uint64_t refused_frames = 0; //!< frames whose tag failed (the connection was dropped)
-  std::string last_refusal;         //!< why the last connection or frame was refused
+  std::uint64_t handshakes = 0;            //!< connections that authenticated
+  std::uint64_t refused_peers = 0;         //!< connections refused: wrong secret, replay, mismatch, silence
+  std::uint64_t refused_frames = 0;        //!< frames whose tag failed (the connection was dropped)
+  std::string last_refusal;                //!< why the last connection or frame was refused
+  std::deque<std::string> recent_refusals; //!< why, for the last (up to) 16 refusals, oldest first
+
+  //! Records a refusal's reason.
+  void refused(std::string why) {
+    if (recent_refusals.size() == 16) recent_refusals.pop_front();
+    recent_refusals.push_back(why);
+    last_refusal = std::move(why);
+  }
 };
 
 namespace detail {

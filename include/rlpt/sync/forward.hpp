@@ -50,7 +50,8 @@ public:
   //! Receives from `upstream`, calls `load` for this host's own engine (may be empty), and
   //! forwards every published version to each of `downstream` (links this object borrows).
   forwarder(link& upstream, std::vector<link*> downstream, load_fn load = {}, forwarder_options o = {})
-      : down_(std::move(downstream)), o_(std::move(o)), rx_(upstream, load ? std::move(load) : load_fn(ignore), mirrored(o_.receive)) {
+      : down_(std::move(downstream)), o_(std::move(o)),
+        rx_(upstream, load ? std::move(load) : load_fn(ignore), mirrored(o_.receive)) {
     for (std::size_t k = 0; k < down_.size(); ++k)
       RLPT_CHECK(down_[k] != nullptr, errors::sync::bad_link, "forwarder: downstream link {} is null", k);
     senders_.resize(down_.size());

@@ -151,10 +151,10 @@ public:
                       h.template subspan<detail::tcp_tag_at, authenticator::tag_bytes>())) {
         drop();
         ++counters_.refused_frames;
-        counters_.last_refusal =
+        counters_.refused(
             fmt::format("a frame ({} meta bytes, {} payload bytes) failed its {} tag: altered, replayed or reordered "
                         "in flight, or not from the authenticated peer",
-                        m->meta.size(), m->payload.size(), name(o_.tags));
+                        m->meta.size(), m->payload.size(), name(o_.tags)));
         RLPT_FAIL(errors::sync::auth, "{}: {}; connection dropped", where_, counters_.last_refusal);
       }
     }
@@ -230,7 +230,7 @@ private:
 
   void refused(const std::string& why) {
     ++counters_.refused_peers;
-    counters_.last_refusal = why;
+    counters_.refused(why);
   }
 
   // Reads or writes exactly `n` bytes on a non-blocking socket by `until`; empty, or what failed.
