@@ -189,6 +189,51 @@ TEST_CASE("faults: a lost bucket, a truncated stream and a lost COMMIT are repor
   check_mirror(*g.rx, g.md);
 }
 
+TEST_CASE("faults: a lost ACK: the retry finds the receiver holding the version and completes without resending") {
+  for (const bool changed_before_retry : {false, true}) {
+    CAPTURE(changed_before_retry);
+    model md = make_model(5);
+    const manifest m = plan(md.refs, small_buckets);
+    inproc_pipe pipe;
+    inproc_transport tl(pipe, role::sender), rl_inner(pipe, role::receiver);
+    faulty_link rl(rl_inner); // what the receiver sends: its ACK of version 2 is lost once
+    bool lost = false;
+    rl.on_send = [&](std::size_t, std::vector<std::byte>& meta, std::span<std::byte>) {
+      std::uint64_t v;
+      std::memcpy(&v, meta.data() + 8, 8);
+      if (lost || type_of(meta) != frame_type::ack || v != 2) return true;
+      lost = true;
+      return false;
+    };
+    sender tx(tl, m, md.refs, {.delta = true, .timeout = 500ms, .commit_timeout = 500ms});
+    receiver rx(rl, [](const tensor_view&) {}, {.timeout = 300ms});
+    receiver_loop loop(rx);
+    tx.publish(1);
+    rlpt::test::rng r(9);
+    md.step(0.02, r);
+    RLPT_CHECK_ERROR(tx.publish(2), "rlpt.sync.timeout", "waiting for the receivers to commit");
+    REQUIRE(loop.wait(2).size() == 2);
+    CHECK(loop.seen()[1].published()); // the receiver did publish it
+    // A retry confirms the attempt it repeats: the receiver holds that attempt's bytes (even if
+    // the caller changed its tensors since: publish() reports what the receiver holds).
+    if (changed_before_retry) md.step(0.02, r);
+    const publish_result again = tx.publish(2);
+    CHECK(again.confirmed);
+    CHECK(again.messages == 0);
+    CHECK(tx.published_version() == 2);
+    CHECK(again.digest == loop.seen()[1].digest);
+    CHECK(tx.digest() == rx.digest());
+    md.step(0.02, r);
+    const publish_result next = tx.publish(3);
+    CHECK_FALSE(next.delta); // the sender's delta base did not advance with the lost ACK: dense
+    const auto ups = loop.wait(4);
+    CHECK(ups.back().published());
+    CHECK(ups.back().version == 3);
+    loop.stop();
+    check_mirror(rx, md);
+  }
+}
+
 TEST_CASE("faults: a COMMIT whose tensor checksum disagrees is rejected") {
   rig g;
   g.tx->publish(1);

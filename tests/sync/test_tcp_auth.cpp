@@ -14,6 +14,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <mutex>
@@ -31,8 +32,8 @@ std::shared_ptr<const authenticator> key(std::string_view s = job_secret) {
   return openssl_authenticator::from_string(s);
 }
 
-model model_at(std::uint64_t seed, std::uint64_t v) {
-  model md = make_model(seed);
+model model_at(std::uint64_t seed, std::uint64_t v, int layers = 3) {
+  model md = make_model(seed, layers);
   for (std::uint64_t k = 2; k <= v; ++k) {
     rlpt::test::rng r(2000 + k);
     md.step(0.02, r);
@@ -211,6 +212,94 @@ int serve_until_exit(receiver& rx, pid_t child) {
   }
   return wait_child(child, 0ms);
 }
+
+// A hostile network between two hosts: relays every connection to `target` with `delay` per
+// chunk, now and then a stall, and now and then a reset (RST) of both sides mid-stream.
+class chaos_relay {
+public:
+  struct plan {
+    std::chrono::milliseconds delay{5};
+    std::chrono::milliseconds stall{150};
+    double stall_chance = 0.01;             //!< per chunk, besides:
+    std::vector<int> stall_at{10, 50};      //!< the n-th chunks relayed (both directions)
+    double reset_chance = 0.004;            //!< per chunk, besides:
+    std::vector<int> reset_at{25, 70, 140}; //!< the n-th chunks relayed
+  };
+  chaos_relay(std::uint16_t target, plan p, std::uint64_t seed) : target_(target), p_(p), rng_(seed) {
+    listen_ = listen_loopback(port_);
+  }
+  ~chaos_relay() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    ::close(listen_);
+  }
+  //! Starts relaying (after any fork: the relay runs threads).
+  void start() {
+    thread_ = std::thread([this] { run(); });
+  }
+  [[nodiscard]] std::uint16_t port() const { return port_; }
+  [[nodiscard]] int resets() const { return resets_.load(); }
+  [[nodiscard]] int stalls() const { return stalls_.load(); }
+
+private:
+  void run() {
+    while (!stop_) {
+      pollfd p{listen_, POLLIN, 0};
+      if (::poll(&p, 1, 20) <= 0) continue;
+      const int in = ::accept(listen_, nullptr, nullptr), out = connect_loopback(target_);
+      std::atomic<bool> cut{false};
+      std::thread a([&] { pump(in, out, cut); }), b([&] { pump(out, in, cut); });
+      a.join();
+      b.join();
+      ::close(in);
+      ::close(out);
+    }
+  }
+  // One direction; ends when either side closes, when the relay stops, or at a reset.
+  void pump(int from, int to, std::atomic<bool>& cut) {
+    std::byte buf[2048]; // small chunks: many chances for a fault
+    while (!stop_ && !cut) {
+      pollfd p{from, POLLIN, 0};
+      if (::poll(&p, 1, 20) <= 0) continue;
+      const ssize_t k = ::recv(from, buf, sizeof(buf), 0);
+      if (k <= 0) break;
+      std::this_thread::sleep_for(p_.delay);
+      double stall_draw, reset_draw;
+      const int n = ++chunks_;
+      {
+        std::lock_guard lock(mu_);
+        stall_draw = rng_.uniform();
+        reset_draw = rng_.uniform();
+      }
+      const auto at = [n](const std::vector<int>& v) { return std::find(v.begin(), v.end(), n) != v.end(); };
+      if (stall_draw < p_.stall_chance || at(p_.stall_at)) {
+        ++stalls_;
+        std::this_thread::sleep_for(p_.stall);
+      }
+      if ((reset_draw < p_.reset_chance || at(p_.reset_at)) && !cut.exchange(true)) {
+        ++resets_;
+        const linger hard{1, 0}; // close with RST: both hosts see the connection reset
+        ::setsockopt(from, SOL_SOCKET, SO_LINGER, &hard, sizeof(hard));
+        ::setsockopt(to, SOL_SOCKET, SO_LINGER, &hard, sizeof(hard));
+        ::shutdown(from, SHUT_RDWR);
+        ::shutdown(to, SHUT_RDWR);
+        break;
+      }
+      if (!write_all(to, buf, static_cast<std::size_t>(k))) break;
+    }
+    cut = true;
+    ::shutdown(to, SHUT_WR);
+  }
+
+  std::uint16_t target_, port_ = 0;
+  plan p_;
+  std::mutex mu_;
+  rlpt::test::rng rng_;
+  int listen_ = -1;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> resets_{0}, stalls_{0}, chunks_{0};
+  std::thread thread_;
+};
 
 // Rewrites a frame's body and re-seals its protocol checksum (frame.hpp), as an adversary can.
 void reseal(std::vector<std::byte>& meta) {
@@ -392,6 +481,63 @@ TEST_CASE("tcp auth: frames altered in flight are refused and the receiver stays
     if (t.error_id == "rlpt.sync.auth") CHECK(link.auth_stats().refused_frames == 1);
     CHECK(wait_child(child) != 0);
   }
+}
+
+TEST_CASE("tcp auth: through 5 ms of delay, stalls and reset connections every version arrives bit-exact") {
+  tcp_transport link({.listen = true, .auth = key()}, role::receiver);
+  chaos_relay net(link.port(), {}, 7);
+  const std::uint16_t port = net.port();
+  constexpr std::uint64_t versions = 6;
+  // The trainer publishes each version until it goes through (a reset fails the attempt).
+  const pid_t child = spawn([port] {
+    model md = model_at(46, 1, 12);
+    tcp_transport out({.port = port, .auth = key()}, role::sender);
+    sender tx(out, plan(md.refs, small_buckets), md.refs, {.delta = true, .timeout = 5s});
+    int failures = 0;
+    for (std::uint64_t v = 1; v <= versions; ++v) {
+      if (v > 1) {
+        rlpt::test::rng r(2000 + v);
+        md.step(0.02, r);
+      }
+      for (int attempt = 0;; ++attempt) {
+        try {
+          tx.publish(v);
+          break;
+        } catch (const rlpt::error& e) {
+          std::fprintf(stderr, "sender: version %llu attempt %d: %s\n", static_cast<unsigned long long>(v), attempt,
+                       e.what());
+          if (attempt == 30) throw;
+          ++failures;
+        }
+      }
+    }
+    std::printf("sender: %d failed attempts\n", failures);
+  });
+  net.start();
+  sink s;
+  receiver rx(link, s.fn(), {.timeout = 3s});
+  std::uint64_t published = 0, failed = 0;
+  const auto until = clock::now() + 120s;
+  while ((!rx.has_version() || rx.version() < versions) && clock::now() < until) {
+    const update u = rx.poll(20ms);
+    if (u.failed()) {
+      if (failed < 12) MESSAGE("failed: ", u.version, " ", u.error_id, " ", u.reason);
+      ++failed;
+      CHECK(rx.has_version() == (rx.version() > 0)); // failures leave the last version as it was
+    }
+    if (!u.published()) continue;
+    ++published;
+    model want = model_at(46, u.version, 12); // every published version is exactly the trainer's
+    check_mirror(rx, want);
+  }
+  CHECK(rx.version() == versions);
+  CHECK(wait_child(child) == 0);
+  MESSAGE("relay: ", net.resets(), " resets, ", net.stalls(), " stalls; receiver: ", published, " published, ", failed,
+          " failed; handshakes ", link.auth_stats().handshakes);
+  CHECK(link.auth_stats().refused_frames == 0);
+  CHECK(net.resets() >= 3); // the faults did happen
+  CHECK(net.stalls() >= 2);
+  CHECK(failed >= 1);
 }
 
 TEST_CASE("tcp auth: secrets shorter than 128 bits are refused") {

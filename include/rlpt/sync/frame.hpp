@@ -13,13 +13,15 @@
 //!   (every frame also carries the attempt tag; the receiver ignores frames of other attempts)
 //!   BEGIN   v        base      kind         layout hash      manifest JSON           -
 //!   READY   rx ver   -         has_version  layout hash      -                       -
-//!   REFUSE  v        -         reason       -                "<id>\n<message>"       -
+//!   REFUSE  v        -         reason       held digest (1)  "<id>\n<message>"       -
 //!   BUCKET  v        -         bucket       pieces           u64 piece checksums     bucket bytes
 //!   DELTA   v        -         chunk        records          u64 payload checksum    delta records
 //!   COMMIT  v        base      -            messages sent    u64 tensor checksums    -
 //!   ACK     v        -         -            -                -                       -
 //!   NACK    v        -         -            -                "<id>\n<message>"       -
 //!   ABORT   v        -         -            -                reason text             -
+//!   (1) stale_version when the receiver holds exactly version v: model_digest() of it, so that
+//!       a sender retrying after a lost ACK recognises its own commit; otherwise 0.
 #pragma once
 
 #include <rlpt/config.hpp>

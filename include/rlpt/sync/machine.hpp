@@ -161,6 +161,9 @@ struct publish_result {
   std::uint64_t dense_bytes = 0; //!< the model's bytes (what a dense update moves, less padding)
   delta_stats stats{};           //!< change counts (delta updates)
   std::uint64_t digest = 0;      //!< model_digest() of the published version (the receiver's update::digest)
+  //! The receiver already held this version: an earlier attempt's COMMIT went through but its
+  //! ACK was lost (a connection reset). Nothing was sent again; the next update is dense.
+  bool confirmed = false;
   double seconds = 0;
 };
 
@@ -259,6 +262,11 @@ public:
   //! starts clean. A delta that a receiver refuses at BEGIN (its base is not the delta's) or
   //! NACKs with base_mismatch (its base failed verification) is sent again, dense, once; on a
   //! NACK only over single-receiver links (in a group the others may have published already).
+  //! Publishing a version again after a failure is how to retry it: if the failed attempt's
+  //! COMMIT reached a single receiver whose ACK was lost, the receiver refuses the retry as
+  //! stale with the digest of what it holds, and when that is the failed attempt's digest the
+  //! publish completes without sending (publish_result::confirmed; its digest is what the
+  //! receiver holds: the earlier attempt's bytes).
   publish_result publish(std::uint64_t version) {
     const auto t0 = clock::now();
     RLPT_CHECK(!published_ || version > last_, errors::sync::bad_version,
@@ -268,7 +276,8 @@ public:
     publish_result r;
     r.version = version;
     r.dense_bytes = m_.payload_bytes();
-    bool delta = o_.delta && published_ && !(o_.anchor_every != 0 && since_anchor_ + 1 >= o_.anchor_every);
+    bool delta =
+        o_.delta && published_ && !dense_next_ && !(o_.anchor_every != 0 && since_anchor_ + 1 >= o_.anchor_every);
     std::vector<std::uint64_t> sums(m_.size(), 0);
     auto fall_back = [&](const reply& rep, bool nack) {
       if (!delta || r.fell_back || rep.code != static_cast<std::uint64_t>(refusal::base_mismatch)) return false;
@@ -284,6 +293,7 @@ public:
       for (;;) {
         const reply rep = begin(version, delta);
         if (rep.type != frame_type::ready) {
+          if (confirms_lost_ack(rep, version)) return confirmed(version, r, t0);
           if (fall_back(rep, false)) continue;
           ::rlpt::detail::raise(rep.id, fmt::format("{}: {} refused version {}: {}", where_, be_.peer_name(rep.peer),
                                                     version, rep.message));
@@ -301,6 +311,7 @@ public:
           be_.drain(after(o_.timeout));
           encode_frame(meta_, frame_type::commit, tag_, version, delta ? last_ : 0, 0, r.messages - first, 0,
                        detail::u64_bytes(sums));
+          committing_ = {version, delta, sums, true};
           link_.send(meta_, 0, after(o_.timeout));
           no = wait_all(version, after(o_.commit_timeout), "waiting for the receivers to commit", frame_type::ack);
           if (no.type == frame_type::ack) break;
@@ -330,14 +341,7 @@ public:
       throw;
     }
     be_.committed(delta, after(o_.timeout)); // what the receivers now hold is the next delta's base
-    for (std::size_t i = 0; i < m_.size(); ++i) m_.set_checksum(i, sums[i]);
-    m_.set_versions(version, delta ? last_ : 0);
-    since_anchor_ = delta ? since_anchor_ + 1 : 0;
-    published_ = true;
-    last_ = version;
-    r.digest = model_digest(m_);
-    r.seconds = detail::seconds_since(t0);
-    return r;
+    return done(version, delta, sums, r, t0);
   }
 
 protected:
@@ -350,6 +354,14 @@ private:
     std::uint64_t code = 0;
     std::size_t peer = 0;
     std::string id, message;
+    std::uint64_t value =
+        0; //!< REFUSE (stale_version): the digest of the version the receiver holds, if it is this one
+  };
+  struct commit_sent { // the last attempt whose COMMIT went out (valid until a publish completes)
+    std::uint64_t version = 0;
+    bool delta = false;
+    std::vector<std::uint64_t> sums;
+    bool valid = false;
   };
   struct nacked { // a REFUSE or NACK for the attempt in flight, seen while sending
     reply rep;
@@ -369,6 +381,39 @@ private:
     if (!abort_.load(std::memory_order_acquire)) return;
     std::lock_guard lock(abort_mu_);
     RLPT_FAIL(errors::sync::aborted, "{}: publish of version {} aborted: {}", where_, version, abort_reason_);
+  }
+
+  publish_result done(std::uint64_t version, bool delta, std::span<const std::uint64_t> sums, publish_result& r,
+                      clock::time_point t0) {
+    for (std::size_t i = 0; i < m_.size(); ++i) m_.set_checksum(i, sums[i]);
+    m_.set_versions(version, delta ? last_ : 0);
+    since_anchor_ = delta ? since_anchor_ + 1 : 0;
+    published_ = true;
+    last_ = version;
+    committing_.valid = false;
+    dense_next_ = dense_next_ && delta; // a dense update reset the delta base
+    r.digest = model_digest(m_);
+    r.seconds = detail::seconds_since(t0);
+    return r;
+  }
+
+  // A stale refusal of a retry whose digest is that of the attempt we committed before (the
+  // receiver published it; its ACK was lost). Single receivers only: in a group, one refusal
+  // says nothing about the others.
+  [[nodiscard]] bool confirms_lost_ack(const reply& rep, std::uint64_t version) const {
+    return rep.type == frame_type::refuse && rep.code == static_cast<std::uint64_t>(refusal::stale_version) &&
+           be_.peers() == 1 && committing_.valid && committing_.version == version && rep.value != 0 &&
+           rep.value == xxh3(committing_.sums.data(), committing_.sums.size() * 8);
+  }
+
+  // The receiver holds `version` as committed: finish as if it had ACKed. The backend's delta
+  // base was not advanced by the failed attempt, so the next update is dense (which resets it).
+  publish_result confirmed(std::uint64_t version, publish_result& r, clock::time_point t0) {
+    const std::vector<std::uint64_t> sums = committing_.sums;
+    r.confirmed = true;
+    r.delta = committing_.delta;
+    dense_next_ = true;
+    return done(version, committing_.delta, sums, r, t0);
   }
 
   reply begin(std::uint64_t version, bool delta) {
@@ -429,7 +474,7 @@ private:
     case frame_type::refuse:
     case frame_type::nack: {
       auto [id, msg] = detail::split_error_body(f.body);
-      return reply{f.type, f.index, peer, std::move(id), std::move(msg)};
+      return reply{f.type, f.index, peer, std::move(id), std::move(msg), f.count};
     }
     default:
       return std::nullopt;
@@ -508,6 +553,8 @@ private:
   bool published_ = false;
   std::uint64_t last_ = 0;
   std::uint64_t since_anchor_ = 0;
+  commit_sent committing_;
+  bool dense_next_ = false; //!< after a confirmed lost ACK: the backend's delta base is stale
   std::atomic<bool> abort_{false};
   std::mutex abort_mu_;
   std::string abort_reason_;
@@ -693,8 +740,8 @@ private:
     return u;
   }
 
-  void refuse(const frame& f, refusal why, std::string_view id, std::string msg) {
-    reply(frame_type::refuse, f.tag, f.version, static_cast<std::uint64_t>(why), 0, detail::error_body(id, msg));
+  void refuse(const frame& f, refusal why, std::string_view id, std::string msg, std::uint64_t value = 0) {
+    reply(frame_type::refuse, f.tag, f.version, static_cast<std::uint64_t>(why), value, detail::error_body(id, msg));
     if (why == refusal::base_mismatch && duplex_) return; // the sender resends dense: not a failure
     update u;
     u.state = update::status::failed;
@@ -778,10 +825,11 @@ private:
       return refuse(f, refusal::layout_mismatch, errors::sync::manifest_hash,
                     fmt::format("{}: version {} has layout hash {}, this receiver expects {}", st_.where, f.version,
                                 to_hex(m.layout_hash()), to_hex(*o_.expect_layout_hash)));
-    if (st_.has && f.version <= st_.version)
+    if (st_.has && f.version <= st_.version) // holding exactly that version: say which bytes (a lost ACK)
       return refuse(
           f, refusal::stale_version, errors::sync::stale_version,
-          fmt::format("{}: version {} is not newer than the published version {}", st_.where, f.version, st_.version));
+          fmt::format("{}: version {} is not newer than the published version {}", st_.where, f.version, st_.version),
+          f.version == st_.version && !st_.torn ? model_digest(st_.pub) : 0);
     if (m.packed_bytes() > o_.max_update_bytes)
       return refuse(f, refusal::too_large, errors::sync::too_large,
                     fmt::format("{}: version {} packs {} bytes, more than {}::max_update_bytes = {}", st_.where,
