@@ -193,6 +193,7 @@ public:
     d["version"] = r.version;
     d["delta"] = r.delta;
     d["fell_back"] = r.fell_back;
+    d["confirmed"] = r.confirmed;
     d["messages"] = r.messages;
     d["wire_bytes"] = r.wire_bytes;
     d["dense_bytes"] = r.dense_bytes;
