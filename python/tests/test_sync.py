@@ -57,7 +57,7 @@ def lines_until(proc, prefix, out):
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_versions_then_killed_sender(transport):
-    big = 8 << 20  # 32 MB: an update that takes a while through 1 MB buckets
+    big = 32 << 20  # 128 MB: an update that takes a while (~100 ms over shm) through 1 MB buckets
     if transport == "shm":
         address = f"rlpt-test-{uuid.uuid4().hex[:12]}"
         rx = rlpt.sync.Receiver("shm", address, timeout=20.0)
