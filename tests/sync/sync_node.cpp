@@ -28,15 +28,6 @@ namespace {
 
 int layers = 3;
 
-model model_at(std::uint64_t seed, std::uint64_t v) {
-  model md = make_model(seed, layers);
-  for (std::uint64_t k = 2; k <= v; ++k) {
-    rlpt::test::rng r(2000 + k);
-    md.step(0.02, r);
-  }
-  return md;
-}
-
 int usage() {
   std::fprintf(stderr, "usage: sync_node send|recv HOST PORT VERSIONS SEED [--listen] [--secret-env VAR] "
                        "[--insecure] [--tags full|control] [--timeout-s S]\n");
@@ -76,7 +67,7 @@ int main(int argc, char** argv) {
   const plan_options buckets{.bucket_bytes = 4096, .alignment = 256};
   try {
     if (cmd == "send") {
-      model md = model_at(seed, 1);
+      model md = model_at(seed, 1, 2000, layers);
       tcp_transport out(o, role::sender);
       sender tx(out, plan(md.refs, buckets), md.refs, {.delta = true, .timeout = 10s});
       std::uint64_t wire = 0;
@@ -123,7 +114,7 @@ int main(int argc, char** argv) {
           }
         }
         // Every published version is exactly the sender's.
-        model want = model_at(seed, u.version);
+        model want = model_at(seed, u.version, 2000, layers);
         for (const auto& t : want.refs)
           if (!same_bytes(rx.tensor(t.name).bytes, want.bytes(t.name))) {
             std::printf("version %llu: tensor %s differs from the sender's\n",

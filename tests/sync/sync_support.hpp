@@ -107,6 +107,29 @@ inline model make_model(std::uint64_t seed, int layers = 3) {
   return m;
 }
 
+//! The model at version v: make_model(seed, layers), then one step per version after the first
+//! (step k draws from rng stream + k).
+inline model model_at(std::uint64_t seed, std::uint64_t v, std::uint64_t stream = 2000, int layers = 3) {
+  model md = make_model(seed, layers);
+  for (std::uint64_t k = 2; k <= v; ++k) {
+    rng r(stream + k);
+    md.step(0.02, r);
+  }
+  return md;
+}
+
+//! Polls until `n` updates were reported (or the limit passes).
+inline std::vector<update> poll_n(receiver& rx, std::size_t n,
+                                  std::chrono::milliseconds limit = std::chrono::seconds(20)) {
+  std::vector<update> out;
+  const auto until = clock::now() + limit;
+  while (out.size() < n && clock::now() < until) {
+    update u = rx.poll(std::chrono::milliseconds(50));
+    if (u.state != update::status::idle) out.push_back(std::move(u));
+  }
+  return out;
+}
+
 //! Copies the tensors a receiver loads.
 struct sink {
   std::map<std::string, std::vector<std::byte>> got;

@@ -13,34 +13,13 @@ namespace {
 const plan_options small_buckets{.bucket_bytes = 1024, .alignment = 256};
 const shm_options small_slots{.slots = 2, .slot_bytes = 1024, .meta_bytes = 64 << 10};
 
-// The model at version v: make_model(seed), then one step per version after the first.
-model model_at(std::uint64_t seed, std::uint64_t v) {
-  model md = make_model(seed);
-  for (std::uint64_t k = 2; k <= v; ++k) {
-    rlpt::test::rng r(1000 + k);
-    md.step(0.02, r);
-  }
-  return md;
-}
-
-// Polls until `n` updates were reported (or the limit passes).
-std::vector<update> poll_n(receiver& rx, std::size_t n, std::chrono::milliseconds limit = 20s) {
-  std::vector<update> out;
-  const auto until = clock::now() + limit;
-  while (out.size() < n && clock::now() < until) {
-    update u = rx.poll(50ms);
-    if (u.state != update::status::idle) out.push_back(std::move(u));
-  }
-  return out;
-}
-
 } // namespace
 
 TEST_CASE("shm: dense and delta updates across processes, then nothing left behind") {
   const std::string name = unique_name("rt");
   const int fds = open_fds();
   const pid_t child = spawn([&] {
-    model md = model_at(21, 1);
+    model md = model_at(21, 1, 1000);
     const manifest m = plan(md.refs, small_buckets);
     shm_transport link(name, role::sender, small_slots);
     sender tx(link, m, md.refs, {.delta = true, .timeout = 10s});
@@ -63,7 +42,7 @@ TEST_CASE("shm: dense and delta updates across processes, then nothing left behi
       CHECK(ups[k].published());
       CHECK(ups[k].version == k + 1);
     }
-    model want = model_at(21, 4);
+    model want = model_at(21, 4, 1000);
     check_mirror(rx, want);
     CHECK(wait_child(child) == 0);
   }
@@ -76,7 +55,7 @@ TEST_CASE("shm: a sender killed mid-update leaves the previous version, the next
   const int fds = open_fds();
   auto stalling_sender = [&](bool stall) {
     return spawn([&, stall] {
-      model md = model_at(22, 1);
+      model md = model_at(22, 1, 1000);
       const manifest m = plan(md.refs, small_buckets);
       shm_transport link(name, role::sender, small_slots);
       bool stalled = false;
@@ -123,14 +102,14 @@ TEST_CASE("shm: a sender killed mid-update leaves the previous version, the next
     CHECK(ups[0].error_id == "rlpt.sync.peer_lost");
     CHECK(ups[0].reason.find(fmt::format("sender pid {} exited", first)) != std::string::npos);
     CHECK(wait_child(first) == 128 + SIGKILL);
-    model v1 = model_at(22, 1);
+    model v1 = model_at(22, 1, 1000);
     check_mirror(rx, v1); // still serving version 1
     const pid_t second = stalling_sender(false);
     ups = poll_n(rx, 1);
     REQUIRE(ups.size() == 1);
     CHECK(ups[0].published());
     CHECK(ups[0].version == 2);
-    model v2 = model_at(22, 2);
+    model v2 = model_at(22, 2, 1000);
     check_mirror(rx, v2);
     CHECK(wait_child(second) == 0);
   }
@@ -141,7 +120,7 @@ TEST_CASE("shm: a sender killed mid-update leaves the previous version, the next
 TEST_CASE("shm: a receiver restarted mid-stream recovers cleanly") {
   const std::string name = unique_name("rrestart");
   const pid_t child = spawn([&] {
-    model md = model_at(23, 1);
+    model md = model_at(23, 1, 1000);
     const manifest m = plan(md.refs, small_buckets);
     shm_transport link(name, role::sender, small_slots);
     sender tx(link, m, md.refs, {.delta = true, .timeout = 300ms, .commit_timeout = 1s});
@@ -185,7 +164,7 @@ TEST_CASE("shm: a receiver restarted mid-stream recovers cleanly") {
     if (u.published()) last = u.version;
   REQUIRE(last > 0);
   CHECK(rx.version() == last);
-  model want = model_at(23, last);
+  model want = model_at(23, last, 1000);
   check_mirror(rx, want);
 }
 

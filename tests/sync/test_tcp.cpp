@@ -16,25 +16,6 @@ namespace {
 
 const plan_options small_buckets{.bucket_bytes = 1024, .alignment = 256};
 
-model model_at(std::uint64_t seed, std::uint64_t v) {
-  model md = make_model(seed);
-  for (std::uint64_t k = 2; k <= v; ++k) {
-    rlpt::test::rng r(2000 + k);
-    md.step(0.02, r);
-  }
-  return md;
-}
-
-std::vector<update> poll_n(receiver& rx, std::size_t n, std::chrono::milliseconds limit = 20s) {
-  std::vector<update> out;
-  const auto until = clock::now() + limit;
-  while (out.size() < n && clock::now() < until) {
-    update u = rx.poll(50ms);
-    if (u.state != update::status::idle) out.push_back(std::move(u));
-  }
-  return out;
-}
-
 // Sends raw bytes to 127.0.0.1:port on a fresh connection, then closes it.
 void send_raw(std::uint16_t port, std::span<const std::byte> bytes) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);

@@ -32,25 +32,6 @@ std::shared_ptr<const authenticator> key(std::string_view s = job_secret) {
   return openssl_authenticator::from_string(s);
 }
 
-model model_at(std::uint64_t seed, std::uint64_t v, int layers = 3) {
-  model md = make_model(seed, layers);
-  for (std::uint64_t k = 2; k <= v; ++k) {
-    rlpt::test::rng r(2000 + k);
-    md.step(0.02, r);
-  }
-  return md;
-}
-
-std::vector<update> poll_n(receiver& rx, std::size_t n, std::chrono::milliseconds limit = 20s) {
-  std::vector<update> out;
-  const auto until = clock::now() + limit;
-  while (out.size() < n && clock::now() < until) {
-    update u = rx.poll(50ms);
-    if (u.state != update::status::idle) out.push_back(std::move(u));
-  }
-  return out;
-}
-
 // A child that publishes versions 1..n of model `seed` to 127.0.0.1:port.
 pid_t start_sender(std::uint16_t port, std::shared_ptr<const authenticator> auth, integrity tags, std::uint64_t seed,
                    std::uint64_t n = 1) {
@@ -490,7 +471,7 @@ TEST_CASE("tcp auth: through 5 ms of delay, stalls and reset connections every v
   constexpr std::uint64_t versions = 6;
   // The trainer publishes each version until it goes through (a reset fails the attempt).
   const pid_t child = spawn([port] {
-    model md = model_at(46, 1, 12);
+    model md = model_at(46, 1, 2000, 12);
     tcp_transport out({.port = port, .auth = key()}, role::sender);
     sender tx(out, plan(md.refs, small_buckets), md.refs, {.delta = true, .timeout = 5s});
     int failures = 0;
@@ -527,7 +508,7 @@ TEST_CASE("tcp auth: through 5 ms of delay, stalls and reset connections every v
     }
     if (!u.published()) continue;
     ++published;
-    model want = model_at(46, u.version, 12); // every published version is exactly the trainer's
+    model want = model_at(46, u.version, 2000, 12); // every published version is exactly the trainer's
     check_mirror(rx, want);
   }
   CHECK(rx.version() == versions);
