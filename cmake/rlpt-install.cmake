@@ -7,16 +7,16 @@ set(RLPT_CMAKE_DIR "${CMAKE_INSTALL_DATADIR}/cmake/rlpt"
 
 # core always; the others where their dependencies were found (CMakeLists.txt).
 set(_rlpt_components core)
-foreach(comp IN ITEMS lm_head auth cuda cuda_lm_head nccl)
+foreach(comp IN ITEMS lm_head auth ucx cuda cuda_lm_head nccl)
   if(TARGET rlpt_${comp})
     list(APPEND _rlpt_components ${comp})
   endif()
 endforeach()
 
 # One export set per component, so a consumer never loads targets (and their dependencies:
-# Eigen, OpenSSL, CUDA, cuBLAS, NCCL) of a component it did not ask for.
+# Eigen, OpenSSL, UCX, CUDA, cuBLAS, NCCL) of a component it did not ask for.
 set(_rlpt_export_core rlpt)
-foreach(comp IN ITEMS lm_head auth cuda cuda_lm_head nccl)
+foreach(comp IN ITEMS lm_head auth ucx cuda cuda_lm_head nccl)
   set(_rlpt_export_${comp} rlpt_${comp})
 endforeach()
 

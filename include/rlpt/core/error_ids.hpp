@@ -319,6 +319,8 @@ inline constexpr error_id too_large{"rlpt.sync.too_large"};
 inline constexpr error_id torn{"rlpt.sync.torn"};
 //! a bucket or frame is shorter than announced
 inline constexpr error_id truncated{"rlpt.sync.truncated"};
+//! a UCX call failed (context, worker, listener or endpoint)
+inline constexpr error_id ucx{"rlpt.sync.ucx"};
 //! a tensor name is not in the manifest
 inline constexpr error_id unknown_tensor{"rlpt.sync.unknown_tensor"};
 //! a wire frame is malformed

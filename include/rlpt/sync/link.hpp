@@ -16,6 +16,7 @@
 #include <rlpt/core/error.hpp>
 #include <rlpt/core/views.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -75,6 +76,12 @@ public:
 };
 
 namespace detail {
+//! Milliseconds to `until` for one poll(): at most 100, so that waits recheck their state.
+[[nodiscard]] inline int ms_until(deadline until) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - clock::now()).count();
+  return static_cast<int>(std::clamp<long long>(left, 0, 100));
+}
+
 [[noreturn]] inline void timeout(std::string_view where, std::string_view what) {
   RLPT_FAIL(errors::sync::timeout, "{}: timed out {}", where, what);
 }

@@ -27,6 +27,7 @@
 #include <rlpt/core/error.hpp>
 #include <rlpt/sync/auth.hpp>
 #include <rlpt/sync/checksum.hpp>
+#include <rlpt/sync/detail/inet.hpp>
 #include <rlpt/sync/detail/stream_link.hpp>
 #include <rlpt/sync/link.hpp>
 
@@ -78,13 +79,6 @@ namespace detail {
 inline constexpr std::uint32_t tcp_magic = 0x46544c52u; // "RLTF"
 inline constexpr std::size_t tcp_header_bytes = 48;
 inline constexpr std::size_t tcp_tag_at = 32; // the frame tag: header bytes [32, 48)
-
-//! Loopback without asking a resolver: 127.0.0.0/8 literals and "localhost".
-[[nodiscard]] inline bool is_loopback(const std::string& host) {
-  if (host == "localhost") return true;
-  in_addr a{};
-  return ::inet_pton(AF_INET, host.c_str(), &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
-}
 
 } // namespace detail
 
@@ -184,20 +178,7 @@ private:
   }
 
   static sockaddr_in address(const std::string& host, std::uint16_t port) {
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    if (::inet_pton(AF_INET, host.c_str(), &a.sin_addr) == 1) return a;
-    addrinfo hints{};
-    hints.ai_family = AF_INET;
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* res = nullptr;
-    const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
-    RLPT_CHECK(rc == 0 && res != nullptr, errors::sync::tcp, "tcp: cannot resolve host \"{}\": {}", host,
-               ::gai_strerror(rc));
-    a.sin_addr = reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr;
-    ::freeaddrinfo(res);
-    return a;
+    return detail::ipv4_address(host, port, errors::sync::tcp, "tcp");
   }
 
   // --- the socket specifics stream_link asks for ------------------------------------------

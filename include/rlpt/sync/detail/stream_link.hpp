@@ -52,11 +52,6 @@ struct fd_guard {
   }
 };
 
-inline int ms_until(deadline until) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - clock::now()).count();
-  return static_cast<int>(std::clamp<long long>(left, 0, 100));
-}
-
 //! What a stream frame's header announced, once the link has checked it.
 struct frame_sizes {
   std::uint32_t meta_bytes;

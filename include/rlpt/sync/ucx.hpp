@@ -1,0 +1,755 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file
+//! UCX transport: rlpt's link over UCX's active messages (UCP), the transfer engine under
+//! NIXL, vLLM's and SGLang's KV transfer, MPI and NCCL's net plugins. UCX picks the wire per
+//! peer: RDMA (InfiniBand/RoCE verbs, with zero-copy rendezvous) where the hardware has it,
+//! shared memory or CMA on one host, TCP otherwise; `ucx_options::transports` (or UCX_TLS)
+//! narrows the choice. Component `ucx` (`find_package(rlpt COMPONENTS ucx)`, target rlpt::ucx).
+//!
+//! Frame: one active message per frame. Its 56-byte header (u32 magic "RLUF", u32 meta bytes,
+//! u64 payload bytes, u64 XXH3-64 of the meta block, u64 frame sequence number, u64 XXH3-64 of
+//! the first 32 header bytes, 16-byte frame tag) is the message's AM header; the meta block and
+//! the payload are its data, sent from the caller's buffers (an iovec) and received straight
+//! into the frame's buffer (rendezvous: the receiver pulls it). Sizes are checked before
+//! anything is allocated and frames must arrive in sequence; a bad frame drops the connection
+//! and raises rlpt.sync.wire.
+//!
+//! Connections: one end listens (a UCX listener on a socket address), the other connects; each
+//! connection starts with a HELLO exchange that says the connection is up and checks the roles,
+//! and with `ucx_options::auth` it is the authenticated handshake of auth.hpp (both ends prove
+//! they hold the job's secret; every frame then carries a tag under the session key, exactly as
+//! over TCP). The listening end takes a new (authenticated) connection in place of the old one;
+//! the connecting end reconnects on its next call after a failure. A peer that dies or whose
+//! connection breaks is reported by UCX's error handling (`UCP_ERR_HANDLING_MODE_PEER`):
+//! rlpt.sync.peer_lost. Without `auth`, only loopback addresses are allowed unless
+//! `allow_unauthenticated`.
+//!
+//! Each transport owns its UCX context and worker and is used by one thread at a time, like
+//! every link. Payloads are host memory: device buffers need a UCX built with CUDA (cuda_copy,
+//! cuda_ipc, GPUDirect RDMA), which Debian's libucx is not.
+#pragma once
+
+#include <rlpt/config.hpp>
+#include <rlpt/core/error.hpp>
+#include <rlpt/sync/auth.hpp>
+#include <rlpt/sync/checksum.hpp>
+#include <rlpt/sync/detail/inet.hpp>
+#include <rlpt/sync/link.hpp>
+
+#include <ucp/api/ucp.h>
+
+#include <poll.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+RLPT_NAMESPACE_BEGIN
+namespace sync {
+
+struct ucx_options {
+  std::string host = "127.0.0.1";                     //!< connect: peer address; listen: address to bind
+  std::uint16_t port = 0;                             //!< listen: 0 picks a free port (see ucx_transport::port())
+  bool listen = false;                                //!< accept connections instead of connecting
+  std::uint64_t max_payload = std::uint64_t{1} << 32; //!< largest payload accepted (and sent)
+  std::uint64_t max_meta = std::uint64_t{256} << 20;  //!< largest meta block accepted
+  //! UCX transports for this link's context (UCX_TLS syntax, e.g. "tcp" or "rc,sm"); empty:
+  //! UCX_TLS from the environment, else UCX's own choice.
+  std::string transports{};
+  //! Authenticates both ends with the job's secret (auth_openssl.hpp); required for a
+  //! non-loopback address unless allow_unauthenticated.
+  std::shared_ptr<const authenticator> auth{};
+  integrity tags = integrity::full; //!< what frame tags cover (with auth; both ends alike)
+  //! No authentication on or to a non-loopback address: only where every host is trusted.
+  bool allow_unauthenticated = false;
+  //! Longest a connecting peer may take to complete the HELLO exchange before it is refused.
+  std::chrono::milliseconds handshake_timeout{2000};
+};
+
+namespace detail {
+inline constexpr std::uint32_t ucx_magic = 0x46554c52u;       // "RLUF"
+inline constexpr std::uint32_t ucx_plain_hello = 0x48554c52u; // "RLUH": a HELLO without authentication
+inline constexpr std::size_t ucx_header_bytes = 56;
+inline constexpr std::size_t ucx_tag_at = 40; // the frame tag: header bytes [40, 56)
+inline constexpr unsigned ucx_am_frame = 0x524c;
+inline constexpr unsigned ucx_am_hello = 0x524d;
+
+//! A message the worker delivered: a frame (header + data) or a HELLO, from endpoint `ep`.
+struct ucx_inbound {
+  ucp_ep_h ep = nullptr;
+  std::array<std::byte, ucx_header_bytes> header{};
+  std::vector<std::byte> data;
+  std::string bad;                  //!< why the frame was refused on arrival (nothing was received)
+  bool done = false;                //!< data complete (eager at once; rendezvous when pulled)
+  ucs_status_t status = UCS_OK;     //!< of the rendezvous receive
+  ucs_status_ptr_t request = nullptr; //!< the rendezvous receive in flight
+};
+} // namespace detail
+
+class ucx_transport final : public link {
+public:
+  ucx_transport(ucx_options o, role r) : o_(std::move(o)), role_(r), auth_(o_.auth, o_.tags, r) {
+    RLPT_CHECK(o_.auth != nullptr || o_.allow_unauthenticated || detail::is_loopback(o_.host),
+               errors::sync::insecure,
+               "ucx {}:{}: {} a non-loopback address without authentication lets any host that reaches it {} weights; "
+               "set ucx_options::auth (rlpt/sync/auth_openssl.hpp, a per-job secret) or, on a network where every "
+               "host is trusted, allow_unauthenticated = true",
+               o_.host, o_.port, o_.listen ? "listening on" : "connecting to",
+               r == role::receiver ? "publish" : "receive");
+    RLPT_CHECK(o_.auth == nullptr || o_.tags == integrity::control || o_.tags == integrity::full,
+               errors::sync::bad_link, "ucx {}:{}: ucx_options::tags is {}, not integrity::control or integrity::full",
+               o_.host, o_.port, static_cast<unsigned>(o_.tags));
+    where_ = fmt::format("ucx {}:{}", o_.host, o_.port);
+    open_worker();
+    if (o_.listen) open_listener();
+    where_ = fmt::format("ucx {}:{} ({}, {})", o_.host, o_.listen ? port_ : o_.port,
+                         r == role::sender ? "sender" : "receiver", o_.listen ? "listening" : "connecting");
+  }
+
+  ucx_transport(const ucx_transport&) = delete;
+  ucx_transport& operator=(const ucx_transport&) = delete;
+
+  ~ucx_transport() override {
+    // Flush what was sent (a last frame may still sit in UCX's buffers), bounded, then force.
+    close_ep(ep_, true);
+    for (const auto& c : candidates_) close_ep(c, false);
+    close_ep(pending_, false);
+    discard([](const detail::ucx_inbound&) { return true; });
+    const deadline until = clock::now() + std::chrono::seconds(1);
+    while (!zombies_.empty() && clock::now() < until) progress();
+    for (auto& z : zombies_) static_cast<void>(z.release()); // UCX may still write into it: never freed
+    for (ucp_conn_request_h req : requests_) ucp_listener_reject(listener_, req);
+    if (listener_ != nullptr) ucp_listener_destroy(listener_);
+    if (worker_ != nullptr) ucp_worker_destroy(worker_);
+    if (context_ != nullptr) ucp_cleanup(context_);
+  }
+
+  //! The bound port of a listening transport.
+  [[nodiscard]] std::uint16_t port() const noexcept { return port_; }
+
+  //! Handshakes and refusals (every connection's HELLO exchange; with auth, the handshake).
+  [[nodiscard]] const auth_counters& auth_stats() const noexcept { return counters_; }
+
+  [[nodiscard]] link_info info() const override { return {where_, true, o_.max_payload, memory_space::host}; }
+
+  std::span<std::byte> payload_buffer(std::uint64_t bytes, deadline) override {
+    RLPT_CHECK(bytes <= o_.max_payload, errors::sync::too_large, "{}: payload of {} bytes exceeds max_payload {}",
+               where_, bytes, o_.max_payload);
+    if (tx_payload_.size() < bytes) tx_payload_.resize(static_cast<std::size_t>(bytes));
+    return {tx_payload_.data(), static_cast<std::size_t>(bytes)};
+  }
+
+  void send(std::span<const std::byte> meta, std::uint64_t payload_bytes, deadline until) override {
+    RLPT_CHECK(meta.size() <= o_.max_meta && meta.size() <= 0xffffffffu, errors::sync::too_large,
+               "{}: meta block of {} bytes exceeds max_meta {}", where_, meta.size(), o_.max_meta);
+    RLPT_CHECK(payload_bytes <= tx_payload_.size(), errors::sync::bad_link,
+               "{}: send of {} payload bytes without a payload_buffer() of that size", where_, payload_bytes);
+    connect_or_accept(until);
+    const std::span<const std::byte> payload(tx_payload_.data(), static_cast<std::size_t>(payload_bytes));
+    std::array<std::byte, detail::ucx_header_bytes> hdr{};
+    const std::uint32_t magic = detail::ucx_magic, mb = static_cast<std::uint32_t>(meta.size());
+    const std::uint64_t mcheck = xxh3(meta.data(), meta.size()), seq = tx_seq_++;
+    std::memcpy(hdr.data(), &magic, 4);
+    std::memcpy(hdr.data() + 4, &mb, 4);
+    std::memcpy(hdr.data() + 8, &payload_bytes, 8);
+    std::memcpy(hdr.data() + 16, &mcheck, 8);
+    std::memcpy(hdr.data() + 24, &seq, 8);
+    const std::uint64_t hcheck = xxh3(hdr.data(), 32);
+    std::memcpy(hdr.data() + 32, &hcheck, 8);
+    if (auth_.enabled()) {
+      const authenticator::tag t = auth_.seal(std::span(hdr).first(detail::ucx_tag_at), meta, payload);
+      std::memcpy(hdr.data() + detail::ucx_tag_at, t.data(), t.size());
+    }
+    ucp_dt_iov_t iov[2];
+    std::size_t n = 0;
+    for (const auto part : {meta, payload})
+      if (!part.empty()) iov[n++] = {const_cast<std::byte*>(part.data()), part.size()};
+    send_on(ep_, detail::ucx_am_frame, hdr, std::span<const ucp_dt_iov_t>(iov, n), until, "sending a frame");
+  }
+
+  std::optional<message> receive(deadline until) override {
+    release();
+    for (;;) {
+      progress();
+      if (o_.listen) accept_new(until);
+      check_peer();
+      if (ep_ == nullptr && !o_.listen && !try_connect(until)) {
+        if (clock::now() >= until) return std::nullopt;
+        continue;
+      }
+      if (auto m = front_frame()) return m;
+      if (clock::now() >= until) return std::nullopt;
+      wait(until);
+    }
+  }
+
+  void release() override {
+    if (!held_) return;
+    held_ = false;
+    inbox_.pop_front();
+  }
+
+private:
+  static constexpr std::chrono::milliseconds reconnect_pause{5};
+
+  // --- UCX objects ----------------------------------------------------------------------
+
+  void open_worker() {
+    ucp_config_t* cfg = nullptr;
+    check(ucp_config_read(nullptr, nullptr, &cfg), "reading UCX's configuration");
+    if (!o_.transports.empty()) {
+      const ucs_status_t s = ucp_config_modify(cfg, "TLS", o_.transports.c_str());
+      if (s != UCS_OK) ucp_config_release(cfg);
+      RLPT_CHECK(s == UCS_OK, errors::sync::bad_link, "{}: ucx_options::transports \"{}\" is not a UCX_TLS list: {}",
+                 where_, o_.transports, ucs_status_string(s));
+    }
+    ucp_params_t p{};
+    p.field_mask = UCP_PARAM_FIELD_FEATURES;
+    p.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+    const ucs_status_t s = ucp_init(&p, cfg, &context_);
+    ucp_config_release(cfg);
+    check(s, "creating the UCX context");
+    ucp_worker_params_t w{};
+    w.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    w.thread_mode = UCS_THREAD_MODE_SINGLE;
+    check(ucp_worker_create(context_, &w, &worker_), "creating the UCX worker");
+    check(ucp_worker_get_efd(worker_, &efd_), "getting the UCX worker's event fd");
+    for (const unsigned id : {detail::ucx_am_frame, detail::ucx_am_hello}) {
+      ucp_am_handler_param_t h{};
+      h.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+      h.id = id;
+      h.cb = id == detail::ucx_am_frame ? &ucx_transport::on_frame : &ucx_transport::on_hello;
+      h.arg = this;
+      check(ucp_worker_set_am_recv_handler(worker_, &h), "registering the active-message handlers");
+    }
+  }
+
+  void open_listener() {
+    sockaddr_in a = address(o_.host, o_.port);
+    ucp_listener_params_t p{};
+    p.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+    p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&a);
+    p.sockaddr.addrlen = sizeof(a);
+    p.conn_handler.cb = &ucx_transport::on_connection;
+    p.conn_handler.arg = this;
+    const ucs_status_t s = ucp_listener_create(worker_, &p, &listener_);
+    RLPT_CHECK(s == UCS_OK, errors::sync::ucx, "{}: listening on {}:{} failed: {}", where_, o_.host, o_.port,
+               ucs_status_string(s));
+    ucp_listener_attr_t attr{};
+    attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+    check(ucp_listener_query(listener_, &attr), "querying the listener");
+    port_ = ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port);
+  }
+
+  static sockaddr_in address(const std::string& host, std::uint16_t port) {
+    return detail::ipv4_address(host, port, errors::sync::ucx, "ucx");
+  }
+
+  void check(ucs_status_t s, std::string_view what) const {
+    RLPT_CHECK(s == UCS_OK, errors::sync::ucx, "{}: {} failed: {}", where_, what, ucs_status_string(s));
+  }
+
+  ucp_ep_h create_ep(ucp_ep_params_t p) {
+    p.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    p.err_handler.cb = &ucx_transport::on_ep_error;
+    p.err_handler.arg = this;
+    ucp_ep_h ep = nullptr;
+    const ucs_status_t s = ucp_ep_create(worker_, &p, &ep);
+    return s == UCS_OK ? ep : nullptr;
+  }
+
+  // Closes an endpoint: flushes first (bounded) when `flush`, else at once.
+  void close_ep(ucp_ep_h ep, bool flush) noexcept {
+    if (ep == nullptr) return;
+    const bool failed = std::find(failed_.begin(), failed_.end(), ep) != failed_.end();
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = flush && !failed ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
+    const deadline until = clock::now() + std::chrono::seconds(1);
+    while (UCS_PTR_IS_PTR(r) && ucp_request_check_status(r) == UCS_INPROGRESS && clock::now() < until)
+      ucp_worker_progress(worker_);
+    if (UCS_PTR_IS_PTR(r)) {
+      if (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_request_cancel(worker_, r);
+      ucp_request_free(r);
+    }
+    std::erase(failed_, ep);
+    discard([&](const detail::ucx_inbound& m) { return m.ep == ep; });
+    std::erase_if(hellos_, [&](const auto& m) { return m->ep == ep; });
+  }
+
+  // Forgets received frames matching `pred`; a rendezvous receive still in flight is cancelled
+  // and kept until UCX completes it (its buffer must outlive the transfer).
+  template <class Pred> void discard(Pred pred) noexcept {
+    for (auto it = inbox_.begin(); it != inbox_.end();) {
+      if (!pred(**it)) {
+        ++it;
+        continue;
+      }
+      if ((*it)->request != nullptr) {
+        ucp_request_cancel(worker_, (*it)->request);
+        zombies_.push_back(std::move(*it));
+      }
+      it = inbox_.erase(it);
+    }
+  }
+
+  // --- callbacks (run inside ucp_worker_progress) ---------------------------------------
+
+  static void on_connection(ucp_conn_request_h req, void* arg) {
+    static_cast<ucx_transport*>(arg)->requests_.push_back(req);
+  }
+
+  static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
+    auto* self = static_cast<ucx_transport*>(arg);
+    self->failed_.push_back(ep);
+    if (ep == self->ep_) self->lost_status_ = status;
+  }
+
+  static ucs_status_t on_hello(void* arg, const void*, size_t, void* data, size_t length,
+                               const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<ucx_transport*>(arg);
+    const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) == 0 || rndv || length > 256) return UCS_OK; // not ours
+    auto m = std::make_unique<detail::ucx_inbound>();
+    m->ep = param->reply_ep;
+    m->data.assign(static_cast<const std::byte*>(data), static_cast<const std::byte*>(data) + length);
+    m->done = true;
+    self->hellos_.push_back(std::move(m));
+    return UCS_OK;
+  }
+
+  static ucs_status_t on_frame(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                               const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<ucx_transport*>(arg);
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) == 0) return UCS_OK;
+    const ucp_ep_h from = param->reply_ep;
+    // Only the connected peer (or one completing its handshake) may make this end allocate.
+    if (from != self->ep_ && std::find(self->candidates_.begin(), self->candidates_.end(), from) ==
+                                 self->candidates_.end())
+      return UCS_OK;
+    auto m = std::make_unique<detail::ucx_inbound>();
+    m->ep = from;
+    m->bad = self->check_header(header, header_length, length);
+    m->done = !m->bad.empty(); // refused on arrival: nothing to receive
+    if (m->bad.empty()) std::memcpy(m->header.data(), header, detail::ucx_header_bytes);
+    detail::ucx_inbound& in = *m;
+    self->inbox_.push_back(std::move(m));
+    if (!in.bad.empty()) return UCS_OK;
+    in.data.resize(length);
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0) {
+      if (length > 0) std::memcpy(in.data.data(), data, length);
+      in.done = true;
+      return UCS_OK;
+    }
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.recv_am = &ucx_transport::on_pulled;
+    p.user_data = &in;
+    const ucs_status_ptr_t r = ucp_am_recv_data_nbx(self->worker_, data, in.data.data(), length, &p);
+    if (r == nullptr) {
+      in.done = true;
+    } else if (UCS_PTR_IS_ERR(r)) {
+      in.done = true;
+      in.status = UCS_PTR_STATUS(r);
+    } else {
+      in.request = r;
+    }
+    return UCS_OK;
+  }
+
+  static void on_pulled(void* request, ucs_status_t status, size_t, void* user) {
+    auto* in = static_cast<detail::ucx_inbound*>(user);
+    in->status = status;
+    in->done = true;
+    in->request = nullptr;
+    ucp_request_free(request);
+  }
+
+  // A frame's header, checked before anything is allocated: empty, or what is wrong.
+  [[nodiscard]] std::string check_header(const void* h, std::size_t header_length, std::size_t length) const {
+    if (header_length != detail::ucx_header_bytes)
+      return fmt::format("a frame header of {} bytes (expected {})", header_length, detail::ucx_header_bytes);
+    const auto* b = static_cast<const std::byte*>(h);
+    std::uint32_t magic, mb;
+    std::uint64_t pb, hcheck;
+    std::memcpy(&magic, b, 4);
+    std::memcpy(&mb, b + 4, 4);
+    std::memcpy(&pb, b + 8, 8);
+    std::memcpy(&hcheck, b + 32, 8);
+    if (magic != detail::ucx_magic) return fmt::format("bad magic 0x{:08x}", magic);
+    if (xxh3(b, 32) != hcheck) return "header checksum mismatch";
+    if (mb > o_.max_meta) return fmt::format("a meta block of {} bytes, larger than max_meta {}", mb, o_.max_meta);
+    if (pb > o_.max_payload)
+      return fmt::format("a payload of {} bytes, larger than max_payload {}", pb, o_.max_payload);
+    if (length != mb + pb)
+      return fmt::format("{} data bytes where the header announces {} meta + {} payload bytes", length, mb, pb);
+    return {};
+  }
+
+  // --- progress and waiting -------------------------------------------------------------
+
+  void progress() {
+    while (ucp_worker_progress(worker_) != 0) {
+    }
+    std::erase_if(zombies_, [](const auto& z) { return z->request == nullptr; });
+  }
+
+  // Sleeps until the worker has an event or `until` (at most 100 ms at a time).
+  void wait(deadline until) {
+    if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) return; // events pending: progress again
+    pollfd p{efd_, POLLIN, 0};
+    ::poll(&p, 1, detail::ms_until(until));
+  }
+
+  // Waits for a send request; a failure or the deadline drops the connection.
+  void finish(ucs_status_ptr_t r, ucp_ep_h ep, deadline until, std::string_view what) {
+    if (r == nullptr) return;
+    if (UCS_PTR_IS_ERR(r)) lost(ep, UCS_PTR_STATUS(r), what);
+    for (;;) {
+      progress();
+      const ucs_status_t s = ucp_request_check_status(r);
+      if (s != UCS_INPROGRESS) {
+        ucp_request_free(r);
+        if (s != UCS_OK) lost(ep, s, what);
+        return;
+      }
+      if (clock::now() >= until) {
+        ucp_request_cancel(worker_, r);
+        ucp_request_free(r);
+        drop(ep);
+        detail::timeout(where_, fmt::format("{} (the peer stopped taking data)", what));
+      }
+      wait(until);
+    }
+  }
+
+  void send_on(ucp_ep_h ep, unsigned id, std::span<const std::byte> header, std::span<const ucp_dt_iov_t> iov,
+               deadline until, std::string_view what) {
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_AM_SEND_FLAG_REPLY;
+    const void* buffer = nullptr;
+    std::size_t count = 0;
+    if (iov.size() == 1) {
+      buffer = iov[0].buffer;
+      count = iov[0].length;
+    } else if (iov.size() > 1) {
+      p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+      p.datatype = ucp_dt_make_iov();
+      buffer = iov.data();
+      count = iov.size();
+    }
+    finish(ucp_am_send_nbx(ep, id, header.data(), header.size(), buffer, count, &p), ep, until, what);
+  }
+
+  void send_hello(ucp_ep_h ep, std::span<const std::byte> bytes, deadline until) {
+    const ucp_dt_iov_t part{const_cast<std::byte*>(bytes.data()), bytes.size()};
+    send_on(ep, detail::ucx_am_hello, {}, std::span(&part, 1), until, "sending the handshake");
+  }
+
+  // The next HELLO from `ep` by `until`; empty when none came or the endpoint failed.
+  std::optional<std::vector<std::byte>> await_hello(ucp_ep_h ep, deadline until) {
+    for (;;) {
+      progress();
+      for (auto it = hellos_.begin(); it != hellos_.end(); ++it)
+        if ((*it)->ep == ep) {
+          std::vector<std::byte> got = std::move((*it)->data);
+          hellos_.erase(it);
+          return got;
+        }
+      if (is_failed(ep) || clock::now() >= until) return std::nullopt;
+      wait(until);
+    }
+  }
+
+  [[nodiscard]] bool is_failed(ucp_ep_h ep) const { return std::find(failed_.begin(), failed_.end(), ep) != failed_.end(); }
+
+  // --- connections ----------------------------------------------------------------------
+
+  [[noreturn]] void lost(ucp_ep_h ep, ucs_status_t s, std::string_view what) {
+    drop(ep);
+    RLPT_FAIL(errors::sync::peer_lost, "{}: {} failed: the peer is gone ({})", where_, what, ucs_status_string(s));
+  }
+
+  void drop(ucp_ep_h ep) {
+    if (ep == ep_) {
+      close_ep(ep_, false);
+      ep_ = nullptr;
+      lost_status_ = UCS_OK;
+      held_ = false;
+      discard([](const detail::ucx_inbound&) { return true; });
+    } else {
+      close_ep(ep, false);
+    }
+  }
+
+  // The current peer failed (its error callback ran): rlpt.sync.peer_lost, once.
+  void check_peer() {
+    if (ep_ == nullptr || lost_status_ == UCS_OK) return;
+    lost(ep_, lost_status_, "the connection");
+  }
+
+  void adopt(ucp_ep_h ep) {
+    if (ep_ != nullptr) drop(ep_);
+    std::erase(candidates_, ep);
+    ep_ = ep;
+    tx_seq_ = rx_seq_ = 0;
+    ++counters_.handshakes;
+  }
+
+  void refused(ucp_ep_h ep, const std::string& why) {
+    ++counters_.refused_peers;
+    counters_.refused(why);
+    std::erase(candidates_, ep);
+    close_ep(ep, true);
+  }
+
+  void connect_or_accept(deadline until) {
+    for (;;) {
+      progress();
+      if (o_.listen) accept_new(until);
+      check_peer();
+      if (ep_ != nullptr) return;
+      if (!o_.listen && try_connect(until)) return;
+      if (clock::now() >= until)
+        detail::timeout(where_, o_.listen ? "waiting for the peer to connect" : "connecting to the peer");
+      if (o_.listen) wait(until);
+    }
+  }
+
+  // Listening: takes each waiting connection request in turn; one that completes its HELLO
+  // exchange replaces the current connection, one that does not is refused and counted.
+  void accept_new(deadline) {
+    while (!requests_.empty()) {
+      ucp_conn_request_h req = requests_.front();
+      requests_.pop_front();
+      ucp_ep_params_t p{};
+      p.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST;
+      p.conn_request = req;
+      ucp_ep_h ep = create_ep(p);
+      if (ep == nullptr) continue; // the request went stale (the client is gone)
+      candidates_.push_back(ep);
+      const std::string why = accept_handshake(ep);
+      if (why.empty())
+        adopt(ep);
+      else
+        refused(ep, why);
+    }
+  }
+
+  // The plain HELLO: magic and role.
+  [[nodiscard]] std::array<std::byte, 8> plain_hello() const {
+    std::array<std::byte, 8> h{};
+    std::memcpy(h.data(), &detail::ucx_plain_hello, 4);
+    h[4] = static_cast<std::byte>(role_);
+    return h;
+  }
+
+  [[nodiscard]] std::string check_plain_hello(std::span<const std::byte> h) const {
+    std::uint32_t magic = 0;
+    if (h.size() >= 4) std::memcpy(&magic, h.data(), 4);
+    if (h.size() == detail::hello_bytes && magic == detail::hello_magic)
+      return "the peer started an authenticated handshake and this end has no authenticator: configure both ends "
+             "with the job's secret";
+    if (h.size() != 8 || magic != detail::ucx_plain_hello) return "the peer's HELLO is not an rlpt UCX HELLO";
+    if (static_cast<std::uint8_t>(h[4]) == static_cast<std::uint8_t>(role_))
+      return fmt::format("both ends are {}s", role_ == role::sender ? "sender" : "receiver");
+    return {};
+  }
+
+  // The listener's side of the HELLO exchange (with auth, the handshake of auth.hpp): empty, or
+  // why the peer is refused. Bounded by handshake_timeout.
+  std::string accept_handshake(ucp_ep_h ep) {
+    const deadline until = clock::now() + o_.handshake_timeout;
+    auto hello_c = await_hello(ep, until);
+    if (!hello_c) return "the connecting peer sent no HELLO in time";
+    try {
+      if (!auth_.enabled()) {
+        std::string why = check_plain_hello(*hello_c);
+        send_hello(ep, plain_hello(), until); // an rlpt peer then says why too
+        return why;
+      }
+      if (hello_c->size() != detail::hello_bytes) {
+        send_hello(ep, plain_hello(), until);
+        return "the peer did not start an authenticated handshake (is it configured without an authenticator?)";
+      }
+      const auto hc = std::span<const std::byte, detail::hello_bytes>(hello_c->data(), detail::hello_bytes);
+      const std::string mismatch = auth_.check_hello(hc);
+      const std::array<std::byte, detail::hello_bytes> hello_a = auth_.hello();
+      const authenticator::mac mine = auth_.proof(true, hc, hello_a);
+      std::array<std::byte, detail::hello_bytes + authenticator::mac_bytes> out{};
+      std::memcpy(out.data(), hello_a.data(), hello_a.size());
+      std::memcpy(out.data() + hello_a.size(), mine.data(), mine.size());
+      send_hello(ep, out, until);
+      if (!mismatch.empty()) return mismatch;
+      auto proof = await_hello(ep, until);
+      if (!proof) return "the connecting peer sent no proof in time";
+      if (!detail::peer_auth::constant_time_equal(*proof, auth_.proof(false, hc, hello_a)))
+        return "the connecting peer's proof is wrong: it does not hold the job's secret, or it replayed a recorded "
+               "handshake";
+      auth_.establish(true, hc, hello_a);
+      return {};
+    } catch (const error& e) { // the candidate broke off mid-handshake
+      return fmt::format("the handshake failed: {}", e.what());
+    }
+  }
+
+  // Connecting: a new endpoint and the connector's side of the HELLO exchange. The wait for
+  // the listener's answer ends at `until` and resumes on the next call (a listener that is not
+  // accepting yet must not block a short poll); an attempt older than handshake_timeout, or
+  // whose endpoint failed (nobody listening, unreachable), starts over. False: not connected
+  // (yet); a refusal throws rlpt.sync.auth.
+  bool try_connect(deadline until) {
+    if (pending_ != nullptr && (is_failed(pending_) || clock::now() >= pending_since_ + o_.handshake_timeout)) {
+      close_ep(pending_, false);
+      pending_ = nullptr;
+      std::this_thread::sleep_for(reconnect_pause);
+    }
+    if (pending_ == nullptr) {
+      sockaddr_in a = address(o_.host, o_.port);
+      ucp_ep_params_t p{};
+      p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
+      p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+      p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&a);
+      p.sockaddr.addrlen = sizeof(a);
+      pending_ = create_ep(p);
+      if (pending_ == nullptr) return false;
+      pending_since_ = clock::now();
+      if (auth_.enabled()) {
+        hello_c_ = auth_.hello();
+      } else {
+        const auto h = plain_hello();
+        std::copy(h.begin(), h.end(), hello_c_.begin());
+      }
+      ucp_request_param_t q{};
+      q.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      q.flags = UCP_AM_SEND_FLAG_REPLY;
+      // Not waited for: it completes once UCX has wired the endpoint up; a failure shows as the
+      // endpoint's error. hello_c_ outlives it (a member, rewritten only on a new attempt).
+      const std::size_t n = auth_.enabled() ? detail::hello_bytes : 8;
+      const ucs_status_ptr_t r = ucp_am_send_nbx(pending_, detail::ucx_am_hello, nullptr, 0, hello_c_.data(), n, &q);
+      if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);
+    }
+    const deadline limit = std::min(until, pending_since_ + o_.handshake_timeout);
+    auto in = await_hello(pending_, limit);
+    if (!in) return false; // resumes on the next call
+    ucp_ep_h ep = pending_;
+    pending_ = nullptr;
+    candidates_.push_back(ep); // until adopted, frames from it are not accepted either
+    std::string why;
+    try {
+      if (!auth_.enabled()) {
+        why = check_plain_hello(*in);
+      } else if (in->size() != detail::hello_bytes + authenticator::mac_bytes) {
+        why = "the listener answered without authentication (is it configured without ucx_options::auth?)";
+      } else {
+        const auto hc = std::span<const std::byte, detail::hello_bytes>(hello_c_);
+        const auto ha = std::span<const std::byte, detail::hello_bytes>(in->data(), detail::hello_bytes);
+        why = auth_.check_hello(ha);
+        if (why.empty() && !detail::peer_auth::constant_time_equal(std::span(*in).subspan(detail::hello_bytes),
+                                                                    auth_.proof(true, hc, ha)))
+          why = "the listening peer's proof is wrong: it does not hold the job's secret (or this end has the wrong "
+                "one)";
+        // Sent even when refusing (it proves nothing beyond this transcript): the listener then
+        // reports a wrong secret as such instead of a silent peer.
+        send_hello(ep, auth_.proof(false, hc, ha), clock::now() + o_.handshake_timeout);
+        if (why.empty()) auth_.establish(false, hc, ha);
+      }
+    } catch (const error&) { // the endpoint broke during the exchange: try again later
+      std::erase(candidates_, ep);
+      close_ep(ep, false);
+      return false;
+    }
+    if (why.empty()) {
+      adopt(ep);
+      return true;
+    }
+    refused(ep, why);
+    RLPT_FAIL(auth_.enabled() ? errors::sync::auth : errors::sync::bad_link, "{}: peer refused: {}", where_, why);
+  }
+
+  // The next frame from the current peer, checked, or nullopt if none is complete yet.
+  std::optional<message> front_frame() {
+    const ucp_ep_h current = ep_;
+    discard([&](const detail::ucx_inbound& m) { return m.ep != current; }); // a replaced or refused connection's
+    if (inbox_.empty() || inbox_.front()->ep != ep_ || !inbox_.front()->done) return std::nullopt;
+    detail::ucx_inbound& in = *inbox_.front();
+    if (!in.bad.empty()) {
+      const std::string bad = std::move(in.bad);
+      drop(ep_);
+      RLPT_FAIL(errors::sync::wire, "{}: bad frame ({}); connection dropped", where_, bad);
+    }
+    if (in.status != UCS_OK) lost(ep_, in.status, "receiving a frame");
+    std::uint32_t mb;
+    std::uint64_t mcheck, seq;
+    std::memcpy(&mb, in.header.data() + 4, 4);
+    std::memcpy(&mcheck, in.header.data() + 16, 8);
+    std::memcpy(&seq, in.header.data() + 24, 8);
+    const std::span<const std::byte> meta(in.data.data(), mb);
+    const std::span<const std::byte> payload(in.data.data() + mb, in.data.size() - mb);
+    if (seq != rx_seq_) {
+      const std::uint64_t want = rx_seq_;
+      drop(ep_);
+      RLPT_FAIL(errors::sync::wire, "{}: frame {} arrived where frame {} was due; connection dropped", where_, seq,
+                want);
+    }
+    ++rx_seq_;
+    if (xxh3(meta.data(), meta.size()) != mcheck) {
+      drop(ep_);
+      RLPT_FAIL(errors::sync::wire, "{}: frame meta block of {} bytes fails its checksum", where_, meta.size());
+    }
+    if (auth_.enabled() &&
+        !auth_.open(std::span<const std::byte>(in.header).first(detail::ucx_tag_at), meta, payload,
+                    std::span<const std::byte>(in.header).subspan<detail::ucx_tag_at, authenticator::tag_bytes>())) {
+      drop(ep_);
+      ++counters_.refused_frames;
+      counters_.refused(
+          fmt::format("a frame ({} meta bytes, {} payload bytes) failed its {} tag: altered, replayed or reordered "
+                      "in flight, or not from the authenticated peer",
+                      meta.size(), payload.size(), name(o_.tags)));
+      RLPT_FAIL(errors::sync::auth, "{}: {}; connection dropped", where_, counters_.last_refusal);
+    }
+    held_ = true;
+    return message{meta, payload};
+  }
+
+  ucx_options o_;
+  role role_;
+  detail::peer_auth auth_;
+  auth_counters counters_;
+  std::string where_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  ucp_listener_h listener_ = nullptr;
+  int efd_ = -1;
+  std::uint16_t port_ = 0;
+  ucp_ep_h ep_ = nullptr;                 // the connection
+  ucs_status_t lost_status_ = UCS_OK;     // set by the connection's error callback
+  std::vector<ucp_ep_h> candidates_;      // handshake under way
+  ucp_ep_h pending_ = nullptr;            // connecting: the attempt waiting for the listener's HELLO
+  clock::time_point pending_since_{};
+  std::array<std::byte, detail::hello_bytes> hello_c_{};
+  std::vector<ucp_ep_h> failed_;          // endpoints whose error callback ran
+  std::deque<ucp_conn_request_h> requests_;
+  std::deque<std::unique_ptr<detail::ucx_inbound>> inbox_; // frames, in arrival order
+  std::deque<std::unique_ptr<detail::ucx_inbound>> hellos_;
+  std::vector<std::unique_ptr<detail::ucx_inbound>> zombies_; // discarded, their receive still in flight
+  bool held_ = false;
+  std::uint64_t tx_seq_ = 0, rx_seq_ = 0;
+  std::vector<std::byte> tx_payload_;
+};
+
+} // namespace sync
+RLPT_NAMESPACE_END
