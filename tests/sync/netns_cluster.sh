@@ -1,25 +1,47 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# Authenticated weight sync across hosts: network namespaces joined by a bridge (in a namespace
-# of its own) stand in for a trainer, two inference hosts and an intruder on one LAN; the
-# trainer's link is bandwidth-limited with tc tbf. Checks that the job's peers get every
-# version bit-exact while the intruder (another secret, or none) is refused every time and
-# nothing it sends is published; then that forwarding (trainer -> inf1 -> inf2) delivers the
-# same versions while the trainer's uplink carries one copy instead of two (its interface's
-# byte counter). Needs root and iproute2: exit 77 (skipped) otherwise.
-# Everything it creates is removed on exit.
+# Authenticated weight sync across hosts. Network namespaces joined by a bridge (in a namespace
+# of its own) stand in for one LAN: a trainer host, four inference hosts (inf1..inf4), a host in
+# the middle that relays (this kernel has no netem: delay, stalls and resets come from
+# sync_node's relay, tests/sync/relay.hpp) and an intruder. sync_node runs every host. In order:
+#  1. clean links: the four inference hosts get 3 versions (dense, then deltas), each bit-exact,
+#     while the intruder (another job's secret, or none) is refused by every one of them;
+#  2. bandwidth-limited links (tc tbf on the trainer's uplink and on every inference host's
+#     downlink): the same, and the qdiscs carried the updates;
+#  3. forwarding along a chain trainer -> inf1 -> inf2 -> inf3 -> inf4: the same versions while
+#     the trainer's uplink carries one copy instead of four (its interface's byte counter);
+#  4. the relay host between the trainer and inf1, adding 5 ms per chunk, stalls and reset
+#     connections: 6 versions still arrive bit-exact (the sender retries, the link reconnects);
+#  5. the relay host as a man in the middle between the trainer and inf2, altering a manifest
+#     (two tensor names swapped, layout hash recomputed) and a piece (checksum recomputed) with
+#     every XXH3 re-sealed: inf2 refuses both frames (rlpt.sync.auth, refused frames counted),
+#     publishes nothing from them and stays on version 1; the real sender then gets through;
+#  6. inf3 and inf4 cut off (ip link set eth0 down; inf4's processes killed too: a host that went
+#     down) while a 2.5 MB update is in flight: their senders report rlpt.sync.timeout within
+#     sender_options::timeout / commit_timeout (2 s here, plus 1.5 s slack) and inf3's receiver
+#     within receiver_options::timeout (2 s), while inf1 and inf2 complete; when the links are
+#     back, inf3 (which kept version 1) catches up with a delta from version 1 and inf4
+#     (restarted, holding nothing) refuses the delta and gets the version dense (the sender's
+#     delta base is the last version the receiver acknowledged; protocol.hpp, machine.hpp);
+#     both end on the latest version bit-exact.
+# Every process runs under timeout(1) and every wait is bounded. Needs root and iproute2: exit
+# 77 (skipped) otherwise. Everything it creates (namespaces, veths, processes) is removed on exit.
 #
 #   netns_cluster.sh <path to sync_node>
 set -u
 node=${1:?usage: netns_cluster.sh SYNC_NODE}
-if [[ $(id -u) -ne 0 ]] || ! command -v ip >/dev/null; then
-  echo "skipped: needs root and iproute2 (ip netns)"
+if [[ $(id -u) -ne 0 ]] || ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
+  echo "skipped: needs root and iproute2 (ip netns, tc)"
   exit 77
 fi
+t_start=${EPOCHREALTIME/./}
 tag=r$$
 lan=rlpt-lan-$tag
-hosts=(trainer inf1 inf2 intruder)
-declare -A addr=([trainer]=10.231.7.1 [inf1]=10.231.7.2 [inf2]=10.231.7.3 [intruder]=10.231.7.9)
+hosts=(trainer inf1 inf2 inf3 inf4 relay intruder)
+infs=(inf1 inf2 inf3 inf4)
+declare -A addr=([trainer]=10.231.7.1 [inf1]=10.231.7.2 [inf2]=10.231.7.3 [inf3]=10.231.7.4 [inf4]=10.231.7.5
+  [relay]=10.231.7.8 [intruder]=10.231.7.9)
+declare -A port # the bridge port (in $lan) of each host's link
 ns() { echo "rlpt-$1-$tag"; }
 cleanup() {
   for h in "${hosts[@]}"; do ip netns pids "$(ns "$h")" 2>/dev/null | xargs -r kill -9 2>/dev/null; done
@@ -37,6 +59,7 @@ ip -n "$lan" link add br0 type bridge && ip -n "$lan" link set br0 up
 i=0
 for h in "${hosts[@]}"; do
   i=$((i + 1))
+  port[$h]=p$tag$i
   ip netns add "$(ns "$h")"
   ip link add "v$tag$i" type veth peer name "p$tag$i"
   ip link set "v$tag$i" netns "$(ns "$h")"
@@ -47,72 +70,305 @@ for h in "${hosts[@]}"; do
   ip -n "$(ns "$h")" link set eth0 up
   ip -n "$(ns "$h")" link set lo up
 done
-# The trainer's uplink: 200 Mbit/s (token bucket; this kernel may lack netem).
-ip netns exec "$(ns trainer)" tc qdisc add dev eth0 root tbf rate 200mbit burst 64kb latency 50ms
 
 fail=0
-check() { # name, expected (0 or nonzero), rc, output file, [grep pattern]
-  local name=$1 want=$2 rc=$3 out=$4 pat=${5:-}
-  local ok=1
+passed=0
+now_us() { echo "${EPOCHREALTIME/./}"; }
+elapsed() { echo "$((($(now_us) - t_start) / 1000000))"; }
+phase() { echo "== $* (at $(elapsed) s)"; }
+pass() { echo "ok: $1: $2"; passed=$((passed + 1)); }
+failed() { echo "FAILED: $1: $2"; fail=1; }
+check() { # name, expected exit (0 or nonzero), exit, output file, [extended regex the output must match]...
+  local name=$1 want=$2 rc=$3 out=$4 ok=1 missing=
+  shift 4
   if [[ $want == 0 && $rc -ne 0 ]] || [[ $want != 0 && $rc -eq 0 ]]; then ok=0; fi
-  if [[ -n $pat ]] && ! grep -q -- "$pat" "$out"; then ok=0; fi
-  if [[ $ok == 1 ]]; then echo "ok: $name: $(tail -1 "$out")"; else
-    echo "FAILED: $name (exit $rc, wanted ${want}${pat:+, output matching \"$pat\"}): $(cat "$out")"
-    fail=1
+  for pat in "$@"; do grep -Eq -- "$pat" "$out" || { ok=0; missing+=" \"$pat\""; }; done
+  if [[ $ok == 1 ]]; then pass "$name" "$(tail -1 "$out")"; else
+    failed "$name" "exit $rc, wanted $want${missing:+, no line matching$missing}; output:"
+    sed 's/^/    /' "$out"
   fi
 }
-run() { local h=$1; shift; ip netns exec "$(ns "$h")" "$@"; }
+# A command in host $1's namespace; run: sync_node there, bounded by timeout(1); spawn: the
+# same in the background, $! its pid (timeout's, which passes a SIGTERM on to sync_node).
+nx() { local h=$1; shift; ip netns exec "$(ns "$h")" "$@"; }
+run() { local h=$1; shift; ip netns exec "$(ns "$h")" timeout -k 2 60 "$node" "$@"; }
+spawn() { local h=$1; shift; ip netns exec "$(ns "$h")" timeout -k 2 60 "$node" "$@" & }
+# Polls `command...` every 20 ms for up to $1 seconds; 1 if it never succeeded.
+wait_until() {
+  local until=$(($(now_us) + ${1%.*} * 1000000)); shift
+  until "$@"; do (($(now_us) >= until)) && return 1; sleep 0.02; done
+}
+listening() { nx "$1" ss -Hltn "sport = :$2" | grep -q .; }
+wait_listening() { # host port
+  wait_until 10 listening "$1" "$2" || failed "$1 listens on port $2" "not listening after 10 s"
+}
+kill_host() { ip netns pids "$(ns "$1")" | xargs -r kill -9; }
+rx_bytes() { nx "$1" cat /sys/class/net/eth0/statistics/rx_bytes; }
+tx_bytes() { nx "$1" cat /sys/class/net/eth0/statistics/tx_bytes; }
+tbf_sent() { # namespace device: bytes its root qdisc sent
+  ip netns exec "$1" tc -s qdisc show dev "$2" | awk '/^qdisc tbf/ {q = 1} q && /Sent/ {print $2; exit}'
+}
 
-model=(--layers 40) # about 200 KB of bf16/f32 tensors
+model=(--layers 40) # about 210 KB of bf16/f32 tensors
+secret=(--secret-env RLPT_JOB_SECRET)
 export RLPT_JOB_SECRET=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
 export RLPT_OTHER_SECRET=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
+declare -A rpid spid
 
+# Receivers on every inference host: recv_all PORT VERSIONS NAME [options]...
+recv_all() {
+  local p=$1 n=$2 name=$3
+  shift 3
+  for h in "${infs[@]}"; do
+    spawn "$h" recv "${addr[$h]}" "$p" "$n" 7 --listen "${secret[@]}" --timeout-s 40 "$@" >"$work/$name-$h" 2>&1
+    rpid[$h]=$!
+  done
+  for h in "${infs[@]}"; do wait_listening "$h" "$p"; done
+}
+# One sender per inference host on the trainer: send_all PORT VERSIONS NAME [options]...
+send_all() {
+  local p=$1 n=$2 name=$3
+  shift 3
+  for h in "${infs[@]}"; do
+    spawn trainer send "${addr[$h]}" "$p" "$n" 7 "${secret[@]}" "$@" >"$work/$name-tx-$h" 2>&1
+    spid[$h]=$!
+  done
+}
+
+phase "1. clean links: trainer -> inf1..inf4, with an intruder"
 # Listening on a LAN address without a secret is refused unless explicitly opted out.
-run inf1 "$node" recv "${addr[inf1]}" 5555 1 7 --listen --timeout-s 1 >"$work/insecure" 2>&1
+run inf1 recv "${addr[inf1]}" 5555 1 7 --listen --timeout-s 1 >"$work/insecure" 2>&1
 check "listening on ${addr[inf1]} without a secret" 1 $? "$work/insecure" "rlpt.sync.insecure"
-
-# The inference hosts wait for 3 versions, authenticated.
-run inf1 "$node" recv "${addr[inf1]}" 5555 3 7 "${model[@]}" --listen --secret-env RLPT_JOB_SECRET --timeout-s 60 >"$work/inf1" 2>&1 &
-p1=$!
-run inf2 "$node" recv "${addr[inf2]}" 5555 3 7 "${model[@]}" --listen --secret-env RLPT_JOB_SECRET --timeout-s 60 >"$work/inf2" 2>&1 &
-p2=$!
-sleep 0.5
-# The intruder: another job's secret (twice), then no secret at all (opting out of the check).
-for k in 1 2; do
-  run intruder "$node" send "${addr[inf1]}" 5555 1 99 --secret-env RLPT_OTHER_SECRET >"$work/intruder$k" 2>&1
-  check "intruder with another secret, attempt $k" 1 $? "$work/intruder$k" "rlpt.sync.auth"
+recv_all 5555 3 clean "${model[@]}"
+# The intruder: another job's secret (inf1, twice; inf2), then no secret at all (inf3, inf4).
+intrude() { # name, target, options...
+  local name=$1 h=$2
+  shift 2
+  run intruder send "${addr[$h]}" 5555 1 99 "${model[@]}" --step-timeout-ms 2000 "$@" >"$work/$name" 2>&1
+}
+intrude intruder1 inf1 --secret-env RLPT_OTHER_SECRET
+check "intruder with another secret -> inf1" 1 $? "$work/intruder1" "rlpt.sync.auth"
+intrude intruder2 inf1 --secret-env RLPT_OTHER_SECRET
+check "intruder with another secret -> inf1, again" 1 $? "$work/intruder2" "rlpt.sync.auth"
+intrude intruder3 inf2 --secret-env RLPT_OTHER_SECRET
+check "intruder with another secret -> inf2" 1 $? "$work/intruder3" "rlpt.sync.auth"
+for h in inf3 inf4; do
+  intrude "intruder-$h" "$h" --insecure
+  check "intruder without a secret -> $h" 1 $? "$work/intruder-$h" "^error "
 done
-run intruder "$node" send "${addr[inf2]}" 5555 1 99 --insecure >"$work/intruder3" 2>&1
-check "intruder without a secret" 1 $? "$work/intruder3"
-# The trainer publishes 3 versions (dense, then deltas) to both directly, through its limited uplink.
-tx_bytes() { run trainer cat /sys/class/net/eth0/statistics/tx_bytes; }
-b0=$(tx_bytes)
-run trainer "$node" send "${addr[inf1]}" 5555 3 7 "${model[@]}" --secret-env RLPT_JOB_SECRET >"$work/tx1" 2>&1 &
-t1=$!
-run trainer "$node" send "${addr[inf2]}" 5555 3 7 "${model[@]}" --secret-env RLPT_JOB_SECRET >"$work/tx2" 2>&1 &
-t2=$!
-wait $t1; check "trainer -> inf1" 0 $? "$work/tx1"
-wait $t2; check "trainer -> inf2" 0 $? "$work/tx2"
-wait $p1; check "inf1 received every version bit-exact, refused the intruder" 0 $? "$work/inf1" "refused peers [1-9]"
-wait $p2; check "inf2 received every version bit-exact, refused the intruder" 0 $? "$work/inf2" "refused peers [1-9]"
-direct=$(($(tx_bytes) - b0))
+send_all 5555 3 clean "${model[@]}"
+for h in "${infs[@]}"; do
+  wait "${spid[$h]}"
+  check "trainer -> $h (clean link)" 0 $? "$work/clean-tx-$h" "^sent 3 versions"
+done
+for h in "${infs[@]}"; do
+  wait "${rpid[$h]}"
+  check "$h received every version bit-exact, refused the intruder" 0 $? "$work/clean-$h" \
+    "^received version 3 \(3 published, 0 failed\)" "refused peers [1-9]"
+done
 
-# Forwarding: trainer -> inf1 -> inf2; the trainer's uplink carries one copy of each update.
-run inf2 "$node" recv "${addr[inf2]}" 5601 3 7 "${model[@]}" --listen --secret-env RLPT_JOB_SECRET --timeout-s 60 >"$work/leaf" 2>&1 &
-p2=$!
-run inf1 "$node" forward "${addr[inf1]}" 5600 3 7 "${model[@]}" --listen --secret-env RLPT_JOB_SECRET --timeout-s 60 \
-  --to "${addr[inf2]}:5601" >"$work/fwd" 2>&1 &
-p1=$!
-sleep 0.3
-b0=$(tx_bytes)
-run trainer "$node" send "${addr[inf1]}" 5600 3 7 "${model[@]}" --secret-env RLPT_JOB_SECRET >"$work/tx3" 2>&1
-check "trainer -> inf1 (forwarding)" 0 $? "$work/tx3"
-wait $p1; check "inf1 received every version bit-exact and forwarded it" 0 $? "$work/fwd" "forwarded .* 0 failures"
-wait $p2; check "inf2 received every version bit-exact through inf1" 0 $? "$work/leaf" "received version 3"
-forwarded=$(($(tx_bytes) - b0))
-echo "trainer uplink bytes for 3 versions to 2 hosts: direct $direct, forwarded $forwarded"
-if (( forwarded * 3 > direct * 2 )); then
-  echo "FAILED: forwarding did not cut the trainer's outgoing bytes (direct $direct, forwarded $forwarded)"
-  fail=1
+phase "2. bandwidth-limited links (tbf): trainer uplink 200 Mbit/s, inference downlinks 100 Mbit/s"
+nx trainer tc qdisc add dev eth0 root tbf rate 200mbit burst 64kb latency 50ms
+for h in "${infs[@]}"; do
+  ip netns exec "$lan" tc qdisc add dev "${port[$h]}" root tbf rate 100mbit burst 32kb latency 50ms
+done
+recv_all 5556 3 tbf "${model[@]}"
+b0=$(tx_bytes trainer)
+send_all 5556 3 tbf "${model[@]}"
+for h in "${infs[@]}"; do
+  wait "${spid[$h]}"
+  check "trainer -> $h (tbf)" 0 $? "$work/tbf-tx-$h" "^sent 3 versions"
+done
+for h in "${infs[@]}"; do
+  wait "${rpid[$h]}"
+  check "$h received every version bit-exact through tbf" 0 $? "$work/tbf-$h" "^received version 3 \(3 published, 0 failed\)"
+done
+direct=$(($(tx_bytes trainer) - b0))
+sent=$(tbf_sent "$(ns trainer)" eth0)
+if ((sent >= 4 * 200000)); then pass "the trainer's tbf carried the updates" "$sent bytes"; else
+  failed "the trainer's tbf carried the updates" "its qdisc sent ${sent:-no} bytes, expected at least 4 x 200000"
 fi
+for h in "${infs[@]}"; do
+  sent=$(tbf_sent "$lan" "${port[$h]}")
+  ((sent >= 200000)) || failed "$h's downlink tbf carried the updates" "its qdisc sent ${sent:-no} bytes"
+done
+
+phase "3. forwarding: trainer -> inf1 -> inf2 -> inf3 -> inf4"
+spawn inf4 recv "${addr[inf4]}" 5603 3 7 "${model[@]}" --listen "${secret[@]}" --timeout-s 40 >"$work/chain-inf4" 2>&1
+rpid[inf4]=$!
+for k in 3 2 1; do
+  h=inf$k next=inf$((k + 1))
+  spawn "$h" forward "${addr[$h]}" "560$((k - 1))" 3 7 "${model[@]}" --listen "${secret[@]}" --timeout-s 40 \
+    --to "${addr[$next]}:560$k" >"$work/chain-$h" 2>&1
+  rpid[$h]=$!
+done
+for k in 1 2 3 4; do wait_listening "inf$k" "560$((k - 1))"; done
+b0=$(tx_bytes trainer)
+run trainer send "${addr[inf1]}" 5600 3 7 "${model[@]}" "${secret[@]}" >"$work/chain-tx" 2>&1
+check "trainer -> inf1 (forwarding)" 0 $? "$work/chain-tx" "^sent 3 versions"
+for k in 1 2 3; do
+  wait "${rpid[inf$k]}"
+  check "inf$k received every version bit-exact and forwarded it" 0 $? "$work/chain-inf$k" \
+    "^received version 3 \(3 published, 0 failed\)" "forwarded .* 0 failures"
+done
+wait "${rpid[inf4]}"
+check "inf4 received every version bit-exact through the chain" 0 $? "$work/chain-inf4" "^received version 3 \(3 published"
+forwarded=$(($(tx_bytes trainer) - b0))
+echo "trainer uplink bytes for 3 versions to 4 hosts: direct $direct, forwarded $forwarded"
+if ((forwarded * 3 > direct)); then
+  failed "forwarding cut the trainer's outgoing bytes" "direct $direct, forwarded $forwarded (wanted under a third)"
+else
+  pass "forwarding cut the trainer's outgoing bytes" "direct $direct, forwarded $forwarded"
+fi
+
+phase "4. a hostile network: the relay host between the trainer and inf1 (5 ms per chunk, stalls, resets)"
+spawn relay relay "${addr[relay]}" 5700 "${addr[inf1]}:5701" 11 --timeout-s 50 >"$work/chaos-relay" 2>&1
+relay_pid=$!
+spawn inf1 recv "${addr[inf1]}" 5701 6 7 --layers 12 --listen "${secret[@]}" --timeout-s 50 >"$work/chaos-inf1" 2>&1
+rpid[inf1]=$!
+wait_listening relay 5700
+wait_listening inf1 5701
+run trainer send "${addr[relay]}" 5700 6 7 --layers 12 "${secret[@]}" --retries 30 --step-timeout-ms 5000 \
+  >"$work/chaos-tx" 2>&1
+check "trainer -> relay -> inf1: every version published, retrying failed attempts" 0 $? "$work/chaos-tx" \
+  "^sent 6 versions.*, [1-9][0-9]* failed attempts"
+wait "${rpid[inf1]}"
+check "inf1 received every version bit-exact through the relay" 0 $? "$work/chaos-inf1" "^received version 6 "
+kill -TERM "$relay_pid"
+wait "$relay_pid"
+rc=$?
+read -r resets stalls < <(awk '/^relayed/ {print $(NF - 3), $(NF - 1)}' "$work/chaos-relay")
+if [[ $rc -eq 0 && ${resets:-0} -ge 3 && ${stalls:-0} -ge 2 ]]; then
+  pass "the relay reset and stalled connections" "$(tail -1 "$work/chaos-relay")"
+else
+  failed "the relay reset and stalled connections" \
+    "exit $rc, resets ${resets:-?} (wanted >= 3), stalls ${stalls:-?} (>= 2): $(cat "$work/chaos-relay")"
+fi
+
+phase "5. a man in the middle: the relay host alters a manifest and a piece on their way to inf2"
+spawn relay relay "${addr[relay]}" 5710 "${addr[inf2]}:5711" 0 --tamper manifest --tamper piece --timeout-s 50 \
+  >"$work/mitm-relay" 2>&1
+relay_pid=$!
+spawn inf2 recv "${addr[inf2]}" 5711 3 7 "${model[@]}" --listen "${secret[@]}" --timeout-s 40 >"$work/mitm-inf2" 2>&1
+rpid[inf2]=$!
+wait_listening relay 5710
+wait_listening inf2 5711
+run trainer send "${addr[inf2]}" 5711 1 7 "${model[@]}" "${secret[@]}" >"$work/mitm-tx1" 2>&1
+check "trainer -> inf2: version 1" 0 $? "$work/mitm-tx1" "^sent 1 versions"
+# Version 2 through the man in the middle: two attempts, one altered manifest, one altered piece.
+run trainer send "${addr[relay]}" 5710 2 7 "${model[@]}" "${secret[@]}" --first 2 --retries 2 --step-timeout-ms 3000 \
+  >"$work/mitm-tx2" 2>&1
+check "trainer -> relay -> inf2: both attempts at version 2 fail" 1 $? "$work/mitm-tx2" \
+  "^version 2 attempt 1 failed" "^version 2 attempt 2 failed"
+kill -TERM "$relay_pid"
+wait "$relay_pid"
+check "the relay altered a manifest and a piece, re-sealing every checksum" 0 $? "$work/mitm-relay" \
+  "^altered: .*BEGIN of version 2: swapped the names" "^altered: .*bucket .* of version 2: flipped a byte" \
+  "altered 2 frames"
+# Then the real sender, directly: versions 2 and 3.
+run trainer send "${addr[inf2]}" 5711 3 7 "${model[@]}" "${secret[@]}" --first 2 >"$work/mitm-tx3" 2>&1
+check "trainer -> inf2: versions 2 and 3 after the attack" 0 $? "$work/mitm-tx3" "^sent 2 versions"
+wait "${rpid[inf2]}"
+check "inf2 refused both altered frames, stayed on version 1, then got every version bit-exact" 0 $? \
+  "$work/mitm-inf2" "^refused a frame at .*\(holding version 1\): .*failed its full tag" \
+  "^update of version 2 failed .*\(holding version 1\): rlpt.sync.auth" \
+  "^received version 3 \(3 published, 1 failed\).*refused frames 2,"
+# Nothing of the attack was published: version 2 is first published after the refused piece.
+auth_line=$(grep -En -m1 "^update of version 2 failed .*rlpt.sync.auth" "$work/mitm-inf2" | cut -d: -f1)
+pub_line=$(grep -n -m1 "^published version 2" "$work/mitm-inf2" | cut -d: -f1)
+if [[ -n $auth_line && -n $pub_line && $pub_line -gt $auth_line ]]; then
+  pass "inf2 published nothing from the man in the middle" "version 2 first published after the refusals"
+else
+  failed "inf2 published nothing from the man in the middle" "$(cat "$work/mitm-inf2")"
+fi
+
+phase "6. inf3 and inf4 cut off in the middle of an update"
+# A 4 MiB tensor more, half its elements changed per version: the deltas move about 2.5 MB.
+# inf3's and inf4's downlinks drop to 24 Mbit/s, so an update to them takes about a second; the
+# senders' socket buffers are 256 KiB (tcp_options::socket_buffer), so a cut link blocks them
+# mid-update instead of leaving the rest of the update queued in the kernel.
+big=(--layers 8 --extra-kib 4096 --change 0.5)
+for h in inf3 inf4; do
+  ip netns exec "$lan" tc qdisc change dev "${port[$h]}" root tbf rate 24mbit burst 32kb latency 50ms
+done
+recv_all 5800 3 cut "${big[@]}" --step-timeout-ms 2000
+send_all 5800 3 cut "${big[@]}" --retries 40 --retry-pause-ms 200 --step-timeout-ms 2000 --commit-timeout-ms 2000 \
+  --socket-buffer-kib 256
+# Cut each link once version 1 is published there and 300 KB of version 2 arrived.
+declare -A cut_at base
+cut_pending() {
+  for h in inf3 inf4; do
+    [[ -n ${cut_at[$h]:-} ]] && continue
+    if [[ -z ${base[$h]:-} ]]; then
+      grep -q "^published version 1 " "$work/cut-$h" && base[$h]=$(rx_bytes "$h")
+    elif (($(rx_bytes "$h") - base[$h] >= 300000)); then
+      nx "$h" ip link set eth0 down
+      cut_at[$h]=$(now_us)
+      if [[ $h == inf4 ]]; then # the host went down with its link
+        disown "${rpid[inf4]}"     # (killed on purpose: no job report from bash)
+        kill_host inf4
+      fi
+    fi
+  done
+  [[ -n ${cut_at[inf3]:-} && -n ${cut_at[inf4]:-} ]] && return 1
+  return 0
+}
+until_us=$(($(now_us) + 30000000))
+while cut_pending && (($(now_us) < until_us)); do sleep 0.01; done
+for h in inf3 inf4; do
+  if [[ -z ${cut_at[$h]:-} ]]; then failed "cut $h's link mid-update" "version 1 never published or version 2 never started"; fi
+done
+# The senders report the cut; inf3's receiver reports its update timed out.
+reported() { grep -Eq "$2" "$1"; }
+bound_ms=3500 # sender_options::timeout = commit_timeout = receiver_options::timeout = 2000 ms, plus 1.5 s slack
+for h in inf3 inf4; do
+  [[ -n ${cut_at[$h]:-} ]] || continue
+  wait_until 8 reported "$work/cut-tx-$h" "^version 2 attempt 1 failed"
+  line=$(grep -m1 "^version 2 attempt 1 failed" "$work/cut-tx-$h")
+  at=$(awk '{print $7}' <<<"$line")
+  ms=$(( ${at/./} - cut_at[$h] / 1000 ))
+  if [[ -n $line && $line =~ (rlpt.sync.timeout|rlpt.sync.peer_lost) && $ms -ge 0 && $ms -le $bound_ms ]]; then
+    pass "the sender to $h reported the cut in ${ms} ms (bound ${bound_ms} ms)" "$line"
+  else
+    failed "the sender to $h reported the cut within ${bound_ms} ms" "${ms:-?} ms: ${line:-nothing}; $(cat "$work/cut-tx-$h")"
+  fi
+done
+if [[ -n ${cut_at[inf3]:-} ]]; then
+  wait_until 8 reported "$work/cut-inf3" "^update of version 2 failed"
+  line=$(grep -m1 "^update of version 2 failed" "$work/cut-inf3")
+  at=$(awk '{print $7}' <<<"$line")
+  ms=$(( ${at/./} - cut_at[inf3] / 1000 ))
+  if [[ $line =~ \(holding\ version\ 1\):\ rlpt.sync.timeout && $ms -ge 0 && $ms -le $bound_ms ]]; then
+    pass "inf3's receiver reported its update timed out in ${ms} ms, kept version 1" "$line"
+  else
+    failed "inf3's receiver reported its update timed out within ${bound_ms} ms" "${ms:-?} ms: ${line:-nothing}"
+  fi
+fi
+# Meanwhile the other receivers complete.
+for h in inf1 inf2; do
+  wait "${spid[$h]}"
+  check "trainer -> $h while inf3 and inf4 are cut off" 0 $? "$work/cut-tx-$h" "^sent 3 versions.*, 0 failed attempts"
+  wait "${rpid[$h]}"
+  check "$h received every version bit-exact while inf3 and inf4 are cut off" 0 $? "$work/cut-$h" \
+    "^received version 3 \(3 published, 0 failed\)"
+done
+# The links come back; inf4 restarts, holding nothing.
+for h in inf3 inf4; do nx "$h" ip link set eth0 up; done
+spawn inf4 recv "${addr[inf4]}" 5800 3 7 "${big[@]}" --listen "${secret[@]}" --timeout-s 40 --step-timeout-ms 2000 \
+  >"$work/cut-inf4-restarted" 2>&1
+rpid[inf4]=$!
+wait "${spid[inf3]}"
+check "trainer -> inf3: version 2 again, as a delta from version 1 (inf3 kept it)" 0 $? "$work/cut-tx-inf3" \
+  "^version 2: delta, .*attempt ([2-9]|[1-9][0-9])$" "^sent 3 versions"
+wait "${rpid[inf3]}"
+check "inf3 caught up with a delta and ends on version 3 bit-exact" 0 $? "$work/cut-inf3" \
+  "^published version 2 \(delta from version 1\)" "^received version 3 \(3 published"
+wait "${spid[inf4]}"
+check "trainer -> inf4: version 2 again, dense (the restarted inf4 refused the delta)" 0 $? "$work/cut-tx-inf4" \
+  "^version 2: dense \(fell back: the receiver refused a delta, sent dense\)" "^sent 3 versions"
+wait "${rpid[inf4]}"
+check "inf4 (restarted) caught up with a dense update and ends on version 3 bit-exact" 0 $? \
+  "$work/cut-inf4-restarted" "^published version 2 \(dense\)" "^received version 3 \(2 published"
+
+echo "netns cluster: $passed checks passed, $([[ $fail == 0 ]] && echo "none" || echo "some") failed, in $(elapsed) s"
 exit $fail
