@@ -6,6 +6,8 @@
 //   bench_sync_runner shm   TOTAL_MB BUCKET_MB REPS [staged]  shared memory, sender and receiver in two processes
 //   bench_sync_runner tcp   TOTAL_MB BUCKET_MB REPS [staged] [auth-control|auth-full]
 //                                                          TCP loopback, two processes
+//   bench_sync_runner ucx   TOTAL_MB BUCKET_MB REPS [staged] [tls=LIST] [auth-control|auth-full]
+//                                                          UCX on loopback (UCX's transports or LIST), two processes
 //   bench_sync_runner delta-sim NUMEL LR STEPS                RL-like bf16 update stream: density, bytes, throughput
 //   bench_sync_runner delta-pair FILE REPS                     encode/apply "prev" -> "now" (bf16) from a safetensors file
 //   bench_sync_runner st-roundtrip IN OUT REPS                read a safetensors file, write it back (timed)
@@ -31,13 +33,19 @@
 #ifdef RLPT_BENCH_AUTH
 #include <rlpt/sync/auth_openssl.hpp>
 #endif
+#ifdef RLPT_BENCH_UCX
+#include <rlpt/sync/ucx.hpp>
+#endif
 
 #include "support/bandwidth.hpp"
 #include "support/peer_timing.hpp"
 
 #include <fmt/format.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -58,6 +66,20 @@ using namespace rlpt::sync;
 using namespace std::chrono_literals;
 
 namespace {
+
+// A loopback TCP port free at the time of asking (bound, read, released).
+[[maybe_unused]] std::uint16_t free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    throw std::runtime_error("free_port: no loopback port");
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -540,9 +562,11 @@ int peer_modes(int argc, char** argv) {
 }
 
 int usage() {
-  std::fprintf(stderr, "usage: bench_sync_runner shm|tcp TOTAL_MB BUCKET_MB REPS [staged] [auth-control|auth-full] | "
-                       "delta-sim NUMEL LR STEPS | "
-                       "delta-pair FILE REPS | st-roundtrip IN OUT REPS | write-golden DIR SEED\n");
+  std::fprintf(
+      stderr,
+      "usage: bench_sync_runner shm|tcp|ucx TOTAL_MB BUCKET_MB REPS [staged] [tls=LIST] [auth-control|auth-full] | "
+      "delta-sim NUMEL LR STEPS | "
+      "delta-pair FILE REPS | st-roundtrip IN OUT REPS | write-golden DIR SEED\n");
   return 2;
 }
 
@@ -553,16 +577,19 @@ int main(int argc, char** argv) {
   const std::string cmd = argv[1];
   try {
     if (cmd.ends_with("-peer")) return peer_modes(argc, argv);
-    if ((cmd == "shm" || cmd == "tcp") && argc >= 5) {
+    if ((cmd == "shm" || cmd == "tcp" || cmd == "ucx") && argc >= 5) {
       const std::uint64_t total = std::stoull(argv[2]) << 20, bucket = std::stoull(argv[3]) << 20;
       const int reps = std::stoi(argv[4]);
       bool staged = false;
       std::shared_ptr<const authenticator> auth; // tcp: authenticated (auth.hpp), frame tags as named
       integrity tags = integrity::full;
+      std::string tls; // ucx: UCX_TLS for both ends
       for (int a = 5; a < argc; ++a) {
         const std::string opt = argv[a];
         if (opt == "staged") {
           staged = true;
+        } else if (opt.starts_with("tls=")) {
+          tls = opt.substr(4);
         } else if (opt == "auth-control" || opt == "auth-full") {
 #ifdef RLPT_BENCH_AUTH
           auth = openssl_authenticator::from_string("bench secret: 32 bytes, not a real one");
@@ -575,7 +602,32 @@ int main(int argc, char** argv) {
           return usage();
         }
       }
-      if (cmd == "shm") {
+      if (cmd == "ucx") {
+#ifdef RLPT_BENCH_UCX
+        // The receiver listens in the child, created after the fork (UCX's process state does
+        // not survive one), on a port picked free beforehand; the sender connects (and retries).
+        const std::uint16_t port = free_port();
+        const std::string what = fmt::format("ucx{}{}", tls.empty() ? "" : "[" + tls + "]",
+                                             auth == nullptr           ? ""
+                                             : tags == integrity::full ? "+auth-full"
+                                                                       : "+auth-control");
+        std::puts(throughput(
+                      what.c_str(), total, bucket, reps, staged,
+                      [&] {
+                        return std::make_unique<ucx_transport>(
+                            ucx_options{.port = port, .transports = tls, .auth = auth, .tags = tags}, role::sender);
+                      },
+                      [&] {
+                        return std::make_unique<ucx_transport>(
+                            ucx_options{.port = port, .listen = true, .transports = tls, .auth = auth, .tags = tags},
+                            role::receiver);
+                      })
+                      .c_str());
+#else
+        std::fprintf(stderr, "bench_sync_runner: built without the ucx component (UCX)\n");
+        return 2;
+#endif
+      } else if (cmd == "shm") {
         const std::string name = fmt::format("rlpt-bench-{}", ::getpid());
         std::puts(
             throughput(

@@ -150,6 +150,40 @@ TEST_CASE("ucx: dense and delta updates across processes, bit-exact, over UCX's 
   }
 }
 
+TEST_CASE("ucx: frames of every shape arrive intact: meta only, payload only, both, meta beyond the headroom") {
+  ucx_transport rx({.listen = true}, role::receiver);
+  struct shape {
+    std::size_t meta, payload;
+  };
+  const shape shapes[] = {{0, 0}, {100, 0}, {0, 3 << 20}, {300, 3 << 20}, {200 << 10, 1 << 20}, {64 << 10, 5}};
+  auto fill = [](std::span<std::byte> b, std::size_t salt) {
+    for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<std::byte>((i * 131 + salt) >> 3);
+  };
+  std::thread tx_thread([&] {
+    ucx_transport tx({.port = rx.port()}, role::sender);
+    for (std::size_t k = 0; k < std::size(shapes); ++k) {
+      std::vector<std::byte> meta(shapes[k].meta);
+      fill(meta, k);
+      fill(tx.payload_buffer(shapes[k].payload, after(5s)), k + 100);
+      tx.send(meta, shapes[k].payload, after(5s));
+    }
+    static_cast<void>(tx.receive(after(5s))); // until the receiver says it has them all
+  });
+  for (std::size_t k = 0; k < std::size(shapes); ++k) {
+    CAPTURE(k);
+    const auto m = rx.receive(after(5s));
+    REQUIRE(m.has_value());
+    std::vector<std::byte> meta(shapes[k].meta), payload(shapes[k].payload);
+    fill(meta, k);
+    fill(payload, k + 100);
+    CHECK(same_bytes(m->meta, meta));
+    CHECK(same_bytes(m->payload, payload));
+  }
+  static_cast<void>(rx.payload_buffer(0, after(5s)));
+  rx.send({}, 0, after(5s));
+  tx_thread.join();
+}
+
 TEST_CASE("ucx: a sender killed mid-update leaves the previous version, a reconnecting sender succeeds") {
   ucx_transport link({.listen = true, .transports = "tcp"}, role::receiver);
   const std::uint16_t port = link.port();
@@ -303,8 +337,8 @@ TEST_CASE("ucx auth: the job's secret gets through in both integrity modes, any 
       CHECK_FALSE(rx.has_version());
     }
     CHECK(link.auth_stats().handshakes == 0);
-    const pid_t child =
-        start_sender(link.port(), 37, 3, {"--tags", tags == integrity::full ? "full" : "control", "--secret", job_secret});
+    const pid_t child = start_sender(link.port(), 37, 3,
+                                     {"--tags", tags == integrity::full ? "full" : "control", "--secret", job_secret});
     const auto ups = poll_n(rx, 3);
     REQUIRE(ups.size() == 3);
     for (const update& u : ups) CHECK(u.published());
@@ -325,9 +359,9 @@ TEST_CASE("ucx auth: a connecting end refuses a listener without the secret") {
         static_cast<void>(link.receive(after(20ms)));
       } catch (const rlpt::error&) {}
   });
-  ucx_transport rx_link({.port = link.port(), .auth = openssl_authenticator::from_string(
-                                                  "0123456789abcdef0123456789abcdef")},
-                        role::receiver);
+  ucx_transport rx_link(
+      {.port = link.port(), .auth = openssl_authenticator::from_string("0123456789abcdef0123456789abcdef")},
+      role::receiver);
   std::string id;
   try {
     static_cast<void>(rx_link.receive(after(3s)));

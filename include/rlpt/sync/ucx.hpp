@@ -84,14 +84,22 @@ inline constexpr std::size_t ucx_tag_at = 40; // the frame tag: header bytes [40
 inline constexpr unsigned ucx_am_frame = 0x524c;
 inline constexpr unsigned ucx_am_hello = 0x524d;
 
+//! A frame's memory: allocated uninitialised (no zeroing pass), reused from frame to frame.
+struct ucx_buffer {
+  std::unique_ptr<std::byte[]> bytes;
+  std::size_t capacity = 0;
+  std::size_t size = 0;
+};
+
 //! A message the worker delivered: a frame (header + data) or a HELLO, from endpoint `ep`.
 struct ucx_inbound {
   ucp_ep_h ep = nullptr;
   std::array<std::byte, ucx_header_bytes> header{};
-  std::vector<std::byte> data;
-  std::string bad;                  //!< why the frame was refused on arrival (nothing was received)
-  bool done = false;                //!< data complete (eager at once; rendezvous when pulled)
-  ucs_status_t status = UCS_OK;     //!< of the rendezvous receive
+  ucx_buffer frame;                   //!< a frame's meta block and payload
+  std::vector<std::byte> data;        //!< a HELLO
+  std::string bad;                    //!< why the frame was refused on arrival (nothing was received)
+  bool done = false;                  //!< data complete (eager at once; rendezvous when pulled)
+  ucs_status_t status = UCS_OK;       //!< of the rendezvous receive
   ucs_status_ptr_t request = nullptr; //!< the rendezvous receive in flight
 };
 } // namespace detail
@@ -99,8 +107,7 @@ struct ucx_inbound {
 class ucx_transport final : public link {
 public:
   ucx_transport(ucx_options o, role r) : o_(std::move(o)), role_(r), auth_(o_.auth, o_.tags, r) {
-    RLPT_CHECK(o_.auth != nullptr || o_.allow_unauthenticated || detail::is_loopback(o_.host),
-               errors::sync::insecure,
+    RLPT_CHECK(o_.auth != nullptr || o_.allow_unauthenticated || detail::is_loopback(o_.host), errors::sync::insecure,
                "ucx {}:{}: {} a non-loopback address without authentication lets any host that reaches it {} weights; "
                "set ucx_options::auth (rlpt/sync/auth_openssl.hpp, a per-job secret) or, on a network where every "
                "host is trusted, allow_unauthenticated = true",
@@ -145,17 +152,18 @@ public:
   std::span<std::byte> payload_buffer(std::uint64_t bytes, deadline) override {
     RLPT_CHECK(bytes <= o_.max_payload, errors::sync::too_large, "{}: payload of {} bytes exceeds max_payload {}",
                where_, bytes, o_.max_payload);
-    if (tx_payload_.size() < bytes) tx_payload_.resize(static_cast<std::size_t>(bytes));
-    return {tx_payload_.data(), static_cast<std::size_t>(bytes)};
+    if (tx_payload_.size() < headroom + bytes) tx_payload_.resize(static_cast<std::size_t>(headroom + bytes));
+    return {tx_payload_.data() + headroom, static_cast<std::size_t>(bytes)};
   }
 
   void send(std::span<const std::byte> meta, std::uint64_t payload_bytes, deadline until) override {
     RLPT_CHECK(meta.size() <= o_.max_meta && meta.size() <= 0xffffffffu, errors::sync::too_large,
                "{}: meta block of {} bytes exceeds max_meta {}", where_, meta.size(), o_.max_meta);
-    RLPT_CHECK(payload_bytes <= tx_payload_.size(), errors::sync::bad_link,
+    RLPT_CHECK(payload_bytes == 0 || headroom + payload_bytes <= tx_payload_.size(), errors::sync::bad_link,
                "{}: send of {} payload bytes without a payload_buffer() of that size", where_, payload_bytes);
     connect_or_accept(until);
-    const std::span<const std::byte> payload(tx_payload_.data(), static_cast<std::size_t>(payload_bytes));
+    const std::span<const std::byte> payload(tx_payload_.data() + (payload_bytes > 0 ? headroom : 0),
+                                             static_cast<std::size_t>(payload_bytes));
     std::array<std::byte, detail::ucx_header_bytes> hdr{};
     const std::uint32_t magic = detail::ucx_magic, mb = static_cast<std::uint32_t>(meta.size());
     const std::uint64_t mcheck = xxh3(meta.data(), meta.size()), seq = tx_seq_++;
@@ -170,10 +178,18 @@ public:
       const authenticator::tag t = auth_.seal(std::span(hdr).first(detail::ucx_tag_at), meta, payload);
       std::memcpy(hdr.data() + detail::ucx_tag_at, t.data(), t.size());
     }
+    // One contiguous block where the meta block fits in the headroom before the payload (a
+    // bucket's): UCX moves contiguous memory zero-copy (rendezvous), an iovec it copies.
     ucp_dt_iov_t iov[2];
     std::size_t n = 0;
-    for (const auto part : {meta, payload})
-      if (!part.empty()) iov[n++] = {const_cast<std::byte*>(part.data()), part.size()};
+    if (!payload.empty() && meta.size() <= headroom) {
+      std::byte* at = tx_payload_.data() + headroom - meta.size();
+      if (!meta.empty()) std::memcpy(at, meta.data(), meta.size());
+      iov[n++] = {at, meta.size() + payload.size()};
+    } else {
+      for (const auto part : {meta, payload})
+        if (!part.empty()) iov[n++] = {const_cast<std::byte*>(part.data()), part.size()};
+    }
     send_on(ep_, detail::ucx_am_frame, hdr, std::span<const ucp_dt_iov_t>(iov, n), until, "sending a frame");
   }
 
@@ -196,11 +212,13 @@ public:
   void release() override {
     if (!held_) return;
     held_ = false;
+    recycle(std::move(inbox_.front()->frame));
     inbox_.pop_front();
   }
 
 private:
   static constexpr std::chrono::milliseconds reconnect_pause{5};
+  static constexpr std::size_t headroom = 64 << 10; // before the payload: room for a bucket's meta block
 
   // --- UCX objects ----------------------------------------------------------------------
 
@@ -300,9 +318,37 @@ private:
       if ((*it)->request != nullptr) {
         ucp_request_cancel(worker_, (*it)->request);
         zombies_.push_back(std::move(*it));
+      } else {
+        recycle(std::move((*it)->frame));
       }
       it = inbox_.erase(it);
     }
+  }
+
+  // A frame buffer of `size` bytes: the smallest pooled one that fits, else a new one.
+  detail::ucx_buffer acquire(std::size_t size) {
+    auto best = pool_.end();
+    for (auto it = pool_.begin(); it != pool_.end(); ++it)
+      if (it->capacity >= size && (best == pool_.end() || it->capacity < best->capacity)) best = it;
+    detail::ucx_buffer b;
+    if (best != pool_.end()) {
+      b = std::move(*best);
+      pool_.erase(best);
+    } else {
+      b.bytes.reset(new std::byte[std::max<std::size_t>(size, 1)]);
+      b.capacity = size;
+    }
+    b.size = size;
+    return b;
+  }
+
+  // Keeps a few buffers for the next frames (a model's buckets are alike in size).
+  void recycle(detail::ucx_buffer b) noexcept {
+    if (b.bytes == nullptr) return;
+    if (pool_.size() == 4)
+      pool_.erase(std::min_element(pool_.begin(), pool_.end(),
+                                   [](const auto& x, const auto& y) { return x.capacity < y.capacity; }));
+    pool_.push_back(std::move(b));
   }
 
   // --- callbacks (run inside ucp_worker_progress) ---------------------------------------
@@ -336,8 +382,8 @@ private:
     if ((param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) == 0) return UCS_OK;
     const ucp_ep_h from = param->reply_ep;
     // Only the connected peer (or one completing its handshake) may make this end allocate.
-    if (from != self->ep_ && std::find(self->candidates_.begin(), self->candidates_.end(), from) ==
-                                 self->candidates_.end())
+    if (from != self->ep_ &&
+        std::find(self->candidates_.begin(), self->candidates_.end(), from) == self->candidates_.end())
       return UCS_OK;
     auto m = std::make_unique<detail::ucx_inbound>();
     m->ep = from;
@@ -347,9 +393,9 @@ private:
     detail::ucx_inbound& in = *m;
     self->inbox_.push_back(std::move(m));
     if (!in.bad.empty()) return UCS_OK;
-    in.data.resize(length);
+    in.frame = self->acquire(length);
     if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0) {
-      if (length > 0) std::memcpy(in.data.data(), data, length);
+      if (length > 0) std::memcpy(in.frame.bytes.get(), data, length);
       in.done = true;
       return UCS_OK;
     }
@@ -357,7 +403,7 @@ private:
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.cb.recv_am = &ucx_transport::on_pulled;
     p.user_data = &in;
-    const ucs_status_ptr_t r = ucp_am_recv_data_nbx(self->worker_, data, in.data.data(), length, &p);
+    const ucs_status_ptr_t r = ucp_am_recv_data_nbx(self->worker_, data, in.frame.bytes.get(), length, &p);
     if (r == nullptr) {
       in.done = true;
     } else if (UCS_PTR_IS_ERR(r)) {
@@ -401,8 +447,7 @@ private:
   // --- progress and waiting -------------------------------------------------------------
 
   void progress() {
-    while (ucp_worker_progress(worker_) != 0) {
-    }
+    while (ucp_worker_progress(worker_) != 0) {}
     std::erase_if(zombies_, [](const auto& z) { return z->request == nullptr; });
   }
 
@@ -474,7 +519,9 @@ private:
     }
   }
 
-  [[nodiscard]] bool is_failed(ucp_ep_h ep) const { return std::find(failed_.begin(), failed_.end(), ep) != failed_.end(); }
+  [[nodiscard]] bool is_failed(ucp_ep_h ep) const {
+    return std::find(failed_.begin(), failed_.end(), ep) != failed_.end();
+  }
 
   // --- connections ----------------------------------------------------------------------
 
@@ -659,7 +706,7 @@ private:
         const auto ha = std::span<const std::byte, detail::hello_bytes>(in->data(), detail::hello_bytes);
         why = auth_.check_hello(ha);
         if (why.empty() && !detail::peer_auth::constant_time_equal(std::span(*in).subspan(detail::hello_bytes),
-                                                                    auth_.proof(true, hc, ha)))
+                                                                   auth_.proof(true, hc, ha)))
           why = "the listening peer's proof is wrong: it does not hold the job's secret (or this end has the wrong "
                 "one)";
         // Sent even when refusing (it proves nothing beyond this transcript): the listener then
@@ -697,8 +744,8 @@ private:
     std::memcpy(&mb, in.header.data() + 4, 4);
     std::memcpy(&mcheck, in.header.data() + 16, 8);
     std::memcpy(&seq, in.header.data() + 24, 8);
-    const std::span<const std::byte> meta(in.data.data(), mb);
-    const std::span<const std::byte> payload(in.data.data() + mb, in.data.size() - mb);
+    const std::span<const std::byte> meta(in.frame.bytes.get(), mb);
+    const std::span<const std::byte> payload(in.frame.bytes.get() + mb, in.frame.size - mb);
     if (seq != rx_seq_) {
       const std::uint64_t want = rx_seq_;
       drop(ep_);
@@ -735,17 +782,18 @@ private:
   ucp_listener_h listener_ = nullptr;
   int efd_ = -1;
   std::uint16_t port_ = 0;
-  ucp_ep_h ep_ = nullptr;                 // the connection
-  ucs_status_t lost_status_ = UCS_OK;     // set by the connection's error callback
-  std::vector<ucp_ep_h> candidates_;      // handshake under way
-  ucp_ep_h pending_ = nullptr;            // connecting: the attempt waiting for the listener's HELLO
+  ucp_ep_h ep_ = nullptr;             // the connection
+  ucs_status_t lost_status_ = UCS_OK; // set by the connection's error callback
+  std::vector<ucp_ep_h> candidates_;  // handshake under way
+  ucp_ep_h pending_ = nullptr;        // connecting: the attempt waiting for the listener's HELLO
   clock::time_point pending_since_{};
   std::array<std::byte, detail::hello_bytes> hello_c_{};
-  std::vector<ucp_ep_h> failed_;          // endpoints whose error callback ran
+  std::vector<ucp_ep_h> failed_; // endpoints whose error callback ran
   std::deque<ucp_conn_request_h> requests_;
   std::deque<std::unique_ptr<detail::ucx_inbound>> inbox_; // frames, in arrival order
   std::deque<std::unique_ptr<detail::ucx_inbound>> hellos_;
   std::vector<std::unique_ptr<detail::ucx_inbound>> zombies_; // discarded, their receive still in flight
+  std::vector<detail::ucx_buffer> pool_;                      // frame buffers for reuse
   bool held_ = false;
   std::uint64_t tx_seq_ = 0, rx_seq_ = 0;
   std::vector<std::byte> tx_payload_;
