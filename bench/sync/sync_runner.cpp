@@ -8,6 +8,10 @@
 //                                                          TCP loopback, two processes
 //   bench_sync_runner ucx   TOTAL_MB BUCKET_MB REPS [staged] [tls=LIST] [auth-control|auth-full]
 //                                                          UCX on loopback (UCX's transports or LIST), two processes
+//   bench_sync_runner serve   tcp|ucx HOST PORT VERSIONS [tls=LIST] [auth-control|auth-full]
+//   bench_sync_runner publish tcp|ucx HOST PORT TOTAL_MB BUCKET_MB REPS [tls=LIST] [auth-control|auth-full]
+//                                                          the two ends on two hosts (bench/sync/netns_pair.sh): serve
+//                                                          listens for VERSIONS versions; publish sends 1 + REPS
 //   bench_sync_runner delta-sim NUMEL LR STEPS                RL-like bf16 update stream: density, bytes, throughput
 //   bench_sync_runner delta-pair FILE REPS                     encode/apply "prev" -> "now" (bf16) from a safetensors file
 //   bench_sync_runner st-roundtrip IN OUT REPS                read a safetensors file, write it back (timed)
@@ -561,6 +565,105 @@ int peer_modes(int argc, char** argv) {
   return usage();
 }
 
+// The two ends of a cross-host run (netns_pair.sh): a link of `kind` on HOST:PORT, listening
+// (receiver) or connecting (sender). Plain links opt out of authentication: the bench's hosts
+// are namespaces on one machine.
+std::unique_ptr<rlpt::sync::link> host_link(const std::string& kind, const std::string& host, std::uint16_t port,
+                                            bool listen, const std::string& tls,
+                                            std::shared_ptr<const authenticator> auth, integrity tags) {
+  const role r = listen ? role::receiver : role::sender;
+  if (kind == "tcp") {
+    static_cast<void>(tls);
+    return std::make_unique<tcp_transport>(tcp_options{.host = host,
+                                                       .port = port,
+                                                       .listen = listen,
+                                                       .auth = auth,
+                                                       .tags = tags,
+                                                       .allow_unauthenticated = auth == nullptr},
+                                           r);
+  }
+#ifdef RLPT_BENCH_UCX
+  if (kind == "ucx")
+    return std::make_unique<ucx_transport>(ucx_options{.host = host,
+                                                       .port = port,
+                                                       .listen = listen,
+                                                       .transports = tls,
+                                                       .auth = auth,
+                                                       .tags = tags,
+                                                       .allow_unauthenticated = auth == nullptr},
+                                           r);
+#endif
+  throw std::runtime_error(fmt::format("no transport \"{}\" in this build", kind));
+}
+
+// serve: receives `versions` dense versions, streaming (as bench throughput), checking every piece.
+std::string serve(std::unique_ptr<rlpt::sync::link> l, int versions) {
+  receiver rx(*l, [](const tensor_view&) {}, {.timeout = 60s, .mode = apply_mode::streaming, .mirror = false});
+  for (int got = 0; got < versions;) {
+    const update u = rx.poll(100ms);
+    if (u.failed()) throw std::runtime_error("receiver: " + u.reason);
+    if (u.published()) ++got;
+  }
+  return fmt::format(R"({{"bench":"serve","link":"{}","versions":{}}})", l->info().name, versions);
+}
+
+// publish: 1 warm-up version, then `reps` timed ones; seconds per version, wall and CPU.
+std::string publish(std::unique_ptr<rlpt::sync::link> l, std::uint64_t total, std::uint64_t bucket, int reps) {
+  big_model md(total);
+  const manifest m = plan(md.refs, {.bucket_bytes = bucket, .alignment = 256});
+  sender tx(*l, m, md.refs, {.timeout = 60s, .commit_timeout = 120s});
+  tx.publish(1);
+  std::vector<double> wall;
+  const double c0 = process_cpu();
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    tx.publish(static_cast<std::uint64_t>(r + 2));
+    wall.push_back(seconds_since(t0));
+  }
+  const double cpu = (process_cpu() - c0) / reps;
+  std::string each;
+  for (const double w : wall) each += fmt::format("{}{:.4f}", each.empty() ? "" : ",", w);
+  std::sort(wall.begin(), wall.end());
+  const double bytes = static_cast<double>(m.payload_bytes()), median = wall[wall.size() / 2];
+  return fmt::format(
+      R"({{"bench":"publish","link":"{}","total_bytes":{},"bucket_bytes":{},"reps":{},"median_s":{:.4f},"best_s":{:.4f},"worst_s":{:.4f},"gbps":{:.3f},"sender_cpu_s":{:.4f},"each_s":[{}]}})",
+      l->info().name, m.payload_bytes(), bucket, reps, median, wall.front(), wall.back(), bytes / median / 1e9, cpu,
+      each);
+}
+
+int host_modes(int argc, char** argv) {
+  const std::string cmd = argv[1], kind = argv[2], host = argv[3];
+  const auto port = static_cast<std::uint16_t>(std::stoi(argv[4]));
+  const int fixed = cmd == "serve" ? 6 : 8;
+  if (argc < fixed) return usage();
+  std::string tls;
+  std::shared_ptr<const authenticator> auth;
+  integrity tags = integrity::full;
+  for (int a = fixed; a < argc; ++a) {
+    const std::string opt = argv[a];
+    if (opt.starts_with("tls=")) {
+      tls = opt.substr(4);
+    } else if (opt == "auth-control" || opt == "auth-full") {
+#ifdef RLPT_BENCH_AUTH
+      auth = openssl_authenticator::from_string("bench secret: 32 bytes, not a real one");
+      tags = opt == "auth-full" ? integrity::full : integrity::control;
+#else
+      return usage();
+#endif
+    } else {
+      return usage();
+    }
+  }
+  if (cmd == "serve") {
+    std::puts(serve(host_link(kind, host, port, true, tls, auth, tags), std::stoi(argv[5])).c_str());
+  } else {
+    std::puts(publish(host_link(kind, host, port, false, tls, auth, tags), std::stoull(argv[5]) << 20,
+                      std::stoull(argv[6]) << 20, std::stoi(argv[7]))
+                  .c_str());
+  }
+  return 0;
+}
+
 int usage() {
   std::fprintf(
       stderr,
@@ -577,6 +680,7 @@ int main(int argc, char** argv) {
   const std::string cmd = argv[1];
   try {
     if (cmd.ends_with("-peer")) return peer_modes(argc, argv);
+    if ((cmd == "serve" || cmd == "publish") && argc >= 6) return host_modes(argc, argv);
     if ((cmd == "shm" || cmd == "tcp" || cmd == "ucx") && argc >= 5) {
       const std::uint64_t total = std::stoull(argv[2]) << 20, bucket = std::stoull(argv[3]) << 20;
       const int reps = std::stoi(argv[4]);

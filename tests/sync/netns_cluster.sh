@@ -23,7 +23,12 @@
 #     back, inf3 (which kept version 1) catches up with a delta from version 1 and inf4
 #     (restarted, holding nothing) refuses the delta and gets the version dense (the sender's
 #     delta base is the last version the receiver acknowledged; protocol.hpp, machine.hpp);
-#     both end on the latest version bit-exact.
+#     both end on the latest version bit-exact;
+#  7. the same job over the UCX transport (sync_node --transport ucx, UCX's TCP transport
+#     between the hosts), where sync_node was built with component ucx: the four inference hosts
+#     get 3 versions bit-exact while an intruder with another secret is refused; a chain
+#     trainer -> inf1 -> inf2 forwards over UCX; inf3's host killed mid-update is reported to its
+#     sender within the bound while inf4 completes.
 # Every process runs under timeout(1) and every wait is bounded. Needs root and iproute2: exit
 # 77 (skipped) otherwise. Everything it creates (namespaces, veths, processes) is removed on exit.
 #
@@ -369,6 +374,79 @@ check "trainer -> inf4: version 2 again, dense (the restarted inf4 refused the d
 wait "${rpid[inf4]}"
 check "inf4 (restarted) caught up with a dense update and ends on version 3 bit-exact" 0 $? \
   "$work/cut-inf4-restarted" "^published version 2 \(dense\)" "^received version 3 \(2 published"
+
+phase "7. the UCX transport: trainer -> inf1..inf4, an intruder, a chain, a host killed mid-update"
+ucx=(--transport ucx)
+if ! "$node" send 127.0.0.1 1 1 7 "${ucx[@]}" --step-timeout-ms 1 2>&1 | grep -q "without component ucx"; then
+  for h in "${infs[@]}"; do ip netns exec "$lan" tc qdisc del dev "${port[$h]}" root 2>/dev/null; done
+  recv_all 5900 3 ucx "${model[@]}" "${ucx[@]}"
+  run intruder send "${addr[inf1]}" 5900 1 99 "${model[@]}" --step-timeout-ms 2000 --secret-env RLPT_OTHER_SECRET \
+    "${ucx[@]}" >"$work/ucx-intruder" 2>&1
+  check "UCX: intruder with another secret -> inf1" 1 $? "$work/ucx-intruder" "rlpt.sync.auth"
+  send_all 5900 3 ucx "${model[@]}" "${ucx[@]}"
+  for h in "${infs[@]}"; do
+    wait "${spid[$h]}"
+    check "UCX: trainer -> $h" 0 $? "$work/ucx-tx-$h" "^sent 3 versions"
+  done
+  for h in "${infs[@]}"; do
+    wait "${rpid[$h]}"
+    check "UCX: $h received every version bit-exact" 0 $? "$work/ucx-$h" "^received version 3 \(3 published, 0 failed\)"
+  done
+  grep -q "refused peers [1-9]" "$work/ucx-inf1" && pass "UCX: inf1 refused the intruder" "$(tail -1 "$work/ucx-inf1")" ||
+    failed "UCX: inf1 refused the intruder" "$(cat "$work/ucx-inf1")"
+  # A chain over UCX.
+  spawn inf2 recv "${addr[inf2]}" 5911 3 7 "${model[@]}" --listen "${secret[@]}" --timeout-s 40 "${ucx[@]}" \
+    >"$work/ucx-chain-inf2" 2>&1
+  rpid[inf2]=$!
+  spawn inf1 forward "${addr[inf1]}" 5910 3 7 "${model[@]}" --listen "${secret[@]}" --timeout-s 40 "${ucx[@]}" \
+    --to "${addr[inf2]}:5911" >"$work/ucx-chain-inf1" 2>&1
+  rpid[inf1]=$!
+  wait_listening inf2 5911
+  wait_listening inf1 5910
+  run trainer send "${addr[inf1]}" 5910 3 7 "${model[@]}" "${secret[@]}" "${ucx[@]}" >"$work/ucx-chain-tx" 2>&1
+  check "UCX: trainer -> inf1 (forwarding)" 0 $? "$work/ucx-chain-tx" "^sent 3 versions"
+  wait "${rpid[inf1]}"
+  check "UCX: inf1 received and forwarded every version" 0 $? "$work/ucx-chain-inf1" \
+    "^received version 3 \(3 published, 0 failed\)" "forwarded .* 0 failures"
+  wait "${rpid[inf2]}"
+  check "UCX: inf2 received every version bit-exact through inf1" 0 $? "$work/ucx-chain-inf2" "^received version 3 \(3 published"
+  # inf3's host killed while a large update is in flight to it and to inf4.
+  for h in inf3 inf4; do
+    spawn "$h" recv "${addr[$h]}" 5920 2 7 "${big[@]}" --listen "${secret[@]}" --timeout-s 40 "${ucx[@]}" \
+      >"$work/ucx-kill-$h" 2>&1
+    rpid[$h]=$!
+  done
+  for h in inf3 inf4; do wait_listening "$h" 5920; done
+  ip netns exec "$lan" tc qdisc add dev "${port[inf3]}" root tbf rate 24mbit burst 32kb latency 50ms
+  for h in inf3 inf4; do
+    spawn trainer send "${addr[$h]}" 5920 2 7 "${big[@]}" "${secret[@]}" "${ucx[@]}" --step-timeout-ms 2000 \
+      --commit-timeout-ms 2000 >"$work/ucx-kill-tx-$h" 2>&1
+    spid[$h]=$!
+  done
+  wait_until 20 reported "$work/ucx-kill-inf3" "^published version 1 " ||
+    failed "UCX: inf3 published version 1" "$(cat "$work/ucx-kill-inf3")"
+  sleep 0.2 # version 2 under way (about a second through inf3's 24 Mbit/s downlink)
+  disown "${rpid[inf3]}"
+  kill_host inf3
+  killed_at=$(now_us)
+  wait "${spid[inf3]}"
+  rc=$?
+  line=$(grep -m1 "^version 2 attempt 1 failed" "$work/ucx-kill-tx-inf3")
+  at=$(awk '{print $7}' <<<"$line")
+  ms=$(( ${at/./} - killed_at / 1000 ))
+  if [[ $rc -ne 0 && $line =~ (rlpt.sync.peer_lost|rlpt.sync.timeout) && $ms -ge 0 && $ms -le $bound_ms ]]; then
+    pass "UCX: the sender to inf3 reported its host killed in ${ms} ms (bound ${bound_ms} ms)" "$line"
+  else
+    failed "UCX: the sender to inf3 reported its host killed within ${bound_ms} ms" \
+      "exit $rc, ${ms:-?} ms: ${line:-nothing}; $(cat "$work/ucx-kill-tx-inf3")"
+  fi
+  wait "${spid[inf4]}"
+  check "UCX: trainer -> inf4 while inf3 is killed" 0 $? "$work/ucx-kill-tx-inf4" "^sent 2 versions"
+  wait "${rpid[inf4]}"
+  check "UCX: inf4 received every version bit-exact" 0 $? "$work/ucx-kill-inf4" "^received version 2 \(2 published, 0 failed\)"
+else
+  echo "skipped: sync_node was built without component ucx"
+fi
 
 echo "netns cluster: $passed checks passed, $([[ $fail == 0 ]] && echo "none" || echo "some") failed, in $(elapsed) s"
 exit $fail

@@ -18,7 +18,8 @@
 // fraction of elements each version changes, 0.02), --first V, --retries N (publish attempts
 // per version), --retry-pause-ms MS, --step-timeout-ms MS (sender_options::timeout or
 // receiver_options::timeout), --commit-timeout-ms MS (sender_options::commit_timeout),
-// --socket-buffer-kib K (tcp_options::socket_buffer).
+// --socket-buffer-kib K (tcp_options::socket_buffer), --transport tcp|ucx (ucx: ucx_transport over
+// UCX's TCP transport, or --ucx-tls LIST; where sync_node was built with component ucx).
 //
 // relay: without --tamper a chaos_relay (5 ms per chunk, stalls, reset connections); with it a
 // frame_relay that alters one frame of the k-th update attempt as the k-th --tamper says (cycling):
@@ -31,6 +32,9 @@
 
 #include <rlpt/sync/auth_openssl.hpp>
 #include <rlpt/sync/forward.hpp>
+#ifdef RLPT_SYNC_NODE_UCX
+#include <rlpt/sync/ucx.hpp>
+#endif
 
 #include <signal.h>
 
@@ -206,6 +210,35 @@ int relay_main(const std::string& host, std::uint16_t port, const std::string& t
 
 } // namespace
 
+// A link of the chosen transport with tcp_options' settings, and its authentication counters.
+struct node_link {
+  std::unique_ptr<rlpt::sync::link> link;
+  const auth_counters* counters = nullptr;
+};
+
+node_link open_link(const std::string& transport, const std::string& ucx_tls, const tcp_options& o, role r) {
+  if (transport == "ucx") {
+#ifdef RLPT_SYNC_NODE_UCX
+    auto l = std::make_unique<ucx_transport>(ucx_options{.host = o.host,
+                                                         .port = o.port,
+                                                         .listen = o.listen,
+                                                         .transports = ucx_tls,
+                                                         .auth = o.auth,
+                                                         .tags = o.tags,
+                                                         .allow_unauthenticated = o.allow_unauthenticated},
+                                             r);
+    const auth_counters* c = &l->auth_stats();
+    return {std::move(l), c};
+#else
+    static_cast<void>(ucx_tls);
+    throw std::runtime_error("sync_node was built without component ucx");
+#endif
+  }
+  auto l = std::make_unique<tcp_transport>(o, r);
+  const auth_counters* c = &l->auth_stats();
+  return {std::move(l), c};
+}
+
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0); // a line per event, as it happens (the script watches)
   if (argc < 6) return usage();
@@ -218,6 +251,7 @@ int main(int argc, char** argv) {
   int retries = 1;
   std::chrono::milliseconds retry_pause{200};
   std::optional<std::chrono::milliseconds> step_timeout, commit_timeout;
+  std::string transport = "tcp", ucx_tls = "tcp";
   for (int a = 6; a < argc; ++a) {
     const std::string opt = argv[a];
     const bool more = a + 1 < argc;
@@ -255,6 +289,11 @@ int main(int argc, char** argv) {
       commit_timeout = std::chrono::milliseconds(std::stoll(argv[++a]));
     } else if (opt == "--socket-buffer-kib" && more) {
       o.socket_buffer = std::stoi(argv[++a]) * 1024;
+    } else if (opt == "--transport" && more) {
+      transport = argv[++a];
+      if (transport != "tcp" && transport != "ucx") return usage();
+    } else if (opt == "--ucx-tls" && more) {
+      ucx_tls = argv[++a];
     } else {
       return usage();
     }
@@ -274,8 +313,8 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "send") {
       model md = model_v(seed, first);
-      tcp_transport out(o, role::sender);
-      sender tx(out, plan(md.refs, buckets), md.refs, so);
+      node_link out = open_link(transport, ucx_tls, o, role::sender);
+      sender tx(*out.link, plan(md.refs, buckets), md.refs, so);
       std::uint64_t wire = 0, failures = 0;
       for (std::uint64_t v = first; v <= versions; ++v) {
         if (v > first) step_to(md, v);
@@ -304,13 +343,12 @@ int main(int argc, char** argv) {
       }
       std::printf("sent %llu versions, %llu payload bytes, handshakes %llu, %llu failed attempts\n",
                   static_cast<unsigned long long>(versions - first + 1), static_cast<unsigned long long>(wire),
-                  static_cast<unsigned long long>(out.auth_stats().handshakes),
-                  static_cast<unsigned long long>(failures));
+                  static_cast<unsigned long long>(out.counters->handshakes), static_cast<unsigned long long>(failures));
       return 0;
     }
     if (cmd == "recv" || cmd == "forward") {
-      tcp_transport in(o, role::receiver);
-      std::vector<std::unique_ptr<tcp_transport>> outs;
+      node_link in = open_link(transport, ucx_tls, o, role::receiver);
+      std::vector<node_link> outs;
       std::vector<rlpt::sync::link*> down;
       for (const std::string& hp : to) {
         tcp_options d = o;
@@ -318,14 +356,14 @@ int main(int argc, char** argv) {
         const endpoint e = endpoint::parse(hp);
         d.host = e.host;
         d.port = e.port;
-        outs.push_back(std::make_unique<tcp_transport>(d, role::sender));
-        down.push_back(outs.back().get());
+        outs.push_back(open_link(transport, ucx_tls, d, role::sender));
+        down.push_back(outs.back().link.get());
       }
       forwarder_options fo{.send = so};
       if (step_timeout) fo.receive.timeout = *step_timeout;
-      forwarder fw(in, down, {}, fo);
+      forwarder fw(*in.link, down, {}, fo);
       const receiver& rx = fw.upstream();
-      const auth_counters& c = in.auth_stats();
+      const auth_counters& c = *in.counters;
       std::uint64_t forwarded = 0, forward_failures = 0, refused_frames = 0, refused_peers = 0;
       const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
       std::uint64_t published = 0, failed = 0;
@@ -382,6 +420,9 @@ int main(int argc, char** argv) {
     }
   } catch (const rlpt::error& e) {
     std::printf("error %.*s: %s\n", static_cast<int>(e.id().size()), e.id().data(), e.message().c_str());
+    return 1;
+  } catch (const std::exception& e) {
+    std::printf("error: %s\n", e.what());
     return 1;
   }
   return usage();
