@@ -52,6 +52,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 RLPT_NAMESPACE_BEGIN
@@ -101,6 +102,7 @@ struct ucx_inbound {
   bool done = false;                  //!< data complete (eager at once; rendezvous when pulled)
   ucs_status_t status = UCS_OK;       //!< of the rendezvous receive
   ucs_status_ptr_t request = nullptr; //!< the rendezvous receive in flight
+  void* held = nullptr;               //!< a rendezvous not pulled yet (its peer is still handshaking)
 };
 } // namespace detail
 
@@ -315,6 +317,9 @@ private:
         ++it;
         continue;
       }
+      if ((*it)->held != nullptr) {
+        ucp_am_data_release(worker_, (*it)->held);
+      }
       if ((*it)->request != nullptr) {
         ucp_request_cancel(worker_, (*it)->request);
         zombies_.push_back(std::move(*it));
@@ -368,6 +373,12 @@ private:
     auto* self = static_cast<ucx_transport*>(arg);
     const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
     if ((param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) == 0 || rndv || length > 256) return UCS_OK; // not ours
+    // Only an endpoint in its handshake speaks HELLO, a few times at most.
+    const ucp_ep_h from = param->reply_ep;
+    if ((from != self->pending_ &&
+         std::find(self->candidates_.begin(), self->candidates_.end(), from) == self->candidates_.end()) ||
+        self->hellos_.size() >= 16)
+      return UCS_OK;
     auto m = std::make_unique<detail::ucx_inbound>();
     m->ep = param->reply_ep;
     m->data.assign(static_cast<const std::byte*>(data), static_cast<const std::byte*>(data) + length);
@@ -393,17 +404,30 @@ private:
     detail::ucx_inbound& in = *m;
     self->inbox_.push_back(std::move(m));
     if (!in.bad.empty()) return UCS_OK;
-    in.frame = self->acquire(length);
-    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0) {
+    const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    if (rndv && from != self->ep_) { // not a byte of it moves before its sender has authenticated
+      in.held = data;
+      in.frame.size = length;
+      return UCS_INPROGRESS;
+    }
+    if (!rndv) {
+      in.frame = self->acquire(length);
       if (length > 0) std::memcpy(in.frame.bytes.get(), data, length);
       in.done = true;
       return UCS_OK;
     }
+    self->pull(in, data, length);
+    return UCS_OK;
+  }
+
+  // Starts pulling a rendezvous frame into a frame buffer.
+  void pull(detail::ucx_inbound& in, void* desc, std::size_t length) {
+    in.frame = acquire(length);
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.cb.recv_am = &ucx_transport::on_pulled;
     p.user_data = &in;
-    const ucs_status_ptr_t r = ucp_am_recv_data_nbx(self->worker_, data, in.frame.bytes.get(), length, &p);
+    const ucs_status_ptr_t r = ucp_am_recv_data_nbx(worker_, desc, in.frame.bytes.get(), length, &p);
     if (r == nullptr) {
       in.done = true;
     } else if (UCS_PTR_IS_ERR(r)) {
@@ -412,7 +436,6 @@ private:
     } else {
       in.request = r;
     }
-    return UCS_OK;
   }
 
   static void on_pulled(void* request, ucs_status_t status, size_t, void* user) {
@@ -554,6 +577,11 @@ private:
     ep_ = ep;
     tx_seq_ = rx_seq_ = 0;
     ++counters_.handshakes;
+    for (auto& in : inbox_) // frames it sent right after its proof: now they may move
+      if (in->ep == ep && in->held != nullptr) {
+        void* desc = std::exchange(in->held, nullptr);
+        pull(*in, desc, in->frame.size);
+      }
   }
 
   void refused(ucp_ep_h ep, const std::string& why) {
