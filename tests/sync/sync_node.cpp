@@ -18,7 +18,8 @@
 // fraction of elements each version changes, 0.02), --first V, --retries N (publish attempts
 // per version), --retry-pause-ms MS, --step-timeout-ms MS (sender_options::timeout or
 // receiver_options::timeout), --commit-timeout-ms MS (sender_options::commit_timeout),
-// --socket-buffer-kib K (tcp_options::socket_buffer), --transport tcp|ucx (ucx: ucx_transport over
+// --socket-buffer-kib K (tcp_options::socket_buffer), --bucket-kib K (plan buckets, 4 KiB by
+// default: many buckets, to exercise the protocol), --transport tcp|ucx (ucx: ucx_transport over
 // UCX's TCP transport, or --ucx-tls LIST; where sync_node was built with component ucx).
 //
 // relay: without --tamper a chaos_relay (5 ms per chunk, stalls, reset connections); with it a
@@ -252,6 +253,7 @@ int main(int argc, char** argv) {
   std::chrono::milliseconds retry_pause{200};
   std::optional<std::chrono::milliseconds> step_timeout, commit_timeout;
   std::string transport = "tcp", ucx_tls = "tcp";
+  std::uint64_t bucket_bytes = 4096;
   for (int a = 6; a < argc; ++a) {
     const std::string opt = argv[a];
     const bool more = a + 1 < argc;
@@ -289,6 +291,8 @@ int main(int argc, char** argv) {
       commit_timeout = std::chrono::milliseconds(std::stoll(argv[++a]));
     } else if (opt == "--socket-buffer-kib" && more) {
       o.socket_buffer = std::stoi(argv[++a]) * 1024;
+    } else if (opt == "--bucket-kib" && more) {
+      bucket_bytes = std::stoull(argv[++a]) << 10;
     } else if (opt == "--transport" && more) {
       transport = argv[++a];
       if (transport != "tcp" && transport != "ucx") return usage();
@@ -307,7 +311,7 @@ int main(int argc, char** argv) {
     }
   }
   const std::uint64_t versions = std::stoull(argv[4]);
-  const plan_options buckets{.bucket_bytes = 4096, .alignment = 256};
+  const plan_options buckets{.bucket_bytes = bucket_bytes, .alignment = 256};
   sender_options so{.delta = true, .timeout = step_timeout.value_or(10s)};
   if (commit_timeout) so.commit_timeout = *commit_timeout;
   try {
@@ -315,6 +319,7 @@ int main(int argc, char** argv) {
       model md = model_v(seed, first);
       node_link out = open_link(transport, ucx_tls, o, role::sender);
       sender tx(*out.link, plan(md.refs, buckets), md.refs, so);
+      std::printf("sending from %.3f\n", wall_now()); // the model is built: timing starts here
       std::uint64_t wire = 0, failures = 0;
       for (std::uint64_t v = first; v <= versions; ++v) {
         if (v > first) step_to(md, v);
@@ -386,9 +391,9 @@ int main(int argc, char** argv) {
         }
         if (!u.published()) continue;
         ++published;
-        std::printf("published version %llu (%s), %llu bytes\n", static_cast<unsigned long long>(u.version),
+        std::printf("published version %llu (%s), %llu bytes at %.3f\n", static_cast<unsigned long long>(u.version),
                     u.delta ? fmt::format("delta from version {}", u.base_version).c_str() : "dense",
-                    static_cast<unsigned long long>(u.bytes));
+                    static_cast<unsigned long long>(u.bytes), wall_now());
         for (const forward_result& r : fw.last_forwarded()) {
           forwarded += r.sent.wire_bytes;
           if (!r.ok) {
