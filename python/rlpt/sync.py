@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Weight sync from Python: rlpt::sync::sender / receiver over the shared-memory or TCP transport,
+"""Weight sync from Python: rlpt::sync::sender / receiver over the shared-memory, TCP or UCX transport,
 for torch tensors. A trainer publishes versions of its parameters; an inference process polls
 and gets each version only once all of it arrived and was verified (XXH3 per bucket and per
 tensor). A failed or interrupted update (a killed sender, a timeout, a corrupt bucket) leaves
@@ -11,10 +11,13 @@ the receiver on its last complete version and poll() says why.
     tx.publish(step)                                   if u["state"] == "published":
                                                            rx.load_into(model)
 
-Transports: "shm" (address: a segment name, /dev/shm/<name>; the sender creates it) and "tcp"
-(address "host:port"; one side listens, ``listen=True``, port 0 picks a free one: ``port``).
+Transports: "shm" (address: a segment name, /dev/shm/<name>; the sender creates it), "tcp"
+(address "host:port"; one side listens, ``listen=True``, port 0 picks a free one: ``port``) and
+"ucx" (the same addresses, over UCX: RDMA where the NIC has it, shared memory or TCP otherwise;
+where the package was built with UCX: ``rlpt._C.SYNC_UCX``). UCX's state does not survive a
+fork: create a UCX Sender or Receiver in the process that uses it (multiprocessing "spawn").
 
-Across machines, TCP authenticates both ends with the job's secret (``secret=``, str or bytes of
+Across machines, TCP and UCX authenticate both ends with the job's secret (``secret=``, str or bytes of
 at least 16 bytes, the same on every end; e.g. ``os.environ["RLPT_SYNC_SECRET"]``): a peer
 without it is refused, and every frame is tagged (AES-256-GMAC) so that nothing altered in flight
 is published. ``integrity="full"`` (default) tags every byte, ``"control"`` only manifests,

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// rlpt._C.SyncSender / SyncReceiver: rlpt::sync::sender and receiver over the shared-memory or
-// TCP transport, for torch tensors. Blocking calls (publish, poll) release the GIL. The sender
+// rlpt._C.SyncSender / SyncReceiver: rlpt::sync::sender and receiver over the shared-memory, TCP
+// or UCX transport, for torch tensors. Blocking calls (publish, poll) release the GIL. The sender
 // reads CPU tensors in place (rlpt/sync.py stages device tensors into host copies first); the
 // receiver keeps a host mirror of the published version and hands out copies of its tensors.
 #include "spec.hpp"
@@ -14,6 +14,9 @@
 #include <rlpt/sync/tcp.hpp>
 #ifdef RLPT_PY_AUTH
 #include <rlpt/sync/auth_openssl.hpp>
+#endif
+#ifdef RLPT_PY_UCX
+#include <rlpt/sync/ucx.hpp>
 #endif
 
 #include <fmt/format.h>
@@ -111,28 +114,56 @@ std::unique_ptr<rlpt::sync::link> make_link(const std::string& transport, const 
     if (slots) o.slots = slots;
     return std::make_unique<shm_transport>(address, r, o);
   }
-  if (transport == "tcp") {
-    tcp_options o;
+  if (transport == "tcp" || transport == "ucx") {
     const auto colon = address.rfind(':');
-    if (colon == std::string::npos) raise(ids::bad_option, fmt::format("tcp address \"{}\" is not host:port", address));
-    o.host = address.substr(0, colon);
-    o.port = static_cast<std::uint16_t>(std::stoi(address.substr(colon + 1)));
-    o.listen = listen;
-    o.allow_unauthenticated = sec.allow_unauthenticated;
+    if (colon == std::string::npos)
+      raise(ids::bad_option, fmt::format("{} address \"{}\" is not host:port", transport, address));
     if (sec.integrity != "full" && sec.integrity != "control")
       raise(ids::bad_option, fmt::format("integrity \"{}\" is not one of full, control", sec.integrity));
-    o.tags = sec.integrity == "full" ? integrity::full : integrity::control;
+    std::shared_ptr<const authenticator> auth;
     if (!sec.secret.empty()) {
 #ifdef RLPT_PY_AUTH
-      o.auth = openssl_authenticator::from_string(sec.secret);
+      auth = openssl_authenticator::from_string(sec.secret);
 #else
       raise(ids::bad_option, "this rlpt package was built without OpenSSL 3 (libcrypto): secret= is unavailable; "
                              "rebuild it where OpenSSL's headers are installed (libssl-dev, openssl-devel)");
 #endif
     }
-    return std::make_unique<tcp_transport>(o, r);
+    const std::string host = address.substr(0, colon);
+    const auto port = static_cast<std::uint16_t>(std::stoi(address.substr(colon + 1)));
+    const integrity tags = sec.integrity == "full" ? integrity::full : integrity::control;
+    if (transport == "ucx") {
+#ifdef RLPT_PY_UCX
+      return std::make_unique<ucx_transport>(ucx_options{.host = host,
+                                                         .port = port,
+                                                         .listen = listen,
+                                                         .auth = auth,
+                                                         .tags = tags,
+                                                         .allow_unauthenticated = sec.allow_unauthenticated},
+                                             r);
+#else
+      raise(ids::bad_option, "this rlpt package was built without UCX: transport \"ucx\" is unavailable; rebuild "
+                             "it where UCX (>= 1.12, with its CMake package: libucx-dev) is installed");
+#endif
+    }
+    return std::make_unique<tcp_transport>(tcp_options{.host = host,
+                                                       .port = port,
+                                                       .listen = listen,
+                                                       .auth = auth,
+                                                       .tags = tags,
+                                                       .allow_unauthenticated = sec.allow_unauthenticated},
+                                           r);
   }
-  raise(ids::bad_option, fmt::format("weight sync transport \"{}\" is not one of shm, tcp", transport));
+  raise(ids::bad_option, fmt::format("weight sync transport \"{}\" is not one of shm, tcp, ucx", transport));
+}
+
+//! The bound port of a listening TCP or UCX link (0 for others).
+std::uint16_t port_of(rlpt::sync::link* l) {
+  if (auto* t = dynamic_cast<tcp_transport*>(l)) return t->port();
+#ifdef RLPT_PY_UCX
+  if (auto* t = dynamic_cast<ucx_transport*>(l)) return t->port();
+#endif
+  return 0;
 }
 
 py::dict update_dict(const update& u) {
@@ -203,10 +234,7 @@ public:
   }
 
   std::uint64_t published_version() const { return sender_->has_published() ? sender_->published_version() : 0; }
-  std::uint16_t port() const {
-    if (auto* t = dynamic_cast<tcp_transport*>(link_.get())) return t->port();
-    return 0;
-  }
+  std::uint16_t port() const { return port_of(link_.get()); }
 
 private:
   std::vector<at::Tensor> tensors_;
@@ -275,10 +303,7 @@ public:
     });
   }
 
-  std::uint16_t port() const {
-    if (auto* t = dynamic_cast<tcp_transport*>(link_.get())) return t->port();
-    return 0;
-  }
+  std::uint16_t port() const { return port_of(link_.get()); }
 
 private:
   py::object on_tensor_;
@@ -296,6 +321,13 @@ void bind_sync(py::module_& m) {
            py::arg("secret"), py::arg("integrity"), py::arg("allow_unauthenticated"));
   m.attr("SYNC_AUTH") = py::bool_(
 #ifdef RLPT_PY_AUTH
+      true
+#else
+      false
+#endif
+  );
+  m.attr("SYNC_UCX") = py::bool_(
+#ifdef RLPT_PY_UCX
       true
 #else
       false

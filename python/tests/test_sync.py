@@ -151,6 +151,31 @@ def test_tcp_with_the_jobs_secret():
     assert e.value.id == "rlpt.python.bad_option"
 
 
+@pytest.mark.skipif(not (rlpt._C.SYNC_UCX and rlpt._C.SYNC_AUTH), reason="rlpt built without UCX or OpenSSL")
+def test_ucx_with_the_jobs_secret():
+    secret = "0123456789abcdef0123456789abcdef"
+    rx = rlpt.sync.Receiver("ucx", "127.0.0.1:0", listen=True, timeout=20.0, secret=secret)
+    assert rx.port != 0
+    # A sender with another secret is refused; the receiver stays without a version.
+    bad = spawn("--transport", "ucx", "--address", f"127.0.0.1:{rx.port}", "--versions", 1,
+                "--secret", "another job's secret, 32 bytes.")
+    while bad.poll() is None:
+        rx.poll(wait=0.05)
+    assert bad.returncode != 0 and "rlpt.sync.auth" in bad.stderr.read()
+    assert not rx.has_version
+    good = spawn("--transport", "ucx", "--address", f"127.0.0.1:{rx.port}", "--versions", 3, "--secret", secret)
+    seen = poll_until(rx, lambda s: len([u for u in s if u["state"] == "published"]) >= 3)
+    assert [u["version"] for u in seen if u["state"] == "published"] == [1, 2, 3]
+    assert good.wait(timeout=30) == 0
+    check_version(rx, 3)
+    with pytest.raises(rlpt.Error) as e:
+        rlpt.sync.Receiver("ucx", "0.0.0.0:0", listen=True)
+    assert e.value.id == "rlpt.sync.insecure"
+    with pytest.raises(rlpt.Error) as e:
+        rlpt.sync.Receiver("ucx", "127.0.0.1", listen=True)
+    assert e.value.id == "rlpt.python.bad_option"
+
+
 def test_inference_worker_example():
     example = os.path.join(HERE, "..", "examples", "inference_worker.py")
     r = subprocess.run([sys.executable, example, "--demo", "--address", f"rlpt-ex-{uuid.uuid4().hex[:12]}"],
