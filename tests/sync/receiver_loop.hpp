@@ -2,6 +2,7 @@
 // Runs a receiver's poll loop on a thread and records every update it reports.
 #pragma once
 
+#include "process.hpp"
 #include "sync_support.hpp"
 
 #include <atomic>
@@ -55,6 +56,18 @@ private:
   std::vector<rlpt::sync::update> seen_;
   std::thread thread_;
 };
+
+//! Polls the receiver until the child process exits; its exit code (-1: killed after 20 s).
+inline int serve_until_exit(rlpt::sync::receiver& rx, pid_t child) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < until) {
+    int status = 0;
+    if (::waitpid(child, &status, WNOHANG) == child)
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    static_cast<void>(rx.poll(std::chrono::milliseconds(20)));
+  }
+  return wait_child(child, std::chrono::milliseconds(0));
+}
 
 //! Checks the receiver's mirror against the model's current bytes.
 inline void check_mirror(const rlpt::sync::receiver& rx, model& md) {

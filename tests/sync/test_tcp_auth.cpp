@@ -50,18 +50,6 @@ pid_t start_sender(std::uint16_t port, std::shared_ptr<const authenticator> auth
   });
 }
 
-// Polls the receiver until the child exits; its exit code (-1: killed after 20 s).
-int serve_until_exit(receiver& rx, pid_t child) {
-  const auto until = clock::now() + 20s;
-  while (clock::now() < until) {
-    int status = 0;
-    if (::waitpid(child, &status, WNOHANG) == child)
-      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    static_cast<void>(rx.poll(20ms));
-  }
-  return wait_child(child, 0ms);
-}
-
 } // namespace
 
 TEST_CASE("tcp auth: updates with the job's secret in both integrity modes") {

@@ -36,17 +36,6 @@ pid_t start_sender(std::uint16_t port, std::uint64_t seed, std::uint64_t n, std:
   });
 }
 
-int serve_until_exit(receiver& rx, pid_t child) {
-  const auto until = clock::now() + 20s;
-  while (clock::now() < until) {
-    int status = 0;
-    if (::waitpid(child, &status, WNOHANG) == child)
-      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    static_cast<void>(rx.poll(20ms));
-  }
-  return wait_child(child, 0ms);
-}
-
 // A hand-made UCX peer (a thread): connects to 127.0.0.1:port, says a plain sender HELLO, then sends the
 // given raw frames (AM header + data) as a broken or hostile rlpt peer would.
 std::thread start_raw_peer(std::uint16_t port,

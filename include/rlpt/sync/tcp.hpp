@@ -85,15 +85,8 @@ inline constexpr std::size_t tcp_tag_at = 32; // the frame tag: header bytes [32
 class tcp_transport final : public link, private detail::stream_link<tcp_transport, detail::tcp_header_bytes> {
 public:
   tcp_transport(tcp_options o, role r) : o_(std::move(o)), auth_(o_.auth, o_.tags, r) {
-    RLPT_CHECK(o_.auth != nullptr || o_.allow_unauthenticated || detail::is_loopback(o_.host), errors::sync::insecure,
-               "tcp {}:{}: {} a non-loopback address without authentication lets any host that reaches it {} weights; "
-               "set tcp_options::auth (rlpt/sync/auth_openssl.hpp, a per-job secret) or, on a network where every "
-               "host is trusted, allow_unauthenticated = true",
-               o_.host, o_.port, o_.listen ? "listening on" : "connecting to",
-               r == role::receiver ? "publish" : "receive");
-    RLPT_CHECK(o_.auth == nullptr || o_.tags == integrity::control || o_.tags == integrity::full,
-               errors::sync::bad_link, "tcp {}:{}: tcp_options::tags is {}, not integrity::control or integrity::full",
-               o_.host, o_.port, static_cast<unsigned>(o_.tags));
+    detail::check_link_security("tcp", o_.host, o_.port, o_.listen, o_.auth.get(), o_.tags, o_.allow_unauthenticated,
+                                r);
     if (o_.listen) open_listener();
     where_ = fmt::format("tcp {}:{} ({}, {})", o_.host, o_.listen ? port_ : o_.port,
                          r == role::sender ? "sender" : "receiver", o_.listen ? "listening" : "connecting");

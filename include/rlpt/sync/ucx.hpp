@@ -109,15 +109,8 @@ struct ucx_inbound {
 class ucx_transport final : public link {
 public:
   ucx_transport(ucx_options o, role r) : o_(std::move(o)), role_(r), auth_(o_.auth, o_.tags, r) {
-    RLPT_CHECK(o_.auth != nullptr || o_.allow_unauthenticated || detail::is_loopback(o_.host), errors::sync::insecure,
-               "ucx {}:{}: {} a non-loopback address without authentication lets any host that reaches it {} weights; "
-               "set ucx_options::auth (rlpt/sync/auth_openssl.hpp, a per-job secret) or, on a network where every "
-               "host is trusted, allow_unauthenticated = true",
-               o_.host, o_.port, o_.listen ? "listening on" : "connecting to",
-               r == role::receiver ? "publish" : "receive");
-    RLPT_CHECK(o_.auth == nullptr || o_.tags == integrity::control || o_.tags == integrity::full,
-               errors::sync::bad_link, "ucx {}:{}: ucx_options::tags is {}, not integrity::control or integrity::full",
-               o_.host, o_.port, static_cast<unsigned>(o_.tags));
+    detail::check_link_security("ucx", o_.host, o_.port, o_.listen, o_.auth.get(), o_.tags, o_.allow_unauthenticated,
+                                r);
     where_ = fmt::format("ucx {}:{}", o_.host, o_.port);
     open_worker();
     if (o_.listen) open_listener();

@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file
 //! IPv4 addresses for the socket-addressed links (tcp_transport, ucx_transport): resolving a
-//! host and telling loopback apart, written once.
+//! host, telling loopback apart and the rule for unauthenticated links, written once.
 #pragma once
 
 #include <rlpt/config.hpp>
 #include <rlpt/core/error.hpp>
+#include <rlpt/sync/auth.hpp>
+#include <rlpt/sync/link.hpp>
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -42,6 +44,21 @@ namespace sync::detail {
   a.sin_addr = reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr;
   ::freeaddrinfo(res);
   return a;
+}
+
+//! The rule of every cross-machine link: a non-loopback address needs an authenticator unless
+//! the user opted out, and the frame tags are one of the two integrity modes.
+inline void check_link_security(std::string_view link, const std::string& host, std::uint16_t port, bool listen,
+                                const authenticator* auth, integrity tags, bool allow_unauthenticated, role r) {
+  RLPT_CHECK(auth != nullptr || allow_unauthenticated || is_loopback(host), errors::sync::insecure,
+             "{} {}:{}: {} a non-loopback address without authentication lets any host that reaches it {} weights; "
+             "set {}_options::auth (rlpt/sync/auth_openssl.hpp, a per-job secret) or, on a network where every host "
+             "is trusted, allow_unauthenticated = true",
+             link, host, port, listen ? "listening on" : "connecting to", r == role::receiver ? "publish" : "receive",
+             link);
+  RLPT_CHECK(auth == nullptr || tags == integrity::control || tags == integrity::full, errors::sync::bad_link,
+             "{} {}:{}: {}_options::tags is {}, not integrity::control or integrity::full", link, host, port, link,
+             static_cast<unsigned>(tags));
 }
 
 } // namespace sync::detail
