@@ -26,8 +26,9 @@ class chunk_fn {
 public:
   template <class F>
     requires(!std::is_same_v<std::remove_cvref_t<F>, chunk_fn> && std::is_invocable_v<F&, index_t>)
+  // NOLINTNEXTLINE(google-explicit-constructor): converts from any callable, as a function_ref does
   chunk_fn(F& f)
-  noexcept // NOLINT(google-explicit-constructor)
+  noexcept
       : obj_(const_cast<void*>(static_cast<const void*>(&f))),
         call_([](void* o, index_t c) { (*static_cast<F*>(o))(c); }) {}
 

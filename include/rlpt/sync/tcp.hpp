@@ -235,7 +235,7 @@ private:
     std::array<std::byte, hb> hello_c{};
     std::string why = io_exact(fd, hello_c.data(), hb, false, until);
     if (!why.empty()) return why;
-    const std::string mismatch = auth_.check_hello(hello_c);
+    std::string mismatch = auth_.check_hello(hello_c);
     const std::array<std::byte, hb> hello_a = auth_.hello();
     const authenticator::mac mine = auth_.proof(true, hello_c, hello_a);
     std::array<std::byte, hb + mb> out{};

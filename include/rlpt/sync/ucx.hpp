@@ -654,7 +654,7 @@ private:
         return "the peer did not start an authenticated handshake (is it configured without an authenticator?)";
       }
       const auto hc = std::span<const std::byte, detail::hello_bytes>(hello_c->data(), detail::hello_bytes);
-      const std::string mismatch = auth_.check_hello(hc);
+      std::string mismatch = auth_.check_hello(hc);
       const std::array<std::byte, detail::hello_bytes> hello_a = auth_.hello();
       const authenticator::mac mine = auth_.proof(true, hc, hello_a);
       std::array<std::byte, detail::hello_bytes + authenticator::mac_bytes> out{};
