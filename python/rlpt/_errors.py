@@ -43,7 +43,7 @@ def call(op, *args):
         return op(*args)
     try:
         return op(*args)
-    except ValueError as e:
+    except (ValueError, RuntimeError) as e:  # torch < 2.5's dispatcher turns the kernel's ValueError into RuntimeError
         t = _translate(e)
         if t is e:
             raise
