@@ -6,9 +6,12 @@
 # model (1 MiB buckets, authenticated TCP), from the moment the trainer's first sender has its
 # model built ("sending from") until the last host published it ("published version 1 ... at";
 # each receiver then checks every tensor bit-exact), and the trainer's uplink bytes, for:
-#   direct   the trainer runs 4 senders at once (its uplink carries 4 copies);
-#   chain    trainer -> inf1 -> inf2 -> inf3 -> inf4 (store-and-forward);
-#   tree     trainer -> inf1 -> {inf2, inf3}, inf2 -> inf4 (fan-out 2).
+#   direct    the trainer runs 4 senders at once (its uplink carries 4 copies);
+#   chain-sf  trainer -> inf1 -> inf2 -> inf3 -> inf4, store-and-forward (each host passes a
+#             version on once it has published it);
+#   tree-sf   trainer -> inf1 -> {inf2, inf3}, inf2 -> inf4 (fan-out 2), store-and-forward;
+#   chain     the chain, cut-through (frames passed on as they arrive: forwarder's default);
+#   tree      the tree, cut-through.
 # ROUNDS rounds, the layouts interleaved; one line per run. Root and iproute2; removes what it creates.
 #
 #   bench/sync/netns_fanout.sh SYNC_NODE [MIB=64] [RATE=1gbit] [ROUNDS=3]
@@ -55,27 +58,28 @@ wait_listening() { for _ in $(seq 500); do listening "$1" "$2" && return 0; slee
 tx_bytes() { nx trainer cat /sys/class/net/eth0/statistics/tx_bytes; }
 recv() { # host port [--to host:port]...
   local h=$1 p=$2; shift 2
-  local cmd=recv; [[ $# -gt 0 ]] && cmd=forward
-  nx "$h" timeout 300 "$node" "$cmd" "${addr[$h]}" "$p" 1 7 --listen --timeout-s 280 "${opts[@]}" "$@" \
+  local cmd=recv mode=(); [[ $# -gt 0 ]] && cmd=forward
+  [[ $cmd == forward && $layout == *-sf ]] && mode=(--store-and-forward)
+  nx "$h" timeout 300 "$node" "$cmd" "${addr[$h]}" "$p" 1 7 --listen --timeout-s 280 "${opts[@]}" "${mode[@]}" "$@" \
     >"$work/$id.rx.$h" 2>&1 &
   pids+=($!)
 }
 echo "{\"machine\":\"$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)\",\"cores\":$(nproc),\"rate\":\"$rate\",\"model_mib\":$mib,\"load_before\":\"$(cut -d' ' -f1-3 /proc/loadavg)\"}"
 port=6000
 for r in $(seq "$rounds"); do
-  for layout in direct chain tree; do
+  for layout in direct chain-sf tree-sf chain tree; do
     port=$((port + 10))
     id=$layout.$r
     pids=()
     case $layout in
       direct) for h in inf1 inf2 inf3 inf4; do recv "$h" "$port"; done ;;
-      chain)
+      chain*)
         recv inf4 $((port + 4))
         recv inf3 $((port + 3)) --to "${addr[inf4]}:$((port + 4))"
         recv inf2 $((port + 2)) --to "${addr[inf3]}:$((port + 3))"
         recv inf1 $((port + 1)) --to "${addr[inf2]}:$((port + 2))"
         ;;
-      tree)
+      tree*)
         recv inf4 $((port + 4))
         recv inf3 $((port + 3))
         recv inf2 $((port + 2)) --to "${addr[inf4]}:$((port + 4))"

@@ -8,8 +8,9 @@
 #     while the intruder (another job's secret, or none) is refused by every one of them;
 #  2. bandwidth-limited links (tc tbf on the trainer's uplink and on every inference host's
 #     downlink): the same, and the qdiscs carried the updates;
-#  3. forwarding along a chain trainer -> inf1 -> inf2 -> inf3 -> inf4: the same versions while
-#     the trainer's uplink carries one copy instead of four (its interface's byte counter);
+#  3. forwarding along a chain trainer -> inf1 -> inf2 -> inf3 -> inf4 (cut-through: frames
+#     passed on as they arrive): the same versions while the trainer's uplink carries one copy
+#     instead of four (its interface's byte counter);
 #  4. the relay host between the trainer and inf1, adding 5 ms per chunk, stalls and reset
 #     connections: 6 versions still arrive bit-exact (the sender retries, the link reconnects);
 #  5. the relay host as a man in the middle between the trainer and inf2, altering a manifest
@@ -213,8 +214,9 @@ run trainer send "${addr[inf1]}" 5600 3 7 "${model[@]}" "${secret[@]}" >"$work/c
 check "trainer -> inf1 (forwarding)" 0 $? "$work/chain-tx" "^sent 3 versions"
 for k in 1 2 3; do
   wait "${rpid[inf$k]}"
-  check "inf$k received every version bit-exact and forwarded it" 0 $? "$work/chain-inf$k" \
-    "^received version 3 \(3 published, 0 failed\)" "forwarded .* 0 failures"
+  check "inf$k received every version bit-exact and forwarded it (cut-through)" 0 $? "$work/chain-inf$k" \
+    "^received version 3 \(3 published, 0 failed\)" "forwarded .* 0 failures" \
+    "^forwarded version 1 to .* \(cut-through\)" "^forwarded version 3 to .* \(cut-through\)"
 done
 wait "${rpid[inf4]}"
 check "inf4 received every version bit-exact through the chain" 0 $? "$work/chain-inf4" "^received version 3 \(3 published"

@@ -20,7 +20,8 @@
 // receiver_options::timeout), --commit-timeout-ms MS (sender_options::commit_timeout),
 // --socket-buffer-kib K (tcp_options::socket_buffer), --bucket-kib K (plan buckets, 4 KiB by
 // default: many buckets, to exercise the protocol), --transport tcp|ucx (ucx: ucx_transport over
-// UCX's TCP transport, or --ucx-tls LIST; where sync_node was built with component ucx).
+// UCX's TCP transport, or --ucx-tls LIST; where sync_node was built with component ucx),
+// --store-and-forward (forward: pass versions on once published, not frames as they arrive).
 //
 // relay: without --tamper a chaos_relay (5 ms per chunk, stalls, reset connections); with it a
 // frame_relay that alters one frame of the k-th update attempt as the k-th --tamper says (cycling):
@@ -254,6 +255,7 @@ int main(int argc, char** argv) {
   std::optional<std::chrono::milliseconds> step_timeout, commit_timeout;
   std::string transport = "tcp", ucx_tls = "tcp";
   std::uint64_t bucket_bytes = 4096;
+  bool cut_through = true;
   for (int a = 6; a < argc; ++a) {
     const std::string opt = argv[a];
     const bool more = a + 1 < argc;
@@ -298,6 +300,8 @@ int main(int argc, char** argv) {
       if (transport != "tcp" && transport != "ucx") return usage();
     } else if (opt == "--ucx-tls" && more) {
       ucx_tls = argv[++a];
+    } else if (opt == "--store-and-forward") {
+      cut_through = false;
     } else {
       return usage();
     }
@@ -364,7 +368,7 @@ int main(int argc, char** argv) {
         outs.push_back(open_link(transport, ucx_tls, d, role::sender));
         down.push_back(outs.back().link.get());
       }
-      forwarder_options fo{.send = so};
+      forwarder_options fo{.send = so, .cut_through = cut_through};
       if (step_timeout) fo.receive.timeout = *step_timeout;
       forwarder fw(*in.link, down, {}, fo);
       const receiver& rx = fw.upstream();
@@ -396,6 +400,14 @@ int main(int argc, char** argv) {
                     static_cast<unsigned long long>(u.bytes), wall_now());
         for (const forward_result& r : fw.last_forwarded()) {
           forwarded += r.sent.wire_bytes;
+          if (r.ok)
+            std::printf("forwarded version %llu to %s (%s), %llu payload bytes\n",
+                        static_cast<unsigned long long>(u.version), to[r.link].c_str(),
+                        r.cut_through ? "cut-through"
+                                      : fmt::format("store-and-forward{}{}", r.cut_through_failure.empty() ? "" : ": ",
+                                                    r.cut_through_failure)
+                                            .c_str(),
+                        static_cast<unsigned long long>(r.sent.wire_bytes));
           if (!r.ok) {
             ++forward_failures;
             std::printf("forwarding version %llu to %s failed: %s %s\n", static_cast<unsigned long long>(u.version),
