@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 """Bandwidth model of one weight update reaching N inference hosts (issue 20): how long the
-slowest host waits, direct fan-out from the trainer against rlpt's store-and-forward forwarders
-(sync/forward.hpp) in a chain and in trees, and a pipelined chain (what checkpoint engines do;
-not built in rlpt). A model, not a measurement: every host has one link of B bits/s each way,
+slowest host waits, direct fan-out from the trainer against rlpt's forwarders (sync/forward.hpp)
+in a chain and in trees, store-and-forward and cut-through (frames passed on as they arrive,
+the forwarder's default; what checkpoint engines do). A model, not a measurement: every host has one link of B bits/s each way,
 the trainer one uplink of B, transfers run at line rate, handshakes and per-bucket latency are
 ignored except where a bucket size is named. Prints a markdown table.
 
@@ -28,9 +28,17 @@ def times(size_bytes, hosts, gbps, bucket_bytes):
         while k * (k**levels - 1) // (k - 1) < hosts:
             levels += 1
         out[f"tree k={k} (store-and-forward)"] = levels * k * one
-    # Buckets flow down the chain as they arrive: the last host finishes one bucket-time per hop
-    # after the first copy has streamed through.
-    out["chain, pipelined per bucket (not built)"] = one + (hosts - 1) * bucket_bytes / link
+    bucket = bucket_bytes / link
+    # Cut-through: buckets flow down as they arrive; the last host finishes one bucket-time per
+    # hop after the first copy has streamed through.
+    out["chain (cut-through)"] = one + (hosts - 1) * bucket
+    # A cut-through tree: an inner host's uplink streams k copies at once (k times one copy), and
+    # each level adds the k bucket-times a bucket needs to leave it.
+    for k in (2, 4):
+        levels = 1
+        while k * (k**levels - 1) // (k - 1) < hosts:
+            levels += 1
+        out[f"tree k={k} (cut-through)"] = k * one + levels * k * bucket
     return out
 
 

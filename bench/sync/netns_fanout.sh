@@ -13,6 +13,8 @@
 #   chain     the chain, cut-through (frames passed on as they arrive: forwarder's default);
 #   tree      the tree, cut-through.
 # ROUNDS rounds, the layouts interleaved; one line per run. Root and iproute2; removes what it creates.
+# TRANSPORT=ucx runs it over the UCX transport (UCX's TCP transport between the hosts);
+# LAYOUTS="chain tree" runs only those layouts.
 #
 #   bench/sync/netns_fanout.sh SYNC_NODE [MIB=64] [RATE=1gbit] [ROUNDS=3]
 set -u
@@ -51,7 +53,7 @@ for h in "${hosts[@]}"; do
 done
 export RLPT_JOB_SECRET=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
 opts=(--layers 2 --extra-kib $((mib * 1024)) --bucket-kib 1024 --secret-env RLPT_JOB_SECRET --step-timeout-ms 60000
-  --commit-timeout-ms 60000)
+  --commit-timeout-ms 60000 --transport "${TRANSPORT:-tcp}")
 nx() { local h=$1; shift; ip netns exec "$(ns "$h")" "$@"; }
 listening() { nx "$1" ss -Hltn "sport = :$2" | grep -q .; }
 wait_listening() { for _ in $(seq 500); do listening "$1" "$2" && return 0; sleep 0.02; done; return 1; }
@@ -64,10 +66,10 @@ recv() { # host port [--to host:port]...
     >"$work/$id.rx.$h" 2>&1 &
   pids+=($!)
 }
-echo "{\"machine\":\"$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)\",\"cores\":$(nproc),\"rate\":\"$rate\",\"model_mib\":$mib,\"load_before\":\"$(cut -d' ' -f1-3 /proc/loadavg)\"}"
+echo "{\"machine\":\"$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)\",\"cores\":$(nproc),\"rate\":\"$rate\",\"transport\":\"${TRANSPORT:-tcp}\",\"model_mib\":$mib,\"load_before\":\"$(cut -d' ' -f1-3 /proc/loadavg)\"}"
 port=6000
 for r in $(seq "$rounds"); do
-  for layout in direct chain-sf tree-sf chain tree; do
+  for layout in ${LAYOUTS:-direct chain-sf tree-sf chain tree}; do
     port=$((port + 10))
     id=$layout.$r
     pids=()

@@ -99,8 +99,8 @@ public:
       // After a base mismatch the sender retries dense with a new BEGIN, which supersedes.
       if ((f.type == frame_type::refuse && f.index != static_cast<std::uint64_t>(refusal::base_mismatch)) ||
           f.type == frame_type::nack)
-        abort(f.tag, fmt::format("this host {} version {}", f.type == frame_type::nack ? "failed" : "refused",
-                                 f.version));
+        abort(f.tag,
+              fmt::format("this host {} version {}", f.type == frame_type::nack ? "failed" : "refused", f.version));
     } catch (const error&) {}
   }
 
