@@ -25,6 +25,9 @@
 #     (restarted, holding nothing) refuses the delta and gets the version dense (the sender's
 #     delta base is the last version the receiver acknowledged; protocol.hpp, machine.hpp);
 #     both end on the latest version bit-exact;
+#  6b. a cut-through forwarder (trainer -> inf1 -> {inf2, inf3}) whose downstream host inf3 is
+#     killed mid-update: inf1 reports it within the bound, inf1 and inf2 get every version, and
+#     the restarted inf3 gets the next version dense from inf1's mirror, then cut-through again;
 #  7. the same job over the UCX transport (sync_node --transport ucx, UCX's TCP transport
 #     between the hosts), where sync_node was built with component ucx: the four inference hosts
 #     get 3 versions bit-exact while an intruder with another secret is refused; a chain
@@ -376,6 +379,60 @@ check "trainer -> inf4: version 2 again, dense (the restarted inf4 refused the d
 wait "${rpid[inf4]}"
 check "inf4 (restarted) caught up with a dense update and ends on version 3 bit-exact" 0 $? \
   "$work/cut-inf4-restarted" "^published version 2 \(dense\)" "^received version 3 \(2 published"
+
+phase "6b. a host killed behind a cut-through forwarder: trainer -> inf1 -> {inf2, inf3}"
+# inf3's downlink is still 24 Mbit/s. Its host is killed in the middle of version 2; inf1 reports
+# the forwarding failed within the bound while inf2 and inf1 complete every version; inf3
+# restarts holding nothing and gets version 3 dense from inf1's mirror (it refused the
+# cut-through delta), then version 4 cut-through again. The trainer pauses 3.5 s between versions
+# so that the restart lands between them.
+ct=(--listen "${secret[@]}" --timeout-s 50 --step-timeout-ms 2000)
+spawn inf2 recv "${addr[inf2]}" 5850 4 7 "${big[@]}" "${ct[@]}" >"$work/ct-inf2" 2>&1
+rpid[inf2]=$!
+spawn inf3 recv "${addr[inf3]}" 5851 4 7 "${big[@]}" "${ct[@]}" >"$work/ct-inf3" 2>&1
+rpid[inf3]=$!
+spawn inf1 forward "${addr[inf1]}" 5852 4 7 "${big[@]}" "${ct[@]}" --commit-timeout-ms 2000 \
+  --to "${addr[inf2]}:5850" --to "${addr[inf3]}:5851" >"$work/ct-inf1" 2>&1
+rpid[inf1]=$!
+for hp in inf2:5850 inf3:5851 inf1:5852; do wait_listening "${hp%:*}" "${hp#*:}"; done
+spawn trainer send "${addr[inf1]}" 5852 4 7 "${big[@]}" "${secret[@]}" --step-timeout-ms 2000 \
+  --commit-timeout-ms 2000 --version-pause-ms 3500 >"$work/ct-tx" 2>&1
+spid[inf1]=$!
+wait_until 20 reported "$work/ct-inf3" "^published version 1 " ||
+  failed "inf3 published version 1 through inf1" "$(cat "$work/ct-inf3")"
+base3=$(rx_bytes inf3)
+into_v2() { (($(rx_bytes inf3) - base3 >= 300000)); }
+wait_until 20 into_v2 || failed "version 2 under way to inf3" "$(($(rx_bytes inf3) - base3)) bytes arrived"
+disown "${rpid[inf3]}"
+kill_host inf3
+killed_at=$(now_us)
+wait_until 10 reported "$work/ct-inf1" "^forwarding version 2 to ${addr[inf3]}:5851 failed"
+line=$(grep -m1 "^forwarding version 2 to ${addr[inf3]}:5851 failed" "$work/ct-inf1")
+at=$(awk '{print $8}' <<<"$line")
+at=${at%:}
+ms=$(( ${at/./} - killed_at / 1000 ))
+ct_bound_ms=5500 # the cut-through's send step, then the store-and-forward attempt: 2 x 2000 ms, plus 1.5 s slack
+if [[ -n $line && $ms -ge 0 && $ms -le $ct_bound_ms ]]; then
+  pass "inf1 reported forwarding to the killed inf3 failed in ${ms} ms (bound ${ct_bound_ms} ms)" "$line"
+else
+  failed "inf1 reported forwarding to the killed inf3 failed within ${ct_bound_ms} ms" \
+    "${ms:-?} ms: ${line:-nothing}; $(cat "$work/ct-inf1")"
+fi
+spawn inf3 recv "${addr[inf3]}" 5851 4 7 "${big[@]}" "${ct[@]}" >"$work/ct-inf3-restarted" 2>&1
+rpid[inf3]=$!
+wait_listening inf3 5851
+wait "${spid[inf1]}"
+check "trainer -> inf1 while inf3 is killed behind it" 0 $? "$work/ct-tx" "^sent 4 versions.*, 0 failed attempts"
+wait "${rpid[inf1]}"
+check "inf1 received every version, reported inf3, caught it up dense, then cut-through again" 1 $? \
+  "$work/ct-inf1" "^received version 4 \(4 published, 0 failed\)" \
+  "^forwarded version 3 to ${addr[inf3]}:5851 \(store-and-forward: rlpt.sync.base_mismatch" \
+  "^forwarded version 4 to ${addr[inf3]}:5851 \(cut-through\)" "^forwarded version 4 to ${addr[inf2]}:5850 \(cut-through\)"
+wait "${rpid[inf2]}"
+check "inf2 received every version bit-exact through inf1" 0 $? "$work/ct-inf2" "^received version 4 \(4 published, 0 failed\)"
+wait "${rpid[inf3]}"
+check "inf3 (restarted) got version 3 dense, version 4 as a delta, bit-exact" 0 $? "$work/ct-inf3-restarted" \
+  "^published version 3 \(dense\)" "^published version 4 \(delta from version 3\)" "^received version 4 \(2 published"
 
 phase "7. the UCX transport: trainer -> inf1..inf4, an intruder, a chain, a host killed mid-update"
 ucx=(--transport ucx)

@@ -16,7 +16,7 @@
 // --insecure (no secret on a non-loopback address), --tags full|control, --timeout-s S (recv:
 // overall limit), --layers N, --extra-kib K (one more bf16 tensor of K KiB), --change F (the
 // fraction of elements each version changes, 0.02), --first V, --retries N (publish attempts
-// per version), --retry-pause-ms MS, --step-timeout-ms MS (sender_options::timeout or
+// per version), --retry-pause-ms MS, --version-pause-ms MS (between versions), --step-timeout-ms MS (sender_options::timeout or
 // receiver_options::timeout), --commit-timeout-ms MS (sender_options::commit_timeout),
 // --socket-buffer-kib K (tcp_options::socket_buffer), --bucket-kib K (plan buckets, 4 KiB by
 // default: many buckets, to exercise the protocol), --transport tcp|ucx (ucx: ucx_transport over
@@ -251,7 +251,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> to, tamper;
   std::uint64_t first = 1;
   int retries = 1;
-  std::chrono::milliseconds retry_pause{200};
+  std::chrono::milliseconds retry_pause{200}, version_pause{0};
   std::optional<std::chrono::milliseconds> step_timeout, commit_timeout;
   std::string transport = "tcp", ucx_tls = "tcp";
   std::uint64_t bucket_bytes = 4096;
@@ -287,6 +287,8 @@ int main(int argc, char** argv) {
       retries = std::stoi(argv[++a]);
     } else if (opt == "--retry-pause-ms" && more) {
       retry_pause = std::chrono::milliseconds(std::stoll(argv[++a]));
+    } else if (opt == "--version-pause-ms" && more) {
+      version_pause = std::chrono::milliseconds(std::stoll(argv[++a]));
     } else if (opt == "--step-timeout-ms" && more) {
       step_timeout = std::chrono::milliseconds(std::stoll(argv[++a]));
     } else if (opt == "--commit-timeout-ms" && more) {
@@ -326,7 +328,10 @@ int main(int argc, char** argv) {
       std::printf("sending from %.3f\n", wall_now()); // the model is built: timing starts here
       std::uint64_t wire = 0, failures = 0;
       for (std::uint64_t v = first; v <= versions; ++v) {
-        if (v > first) step_to(md, v);
+        if (v > first) {
+          std::this_thread::sleep_for(version_pause);
+          step_to(md, v);
+        }
         for (int attempt = 1;; ++attempt) {
           const auto t0 = std::chrono::steady_clock::now();
           try {
@@ -410,8 +415,9 @@ int main(int argc, char** argv) {
                         static_cast<unsigned long long>(r.sent.wire_bytes));
           if (!r.ok) {
             ++forward_failures;
-            std::printf("forwarding version %llu to %s failed: %s %s\n", static_cast<unsigned long long>(u.version),
-                        to[r.link].c_str(), r.error_id.c_str(), r.reason.c_str());
+            std::printf("forwarding version %llu to %s failed at %.3f: %s %s\n",
+                        static_cast<unsigned long long>(u.version), to[r.link].c_str(), wall_now(), r.error_id.c_str(),
+                        r.reason.c_str());
           }
         }
         // Every published version is exactly the sender's.

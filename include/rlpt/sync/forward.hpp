@@ -29,6 +29,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -48,7 +49,9 @@ struct forwarder_options {
   //! Cut-through: frames held between receiving and passing on (memory: that many buckets).
   std::size_t cut_through_frames = 4;
   //! Cut-through: how long a full queue may hold up receiving before the downstream hosts are
-  //! dropped from the update (they get it store-and-forward).
+  //! dropped from the update (they get it store-and-forward); at most a quarter of
+  //! receive.timeout, so that the upstream sender (whose timeouts are usually the same) does not
+  //! time out on this host.
   std::chrono::milliseconds cut_through_lag{5'000};
 };
 
@@ -108,7 +111,8 @@ private:
   static std::unique_ptr<detail::cut_through> tee(const std::vector<link*>& down, const forwarder_options& o,
                                                   link& upstream) {
     if (!o.cut_through || down.empty()) return nullptr;
-    return std::make_unique<detail::cut_through>(upstream, down, o.send, o.cut_through_frames, o.cut_through_lag);
+    return std::make_unique<detail::cut_through>(upstream, down, o.send, o.cut_through_frames,
+                                                 std::min(o.cut_through_lag, o.receive.timeout / 4));
   }
 
   void forward(std::uint64_t version) {
