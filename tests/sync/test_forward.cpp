@@ -112,6 +112,60 @@ void chain_case(bool cut) {
   CHECK(sent[0].wire_bytes == m.packed_bytes());
 }
 
+// trainer -> f1 -> {a, b}, three versions (dense, then deltas); b's link drops the first
+// payload message (a delta chunk) of version 2. What f1 reported per version, and what b saw.
+struct tree_run {
+  std::vector<std::vector<forward_result>> forwarded;
+  std::vector<update> seen_b;
+  std::uint64_t version_a = 0, version_b = 0;
+  bool dropped = false;
+};
+
+tree_run tree_case(std::uint64_t seed, bool cut, std::size_t b_updates) {
+  model md = make_model(seed);
+  const manifest m = plan(md.refs, small_buckets);
+  inproc_pipe p1, pa, pb;
+  inproc_transport t1(p1, role::sender), r1(p1, role::receiver), ta(pa, role::sender), ra(pa, role::receiver),
+      tb_inner(pb, role::sender), rb(pb, role::receiver);
+  faulty_link tb(tb_inner);
+  tree_run run;
+  tb.on_send = [&](std::size_t, std::vector<std::byte>& meta, std::span<std::byte>) {
+    const frame_type t = type_of(meta);
+    if (run.dropped || (t != frame_type::bucket && t != frame_type::delta) || frame_version(meta) != 2) return true;
+    run.dropped = true;
+    return false;
+  };
+  forwarder f1(r1, {&ta, &tb}, {},
+               {.send = {.delta = true, .timeout = 2s, .commit_timeout = 2s}, .cut_through = cut});
+  receiver a(ra, [](const tensor_view&) {}), b(rb, [](const tensor_view&) {}, {.timeout = 300ms});
+  sender tx(t1, m, md.refs, {.delta = true, .timeout = 10s});
+  {
+    forwarder_loop l1(f1);
+    receiver_loop la(a), lb(b);
+    for (std::uint64_t v = 1; v <= 3; ++v) {
+      if (v > 1) {
+        rlpt::test::rng r(seed * 1000 + v);
+        md.step(0.02, r);
+      }
+      tx.publish(v);
+      REQUIRE(la.wait(v).size() == v);
+      // f1 is done with b too once it reported version v.
+      const auto until = clock::now() + 20s;
+      while (l1.count() < v && clock::now() < until) std::this_thread::sleep_for(2ms);
+    }
+    l1.stop();
+    run.seen_b = lb.wait(b_updates);
+    la.stop();
+    lb.stop();
+    run.forwarded = l1.forwarded();
+  }
+  run.version_a = a.version();
+  run.version_b = b.version();
+  check_mirror(a, md);
+  check_mirror(b, md);
+  return run;
+}
+
 } // namespace
 
 TEST_CASE("forward: store-and-forward, a chain of hosts gets every version bit-exact, the trainer sends one copy") {
@@ -124,62 +178,27 @@ TEST_CASE("forward: cut-through, a chain of hosts gets every version bit-exact, 
 
 TEST_CASE("forward: store-and-forward in a tree, a host that misses a version is reported, the others complete, "
           "it catches up") {
-  model md = make_model(62);
-  const manifest m = plan(md.refs, small_buckets);
-  // trainer -> f1 -> {a, b}; b's link drops the first payload message (a delta chunk) of version 2.
-  inproc_pipe p1, pa, pb;
-  inproc_transport t1(p1, role::sender), r1(p1, role::receiver), ta(pa, role::sender), ra(pa, role::receiver),
-      tb_inner(pb, role::sender), rb(pb, role::receiver);
-  faulty_link tb(tb_inner);
-  bool dropped = false;
-  tb.on_send = [&](std::size_t, std::vector<std::byte>& meta, std::span<std::byte>) {
-    const frame_type t = type_of(meta);
-    if (dropped || (t != frame_type::bucket && t != frame_type::delta) || frame_version(meta) != 2) return true;
-    dropped = true;
-    return false;
-  };
-  forwarder f1(r1, {&ta, &tb}, {}, {.send = {.delta = true, .timeout = 2s}, .cut_through = false});
-  receiver a(ra, [](const tensor_view&) {}), b(rb, [](const tensor_view&) {}, {.timeout = 300ms});
-  sender tx(t1, m, md.refs, {.delta = true, .timeout = 10s});
-  forwarder_loop l1(f1);
-  receiver_loop la(a), lb(b);
-  for (std::uint64_t v = 1; v <= 3; ++v) {
-    if (v > 1) {
-      rlpt::test::rng r(4000 + v);
-      md.step(0.02, r);
-    }
-    tx.publish(v);
-    REQUIRE(la.wait(v).size() == v);
-    // f1 is done with b too once it reported version v.
-    const auto until = clock::now() + 20s;
-    while (l1.count() < v && clock::now() < until) std::this_thread::sleep_for(2ms);
-  }
-  l1.stop();
-  const auto ups_b = lb.wait(3);
-  la.stop();
-  lb.stop();
-  REQUIRE(l1.forwarded().size() == 3);
-  const auto& fw = l1.forwarded();
+  const tree_run run = tree_case(62, false, 3);
+  const auto& fw = run.forwarded;
+  REQUIRE(fw.size() == 3);
+  CHECK(run.dropped);
   // Version 2: a got it, b's transfer failed (reported with an id), b stayed on version 1.
   CHECK(fw[1][0].ok);
   CHECK_FALSE(fw[1][1].ok);
   CHECK(fw[1][1].error_id.rfind("rlpt.sync.", 0) == 0);
-  CHECK(dropped);
   // Version 3: a gets the delta from 2; b, still on 1, the delta from 1 (its sender's base is
-  // the last version b acknowledged), and ends on exactly the trainer's bytes.
+  // the last version b acknowledged), and ends on exactly the trainer's bytes (tree_case checks).
   CHECK(fw[2][0].ok);
   CHECK(fw[2][0].sent.delta);
   CHECK(fw[2][1].ok);
   CHECK(fw[2][1].sent.delta);
-  CHECK(a.version() == 3);
-  CHECK(b.version() == 3);
-  check_mirror(a, md);
-  check_mirror(b, md);
-  REQUIRE(ups_b.size() == 3);
-  CHECK(ups_b[0].published());
-  CHECK(ups_b[1].failed());
-  CHECK(ups_b[2].published());
-  CHECK(ups_b[2].base_version == 1);
+  CHECK(run.version_a == 3);
+  CHECK(run.version_b == 3);
+  REQUIRE(run.seen_b.size() == 3);
+  CHECK(run.seen_b[0].published());
+  CHECK(run.seen_b[1].failed());
+  CHECK(run.seen_b[2].published());
+  CHECK(run.seen_b[2].base_version == 1);
 }
 
 TEST_CASE("forward: cut-through passes a version on before this host has loaded it") {
@@ -216,42 +235,10 @@ TEST_CASE("forward: cut-through passes a version on before this host has loaded 
 
 TEST_CASE("forward: cut-through in a tree, a host that misses a frame gets the version from the mirror and is back "
           "on cut-through next") {
-  model md = make_model(64);
-  const manifest m = plan(md.refs, small_buckets);
-  // trainer -> f1 -> {a, b}; b's link drops the first payload message (a delta chunk) of version 2.
-  inproc_pipe p1, pa, pb;
-  inproc_transport t1(p1, role::sender), r1(p1, role::receiver), ta(pa, role::sender), ra(pa, role::receiver),
-      tb_inner(pb, role::sender), rb(pb, role::receiver);
-  faulty_link tb(tb_inner);
-  bool dropped = false;
-  tb.on_send = [&](std::size_t, std::vector<std::byte>& meta, std::span<std::byte>) {
-    const frame_type t = type_of(meta);
-    if (dropped || (t != frame_type::bucket && t != frame_type::delta) || frame_version(meta) != 2) return true;
-    dropped = true;
-    return false;
-  };
-  forwarder f1(r1, {&ta, &tb}, {}, {.send = {.delta = true, .timeout = 2s, .commit_timeout = 2s}});
-  receiver a(ra, [](const tensor_view&) {}), b(rb, [](const tensor_view&) {}, {.timeout = 300ms});
-  sender tx(t1, m, md.refs, {.delta = true, .timeout = 10s});
-  forwarder_loop l1(f1);
-  receiver_loop la(a), lb(b);
-  for (std::uint64_t v = 1; v <= 3; ++v) {
-    if (v > 1) {
-      rlpt::test::rng r(5000 + v);
-      md.step(0.02, r);
-    }
-    tx.publish(v);
-    REQUIRE(la.wait(v).size() == v);
-    const auto until = clock::now() + 20s;
-    while (l1.count() < v && clock::now() < until) std::this_thread::sleep_for(2ms);
-  }
-  l1.stop();
-  const auto ups_b = lb.wait(4);
-  la.stop();
-  lb.stop();
-  REQUIRE(l1.forwarded().size() == 3);
-  const auto& fw = l1.forwarded();
-  CHECK(dropped);
+  const tree_run run = tree_case(64, true, 4);
+  const auto& fw = run.forwarded;
+  REQUIRE(fw.size() == 3);
+  CHECK(run.dropped);
   for (std::size_t v = 0; v < 3; ++v) {
     CAPTURE(v);
     CHECK(fw[v][0].ok);
@@ -265,10 +252,9 @@ TEST_CASE("forward: cut-through in a tree, a host that misses a frame gets the v
   CHECK_FALSE(fw[1][1].sent.delta);
   CHECK(fw[2][1].cut_through);
   CHECK(fw[2][1].sent.delta);
-  CHECK(a.version() == 3);
-  CHECK(b.version() == 3);
-  check_mirror(a, md);
-  check_mirror(b, md);
+  CHECK(run.version_a == 3);
+  CHECK(run.version_b == 3);
+  const auto& ups_b = run.seen_b;
   REQUIRE(ups_b.size() == 4);
   CHECK(ups_b[0].published());
   CHECK(ups_b[1].failed());
