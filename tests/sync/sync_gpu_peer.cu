@@ -11,7 +11,7 @@
 //       NCCL receiver on GPU <device>: waits for versions first..last and checks every byte.
 //
 // Exit status 0 on success; errors are printed to stderr.
-#include "gpu_model.hpp"
+#include "gpu_tensors.cuh"
 
 #include <rlpt/cuda/sync/sync.cuh>
 #include <rlpt/sync/tcp.hpp>
@@ -31,32 +31,9 @@
 
 using namespace rlpt::sync;
 namespace model = rlpt::test::sync_gpu;
+using model::device_params;
 
 namespace {
-
-struct device_params {
-  std::vector<void*> ptrs;
-  std::vector<device_tensor> tensors;
-  explicit device_params(const std::vector<model::spec>& specs) {
-    for (const auto& s : specs) {
-      void* p = nullptr;
-      RLPT_CUDA_CHECK(cudaMalloc(&p, std::max<std::uint64_t>(1, s.nbytes())));
-      ptrs.push_back(p);
-      tensors.push_back({s.name, s.dtype, s.shape, p});
-    }
-  }
-  ~device_params() {
-    for (void* p : ptrs) static_cast<void>(cudaFree(p));
-  }
-  void upload(const std::vector<model::spec>& specs, std::uint64_t version) {
-    for (std::size_t i = 0; i < specs.size(); ++i) {
-      const auto bytes = model::tensor_bytes(specs[i], i, version);
-      RLPT_CUDA_CHECK(cudaMemcpy(ptrs[i], bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
-    }
-    // A pageable upload may return before its DMA landed: finish it before anything reads.
-    RLPT_CUDA_CHECK(cudaDeviceSynchronize());
-  }
-};
 
 //! A failed check of this process: printed by main(), exit status 1.
 template <class... Args> void require(bool ok, fmt::format_string<Args...> f, Args&&... args) {

@@ -135,8 +135,7 @@ tree_run tree_case(std::uint64_t seed, bool cut, std::size_t b_updates) {
     run.dropped = true;
     return false;
   };
-  forwarder f1(r1, {&ta, &tb}, {},
-               {.send = {.delta = true, .timeout = 2s, .commit_timeout = 2s}, .cut_through = cut});
+  forwarder f1(r1, {&ta, &tb}, {}, {.send = {.delta = true, .timeout = 2s, .commit_timeout = 2s}, .cut_through = cut});
   receiver a(ra, [](const tensor_view&) {}), b(rb, [](const tensor_view&) {}, {.timeout = 300ms});
   sender tx(t1, m, md.refs, {.delta = true, .timeout = 10s});
   {
