@@ -22,42 +22,21 @@ node=${1:?usage: netns_fanout.sh SYNC_NODE [MIB] [RATE] [ROUNDS]}
 mib=${2:-64}
 rate=${3:-1gbit}
 rounds=${4:-3}
-if [[ $(id -u) -ne 0 ]] || ! command -v ip >/dev/null; then echo "needs root and iproute2" >&2; exit 77; fi
-tag=f$$
-lan=rlpt-flan-$tag
-hosts=(trainer inf1 inf2 inf3 inf4)
+source "$(dirname "$0")/../../tests/sync/netns_lib.sh"
+netns_require_root
 declare -A addr=([trainer]=10.233.7.1 [inf1]=10.233.7.2 [inf2]=10.233.7.3 [inf3]=10.233.7.4 [inf4]=10.233.7.5)
-ns() { echo "rlpt-f$1-$tag"; }
 cleanup() {
-  for h in "${hosts[@]}"; do ip netns pids "$(ns "$h")" 2>/dev/null | xargs -r kill -9 2>/dev/null; done
-  for h in "${hosts[@]}"; do ip netns del "$(ns "$h")" 2>/dev/null; done
-  ip netns del "$lan" 2>/dev/null
+  netns_cleanup
   [[ -n ${KEEP:-} ]] && echo "kept $work" || rm -rf "$work"
 }
 work=$(mktemp -d)
 trap cleanup EXIT
-ip netns add "$lan" && ip -n "$lan" link add br0 type bridge && ip -n "$lan" link set br0 up
-i=0
-for h in "${hosts[@]}"; do
-  i=$((i + 1))
-  ip netns add "$(ns "$h")"
-  ip link add "v$tag$i" type veth peer name "p$tag$i"
-  ip link set "v$tag$i" netns "$(ns "$h")"
-  ip link set "p$tag$i" netns "$lan"
-  ip -n "$lan" link set "p$tag$i" master br0 up
-  ip -n "$(ns "$h")" link set "v$tag$i" name eth0
-  ip -n "$(ns "$h")" addr add "${addr[$h]}/24" dev eth0
-  ip -n "$(ns "$h")" link set eth0 up
-  ip -n "$(ns "$h")" link set lo up
-  ip netns exec "$(ns "$h")" tc qdisc add dev eth0 root tbf rate "$rate" burst 256kb latency 100ms
-done
+netns_lan f "f$$" trainer inf1 inf2 inf3 inf4
+for h in "${netns_hosts[@]}"; do nx "$h" tc qdisc add dev eth0 root tbf rate "$rate" burst 256kb latency 100ms; done
 export RLPT_JOB_SECRET=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
 opts=(--layers 2 --extra-kib $((mib * 1024)) --bucket-kib 1024 --secret-env RLPT_JOB_SECRET --step-timeout-ms 60000
   --commit-timeout-ms 60000 --transport "${TRANSPORT:-tcp}")
-nx() { local h=$1; shift; ip netns exec "$(ns "$h")" "$@"; }
-listening() { nx "$1" ss -Hltn "sport = :$2" | grep -q .; }
 wait_listening() { for _ in $(seq 500); do listening "$1" "$2" && return 0; sleep 0.02; done; return 1; }
-tx_bytes() { nx trainer cat /sys/class/net/eth0/statistics/tx_bytes; }
 recv() { # host port [--to host:port]...
   local h=$1 p=$2; shift 2
   local cmd=recv mode=(); [[ $# -gt 0 ]] && cmd=forward
@@ -66,7 +45,7 @@ recv() { # host port [--to host:port]...
     >"$work/$id.rx.$h" 2>&1 &
   pids+=($!)
 }
-echo "{\"machine\":\"$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)\",\"cores\":$(nproc),\"rate\":\"$rate\",\"transport\":\"${TRANSPORT:-tcp}\",\"model_mib\":$mib,\"load_before\":\"$(cut -d' ' -f1-3 /proc/loadavg)\"}"
+machine_json "rate:\"$rate\"" "transport:\"${TRANSPORT:-tcp}\"" "model_mib:$mib"
 port=6000
 for r in $(seq "$rounds"); do
   for layout in ${LAYOUTS:-direct chain-sf tree-sf chain tree}; do
@@ -92,7 +71,7 @@ for r in $(seq "$rounds"); do
       direct) for h in inf1 inf2 inf3 inf4; do wait_listening "$h" "$port"; done ;;
       *) for k in 1 2 3 4; do wait_listening "inf$k" $((port + k)); done ;;
     esac
-    b0=$(tx_bytes)
+    b0=$(tx_bytes trainer)
     if [[ $layout == direct ]]; then
       for h in inf1 inf2 inf3 inf4; do
         nx trainer timeout 300 "$node" send "${addr[$h]}" "$port" 1 7 "${opts[@]}" >"$work/$id.tx.$h" 2>&1 &
@@ -107,7 +86,7 @@ for r in $(seq "$rounds"); do
     t1=$(awk '/^published version 1 / {print $NF}' "$work/$id".rx.* | sort -n | tail -1)
     n=$(cat "$work/$id".rx.* | grep -c "^published version 1 ")
     [[ $n == 4 ]] || ok=false
-    echo "{\"layout\":\"$layout\",\"round\":$r,\"seconds\":$(echo "$t1 - $t0" | bc),\"trainer_uplink_bytes\":$(($(tx_bytes) - b0)),\"all_bit_exact\":$ok}"
+    echo "{\"layout\":\"$layout\",\"round\":$r,\"seconds\":$(echo "$t1 - $t0" | bc),\"trainer_uplink_bytes\":$(($(tx_bytes trainer) - b0)),\"all_bit_exact\":$ok}"
   done
 done
 echo "{\"load_after\":\"$(cut -d' ' -f1-3 /proc/loadavg)\"}"

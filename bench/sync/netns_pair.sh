@@ -12,10 +12,8 @@ runner=${1:?usage: netns_pair.sh BENCH_SYNC_RUNNER [TOTAL_MB] [REPS] [RATE]}
 total=${2:-1024}
 reps=${3:-3}
 rate=${4:-}
-if [[ $(id -u) -ne 0 ]] || ! command -v ip >/dev/null; then
-  echo "netns_pair.sh: needs root and iproute2" >&2
-  exit 77
-fi
+source "$(dirname "$0")/../../tests/sync/netns_lib.sh"
+netns_require_root
 tag=b$$
 a=rlpt-a-$tag
 b=rlpt-b-$tag
@@ -37,7 +35,7 @@ ip -n "$b" link set "vb$tag" up
 if [[ -n $rate ]]; then
   ip netns exec "$a" tc qdisc add dev "va$tag" root tbf rate "$rate" burst 1mb latency 50ms
 fi
-echo "{\"machine\":\"$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)\",\"cores\":$(nproc),\"rate\":\"${rate:-veth}\",\"load_before\":\"$(cut -d' ' -f1-3 /proc/loadavg)\"}"
+machine_json "rate:\"${rate:-veth}\""
 
 # The engine's own bandwidth test: host b serves, host a sends.
 if command -v ucx_perftest >/dev/null; then

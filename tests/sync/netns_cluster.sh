@@ -39,46 +39,19 @@
 #   netns_cluster.sh <path to sync_node>
 set -u
 node=${1:?usage: netns_cluster.sh SYNC_NODE}
-if [[ $(id -u) -ne 0 ]] || ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
-  echo "skipped: needs root and iproute2 (ip netns, tc)"
-  exit 77
-fi
+source "$(dirname "$0")/netns_lib.sh"
+netns_require_root
 t_start=${EPOCHREALTIME/./}
-tag=r$$
-lan=rlpt-lan-$tag
-hosts=(trainer inf1 inf2 inf3 inf4 relay intruder)
 infs=(inf1 inf2 inf3 inf4)
 declare -A addr=([trainer]=10.231.7.1 [inf1]=10.231.7.2 [inf2]=10.231.7.3 [inf3]=10.231.7.4 [inf4]=10.231.7.5
   [relay]=10.231.7.8 [intruder]=10.231.7.9)
-declare -A port # the bridge port (in $lan) of each host's link
-ns() { echo "rlpt-$1-$tag"; }
 cleanup() {
-  for h in "${hosts[@]}"; do ip netns pids "$(ns "$h")" 2>/dev/null | xargs -r kill -9 2>/dev/null; done
-  for h in "${hosts[@]}"; do ip netns del "$(ns "$h")" 2>/dev/null; done
-  ip netns del "$lan" 2>/dev/null
+  netns_cleanup
   rm -rf "$work"
 }
 work=$(mktemp -d)
 trap cleanup EXIT
-if ! ip netns add "$lan" 2>/dev/null; then
-  echo "skipped: cannot create network namespaces here"
-  exit 77
-fi
-ip -n "$lan" link add br0 type bridge && ip -n "$lan" link set br0 up
-i=0
-for h in "${hosts[@]}"; do
-  i=$((i + 1))
-  port[$h]=p$tag$i
-  ip netns add "$(ns "$h")"
-  ip link add "v$tag$i" type veth peer name "p$tag$i"
-  ip link set "v$tag$i" netns "$(ns "$h")"
-  ip link set "p$tag$i" netns "$lan"
-  ip -n "$lan" link set "p$tag$i" master br0 up
-  ip -n "$(ns "$h")" link set "v$tag$i" name eth0
-  ip -n "$(ns "$h")" addr add "${addr[$h]}/24" dev eth0
-  ip -n "$(ns "$h")" link set eth0 up
-  ip -n "$(ns "$h")" link set lo up
-done
+netns_lan "" "r$$" trainer inf1 inf2 inf3 inf4 relay intruder
 
 fail=0
 passed=0
@@ -99,7 +72,6 @@ check() { # name, expected exit (0 or nonzero), exit, output file, [extended reg
 }
 # A command in host $1's namespace; run: sync_node there, bounded by timeout(1); spawn: the
 # same in the background, $! its pid (timeout's, which passes a SIGTERM on to sync_node).
-nx() { local h=$1; shift; ip netns exec "$(ns "$h")" "$@"; }
 run() { local h=$1; shift; ip netns exec "$(ns "$h")" timeout -k 2 60 "$node" "$@"; }
 spawn() { local h=$1; shift; ip netns exec "$(ns "$h")" timeout -k 2 60 "$node" "$@" & }
 # Polls `command...` every 20 ms for up to $1 seconds; 1 if it never succeeded.
@@ -107,13 +79,9 @@ wait_until() {
   local until=$(($(now_us) + ${1%.*} * 1000000)); shift
   until "$@"; do (($(now_us) >= until)) && return 1; sleep 0.02; done
 }
-listening() { nx "$1" ss -Hltn "sport = :$2" | grep -q .; }
 wait_listening() { # host port
   wait_until 10 listening "$1" "$2" || failed "$1 listens on port $2" "not listening after 10 s"
 }
-kill_host() { ip netns pids "$(ns "$1")" | xargs -r kill -9; }
-rx_bytes() { nx "$1" cat /sys/class/net/eth0/statistics/rx_bytes; }
-tx_bytes() { nx "$1" cat /sys/class/net/eth0/statistics/tx_bytes; }
 tbf_sent() { # namespace device: bytes its root qdisc sent
   ip netns exec "$1" tc -s qdisc show dev "$2" | awk '/^qdisc tbf/ {q = 1} q && /Sent/ {print $2; exit}'
 }
