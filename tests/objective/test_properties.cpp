@@ -380,7 +380,7 @@ TEST_CASE("distillation: reverse-KL advantage against weighted teachers") {
   CHECK(r.loss == doctest::Approx(-(a0 * -1.0 + a1 * -2.0)));
 }
 
-TEST_CASE("the SSE2 and AVX2 row kernels give identical bits") {
+TEST_CASE("the SSE2, AVX2 and AVX-512 row kernels give identical bits") {
 #if RLPT_OBJECTIVE_AVX2_CLONE()
   if (!detail::cpu_has_avx2()) return;
   const batch<float> b(9, 300, 28, 0.4, 0.4);
@@ -405,7 +405,8 @@ TEST_CASE("the SSE2 and AVX2 row kernels give identical bits") {
     detail::objective_plan p = detail::make_plan(obj, in, basic_objective_grads<float>{});
     const detail::local_counts c = detail::count_local(p, in, host_executor{});
     for (detail::agg_plan* a : {&p.agg_policy, &p.agg_kl, &p.agg_entropy, &p.agg_value}) detail::resolve_local(*a, c);
-    grads<float> g1(b.size()), g2(b.size());
+    grads<float> g1(b.size()), g2(b.size()), g3(b.size());
+    int avx512_rows = 0;
     for (index_t s = 0; s < b.B; ++s) {
       const detail::objective_sums s1 = detail::host_row_default(p, in, g1.view(), s);
       const detail::objective_sums s2 = detail::host_row_avx2(p, in, g2.view(), s);
@@ -413,9 +414,23 @@ TEST_CASE("the SSE2 and AVX2 row kernels give identical bits") {
       CHECK(s1.kl == s2.kl);
       CHECK(s1.value == s2.value);
       CHECK(s1.clip_high == s2.clip_high);
+#if RLPT_OBJECTIVE_AVX512_CLONE()
+      if (detail::cpu_has_avx512()) {
+        const detail::objective_sums s3 = detail::host_row_avx512(p, in, g3.view(), s);
+        CHECK(s1.policy == s3.policy);
+        CHECK(s1.kl == s3.kl);
+        CHECK(s1.value == s3.value);
+        CHECK(s1.clip_high == s3.clip_high);
+        ++avx512_rows;
+      }
+#endif
     }
     CHECK(g1.logp == g2.logp);
     CHECK(g1.values == g2.values);
+    if (avx512_rows > 0) {
+      CHECK(g1.logp == g3.logp);
+      CHECK(g1.values == g3.values);
+    }
   }
 #else
   MESSAGE("no AVX2 clone in this build");
