@@ -41,8 +41,9 @@ struct engine {
       std::vector<std::byte> want(specs[i].numel() * size_of(targets[i].dtype));
       for (std::uint64_t e = 0; e < specs[i].numel(); ++e)
         rlpt::sync::detail::cast_element(specs[i].dtype, targets[i].dtype,
-                             reinterpret_cast<const unsigned char*>(wire.data()) + e * size_of(specs[i].dtype),
-                             reinterpret_cast<unsigned char*>(want.data()) + e * size_of(targets[i].dtype));
+                                         reinterpret_cast<const unsigned char*>(wire.data()) +
+                                             e * size_of(specs[i].dtype),
+                                         reinterpret_cast<unsigned char*>(want.data()) + e * size_of(targets[i].dtype));
       std::vector<std::byte> got(want.size());
       RLPT_CUDA_CHECK(cudaMemcpy(got.data(), ptrs[i], got.size(), cudaMemcpyDeviceToHost));
       CHECK_MESSAGE(got == want, "tensor ", specs[i].name, " of version ", version);

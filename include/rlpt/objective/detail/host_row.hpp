@@ -195,10 +195,9 @@ inline bool cpu_has_avx2() noexcept {
 
 #if RLPT_OBJECTIVE_AVX512_CLONE()
 template <class T>
-__attribute__((RLPT_OBJECTIVE_AVX512_ATTR)) objective_sums host_row_avx512(const objective_plan& p,
-                                                                         const basic_objective_inputs<T>& in,
-                                                                         const basic_objective_grads<T>& gr,
-                                                                         index_t b) {
+__attribute__((RLPT_OBJECTIVE_AVX512_ATTR)) objective_sums
+host_row_avx512(const objective_plan& p, const basic_objective_inputs<T>& in, const basic_objective_grads<T>& gr,
+                index_t b) {
   return host_row_body<T, host_stages_avx512<T>>(p, in, gr, b);
 }
 
