@@ -3,13 +3,22 @@
 """Bandwidth model of one weight update reaching N inference hosts (issue 20): how long the
 slowest host waits, direct fan-out from the trainer against rlpt's forwarders (sync/forward.hpp)
 in a chain and in trees, store-and-forward and cut-through (frames passed on as they arrive,
-the forwarder's default; what checkpoint engines do). A model, not a measurement: every host has one link of B bits/s each way,
-the trainer one uplink of B, transfers run at line rate, handshakes and per-bucket latency are
-ignored except where a bucket size is named. Prints a markdown table.
+the forwarder's default; what checkpoint engines do). A model, not a measurement: every host
+has one link of B bits/s each way, the trainer one uplink of B, transfers run at line rate,
+handshakes and per-bucket latency are ignored except where a bucket size is named. Prints a markdown table.
 
     python3 tools/sync_fanout_model.py [--bucket-mib 512]
 """
 import argparse
+
+
+def tree_levels(k, hosts):
+    """Levels of a tree in which the trainer feeds k hosts, each of those k more, ...: L levels
+    hold k + k^2 + ... + k^L hosts."""
+    levels = 1
+    while k * (k**levels - 1) // (k - 1) < hosts:
+        levels += 1
+    return levels
 
 
 def times(size_bytes, hosts, gbps, bucket_bytes):
@@ -22,12 +31,8 @@ def times(size_bytes, hosts, gbps, bucket_bytes):
         "chain (store-and-forward)": hosts * one,
     }
     for k in (2, 4, 8):
-        # The trainer feeds k hosts, each of those k more, ...: L levels hold k + k^2 + ... + k^L
-        # hosts; each level costs k copies over one uplink, in turn.
-        levels = 1
-        while k * (k**levels - 1) // (k - 1) < hosts:
-            levels += 1
-        out[f"tree k={k} (store-and-forward)"] = levels * k * one
+        # Each level costs k copies over one uplink, in turn.
+        out[f"tree k={k} (store-and-forward)"] = tree_levels(k, hosts) * k * one
     bucket = bucket_bytes / link
     # Cut-through: buckets flow down as they arrive; the last host finishes one bucket-time per
     # hop after the first copy has streamed through.
@@ -35,10 +40,7 @@ def times(size_bytes, hosts, gbps, bucket_bytes):
     # A cut-through tree: an inner host's uplink streams k copies at once (k times one copy), and
     # each level adds the k bucket-times a bucket needs to leave it.
     for k in (2, 4):
-        levels = 1
-        while k * (k**levels - 1) // (k - 1) < hosts:
-            levels += 1
-        out[f"tree k={k} (cut-through)"] = k * one + levels * k * bucket
+        out[f"tree k={k} (cut-through)"] = k * one + tree_levels(k, hosts) * k * bucket
     return out
 
 

@@ -33,6 +33,12 @@ public:
   [[nodiscard]] const std::vector<update>& seen() const { return seen_; }
   //! Updates reported so far (safe while running).
   [[nodiscard]] std::size_t count() const { return count_.load(); }
+  //! Waits (up to 20 s) until `n` updates were reported: the forwarder is done with version n
+  //! downstream too.
+  void wait(std::size_t n) const {
+    const auto until = clock::now() + 20s;
+    while (count() < n && clock::now() < until) std::this_thread::sleep_for(2ms);
+  }
 
 private:
   void run() {
@@ -112,6 +118,12 @@ void chain_case(bool cut) {
   CHECK(sent[0].wire_bytes == m.packed_bytes());
 }
 
+// trainer -> f1 -> leaf over two in-process pipes: t1/r1 the trainer's, t2/r2 f1's downstream.
+struct two_hops {
+  inproc_pipe p1, p2;
+  inproc_transport t1{p1, role::sender}, r1{p1, role::receiver}, t2{p2, role::sender}, r2{p2, role::receiver};
+};
+
 // trainer -> f1 -> {a, b}, three versions (dense, then deltas); b's link drops the first
 // payload message (a delta chunk) of version 2. What f1 reported per version, and what b saw.
 struct tree_run {
@@ -149,8 +161,7 @@ tree_run tree_case(std::uint64_t seed, bool cut, std::size_t b_updates) {
       tx.publish(v);
       REQUIRE(la.wait(v).size() == v);
       // f1 is done with b too once it reported version v.
-      const auto until = clock::now() + 20s;
-      while (l1.count() < v && clock::now() < until) std::this_thread::sleep_for(2ms);
+      l1.wait(v);
     }
     l1.stop();
     run.seen_b = lb.wait(b_updates);
@@ -205,8 +216,8 @@ TEST_CASE("forward: cut-through passes a version on before this host has loaded 
   // 1: only frames passed on as they arrive can get there (store-and-forward would wait for f1).
   model md = make_model(63);
   const manifest m = plan(md.refs, small_buckets);
-  inproc_pipe p1, p2;
-  inproc_transport t1(p1, role::sender), r1(p1, role::receiver), t2(p2, role::sender), r2(p2, role::receiver);
+  two_hops h;
+  auto &t1 = h.t1, &r1 = h.r1, &t2 = h.t2, &r2 = h.r2;
   receiver leaf(r2, [](const tensor_view&) {});
   std::atomic<bool> leaf_first{false};
   receiver_loop* leaf_loop = nullptr;
@@ -221,8 +232,7 @@ TEST_CASE("forward: cut-through passes a version on before this host has loaded 
   leaf_loop = &ll;
   forwarder_loop l1(f1);
   const publish_result sent = tx.publish(1);
-  const auto until = clock::now() + 20s;
-  while (l1.count() < 1 && clock::now() < until) std::this_thread::sleep_for(2ms);
+  l1.wait(1);
   l1.stop();
   CHECK(leaf_first);
   REQUIRE(l1.forwarded().size() == 1);
@@ -267,8 +277,8 @@ TEST_CASE("forward: cut-through in a tree, a host that misses a frame gets the v
 TEST_CASE("forward: cut-through, a host that does not hold the delta's base gets the version dense from the mirror") {
   model md = make_model(65);
   const manifest m = plan(md.refs, small_buckets);
-  inproc_pipe p1, p2;
-  inproc_transport t1(p1, role::sender), r1(p1, role::receiver), t2(p2, role::sender), r2(p2, role::receiver);
+  two_hops h;
+  auto &t1 = h.t1, &r1 = h.r1, &t2 = h.t2, &r2 = h.r2;
   forwarder f1(r1, {&t2}, {}, {.send = {.delta = true, .timeout = 10s}});
   sender tx(t1, m, md.refs, {.delta = true, .timeout = 10s});
   forwarder_loop l1(f1);
@@ -278,8 +288,7 @@ TEST_CASE("forward: cut-through, a host that does not hold the delta's base gets
       md.step(0.02, r);
     }
     tx.publish(v);
-    const auto until = clock::now() + 20s;
-    while (l1.count() < v && clock::now() < until) std::this_thread::sleep_for(2ms);
+    l1.wait(v);
   };
   {
     receiver first(r2, [](const tensor_view&) {});
@@ -322,9 +331,9 @@ TEST_CASE("forward: cut-through, bytes this host rejects are never published dow
   const manifest m = plan(md.refs, small_buckets);
   // The trainer's link flips a byte in version 2's first bucket: f1 NACKs, the leaf must not
   // publish version 2 (it checks the bytes itself, and f1 aborts the attempt downstream).
-  inproc_pipe p1, p2;
-  inproc_transport t1_inner(p1, role::sender), r1(p1, role::receiver), t2(p2, role::sender), r2(p2, role::receiver);
-  faulty_link t1(t1_inner);
+  two_hops h;
+  auto &r1 = h.r1, &t2 = h.t2, &r2 = h.r2;
+  faulty_link t1(h.t1);
   bool flipped = false;
   t1.on_send = [&](std::size_t, std::vector<std::byte>& meta, std::span<std::byte> payload) {
     if (!flipped && type_of(meta) == frame_type::bucket && frame_version(meta) == 2 && !payload.empty()) {
@@ -364,9 +373,9 @@ TEST_CASE("forward: cut-through, bytes this host rejects are never published dow
 TEST_CASE("forward: cut-through, a downstream host that stops taking frames does not hold up this host") {
   model md = make_model(67);
   const manifest m = plan(md.refs, small_buckets);
-  inproc_pipe p1, p2;
-  inproc_transport t1(p1, role::sender), r1(p1, role::receiver), t2_inner(p2, role::sender), r2(p2, role::receiver);
-  faulty_link t2(t2_inner);
+  two_hops h;
+  auto &t1 = h.t1, &r1 = h.r1, &r2 = h.r2;
+  faulty_link t2(h.t2);
   bool stalled = false;
   // Version 2's first bucket to the leaf takes 1.5 s to go out.
   t2.on_send = [&](std::size_t, std::vector<std::byte>& meta, std::span<std::byte>) {
@@ -388,8 +397,7 @@ TEST_CASE("forward: cut-through, a downstream host that stops taking frames does
       md.step(0.02, r);
     }
     tx.publish(v);
-    const auto until = clock::now() + 20s;
-    while (l1.count() < v && clock::now() < until) std::this_thread::sleep_for(2ms);
+    l1.wait(v);
   }
   l1.stop();
   const auto ups = ll.wait(4);
