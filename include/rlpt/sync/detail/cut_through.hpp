@@ -173,7 +173,7 @@ private:
     cv_.notify_all();
   }
 
-  // Ends attempt `tag` downstream unless it already settled (either thread).
+  // Ends attempt `tag` downstream unless it already settled (receiving thread: it owns passing_).
   void abort(std::uint64_t tag, std::string why) {
     {
       const std::lock_guard<std::mutex> g(mu_);
