@@ -29,6 +29,7 @@
 #include <rlpt/objective/inputs.hpp>
 
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -44,6 +45,7 @@ template <class T, int N> struct token_chunk {
   T kv[N], kg[N]; //!< KL value and gradient
   T vv[N], vg[N]; //!< value-loss value and gradient
   T tmp[N];       //!< scratch: clamped log rho after correction, x = logp - old after policy
+  T sums[8][N];   //!< the values of the sums a stage takes (chunk_sums; the host's chunks only)
   std::uint8_t valid[N], keep[N], inl[N], rej[N];
   std::uint32_t flags[N]; //!< policy clip events
   std::uint8_t vclip[N];
@@ -89,37 +91,177 @@ template <class V, class Count> struct token_acc {
 
 // ---- reductions over a chunk ---------------------------------------------------------------
 
-//! Sum of v[0..n) in fp64 over eight independent lanes (vectorises without reassociation).
-template <class T, int N> RLPT_HD_FORCEINLINE double lane_sum(const T (&v)[N], int n) {
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#define RLPT_OBJECTIVE_VECTOR_EXT() 1
+//! Eight values of T as one GCC vector (host reductions over a chunk). Each lane does what the
+//! scalar loop's lane does, so the results are the same bits; the compiler's vectoriser turned
+//! the scalar form into scalar code or gathers once several reductions shared a loop.
+template <class T> struct eight_lanes;
+#define RLPT_OBJECTIVE_EIGHT_LANES(T)                                                                                  \
+  template <> struct eight_lanes<T> {                                                                                  \
+    typedef T type __attribute__((vector_size(8 * sizeof(T)))); /* NOLINT(modernize-use-using) */                      \
+  }
+RLPT_OBJECTIVE_EIGHT_LANES(float);
+RLPT_OBJECTIVE_EIGHT_LANES(double);
+RLPT_OBJECTIVE_EIGHT_LANES(std::uint8_t);
+RLPT_OBJECTIVE_EIGHT_LANES(std::int32_t);
+RLPT_OBJECTIVE_EIGHT_LANES(std::int64_t);
+#undef RLPT_OBJECTIVE_EIGHT_LANES
+template <class T> using lanes8 = typename eight_lanes<T>::type;
+#else
+#define RLPT_OBJECTIVE_VECTOR_EXT() 0
+#endif
+
+//! The maxima of v[0..n) (hi) and, with Both, of -v[0..n) (neg_lo) where use[j], over eight
+//! lanes in one pass (-inf when no token is used).
+template <bool Both, class T, int N>
+RLPT_HD_FORCEINLINE void lane_maxima(const T (&v)[N], const std::uint8_t (&use)[N], int n, double& hi, double& neg_lo) {
+  constexpr T ninf = -std::numeric_limits<T>::infinity();
   if constexpr (N == 1) {
-    return static_cast<double>(v[0]);
+    hi = static_cast<double>(sel(use[0] != 0, v[0], ninf));
+    if constexpr (Both) neg_lo = static_cast<double>(sel(use[0] != 0, -v[0], ninf));
   } else {
-    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    T a[8], b[8];
     int j = 0;
+#if RLPT_OBJECTIVE_VECTOR_EXT()
+    using vec = lanes8<T>;
+    using bits = lanes8<std::conditional_t<sizeof(T) == 4, std::int32_t, std::int64_t>>;
+    vec va = ninf - vec{}, vb = va; // every lane -inf
+    for (; j + 8 <= n; j += 8) {
+      vec x;
+      lanes8<std::uint8_t> u8;
+      std::memcpy(&x, v + j, sizeof x);
+      std::memcpy(&u8, use + j, sizeof u8);
+      const bits u = __builtin_convertvector(u8, bits) != 0;
+      const vec xa = u ? x : va; // max_r(acc, sel(use, v, acc)) in each lane
+      va = va > xa ? va : xa;
+      if constexpr (Both) {
+        const vec xb = u ? -x : vb;
+        vb = vb > xb ? vb : xb;
+      }
+    }
+    std::memcpy(a, &va, sizeof a);
+    std::memcpy(b, &vb, sizeof b);
+#else
+    for (int k = 0; k < 8; ++k) a[k] = ninf, b[k] = ninf;
     for (; j + 8 <= n; j += 8)
-      for (int k = 0; k < 8; ++k) acc[k] += static_cast<double>(v[j + k]);
-    for (; j < n; ++j) acc[0] += static_cast<double>(v[j]);
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+      for (int k = 0; k < 8; ++k) {
+        const bool u = use[j + k] != 0;
+        a[k] = max_r(a[k], sel(u, v[j + k], a[k]));
+        if constexpr (Both) b[k] = max_r(b[k], sel(u, -v[j + k], b[k]));
+      }
+#endif
+    for (; j < n; ++j) {
+      const bool u = use[j] != 0;
+      a[0] = max_r(a[0], sel(u, v[j], a[0]));
+      if constexpr (Both) b[0] = max_r(b[0], sel(u, -v[j], b[0]));
+    }
+    T ma = a[0], mb = b[0];
+    for (int k = 1; k < 8; ++k) ma = max_r(ma, a[k]), mb = max_r(mb, b[k]);
+    hi = static_cast<double>(ma);
+    if constexpr (Both) neg_lo = static_cast<double>(mb);
   }
 }
 
-//! Maximum of v[0..n) where use[j], over eight lanes (-inf when none).
+//! Maximum of v[0..n) where use[j] (-inf when none).
 template <class T, int N> RLPT_HD_FORCEINLINE double lane_max(const T (&v)[N], const std::uint8_t (&use)[N], int n) {
-  constexpr T ninf = -std::numeric_limits<T>::infinity();
-  if constexpr (N == 1) {
-    return static_cast<double>(sel(use[0] != 0, v[0], ninf));
-  } else {
-    T acc[8];
-    for (int k = 0; k < 8; ++k) acc[k] = ninf;
-    int j = 0;
-    for (; j + 8 <= n; j += 8)
-      for (int k = 0; k < 8; ++k) acc[k] = max_r(acc[k], sel(use[j + k] != 0, v[j + k], acc[k]));
-    for (; j < n; ++j) acc[0] = max_r(acc[0], sel(use[j] != 0, v[j], acc[0]));
-    T m = acc[0];
-    for (int k = 1; k < 8; ++k) m = max_r(m, acc[k]);
-    return static_cast<double>(m);
-  }
+  double hi = 0, unused = 0;
+  lane_maxima<false>(v, use, n, hi, unused);
+  return hi;
 }
+
+//! The sums a stage takes over a chunk, in one pass: add() writes a term's values to a row of
+//! c.sums, finish() adds every row over eight fp64 lanes and adds each total to its target. The
+//! rows' chains are independent, where one lane_sum at a time waited on its own adds' latency;
+//! each total is lane_sum's, bit for bit. N == 1 (the device's chunk) adds each value at once.
+template <class T, int N, class V> class chunk_sums {
+public:
+  RLPT_HD_FORCEINLINE chunk_sums(token_chunk<T, N>& c, int n) : c_(c), n_(n) {}
+
+  //! Adds value(j) over the chunk's tokens to `to`.
+  template <class F> RLPT_HD_FORCEINLINE void add(V& to, F value) {
+    if constexpr (N == 1) {
+      to += static_cast<V>(static_cast<double>(value(0)));
+    } else {
+      T* row = c_.sums[rows_];
+      for (int j = 0; j < n_; ++j) row[j] = value(j);
+      to_[rows_++] = &to;
+    }
+  }
+
+  RLPT_HD_FORCEINLINE void finish() {
+    if constexpr (N != 1) {
+      switch (rows_) {
+      case 1:
+        finish_rows<1>();
+        break;
+      case 2:
+        finish_rows<2>();
+        break;
+      case 3:
+        finish_rows<3>();
+        break;
+      case 4:
+        finish_rows<4>();
+        break;
+      case 5:
+        finish_rows<5>();
+        break;
+      case 6:
+        finish_rows<6>();
+        break;
+      case 7:
+        finish_rows<7>();
+        break;
+      case 8:
+        finish_rows<8>();
+        break;
+      default:
+        break;
+      }
+      rows_ = 0;
+    }
+  }
+
+private:
+  template <int K> RLPT_HD_FORCEINLINE void finish_rows() {
+    const T* rows = &c_.sums[0][0];
+    const int n = n_;
+    int j = 0;
+#if RLPT_OBJECTIVE_VECTOR_EXT()
+    // Eight lanes as one vector per row: the loop as written below, which g++ 12 vectorised
+    // badly (scalar converts, inserts) once several rows were interleaved.
+    using lanes = lanes8<double>;
+    using lanes_t = lanes8<T>;
+    lanes v[K] = {};
+    for (; j + 8 <= n; j += 8)
+      for (int q = 0; q < K; ++q) {
+        lanes_t x;
+        std::memcpy(&x, rows + q * N + j, sizeof x);
+        v[q] += __builtin_convertvector(x, lanes);
+      }
+    double acc[K][8];
+    for (int q = 0; q < K; ++q)
+      for (int k = 0; k < 8; ++k) acc[q][k] = v[q][k];
+#else
+    double acc[K][8] = {};
+    for (; j + 8 <= n; j += 8)
+      for (int q = 0; q < K; ++q)
+        for (int k = 0; k < 8; ++k) acc[q][k] += static_cast<double>(rows[q * N + j + k]);
+#endif
+    for (; j < n; ++j)
+      for (int q = 0; q < K; ++q) acc[q][0] += static_cast<double>(rows[q * N + j]);
+    for (int q = 0; q < K; ++q) {
+      const double* a = acc[q];
+      *to_[q] += static_cast<V>(((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])));
+    }
+  }
+
+  token_chunk<T, N>& c_;
+  int n_;
+  int rows_ = 0;
+  V* to_[8] = {};
+};
 
 template <class F, int N> RLPT_HD_FORCEINLINE std::int32_t count(const F (&v)[N], int n) {
   std::int32_t c = 0;
@@ -286,29 +428,20 @@ RLPT_HD_FORCEINLINE void stats_chunk(const objective_plan& p, int n, token_chunk
   st.len += static_cast<double>(count(c.valid, n));
   for (int j = 0; j < n; ++j) c.rej[j] = static_cast<std::uint8_t>(c.valid[j] & c.keep[j]);
   st.len_keep += static_cast<double>(count(c.rej, n));
+  chunk_sums<T, N, double> sums(c, n);
   if (p.use_rs && p.rs_seq) {
     const rs_stat stat = p.corr.reject.stat;
     for (int j = 0; j < n; ++j) c.pv[j] = rs_token_stat(stat, c.tmp[j]);
-    for (int j = 0; j < n; ++j) c.pg[j] = sel(c.valid[j] != 0, c.pv[j], T(0));
-    st.rs_sum += lane_sum(c.pg, n);
+    sums.add(st.rs_sum, [&](int j) { return sel(c.valid[j] != 0, c.pv[j], T(0)); });
     const double m = lane_max(c.pv, c.valid, n);
     st.rs_max = m > st.rs_max ? m : st.rs_max;
   }
   if (p.use_is && p.is_seq) {
     const T* num = p.corr.numerator == ratio_numerator::proximal ? c.old : c.lp;
-    for (int j = 0; j < n; ++j) {
-      const T lr = num[j] - c.behav[j];
-      c.pg[j] = sel(c.valid[j] != 0, lr, T(0));
-    }
-    st.sum_lr += lane_sum(c.pg, n);
+    sums.add(st.sum_lr, [&](int j) { return sel(c.valid[j] != 0, num[j] - c.behav[j], T(0)); });
   }
-  if (p.policy == policy_kind::gspo) {
-    for (int j = 0; j < n; ++j) {
-      const T x = c.lp[j] - c.old[j];
-      c.pg[j] = sel(c.inl[j] != 0, x, T(0));
-    }
-    st.sum_x += lane_sum(c.pg, n);
-  }
+  if (p.policy == policy_kind::gspo)
+    sums.add(st.sum_x, [&](int j) { return sel(c.inl[j] != 0, c.lp[j] - c.old[j], T(0)); });
   if (p.policy == policy_kind::gmpo) {
     const gmpo o = p.gm;
     for (int j = 0; j < n; ++j) {
@@ -316,14 +449,14 @@ RLPT_HD_FORCEINLINE void stats_chunk(const objective_plan& p, int n, token_chunk
       std::uint32_t f;
       gmpo_token(o, c.lp[j] - c.old[j], c.adv[j], xs, dxs, f);
       c.pv[j] = sel(c.inl[j] != 0, xs, T(0));
-      c.pg[j] = sel(c.inl[j] != 0, c.adv[j], T(0));
     }
-    st.sum_xs += lane_sum(c.pv, n);
-    st.sum_adv += lane_sum(c.pg, n);
+    sums.add(st.sum_xs, [&](int j) { return c.pv[j]; });
+    sums.add(st.sum_adv, [&](int j) { return sel(c.inl[j] != 0, c.adv[j], T(0)); });
     if (p.use_is && !p.is_seq)
       for (int j = 0; j < n; ++j) // log has no vectorised form here; GMPO with token weights is rare
         if (c.inl[j]) st.sum_logw += static_cast<double>(log_r(c.w[j] + T(1e-10)));
   }
+  sums.finish();
 }
 
 //! The policy term of each token: value pv and gradient pg (before weights and alpha).
@@ -489,39 +622,19 @@ RLPT_HD_FORCEINLINE void combine_chunk(const objective_plan& p, const token_cons
     }
   }
   // Term sums over the tokens in the loss.
-  for (int j = 0; j < n; ++j) {
-    const T v = c.w[j] * c.pv[j];
-    c.tmp[j] = sel(c.inl[j] != 0, v, T(0));
-  }
-  a.policy += static_cast<V>(lane_sum(c.tmp, n));
-  if (seq_gspo) {
-    for (int j = 0; j < n; ++j) {
-      const T v = c.w[j] * c.pg[j];
-      c.tmp[j] = sel(c.inl[j] != 0, v, T(0));
-    }
-    a.dcoef += static_cast<V>(lane_sum(c.tmp, n));
-  }
-  if (kl) {
-    for (int j = 0; j < n; ++j) c.tmp[j] = sel(c.inl[j] != 0, c.kv[j], T(0));
-    a.kl += static_cast<V>(lane_sum(c.tmp, n));
-  }
-  if (p.has_entropy) {
-    for (int j = 0; j < n; ++j) c.tmp[j] = sel(c.inl[j] != 0, c.ent[j], T(0));
-    a.entropy += static_cast<V>(lane_sum(c.tmp, n));
-  }
+  chunk_sums<T, N, V> sums(c, n);
+  sums.add(a.policy, [&](int j) { return sel(c.inl[j] != 0, c.w[j] * c.pv[j], T(0)); });
+  if (seq_gspo) sums.add(a.dcoef, [&](int j) { return sel(c.inl[j] != 0, c.w[j] * c.pg[j], T(0)); });
+  if (kl) sums.add(a.kl, [&](int j) { return sel(c.inl[j] != 0, c.kv[j], T(0)); });
+  if (p.has_entropy) sums.add(a.entropy, [&](int j) { return sel(c.inl[j] != 0, c.ent[j], T(0)); });
   if (p.use_value) {
-    for (int j = 0; j < n; ++j) c.tmp[j] = sel(c.inl[j] != 0, c.vv[j], T(0));
-    a.value += static_cast<V>(lane_sum(c.tmp, n));
+    sums.add(a.value, [&](int j) { return sel(c.inl[j] != 0, c.vv[j], T(0)); });
     for (int j = 0; j < n; ++j) c.vclip[j] = c.inl[j] & c.vclip[j];
     a.vclip += static_cast<Count>(count(c.vclip, n));
   }
-  if (p.has_old) {
-    for (int j = 0; j < n; ++j) {
-      const T v = c.old[j] - c.lp[j];
-      c.tmp[j] = sel(c.inl[j] != 0, v, T(0));
-    }
-    a.approx_kl += static_cast<V>(lane_sum(c.tmp, n));
-  }
+  if (p.has_old) sums.add(a.approx_kl, [&](int j) { return sel(c.inl[j] != 0, c.old[j] - c.lp[j], T(0)); });
+  if (p.use_is) sums.add(a.w_sum, [&](int j) { return sel(c.valid[j] != 0, c.w[j], T(0)); });
+  sums.finish();
   std::int32_t low = 0, high = 0, dual = 0, clamped = 0;
   for (int j = 0; j < n; ++j) {
     const std::uint32_t f = c.flags[j] & (0u - static_cast<std::uint32_t>(c.inl[j]));
@@ -539,12 +652,11 @@ RLPT_HD_FORCEINLINE void combine_chunk(const objective_plan& p, const token_cons
   a.in_loss += static_cast<Count>(count(c.inl, n));
   a.rejected += static_cast<Count>(count(c.rej, n));
   if (p.use_is) {
-    for (int j = 0; j < n; ++j) c.tmp[j] = sel(c.valid[j] != 0, c.w[j], T(0));
-    a.w_sum += static_cast<V>(lane_sum(c.tmp, n));
-    const V hi = static_cast<V>(lane_max(c.w, c.valid, n));
+    double hi_w = 0, neg_lo_w = 0;
+    lane_maxima<true>(c.w, c.valid, n, hi_w, neg_lo_w);
+    const V hi = static_cast<V>(hi_w);
     a.w_max = hi > a.w_max ? hi : a.w_max;
-    for (int j = 0; j < n; ++j) c.tmp[j] = -c.w[j];
-    const V lo = -static_cast<V>(lane_max(c.tmp, c.valid, n));
+    const V lo = -static_cast<V>(neg_lo_w);
     a.w_min = lo < a.w_min ? lo : a.w_min;
   } else if (valid > 0) {
     a.w_sum += static_cast<V>(valid);
