@@ -312,14 +312,33 @@ RLPT_HD_FORCEINLINE int load_chunk(const objective_plan& p, const basic_objectiv
   } else {
     for (int j = 0; j < n; ++j) c.valid[j] = 1;
   }
-  for (int j = 0; j < n; ++j) c.rej[j] = 0; // scratch: non-finite flags
+  // Non-finite inputs set c.rej. On the host the copies only note whether any value of the
+  // chunk has an all-ones exponent (a max over the exponent bits vectorises with no per-token
+  // work), and the flags are computed from the copies for a chunk that has one.
+  for (int j = 0; j < n; ++j) c.rej[j] = 0;
+  using bits_t = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+  constexpr bits_t exp_bits = sizeof(T) == 4 ? bits_t(0x7f800000u) : bits_t(0x7ff0000000000000ull);
+  bits_t seen = 0;
+  const T* copies[9] = {};
+  int ncopies = 0;
   auto fill = [&](T(&dst)[N], const view<const T, M>& src, bool present) {
     if (!present) return;
     const T* s = src.data() + i0;
-    for (int j = 0; j < n; ++j) {
-      const T x = s[j];
-      dst[j] = x;
-      c.rej[j] = static_cast<std::uint8_t>(c.rej[j] | static_cast<std::uint8_t>(!finite_r(x)));
+    if constexpr (N == 1) {
+      dst[0] = s[0];
+      c.rej[0] = static_cast<std::uint8_t>(c.rej[0] | static_cast<std::uint8_t>(!finite_r(s[0])));
+    } else {
+      bits_t e = 0;
+      for (int j = 0; j < n; ++j) {
+        const T x = s[j];
+        dst[j] = x;
+        bits_t u;
+        std::memcpy(&u, &x, sizeof u);
+        u &= exp_bits;
+        e = e > u ? e : u;
+      }
+      seen = seen > e ? seen : e;
+      copies[ncopies++] = dst;
     }
   };
   fill(c.lp, in.logp, in.logp.size() != 0);
@@ -337,6 +356,12 @@ RLPT_HD_FORCEINLINE int load_chunk(const objective_plan& p, const basic_objectiv
   fill(c.v, in.values, p.use_value);
   fill(c.ret, in.returns, p.use_value);
   fill(c.v_old, in.old_values, p.use_value && in.old_values.size() != 0);
+  if (seen == exp_bits)
+    for (int k = 0; k < ncopies; ++k) {
+      const T* v = copies[k];
+      for (int j = 0; j < n; ++j)
+        c.rej[j] = static_cast<std::uint8_t>(c.rej[j] | static_cast<std::uint8_t>(!finite_r(v[j])));
+    }
   if (p.distill_coef != 0.0) {
     for (int j = 0; j < n; ++j) c.tmp[j] = T(0);
     RLPT_OBJECTIVE_ROLLED // unrolled on the device, the teachers' loads and weights took ~20 registers
