@@ -230,7 +230,8 @@ private:
     int j = 0;
 #if RLPT_OBJECTIVE_VECTOR_EXT()
     // Eight lanes as one vector per row: the loop as written below, which g++ 12 vectorised
-    // badly (scalar converts, inserts) once several rows were interleaved.
+    // badly (scalar converts, inserts) once several rows were interleaved. The widening is
+    // spelt lane by lane: __builtin_convertvector became two half converts and an insert.
     using lanes = lanes8<double>;
     using lanes_t = lanes8<T>;
     lanes v[K] = {};
@@ -238,7 +239,7 @@ private:
       for (int q = 0; q < K; ++q) {
         lanes_t x;
         std::memcpy(&x, rows + q * N + j, sizeof x);
-        v[q] += __builtin_convertvector(x, lanes);
+        v[q] += lanes{x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7]};
       }
     double acc[K][8];
     for (int q = 0; q < K; ++q)
