@@ -7,6 +7,7 @@
 #pragma once
 
 #include <rlpt/config.hpp>
+#include <rlpt/core/float_bits.hpp>
 #include <rlpt/core/error.hpp>
 #include <rlpt/core/executor.hpp>
 #include <rlpt/core/groups.hpp>
@@ -47,17 +48,6 @@ enum class mask_mode : std::uint8_t {
 };
 
 namespace detail {
-
-//! Finiteness by bit pattern, so that -ffast-math in a user's build cannot fold the test away.
-RLPT_HD_FORCEINLINE bool finite(float x) {
-#if RLPT_DEVICE_PASS()
-  return (__float_as_uint(x) & 0x7f800000u) != 0x7f800000u;
-#else
-  std::uint32_t u = 0;
-  std::memcpy(&u, &x, sizeof u);
-  return (u & 0x7f800000u) != 0x7f800000u;
-#endif
-}
 
 //! fp64 product and sum that never contract into an FMA, so that host and device round alike.
 RLPT_HD_FORCEINLINE double mul_rn(double a, double b) {

@@ -102,17 +102,24 @@ RLPT_HD float whiten_value(float x, const whiten_transform& t) {
 //! Whitens n values (0 where masked or not finite) and returns how many valid ones were not
 //! finite. Branch-free (bitwise &, the value computed everywhere), so the loop vectorises.
 template <bool HasMask>
-index_t whiten_span(const float* x, const mask_t* m, float* y, index_t n, const whiten_transform& t) {
-  index_t bad = 0;
-  for (index_t i = 0; i < n; ++i) {
-    const float v = x[i];
-    const bool valid = !HasMask || m[i] != 0;
-    const bool ok = valid & finite(v);
-    const float w = whiten_value(v, t); // computed for every slot: no branch
-    bad += (valid & !ok) ? 1 : 0;
-    y[i] = ok ? w : 0.0f;
-  }
-  return bad;
+index_t whiten_span(const float* x, const mask_t* m, float* y, index_t n, const whiten_transform& tr) {
+  // The transform is a local copy, an in-place span reads and writes through one pointer, and
+  // the masked value is a bit select: with a reference that y's stores might change, x and y
+  // that might overlap, or ?: over a computed value, g++ kept the loop scalar.
+  const whiten_transform t = tr;
+  auto run = [&](const float* src, float* dst) {
+    index_t bad = 0;
+    for (index_t i = 0; i < n; ++i) {
+      const float v = src[i];
+      const bool valid = !HasMask || m[i] != 0;
+      const bool ok = valid & finite(v);
+      const float w = whiten_value(v, t); // computed for every slot: no branch
+      bad += (valid & !ok) ? 1 : 0;
+      dst[i] = sel(ok, w, 0.0f);
+    }
+    return bad;
+  };
+  return x == y ? run(y, y) : run(x, y);
 }
 
 inline void check_whiten_options(const whiten_options& o) {

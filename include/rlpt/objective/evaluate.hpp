@@ -363,7 +363,7 @@ inline void resolve_local(agg_plan& a, const local_counts& c) {
 template <class T>
 [[noreturn]] void raise_nonfinite(const objective_plan& p, const basic_objective_inputs<T>& in, double count) {
   const token_layout& L = in.layout;
-  auto bad_value = [](T x) { return !finite_r(x); };
+  auto bad_value = [](T x) { return !finite(x); };
   for (index_t b = 0; b < L.num_seqs(); ++b) {
     for (index_t t = 0; t < L.length(b); ++t) {
       const index_t i = L.at(b, t);

@@ -3,10 +3,12 @@
 //! Scalar helpers the objective family's per-token math shares between host and device:
 //! exp that vectorises on the host, clamps that report whether autograd would let a gradient
 //! through (torch.clamp passes it for lo <= x <= hi), tie-splitting max/min (torch.maximum and
-//! torch.minimum send half of the gradient to each side on a tie), and finite checks.
+//! torch.minimum send half of the gradient to each side on a tie). The select and finite test
+//! are core's (core/float_bits.hpp).
 #pragma once
 
 #include <rlpt/config.hpp>
+#include <rlpt/core/float_bits.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -15,39 +17,6 @@
 
 RLPT_NAMESPACE_BEGIN
 namespace detail {
-
-//! c ? a : b without a branch. GCC keeps a floating-point operation that may trap out of a
-//! conditional arm (-ftrapping-math is the default), so a plain ?: whose arm computes something
-//! keeps a loop scalar; blending the bits does not (and is what the vector code does anyway).
-//! Changing the flag for the row kernels instead (optimize attribute) blocks their inlining.
-RLPT_HD_FORCEINLINE float sel(bool c, float a, float b) {
-#if RLPT_DEVICE_PASS()
-  return c ? a : b;
-#else
-  std::uint32_t ua, ub;
-  std::memcpy(&ua, &a, sizeof(ua));
-  std::memcpy(&ub, &b, sizeof(ub));
-  const std::uint32_t m = 0u - static_cast<std::uint32_t>(c);
-  const std::uint32_t r = (ua & m) | (ub & ~m);
-  float f;
-  std::memcpy(&f, &r, sizeof(f));
-  return f;
-#endif
-}
-RLPT_HD_FORCEINLINE double sel(bool c, double a, double b) {
-#if RLPT_DEVICE_PASS()
-  return c ? a : b;
-#else
-  std::uint64_t ua, ub;
-  std::memcpy(&ua, &a, sizeof(ua));
-  std::memcpy(&ub, &b, sizeof(ub));
-  const std::uint64_t m = 0u - static_cast<std::uint64_t>(c);
-  const std::uint64_t r = (ua & m) | (ub & ~m);
-  double f;
-  std::memcpy(&f, &r, sizeof(f));
-  return f;
-#endif
-}
 
 //! exp(x) for float on the host: Cody-Waite reduction and a degree-7 Taylor polynomial
 //! (max error about 2 ulp), written without calls or branches so loops over it vectorise.
@@ -121,18 +90,6 @@ template <class R> RLPT_HD_FORCEINLINE R dmin(R a, R b, R da, R db) {
 template <class R> RLPT_HD_FORCEINLINE R max_r(R a, R b) { return sel(a > b, a, b); }
 
 template <class R> RLPT_HD_FORCEINLINE R min_r(R a, R b) { return sel(a < b, a, b); }
-
-//! Finite without calling into libm (vectorises; NaN and +-inf fail).
-RLPT_HD_FORCEINLINE bool finite_r(float x) {
-  std::uint32_t u;
-  std::memcpy(&u, &x, sizeof(u));
-  return (u & 0x7f800000u) != 0x7f800000u;
-}
-RLPT_HD_FORCEINLINE bool finite_r(double x) {
-  std::uint64_t u;
-  std::memcpy(&u, &x, sizeof(u));
-  return (u & 0x7ff0000000000000ull) != 0x7ff0000000000000ull;
-}
 
 //! torch.sign.
 template <class R> RLPT_HD_FORCEINLINE R sign_r(R x) { return sel(x > R(0), R(1), sel(x < R(0), R(-1), R(0))); }

@@ -327,7 +327,7 @@ RLPT_HD_FORCEINLINE int load_chunk(const objective_plan& p, const basic_objectiv
     const T* s = src.data() + i0;
     if constexpr (N == 1) {
       dst[0] = s[0];
-      c.rej[0] = static_cast<std::uint8_t>(c.rej[0] | static_cast<std::uint8_t>(!finite_r(s[0])));
+      c.rej[0] = static_cast<std::uint8_t>(c.rej[0] | static_cast<std::uint8_t>(!finite(s[0])));
     } else {
       bits_t e = 0;
       for (int j = 0; j < n; ++j) {
@@ -348,7 +348,7 @@ RLPT_HD_FORCEINLINE int load_chunk(const objective_plan& p, const basic_objectiv
   fill(c.ref, in.ref_logp, p.has_ref);
   if (p.has_seq_adv) {
     const T a = in.seq_adv[b];
-    const std::uint8_t bad = finite_r(a) ? 0 : 1;
+    const std::uint8_t bad = finite(a) ? 0 : 1;
     for (int j = 0; j < n; ++j) c.adv[j] = a, c.rej[j] = static_cast<std::uint8_t>(c.rej[j] | bad);
   } else {
     fill(c.adv, in.adv, p.has_adv);
@@ -361,7 +361,7 @@ RLPT_HD_FORCEINLINE int load_chunk(const objective_plan& p, const basic_objectiv
     for (int k = 0; k < ncopies; ++k) {
       const T* v = copies[k];
       for (int j = 0; j < n; ++j)
-        c.rej[j] = static_cast<std::uint8_t>(c.rej[j] | static_cast<std::uint8_t>(!finite_r(v[j])));
+        c.rej[j] = static_cast<std::uint8_t>(c.rej[j] | static_cast<std::uint8_t>(!finite(v[j])));
     }
   if (p.distill_coef != 0.0) {
     for (int j = 0; j < n; ++j) c.tmp[j] = T(0);
@@ -371,7 +371,7 @@ RLPT_HD_FORCEINLINE int load_chunk(const objective_plan& p, const basic_objectiv
       const T wk = T(p.teacher_w[k]);
       for (int j = 0; j < n; ++j) {
         c.tmp[j] += wk * tk[j];
-        c.rej[j] = static_cast<std::uint8_t>(c.rej[j] | static_cast<std::uint8_t>(!finite_r(tk[j])));
+        c.rej[j] = static_cast<std::uint8_t>(c.rej[j] | static_cast<std::uint8_t>(!finite(tk[j])));
       }
     }
     const T* student = p.student == student_logp::behaviour  ? c.behav
