@@ -171,9 +171,11 @@ template <class T, int N> RLPT_HD_FORCEINLINE double lane_max(const T (&v)[N], c
 }
 
 //! The sums a stage takes over a chunk, in one pass: add() writes a term's values to a row of
-//! c.sums, finish() adds every row over eight fp64 lanes and adds each total to its target. The
-//! rows' chains are independent, where one lane_sum at a time waited on its own adds' latency;
-//! each total is lane_sum's, bit for bit. N == 1 (the device's chunk) adds each value at once.
+//! c.sums, finish() adds every row over eight fp64 lanes (value j into lane j % 8, in order,
+//! then ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))) and adds each total to its target.
+//! The rows' chains are independent, where summing one row at a time waited on its own adds'
+//! latency; each total is the one that row alone gives. N == 1 (the device's chunk) adds each
+//! value at once.
 template <class T, int N, class V> class chunk_sums {
 public:
   RLPT_HD_FORCEINLINE chunk_sums(token_chunk<T, N>& c, int n) : c_(c), n_(n) {}
@@ -183,6 +185,7 @@ public:
     if constexpr (N == 1) {
       to += static_cast<V>(static_cast<double>(value(0)));
     } else {
+      if (rows_ == max_rows) finish(); // every row in use: take these sums now
       T* row = c_.sums[rows_];
       for (int j = 0; j < n_; ++j) row[j] = value(j);
       to_[rows_++] = &to;
@@ -258,10 +261,13 @@ private:
     }
   }
 
+  static constexpr int max_rows = static_cast<int>(std::extent_v<decltype(token_chunk<T, N>::sums)>);
+  static_assert(max_rows == 8, "finish() takes 1 to 8 rows");
+
   token_chunk<T, N>& c_;
   int n_;
   int rows_ = 0;
-  V* to_[8] = {};
+  V* to_[max_rows] = {};
 };
 
 template <class F, int N> RLPT_HD_FORCEINLINE std::int32_t count(const F (&v)[N], int n) {
