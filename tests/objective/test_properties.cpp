@@ -450,8 +450,8 @@ objective_result scalar_reference(const objective& obj, const basic_objective_in
   for (detail::agg_plan* a : {&p.agg_policy, &p.agg_kl, &p.agg_entropy, &p.agg_value})
     detail::resolve_local(*a, counts);
   using stages = detail::inline_stages;
-  detail::token_chunk<double, 1>
-      c{}; // zeroed: g++ 12 cannot see that every read slot was written (-Wmaybe-uninitialized)
+  // Zeroed: g++ 12 cannot see that every slot read was written first (-Wmaybe-uninitialized).
+  detail::token_chunk<double, 1> c{};
   detail::zero_absent(p, in, c);
   detail::objective_sums total;
   for (index_t b = 0; b < in.layout.num_seqs(); ++b) {

@@ -61,12 +61,7 @@ inline void valid_lengths(const token_layout& layout, view<const mask_t> mask, v
   detail::expect_size("out", out.size(), layout.num_seqs(), "one length per sequence");
   const mask_t* m = mask.empty() ? nullptr : mask.data();
   ex.parallel_for(layout.num_seqs(), detail::seq_grain(layout), [&](index_t b0, index_t b1) {
-    for (index_t b = b0; b < b1; ++b) {
-      index_t n = 0;
-      const index_t base = layout.begin(b), len = layout.length(b);
-      for (index_t t = 0; t < len; ++t) n += detail::valid_at(m, base + t) ? 1 : 0;
-      out[b] = n;
-    }
+    for (index_t b = b0; b < b1; ++b) out[b] = detail::count_valid(m ? m + layout.begin(b) : nullptr, layout.length(b));
   });
 }
 

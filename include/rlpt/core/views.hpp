@@ -30,6 +30,7 @@
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <span>
 #include <string_view>
@@ -307,6 +308,21 @@ template <class T> using device_view2d = view2d<T, memory_space::device>;
 using mask_t = std::uint8_t;
 
 namespace detail {
+
+//! Valid slots among m[0..n) (all n when m is null). Blocks of 32-bit counts keep the byte loop
+//! vectorised; a 64-bit count per slot did not.
+inline index_t count_valid(const mask_t* m, index_t n) noexcept {
+  if (m == nullptr) return n;
+  constexpr index_t block = index_t{1} << 16;
+  index_t total = 0;
+  for (index_t t0 = 0; t0 < n; t0 += block) {
+    const index_t t1 = n - t0 < block ? n : t0 + block;
+    std::uint32_t c = 0;
+    for (index_t t = t0; t < t1; ++t) c += m[t] != 0 ? 1u : 0u;
+    total += static_cast<index_t>(c);
+  }
+  return total;
+}
 
 inline void bad_view_size(index_t size) { RLPT_FAIL(errors::view::bad_shape, "view size {} is negative", size); }
 

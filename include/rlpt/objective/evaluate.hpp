@@ -327,19 +327,8 @@ local_counts count_local(const objective_plan& p, const basic_objective_inputs<T
           const index_t n = L.length(b);
           if (p.removes || p.nonfinite == nonfinite::mask) {
             len = row_finish(p, host_row_stats(p, in, b, chunk)).len_loss;
-          } else if (in.mask.size() == 0) {
-            len = static_cast<double>(n);
           } else {
-            // A plain byte loop with 32-bit counts vectorises (mask_valid per slot into 64 bits did not).
-            const mask_t* m = in.mask.data() + base;
-            index_t cnt = 0;
-            for (index_t t0 = 0; t0 < n; t0 += 65536) {
-              const index_t t1 = std::min<index_t>(n, t0 + 65536);
-              std::uint32_t block = 0;
-              for (index_t t = t0; t < t1; ++t) block += m[t] != 0 ? 1u : 0u;
-              cnt += static_cast<index_t>(block);
-            }
-            len = static_cast<double>(cnt);
+            len = static_cast<double>(count_valid(in.mask.size() == 0 ? nullptr : in.mask.data() + base, n));
           }
           c.tokens += len;
           c.loss_seqs += len > 0.0 ? 1.0 : 0.0;
