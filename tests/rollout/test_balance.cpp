@@ -271,7 +271,7 @@ void sort_by_weight(std::vector<std::pair<double, index_t>>& v) {
 }
 } // namespace
 
-TEST_CASE("the bucket sort behind partitions puts items heaviest first, ties by index") {
+TEST_CASE("the sort behind partitions puts items heaviest first, ties by index") {
   test::rng r(32);
   for (const std::size_t n : {std::size_t{100}, std::size_t{2048}, std::size_t{50000}}) {
     std::vector<std::pair<double, index_t>> v(n);
@@ -287,8 +287,8 @@ TEST_CASE("the bucket sort behind partitions puts items heaviest first, ties by 
     sort_by_weight(v);
     CHECK(v == want);
   }
-  // Integer-valued workloads take the one-integer-per-item path (the key relative to the smallest,
-  // the index in the low bits); ties, zeros and -0.0 (equal to 0.0) must order as the pairs do.
+  // Integer-valued workloads (tokens, verl's 24576 L + L^2) with ties, zeros and -0.0 (equal to
+  // 0.0): a stable sort by weight.
   for (const std::size_t n :
        {std::size_t{2}, std::size_t{47}, std::size_t{256}, std::size_t{1000}, std::size_t{2047}, std::size_t{5000}})
     for (const bool tokens : {false, true}) {
@@ -485,44 +485,6 @@ TEST_CASE("ordering by length gives the costs' heaviest-first order, or declines
   CHECK_FALSE(kept(wide, cost_model::tokens()));
   CHECK(balance(wide, {.ranks = 2}).max_load() == 24576.0 * 0x1p40 + 0x1p80);
 }
-
-TEST_CASE("the branchless key sort sorts, on its scalar and its AVX2 path") {
-  test::rng r(36);
-  for (const std::size_t n :
-       {std::size_t{8}, std::size_t{16}, std::size_t{32}, std::size_t{64}, std::size_t{128}, std::size_t{256}})
-    for (const bool avx2 : {false, true})
-      for (int rep = 0; rep < 20; ++rep) {
-        CAPTURE(n);
-        CAPTURE(avx2);
-        const auto real = static_cast<std::size_t>(r.integer(static_cast<index_t>(n / 2) + 1, static_cast<index_t>(n)));
-        std::vector<std::uint64_t> keys(2 * n);
-        for (std::size_t i = 0; i < real; ++i) // distinct: the position in the low bits; some values far apart
-          keys[i] = (static_cast<std::uint64_t>(r.integer(0, rep % 2 ? 3 : (index_t{1} << 53))) << 9) | i;
-        for (std::size_t i = real; i < n; ++i) keys[i] = std::uint64_t{std::numeric_limits<std::int64_t>::max()};
-        std::vector<std::uint64_t> want(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(n));
-        std::sort(want.begin(), want.end());
-        detail::sort_keys_branchless(keys.data(), keys.data() + n, n, avx2);
-        CHECK(std::equal(want.begin(), want.end(), keys.begin()));
-      }
-}
-
-#if RLPT_ROLLOUT_X86_DISPATCH()
-TEST_CASE("the AVX2 bitonic sort of 32-bit keys sorts") {
-  if (!detail::rollout_uses_avx2()) return; // no AVX2 here: the radix sort serves every size
-  test::rng r(37);
-  for (std::size_t n = 8; n <= 2048; n *= 2)
-    for (int rep = 0; rep < 10; ++rep) {
-      CAPTURE(n);
-      std::vector<std::uint32_t> keys(n);
-      const auto top = rep % 3 == 0 ? index_t{7} : index_t{0xFFFFFFFF}; // many ties, or spread over 32 bits
-      for (auto& x : keys) x = static_cast<std::uint32_t>(r.integer(0, top));
-      std::vector<std::uint32_t> want = keys;
-      std::sort(want.begin(), want.end());
-      detail::bitonic_sort_avx2(keys.data(), n);
-      CHECK(keys == want);
-    }
-}
-#endif
 
 TEST_CASE("balancing counts are bounded by the input: ranks = 2^40 is an error, not terabytes") {
   const std::vector<index_t> len{3, 4, 5};

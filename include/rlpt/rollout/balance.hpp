@@ -29,7 +29,6 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
-#include <iterator>
 #include <limits>
 #include <memory>
 #include <numeric>
@@ -38,13 +37,6 @@
 #include <string_view>
 #include <utility>
 #include <vector>
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(RLPT_ROLLOUT_NO_DISPATCH)
-#include <immintrin.h>
-#define RLPT_ROLLOUT_X86_DISPATCH() 1
-#else
-#define RLPT_ROLLOUT_X86_DISPATCH() 0
-#endif
 
 RLPT_NAMESPACE_BEGIN
 
@@ -146,85 +138,17 @@ inline constexpr kk_set_order kk_set_before{}; // a function object, so sorts in
   return std::bit_cast<std::uint64_t>(d) & ~(std::uint64_t{1} << 63);
 }
 
-//! Sorts `n` distinct 64-bit keys ascending, in place (`tmp`: room for n keys). MSD bucket
-//! sort: one stable counting pass spreads the keys over about n/4 buckets by their position
-//! in [min, max]; small buckets are finished by insertion, crowded ones (outliers squeeze the
-//! rest together) the same way on their own range. Few branches to mispredict, against a
-//! comparison sort's ~log n per key. `counts` is reused scratch.
-inline void bucket_sort_keys(std::uint64_t* v, std::uint64_t* tmp, std::size_t n, std::vector<std::uint32_t>& counts,
-                             std::size_t counts_at = 0, int depth = 0) {
-  if (n <= 16) {
-    for (std::size_t i = 1; i < n; ++i) {
-      const std::uint64_t key = v[i];
-      std::size_t j = i;
-      for (; j > 0 && key < v[j - 1]; --j) v[j] = v[j - 1];
-      v[j] = key;
-    }
-    return;
-  }
-  if (depth == 6) return std::sort(v, v + n); // adversarial spreads: keep O(n log n)
-  std::uint64_t lo = v[0], hi = v[0];
-  for (std::size_t i = 1; i < n; ++i) {
-    lo = std::min(lo, v[i]);
-    hi = std::max(hi, v[i]);
-  }
-  const int bucket_bits = std::clamp(static_cast<int>(std::bit_width(n / 4)), 1, 16);
-  const int shift = std::max(static_cast<int>(std::bit_width(hi - lo)) - bucket_bits, 0);
-  const std::size_t buckets = static_cast<std::size_t>((hi - lo) >> shift) + 1;
-  counts.resize(std::max(counts.size(), counts_at + 2 * buckets + 1));
-  std::uint32_t* start = counts.data() + counts_at;
-  std::uint32_t* at = start + buckets + 1;
-  std::fill(start, start + buckets + 1, 0u);
-  for (std::size_t i = 0; i < n; ++i) ++start[((v[i] - lo) >> shift) + 1];
-  for (std::size_t b = 0; b < buckets; ++b) start[b + 1] += start[b];
-  std::copy(start, start + buckets, at);
-  for (std::size_t i = 0; i < n; ++i) tmp[at[(v[i] - lo) >> shift]++] = v[i];
-  for (std::size_t b = 0; b < buckets; ++b) {
-    const std::size_t first = counts[counts_at + b], last = counts[counts_at + b + 1]; // counts may move
-    if (last - first > 1)
-      bucket_sort_keys(tmp + first, v + first, last - first, counts, counts_at + 2 * buckets + 1, depth + 1);
-  }
-  std::copy(tmp, tmp + n, v);
-}
-
 //! Item ids heaviest first: descending weight, ascending id among equal weights (the order
 //! of KK's sets and of LPT's items), for non-negative finite weights (-0.0 ties with 0.0).
-//! Costs whose order keys end in enough zero bits (integer-valued workloads such as
-//! 24576·L + L² leave 20 or more) sort one 64-bit key per item: the largest key minus the
-//! item's, shared zero bits dropped, the id in the low bits; other costs sort pairs.
 inline void order_heaviest_first(view<const double> w, std::vector<std::uint32_t>& order) {
   const auto n = static_cast<std::size_t>(w.size());
   RLPT_CHECK(n <= std::numeric_limits<std::uint32_t>::max(), errors::rollout::too_many_items,
              "cannot order {} items; at most 2^32 - 1", n);
-  order.resize(n);
-  if (n < 2) {
-    if (n == 1) order[0] = 0;
-    return;
-  }
-  std::uint64_t lo = std::numeric_limits<std::uint64_t>::max(), hi = 0, any = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::uint64_t u = weight_key(w[static_cast<index_t>(i)]);
-    lo = std::min(lo, u);
-    hi = std::max(hi, u);
-    any |= u;
-  }
-  const int shift = any == 0 ? 0 : std::countr_zero(any); // every key, and so every difference, ends in these zeros
-  const int id_bits = static_cast<int>(std::bit_width(n - 1));
-  const int value_bits = static_cast<int>(std::bit_width((hi - lo) >> shift));
-  if (value_bits + id_bits <= 64) {
-    const auto keys = std::make_unique_for_overwrite<std::uint64_t[]>(2 * n); // keys, then scratch
-    for (std::size_t i = 0; i < n; ++i)
-      keys[i] = (((hi - weight_key(w[static_cast<index_t>(i)])) >> shift) << id_bits) | i;
-    std::vector<std::uint32_t> counts;
-    bucket_sort_keys(keys.get(), keys.get() + n, n, counts);
-    const std::uint64_t id_mask = (std::uint64_t{1} << id_bits) - 1;
-    for (std::size_t i = 0; i < n; ++i) order[i] = static_cast<std::uint32_t>(keys[i] & id_mask);
-    return;
-  }
-  std::vector<std::pair<std::uint64_t, std::uint32_t>> pairs(n);
+  std::vector<std::pair<std::uint64_t, std::uint32_t>> pairs(n); // (descending weight key, id)
   for (std::size_t i = 0; i < n; ++i)
-    pairs[i] = {hi - weight_key(w[static_cast<index_t>(i)]), static_cast<std::uint32_t>(i)};
+    pairs[i] = {~weight_key(w[static_cast<index_t>(i)]), static_cast<std::uint32_t>(i)};
   std::sort(pairs.begin(), pairs.end());
+  order.resize(n);
   for (std::size_t i = 0; i < n; ++i) order[i] = pairs[i].second;
 }
 
@@ -281,81 +205,11 @@ template <class Word> void radix_by_length(const length_hint& h, int bits, std::
   for (std::size_t i = 0; i < n; ++i) order[i] = static_cast<std::uint32_t>(a[i] & id_mask);
 }
 
-//! Whether the rollout sorts take their AVX2 path: decided once per process.
-[[nodiscard]] inline bool rollout_uses_avx2() noexcept {
-#if RLPT_ROLLOUT_X86_DISPATCH()
-  static const bool yes = __builtin_cpu_supports("avx2");
-  return yes;
-#else
-  return false;
-#endif
-}
-
-#if RLPT_ROLLOUT_X86_DISPATCH()
-//! Exchanges lanes i and idx[i] of v, the lanes in Upper taking the larger key.
-template <int Upper>
-__attribute__((target("avx2"), always_inline)) inline __m256i exchange_lanes_avx2(__m256i v, __m256i idx) noexcept {
-  const __m256i p = _mm256_permutevar8x32_epi32(v, idx);
-  return _mm256_blend_epi32(_mm256_min_epu32(v, p), _mm256_max_epu32(v, p), Upper);
-}
-
-//! Sorts n = 2^m >= 8 32-bit keys ascending on AVX2: a bitonic sort, 8 keys per register.
-//! Exchanges between registers run on whole registers; the ones within a register take a
-//! permute, a min, a max and a blend. No branch on the keys; n log² n work, which beats a
-//! radix sort's passes for the few hundred items of a small batch.
-__attribute__((target("avx2"))) inline void bitonic_sort_avx2(std::uint32_t* keys, std::size_t n) noexcept {
-  auto* v = reinterpret_cast<__m256i*>(keys);
-  const std::size_t regs = n / 8;
-  // Lane partners: i ^ 1, i ^ 2, i ^ 4 (half-cleaners), i ^ 3, i ^ 7 = 7 - i (flips, reversal).
-  // The larger key goes to the lanes with bit 0 (0xAA), 1 (0xCC) or 2 (0xF0) set.
-  const __m256i x1 = _mm256_setr_epi32(1, 0, 3, 2, 5, 4, 7, 6), x2 = _mm256_setr_epi32(2, 3, 0, 1, 6, 7, 4, 5);
-  const __m256i x4 = _mm256_setr_epi32(4, 5, 6, 7, 0, 1, 2, 3), x3 = _mm256_setr_epi32(3, 2, 1, 0, 7, 6, 5, 4);
-  const __m256i x7 = _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0);
-  for (std::size_t r = 0; r < regs; ++r) { // sorted runs of 8
-    __m256i x = _mm256_loadu_si256(v + r);
-    x = exchange_lanes_avx2<0xAA>(x, x1);
-    x = exchange_lanes_avx2<0xCC>(x, x3);
-    x = exchange_lanes_avx2<0xAA>(x, x1);
-    x = exchange_lanes_avx2<0xF0>(x, x7);
-    x = exchange_lanes_avx2<0xCC>(x, x2);
-    x = exchange_lanes_avx2<0xAA>(x, x1);
-    _mm256_storeu_si256(v + r, x);
-  }
-  for (std::size_t block = 2; block <= regs; block *= 2) { // merge sorted runs of 4·block keys into runs of 8·block
-    for (std::size_t b = 0; b < regs; b += block)
-      for (std::size_t q = 0; q < block / 2; ++q) { // flip: key i against key 8·block - 1 - i
-        const __m256i x = _mm256_loadu_si256(v + b + q),
-                      y = _mm256_permutevar8x32_epi32(_mm256_loadu_si256(v + b + block - 1 - q), x7);
-        _mm256_storeu_si256(v + b + q, _mm256_min_epu32(x, y));
-        _mm256_storeu_si256(v + b + block - 1 - q, _mm256_permutevar8x32_epi32(_mm256_max_epu32(x, y), x7));
-      }
-    for (std::size_t d = block / 4; d >= 1; d /= 2) // half-cleaners between registers
-      for (std::size_t r = 0; r < regs; ++r)
-        if ((r & d) == 0) {
-          const __m256i x = _mm256_loadu_si256(v + r), y = _mm256_loadu_si256(v + r + d);
-          _mm256_storeu_si256(v + r, _mm256_min_epu32(x, y));
-          _mm256_storeu_si256(v + r + d, _mm256_max_epu32(x, y));
-        }
-    for (std::size_t r = 0; r < regs; ++r) { // half-cleaners within a register
-      __m256i x = _mm256_loadu_si256(v + r);
-      x = exchange_lanes_avx2<0xF0>(x, x4);
-      x = exchange_lanes_avx2<0xCC>(x, x2);
-      x = exchange_lanes_avx2<0xAA>(x, x1);
-      _mm256_storeu_si256(v + r, x);
-    }
-  }
-}
-
-#endif
-
-//! Up to this many items, AVX2 sorts lengths by bitonic_sort_avx2 rather than radix_by_length.
-inline constexpr std::size_t bitonic_max_items = 512;
-
-//! order_heaviest_first by the lengths, with radix_by_length: no comparison to mispredict (the
-//! cost key sort's buckets mispredicted about once per item). Kept when the costs come out
-//! heaviest first: always for strictly rising costs, else as one pass checks (any
-//! non-decreasing cost of the length passes it unless it rounds distinct lengths to one cost);
-//! otherwise returns false.
+//! order_heaviest_first by the lengths, with radix_by_length: no comparison to mispredict (a
+//! comparison sort mispredicts about once per item; the radix sort makes a cold `balance` 1.5-2.3x
+//! faster from 1024 sequences on). Kept when the costs come out heaviest first: always for
+//! strictly rising costs, else as one pass checks (any non-decreasing cost of the length passes
+//! it unless it rounds distinct lengths to one cost); otherwise returns false.
 inline bool order_by_length(view<const double> w, const length_hint& h, std::vector<std::uint32_t>& order) {
   const auto n = static_cast<std::size_t>(h.lengths.size());
   if (n < 2 || n != static_cast<std::size_t>(w.size()) || n > std::numeric_limits<std::uint32_t>::max()) return false;
@@ -368,25 +222,10 @@ inline bool order_by_length(view<const double> w, const length_hint& h, std::vec
     return true;
   }
   const int id_bits = static_cast<int>(std::bit_width(n - 1));
-#if RLPT_ROLLOUT_X86_DISPATCH()
-  if (n <= bitonic_max_items && bits + id_bits < 32 && rollout_uses_avx2()) {
-    const std::size_t m = std::max<std::size_t>(std::bit_ceil(n), 8);
-    const auto keys = std::make_unique_for_overwrite<std::uint32_t[]>(m);
-    for (std::size_t i = 0; i < n; ++i)
-      keys[i] = static_cast<std::uint32_t>(h.hi - h.lengths[static_cast<index_t>(i)]) << id_bits |
-                static_cast<std::uint32_t>(i);
-    std::fill(keys.get() + n, keys.get() + m, std::numeric_limits<std::uint32_t>::max()); // above every key
-    bitonic_sort_avx2(keys.get(), m);
-    const std::uint32_t id_mask = (std::uint32_t{1} << id_bits) - 1;
-    for (std::size_t i = 0; i < n; ++i) order[i] = keys[i] & id_mask;
-  } else
-#endif
-  {
-    if (bits + id_bits <= 32)
-      radix_by_length<std::uint32_t>(h, bits, order.data());
-    else
-      radix_by_length<std::uint64_t>(h, bits, order.data());
-  }
+  if (bits + id_bits <= 32)
+    radix_by_length<std::uint32_t>(h, bits, order.data());
+  else
+    radix_by_length<std::uint64_t>(h, bits, order.data());
   if (h.strict) return true;
   bool ok = true;
   for (std::size_t i = 1; i < n; ++i) {
@@ -457,165 +296,6 @@ private:
   std::vector<kk_key> v_;
 };
 
-//! Sorts a state's sets with kk_set_before by insertion: for the few sets of small k, and for
-//! the nearly sorted first state when padding meets zero weights.
-inline void insertion_sort_sets(kk_set* x, index_t k) noexcept {
-  for (index_t i = 1; i < k; ++i) {
-    const kk_set s = x[i];
-    index_t j = i;
-    for (; j > 0 && kk_set_before(s, x[j - 1]); --j) x[j] = x[j - 1];
-    x[j] = s;
-  }
-}
-
-#if RLPT_ROLLOUT_X86_DISPATCH()
-__attribute__((target("avx2"))) inline void exchange_avx2(__m256i& a, __m256i& b) noexcept {
-  const __m256i gt = _mm256_cmpgt_epi64(a, b);
-  const __m256i lo = _mm256_blendv_epi8(a, b, gt);
-  b = _mm256_blendv_epi8(b, a, gt);
-  a = lo;
-}
-
-//! sort_keys_branchless's first stage on AVX2, per 64 keys (below 2^63: signed compares): 16
-//! registers of 4 go through Batcher's 63-exchange network for 16, lane by lane, giving 4
-//! sorted columns of 16; 4x4 transposes store each column as one run.
-__attribute__((target("avx2"))) inline void sort_runs16_avx2(std::uint64_t* v, std::size_t n) noexcept {
-  for (std::size_t at = 0; at < n; at += 64) {
-    __m256i r[16];
-    for (std::size_t j = 0; j < 16; ++j) r[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + at + 4 * j));
-#define RLPT_EX(a, b) exchange_avx2(r[a], r[b])
-    RLPT_EX(0, 1), RLPT_EX(2, 3), RLPT_EX(0, 2), RLPT_EX(1, 3), RLPT_EX(1, 2), RLPT_EX(4, 5), RLPT_EX(6, 7),
-        RLPT_EX(4, 6), RLPT_EX(5, 7), RLPT_EX(5, 6), RLPT_EX(0, 4), RLPT_EX(2, 6), RLPT_EX(2, 4), RLPT_EX(1, 5),
-        RLPT_EX(3, 7), RLPT_EX(3, 5), RLPT_EX(1, 2), RLPT_EX(3, 4), RLPT_EX(5, 6), RLPT_EX(8, 9), RLPT_EX(10, 11),
-        RLPT_EX(8, 10), RLPT_EX(9, 11), RLPT_EX(9, 10), RLPT_EX(12, 13), RLPT_EX(14, 15), RLPT_EX(12, 14),
-        RLPT_EX(13, 15), RLPT_EX(13, 14), RLPT_EX(8, 12), RLPT_EX(10, 14), RLPT_EX(10, 12), RLPT_EX(9, 13),
-        RLPT_EX(11, 15), RLPT_EX(11, 13), RLPT_EX(9, 10), RLPT_EX(11, 12), RLPT_EX(13, 14), RLPT_EX(0, 8),
-        RLPT_EX(4, 12), RLPT_EX(4, 8), RLPT_EX(2, 10), RLPT_EX(6, 14), RLPT_EX(6, 10), RLPT_EX(2, 4), RLPT_EX(6, 8),
-        RLPT_EX(10, 12), RLPT_EX(1, 9), RLPT_EX(5, 13), RLPT_EX(5, 9), RLPT_EX(3, 11), RLPT_EX(7, 15), RLPT_EX(7, 11),
-        RLPT_EX(3, 5), RLPT_EX(7, 9), RLPT_EX(11, 13), RLPT_EX(1, 2), RLPT_EX(3, 4), RLPT_EX(5, 6), RLPT_EX(7, 8),
-        RLPT_EX(9, 10), RLPT_EX(11, 12), RLPT_EX(13, 14);
-#undef RLPT_EX
-    for (std::size_t m = 0; m < 4; ++m) {
-      const __m256i t0 = _mm256_unpacklo_epi64(r[4 * m], r[4 * m + 1]); // (r0[0], r1[0], r0[2], r1[2])
-      const __m256i t1 = _mm256_unpackhi_epi64(r[4 * m], r[4 * m + 1]);
-      const __m256i t2 = _mm256_unpacklo_epi64(r[4 * m + 2], r[4 * m + 3]);
-      const __m256i t3 = _mm256_unpackhi_epi64(r[4 * m + 2], r[4 * m + 3]);
-      std::uint64_t* out = v + at + 4 * m; // column l goes to the run at out + 16 l
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permute2x128_si256(t0, t2, 0x20));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16), _mm256_permute2x128_si256(t1, t3, 0x20));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32), _mm256_permute2x128_si256(t0, t2, 0x31));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 48), _mm256_permute2x128_si256(t1, t3, 0x31));
-    }
-  }
-}
-#endif
-
-//! Sorts n = 2^m >= 8 distinct 64-bit keys below 2^63 (INT64_MAX pads) ascending, with no
-//! branch on the keys: sorted runs of 8 (a 19-exchange network) or, from 64 keys with AVX2,
-//! of 16, then merge passes that fill each output from both ends at once (two independent
-//! chains; with equal runs neither end can read past its inputs). A comparison sort
-//! mispredicts about one branch per key.
-inline void sort_keys_branchless(std::uint64_t* v, std::uint64_t* tmp, std::size_t n,
-                                 bool avx2 = rollout_uses_avx2()) noexcept {
-  std::size_t first_run = 8;
-#if RLPT_ROLLOUT_X86_DISPATCH()
-  if (n >= 64 && avx2) {
-    sort_runs16_avx2(v, n);
-    first_run = 16;
-  }
-#else
-  (void)avx2;
-#endif
-  for (std::size_t i = 0; first_run == 8 && i < n; i += 8) {
-    std::uint64_t x[8];
-    std::copy(v + i, v + i + 8, x);
-    auto exchange = [&x](int a, int b) {
-      const std::uint64_t lo = x[a] < x[b] ? x[a] : x[b], hi = x[a] < x[b] ? x[b] : x[a];
-      x[a] = lo;
-      x[b] = hi;
-    };
-    exchange(0, 2), exchange(1, 3), exchange(4, 6), exchange(5, 7);
-    exchange(0, 4), exchange(1, 5), exchange(2, 6), exchange(3, 7);
-    exchange(0, 1), exchange(2, 3), exchange(4, 5), exchange(6, 7);
-    exchange(2, 4), exchange(3, 5);
-    exchange(1, 4), exchange(3, 6);
-    exchange(1, 2), exchange(3, 4), exchange(5, 6);
-    std::copy(x, x + 8, v + i);
-  }
-  std::uint64_t* src = v;
-  std::uint64_t* dst = tmp;
-  for (std::size_t run = first_run; run < n; run *= 2) {
-    for (std::size_t s = 0; s < n; s += 2 * run) {
-      const std::uint64_t* x = src + s;
-      const std::uint64_t* y = x + run;
-      std::uint64_t* out = dst + s;
-      std::size_t i = 0, j = 0, i_back = run - 1, j_back = run - 1;
-      for (std::size_t t = 0; t < run; ++t) {
-        const std::uint64_t a = x[i], b = y[j];
-        const bool take_y = b < a;
-        out[t] = take_y ? b : a;
-        j += take_y;
-        i += !take_y;
-        const std::uint64_t c = x[i_back], d = y[j_back];
-        const bool take_x = c > d;
-        out[2 * run - 1 - t] = take_x ? c : d;
-        i_back -= take_x;
-        j_back -= !take_x;
-      }
-    }
-    std::swap(src, dst);
-  }
-  if (src != v) std::copy(src, src + n, v);
-}
-
-//! Sorts the k sets of a merged state with kk_set_before. Past 16 sets (k ranks) it sorts one
-//! 64-bit integer per set instead, with sort_keys_branchless: the sum's order key below the
-//! largest (shared zero bits dropped) with the position in the low bits; runs of equal sums,
-//! which that orders by position, are then put in kk_set_before order.
-class kk_set_sorter {
-public:
-  explicit kk_set_sorter(index_t k)
-      : n_(std::bit_ceil(static_cast<std::size_t>(k))), keys_(2 * n_), sets_(static_cast<std::size_t>(k)) {}
-  void operator()(kk_set* x, index_t k) {
-    if (k <= 16) return insertion_sort_sets(x, k); // no memmove calls for the few sets
-    std::uint64_t hi = 0, any = 0;
-    for (index_t i = 0; i < k; ++i) {
-      const std::uint64_t u = weight_key(x[i].sum);
-      hi = std::max(hi, u);
-      any |= u;
-    }
-    const int shift = any == 0 ? 0 : std::countr_zero(any);
-    const int id_bits = static_cast<int>(std::bit_width(static_cast<std::uint64_t>(k - 1)));
-    if (static_cast<int>(std::bit_width(hi >> shift)) + id_bits > 62) return std::sort(x, x + k, kk_set_before);
-    const auto m = static_cast<std::size_t>(k);
-    for (std::size_t i = 0; i < m; ++i) keys_[i] = (((hi - weight_key(x[i].sum)) >> shift) << id_bits) | i;
-    std::fill(keys_.begin() + static_cast<std::ptrdiff_t>(m), keys_.begin() + static_cast<std::ptrdiff_t>(n_),
-              std::uint64_t{std::numeric_limits<std::int64_t>::max()});
-    sort_keys_branchless(keys_.data(), keys_.data() + n_, n_);
-    const std::uint64_t id_mask = (std::uint64_t{1} << id_bits) - 1;
-    bool ties = false; // equal sums have equal keys above the position bits
-    for (std::size_t i = 0; i < m; ++i) {
-      sets_[i] = x[keys_[i] & id_mask];
-      ties |= i > 0 && (keys_[i] ^ keys_[i - 1]) >> id_bits == 0;
-    }
-    std::copy(sets_.begin(), sets_.end(), x);
-    if (!ties) [[likely]]
-      return;
-    for (index_t i = 1; i < k; ++i) {
-      if (x[i].sum != x[i - 1].sum) continue;
-      index_t end = i + 1;
-      while (end < k && x[end].sum == x[i].sum) ++end;
-      std::sort(x + i - 1, x + end, kk_set_before);
-      i = end;
-    }
-  }
-
-private:
-  std::size_t n_; // k rounded up to a power of two: the keys are padded with INT64_MAX
-  std::vector<std::uint64_t> keys_;
-  std::vector<kk_set> sets_;
-};
-
 //! Roots absorbed into other sets, in order: a later root never points at an earlier one, so
 //! owners resolve in one backward pass.
 class kk_unions {
@@ -678,7 +358,6 @@ inline std::vector<index_t> kk_assign(view<const double> w, std::vector<std::uin
     // Every state holds exactly k non-empty sets: one flat arena, no per-state allocation.
     const index_t states = total / k;
     kk_heap heap(static_cast<std::size_t>(states));
-    kk_set_sorter sort_sets(k);
     // The arena holds the sets in `order`: state st, the st-th lightest chunk, is its
     // (states - 1 - st)-th slice.
     const auto arena = std::make_unique_for_overwrite<kk_set[]>(static_cast<std::size_t>(total));
@@ -714,7 +393,7 @@ inline std::vector<index_t> kk_assign(view<const double> w, std::vector<std::uin
       kk_set* x = slice(a);
       const kk_set* y = slice(heap.top().state);
       for (index_t i = 0; i < k; ++i) unions.join(x[i], y[k - 1 - i]); // heaviest of x with lightest of y
-      sort_sets(x, k);
+      std::sort(x, x + k, kk_set_before);
       heap.replace_top(key_of(a));
     }
     return unions.owners(slice(heap.top().state), k, n);
