@@ -486,6 +486,24 @@ TEST_CASE("ordering by length gives the costs' heaviest-first order, or declines
   CHECK(balance(wide, {.ranks = 2}).max_load() == 24576.0 * 0x1p40 + 0x1p80);
 }
 
+TEST_CASE("the branchless key sort sorts") {
+  test::rng r(36);
+  for (const std::size_t n :
+       {std::size_t{8}, std::size_t{16}, std::size_t{32}, std::size_t{64}, std::size_t{128}, std::size_t{256}})
+    for (int rep = 0; rep < 40; ++rep) {
+      CAPTURE(n);
+      const auto real = static_cast<std::size_t>(r.integer(static_cast<index_t>(n / 2) + 1, static_cast<index_t>(n)));
+      std::vector<std::uint64_t> keys(2 * n);
+      for (std::size_t i = 0; i < real; ++i) // distinct: the position in the low bits; some values far apart
+        keys[i] = (static_cast<std::uint64_t>(r.integer(0, rep % 2 ? 3 : (index_t{1} << 53))) << 9) | i;
+      for (std::size_t i = real; i < n; ++i) keys[i] = std::uint64_t{std::numeric_limits<std::int64_t>::max()};
+      std::vector<std::uint64_t> want(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(n));
+      std::sort(want.begin(), want.end());
+      detail::sort_keys_branchless(keys.data(), keys.data() + n, n);
+      CHECK(std::equal(want.begin(), want.end(), keys.begin()));
+    }
+}
+
 TEST_CASE("balancing counts are bounded by the input: ranks = 2^40 is an error, not terabytes") {
   const std::vector<index_t> len{3, 4, 5};
   const std::vector<double> w{3, 4, 5};

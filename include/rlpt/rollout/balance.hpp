@@ -296,6 +296,102 @@ private:
   std::vector<kk_key> v_;
 };
 
+//! Sorts n = 2^m >= 8 distinct 64-bit keys ascending, with no branch on the keys: sorted runs
+//! of 8 (a 19-exchange network), then merge passes that fill each output from both ends at once
+//! (two independent chains; with equal runs neither end can read past its inputs). A
+//! comparison sort mispredicts about one branch per key: this makes a cold `balance` of 16384
+//! sequences over 64 ranks 1.6x faster than std::sort of the sets.
+inline void sort_keys_branchless(std::uint64_t* v, std::uint64_t* tmp, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; i += 8) {
+    std::uint64_t x[8];
+    std::copy(v + i, v + i + 8, x);
+    auto exchange = [&x](int a, int b) {
+      const std::uint64_t lo = x[a] < x[b] ? x[a] : x[b], hi = x[a] < x[b] ? x[b] : x[a];
+      x[a] = lo;
+      x[b] = hi;
+    };
+    exchange(0, 2), exchange(1, 3), exchange(4, 6), exchange(5, 7);
+    exchange(0, 4), exchange(1, 5), exchange(2, 6), exchange(3, 7);
+    exchange(0, 1), exchange(2, 3), exchange(4, 5), exchange(6, 7);
+    exchange(2, 4), exchange(3, 5);
+    exchange(1, 4), exchange(3, 6);
+    exchange(1, 2), exchange(3, 4), exchange(5, 6);
+    std::copy(x, x + 8, v + i);
+  }
+  std::uint64_t* src = v;
+  std::uint64_t* dst = tmp;
+  for (std::size_t run = 8; run < n; run *= 2) {
+    for (std::size_t s = 0; s < n; s += 2 * run) {
+      const std::uint64_t* x = src + s;
+      const std::uint64_t* y = x + run;
+      std::uint64_t* out = dst + s;
+      std::size_t i = 0, j = 0, i_back = run - 1, j_back = run - 1;
+      for (std::size_t t = 0; t < run; ++t) {
+        const std::uint64_t a = x[i], b = y[j];
+        const bool take_y = b < a;
+        out[t] = take_y ? b : a;
+        j += take_y;
+        i += !take_y;
+        const std::uint64_t c = x[i_back], d = y[j_back];
+        const bool take_x = c > d;
+        out[2 * run - 1 - t] = take_x ? c : d;
+        i_back -= take_x;
+        j_back -= !take_x;
+      }
+    }
+    std::swap(src, dst);
+  }
+  if (src != v) std::copy(src, src + n, v);
+}
+
+//! Sorts the k sets of a merged state with kk_set_before. Past 16 sets (k ranks) it sorts one
+//! 64-bit integer per set instead, with sort_keys_branchless: the sum's order key below the
+//! largest (shared zero bits dropped) with the position in the low bits; runs of equal sums,
+//! which that orders by position, are then put in kk_set_before order.
+class kk_set_sorter {
+public:
+  explicit kk_set_sorter(index_t k)
+      : n_(std::bit_ceil(static_cast<std::size_t>(k))), keys_(2 * n_), sets_(static_cast<std::size_t>(k)) {}
+  void operator()(kk_set* x, index_t k) {
+    if (k <= 16) return std::sort(x, x + k, kk_set_before);
+    std::uint64_t hi = 0, any = 0;
+    for (index_t i = 0; i < k; ++i) {
+      const std::uint64_t u = weight_key(x[i].sum);
+      hi = std::max(hi, u);
+      any |= u;
+    }
+    const int shift = any == 0 ? 0 : std::countr_zero(any);
+    const int id_bits = static_cast<int>(std::bit_width(static_cast<std::uint64_t>(k - 1)));
+    if (static_cast<int>(std::bit_width(hi >> shift)) + id_bits > 62) return std::sort(x, x + k, kk_set_before);
+    const auto m = static_cast<std::size_t>(k);
+    for (std::size_t i = 0; i < m; ++i) keys_[i] = (((hi - weight_key(x[i].sum)) >> shift) << id_bits) | i;
+    std::fill(keys_.begin() + static_cast<std::ptrdiff_t>(m), keys_.begin() + static_cast<std::ptrdiff_t>(n_),
+              std::uint64_t{std::numeric_limits<std::int64_t>::max()});
+    sort_keys_branchless(keys_.data(), keys_.data() + n_, n_);
+    const std::uint64_t id_mask = (std::uint64_t{1} << id_bits) - 1;
+    bool ties = false; // equal sums have equal keys above the position bits
+    for (std::size_t i = 0; i < m; ++i) {
+      sets_[i] = x[keys_[i] & id_mask];
+      ties |= i > 0 && (keys_[i] ^ keys_[i - 1]) >> id_bits == 0;
+    }
+    std::copy(sets_.begin(), sets_.end(), x);
+    if (!ties) [[likely]]
+      return;
+    for (index_t i = 1; i < k; ++i) {
+      if (x[i].sum != x[i - 1].sum) continue;
+      index_t end = i + 1;
+      while (end < k && x[end].sum == x[i].sum) ++end;
+      std::sort(x + i - 1, x + end, kk_set_before);
+      i = end;
+    }
+  }
+
+private:
+  std::size_t n_; // k rounded up to a power of two: the keys are padded with INT64_MAX
+  std::vector<std::uint64_t> keys_;
+  std::vector<kk_set> sets_;
+};
+
 //! Roots absorbed into other sets, in order: a later root never points at an earlier one, so
 //! owners resolve in one backward pass.
 class kk_unions {
@@ -358,6 +454,7 @@ inline std::vector<index_t> kk_assign(view<const double> w, std::vector<std::uin
     // Every state holds exactly k non-empty sets: one flat arena, no per-state allocation.
     const index_t states = total / k;
     kk_heap heap(static_cast<std::size_t>(states));
+    kk_set_sorter sort_sets(k);
     // The arena holds the sets in `order`: state st, the st-th lightest chunk, is its
     // (states - 1 - st)-th slice.
     const auto arena = std::make_unique_for_overwrite<kk_set[]>(static_cast<std::size_t>(total));
@@ -393,7 +490,7 @@ inline std::vector<index_t> kk_assign(view<const double> w, std::vector<std::uin
       kk_set* x = slice(a);
       const kk_set* y = slice(heap.top().state);
       for (index_t i = 0; i < k; ++i) unions.join(x[i], y[k - 1 - i]); // heaviest of x with lightest of y
-      std::sort(x, x + k, kk_set_before);
+      sort_sets(x, k);
       heap.replace_top(key_of(a));
     }
     return unions.owners(slice(heap.top().state), k, n);
