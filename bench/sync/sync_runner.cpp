@@ -479,13 +479,13 @@ std::string delta_peer(const std::string& path, const std::string& what, const r
 }
 
 std::string st_read_peer(const std::string& path, const rlpt::bench::timing_plan& tp) {
-  auto read = [&] { // open + copy every tensor into memory the caller owns
+  auto read = [&] { // open + copy every tensor into memory the caller owns (allocated here)
     std::vector<std::unique_ptr<std::byte[]>> owned;
     const safetensors_file f(path);
     for (const auto& e : f.header().tensors) {
-      const tensor_view t = f.view(e);
-      owned.emplace_back(new std::byte[std::max<std::size_t>(t.bytes.size(), 1)]);
-      if (!t.bytes.empty()) std::memcpy(owned.back().get(), t.bytes.data(), t.bytes.size());
+      const auto n = static_cast<std::size_t>(e.end - e.begin);
+      owned.emplace_back(new std::byte[std::max<std::size_t>(n, 1)]);
+      f.read(e, {owned.back().get(), n});
     }
     return owned;
   };

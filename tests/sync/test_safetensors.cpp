@@ -137,6 +137,23 @@ TEST_CASE("safetensors: files from Hugging Face's writer are read exactly (golde
   CHECK(f.tensor("m.bool").dtype == wire_dtype::boolean);
 }
 
+TEST_CASE("safetensors: read copies a tensor into the caller's buffer, which must be its size") {
+  const safetensors_file f(rlpt::test::golden_path("sync", "py_every_dtype.safetensors"));
+  for (const auto& e : f.header().tensors) {
+    CAPTURE(e.name);
+    const tensor_view t = f.view(e);
+    std::vector<std::byte> by_entry(t.bytes.size(), std::byte{0x5A}), by_name(t.bytes.size(), std::byte{0x5A});
+    f.read(e, by_entry);
+    f.read(e.name, by_name);
+    CHECK(std::equal(by_entry.begin(), by_entry.end(), t.bytes.begin(), t.bytes.end()));
+    CHECK(by_name == by_entry);
+  }
+  const safetensors_entry& first = f.header().tensors.front();
+  std::vector<std::byte> wrong(static_cast<std::size_t>(first.end - first.begin) + 1);
+  RLPT_CHECK_ERROR(f.read(first, wrong), "rlpt.sync.bad_shape", "the destination holds");
+  RLPT_CHECK_ERROR(f.read("no.such.tensor", wrong), "rlpt.sync.unknown_tensor", "no.such.tensor");
+}
+
 TEST_CASE("safetensors: rlpt's writer reproduces Hugging Face's files byte for byte") {
   for (const std::string c : {"every_dtype", "awkward_names", "model"}) {
     CAPTURE(c);

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <rlpt/config.hpp>
+#include <rlpt/core/copy.hpp>
 #include <rlpt/core/error.hpp>
 #include <rlpt/sync/checksum.hpp>
 #include <rlpt/sync/detail/json.hpp>
@@ -366,17 +367,29 @@ public:
     return bytes().subspan(static_cast<std::size_t>(8 + header_.header_bytes));
   }
 
-  [[nodiscard]] tensor_view tensor(std::string_view name) const {
-    const safetensors_entry* e = header_.find(name);
-    RLPT_CHECK(e != nullptr, errors::sync::unknown_tensor, "{}: no tensor \"{}\"", path_, name);
-    return view(*e);
-  }
+  [[nodiscard]] tensor_view tensor(std::string_view name) const { return view(entry(name)); }
   [[nodiscard]] tensor_view view(const safetensors_entry& e) const {
     return {e.name, e.dtype, e.shape,
             data().subspan(static_cast<std::size_t>(e.begin), static_cast<std::size_t>(e.end - e.begin))};
   }
 
+  //! Copies tensor `e`'s bytes into `dst`, which must hold exactly that many: the way to fill
+  //! buffers the caller has just allocated (core/copy.hpp: plain vector stores, about 1.25x
+  //! memcpy's speed into fresh pages).
+  void read(const safetensors_entry& e, std::span<std::byte> dst) const {
+    const std::span<const std::byte> src = view(e).bytes;
+    RLPT_CHECK(dst.size() == src.size(), errors::sync::bad_shape,
+               "{}: tensor \"{}\" has {} bytes; the destination holds {}", path_, e.name, src.size(), dst.size());
+    rlpt::detail::copy_bytes(dst.data(), src.data(), src.size());
+  }
+  void read(std::string_view name, std::span<std::byte> dst) const { read(entry(name), dst); }
+
 private:
+  [[nodiscard]] const safetensors_entry& entry(std::string_view name) const {
+    const safetensors_entry* e = header_.find(name);
+    RLPT_CHECK(e != nullptr, errors::sync::unknown_tensor, "{}: no tensor \"{}\"", path_, name);
+    return *e;
+  }
   void unmap() noexcept {
     if (base_ != nullptr) ::munmap(const_cast<std::byte*>(base_), static_cast<std::size_t>(size_));
     base_ = nullptr;

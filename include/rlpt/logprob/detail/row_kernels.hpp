@@ -11,6 +11,7 @@
 #pragma once
 
 #include <rlpt/config.hpp>
+#include <rlpt/core/cpu.hpp>
 #include <rlpt/core/dtype.hpp>
 #include <rlpt/core/views.hpp>
 #include <rlpt/logprob/detail/simd.hpp>
@@ -37,8 +38,7 @@ inline constexpr float neg_inf_f = -std::numeric_limits<float>::infinity();
 //! Whether this process runs the AVX2 build of the row kernels.
 [[nodiscard]] inline bool row_kernels_use_avx2() noexcept {
 #if RLPT_LOGPROB_X86_DISPATCH()
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
+  return cpu_has_avx2_fma();
 #else
   return false;
 #endif

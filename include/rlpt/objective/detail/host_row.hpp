@@ -7,6 +7,7 @@
 #pragma once
 
 #include <rlpt/config.hpp>
+#include <rlpt/core/cpu.hpp>
 #include <rlpt/core/layout.hpp>
 #include <rlpt/core/views.hpp>
 #include <rlpt/objective/detail/plan.hpp>
@@ -186,11 +187,6 @@ __attribute__((target("avx2"))) objective_sums host_row_avx2(const objective_pla
                                                              const basic_objective_grads<T>& gr, index_t b) {
   return host_row_body<T, host_stages_avx2<T>>(p, in, gr, b);
 }
-
-inline bool cpu_has_avx2() noexcept {
-  static const bool has = __builtin_cpu_supports("avx2");
-  return has;
-}
 #endif
 
 #if RLPT_OBJECTIVE_AVX512_CLONE()
@@ -199,12 +195,6 @@ __attribute__((RLPT_OBJECTIVE_AVX512_ATTR)) objective_sums
 host_row_avx512(const objective_plan& p, const basic_objective_inputs<T>& in, const basic_objective_grads<T>& gr,
                 index_t b) {
   return host_row_body<T, host_stages_avx512<T>>(p, in, gr, b);
-}
-
-inline bool cpu_has_avx512() noexcept {
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
-  return has;
 }
 #endif
 

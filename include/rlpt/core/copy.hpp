@@ -1,0 +1,63 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file
+//! A bulk copy that stays fast when the destination was just allocated.
+//!
+//! glibc's memcpy moves a large block with `rep movsb` (or, beyond 3/4 of the shared cache, with
+//! streaming stores). Into freshly allocated memory every page's first touch faults in the middle
+//! of that copy, and the copy then takes about 1.25x as long as a loop of plain vector stores
+//! (1 GiB in 32 MiB tensors: 0.46 against 0.37 CPU seconds on an AVX-512 Xeon); into memory that
+//! is already mapped both run at the same speed. Readers that fill buffers their caller has just
+//! allocated (a checkpoint loaded into new tensors) copy with `copy_bytes`.
+#pragma once
+
+#include <rlpt/config.hpp>
+#include <rlpt/core/cpu.hpp>
+
+#include <cstddef>
+#include <cstring>
+
+RLPT_NAMESPACE_BEGIN
+namespace detail {
+
+#if defined(__GNUC__) || defined(__clang__)
+//! 64-byte blocks with plain loads and stores: as wide as the clone's instruction set allows.
+__attribute__((always_inline)) inline void copy_blocks(unsigned char* d, const unsigned char* s, std::size_t n) noexcept {
+  using block = unsigned char __attribute__((vector_size(64), aligned(1)));
+  std::size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    block b;
+    __builtin_memcpy(&b, s + i, 64);
+    __builtin_memcpy(d + i, &b, 64);
+  }
+  std::memcpy(d + i, s + i, n - i);
+}
+
+#if RLPT_X86_FEATURES() && !defined(__CUDACC__)
+__attribute__((target("avx512f"))) inline void copy_blocks_avx512(unsigned char* d, const unsigned char* s,
+                                                                   std::size_t n) noexcept {
+  copy_blocks(d, s, n);
+}
+__attribute__((target("avx2"))) inline void copy_blocks_avx2(unsigned char* d, const unsigned char* s,
+                                                              std::size_t n) noexcept {
+  copy_blocks(d, s, n);
+}
+#endif
+#endif
+
+//! Copies n bytes from src to dst (which must not overlap) with plain vector stores.
+inline void copy_bytes(void* dst, const void* src, std::size_t n) noexcept {
+  auto* d = static_cast<unsigned char*>(dst);
+  const auto* s = static_cast<const unsigned char*>(src);
+#if (defined(__GNUC__) || defined(__clang__)) && RLPT_X86_FEATURES() && !defined(__CUDACC__)
+  if (cpu_has_avx512()) return copy_blocks_avx512(d, s, n);
+  if (cpu_has_avx2()) return copy_blocks_avx2(d, s, n);
+  copy_blocks(d, s, n);
+#elif defined(__GNUC__) || defined(__clang__)
+  copy_blocks(d, s, n);
+#else
+  std::memcpy(d, s, n);
+#endif
+}
+
+} // namespace detail
+RLPT_NAMESPACE_END
