@@ -21,7 +21,8 @@ namespace detail {
 
 #if defined(__GNUC__) || defined(__clang__)
 //! 64-byte blocks with plain loads and stores: as wide as the clone's instruction set allows.
-__attribute__((always_inline)) inline void copy_blocks(unsigned char* d, const unsigned char* s, std::size_t n) noexcept {
+__attribute__((always_inline)) inline void copy_blocks(unsigned char* d, const unsigned char* s,
+                                                       std::size_t n) noexcept {
   using block = unsigned char __attribute__((vector_size(64), aligned(1)));
   std::size_t i = 0;
   for (; i + 64 <= n; i += 64) {
@@ -34,11 +35,11 @@ __attribute__((always_inline)) inline void copy_blocks(unsigned char* d, const u
 
 #if RLPT_X86_FEATURES() && !defined(__CUDACC__)
 __attribute__((target("avx512f"))) inline void copy_blocks_avx512(unsigned char* d, const unsigned char* s,
-                                                                   std::size_t n) noexcept {
+                                                                  std::size_t n) noexcept {
   copy_blocks(d, s, n);
 }
 __attribute__((target("avx2"))) inline void copy_blocks_avx2(unsigned char* d, const unsigned char* s,
-                                                              std::size_t n) noexcept {
+                                                             std::size_t n) noexcept {
   copy_blocks(d, s, n);
 }
 #endif

@@ -25,6 +25,7 @@
 
 #include <rlpt/config.hpp>
 #include <rlpt/core/error.hpp>
+#include <rlpt/core/file.hpp>
 #include <rlpt/core/process.hpp>
 #include <rlpt/rollout/buffer.hpp>
 #include <rlpt/rollout/record.hpp>
@@ -36,9 +37,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <span>
 #include <string>
 #include <string_view>
@@ -47,7 +45,9 @@
 #include <utility>
 #include <vector>
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 // xxHash as header-only code with private symbols, whether or not the user includes it too.
@@ -439,8 +439,8 @@ inline void put_schema(byte_writer& w, const record_schema& s) {
 
 namespace detail {
 
-[[noreturn]] inline void io_fail(std::string_view what, const std::filesystem::path& p, int err) {
-  RLPT_FAIL(errors::rollout::checkpoint_io, "{} {}: {}", what, p.string(), std::generic_category().message(err));
+[[noreturn]] inline void io_fail(std::string_view what, std::string_view path, int err) {
+  RLPT_FAIL(errors::rollout::checkpoint_io, "{} {}: {}", what, path, std::generic_category().message(err));
 }
 
 //! The writer's pid if `file` is a temporary file of write_file_durable for `target`
@@ -466,19 +466,19 @@ namespace detail {
 //! behind (`<path>.tmp.<pid>.<n>` of processes that no longer run; never this process's, nor
 //! a running writer's). save and load call it; returns how many files it removed. Best effort:
 //! a file that cannot be removed (permissions, a race with another cleaner) is skipped.
-inline index_t remove_stale_checkpoint_temporaries(const std::filesystem::path& path) {
-  std::filesystem::path dir = path.parent_path();
-  if (dir.empty()) dir = ".";
-  const std::string target = path.filename().string();
+inline index_t remove_stale_checkpoint_temporaries(const std::string& path) {
+  const std::string dir = detail::parent_dir(path);
+  const std::string_view target = detail::file_name(path);
   const auto self = static_cast<std::int64_t>(::getpid());
   index_t removed = 0;
-  std::error_code ec;
-  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::int64_t pid = detail::temporary_writer(it->path().filename().string(), target);
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return 0;
+  while (const dirent* e = ::readdir(d)) {
+    const std::int64_t pid = detail::temporary_writer(e->d_name, target);
     if (pid < 0 || pid == self || detail::pid_alive(static_cast<std::int32_t>(pid))) continue;
-    std::error_code rm;
-    if (std::filesystem::remove(it->path(), rm)) ++removed;
+    if (::unlink((dir + '/' + e->d_name).c_str()) == 0) ++removed;
   }
+  ::closedir(d);
   return removed;
 }
 
@@ -487,11 +487,11 @@ namespace detail {
 //! Writes bytes durably: temporary file in the same directory, fsync, rename, fsync of the
 //! directory. On any failure the target is untouched and the temporary file removed.
 //! Temporary files that killed writers of `path` left are removed first.
-inline void write_file_durable(const std::filesystem::path& path, std::span<const std::byte> bytes) {
+inline void write_file_durable(const std::string& path, std::span<const std::byte> bytes) {
   static_cast<void>(remove_stale_checkpoint_temporaries(path));
   static std::atomic<std::uint64_t> counter{0};
-  std::filesystem::path tmp = path;
-  tmp += fmt::format(".tmp.{}.{}", ::getpid(), counter.fetch_add(1, std::memory_order_relaxed));
+  const std::string tmp =
+      fmt::format("{}.tmp.{}.{}", path, ::getpid(), counter.fetch_add(1, std::memory_order_relaxed));
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) io_fail("cannot create", tmp, errno);
   auto fail = [&](std::string_view what) {
@@ -520,39 +520,45 @@ inline void write_file_durable(const std::filesystem::path& path, std::span<cons
     ::unlink(tmp.c_str());
     io_fail("cannot rename the temporary file onto", path, err);
   }
-  std::filesystem::path dir = path.parent_path();
-  if (dir.empty()) dir = ".";
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) io_fail("cannot open directory", dir, errno);
-  if (::fsync(dfd) != 0) {
-    const int err = errno;
-    ::close(dfd);
-    io_fail("cannot fsync directory", dir, err);
-  }
-  ::close(dfd);
+  const std::string dir = parent_dir(path);
+  if (const int err = fsync_dir(dir); err != 0) io_fail("cannot fsync directory", dir, err);
 }
 
-[[nodiscard]] inline std::vector<std::byte> read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) io_fail("cannot open", path, errno);
-  std::vector<char> raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) io_fail("cannot read", path, errno);
-  std::vector<std::byte> out(raw.size());
-  if (!raw.empty()) std::memcpy(out.data(), raw.data(), raw.size());
+[[nodiscard]] inline std::vector<std::byte> read_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) io_fail("cannot open", path, errno);
+  struct stat st {};
+  // The size is a hint (the file may change while it is read): read until end of file.
+  std::vector<std::byte> out(::fstat(fd, &st) == 0 && st.st_size > 0 ? static_cast<std::size_t>(st.st_size) + 1 : 4096);
+  std::size_t got = 0;
+  for (;;) {
+    if (got == out.size()) out.resize(2 * out.size());
+    const ::ssize_t n = ::read(fd, out.data() + got, out.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      io_fail("cannot read", path, err);
+    }
+    if (n == 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
+  out.resize(got);
   return out;
 }
 
 } // namespace detail
 
 //! Writes a checkpoint of `buffer` (a consistent snapshot) and `user` to `path`, crash-consistently.
-inline void save_checkpoint(const rollout_buffer& buffer, const std::filesystem::path& path,
+inline void save_checkpoint(const rollout_buffer& buffer, const std::string& path,
                             std::span<const std::byte> user = {}) {
   const std::vector<std::byte> bytes = encode_checkpoint(buffer.snapshot(), user);
   detail::write_file_durable(path, bytes);
 }
 
 //! Reads and verifies a checkpoint file.
-[[nodiscard]] inline checkpoint load_checkpoint(const std::filesystem::path& path) {
+[[nodiscard]] inline checkpoint load_checkpoint(const std::string& path) {
   static_cast<void>(remove_stale_checkpoint_temporaries(path));
   const std::vector<std::byte> bytes = detail::read_file(path);
   return decode_checkpoint(bytes);
@@ -560,7 +566,7 @@ inline void save_checkpoint(const rollout_buffer& buffer, const std::filesystem:
 
 //! Restores `buffer` (fresh, same group sizes and schema) from a checkpoint file; returns the
 //! caller blob saved with it.
-inline std::vector<std::byte> restore_checkpoint(rollout_buffer& buffer, const std::filesystem::path& path) {
+inline std::vector<std::byte> restore_checkpoint(rollout_buffer& buffer, const std::string& path) {
   checkpoint c = load_checkpoint(path);
   buffer.restore(std::move(c.state));
   return std::move(c.user);

@@ -22,6 +22,7 @@
 #include <rlpt/config.hpp>
 #include <rlpt/core/copy.hpp>
 #include <rlpt/core/error.hpp>
+#include <rlpt/core/file.hpp>
 #include <rlpt/sync/checksum.hpp>
 #include <rlpt/sync/detail/json.hpp>
 #include <rlpt/sync/dtype.hpp>
@@ -255,19 +256,6 @@ inline void write_all(int fd, const void* data, std::size_t n, std::uint64_t at,
   }
 }
 
-inline void fsync_dir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-}
-
-inline std::string parent_dir(const std::string& path) {
-  const auto slash = path.rfind('/');
-  return slash == std::string::npos ? std::string(".") : (slash == 0 ? std::string("/") : path.substr(0, slash));
-}
-
 //! Creates `path` atomically: writes `tmp`, fsyncs, renames over `path`, fsyncs the directory.
 template <class Fill> void atomic_write(const std::string& path, std::uint64_t size, Fill&& fill) {
   const std::string tmp = fmt::format("{}.tmp{}", path, ::getpid());
@@ -289,7 +277,7 @@ template <class Fill> void atomic_write(const std::string& path, std::uint64_t s
     ::unlink(tmp.c_str());
     RLPT_FAIL(errors::sync::io, "cannot rename {} to {}: {}", tmp, path, std::strerror(err));
   }
-  fsync_dir(parent_dir(path));
+  static_cast<void>(rlpt::detail::fsync_dir(rlpt::detail::parent_dir(path))); // best effort: the file is in place
 }
 
 } // namespace detail
@@ -591,7 +579,7 @@ private:
       RLPT_CHECK(::rename(tx_.tmp.c_str(), path.c_str()) == 0, errors::sync::io, "{}: cannot rename {} to {}: {}",
                  where_, tx_.tmp, path, std::strerror(errno));
       tx_.tmp.clear();
-      detail::fsync_dir(dir_);
+      static_cast<void>(rlpt::detail::fsync_dir(dir_)); // best effort: the file is in place
     } else {
       std::vector<tensor_ref> refs;
       std::string sums;

@@ -24,6 +24,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -36,7 +37,6 @@
 #include <cstring>
 #include <new>
 #include <optional>
-#include <random>
 #include <span>
 #include <string>
 #include <thread>
@@ -80,7 +80,7 @@ struct shm_header {
   std::uint32_t pad0;
   std::uint64_t reply_meta;
   std::uint64_t total_bytes;
-  std::uint64_t nonce;
+  std::uint64_t nonce; // random per creation: tells two segments made under one name apart (debugging)
   alignas(64) std::atomic<std::int32_t> sender_pid;
   std::atomic<std::uint32_t> sender_closed;
   alignas(64) std::atomic<std::int32_t> receiver_pid;
@@ -240,7 +240,10 @@ private:
     h_->reply_slots = o_.reply_slots;
     h_->reply_meta = o_.reply_bytes;
     h_->total_bytes = g_.total;
-    h_->nonce = std::random_device{}() ^ (static_cast<std::uint64_t>(::getpid()) << 32);
+    std::uint64_t r = 0; // getrandom, not <random>: that header alone costs a quarter second of every build
+    if (::getrandom(&r, sizeof r, 0) != static_cast<::ssize_t>(sizeof r))
+      r = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    h_->nonce = r ^ (static_cast<std::uint64_t>(::getpid()) << 32);
     h_->sender_pid.store(::getpid(), std::memory_order_relaxed);
     h_->magic.store(detail::shm_magic, std::memory_order_release);
   }
