@@ -80,7 +80,7 @@ struct shm_header {
   std::uint32_t pad0;
   std::uint64_t reply_meta;
   std::uint64_t total_bytes;
-  std::uint64_t nonce; // random per creation: tells two segments made under one name apart (debugging)
+  std::uint64_t nonce; // random per creation; rlpt does not read it (kept: the layout stays the same)
   alignas(64) std::atomic<std::int32_t> sender_pid;
   std::atomic<std::uint32_t> sender_closed;
   alignas(64) std::atomic<std::int32_t> receiver_pid;
