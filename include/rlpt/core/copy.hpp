@@ -20,6 +20,13 @@ RLPT_NAMESPACE_BEGIN
 namespace detail {
 
 #if defined(__GNUC__) || defined(__clang__)
+//! Whether copy_bytes has AVX-512 and AVX2 clones to pick from at run time.
+#if RLPT_X86_FEATURES() && !defined(__CUDACC__)
+#define RLPT_COPY_CLONES() 1
+#else
+#define RLPT_COPY_CLONES() 0
+#endif
+
 //! 64-byte blocks with plain loads and stores: as wide as the clone's instruction set allows.
 __attribute__((always_inline)) inline void copy_blocks(unsigned char* d, const unsigned char* s,
                                                        std::size_t n) noexcept {
@@ -33,7 +40,7 @@ __attribute__((always_inline)) inline void copy_blocks(unsigned char* d, const u
   std::memcpy(d + i, s + i, n - i);
 }
 
-#if RLPT_X86_FEATURES() && !defined(__CUDACC__)
+#if RLPT_COPY_CLONES()
 __attribute__((target("avx512f"))) inline void copy_blocks_avx512(unsigned char* d, const unsigned char* s,
                                                                   std::size_t n) noexcept {
   copy_blocks(d, s, n);
@@ -49,14 +56,14 @@ __attribute__((target("avx2"))) inline void copy_blocks_avx2(unsigned char* d, c
 inline void copy_bytes(void* dst, const void* src, std::size_t n) noexcept {
   auto* d = static_cast<unsigned char*>(dst);
   const auto* s = static_cast<const unsigned char*>(src);
-#if (defined(__GNUC__) || defined(__clang__)) && RLPT_X86_FEATURES() && !defined(__CUDACC__)
+#if defined(__GNUC__) || defined(__clang__)
+#if RLPT_COPY_CLONES()
   if (cpu_has_avx512()) return copy_blocks_avx512(d, s, n);
   if (cpu_has_avx2()) return copy_blocks_avx2(d, s, n);
-  copy_blocks(d, s, n);
-#elif defined(__GNUC__) || defined(__clang__)
+#endif
   copy_blocks(d, s, n);
 #else
-  std::memcpy(d, s, n);
+  std::memcpy(d, s, n); // no vector extensions: the library's copy
 #endif
 }
 
