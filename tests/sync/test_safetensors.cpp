@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <thread>
 
 using namespace rlpt::sync;
 using namespace rlpt::test::sync;
@@ -284,6 +285,36 @@ TEST_CASE("safetensors: write_safetensors publishes atomically and round-trips")
                                      std::vector<tensor_ref>{{"a", wire_dtype::f32, {1}, ts[0].bytes.data()},
                                                              {"a", wire_dtype::bf16, {1}, ts[0].bytes.data()}}),
                    "rlpt.sync.bad_safetensors", "tensor name \"a\" appears twice");
+}
+
+TEST_CASE("safetensors: a failed write keeps the old file, concurrent writers of one path each publish whole") {
+  temp_dir dir;
+  auto ts = golden_tensors(3);
+  const auto refs = refs_of(ts);
+  const std::string path = dir.path + "/model.safetensors";
+  write_safetensors(path, refs);
+  const auto before = read_file(path);
+  // The last tensor has no data: found while the temporary file is written.
+  auto broken = refs;
+  broken.back().data = nullptr;
+  RLPT_CHECK_ERROR(write_safetensors(path, broken), "rlpt.sync.bad_source", "has no data");
+  CHECK(read_file(path) == before);
+  CHECK(dir.files() == std::vector<std::string>{"model.safetensors"});
+
+  // Two threads of one process write the same path: each file is one writer's whole bytes.
+  const std::vector<tensor_ref> one(refs.begin(), refs.begin() + 1);
+  const auto a = serialize_safetensors(refs), b = serialize_safetensors(one);
+  std::thread t1([&] {
+    for (int r = 0; r < 40; ++r) write_safetensors(path, refs);
+  });
+  std::thread t2([&] {
+    for (int r = 0; r < 40; ++r) write_safetensors(path, one);
+  });
+  t1.join();
+  t2.join();
+  const auto got = read_file(path);
+  CHECK((got == a || got == b));
+  CHECK(dir.files() == std::vector<std::string>{"model.safetensors"});
 }
 
 TEST_CASE("safetensors transport: dense and delta versions as files, replayed by a receiver") {

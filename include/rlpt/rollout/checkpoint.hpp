@@ -26,14 +26,11 @@
 #include <rlpt/config.hpp>
 #include <rlpt/core/error.hpp>
 #include <rlpt/core/file.hpp>
-#include <rlpt/core/process.hpp>
 #include <rlpt/rollout/buffer.hpp>
 #include <rlpt/rollout/record.hpp>
 
-#include <atomic>
 #include <bit>
 #include <cerrno>
-#include <charconv>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -45,7 +42,6 @@
 #include <utility>
 #include <vector>
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -437,91 +433,29 @@ inline void put_schema(byte_writer& w, const record_schema& s) {
   return detail::decode_payload(payload);
 }
 
+//! Removes the temporary files that writers of the checkpoint `path` killed mid-save left
+//! behind (`<path>.tmp.<pid>.<n>` of processes that no longer run; never this process's, nor
+//! a running writer's). save and load call it; returns how many files it removed. Best effort:
+//! a file that cannot be removed (permissions, a race with another cleaner) is skipped.
+inline index_t remove_stale_checkpoint_temporaries(const std::string& path) {
+  return detail::remove_stale_temporaries(path);
+}
+
 namespace detail {
 
 [[noreturn]] inline void io_fail(std::string_view what, std::string_view path, int err) {
   RLPT_FAIL(errors::rollout::checkpoint_io, "{} {}: {}", what, path, std::generic_category().message(err));
 }
 
-//! The writer's pid if `file` is a temporary file of write_file_durable for `target`
-//! (`<target>.tmp.<pid>.<n>`, decimal pid and n), else -1.
-[[nodiscard]] inline std::int64_t temporary_writer(std::string_view file, std::string_view target) noexcept {
-  if (file.size() <= target.size() + 5 || file.substr(0, target.size()) != target ||
-      file.substr(target.size(), 5) != ".tmp.")
-    return -1;
-  const std::string_view rest = file.substr(target.size() + 5);
-  const std::size_t dot = rest.find('.');
-  if (dot == std::string_view::npos || dot == 0 || dot + 1 == rest.size()) return -1;
-  std::int32_t pid = 0;
-  const auto [end, ec] = std::from_chars(rest.data(), rest.data() + dot, pid);
-  if (ec != std::errc{} || end != rest.data() + dot || pid <= 0) return -1;
-  for (const char c : rest.substr(dot + 1))
-    if (c < '0' || c > '9') return -1;
-  return pid;
-}
-
-} // namespace detail
-
-//! Removes the temporary files that writers of the checkpoint `path` killed mid-save left
-//! behind (`<path>.tmp.<pid>.<n>` of processes that no longer run; never this process's, nor
-//! a running writer's). save and load call it; returns how many files it removed. Best effort:
-//! a file that cannot be removed (permissions, a race with another cleaner) is skipped.
-inline index_t remove_stale_checkpoint_temporaries(const std::string& path) {
-  const std::string dir = detail::parent_dir(path);
-  const std::string_view target = detail::file_name(path);
-  const auto self = static_cast<std::int64_t>(::getpid());
-  index_t removed = 0;
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return 0;
-  while (const dirent* e = ::readdir(d)) {
-    const std::int64_t pid = detail::temporary_writer(e->d_name, target);
-    if (pid < 0 || pid == self || detail::pid_alive(static_cast<std::int32_t>(pid))) continue;
-    if (::unlink((dir + '/' + e->d_name).c_str()) == 0) ++removed;
-  }
-  ::closedir(d);
-  return removed;
-}
-
-namespace detail {
-
-//! Writes bytes durably: temporary file in the same directory, fsync, rename, fsync of the
-//! directory. On any failure the target is untouched and the temporary file removed.
-//! Temporary files that killed writers of `path` left are removed first.
+//! Writes bytes durably (core/file.hpp's write_durable): the target is the old file or the
+//! whole new one, never a mix.
 inline void write_file_durable(const std::string& path, std::span<const std::byte> bytes) {
-  static_cast<void>(remove_stale_checkpoint_temporaries(path));
-  static std::atomic<std::uint64_t> counter{0};
-  const std::string tmp =
-      fmt::format("{}.tmp.{}.{}", path, ::getpid(), counter.fetch_add(1, std::memory_order_relaxed));
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) io_fail("cannot create", tmp, errno);
-  auto fail = [&](std::string_view what) {
-    const int err = errno;
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    io_fail(what, tmp, err);
-  };
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ::ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      fail("cannot write");
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  if (::fsync(fd) != 0) fail("cannot fsync");
-  if (::close(fd) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    io_fail("cannot close", tmp, err);
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    io_fail("cannot rename the temporary file onto", path, err);
-  }
-  const std::string dir = parent_dir(path);
-  if (const int err = fsync_dir(dir); err != 0) io_fail("cannot fsync directory", dir, err);
+  write_durable(
+      path,
+      [&](int fd, const std::string& tmp) {
+        if (const int err = pwrite_all(fd, bytes.data(), bytes.size(), 0); err != 0) io_fail("cannot write", tmp, err);
+      },
+      io_fail);
 }
 
 [[nodiscard]] inline std::vector<std::byte> read_file(const std::string& path) {

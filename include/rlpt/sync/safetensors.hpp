@@ -244,40 +244,12 @@ template <class T>
 
 namespace detail {
 
-inline void write_all(int fd, const void* data, std::size_t n, std::uint64_t at, std::string_view where) {
-  const auto* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::pwrite(fd, p, std::min<std::size_t>(n, std::size_t{1} << 30), static_cast<off_t>(at));
-    if (w < 0 && errno == EINTR) continue;
-    RLPT_CHECK(w > 0, errors::sync::io, "{}: write failed: {}", where, std::strerror(errno));
-    p += w;
-    n -= static_cast<std::size_t>(w);
-    at += static_cast<std::uint64_t>(w);
-  }
+[[noreturn]] inline void io_fail(std::string_view what, std::string_view where, int err) {
+  RLPT_FAIL(errors::sync::io, "{} {}: {}", what, where, std::strerror(err));
 }
 
-//! Creates `path` atomically: writes `tmp`, fsyncs, renames over `path`, fsyncs the directory.
-template <class Fill> void atomic_write(const std::string& path, std::uint64_t size, Fill&& fill) {
-  const std::string tmp = fmt::format("{}.tmp{}", path, ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  RLPT_CHECK(fd >= 0, errors::sync::io, "{}: cannot create: {}", tmp, std::strerror(errno));
-  try {
-    RLPT_CHECK(::ftruncate(fd, static_cast<off_t>(size)) == 0, errors::sync::io, "{}: cannot size to {} bytes: {}", tmp,
-               size, std::strerror(errno));
-    fill(fd, tmp);
-    RLPT_CHECK(::fsync(fd) == 0, errors::sync::io, "{}: fsync failed: {}", tmp, std::strerror(errno));
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    RLPT_FAIL(errors::sync::io, "cannot rename {} to {}: {}", tmp, path, std::strerror(err));
-  }
-  static_cast<void>(rlpt::detail::fsync_dir(rlpt::detail::parent_dir(path))); // best effort: the file is in place
+inline void write_all(int fd, const void* data, std::size_t n, std::uint64_t at, std::string_view where) {
+  if (const int err = rlpt::detail::pwrite_all(fd, data, n, at); err != 0) io_fail("cannot write", where, err);
 }
 
 } // namespace detail
@@ -299,12 +271,14 @@ template <class Fill> void atomic_write(const std::string& path, std::uint64_t s
   return out;
 }
 
-//! Writes a safetensors file atomically (temporary file, fsync, rename).
+//! Writes a safetensors file atomically and durably (core/file.hpp's write_durable: temporary
+//! file, fsync, rename, directory fsync): readers see the old file or the whole new one.
 inline void write_safetensors(const std::string& path, std::span<const tensor_ref> tensors,
                               const safetensors_metadata& metadata = {}) {
   const safetensors_layout l = layout_safetensors(tensors, metadata);
   const std::uint64_t n = l.header.size();
-  detail::atomic_write(path, 8 + n + l.data_bytes, [&](int fd, const std::string& tmp) {
+  const auto fill = [&](int fd, const std::string& tmp) {
+    if (::ftruncate(fd, static_cast<off_t>(8 + n + l.data_bytes)) != 0) detail::io_fail("cannot size", tmp, errno);
     detail::write_all(fd, &n, 8, 0, tmp);
     detail::write_all(fd, l.header.data(), l.header.size(), 8, tmp);
     for (std::size_t i = 0; i < tensors.size(); ++i) {
@@ -313,7 +287,8 @@ inline void write_safetensors(const std::string& path, std::span<const tensor_re
                  tensors[i].name);
       if (bytes) detail::write_all(fd, tensors[i].data, static_cast<std::size_t>(bytes), 8 + n + l.offset[i], tmp);
     }
-  });
+  };
+  rlpt::detail::write_durable(path, fill, detail::io_fail);
 }
 
 //! A safetensors file mapped read-only; tensors are views into the mapping.
@@ -508,12 +483,10 @@ private:
       tx_.pieces.assign(pieces_placeholder(tx_.m).size() / 16, 0);
       tx_.layout =
           layout_safetensors(std::span<const tensor_entry>(entries), dense_metadata(tx_.m, pieces_placeholder(tx_.m)));
-      tx_.tmp = dense_path(f.version) + fmt::format(".tmp{}", ::getpid());
-      tx_.fd = ::open(tx_.tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-      RLPT_CHECK(tx_.fd >= 0, errors::sync::io, "{}: cannot create {}: {}", where_, tx_.tmp, std::strerror(errno));
+      tx_.file = rlpt::detail::durable_file(dense_path(f.version), detail::io_fail);
       const std::uint64_t size = 8 + tx_.layout.header.size() + tx_.layout.data_bytes;
-      RLPT_CHECK(::ftruncate(tx_.fd, static_cast<off_t>(size)) == 0, errors::sync::io,
-                 "{}: cannot size {} to {} bytes: {}", where_, tx_.tmp, size, std::strerror(errno));
+      RLPT_CHECK(::ftruncate(tx_.file.fd(), static_cast<off_t>(size)) == 0, errors::sync::io,
+                 "{}: cannot size {} to {} bytes: {}", where_, tx_.file.temporary(), size, std::strerror(errno));
       std::uint64_t b0 = 0;
       tx_.piece_base.clear();
       for (std::uint64_t b = 0; b < tx_.m.bucket_count(); ++b) {
@@ -534,8 +507,8 @@ private:
     const std::uint64_t data_at = 8 + tx_.layout.header.size();
     for (std::size_t j = 0; j < pieces.size(); ++j) {
       const piece& p = pieces[j];
-      detail::write_all(tx_.fd, payload.data() + p.bucket_offset, static_cast<std::size_t>(p.nbytes),
-                        data_at + tx_.layout.offset[p.tensor] + p.tensor_offset, tx_.tmp);
+      detail::write_all(tx_.file.fd(), payload.data() + p.bucket_offset, static_cast<std::size_t>(p.nbytes),
+                        data_at + tx_.layout.offset[p.tensor] + p.tensor_offset, tx_.file.temporary());
       std::memcpy(&tx_.pieces[static_cast<std::size_t>(tx_.piece_base[f.index]) + j], f.body.data() + j * 8, 8);
     }
   }
@@ -569,17 +542,9 @@ private:
       RLPT_CHECK(l.header.size() == tx_.layout.header.size(), errors::sync::io, "{}: header size changed at commit",
                  where_);
       const std::uint64_t n = l.header.size();
-      detail::write_all(tx_.fd, &n, 8, 0, tx_.tmp);
-      detail::write_all(tx_.fd, l.header.data(), l.header.size(), 8, tx_.tmp);
-      RLPT_CHECK(::fsync(tx_.fd) == 0, errors::sync::io, "{}: fsync of {} failed: {}", where_, tx_.tmp,
-                 std::strerror(errno));
-      ::close(tx_.fd);
-      tx_.fd = -1;
-      const std::string path = dense_path(tx_.version);
-      RLPT_CHECK(::rename(tx_.tmp.c_str(), path.c_str()) == 0, errors::sync::io, "{}: cannot rename {} to {}: {}",
-                 where_, tx_.tmp, path, std::strerror(errno));
-      tx_.tmp.clear();
-      static_cast<void>(rlpt::detail::fsync_dir(dir_)); // best effort: the file is in place
+      detail::write_all(tx_.file.fd(), &n, 8, 0, tx_.file.temporary());
+      detail::write_all(tx_.file.fd(), l.header.data(), l.header.size(), 8, tx_.file.temporary());
+      tx_.file.publish(detail::io_fail);
     } else {
       std::vector<tensor_ref> refs;
       std::string sums;
@@ -605,10 +570,7 @@ private:
   }
 
   void abandon_tmp() noexcept {
-    if (tx_.fd >= 0) ::close(tx_.fd);
-    tx_.fd = -1;
-    if (!tx_.tmp.empty()) ::unlink(tx_.tmp.c_str());
-    tx_.tmp.clear();
+    tx_.file.abandon();
     tx_.active = false;
   }
 
@@ -839,8 +801,7 @@ private:
     std::uint64_t version = 0, base = 0;
     bool delta = false;
     safetensors_layout layout;
-    std::string tmp;
-    int fd = -1;
+    rlpt::detail::durable_file file; // the dense file being received
     std::vector<std::uint64_t> pieces, piece_base;
     std::vector<std::vector<std::byte>> chunks;
     std::vector<std::uint64_t> chunk_sums;
