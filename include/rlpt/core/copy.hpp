@@ -21,7 +21,7 @@ namespace detail {
 
 #if defined(__GNUC__) || defined(__clang__)
 //! Whether copy_bytes has AVX-512 and AVX2 clones to pick from at run time.
-#if RLPT_X86_FEATURES() && !defined(__CUDACC__)
+#if RLPT_ISA_DISPATCH() && !defined(__CUDACC__)
 #define RLPT_COPY_CLONES() 1
 #else
 #define RLPT_COPY_CLONES() 0

@@ -15,6 +15,17 @@
 #define RLPT_X86_FEATURES() 0
 #endif
 
+//! Whether rlpt's host loops are compiled a second time for wider vectors and pick their clone
+//! at run time (the objective's token pass, the logprob row kernels, the byte copy). Define
+//! `RLPT_NO_ISA_DISPATCH` to compile each loop once, for the build's own target flags (for
+//! example when every machine has what `-march` says, or a tool cannot take target attributes);
+//! results are bit-identical either way.
+#if RLPT_X86_FEATURES() && !defined(RLPT_NO_ISA_DISPATCH)
+#define RLPT_ISA_DISPATCH() 1
+#else
+#define RLPT_ISA_DISPATCH() 0
+#endif
+
 RLPT_NAMESPACE_BEGIN
 namespace detail {
 

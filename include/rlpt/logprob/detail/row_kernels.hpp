@@ -22,7 +22,7 @@
 #include <cstring>
 #include <limits>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(RLPT_LOGPROB_NO_DISPATCH)
+#if RLPT_ISA_DISPATCH()
 #define RLPT_LOGPROB_X86_DISPATCH() 1
 #define RLPT_LOGPROB_AVX2 __attribute__((target("avx2,fma")))
 #else

@@ -36,8 +36,7 @@ template <class T> using host_chunk_data = token_chunk<T, host_chunk>;
 // AVX2 clone roughly halves its time; it is chosen at run time when the CPU has AVX2. The clone
 // enables AVX2 only (no FMA): with the same operations per lane and fixed summation lanes, both
 // clones give bit-identical results.
-#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__) && !defined(__AVX2__) &&                          \
-    !defined(RLPT_NO_ISA_DISPATCH)
+#if RLPT_ISA_DISPATCH() && !defined(__AVX2__)
 #define RLPT_OBJECTIVE_AVX2_CLONE() 1
 #else
 #define RLPT_OBJECTIVE_AVX2_CLONE() 0
