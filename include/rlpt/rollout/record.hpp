@@ -356,7 +356,10 @@ inline void validate(const trajectory_view& t, const record_schema& schema) {
   for (index_t i = 0; i < n; ++i) {
     const bool trained = t.loss_mask[i] != 0;
     bad |= trained & (i < t.prompt_len);
-    if (schema.versions) bad |= (t.versions[i] < no_version) | (trained & (t.versions[i] < 0));
+    if (schema.versions) {
+      bad |= t.versions[i] < no_version;
+      bad |= trained & (t.versions[i] < 0);
+    }
     if (schema.logprobs) bad |= trained & !std::isfinite(t.logprobs[i]);
   }
   if (RLPT_UNLIKELY(bad)) {
