@@ -22,8 +22,9 @@ TEST_CASE("protocol: copy_hash copies exactly and hashes like one-shot XXH3, wit
   std::vector<std::byte> src(big + (1u << 20) + 64);
   for (auto& b : src) b = static_cast<std::byte>(r.integer(0, 255));
   std::vector<std::byte> dst(src.size() + 64);
-  for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{63}, std::size_t{32} << 10,
-                              (std::size_t{32} << 10) + 1, big - 1, big, big + 17, big + 4097, big + (1u << 20) + 3})
+  for (const std::size_t n :
+       {std::size_t{0}, std::size_t{1}, std::size_t{63}, std::size_t{32} << 10, (std::size_t{32} << 10) + 1, big - 1,
+        big, big + 17, big + 4097, big + 3 * 4096 + 5, big + (1u << 20) + 3})
     for (const std::size_t so : {0u, 5u})
       for (const std::size_t d_off : {0u, 1u, 9u, 16u}) {
         CAPTURE(n);
@@ -33,7 +34,7 @@ TEST_CASE("protocol: copy_hash copies exactly and hashes like one-shot XXH3, wit
         const std::uint64_t h = copy_hash(dst.data() + d_off, src.data() + so, n);
         const std::uint64_t one_shot = RLPT_SYNC_XXH3_64(src.data() + so, n); // the library's one-shot XXH3
         CHECK(h == one_shot);
-        if (d_off == 0) CHECK(xxh3(src.data() + so, n) == one_shot); // the paged, prefetched path above 4 MiB
+        if (d_off == 0) CHECK(xxh3(src.data() + so, n) == one_shot);
         CHECK(std::memcmp(dst.data() + d_off, src.data() + so, n) == 0);
         const bool guard_ok = std::all_of(dst.begin(), dst.begin() + static_cast<std::ptrdiff_t>(d_off),
                                           [](std::byte b) { return b == std::byte{0xA5}; }) &&
@@ -42,6 +43,32 @@ TEST_CASE("protocol: copy_hash copies exactly and hashes like one-shot XXH3, wit
         CHECK(guard_ok);
       }
 }
+
+#if RLPT_SYNC_STREAMING_COPY()
+TEST_CASE("protocol: every block copy of copy_hash this CPU runs copies four pages into the bounce buffer and the "
+          "destination") {
+  using rlpt::sync::detail::block_bytes;
+  std::vector<std::pair<const char*, rlpt::sync::detail::copy_block_fn>> copies{
+      {"sse2", rlpt::sync::detail::copy_block_sse2}};
+#if RLPT_SYNC_COPY_CLONES()
+  if (rlpt::detail::cpu_has_avx2()) copies.emplace_back("avx2", rlpt::sync::detail::copy_block_avx2);
+  if (rlpt::detail::cpu_has_avx512()) copies.emplace_back("avx512", rlpt::sync::detail::copy_block_avx512);
+#endif
+  rlpt::test::rng r(37);
+  std::vector<unsigned char> src(block_bytes + 64);
+  for (auto& b : src) b = static_cast<unsigned char>(r.integer(0, 255));
+  for (const auto& c : copies) {
+    CAPTURE(c.first);
+    alignas(64) static unsigned char bounce[block_bytes], dst[block_bytes + 64];
+    std::memset(bounce, 0, sizeof bounce);
+    std::memset(dst, 0xA5, sizeof dst);
+    c.second(bounce, dst, src.data() + 3); // unaligned source, 64-byte aligned destination
+    CHECK(std::memcmp(bounce, src.data() + 3, block_bytes) == 0);
+    CHECK(std::memcmp(dst, src.data() + 3, block_bytes) == 0);
+    CHECK(std::all_of(dst + block_bytes, dst + sizeof dst, [](unsigned char b) { return b == 0xA5; }));
+  }
+}
+#endif
 
 TEST_CASE("protocol: copy_hash's checksum is of the bytes it wrote, while another process writes the source or the "
           "destination") {
