@@ -20,10 +20,15 @@
 //       BUCKET_MB, thread B reads each slot (3 streams: model read, slot write, slot read) or
 //       copies it on into destination weights (4 streams). One call = one model; cpu_s is the
 //       busier thread's CPU time of the call (the rate with a core per side), wall_s the wall time.
+//   bench_limits streams TOTAL_MB BUCKET_MB 4+hash [timing]
+//       the 4 streams with both copies made by rlpt::sync::copy_hash (XXH3 of every byte, as the
+//       transport's sender and receiver compute it): the limit of a transport that checksums
+//       every byte on each side's one thread.
 //
 //   [timing] = --warmup N --calls N --flush BYTES (see support/peer_timing.hpp)
 #include <rlpt/logprob/detail/row_kernels.hpp>
 #include <rlpt/logprob/detail/simd.hpp>
+#include <rlpt/sync/checksum.hpp>
 
 #include "support/peer_timing.hpp"
 
@@ -113,7 +118,7 @@ template <class T> int expsum_mode(const std::string& dir, rlpt::index_t n, rlpt
 
 // --- memory streams of a weight sync ------------------------------------------------------------
 
-int streams(std::size_t total, std::size_t bucket, int nstreams, const timing_plan& plan) {
+int streams(std::size_t total, std::size_t bucket, int nstreams, bool hashed, const timing_plan& plan) {
   const std::size_t buckets = (total + bucket - 1) / bucket;
   std::vector<char> model(total, 1), weights(nstreams == 4 ? total : 0, 0);
   std::vector<char> slots[2] = {std::vector<char>(bucket, 0), std::vector<char>(bucket, 0)};
@@ -135,7 +140,10 @@ int streams(std::size_t total, std::size_t bucket, int nstreams, const timing_pl
         auto& s = state[b % 2];
         while (s.load(std::memory_order_acquire) != 0) s.wait(1);
         const std::size_t off = b * bucket, len = std::min(bucket, total - off);
-        std::memcpy(slots[b % 2].data(), model.data() + off, len);
+        if (hashed)
+          (void)rlpt::sync::copy_hash(slots[b % 2].data(), model.data() + off, len); // (sink is thread B's)
+        else
+          std::memcpy(slots[b % 2].data(), model.data() + off, len);
         s.store(1, std::memory_order_release);
         s.notify_one();
       }
@@ -156,7 +164,9 @@ int streams(std::size_t total, std::size_t bucket, int nstreams, const timing_pl
         auto& s = state[b % 2];
         while (s.load(std::memory_order_acquire) != 1) s.wait(0);
         const std::size_t off = b * bucket, len = std::min(bucket, total - off);
-        if (nstreams == 4) {
+        if (nstreams == 4 && hashed) {
+          sink += rlpt::sync::copy_hash(weights.data() + off, slots[b % 2].data(), len);
+        } else if (nstreams == 4) {
           std::memcpy(weights.data() + off, slots[b % 2].data(), len);
         } else { // read every byte (4 independent sums: bound by the reads, not by the adds)
           const auto* w = reinterpret_cast<const std::uint64_t*>(slots[b % 2].data());
@@ -201,11 +211,12 @@ int streams(std::size_t total, std::size_t bucket, int nstreams, const timing_pl
   pass.notify_all();
   ta.join();
   tb.join();
-  std::printf("%s\n", fmt::format(R"({{"op": "streams", "streams": {}, "bytes": {}, "bucket_bytes": {}, {}, )"
-                                  R"("a_cpu_s": {}, "b_cpu_s": {}, "sink": {}}})",
-                                  nstreams, total, bucket, rlpt::bench::json_series(t), rlpt::bench::json_array(ca),
-                                  rlpt::bench::json_array(cb), sink % 2)
-                          .c_str());
+  std::printf("%s\n",
+              fmt::format(R"({{"op": "streams", "streams": {}, "hashed": {}, "bytes": {}, "bucket_bytes": {}, {}, )"
+                          R"("a_cpu_s": {}, "b_cpu_s": {}, "sink": {}}})",
+                          nstreams, hashed, total, bucket, rlpt::bench::json_series(t), rlpt::bench::json_array(ca),
+                          rlpt::bench::json_array(cb), sink % 2)
+                  .c_str());
   return 0;
 }
 
@@ -213,7 +224,7 @@ int usage() {
   std::fprintf(stderr, "usage: bench_limits copy BYTES [timing]\n"
                        "       bench_limits fresh BYTES [timing]\n"
                        "       bench_limits expsum DIR N V f32|bf16 [timing]\n"
-                       "       bench_limits streams TOTAL_MB BUCKET_MB 3|4 [timing]\n");
+                       "       bench_limits streams TOTAL_MB BUCKET_MB 3|4|4+hash [timing]\n");
   return 2;
 }
 
@@ -232,9 +243,10 @@ int main(int argc, char** argv) {
       if (dtype == "bf16") return expsum_mode<rlpt::bf16>(argv[2], std::atoll(argv[3]), std::atoll(argv[4]), plan);
     }
     if (op == "streams" && argc == 5) {
-      const int n = std::atoi(argv[4]);
-      if (n == 3 || n == 4)
-        return streams(std::strtoull(argv[2], nullptr, 10) << 20, std::strtoull(argv[3], nullptr, 10) << 20, n, plan);
+      const std::string n = argv[4];
+      if (n == "3" || n == "4" || n == "4+hash")
+        return streams(std::strtoull(argv[2], nullptr, 10) << 20, std::strtoull(argv[3], nullptr, 10) << 20,
+                       n == "3" ? 3 : 4, n == "4+hash", plan);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_limits: %s\n", e.what());

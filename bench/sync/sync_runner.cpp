@@ -19,7 +19,7 @@
 //
 // scripts/bench-peers (bench/peers/blocks/sync.py) uses the peer modes, with the timing protocol of
 // bench/support/peer_timing.hpp ([timing] = --warmup N --calls N --flush BYTES --out DIR):
-//   bench_sync_runner transport-peer shm|tcp TOTAL_MB BUCKET_MB streaming|staged|weights [timing]
+//   bench_sync_runner transport-peer shm|tcp TOTAL_MB BUCKET_MB streaming|staged|weights|targets [timing]
 //       one call = one dense version; cpu_s: the busier process's CPU seconds for it (sender or
 //       receiver); "weights": the receiver's load callback copies every tensor into destination
 //       buffers (the engine's weights, allocated and touched beforehand) and checks them at the end
@@ -367,7 +367,8 @@ std::string transport_peer(const char* what, std::uint64_t total, std::uint64_t 
     // The engine's weights exist before the update: allocated and touched up front.
     std::vector<std::unique_ptr<std::byte[]>> dest;
     std::vector<std::string> names;
-    if (mode == "weights")
+    const bool into_weights = mode == "weights" || mode == "targets";
+    if (into_weights)
       for (const auto& r : md.refs) {
         const std::size_t n = static_cast<std::size_t>(r.shape[0]) * 2;
         dest.emplace_back(new std::byte[n]);
@@ -380,11 +381,17 @@ std::string transport_peer(const char* what, std::uint64_t total, std::uint64_t 
       if (it == names.end()) ::_exit(3);
       std::memcpy(dest[static_cast<std::size_t>(it - names.begin())].get(), t.bytes.data(), t.bytes.size());
     };
+    // targets: the receiver writes the weights itself (copy_hash from the slot, one pass);
+    // weights: the load callback copies each verified tensor out of the slot.
+    std::vector<tensor_target> targets;
+    if (mode == "targets")
+      for (std::size_t i = 0; i < dest.size(); ++i)
+        targets.push_back({md.refs[i].name, md.refs[i].dtype, md.refs[i].shape, dest[i].get()});
     auto link = make_receiver_link();
-    receiver rx(*link, load,
-                {.timeout = 60s,
-                 .mode = mode == "staged" ? apply_mode::staged : apply_mode::streaming,
-                 .mirror = mode == "staged"});
+    const receiver_options ro{.timeout = 60s,
+                              .mode = mode == "staged" ? apply_mode::staged : apply_mode::streaming,
+                              .mirror = mode == "staged"};
+    receiver rx = mode == "targets" ? receiver(*link, std::move(targets), {}, ro) : receiver(*link, load, ro);
     std::vector<double> cpu;
     double c0 = process_cpu();
     for (int got = 0; got < versions;) {
@@ -435,8 +442,9 @@ std::string transport_peer(const char* what, std::uint64_t total, std::uint64_t 
   const bool ok = got && WIFEXITED(status) && WEXITSTATUS(status) == 0;
   return fmt::format(R"({{"bench": "{}", "receiver": "{}", "bytes": {}, "bucket_bytes": {}, "receiver_ok": {}, )"
                      R"("weights_ok": {}, {}, "sender_cpu_s": {}, "receiver_cpu_s": {}}})",
-                     what, mode, m.payload_bytes(), bucket, ok, ok && mode == "weights" && rx.back() == 1.0,
-                     rlpt::bench::json_series(t), rlpt::bench::json_array(tx_t), rlpt::bench::json_array(rx_t));
+                     what, mode, m.payload_bytes(), bucket, ok,
+                     ok && (mode == "weights" || mode == "targets") && rx.back() == 1.0, rlpt::bench::json_series(t),
+                     rlpt::bench::json_array(tx_t), rlpt::bench::json_array(rx_t));
 }
 
 std::string delta_peer(const std::string& path, const std::string& what, const rlpt::bench::timing_plan& tp) {
@@ -528,7 +536,7 @@ int peer_modes(int argc, char** argv) {
   if (cmd == "transport-peer" && argc == 6) {
     const std::string kind = argv[2], mode = argv[5];
     const std::uint64_t total = std::stoull(argv[3]) << 20, bucket = std::stoull(argv[4]) << 20;
-    if (mode != "streaming" && mode != "staged" && mode != "weights") return usage();
+    if (mode != "streaming" && mode != "staged" && mode != "weights" && mode != "targets") return usage();
     if (kind == "shm") {
       const std::string name = fmt::format("rlpt-bench-{}", ::getpid());
       std::puts(

@@ -7,6 +7,8 @@
 #include <sys/mman.h>
 
 #include <fstream>
+#include <functional>
+#include <map>
 
 using namespace rlpt::sync;
 using namespace rlpt::test::sync;
@@ -222,6 +224,145 @@ TEST_CASE("protocol: streaming receivers load each bucket as it arrives, with an
       check_mirror(rx, md);
     else
       RLPT_CHECK_ERROR(rx.tensor(md.refs[0].name), "rlpt.sync.no_version", "mirror off");
+  }
+}
+
+namespace {
+// Engine-owned buffers, one per model tensor except `skip` (which stays with the load callback).
+struct engine_buffers {
+  std::map<std::string, std::vector<std::byte>> mem;
+  std::vector<tensor_target> targets;
+  engine_buffers(const model& md, std::string_view skip) {
+    for (const auto& t : md.refs) {
+      if (t.name == skip) continue;
+      auto& b = mem[t.name];
+      b.assign(static_cast<std::size_t>(tensor_entry{t.name, t.dtype, t.shape}.numel() * size_of(t.dtype)),
+               std::byte{0});
+      targets.push_back({t.name, t.dtype, t.shape, b.data()});
+    }
+  }
+};
+} // namespace
+
+TEST_CASE("protocol: a receiver with targets writes the engine's buffers in every mode, the rest goes to the load "
+          "callback") {
+  struct mode_case {
+    apply_mode mode;
+    bool mirror;
+  };
+  for (const mode_case mc : {mode_case{apply_mode::staged, true}, mode_case{apply_mode::streaming, true},
+                             mode_case{apply_mode::streaming, false}}) {
+    CAPTURE(static_cast<int>(mc.mode));
+    CAPTURE(mc.mirror);
+    auto md = make_model(6);
+    const manifest m = plan(md.refs, small_buckets); // tensors span several 1 KiB buckets
+    const std::string skip = md.refs[1].name;
+    engine_buffers eng(md, skip);
+    inproc_pipe pipe;
+    inproc_transport tl(pipe, role::sender), rl(pipe, role::receiver);
+    sender tx(tl, m, md.refs, {.delta = true});
+    sink s;
+    receiver rx(rl, eng.targets, s.fn(), {.mode = mc.mode, .mirror = mc.mirror});
+    receiver_loop loop(rx);
+    rlpt::test::rng r(4);
+    for (std::uint64_t v = 1; v <= 3; ++v) {
+      md.step(0.01, r);
+      tx.publish(v);
+      const auto ups = loop.wait(v);
+      REQUIRE(ups.size() == v);
+      CHECK(ups.back().published());
+      CHECK(ups.back().delta == (mc.mirror && v > 1));
+      if (!ups.back().delta) CHECK(ups.back().tensors_loaded == md.refs.size());
+      for (const auto& [name, bytes] : eng.mem) CHECK(same_bytes(bytes, md.bytes(name)));
+      CHECK(s.got.size() == 1); // only the unbound tensor reached the callback
+      CHECK(same_bytes(s.got.at(skip), md.bytes(skip)));
+    }
+  }
+}
+
+TEST_CASE("protocol: streaming without a mirror copies each piece into its target as it verifies it") {
+  auto md = make_model(7);
+  const manifest m = plan(md.refs, small_buckets);
+  engine_buffers eng(md, "");
+  inproc_pipe pipe;
+  inproc_transport tl(pipe, role::sender), rl(pipe, role::receiver);
+  faulty_link fl(tl);
+  sender tx(fl, m, md.refs, {.timeout = 2s});
+  receiver rx(rl, eng.targets, {}, {.mode = apply_mode::streaming, .mirror = false});
+  receiver_loop loop(rx);
+  tx.publish(1);
+  REQUIRE(loop.wait(1).back().published());
+  for (const auto& [name, bytes] : eng.mem) CHECK(same_bytes(bytes, md.bytes(name)));
+  // A corrupted bucket: its piece was written in place before the check failed, so the update is
+  // partial and the next one must be dense; the one after it repairs every buffer.
+  rlpt::test::rng r(5);
+  md.step(0.3, r);
+  fl.on_send = [](std::size_t, std::vector<std::byte>& meta, std::span<std::byte> payload) {
+    if (type_of(meta) == frame_type::bucket && meta[24] == std::byte{1}) payload[10] ^= std::byte{0x40};
+    return true;
+  };
+  RLPT_CHECK_ERROR(tx.publish(2), "rlpt.sync.checksum");
+  const auto ups = loop.wait(2);
+  REQUIRE(ups.size() == 2);
+  CHECK(ups[1].failed());
+  CHECK(ups[1].error_id == "rlpt.sync.checksum");
+  CHECK(ups[1].partial);
+  const piece& hit = m.pieces(1)[0]; // the first piece of bucket 1 holds the flipped byte
+  const auto& buf = eng.mem.at(m[hit.tensor].name);
+  CHECK(buf[static_cast<std::size_t>(hit.tensor_offset) + 10] ==
+        (md.bytes(m[hit.tensor].name)[static_cast<std::size_t>(hit.tensor_offset) + 10] ^ std::byte{0x40}));
+  fl.on_send = nullptr;
+  tx.publish(3);
+  REQUIRE(loop.wait(3).back().published());
+  for (const auto& [name, bytes] : eng.mem) CHECK(same_bytes(bytes, md.bytes(name)));
+}
+
+TEST_CASE("protocol: targets that do not fit the manifest are refused, naming the target") {
+  auto md = make_model(8);
+  const manifest m = plan(md.refs, small_buckets);
+  SUBCASE("targets and transforms") {
+    inproc_pipe pipe;
+    inproc_transport rl(pipe, role::receiver);
+    engine_buffers eng(md, "");
+    RLPT_CHECK_ERROR(receiver(rl, eng.targets, {}, {.transforms = {cast{"*", wire_dtype::bf16}}}),
+                     "rlpt.sync.bad_transform", "targets and 1 transforms");
+  }
+  struct bad_case {
+    const char* what;
+    std::function<void(engine_buffers&)> spoil;
+    const char* id;
+    const char* says;
+  };
+  const std::string first = md.refs[0].name;
+  for (const bad_case& bc : std::vector<bad_case>{
+           {"wrong shape", [](engine_buffers& e) { e.targets[0].shape.push_back(2); }, "rlpt.sync.bad_source",
+            "has shape"},
+           {"wrong dtype",
+            [](engine_buffers& e) {
+              e.targets[0].dtype = e.targets[0].dtype == wire_dtype::f32 ? wire_dtype::bf16 : wire_dtype::f32;
+            },
+            "rlpt.sync.bad_source", "a host target takes the wire dtype"},
+           {"not in the manifest", [](engine_buffers& e) { e.targets[0].name = "nope"; }, "rlpt.sync.unknown_tensor",
+            "target \"nope\" is not in the manifest"},
+           {"unbound without a load callback", [](engine_buffers& e) { e.targets.erase(e.targets.begin()); },
+            "rlpt.sync.unknown_tensor", "has no target and this receiver has no load callback"}}) {
+    CAPTURE(bc.what);
+    engine_buffers eng(md, "");
+    bc.spoil(eng);
+    inproc_pipe pipe;
+    inproc_transport tl(pipe, role::sender), rl(pipe, role::receiver);
+    sender tx(tl, m, md.refs, {.timeout = 2s});
+    receiver rx(rl, eng.targets, {}, {.mode = apply_mode::streaming, .mirror = false});
+    receiver_loop loop(rx);
+    CHECK_THROWS(tx.publish(1));
+    const auto ups = loop.wait(1);
+    REQUIRE(ups.size() == 1);
+    CHECK(ups[0].failed());
+    CHECK(ups[0].error_id == bc.id);
+    CHECK(ups[0].reason.find(bc.says) != std::string::npos);
+    CHECK_FALSE(ups[0].partial);
+    for (const auto& [name, bytes] : eng.mem)
+      CHECK(std::all_of(bytes.begin(), bytes.end(), [](std::byte b) { return b == std::byte{0}; }));
   }
 }
 

@@ -47,6 +47,15 @@ struct tensor_ref {
   const void* data = nullptr; //!< host bytes, row-major; not read by plan()
 };
 
+//! A tensor a host receiver writes into: the engine's parameter, by manifest name, with the
+//! dtype and shape it travels with. Its memory must stay valid while the receiver lives.
+struct tensor_target {
+  std::string name{};
+  wire_dtype dtype = wire_dtype::f32;
+  std::vector<std::int64_t> shape{};
+  void* data = nullptr; //!< host bytes, row-major, writable
+};
+
 //! One tensor of a manifest.
 struct tensor_entry {
   std::string name{};
@@ -438,6 +447,43 @@ private:
   std::uint64_t payload_total_ = 0;
   std::uint64_t layout_hash_ = 0;
 };
+
+namespace detail {
+
+//! Matches tensors bound by name (sources or targets: any type with name, dtype, shape and data)
+//! to the entries of `m`; one pointer (or null) per manifest tensor. Checks that each is in the
+//! manifest once, its shape, its dtype (`converts(bound, wire)`; `no_convert` says what does),
+//! its data and the alignment of its elements; `what` names them in errors.
+template <class T, class Converts>
+std::vector<const T*> bind_by_name(const manifest& m, std::span<const T> bound, std::string_view where,
+                                   std::string_view what, bool all_required, Converts converts,
+                                   std::string_view no_convert) {
+  std::vector<const T*> by(m.size(), nullptr);
+  for (const auto& b : bound) {
+    const auto i = m.find(b.name);
+    RLPT_CHECK(i.has_value(), errors::sync::unknown_tensor, "{}: {} \"{}\" is not in the manifest", where, what,
+               b.name);
+    RLPT_CHECK(by[*i] == nullptr, errors::sync::bad_source, "{}: {} \"{}\" is bound twice", where, what, b.name);
+    const tensor_entry& e = m[*i];
+    RLPT_CHECK(b.shape == e.shape, errors::sync::bad_source, "{}: {} \"{}\" has shape [{}], the manifest says [{}]",
+               where, what, b.name, fmt::join(b.shape, ", "), fmt::join(e.shape, ", "));
+    RLPT_CHECK(converts(b.dtype, e.dtype), errors::sync::bad_source, "{}: {} \"{}\" is {} but travels as {}; {}", where,
+               what, b.name, b.dtype, e.dtype, no_convert);
+    RLPT_CHECK(b.data != nullptr || e.nbytes == 0, errors::sync::bad_source, "{}: {} \"{}\" has no data", where, what,
+               b.name);
+    RLPT_CHECK(reinterpret_cast<std::uintptr_t>(b.data) % size_of(b.dtype) == 0, errors::sync::bad_source,
+               "{}: {} \"{}\" at {} is not aligned to its {}-byte elements", where, what, b.name,
+               static_cast<const void*>(b.data), size_of(b.dtype));
+    by[*i] = &b;
+  }
+  if (all_required)
+    for (std::size_t i = 0; i < m.size(); ++i)
+      RLPT_CHECK(by[i] != nullptr || m[i].nbytes == 0, errors::sync::bad_source, "{}: manifest tensor \"{}\" has no {}",
+                 where, m[i].name, what);
+  return by;
+}
+
+} // namespace detail
 
 } // namespace sync
 RLPT_NAMESPACE_END

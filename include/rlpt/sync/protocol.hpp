@@ -25,6 +25,7 @@
 #pragma once
 
 #include <rlpt/config.hpp>
+#include <rlpt/core/copy.hpp>
 #include <rlpt/core/error.hpp>
 #include <rlpt/sync/checksum.hpp>
 #include <rlpt/sync/delta.hpp>
@@ -241,8 +242,8 @@ private:
   std::uint64_t check_ = 0;
 };
 
-//! The receiver's host backend: verifies with copy_hash into a staging area or the mirror,
-//! applies deltas to the mirror, runs the transforms and the load callback.
+//! The receiver's host backend: verifies with copy_hash into a staging area, the mirror or the
+//! bound targets, applies deltas to the mirror, runs the transforms and the load callback.
 class host_receive_backend {
 public:
   using link_type = link;
@@ -266,13 +267,31 @@ public:
     std::vector<std::uint64_t> outputs_left;                      // per tensor: outputs not yet run
     std::unordered_map<std::size_t, std::vector<std::byte>> held; // tensor bytes kept across buckets
     std::vector<std::span<const std::byte>> avail;
+    std::vector<const tensor_target*> bound; // per manifest tensor: its target, or null (load callback)
+    [[nodiscard]] std::byte* target(std::size_t t) const noexcept { return static_cast<std::byte*>(bound[t]->data); }
   };
   using inflight = receiver_inflight<inflight_state>;
 
-  host_receive_backend(link&, const receiver_options& o, const std::string& where, load_fn load)
-      : o_(o), where_(where), load_(std::move(load)) {}
+  host_receive_backend(link&, const receiver_options& o, const std::string& where, load_fn load,
+                       std::vector<tensor_target> targets = {})
+      : o_(o), where_(where), load_(std::move(load)), targets_(std::move(targets)) {
+    RLPT_CHECK(targets_.empty() || o_.transforms.empty(), errors::sync::bad_transform,
+               "{}: {} targets and {} transforms: a target takes its tensor as it travels, so the two do not combine "
+               "(transform in the load callback instead)",
+               where_, targets_.size(), o_.transforms.size());
+  }
 
-  void check_manifest(inflight_state&, const manifest&) {}
+  void check_manifest(inflight_state& s, const manifest& m) {
+    s.bound.assign(m.size(), nullptr);
+    if (targets_.empty()) return;
+    s.bound = bind_by_name(
+        m, std::span<const tensor_target>(targets_), where_, "target", false,
+        [](wire_dtype b, wire_dtype e) { return b == e; }, "a host target takes the wire dtype");
+    for (std::size_t i = 0; i < m.size(); ++i) {
+      RLPT_CHECK(s.bound[i] != nullptr || load_, errors::sync::unknown_tensor,
+                 "{}: manifest tensor \"{}\" has no target and this receiver has no load callback", where_, m[i].name);
+    }
+  }
 
   [[nodiscard]] std::string delta_refusal(const inflight_state&, const manifest&) const {
     return o_.mirror ? std::string() : std::string("this receiver keeps no mirror to apply deltas to");
@@ -311,13 +330,19 @@ public:
     const bool streaming = o_.mode == apply_mode::streaming;
     std::byte* arena = streaming ? (o_.mirror ? mirror_.data() : nullptr) : c.be.staging.data();
     // Verify (and copy) every piece before anything of this bucket is used. Without an arena
-    // (streaming, no mirror) the load callback reads the link's slot: see docs/sync.md.
+    // (streaming, no mirror) a bound target is written as its pieces are verified, in one pass
+    // (the update is partial from then on), and the load callback reads the link's slot: see
+    // docs/sync.md.
     for (std::size_t j = 0; j < pieces.size(); ++j) {
       const piece& p = pieces[j];
       const std::byte* src = payload.data() + p.bucket_offset;
-      const std::uint64_t got = arena ? copy_hash(arena + m.bucket_packed_offset(b) + p.bucket_offset, src,
-                                                  static_cast<std::size_t>(p.nbytes))
-                                      : xxh3(src, static_cast<std::size_t>(p.nbytes));
+      const auto n = static_cast<std::size_t>(p.nbytes);
+      std::byte* into = arena ? arena + m.bucket_packed_offset(b) + p.bucket_offset : nullptr;
+      if (!arena && c.be.bound[p.tensor] != nullptr) {
+        into = c.be.target(p.tensor) + p.tensor_offset;
+        c.partial = true;
+      }
+      const std::uint64_t got = into ? copy_hash(into, src, n) : xxh3(src, n);
       const std::uint64_t want = body_u64(f.body, j);
       if (got != want) {
         if (streaming && o_.mirror) st.torn = true;
@@ -491,9 +516,10 @@ private:
     std::vector<std::size_t> completed;
     for (const piece& p : m.pieces(b)) {
       const std::size_t t = p.tensor;
-      if (o_.mirror) {
+      if (o_.mirror || s.bound[t] != nullptr) { // the bytes are in the mirror, or already in place
         if (--s.pieces_left[t] == 0) {
-          s.avail[t] = {mirror_.data() + m.packed_offset(t), static_cast<std::size_t>(m[t].nbytes)};
+          std::byte* at = o_.mirror ? mirror_.data() + m.packed_offset(t) : s.target(t);
+          s.avail[t] = {at, static_cast<std::size_t>(m[t].nbytes)};
           completed.push_back(t);
         }
       } else if (m.piece_count(t) == 1) {
@@ -529,6 +555,14 @@ private:
   void run_output(inflight& c, std::size_t k, bool streaming = false) {
     const auto& out = c.be.plan.outputs()[k];
     c.partial = true;
+    if (out.sources.size() == 1 && c.be.bound[out.sources[0]] != nullptr) { // no transforms: the wire bytes
+      const std::span<const std::byte> from = c.be.avail[out.sources[0]];
+      std::byte* to = c.be.target(out.sources[0]);
+      if (from.data() != to && !from.empty()) rlpt::detail::copy_bytes(to, from.data(), from.size());
+      ++c.loaded;
+      if (streaming) --c.be.outputs_left[out.sources[0]];
+      return;
+    }
     try {
       c.be.plan.run(
           k, [&](std::size_t t) { return c.be.avail[t]; }, load_);
@@ -546,6 +580,7 @@ private:
   const receiver_options& o_;
   const std::string& where_;
   load_fn load_;
+  std::vector<tensor_target> targets_;
   transform_plan pub_plan_;
   byte_buffer mirror_;
   byte_buffer spare_; // staged dense: the next update's staging area (see setup)
@@ -602,6 +637,17 @@ private:
 class receiver : public basic_receiver<detail::host_receive_backend> {
 public:
   receiver(link& l, load_fn load, receiver_options o = {}) : basic_receiver(l, std::move(o), std::move(load)) {}
+
+  //! Writes each manifest tensor bound in `targets` (the engine's parameters, by manifest name,
+  //! with the dtype and shape they travel with; see tensor_target) into its target, and passes
+  //! the others to `load` (empty when every tensor has a target; an update with an unbound
+  //! tensor is then refused). Staged (the default), a target is written only after COMMIT
+  //! verified everything. Streaming without a mirror, each piece is copied from the link into
+  //! its target as it is verified, in one pass over memory: a failed check leaves that piece
+  //! written too (update::partial, as any failed streaming update). Targets and transforms do
+  //! not combine.
+  receiver(link& l, std::vector<tensor_target> targets, load_fn load = {}, receiver_options o = {})
+      : basic_receiver(l, std::move(o), std::move(load), std::move(targets)) {}
 
   //! The published bytes of wire tensor `name` from the mirror.
   [[nodiscard]] tensor_view tensor(std::string_view name) const { return backend().tensor(state(), name); }

@@ -204,34 +204,15 @@ inline void check_device_manifest(const manifest& m, std::string_view where) {
              "{}: device transports need an alignment of at least 8 bytes, got {}", where, m.alignment());
 }
 
-//! Matches bound tensors to manifest entries by name; returns one pointer (or nullopt) per
-//! manifest tensor. Checks shape, castability and alignment; `what` is "source" or "target".
+//! Matches bound tensors to manifest entries by name; returns one pointer (or null) per manifest
+//! tensor (sync/manifest.hpp's bind_by_name: shape, castability, data and alignment checked);
+//! `what` is "source" or "target".
 inline std::vector<const device_tensor*> bind(const manifest& m, std::span<const device_tensor> bound,
                                               std::string_view where, std::string_view what, bool all_required) {
-  std::vector<const device_tensor*> by(m.size(), nullptr);
-  for (const auto& b : bound) {
-    const auto i = m.find(b.name);
-    RLPT_CHECK(i.has_value(), errors::sync::unknown_tensor, "{}: {} \"{}\" is not in the manifest", where, what,
-               b.name);
-    RLPT_CHECK(by[*i] == nullptr, errors::sync::bad_source, "{}: {} \"{}\" is bound twice", where, what, b.name);
-    const tensor_entry& e = m[*i];
-    RLPT_CHECK(b.shape == e.shape, errors::sync::bad_source, "{}: {} \"{}\" has shape [{}], the manifest says [{}]",
-               where, what, b.name, fmt::join(b.shape, ", "), fmt::join(e.shape, ", "));
-    RLPT_CHECK(b.dtype == e.dtype || (castable(b.dtype) && castable(e.dtype)), errors::sync::bad_source,
-               "{}: {} \"{}\" is {} but travels as {}; only F32, F64, F16 and BF16 convert", where, what, b.name,
-               b.dtype, e.dtype);
-    RLPT_CHECK(b.data != nullptr || e.nbytes == 0, errors::sync::bad_source, "{}: {} \"{}\" has no data", where, what,
-               b.name);
-    RLPT_CHECK(reinterpret_cast<std::uintptr_t>(b.data) % size_of(b.dtype) == 0, errors::sync::bad_source,
-               "{}: {} \"{}\" at {} is not aligned to its {}-byte elements", where, what, b.name, b.data,
-               size_of(b.dtype));
-    by[*i] = &b;
-  }
-  if (all_required)
-    for (std::size_t i = 0; i < m.size(); ++i)
-      RLPT_CHECK(by[i] != nullptr || m[i].nbytes == 0, errors::sync::bad_source, "{}: manifest tensor \"{}\" has no {}",
-                 where, m[i].name, what);
-  return by;
+  return bind_by_name(
+      m, bound, where, what, all_required,
+      [](wire_dtype b, wire_dtype e) { return b == e || (castable(b) && castable(e)); },
+      "only F32, F64, F16 and BF16 convert");
 }
 
 //! Index of the first piece of bucket b among all pieces of the manifest.
