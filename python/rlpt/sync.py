@@ -82,12 +82,22 @@ class Sender:
 
 class Receiver:
     """Takes versions from a Sender. ``on_tensor(name, tensor)`` (optional) is called for every
-    tensor of a version once it is verified, with a view valid during the call (copy what you keep)."""
+    tensor of a version once it is verified, with a view valid during the call (copy what you keep).
+
+    ``targets`` (optional): {name: CPU contiguous tensor} that the receiver writes in place (the
+    engine's parameters; dtype and shape as sent); the other tensors go to ``on_tensor``. Staged
+    (the default), targets change only once the whole version verified. ``streaming=True`` with
+    ``mirror=False`` copies each piece straight from the link into its target as it is verified
+    (one pass over memory); a failed update then leaves the targets partly written (``partial``)
+    until the next, dense one. Without a mirror, ``tensor``/``state_dict``/``verify`` and delta
+    updates are unavailable."""
 
     def __init__(self, transport="shm", address="rlpt-weights", listen=False, timeout=30.0, on_tensor=None,
-                 secret=None, integrity="full", allow_unauthenticated=False):
+                 secret=None, integrity="full", allow_unauthenticated=False, targets=None, streaming=False,
+                 mirror=True):
         self._impl = call(_C.SyncReceiver, transport, address, bool(listen), float(timeout), on_tensor,
-                          _security(secret, integrity, allow_unauthenticated))
+                          _security(secret, integrity, allow_unauthenticated), list((targets or {}).items()),
+                          bool(streaming), bool(mirror))
 
     def poll(self, wait=0.0):
         """Processes messages for up to ``wait`` seconds (an update in progress is driven to its end).

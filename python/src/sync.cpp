@@ -2,7 +2,8 @@
 // rlpt._C.SyncSender / SyncReceiver: rlpt::sync::sender and receiver over the shared-memory, TCP
 // or UCX transport, for torch tensors. Blocking calls (publish, poll) release the GIL. The sender
 // reads CPU tensors in place (rlpt/sync.py stages device tensors into host copies first); the
-// receiver keeps a host mirror of the published version and hands out copies of its tensors.
+// receiver keeps a host mirror of the published version (unless told not to) and hands out copies
+// of its tensors, or writes CPU target tensors in place.
 #include "spec.hpp"
 #include "tensors.hpp"
 
@@ -245,13 +246,25 @@ private:
 class py_receiver {
 public:
   py_receiver(const std::string& transport, const std::string& address, bool listen, double timeout_s,
-              py::object on_tensor, const link_security& sec)
+              py::object on_tensor, const link_security& sec,
+              const std::vector<std::pair<std::string, at::Tensor>>& targets, bool streaming, bool mirror)
       : on_tensor_(std::move(on_tensor)) {
     guard([&] {
+      // Targets: CPU tensors the receiver writes in place (held here so they outlive it).
+      std::vector<tensor_target> bound;
+      for (const auto& [name, t] : targets) {
+        if (!t.device().is_cpu())
+          raise(ids::device, fmt::format("weight sync: target \"{}\" is on {}; the receiver writes host memory",
+                                         name, t.device().str()));
+        if (!t.is_contiguous()) raise(ids::strides, fmt::format("weight sync: target \"{}\" is not contiguous", name));
+        targets_.push_back(t);
+        bound.push_back({name, wire_of(t.scalar_type()), t.sizes().vec(), t.data_ptr()});
+      }
       link_ = make_link(transport, address, listen, role::receiver, 0, 0, sec);
       receiver_options o;
       o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
-      o.mirror = true;
+      o.mode = streaming ? apply_mode::streaming : apply_mode::staged;
+      o.mirror = mirror;
       load_fn load = [this](const tensor_view& t) {
         if (on_tensor_.is_none()) return;
         py::gil_scoped_acquire gil;
@@ -261,7 +274,8 @@ public:
                           at::TensorOptions().dtype(torch_of(t.dtype)));
         on_tensor_(std::string(t.name), view);
       };
-      receiver_ = std::make_unique<receiver>(*link_, std::move(load), o);
+      receiver_ = bound.empty() ? std::make_unique<receiver>(*link_, std::move(load), o)
+                                : std::make_unique<receiver>(*link_, std::move(bound), std::move(load), o);
       return 0;
     });
   }
@@ -307,6 +321,7 @@ public:
 
 private:
   py::object on_tensor_;
+  std::vector<at::Tensor> targets_;
   std::unique_ptr<rlpt::sync::link> link_;
   std::unique_ptr<receiver> receiver_;
 };
@@ -343,9 +358,10 @@ void bind_sync(py::module_& m) {
       .def("published_version", &py_sender::published_version)
       .def("port", &py_sender::port);
   py::class_<py_receiver>(m, "SyncReceiver")
-      .def(py::init<const std::string&, const std::string&, bool, double, py::object, const link_security&>(),
+      .def(py::init<const std::string&, const std::string&, bool, double, py::object, const link_security&,
+                    const std::vector<std::pair<std::string, at::Tensor>>&, bool, bool>(),
            py::arg("transport"), py::arg("address"), py::arg("listen"), py::arg("timeout_s"), py::arg("on_tensor"),
-           py::arg("security"))
+           py::arg("security"), py::arg("targets"), py::arg("streaming"), py::arg("mirror"))
       .def("poll", &py_receiver::poll, py::arg("wait_s"))
       .def("has_version", &py_receiver::has_version)
       .def("version", &py_receiver::version)

@@ -122,6 +122,30 @@ def test_receiver_callback_and_errors():
     assert e.value.id == "rlpt.python.bad_option"
 
 
+@pytest.mark.parametrize("streaming,mirror", [(False, True), (True, True), (True, False)])
+def test_receiver_writes_its_targets(streaming, mirror):
+    address = f"rlpt-test-{uuid.uuid4().hex[:12]}"
+    want = params(2, 0)
+    names = sorted(want)
+    targets = {n: torch.zeros_like(want[n]) for n in names[1:]}  # names[0] goes to on_tensor
+    got = {}
+    rx = rlpt.sync.Receiver("shm", address, targets=targets, streaming=streaming, mirror=mirror,
+                            on_tensor=lambda n, t: got.__setitem__(n, t.clone()))
+    proc = spawn("--transport", "shm", "--address", address, "--versions", 2)
+    seen = poll_until(rx, lambda s: len([u for u in s if u["state"] == "published"]) >= 2)
+    assert proc.wait(timeout=30) == 0
+    assert [u["version"] for u in seen] == [1, 2]
+    for n in names[1:]:
+        assert torch.equal(targets[n], want[n]), n
+    assert set(got) == {names[0]} and torch.equal(got[names[0]], want[names[0]])
+    if mirror:
+        check_version(rx, 2)
+    bad = {names[1]: torch.zeros(2, 3).t()}  # not contiguous
+    with pytest.raises(rlpt.Error) as e:
+        rlpt.sync.Receiver("shm", address + "x", targets=bad)
+    assert e.value.id == "rlpt.python.strides" and names[1] in str(e.value)
+
+
 @pytest.mark.skipif(not rlpt._C.SYNC_AUTH, reason="rlpt built without OpenSSL (no authenticated TCP)")
 def test_tcp_with_the_jobs_secret():
     secret = "0123456789abcdef0123456789abcdef"
