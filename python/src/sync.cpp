@@ -254,8 +254,8 @@ public:
       std::vector<tensor_target> bound;
       for (const auto& [name, t] : targets) {
         if (!t.device().is_cpu())
-          raise(ids::device, fmt::format("weight sync: target \"{}\" is on {}; the receiver writes host memory",
-                                         name, t.device().str()));
+          raise(ids::device, fmt::format("weight sync: target \"{}\" is on {}; the receiver writes host memory", name,
+                                         t.device().str()));
         if (!t.is_contiguous()) raise(ids::strides, fmt::format("weight sync: target \"{}\" is not contiguous", name));
         targets_.push_back(t);
         bound.push_back({name, wire_of(t.scalar_type()), t.sizes().vec(), t.data_ptr()});

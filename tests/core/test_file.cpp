@@ -167,3 +167,33 @@ TEST_CASE("temporary_writer parses <target>.tmp.<pid>.<n> and nothing else") {
   CHECK(temporary_writer("a.tmp12", "a") == -1);
   CHECK(temporary_writer("a.tmp.99999999999.1", "a") == -1); // beyond a pid
 }
+
+TEST_CASE("durable_file: resize sizes the temporary file for writes in any order, and a failed resize abandons it") {
+  temp_dir d;
+  const std::string path = d.path + "/sized.bin";
+  {
+    rlpt::detail::durable_file f(path, fail);
+    f.resize(64, fail);
+    REQUIRE(rlpt::detail::pwrite_all(f.fd(), "tail", 4, 60) == 0); // the end first
+    REQUIRE(rlpt::detail::pwrite_all(f.fd(), "head", 4, 0) == 0);
+    f.publish(fail);
+  }
+  const std::string got = slurp(path);
+  CHECK(got.size() == 64);
+  CHECK(got.substr(0, 4) == "head");
+  CHECK(got.substr(60) == "tail");
+  CHECK(got.substr(4, 56) == std::string(56, '\0'));
+  rlpt::detail::durable_file g(path, fail);
+  const std::string tmp = g.temporary();
+  bool threw = false;
+  try {
+    g.resize(~std::uint64_t{0}, fail); // no file has 2^64 - 1 bytes (negative as off_t: EINVAL)
+  } catch (const io_error& e) {
+    threw = true;
+    CHECK(std::string(e.what()).find("cannot size (to 18446744073709551615 bytes) " + tmp) == 0);
+  }
+  CHECK(threw);
+  CHECK(g.fd() == -1);
+  CHECK(d.files() == std::vector<std::string>{"sized.bin"}); // the temporary is gone, the file stays
+  CHECK(slurp(path).substr(0, 4) == "head");
+}

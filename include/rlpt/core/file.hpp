@@ -141,6 +141,13 @@ public:
   [[nodiscard]] int fd() const noexcept { return fd_; }
   [[nodiscard]] const std::string& temporary() const noexcept { return tmp_; }
 
+  //! Sizes the temporary file to `bytes` (zero-filled, sparse where the file system allows), so
+  //! that its parts can be written in any order.
+  template <class Fail> void resize(std::uint64_t bytes, Fail&& fail) {
+    if (::ftruncate(fd_, static_cast<off_t>(bytes)) != 0)
+      fail_abandoning(fail, "cannot size (to " + std::to_string(bytes) + " bytes)", tmp_, errno);
+  }
+
   //! fsync, rename over the target, fsync of its directory. A failure before the rename
   //! abandons the file; a failed directory fsync is reported with the new file in place.
   template <class Fail> void publish(Fail&& fail) {

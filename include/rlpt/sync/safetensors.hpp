@@ -271,24 +271,24 @@ inline void write_all(int fd, const void* data, std::size_t n, std::uint64_t at,
   return out;
 }
 
-//! Writes a safetensors file atomically and durably (core/file.hpp's write_durable: temporary
+//! Writes a safetensors file atomically and durably (core/file.hpp's durable_file: temporary
 //! file, fsync, rename, directory fsync): readers see the old file or the whole new one.
 inline void write_safetensors(const std::string& path, std::span<const tensor_ref> tensors,
                               const safetensors_metadata& metadata = {}) {
   const safetensors_layout l = layout_safetensors(tensors, metadata);
   const std::uint64_t n = l.header.size();
-  const auto fill = [&](int fd, const std::string& tmp) {
-    if (::ftruncate(fd, static_cast<off_t>(8 + n + l.data_bytes)) != 0) detail::io_fail("cannot size", tmp, errno);
-    detail::write_all(fd, &n, 8, 0, tmp);
-    detail::write_all(fd, l.header.data(), l.header.size(), 8, tmp);
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-      const std::uint64_t bytes = detail::tensor_nbytes(tensors[i].name, tensors[i].dtype, tensors[i].shape);
-      RLPT_CHECK(bytes == 0 || tensors[i].data != nullptr, errors::sync::bad_source, "tensor \"{}\" has no data",
-                 tensors[i].name);
-      if (bytes) detail::write_all(fd, tensors[i].data, static_cast<std::size_t>(bytes), 8 + n + l.offset[i], tmp);
-    }
-  };
-  rlpt::detail::write_durable(path, fill, detail::io_fail);
+  rlpt::detail::durable_file f(path, detail::io_fail); // a throw below removes the temporary file
+  const std::string& tmp = f.temporary();
+  f.resize(8 + n + l.data_bytes, detail::io_fail);
+  detail::write_all(f.fd(), &n, 8, 0, tmp);
+  detail::write_all(f.fd(), l.header.data(), l.header.size(), 8, tmp);
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const std::uint64_t bytes = detail::tensor_nbytes(tensors[i].name, tensors[i].dtype, tensors[i].shape);
+    RLPT_CHECK(bytes == 0 || tensors[i].data != nullptr, errors::sync::bad_source, "tensor \"{}\" has no data",
+               tensors[i].name);
+    if (bytes) detail::write_all(f.fd(), tensors[i].data, static_cast<std::size_t>(bytes), 8 + n + l.offset[i], tmp);
+  }
+  f.publish(detail::io_fail);
 }
 
 //! A safetensors file mapped read-only; tensors are views into the mapping.
@@ -484,9 +484,7 @@ private:
       tx_.layout =
           layout_safetensors(std::span<const tensor_entry>(entries), dense_metadata(tx_.m, pieces_placeholder(tx_.m)));
       tx_.file = rlpt::detail::durable_file(dense_path(f.version), detail::io_fail);
-      const std::uint64_t size = 8 + tx_.layout.header.size() + tx_.layout.data_bytes;
-      RLPT_CHECK(::ftruncate(tx_.file.fd(), static_cast<off_t>(size)) == 0, errors::sync::io,
-                 "{}: cannot size {} to {} bytes: {}", where_, tx_.file.temporary(), size, std::strerror(errno));
+      tx_.file.resize(8 + tx_.layout.header.size() + tx_.layout.data_bytes, detail::io_fail);
       std::uint64_t b0 = 0;
       tx_.piece_base.clear();
       for (std::uint64_t b = 0; b < tx_.m.bucket_count(); ++b) {
