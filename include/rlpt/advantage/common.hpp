@@ -264,10 +264,11 @@ inline void reset_stats(group_stats& s, index_t num_groups) {
   s.batch_std = 0.0;
 }
 
-inline void record_group(group_stats& s, index_t g, const canonical_moments& m, bool unbiased) {
+//! Records group g's moments and its std (std_of(m.count, m.m2, unbiased), computed by the caller).
+inline void record_group(group_stats& s, index_t g, const canonical_moments& m, double sd) {
   const auto i = static_cast<std::size_t>(g);
   s.mean[i] = static_cast<float>(m.mean);
-  s.std[i] = static_cast<float>(std_of(m.count, m.m2, unbiased));
+  s.std[i] = static_cast<float>(sd);
   s.size[i] = static_cast<index_t>(m.count);
   s.degenerate[i] = (m.count < 2.0 || m.m2 == 0.0) ? 1 : 0;
 }

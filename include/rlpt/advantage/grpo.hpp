@@ -40,7 +40,8 @@ struct group_norm {
   bool zero = false; //!< every member gets advantage 0
 };
 
-RLPT_HD group_norm grpo_norm(double count, double mean, double m2, double batch_std, const grpo_options& o) {
+//! `group_std` is std_of(count, m2, o.unbiased): computed once by the caller, which records it too.
+RLPT_HD group_norm grpo_norm(double count, double mean, double group_std, double batch_std, const grpo_options& o) {
   group_norm r;
   double sigma = 1.0;
   if (count < 1.0) {
@@ -55,7 +56,7 @@ RLPT_HD group_norm grpo_norm(double count, double mean, double m2, double batch_
     sigma = o.scale == scale::batch_std ? batch_std : 1.0;
   } else {
     r.mean = mean;
-    sigma = o.scale == scale::group_std ? std_of(count, m2, o.unbiased) : o.scale == scale::batch_std ? batch_std : 1.0;
+    sigma = o.scale == scale::group_std ? group_std : o.scale == scale::batch_std ? batch_std : 1.0;
   }
   if (o.scale != scale::none) r.div = add_rn(sigma > o.std_floor ? sigma : o.std_floor, o.epsilon);
   return r;
@@ -99,8 +100,9 @@ inline void grpo_advantages(view<const float> rewards, const groups& g, view<flo
     const view<const index_t> mem = g.members(k);
     const detail::canonical_moments m =
         detail::moments_canonical(mem.size(), [&](index_t j) { return rewards[mem[j]]; });
-    detail::record_group(stats, k, m, o.unbiased);
-    const detail::group_norm n = detail::grpo_norm(m.count, m.mean, m.m2, batch_std, o);
+    const double sd = detail::std_of(m.count, m.m2, o.unbiased);
+    detail::record_group(stats, k, m, sd);
+    const detail::group_norm n = detail::grpo_norm(m.count, m.mean, sd, batch_std, o);
     for (index_t i : mem) out[i] = detail::apply_norm(rewards[i], n);
   });
   detail::finish_stats(stats);
@@ -139,7 +141,7 @@ inline void gpg_advantages(view<const float> rewards, const groups& g, view<floa
     const view<const index_t> mem = g.members(k);
     const detail::canonical_moments m =
         detail::moments_canonical(mem.size(), [&](index_t j) { return rewards[mem[j]]; });
-    detail::record_group(stats, k, m, true);
+    detail::record_group(stats, k, m, detail::std_of(m.count, m.m2, true));
     const bool zero = m.count < 1.0 || (m.count < 2.0 && o.single != single::raw);
     const double mean = m.count < 2.0 ? 0.0 : m.mean;
     for (index_t i : mem)
@@ -182,7 +184,7 @@ inline void passk_advantages(view<const float> rewards, const groups& g, view<fl
     const view<const index_t> mem = g.members(k);
     const detail::canonical_moments m =
         detail::moments_canonical(mem.size(), [&](index_t j) { return rewards[mem[j]]; });
-    detail::record_group(stats, k, m, true);
+    detail::record_group(stats, k, m, detail::std_of(m.count, m.m2, true));
     index_t best = -1;
     float top = 0.0f, second = 0.0f;
     bool have_second = false;

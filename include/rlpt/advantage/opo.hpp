@@ -44,7 +44,7 @@ inline void opo_advantages(view<const float> rewards, view<const index_t> length
     const view<const index_t> mem = g.members(k);
     const detail::canonical_moments m =
         detail::moments_canonical(mem.size(), [&](index_t j) { return rewards[mem[j]]; });
-    detail::record_group(stats, k, m, true);
+    detail::record_group(stats, k, m, detail::std_of(m.count, m.m2, true));
     double baseline = 0.0;
     const bool zero = m.count < 1.0 || (m.count < 2.0 && o.single != single::raw);
     if (m.count >= 2.0) {

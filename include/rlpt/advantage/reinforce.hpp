@@ -126,7 +126,7 @@ inline reinforce_baseline_result reinforce_pp_baseline_advantages(view<const flo
     const view<const index_t> mem = g.members(k);
     const detail::canonical_moments m =
         detail::moments_canonical(mem.size(), [&](index_t j) { return rewards[mem[j]]; });
-    detail::record_group(st, k, m, true);
+    detail::record_group(st, k, m, detail::std_of(m.count, m.m2, true));
     const bool zero = m.count < 2.0 && o.single != single::raw;
     const double mean = m.count < 2.0 ? 0.0 : m.mean;
     for (index_t i : mem) {

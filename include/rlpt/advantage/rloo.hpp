@@ -56,7 +56,7 @@ inline void rloo_advantages(view<const float> rewards, const groups& g, view<flo
     const view<const index_t> mem = g.members(k);
     const detail::canonical_moments m =
         detail::moments_canonical(mem.size(), [&](index_t j) { return rewards[mem[j]]; });
-    detail::record_group(stats, k, m, true);
+    detail::record_group(stats, k, m, detail::std_of(m.count, m.m2, true));
     const double sum = detail::canonical_sum(mem.size(), [&](index_t j) {
       const float x = rewards[mem[j]];
       return detail::finite(x) ? static_cast<double>(x) : 0.0;

@@ -120,7 +120,8 @@ template <group_estimator E, int W> RLPT_KERNEL void __launch_bounds__(256) grou
     }
     const double m2 = c > 0 ? tile_sum<W>(q, mask) : 0.0;
     if constexpr (E == group_estimator::grpo) {
-      const group_norm norm = grpo_norm(count, mean, m2, a.batch_std ? *a.batch_std : 0.0, a.grpo);
+      const group_norm norm =
+          grpo_norm(count, mean, std_of(count, m2, a.grpo.unbiased), a.batch_std ? *a.batch_std : 0.0, a.grpo);
       for (index_t k = lane; k < n; k += W) {
         const index_t i = a.members[begin + k];
         a.out[i] = apply_norm(a.rewards[i], norm);
