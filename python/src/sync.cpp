@@ -183,6 +183,14 @@ py::dict update_dict(const update& u) {
   return d;
 }
 
+//! The host transports read (sender) or write (receiver) a tensor's bytes in place: it must be a
+//! contiguous CPU tensor. `what` names the role ("tensor", "target"), `why` the reason.
+void expect_host_contiguous(const at::Tensor& t, const char* what, const std::string& name, const char* why) {
+  if (!t.device().is_cpu())
+    raise(ids::device, fmt::format("weight sync: {} \"{}\" is on {}; {}", what, name, t.device().str(), why));
+  if (!t.is_contiguous()) raise(ids::strides, fmt::format("weight sync: {} \"{}\" is not contiguous", what, name));
+}
+
 class py_sender {
 public:
   py_sender(const std::string& transport, const std::string& address, bool listen,
@@ -192,11 +200,8 @@ public:
     guard([&] {
       std::vector<tensor_ref> refs;
       for (const auto& [name, t] : tensors) {
-        if (!t.device().is_cpu())
-          raise(ids::device, fmt::format("weight sync: tensor \"{}\" is on {}; the sender reads host memory "
-                                         "(rlpt.sync.Sender stages device tensors)",
-                                         name, t.device().str()));
-        if (!t.is_contiguous()) raise(ids::strides, fmt::format("weight sync: tensor \"{}\" is not contiguous", name));
+        expect_host_contiguous(t, "tensor", name,
+                               "the sender reads host memory (rlpt.sync.Sender stages device tensors)");
         tensors_.push_back(t);
         refs.push_back({name, wire_of(t.scalar_type()), t.sizes().vec(), t.data_ptr()});
       }
@@ -253,10 +258,7 @@ public:
       // Targets: CPU tensors the receiver writes in place (held here so they outlive it).
       std::vector<tensor_target> bound;
       for (const auto& [name, t] : targets) {
-        if (!t.device().is_cpu())
-          raise(ids::device, fmt::format("weight sync: target \"{}\" is on {}; the receiver writes host memory", name,
-                                         t.device().str()));
-        if (!t.is_contiguous()) raise(ids::strides, fmt::format("weight sync: target \"{}\" is not contiguous", name));
+        expect_host_contiguous(t, "target", name, "the receiver writes host memory");
         targets_.push_back(t);
         bound.push_back({name, wire_of(t.scalar_type()), t.sizes().vec(), t.data_ptr()});
       }

@@ -343,3 +343,71 @@ TEST_CASE("group_stats storage is reused across calls") {
   CHECK(s.mean.data() == storage);
   CHECK(s.mean.size() == static_cast<std::size_t>(g.num_groups()));
 }
+
+TEST_CASE("group estimators: equal-size contiguous groups (moments side by side) give the member-by-member bits") {
+  // Contiguous groups of one size take their moments sixteen groups side by side; the same
+  // groups interleaved (sequence i in group i % G) take them member by member. Every output and
+  // statistic must be the same bits, for every width of the canonical tree and past 32 members.
+  for (const rlpt::index_t w : {1, 2, 3, 4, 5, 8, 9, 16, 17, 31, 32, 33, 64, 100}) {
+    CAPTURE(w);
+    const rlpt::index_t G = 2 * 16 + 5; // two full blocks and a partial one
+    const rlpt::index_t n = G * w;
+    rlpt::test::rng r(static_cast<std::uint64_t>(40 + w));
+    std::vector<float> rc(static_cast<std::size_t>(n)); // contiguous: group k is [k w, (k + 1) w)
+    for (rlpt::index_t k = 0; k < G; ++k)
+      for (rlpt::index_t j = 0; j < w; ++j)
+        rc[static_cast<std::size_t>(k * w + j)] =
+            k % 4 == 0   ? static_cast<float>(r.integer(0, 1))
+            : k % 4 == 1 ? static_cast<float>(1e6 + r.normal(0.0, 1.0))
+            : k % 4 == 2 ? std::vector<float>{0.35f, 0.4f, 0.3f}[static_cast<std::size_t>(r.integer(0, 2))]
+                         : (k == 3 || j % 2 == 0 ? -0.0f : static_cast<float>(r.normal(-2.0, 3.0)));
+    std::vector<float> ri(rc.size());
+    std::vector<std::int64_t> ids(rc.size());
+    std::vector<rlpt::index_t> lc(rc.size()), li(rc.size());
+    auto at = [&](rlpt::index_t k, rlpt::index_t j) { return static_cast<std::size_t>(j * G + k); };
+    for (rlpt::index_t k = 0; k < G; ++k)
+      for (rlpt::index_t j = 0; j < w; ++j) {
+        const auto c = static_cast<std::size_t>(k * w + j);
+        ri[at(k, j)] = rc[c];
+        ids[at(k, j)] = k;
+        lc[c] = li[at(k, j)] = 1 + (k + j) % 7;
+      }
+    const auto gc = rlpt::groups::uniform(n, w);
+    const auto gi = rlpt::groups::from_ids(ids);
+    REQUIRE(gc.contiguous());
+    REQUIRE(gi.contiguous() == (w == 1));
+    std::vector<float> ac(rc.size()), ai(rc.size());
+    auto same = [&](const rlpt::group_stats& sc, const rlpt::group_stats& si) {
+      for (rlpt::index_t k = 0; k < G; ++k)
+        for (rlpt::index_t j = 0; j < w; ++j) {
+          const float x = ac[static_cast<std::size_t>(k * w + j)], y = ai[at(k, j)];
+          if (std::memcmp(&x, &y, sizeof x) != 0) FAIL_CHECK("group ", k, " member ", j, ": ", x, " vs ", y);
+        }
+      CHECK(std::memcmp(sc.mean.data(), si.mean.data(), sc.mean.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(sc.std.data(), si.std.data(), sc.std.size() * sizeof(float)) == 0);
+      CHECK(sc.size == si.size);
+      CHECK(sc.degenerate == si.degenerate);
+    };
+    rlpt::group_stats sc, si;
+    for (const auto& o :
+         {rlpt::compat::verl::grpo(), rlpt::compat::trl::grpo("batch"), rlpt::compat::verl::dr_grpo()}) {
+      rlpt::grpo_advantages(rc, gc, ac, o, sc);
+      rlpt::grpo_advantages(ri, gi, ai, o, si);
+      same(sc, si);
+    }
+    rlpt::rloo_advantages(rc, gc, ac, rlpt::compat::verl::rloo(), sc);
+    rlpt::rloo_advantages(ri, gi, ai, rlpt::compat::verl::rloo(), si);
+    same(sc, si);
+    rlpt::opo_advantages(rc, lc, gc, ac, rlpt::compat::verl::opo(), sc);
+    rlpt::opo_advantages(ri, li, gi, ai, rlpt::compat::verl::opo(), si);
+    same(sc, si);
+    rlpt::gpg_advantages(rc, gc, ac, rlpt::compat::verl::gpg(), sc);
+    rlpt::gpg_advantages(ri, gi, ai, rlpt::compat::verl::gpg(), si);
+    same(sc, si);
+    if (w >= 2) {
+      rlpt::passk_advantages(rc, gc, ac, rlpt::compat::verl::grpo_passk(), sc);
+      rlpt::passk_advantages(ri, gi, ai, rlpt::compat::verl::grpo_passk(), si);
+      same(sc, si);
+    }
+  }
+}

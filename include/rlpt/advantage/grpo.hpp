@@ -96,15 +96,15 @@ inline void grpo_advantages(view<const float> rewards, const groups& g, view<flo
   stats.num_nonfinite = bad;
   const double batch_std = o.scale == scale::batch_std ? detail::batch_std_of(rewards, o.unbiased) : 0.0;
   stats.batch_std = batch_std;
-  detail::for_each_group(g, ex, [&](index_t k) {
-    const view<const index_t> mem = g.members(k);
-    const detail::canonical_moments m =
-        detail::moments_canonical(mem.size(), [&](index_t j) { return rewards[mem[j]]; });
-    const double sd = detail::std_of(m.count, m.m2, o.unbiased);
-    detail::record_group(stats, k, m, sd);
-    const detail::group_norm n = detail::grpo_norm(m.count, m.mean, sd, batch_std, o);
-    for (index_t i : mem) out[i] = detail::apply_norm(rewards[i], n);
-  });
+  detail::for_each_group_moments(
+      g, rewards, ex,
+      [&](index_t k, view<const index_t> mem, const detail::canonical_moments& m) {
+        const double sd = detail::std_of(m.count, m.m2, o.unbiased);
+        detail::record_group(stats, k, m, sd);
+        const detail::group_norm n = detail::grpo_norm(m.count, m.mean, sd, batch_std, o);
+        for (index_t i : mem) out[i] = detail::apply_norm(rewards[i], n);
+      },
+      bad == 0);
   detail::finish_stats(stats);
 }
 
@@ -137,18 +137,18 @@ inline void gpg_advantages(view<const float> rewards, const groups& g, view<floa
   index_t nonzero = 0;
   for (index_t i = 0; i < rewards.size(); ++i) nonzero += (detail::finite(rewards[i]) && rewards[i] != 0.0f) ? 1 : 0;
   const double alpha = static_cast<double>(rewards.size() - bad) / static_cast<double>(std::max<index_t>(nonzero, 1));
-  detail::for_each_group(g, ex, [&](index_t k) {
-    const view<const index_t> mem = g.members(k);
-    const detail::canonical_moments m =
-        detail::moments_canonical(mem.size(), [&](index_t j) { return rewards[mem[j]]; });
-    detail::record_group(stats, k, m, detail::std_of(m.count, m.m2, true));
-    const bool zero = m.count < 1.0 || (m.count < 2.0 && o.single != single::raw);
-    const double mean = m.count < 2.0 ? 0.0 : m.mean;
-    for (index_t i : mem)
-      out[i] = (zero || !detail::finite(rewards[i]))
-                   ? 0.0f
-                   : static_cast<float>(detail::mul_rn(alpha, static_cast<double>(rewards[i]) - mean) / o.f_norm);
-  });
+  detail::for_each_group_moments(
+      g, rewards, ex,
+      [&](index_t k, view<const index_t> mem, const detail::canonical_moments& m) {
+        detail::record_group(stats, k, m, detail::std_of(m.count, m.m2, true));
+        const bool zero = m.count < 1.0 || (m.count < 2.0 && o.single != single::raw);
+        const double mean = m.count < 2.0 ? 0.0 : m.mean;
+        for (index_t i : mem)
+          out[i] = (zero || !detail::finite(rewards[i]))
+                       ? 0.0f
+                       : static_cast<float>(detail::mul_rn(alpha, static_cast<double>(rewards[i]) - mean) / o.f_norm);
+      },
+      bad == 0);
   detail::finish_stats(stats);
 }
 
@@ -180,35 +180,35 @@ inline void passk_advantages(view<const float> rewards, const groups& g, view<fl
   detail::check_singles(rewards, g, o.single, "pass@k", "passk_options");
   detail::reset_stats(stats, g.num_groups());
   stats.num_nonfinite = bad;
-  detail::for_each_group(g, ex, [&](index_t k) {
-    const view<const index_t> mem = g.members(k);
-    const detail::canonical_moments m =
-        detail::moments_canonical(mem.size(), [&](index_t j) { return rewards[mem[j]]; });
-    detail::record_group(stats, k, m, detail::std_of(m.count, m.m2, true));
-    index_t best = -1;
-    float top = 0.0f, second = 0.0f;
-    bool have_second = false;
-    for (index_t i : mem) {
-      out[i] = 0.0f;
-      const float x = rewards[i];
-      if (!detail::finite(x)) continue;
-      if (best < 0 || x > top) {
-        if (best >= 0) {
-          second = top;
-          have_second = true;
+  detail::for_each_group_moments(
+      g, rewards, ex,
+      [&](index_t k, view<const index_t> mem, const detail::canonical_moments& m) {
+        detail::record_group(stats, k, m, detail::std_of(m.count, m.m2, true));
+        index_t best = -1;
+        float top = 0.0f, second = 0.0f;
+        bool have_second = false;
+        for (index_t i : mem) {
+          out[i] = 0.0f;
+          const float x = rewards[i];
+          if (!detail::finite(x)) continue;
+          if (best < 0 || x > top) {
+            if (best >= 0) {
+              second = top;
+              have_second = true;
+            }
+            top = x;
+            best = i;
+          } else if (!have_second || x > second) {
+            second = x;
+            have_second = true;
+          }
         }
-        top = x;
-        best = i;
-      } else if (!have_second || x > second) {
-        second = x;
-        have_second = true;
-      }
-    }
-    if (!have_second) return; // 0 or 1 counted: advantage 0 (single::zero)
-    double a = static_cast<double>(top) - static_cast<double>(second);
-    if (o.scale_by_std) a /= detail::add_rn(detail::std_of(m.count, m.m2, true), o.epsilon);
-    out[best] = static_cast<float>(a);
-  });
+        if (!have_second) return; // 0 or 1 counted: advantage 0 (single::zero)
+        double a = static_cast<double>(top) - static_cast<double>(second);
+        if (o.scale_by_std) a /= detail::add_rn(detail::std_of(m.count, m.m2, true), o.epsilon);
+        out[best] = static_cast<float>(a);
+      },
+      bad == 0);
   detail::finish_stats(stats);
 }
 

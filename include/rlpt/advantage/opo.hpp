@@ -40,27 +40,28 @@ inline void opo_advantages(view<const float> rewards, view<const index_t> length
   }
   detail::reset_stats(stats, g.num_groups());
   stats.num_nonfinite = bad;
-  detail::for_each_group(g, ex, [&](index_t k) {
-    const view<const index_t> mem = g.members(k);
-    const detail::canonical_moments m =
-        detail::moments_canonical(mem.size(), [&](index_t j) { return rewards[mem[j]]; });
-    detail::record_group(stats, k, m, detail::std_of(m.count, m.m2, true));
-    double baseline = 0.0;
-    const bool zero = m.count < 1.0 || (m.count < 2.0 && o.single != single::raw);
-    if (m.count >= 2.0) {
-      const auto valid = [&](index_t j) { return detail::finite(rewards[mem[j]]); };
-      const double wsum = detail::canonical_sum(mem.size(), [&](index_t j) {
-        return valid(j) ? detail::mul_rn(static_cast<double>(lengths[mem[j]]), static_cast<double>(rewards[mem[j]]))
-                        : 0.0;
-      });
-      const double lsum = detail::canonical_sum(
-          mem.size(), [&](index_t j) { return valid(j) ? static_cast<double>(lengths[mem[j]]) : 0.0; });
-      baseline = wsum / lsum;
-    }
-    for (index_t i : mem)
-      out[i] =
-          (zero || !detail::finite(rewards[i])) ? 0.0f : static_cast<float>(static_cast<double>(rewards[i]) - baseline);
-  });
+  detail::for_each_group_moments(
+      g, rewards, ex,
+      [&](index_t k, view<const index_t> mem, const detail::canonical_moments& m) {
+        detail::record_group(stats, k, m, detail::std_of(m.count, m.m2, true));
+        double baseline = 0.0;
+        const bool zero = m.count < 1.0 || (m.count < 2.0 && o.single != single::raw);
+        if (m.count >= 2.0) {
+          const auto valid = [&](index_t j) { return detail::finite(rewards[mem[j]]); };
+          const double wsum = detail::canonical_sum(mem.size(), [&](index_t j) {
+            return valid(j) ? detail::mul_rn(static_cast<double>(lengths[mem[j]]), static_cast<double>(rewards[mem[j]]))
+                            : 0.0;
+          });
+          const double lsum = detail::canonical_sum(
+              mem.size(), [&](index_t j) { return valid(j) ? static_cast<double>(lengths[mem[j]]) : 0.0; });
+          baseline = wsum / lsum;
+        }
+        for (index_t i : mem)
+          out[i] = (zero || !detail::finite(rewards[i]))
+                       ? 0.0f
+                       : static_cast<float>(static_cast<double>(rewards[i]) - baseline);
+      },
+      bad == 0);
   detail::finish_stats(stats);
 }
 

@@ -122,20 +122,20 @@ inline reinforce_baseline_result reinforce_pp_baseline_advantages(view<const flo
   std::vector<float> centred(static_cast<std::size_t>(rewards.size()));
   // Non-finite samples become NaN here so that whitening leaves their tokens out (output 0).
   const float poison = o.whiten ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
-  detail::for_each_group(g, ex, [&](index_t k) {
-    const view<const index_t> mem = g.members(k);
-    const detail::canonical_moments m =
-        detail::moments_canonical(mem.size(), [&](index_t j) { return rewards[mem[j]]; });
-    detail::record_group(st, k, m, detail::std_of(m.count, m.m2, true));
-    const bool zero = m.count < 2.0 && o.single != single::raw;
-    const double mean = m.count < 2.0 ? 0.0 : m.mean;
-    for (index_t i : mem) {
-      const float x = rewards[i];
-      centred[static_cast<std::size_t>(i)] = !detail::finite(x) ? poison
-                                             : zero             ? 0.0f
-                                                                : static_cast<float>(static_cast<double>(x) - mean);
-    }
-  });
+  detail::for_each_group_moments(
+      g, rewards, ex,
+      [&](index_t k, view<const index_t> mem, const detail::canonical_moments& m) {
+        detail::record_group(st, k, m, detail::std_of(m.count, m.m2, true));
+        const bool zero = m.count < 2.0 && o.single != single::raw;
+        const double mean = m.count < 2.0 ? 0.0 : m.mean;
+        for (index_t i : mem) {
+          const float x = rewards[i];
+          centred[static_cast<std::size_t>(i)] = !detail::finite(x) ? poison
+                                                 : zero             ? 0.0f
+                                                                    : static_cast<float>(static_cast<double>(x) - mean);
+        }
+      },
+      bad == 0);
   detail::finish_stats(st);
   broadcast_to_tokens(layout, centred, mask, advantages, 0.0f, ex);
   if (o.whiten) {

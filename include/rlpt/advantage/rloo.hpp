@@ -52,17 +52,13 @@ inline void rloo_advantages(view<const float> rewards, const groups& g, view<flo
   detail::check_singles(rewards, g, o.single, "RLOO", "rloo_options");
   detail::reset_stats(stats, g.num_groups());
   stats.num_nonfinite = bad;
-  detail::for_each_group(g, ex, [&](index_t k) {
-    const view<const index_t> mem = g.members(k);
-    const detail::canonical_moments m =
-        detail::moments_canonical(mem.size(), [&](index_t j) { return rewards[mem[j]]; });
-    detail::record_group(stats, k, m, detail::std_of(m.count, m.m2, true));
-    const double sum = detail::canonical_sum(mem.size(), [&](index_t j) {
-      const float x = rewards[mem[j]];
-      return detail::finite(x) ? static_cast<double>(x) : 0.0;
-    });
-    for (index_t i : mem) out[i] = detail::rloo_value(rewards[i], m.count, sum, o.single);
-  });
+  detail::for_each_group_moments(
+      g, rewards, ex,
+      [&](index_t k, view<const index_t> mem, const detail::canonical_moments& m) {
+        detail::record_group(stats, k, m, detail::std_of(m.count, m.m2, true));
+        for (index_t i : mem) out[i] = detail::rloo_value(rewards[i], m.count, m.sum, o.single);
+      },
+      bad == 0);
   detail::finish_stats(stats);
   if (!o.batch_normalize) return;
   // Samples with a real leave-one-out advantage take part; the others stay 0 (TRL: NaN -> 0).

@@ -94,6 +94,9 @@ public:
 
   [[nodiscard]] index_t num_groups() const noexcept { return num_groups_; }
   [[nodiscard]] index_t num_items() const noexcept { return num_items_; }
+  //! Every group is a run of consecutive sequences, in order: members() is 0, 1, ..., n - 1 and
+  //! group g is sequences [offsets()[g], offsets()[g + 1]).
+  [[nodiscard]] bool contiguous() const noexcept { return contiguous_; }
   [[nodiscard]] index_t size(index_t g) const noexcept { return offsets_ptr()[g + 1] - offsets_ptr()[g]; }
   //! Sequence indices of group g, ascending.
   [[nodiscard]] view<const index_t> members(index_t g) const& noexcept {
@@ -190,6 +193,7 @@ private:
     }
     num_groups_ = num;
     for (index_t k = 0; k < num; ++k) offsets[k + 1] += offsets[k];
+    contiguous_ = in_order;
     if (in_order) { // contiguous groups in order: group_of is non-decreasing
       for (index_t i = 0; i < n; ++i) members[i] = i;
       return;
@@ -202,6 +206,7 @@ private:
   std::vector<index_t, uninitialized_allocator<index_t>> store_ = {0};
   index_t num_items_ = 0;
   index_t num_groups_ = 0;
+  bool contiguous_ = true; // members are 0, 1, ..., n - 1
   index_t offsets_at_ = 0;
   index_t ids_at_ = 1;
 };
