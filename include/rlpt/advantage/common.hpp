@@ -284,10 +284,11 @@ template <int Width, int Lanes> void moments_side_by_side(const float* x, index_
 }
 
 //! Runs f(k, members of k, canonical moments of k's rewards) for every group k, in chunks of
-//! group_grain groups (one worker each), the moments of a block of moments_block groups taken before f runs on any
-//! of them. With `all_finite` (no reward is NaN or infinite), a block of contiguous groups of one
-//! size takes them side by side (moments_side_by_side: the same bits; 1.1-2x faster estimators
-//! at 65,536 sequences, docs/performance.md); any other block, group by group.
+//! group_grain groups (one worker each), the moments of a block of moments_block groups taken
+//! before f runs on any of them. With `all_finite` (no reward is NaN or infinite), a block of
+//! contiguous groups of one size takes them side by side (moments_side_by_side: the same bits;
+//! 1.1-2x faster estimators at 65,536 sequences, docs/advantage.md); any other block, group by
+//! group.
 template <class F>
 void for_each_group_moments(const groups& g, view<const float> rewards, const host_executor& ex, F&& f,
                             bool all_finite) {
