@@ -9,7 +9,8 @@ verl 0.9.1's and TRL 1.16's functions, on the same logits, one thread each:
 
 The compute limit, measured in the same rounds on the same logits: rlpt's own SIMD exp
 (rlpt::detail::simd::exp, the build the row kernels choose) summed over every logit
-(bench_limits expsum): one read and one exp per logit. The forward makes one such pass; forward
+(bench_limits expsum): one read and one exp per logit, the row read as the row kernels read it
+(512 columns loaded, then exponentiated from L1). The forward makes one such pass; forward
 + backward two (the backward recomputes each probability and writes the gradient), so its limit
 is twice the exp+sum time plus the first touch of the gradient both sides allocate per call
 (bench_limits fresh). Every output is checked against an fp64 evaluation of the first 64
