@@ -16,11 +16,13 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 RLPT_NAMESPACE_BEGIN
@@ -302,26 +304,12 @@ void for_each_group_moments(const groups& g, view<const float> rewards, const ho
       for (int j = 1; j < n && uniform; ++j) uniform = g.size(k0 + j) == w;
       if (uniform) {
         const float* x = rewards.data() + g.offsets()[k0];
-        switch (canonical_width(w)) {
-        case 1:
-          moments_side_by_side<1>(x, w, m);
-          break;
-        case 2:
-          moments_side_by_side<2>(x, w, m);
-          break;
-        case 4:
-          moments_side_by_side<4>(x, w, m);
-          break;
-        case 8:
-          moments_side_by_side<8>(x, w, m);
-          break;
-        case 16:
-          moments_side_by_side<16>(x, w, m);
-          break;
-        default:
-          moments_side_by_side<32>(x, w, m);
-          break;
-        }
+        static_assert(reduce_lanes == 32, "the widths below are the powers of two up to reduce_lanes");
+        const int width = canonical_width(w);
+        const auto with_width = [&]<int... W>(std::integer_sequence<int, W...>) {
+          (void)((width == W && (moments_side_by_side<W>(x, w, m), true)) || ...);
+        };
+        with_width(std::integer_sequence<int, 1, 2, 4, 8, 16, 32>{});
       } else {
         for (int j = 0; j < n; ++j) {
           const view<const index_t> mem = g.members(k0 + j);
