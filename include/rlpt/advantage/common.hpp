@@ -344,6 +344,10 @@ inline void record_group(group_stats& s, index_t g, const canonical_moments& m, 
 // The std is a double; a bool (say, an `unbiased` flag passed where the std belongs) must not
 // convert to 0 or 1 silently.
 void record_group(group_stats&, index_t, const canonical_moments&, bool) = delete;
+//! Records group g's moments with the unbiased std (every estimator but GRPO reports that one).
+inline void record_group(group_stats& s, index_t g, const canonical_moments& m) {
+  record_group(s, g, m, std_of(m.count, m.m2, true));
+}
 
 inline void finish_stats(group_stats& s) {
   s.num_degenerate = 0;

@@ -140,7 +140,7 @@ inline void gpg_advantages(view<const float> rewards, const groups& g, view<floa
   detail::for_each_group_moments(
       g, rewards, ex,
       [&](index_t k, view<const index_t> mem, const detail::canonical_moments& m) {
-        detail::record_group(stats, k, m, detail::std_of(m.count, m.m2, true));
+        detail::record_group(stats, k, m);
         const bool zero = m.count < 1.0 || (m.count < 2.0 && o.single != single::raw);
         const double mean = m.count < 2.0 ? 0.0 : m.mean;
         for (index_t i : mem)
@@ -183,7 +183,8 @@ inline void passk_advantages(view<const float> rewards, const groups& g, view<fl
   detail::for_each_group_moments(
       g, rewards, ex,
       [&](index_t k, view<const index_t> mem, const detail::canonical_moments& m) {
-        detail::record_group(stats, k, m, detail::std_of(m.count, m.m2, true));
+        const double sd = detail::std_of(m.count, m.m2, true);
+        detail::record_group(stats, k, m, sd);
         index_t best = -1;
         float top = 0.0f, second = 0.0f;
         bool have_second = false;
@@ -205,7 +206,7 @@ inline void passk_advantages(view<const float> rewards, const groups& g, view<fl
         }
         if (!have_second) return; // 0 or 1 counted: advantage 0 (single::zero)
         double a = static_cast<double>(top) - static_cast<double>(second);
-        if (o.scale_by_std) a /= detail::add_rn(detail::std_of(m.count, m.m2, true), o.epsilon);
+        if (o.scale_by_std) a /= detail::add_rn(sd, o.epsilon);
         out[best] = static_cast<float>(a);
       },
       bad == 0);

@@ -55,7 +55,7 @@ inline void rloo_advantages(view<const float> rewards, const groups& g, view<flo
   detail::for_each_group_moments(
       g, rewards, ex,
       [&](index_t k, view<const index_t> mem, const detail::canonical_moments& m) {
-        detail::record_group(stats, k, m, detail::std_of(m.count, m.m2, true));
+        detail::record_group(stats, k, m);
         for (index_t i : mem) out[i] = detail::rloo_value(rewards[i], m.count, m.sum, o.single);
       },
       bad == 0);
