@@ -11,8 +11,8 @@
 //       peer, and the runners do per call) pays before it computes anything. Large blocks come
 //       from fresh mmap'd pages, so this is the kernel's page-fault cost of the outputs.
 //   bench_limits expsum DIR N V f32|bf16 [timing]
-//       rlpt's own SIMD exp (rlpt::detail::simd::exp, the AVX2 build where the CPU has it, as
-//       the logprob row kernels choose) summed over every logit of DIR/logits.{f32,bf16}: one
+//       rlpt's own SIMD exp (rlpt::detail::simd::exp, in the build the logprob row kernels
+//       choose: AVX-512 or AVX2 where the CPU has it) summed over every logit of DIR/logits.{f32,bf16}: one
 //       read and one exp per logit (each 512-column chunk loaded, then exponentiated, as the
 //       row kernels read a row), the compute limit of the logprob row passes.
 //   bench_limits streams TOTAL_MB BUCKET_MB 3|4 [timing]
@@ -94,26 +94,38 @@ template <int NB, class T> RLPT_LOGPROB_HOST_INLINE float expsum_row_body(const 
   return simd::hsum<NB>(acc) + tail;
 }
 
-template <class T> float expsum_row_generic(const T* x, rlpt::index_t n) {
+template <class T> __attribute__((RLPT_LOGPROB_NO_CONTRACT)) float expsum_row_generic(const T* x, rlpt::index_t n) {
   return expsum_row_body<simd::baseline_bytes>(x, n);
 }
-
 #if RLPT_LOGPROB_X86_DISPATCH()
 template <class T> RLPT_LOGPROB_AVX2 float expsum_row_avx2(const T* x, rlpt::index_t n) {
   return expsum_row_body<32>(x, n);
 }
 #endif
+#if RLPT_LOGPROB_AVX512_CLONE()
+template <class T> RLPT_LOGPROB_AVX512 float expsum_row_avx512(const T* x, rlpt::index_t n) {
+  return expsum_row_body<64>(x, n);
+}
+#endif
 
 template <class T> double expsum(const T* x, rlpt::index_t rows, rlpt::index_t cols) {
-  double total = 0.0;
+  using rlpt::detail::row_isa;
+  auto row = &expsum_row_generic<T>;
 #if RLPT_LOGPROB_X86_DISPATCH()
-  if (rlpt::detail::row_kernels_use_avx2()) {
-    for (rlpt::index_t r = 0; r < rows; ++r) total += expsum_row_avx2(x + r * cols, cols);
-    return total;
-  }
+  if (rlpt::detail::row_kernels_isa() == row_isa::avx2) row = &expsum_row_avx2<T>;
 #endif
-  for (rlpt::index_t r = 0; r < rows; ++r) total += expsum_row_generic(x + r * cols, cols);
+#if RLPT_LOGPROB_AVX512_CLONE()
+  if (rlpt::detail::row_kernels_isa() == row_isa::avx512) row = &expsum_row_avx512<T>;
+#endif
+  double total = 0.0;
+  for (rlpt::index_t r = 0; r < rows; ++r) total += row(x + r * cols, cols);
   return total;
+}
+
+const char* isa_name() {
+  using rlpt::detail::row_isa;
+  const row_isa isa = rlpt::detail::row_kernels_isa();
+  return isa == row_isa::avx512 ? "avx512" : isa == row_isa::avx2 ? "avx2" : "generic";
 }
 
 template <class T> int expsum_mode(const std::string& dir, rlpt::index_t n, rlpt::index_t v, const timing_plan& plan) {
@@ -121,10 +133,9 @@ template <class T> int expsum_mode(const std::string& dir, rlpt::index_t n, rlpt
   const auto x = rlpt::bench::read_raw<T>(dir + (sizeof(T) == 2 ? "/logits.bf16" : "/logits.f32"), nv);
   double sum = 0.0;
   const auto t = rlpt::bench::time_calls(plan, [&] { sum = expsum(x.data(), n, v); });
-  std::printf("%s\n",
-              fmt::format(R"({{"op": "expsum", "N": {}, "V": {}, "bytes": {}, "avx2": {}, "sum": {}, {}}})", n, v,
-                          nv * sizeof(T), rlpt::detail::row_kernels_use_avx2(), sum, rlpt::bench::json_series(t))
-                  .c_str());
+  std::printf("%s\n", fmt::format(R"({{"op": "expsum", "N": {}, "V": {}, "bytes": {}, "isa": "{}", "sum": {}, {}}})", n,
+                                  v, nv * sizeof(T), isa_name(), sum, rlpt::bench::json_series(t))
+                          .c_str());
   return 0;
 }
 

@@ -75,7 +75,8 @@ inline constexpr float exp_floor = -87.0f;
 
 //! exp(d) for a shift d = z − m ≤ 0 (d ≤ 88 stays finite) with −inf (or anything below
 //! exp_floor) giving exactly 0; `dc` receives d clamped at exp_floor, safe to multiply by the
-//! weight. NaN propagates. The host vector kernels use the same operations lane by lane.
+//! weight. NaN propagates. The host row kernels use simd::shifted_exp, the same reduction and
+//! polynomial with explicit FMAs.
 RLPT_HD_FORCEINLINE float shifted_exp(float d, float& dc) {
   const bool low = d < exp_floor;
   dc = select(low, exp_floor, d);

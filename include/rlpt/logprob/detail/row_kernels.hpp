@@ -7,7 +7,11 @@
 //! j % 16, whatever the row's address, its position in the batch, N or the thread count; lanes
 //! are folded in a fixed tree. The inner loops are plain lane loops the compiler vectorises
 //! without -ffast-math. On x86-64 an AVX2+FMA build of the same loops is chosen once per
-//! process (__builtin_cpu_supports), so every row of a process takes the same path.
+//! process (__builtin_cpu_supports), and AVX-512 where the compiler can build it, so every row
+//! of a process takes the same path. Every build gives the same bits: the exp's multiply-adds
+//! are explicit FMAs (one rounding, whatever the ISA), and no other a·b + c is contracted (GCC:
+//! optimize("fp-contract=off") on each entry point; clang contracts only within one expression,
+//! and the pack operators are separate functions).
 #pragma once
 
 #include <rlpt/config.hpp>
@@ -22,11 +26,25 @@
 #include <cstring>
 #include <limits>
 
+#if defined(__GNUC__) && !defined(__clang__)
+#define RLPT_LOGPROB_NO_CONTRACT optimize("fp-contract=off")
+#else
+#define RLPT_LOGPROB_NO_CONTRACT
+#endif
+
 #if RLPT_ISA_DISPATCH()
 #define RLPT_LOGPROB_X86_DISPATCH() 1
-#define RLPT_LOGPROB_AVX2 __attribute__((target("avx2,fma")))
+#define RLPT_LOGPROB_AVX2 __attribute__((target("avx2,fma"), RLPT_LOGPROB_NO_CONTRACT))
 #else
 #define RLPT_LOGPROB_X86_DISPATCH() 0
+#endif
+
+// AVX-512 keeps one 16-lane pack in one register.
+#if RLPT_LOGPROB_X86_DISPATCH()
+#define RLPT_LOGPROB_AVX512_CLONE() 1
+#define RLPT_LOGPROB_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq"), RLPT_LOGPROB_NO_CONTRACT))
+#else
+#define RLPT_LOGPROB_AVX512_CLONE() 0
 #endif
 
 RLPT_NAMESPACE_BEGIN
@@ -35,12 +53,17 @@ namespace detail {
 inline constexpr int row_chunk = 512;
 inline constexpr float neg_inf_f = -std::numeric_limits<float>::infinity();
 
-//! Whether this process runs the AVX2 build of the row kernels.
-[[nodiscard]] inline bool row_kernels_use_avx2() noexcept {
+//! The build of the row kernels this process runs (chosen once, from the CPU's features).
+enum class row_isa { generic, avx2, avx512 };
+
+[[nodiscard]] inline row_isa row_kernels_isa() noexcept {
 #if RLPT_LOGPROB_X86_DISPATCH()
-  return cpu_has_avx2_fma();
+  static const row_isa isa = RLPT_LOGPROB_AVX512_CLONE() && cpu_has_avx512() ? row_isa::avx512
+                             : cpu_has_avx2_fma()                            ? row_isa::avx2
+                                                                             : row_isa::generic;
+  return isa;
 #else
-  return false;
+  return row_isa::generic;
 #endif
 }
 
@@ -85,8 +108,8 @@ template <int NB, class T> RLPT_LOGPROB_HOST_INLINE lse_state row_accumulate_bod
     const float cm = v::hmax(mx);
     if (cm > m) {
       if (m != neg_inf_f) {
-        float dc = 0.0f;
-        const float c = shifted_exp(m - cm, dc);
+        vf dc; // the vector exp on a splat: the same bits in every build (a scalar exp is contracted by clang)
+        const vf c = v::shifted_exp(v::splat<NB>(m - cm), dc);
         a = (a + s * dc) * c;
         s = s * c;
       }
@@ -101,7 +124,7 @@ template <int NB, class T> RLPT_LOGPROB_HOST_INLINE lse_state row_accumulate_bod
       vf dc;
       const vf e = v::shifted_exp(z[b] - m, dc);
       cs += e;
-      ca += e * dc;
+      ca = v::fma(e, dc, ca);
     }
     s += cs;
     a += ca;
@@ -140,7 +163,7 @@ RLPT_LOGPROB_HOST_INLINE lse_state row_accumulate_kept_body(const T* x, index_t 
       vf dc;
       const vf e = v::sel(k, v::shifted_exp(z - m, dc), v::splat<NB>(0.0f));
       cs += e;
-      ca += e * dc;
+      ca = v::fma(e, dc, ca);
       if (kept != nullptr) {
         std::int32_t kl[W];
         std::memcpy(kl, &k, sizeof kl);
@@ -173,7 +196,7 @@ RLPT_LOGPROB_HOST_INLINE void row_backward_body(const T* x, G* dx, index_t n, fl
     const vf z = tempered<NB>(cnt == W ? v::load<NB>(x + j0) : v::load_partial<NB>(x + j0, cnt, 0.0f), t);
     vf lpc;
     const vf p = v::shifted_exp(z - lse, lpc);
-    vf g = v::splat<NB>(0.0f) - p * ((lpc + entropy) * gh + gl);
+    vf g = v::splat<NB>(0.0f) - p * v::fma(lpc + entropy, v::splat<NB>(gh), gl);
     if (target >= j0 && target < j0 + W)
       g = v::sel(v::eq_i(cols, v::splat_i<NB>(static_cast<std::int32_t>(target - j0))), g + gl, g);
     if constexpr (Truncated) g = v::sel(kept_lanes<NB, T>(z, j0, threshold, tie_last), g, v::splat<NB>(0.0f));
@@ -186,63 +209,64 @@ RLPT_LOGPROB_HOST_INLINE void row_backward_body(const T* x, G* dx, index_t n, fl
 }
 
 // ---------------------------------------------------------------------------------------------
-// Per-ISA entry points.
+// Per-ISA entry points: the bodies above, instantiated for one native width under one target.
 
-template <class T> lse_state row_accumulate_generic(const T* x, index_t n, float t) {
-  return row_accumulate_body<simd::baseline_bytes>(x, n, t);
-}
-template <class T>
-lse_state row_accumulate_kept_generic(const T* x, index_t n, float t, float m, float thr, index_t tie, mask_t* kept) {
-  return row_accumulate_kept_body<simd::baseline_bytes>(x, n, t, m, thr, tie, kept);
-}
-template <class T, class G, bool Tr>
-void row_backward_generic(const T* x, G* dx, index_t n, float t, float lse, float h, float glp, float gh, float thr,
-                          index_t tie, index_t target) {
-  row_backward_body<simd::baseline_bytes, T, G, Tr>(x, dx, n, t, lse, h, glp, gh, thr, tie, target);
-}
+#define RLPT_LOGPROB_ROW_ENTRIES(isa, NB, ...)                                                                         \
+  template <class T> __VA_ARGS__ lse_state row_accumulate_##isa(const T* x, index_t n, float t) {                      \
+    return row_accumulate_body<NB>(x, n, t);                                                                           \
+  }                                                                                                                    \
+  template <class T>                                                                                                   \
+  __VA_ARGS__ lse_state row_accumulate_kept_##isa(const T* x, index_t n, float t, float m, float thr, index_t tie,     \
+                                                  mask_t* kept) {                                                      \
+    return row_accumulate_kept_body<NB>(x, n, t, m, thr, tie, kept);                                                   \
+  }                                                                                                                    \
+  template <class T, class G, bool Tr>                                                                                 \
+  __VA_ARGS__ void row_backward_##isa(const T* x, G* dx, index_t n, float t, float lse, float h, float glp, float gh,  \
+                                      float thr, index_t tie, index_t target) {                                        \
+    row_backward_body<NB, T, G, Tr>(x, dx, n, t, lse, h, glp, gh, thr, tie, target);                                   \
+  }
 
+RLPT_LOGPROB_ROW_ENTRIES(generic, simd::baseline_bytes, __attribute__((RLPT_LOGPROB_NO_CONTRACT)))
 #if RLPT_LOGPROB_X86_DISPATCH()
-template <class T> RLPT_LOGPROB_AVX2 lse_state row_accumulate_avx2(const T* x, index_t n, float t) {
-  return row_accumulate_body<32>(x, n, t);
-}
-template <class T>
-RLPT_LOGPROB_AVX2 lse_state row_accumulate_kept_avx2(const T* x, index_t n, float t, float m, float thr, index_t tie,
-                                                     mask_t* kept) {
-  return row_accumulate_kept_body<32>(x, n, t, m, thr, tie, kept);
-}
-template <class T, class G, bool Tr>
-RLPT_LOGPROB_AVX2 void row_backward_avx2(const T* x, G* dx, index_t n, float t, float lse, float h, float glp, float gh,
-                                         float thr, index_t tie, index_t target) {
-  row_backward_body<32, T, G, Tr>(x, dx, n, t, lse, h, glp, gh, thr, tie, target);
-}
+RLPT_LOGPROB_ROW_ENTRIES(avx2, 32, RLPT_LOGPROB_AVX2)
+#endif
+#if RLPT_LOGPROB_AVX512_CLONE()
+RLPT_LOGPROB_ROW_ENTRIES(avx512, 64, RLPT_LOGPROB_AVX512)
+#endif
+#undef RLPT_LOGPROB_ROW_ENTRIES
+
+// The build is chosen once per process: the branch per row is always predicted.
+#if RLPT_LOGPROB_AVX512_CLONE()
+#define RLPT_LOGPROB_ROW_DISPATCH(fn, ...)                                                                             \
+  if (row_kernels_isa() == row_isa::avx512) return fn##_avx512 __VA_ARGS__;                                            \
+  if (row_kernels_isa() == row_isa::avx2) return fn##_avx2 __VA_ARGS__;                                                \
+  return fn##_generic __VA_ARGS__
+#elif RLPT_LOGPROB_X86_DISPATCH()
+#define RLPT_LOGPROB_ROW_DISPATCH(fn, ...)                                                                             \
+  if (row_kernels_isa() == row_isa::avx2) return fn##_avx2 __VA_ARGS__;                                                \
+  return fn##_generic __VA_ARGS__
+#else
+#define RLPT_LOGPROB_ROW_DISPATCH(fn, ...) return fn##_generic __VA_ARGS__
 #endif
 
 //! Online LSE state of one row of logits / t (t: the temperature).
 template <class T> lse_state row_accumulate(const T* x, index_t n, float t) {
-#if RLPT_LOGPROB_X86_DISPATCH()
-  if (row_kernels_use_avx2()) return row_accumulate_avx2(x, n, t);
-#endif
-  return row_accumulate_generic(x, n, t);
+  RLPT_LOGPROB_ROW_DISPATCH(row_accumulate, (x, n, t));
 }
 
 //! LSE state over the kept columns of a row whose max is m (truncated modes).
 template <class T>
 lse_state row_accumulate_kept(const T* x, index_t n, float t, float m, float thr, index_t tie, mask_t* kept) {
-#if RLPT_LOGPROB_X86_DISPATCH()
-  if (row_kernels_use_avx2()) return row_accumulate_kept_avx2(x, n, t, m, thr, tie, kept);
-#endif
-  return row_accumulate_kept_generic(x, n, t, m, thr, tie, kept);
+  RLPT_LOGPROB_ROW_DISPATCH(row_accumulate_kept, (x, n, t, m, thr, tie, kept));
 }
 
 //! Gradient of one row (target < 0: no one-hot term, e.g. the target lives on another shard).
 template <class T, class G, bool Truncated>
 void row_backward(const T* x, G* dx, index_t n, float t, float lse, float h, float glp, float gh, float thr,
                   index_t tie, index_t target) {
-#if RLPT_LOGPROB_X86_DISPATCH()
-  if (row_kernels_use_avx2()) return row_backward_avx2<T, G, Truncated>(x, dx, n, t, lse, h, glp, gh, thr, tie, target);
-#endif
-  row_backward_generic<T, G, Truncated>(x, dx, n, t, lse, h, glp, gh, thr, tie, target);
+  RLPT_LOGPROB_ROW_DISPATCH(row_backward, <T, G, Truncated>(x, dx, n, t, lse, h, glp, gh, thr, tie, target));
 }
+#undef RLPT_LOGPROB_ROW_DISPATCH
 
 } // namespace detail
 RLPT_NAMESPACE_END

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file
 //! A 16-lane float pack for the host row kernels, built from native vectors of NB bytes
-//! (GCC/Clang vector extensions: NB = 16 for SSE2, 32 for AVX2; compilers scalarise vectors
-//! wider than the target's registers) or from plain scalars on other compilers.
+//! (GCC/Clang vector extensions: NB = 16 for SSE2, 32 for AVX2, 64 for AVX-512; compilers
+//! scalarise vectors wider than the target's registers) or from plain scalars on other compilers.
 //!
 //! Every block of 16 columns maps to the 16 logical lanes by a fixed permutation (identity for
 //! 32-bit logits; even columns then odd columns for 16-bit ones, which widen without shuffles),
@@ -15,6 +15,7 @@
 #include <rlpt/logprob/math.hpp>
 
 #include <bit>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -55,6 +56,11 @@ template <> struct native<32> {
   using f = float __attribute__((vector_size(32)));
   using i = std::int32_t __attribute__((vector_size(32)));
   using u = std::uint32_t __attribute__((vector_size(32)));
+};
+template <> struct native<64> {
+  using f = float __attribute__((vector_size(64)));
+  using i = std::int32_t __attribute__((vector_size(64)));
+  using u = std::uint32_t __attribute__((vector_size(64)));
 };
 #endif
 template <> struct native<4> { // scalar fallback
@@ -220,16 +226,24 @@ template <int NB, class T> RLPT_LOGPROB_HOST_INLINE vi<NB> column_offsets() {
 //! halves (odd columns) in lanes 8..15, value in the low 16 bits.
 template <int NB> RLPT_LOGPROB_HOST_INLINE vu<NB> load_halves(const void* p) {
   using U = typename native<NB>::u;
-  constexpr int per = NB / 4; // 32-bit words per native vector
-  U words[8 / per];
-  for (int k = 0; k < 8 / per; ++k) std::memcpy(&words[k], static_cast<const char*>(p) + std::ptrdiff_t{k} * NB, NB);
-  vu<NB> r;
-  constexpr int half = vu<NB>::parts / 2;
-  for (int k = 0; k < half; ++k) {
-    r.p[k] = words[k] & 0xffffu;
-    r.p[half + k] = words[k] >> 16;
+  constexpr int per = NB / 4;   // 32-bit words per native vector
+  if constexpr (per == lanes) { // one vector holds all 16 lanes: widen 8 words, then join the halves
+    using H = typename native<32>::u;
+    H w;
+    std::memcpy(&w, p, sizeof w);
+    const H lo = w & 0xffffu, hi = w >> 16;
+    return {__builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)};
+  } else {
+    U words[8 / per];
+    for (int k = 0; k < 8 / per; ++k) std::memcpy(&words[k], static_cast<const char*>(p) + std::ptrdiff_t{k} * NB, NB);
+    vu<NB> r;
+    constexpr int half = vu<NB>::parts / 2;
+    for (int k = 0; k < half; ++k) {
+      r.p[k] = words[k] & 0xffffu;
+      r.p[half + k] = words[k] >> 16;
+    }
+    return r;
   }
-  return r;
 }
 
 template <int NB> RLPT_LOGPROB_HOST_INLINE vf<NB> load(const float* p) {
@@ -280,9 +294,16 @@ template <int NB, class L, class G> RLPT_LOGPROB_HOST_INLINE void store(G* p, co
     const vu<NB> r = sel(gt_u(u & 0x7fffffffu, inf), quiet, rounded);
     using U = typename native<NB>::u;
     constexpr int half = vu<NB>::parts / 2;
-    for (int k = 0; k < half; ++k) {
-      const U w = r.p[k] | (r.p[half + k] << 16);
-      std::memcpy(reinterpret_cast<char*>(p) + std::ptrdiff_t{k} * NB, &w, NB);
+    if constexpr (half == 0) { // one vector holds all 16 lanes: pack its halves into 8 words
+      const auto lo = __builtin_shufflevector(r.p[0], r.p[0], 0, 1, 2, 3, 4, 5, 6, 7);
+      const auto hi = __builtin_shufflevector(r.p[0], r.p[0], 8, 9, 10, 11, 12, 13, 14, 15);
+      const auto w = lo | (hi << 16);
+      std::memcpy(p, &w, sizeof w);
+    } else {
+      for (int k = 0; k < half; ++k) {
+        const U w = r.p[k] | (r.p[half + k] << 16);
+        std::memcpy(reinterpret_cast<char*>(p) + std::ptrdiff_t{k} * NB, &w, NB);
+      }
     }
   } else {
     float t[lanes];
@@ -299,41 +320,50 @@ template <int NB, class L, class G> RLPT_LOGPROB_HOST_INLINE void store_partial(
 
 // --- math -----------------------------------------------------------------------------------
 
-//! exp with the same operations as detail::exp_fast, lane by lane.
+//! a·b + c rounded once, lane by lane. The lane loop becomes one FMA instruction per native
+//! vector where the target has FMA (the AVX2 and AVX-512 builds of the row kernels); elsewhere
+//! each lane calls fmaf, slower but the same bits, so every build of a row gives one result.
+template <int NB> RLPT_LOGPROB_HOST_INLINE vf<NB> fma(const vf<NB>& a, const vf<NB>& b, const vf<NB>& c) {
+  float x[lanes], y[lanes], z[lanes];
+  to_array(a, x);
+  to_array(b, y);
+  to_array(c, z);
+  for (int l = 0; l < lanes; ++l) x[l] = std::fma(x[l], y[l], z[l]);
+  return from_array<NB>(x);
+}
+template <int NB> RLPT_LOGPROB_HOST_INLINE vf<NB> fma(const vf<NB>& a, const vf<NB>& b, float c) {
+  return fma(a, b, splat<NB>(c));
+}
+
+//! exp(r) − 1 − r for a reduced argument |r| ≤ ln2 / 2, times 2^n: the polynomial and scaling
+//! shared by exp and shifted_exp (Cody–Waite reduction, degree-6 minimax evaluated with FMA).
+template <int NB> RLPT_LOGPROB_HOST_INLINE vf<NB> exp_reduced(const vf<NB>& x, const vi<NB>& n) {
+  const vf<NB> nf = to_float(n);
+  const vf<NB> r = fma(nf, splat<NB>(2.12194440e-4f), fma(nf, splat<NB>(-0.693359375f), x)); // x − n·ln2
+  vf<NB> p = fma(splat<NB>(1.9875691500e-4f), r, 1.3981999507e-3f);
+  p = fma(p, r, 8.3334519073e-3f);
+  p = fma(p, r, 4.1665795894e-2f);
+  p = fma(p, r, 1.6666665459e-1f);
+  p = fma(p, r, 5.0000001201e-1f);
+  const vf<NB> e = fma(p, r * r, r) + 1.0f;
+  return e * as_f((n + 127) << 23);
+}
+
+//! exp(x), NaN kept: clamped to [−87, 88], n rounded half away from zero.
 template <int NB> RLPT_LOGPROB_HOST_INLINE vf<NB> exp(const vf<NB>& x0) {
   vf<NB> x = sel(lt(x0, splat<NB>(-87.0f)), splat<NB>(-87.0f), x0);
   x = sel(gt(x, splat<NB>(88.0f)), splat<NB>(88.0f), x);
   const vf<NB> t = x * 1.44269504088896341f;
-  const vi<NB> n = to_int_trunc(t + sel(lt(t, splat<NB>(0.0f)), splat<NB>(-0.5f), splat<NB>(0.5f)));
-  const vf<NB> nf = to_float(n);
-  const vf<NB> r = (x - nf * 0.693359375f) - nf * -2.12194440e-4f;
-  vf<NB> p = splat<NB>(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const vf<NB> e = p * (r * r) + r + 1.0f;
-  return e * as_f((n + 127) << 23);
+  return exp_reduced(x, to_int_trunc(t + sel(lt(t, splat<NB>(0.0f)), splat<NB>(-0.5f), splat<NB>(0.5f))));
 }
 
-//! shifted_exp lane by lane (same operations as detail::shifted_exp): exp(d) for a shift
-//! d ≤ 0, with d < −87 giving exactly 0; dc = d clamped at −87.
+//! exp(d) for a shift d ≤ 0 (the vector form of detail::shifted_exp): d < −87 gives exactly 0;
+//! dc = d clamped at −87.
 template <int NB> RLPT_LOGPROB_HOST_INLINE vf<NB> shifted_exp(const vf<NB>& d, vf<NB>& dc) {
   const vi<NB> low = lt(d, splat<NB>(-87.0f));
   dc = sel(low, splat<NB>(-87.0f), d);
-  const vf<NB> t = dc * 1.44269504088896341f;
-  const vi<NB> n = to_int_trunc(t - 0.5f); // nearest for t ≤ 0.5
-  const vf<NB> nf = to_float(n);
-  const vf<NB> r = (dc - nf * 0.693359375f) - nf * -2.12194440e-4f;
-  vf<NB> p = splat<NB>(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const vf<NB> e = p * (r * r) + r + 1.0f;
-  return sel(low, splat<NB>(0.0f), e * as_f((n + 127) << 23));
+  const vi<NB> n = to_int_trunc(fma(dc, splat<NB>(1.44269504088896341f), -0.5f)); // nearest for d·log2e ≤ 0.5
+  return sel(low, splat<NB>(0.0f), exp_reduced(dc, n));
 }
 
 template <int NB> RLPT_LOGPROB_HOST_INLINE vf<NB> max(const vf<NB>& a, const vf<NB>& b) { return sel(gt(b, a), b, a); }
