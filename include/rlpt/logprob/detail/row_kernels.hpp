@@ -58,9 +58,9 @@ enum class row_isa { generic, avx2, avx512 };
 
 [[nodiscard]] inline row_isa row_kernels_isa() noexcept {
 #if RLPT_LOGPROB_X86_DISPATCH()
-  static const row_isa isa = RLPT_LOGPROB_AVX512_CLONE() && cpu_has_avx512() ? row_isa::avx512
-                             : cpu_has_avx2_fma()                            ? row_isa::avx2
-                                                                             : row_isa::generic;
+  static const row_isa isa = !cpu_has_avx2_fma()                               ? row_isa::generic
+                             : RLPT_LOGPROB_AVX512_CLONE() && cpu_has_avx512() ? row_isa::avx512
+                                                                               : row_isa::avx2;
   return isa;
 #else
   return row_isa::generic;
@@ -261,9 +261,16 @@ lse_state row_accumulate_kept(const T* x, index_t n, float t, float m, float thr
 }
 
 //! Gradient of one row (target < 0: no one-hot term, e.g. the target lives on another shard).
+//! 32-bit gradients take the AVX2 build even on AVX-512 CPUs: written into freshly allocated pages
+//! (torch.empty, new[]: each page faults on its first store), the AVX-512 rows ran 20 % slower on
+//! the 2-vCPU Xeon (docs/performance.md), though 30 % faster into pages already mapped.
 template <class T, class G, bool Truncated>
 void row_backward(const T* x, G* dx, index_t n, float t, float lse, float h, float glp, float gh, float thr,
                   index_t tie, index_t target) {
+#if RLPT_LOGPROB_AVX512_CLONE()
+  if (sizeof(G) >= 4 && row_kernels_isa() == row_isa::avx512)
+    return row_backward_avx2<T, G, Truncated>(x, dx, n, t, lse, h, glp, gh, thr, tie, target);
+#endif
   RLPT_LOGPROB_ROW_DISPATCH(row_backward, <T, G, Truncated>(x, dx, n, t, lse, h, glp, gh, thr, tie, target));
 }
 #undef RLPT_LOGPROB_ROW_DISPATCH
