@@ -44,6 +44,18 @@
 
 // Kernels are hidden so two shared libraries built for different GPU architectures never
 // resolve each other's kernels (see NVIDIA/cub#545).
+//! Brackets host code whose a·b + c must stay two roundings in every build, so that the ISA
+//! clones of a loop (the AVX2 and AVX-512 ones have FMA) give the bits of the baseline build;
+//! explicit std::fma calls still fuse. Clang contracts within an expression by default (and
+//! everywhere under -ffp-contract=fast); GCC's clones carry optimize("fp-contract=off") instead.
+#if defined(__clang__) && !defined(__CUDACC__)
+#define RLPT_NO_CONTRACT_BEGIN _Pragma("float_control(push)") _Pragma("clang fp contract(off)")
+#define RLPT_NO_CONTRACT_END _Pragma("float_control(pop)")
+#else
+#define RLPT_NO_CONTRACT_BEGIN
+#define RLPT_NO_CONTRACT_END
+#endif
+
 #if RLPT_CUDA_COMPILATION()
 #define RLPT_KERNEL __global__ __attribute__((visibility("hidden")))
 #endif

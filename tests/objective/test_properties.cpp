@@ -382,7 +382,7 @@ TEST_CASE("distillation: reverse-KL advantage against weighted teachers") {
 
 TEST_CASE("the SSE2, AVX2 and AVX-512 row kernels give identical bits") {
 #if RLPT_OBJECTIVE_AVX2_CLONE()
-  if (!detail::cpu_has_avx2()) return;
+  if (!detail::cpu_has_avx2_fma()) return;
   const batch<float> b(9, 300, 28, 0.4, 0.4);
   const std::vector<double> tw{0.5, 0.5};
   const objective objs[] = {

@@ -28,6 +28,7 @@
 #include <optional>
 #include <string_view>
 
+RLPT_NO_CONTRACT_BEGIN
 RLPT_NAMESPACE_BEGIN
 
 enum class agg_mode : std::uint8_t {
@@ -169,3 +170,4 @@ inline agg_plan make_agg_plan(const aggregation& a, std::string_view term) {
 
 } // namespace detail
 RLPT_NAMESPACE_END
+RLPT_NO_CONTRACT_END

@@ -19,6 +19,7 @@
 #include <limits>
 #include <string_view>
 
+RLPT_NO_CONTRACT_BEGIN
 RLPT_NAMESPACE_BEGIN
 
 enum class is_level : std::uint8_t {
@@ -161,3 +162,4 @@ template <class R> RLPT_HD_FORCEINLINE bool rs_keep(rs_stat s, R stat, R lo, R h
 
 } // namespace detail
 RLPT_NAMESPACE_END
+RLPT_NO_CONTRACT_END

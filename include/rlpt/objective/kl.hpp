@@ -27,6 +27,7 @@
 #include <string_view>
 #include <type_traits>
 
+RLPT_NO_CONTRACT_BEGIN
 RLPT_NAMESPACE_BEGIN
 
 enum class kl_estimator : std::uint8_t { k1, abs, k2, k3 };
@@ -187,3 +188,4 @@ template <class R> RLPT_HD_FORCEINLINE kl_token<R> kl_value(const kl_penalty& k,
 
 } // namespace detail
 RLPT_NAMESPACE_END
+RLPT_NO_CONTRACT_END

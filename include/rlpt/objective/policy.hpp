@@ -16,6 +16,7 @@
 #include <string_view>
 #include <variant>
 
+RLPT_NO_CONTRACT_BEGIN
 RLPT_NAMESPACE_BEGIN
 
 //! PPO clipped surrogate with asymmetric bounds (clip-higher), dual clip and TRL's delta:
@@ -240,3 +241,4 @@ template <class R> RLPT_HD_FORCEINLINE void gmpo_token(const gmpo& p, R x, R A, 
 
 } // namespace detail
 RLPT_NAMESPACE_END
+RLPT_NO_CONTRACT_END

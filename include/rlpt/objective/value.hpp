@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+RLPT_NO_CONTRACT_BEGIN
 RLPT_NAMESPACE_BEGIN
 
 struct value_loss {
@@ -72,3 +73,4 @@ template <class R> RLPT_HD_FORCEINLINE value_token<R> value_term(const value_los
 
 } // namespace detail
 RLPT_NAMESPACE_END
+RLPT_NO_CONTRACT_END

@@ -47,6 +47,7 @@
 #define RLPT_LOGPROB_AVX512_CLONE() 0
 #endif
 
+RLPT_NO_CONTRACT_BEGIN
 RLPT_NAMESPACE_BEGIN
 namespace detail {
 
@@ -277,3 +278,4 @@ void row_backward(const T* x, G* dx, index_t n, float t, float lse, float h, flo
 
 } // namespace detail
 RLPT_NAMESPACE_END
+RLPT_NO_CONTRACT_END

@@ -40,6 +40,7 @@
 #pragma GCC diagnostic ignored "-Wpsabi" // vectors only travel between always-inlined helpers
 #endif
 
+RLPT_NO_CONTRACT_BEGIN
 RLPT_NAMESPACE_BEGIN
 namespace detail::simd {
 
@@ -402,6 +403,7 @@ inline constexpr int baseline_bytes = 4;
 
 } // namespace detail::simd
 RLPT_NAMESPACE_END
+RLPT_NO_CONTRACT_END
 
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstdint>
 
+RLPT_NO_CONTRACT_BEGIN
 RLPT_NAMESPACE_BEGIN
 namespace detail {
 
@@ -33,18 +34,25 @@ template <class T> using host_chunk_data = token_chunk<T, host_chunk>;
 #endif
 
 // x86-64 builds default to SSE2. The token pass is compute-bound (two exp per token), so an
-// AVX2 clone roughly halves its time; it is chosen at run time when the CPU has AVX2. The clone
-// enables AVX2 only (no FMA): with the same operations per lane and fixed summation lanes, both
-// clones give bit-identical results.
+// AVX2+FMA clone roughly halves its time; it is chosen at run time when the CPU has both. Every
+// clone gives the bits of the default build: the exp's multiply-adds are explicit std::fma calls
+// (an FMA instruction in the clones, fmaf in the default build), and no other a * b + c is
+// contracted (GCC: optimize("fp-contract=off") on every stage, RLPT_OBJECTIVE_NO_CONTRACT; clang:
+// RLPT_NO_CONTRACT_BEGIN around the objective's headers).
 #if RLPT_ISA_DISPATCH() && !defined(__AVX2__)
 #define RLPT_OBJECTIVE_AVX2_CLONE() 1
 #else
 #define RLPT_OBJECTIVE_AVX2_CLONE() 0
 #endif
 
-// An AVX-512 clone as well where the compiler is GCC (host code, not nvcc's front end): AVX-512F
-// brings FMA, and only GCC's optimize("fp-contract=off") keeps a * b + c from being contracted,
-// so that it rounds exactly as the other clones do. 1.6x the AVX2 clone on the objective bench
+#if defined(__GNUC__) && !defined(__clang__)
+#define RLPT_OBJECTIVE_NO_CONTRACT optimize("fp-contract=off")
+#else
+#define RLPT_OBJECTIVE_NO_CONTRACT
+#endif
+
+// An AVX-512 clone as well where the compiler is GCC (host code), whose target attribute can ask
+// for 512-bit vectorisation (prefer-vector-width=512). 1.6x the AVX2 clone on the objective bench
 // (docs/performance.md).
 #if RLPT_OBJECTIVE_AVX2_CLONE() && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
 #define RLPT_OBJECTIVE_AVX512_CLONE() 1
@@ -103,17 +111,22 @@ using host_count = std::int64_t;
 // NOLINTEND(bugprone-macro-parentheses)
 
 //! The chunk stages for the default instruction set.
-template <class T> struct host_stages_default { RLPT_OBJECTIVE_HOST_STAGES(RLPT_OBJECTIVE_STAGE_NOINLINE) };
+template <class T> struct host_stages_default {
+  RLPT_OBJECTIVE_HOST_STAGES(RLPT_OBJECTIVE_STAGE_NOINLINE __attribute__((RLPT_OBJECTIVE_NO_CONTRACT)))
+};
 
 #if RLPT_OBJECTIVE_AVX2_CLONE()
-//! The chunk stages compiled for AVX2 (chosen at run time).
-template <class T> struct host_stages_avx2 { RLPT_OBJECTIVE_HOST_STAGES(__attribute__((noinline, target("avx2")))) };
+#define RLPT_OBJECTIVE_AVX2_ATTR target("avx2,fma"), RLPT_OBJECTIVE_NO_CONTRACT
+//! The chunk stages compiled for AVX2 + FMA (chosen at run time).
+template <class T> struct host_stages_avx2 {
+  RLPT_OBJECTIVE_HOST_STAGES(__attribute__((noinline, RLPT_OBJECTIVE_AVX2_ATTR)))
+};
 #endif
 
 #if RLPT_OBJECTIVE_AVX512_CLONE()
 #define RLPT_OBJECTIVE_AVX512_ATTR                                                                                     \
-  target("avx512f,avx512vl,avx512bw,avx512dq,prefer-vector-width=512"), optimize("fp-contract=off")
-//! The chunk stages compiled for AVX-512 (chosen at run time), a * b + c never contracted.
+  target("avx512f,avx512vl,avx512bw,avx512dq,prefer-vector-width=512"), RLPT_OBJECTIVE_NO_CONTRACT
+//! The chunk stages compiled for AVX-512 (chosen at run time).
 template <class T> struct host_stages_avx512 {
   RLPT_OBJECTIVE_HOST_STAGES(__attribute__((noinline, RLPT_OBJECTIVE_AVX512_ATTR)))
 };
@@ -174,16 +187,17 @@ RLPT_OBJECTIVE_HOST_INLINE objective_sums host_row_body(const objective_plan& p,
 }
 
 template <class T>
-objective_sums host_row_default(const objective_plan& p, const basic_objective_inputs<T>& in,
-                                const basic_objective_grads<T>& gr, index_t b) {
+__attribute__((RLPT_OBJECTIVE_NO_CONTRACT)) objective_sums
+host_row_default(const objective_plan& p, const basic_objective_inputs<T>& in, const basic_objective_grads<T>& gr,
+                 index_t b) {
   return host_row_body<T, host_stages_default<T>>(p, in, gr, b);
 }
 
 #if RLPT_OBJECTIVE_AVX2_CLONE()
 template <class T>
-__attribute__((target("avx2"))) objective_sums host_row_avx2(const objective_plan& p,
-                                                             const basic_objective_inputs<T>& in,
-                                                             const basic_objective_grads<T>& gr, index_t b) {
+__attribute__((RLPT_OBJECTIVE_AVX2_ATTR)) objective_sums host_row_avx2(const objective_plan& p,
+                                                                       const basic_objective_inputs<T>& in,
+                                                                       const basic_objective_grads<T>& gr, index_t b) {
   return host_row_body<T, host_stages_avx2<T>>(p, in, gr, b);
 }
 #endif
@@ -203,10 +217,11 @@ template <class T> auto host_row_kernel() noexcept {
   if (cpu_has_avx512()) return &host_row_avx512<T>;
 #endif
 #if RLPT_OBJECTIVE_AVX2_CLONE()
-  if (cpu_has_avx2()) return &host_row_avx2<T>;
+  if (cpu_has_avx2_fma()) return &host_row_avx2<T>;
 #endif
   return &host_row_default<T>;
 }
 
 } // namespace detail
 RLPT_NAMESPACE_END
+RLPT_NO_CONTRACT_END

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <type_traits>
 
+RLPT_NO_CONTRACT_BEGIN
 RLPT_NAMESPACE_BEGIN
 namespace detail {
 
@@ -28,15 +29,16 @@ RLPT_HD_FORCEINLINE float exp_poly(float x) {
   const float t = x * 1.44269504088896341f;
   const int k = static_cast<int>(t + (t >= 0.0f ? 0.5f : -0.5f)); // round to nearest
   const float kf = static_cast<float>(k);
-  const float r = (x - kf * 0.693145751953125f) - kf * 1.428606765330187045e-6f;
+  // x − k·ln2 in two parts (k·C1 is exact), then Horner: each a·b + c an FMA, rounded once
+  const float r = std::fma(kf, -1.428606765330187045e-6f, std::fma(kf, -0.693145751953125f, x));
   float p = 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
+  p = std::fma(p, r, 1.0f / 720.0f);
+  p = std::fma(p, r, 1.0f / 120.0f);
+  p = std::fma(p, r, 1.0f / 24.0f);
+  p = std::fma(p, r, 1.0f / 6.0f);
+  p = std::fma(p, r, 0.5f);
+  p = std::fma(p, r, 1.0f);
+  p = std::fma(p, r, 1.0f);
   const std::uint32_t bits = static_cast<std::uint32_t>(k + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));
@@ -96,3 +98,4 @@ template <class R> RLPT_HD_FORCEINLINE R sign_r(R x) { return sel(x > R(0), R(1)
 
 } // namespace detail
 RLPT_NAMESPACE_END
+RLPT_NO_CONTRACT_END

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <limits>
 
+RLPT_NO_CONTRACT_BEGIN
 RLPT_NAMESPACE_BEGIN
 namespace detail {
 
@@ -246,3 +247,4 @@ RLPT_HD objective_result finish_result(const objective_plan& p, const objective_
 
 } // namespace detail
 RLPT_NAMESPACE_END
+RLPT_NO_CONTRACT_END

@@ -33,6 +33,7 @@
 #include <limits>
 #include <type_traits>
 
+RLPT_NO_CONTRACT_BEGIN
 RLPT_NAMESPACE_BEGIN
 namespace detail {
 
@@ -833,3 +834,4 @@ RLPT_HD objective_sums row_sums(const objective_plan& p, const row_consts& rc, c
 
 } // namespace detail
 RLPT_NAMESPACE_END
+RLPT_NO_CONTRACT_END
