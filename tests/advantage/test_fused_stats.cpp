@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -162,4 +163,35 @@ TEST_CASE("group moments, one member per lane (n <= 32), equal the canonical sum
     CHECK(m.mean == mean);
     CHECK(m.m2 == m2);
   }
+}
+
+TEST_CASE("the AVX2 build of the whitening pass gives the bits of the baseline build") {
+#if RLPT_ISA_DISPATCH()
+  if (!rlpt::detail::cpu_has_avx2()) return;
+  rlpt::test::rng r(41);
+  const rlpt::detail::whiten_transform tr{0.37, 1.0 / 0.83, 0.0};
+  const rlpt::detail::whiten_transform tr_back{0.37, 1.0 / 0.83, 0.37}; // scale only
+  for (const rlpt::index_t n : {1, 3, 7, 8, 9, 31, 64, 1000, 4099}) {
+    std::vector<float> x = r.normals(static_cast<std::size_t>(n), 0.4, 1.7);
+    const std::vector<std::uint8_t> m = r.mask(static_cast<std::size_t>(n), 0.8);
+    x[static_cast<std::size_t>(n) / 2] = std::numeric_limits<float>::quiet_NaN(); // counted where valid
+    if (n > 4) x[3] = -std::numeric_limits<float>::infinity();
+    for (const auto& t : {tr, tr_back}) {
+      CAPTURE(n);
+      std::vector<float> a(x.size()), b(x.size());
+      CHECK(rlpt::detail::whiten_span_body<true>(x.data(), m.data(), a.data(), n, t) ==
+            rlpt::detail::whiten_span_avx2<true>(x.data(), m.data(), b.data(), n, t));
+      CHECK(std::memcmp(a.data(), b.data(), sizeof(float) * a.size()) == 0);
+      CHECK(rlpt::detail::whiten_span_body<false>(x.data(), nullptr, a.data(), n, t) ==
+            rlpt::detail::whiten_span_avx2<false>(x.data(), nullptr, b.data(), n, t));
+      CHECK(std::memcmp(a.data(), b.data(), sizeof(float) * a.size()) == 0);
+      std::vector<float> in_place = x; // in place: one pointer
+      rlpt::detail::whiten_span_avx2<true>(in_place.data(), m.data(), in_place.data(), n, t);
+      rlpt::detail::whiten_span_body<true>(x.data(), m.data(), a.data(), n, t);
+      CHECK(std::memcmp(a.data(), in_place.data(), sizeof(float) * a.size()) == 0);
+    }
+  }
+#else
+  MESSAGE("no AVX2 build of the whitening pass here");
+#endif
 }
