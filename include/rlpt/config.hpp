@@ -42,8 +42,6 @@
 #endif
 #endif
 
-// Kernels are hidden so two shared libraries built for different GPU architectures never
-// resolve each other's kernels (see NVIDIA/cub#545).
 //! Brackets host code whose a·b + c must stay two roundings in every build, so that the ISA
 //! clones of a loop (the AVX2 and AVX-512 ones have FMA) give the bits of the baseline build;
 //! explicit std::fma calls still fuse. Clang contracts within an expression by default (and
@@ -56,6 +54,8 @@
 #define RLPT_NO_CONTRACT_END
 #endif
 
+// Kernels are hidden so two shared libraries built for different GPU architectures never
+// resolve each other's kernels (see NVIDIA/cub#545).
 #if RLPT_CUDA_COMPILATION()
 #define RLPT_KERNEL __global__ __attribute__((visibility("hidden")))
 #endif

@@ -10,8 +10,7 @@
 //! process (__builtin_cpu_supports), and AVX-512 where the compiler can build it, so every row
 //! of a process takes the same path. Every build gives the same bits: the exp's multiply-adds
 //! are explicit FMAs (one rounding, whatever the ISA), and no other a·b + c is contracted (GCC:
-//! optimize("fp-contract=off") on each entry point; clang contracts only within one expression,
-//! and the pack operators are separate functions).
+//! optimize("fp-contract=off") on each entry point; clang: RLPT_NO_CONTRACT_BEGIN/END).
 #pragma once
 
 #include <rlpt/config.hpp>
@@ -109,7 +108,7 @@ template <int NB, class T> RLPT_LOGPROB_HOST_INLINE lse_state row_accumulate_bod
     const float cm = v::hmax(mx);
     if (cm > m) {
       if (m != neg_inf_f) {
-        vf dc; // the vector exp on a splat: the same bits in every build (a scalar exp is contracted by clang)
+        vf dc; // the vector exp on a splat: the same operations as every other exp of the row
         const vf c = v::shifted_exp(v::splat<NB>(m - cm), dc);
         a = (a + s * dc) * c;
         s = s * c;

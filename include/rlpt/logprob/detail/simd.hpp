@@ -336,8 +336,8 @@ template <int NB> RLPT_LOGPROB_HOST_INLINE vf<NB> fma(const vf<NB>& a, const vf<
   return fma(a, b, splat<NB>(c));
 }
 
-//! exp(r) − 1 − r for a reduced argument |r| ≤ ln2 / 2, times 2^n: the polynomial and scaling
-//! shared by exp and shifted_exp (Cody–Waite reduction, degree-6 minimax evaluated with FMA).
+//! exp(x) from its reduction x = n·ln2 + r, |r| ≤ ln2 / 2: (1 + r + r²·p(r))·2^n, shared by exp
+//! and shifted_exp (Cody–Waite reduction, degree-6 minimax polynomial, evaluated with FMAs).
 template <int NB> RLPT_LOGPROB_HOST_INLINE vf<NB> exp_reduced(const vf<NB>& x, const vi<NB>& n) {
   const vf<NB> nf = to_float(n);
   const vf<NB> r = fma(nf, splat<NB>(2.12194440e-4f), fma(nf, splat<NB>(-0.693359375f), x)); // x − n·ln2
