@@ -12,9 +12,10 @@
 //       from fresh mmap'd pages, so this is the kernel's page-fault cost of the outputs.
 //   bench_limits expsum DIR N V f32|bf16 [timing]
 //       rlpt's own SIMD exp (rlpt::detail::simd::exp, in the build the logprob row kernels
-//       choose: AVX-512 or AVX2 where the CPU has it) summed over every logit of DIR/logits.{f32,bf16}: one
-//       read and one exp per logit (each 512-column chunk loaded, then exponentiated, as the
-//       row kernels read a row), the compute limit of the logprob row passes.
+//       choose: AVX-512 or AVX2 where the CPU has it) summed over every logit of
+//       DIR/logits.{f32,bf16}: one read and one exp per logit (each 512-column chunk loaded,
+//       then exponentiated, as the row kernels read a row), the compute limit of the logprob
+//       row passes.
 //   bench_limits streams TOTAL_MB BUCKET_MB 3|4 [timing]
 //       the memory streams of a weight sync on two threads (one per core, as the shm transport's
 //       two processes): thread A copies the model bucket by bucket into one of two slots of
@@ -103,7 +104,7 @@ template <int NB, class T> RLPT_LOGPROB_HOST_INLINE float expsum_row_body(const 
 #endif
 
 template <class T>
-__attribute__((RLPT_LOGPROB_NO_CONTRACT, RLPT_BENCH_LOADS)) float expsum_row_generic(const T* x, rlpt::index_t n) {
+__attribute__((RLPT_NO_CONTRACT_ATTR, RLPT_BENCH_LOADS)) float expsum_row_generic(const T* x, rlpt::index_t n) {
   return expsum_row_body<simd::baseline_bytes>(x, n);
 }
 #if RLPT_LOGPROB_X86_DISPATCH()

@@ -53,6 +53,12 @@
 #define RLPT_NO_CONTRACT_BEGIN
 #define RLPT_NO_CONTRACT_END
 #endif
+//! The same for GCC, as a function attribute: `__attribute__((target("..."), RLPT_NO_CONTRACT_ATTR))`.
+#if defined(__GNUC__) && !defined(__clang__)
+#define RLPT_NO_CONTRACT_ATTR optimize("fp-contract=off")
+#else
+#define RLPT_NO_CONTRACT_ATTR
+#endif
 
 // Kernels are hidden so two shared libraries built for different GPU architectures never
 // resolve each other's kernels (see NVIDIA/cub#545).

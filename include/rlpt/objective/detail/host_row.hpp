@@ -37,18 +37,12 @@ template <class T> using host_chunk_data = token_chunk<T, host_chunk>;
 // AVX2+FMA clone roughly halves its time; it is chosen at run time when the CPU has both. Every
 // clone gives the bits of the default build: the exp's multiply-adds are explicit std::fma calls
 // (an FMA instruction in the clones, fmaf in the default build), and no other a * b + c is
-// contracted (GCC: optimize("fp-contract=off") on every stage, RLPT_OBJECTIVE_NO_CONTRACT; clang:
+// contracted (GCC: optimize("fp-contract=off") on every stage, RLPT_NO_CONTRACT_ATTR; clang:
 // RLPT_NO_CONTRACT_BEGIN around the objective's headers).
 #if RLPT_ISA_DISPATCH() && !defined(__AVX2__)
 #define RLPT_OBJECTIVE_AVX2_CLONE() 1
 #else
 #define RLPT_OBJECTIVE_AVX2_CLONE() 0
-#endif
-
-#if defined(__GNUC__) && !defined(__clang__)
-#define RLPT_OBJECTIVE_NO_CONTRACT optimize("fp-contract=off")
-#else
-#define RLPT_OBJECTIVE_NO_CONTRACT
 #endif
 
 // An AVX-512 clone as well where the compiler is GCC (host code), whose target attribute can ask
@@ -112,11 +106,11 @@ using host_count = std::int64_t;
 
 //! The chunk stages for the default instruction set.
 template <class T> struct host_stages_default {
-  RLPT_OBJECTIVE_HOST_STAGES(RLPT_OBJECTIVE_STAGE_NOINLINE __attribute__((RLPT_OBJECTIVE_NO_CONTRACT)))
+  RLPT_OBJECTIVE_HOST_STAGES(RLPT_OBJECTIVE_STAGE_NOINLINE __attribute__((RLPT_NO_CONTRACT_ATTR)))
 };
 
 #if RLPT_OBJECTIVE_AVX2_CLONE()
-#define RLPT_OBJECTIVE_AVX2_ATTR target("avx2,fma"), RLPT_OBJECTIVE_NO_CONTRACT
+#define RLPT_OBJECTIVE_AVX2_ATTR target("avx2,fma"), RLPT_NO_CONTRACT_ATTR
 //! The chunk stages compiled for AVX2 + FMA (chosen at run time).
 template <class T> struct host_stages_avx2 {
   RLPT_OBJECTIVE_HOST_STAGES(__attribute__((noinline, RLPT_OBJECTIVE_AVX2_ATTR)))
@@ -125,7 +119,7 @@ template <class T> struct host_stages_avx2 {
 
 #if RLPT_OBJECTIVE_AVX512_CLONE()
 #define RLPT_OBJECTIVE_AVX512_ATTR                                                                                     \
-  target("avx512f,avx512vl,avx512bw,avx512dq,prefer-vector-width=512"), RLPT_OBJECTIVE_NO_CONTRACT
+  target("avx512f,avx512vl,avx512bw,avx512dq,prefer-vector-width=512"), RLPT_NO_CONTRACT_ATTR
 //! The chunk stages compiled for AVX-512 (chosen at run time).
 template <class T> struct host_stages_avx512 {
   RLPT_OBJECTIVE_HOST_STAGES(__attribute__((noinline, RLPT_OBJECTIVE_AVX512_ATTR)))
@@ -187,9 +181,9 @@ RLPT_OBJECTIVE_HOST_INLINE objective_sums host_row_body(const objective_plan& p,
 }
 
 template <class T>
-__attribute__((RLPT_OBJECTIVE_NO_CONTRACT)) objective_sums
-host_row_default(const objective_plan& p, const basic_objective_inputs<T>& in, const basic_objective_grads<T>& gr,
-                 index_t b) {
+__attribute__((RLPT_NO_CONTRACT_ATTR)) objective_sums host_row_default(const objective_plan& p,
+                                                                       const basic_objective_inputs<T>& in,
+                                                                       const basic_objective_grads<T>& gr, index_t b) {
   return host_row_body<T, host_stages_default<T>>(p, in, gr, b);
 }
 
