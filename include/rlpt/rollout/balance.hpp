@@ -240,6 +240,28 @@ inline void order_items(view<const double> w, const length_hint& h, std::vector<
   if (!order_by_length(w, h, order)) order_heaviest_first(w, order);
 }
 
+//! The temporary arrays of one call, carved from one block. `balance` runs once per step, its
+//! caches long since evicted: a cold call pays for every malloc/free pair and every page it
+//! touches, so the KK arrays share one allocation. Arrays start on cache lines; the types are
+//! trivial (std::byte storage creates them implicitly).
+class scratch {
+public:
+  template <class T> [[nodiscard]] static constexpr std::size_t bytes(std::size_t n) noexcept {
+    return (n * sizeof(T) + 63) / 64 * 64;
+  }
+  explicit scratch(std::size_t bytes) : block_(std::make_unique_for_overwrite<std::byte[]>(bytes)) {}
+  template <class T> [[nodiscard]] T* take(std::size_t n) noexcept {
+    static_assert(std::is_trivially_copyable_v<T> && alignof(T) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__);
+    T* p = reinterpret_cast<T*>(block_.get() + used_);
+    used_ += bytes<T>(n);
+    return p;
+  }
+
+private:
+  std::unique_ptr<std::byte[]> block_;
+  std::size_t used_ = 0;
+};
+
 // Max-heap key of a KK state: (spread, largest set, earliest state). Computed once per push:
 // a state does not change while it waits in the heap.
 struct kk_key {
@@ -253,17 +275,16 @@ struct kk_key {
   if (x.top != y.top) return x.top < y.top;
   return x.id > y.id;
 }
-//! Max-heap of KK states over one flat, pre-sized array. KK pops two states and pushes their
-//! merge, so `replace_top` (one sift-down) stands for the second pop and the push. Keys are
-//! unique (the id), so the heap's order and the merges do not depend on its layout.
+//! Max-heap of KK states over a flat array with room for every state. KK pops two states and
+//! pushes their merge, so `replace_top` (one sift-down) stands for the second pop and the push.
+//! Keys are unique (the id), so the heap's order and the merges do not depend on its layout.
 class kk_heap {
 public:
-  explicit kk_heap(std::size_t capacity) { v_.reserve(capacity); }
-  [[nodiscard]] std::size_t size() const noexcept { return v_.size(); }
-  [[nodiscard]] const kk_key& top() const noexcept { return v_.front(); }
-  void push(const kk_key& k) {
-    std::size_t i = v_.size();
-    v_.push_back(k);
+  explicit kk_heap(kk_key* storage) noexcept : v_(storage) {}
+  [[nodiscard]] std::size_t size() const noexcept { return n_; }
+  [[nodiscard]] const kk_key& top() const noexcept { return v_[0]; }
+  void push(const kk_key& k) noexcept {
+    std::size_t i = n_++;
     while (i > 0) {
       const std::size_t up = (i - 1) / 2;
       if (!kk_key_after(v_[up], k)) break;
@@ -272,16 +293,14 @@ public:
     }
     v_[i] = k;
   }
-  void pop() {
-    const kk_key last = v_.back();
-    v_.pop_back();
-    if (!v_.empty()) sift_down(last);
+  void pop() noexcept {
+    if (--n_ > 0) sift_down(v_[n_]);
   }
-  void replace_top(const kk_key& k) { sift_down(k); }
+  void replace_top(const kk_key& k) noexcept { sift_down(k); }
 
 private:
   void sift_down(const kk_key& k) noexcept {
-    const std::size_t n = v_.size();
+    const std::size_t n = n_;
     std::size_t i = 0;
     for (;;) {
       std::size_t c = 2 * i + 1;
@@ -293,7 +312,8 @@ private:
     }
     v_[i] = k;
   }
-  std::vector<kk_key> v_;
+  kk_key* v_;
+  std::size_t n_ = 0;
 };
 
 //! Sorts n = 2^m >= 8 distinct 64-bit keys ascending, with no branch on the keys: sorted runs
@@ -350,8 +370,15 @@ inline void sort_keys_branchless(std::uint64_t* v, std::uint64_t* tmp, std::size
 //! which that orders by position, are then put in kk_set_before order.
 class kk_set_sorter {
 public:
-  explicit kk_set_sorter(index_t k)
-      : n_(std::bit_ceil(static_cast<std::size_t>(k))), keys_(2 * n_), sets_(static_cast<std::size_t>(k)) {}
+  [[nodiscard]] static std::size_t bytes(index_t k) noexcept {
+    const auto m = static_cast<std::size_t>(k);
+    return k <= 16 ? 0 : scratch::bytes<std::uint64_t>(2 * std::bit_ceil(m)) + scratch::bytes<kk_set>(m);
+  }
+  kk_set_sorter(scratch& mem, index_t k) : n_(std::bit_ceil(static_cast<std::size_t>(k))) {
+    if (k <= 16) return;
+    keys_ = mem.take<std::uint64_t>(2 * n_);
+    sets_ = mem.take<kk_set>(static_cast<std::size_t>(k));
+  }
   void operator()(kk_set* x, index_t k) {
     if (k <= 16) return std::sort(x, x + k, kk_set_before);
     std::uint64_t hi = 0, any = 0;
@@ -365,16 +392,15 @@ public:
     if (static_cast<int>(std::bit_width(hi >> shift)) + id_bits > 62) return std::sort(x, x + k, kk_set_before);
     const auto m = static_cast<std::size_t>(k);
     for (std::size_t i = 0; i < m; ++i) keys_[i] = (((hi - weight_key(x[i].sum)) >> shift) << id_bits) | i;
-    std::fill(keys_.begin() + static_cast<std::ptrdiff_t>(m), keys_.begin() + static_cast<std::ptrdiff_t>(n_),
-              std::uint64_t{std::numeric_limits<std::int64_t>::max()});
-    sort_keys_branchless(keys_.data(), keys_.data() + n_, n_);
+    std::fill(keys_ + m, keys_ + n_, std::uint64_t{std::numeric_limits<std::int64_t>::max()});
+    sort_keys_branchless(keys_, keys_ + n_, n_);
     const std::uint64_t id_mask = (std::uint64_t{1} << id_bits) - 1;
     bool ties = false; // equal sums have equal keys above the position bits
     for (std::size_t i = 0; i < m; ++i) {
       sets_[i] = x[keys_[i] & id_mask];
       ties |= i > 0 && (keys_[i] ^ keys_[i - 1]) >> id_bits == 0;
     }
-    std::copy(sets_.begin(), sets_.end(), x);
+    std::copy(sets_, sets_ + m, x);
     if (!ties) [[likely]]
       return;
     for (index_t i = 1; i < k; ++i) {
@@ -388,37 +414,38 @@ public:
 
 private:
   std::size_t n_; // k rounded up to a power of two: the keys are padded with INT64_MAX
-  std::vector<std::uint64_t> keys_;
-  std::vector<kk_set> sets_;
+  std::uint64_t* keys_ = nullptr;
+  kk_set* sets_ = nullptr;
 };
 
 //! Roots absorbed into other sets, in order: a later root never points at an earlier one, so
 //! owners resolve in one backward pass.
 class kk_unions {
 public:
-  explicit kk_unions(std::size_t items)
-      : parent_(std::make_unique_for_overwrite<std::uint32_t[]>(items)), items_(items) {
-    absorbed_.reserve(items);
+  [[nodiscard]] static std::size_t bytes(std::size_t items) noexcept {
+    return 2 * scratch::bytes<std::uint32_t>(items);
   }
+  kk_unions(scratch& mem, std::size_t items)
+      : parent_(mem.take<std::uint32_t>(items)), absorbed_(mem.take<std::uint32_t>(items)) {}
   void join(kk_set& into, const kk_set& from) noexcept {
     parent_[from.head] = into.head;
-    absorbed_.push_back(from.head);
+    absorbed_[joins_++] = from.head;
     into.sum += from.sum;
     into.count += from.count;
   }
-  //! Part of each of the first n items; the final sets' positions are the parts.
-  [[nodiscard]] std::vector<index_t> owners(const kk_set* sets, index_t nsets, index_t n) const {
-    std::vector<index_t> owner(items_);
-    for (index_t p = 0; p < nsets; ++p) owner[sets[p].head] = p;
-    for (auto it = absorbed_.rbegin(); it != absorbed_.rend(); ++it) owner[*it] = owner[parent_[*it]];
-    owner.resize(static_cast<std::size_t>(n));
-    return owner;
+  //! Part of each of the first n items; the final sets' positions are the parts. Resolves in
+  //! place (a root's own entry is free; a parent's entry holds its part by the time a child
+  //! reads it), so it is the last call.
+  [[nodiscard]] std::vector<index_t> owners(const kk_set* sets, index_t nsets, index_t n) {
+    for (index_t p = 0; p < nsets; ++p) parent_[sets[p].head] = static_cast<std::uint32_t>(p);
+    for (std::size_t j = joins_; j-- > 0;) parent_[absorbed_[j]] = parent_[parent_[absorbed_[j]]];
+    return std::vector<index_t>(parent_, parent_ + n);
   }
 
 private:
-  std::unique_ptr<std::uint32_t[]> parent_; // written before it is read: no zeroing
-  std::size_t items_;
-  std::vector<std::uint32_t> absorbed_;
+  std::uint32_t* parent_; // written before it is read: no zeroing
+  std::uint32_t* absorbed_;
+  std::size_t joins_ = 0;
 };
 
 //! Index-ordered item lists per part from an owner array.
@@ -433,76 +460,76 @@ inline std::vector<std::vector<index_t>> parts_of(const std::vector<index_t>& ow
   return parts;
 }
 
-//! Karmarkar–Karp over non-negative weights, given the items heaviest first (order_items).
-//! Equal counts with n % k != 0 add zero-weight padding items that sort last, so the lightest
-//! chunk gives them one per set and they are dropped at the end: parts get floor(n/k) or
-//! ceil(n/k) items. Parts come back ascending.
-inline std::vector<index_t> kk_assign(view<const double> w, std::vector<std::uint32_t> order, index_t k,
-                                      bool equal_count) {
+//! kk_assign with equal counts: every state holds exactly k non-empty sets, so the states are
+//! slices of one flat arena. `order` holds the `total` items and padding heaviest first.
+inline std::vector<index_t> kk_equal_counts(view<const double> w, std::vector<std::uint32_t>& order, index_t k,
+                                            index_t total) {
   const index_t n = w.size();
-  const index_t pad = equal_count ? (k - n % k) % k : 0;
-  const index_t total = n + pad; // padding items have ids n .. n + pad - 1, weight 0
-  RLPT_CHECK(total < index_t{1} << 31, errors::rollout::too_many_items,
-             "cannot partition {} items ({} with padding); at most 2^31 - 1", n, total);
-  if (total == 0) return {};
-  for (index_t p = n; p < total; ++p) order.push_back(static_cast<std::uint32_t>(p));
-  auto weight = [&](std::uint32_t item) { return item < static_cast<std::uint64_t>(n) ? w[item] : 0.0; };
-  kk_unions unions(static_cast<std::size_t>(total));
+  const index_t states = total / k;
+  const auto t = static_cast<std::size_t>(total);
+  scratch mem(scratch::bytes<kk_set>(t) + kk_unions::bytes(t) +
+              scratch::bytes<kk_key>(static_cast<std::size_t>(states)) + kk_set_sorter::bytes(k));
+  // The arena holds the sets in `order`: state st, the st-th lightest chunk, is its
+  // (states - 1 - st)-th slice.
+  kk_set* const arena = mem.take<kk_set>(t);
+  kk_unions unions(mem, t);
+  kk_heap heap(mem.take<kk_key>(static_cast<std::size_t>(states)));
+  kk_set_sorter sort_sets(mem, k);
   std::uint32_t next_id = 0;
-
-  if (equal_count) {
-    // Every state holds exactly k non-empty sets: one flat arena, no per-state allocation.
-    const index_t states = total / k;
-    kk_heap heap(static_cast<std::size_t>(states));
-    kk_set_sorter sort_sets(k);
-    // The arena holds the sets in `order`: state st, the st-th lightest chunk, is its
-    // (states - 1 - st)-th slice.
-    const auto arena = std::make_unique_for_overwrite<kk_set[]>(static_cast<std::size_t>(total));
-    auto slice = [&](index_t st) { return arena.get() + (states - 1 - st) * k; };
-    auto key_of = [&](index_t st) {
-      const kk_set* x = slice(st);
-      return kk_key{x[0].sum - x[k - 1].sum, x[0].sum, next_id++, static_cast<std::uint32_t>(st)};
-    };
-    // The chunks of k are verl's, taken from the ascending (weight, id) order with the padding
-    // first: where a run of equal weights crosses a chunk boundary, the lighter chunk gets the
-    // run's lower ids, that is, its later positions here. Reversing the run does that;
-    // reversing each chunk's share of it again puts ids ascending within the chunk, the sets'
-    // order. The padding (last here, fewer than k) ranks below real zero weights.
-    auto rank = [&](std::uint32_t item) { return item < static_cast<std::uint64_t>(n) ? w[item] : -1.0; };
-    for (index_t b = k; b < total; b += k) {
-      const double v = rank(order[static_cast<std::size_t>(b)]);
-      if (rank(order[static_cast<std::size_t>(b - 1)]) != v) [[likely]]
-        continue;
-      index_t lo = b - 1, hi = b + 1;
-      while (lo > 0 && rank(order[static_cast<std::size_t>(lo - 1)]) == v) --lo;
-      while (hi < total && rank(order[static_cast<std::size_t>(hi)]) == v) ++hi;
-      std::reverse(order.begin() + lo, order.begin() + hi);
-      for (index_t c = lo / k * k; c < hi; c += k)
-        std::reverse(order.begin() + std::max(lo, c), order.begin() + std::min(hi, c + k));
-      b = (hi - 1) / k * k;
-    }
-    for (std::size_t p = 0; p < static_cast<std::size_t>(n); ++p) arena[p] = {w[order[p]], 1, order[p]};
-    for (auto p = static_cast<std::size_t>(n); p < static_cast<std::size_t>(total); ++p) arena[p] = {0.0, 1, order[p]};
-    for (index_t st = 0; st < states; ++st) heap.push(key_of(st)); // the lightest chunk first, as verl
-    while (heap.size() > 1) {
-      const index_t a = heap.top().state;
-      heap.pop();
-      kk_set* x = slice(a);
-      const kk_set* y = slice(heap.top().state);
-      for (index_t i = 0; i < k; ++i) unions.join(x[i], y[k - 1 - i]); // heaviest of x with lightest of y
-      sort_sets(x, k);
-      heap.replace_top(key_of(a));
-    }
-    return unions.owners(slice(heap.top().state), k, n);
+  auto slice = [&](index_t st) { return arena + (states - 1 - st) * k; };
+  auto key_of = [&](index_t st) {
+    const kk_set* x = slice(st);
+    return kk_key{x[0].sum - x[k - 1].sum, x[0].sum, next_id++, static_cast<std::uint32_t>(st)};
+  };
+  // The chunks of k are verl's, taken from the ascending (weight, id) order with the padding
+  // first: where a run of equal weights crosses a chunk boundary, the lighter chunk gets the
+  // run's lower ids, that is, its later positions here. Reversing the run does that;
+  // reversing each chunk's share of it again puts ids ascending within the chunk, the sets'
+  // order. The padding (last here, fewer than k) ranks below real zero weights.
+  auto rank = [&](std::uint32_t item) { return item < static_cast<std::uint64_t>(n) ? w[item] : -1.0; };
+  for (index_t b = k; b < total; b += k) {
+    const double v = rank(order[static_cast<std::size_t>(b)]);
+    if (rank(order[static_cast<std::size_t>(b - 1)]) != v) [[likely]]
+      continue;
+    index_t lo = b - 1, hi = b + 1;
+    while (lo > 0 && rank(order[static_cast<std::size_t>(lo - 1)]) == v) --lo;
+    while (hi < total && rank(order[static_cast<std::size_t>(hi)]) == v) ++hi;
+    std::reverse(order.begin() + lo, order.begin() + hi);
+    for (index_t c = lo / k * k; c < hi; c += k)
+      std::reverse(order.begin() + std::max(lo, c), order.begin() + std::min(hi, c + k));
+    b = (hi - 1) / k * k;
   }
+  for (std::size_t p = 0; p < static_cast<std::size_t>(n); ++p) arena[p] = {w[order[p]], 1, order[p]};
+  for (auto p = static_cast<std::size_t>(n); p < static_cast<std::size_t>(total); ++p) arena[p] = {0.0, 1, order[p]};
+  for (index_t st = 0; st < states; ++st) heap.push(key_of(st)); // the lightest chunk first, as verl
+  while (heap.size() > 1) {
+    const index_t a = heap.top().state;
+    heap.pop();
+    kk_set* x = slice(a);
+    const kk_set* y = slice(heap.top().state);
+    for (index_t i = 0; i < k; ++i) unions.join(x[i], y[k - 1 - i]); // heaviest of x with lightest of y
+    sort_sets(x, k);
+    heap.replace_top(key_of(a));
+  }
+  return unions.owners(slice(heap.top().state), k, n);
+}
 
-  // Free counts: states start as one item and grow up to k non-empty sets (the rest empty).
+//! kk_assign with free counts: states start as one item and grow up to k non-empty sets (the
+//! rest empty). `order` holds the `total` items heaviest first.
+inline std::vector<index_t> kk_free_counts(view<const double> w, std::vector<std::uint32_t>& order, index_t k,
+                                           index_t total) {
+  const index_t n = w.size();
+  const auto slots = static_cast<std::size_t>(total);
+  auto weight = [&](std::uint32_t item) { return item < static_cast<std::uint64_t>(n) ? w[item] : 0.0; };
+  scratch mem(kk_unions::bytes(slots) + scratch::bytes<kk_key>(slots));
+  kk_unions unions(mem, slots);
+  kk_heap heap(mem.take<kk_key>(slots));
+  std::uint32_t next_id = 0;
   struct kk_state {
     std::vector<kk_set> sets; // non-empty sets, sum descending; the remaining k - size() are empty
     std::uint32_t id = 0;
   };
-  kk_heap heap(static_cast<std::size_t>(total));
-  std::vector<kk_state> pool(static_cast<std::size_t>(total));
+  std::vector<kk_state> pool(slots);
   auto key_of = [&](index_t i) {
     const kk_state& x = pool[static_cast<std::size_t>(i)];
     const double lo = static_cast<index_t>(x.sets.size()) < k ? 0.0 : x.sets.back().sum;
@@ -564,6 +591,22 @@ inline std::vector<index_t> kk_assign(view<const double> w, std::vector<std::uin
   }
   const kk_state& fin = pool[static_cast<std::size_t>(heap.top().state)];
   return unions.owners(fin.sets.data(), static_cast<index_t>(fin.sets.size()), n);
+}
+
+//! Karmarkar–Karp over non-negative weights, given the items heaviest first (order_items).
+//! Equal counts with n % k != 0 add zero-weight padding items that sort last, so the lightest
+//! chunk gives them one per set and they are dropped at the end: parts get floor(n/k) or
+//! ceil(n/k) items. Parts come back ascending.
+inline std::vector<index_t> kk_assign(view<const double> w, std::vector<std::uint32_t> order, index_t k,
+                                      bool equal_count) {
+  const index_t n = w.size();
+  const index_t pad = equal_count ? (k - n % k) % k : 0;
+  const index_t total = n + pad; // padding items have ids n .. n + pad - 1, weight 0
+  RLPT_CHECK(total < index_t{1} << 31, errors::rollout::too_many_items,
+             "cannot partition {} items ({} with padding); at most 2^31 - 1", n, total);
+  if (total == 0) return {};
+  for (index_t p = n; p < total; ++p) order.push_back(static_cast<std::uint32_t>(p));
+  return equal_count ? kk_equal_counts(w, order, k, total) : kk_free_counts(w, order, k, total);
 }
 
 //! kk_assign ordering the items itself.
@@ -702,16 +745,19 @@ inline void refine_parts(std::vector<std::vector<index_t>>& parts, view<const do
 inline partition to_partition(const std::vector<index_t>& owner, index_t k, view<const double> w) {
   partition out;
   const auto n = owner.size();
-  // Items ascending within each part: bucket by owner in index order (O(n), no sort).
-  out.offsets.assign(static_cast<std::size_t>(k) + 1, 0);
-  out.loads.assign(static_cast<std::size_t>(k), 0.0);
+  const auto parts = static_cast<std::size_t>(k);
+  // Items ascending within each part: bucket by owner in index order (O(n), no sort). offsets[p + 1]
+  // serves as part p's cursor (it starts at the part's first slot and ends at its last + 1), so
+  // shifting the offsets up one place afterwards restores them.
+  out.offsets.assign(parts + 1, 0);
+  out.loads.assign(parts, 0.0);
   for (const index_t p : owner) ++out.offsets[static_cast<std::size_t>(p) + 1];
-  for (std::size_t p = 0; p < static_cast<std::size_t>(k); ++p) out.offsets[p + 1] += out.offsets[p];
+  for (std::size_t p = 1; p < parts; ++p) out.offsets[p + 1] += out.offsets[p];
+  for (std::size_t p = parts; p > 0; --p) out.offsets[p] = out.offsets[p - 1];
   out.items.resize(n);
-  std::vector<index_t> cursor(out.offsets.begin(), out.offsets.end() - 1);
   for (std::size_t i = 0; i < n; ++i) {
     const auto p = static_cast<std::size_t>(owner[i]);
-    out.items[static_cast<std::size_t>(cursor[p]++)] = static_cast<index_t>(i);
+    out.items[static_cast<std::size_t>(out.offsets[p + 1]++)] = static_cast<index_t>(i);
     out.loads[p] += w[static_cast<index_t>(i)];
   }
   return out;
