@@ -12,12 +12,19 @@
 //
 // A runner parses the trailing options with parse_timing() and prints the series with
 // json_series() inside its one JSON line.
+//
+// Diagnostics (never used by scripts/bench-peers): `--evict code` replaces the flush by a
+// clflush of every line of the process's executable mappings (the call's code is cold, its data
+// and the TLB are not); `--evict lines` by a clflush of every readable mapping under 64 MiB
+// (every line cold, the TLB not). Set against --flush, they split a cold call's cost.
 #pragma once
 
 #include <fmt/format.h>
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -26,6 +33,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace rlpt::bench {
@@ -60,12 +68,50 @@ inline void flush_caches(std::size_t bytes) {
 //! timed call, released when the call's result is destroyed.
 template <class T> std::unique_ptr<T[]> output(std::size_t n) { return std::unique_ptr<T[]>(new T[n]); }
 
+//! The address ranges `--evict` flushes: the executable mappings (code) or every readable
+//! mapping under 64 MiB (lines), read from /proc/self/maps once.
+inline std::vector<std::pair<std::uintptr_t, std::uintptr_t>> evict_ranges(std::string_view what) {
+  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> out;
+  std::FILE* f = std::fopen("/proc/self/maps", "r");
+  if (f == nullptr) throw std::runtime_error("--evict needs /proc/self/maps");
+  char line[512];
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    unsigned long lo = 0, hi = 0;
+    char perm[8] = {};
+    if (std::sscanf(line, "%lx-%lx %7s", &lo, &hi, perm) != 3 || perm[0] != 'r') continue;
+    const std::string_view l = line;
+    if (l.find("[v") != l.npos) continue; // [vdso], [vvar], [vvar_vclock], [vsyscall]: the kernel's
+    if (what == "code" ? perm[2] == 'x' : hi - lo < (std::size_t{64} << 20)) out.emplace_back(lo, hi);
+  }
+  std::fclose(f);
+  return out;
+}
+
+inline void evict_lines(const std::vector<std::pair<std::uintptr_t, std::uintptr_t>>& ranges) {
+#if defined(__x86_64__)
+  for (const auto& [lo, hi] : ranges)
+    for (std::uintptr_t p = lo; p < hi; p += 64) __builtin_ia32_clflush(reinterpret_cast<const void*>(p));
+  __builtin_ia32_mfence();
+#else
+  (void)ranges;
+  throw std::runtime_error("--evict is x86-64 only");
+#endif
+}
+
 struct timing_plan {
   int warmup = 1;
   int calls = 1;
   std::size_t flush = 0;
-  std::string out; //!< where a check run writes its outputs ("" = nowhere)
+  std::string evict; //!< diagnostics: "code" or "lines" instead of the flush (see the file comment)
+  std::string out;   //!< where a check run writes its outputs ("" = nowhere)
 };
+
+//! Makes the next call cold as the plan says: the flush, or an --evict diagnostic.
+inline void before_call(const timing_plan& plan) {
+  if (plan.evict.empty()) return flush_caches(plan.flush);
+  static const auto ranges = evict_ranges(plan.evict);
+  evict_lines(ranges);
+}
 
 //! Removes trailing `--warmup N --calls N --flush BYTES --out DIR` from argv (any order) and
 //! returns them; argc is updated.
@@ -74,7 +120,7 @@ inline timing_plan parse_timing(int& argc, char** argv) {
   int w = 1;
   for (int r = 1; r < argc; ++r) {
     const std::string_view a = argv[r];
-    const bool flag = a == "--warmup" || a == "--calls" || a == "--flush" || a == "--out";
+    const bool flag = a == "--warmup" || a == "--calls" || a == "--flush" || a == "--evict" || a == "--out";
     if (!flag) {
       argv[w++] = argv[r];
       continue;
@@ -87,11 +133,15 @@ inline timing_plan parse_timing(int& argc, char** argv) {
       p.calls = std::atoi(v);
     else if (a == "--flush")
       p.flush = static_cast<std::size_t>(std::strtoull(v, nullptr, 10));
+    else if (a == "--evict")
+      p.evict = v;
     else
       p.out = v;
   }
   argc = w;
   if (p.warmup < 0 || p.calls < 1) throw std::invalid_argument("--warmup must be >= 0 and --calls >= 1");
+  if (!p.evict.empty() && p.evict != "code" && p.evict != "lines")
+    throw std::invalid_argument(fmt::format("--evict takes code or lines, not {}", p.evict));
   return p;
 }
 
@@ -104,7 +154,7 @@ struct call_times {
 template <class F> call_times time_calls(const timing_plan& plan, F&& f) {
   using R = std::invoke_result_t<F&>;
   for (int i = 0; i < plan.warmup; ++i) {
-    flush_caches(plan.flush);
+    before_call(plan);
     if constexpr (std::is_void_v<R>)
       f();
     else
@@ -112,7 +162,7 @@ template <class F> call_times time_calls(const timing_plan& plan, F&& f) {
   }
   call_times t;
   for (int i = 0; i < plan.calls; ++i) {
-    flush_caches(plan.flush);
+    before_call(plan);
     const double w0 = wall_seconds();
     const double c0 = process_cpu_seconds();
     if constexpr (std::is_void_v<R>) {
