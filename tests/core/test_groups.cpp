@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -206,4 +207,64 @@ TEST_CASE("groups are values: copies and moves keep every array") {
     CHECK(std::vector<rlpt::index_t>(m.begin(), m.end()) == std::vector<rlpt::index_t>{0, 1, 3});
     CHECK(x->group_of(4) == 1);
   }
+}
+
+TEST_CASE("contiguous groups write members and group_of on first use, once, whoever asks first") {
+  // from_ids in runs (each run a new group), from_offsets and uniform leave the two arrays for
+  // their first reader; copies and moves taken before that read still hold the right arrays.
+  std::vector<std::int64_t> ids;
+  std::vector<rlpt::index_t> offsets{0};
+  for (std::int64_t k = 0; k < 300; ++k) {
+    const auto size = static_cast<int>(1 + k % 5);
+    for (int j = 0; j < size; ++j) ids.push_back(1000 - 3 * k);
+    offsets.push_back(static_cast<rlpt::index_t>(ids.size()));
+  }
+  const auto n = static_cast<rlpt::index_t>(ids.size());
+  auto expect_arrays = [&](const rlpt::groups& g) {
+    REQUIRE(g.contiguous());
+    REQUIRE(g.num_groups() == 300);
+    const auto m = g.members();
+    const auto of = g.group_of();
+    REQUIRE(m.size() == n);
+    bool ok = true;
+    for (rlpt::index_t k = 0; k < 300; ++k)
+      for (rlpt::index_t i = offsets[static_cast<std::size_t>(k)]; i < offsets[static_cast<std::size_t>(k) + 1]; ++i)
+        ok &= m[i] == i && of[i] == k && g.group_of(i) == k;
+    CHECK(ok);
+  };
+  for (int source = 0; source < 2; ++source) {
+    CAPTURE(source);
+    auto make = [&] { return source == 0 ? rlpt::groups::from_ids(ids) : rlpt::groups::from_offsets(offsets); };
+    const rlpt::groups g = make();
+    const rlpt::groups copy = g; // before any reader: the copy fills the source first
+    rlpt::groups source_of_move = make();
+    const rlpt::groups moved = std::move(source_of_move);
+    CHECK(source_of_move.num_groups() == 0); // moved-from: empty, still usable
+    CHECK(source_of_move.members().size() == 0);
+    expect_arrays(copy);
+    expect_arrays(moved);
+    // Eight threads ask a fresh object at once: one writes, the others wait for it.
+    const rlpt::groups fresh = make();
+    std::vector<int> good(8, 0);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 8; ++t)
+      threads.emplace_back([&, t] {
+        const auto m = t % 2 == 0 ? fresh.members(fresh.num_groups() - 1) : fresh.members();
+        const auto of = fresh.group_of();
+        good[static_cast<std::size_t>(t)] = m[m.size() - 1] == n - 1 && of[n - 1] == 299 && of[0] == 0;
+      });
+    for (auto& th : threads) th.join();
+    CHECK(std::count(good.begin(), good.end(), 1) == 8);
+    expect_arrays(fresh);
+  }
+}
+
+TEST_CASE("groups from ids: a group seen again after runs in order writes group_of of the runs before it") {
+  const std::vector<std::int64_t> ids{3, 3, 4, 4, 4, 3, 8};
+  const auto g = rlpt::groups::from_ids(ids);
+  CHECK_FALSE(g.contiguous());
+  const auto of = g.group_of();
+  CHECK(std::vector<rlpt::index_t>(of.begin(), of.end()) == std::vector<rlpt::index_t>{0, 0, 1, 1, 1, 0, 2});
+  const auto m = g.members(0);
+  CHECK(std::vector<rlpt::index_t>(m.begin(), m.end()) == std::vector<rlpt::index_t>{0, 1, 5});
 }

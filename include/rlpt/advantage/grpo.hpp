@@ -98,7 +98,7 @@ inline void grpo_advantages(view<const float> rewards, const groups& g, view<flo
   stats.batch_std = batch_std;
   detail::for_each_group_moments(
       g, rewards, ex,
-      [&](index_t k, view<const index_t> mem, const detail::canonical_moments& m) {
+      [&](index_t k, const auto& mem, const detail::canonical_moments& m) {
         const double sd = detail::std_of(m.count, m.m2, o.unbiased);
         detail::record_group(stats, k, m, sd);
         const detail::group_norm n = detail::grpo_norm(m.count, m.mean, sd, batch_std, o);
@@ -139,7 +139,7 @@ inline void gpg_advantages(view<const float> rewards, const groups& g, view<floa
   const double alpha = static_cast<double>(rewards.size() - bad) / static_cast<double>(std::max<index_t>(nonzero, 1));
   detail::for_each_group_moments(
       g, rewards, ex,
-      [&](index_t k, view<const index_t> mem, const detail::canonical_moments& m) {
+      [&](index_t k, const auto& mem, const detail::canonical_moments& m) {
         detail::record_group(stats, k, m);
         const bool zero = m.count < 1.0 || (m.count < 2.0 && o.single != single::raw);
         const double mean = m.count < 2.0 ? 0.0 : m.mean;
@@ -182,7 +182,7 @@ inline void passk_advantages(view<const float> rewards, const groups& g, view<fl
   stats.num_nonfinite = bad;
   detail::for_each_group_moments(
       g, rewards, ex,
-      [&](index_t k, view<const index_t> mem, const detail::canonical_moments& m) {
+      [&](index_t k, const auto& mem, const detail::canonical_moments& m) {
         const double sd = detail::std_of(m.count, m.m2, true);
         detail::record_group(stats, k, m, sd);
         index_t best = -1;

@@ -42,7 +42,7 @@ inline void opo_advantages(view<const float> rewards, view<const index_t> length
   stats.num_nonfinite = bad;
   detail::for_each_group_moments(
       g, rewards, ex,
-      [&](index_t k, view<const index_t> mem, const detail::canonical_moments& m) {
+      [&](index_t k, const auto& mem, const detail::canonical_moments& m) {
         detail::record_group(stats, k, m);
         double baseline = 0.0;
         const bool zero = m.count < 1.0 || (m.count < 2.0 && o.single != single::raw);

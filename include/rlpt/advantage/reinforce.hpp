@@ -124,7 +124,7 @@ inline reinforce_baseline_result reinforce_pp_baseline_advantages(view<const flo
   const float poison = o.whiten ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
   detail::for_each_group_moments(
       g, rewards, ex,
-      [&](index_t k, view<const index_t> mem, const detail::canonical_moments& m) {
+      [&](index_t k, const auto& mem, const detail::canonical_moments& m) {
         detail::record_group(st, k, m);
         const bool zero = m.count < 2.0 && o.single != single::raw;
         const double mean = m.count < 2.0 ? 0.0 : m.mean;

@@ -54,7 +54,7 @@ inline void rloo_advantages(view<const float> rewards, const groups& g, view<flo
   stats.num_nonfinite = bad;
   detail::for_each_group_moments(
       g, rewards, ex,
-      [&](index_t k, view<const index_t> mem, const detail::canonical_moments& m) {
+      [&](index_t k, const auto& mem, const detail::canonical_moments& m) {
         detail::record_group(stats, k, m);
         for (index_t i : mem) out[i] = detail::rloo_value(rewards[i], m.count, m.sum, o.single);
       },

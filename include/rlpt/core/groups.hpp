@@ -9,6 +9,13 @@
 //!
 //! A groups object owns its arrays; the views it returns (members, offsets, group_of) borrow
 //! them, so they cannot be taken from a temporary groups object (that does not compile).
+//!
+//! Contiguous groups (from_offsets, uniform, and from_ids whose ids come in runs, each run a new
+//! group) write `members` (0, 1, ..., n - 1) and `group_of` only when first asked for them: the
+//! estimators walk contiguous groups by their offsets, and at 65,536 sequences those two arrays
+//! were a megabyte of stores in every step's call. The first call of members() or group_of()
+//! fills them once (any number of threads may ask at once: one fills, the others wait for it);
+//! the views stay valid, as before, while the groups object lives.
 #pragma once
 
 #include <rlpt/config.hpp>
@@ -16,6 +23,7 @@
 #include <rlpt/core/error.hpp>
 #include <rlpt/core/views.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -33,6 +41,18 @@ public:
   static constexpr index_t max_items = (index_t{1} << 31) - 1;
 
   groups() = default;
+  //! A copy holds every array: the source fills its lazy ones first.
+  groups(const groups& o) { copy_from(o); }
+  groups& operator=(const groups& o) {
+    if (this != &o) copy_from(o);
+    return *this;
+  }
+  groups(groups&& o) noexcept { move_from(o); }
+  groups& operator=(groups&& o) noexcept {
+    if (this != &o) move_from(o);
+    return *this;
+  }
+  ~groups() = default;
 
   //! One group id per sequence (any int64); groups are numbered in order of first appearance.
   //!
@@ -67,17 +87,12 @@ public:
     groups g;
     const index_t num = offsets.size() - 1, n = offsets[num];
     g.allocate(n, num);
-    index_t* const members = g.store_.data();
-    index_t* const group_of = members + n;
     index_t* const offs = g.store_.data() + g.offsets_at_;
     index_t* const known = g.store_.data() + g.ids_at_;
     for (index_t k = 0; k <= num; ++k) offs[k] = offsets[k];
-    for (index_t k = 0; k < num; ++k) {
-      known[k] = k;
-      for (index_t i = offsets[k]; i < offsets[k + 1]; ++i) group_of[i] = k;
-    }
-    for (index_t i = 0; i < n; ++i) members[i] = i;
+    for (index_t k = 0; k < num; ++k) known[k] = k;
     g.num_groups_ = num;
+    g.state_.store(lazy, std::memory_order_relaxed); // members and group_of: on first use
     return g;
   }
 
@@ -100,16 +115,24 @@ public:
   [[nodiscard]] index_t size(index_t g) const noexcept { return offsets_ptr()[g + 1] - offsets_ptr()[g]; }
   //! Sequence indices of group g, ascending.
   [[nodiscard]] view<const index_t> members(index_t g) const& noexcept {
+    fill_lazy();
     return stored(store_.data() + offsets_ptr()[g], size(g));
   }
-  [[nodiscard]] index_t group_of(index_t item) const noexcept { return store_.data()[num_items_ + item]; }
+  [[nodiscard]] index_t group_of(index_t item) const noexcept {
+    fill_lazy();
+    return store_.data()[num_items_ + item];
+  }
   //! The caller's id of group g (its position for from_offsets/uniform).
   [[nodiscard]] std::int64_t id(index_t g) const noexcept { return store_.data()[ids_at_ + g]; }
 
   //! CSR arrays, e.g. to copy to a device: offsets (G + 1), members (N), group_of (N).
   [[nodiscard]] view<const index_t> offsets() const& noexcept { return stored(offsets_ptr(), num_groups_ + 1); }
-  [[nodiscard]] view<const index_t> members() const& noexcept { return stored(store_.data(), num_items_); }
+  [[nodiscard]] view<const index_t> members() const& noexcept {
+    fill_lazy();
+    return stored(store_.data(), num_items_);
+  }
   [[nodiscard]] view<const index_t> group_of() const& noexcept {
+    fill_lazy();
     return stored(store_.data() + num_items_, num_items_);
   }
 
@@ -146,6 +169,57 @@ private:
 
   [[nodiscard]] const index_t* offsets_ptr() const noexcept { return store_.data() + offsets_at_; }
 
+  // state_: whether members and group_of are written yet (contiguous groups write them on first use).
+  static constexpr std::uint8_t ready = 0, lazy = 1, filling = 2;
+
+  //! Writes members (0, 1, ..., n - 1) and group_of of contiguous groups once; a thread that
+  //! finds another one writing waits until it is done.
+  void fill_lazy() const noexcept {
+    std::uint8_t s = state_.load(std::memory_order_acquire);
+    if (s == ready) [[likely]]
+      return;
+    if (s == lazy && state_.compare_exchange_strong(s, filling, std::memory_order_acquire)) {
+      index_t* const members = store_.data();
+      index_t* const group_of = members + num_items_;
+      const index_t* const offs = offsets_ptr();
+      for (index_t i = 0; i < num_items_; ++i) members[i] = i;
+      for (index_t k = 0; k < num_groups_; ++k)
+        for (index_t i = offs[k]; i < offs[k + 1]; ++i) group_of[i] = k;
+      state_.store(ready, std::memory_order_release);
+      state_.notify_all();
+      return;
+    }
+    while (s != ready) {
+      state_.wait(s, std::memory_order_acquire);
+      s = state_.load(std::memory_order_acquire);
+    }
+  }
+
+  void copy_from(const groups& o) {
+    o.fill_lazy();
+    store_ = o.store_;
+    copy_shape(o);
+    state_.store(ready, std::memory_order_relaxed);
+  }
+  // A moved-from object is never used concurrently: its state moves with its arrays.
+  void move_from(groups& o) noexcept {
+    store_ = std::move(o.store_);
+    copy_shape(o);
+    state_.store(o.state_.load(std::memory_order_acquire), std::memory_order_relaxed);
+    o.store_ = {0};
+    o.num_items_ = o.num_groups_ = o.offsets_at_ = 0;
+    o.ids_at_ = 1;
+    o.contiguous_ = true;
+    o.state_.store(ready, std::memory_order_relaxed);
+  }
+  void copy_shape(const groups& o) noexcept {
+    num_items_ = o.num_items_;
+    num_groups_ = o.num_groups_;
+    contiguous_ = o.contiguous_;
+    offsets_at_ = o.offsets_at_;
+    ids_at_ = o.ids_at_;
+  }
+
   //! A view of `n` stored entries. Every size here comes from the validated store and is never
   //! negative, so the view is built through std::span, without view's (throwing) size check:
   //! the accessors above are noexcept in fact, not only in name.
@@ -171,7 +245,7 @@ private:
     index_t* const offsets = store_.data() + offsets_at_;
     std::int64_t* const known = store_.data() + ids_at_;
     index_t num = 0;
-    bool in_order = true; // every run so far started a new group
+    bool in_order = true; // every run so far started a new group: group_of is not written yet
     offsets[0] = 0;
     for (index_t i = 0; i < n;) {
       const std::int64_t x = id[i];
@@ -183,32 +257,37 @@ private:
         known[num] = x;
         offsets[num + 1] = 0; // member count first, turned into an offset below
         table[h] = static_cast<Slot>(++num);
-      } else {
+      } else if (in_order) { // the first group seen again: write group_of of the runs before this one
         in_order = false;
+        for (index_t k = 0, j = 0; k < num; ++k)
+          for (const index_t stop = j + offsets[k + 1]; j < stop; ++j) group_of[j] = k;
       }
       const index_t k = static_cast<index_t>(table[h]) - 1;
       offsets[k + 1] += end - i;
-      for (index_t j = i; j < end; ++j) group_of[j] = k;
+      if (!in_order)
+        for (index_t j = i; j < end; ++j) group_of[j] = k;
       i = end;
     }
     num_groups_ = num;
     for (index_t k = 0; k < num; ++k) offsets[k + 1] += offsets[k];
     contiguous_ = in_order;
-    if (in_order) { // contiguous groups in order: group_of is non-decreasing
-      for (index_t i = 0; i < n; ++i) members[i] = i;
+    if (in_order) { // contiguous groups in order: members and group_of on first use
+      state_.store(lazy, std::memory_order_relaxed);
       return;
     }
     std::vector<index_t> cursor(offsets, offsets + num);
     for (index_t i = 0; i < n; ++i) members[cursor[static_cast<std::size_t>(group_of[i])]++] = i;
   }
 
-  // store_ = members | group_of | offsets | ids (the empty object: offsets = {0}).
-  std::vector<index_t, uninitialized_allocator<index_t>> store_ = {0};
+  // store_ = members | group_of | offsets | ids (the empty object: offsets = {0}). Mutable: the
+  // lazy arrays are written by fill_lazy, under state_.
+  mutable std::vector<index_t, uninitialized_allocator<index_t>> store_ = {0};
   index_t num_items_ = 0;
   index_t num_groups_ = 0;
   bool contiguous_ = true; // members are 0, 1, ..., n - 1
   index_t offsets_at_ = 0;
   index_t ids_at_ = 1;
+  mutable std::atomic<std::uint8_t> state_{ready};
 };
 
 RLPT_NAMESPACE_END
