@@ -16,4 +16,5 @@
 #include <rlpt/core/stats.hpp>
 #include <rlpt/core/thread_pool.hpp>
 #include <rlpt/core/views.hpp>
+#include <rlpt/core/workspace.hpp>
 #include <rlpt/version.hpp>

@@ -23,6 +23,7 @@
 #include <rlpt/core/error.hpp>
 #include <rlpt/core/groups.hpp>
 #include <rlpt/core/views.hpp>
+#include <rlpt/core/workspace.hpp>
 
 #include <algorithm>
 #include <bit>
@@ -240,26 +241,25 @@ inline void order_items(view<const double> w, const length_hint& h, std::vector<
   if (!order_by_length(w, h, order)) order_heaviest_first(w, order);
 }
 
-//! The temporary arrays of one call, carved from one block. `balance` runs once per step, its
-//! caches long since evicted: a cold call pays for every malloc/free pair and every page it
-//! touches, so the KK arrays share one allocation. Arrays start on cache lines; the types are
-//! trivial (std::byte storage creates them implicitly).
+//! The temporary arrays of one call, carved from one block by a workspace_carver
+//! (core/workspace.hpp). `balance` runs once per step, its caches long since evicted: a cold call
+//! pays for every malloc/free pair and every page it touches, so the KK arrays share one
+//! allocation. Arrays start on cache lines; the types are trivial (std::byte storage creates
+//! them implicitly).
 class scratch {
 public:
   template <class T> [[nodiscard]] static constexpr std::size_t bytes(std::size_t n) noexcept {
-    return (n * sizeof(T) + 63) / 64 * 64;
+    return (n * sizeof(T) + line - 1) / line * line;
   }
-  explicit scratch(std::size_t bytes) : block_(std::make_unique_for_overwrite<std::byte[]>(bytes)) {}
-  template <class T> [[nodiscard]] T* take(std::size_t n) noexcept {
-    static_assert(std::is_trivially_copyable_v<T> && alignof(T) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__);
-    T* p = reinterpret_cast<T*>(block_.get() + used_);
-    used_ += bytes<T>(n);
-    return p;
-  }
+  explicit scratch(std::size_t bytes)
+      : block_(std::make_unique_for_overwrite<std::byte[]>(bytes)), ws_{block_.get(), bytes}, carver_(ws_) {}
+  template <class T> [[nodiscard]] T* take(std::size_t n) { return carver_.take<T>(n, line); }
 
 private:
+  static constexpr std::size_t line = 64;
   std::unique_ptr<std::byte[]> block_;
-  std::size_t used_ = 0;
+  workspace ws_;
+  workspace_carver carver_;
 };
 
 // Max-heap key of a KK state: (spread, largest set, earliest state). Computed once per push:
