@@ -64,7 +64,9 @@ RLPT_HD group_norm grpo_norm(double count, double mean, double group_std, double
 
 RLPT_HD float apply_norm(float x, const group_norm& n) {
   if (n.zero || !finite(x)) return 0.0f;
-  return static_cast<float>((static_cast<double>(x) - n.mean) / n.div);
+  const double d = static_cast<double>(x) - n.mean;
+  // d / 1.0 is d: scale::none (Dr. GRPO) skips a division per sequence.
+  return static_cast<float>(n.div == 1.0 ? d : d / n.div);
 }
 
 //! Batch std over every counted reward (canonical 256-lane order, shared with the device); a
