@@ -191,6 +191,47 @@ TEST_CASE("groups from ids: random ids (extremes, runs, interleaving, colliding 
   check_against_reference({hi, lo, hi, lo});
 }
 
+TEST_CASE("count_runs (from_ids sizes its table by it) matches the plain loop: ids equal in one 32-bit half") {
+  // A count below the truth would leave from_ids' open-addressing table too small for its groups.
+  const auto plain = [](const std::vector<std::int64_t>& ids) {
+    rlpt::index_t runs = 1;
+    for (std::size_t i = 1; i < ids.size(); ++i) runs += ids[i] != ids[i - 1] ? 1 : 0;
+    return runs;
+  };
+  const auto count = [](const std::vector<std::int64_t>& ids) {
+    return rlpt::detail::count_runs(ids.data(), static_cast<rlpt::index_t>(ids.size()));
+  };
+  rlpt::test::rng r(29);
+  for (int trial = 0; trial < 400; ++trial) {
+    CAPTURE(trial);
+    const auto n = static_cast<std::size_t>(r.integer(1, 70));
+    std::vector<std::int64_t> ids(n);
+    const std::int64_t hi = r.integer(0, 3), lo = r.integer(0, 3);
+    for (auto& id : ids) {
+      switch (trial % 4) {
+      case 0: // the low halves equal, the high ones differ
+        id = r.integer(0, hi) * (std::int64_t{1} << 32) + lo;
+        break;
+      case 1: // the high halves equal, the low ones differ
+        id = hi * (std::int64_t{1} << 32) + r.integer(0, lo + 1);
+        break;
+      case 2: // both may differ; negatives set every high bit
+        id = r.integer(-2, 2) * (std::int64_t{1} << 32) + r.integer(-2, 2);
+        break;
+      default:
+        id = r.bernoulli(0.7) && &id != ids.data() ? *(&id - 1) : r.integer(-5, 5);
+      }
+    }
+    CHECK(count(ids) == plain(ids));
+  }
+  // Across a flush of the int32 lane sums (every 2^24 ids; an overflow would need 2^32 of them).
+  const std::vector<std::int64_t> same((std::size_t{1} << 24) + 5, 7);
+  CHECK(count(same) == 1);
+  std::vector<std::int64_t> two = same;
+  two.back() = 8;
+  CHECK(count(two) == 2);
+}
+
 TEST_CASE("groups are values: copies and moves keep every array") {
   const std::vector<std::int64_t> ids{5, 5, 9, 5, 9, 1};
   const auto g = rlpt::groups::from_ids(ids);
