@@ -135,7 +135,7 @@ def test_objective_row_slices_are_read_in_place(gen):
     y = lp.clone().requires_grad_()
     want, _ = rlpt.policy_loss(obj, y, torch.ones(4, 8, dtype=torch.bool), old_logp=wide[:, 4:].contiguous(),
                                adv=torch.ones(4, 8, dtype=F64))
-    assert float(loss) == float(want)
+    assert loss.item() == want.item()
     g1, = torch.autograd.grad(loss, xs)
     g2, = torch.autograd.grad(want, y)
     assert torch.equal(g1, g2)
@@ -189,7 +189,7 @@ def test_all_masked_micro_batch_gives_zero_loss(gen):
         loss, _ = rlpt.policy_loss(rlpt.Objective.verl_actor(loss_agg_mode=mode), x, torch.zeros_like(mask),
                                    old_logp=old, seq_adv=adv)
         (g,) = torch.autograd.grad(loss, x)
-        assert float(loss) == 0.0 and not bool(g.any())
+        assert loss.item() == 0.0 and not bool(g.any())
 
 
 def test_local_denominators_split_equals_whole(gen):
@@ -365,7 +365,7 @@ def test_compile_has_no_graph_breaks(gen):
     (g_got,) = torch.autograd.grad(got, logits)
     want = _loss_fn(logits, tokens, valid, old, ref, adv, obj)
     (g_want,) = torch.autograd.grad(want, logits)
-    assert float(got) == float(want)
+    assert got.item() == want.item()
     assert torch.equal(g_got, g_want)
 
 
