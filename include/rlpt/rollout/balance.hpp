@@ -36,6 +36,7 @@
 #include <queue>
 #include <span>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -244,8 +245,8 @@ inline void order_items(view<const double> w, const length_hint& h, std::vector<
 //! The temporary arrays of one call, carved from one block by a workspace_carver
 //! (core/workspace.hpp). `balance` runs once per step, its caches long since evicted: a cold call
 //! pays for every malloc/free pair and every page it touches, so the KK arrays share one
-//! allocation. Arrays start on cache lines; the types are trivial (std::byte storage creates
-//! them implicitly).
+//! allocation. Arrays start at multiples of 64 bytes into the block (whose own alignment is
+//! new's, 16 bytes); the types are trivial (std::byte storage creates them implicitly).
 class scratch {
 public:
   template <class T> [[nodiscard]] static constexpr std::size_t bytes(std::size_t n) noexcept {
@@ -253,7 +254,10 @@ public:
   }
   explicit scratch(std::size_t bytes)
       : block_(std::make_unique_for_overwrite<std::byte[]>(bytes)), ws_{block_.get(), bytes}, carver_(ws_) {}
-  template <class T> [[nodiscard]] T* take(std::size_t n) { return carver_.take<T>(n, line); }
+  template <class T> [[nodiscard]] T* take(std::size_t n) {
+    static_assert(std::is_trivially_copyable_v<T> && alignof(T) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__);
+    return carver_.take<T>(n, line);
+  }
 
 private:
   static constexpr std::size_t line = 64;
