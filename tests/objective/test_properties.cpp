@@ -476,12 +476,11 @@ objective_result scalar_reference(const objective& obj, const basic_objective_in
   return detail::finish_result(p, total);
 }
 
-} // namespace
-
-TEST_CASE("the device's per-token path (the token stages on chunks of one token) equals the vectorised host pass") {
-  const batch<double> b(17, 90, 29, 0.4, 0.4);
-  const std::vector<double> tw{0.25, 0.75};
-  const objective objs[] = {
+//! One objective of every policy kind, with corrections, KL modes, distillation, values and
+//! aggregations spread over them.
+std::vector<objective> every_kind() {
+  static const std::vector<double> tw{0.25, 0.75}; // distill's teacher weights: a borrowed span
+  return {
       {.policy = ppo_clip{.eps_high = 0.28},
        .correction = token_tis(2.0),
        .kl = {.coef = 0.1},
@@ -510,7 +509,13 @@ TEST_CASE("the device's per-token path (the token stages on chunks of one token)
                       .rejected = rejected_tokens::zero_weight}},
       {.policy = no_policy{}, .value = {.coef = 1.0, .clip = 0.2, .huber_delta = 0.5}},
   };
-  for (const objective& obj : objs) {
+}
+
+} // namespace
+
+TEST_CASE("the device's per-token path (the token stages on chunks of one token) equals the vectorised host pass") {
+  const batch<double> b(17, 90, 29, 0.4, 0.4);
+  for (const objective& obj : every_kind()) {
     INFO("policy ", obj.policy.index());
     grads<double> g(b.size());
     const objective_result want = evaluate(obj, b.inputs(), g.view());
@@ -525,5 +530,46 @@ TEST_CASE("the device's per-token path (the token stages on chunks of one token)
     for (std::size_t i = 0; i < b.size(); ++i)
       if (static_cast<index_t>(i) % b.stride < b.L)
         CHECK(got_grad[i] == doctest::Approx(g.logp[i]).epsilon(1e-12).scale(1e-12));
+  }
+}
+
+TEST_CASE("long rows with masked heads, tails and whole chunks: results as the per-token path, gradients zeroed") {
+  // Rows of 700 slots span three host chunks (256, 256, 188): the host pass skips each chunk's
+  // masked head and tail and every chunk without a valid token, the per-token path does not.
+  batch<double> b(10, 700, 32, 0.4, 0.4);
+  auto row_mask = [&](index_t s, auto valid) {
+    for (index_t t = 0; t < b.L; ++t) b.mask[static_cast<std::size_t>(s * b.stride + t)] = valid(t) ? 1 : 0;
+  };
+  row_mask(0, [](index_t) { return true; });
+  row_mask(1, [](index_t) { return false; });
+  row_mask(2, [](index_t t) { return t >= 256 && t < 600; });               // first chunk masked whole
+  row_mask(3, [](index_t t) { return t == 255; });                          // the last token of a chunk
+  row_mask(4, [](index_t t) { return t == 256; });                          // the first token of a chunk
+  row_mask(5, [](index_t t) { return t == 699; });                          // the row's last slot
+  row_mask(6, [](index_t t) { return t >= 13 && t < 517 && t % 37 != 0; }); // head, tail and holes
+  row_mask(7, [](index_t t) { return t >= 300 && t < 310; });               // inside one chunk
+  row_mask(8, [](index_t t) { return t < 9 || t > 690; });                  // both ends of the row
+  row_mask(9, [](index_t t) { return t % 256 == 7 || t % 256 == 248; });    // lone tokens, every chunk
+  for (const objective& obj : every_kind()) {
+    INFO("policy ", obj.policy.index());
+    grads<double> g(b.size());
+    const objective_result want = evaluate(obj, b.inputs(), g.view());
+    std::vector<double> got_grad(b.size(), -777.0);
+    const objective_result got = scalar_reference(obj, b.inputs(), got_grad);
+    CHECK(got.tokens == want.tokens);
+    CHECK(got.loss == doctest::Approx(want.loss).epsilon(1e-12));
+    CHECK(got.kl_loss == doctest::Approx(want.kl_loss).epsilon(1e-12));
+    CHECK(got.value_loss == doctest::Approx(want.value_loss).epsilon(1e-12));
+    CHECK(got.clip_frac_high == want.clip_frac_high);
+    CHECK(got.rejected_frac == want.rejected_frac);
+    for (std::size_t i = 0; i < b.size(); ++i) {
+      if (static_cast<index_t>(i) % b.stride >= b.L) continue; // stride gap: not a layout slot
+      CHECK(got_grad[i] == doctest::Approx(g.logp[i]).epsilon(1e-12).scale(1e-12));
+      if (!b.mask[i]) {
+        CHECK(g.logp[i] == 0.0);
+        CHECK(g.entropy[i] == 0.0);
+        CHECK(g.values[i] == 0.0);
+      }
+    }
   }
 }

@@ -15,7 +15,9 @@
 #include <rlpt/objective/inputs.hpp>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 RLPT_NO_CONTRACT_BEGIN
 RLPT_NAMESPACE_BEGIN
@@ -128,17 +130,69 @@ template <class T> struct host_stages_avx512 {
 
 #undef RLPT_OBJECTIVE_HOST_STAGES
 
+//! The part of tokens [i0, i0 + n) that holds their valid tokens, [lo, hi) counted from i0:
+//! from the first valid token to the last, widened to whole groups of eight from i0. A padded
+//! row's tail (and a masked head) then costs a scan of its mask bytes and the zeroing of its
+//! gradient slots instead of every stage; the tokens left out are invalid and add nothing, and
+//! the widening keeps each kept token in the chunk_sums lane (j % 8) it had, so every sum is
+//! the one the whole chunk gives.
+struct chunk_span {
+  int lo = 0, hi = 0;
+};
+
+template <class T>
+RLPT_OBJECTIVE_HOST_INLINE chunk_span valid_span(const basic_objective_inputs<T>& in, index_t i0, int n) {
+  if (in.mask.size() == 0) return {0, n}; // no mask: every slot is valid
+  const mask_t* m = in.mask.data() + i0;
+  auto zero8 = [m](int j) {
+    std::uint64_t w;
+    std::memcpy(&w, m + j, sizeof w);
+    return w == 0;
+  };
+  int lo = 0;
+  while (lo + 8 <= n && zero8(lo)) lo += 8;
+  while (lo < n && m[lo] == 0) ++lo;
+  if (lo == n) return {0, 0};
+  int hi = n;
+  while (hi - 8 >= lo && zero8(hi - 8)) hi -= 8;
+  while (m[hi - 1] == 0) --hi;
+  return {lo & ~7, std::min(n, (hi + 7) & ~7)};
+}
+
+//! Zeroes the gradient slots of tokens [i0, i0 + n) (what combine_chunk writes for tokens
+//! outside the loss).
+template <class T> RLPT_OBJECTIVE_HOST_INLINE void zero_grads(const basic_objective_grads<T>& gr, index_t i0, int n) {
+  if (n <= 0) return;
+  const auto count = static_cast<std::size_t>(n);
+  if (gr.logp.size() != 0) std::fill_n(gr.logp.data() + i0, count, T(0));
+  if (gr.entropy.size() != 0) std::fill_n(gr.entropy.data() + i0, count, T(0));
+  if (gr.values.size() != 0) std::fill_n(gr.values.data() + i0, count, T(0));
+}
+
+//! Row b in chunks of host_chunk tokens: pass(i0, n) over each chunk's valid_span, skip(i0, n)
+//! over the slots before and after it (the whole chunk when it has no valid token).
+template <class T, class Pass, class Skip>
+RLPT_OBJECTIVE_HOST_INLINE void for_valid_chunks(const basic_objective_inputs<T>& in, index_t b, Pass&& pass,
+                                                 Skip&& skip) {
+  const index_t base = in.layout.begin(b);
+  const index_t len = in.layout.length(b);
+  for (index_t t0 = 0; t0 < len; t0 += host_chunk) {
+    const index_t i0 = base + t0;
+    const int n = static_cast<int>(std::min<index_t>(host_chunk, len - t0));
+    const chunk_span s = valid_span(in, i0, n);
+    skip(i0, s.lo);
+    skip(i0 + s.hi, n - s.hi);
+    if (s.hi > s.lo) pass(i0 + s.lo, s.hi - s.lo);
+  }
+}
+
 //! The row statistics of sequence b, chunk by chunk with the stages S (`c` from zero_absent).
 template <class T, class S>
 row_stats host_row_stats_with(const objective_plan& p, const basic_objective_inputs<T>& in, index_t b,
                               host_chunk_data<T>& c) {
   row_stats st;
-  const index_t base = in.layout.begin(b);
-  const index_t n = in.layout.length(b);
-  for (index_t t0 = 0; t0 < n; t0 += host_chunk) {
-    const int cn = static_cast<int>(std::min<index_t>(host_chunk, n - t0));
-    st = row_stats_pass<S>(p, in, b, base + t0, cn, c, st);
-  }
+  for_valid_chunks(
+      in, b, [&](index_t i0, int n) { st = row_stats_pass<S>(p, in, b, i0, n, c, st); }, [](index_t, int) {});
   return st;
 }
 
@@ -163,19 +217,14 @@ RLPT_OBJECTIVE_HOST_INLINE objective_sums host_row_body(const objective_plan& p,
   }
   row_alphas(p, rc);
   const token_consts<T> k = make_token_consts<T>(p, rc);
-  const index_t base = in.layout.begin(b);
-  const index_t n = in.layout.length(b);
   token_acc<double, host_count> a;
-  for (index_t t0 = 0; t0 < n; t0 += host_chunk) {
-    const int cn = static_cast<int>(std::min<index_t>(host_chunk, n - t0));
-    a = token_pass<S>(p, k, in, gr, b, base + t0, cn, c, a);
-  }
+  for_valid_chunks(
+      in, b, [&](index_t i0, int n) { a = token_pass<S>(p, k, in, gr, b, i0, n, c, a); },
+      [&](index_t i0, int n) { zero_grads(gr, i0, n); });
   if (p.gspo_sequence && gr.logp.size() != 0 && a.in_loss > 0 && a.dcoef != 0.0) {
     const T scale = static_cast<T>(gspo_coupling(rc, a.dcoef));
-    for (index_t t0 = 0; t0 < n; t0 += host_chunk) {
-      const int cn = static_cast<int>(std::min<index_t>(host_chunk, n - t0));
-      gspo_pass<S>(p, k, in, gr, scale, b, base + t0, cn, c);
-    }
+    for_valid_chunks(
+        in, b, [&](index_t i0, int n) { gspo_pass<S>(p, k, in, gr, scale, b, i0, n, c); }, [](index_t, int) {});
   }
   return row_sums(p, rc, a, /*head=*/true);
 }
