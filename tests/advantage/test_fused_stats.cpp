@@ -131,6 +131,74 @@ TEST_CASE("GAE across thread counts and row splits: the same bits") {
   CHECK(r1 == r3);
 }
 
+namespace {
+
+//! The recurrence stepping through every token of every row (what one_sequence did before it
+//! skipped padding): its outputs and whitening sums.
+template <rlpt::mask_mode Mode>
+void step_every_token(const batch& b, const std::vector<float>& boot, std::vector<float>& adv, std::vector<float>& ret,
+                      std::vector<rlpt::detail::whiten_sums>& sums) {
+  namespace lanes = rlpt::detail::lanes;
+  const double gamma = 0.99, gamma_lambda = 0.99 * 0.9;
+  for (rlpt::index_t i = 0; i < b.B; ++i) {
+    lanes::state<double, bool> s =
+        lanes::start(boot.empty() ? 0.0 : static_cast<double>(boot[static_cast<std::size_t>(i)]));
+    for (rlpt::index_t t = b.T - 1; t >= 0; --t) {
+      const auto k = static_cast<std::size_t>(i * b.T + t);
+      double a = 0.0, g = 0.0;
+      lanes::step<Mode>(static_cast<double>(b.rewards[k]), static_cast<double>(b.values[k]), b.mask[k] != 0, gamma,
+                        gamma_lambda, s, a, g);
+      adv[k] = static_cast<float>(a);
+      ret[k] = static_cast<float>(g);
+      lanes::add_value(static_cast<double>(adv[k]), b.mask[k] != 0, s);
+    }
+    sums[static_cast<std::size_t>(i)] = lanes::sums_of(s);
+  }
+}
+
+template <rlpt::mask_mode Mode> void check_padding_skip(const batch& b, const std::vector<float>& boot) {
+  const auto layout = rlpt::token_layout::padded(b.B, b.T);
+  const auto n = b.rewards.size(), rows = static_cast<std::size_t>(b.B);
+  std::vector<float> want_a(n), want_r(n), got_a(n, -7.0f), got_r(n, -7.0f);
+  std::vector<rlpt::detail::whiten_sums> want_s(rows), got_s(rows);
+  std::vector<std::uint8_t> ok(rows, 1);
+  step_every_token<Mode>(b, boot, want_a, want_r, want_s);
+  rlpt::detail::recurrence_rows<Mode, true, true>(layout, b.rewards.data(), b.values.data(), b.mask.data(),
+                                                  boot.empty() ? nullptr : boot.data(), 0.99, 0.99 * 0.9, got_a.data(),
+                                                  got_r.data(), 0, b.B, got_s.data(), ok.data());
+  CHECK(std::memcmp(got_a.data(), want_a.data(), n * sizeof(float)) == 0);
+  CHECK(std::memcmp(got_r.data(), want_r.data(), n * sizeof(float)) == 0);
+  for (std::size_t i = 0; i < rows; ++i) {
+    INFO("row ", i);
+    CHECK(std::memcmp(&got_s[i], &want_s[i], sizeof got_s[i]) == 0);
+  }
+}
+
+} // namespace
+
+TEST_CASE("GAE skips a padded row's padding only where stepping through it changes no bit") {
+  // Rows with long masked tails (whole rows among them), holes, and rewards of -0.0 at their last
+  // valid token; bootstraps absent, +0.0, -0.0 and nonzero, where the zero and reset modes must
+  // step through the padding (the value after the last token moves to 0 there).
+  batch b = make_batch(41, 23, 150);
+  for (rlpt::index_t i = 0; i < b.B; ++i) {
+    const auto row = static_cast<std::size_t>(i * b.T);
+    const rlpt::index_t end = rlpt::detail::end_of_valid(b.mask.data() + row, b.T);
+    if (end > 0 && i % 3 == 0) b.rewards[row + static_cast<std::size_t>(end - 1)] = -0.0f;
+    if (i % 4 == 1)
+      for (rlpt::index_t t = b.T / 3; t < b.T; ++t) b.mask[row + static_cast<std::size_t>(t)] = 0;
+  }
+  rlpt::test::rng r(42);
+  const std::vector<float> nonzero = r.normals(static_cast<std::size_t>(b.B));
+  for (const std::vector<float>& boot : {std::vector<float>{}, std::vector<float>(static_cast<std::size_t>(b.B), 0.0f),
+                                         std::vector<float>(static_cast<std::size_t>(b.B), -0.0f), nonzero}) {
+    INFO("bootstrap ", boot.empty() ? "none" : boot[0] == 0.0f ? (std::signbit(boot[0]) ? "-0" : "+0") : "nonzero");
+    check_padding_skip<rlpt::mask_mode::skip>(b, boot);
+    check_padding_skip<rlpt::mask_mode::zero>(b, boot);
+    check_padding_skip<rlpt::mask_mode::reset>(b, boot);
+  }
+}
+
 TEST_CASE("group moments, one member per lane (n <= 32), equal the canonical sums bit for bit") {
   rlpt::test::rng r(41);
   for (int trial = 0; trial < 400; ++trial) {

@@ -31,6 +31,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <span>
 #include <string_view>
@@ -322,6 +323,30 @@ inline index_t count_valid(const mask_t* m, index_t n) noexcept {
     total += static_cast<index_t>(c);
   }
   return total;
+}
+
+//! Whether the eight mask bytes at m are all zero (one 64-bit load).
+inline bool mask_word_zero(const mask_t* m) noexcept {
+  std::uint64_t w = 0;
+  std::memcpy(&w, m, sizeof w);
+  return w == 0;
+}
+
+//! The first valid slot among m[0..n) (n when none), eight bytes at a time.
+inline index_t first_valid(const mask_t* m, index_t n) noexcept {
+  index_t t = 0;
+  while (t + 8 <= n && mask_word_zero(m + t)) t += 8;
+  while (t < n && m[t] == 0) ++t;
+  return t;
+}
+
+//! One past the last valid slot among m[0..n) (0 when none), eight bytes at a time: a padded
+//! row's valid part ends there.
+inline index_t end_of_valid(const mask_t* m, index_t n) noexcept {
+  index_t t = n;
+  while (t >= 8 && mask_word_zero(m + t - 8)) t -= 8;
+  while (t > 0 && m[t - 1] == 0) --t;
+  return t;
 }
 
 inline void bad_view_size(index_t size) { RLPT_FAIL(errors::view::bad_shape, "view size {} is negative", size); }

@@ -12,6 +12,7 @@
 #include <rlpt/config.hpp>
 #include <rlpt/advantage/common.hpp>
 #include <rlpt/core/stats.hpp>
+#include <rlpt/core/views.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -99,10 +100,24 @@ RLPT_ADVANTAGE_INLINE state<double, bool> start(double boot) { return {0.0, boot
 
 RLPT_ADVANTAGE_INLINE whiten_sums sums_of(const state<double, bool>& s) { return {s.count, s.shift, s.s1, s.s2}; }
 
-//! One sequence of n tokens, from its last token to its first.
+//! One sequence of n tokens, from its last token to its first. Masked tokens after the last
+//! valid one (a padded row's padding) are written 0 without stepping when a masked step would
+//! leave the starting state as it is (skip mode; the other modes when the bootstrap is zero):
+//! each would output 0 and add +0.0 to sums that are still +0.0. (A bootstrap of -0.0 would
+//! step to +0.0, which the first valid token cannot tell apart: delta + gamma_lambda * (+0.0).)
 template <mask_mode Mode, bool HasValues, bool HasMask>
 RLPT_ADVANTAGE_INLINE void one_sequence(const float* r, const float* v, const mask_t* m, float* adv, float* ret,
                                         index_t n, double gamma, double gamma_lambda, state<double, bool>& s) {
+  if constexpr (HasMask) {
+    if (Mode == mask_mode::skip || s.next == 0.0) {
+      const index_t live = end_of_valid(m, n);
+      for (index_t t = live; t < n; ++t) {
+        adv[t] = 0.0f;
+        if (ret) ret[t] = 0.0f;
+      }
+      n = live;
+    }
+  }
   for (index_t t = n - 1; t >= 0; --t) {
     const bool valid = !HasMask || m[t] != 0;
     const double vt = HasValues ? static_cast<double>(v[t]) : 0.0;

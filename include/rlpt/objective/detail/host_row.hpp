@@ -17,7 +17,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 
 RLPT_NO_CONTRACT_BEGIN
 RLPT_NAMESPACE_BEGIN
@@ -144,18 +143,9 @@ template <class T>
 RLPT_OBJECTIVE_HOST_INLINE chunk_span valid_span(const basic_objective_inputs<T>& in, index_t i0, int n) {
   if (in.mask.size() == 0) return {0, n}; // no mask: every slot is valid
   const mask_t* m = in.mask.data() + i0;
-  auto zero8 = [m](int j) {
-    std::uint64_t w;
-    std::memcpy(&w, m + j, sizeof w);
-    return w == 0;
-  };
-  int lo = 0;
-  while (lo + 8 <= n && zero8(lo)) lo += 8;
-  while (lo < n && m[lo] == 0) ++lo;
+  const auto lo = static_cast<int>(first_valid(m, n));
   if (lo == n) return {0, 0};
-  int hi = n;
-  while (hi - 8 >= lo && zero8(hi - 8)) hi -= 8;
-  while (m[hi - 1] == 0) --hi;
+  const auto hi = static_cast<int>(end_of_valid(m, n));
   return {lo & ~7, std::min(n, (hi + 7) & ~7)};
 }
 
