@@ -178,6 +178,7 @@ namespace detail {
 //! adds the valid non-finite ones to `nonfinite`.
 inline whiten_sums sums_of_row(const float* x, const mask_t* m, index_t n, index_t& nonfinite) {
   lanes::state<double, bool> s = lanes::start(0.0);
+  if (m != nullptr) n = end_of_valid(m, n); // trailing padding would add +0.0 to sums still +0.0
   for (index_t t = n - 1; t >= 0; --t) {
     const bool valid = m == nullptr || m[t] != 0;
     const bool counts = valid && finite(x[t]);
