@@ -511,25 +511,33 @@ std::vector<objective> every_kind() {
   };
 }
 
+//! Evaluates obj on b with the host pass and with scalar_reference (every slot, one token at a
+//! time), checks that they agree, and returns the host pass's gradients.
+grads<double> check_per_token_path(const objective& obj, const batch<double>& b) {
+  grads<double> g(b.size());
+  const objective_result want = evaluate(obj, b.inputs(), g.view());
+  std::vector<double> got_grad(b.size(), -777.0);
+  const objective_result got = scalar_reference(obj, b.inputs(), got_grad);
+  CHECK(got.tokens == want.tokens);
+  CHECK(got.loss == doctest::Approx(want.loss).epsilon(1e-12));
+  CHECK(got.kl_loss == doctest::Approx(want.kl_loss).epsilon(1e-12));
+  CHECK(got.value_loss == doctest::Approx(want.value_loss).epsilon(1e-12));
+  CHECK(got.clip_frac_high == want.clip_frac_high);
+  CHECK(got.rejected_frac == want.rejected_frac);
+  CHECK(got.is_weight_max == doctest::Approx(want.is_weight_max).epsilon(1e-15));
+  for (std::size_t i = 0; i < b.size(); ++i)
+    if (static_cast<index_t>(i) % b.stride < b.L) // not the stride gap
+      CHECK(got_grad[i] == doctest::Approx(g.logp[i]).epsilon(1e-12).scale(1e-12));
+  return g;
+}
+
 } // namespace
 
 TEST_CASE("the device's per-token path (the token stages on chunks of one token) equals the vectorised host pass") {
   const batch<double> b(17, 90, 29, 0.4, 0.4);
   for (const objective& obj : every_kind()) {
     INFO("policy ", obj.policy.index());
-    grads<double> g(b.size());
-    const objective_result want = evaluate(obj, b.inputs(), g.view());
-    std::vector<double> got_grad(b.size(), -777.0);
-    const objective_result got = scalar_reference(obj, b.inputs(), got_grad);
-    CHECK(got.loss == doctest::Approx(want.loss).epsilon(1e-12));
-    CHECK(got.kl_loss == doctest::Approx(want.kl_loss).epsilon(1e-12));
-    CHECK(got.value_loss == doctest::Approx(want.value_loss).epsilon(1e-12));
-    CHECK(got.clip_frac_high == want.clip_frac_high);
-    CHECK(got.rejected_frac == want.rejected_frac);
-    CHECK(got.is_weight_max == doctest::Approx(want.is_weight_max).epsilon(1e-15));
-    for (std::size_t i = 0; i < b.size(); ++i)
-      if (static_cast<index_t>(i) % b.stride < b.L)
-        CHECK(got_grad[i] == doctest::Approx(g.logp[i]).epsilon(1e-12).scale(1e-12));
+    (void)check_per_token_path(obj, b);
   }
 }
 
@@ -552,24 +560,12 @@ TEST_CASE("long rows with masked heads, tails and whole chunks: results as the p
   row_mask(9, [](index_t t) { return t % 256 == 7 || t % 256 == 248; });    // lone tokens, every chunk
   for (const objective& obj : every_kind()) {
     INFO("policy ", obj.policy.index());
-    grads<double> g(b.size());
-    const objective_result want = evaluate(obj, b.inputs(), g.view());
-    std::vector<double> got_grad(b.size(), -777.0);
-    const objective_result got = scalar_reference(obj, b.inputs(), got_grad);
-    CHECK(got.tokens == want.tokens);
-    CHECK(got.loss == doctest::Approx(want.loss).epsilon(1e-12));
-    CHECK(got.kl_loss == doctest::Approx(want.kl_loss).epsilon(1e-12));
-    CHECK(got.value_loss == doctest::Approx(want.value_loss).epsilon(1e-12));
-    CHECK(got.clip_frac_high == want.clip_frac_high);
-    CHECK(got.rejected_frac == want.rejected_frac);
+    const grads<double> g = check_per_token_path(obj, b);
     for (std::size_t i = 0; i < b.size(); ++i) {
-      if (static_cast<index_t>(i) % b.stride >= b.L) continue; // stride gap: not a layout slot
-      CHECK(got_grad[i] == doctest::Approx(g.logp[i]).epsilon(1e-12).scale(1e-12));
-      if (!b.mask[i]) {
-        CHECK(g.logp[i] == 0.0);
-        CHECK(g.entropy[i] == 0.0);
-        CHECK(g.values[i] == 0.0);
-      }
+      if (static_cast<index_t>(i) % b.stride >= b.L || b.mask[i]) continue;
+      CHECK(g.logp[i] == 0.0);
+      CHECK(g.entropy[i] == 0.0);
+      CHECK(g.values[i] == 0.0);
     }
   }
 }
