@@ -97,18 +97,21 @@ template <class V, class Count> struct token_acc {
 //! Eight values of T as one GCC vector (host reductions over a chunk). Each lane does what the
 //! scalar loop's lane does, so the results are the same bits; the compiler's vectoriser turned
 //! the scalar form into scalar code or gathers once several reductions shared a loop.
-template <class T> struct eight_lanes;
-#define RLPT_OBJECTIVE_EIGHT_LANES(T)                                                                                  \
-  template <> struct eight_lanes<T> {                                                                                  \
-    typedef T type __attribute__((vector_size(8 * sizeof(T)))); /* NOLINT(modernize-use-using) */                      \
+template <class T, int L> struct gcc_lanes;
+#define RLPT_OBJECTIVE_LANES(T, L)                                                                                     \
+  template <> struct gcc_lanes<T, L> {                                                                                 \
+    typedef T type __attribute__((vector_size(L * sizeof(T)))); /* NOLINT(modernize-use-using) */                      \
   }
-RLPT_OBJECTIVE_EIGHT_LANES(float);
-RLPT_OBJECTIVE_EIGHT_LANES(double);
-RLPT_OBJECTIVE_EIGHT_LANES(std::uint8_t);
-RLPT_OBJECTIVE_EIGHT_LANES(std::int32_t);
-RLPT_OBJECTIVE_EIGHT_LANES(std::int64_t);
-#undef RLPT_OBJECTIVE_EIGHT_LANES
-template <class T> using lanes8 = typename eight_lanes<T>::type;
+RLPT_OBJECTIVE_LANES(float, 8);
+RLPT_OBJECTIVE_LANES(double, 8);
+RLPT_OBJECTIVE_LANES(std::uint8_t, 8);
+RLPT_OBJECTIVE_LANES(std::int32_t, 8);
+RLPT_OBJECTIVE_LANES(std::int64_t, 8);
+RLPT_OBJECTIVE_LANES(float, 4);
+RLPT_OBJECTIVE_LANES(double, 4);
+#undef RLPT_OBJECTIVE_LANES
+template <class T> using lanes8 = typename gcc_lanes<T, 8>::type;
+template <class T> using lanes4 = typename gcc_lanes<T, 4>::type;
 #else
 #define RLPT_OBJECTIVE_VECTOR_EXT() 0
 #endif
@@ -233,21 +236,24 @@ private:
     const int n = n_;
     int j = 0;
 #if RLPT_OBJECTIVE_VECTOR_EXT()
-    // Eight lanes as one vector per row: the loop as written below, which g++ 12 vectorised
-    // badly (scalar converts, inserts) once several rows were interleaved. The widening is
-    // spelt lane by lane: __builtin_convertvector became two half converts and an insert.
-    using lanes = lanes8<double>;
-    using lanes_t = lanes8<T>;
-    lanes v[K] = {};
+    // The eight lanes of a row as two vectors of four (lanes 0-3 and 4-7): the loop as written
+    // below, which g++ 12 vectorised badly (scalar converts, inserts) once several rows were
+    // interleaved. Not one vector of eight doubles: without AVX-512 g++ 12 kept such a vector in
+    // memory and rebuilt it from 64-bit pieces after every add (stores, reloads, pinsrq).
+    using half = lanes4<double>;
+    using half_t = lanes4<T>;
+    half lo[K] = {}, hi[K] = {};
     for (; j + 8 <= n; j += 8)
       for (int q = 0; q < K; ++q) {
-        lanes_t x;
-        std::memcpy(&x, rows + q * N + j, sizeof x);
-        v[q] += lanes{x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7]};
+        half_t a, b;
+        std::memcpy(&a, rows + q * N + j, sizeof a);
+        std::memcpy(&b, rows + q * N + j + 4, sizeof b);
+        lo[q] += __builtin_convertvector(a, half);
+        hi[q] += __builtin_convertvector(b, half);
       }
     double acc[K][8];
     for (int q = 0; q < K; ++q)
-      for (int k = 0; k < 8; ++k) acc[q][k] = v[q][k];
+      for (int k = 0; k < 4; ++k) acc[q][k] = lo[q][k], acc[q][k + 4] = hi[q][k];
 #else
     double acc[K][8] = {};
     for (; j + 8 <= n; j += 8)
