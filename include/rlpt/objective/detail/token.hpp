@@ -94,9 +94,9 @@ template <class V, class Count> struct token_acc {
 
 #if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
 #define RLPT_OBJECTIVE_VECTOR_EXT() 1
-//! Eight values of T as one GCC vector (host reductions over a chunk). Each lane does what the
-//! scalar loop's lane does, so the results are the same bits; the compiler's vectoriser turned
-//! the scalar form into scalar code or gathers once several reductions shared a loop.
+//! Eight (or four) values of T as one GCC vector (host reductions over a chunk). Each lane does
+//! what the scalar loop's lane does, so the results are the same bits; the compiler's vectoriser
+//! turned the scalar form into scalar code or gathers once several reductions shared a loop.
 template <class T, int L> struct gcc_lanes;
 #define RLPT_OBJECTIVE_LANES(T, L)                                                                                     \
   template <> struct gcc_lanes<T, L> {                                                                                 \
