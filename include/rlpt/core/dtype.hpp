@@ -9,8 +9,7 @@
 
 #include <rlpt/config.hpp>
 #include <rlpt/core/error.hpp>
-
-#include <fmt/format.h> // the formatter below reuses formatter<string_view>::format, defined here in fmt 9
+#include <rlpt/core/format.hpp>
 
 #include <bit>
 #include <cstddef>
@@ -211,8 +210,6 @@ template <class F> decltype(auto) dispatch_floating(dtype t, std::string_view wh
 
 RLPT_NAMESPACE_END
 
-template <> struct fmt::formatter<rlpt::dtype> : fmt::formatter<std::string_view> {
-  template <class Ctx> auto format(rlpt::dtype t, Ctx& ctx) const {
-    return fmt::formatter<std::string_view>::format(rlpt::name(t), ctx);
-  }
+template <> struct fmt::formatter<rlpt::dtype> : rlpt::detail::name_formatter {
+  template <class Ctx> auto format(rlpt::dtype t, Ctx& ctx) const { return format_name(rlpt::name(t), ctx); }
 };

@@ -10,9 +10,8 @@
 
 #include <rlpt/config.hpp>
 #include <rlpt/core/error.hpp>
+#include <rlpt/core/format.hpp>
 #include <rlpt/rollout/record.hpp>
-
-#include <fmt/format.h> // the formatter below reuses formatter<string_view>::format, defined here in fmt 9
 
 #include <cmath>
 #include <cstdint>
@@ -114,8 +113,6 @@ struct nonzero_std {
 } // namespace filters
 RLPT_NAMESPACE_END
 
-template <> struct fmt::formatter<rlpt::evict_reason> : fmt::formatter<std::string_view> {
-  template <class Ctx> auto format(rlpt::evict_reason r, Ctx& ctx) const {
-    return fmt::formatter<std::string_view>::format(rlpt::name(r), ctx);
-  }
+template <> struct fmt::formatter<rlpt::evict_reason> : rlpt::detail::name_formatter {
+  template <class Ctx> auto format(rlpt::evict_reason r, Ctx& ctx) const { return format_name(rlpt::name(r), ctx); }
 };

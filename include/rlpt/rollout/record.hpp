@@ -20,9 +20,8 @@
 #include <rlpt/config.hpp>
 #include <rlpt/core/dtype.hpp>
 #include <rlpt/core/error.hpp>
+#include <rlpt/core/format.hpp>
 #include <rlpt/core/views.hpp>
-
-#include <fmt/format.h> // the formatter below reuses formatter<string_view>::format, defined here in fmt 9
 
 #include <algorithm>
 #include <cmath>
@@ -576,8 +575,6 @@ private:
 
 RLPT_NAMESPACE_END
 
-template <> struct fmt::formatter<rlpt::token_source> : fmt::formatter<std::string_view> {
-  template <class Ctx> auto format(rlpt::token_source s, Ctx& ctx) const {
-    return fmt::formatter<std::string_view>::format(rlpt::name(s), ctx);
-  }
+template <> struct fmt::formatter<rlpt::token_source> : rlpt::detail::name_formatter {
+  template <class Ctx> auto format(rlpt::token_source s, Ctx& ctx) const { return format_name(rlpt::name(s), ctx); }
 };

@@ -27,10 +27,9 @@
 #include <rlpt/config.hpp>
 #include <rlpt/core/checked.hpp>
 #include <rlpt/core/error.hpp>
+#include <rlpt/core/format.hpp>
 #include <rlpt/staleness/clock.hpp>
 #include <rlpt/staleness/gate.hpp>
-
-#include <fmt/format.h> // the formatter below reuses formatter<string_view>::format, defined here in fmt 9
 
 #include <algorithm>
 #include <cstdint>
@@ -360,8 +359,6 @@ private:
 
 RLPT_NAMESPACE_END
 
-template <> struct fmt::formatter<rlpt::starvation_cause> : fmt::formatter<std::string_view> {
-  template <class Ctx> auto format(rlpt::starvation_cause c, Ctx& ctx) const {
-    return fmt::formatter<std::string_view>::format(rlpt::name(c), ctx);
-  }
+template <> struct fmt::formatter<rlpt::starvation_cause> : rlpt::detail::name_formatter {
+  template <class Ctx> auto format(rlpt::starvation_cause c, Ctx& ctx) const { return format_name(rlpt::name(c), ctx); }
 };

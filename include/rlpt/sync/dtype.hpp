@@ -12,8 +12,7 @@
 #include <rlpt/config.hpp>
 #include <rlpt/core/dtype.hpp>
 #include <rlpt/core/error.hpp>
-
-#include <fmt/format.h> // the formatter below reuses formatter<string_view>::format, defined here in fmt 9
+#include <rlpt/core/format.hpp>
 
 #include <array>
 #include <cstddef>
@@ -142,8 +141,8 @@ inline constexpr std::array<wire_dtype_info, wire_dtype_count> wire_dtypes{{
 } // namespace sync
 RLPT_NAMESPACE_END
 
-template <> struct fmt::formatter<rlpt::sync::wire_dtype> : fmt::formatter<std::string_view> {
+template <> struct fmt::formatter<rlpt::sync::wire_dtype> : rlpt::detail::name_formatter {
   template <class Ctx> auto format(rlpt::sync::wire_dtype t, Ctx& ctx) const {
-    return fmt::formatter<std::string_view>::format(rlpt::sync::name(t), ctx);
+    return format_name(rlpt::sync::name(t), ctx);
   }
 };

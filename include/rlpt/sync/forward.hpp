@@ -27,7 +27,7 @@
 #include <rlpt/sync/link.hpp>
 #include <rlpt/sync/protocol.hpp>
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <algorithm>
 #include <chrono>

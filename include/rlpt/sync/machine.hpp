@@ -68,7 +68,7 @@
 #include <rlpt/sync/link.hpp>
 #include <rlpt/sync/manifest.hpp>
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <algorithm>
 #include <atomic>

@@ -16,12 +16,12 @@
 
 #include <rlpt/config.hpp>
 #include <rlpt/core/error.hpp>
+#include <rlpt/core/format.hpp>
 #include <rlpt/sync/checksum.hpp>
 #include <rlpt/sync/detail/json.hpp>
 #include <rlpt/sync/dtype.hpp>
 
-#include <fmt/format.h>
-#include <fmt/ranges.h>
+#include <fmt/core.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -110,9 +110,9 @@ inline std::uint64_t tensor_nbytes(std::string_view name, wire_dtype dt, std::sp
   std::uint64_t n = size_of(dt);
   for (auto d : shape) {
     RLPT_CHECK(d >= 0, errors::sync::bad_shape, "tensor \"{}\" has a negative dimension {} in shape [{}]", name, d,
-               fmt::join(shape, ", "));
+               rlpt::detail::joined(shape, ", "));
     RLPT_CHECK(!mul_overflows(n, static_cast<std::uint64_t>(d), n), errors::sync::bad_shape,
-               "tensor \"{}\" of shape [{}] has more bytes than 2^64", name, fmt::join(shape, ", "));
+               "tensor \"{}\" of shape [{}] has more bytes than 2^64", name, rlpt::detail::joined(shape, ", "));
   }
   return n;
 }
@@ -360,7 +360,7 @@ private:
                  t.name);
       const std::uint64_t want = detail::tensor_nbytes(t.name, t.dtype, t.shape, limits.max_rank);
       RLPT_CHECK(t.nbytes == want, errors::sync::bad_manifest, "tensor \"{}\" says nbytes {} but {} [{}] has {} bytes",
-                 t.name, t.nbytes, name(t.dtype), fmt::join(t.shape, ", "), want);
+                 t.name, t.nbytes, name(t.dtype), rlpt::detail::joined(t.shape, ", "), want);
       const std::uint64_t pieces = t.nbytes <= B ? 1 : (t.nbytes + B - 1) / B;
       if (t.nbytes <= B) {
         RLPT_CHECK(t.offset % alignment_ == 0 && t.offset < B && t.nbytes <= B - t.offset, errors::sync::bad_manifest,
@@ -466,7 +466,7 @@ std::vector<const T*> bind_by_name(const manifest& m, std::span<const T> bound, 
     RLPT_CHECK(by[*i] == nullptr, errors::sync::bad_source, "{}: {} \"{}\" is bound twice", where, what, b.name);
     const tensor_entry& e = m[*i];
     RLPT_CHECK(b.shape == e.shape, errors::sync::bad_source, "{}: {} \"{}\" has shape [{}], the manifest says [{}]",
-               where, what, b.name, fmt::join(b.shape, ", "), fmt::join(e.shape, ", "));
+               where, what, b.name, rlpt::detail::joined(b.shape, ", "), rlpt::detail::joined(e.shape, ", "));
     RLPT_CHECK(converts(b.dtype, e.dtype), errors::sync::bad_source, "{}: {} \"{}\" is {} but travels as {}; {}", where,
                what, b.name, b.dtype, e.dtype, no_convert);
     RLPT_CHECK(b.data != nullptr || e.nbytes == 0, errors::sync::bad_source, "{}: {} \"{}\" has no data", where, what,

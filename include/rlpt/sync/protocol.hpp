@@ -27,6 +27,7 @@
 #include <rlpt/config.hpp>
 #include <rlpt/core/copy.hpp>
 #include <rlpt/core/error.hpp>
+#include <rlpt/core/format.hpp>
 #include <rlpt/sync/checksum.hpp>
 #include <rlpt/sync/delta.hpp>
 #include <rlpt/sync/frame.hpp>
@@ -35,7 +36,7 @@
 #include <rlpt/sync/manifest.hpp>
 #include <rlpt/sync/transform.hpp>
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -614,8 +615,8 @@ private:
       RLPT_CHECK(i.has_value(), errors::sync::bad_source, "parameter \"{}\" is not in the manifest", p.name);
       const tensor_entry& e = m[*i];
       RLPT_CHECK(p.dtype == e.dtype && p.shape == e.shape, errors::sync::bad_source,
-                 "parameter \"{}\" is {} [{}] but the manifest says {} [{}]", p.name, p.dtype, fmt::join(p.shape, ", "),
-                 e.dtype, fmt::join(e.shape, ", "));
+                 "parameter \"{}\" is {} [{}] but the manifest says {} [{}]", p.name, p.dtype,
+                 rlpt::detail::joined(p.shape, ", "), e.dtype, rlpt::detail::joined(e.shape, ", "));
       RLPT_CHECK(p.data != nullptr || e.nbytes == 0, errors::sync::bad_source, "parameter \"{}\" has no data", p.name);
       ptrs[*i] = p.data;
     }

@@ -22,6 +22,7 @@
 #include <rlpt/config.hpp>
 #include <rlpt/core/copy.hpp>
 #include <rlpt/core/error.hpp>
+#include <rlpt/core/format.hpp>
 #include <rlpt/core/file.hpp>
 #include <rlpt/sync/checksum.hpp>
 #include <rlpt/sync/detail/json.hpp>
@@ -162,7 +163,7 @@ using safetensors_metadata = std::vector<std::pair<std::string, std::string>>;
     }
     if (e.end - e.begin != want)
       bad(fmt::format("tensor \"{}\" spans {} bytes but {} [{}] needs {}", key, e.end - e.begin, e.dtype,
-                      fmt::join(e.shape, ", "), want));
+                      rlpt::detail::joined(e.shape, ", "), want));
     h.tensors.push_back(std::move(e));
   }
   std::stable_sort(h.tensors.begin(), h.tensors.end(), [](const safetensors_entry& a, const safetensors_entry& b) {
@@ -227,7 +228,7 @@ template <class T>
     first = false;
     detail::write_json_string(s, t.name);
     s += fmt::format(":{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}", name(t.dtype),
-                     fmt::join(t.shape, ","), at, at + n);
+                     rlpt::detail::joined(t.shape, ","), at, at + n);
     l.offset[i] = at;
     at += n;
     seen.push_back(t.name);

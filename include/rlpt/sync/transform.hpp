@@ -18,11 +18,11 @@
 #include <rlpt/config.hpp>
 #include <rlpt/core/dtype.hpp>
 #include <rlpt/core/error.hpp>
+#include <rlpt/core/format.hpp>
 #include <rlpt/sync/dtype.hpp>
 #include <rlpt/sync/manifest.hpp>
 
-#include <fmt/format.h>
-#include <fmt/ranges.h>
+#include <fmt/core.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -344,7 +344,7 @@ private:
   static std::string describe(const transform& t) {
     if (const auto* x = std::get_if<rename_tensor>(&t)) return fmt::format("rename \"{}\" -> \"{}\"", x->from, x->to);
     if (const auto* x = std::get_if<concat>(&t))
-      return fmt::format("concat [{}] -> \"{}\"", fmt::join(x->inputs, ", "), x->output);
+      return fmt::format("concat [{}] -> \"{}\"", rlpt::detail::joined(x->inputs, ", "), x->output);
     if (const auto* x = std::get_if<slice>(&t))
       return fmt::format("slice \"{}\" dim {} [{}, {})", x->input, x->dim, x->begin, x->end);
     if (const auto* x = std::get_if<cast>(&t)) return fmt::format("cast \"{}\" -> {}", x->pattern, x->to);
@@ -384,7 +384,7 @@ private:
       for (std::size_t j = 0; ok && j < a.shape.size(); ++j)
         ok = j == static_cast<std::size_t>(d) || a.shape[j] == b.shape[j];
       RLPT_CHECK(ok, errors::sync::bad_transform, "{}: concat inputs \"{}\" [{}] and \"{}\" [{}] differ outside dim {}",
-                 rule, names[0], fmt::join(a.shape, ", "), names[i], fmt::join(b.shape, ", "), d);
+                 rule, names[0], rlpt::detail::joined(a.shape, ", "), names[i], rlpt::detail::joined(b.shape, ", "), d);
       n.shape[static_cast<std::size_t>(d)] += b.shape[static_cast<std::size_t>(d)];
       n.nbytes += b.nbytes;
     }

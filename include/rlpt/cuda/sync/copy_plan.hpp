@@ -21,8 +21,7 @@
 #include <rlpt/sync/dtype.hpp>
 #include <rlpt/sync/manifest.hpp>
 
-#include <fmt/format.h>
-#include <fmt/ranges.h>
+#include <fmt/core.h>
 
 #include <algorithm>
 #include <cstddef>

@@ -30,7 +30,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <array>
 #include <cstddef>

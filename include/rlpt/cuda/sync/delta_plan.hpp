@@ -21,7 +21,7 @@
 #include <rlpt/sync/delta.hpp>
 #include <rlpt/sync/manifest.hpp>
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <algorithm>
 #include <array>

@@ -37,7 +37,7 @@
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <array>
 #include <chrono>

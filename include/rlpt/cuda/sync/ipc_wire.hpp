@@ -26,7 +26,7 @@
 #include <rlpt/core/error.hpp>
 #include <rlpt/sync/checksum.hpp>
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <unistd.h>
 

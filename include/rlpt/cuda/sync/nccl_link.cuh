@@ -39,7 +39,7 @@
 #include <nccl.h>
 #include <unistd.h>
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <chrono>
 #include <cstddef>

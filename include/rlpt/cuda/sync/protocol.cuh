@@ -49,7 +49,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <algorithm>
 #include <chrono>

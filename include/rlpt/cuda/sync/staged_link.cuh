@@ -18,7 +18,7 @@
 #include <rlpt/sync/link.hpp>
 
 #include <cuda_runtime_api.h>
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <cstddef>
 #include <cstdint>

@@ -19,7 +19,7 @@
 #include <rlpt/sync/link.hpp>
 #include <rlpt/sync/machine.hpp>
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <chrono>
 #include <condition_variable>
