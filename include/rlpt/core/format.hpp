@@ -30,8 +30,8 @@ public:
     const auto end = strings.parse(ctx);
     size_ = 0;
     for (auto it = begin; it != end; ++it) {
-      if (*it == '{') bad_spec(ctx, "rlpt names take no dynamic width or precision");
-      if (size_ == sizeof spec_) bad_spec(ctx, "format spec too long for an rlpt name");
+      if (*it == '{') bad_spec("rlpt names take no dynamic width or precision");
+      if (size_ == sizeof spec_) bad_spec("format spec too long for an rlpt name");
       spec_[size_++] = *it;
     }
     return end;
@@ -57,13 +57,14 @@ private:
     return fmt::vformat(fmt::string_view(f, spec.size() + 3), fmt::make_format_args(name));
   }
 
-  // fmt::format_error (a compile-time error where the format string is checked); fmt 9 and 10
-  // report through the parse context, fmt 11 through report_error.
-  template <class ParseContext> static constexpr void bad_spec([[maybe_unused]] ParseContext& ctx, const char* why) {
+  // fmt::format_error: a compile-time error where the format string is checked (neither
+  // function is constexpr): fmt 9 and 10 name it detail::throw_format_error, fmt 11 and later
+  // report_error.
+  static void bad_spec(const char* why) {
 #if FMT_VERSION >= 110000
     fmt::report_error(why);
 #else
-    ctx.on_error(why);
+    fmt::detail::throw_format_error(why);
 #endif
   }
 
