@@ -2,8 +2,9 @@
 //! @file
 //! What rlpt's messages need from fmt beyond its base header: a formatter for named enums and
 //! a joined list. fmt 9 defines `formatter<string_view>::format` and `fmt::join` in format.h and
-//! ranges.h (about 0.3-0.5 CPU s more per translation unit than core.h with g++ 12), so the public
-//! headers format names and lists through the compiled `vformat_to` instead.
+//! ranges.h (0.3-0.6 CPU s more per including translation unit than core.h alone, g++ 12 -O2 on
+//! a 2-vCPU EPYC), so the public headers format names through the compiled `vformat` and join
+//! lists by hand instead.
 #pragma once
 
 #include <rlpt/config.hpp>
