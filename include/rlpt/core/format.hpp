@@ -73,26 +73,6 @@ private:
   std::size_t size_ = 0;
 };
 
-//! Decimal digits of `v`, as fmt prints an integer (by hand: <charconv> would be one more standard
-//! header in every including translation unit).
-template <class I> void append_integer(std::string& s, I v) {
-  using U = std::make_unsigned_t<I>;
-  U u = static_cast<U>(v);
-  if constexpr (std::is_signed_v<I>) {
-    if (v < 0) u = static_cast<U>(U{0} - u); // |v| as unsigned: exact for the minimum too
-  }
-  char buf[24];
-  char* p = buf + sizeof buf;
-  do {
-    *--p = static_cast<char>('0' + static_cast<int>(u % 10));
-    u = static_cast<U>(u / 10);
-  } while (u != 0);
-  if constexpr (std::is_signed_v<I>) {
-    if (v < 0) *--p = '-';
-  }
-  s.append(p, buf + sizeof buf);
-}
-
 //! The elements of `r` (integers or strings) separated by `sep`: what `fmt::join(r, sep)`
 //! prints for them.
 template <class Range> [[nodiscard]] std::string joined(const Range& r, std::string_view sep) {
@@ -102,7 +82,7 @@ template <class Range> [[nodiscard]] std::string joined(const Range& r, std::str
     if (!first) s += sep;
     first = false;
     if constexpr (std::is_integral_v<std::remove_cvref_t<decltype(e)>>) {
-      append_integer(s, e);
+      s += std::to_string(e); // the digits fmt prints for an integer
     } else {
       s += std::string_view(e);
     }
