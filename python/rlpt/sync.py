@@ -22,7 +22,10 @@ at least 16 bytes, the same on every end; e.g. ``os.environ["RLPT_SYNC_SECRET"]`
 without it is refused, and every frame is tagged (AES-256-GMAC) so that nothing altered in flight
 is published. ``integrity="full"`` (default) tags every byte, ``"control"`` only manifests,
 checksums and commits. A non-loopback address without a secret raises rlpt.sync.insecure unless
-``allow_unauthenticated=True`` (only on a network where every host is trusted). See docs/sync.md.
+``allow_unauthenticated=True`` (only on a network where every host is trusted). A TCP peer whose
+host acknowledges nothing for ``max(timeout, 30)`` seconds (gone, or not reading) loses its
+connection, which is made again on the next call (``tcp_options::dead_peer_timeout``). See
+docs/sync.md.
 Device tensors are staged through host copies on the sender; the receiver keeps a host mirror.
 """
 import torch

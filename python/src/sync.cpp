@@ -22,6 +22,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -106,9 +107,11 @@ struct link_security {
   bool allow_unauthenticated = false;
 };
 
+//! A link of `transport`. `timeout` is the sender's or receiver's: a TCP link's dead-peer bound is
+//! never shorter (the kernel also aborts a peer that stops reading for that long).
 std::unique_ptr<rlpt::sync::link> make_link(const std::string& transport, const std::string& address, bool listen,
                                             role r, std::uint64_t slot_bytes, std::uint32_t slots,
-                                            const link_security& sec) {
+                                            const link_security& sec, std::chrono::milliseconds timeout) {
   if (transport == "shm") {
     shm_options o;
     if (slot_bytes) o.slot_bytes = slot_bytes;
@@ -147,13 +150,14 @@ std::unique_ptr<rlpt::sync::link> make_link(const std::string& transport, const 
                              "it where UCX (>= 1.12, with its CMake package: libucx-dev) is installed");
 #endif
     }
-    return std::make_unique<tcp_transport>(tcp_options{.host = host,
-                                                       .port = port,
-                                                       .listen = listen,
-                                                       .auth = auth,
-                                                       .tags = tags,
-                                                       .allow_unauthenticated = sec.allow_unauthenticated},
-                                           r);
+    tcp_options o{.host = host,
+                  .port = port,
+                  .listen = listen,
+                  .auth = auth,
+                  .tags = tags,
+                  .allow_unauthenticated = sec.allow_unauthenticated};
+    o.dead_peer_timeout = std::clamp<std::chrono::milliseconds>(timeout, o.dead_peer_timeout, std::chrono::hours(24));
+    return std::make_unique<tcp_transport>(o, r);
   }
   raise(ids::bad_option, fmt::format("weight sync transport \"{}\" is not one of shm, tcp, ucx", transport));
 }
@@ -210,11 +214,11 @@ public:
       const manifest m = plan(refs, po);
       std::uint64_t largest = 0;
       for (std::uint64_t b = 0; b < m.bucket_count(); ++b) largest = std::max(largest, m.bucket_size(b));
-      link_ = make_link(transport, address, listen, role::sender,
-                        slot_bytes ? slot_bytes : std::max<std::uint64_t>(largest, 4096), 0, sec);
       sender_options o;
       o.delta = delta;
       o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+      link_ = make_link(transport, address, listen, role::sender,
+                        slot_bytes ? slot_bytes : std::max<std::uint64_t>(largest, 4096), 0, sec, o.timeout);
       sender_ = std::make_unique<sender>(*link_, m, refs, o);
       return 0;
     });
@@ -262,9 +266,9 @@ public:
         targets_.push_back(t);
         bound.push_back({name, wire_of(t.scalar_type()), t.sizes().vec(), t.data_ptr()});
       }
-      link_ = make_link(transport, address, listen, role::receiver, 0, 0, sec);
       receiver_options o;
       o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+      link_ = make_link(transport, address, listen, role::receiver, 0, 0, sec, o.timeout);
       o.mode = streaming ? apply_mode::streaming : apply_mode::staged;
       o.mirror = mirror;
       load_fn load = [this](const tensor_view& t) {

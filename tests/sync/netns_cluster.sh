@@ -28,6 +28,11 @@
 #  6b. a cut-through forwarder (trainer -> inf1 -> {inf2, inf3}) whose downstream host inf3 is
 #     killed mid-update: inf1 reports it within the bound, inf1 and inf2 get every version, and
 #     the restarted inf3 gets the next version dense from inf1's mirror, then cut-through again;
+#  6c. a 17 s silent outage between versions (every packet to and from inf1 and inf2 dropped,
+#     no ARP failure to give it away; inf1 listening, inf2 connecting to a listening trainer),
+#     with tcp_options::dead_peer_timeout at 2 s: both publish the next version within 5 s of
+#     their path coming back (fresh connections, not the old ones' retransmission timers) and
+#     end on the latest version bit-exact;
 #  7. the same job over the UCX transport (sync_node --transport ucx, UCX's TCP transport
 #     between the hosts), where sync_node was built with component ucx: the four inference hosts
 #     get 3 versions bit-exact while an intruder with another secret is refused; a chain
@@ -401,6 +406,67 @@ check "inf2 received every version bit-exact through inf1" 0 $? "$work/ct-inf2" 
 wait "${rpid[inf3]}"
 check "inf3 (restarted) got version 3 dense, version 4 as a delta, bit-exact" 0 $? "$work/ct-inf3-restarted" \
   "^published version 3 \(dense\)" "^published version 4 \(delta from version 3\)" "^received version 4 \(2 published"
+
+phase "6c. a 17 s silent outage: inf1 (listening) and inf2 (connecting to a listening trainer)"
+# The path to and from each host drops every packet without a word, as a router does when a
+# link beyond it fails: tbf at a few bits per second on the host's eth0 and on its bridge port,
+# with the neighbours' MACs pinned so that no ARP failure (whose ICMP would reset TCP's backoff)
+# gives it away. With tcp_options::dead_peer_timeout (2 s here) each end aborts a connection the
+# other host stops acknowledging (TCP_USER_TIMEOUT for data in flight, keepalive probes on an
+# idle one), so when the path is back the next attempt connects afresh. A kept connection would
+# wait for its retransmission timer, which doubles to 6-13 s between tries over such an outage,
+# and the idle receiver on inf2 would sit on a connection the trainer had given up.
+lo=("${secret[@]}" --step-timeout-ms 2000 --commit-timeout-ms 2000 --dead-peer-ms "${dead_peer_ms:-2000}")
+lo_tx=(--retries 60 --retry-pause-ms 200 --version-pause-ms 3000)
+mac() { nx "$1" cat /sys/class/net/eth0/address; }
+for h in inf1 inf2; do
+  nx trainer ip neigh replace "${addr[$h]}" lladdr "$(mac "$h")" dev eth0 nud permanent
+  nx "$h" ip neigh replace "${addr[trainer]}" lladdr "$(mac trainer)" dev eth0 nud permanent
+done
+blackhole=(tbf rate 8bit burst 1600 limit 1)
+spawn inf1 recv "${addr[inf1]}" 5860 3 7 --listen "${lo[@]}" --timeout-s 55 >"$work/lo-inf1" 2>&1
+rpid[inf1]=$!
+spawn trainer send "${addr[trainer]}" 5861 3 7 --listen "${lo[@]}" "${lo_tx[@]}" >"$work/lo-tx-inf2" 2>&1
+spid[inf2]=$!
+wait_listening inf1 5860
+wait_listening trainer 5861
+spawn inf2 recv "${addr[trainer]}" 5861 3 7 "${lo[@]}" --timeout-s 55 >"$work/lo-inf2" 2>&1
+rpid[inf2]=$!
+spawn trainer send "${addr[inf1]}" 5860 3 7 "${lo[@]}" "${lo_tx[@]}" >"$work/lo-tx-inf1" 2>&1
+spid[inf1]=$!
+both_v1() { reported "$work/lo-inf1" "^published version 1 " && reported "$work/lo-inf2" "^published version 1 "; }
+wait_until 20 both_v1 || failed "inf1 and inf2 published version 1" "$(cat "$work/lo-inf1" "$work/lo-inf2")"
+for h in inf1 inf2; do # (their ports carry phase 2's 100 Mbit/s tbf)
+  ip netns exec "$lan" tc qdisc change dev "${port[$h]}" root "${blackhole[@]}"
+  nx "$h" tc qdisc add dev eth0 root "${blackhole[@]}"
+done
+sleep 17
+for h in inf1 inf2; do
+  ip netns exec "$lan" tc qdisc change dev "${port[$h]}" root tbf rate 100mbit burst 32kb latency 50ms
+  nx "$h" tc qdisc del dev eth0 root
+done
+up_at=$(now_us)
+lo_bound_ms=5000 # an attempt's connect (2 s), the retry pause, the update itself: under 3 s, plus slack
+for h in inf1 inf2; do
+  wait_until 30 reported "$work/lo-$h" "^published version 2 "
+  line=$(grep -m1 "^published version 2 " "$work/lo-$h")
+  at=$(awk '{print $NF}' <<<"$line")
+  ms=$(( ${at/./} - up_at / 1000 ))
+  if [[ -n $line && $ms -le $lo_bound_ms ]]; then
+    pass "$h published version 2 ${ms} ms after its path came back (bound ${lo_bound_ms} ms)" "$line"
+  else
+    failed "$h published version 2 within ${lo_bound_ms} ms of its path coming back" \
+      "${ms:-?} ms: ${line:-nothing}; $(cat "$work/lo-$h" "$work/lo-tx-$h")"
+  fi
+done
+for h in inf1 inf2; do
+  wait "${spid[$h]}"
+  check "trainer -> $h across a 17 s silent outage" 0 $? "$work/lo-tx-$h" "^sent 3 versions"
+  wait "${rpid[$h]}"
+  check "$h ends on version 3 bit-exact after the outage" 0 $? "$work/lo-$h" "^received version 3 \(3 published"
+  nx trainer ip neigh del "${addr[$h]}" dev eth0
+  nx "$h" ip neigh del "${addr[trainer]}" dev eth0
+done
 
 phase "7. the UCX transport: trainer -> inf1..inf4, an intruder, a chain, a host killed mid-update"
 ucx=(--transport ucx)

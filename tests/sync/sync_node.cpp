@@ -18,7 +18,8 @@
 // fraction of elements each version changes, 0.02), --first V, --retries N (publish attempts
 // per version), --retry-pause-ms MS, --version-pause-ms MS (between versions), --step-timeout-ms MS (sender_options::timeout or
 // receiver_options::timeout), --commit-timeout-ms MS (sender_options::commit_timeout),
-// --socket-buffer-kib K (tcp_options::socket_buffer), --bucket-kib K (plan buckets, 4 KiB by
+// --socket-buffer-kib K (tcp_options::socket_buffer), --dead-peer-ms MS
+// (tcp_options::dead_peer_timeout), --bucket-kib K (plan buckets, 4 KiB by
 // default: many buckets, to exercise the protocol), --transport tcp|ucx (ucx: ucx_transport over
 // UCX's TCP transport, or --ucx-tls LIST; where sync_node was built with component ucx),
 // --store-and-forward (forward: pass versions on once published, not frames as they arrive).
@@ -293,6 +294,8 @@ int main(int argc, char** argv) {
       step_timeout = std::chrono::milliseconds(std::stoll(argv[++a]));
     } else if (opt == "--commit-timeout-ms" && more) {
       commit_timeout = std::chrono::milliseconds(std::stoll(argv[++a]));
+    } else if (opt == "--dead-peer-ms" && more) {
+      o.dead_peer_timeout = std::chrono::milliseconds(std::stoll(argv[++a]));
     } else if (opt == "--socket-buffer-kib" && more) {
       o.socket_buffer = std::stoi(argv[++a]) * 1024;
     } else if (opt == "--bucket-kib" && more) {

@@ -203,6 +203,55 @@ TEST_CASE("tcp: frames beyond the limits are refused before anything is allocate
       "rlpt.sync.tcp", "cannot resolve host \"no-such-host.invalid\"");
 }
 
+TEST_CASE("tcp: dead_peer_timeout aborts a connection the peer does not acknowledge or drain") {
+  // A peer that accepts (in the kernel's backlog) and never reads: its window closes and stays
+  // closed. With dead_peer_timeout the kernel gives up on the connection after about that long
+  // (TCP_USER_TIMEOUT; tcp(7)); without it only the send's own deadline ends the wait. The same
+  // option bounds data a vanished host never acknowledges (tests/sync/netns_cluster.sh, 6c).
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const int small = 64 << 10;
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  REQUIRE(::listen(fd, 1) == 0);
+  socklen_t len = sizeof(a);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  const std::uint16_t port = ntohs(a.sin_port);
+  const auto stuff = [&](std::chrono::milliseconds dead, std::chrono::milliseconds limit) {
+    tcp_transport tx({.port = port, .socket_buffer = 64 << 10, .dead_peer_timeout = dead}, role::sender);
+    const std::uint64_t bytes = std::uint64_t{64} << 20;
+    static_cast<void>(tx.payload_buffer(bytes, after(limit)));
+    const auto t0 = clock::now();
+    std::string id;
+    try {
+      tx.send({}, bytes, after(limit));
+    } catch (const rlpt::error& e) {
+      id = std::string(e.id());
+    }
+    return std::pair(id, std::chrono::duration<double>(clock::now() - t0).count());
+  };
+  SUBCASE("1 s: the kernel aborts the connection long before the send's deadline") {
+    const auto [id, s] = stuff(1s, 20s);
+    CHECK(id == "rlpt.sync.peer_lost");
+    CHECK(s < 10.0);
+  }
+  SUBCASE("0 (the kernel's defaults): the send waits for its deadline") {
+    const auto [id, s] = stuff(0ms, 2500ms);
+    CHECK(id == "rlpt.sync.timeout");
+    CHECK(s >= 2.4);
+  }
+  ::close(fd);
+  RLPT_CHECK_ERROR(tcp_transport({.port = 1, .dead_peer_timeout = 500ms}, role::sender), "rlpt.sync.tcp",
+                   "dead_peer_timeout of 500 ms: 0 (the kernel's defaults) or 1 s to 24 h");
+  RLPT_CHECK_ERROR(tcp_transport({.port = 1, .dead_peer_timeout = -1ms}, role::sender), "rlpt.sync.tcp",
+                   "dead_peer_timeout of -1 ms");
+  RLPT_CHECK_ERROR(tcp_transport({.port = 1, .dead_peer_timeout = 25h}, role::sender), "rlpt.sync.tcp",
+                   "dead_peer_timeout of 90000000 ms");
+}
+
 TEST_CASE("tcp: a non-loopback address needs an authenticator or an explicit opt-out") {
   RLPT_CHECK_ERROR(tcp_transport({.host = "0.0.0.0", .listen = true}, role::receiver), "rlpt.sync.insecure",
                    "tcp 0.0.0.0:0: listening on a non-loopback address without authentication lets any host that "

@@ -73,6 +73,14 @@ struct tcp_options {
   bool allow_unauthenticated = false;
   //! Longest a connecting peer may take to complete the handshake before it is refused.
   std::chrono::milliseconds handshake_timeout{2000};
+  //! A peer whose host acknowledges nothing for this long is gone: the kernel aborts the
+  //! connection (TCP_USER_TIMEOUT for unacknowledged data; keepalive probes on an idle one) and
+  //! the link reconnects on its next call (rlpt.sync.peer_lost). A fresh connection gets through
+  //! as soon as the path is back, where the old one waits for TCP's doubling retransmission
+  //! timer. The kernel also aborts a connection whose peer advertises no room (stopped reading)
+  //! that long, so keep it at least the sender's own limit for that (sender_options::timeout).
+  //! 0: the kernel's defaults (no keepalive; retransmissions for about 15 minutes).
+  std::chrono::milliseconds dead_peer_timeout{30'000};
 };
 
 namespace detail {
@@ -85,6 +93,12 @@ inline constexpr std::size_t tcp_tag_at = 32; // the frame tag: header bytes [32
 class tcp_transport final : public link, private detail::stream_link<tcp_transport, detail::tcp_header_bytes> {
 public:
   tcp_transport(tcp_options o, role r) : o_(std::move(o)), auth_(o_.auth, o_.tags, r) {
+    const auto dead = o_.dead_peer_timeout;
+    RLPT_CHECK(dead.count() == 0 || (dead >= std::chrono::seconds(1) && dead <= std::chrono::hours(24)),
+               errors::sync::tcp,
+               "tcp: dead_peer_timeout of {} ms: 0 (the kernel's defaults) or 1 s to 24 h (keepalive counts whole "
+               "seconds)",
+               dead.count());
     detail::check_link_security("tcp", o_.host, o_.port, o_.listen, o_.auth.get(), o_.tags, o_.allow_unauthenticated,
                                 r);
     if (o_.listen) open_listener();
@@ -182,6 +196,23 @@ private:
     ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &o_.socket_buffer, sizeof(o_.socket_buffer));
     ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &o_.socket_buffer, sizeof(o_.socket_buffer));
     ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+    if (o_.dead_peer_timeout.count() > 0) detect_dead_peer(fd);
+  }
+
+  // Without this a peer host that vanished (link down, powered off) is noticed only when a send
+  // fills the socket buffer or after TCP's ~15 minutes of retransmissions, and an idle end never
+  // notices: it keeps a connection the other end has long replaced. TCP_USER_TIMEOUT bounds how
+  // long sent data may go unacknowledged and, with keepalive, how long an idle connection may
+  // go unanswered (tcp(7)); probes start at half the bound and repeat at a quarter of it.
+  void detect_dead_peer(int fd) const {
+    const auto ms = static_cast<unsigned>(o_.dead_peer_timeout.count());
+    const auto seconds = [](unsigned s) { return static_cast<int>(std::clamp(s, 1u, 32767u)); }; // the kernel's range
+    const int one = 1, idle = seconds(ms / 2000), interval = seconds(ms / 4000), probes = 9;
+    ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+    ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
+    ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes));
+    ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof(ms));
   }
 
   void on_dropped() noexcept {}
