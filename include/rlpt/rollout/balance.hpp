@@ -123,13 +123,15 @@ struct kk_set {
   std::uint32_t head;
 };
 
-// Heaviest sets first; among equal sums the one with more items (verl's Set order), then the
-// lower first item: a strict total order, so plain (unstable) sorts are deterministic.
+// verl's Set order, descending: heaviest sets first; among equal sums the one with more items,
+// then the one whose first item has the higher index (verl compares the item lists, which, for
+// the disjoint sets of a state, differ at their first items). A strict total order, so plain
+// (unstable) sorts are deterministic and the partitions are verl's item for item.
 struct kk_set_order {
   bool operator()(const kk_set& a, const kk_set& b) const noexcept {
     if (a.sum != b.sum) return a.sum > b.sum;
     if (a.count != b.count) return a.count > b.count;
-    return a.head < b.head;
+    return a.head > b.head;
   }
 };
 inline constexpr kk_set_order kk_set_before{}; // a function object, so sorts inline it
@@ -140,8 +142,8 @@ inline constexpr kk_set_order kk_set_before{}; // a function object, so sorts in
   return std::bit_cast<std::uint64_t>(d) & ~(std::uint64_t{1} << 63);
 }
 
-//! Item ids heaviest first: descending weight, ascending id among equal weights (the order
-//! of KK's sets and of LPT's items), for non-negative finite weights (-0.0 ties with 0.0).
+//! Item ids heaviest first: descending weight, ascending id among equal weights (LPT's order;
+//! KK reverses each run of equal weights), for non-negative finite weights (-0.0 ties with 0.0).
 inline void order_heaviest_first(view<const double> w, std::vector<std::uint32_t>& order) {
   const auto n = static_cast<std::size_t>(w.size());
   RLPT_CHECK(n <= std::numeric_limits<std::uint32_t>::max(), errors::rollout::too_many_items,
@@ -266,22 +268,27 @@ private:
   workspace_carver carver_;
 };
 
-// Max-heap key of a KK state: (spread, largest set, earliest state). Computed once per push:
-// a state does not change while it waits in the heap.
+// Max-heap key of a KK state, verl's State order: the larger spread, then the larger largest
+// set in kk_set_order (its sum, then its item count and first item, packed in `tie`). States
+// are disjoint, so no two keys are equal. Computed once per push: a state does not change while
+// it waits in the heap.
 struct kk_key {
   double spread;
   double top;
-  std::uint32_t id;
+  std::uint64_t tie; // the largest set's count << 32 | its first item
   std::uint32_t state;
 };
+[[nodiscard]] inline kk_key key_of_state(double spread, const kk_set& top, std::uint32_t state) noexcept {
+  return {spread, top.sum, std::uint64_t{top.count} << 32 | top.head, state};
+}
 [[nodiscard]] inline bool kk_key_after(const kk_key& x, const kk_key& y) noexcept {
   if (x.spread != y.spread) return x.spread < y.spread;
   if (x.top != y.top) return x.top < y.top;
-  return x.id > y.id;
+  return x.tie < y.tie;
 }
 //! Max-heap of KK states over a flat array with room for every state. KK pops two states and
 //! pushes their merge, so `replace_top` (one sift-down) stands for the second pop and the push.
-//! Keys are unique (the id), so the heap's order and the merges do not depend on its layout.
+//! Keys are unique, so the heap's order and the merges do not depend on its layout.
 class kk_heap {
 public:
   explicit kk_heap(kk_key* storage) noexcept : v_(storage) {}
@@ -473,38 +480,33 @@ inline std::vector<index_t> kk_equal_counts(view<const double> w, std::vector<st
   const auto t = static_cast<std::size_t>(total);
   scratch mem(scratch::bytes<kk_set>(t) + kk_unions::bytes(t) +
               scratch::bytes<kk_key>(static_cast<std::size_t>(states)) + kk_set_sorter::bytes(k));
-  // The arena holds the sets in `order`: state st, the st-th lightest chunk, is its
-  // (states - 1 - st)-th slice.
+  // State st, the st-th lightest chunk, is the arena's (states - 1 - st)-th slice.
   kk_set* const arena = mem.take<kk_set>(t);
   kk_unions unions(mem, t);
   kk_heap heap(mem.take<kk_key>(static_cast<std::size_t>(states)));
   kk_set_sorter sort_sets(mem, k);
-  std::uint32_t next_id = 0;
   auto slice = [&](index_t st) { return arena + (states - 1 - st) * k; };
   auto key_of = [&](index_t st) {
     const kk_set* x = slice(st);
-    return kk_key{x[0].sum - x[k - 1].sum, x[0].sum, next_id++, static_cast<std::uint32_t>(st)};
+    return key_of_state(x[0].sum - x[k - 1].sum, x[0], static_cast<std::uint32_t>(st));
   };
-  // The chunks of k are verl's, taken from the ascending (weight, id) order with the padding
-  // first: where a run of equal weights crosses a chunk boundary, the lighter chunk gets the
-  // run's lower ids, that is, its later positions here. Reversing the run does that;
-  // reversing each chunk's share of it again puts ids ascending within the chunk, the sets'
-  // order. The padding (last here, fewer than k) ranks below real zero weights.
-  auto rank = [&](std::uint32_t item) { return item < static_cast<std::uint64_t>(n) ? w[item] : -1.0; };
-  for (index_t b = k; b < total; b += k) {
-    const double v = rank(order[static_cast<std::size_t>(b)]);
-    if (rank(order[static_cast<std::size_t>(b - 1)]) != v) [[likely]]
-      continue;
-    index_t lo = b - 1, hi = b + 1;
-    while (lo > 0 && rank(order[static_cast<std::size_t>(lo - 1)]) == v) --lo;
-    while (hi < total && rank(order[static_cast<std::size_t>(hi)]) == v) ++hi;
-    std::reverse(order.begin() + lo, order.begin() + hi);
-    for (index_t c = lo / k * k; c < hi; c += k)
-      std::reverse(order.begin() + std::max(lo, c), order.begin() + std::min(hi, c + k));
-    b = (hi - 1) / k * k;
+  // verl chunks the ascending (weight, id) order k at a time, the lightest chunk first, and
+  // sorts each chunk's one-item sets descending: the arena is that ascending order reversed,
+  // `order` with each run of equal weights reversed (ids descending). The padding (last,
+  // fewer than k) is a run of its own below real zero weights.
+  for (std::size_t p = 0; p < t; ++p) {
+    const std::uint32_t item = order[p];
+    arena[p] = {item < static_cast<std::uint64_t>(n) ? w[item] : 0.0, 1, item};
   }
-  for (std::size_t p = 0; p < static_cast<std::size_t>(n); ++p) arena[p] = {w[order[p]], 1, order[p]};
-  for (auto p = static_cast<std::size_t>(n); p < static_cast<std::size_t>(total); ++p) arena[p] = {0.0, 1, order[p]};
+  auto same_run = [&](const kk_set& a, const kk_set& b) {
+    return a.sum == b.sum && (a.head < static_cast<std::uint64_t>(n)) == (b.head < static_cast<std::uint64_t>(n));
+  };
+  for (std::size_t lo = 0; lo < t;) {
+    std::size_t hi = lo + 1;
+    while (hi < t && same_run(arena[hi], arena[lo])) ++hi;
+    if (hi - lo > 1) std::reverse(arena + lo, arena + hi);
+    lo = hi;
+  }
   for (index_t st = 0; st < states; ++st) heap.push(key_of(st)); // the lightest chunk first, as verl
   while (heap.size() > 1) {
     const index_t a = heap.top().state;
@@ -520,7 +522,7 @@ inline std::vector<index_t> kk_equal_counts(view<const double> w, std::vector<st
 
 //! kk_assign with free counts: states start as one item and grow up to k non-empty sets (the
 //! rest empty). `order` holds the `total` items heaviest first.
-inline std::vector<index_t> kk_free_counts(view<const double> w, std::vector<std::uint32_t>& order, index_t k,
+inline std::vector<index_t> kk_free_counts(view<const double> w, const std::vector<std::uint32_t>& order, index_t k,
                                            index_t total) {
   const index_t n = w.size();
   const auto slots = static_cast<std::size_t>(total);
@@ -528,32 +530,17 @@ inline std::vector<index_t> kk_free_counts(view<const double> w, std::vector<std
   scratch mem(kk_unions::bytes(slots) + scratch::bytes<kk_key>(slots));
   kk_unions unions(mem, slots);
   kk_heap heap(mem.take<kk_key>(slots));
-  std::uint32_t next_id = 0;
-  struct kk_state {
-    std::vector<kk_set> sets; // non-empty sets, sum descending; the remaining k - size() are empty
-    std::uint32_t id = 0;
-  };
-  std::vector<kk_state> pool(slots);
+  // A state's non-empty sets, in kk_set_order; the remaining k - size() are empty.
+  std::vector<std::vector<kk_set>> pool(slots);
   auto key_of = [&](index_t i) {
-    const kk_state& x = pool[static_cast<std::size_t>(i)];
-    const double lo = static_cast<index_t>(x.sets.size()) < k ? 0.0 : x.sets.back().sum;
-    return kk_key{x.sets.front().sum - lo, x.sets.front().sum, x.id, static_cast<std::uint32_t>(i)};
+    const std::vector<kk_set>& x = pool[static_cast<std::size_t>(i)];
+    const double lo = static_cast<index_t>(x.size()) < k ? 0.0 : x.back().sum;
+    return key_of_state(x.front().sum - lo, x.front(), static_cast<std::uint32_t>(i));
   };
-  // States start in ascending (weight, id) order: heaviest first reversed, runs of equal
-  // weights keeping their ascending ids.
-  std::vector<std::uint32_t> ascending;
-  ascending.reserve(order.size());
-  for (auto hi = order.end(); hi != order.begin();) {
-    auto lo = hi - 1;
-    while (lo != order.begin() && weight(*(lo - 1)) == weight(*(hi - 1))) --lo;
-    ascending.insert(ascending.end(), lo, hi);
-    hi = lo;
-  }
-  order.swap(ascending);
+  // One state per item; the keys order them (verl pushes them in ascending (weight, id) order).
   for (index_t i = 0; i < total; ++i) {
-    kk_state& s = pool[static_cast<std::size_t>(i)];
-    s.sets.push_back({weight(order[static_cast<std::size_t>(i)]), 1, order[static_cast<std::size_t>(i)]});
-    s.id = next_id++;
+    const std::uint32_t item = order[static_cast<std::size_t>(i)];
+    pool[static_cast<std::size_t>(i)].push_back({weight(item), 1, item});
     heap.push(key_of(i));
   }
   std::vector<kk_set> changed;
@@ -561,40 +548,39 @@ inline std::vector<index_t> kk_free_counts(view<const double> w, std::vector<std
     const index_t a = heap.top().state;
     heap.pop();
     const index_t b = heap.top().state;
-    kk_state& x = pool[static_cast<std::size_t>(a)];
-    kk_state& y = pool[static_cast<std::size_t>(b)];
-    const index_t mx = static_cast<index_t>(x.sets.size()), my = static_cast<index_t>(y.sets.size());
+    std::vector<kk_set>& x = pool[static_cast<std::size_t>(a)];
+    std::vector<kk_set>& y = pool[static_cast<std::size_t>(b)];
+    const index_t mx = static_cast<index_t>(x.size()), my = static_cast<index_t>(y.size());
     // Set i of x joins set k-1-i of y: heaviest with lightest. Only positions [k - my, k) meet
     // a set of y; x's sets before that stay as they are (still sorted), so the result is a
     // merge of that prefix with the few changed sets: O(changed + moved), not O(k log k).
     const index_t keep = std::min(mx, k - my);
     changed.clear();
     for (index_t i = k - my; i < k; ++i) {
-      const kk_set& t = y.sets[static_cast<std::size_t>(k - 1 - i)];
+      const kk_set& t = y[static_cast<std::size_t>(k - 1 - i)];
       if (i >= mx) {
         changed.push_back(t);
         continue;
       }
-      kk_set s = x.sets[static_cast<std::size_t>(i)];
+      kk_set s = x[static_cast<std::size_t>(i)];
       unions.join(s, t);
       changed.push_back(s);
     }
     std::sort(changed.begin(), changed.end(), kk_set_before);
     // Merge from the back, in place: the prefix keeps its slots unless a changed set outranks it.
     const auto nc = static_cast<index_t>(changed.size());
-    x.sets.resize(static_cast<std::size_t>(keep + nc));
+    x.resize(static_cast<std::size_t>(keep + nc));
     for (index_t i = keep - 1, j = nc - 1, out = keep + nc - 1; j >= 0; --out) {
-      if (i >= 0 && kk_set_before(changed[static_cast<std::size_t>(j)], x.sets[static_cast<std::size_t>(i)]))
-        x.sets[static_cast<std::size_t>(out)] = x.sets[static_cast<std::size_t>(i--)];
+      if (i >= 0 && kk_set_before(changed[static_cast<std::size_t>(j)], x[static_cast<std::size_t>(i)]))
+        x[static_cast<std::size_t>(out)] = x[static_cast<std::size_t>(i--)];
       else
-        x.sets[static_cast<std::size_t>(out)] = changed[static_cast<std::size_t>(j--)];
+        x[static_cast<std::size_t>(out)] = changed[static_cast<std::size_t>(j--)];
     }
-    x.id = next_id++;
-    std::vector<kk_set>().swap(y.sets);
+    std::vector<kk_set>().swap(y);
     heap.replace_top(key_of(a));
   }
-  const kk_state& fin = pool[static_cast<std::size_t>(heap.top().state)];
-  return unions.owners(fin.sets.data(), static_cast<index_t>(fin.sets.size()), n);
+  const std::vector<kk_set>& fin = pool[static_cast<std::size_t>(heap.top().state)];
+  return unions.owners(fin.data(), static_cast<index_t>(fin.size()), n);
 }
 
 //! Karmarkar–Karp over non-negative weights, given the items heaviest first (order_items).
