@@ -9,9 +9,8 @@ same lengths (tools/golden/gen_rollout.py: prompt 256 + lognormal response, medi
   same costs, computed inside the call). Both sides are timed as single cold calls: each call
   alone, the caches flushed before it; the call allocates and returns its partition. rlpt's
   default (`best`: KK and count-capped LPT, refined) is timed alongside for its quality. The
-  check: the verl preset's part loads equal verl's exactly; the table says whether the parts are
-  the same item for item, up to which of two equally long sequences went where, or only in their
-  loads (KK broke a tie between equal sums differently): the target asks for the same parts.
+  check: the verl preset's parts are verl's item for item (ties included), and their loads equal
+  verl's exactly.
 - Micro-batches of one rank, budget 16384 tokens: verl's planning as rearrange_micro_batches runs
   it (KK on the workload with equal_size=False, the count raised until every micro-batch fits)
   against rlpt::plan_microbatches with the verl preset (the same parts), and
@@ -94,9 +93,10 @@ def cases(ctx) -> list[Case]:
             lv, lb = loads(L, verl), loads(L, best)
             if sorted(i for p in best for i in p) != list(range(len(L))) or lb.max() > lv.max() * (1 + 1e-12):
                 raise CheckError("rlpt's default partition is not a partition or is worse than verl's")
-            same = ("item for item" if sorted(map(tuple, rl)) == sorted(tuple(p) for p in verl) else
-                    "up to equal lengths" if shape_of(L, rl) == shape_of(L, verl) else
-                    "no: same loads, ties broken otherwise")
+            if sorted(map(tuple, rl)) != sorted(tuple(p) for p in verl):
+                raise CheckError("the verl preset's parts differ from verl's (same loads: a tie broken otherwise; "
+                                 f"{'only equal lengths swapped' if shape_of(L, rl) == shape_of(L, verl) else 'items'})")
+            same = "item for item"
             return {"same parts": same, "verl max/mean - 1": float(lv.max() / lv.mean() - 1),
                     "best max/mean - 1": float(lb.max() / lb.mean() - 1)}
 
