@@ -197,7 +197,7 @@ TEST_CASE("balancing errors name the offending value") {
   RLPT_CHECK_ERROR(partition_weights(w12, 2, static_cast<partition_algorithm>(7)), "rlpt.rollout.bad_option", "code 7");
 }
 
-TEST_CASE("golden: balance is never worse than verl get_seqlen_balanced_partitions; its verl preset is verl") {
+TEST_CASE("golden: balance is never worse than verl get_seqlen_balanced_partitions, and its verl preset is verl") {
   const test::golden_file f(test::golden_path("rollout", "balance.bin"));
   const auto cases = f.get<index_t>("cases")[0];
   REQUIRE(cases > 0);
