@@ -86,6 +86,31 @@ TEST_CASE("peaked rows, top_k = 1 and tiny top_p keep a usable softmax in the de
   }
 }
 
+TEST_CASE("a device rank's state in natural units scores its row maximum at log p = 0 (vocab-parallel)") {
+  // The wire's m is m2·ln2 rounded; before the rounding moved into s, a one-token row scored
+  // z − m − ln s = the rounding itself: up to ~3e-5 at |z| ~ 700 (seen on an H200).
+  for (float zmax = 3.0f; zmax < 5000.0f; zmax = std::nextafter(zmax * 1.37f, inf)) {
+    for (const float peak : {zmax, -zmax}) {
+      INFO("row max " << peak);
+      float z[8] = {peak - 40.0f, peak, -inf, peak - 45.0f, -inf, -inf, peak - 1.5f, -inf};
+      rlpt::lse_state2 st = rlpt::lse2_empty();
+      rlpt::lse2_fold(st, z);
+      const rlpt::lse_state nat = rlpt::lse2_natural(st);
+      REQUIRE(rlpt::lse_ok(nat));
+      double sum = 0.0; // fp64 reference
+      for (const float x : z) sum += std::exp(static_cast<double>(x) - peak);
+      const double lse = peak + std::log(sum);
+      CHECK(static_cast<double>(rlpt::lse_logp(peak, nat)) == doctest::Approx(peak - lse).epsilon(1e-6));
+      CHECK(static_cast<double>(rlpt::lse_logp(peak - 1.5f, nat)) ==
+            doctest::Approx(static_cast<double>(peak - 1.5f) - lse).epsilon(1e-6));
+      CHECK(static_cast<double>(rlpt::lse_finish(nat).lse) == doctest::Approx(lse).epsilon(1e-7));
+      // through the rebase onto a larger all-reduced max (a rank without the peak)
+      const rlpt::lse_state up = rlpt::lse_rebase(nat, nat.m + 3.0f);
+      CHECK(static_cast<double>(rlpt::lse_logp(peak, up)) == doctest::Approx(peak - lse).epsilon(1e-6));
+    }
+  }
+}
+
 TEST_CASE("a NaN logit poisons its row in the device fold even while the running max is -inf") {
   // issue 16 item 2: the fold returned early while its max was still -inf, dropping a NaN whose
   // neighbours were -inf; a later finite vector then made the row look usable.

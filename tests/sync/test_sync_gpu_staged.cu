@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Device payloads over a host link (staged_link.cuh): a device sender and a device receiver on
 // one GPU, each behind a staged_link over the two ends of a loopback TCP connection, move dense
-// then delta versions into the engine's device targets (one of them cast), every byte checked.
+// then delta versions into the engine's device targets, every byte checked. With a cast target
+// the receiver refuses deltas (they need equal dtypes) and each one falls back to dense.
 #include "gpu_engine.cuh"
 #include "support/errors.hpp"
 
@@ -21,14 +22,16 @@ using namespace rlpt::sync;
 namespace model = rlpt::test::sync_gpu;
 using namespace std::chrono_literals;
 
-TEST_CASE("sync staged: device sender and receiver over loopback TCP, dense then deltas, bit-exact") {
+namespace {
+
+void run_staged(bool cast_one) {
   constexpr std::uint64_t bucket = std::uint64_t{1} << 20;
   const manifest m = model::model_manifest(bucket);
   tcp_transport rx_host({.listen = true}, role::receiver);
   tcp_transport tx_host({.port = rx_host.port()}, role::sender);
   staged_link rx_link(rx_host), tx_link(tx_host);
   CHECK(rx_link.info().payload_space == rlpt::memory_space::device);
-  model::engine eng(true);
+  model::engine eng(cast_one);
   device_receiver rx(rx_link, eng.targets, {.timeout = 20s});
   std::vector<update> seen;
   std::atomic<bool> stop{false};
@@ -61,11 +64,25 @@ TEST_CASE("sync staged: device sender and receiver over loopback TCP, dense then
   for (std::size_t k = 0; k < 3; ++k) {
     CAPTURE(k);
     CHECK(seen[k].published());
-    CHECK(seen[k].delta == (k > 0));
+    CHECK(seen[k].delta == (k > 0 && !cast_one));
+    CHECK(sent[k].delta == seen[k].delta);
+    CHECK(sent[k].fell_back == (k > 0 && cast_one));
     CHECK(seen[k].digest == sent[k].digest);
   }
   CHECK(sent[0].wire_bytes == m.packed_bytes());
-  CHECK(sent[2].wire_bytes < m.payload_bytes() / 4);
+  if (cast_one)
+    CHECK(sent[2].wire_bytes == m.packed_bytes());
+  else
+    CHECK(sent[2].wire_bytes < m.payload_bytes() / 4);
   RLPT_CUDA_CHECK(cudaDeviceSynchronize());
   eng.check(3, rx.published_manifest());
+}
+
+} // namespace
+
+TEST_CASE("sync staged: device sender and receiver over loopback TCP, dense then deltas, bit-exact") {
+  for (const bool cast_one : {false, true}) {
+    CAPTURE(cast_one);
+    run_staged(cast_one);
+  }
 }

@@ -346,12 +346,17 @@ RLPT_HD_FORCEINLINE float lse2_logp(float z_target, lse_state2 st) {
   return (fmaf(z_target, detail::log2e_f, -st.m) - std::log2(st.s)) * detail::ln2_f;
 }
 
-//! The same state in natural-log units (the vocab-parallel wire format: m·ln2, s, a·ln2); an
-//! empty state stays empty (m −inf, s 0) and a NaN one keeps s NaN.
+//! The same state in natural-log units (the vocab-parallel wire format); an empty state stays
+//! empty (m −inf, s 0) and a NaN one keeps s NaN. The fold's shift is m/log2e in natural units;
+//! the wire's m is that rounded to float, and what the rounding lost (r, at most half an ulp of
+//! m: ~3e-5 at |z| ~ 700) moves into s and a (a factor e^r = 1 + r to float precision), so
+//! m + ln s is the base-2 state's lse and a one-token row scores z_t − m − ln s = 0 to an ulp.
 RLPT_HD_FORCEINLINE lse_state lse2_natural(lse_state2 st) {
-  const bool empty = st.s == 0.0f;
-  return {empty ? -std::numeric_limits<float>::infinity() : st.m * detail::ln2_f, st.s,
-          empty ? 0.0f : st.a * detail::ln2_f};
+  if (st.s == 0.0f) return {-std::numeric_limits<float>::infinity(), 0.0f, 0.0f};
+  const float m = st.m * detail::ln2_f;
+  const float r = fmaf(-m, detail::log2e_f, st.m) * detail::ln2_f; // m/log2e − m, exact but for its own rounding
+  const float c = 1.0f + r;
+  return {m, c * st.s, c * fmaf(st.a, detail::ln2_f, r * st.s)};
 }
 
 namespace detail {
