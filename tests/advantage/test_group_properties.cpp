@@ -8,6 +8,7 @@
 #include "support/random.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -321,6 +322,38 @@ TEST_CASE("nonfinite::mask leaves NaN/inf rewards out of every statistic and giv
   const auto s = rlpt::rloo_advantages(b.rewards, g, adv, rlpt::compat::trl::rloo(true));
   CHECK(s.num_nonfinite == 4);
   for (float a : adv) CHECK(std::isfinite(a));
+}
+
+TEST_CASE("GRPO gives each sample the same bits whether its groups are contiguous or interleaved") {
+  // Contiguous groups take apply_norm_run (two samples per packed division), interleaved ones the
+  // scalar apply_norm: the same bits, non-finite rewards (masked) included, in pairs and in tails.
+  batch shuffled = random_batch(11, 80);
+  const auto gs = rlpt::groups::from_ids(shuffled.ids);
+  std::vector<std::size_t> order(shuffled.ids.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return gs.group_of(static_cast<rlpt::index_t>(a)) < gs.group_of(static_cast<rlpt::index_t>(b));
+  });
+  batch sorted;
+  for (const std::size_t i : order) {
+    sorted.ids.push_back(shuffled.ids[i]);
+    sorted.rewards.push_back(shuffled.rewards[i]);
+  }
+  for (const std::size_t i : {std::size_t{0}, std::size_t{5}, std::size_t{6}, std::size_t{31}})
+    sorted.rewards[i] = i % 2 == 0 ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
+  for (std::size_t k = 0; k < order.size(); ++k) shuffled.rewards[order[k]] = sorted.rewards[k];
+  const auto gc = rlpt::groups::from_ids(sorted.ids);
+  REQUIRE(gc.contiguous());
+  REQUIRE_FALSE(gs.contiguous());
+  for (const auto& o : {rlpt::compat::trl::grpo(), rlpt::compat::trl::grpo("batch"), rlpt::compat::trl::grpo("none")}) {
+    std::vector<float> a(sorted.rewards.size()), b(sorted.rewards.size());
+    (void)rlpt::grpo_advantages(sorted.rewards, gc, a, o);
+    (void)rlpt::grpo_advantages(shuffled.rewards, gs, b, o);
+    for (std::size_t k = 0; k < order.size(); ++k) {
+      CAPTURE(k);
+      CHECK(std::bit_cast<std::uint32_t>(a[k]) == std::bit_cast<std::uint32_t>(b[order[k]]));
+    }
+  }
 }
 
 TEST_CASE("passk: only the best sample of each group learns") {
