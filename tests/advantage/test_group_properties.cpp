@@ -422,8 +422,9 @@ TEST_CASE("group estimators: equal-size contiguous groups (moments side by side)
       CHECK(sc.degenerate == si.degenerate);
     };
     rlpt::group_stats sc, si;
-    for (const auto& o :
-         {rlpt::compat::verl::grpo(), rlpt::compat::trl::grpo("batch"), rlpt::compat::verl::dr_grpo()}) {
+    // The last: the biased std, and a floor that binds on the groups of small spread.
+    for (const auto& o : {rlpt::compat::verl::grpo(), rlpt::compat::trl::grpo("batch"), rlpt::compat::verl::dr_grpo(),
+                          rlpt::grpo_options{.unbiased = false, .epsilon = 1e-4, .std_floor = 0.04}}) {
       rlpt::grpo_advantages(rc, gc, ac, o, sc);
       rlpt::grpo_advantages(ri, gi, ai, o, si);
       same(sc, si);

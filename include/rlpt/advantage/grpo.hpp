@@ -82,8 +82,8 @@ inline double batch_std_of(view<const float> rewards, bool unbiased) {
 //! apply_norm over the contiguous sequences [0, count) of a group, on the host: two at a time
 //! where the compiler has vector extensions. A packed IEEE division gives each lane the bits of
 //! the scalar one and costs the divider about what one scalar division does (x / 1.0 is x, so
-//! scale::none skips it). Over many small groups the per-group finish is about half of a call
-//! (AMD Zen 2, groups of 4, 65,536 sequences); this took ~5 % off GRPO there. Not in CUDA TUs,
+//! scale::none skips it). It serves the contiguous groups that no uniform block takes
+//! (grpo_finish_block: ragged sizes, a non-finite reward, a partial block). Not in CUDA TUs,
 //! whose host pass the scalar loop serves with the same bits.
 inline void apply_norm_run(const float* x, float* out, index_t count, const group_norm& n) {
   if (n.zero) {
@@ -109,6 +109,77 @@ inline void apply_norm_run(const float* x, float* out, index_t count, const grou
   }
 #endif
   for (; j < count; ++j) out[j] = apply_norm(x[j], n);
+}
+
+//! apply_norm over a uniform block of finite rewards: groups of W members (0: w, known at run time).
+template <int W>
+void grpo_apply_block(const float* x, float* out, index_t w, const double (&mean)[moments_block],
+                      const double (&div)[moments_block], bool divide) {
+  const index_t n = W != 0 ? W : w;
+  for (index_t l = 0; l < moments_block; ++l) {
+    const float* xl = x + l * n;
+    float* ol = out + l * n;
+    if (divide)
+      for (index_t j = 0; j < n; ++j) ol[j] = static_cast<float>((static_cast<double>(xl[j]) - mean[l]) / div[l]);
+    else
+      for (index_t j = 0; j < n; ++j) ol[j] = static_cast<float>(static_cast<double>(xl[j]) - mean[l]);
+  }
+}
+
+//! GRPO's finish of a uniform block (for_each_group_moments' finish_block): moments_block
+//! contiguous groups of w >= 2 finite rewards from x (advantages to out), lane by lane what
+//! std_of, record_group, grpo_norm and apply_norm do group by group, with the same bits. Over
+//! many small groups the per-group finish was about half of a call, its sqrt and divisions
+//! waiting on each other group after group; side by side (the moments a field per array) they
+//! overlap and the statistics are written a vector at a time.
+inline void grpo_finish_block(const float* x, float* out, index_t w, const block_moments& m, group_stats& s, index_t k0,
+                              double batch_std, const grpo_options& o) {
+  constexpr int L = block_moments::lanes;
+  const double count = static_cast<double>(w);
+  double sd[L], div[L];
+  const double dof = o.unbiased ? count - 1.0 : count; // > 0: w >= 2
+#if defined(__SSE2__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+  // Two lanes per sqrtpd (which the compiler does not vectorise std::sqrt into, for errno):
+  // std_of's bits, as m2 >= 0 and dof > 0.
+  using d2 = double __attribute__((vector_size(16)));
+  for (int l = 0; l < L; l += 2) {
+    d2 q;
+    std::memcpy(&q, m.m2 + l, sizeof q);
+    const d2 r = __builtin_ia32_sqrtpd(q / dof);
+    std::memcpy(sd + l, &r, sizeof r);
+  }
+#else
+  for (int l = 0; l < L; ++l) sd[l] = std_of(count, m.m2[l], o.unbiased);
+#endif
+  // record_group's fields, through local pointers: a store to one vector's elements must not
+  // make the compiler reload the others' data pointers.
+  const auto at = static_cast<std::size_t>(k0);
+  float* const mean_out = s.mean.data() + at;
+  float* const std_out = s.std.data() + at;
+  index_t* const size_out = s.size.data() + at;
+  mask_t* const degenerate_out = s.degenerate.data() + at;
+  // A loop per field: one that mixes float, index_t and byte stores stays scalar.
+  for (int l = 0; l < L; ++l) mean_out[l] = static_cast<float>(m.mean[l]);
+  for (int l = 0; l < L; ++l) std_out[l] = static_cast<float>(sd[l]);
+  for (int l = 0; l < L; ++l) size_out[l] = w;
+  for (int l = 0; l < L; ++l) degenerate_out[l] = m.m2[l] == 0.0 ? 1 : 0;
+  for (int l = 0; l < L; ++l) {
+    const double sigma = o.scale == scale::group_std ? sd[l] : o.scale == scale::batch_std ? batch_std : 1.0;
+    div[l] = o.scale == scale::none ? 1.0 : add_rn(sigma > o.std_floor ? sigma : o.std_floor, o.epsilon);
+  }
+  const bool divide = o.scale != scale::none; // d / 1.0 is d
+  switch (w) {                                // the common sizes with the member loop unrolled
+  case 2:
+    return grpo_apply_block<2>(x, out, w, m.mean, div, divide);
+  case 4:
+    return grpo_apply_block<4>(x, out, w, m.mean, div, divide);
+  case 8:
+    return grpo_apply_block<8>(x, out, w, m.mean, div, divide);
+  case 16:
+    return grpo_apply_block<16>(x, out, w, m.mean, div, divide);
+  default:
+    return grpo_apply_block<0>(x, out, w, m.mean, div, divide);
+  }
 }
 
 inline void check_grpo_options(const grpo_options& o) {
@@ -144,7 +215,11 @@ inline void grpo_advantages(view<const float> rewards, const groups& g, view<flo
         else
           for (index_t i : mem) out[i] = detail::apply_norm(rewards[i], n);
       },
-      bad == 0);
+      bad == 0,
+      [&](index_t k0, index_t w, const detail::block_moments& m) {
+        const index_t first = g.offsets()[k0];
+        detail::grpo_finish_block(rewards.data() + first, out.data() + first, w, m, stats, k0, batch_std, o);
+      });
   detail::finish_stats(stats);
 }
 
