@@ -189,8 +189,14 @@ template <class T> std::string name_nonfinite(view<const T> x, index_t& count) {
 
 //! Counts non-finite per-sequence rewards; with nonfinite::raise throws naming them.
 inline index_t check_rewards(view<const float> rewards, nonfinite policy, const char* what = "rewards") {
+  // Counted in 32-bit chunks: a 64-bit counter per lane halves what a vector of floats checks.
   index_t count = 0;
-  for (index_t i = 0; i < rewards.size(); ++i) count += finite(rewards[i]) ? 0 : 1;
+  for (index_t b = 0; b < rewards.size(); b += index_t{1} << 30) {
+    const index_t e = std::min(rewards.size(), b + (index_t{1} << 30));
+    std::uint32_t c = 0;
+    for (index_t i = b; i < e; ++i) c += finite(rewards[i]) ? 0u : 1u;
+    count += c;
+  }
   if (count != 0 && policy == nonfinite::raise) {
     index_t c = 0;
     const std::string listed = name_nonfinite(rewards, c);
@@ -442,8 +448,18 @@ inline void record_group(group_stats& s, index_t g, const canonical_moments& m) 
 }
 
 inline void finish_stats(group_stats& s) {
-  s.num_degenerate = 0;
-  for (mask_t d : s.degenerate) s.num_degenerate += d;
+  // A local 32-bit count per chunk: bytes may alias the struct's counter, which the compiler would
+  // otherwise store back after every flag.
+  index_t num = 0;
+  const mask_t* d = s.degenerate.data();
+  const auto n = static_cast<index_t>(s.degenerate.size());
+  for (index_t b = 0; b < n; b += index_t{1} << 30) {
+    const index_t e = std::min(n, b + (index_t{1} << 30));
+    std::uint32_t c = 0;
+    for (index_t i = b; i < e; ++i) c += d[i];
+    num += c;
+  }
+  s.num_degenerate = num;
   s.frac_degenerate =
       s.degenerate.empty() ? 0.0 : static_cast<double>(s.num_degenerate) / static_cast<double>(s.degenerate.size());
 }

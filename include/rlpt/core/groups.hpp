@@ -275,38 +275,66 @@ private:
     index_t* const offsets = store_.data() + offsets_at_;
     std::int64_t* const known = store_.data() + ids_at_;
     index_t num = 0;
-    bool in_order = true; // every run so far started a new group: group_of is not written yet
     offsets[0] = 0;
-    for (index_t i = 0; i < n;) {
-      const std::int64_t x = id[i];
+    const auto run_end = [&](index_t i) {
       index_t end = i + 1;
-      while (end < n && id[end] == x) ++end;
-      std::size_t h = slot_of(x, bits);
-      while (table[h] != 0 && known[table[h] - 1] != x) h = (h + 1) & wrap;
-      if (table[h] == 0) {
-        known[num] = x;
-        offsets[num + 1] = 0; // member count first, turned into an offset below
-        table[h] = static_cast<Slot>(++num);
-      } else if (in_order) { // the first group seen again: write group_of of the runs before this one
-        in_order = false;
-        for (index_t k = 0, j = 0; k < num; ++k)
-          for (const index_t stop = j + offsets[k + 1]; j < stop; ++j) group_of[j] = k;
+      while (end < n && id[end] == id[i]) ++end;
+      return end;
+    };
+    // The slot of x, and its group number + 1 there (0: x is new, and the slot is free for it).
+    const auto find = [&](std::int64_t x, std::size_t& h) {
+      h = slot_of(x, bits);
+      Slot t = table[h];
+      while (t != 0 && known[t - 1] != x) {
+        h = (h + 1) & wrap;
+        t = table[h];
       }
-      const index_t k = static_cast<index_t>(table[h]) - 1;
-      offsets[k + 1] += end - i;
-      if (!in_order)
-        for (index_t j = i; j < end; ++j) group_of[j] = k;
+      return t;
+    };
+    // While every run starts a new group (the common case: contiguous groups), offsets[k + 1] is
+    // group k's end, and nothing else is written.
+    index_t i = 0;
+    for (; i < n;) {
+      const std::int64_t x = id[i];
+      const index_t end = run_end(i);
+      std::size_t h = 0;
+      if (find(x, h) != 0) break;
+      known[num] = x;
+      table[h] = static_cast<Slot>(++num);
+      offsets[num] = end;
       i = end;
     }
+    const bool in_order = i == n;
+    if (!in_order) { // a group seen again at run i: member counts, and group_of of the runs before it
+      for (index_t k = 0, j = 0; k < num; ++k)
+        for (const index_t stop = offsets[k + 1]; j < stop; ++j) group_of[j] = k;
+      for (index_t k = num; k >= 1; --k) offsets[k] -= offsets[k - 1];
+      for (; i < n;) {
+        const std::int64_t x = id[i];
+        const index_t end = run_end(i);
+        std::size_t h = 0;
+        const Slot t = find(x, h);
+        index_t k = static_cast<index_t>(t) - 1;
+        if (t == 0) {
+          k = num;
+          known[num] = x;
+          offsets[num + 1] = 0;
+          table[h] = static_cast<Slot>(++num);
+        }
+        offsets[k + 1] += end - i;
+        for (index_t j = i; j < end; ++j) group_of[j] = k;
+        i = end;
+      }
+      for (index_t k = 0; k < num; ++k) offsets[k + 1] += offsets[k];
+    }
     num_groups_ = num;
-    for (index_t k = 0; k < num; ++k) offsets[k + 1] += offsets[k];
     contiguous_ = in_order;
     if (in_order) { // contiguous groups in order: members and group_of on first use
       state_.store(lazy, std::memory_order_relaxed);
       return;
     }
     std::vector<index_t> cursor(offsets, offsets + num);
-    for (index_t i = 0; i < n; ++i) members[cursor[static_cast<std::size_t>(group_of[i])]++] = i;
+    for (index_t j = 0; j < n; ++j) members[cursor[static_cast<std::size_t>(group_of[j])]++] = j;
   }
 
   // store_ = members | group_of | offsets | ids (the empty object: offsets = {0}). Mutable: the
