@@ -187,16 +187,24 @@ template <class T> std::string name_nonfinite(view<const T> x, index_t& count) {
   return listed;
 }
 
-//! Counts non-finite per-sequence rewards; with nonfinite::raise throws naming them.
-inline index_t check_rewards(view<const float> rewards, nonfinite policy, const char* what = "rewards") {
-  // Counted in 32-bit chunks: a 64-bit counter per lane halves what a vector of floats checks.
+//! The sum of one(i) (0 or 1) over [0, n), counted in 32-bit chunks: a 64-bit counter per lane
+//! halves what a vector of floats checks, and a local counter (not the caller's field, which a
+//! byte store may alias) stays in a register.
+template <class One> index_t count_chunked(index_t n, One one) {
   index_t count = 0;
-  for (index_t b = 0; b < rewards.size(); b += index_t{1} << 30) {
-    const index_t e = std::min(rewards.size(), b + (index_t{1} << 30));
+  for (index_t b = 0; b < n; b += index_t{1} << 30) {
+    const index_t e = std::min(n, b + (index_t{1} << 30));
     std::uint32_t c = 0;
-    for (index_t i = b; i < e; ++i) c += finite(rewards[i]) ? 0u : 1u;
+    for (index_t i = b; i < e; ++i) c += one(i);
     count += c;
   }
+  return count;
+}
+
+//! Counts non-finite per-sequence rewards; with nonfinite::raise throws naming them.
+inline index_t check_rewards(view<const float> rewards, nonfinite policy, const char* what = "rewards") {
+  const float* r = rewards.data();
+  const index_t count = count_chunked(rewards.size(), [r](index_t i) { return finite(r[i]) ? 0u : 1u; });
   if (count != 0 && policy == nonfinite::raise) {
     index_t c = 0;
     const std::string listed = name_nonfinite(rewards, c);
@@ -448,18 +456,9 @@ inline void record_group(group_stats& s, index_t g, const canonical_moments& m) 
 }
 
 inline void finish_stats(group_stats& s) {
-  // A local 32-bit count per chunk: bytes may alias the struct's counter, which the compiler would
-  // otherwise store back after every flag.
-  index_t num = 0;
   const mask_t* d = s.degenerate.data();
-  const auto n = static_cast<index_t>(s.degenerate.size());
-  for (index_t b = 0; b < n; b += index_t{1} << 30) {
-    const index_t e = std::min(n, b + (index_t{1} << 30));
-    std::uint32_t c = 0;
-    for (index_t i = b; i < e; ++i) c += d[i];
-    num += c;
-  }
-  s.num_degenerate = num;
+  s.num_degenerate =
+      count_chunked(static_cast<index_t>(s.degenerate.size()), [d](index_t i) { return std::uint32_t{d[i]}; });
   s.frac_degenerate =
       s.degenerate.empty() ? 0.0 : static_cast<double>(s.num_degenerate) / static_cast<double>(s.degenerate.size());
 }

@@ -43,25 +43,23 @@ struct group_norm {
   bool zero = false; //!< every member gets advantage 0
 };
 
+//! The divisor of a group of 2 or more members whose std is `group_std` (selects only, no
+//! branches: grpo_finish_block evaluates it for side-by-side groups).
+RLPT_HD double grpo_div(double group_std, double batch_std, const grpo_options& o) {
+  const double sigma = o.scale == scale::group_std ? group_std : o.scale == scale::batch_std ? batch_std : 1.0;
+  return o.scale == scale::none ? 1.0 : add_rn(sigma > o.std_floor ? sigma : o.std_floor, o.epsilon);
+}
+
 //! `group_std` is std_of(count, m2, o.unbiased): computed once by the caller, which records it too.
 RLPT_HD group_norm grpo_norm(double count, double mean, double group_std, double batch_std, const grpo_options& o) {
   group_norm r;
-  double sigma = 1.0;
-  if (count < 1.0) {
+  if (count < 1.0 || (count < 2.0 && o.single != single::raw)) { // single::raise was rejected before any work
     r.zero = true;
     return r;
   }
-  if (count < 2.0) {
-    if (o.single != single::raw) { // single::raise was rejected before any work started
-      r.zero = true;
-      return r;
-    }
-    sigma = o.scale == scale::batch_std ? batch_std : 1.0;
-  } else {
-    r.mean = mean;
-    sigma = o.scale == scale::group_std ? group_std : o.scale == scale::batch_std ? batch_std : 1.0;
-  }
-  if (o.scale != scale::none) r.div = add_rn(sigma > o.std_floor ? sigma : o.std_floor, o.epsilon);
+  if (count >= 2.0) r.mean = mean;
+  // A single raw member keeps its reward, and a group std of 1 stands for the one it lacks.
+  r.div = grpo_div(count >= 2.0 ? group_std : 1.0, batch_std, o);
   return r;
 }
 
@@ -112,6 +110,8 @@ inline void apply_norm_run(const float* x, float* out, index_t count, const grou
 }
 
 //! apply_norm over a uniform block of finite rewards: groups of W members (0: w, known at run time).
+//! It leaves out apply_norm's zero and finite tests on purpose: the block's groups have w >= 2
+//! members (never zero) and for_each_group_moments hands over only all-finite blocks.
 template <int W>
 void grpo_apply_block(const float* x, float* out, index_t w, const double (&mean)[moments_block],
                       const double (&div)[moments_block], bool divide) {
@@ -151,8 +151,9 @@ inline void grpo_finish_block(const float* x, float* out, index_t w, const block
 #else
   for (int l = 0; l < L; ++l) sd[l] = std_of(count, m.m2[l], o.unbiased);
 #endif
-  // record_group's fields, through local pointers: a store to one vector's elements must not
-  // make the compiler reload the others' data pointers.
+  // record_group's fields (keep the two in step; w >= 2 here, so its count test is moot), through
+  // local pointers: a store to one vector's elements must not make the compiler reload the others'
+  // data pointers.
   const auto at = static_cast<std::size_t>(k0);
   float* const mean_out = s.mean.data() + at;
   float* const std_out = s.std.data() + at;
@@ -163,10 +164,7 @@ inline void grpo_finish_block(const float* x, float* out, index_t w, const block
   for (int l = 0; l < L; ++l) std_out[l] = static_cast<float>(sd[l]);
   for (int l = 0; l < L; ++l) size_out[l] = w;
   for (int l = 0; l < L; ++l) degenerate_out[l] = m.m2[l] == 0.0 ? 1 : 0;
-  for (int l = 0; l < L; ++l) {
-    const double sigma = o.scale == scale::group_std ? sd[l] : o.scale == scale::batch_std ? batch_std : 1.0;
-    div[l] = o.scale == scale::none ? 1.0 : add_rn(sigma > o.std_floor ? sigma : o.std_floor, o.epsilon);
-  }
+  for (int l = 0; l < L; ++l) div[l] = grpo_div(sd[l], batch_std, o);
   const bool divide = o.scale != scale::none; // d / 1.0 is d
   switch (w) {                                // the common sizes with the member loop unrolled
   case 2:

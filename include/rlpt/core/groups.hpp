@@ -291,6 +291,12 @@ private:
       }
       return t;
     };
+    // Numbers x as the next group in its free slot h; returns the group count, its number + 1.
+    const auto insert = [&](std::int64_t x, std::size_t h) {
+      known[num] = x;
+      table[h] = static_cast<Slot>(++num);
+      return num;
+    };
     // While every run starts a new group (the common case: contiguous groups), offsets[k + 1] is
     // group k's end, and nothing else is written.
     index_t i = 0;
@@ -299,9 +305,7 @@ private:
       const index_t end = run_end(i);
       std::size_t h = 0;
       if (find(x, h) != 0) break;
-      known[num] = x;
-      table[h] = static_cast<Slot>(++num);
-      offsets[num] = end;
+      offsets[insert(x, h)] = end;
       i = end;
     }
     const bool in_order = i == n;
@@ -317,9 +321,7 @@ private:
         index_t k = static_cast<index_t>(t) - 1;
         if (t == 0) {
           k = num;
-          known[num] = x;
-          offsets[num + 1] = 0;
-          table[h] = static_cast<Slot>(++num);
+          offsets[insert(x, h)] = 0;
         }
         offsets[k + 1] += end - i;
         for (index_t j = i; j < end; ++j) group_of[j] = k;
