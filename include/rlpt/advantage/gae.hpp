@@ -67,15 +67,33 @@ void recurrence_rows(const token_layout& layout, const float* r, const float* v,
                      double gamma, double gamma_lambda, float* adv, float* ret, index_t b0, index_t b1,
                      whiten_sums* sums, mask_t* ok) {
   const auto boot_of = [&](index_t b) { return boot ? static_cast<double>(boot[b]) : 0.0; };
-  const auto finish = [&](index_t b) { ok[b] = (std::isfinite(sums[b].s2) && std::isfinite(boot_of(b))) ? 1 : 0; };
-  for (index_t b = b0; b < b1; ++b) {
+  using pass = lanes::sequence_pass<Mode, HasValues, HasMask>;
+  const auto begin = [&](index_t b) {
     const index_t base = layout.begin(b);
-    lanes::state<double, bool> st = lanes::start(boot_of(b));
-    lanes::one_sequence<Mode, HasValues, HasMask>(r + base, v ? v + base : nullptr, m ? m + base : nullptr, adv + base,
-                                                  ret ? ret + base : nullptr, layout.length(b), gamma, gamma_lambda,
-                                                  st);
-    sums[b] = lanes::sums_of(st);
-    finish(b);
+    pass p{r + base, v ? v + base : nullptr, m ? m + base : nullptr,  adv + base, ret ? ret + base : nullptr,
+           gamma,    gamma_lambda,           lanes::start(boot_of(b))};
+    p.begin(layout.length(b));
+    return p;
+  };
+  const auto end = [&](index_t b, pass& p) {
+    p.finish();
+    sums[b] = lanes::sums_of(p.s);
+    ok[b] = (std::isfinite(sums[b].s2) && std::isfinite(boot_of(b))) ? 1 : 0;
+  };
+  // Two sequences side by side: the second's chain of dependent steps runs in the first's gaps.
+  index_t b = b0;
+  for (; b + 2 <= b1; b += 2) {
+    pass p = begin(b), q = begin(b + 1);
+    while (p.t >= 0 && q.t >= 0) {
+      p.next();
+      q.next();
+    }
+    end(b, p);
+    end(b + 1, q);
+  }
+  if (b < b1) {
+    pass p = begin(b);
+    end(b, p);
   }
 }
 

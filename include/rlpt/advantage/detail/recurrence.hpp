@@ -3,10 +3,12 @@
 //! Host kernel of the reverse token recurrences (GAE, discounted returns) with the whitening
 //! statistics they feed taken in the same pass (fixed order, documented on whiten_sums).
 //!
-//! The recurrence runs backwards over one sequence at a time in fp64. (Eight sequences in SIMD
-//! lanes over transposed 8 x 8 tiles were tried: with the fused statistics in fp64 the vector
-//! step was no faster than this scalar loop on Zen 3 and the tiles of eight rows a power of two
-//! apart thrash L1/L2 sets; see docs/advantage.md, Host performance notes.)
+//! The recurrence runs backwards over each sequence in scalar fp64, two sequences side by side
+//! (recurrence_rows advances two sequence_pass objects a token at a time; their carry chains
+//! overlap: 5-10 %). Eight sequences in SIMD lanes over transposed 8 x 8 tiles were tried: with
+//! the fused statistics in fp64 the vector step was no faster than the scalar loop on Zen 3 and
+//! the tiles of eight rows a power of two apart thrash L1/L2 sets; see docs/advantage.md, Host
+//! performance notes.
 #pragma once
 
 #include <rlpt/config.hpp>
@@ -85,40 +87,81 @@ RLPT_ADVANTAGE_INLINE void step(const V& r, const V& v, const M& valid, const V&
   ret = valid ? s.acc + v : zero;
 }
 
+//! add_value's sums of x - shift once the shift is set; the count is the caller's.
+template <class V, class M> RLPT_ADVANTAGE_INLINE void add_deviation(const V& x, const M& counts, state<V, M>& s) {
+  const V zero{};
+  const V d = counts ? x - s.shift : zero;
+  s.s1 = s.s1 + d;
+  s.s2 = s.s2 + d * d;
+}
+
 //! Adds value x (already rounded to float) to the whitening sums when `counts`.
 template <class V, class M> RLPT_ADVANTAGE_INLINE void add_value(const V& x, const M& counts, state<V, M>& s) {
   const V zero{};
   s.shift = (counts & (s.have == M{})) ? x : s.shift;
   s.have = s.have | counts;
-  const V d = counts ? x - s.shift : zero;
   s.count = s.count + (counts ? zero + 1.0 : zero);
-  s.s1 = s.s1 + d;
-  s.s2 = s.s2 + d * d;
+  add_deviation(x, counts, s);
 }
 
 RLPT_ADVANTAGE_INLINE state<double, bool> start(double boot) { return {0.0, boot, 0.0, 0.0, 0.0, 0.0, false}; }
 
 RLPT_ADVANTAGE_INLINE whiten_sums sums_of(const state<double, bool>& s) { return {s.count, s.shift, s.s1, s.s2}; }
 
-//! One sequence of n tokens, from its last token to its first. Masked tokens after the last
+//! One sequence's pass, from its last token to its first, a token at a time (so that a caller
+//! can advance two sequences side by side: see recurrence_rows). Masked tokens after the last
 //! valid one (a padded row's padding) are written 0 without stepping when a masked step would
 //! leave the starting state as it is (skip mode; the other modes when the bootstrap is zero):
 //! each would output 0 and add +0.0 to sums that are still +0.0. (A bootstrap of -0.0 would
 //! step to +0.0, which the first valid token cannot tell apart: delta + gamma_lambda * (+0.0).)
-template <mask_mode Mode, bool HasValues, bool HasMask>
-RLPT_ADVANTAGE_INLINE void one_sequence(const float* r, const float* v, const mask_t* m, float* adv, float* ret,
-                                        index_t n, double gamma, double gamma_lambda, state<double, bool>& s) {
-  if constexpr (HasMask) {
-    if (Mode == mask_mode::skip || s.next == 0.0) {
-      const index_t live = end_of_valid(m, n);
-      for (index_t t = live; t < n; ++t) {
-        adv[t] = 0.0f;
-        if (ret) ret[t] = 0.0f;
+template <mask_mode Mode, bool HasValues, bool HasMask> struct sequence_pass {
+  const float* r = nullptr;
+  const float* v = nullptr;
+  const mask_t* m = nullptr;
+  float* adv = nullptr;
+  float* ret = nullptr;
+  double gamma = 0.0, gamma_lambda = 0.0;
+  state<double, bool> s{};
+  index_t t = 0;       //!< the next token; done when < 0
+  index_t counted = 0; //!< tokens counted after the shift was set
+
+  //! Writes the trimmed padding, then runs add_value in full up to the first token that counts,
+  //! which sets the shift.
+  RLPT_ADVANTAGE_INLINE void begin(index_t n) {
+    if constexpr (HasMask) {
+      if (Mode == mask_mode::skip || s.next == 0.0) {
+        const index_t live = end_of_valid(m, n);
+        for (index_t k = live; k < n; ++k) {
+          adv[k] = 0.0f;
+          if (ret) ret[k] = 0.0f;
+        }
+        n = live;
       }
-      n = live;
+    }
+    for (t = n - 1; t >= 0 && !s.have; --t) {
+      double x = 0.0;
+      const bool valid = token(x);
+      add_value(x, valid, s);
     }
   }
-  for (index_t t = n - 1; t >= 0; --t) {
+  //! One token once the shift is set: only deviations, and the count in an integer (the same
+  //! count: each 1.0 was exact). The shift's test and the count's constant were 6 of ~33
+  //! instructions a token.
+  RLPT_ADVANTAGE_INLINE void next() {
+    double x = 0.0;
+    const bool valid = token(x);
+    counted += valid ? 1 : 0;
+    add_deviation(x, valid, s);
+    --t;
+  }
+  RLPT_ADVANTAGE_INLINE void finish() {
+    while (t >= 0) next();
+    s.count += static_cast<double>(counted);
+  }
+
+private:
+  //! Token t: the step, its outputs stored; x is the advantage as written. Returns whether it counts.
+  RLPT_ADVANTAGE_INLINE bool token(double& x) {
     const bool valid = !HasMask || m[t] != 0;
     const double vt = HasValues ? static_cast<double>(v[t]) : 0.0;
     double a = 0.0, g = 0.0;
@@ -127,10 +170,10 @@ RLPT_ADVANTAGE_INLINE void one_sequence(const float* r, const float* v, const ma
     const float out = static_cast<float>(a);
     adv[t] = out;
     if (ret) ret[t] = static_cast<float>(g);
-    const double x = static_cast<double>(out);
-    add_value(x, valid, s);
+    x = static_cast<double>(out);
+    return valid;
   }
-}
+};
 
 } // namespace lanes
 } // namespace detail
