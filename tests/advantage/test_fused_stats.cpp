@@ -11,6 +11,7 @@
 
 #include <doctest/doctest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -84,6 +85,12 @@ TEST_CASE("GAE whitening statistics taken in the recurrence pass equal whiten_mo
       std::vector<float> sep(adv.size());
       (void)rlpt::whiten(layout, raw, b.mask, sep, *o.whiten);
       CHECK(adv == sep);
+      // Masked tokens hold +0.0, bit for bit (== would let -0.0 through), on every path.
+      std::size_t not_plus_zero = 0;
+      for (std::size_t i = 0; i < adv.size(); ++i)
+        if (b.mask[i] == 0)
+          for (const float y : {adv[i], ret[i], raw[i], sep[i]}) not_plus_zero += std::bit_cast<std::uint32_t>(y) != 0u;
+      CHECK(not_plus_zero == 0);
     }
 }
 

@@ -24,6 +24,7 @@
 #include <rlpt/core/stats.hpp>
 #include <rlpt/core/views.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -258,11 +259,17 @@ inline whiten_result whiten_apply(const moments& stats, const token_layout& layo
       [&](index_t b0, index_t b1) {
         index_t nonfinite_here = 0;
         for (index_t b = b0; b < b1; ++b) {
-          const index_t base = layout.begin(b);
-          // out may equal x (in place): each slot is read, then written
-          nonfinite_here +=
-              m ? detail::whiten_span<true>(x.data() + base, m + base, out.data() + base, layout.length(b), tr)
-                : detail::whiten_span<false>(x.data() + base, nullptr, out.data() + base, layout.length(b), tr);
+          const index_t base = layout.begin(b), n = layout.length(b);
+          float* const y = out.data() + base;
+          if (m == nullptr) {
+            nonfinite_here += detail::whiten_span<false>(x.data() + base, nullptr, y, n, tr);
+            continue;
+          }
+          // A padded row's trailing masked tokens are only written 0 (a fill, without reading x).
+          // out may equal x (in place): each slot is read, then written.
+          const index_t live = detail::end_of_valid(m + base, n);
+          nonfinite_here += detail::whiten_span<true>(x.data() + base, m + base, y, live, tr);
+          std::fill(y + live, y + n, 0.0f);
         }
         return nonfinite_here;
       },
