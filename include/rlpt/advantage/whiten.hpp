@@ -265,8 +265,9 @@ inline whiten_result whiten_apply(const moments& stats, const token_layout& layo
             nonfinite_here += detail::whiten_span<false>(x.data() + base, nullptr, y, n, tr);
             continue;
           }
-          // A padded row's trailing masked tokens are only written 0 (a fill, without reading x).
-          // out may equal x (in place): each slot is read, then written.
+          // A padded row's trailing masked tokens are only written 0 (a fill, without reading x;
+          // after GAE's recurrence, in place, they are 0 already, and the write-only fill is the
+          // price of not passing that down). out may equal x: each slot is read, then written.
           const index_t live = detail::end_of_valid(m + base, n);
           nonfinite_here += detail::whiten_span<true>(x.data() + base, m + base, y, live, tr);
           std::fill(y + live, y + n, 0.0f);

@@ -16,6 +16,7 @@
 #include <rlpt/core/stats.hpp>
 #include <rlpt/core/views.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -131,10 +132,8 @@ template <mask_mode Mode, bool HasValues, bool HasMask> struct sequence_pass {
     if constexpr (HasMask) {
       if (Mode == mask_mode::skip || s.next == 0.0) {
         const index_t live = end_of_valid(m, n);
-        for (index_t k = live; k < n; ++k) {
-          adv[k] = 0.0f;
-          if (ret) ret[k] = 0.0f;
-        }
+        std::fill(adv + live, adv + n, 0.0f);
+        if (ret) std::fill(ret + live, ret + n, 0.0f);
         n = live;
       }
     }
