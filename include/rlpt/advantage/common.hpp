@@ -181,7 +181,8 @@ template <class T> std::string name_nonfinite(view<const T> x, index_t& count) {
   count = 0;
   for (index_t i = 0; i < x.size(); ++i)
     if (!finite(static_cast<float>(x[i]))) {
-      if (count < max_named) listed += fmt::format("{}[{}]={}", count ? ", " : "", i, static_cast<double>(x[i]));
+      if (count < max_named)
+        listed += rlpt::detail::format("{}[{}]={}", count ? ", " : "", i, static_cast<double>(x[i]));
       ++count;
     }
   return listed;

@@ -133,13 +133,14 @@ inline std::string name_bad_tokens(const token_layout& layout, const std::vector
     ++count;
   };
   for (index_t b : seqs) {
-    if (!bootstrap.empty() && !finite(bootstrap[b])) note(fmt::format("bootstrap[{}] = {}", b, bootstrap[b]));
+    if (!bootstrap.empty() && !finite(bootstrap[b])) note(rlpt::detail::format("bootstrap[{}] = {}", b, bootstrap[b]));
     const index_t base = layout.begin(b), n = layout.length(b);
     for (index_t t = 0; t < n; ++t) {
       if (!valid_at(m, base + t)) continue;
-      if (!finite(rewards[base + t])) note(fmt::format("reward (sequence {}, token {}) = {}", b, t, rewards[base + t]));
+      if (!finite(rewards[base + t]))
+        note(rlpt::detail::format("reward (sequence {}, token {}) = {}", b, t, rewards[base + t]));
       if (!values.empty() && !finite(values[base + t]))
-        note(fmt::format("value (sequence {}, token {}) = {}", b, t, values[base + t]));
+        note(rlpt::detail::format("value (sequence {}, token {}) = {}", b, t, values[base + t]));
     }
   }
   if (count == 0) listed = "the outputs overflow float";

@@ -147,7 +147,7 @@ inline index_t combine_reward_channels(view2d<const float> channels, view<const 
       for (index_t k = 0; k < channels.cols(); ++k)
         if (!detail::finite(channels(b, k))) {
           if (count < detail::max_named)
-            listed += fmt::format("{}(row {}, channel {}) = {}", count ? ", " : "", b, k, channels(b, k));
+            listed += rlpt::detail::format("{}(row {}, channel {}) = {}", count ? ", " : "", b, k, channels(b, k));
           ++count;
         }
     RLPT_CHECK(count == 0, errors::advantage::nonfinite,

@@ -164,7 +164,7 @@ inline std::string name_nonfinite_tokens(const token_layout& layout, view<const 
     for (index_t t = 0; t < n; ++t)
       if (valid_at(m, base + t) && !finite(x[base + t])) {
         if (count < max_named)
-          listed += fmt::format("{}(sequence {}, token {}) = {}", count ? ", " : "", b, t, x[base + t]);
+          listed += rlpt::detail::format("{}(sequence {}, token {}) = {}", count ? ", " : "", b, t, x[base + t]);
         ++count;
       }
   }

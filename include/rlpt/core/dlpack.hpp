@@ -44,8 +44,8 @@ inline std::string dl_dtype_name(DLDataType t) {
                      : t.code == kDLBfloat ? "bfloat"
                      : t.code == 6         ? "bool" // kDLBool, DLPack >= 0.8
                                            : "code";
-  std::string s = fmt::format("{}{}", code, t.bits);
-  if (t.lanes != 1) s += fmt::format("x{}", t.lanes);
+  std::string s = rlpt::detail::format("{}{}", code, t.bits);
+  if (t.lanes != 1) s += rlpt::detail::format("x{}", t.lanes);
   return s;
 }
 

@@ -185,28 +185,29 @@ namespace detail {
 [[nodiscard]] inline std::string schema_difference(const record_schema& a, const record_schema& b,
                                                    std::string_view a_name, std::string_view b_name) {
   if (a.logprobs != b.logprobs)
-    return fmt::format("logprobs is {} in {}, {} in {}", a.logprobs, a_name, b.logprobs, b_name);
+    return rlpt::detail::format("logprobs is {} in {}, {} in {}", a.logprobs, a_name, b.logprobs, b_name);
   if (a.versions != b.versions)
-    return fmt::format("versions is {} in {}, {} in {}", a.versions, a_name, b.versions, b_name);
+    return rlpt::detail::format("versions is {} in {}, {} in {}", a.versions, a_name, b.versions, b_name);
   if (a.reward_channels != b.reward_channels)
-    return fmt::format("reward_channels is {} in {}, {} in {}", a.reward_channels, a_name, b.reward_channels, b_name);
+    return rlpt::detail::format("reward_channels is {} in {}, {} in {}", a.reward_channels, a_name, b.reward_channels,
+                                b_name);
   if (a.token_reward_channels != b.token_reward_channels)
-    return fmt::format("token_reward_channels is {} in {}, {} in {}", a.token_reward_channels, a_name,
-                       b.token_reward_channels, b_name);
+    return rlpt::detail::format("token_reward_channels is {} in {}, {} in {}", a.token_reward_channels, a_name,
+                                b.token_reward_channels, b_name);
   const std::size_t common = std::min(a.extras.size(), b.extras.size());
   for (std::size_t k = 0; k < common; ++k) {
     const extra_spec& x = a.extras[k];
     const extra_spec& y = b.extras[k];
     if (!(x == y))
-      return fmt::format("extras[{}] is '{}' ({} x {}) in {}, '{}' ({} x {}) in {}", k, x.name, x.type, x.width, a_name,
-                         y.name, y.type, y.width, b_name);
+      return rlpt::detail::format("extras[{}] is '{}' ({} x {}) in {}, '{}' ({} x {}) in {}", k, x.name, x.type,
+                                  x.width, a_name, y.name, y.type, y.width, b_name);
   }
   if (a.extras.size() != b.extras.size()) {
     const bool a_longer = a.extras.size() > b.extras.size();
     const extra_spec& e = (a_longer ? a : b).extras[common];
-    return fmt::format("{} has {} extras and {} has {}: extras[{}] '{}' ({} x {}) is only in {}", a_name,
-                       a.extras.size(), b_name, b.extras.size(), common, e.name, e.type, e.width,
-                       a_longer ? a_name : b_name);
+    return rlpt::detail::format("{} has {} extras and {} has {}: extras[{}] '{}' ({} x {}) is only in {}", a_name,
+                                a.extras.size(), b_name, b.extras.size(), common, e.name, e.type, e.width,
+                                a_longer ? a_name : b_name);
   }
   return {};
 }

@@ -81,7 +81,7 @@ struct staleness_histogram {
     for (std::size_t k = 0; k < counts.size(); ++k) {
       if (counts[k] == 0) continue;
       if (!s.empty()) s += ' ';
-      s += fmt::format("{}:{:.1f}%", k, 100.0 * static_cast<double>(counts[k]) / n);
+      s += rlpt::detail::format("{}:{:.1f}%", k, 100.0 * static_cast<double>(counts[k]) / n);
     }
     return s.empty() ? std::string("-") : s;
   }

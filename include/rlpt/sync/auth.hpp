@@ -125,17 +125,18 @@ public:
     std::memcpy(&magic, h.data(), 4);
     std::memcpy(&version, h.data() + 4, 2);
     if (magic != hello_magic)
-      return fmt::format("the peer did not start an authenticated handshake (magic 0x{:08x}; is it configured "
-                         "without an authenticator?)",
-                         magic);
+      return rlpt::detail::format("the peer did not start an authenticated handshake (magic 0x{:08x}; is it configured "
+                                  "without an authenticator?)",
+                                  magic);
     if (version != hello_version)
-      return fmt::format("handshake version {} is not the supported {}", version, hello_version);
+      return rlpt::detail::format("handshake version {} is not the supported {}", version, hello_version);
     const auto theirs = static_cast<std::uint8_t>(h[6]);
     if (theirs != static_cast<std::uint8_t>(integrity_))
-      return fmt::format("the peer asks for integrity::{} and this end for integrity::{}: configure both ends alike",
-                         name(static_cast<integrity>(theirs)), name(integrity_));
+      return rlpt::detail::format(
+          "the peer asks for integrity::{} and this end for integrity::{}: configure both ends alike",
+          name(static_cast<integrity>(theirs)), name(integrity_));
     if (static_cast<std::uint8_t>(h[7]) == static_cast<std::uint8_t>(role_))
-      return fmt::format("both ends are {}s", role_ == role::sender ? "sender" : "receiver");
+      return rlpt::detail::format("both ends are {}s", role_ == role::sender ? "sender" : "receiver");
     return {};
   }
 

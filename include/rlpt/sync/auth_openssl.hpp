@@ -123,7 +123,8 @@ public:
   }
 
   [[nodiscard]] std::string describe() const override {
-    return fmt::format("HMAC-SHA-256 handshake, AES-256-GMAC frame tags ({})", OpenSSL_version(OPENSSL_VERSION));
+    return rlpt::detail::format("HMAC-SHA-256 handshake, AES-256-GMAC frame tags ({})",
+                                OpenSSL_version(OPENSSL_VERSION));
   }
 
 private:

@@ -139,7 +139,7 @@ struct delta_head {
   auto bad = [&](std::string_view what) -> void {
     RLPT_FAIL(errors::sync::bad_delta, "{}: delta record at byte {}: {}", where, at, what);
   };
-  if (h.size() < delta_header_bytes) bad(fmt::format("only {} header bytes, a header needs 64", h.size()));
+  if (h.size() < delta_header_bytes) bad(rlpt::detail::format("only {} header bytes, a header needs 64", h.size()));
   const std::byte* p = h.data();
   std::uint32_t magic, tensor;
   std::uint8_t enc, eb;
@@ -149,10 +149,10 @@ struct delta_head {
   std::memcpy(&eb, p + 5, 1);
   std::memcpy(&tensor, p + 8, 4);
   std::memcpy(f, p + 16, 48);
-  if (magic != delta_magic) bad(fmt::format("bad magic 0x{:08x}", magic));
+  if (magic != delta_magic) bad(rlpt::detail::format("bad magic 0x{:08x}", magic));
   if (xxh3(p, 56) != f[5]) bad("header checksum mismatch");
-  if (enc < 1 || enc > 3) bad(fmt::format("unknown encoding {}", enc));
-  if (eb != 1 && eb != 2 && eb != 4 && eb != 8) bad(fmt::format("element size {} is not 1, 2, 4 or 8", eb));
+  if (enc < 1 || enc > 3) bad(rlpt::detail::format("unknown encoding {}", enc));
+  if (eb != 1 && eb != 2 && eb != 4 && eb != 8) bad(rlpt::detail::format("element size {} is not 1, 2, 4 or 8", eb));
   delta_head d;
   d.encoding = static_cast<delta_encoding>(enc);
   d.elem_bytes = eb;
@@ -162,16 +162,16 @@ struct delta_head {
   d.changed = f[2];
   d.body = f[3];
   d.base_checksum = f[4];
-  if (d.changed > d.elem_count) bad(fmt::format("{} changed elements of {}", d.changed, d.elem_count));
+  if (d.changed > d.elem_count) bad(rlpt::detail::format("{} changed elements of {}", d.changed, d.elem_count));
   if (d.encoding == delta_encoding::dense && d.changed != d.elem_count)
-    bad(fmt::format("dense record of {} elements says {} changed", d.elem_count, d.changed));
+    bad(rlpt::detail::format("dense record of {} elements says {} changed", d.elem_count, d.changed));
   // The encoder writes 1 to 2^31 elements per record; 2^40 bounds what a device kernel indexes.
   if (d.elem_count == 0 || d.elem_count > (std::uint64_t{1} << 40))
-    bad(fmt::format("{} elements: a record covers 1 to 2^40 elements", d.elem_count));
+    bad(rlpt::detail::format("{} elements: a record covers 1 to 2^40 elements", d.elem_count));
   std::uint64_t want = 0;
   if (!delta_body_bytes(d.encoding, d.elem_count, d.changed, eb, want) || d.body != want)
-    bad(fmt::format("{} body of {} bytes, expected {} for {} of {} elements of {} bytes", name(d.encoding), d.body,
-                    want, d.changed, d.elem_count, eb));
+    bad(rlpt::detail::format("{} body of {} bytes, expected {} for {} of {} elements of {} bytes", name(d.encoding),
+                             d.body, want, d.changed, d.elem_count, eb));
   return d;
 }
 
@@ -293,7 +293,8 @@ struct delta_record {
   auto bad = [&](std::string_view what) -> void {
     RLPT_FAIL(errors::sync::bad_delta, "{}: delta record at byte {}: {}", where, at, what);
   };
-  if (stream.size() < delta_header_bytes) bad(fmt::format("only {} bytes left, a header needs 64", stream.size()));
+  if (stream.size() < delta_header_bytes)
+    bad(rlpt::detail::format("only {} bytes left, a header needs 64", stream.size()));
   if (reinterpret_cast<std::uintptr_t>(stream.data()) % 8 != 0) bad("stream is not 8-byte aligned");
   const detail::delta_head d =
       detail::parse_delta_head(std::span<const std::byte>(stream).first(delta_header_bytes), where, at);
@@ -307,8 +308,8 @@ struct delta_record {
   r.base_checksum = d.base_checksum;
   const std::uint64_t body = d.body;
   if (body > stream.size() - delta_header_bytes)
-    bad(fmt::format("body of {} bytes runs past the stream's {} remaining bytes", body,
-                    stream.size() - delta_header_bytes));
+    bad(rlpt::detail::format("body of {} bytes runs past the stream's {} remaining bytes", body,
+                             stream.size() - delta_header_bytes));
   r.total_bytes = delta_header_bytes + body;
   std::byte* b = stream.data() + delta_header_bytes;
   switch (r.encoding) {
@@ -321,7 +322,8 @@ struct delta_record {
     r.values = b + words * 8;
     std::uint64_t ones = 0;
     for (std::uint64_t w = 0; w < words; ++w) ones += detail::popcount64(r.bits[w]);
-    if (ones != r.changed) bad(fmt::format("bitmap has {} bits set but the header says {} changed", ones, r.changed));
+    if (ones != r.changed)
+      bad(rlpt::detail::format("bitmap has {} bits set but the header says {} changed", ones, r.changed));
     if (const std::uint64_t tail = r.elem_count % 64; tail != 0 && (r.bits[words - 1] >> tail) != 0)
       bad("bitmap has bits set past the element range");
     break;
@@ -332,16 +334,17 @@ struct delta_record {
     r.lo = reinterpret_cast<const std::uint16_t*>(b + detail::pad8(4 * (blocks + 1)));
     r.values = b + detail::pad8(4 * (blocks + 1)) + detail::pad8(2 * r.changed);
     if (r.block_start[0] != 0 || r.block_start[blocks] != r.changed)
-      bad(fmt::format("block_start runs from {} to {}, expected 0 to {}", r.block_start[0], r.block_start[blocks],
-                      r.changed));
+      bad(rlpt::detail::format("block_start runs from {} to {}, expected 0 to {}", r.block_start[0],
+                               r.block_start[blocks], r.changed));
     for (std::uint64_t k = 0; k < blocks; ++k) {
       const std::uint64_t s = r.block_start[k], e = r.block_start[k + 1];
-      if (e < s || e > r.changed) bad(fmt::format("block_start decreases at block {}", k));
+      if (e < s || e > r.changed) bad(rlpt::detail::format("block_start decreases at block {}", k));
       for (std::uint64_t j = s; j < e; ++j) {
-        if (j > s && r.lo[j] <= r.lo[j - 1]) bad(fmt::format("indices in block {} are not strictly increasing", k));
+        if (j > s && r.lo[j] <= r.lo[j - 1])
+          bad(rlpt::detail::format("indices in block {} are not strictly increasing", k));
         if (k * delta_sparse_block + r.lo[j] >= r.elem_count)
-          bad(fmt::format("index {} is outside the record's {} elements", k * delta_sparse_block + r.lo[j],
-                          r.elem_count));
+          bad(rlpt::detail::format("index {} is outside the record's {} elements", k * delta_sparse_block + r.lo[j],
+                                   r.elem_count));
       }
     }
     break;

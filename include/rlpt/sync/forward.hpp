@@ -134,7 +134,8 @@ private:
         r.sent.seconds = leg.seconds;
         continue;
       }
-      if (leg.st != detail::leg::state::off) r.cut_through_failure = fmt::format("{}: {}", leg.error_id, leg.reason);
+      if (leg.st != detail::leg::state::off)
+        r.cut_through_failure = rlpt::detail::format("{}: {}", leg.error_id, leg.reason);
       try {
         // A new layout needs a new sender (the old one's snapshot no longer applies).
         if (!senders_[k] || senders_[k]->current_manifest().layout_hash() != m.layout_hash())

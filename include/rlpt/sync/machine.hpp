@@ -103,7 +103,9 @@ inline std::uint64_t body_u64(std::span<const std::byte> body, std::size_t i) no
 }
 
 //! "<id>\n<message>" bodies of REFUSE / NACK.
-inline std::string error_body(std::string_view id, std::string_view msg) { return fmt::format("{}\n{}", id, msg); }
+inline std::string error_body(std::string_view id, std::string_view msg) {
+  return rlpt::detail::format("{}\n{}", id, msg);
+}
 inline std::pair<std::string, std::string> split_error_body(std::span<const std::byte> body) {
   const std::string_view s = as_chars(body);
   const auto nl = s.find('\n');
@@ -295,8 +297,8 @@ public:
         if (rep.type != frame_type::ready) {
           if (confirms_lost_ack(rep, version)) return confirmed(version, r, t0);
           if (fall_back(rep, false)) continue;
-          ::rlpt::detail::raise(rep.id, fmt::format("{}: {} refused version {}: {}", where_, be_.peer_name(rep.peer),
-                                                    version, rep.message));
+          ::rlpt::detail::raise(rep.id, rlpt::detail::format("{}: {} refused version {}: {}", where_,
+                                                             be_.peer_name(rep.peer), version, rep.message));
         }
         r.delta = delta;
         const std::uint64_t first = r.messages;
@@ -324,8 +326,8 @@ public:
           }
         }
         if (verb == "rejected" && fall_back(no, true)) continue;
-        ::rlpt::detail::raise(
-            no.id, fmt::format("{}: {} {} version {}: {}", where_, be_.peer_name(no.peer), verb, version, no.message));
+        ::rlpt::detail::raise(no.id, rlpt::detail::format("{}: {} {} version {}: {}", where_, be_.peer_name(no.peer),
+                                                          verb, version, no.message));
       }
     } catch (...) {
       std::string why;
@@ -441,7 +443,7 @@ private:
         if (clock::now() >= until) {
           std::string missing;
           for (std::size_t p = 0; p < got.size(); ++p)
-            if (!got[p]) missing += fmt::format("{}{}", missing.empty() ? "" : ", ", be_.peer_name(p));
+            if (!got[p]) missing += rlpt::detail::format("{}{}", missing.empty() ? "" : ", ", be_.peer_name(p));
           RLPT_FAIL(errors::sync::timeout, "{}: timed out {} for version {} (no answer from {})", where_, what, version,
                     missing);
         }
@@ -634,8 +636,9 @@ public:
       }
       if (!msg) {
         if (cur_.active)
-          return fail(errors::sync::timeout, fmt::format("{}: timed out after {} ms waiting for {} of version {}",
-                                                         st_.where, o_.timeout.count(), expecting(), cur_.version));
+          return fail(errors::sync::timeout,
+                      rlpt::detail::format("{}: timed out after {} ms waiting for {} of version {}", st_.where,
+                                           o_.timeout.count(), expecting(), cur_.version));
         return {};
       }
       std::optional<update> done;
@@ -647,7 +650,7 @@ public:
         continue; // garbage between updates: dropped
       } catch (const std::exception& e) {
         release();
-        if (cur_.active) return fail(errors::sync::receive_failed, fmt::format("{}: {}", st_.where, e.what()));
+        if (cur_.active) return fail(errors::sync::receive_failed, rlpt::detail::format("{}: {}", st_.where, e.what()));
         continue;
       }
       release();
@@ -690,8 +693,9 @@ private:
   }
 
   [[nodiscard]] std::string expecting() const {
-    if (cur_.delta) return fmt::format("delta chunk {} or COMMIT", cur_.next);
-    if (cur_.next < cur_.m.bucket_count()) return fmt::format("bucket {} of {}", cur_.next, cur_.m.bucket_count());
+    if (cur_.delta) return rlpt::detail::format("delta chunk {} or COMMIT", cur_.next);
+    if (cur_.next < cur_.m.bucket_count())
+      return rlpt::detail::format("bucket {} of {}", cur_.next, cur_.m.bucket_count());
     return "COMMIT";
   }
 
@@ -728,7 +732,8 @@ private:
     if (cur_.active) {
       // Loading had begun: the engine (or the targets) may hold a mix of versions, which a
       // delta (loading only what changed) would not repair.
-      if (cur_.partial) st_.require_dense(fmt::format("version {} failed after loading had begun", cur_.version));
+      if (cur_.partial)
+        st_.require_dense(rlpt::detail::format("version {} failed after loading had begun", cur_.version));
       be_.failed(cur_, st_, u.reason);
       // No NACK to a sender the link saw go away: nobody would read it (a restarted sender
       // runs another attempt), and waiting to send it would only delay this report.
@@ -776,16 +781,16 @@ private:
         reply(frame_type::nack, f.tag, f.version, 0, 0,
               detail::error_body(
                   errors::sync::no_update,
-                  fmt::format("{}: COMMIT of version {} without a BEGIN (the receiver restarted or already "
-                              "failed this update)",
-                              st_.where, f.version)));
+                  rlpt::detail::format("{}: COMMIT of version {} without a BEGIN (the receiver restarted or already "
+                                       "failed this update)",
+                                       st_.where, f.version)));
         return std::nullopt;
       }
       return on_commit(f);
     case frame_type::abort:
       if (!current(f)) return std::nullopt;
-      return fail(errors::sync::aborted,
-                  fmt::format("{}: the sender aborted version {}: {}", st_.where, f.version, as_chars(f.body)));
+      return fail(errors::sync::aborted, rlpt::detail::format("{}: the sender aborted version {}: {}", st_.where,
+                                                              f.version, as_chars(f.body)));
     default:
       RLPT_FAIL(errors::sync::protocol, "{}: unexpected {} frame on the receiving side", st_.where, name(f.type));
     }
@@ -800,9 +805,9 @@ private:
         be_.discard(cur_);
         cur_ = inflight{};
       } else {
-        events_.push_back(
-            fail(errors::sync::superseded, fmt::format("{}: version {} was superseded by a BEGIN of version {}",
-                                                       st_.where, cur_.version, f.version)));
+        events_.push_back(fail(errors::sync::superseded,
+                               rlpt::detail::format("{}: version {} was superseded by a BEGIN of version {}", st_.where,
+                                                    cur_.version, f.version)));
       }
     }
     const bool delta = f.index == static_cast<std::uint64_t>(update_kind::delta);
@@ -814,26 +819,28 @@ private:
       be_.check_manifest(c.be, c.m);
     } catch (const error& e) {
       return refuse(f, refusal::bad_manifest, e.id(),
-                    fmt::format("{}: BEGIN of version {}: {}", st_.where, f.version, e.message()));
+                    rlpt::detail::format("{}: BEGIN of version {}: {}", st_.where, f.version, e.message()));
     }
     const manifest& m = c.m;
     if (m.layout_hash() != f.count)
-      return refuse(f, refusal::bad_manifest, errors::sync::manifest_hash,
-                    fmt::format("{}: BEGIN of version {} announces layout hash {} but its manifest hashes to {}",
-                                st_.where, f.version, to_hex(f.count), to_hex(m.layout_hash())));
+      return refuse(
+          f, refusal::bad_manifest, errors::sync::manifest_hash,
+          rlpt::detail::format("{}: BEGIN of version {} announces layout hash {} but its manifest hashes to {}",
+                               st_.where, f.version, to_hex(f.count), to_hex(m.layout_hash())));
     if (o_.expect_layout_hash && m.layout_hash() != *o_.expect_layout_hash)
       return refuse(f, refusal::layout_mismatch, errors::sync::manifest_hash,
-                    fmt::format("{}: version {} has layout hash {}, this receiver expects {}", st_.where, f.version,
-                                to_hex(m.layout_hash()), to_hex(*o_.expect_layout_hash)));
+                    rlpt::detail::format("{}: version {} has layout hash {}, this receiver expects {}", st_.where,
+                                         f.version, to_hex(m.layout_hash()), to_hex(*o_.expect_layout_hash)));
     if (st_.has && f.version <= st_.version) // holding exactly that version: say which bytes (a lost ACK)
-      return refuse(
-          f, refusal::stale_version, errors::sync::stale_version,
-          fmt::format("{}: version {} is not newer than the published version {}", st_.where, f.version, st_.version),
-          f.version == st_.version && !st_.torn ? model_digest(st_.pub) : 0);
+      return refuse(f, refusal::stale_version, errors::sync::stale_version,
+                    rlpt::detail::format("{}: version {} is not newer than the published version {}", st_.where,
+                                         f.version, st_.version),
+                    f.version == st_.version && !st_.torn ? model_digest(st_.pub) : 0);
     if (m.packed_bytes() > o_.max_update_bytes)
       return refuse(f, refusal::too_large, errors::sync::too_large,
-                    fmt::format("{}: version {} packs {} bytes, more than {}::max_update_bytes = {}", st_.where,
-                                f.version, m.packed_bytes(), Backend::options_name, o_.max_update_bytes));
+                    rlpt::detail::format("{}: version {} packs {} bytes, more than {}::max_update_bytes = {}",
+                                         st_.where, f.version, m.packed_bytes(), Backend::options_name,
+                                         o_.max_update_bytes));
     const bool same = st_.has && st_.pub.layout_hash() == m.layout_hash() && st_.pub.same_layout(m);
     if (delta) {
       std::string why = be_.delta_refusal(c.be, m);
@@ -845,13 +852,14 @@ private:
       } else if (st_.dense_next) {
         why = st_.dense_why;
       } else if (f.base_version != st_.version) {
-        why = fmt::format("its base is version {}, this receiver holds version {}", f.base_version, st_.version);
+        why =
+            rlpt::detail::format("its base is version {}, this receiver holds version {}", f.base_version, st_.version);
       } else if (!same) {
         why = "the layout changed since the published version";
       }
       if (!why.empty())
         return refuse(f, refusal::base_mismatch, errors::sync::base_mismatch,
-                      fmt::format("{}: delta version {}: {}; send a dense update", st_.where, f.version, why));
+                      rlpt::detail::format("{}: delta version {}: {}; send a dense update", st_.where, f.version, why));
     }
     c.active = true;
     c.tag = f.tag;
@@ -865,7 +873,7 @@ private:
     } catch (const error& e) {
       be_.discard(c);
       return refuse(f, Backend::setup_refusal, e.id(),
-                    fmt::format("{}: version {}: {}", st_.where, f.version, e.message()));
+                    rlpt::detail::format("{}: version {}: {}", st_.where, f.version, e.message()));
     }
     cur_ = std::move(c);
     reply(frame_type::ready, f.tag, f.version, st_.has ? 1 : 0, st_.has ? st_.pub.layout_hash() : 0, {});

@@ -289,7 +289,7 @@ public:
                                                       "offset", "nbytes", "checksum"};
     for (std::size_t i = 0; i < arr.size(); ++i) {
       const json& e = arr.items()[i];
-      const std::string where = fmt::format("tensor #{}", i);
+      const std::string where = rlpt::detail::format("tensor #{}", i);
       RLPT_CHECK(e.is_object(), errors::sync::bad_manifest, "manifest JSON: {} is not an object", where);
       for (const auto& k : e.keys())
         RLPT_CHECK(std::find(std::begin(entry_keys), std::end(entry_keys), k) != std::end(entry_keys),

@@ -117,7 +117,7 @@ public:
   using link_type = link;
   static constexpr memory_space space = memory_space::host;
   static std::string wrong_link(std::string_view where) {
-    return fmt::format("{} moves device payloads; the host sender needs a host link", where);
+    return rlpt::detail::format("{} moves device payloads; the host sender needs a host link", where);
   }
 
   host_send_backend(link& l, const manifest& m, const sender_options& o, const std::string&, source_fn src)
@@ -253,7 +253,7 @@ public:
   static constexpr std::string_view options_name = "receiver_options";
   static constexpr refusal setup_refusal = refusal::bad_manifest; // transforms that do not fit
   static std::string wrong_link(std::string_view where) {
-    return fmt::format("{} moves device payloads; the host receiver needs a host link", where);
+    return rlpt::detail::format("{} moves device payloads; the host receiver needs a host link", where);
   }
 
   struct inflight_state {
@@ -408,7 +408,8 @@ public:
     std::vector<applied> recs;
     std::vector<char> touched(m.size(), 0);
     for_each_delta_record(
-        std::span<std::byte>(c.be.records), fmt::format("{} version {}", where_, f.version), [&](delta_record& r) {
+        std::span<std::byte>(c.be.records), rlpt::detail::format("{} version {}", where_, f.version),
+        [&](delta_record& r) {
           RLPT_CHECK(r.tensor < m.size(), errors::sync::bad_delta, "{}: delta record names tensor #{} of {}", where_,
                      r.tensor, m.size());
           const tensor_entry& t = m[r.tensor];
@@ -419,7 +420,7 @@ public:
                      "{}: delta record for \"{}\" covers elements [{}, {}) of {}", where_, t.name, r.elem_begin,
                      r.elem_begin + r.elem_count, t.numel());
           if (r.base_checksum != st.pub[r.tensor].checksum) {
-            st.require_dense(fmt::format("delta version {} was encoded against another base", f.version));
+            st.require_dense(rlpt::detail::format("delta version {} was encoded against another base", f.version));
             RLPT_FAIL(errors::sync::base_mismatch,
                       "{}: delta for \"{}\" was encoded against checksum {}, the published version {} has {}", where_,
                       t.name, to_hex(r.base_checksum), st.version, to_hex(st.pub[r.tensor].checksum));
@@ -442,7 +443,7 @@ public:
       const std::uint64_t got = tensor_checksum(bytes, m[i].nbytes, m.bucket_bytes());
       if (got != want[i]) {
         undo();
-        st.require_dense(fmt::format("delta version {} failed verification here", f.version));
+        st.require_dense(rlpt::detail::format("delta version {} failed verification here", f.version));
         const std::uint64_t base = tensor_checksum(bytes, m[i].nbytes, m.bucket_bytes());
         if (base != st.pub[i].checksum)
           RLPT_FAIL(

@@ -100,18 +100,21 @@ using safetensors_metadata = std::vector<std::pair<std::string, std::string>>;
                                                                  safetensors_limits limits = {}) {
   auto bad = [&](const std::string& what) -> void { RLPT_FAIL(errors::sync::bad_safetensors, "{}: {}", where, what); };
   if (file_size < 8 || prefix.size() < 8)
-    bad(fmt::format("{} bytes is too short for the 8-byte header length", file_size));
+    bad(rlpt::detail::format("{} bytes is too short for the 8-byte header length", file_size));
   std::uint64_t n = 0;
   std::memcpy(&n, prefix.data(), 8);
   if (n > limits.max_header_bytes)
-    bad(fmt::format("header length {} exceeds the limit {}", n, limits.max_header_bytes));
-  if (n > file_size - 8) bad(fmt::format("header length {} runs past the end of the {}-byte file", n, file_size));
-  if (prefix.size() < 8 + n) bad(fmt::format("only {} of the header's {} bytes were given", prefix.size() - 8, n));
+    bad(rlpt::detail::format("header length {} exceeds the limit {}", n, limits.max_header_bytes));
+  if (n > file_size - 8)
+    bad(rlpt::detail::format("header length {} runs past the end of the {}-byte file", n, file_size));
+  if (prefix.size() < 8 + n)
+    bad(rlpt::detail::format("only {} of the header's {} bytes were given", prefix.size() - 8, n));
   const std::string_view text(reinterpret_cast<const char*>(prefix.data() + 8), static_cast<std::size_t>(n));
   // JSON whitespace may precede the object: the reference reader (serde_json) skips it too.
   const std::size_t first = text.find_first_not_of(" \t\n\r");
   if (first == std::string_view::npos || text[first] != '{') bad("the header does not start with '{'");
-  const detail::json root = detail::parse_json(text, fmt::format("{} header", where), {64, limits.max_header_bytes});
+  const detail::json root =
+      detail::parse_json(text, rlpt::detail::format("{} header", where), {64, limits.max_header_bytes});
   if (!root.is_object()) bad("the header is not a JSON object");
   safetensors_header h;
   h.header_bytes = n;
@@ -121,40 +124,41 @@ using safetensors_metadata = std::vector<std::pair<std::string, std::string>>;
     if (key == "__metadata__") {
       if (!v.is_object()) bad("__metadata__ is not an object");
       for (std::size_t j = 0; j < v.size(); ++j) {
-        if (!v.items()[j].is_string()) bad(fmt::format("__metadata__ value of \"{}\" is not a string", v.keys()[j]));
+        if (!v.items()[j].is_string())
+          bad(rlpt::detail::format("__metadata__ value of \"{}\" is not a string", v.keys()[j]));
         h.metadata.emplace_back(v.keys()[j], v.items()[j].text());
       }
       continue;
     }
-    if (h.tensors.size() >= limits.max_tensors) bad(fmt::format("more than {} tensors", limits.max_tensors));
-    if (!v.is_object()) bad(fmt::format("tensor \"{}\" is not an object", key));
+    if (h.tensors.size() >= limits.max_tensors) bad(rlpt::detail::format("more than {} tensors", limits.max_tensors));
+    if (!v.is_object()) bad(rlpt::detail::format("tensor \"{}\" is not an object", key));
     for (const auto& k : v.keys())
       if (k != "dtype" && k != "shape" && k != "data_offsets")
-        bad(fmt::format("tensor \"{}\" has an unknown key \"{}\"", key, k));
+        bad(rlpt::detail::format("tensor \"{}\" has an unknown key \"{}\"", key, k));
     const detail::json* dt = v.find("dtype");
     const detail::json* shape = v.find("shape");
     const detail::json* off = v.find("data_offsets");
-    if (!dt || !shape || !off) bad(fmt::format("tensor \"{}\" lacks dtype, shape or data_offsets", key));
+    if (!dt || !shape || !off) bad(rlpt::detail::format("tensor \"{}\" lacks dtype, shape or data_offsets", key));
     safetensors_entry e;
     e.name = key;
     const auto parsed = dt->is_string() ? parse_wire_dtype(dt->text()) : std::nullopt;
     if (!parsed)
-      bad(fmt::format(
+      bad(rlpt::detail::format(
           "tensor \"{}\" has unsupported dtype {} (supported: BOOL, U8, I8, F8_E5M2, F8_E4M3, F8_E8M0, I16, "
           "U16, F16, BF16, I32, U32, F32, C64, F64, I64, U64)",
           key, dt->is_string() ? dt->text() : std::string("(not a string)")));
     e.dtype = *parsed;
     if (!shape->is_array() || shape->size() > 16)
-      bad(fmt::format("tensor \"{}\" shape is not an array of at most 16 dims", key));
+      bad(rlpt::detail::format("tensor \"{}\" shape is not an array of at most 16 dims", key));
     for (const auto& d : shape->items()) {
       std::uint64_t u = 0;
       if (!d.to_uint(u) || u > static_cast<std::uint64_t>(INT64_MAX))
-        bad(fmt::format("tensor \"{}\" shape has a dimension that is not a non-negative integer", key));
+        bad(rlpt::detail::format("tensor \"{}\" shape has a dimension that is not a non-negative integer", key));
       e.shape.push_back(static_cast<std::int64_t>(u));
     }
     if (!off->is_array() || off->size() != 2 || !off->items()[0].to_uint(e.begin) || !off->items()[1].to_uint(e.end) ||
         e.begin > e.end)
-      bad(fmt::format("tensor \"{}\" data_offsets is not [begin, end] with begin <= end", key));
+      bad(rlpt::detail::format("tensor \"{}\" data_offsets is not [begin, end] with begin <= end", key));
     std::uint64_t want = 0;
     try {
       want = detail::tensor_nbytes(key, e.dtype, e.shape);
@@ -162,8 +166,8 @@ using safetensors_metadata = std::vector<std::pair<std::string, std::string>>;
       bad(err.message());
     }
     if (e.end - e.begin != want)
-      bad(fmt::format("tensor \"{}\" spans {} bytes but {} [{}] needs {}", key, e.end - e.begin, e.dtype,
-                      rlpt::detail::joined(e.shape, ", "), want));
+      bad(rlpt::detail::format("tensor \"{}\" spans {} bytes but {} [{}] needs {}", key, e.end - e.begin, e.dtype,
+                               rlpt::detail::joined(e.shape, ", "), want));
     h.tensors.push_back(std::move(e));
   }
   std::stable_sort(h.tensors.begin(), h.tensors.end(), [](const safetensors_entry& a, const safetensors_entry& b) {
@@ -172,12 +176,14 @@ using safetensors_metadata = std::vector<std::pair<std::string, std::string>>;
   std::uint64_t at = 0;
   for (const auto& t : h.tensors) {
     if (t.begin != at)
-      bad(fmt::format("tensor \"{}\" starts at {} but the previous data ends at {} (gaps and overlaps are invalid)",
-                      t.name, t.begin, at));
+      bad(rlpt::detail::format(
+          "tensor \"{}\" starts at {} but the previous data ends at {} (gaps and overlaps are invalid)", t.name,
+          t.begin, at));
     at = t.end;
   }
   if (at != file_size - 8 - n)
-    bad(fmt::format("the tensors cover {} data bytes but the file has {} after the header", at, file_size - 8 - n));
+    bad(rlpt::detail::format("the tensors cover {} data bytes but the file has {} after the header", at,
+                             file_size - 8 - n));
   h.data_bytes = at;
   return h;
 }
@@ -227,8 +233,8 @@ template <class T>
     if (!first) s.push_back(',');
     first = false;
     detail::write_json_string(s, t.name);
-    s += fmt::format(":{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}", name(t.dtype),
-                     rlpt::detail::joined(t.shape, ","), at, at + n);
+    s += rlpt::detail::format(":{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}", name(t.dtype),
+                              rlpt::detail::joined(t.shape, ","), at, at + n);
     l.offset[i] = at;
     at += n;
     seen.push_back(t.name);
@@ -379,7 +385,7 @@ struct safetensors_options {
 class safetensors_transport final : public link {
 public:
   safetensors_transport(std::string dir, role r, safetensors_options o = {}) : dir_(std::move(dir)), role_(r), o_(o) {
-    where_ = fmt::format("safetensors {} ({})", dir_, r == role::sender ? "sender" : "receiver");
+    where_ = rlpt::detail::format("safetensors {} ({})", dir_, r == role::sender ? "sender" : "receiver");
     struct stat st {};
     RLPT_CHECK(::stat(dir_.c_str(), &st) == 0 && S_ISDIR(st.st_mode), errors::sync::io, "{}: not a directory", where_);
   }
@@ -391,10 +397,10 @@ public:
 
   //! Path of the dense file of `version` / the delta file of `version`.
   [[nodiscard]] std::string dense_path(std::uint64_t version) const {
-    return fmt::format("{}/rlpt-v{:020}.safetensors", dir_, version);
+    return rlpt::detail::format("{}/rlpt-v{:020}.safetensors", dir_, version);
   }
   [[nodiscard]] std::string delta_path(std::uint64_t version) const {
-    return fmt::format("{}/rlpt-v{:020}.delta.safetensors", dir_, version);
+    return rlpt::detail::format("{}/rlpt-v{:020}.delta.safetensors", dir_, version);
   }
 
   std::span<std::byte> payload_buffer(std::uint64_t bytes, deadline) override {
@@ -473,10 +479,10 @@ private:
     if (tx_.delta) {
       const auto latest = latest_version();
       if (!latest || *latest != f.base_version) {
-        queue_reply(
-            frame_type::refuse, f.version, static_cast<std::uint64_t>(refusal::base_mismatch),
-            fmt::format("rlpt.sync.base_mismatch\n{}: the directory's latest version is {}, not the delta's base {}",
-                        where_, latest ? fmt::format("{}", *latest) : std::string("none"), f.base_version));
+        queue_reply(frame_type::refuse, f.version, static_cast<std::uint64_t>(refusal::base_mismatch),
+                    rlpt::detail::format(
+                        "rlpt.sync.base_mismatch\n{}: the directory's latest version is {}, not the delta's base {}",
+                        where_, latest ? rlpt::detail::format("{}", *latest) : std::string("none"), f.base_version));
         return;
       }
     } else {
@@ -548,7 +554,7 @@ private:
       std::vector<tensor_ref> refs;
       std::string sums;
       for (std::size_t k = 0; k < tx_.chunks.size(); ++k) {
-        refs.push_back({fmt::format("rlpt.delta.{:06}", k),
+        refs.push_back({rlpt::detail::format("rlpt.delta.{:06}", k),
                         wire_dtype::u8,
                         {static_cast<std::int64_t>(tx_.chunks[k].size())},
                         tx_.chunks[k].data()});
@@ -558,7 +564,7 @@ private:
                         {{"format", "pt"},
                          {"rlpt.kind", "delta"},
                          {"rlpt.manifest", tx_.m.to_json()},
-                         {"rlpt.base_version", fmt::format("{}", tx_.base)},
+                         {"rlpt.base_version", rlpt::detail::format("{}", tx_.base)},
                          {"rlpt.chunks", sums}});
     }
     const std::uint64_t v = tx_.version;
@@ -600,7 +606,7 @@ private:
       std::uint64_t version = 0;
       const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), version);
       if (ec != std::errc{} || end != digits.data() + digits.size()) continue;
-      out.push_back({version, delta, fmt::format("{}/{}", dir_, n)});
+      out.push_back({version, delta, rlpt::detail::format("{}/{}", dir_, n)});
     }
     ::closedir(d);
     std::sort(out.begin(), out.end(), [](const file_entry& a, const file_entry& b) {

@@ -141,7 +141,7 @@ public:
                        std::string::npos &&
                    name_ != "." && name_ != "..",
                errors::sync::bad_link, "shm name \"{}\" must be 1-200 characters of [A-Za-z0-9._-]", name_);
-    where_ = fmt::format("shm /dev/shm/{} ({})", name_, r == role::sender ? "sender" : "receiver");
+    where_ = rlpt::detail::format("shm /dev/shm/{} ({})", name_, r == role::sender ? "sender" : "receiver");
     if (role_ == role::sender) create();
   }
 
@@ -285,7 +285,7 @@ private:
       if (now >= until) {
         const std::int32_t rx = h_->receiver_pid.load();
         if (rx == 0) detail::timeout(where_, "waiting for a free slot: no receiver is attached");
-        detail::timeout(where_, fmt::format("waiting for receiver pid {} to release a slot", rx));
+        detail::timeout(where_, rlpt::detail::format("waiting for receiver pid {} to release a slot", rx));
       }
       b.pause();
     }

@@ -102,8 +102,8 @@ public:
     detail::check_link_security("tcp", o_.host, o_.port, o_.listen, o_.auth.get(), o_.tags, o_.allow_unauthenticated,
                                 r);
     if (o_.listen) open_listener();
-    where_ = fmt::format("tcp {}:{} ({}, {})", o_.host, o_.listen ? port_ : o_.port,
-                         r == role::sender ? "sender" : "receiver", o_.listen ? "listening" : "connecting");
+    where_ = rlpt::detail::format("tcp {}:{} ({}, {})", o_.host, o_.listen ? port_ : o_.port,
+                                  r == role::sender ? "sender" : "receiver", o_.listen ? "listening" : "connecting");
   }
 
   tcp_transport(const tcp_transport&) = delete;
@@ -152,10 +152,10 @@ public:
                       h.template subspan<detail::tcp_tag_at, authenticator::tag_bytes>())) {
         drop();
         ++counters_.refused_frames;
-        counters_.refused(
-            fmt::format("a frame ({} meta bytes, {} payload bytes) failed its {} tag: altered, replayed or reordered "
-                        "in flight, or not from the authenticated peer",
-                        m->meta.size(), m->payload.size(), name(o_.tags)));
+        counters_.refused(rlpt::detail::format(
+            "a frame ({} meta bytes, {} payload bytes) failed its {} tag: altered, replayed or reordered "
+            "in flight, or not from the authenticated peer",
+            m->meta.size(), m->payload.size(), name(o_.tags)));
         RLPT_FAIL(errors::sync::auth, "{}: {}; connection dropped", where_, counters_.last_refusal);
       }
     }
@@ -249,7 +249,8 @@ private:
       }
       if (k == 0) return "the peer closed the connection during the handshake";
       if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) return fmt::format("the handshake failed: {}", std::strerror(errno));
+      if (errno != EAGAIN && errno != EWOULDBLOCK)
+        return rlpt::detail::format("the handshake failed: {}", std::strerror(errno));
       if (clock::now() >= until) return "the handshake timed out";
       pollfd q{fd, static_cast<short>(write ? POLLOUT : POLLIN), 0};
       ::poll(&q, 1, detail::ms_until(until));
@@ -337,7 +338,7 @@ private:
       // The listener answers every rlpt HELLO, so closing first means it refused to talk.
       const std::string why = k == 0 ? "the listener closed the connection without answering the handshake (is it "
                                        "configured without tcp_options::auth?)"
-                                     : fmt::format("the handshake failed: {}", std::strerror(errno));
+                                     : rlpt::detail::format("the handshake failed: {}", std::strerror(errno));
       refused(why);
       RLPT_FAIL(errors::sync::auth, "{}: peer refused: {}", where_, why);
     }

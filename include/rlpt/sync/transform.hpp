@@ -100,7 +100,7 @@ namespace detail {
 [[nodiscard]] inline std::string substitute(std::string_view pattern, std::string_view capture) {
   const auto star = pattern.find('*');
   if (star == std::string_view::npos) return std::string(pattern);
-  return fmt::format("{}{}{}", pattern.substr(0, star), capture, pattern.substr(star + 1));
+  return rlpt::detail::format("{}{}{}", pattern.substr(0, star), capture, pattern.substr(star + 1));
 }
 
 inline void check_pattern(std::string_view p, std::string_view rule) {
@@ -213,7 +213,7 @@ public:
       return -1;
     };
     for (std::size_t r = 0; r < rules.size(); ++r) {
-      const std::string rule = fmt::format("transform #{}", r);
+      const std::string rule = rlpt::detail::format("transform #{}", r);
       std::size_t hits = 0;
       if (const auto* rn = std::get_if<rename_tensor>(&rules[r])) {
         detail::check_pattern(rn->from, rule);
@@ -342,13 +342,14 @@ public:
 
 private:
   static std::string describe(const transform& t) {
-    if (const auto* x = std::get_if<rename_tensor>(&t)) return fmt::format("rename \"{}\" -> \"{}\"", x->from, x->to);
+    if (const auto* x = std::get_if<rename_tensor>(&t))
+      return rlpt::detail::format("rename \"{}\" -> \"{}\"", x->from, x->to);
     if (const auto* x = std::get_if<concat>(&t))
-      return fmt::format("concat [{}] -> \"{}\"", rlpt::detail::joined(x->inputs, ", "), x->output);
+      return rlpt::detail::format("concat [{}] -> \"{}\"", rlpt::detail::joined(x->inputs, ", "), x->output);
     if (const auto* x = std::get_if<slice>(&t))
-      return fmt::format("slice \"{}\" dim {} [{}, {})", x->input, x->dim, x->begin, x->end);
-    if (const auto* x = std::get_if<cast>(&t)) return fmt::format("cast \"{}\" -> {}", x->pattern, x->to);
-    return fmt::format("drop \"{}\"", std::get<drop>(t).pattern);
+      return rlpt::detail::format("slice \"{}\" dim {} [{}, {})", x->input, x->dim, x->begin, x->end);
+    if (const auto* x = std::get_if<cast>(&t)) return rlpt::detail::format("cast \"{}\" -> {}", x->pattern, x->to);
+    return rlpt::detail::format("drop \"{}\"", std::get<drop>(t).pattern);
   }
 
   template <class Cur> static void check_unique(const std::vector<Cur>& cur, std::string_view rule) {

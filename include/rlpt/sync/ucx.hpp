@@ -111,11 +111,11 @@ public:
   ucx_transport(ucx_options o, role r) : o_(std::move(o)), role_(r), auth_(o_.auth, o_.tags, r) {
     detail::check_link_security("ucx", o_.host, o_.port, o_.listen, o_.auth.get(), o_.tags, o_.allow_unauthenticated,
                                 r);
-    where_ = fmt::format("ucx {}:{}", o_.host, o_.port);
+    where_ = rlpt::detail::format("ucx {}:{}", o_.host, o_.port);
     open_worker();
     if (o_.listen) open_listener();
-    where_ = fmt::format("ucx {}:{} ({}, {})", o_.host, o_.listen ? port_ : o_.port,
-                         r == role::sender ? "sender" : "receiver", o_.listen ? "listening" : "connecting");
+    where_ = rlpt::detail::format("ucx {}:{} ({}, {})", o_.host, o_.listen ? port_ : o_.port,
+                                  r == role::sender ? "sender" : "receiver", o_.listen ? "listening" : "connecting");
   }
 
   ucx_transport(const ucx_transport&) = delete;
@@ -442,7 +442,7 @@ private:
   // A frame's header, checked before anything is allocated: empty, or what is wrong.
   [[nodiscard]] std::string check_header(const void* h, std::size_t header_length, std::size_t length) const {
     if (header_length != detail::ucx_header_bytes)
-      return fmt::format("a frame header of {} bytes (expected {})", header_length, detail::ucx_header_bytes);
+      return rlpt::detail::format("a frame header of {} bytes (expected {})", header_length, detail::ucx_header_bytes);
     const auto* b = static_cast<const std::byte*>(h);
     std::uint32_t magic, mb;
     std::uint64_t pb, hcheck;
@@ -450,13 +450,15 @@ private:
     std::memcpy(&mb, b + 4, 4);
     std::memcpy(&pb, b + 8, 8);
     std::memcpy(&hcheck, b + 32, 8);
-    if (magic != detail::ucx_magic) return fmt::format("bad magic 0x{:08x}", magic);
+    if (magic != detail::ucx_magic) return rlpt::detail::format("bad magic 0x{:08x}", magic);
     if (xxh3(b, 32) != hcheck) return "header checksum mismatch";
-    if (mb > o_.max_meta) return fmt::format("a meta block of {} bytes, larger than max_meta {}", mb, o_.max_meta);
+    if (mb > o_.max_meta)
+      return rlpt::detail::format("a meta block of {} bytes, larger than max_meta {}", mb, o_.max_meta);
     if (pb > o_.max_payload)
-      return fmt::format("a payload of {} bytes, larger than max_payload {}", pb, o_.max_payload);
+      return rlpt::detail::format("a payload of {} bytes, larger than max_payload {}", pb, o_.max_payload);
     if (length != mb + pb)
-      return fmt::format("{} data bytes where the header announces {} meta + {} payload bytes", length, mb, pb);
+      return rlpt::detail::format("{} data bytes where the header announces {} meta + {} payload bytes", length, mb,
+                                  pb);
     return {};
   }
 
@@ -490,7 +492,7 @@ private:
         ucp_request_cancel(worker_, r);
         ucp_request_free(r);
         drop(ep);
-        detail::timeout(where_, fmt::format("{} (the peer stopped taking data)", what));
+        detail::timeout(where_, rlpt::detail::format("{} (the peer stopped taking data)", what));
       }
       wait(until);
     }
@@ -633,7 +635,7 @@ private:
              "with the job's secret";
     if (h.size() != 8 || magic != detail::ucx_plain_hello) return "the peer's HELLO is not an rlpt UCX HELLO";
     if (static_cast<std::uint8_t>(h[4]) == static_cast<std::uint8_t>(role_))
-      return fmt::format("both ends are {}s", role_ == role::sender ? "sender" : "receiver");
+      return rlpt::detail::format("both ends are {}s", role_ == role::sender ? "sender" : "receiver");
     return {};
   }
 
@@ -670,7 +672,7 @@ private:
       auth_.establish(true, hc, hello_a);
       return {};
     } catch (const error& e) { // the candidate broke off mid-handshake
-      return fmt::format("the handshake failed: {}", e.what());
+      return rlpt::detail::format("the handshake failed: {}", e.what());
     }
   }
 
@@ -783,10 +785,10 @@ private:
                     std::span<const std::byte>(in.header).subspan<detail::ucx_tag_at, authenticator::tag_bytes>())) {
       drop(ep_);
       ++counters_.refused_frames;
-      counters_.refused(
-          fmt::format("a frame ({} meta bytes, {} payload bytes) failed its {} tag: altered, replayed or reordered "
-                      "in flight, or not from the authenticated peer",
-                      meta.size(), payload.size(), name(o_.tags)));
+      counters_.refused(rlpt::detail::format(
+          "a frame ({} meta bytes, {} payload bytes) failed its {} tag: altered, replayed or reordered "
+          "in flight, or not from the authenticated peer",
+          meta.size(), payload.size(), name(o_.tags)));
       RLPT_FAIL(errors::sync::auth, "{}: {}; connection dropped", where_, counters_.last_refusal);
     }
     held_ = true;

@@ -536,15 +536,15 @@ public:
         if (run != r.changed) f |= detail::fault_count;
       }
       if (f != 0)
-        return fmt::format("delta record {} (tensor #{}, elements [{}, {}), {}) is malformed:{}{}{}{}{}{}", i,
-                           recs[i].head.tensor, recs[i].head.elem_begin, recs[i].head.elem_begin + r.elems,
-                           name(recs[i].head.encoding),
-                           (f & detail::fault_header) ? " its staged header differs from the announced one;" : "",
-                           (f & detail::fault_tail) ? " bitmap bits past its elements;" : "",
-                           (f & detail::fault_blocks) ? " block_start is not a prefix from 0 to the change count;" : "",
-                           (f & detail::fault_range) ? " an index past its elements;" : "",
-                           (f & detail::fault_order) ? " indices not strictly increasing;" : "",
-                           (f & detail::fault_count) ? " bitmap bits do not add up to the change count;" : "");
+        return rlpt::detail::format(
+            "delta record {} (tensor #{}, elements [{}, {}), {}) is malformed:{}{}{}{}{}{}", i, recs[i].head.tensor,
+            recs[i].head.elem_begin, recs[i].head.elem_begin + r.elems, name(recs[i].head.encoding),
+            (f & detail::fault_header) ? " its staged header differs from the announced one;" : "",
+            (f & detail::fault_tail) ? " bitmap bits past its elements;" : "",
+            (f & detail::fault_blocks) ? " block_start is not a prefix from 0 to the change count;" : "",
+            (f & detail::fault_range) ? " an index past its elements;" : "",
+            (f & detail::fault_order) ? " indices not strictly increasing;" : "",
+            (f & detail::fault_count) ? " bitmap bits do not add up to the change count;" : "");
     }
     if (pops_ != 0)
       RLPT_CUDA_CHECK(cudaMemcpyAsync(d_pops_.get(), h_pops_.get(), pops_ * 4, cudaMemcpyHostToDevice, s));

@@ -391,7 +391,7 @@ public:
                ipc_max_slots, o_.slots);
     if (o_.device < 0) RLPT_CUDA_CHECK(cudaGetDevice(&o_.device));
     detail::device_guard g(o_.device);
-    where_ = fmt::format("cuda ipc {} over {}", r == role::sender ? "sender" : "receiver", host.info().name);
+    where_ = rlpt::detail::format("cuda ipc {} over {}", r == role::sender ? "sender" : "receiver", host.info().name);
     work_ = std::make_unique<detail::stream>();
     if (role_ == role::sender) {
       stride_ = (o_.slot_bytes + 255) / 256 * 256;
@@ -422,7 +422,8 @@ public:
   [[nodiscard]] std::size_t last_peer() const override { return 0; }
   [[nodiscard]] std::string peer_name(std::size_t) const override {
     const std::int32_t pid = role_ == role::sender ? importer_pid_ : exporter_pid_;
-    return fmt::format("the {} (pid {}, {})", role_ == role::sender ? "receiver" : "sender", pid, host_.info().name);
+    return rlpt::detail::format("the {} (pid {}, {})", role_ == role::sender ? "receiver" : "sender", pid,
+                                host_.info().name);
   }
 
   [[nodiscard]] ipc_stats stats() const noexcept {
@@ -466,7 +467,8 @@ public:
     const std::size_t s = next_slot_;
     while (busy_[s]) {
       if (!pump(until))
-        detail::timeout(where_, fmt::format("waiting for {} to release slot {} ({})", peer_name(0), s, labels_[s]));
+        detail::timeout(where_,
+                        rlpt::detail::format("waiting for {} to release slot {} ({})", peer_name(0), s, labels_[s]));
     }
     reserved_ = static_cast<int>(s);
     return {exp_->base() + s * stride_, static_cast<std::size_t>(bytes)};
@@ -486,7 +488,7 @@ public:
       detail::device_guard g(o_.device);
       // The receiver reads the slot as soon as MSG arrives: the fill must be complete first.
       filled_->record(work_->get());
-      detail::wait_event(filled_->get(), until, where_, fmt::format("filling slot {}", slot));
+      detail::wait_event(filled_->get(), until, where_, rlpt::detail::format("filling slot {}", slot));
       busy_[slot] = 1;
       labels_[slot] = label_of(meta);
       reserved_ = -1;
@@ -528,7 +530,8 @@ public:
       for (std::size_t s = 0; s < busy_.size(); ++s)
         while (busy_[s])
           if (!pump(until))
-            detail::timeout(where_, fmt::format("waiting for {} to release slot {} ({})", peer_name(0), s, labels_[s]));
+            detail::timeout(
+                where_, rlpt::detail::format("waiting for {} to release slot {} ({})", peer_name(0), s, labels_[s]));
       return;
     }
     flush_releases(until, true);
@@ -570,10 +573,10 @@ private:
     std::memcpy(&version, meta.data() + 8, 8);
     std::memcpy(&index, meta.data() + 24, 8);
     if (type == static_cast<std::uint16_t>(frame_type::bucket))
-      return fmt::format("bucket {} of version {}", index, version);
+      return rlpt::detail::format("bucket {} of version {}", index, version);
     if (type == static_cast<std::uint16_t>(frame_type::delta))
-      return fmt::format("delta chunk {} of version {}", index, version);
-    return fmt::format("a payload of version {}", version);
+      return rlpt::detail::format("delta chunk {} of version {}", index, version);
+    return rlpt::detail::format("a payload of version {}", version);
   }
 
   // --- sender side ---------------------------------------------------------------------
@@ -634,7 +637,8 @@ private:
     while (!pending_.empty()) {
       const std::size_t s = pending_.front();
       if (all)
-        detail::wait_event(consumed_[s].get(), until, where_, fmt::format("waiting for the copy out of slot {}", s));
+        detail::wait_event(consumed_[s].get(), until, where_,
+                           rlpt::detail::format("waiting for the copy out of slot {}", s));
       else if (cudaEventQuery(consumed_[s].get()) != cudaSuccess)
         break;
       pending_.pop_front();

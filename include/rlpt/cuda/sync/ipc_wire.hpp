@@ -210,7 +210,7 @@ inline constexpr std::size_t ipc_hello_bytes = 8 + 4 + 4 + 16 + 64 + 8 + 8 + 4 +
 }
 
 [[nodiscard]] inline std::string uuid_text(const std::array<unsigned char, 16>& u) {
-  return fmt::format(
+  return rlpt::detail::format(
       "GPU-{:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}", u[0],
       u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
 }

@@ -76,14 +76,14 @@ public:
   //! Sender (rank 0, the root) of a group the link creates: one host link per receiver.
   nccl_link(std::vector<link*> receivers, nccl_options o = {})
       : o_(o), role_(role::sender), own_(true), hosts_(std::move(receivers)) {
-    where_ = fmt::format("nccl sender ({} receivers)", hosts_.size());
+    where_ = rlpt::detail::format("nccl sender ({} receivers)", hosts_.size());
     init_common(o_.device);
   }
 
   //! Receiver of a group the sender creates: the host link to the sender. Joins when the
   //! sender's INIT arrives (inside receive()).
   explicit nccl_link(link& sender, nccl_options o = {}) : o_(o), role_(role::receiver), own_(true), hosts_{&sender} {
-    where_ = fmt::format("nccl receiver (sender at {})", sender.info().name);
+    where_ = rlpt::detail::format("nccl receiver (sender at {})", sender.info().name);
     init_common(o_.device);
   }
 
@@ -111,8 +111,8 @@ public:
     else
       RLPT_CHECK(hosts_.size() == 1, errors::sync::bad_link,
                  "nccl_link: a receiver needs exactly one host link, got {}", hosts_.size());
-    where_ = fmt::format("nccl rank {} of {} ({}, root {})", rank, ranks, role_ == role::sender ? "sender" : "receiver",
-                         root);
+    where_ = rlpt::detail::format("nccl rank {} of {} ({}, root {})", rank, ranks,
+                                  role_ == role::sender ? "sender" : "receiver", root);
     init_common(dev);
   }
 
@@ -132,10 +132,10 @@ public:
   [[nodiscard]] std::size_t peers() const override { return role_ == role::sender ? hosts_.size() : 1; }
   [[nodiscard]] std::size_t last_peer() const override { return last_peer_; }
   [[nodiscard]] std::string peer_name(std::size_t p) const override {
-    if (p >= hosts_.size()) return fmt::format("peer {}", p);
-    if (role_ == role::receiver) return fmt::format("the sender (rank {}, {})", root_, hosts_[p]->info().name);
-    if (own_) return fmt::format("rank {} ({})", p + 1, hosts_[p]->info().name);
-    return fmt::format("receiver {} ({})", p, hosts_[p]->info().name);
+    if (p >= hosts_.size()) return rlpt::detail::format("peer {}", p);
+    if (role_ == role::receiver) return rlpt::detail::format("the sender (rank {}, {})", root_, hosts_[p]->info().name);
+    if (own_) return rlpt::detail::format("rank {} ({})", p + 1, hosts_[p]->info().name);
+    return rlpt::detail::format("receiver {} ({})", p, hosts_[p]->info().name);
   }
 
   //! The communicator (null before the first bootstrap).
@@ -161,7 +161,7 @@ public:
       const auto s = static_cast<std::size_t>(next_slot_);
       detail::device_guard g(device_);
       wait_slot(slots_[s].sent.get(), until,
-                fmt::format("waiting for the broadcast of {} to finish (slot {})", slots_[s].label, s));
+                rlpt::detail::format("waiting for the broadcast of {} to finish (slot {})", slots_[s].label, s));
       reserved_ = next_slot_;
     }
     return {slot_ptr(static_cast<std::size_t>(reserved_)), static_cast<std::size_t>(bytes)};
@@ -212,9 +212,10 @@ public:
     detail::device_guard g(device_);
     for (std::size_t s = 0; s < slots_.size(); ++s) {
       if (role_ == role::sender)
-        wait_slot(slots_[s].sent.get(), until, fmt::format("waiting for the broadcast of {}", slots_[s].label));
+        wait_slot(slots_[s].sent.get(), until,
+                  rlpt::detail::format("waiting for the broadcast of {}", slots_[s].label));
       else
-        wait_slot(slots_[s].used.get(), until, fmt::format("waiting for {} to be consumed", slots_[s].label));
+        wait_slot(slots_[s].used.get(), until, rlpt::detail::format("waiting for {} to be consumed", slots_[s].label));
     }
   }
 
@@ -285,15 +286,15 @@ private:
     std::memcpy(&version, meta.data() + 8, 8);
     std::memcpy(&index, meta.data() + 24, 8);
     if (type == static_cast<std::uint16_t>(frame_type::bucket))
-      return fmt::format("bucket {} of version {}", index, version);
+      return rlpt::detail::format("bucket {} of version {}", index, version);
     if (type == static_cast<std::uint16_t>(frame_type::delta))
-      return fmt::format("delta chunk {} of version {}", index, version);
-    return fmt::format("a payload of version {}", version);
+      return rlpt::detail::format("delta chunk {} of version {}", index, version);
+    return rlpt::detail::format("a payload of version {}", version);
   }
 
   [[nodiscard]] std::string peers_text() const {
     std::string s;
-    for (std::size_t p = 0; p < hosts_.size(); ++p) s += fmt::format("{}{}", p ? ", " : "", peer_name(p));
+    for (std::size_t p = 0; p < hosts_.size(); ++p) s += rlpt::detail::format("{}{}", p ? ", " : "", peer_name(p));
     return s.empty() ? "no peers" : s;
   }
 
@@ -312,8 +313,9 @@ private:
     const ncclResult_t rc = ncclCommGetAsyncError(comm_, &st);
     if (rc == ncclSuccess && (st == ncclSuccess || st == ncclInProgress)) return;
     const ncclResult_t bad = rc != ncclSuccess ? rc : st;
-    const std::string msg = fmt::format("{}: {}: NCCL reported {} ({}); the communicator was aborted (peers: {})",
-                                        where_, what, static_cast<int>(bad), ncclGetErrorString(bad), peers_text());
+    const std::string msg =
+        rlpt::detail::format("{}: {}: NCCL reported {} ({}); the communicator was aborted (peers: {})", where_, what,
+                             static_cast<int>(bad), ncclGetErrorString(bad), peers_text());
     abort_comm(msg);
     RLPT_FAIL(errors::nccl::error, "{}", msg);
   }
@@ -326,14 +328,15 @@ private:
       if (rc == ncclSuccess && st == ncclSuccess) return;
       if (rc != ncclSuccess || st != ncclInProgress) {
         const ncclResult_t bad = rc != ncclSuccess ? rc : st;
-        const std::string msg = fmt::format("{}: {}: NCCL reported {} ({}); the communicator was aborted (peers: {})",
-                                            where_, what, static_cast<int>(bad), ncclGetErrorString(bad), peers_text());
+        const std::string msg =
+            rlpt::detail::format("{}: {}: NCCL reported {} ({}); the communicator was aborted (peers: {})", where_,
+                                 what, static_cast<int>(bad), ncclGetErrorString(bad), peers_text());
         abort_comm(msg);
         RLPT_FAIL(errors::nccl::error, "{}", msg);
       }
       if (clock::now() >= until) {
-        const std::string msg =
-            fmt::format("{}: timed out {}; the communicator was aborted (peers: {})", where_, what, peers_text());
+        const std::string msg = rlpt::detail::format("{}: timed out {}; the communicator was aborted (peers: {})",
+                                                     where_, what, peers_text());
         abort_comm(msg);
         RLPT_FAIL(errors::sync::timeout, "{}", msg);
       }
@@ -349,8 +352,8 @@ private:
       detail::wait_event(e, until, where_, what, [&] { check_async(what); });
     } catch (const error& err) {
       if (err.id() == errors::sync::timeout) {
-        const std::string msg =
-            fmt::format("{}: timed out {}; the communicator was aborted (peers: {})", where_, what, peers_text());
+        const std::string msg = rlpt::detail::format("{}: timed out {}; the communicator was aborted (peers: {})",
+                                                     where_, what, peers_text());
         abort_comm(msg);
         RLPT_FAIL(errors::sync::timeout, "{}", msg);
       }
@@ -359,14 +362,14 @@ private:
   }
 
   void broadcast(std::size_t s, std::uint64_t bytes, deadline until) {
-    const std::string what = fmt::format("broadcasting {} (slot {}, {} bytes)", slots_[s].label, s, bytes);
+    const std::string what = rlpt::detail::format("broadcasting {} (slot {}, {} bytes)", slots_[s].label, s, bytes);
     const ncclResult_t rc = ncclBroadcast(slot_ptr(s), slot_ptr(s), bytes, ncclUint8, root_, comm_, net_->get());
     if (rc == ncclInProgress)
       settle(until, what);
     else if (rc != ncclSuccess) {
       const std::string msg =
-          fmt::format("{}: {}: ncclBroadcast failed with {} ({}); the communicator was aborted (peers: {})", where_,
-                      what, static_cast<int>(rc), ncclGetErrorString(rc), peers_text());
+          rlpt::detail::format("{}: {}: ncclBroadcast failed with {} ({}); the communicator was aborted (peers: {})",
+                               where_, what, static_cast<int>(rc), ncclGetErrorString(rc), peers_text());
       abort_comm(msg);
       RLPT_FAIL(errors::nccl::error, "{}", msg);
     }
@@ -419,7 +422,7 @@ private:
       if (clock::now() >= until) {
         std::string missing;
         for (std::size_t i = 0; i < hosts_.size(); ++i)
-          if (!joined_[i]) missing += fmt::format("{}{}", missing.empty() ? "" : ", ", peer_name(i));
+          if (!joined_[i]) missing += rlpt::detail::format("{}{}", missing.empty() ? "" : ", ", peer_name(i));
         RLPT_FAIL(errors::sync::timeout, "{}: timed out waiting for {} to join communicator {}", where_, missing,
                   epoch_);
       }
@@ -440,7 +443,8 @@ private:
     ranks_ = ranks;
     rank_ = rank;
     root_ = root;
-    settle(after(o_.init_timeout), fmt::format("creating communicator {} (rank {} of {})", epoch_, rank, ranks));
+    settle(after(o_.init_timeout),
+           rlpt::detail::format("creating communicator {} (rank {} of {})", epoch_, rank, ranks));
     for (auto& s : slots_) s.label = "nothing";
     next_slot_ = 0;
   }
@@ -518,10 +522,11 @@ private:
       detail::device_guard g(device_);
       const deadline limit = after(o_.timeout);
       wait_slot(slots_[s].used.get(), limit,
-                fmt::format("waiting for {} to be consumed (slot {})", slots_[s].label, s));
+                rlpt::detail::format("waiting for {} to be consumed (slot {})", slots_[s].label, s));
       slots_[s].label = label_of(msg->meta);
       broadcast(s, payload, limit);
-      wait_slot(slots_[s].sent.get(), limit, fmt::format("receiving {} from {}", slots_[s].label, peer_name(0)));
+      wait_slot(slots_[s].sent.get(), limit,
+                rlpt::detail::format("receiving {} from {}", slots_[s].label, peer_name(0)));
       next_slot_ = static_cast<int>((s + 1) % slots_.size());
       held_slot_ = static_cast<int>(s);
       return message{msg->meta, {slot_ptr(s), static_cast<std::size_t>(payload)}};

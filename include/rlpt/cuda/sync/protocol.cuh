@@ -116,7 +116,7 @@ public:
   using link_type = device_link;
   static constexpr memory_space space = memory_space::device;
   static std::string wrong_link(std::string_view where) {
-    return fmt::format("{} moves host payloads; use rlpt::sync::sender with it", where);
+    return rlpt::detail::format("{} moves host payloads; use rlpt::sync::sender with it", where);
   }
 
   //! `params` are matched to the manifest by name (shape must agree; a dtype other than the
@@ -180,7 +180,7 @@ public:
     pack_.run(b, 0, reinterpret_cast<std::uintptr_t>(buf.data()), d_sums_.get<std::uint64_t>(), s);
     RLPT_CUDA_CHECK(cudaMemcpyAsync(host + p0, d_sums_.get<std::uint64_t>() + p0, np * 8, cudaMemcpyDeviceToHost, s));
     // The pack of this bucket overlaps the previous bucket's transfer; its sums go in the frame.
-    wait_stream(packed_, s, until, where_, fmt::format("packing bucket {} of version {}", b, version));
+    wait_stream(packed_, s, until, where_, rlpt::detail::format("packing bucket {} of version {}", b, version));
     const auto pieces = m_.pieces(b);
     for (std::size_t j = 0; j < pieces.size(); ++j) raw_[pieces[j].tensor] += host[p0 + j];
     return {host + p0, static_cast<std::size_t>(np)};
@@ -210,7 +210,7 @@ public:
     RLPT_CUDA_CHECK(cudaMemsetAsync(d_msg_sum_.get(), 0, 8, s));
     run_checksum(buf.data(), msg.bytes, d_msg_sum_.get<std::uint64_t>(), s);
     RLPT_CUDA_CHECK(cudaMemcpyAsync(h_msg_sum_.get(), d_msg_sum_.get(), 8, cudaMemcpyDeviceToHost, s));
-    wait_stream(packed_, s, until, where_, fmt::format("encoding delta chunk {} of version {}", k, version));
+    wait_stream(packed_, s, until, where_, rlpt::detail::format("encoding delta chunk {} of version {}", k, version));
     const std::size_t nrec = msg.record_end - msg.record_begin;
     body_.resize(8 + 64 * nrec);
     std::memcpy(body_.data(), h_msg_sum_.get(), 8);
@@ -261,7 +261,7 @@ public:
   static constexpr std::string_view options_name = "device_receiver_options";
   static constexpr refusal setup_refusal = refusal::too_large; // device memory for the plans or the arena
   static std::string wrong_link(std::string_view where) {
-    return fmt::format("{} moves host payloads; use rlpt::sync::receiver with it", where);
+    return rlpt::detail::format("{} moves host payloads; use rlpt::sync::receiver with it", where);
   }
 
   struct staged_record {
@@ -299,8 +299,8 @@ public:
   [[nodiscard]] std::string delta_refusal(const inflight_state& s, const manifest& m) const {
     for (std::size_t i = 0; i < m.size(); ++i)
       if (s.bound[i] != nullptr && s.bound[i]->dtype != m[i].dtype)
-        return fmt::format("target \"{}\" is stored as {} but travels as {}: deltas need equal dtypes", m[i].name,
-                           s.bound[i]->dtype, m[i].dtype);
+        return rlpt::detail::format("target \"{}\" is stored as {} but travels as {}: deltas need equal dtypes",
+                                    m[i].name, s.bound[i]->dtype, m[i].dtype);
     return {};
   }
 
@@ -331,7 +331,7 @@ public:
     RLPT_CHECK(f.count >= 1 && f.count <= (f.body.size() / 64) && f.body.size() == 8 + 64 * f.count,
                errors::sync::protocol, "{}: delta chunk {} of version {} announces {} records in a {}-byte body",
                where_, f.index, f.version, f.count, f.body.size());
-    const std::string ctx = fmt::format("{} version {} delta chunk {}", where_, f.version, f.index);
+    const std::string ctx = rlpt::detail::format("{} version {} delta chunk {}", where_, f.version, f.index);
     std::uint64_t at = 0;
     const std::uint64_t arena_at = c.be.arena_used;
     std::vector<staged_record> recs;
@@ -351,7 +351,7 @@ public:
                  "{}: delta record for \"{}\" covers elements [{}, {}) of {}", ctx, t.name, d.elem_begin,
                  d.elem_begin + d.elem_count, t.numel());
       if (d.base_checksum != st.pub[d.tensor].checksum) {
-        st.require_dense(fmt::format("delta version {} was encoded against another base", f.version));
+        st.require_dense(rlpt::detail::format("delta version {} was encoded against another base", f.version));
         RLPT_FAIL(errors::sync::base_mismatch,
                   "{}: delta for \"{}\" was encoded against checksum {}, the published version {} has {}", ctx, t.name,
                   to_hex(d.base_checksum), st.version, to_hex(st.pub[d.tensor].checksum));
@@ -399,7 +399,7 @@ public:
     const cudaStream_t s = link_.stream();
     const std::uint64_t np = piece_at_.back();
     if (np != 0) RLPT_CUDA_CHECK(cudaMemcpyAsync(h_sums_.get(), d_sums_.get(), np * 8, cudaMemcpyDeviceToHost, s));
-    wait_stream(done_, s, after(o_.timeout), where_, fmt::format("verifying version {}", f.version));
+    wait_stream(done_, s, after(o_.timeout), where_, rlpt::detail::format("verifying version {}", f.version));
     const auto* got = h_sums_.get<std::uint64_t>();
     std::vector<std::uint64_t> raw(m.size(), 0);
     for (std::uint64_t b = 0; b < m.bucket_count(); ++b) {
@@ -424,7 +424,7 @@ public:
     if (o_.mode == apply_mode::staged) {
       c.partial = true; // from here on the parameters change
       apply_.run(0, reinterpret_cast<std::uintptr_t>(arena_.get()), 0, nullptr, s);
-      wait_stream(done_, s, after(o_.timeout), where_, fmt::format("applying version {}", f.version));
+      wait_stream(done_, s, after(o_.timeout), where_, rlpt::detail::format("applying version {}", f.version));
     }
     c.loaded = m.size();
   }
@@ -436,7 +436,7 @@ public:
     const std::size_t nm = c.be.want_msgs.size();
     if (nm != 0)
       RLPT_CUDA_CHECK(cudaMemcpyAsync(h_msg_sums_.get(), d_msg_sums_.get(), nm * 8, cudaMemcpyDeviceToHost, s));
-    wait_stream(done_, s, after(o_.timeout), where_, fmt::format("verifying delta version {}", f.version));
+    wait_stream(done_, s, after(o_.timeout), where_, rlpt::detail::format("verifying delta version {}", f.version));
     for (std::size_t k = 0; k < nm; ++k)
       RLPT_CHECK(h_msg_sums_.get<std::uint64_t>()[k] == c.be.want_msgs[k], errors::sync::checksum,
                  "{}: delta chunk {} of version {} has checksum {}, the sender's is {}", where_, k, f.version,
@@ -460,14 +460,15 @@ public:
     c.partial = true;
     // Every bound target is verified, touched or not: targets damaged since they were
     // published are never carried into the new version on the strength of a stored checksum.
-    const std::vector<std::uint64_t> got = target_checksums(m, s, fmt::format("applying delta version {}", f.version));
+    const std::vector<std::uint64_t> got =
+        target_checksums(m, s, rlpt::detail::format("applying delta version {}", f.version));
     for (std::size_t i = 0; i < m.size(); ++i) {
       if (bound_[i] == nullptr || got[i] == want[i]) continue;
       applier_.undo(s);
       const std::vector<std::uint64_t> base =
-          target_checksums(m, s, fmt::format("rolling back delta version {}", f.version));
+          target_checksums(m, s, rlpt::detail::format("rolling back delta version {}", f.version));
       c.partial = false;
-      st.require_dense(fmt::format("delta version {} failed verification here", f.version));
+      st.require_dense(rlpt::detail::format("delta version {} failed verification here", f.version));
       if (base[i] != st.pub[i].checksum)
         RLPT_FAIL(
             errors::sync::base_mismatch,
@@ -500,7 +501,7 @@ public:
     if (!plans_ready_ || plans_hash_ != st.pub.layout_hash() || plans_layout_ != st.pub.layout_json())
       build_plans(st.pub, detail::bind(st.pub, targets_, where_, "target", false));
     const std::vector<std::uint64_t> got =
-        target_checksums(st.pub, link_.stream(), fmt::format("verifying version {}", st.version));
+        target_checksums(st.pub, link_.stream(), rlpt::detail::format("verifying version {}", st.version));
     for (std::size_t i = 0; i < st.pub.size(); ++i) {
       known[i] = bound_[i] != nullptr ? 1 : 0; // skipped tensors have no bytes here
       sums[i] = got[i];

@@ -45,7 +45,7 @@ public:
                "staged link: {} already moves device payloads", hi.name);
     if (o_.device < 0) RLPT_CUDA_CHECK(cudaGetDevice(&o_.device));
     detail::device_guard g(o_.device);
-    where_ = fmt::format("{} (device payloads staged through host memory)", hi.name);
+    where_ = rlpt::detail::format("{} (device payloads staged through host memory)", hi.name);
     work_ = std::make_unique<detail::stream>();
     copied_ = std::make_unique<detail::event>();
   }
@@ -69,7 +69,7 @@ public:
   [[nodiscard]] std::size_t peers() const override { return 1; }
   [[nodiscard]] std::size_t last_peer() const override { return 0; }
   [[nodiscard]] std::string peer_name(std::size_t) const override {
-    return fmt::format("the peer of {}", host_.info().name);
+    return rlpt::detail::format("the peer of {}", host_.info().name);
   }
   void prepare(deadline) override {}
   void fail(std::string_view) noexcept override {}

@@ -87,8 +87,8 @@ inline sockaddr_un unix_address(const std::string& path, socklen_t& len) {
 class unix_link final : public link, private detail::stream_link<unix_link, detail::unix_header_bytes> {
 public:
   unix_link(unix_options o, role r) : o_(std::move(o)) {
-    where_ = fmt::format("unix {} ({}, {})", o_.path, r == role::sender ? "sender" : "receiver",
-                         o_.listen ? "listening" : "connecting");
+    where_ = rlpt::detail::format("unix {} ({}, {})", o_.path, r == role::sender ? "sender" : "receiver",
+                                  o_.listen ? "listening" : "connecting");
     (void)detail::unix_address(o_.path, addr_len_); // validates the path
     if (o_.listen) open_listener();
   }
@@ -97,7 +97,8 @@ public:
   unix_link(int connected_fd, role r, unix_options o = {}) : o_(std::move(o)), adopted_(true) {
     RLPT_CHECK(connected_fd >= 0, errors::sync::bad_link, "unix_link needs a connected socket, got fd {}",
                connected_fd);
-    where_ = fmt::format("unix socketpair fd {} ({})", connected_fd, r == role::sender ? "sender" : "receiver");
+    where_ =
+        rlpt::detail::format("unix socketpair fd {} ({})", connected_fd, r == role::sender ? "sender" : "receiver");
     adopt(connected_fd);
   }
 

@@ -99,8 +99,8 @@ public:
       // After a base mismatch the sender retries dense with a new BEGIN, which supersedes.
       if ((f.type == frame_type::refuse && f.index != static_cast<std::uint64_t>(refusal::base_mismatch)) ||
           f.type == frame_type::nack)
-        abort(f.tag,
-              fmt::format("this host {} version {}", f.type == frame_type::nack ? "failed" : "refused", f.version));
+        abort(f.tag, rlpt::detail::format("this host {} version {}", f.type == frame_type::nack ? "failed" : "refused",
+                                          f.version));
     } catch (const error&) {}
   }
 
@@ -109,7 +109,7 @@ public:
     try {
       m = up_.receive(until);
     } catch (const error& e) {
-      abort(attempt_tag_, fmt::format("upstream: {}", e.message()));
+      abort(attempt_tag_, rlpt::detail::format("upstream: {}", e.message()));
       throw;
     }
     if (m) pass_on(*m);
@@ -154,7 +154,7 @@ private:
     if (!cv_.wait_until(g, clock::now() + lag_, [&] { return q_.size() < depth_; })) {
       passing_ = false;
       g.unlock();
-      abort(f.tag, fmt::format("the downstream hosts took no frame for {} ms", lag_.count()));
+      abort(f.tag, rlpt::detail::format("the downstream hosts took no frame for {} ms", lag_.count()));
       return;
     }
     item it = spare();
@@ -239,7 +239,7 @@ private:
       for_open([&](std::size_t k) {
         send_to(k, meta, {}, after(std::chrono::milliseconds(100)));
         legs_[k].end(leg::state::failed, errors::sync::aborted,
-                     fmt::format("{}: version {} was aborted: {}", down_[k]->info().name, version_, it.why));
+                     rlpt::detail::format("{}: version {} was aborted: {}", down_[k]->info().name, version_, it.why));
       });
       settle_ = true;
       return;
@@ -256,7 +256,7 @@ private:
     if (it.type == frame_type::abort) {
       for_open([&](std::size_t k) {
         legs_[k].end(leg::state::failed, errors::sync::aborted,
-                     fmt::format("{}: the sender aborted version {}", down_[k]->info().name, version_));
+                     rlpt::detail::format("{}: the sender aborted version {}", down_[k]->info().name, version_));
       });
       settle_ = true;
     } else if (it.type == frame_type::commit) {
@@ -265,8 +265,8 @@ private:
         answers(k, until);
         if (legs_[k].st == leg::state::open)
           legs_[k].end(leg::state::failed, errors::sync::timeout,
-                       fmt::format("{}: no answer to the COMMIT of version {} within {} ms", down_[k]->info().name,
-                                   version_, send_.commit_timeout.count()));
+                       rlpt::detail::format("{}: no answer to the COMMIT of version {} within {} ms",
+                                            down_[k]->info().name, version_, send_.commit_timeout.count()));
       });
       settle_ = true;
     }

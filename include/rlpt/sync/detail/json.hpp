@@ -138,9 +138,9 @@ public:
 
 private:
   template <class... Args>
-  [[noreturn]] void fail_at(std::size_t at, fmt::format_string<Args...> f, Args&&... args) const {
+  [[noreturn]] void fail_at(std::size_t at, rlpt::detail::message_format<Args...> f, Args&&... args) const {
     RLPT_FAIL(errors::sync::json, "{} is not valid JSON: at byte {}: {}", what_, at,
-              fmt::format(f, std::forward<Args>(args)...));
+              rlpt::detail::format<Args...>(f, args...));
   }
 
   void skip_ws() noexcept {
@@ -181,8 +181,8 @@ private:
 
   static std::string describe(char c) {
     const auto u = static_cast<unsigned char>(c);
-    if (u >= 0x20 && u < 0x7f) return fmt::format("'{}'", c);
-    return fmt::format("0x{:02x}", u);
+    if (u >= 0x20 && u < 0x7f) return rlpt::detail::format("'{}'", c);
+    return rlpt::detail::format("0x{:02x}", u);
   }
 
   void enter(std::size_t depth) const {
