@@ -2,6 +2,7 @@
 // Trajectory records: append-only multi-turn building, the token-in/token-out prefix rule,
 // validation naming the field, extras, and the columnar batch.
 #include <rlpt/rollout/batch.hpp>
+#include <rlpt/rollout/checkpoint.hpp>
 #include <rlpt/rollout/record.hpp>
 
 #include "helpers.hpp"
@@ -11,7 +12,10 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 using namespace rlpt;
@@ -246,6 +250,88 @@ TEST_CASE("rollout_batch stacks records into columns with zero-copy row views") 
   std::vector<trajectory> bad{recs[0]};
   bad[0].token_rewards.clear();
   RLPT_CHECK_ERROR(rollout_batch::gather(bad, schema), "rlpt.rollout.record_size", "token_rewards");
+}
+
+namespace {
+
+// Writes a recognisable value of T for element k (in place through token_extra::as<T>()).
+template <class T> T extra_value(std::size_t k) {
+  if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>) {
+    return T(static_cast<float>(k) * 0.5f - 3.0f);
+  } else {
+    return static_cast<T>(static_cast<int>(k % 97) - 40);
+  }
+}
+
+template <class T> std::vector<std::uint64_t> bits_of(view<const T> v) {
+  std::vector<std::uint64_t> out;
+  for (const T& x : v) {
+    std::uint64_t u = 0;
+    std::memcpy(&u, &x, sizeof(T));
+    out.push_back(u);
+  }
+  return out;
+}
+
+template <class T> void check_extra_column(dtype type) {
+  CAPTURE(name(type));
+  const index_t width = 3;
+  const record_schema schema{.extras = {{"pad", dtype::u8, 1}, {"x", type, width}}};
+  builder_options o{.extras = schema.extras};
+  std::vector<trajectory> recs;
+  for (int i = 0; i < 3; ++i) {
+    const std::vector<token_id> prompt(static_cast<std::size_t>(i + 1), 1);
+    trajectory_builder b(i, prompt, o);
+    const std::vector<token_id> out{4, 5};
+    const std::vector<float> lp{-1, -2};
+    b.model(out, lp, 0);
+    recs.push_back(std::move(b).finish());
+    token_extra& e = recs.back().extras[1];
+    CHECK(e.type() == type);
+    CHECK(e.elements() == width * recs.back().size());
+    const view<T> v = e.as<T>();
+    for (index_t k = 0; k < v.size(); ++k) CHECK(bits_of<T>(view<const T>(&v[k], 1))[0] == 0); // zero-filled
+    for (index_t k = 0; k < v.size(); ++k) v[k] = extra_value<T>(detail::usize(k + 100 * i));
+    using other = std::conditional_t<std::is_same_v<T, double>, float, double>;
+    RLPT_CHECK_ERROR((void)e.as<other>(), "rlpt.rollout.extra_dtype", "'x'");
+  }
+  // Gathered into a batch, each row's view starts at its own first element of T.
+  const rollout_batch batch = rollout_batch::gather(recs, schema);
+  for (std::size_t i = 0; i < recs.size(); ++i) {
+    const trajectory& t = recs[i];
+    const view<const T> want = std::as_const(t.extras[1]).as<T>();
+    CHECK(bits_of<T>(batch[static_cast<index_t>(i)].extra("x")->as<T>()) == bits_of<T>(want));
+  }
+  CHECK(batch.extra("x").type() == type);
+  CHECK(batch.extra("x").as<T>().size() == width * batch.num_tokens());
+  // A checkpoint's record codec gives back the same bits.
+  for (const trajectory& t : recs) {
+    detail::byte_writer w;
+    detail::put_record(w, t, schema);
+    detail::byte_reader r(w.bytes());
+    const trajectory back = detail::get_record(r, schema);
+    CHECK(back.extras[1].values == t.extras[1].values);
+    CHECK(bits_of<T>(std::as_const(back.extras[1]).as<T>()) == bits_of<T>(std::as_const(t.extras[1]).as<T>()));
+    CHECK(r.remaining() == 0);
+  }
+  // Records stacked twice compare equal; one changed bit does not.
+  std::vector<trajectory> changed = recs;
+  changed[2].extras[1].values.bytes()[changed[2].extras[1].values.size_bytes() - 1] ^= std::byte{1};
+  CHECK(rollout_batch::gather(recs, schema) == batch);
+  CHECK_FALSE(rollout_batch::gather(changed, schema) == batch);
+}
+
+} // namespace
+
+TEST_CASE("extra columns of every dtype: zero-filled, written in place, stacked and checkpointed bit for bit") {
+  check_extra_column<float>(dtype::f32);
+  check_extra_column<double>(dtype::f64);
+  check_extra_column<f16>(dtype::f16);
+  check_extra_column<bf16>(dtype::bf16);
+  check_extra_column<std::int8_t>(dtype::i8);
+  check_extra_column<std::uint8_t>(dtype::u8);
+  check_extra_column<std::int32_t>(dtype::i32);
+  check_extra_column<std::int64_t>(dtype::i64);
 }
 
 TEST_CASE("reward_column gives one reward channel of every record, contiguous") {

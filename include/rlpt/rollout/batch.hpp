@@ -49,11 +49,11 @@ struct batch_extra {
   index_t width = 1;
   detail::extra_storage values;
 
-  [[nodiscard]] dtype type() const { return detail::dtype_of_storage(values); }
+  [[nodiscard]] dtype type() const noexcept { return values.type(); }
   template <class T> [[nodiscard]] view<const T> as() const& {
-    const auto* v = std::get_if<std::vector<T>>(&values);
-    RLPT_CHECK(v != nullptr, errors::rollout::extra_dtype, "extra '{}' holds {}, not {}", name, type(), dtype_of<T>);
-    return *v;
+    RLPT_CHECK(dtype_of<T> == type(), errors::rollout::extra_dtype, "extra '{}' holds {}, not {}", name, type(),
+               dtype_of<T>);
+    return {values.data<T>(), detail::isize(values.size())};
   }
   template <class T> view<const T> as() const&& = delete; // would view a temporary's values
 };
@@ -102,7 +102,7 @@ public:
     sample_indices_.clear();
     segments_.clear();
     segment_offsets_.assign(1, 0);
-    for (auto& e : extras_) std::visit([](auto& v) { v.clear(); }, e.values);
+    for (auto& e : extras_) e.values.clear();
     group_offsets_.assign(1, 0);
     group_info_.clear();
   }
@@ -195,7 +195,7 @@ public:
     v.token_rewards = {token_rewards_.data() + b * schema_.token_reward_channels, n * schema_.token_reward_channels};
     v.segments = {segments_.data() + segment_offsets_[u], segment_offsets_[u + 1] - segment_offsets_[u]};
     for (const auto& e : extras_) {
-      const void* p = std::visit([&](const auto& c) -> const void* { return c.data() + b * e.width; }, e.values);
+      const void* p = e.values.bytes() + detail::usize(b * e.width) * size_of(e.type());
       v.extras.push_back({e.name, e.type(), e.width, p, n * e.width});
     }
     return v;
@@ -239,15 +239,7 @@ public:
     for (std::size_t k = 0; k < a.extras_.size(); ++k) {
       const auto& x = a.extras_[k];
       const auto& y = b.extras_[k];
-      if (x.name != y.name || x.width != y.width || x.values.index() != y.values.index()) return false;
-      const bool same = std::visit(
-          [&](const auto& xv) {
-            const auto& yv = std::get<std::decay_t<decltype(xv)>>(y.values);
-            return xv.size() == yv.size() &&
-                   (xv.empty() || std::memcmp(xv.data(), yv.data(), xv.size() * sizeof(xv[0])) == 0);
-          },
-          x.values);
-      if (!same) return false;
+      if (x.name != y.name || x.width != y.width || !(x.values == y.values)) return false;
     }
     return true;
   }
@@ -269,9 +261,8 @@ private:
     if (schema_.versions) versions_.reserve(u);
     token_rewards_.reserve(u * detail::usize(schema_.token_reward_channels));
     if (extras_.empty())
-      for (const auto& s : schema_.extras) extras_.push_back({s.name, s.width, detail::make_extra_storage(s.type)});
-    for (std::size_t k = 0; k < extras_.size(); ++k)
-      std::visit([&](auto& v) { v.reserve(u * detail::usize(extras_[k].width)); }, extras_[k].values);
+      for (const auto& s : schema_.extras) extras_.push_back({s.name, s.width, detail::extra_storage(s.type)});
+    for (auto& e : extras_) e.values.reserve(u * detail::usize(e.width));
   }
 
   //! Appends one record; it must match the schema (the buffer validated it on push).
@@ -283,13 +274,7 @@ private:
     versions_.insert(versions_.end(), t.versions.begin(), t.versions.end());
     token_rewards_.insert(token_rewards_.end(), t.token_rewards.begin(), t.token_rewards.end());
     rewards_.insert(rewards_.end(), t.rewards.begin(), t.rewards.end());
-    for (std::size_t k = 0; k < extras_.size(); ++k)
-      std::visit(
-          [&](auto& dst) {
-            const auto& src = std::get<std::decay_t<decltype(dst)>>(t.extras[k].values);
-            dst.insert(dst.end(), src.begin(), src.end());
-          },
-          extras_[k].values);
+    for (std::size_t k = 0; k < extras_.size(); ++k) extras_[k].values.append(t.extras[k].values);
     segments_.insert(segments_.end(), t.segments.begin(), t.segments.end());
     segment_offsets_.push_back(detail::isize(segments_.size()));
     prompt_lens_.push_back(t.prompt_len);
@@ -308,9 +293,9 @@ private:
         detail::isize(t.token_rewards.size()) == n * schema_.token_reward_channels && t.extras.size() == extras_.size();
     if (!ok) validate(t, schema_); // throws naming the field
     for (std::size_t k = 0; k < extras_.size(); ++k)
-      RLPT_CHECK(
-          t.extras[k].values.index() == extras_[k].values.index() && t.extras[k].elements() == n * extras_[k].width,
-          errors::rollout::record_value, "trajectory extra '{}' does not match the batch schema", extras_[k].name);
+      RLPT_CHECK(t.extras[k].type() == extras_[k].type() && t.extras[k].elements() == n * extras_[k].width,
+                 errors::rollout::record_value, "trajectory extra '{}' does not match the batch schema",
+                 extras_[k].name);
   }
 
   void set_groups(std::span<const group_info> groups) {

@@ -145,12 +145,14 @@ public:
     return v;
   }
   template <class T> void get_raw(std::vector<T>& v, std::size_t n, std::string_view what) {
-    RLPT_CHECK(n <= (in_.size() - pos_) / sizeof(T), errors::rollout::checkpoint_corrupt,
-               "checkpoint is truncated: field {} at byte {} needs {} bytes, {} remain", what, pos_, n * sizeof(T),
-               in_.size() - pos_);
+    check_raw(n, sizeof(T), what);
     v.resize(n);
-    if (n != 0) std::memcpy(v.data(), in_.data() + pos_, n * sizeof(T));
-    pos_ += n * sizeof(T);
+    copy_raw(v.data(), n * sizeof(T));
+  }
+  void get_raw(extra_storage& v, std::size_t n, std::string_view what) {
+    check_raw(n, size_of(v.type()), what);
+    v.resize(n);
+    copy_raw(v.bytes(), n * size_of(v.type()));
   }
   [[nodiscard]] std::string get_string(std::string_view what) {
     const auto n = get<std::uint32_t>(what);
@@ -163,6 +165,16 @@ public:
   [[nodiscard]] std::size_t remaining() const noexcept { return in_.size() - pos_; }
 
 private:
+  //! n elements of `size` bytes each must remain (checked before anything is allocated for them).
+  void check_raw(std::size_t n, std::size_t size, std::string_view what) const {
+    RLPT_CHECK(n <= (in_.size() - pos_) / size, errors::rollout::checkpoint_corrupt,
+               "checkpoint is truncated: field {} at byte {} needs {} bytes, {} remain", what, pos_, n * size,
+               in_.size() - pos_);
+  }
+  void copy_raw(void* to, std::size_t bytes) {
+    if (bytes != 0) std::memcpy(to, in_.data() + pos_, bytes);
+    pos_ += bytes;
+  }
   void need(std::size_t n, std::string_view what) const {
     RLPT_CHECK(n <= in_.size() - pos_, errors::rollout::checkpoint_corrupt,
                "checkpoint is truncated: field {} at byte {} needs {} bytes, {} remain", what, pos_, n,
@@ -237,7 +249,7 @@ inline void put_record(byte_writer& w, const trajectory& t, const record_schema&
     w.put<std::uint8_t>(static_cast<std::uint8_t>(g.source));
     w.put<std::int32_t>(g.turn);
   }
-  for (const auto& e : t.extras) std::visit([&](const auto& v) { w.put_raw(v.data(), v.size()); }, e.values);
+  for (const auto& e : t.extras) w.put_raw(e.values.bytes(), e.values.size_bytes());
 }
 
 [[nodiscard]] inline trajectory get_record(byte_reader& r, const record_schema& s) {
@@ -272,7 +284,7 @@ inline void put_record(byte_writer& w, const trajectory& t, const record_schema&
     token_extra e(spec.name, spec.type, spec.width);
     RLPT_CHECK(n <= r.remaining() / usize(spec.width), errors::rollout::checkpoint_corrupt,
                "checkpoint is truncated in extra '{}' at byte {}", spec.name, r.position());
-    std::visit([&](auto& v) { r.get_raw(v, n * usize(spec.width), "record.extra"); }, e.values);
+    r.get_raw(e.values, n * usize(spec.width), "record.extra");
     t.extras.push_back(std::move(e));
   }
   return t;
