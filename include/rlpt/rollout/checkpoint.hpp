@@ -175,11 +175,7 @@ private:
     if (bytes != 0) std::memcpy(to, in_.data() + pos_, bytes);
     pos_ += bytes;
   }
-  void need(std::size_t n, std::string_view what) const {
-    RLPT_CHECK(n <= in_.size() - pos_, errors::rollout::checkpoint_corrupt,
-               "checkpoint is truncated: field {} at byte {} needs {} bytes, {} remain", what, pos_, n,
-               in_.size() - pos_);
-  }
+  void need(std::size_t bytes, std::string_view what) const { check_raw(bytes, 1, what); }
 
   std::span<const std::byte> in_;
   std::size_t pos_ = 0;
