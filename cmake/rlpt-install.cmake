@@ -7,16 +7,17 @@ set(RLPT_CMAKE_DIR "${CMAKE_INSTALL_DATADIR}/cmake/rlpt"
 
 # core always; the others where their dependencies were found (CMakeLists.txt).
 set(_rlpt_components core)
-foreach(comp IN ITEMS lm_head auth ucx cuda cuda_lm_head nccl)
+foreach(comp IN ITEMS compiled lm_head auth ucx cuda cuda_lm_head nccl)
   if(TARGET rlpt_${comp})
     list(APPEND _rlpt_components ${comp})
   endif()
 endforeach()
 
 # One export set per component, so a consumer never loads targets (and their dependencies:
-# Eigen, OpenSSL, UCX, CUDA, cuBLAS, NCCL) of a component it did not ask for.
+# Eigen, OpenSSL, UCX, CUDA, cuBLAS, NCCL) of a component it did not ask for. The compiled
+# component is a library file; the others are header-only.
 set(_rlpt_export_core rlpt)
-foreach(comp IN ITEMS lm_head auth ucx cuda cuda_lm_head nccl)
+foreach(comp IN ITEMS compiled lm_head auth ucx cuda cuda_lm_head nccl)
   set(_rlpt_export_${comp} rlpt_${comp})
 endforeach()
 
@@ -38,8 +39,14 @@ configure_file("${CMAKE_CURRENT_LIST_DIR}/FindNCCL.cmake" "${PROJECT_BINARY_DIR}
 
 if(RLPT_INSTALL)
   foreach(comp IN LISTS _rlpt_components)
-    install(TARGETS ${_rlpt_export_${comp}} EXPORT rlpt-${comp}-targets
-      FILE_SET HEADERS DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}")
+    if(comp STREQUAL "compiled")
+      install(TARGETS rlpt_compiled EXPORT rlpt-compiled-targets
+        ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}" LIBRARY DESTINATION "${CMAKE_INSTALL_LIBDIR}"
+        RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}")
+    else()
+      install(TARGETS ${_rlpt_export_${comp}} EXPORT rlpt-${comp}-targets
+        FILE_SET HEADERS DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}")
+    endif()
     install(EXPORT rlpt-${comp}-targets NAMESPACE rlpt:: DESTINATION "${RLPT_CMAKE_DIR}")
   endforeach()
   install(FILES

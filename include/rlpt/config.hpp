@@ -111,6 +111,29 @@
   }                                                                                                                    \
   }
 
+// --- separate compilation (opt-in) ------------------------------------------------------------
+// rlpt is header-only by default. The large non-template functions of the rollout, staleness
+// and sync blocks (the buffers, checkpoints, transports, protocol, transforms) are declared in
+// their headers and defined below them, in a section that only TUs where RLPT_HEADER_IMPL() is 1
+// see.
+// Define RLPT_COMPILED_LIB in every TU of a program (CMake: link rlpt::compiled, which does it)
+// and those definitions are compiled once, into that library (src/compiled.cpp), instead of in
+// every TU that includes rlpt: what their bodies instantiate (containers, sorting, messages) is
+// what most of a TU's compile time goes to (docs/performance.md, "Compile time"). spdlog's
+// SPDLOG_COMPILED_LIB and Asio's separate compilation are the same model.
+//
+// RLPT_INLINE marks those out-of-class definitions: `inline` header-only, nothing in the library.
+#if defined(RLPT_COMPILED_LIB) && !defined(RLPT_COMPILED_LIB_SOURCE)
+#define RLPT_HEADER_IMPL() 0
+#else
+#define RLPT_HEADER_IMPL() 1
+#endif
+#if defined(RLPT_COMPILED_LIB)
+#define RLPT_INLINE
+#else
+#define RLPT_INLINE inline
+#endif
+
 // --- misc ---------------------------------------------------------------------------------
 
 #if defined(__GNUC__) || defined(__clang__)

@@ -12,7 +12,8 @@ function(_links comp out)
 endfunction()
 
 set(failed FALSE)
-foreach(rule IN ITEMS "core;Eigen3|CUDA::|cublas|OpenSSL|ucx::;fmt::fmt" "lm_head;CUDA::|cublas;Eigen3::Eigen"
+foreach(rule IN ITEMS "core;Eigen3|CUDA::|cublas|OpenSSL|ucx::;fmt::fmt" "compiled;Eigen3|CUDA::|cublas|OpenSSL|ucx::|rlpt_warnings;rlpt::rlpt"
+                      "lm_head;CUDA::|cublas;Eigen3::Eigen"
                       "auth;Eigen3|CUDA::|ucx::;OpenSSL::Crypto" "ucx;Eigen3|CUDA::|OpenSSL;ucx::ucp"
                       "cuda;Eigen3|cublas;CUDA::cudart" "cuda_lm_head;Eigen3;CUDA::cublas")
   list(GET rule 0 comp)

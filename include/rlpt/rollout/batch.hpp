@@ -73,38 +73,10 @@ public:
   //! As gather, into this batch: its arrays keep their capacity, so a consumer that reuses one
   //! batch allocates nothing in the steady state.
   void assign(std::span<const trajectory* const> records, const record_schema& schema,
-              std::span<const group_info> groups = {}) {
-    clear();
-    if (!(schema_ == schema)) {
-      schema_ = schema;
-      extras_.clear();
-    }
-    reserve_rows(records.size());
-    index_t tokens = 0;
-    for (const trajectory* t : records) tokens += t->size();
-    reserve_tokens(tokens);
-    for (const trajectory* t : records) append(*t);
-    set_groups(groups);
-  }
+              std::span<const group_info> groups = {});
 
   //! Empties the batch, keeping its capacity.
-  void clear() {
-    offsets_.assign(1, 0);
-    tokens_.clear();
-    loss_mask_.clear();
-    logprobs_.clear();
-    versions_.clear();
-    token_rewards_.clear();
-    rewards_.clear();
-    prompt_lens_.clear();
-    group_ids_.clear();
-    sample_indices_.clear();
-    segments_.clear();
-    segment_offsets_.assign(1, 0);
-    for (auto& e : extras_) e.values.clear();
-    group_offsets_.assign(1, 0);
-    group_info_.clear();
-  }
+  void clear();
   [[nodiscard]] static rollout_batch gather(std::span<const trajectory> records, const record_schema& schema) {
     std::vector<const trajectory*> p;
     p.reserve(records.size());
@@ -265,64 +237,11 @@ private:
   }
 
   //! Appends one record; it must match the schema (the buffer validated it on push).
-  void append(const trajectory& t) {
-    validate_shape(t);
-    tokens_.insert(tokens_.end(), t.tokens.begin(), t.tokens.end());
-    loss_mask_.insert(loss_mask_.end(), t.loss_mask.begin(), t.loss_mask.end());
-    logprobs_.insert(logprobs_.end(), t.logprobs.begin(), t.logprobs.end());
-    versions_.insert(versions_.end(), t.versions.begin(), t.versions.end());
-    token_rewards_.insert(token_rewards_.end(), t.token_rewards.begin(), t.token_rewards.end());
-    rewards_.insert(rewards_.end(), t.rewards.begin(), t.rewards.end());
-    for (std::size_t k = 0; k < extras_.size(); ++k) extras_[k].values.append(t.extras[k].values);
-    segments_.insert(segments_.end(), t.segments.begin(), t.segments.end());
-    segment_offsets_.push_back(detail::isize(segments_.size()));
-    prompt_lens_.push_back(t.prompt_len);
-    group_ids_.push_back(t.group_id);
-    sample_indices_.push_back(t.sample_index);
-    offsets_.push_back(detail::isize(tokens_.size()));
-  }
+  void append(const trajectory& t);
 
-  void validate_shape(const trajectory& t) const {
-    // Cheap structural check only; full validation happens where records enter (buffer push).
-    const index_t n = t.size();
-    const bool ok =
-        detail::isize(t.loss_mask.size()) == n && detail::isize(t.logprobs.size()) == (schema_.logprobs ? n : 0) &&
-        detail::isize(t.versions.size()) == (schema_.versions ? n : 0) &&
-        detail::isize(t.rewards.size()) == schema_.reward_channels &&
-        detail::isize(t.token_rewards.size()) == n * schema_.token_reward_channels && t.extras.size() == extras_.size();
-    if (!ok) validate(t, schema_); // throws naming the field
-    for (std::size_t k = 0; k < extras_.size(); ++k)
-      RLPT_CHECK(t.extras[k].type() == extras_[k].type() && t.extras[k].elements() == n * extras_[k].width,
-                 errors::rollout::record_value, "trajectory extra '{}' does not match the batch schema",
-                 extras_[k].name);
-  }
+  void validate_shape(const trajectory& t) const;
 
-  void set_groups(std::span<const group_info> groups) {
-    group_offsets_.assign(1, 0);
-    group_info_.clear();
-    if (groups.empty()) {
-      for (index_t i = 0; i < size(); ++i) {
-        group_offsets_.push_back(i + 1);
-        const trajectory_view v = (*this)[i];
-        const auto [lo, hi] = v.version_span();
-        group_info_.push_back({group_ids_[detail::usize(i)], static_cast<std::uint64_t>(i),
-                               static_cast<std::uint64_t>(i), 1, 1, v.size(), v.loss_tokens(), lo, hi, false});
-      }
-      return;
-    }
-    index_t at = 0;
-    for (std::size_t k = 0; k < groups.size(); ++k) {
-      const group_info& g = groups[k];
-      RLPT_CHECK(g.samples >= 1 && g.samples <= size() - at, errors::rollout::bad_groups,
-                 "groups[{}] (id {}) has samples = {}; it must be >= 1 and fit the {} records left of the batch's {}",
-                 k, g.id, g.samples, size() - at, size());
-      at += g.samples;
-      group_offsets_.push_back(at);
-      group_info_.push_back(g);
-    }
-    RLPT_CHECK(at == size(), errors::rollout::bad_groups, "group sizes add up to {} records, the batch has {}", at,
-               size());
-  }
+  void set_groups(std::span<const group_info> groups);
 
   record_schema schema_;
   std::vector<index_t> offsets_{0};
@@ -343,3 +262,100 @@ private:
 };
 
 RLPT_NAMESPACE_END
+
+#if RLPT_HEADER_IMPL()
+RLPT_NAMESPACE_BEGIN
+
+RLPT_INLINE void rollout_batch::assign(std::span<const trajectory* const> records, const record_schema& schema,
+                                       std::span<const group_info> groups) {
+  clear();
+  if (!(schema_ == schema)) {
+    schema_ = schema;
+    extras_.clear();
+  }
+  reserve_rows(records.size());
+  index_t tokens = 0;
+  for (const trajectory* t : records) tokens += t->size();
+  reserve_tokens(tokens);
+  for (const trajectory* t : records) append(*t);
+  set_groups(groups);
+}
+
+RLPT_INLINE void rollout_batch::clear() {
+  offsets_.assign(1, 0);
+  tokens_.clear();
+  loss_mask_.clear();
+  logprobs_.clear();
+  versions_.clear();
+  token_rewards_.clear();
+  rewards_.clear();
+  prompt_lens_.clear();
+  group_ids_.clear();
+  sample_indices_.clear();
+  segments_.clear();
+  segment_offsets_.assign(1, 0);
+  for (auto& e : extras_) e.values.clear();
+  group_offsets_.assign(1, 0);
+  group_info_.clear();
+}
+
+RLPT_INLINE void rollout_batch::append(const trajectory& t) {
+  validate_shape(t);
+  tokens_.insert(tokens_.end(), t.tokens.begin(), t.tokens.end());
+  loss_mask_.insert(loss_mask_.end(), t.loss_mask.begin(), t.loss_mask.end());
+  logprobs_.insert(logprobs_.end(), t.logprobs.begin(), t.logprobs.end());
+  versions_.insert(versions_.end(), t.versions.begin(), t.versions.end());
+  token_rewards_.insert(token_rewards_.end(), t.token_rewards.begin(), t.token_rewards.end());
+  rewards_.insert(rewards_.end(), t.rewards.begin(), t.rewards.end());
+  for (std::size_t k = 0; k < extras_.size(); ++k) extras_[k].values.append(t.extras[k].values);
+  segments_.insert(segments_.end(), t.segments.begin(), t.segments.end());
+  segment_offsets_.push_back(detail::isize(segments_.size()));
+  prompt_lens_.push_back(t.prompt_len);
+  group_ids_.push_back(t.group_id);
+  sample_indices_.push_back(t.sample_index);
+  offsets_.push_back(detail::isize(tokens_.size()));
+}
+
+RLPT_INLINE void rollout_batch::validate_shape(const trajectory& t) const {
+  // Cheap structural check only; full validation happens where records enter (buffer push).
+  const index_t n = t.size();
+  const bool ok =
+      detail::isize(t.loss_mask.size()) == n && detail::isize(t.logprobs.size()) == (schema_.logprobs ? n : 0) &&
+      detail::isize(t.versions.size()) == (schema_.versions ? n : 0) &&
+      detail::isize(t.rewards.size()) == schema_.reward_channels &&
+      detail::isize(t.token_rewards.size()) == n * schema_.token_reward_channels && t.extras.size() == extras_.size();
+  if (!ok) validate(t, schema_); // throws naming the field
+  for (std::size_t k = 0; k < extras_.size(); ++k)
+    RLPT_CHECK(t.extras[k].type() == extras_[k].type() && t.extras[k].elements() == n * extras_[k].width,
+               errors::rollout::record_value, "trajectory extra '{}' does not match the batch schema", extras_[k].name);
+}
+
+RLPT_INLINE void rollout_batch::set_groups(std::span<const group_info> groups) {
+  group_offsets_.assign(1, 0);
+  group_info_.clear();
+  if (groups.empty()) {
+    for (index_t i = 0; i < size(); ++i) {
+      group_offsets_.push_back(i + 1);
+      const trajectory_view v = (*this)[i];
+      const auto [lo, hi] = v.version_span();
+      group_info_.push_back({group_ids_[detail::usize(i)], static_cast<std::uint64_t>(i), static_cast<std::uint64_t>(i),
+                             1, 1, v.size(), v.loss_tokens(), lo, hi, false});
+    }
+    return;
+  }
+  index_t at = 0;
+  for (std::size_t k = 0; k < groups.size(); ++k) {
+    const group_info& g = groups[k];
+    RLPT_CHECK(g.samples >= 1 && g.samples <= size() - at, errors::rollout::bad_groups,
+               "groups[{}] (id {}) has samples = {}; it must be >= 1 and fit the {} records left of the batch's {}", k,
+               g.id, g.samples, size() - at, size());
+    at += g.samples;
+    group_offsets_.push_back(at);
+    group_info_.push_back(g);
+  }
+  RLPT_CHECK(at == size(), errors::rollout::bad_groups, "group sizes add up to {} records, the batch has {}", at,
+             size());
+}
+
+RLPT_NAMESPACE_END
+#endif // RLPT_HEADER_IMPL()

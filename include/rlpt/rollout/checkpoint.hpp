@@ -198,7 +198,80 @@ inline void put_flow(byte_writer& w, const flow_count& f) {
   return f;
 }
 
-inline void put_info(byte_writer& w, const group_info& g) {
+void put_info(byte_writer& w, const group_info& g);
+[[nodiscard]] group_info get_info(byte_reader& r);
+
+void put_record(byte_writer& w, const trajectory& t, const record_schema& s);
+
+[[nodiscard]] trajectory get_record(byte_reader& r, const record_schema& s);
+
+void put_schema(byte_writer& w, const record_schema& s);
+
+[[nodiscard]] record_schema get_schema(byte_reader& r);
+
+//! The payload parser (also reached directly by the fuzz tests, past the checksums).
+[[nodiscard]] checkpoint decode_payload(std::span<const std::byte> payload);
+
+} // namespace detail
+
+//! Serialises a buffer state (and a caller blob) into the checkpoint format.
+[[nodiscard]] std::vector<std::byte> encode_checkpoint(const buffer_state& s, std::span<const std::byte> user = {});
+
+//! Parses checkpoint bytes. Every malformed input raises rlpt::error naming what is wrong.
+[[nodiscard]] checkpoint decode_checkpoint(std::span<const std::byte> bytes);
+
+//! Removes the temporary files that writers of the checkpoint `path` killed mid-save left
+//! behind (`<path>.tmp.<pid>.<n>` of processes that no longer run; never this process's, nor
+//! a running writer's). save and load call it; returns how many files it removed. Best effort:
+//! a file that cannot be removed (permissions, a race with another cleaner) is skipped.
+inline index_t remove_stale_checkpoint_temporaries(const std::string& path) {
+  return detail::remove_stale_temporaries(path);
+}
+
+namespace detail {
+
+[[noreturn]] inline void io_fail(std::string_view what, std::string_view path, int err) {
+  RLPT_FAIL(errors::rollout::checkpoint_io, "{} {}: {}", what, path, std::generic_category().message(err));
+}
+
+//! Writes bytes durably (core/file.hpp's write_durable): the target is the old file or the
+//! whole new one, never a mix.
+void write_file_durable(const std::string& path, std::span<const std::byte> bytes);
+
+[[nodiscard]] std::vector<std::byte> read_file(const std::string& path);
+
+} // namespace detail
+
+//! Writes a checkpoint of `buffer` (a consistent snapshot) and `user` to `path`, crash-consistently.
+inline void save_checkpoint(const rollout_buffer& buffer, const std::string& path,
+                            std::span<const std::byte> user = {}) {
+  const std::vector<std::byte> bytes = encode_checkpoint(buffer.snapshot(), user);
+  detail::write_file_durable(path, bytes);
+}
+
+//! Reads and verifies a checkpoint file.
+[[nodiscard]] inline checkpoint load_checkpoint(const std::string& path) {
+  static_cast<void>(remove_stale_checkpoint_temporaries(path));
+  const std::vector<std::byte> bytes = detail::read_file(path);
+  return decode_checkpoint(bytes);
+}
+
+//! Restores `buffer` (fresh, same group sizes and schema) from a checkpoint file; returns the
+//! caller blob saved with it.
+inline std::vector<std::byte> restore_checkpoint(rollout_buffer& buffer, const std::string& path) {
+  checkpoint c = load_checkpoint(path);
+  buffer.restore(std::move(c.state));
+  return std::move(c.user);
+}
+
+RLPT_NAMESPACE_END
+
+#if RLPT_HEADER_IMPL()
+RLPT_NAMESPACE_BEGIN
+
+namespace detail {
+
+RLPT_INLINE void put_info(byte_writer& w, const group_info& g) {
   w.put<std::int64_t>(g.id);
   w.put<std::uint64_t>(g.ordinal);
   w.put<std::uint64_t>(g.ready_seq);
@@ -210,7 +283,8 @@ inline void put_info(byte_writer& w, const group_info& g) {
   w.put<std::int32_t>(g.tail_version);
   w.put_bool(g.partial);
 }
-[[nodiscard]] inline group_info get_info(byte_reader& r) {
+
+RLPT_INLINE group_info get_info(byte_reader& r) {
   constexpr index_t big = index_t{1} << 62;
   group_info g;
   g.id = r.get<std::int64_t>("group.id");
@@ -226,7 +300,7 @@ inline void put_info(byte_writer& w, const group_info& g) {
   return g;
 }
 
-inline void put_record(byte_writer& w, const trajectory& t, const record_schema& s) {
+RLPT_INLINE void put_record(byte_writer& w, const trajectory& t, const record_schema& s) {
   const auto n = t.tokens.size();
   w.put<std::int64_t>(t.group_id);
   w.put<std::int32_t>(t.sample_index);
@@ -248,7 +322,7 @@ inline void put_record(byte_writer& w, const trajectory& t, const record_schema&
   for (const auto& e : t.extras) w.put_raw(e.values.bytes(), e.values.size_bytes());
 }
 
-[[nodiscard]] inline trajectory get_record(byte_reader& r, const record_schema& s) {
+RLPT_INLINE trajectory get_record(byte_reader& r, const record_schema& s) {
   trajectory t;
   t.group_id = r.get<std::int64_t>("record.group_id");
   t.sample_index = r.get<std::int32_t>("record.sample_index");
@@ -286,7 +360,7 @@ inline void put_record(byte_writer& w, const trajectory& t, const record_schema&
   return t;
 }
 
-inline void put_schema(byte_writer& w, const record_schema& s) {
+RLPT_INLINE void put_schema(byte_writer& w, const record_schema& s) {
   w.put_bool(s.logprobs);
   w.put_bool(s.versions);
   w.put<std::int64_t>(s.reward_channels);
@@ -299,7 +373,7 @@ inline void put_schema(byte_writer& w, const record_schema& s) {
   }
 }
 
-[[nodiscard]] inline record_schema get_schema(byte_reader& r) {
+RLPT_INLINE record_schema get_schema(byte_reader& r) {
   record_schema s;
   s.logprobs = r.get_bool("schema.logprobs");
   s.versions = r.get_bool("schema.versions");
@@ -319,8 +393,7 @@ inline void put_schema(byte_writer& w, const record_schema& s) {
   return s;
 }
 
-//! The payload parser (also reached directly by the fuzz tests, past the checksums).
-[[nodiscard]] inline checkpoint decode_payload(std::span<const std::byte> payload) {
+RLPT_INLINE checkpoint decode_payload(std::span<const std::byte> payload) {
   constexpr index_t big = index_t{1} << 62;
   byte_reader r(payload);
   checkpoint c;
@@ -364,9 +437,7 @@ inline void put_schema(byte_writer& w, const record_schema& s) {
 
 } // namespace detail
 
-//! Serialises a buffer state (and a caller blob) into the checkpoint format.
-[[nodiscard]] inline std::vector<std::byte> encode_checkpoint(const buffer_state& s,
-                                                              std::span<const std::byte> user = {}) {
+RLPT_INLINE std::vector<std::byte> encode_checkpoint(const buffer_state& s, std::span<const std::byte> user) {
   detail::byte_writer w;
   w.put<std::int64_t>(s.group_size);
   w.put<std::int64_t>(s.min_group_size);
@@ -407,8 +478,7 @@ inline void put_schema(byte_writer& w, const record_schema& s) {
   return out;
 }
 
-//! Parses checkpoint bytes. Every malformed input raises rlpt::error naming what is wrong.
-[[nodiscard]] inline checkpoint decode_checkpoint(std::span<const std::byte> bytes) {
+RLPT_INLINE checkpoint decode_checkpoint(std::span<const std::byte> bytes) {
   RLPT_CHECK(bytes.size() >= detail::checkpoint_header_bytes, errors::rollout::checkpoint_corrupt,
              "checkpoint is truncated: {} bytes, the header alone needs {}", bytes.size(),
              detail::checkpoint_header_bytes);
@@ -441,23 +511,9 @@ inline void put_schema(byte_writer& w, const record_schema& s) {
   return detail::decode_payload(payload);
 }
 
-//! Removes the temporary files that writers of the checkpoint `path` killed mid-save left
-//! behind (`<path>.tmp.<pid>.<n>` of processes that no longer run; never this process's, nor
-//! a running writer's). save and load call it; returns how many files it removed. Best effort:
-//! a file that cannot be removed (permissions, a race with another cleaner) is skipped.
-inline index_t remove_stale_checkpoint_temporaries(const std::string& path) {
-  return detail::remove_stale_temporaries(path);
-}
-
 namespace detail {
 
-[[noreturn]] inline void io_fail(std::string_view what, std::string_view path, int err) {
-  RLPT_FAIL(errors::rollout::checkpoint_io, "{} {}: {}", what, path, std::generic_category().message(err));
-}
-
-//! Writes bytes durably (core/file.hpp's write_durable): the target is the old file or the
-//! whole new one, never a mix.
-inline void write_file_durable(const std::string& path, std::span<const std::byte> bytes) {
+RLPT_INLINE void write_file_durable(const std::string& path, std::span<const std::byte> bytes) {
   write_durable(
       path,
       [&](int fd, const std::string& tmp) {
@@ -466,7 +522,7 @@ inline void write_file_durable(const std::string& path, std::span<const std::byt
       io_fail);
 }
 
-[[nodiscard]] inline std::vector<std::byte> read_file(const std::string& path) {
+RLPT_INLINE std::vector<std::byte> read_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) io_fail("cannot open", path, errno);
   struct stat st {};
@@ -492,26 +548,5 @@ inline void write_file_durable(const std::string& path, std::span<const std::byt
 
 } // namespace detail
 
-//! Writes a checkpoint of `buffer` (a consistent snapshot) and `user` to `path`, crash-consistently.
-inline void save_checkpoint(const rollout_buffer& buffer, const std::string& path,
-                            std::span<const std::byte> user = {}) {
-  const std::vector<std::byte> bytes = encode_checkpoint(buffer.snapshot(), user);
-  detail::write_file_durable(path, bytes);
-}
-
-//! Reads and verifies a checkpoint file.
-[[nodiscard]] inline checkpoint load_checkpoint(const std::string& path) {
-  static_cast<void>(remove_stale_checkpoint_temporaries(path));
-  const std::vector<std::byte> bytes = detail::read_file(path);
-  return decode_checkpoint(bytes);
-}
-
-//! Restores `buffer` (fresh, same group sizes and schema) from a checkpoint file; returns the
-//! caller blob saved with it.
-inline std::vector<std::byte> restore_checkpoint(rollout_buffer& buffer, const std::string& path) {
-  checkpoint c = load_checkpoint(path);
-  buffer.restore(std::move(c.state));
-  return std::move(c.user);
-}
-
 RLPT_NAMESPACE_END
+#endif // RLPT_HEADER_IMPL()

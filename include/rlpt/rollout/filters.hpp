@@ -79,19 +79,7 @@ struct nonzero_std {
   double eps = 0.0;
   bool keep_singletons = true;
 
-  [[nodiscard]] bool operator()(const group_view& g) const {
-    const auto n = g.records.size();
-    if (n <= 1) return keep_singletons;
-    double mean = 0.0;
-    for (const auto& t : g.records) mean += static_cast<double>(reward(t));
-    mean /= static_cast<double>(n);
-    double ss = 0.0;
-    for (const auto& t : g.records) {
-      const double d = static_cast<double>(reward(t)) - mean;
-      ss += d * d;
-    }
-    return std::sqrt(ss / static_cast<double>(n)) > eps;
-  }
+  [[nodiscard]] bool operator()(const group_view& g) const;
 
   [[nodiscard]] float reward(const trajectory& t) const {
     RLPT_CHECK(channel >= 0 && channel < detail::isize(t.rewards.size()), errors::rollout::bad_option,
@@ -116,3 +104,27 @@ RLPT_NAMESPACE_END
 template <> struct fmt::formatter<rlpt::evict_reason> : rlpt::detail::name_formatter {
   template <class Ctx> auto format(rlpt::evict_reason r, Ctx& ctx) const { return format_name(rlpt::name(r), ctx); }
 };
+
+#if RLPT_HEADER_IMPL()
+RLPT_NAMESPACE_BEGIN
+
+namespace filters {
+
+RLPT_INLINE bool nonzero_std::operator()(const group_view& g) const {
+  const auto n = g.records.size();
+  if (n <= 1) return keep_singletons;
+  double mean = 0.0;
+  for (const auto& t : g.records) mean += static_cast<double>(reward(t));
+  mean /= static_cast<double>(n);
+  double ss = 0.0;
+  for (const auto& t : g.records) {
+    const double d = static_cast<double>(reward(t)) - mean;
+    ss += d * d;
+  }
+  return std::sqrt(ss / static_cast<double>(n)) > eps;
+}
+
+} // namespace filters
+
+RLPT_NAMESPACE_END
+#endif // RLPT_HEADER_IMPL()

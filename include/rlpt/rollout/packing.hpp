@@ -104,7 +104,187 @@ namespace detail {
 
 //! First-fit decreasing into bins of `cap` tokens (every item <= cap). A max segment tree over
 //! the bins' free space finds the first bin that fits in O(log bins).
-inline std::vector<std::vector<index_t>> ffd(std::span<const index_t> ids, view<const index_t> len, index_t cap) {
+std::vector<std::vector<index_t>> ffd(std::span<const index_t> ids, view<const index_t> len, index_t cap);
+
+[[nodiscard]] inline index_t tokens_of(const std::vector<index_t>& bin, view<const index_t> len) {
+  index_t s = 0;
+  for (const index_t i : bin) s += len[i];
+  return s;
+}
+
+//! Moves sequences out of bins over `cap` into the bins with the most room, largest movable
+//! sequence first. Returns whether every bin now fits.
+bool repair(std::vector<std::vector<index_t>>& bins, view<const index_t> len, index_t cap);
+
+//! Splits the heaviest multi-item bin into two halves by LPT until there are `want` bins or
+//! none can be split (slime dp_schedule's rule for raising the count).
+void split_to(std::vector<std::vector<index_t>>& bins, index_t want, view<const index_t> len);
+
+} // namespace detail
+
+//! Plans one rank's micro-batches. Every micro-batch holds at most token_budget tokens, except
+//! a micro-batch holding one longer sequence (counted in `oversize`). Deterministic.
+[[nodiscard]] microbatch_plan plan_microbatches(view<const index_t> lengths, const microbatch_options& o = {});
+
+//! Micro-batch count a rank would use on its own (all-reduce MAX these across ranks, then plan
+//! with min_microbatches = that maximum; repeat if some rank still needs more).
+[[nodiscard]] inline index_t count_microbatches(view<const index_t> lengths, const microbatch_options& o = {}) {
+  return plan_microbatches(lengths, o).num_microbatches();
+}
+
+// --- a whole step on one controller ------------------------------------------------------------
+
+struct step_options {
+  index_t ranks = 1;               //!< data-parallel ranks
+  balance_options balance{};       //!< rank balancing (its `ranks` is ignored; this one counts)
+  bool groups_atomic = false;      //!< keep each group on one rank (needs groups)
+  microbatch_options microbatch{}; //!< per-rank micro-batching
+  bool equal_microbatches = true;  //!< same micro-batch count on every rank (verl same_micro_num_in_dp = True)
+};
+
+struct rank_plan {
+  std::vector<index_t> items{};   //!< sequence indices of this rank, ascending
+  microbatch_plan microbatches{}; //!< over global sequence indices
+  index_t tokens = 0;
+  index_t loss_tokens = 0; //!< trained tokens on this rank (needs loss token counts)
+  index_t sequences = 0;
+};
+
+//! The normalisers a loss aggregation needs for the whole step (all ranks, all micro-batches).
+struct step_totals {
+  index_t tokens = 0;                //!< all tokens
+  index_t loss_tokens = 0;           //!< trained tokens: the token-mean denominator
+  index_t sequences = 0;             //!< all sequences
+  index_t loss_sequences = 0;        //!< sequences with at least one trained token: the seq-mean denominator
+  index_t microbatches_per_rank = 0; //!< when equal_microbatches, the common count; else the maximum
+};
+
+struct step_plan {
+  partition ranks_partition{};
+  std::vector<rank_plan> ranks{};
+  step_totals totals{};
+};
+
+//! Plans a step: balances sequences (or whole groups) across ranks, micro-batches every rank
+//! with the same count, and computes the global denominators. `loss_tokens` (optional, one per
+//! sequence: rollout_batch::loss_token_counts) feeds the trained-token totals.
+[[nodiscard]] step_plan plan_step(view<const index_t> lengths, const step_options& o,
+                                  view<const index_t> loss_tokens = {}, const groups* grouping = nullptr);
+
+// --- packed output -------------------------------------------------------------------------
+
+struct pack_options {
+  index_t pad_to_multiple = 1;   //!< pad the packed length to a multiple (1: none, verl remove_padding; AReaL 256)
+  token_id pad_token = 0;        //!< token id of padding
+  token_id ignore_target = -100; //!< target where no next token exists (torch cross_entropy ignore_index)
+};
+
+//! Sizes of a packed micro-batch: allocate the outputs of pack_into with these.
+struct packed_extent {
+  index_t tokens = 0;    //!< flat tokens including padding
+  index_t sequences = 0; //!< cu_seqlens has sequences + 1 entries (padding counts as one sequence)
+  index_t pad_tokens = 0;
+};
+
+//! Caller-owned outputs of pack_into; optional ones may be empty views.
+struct packed_views {
+  view<token_id> tokens;           //!< [extent.tokens]
+  view<std::int32_t> cu_seqlens;   //!< [extent.sequences + 1]
+  view<std::int32_t> position_ids; //!< [extent.tokens], restart at 0 per sequence
+  view<mask_t> loss_mask;          //!< [extent.tokens], 0 on padding
+  view<token_id> targets{};        //!< optional [extent.tokens]: next token within the sequence, else ignore_target
+  view<float> logprobs{};          //!< optional [extent.tokens]: behaviour logprobs, 0 on padding
+  view<policy_version> versions{}; //!< optional [extent.tokens]: -1 on padding
+};
+
+//! What pack_into wrote.
+struct packed_info {
+  index_t tokens = 0;      //!< real tokens (without padding)
+  index_t loss_tokens = 0; //!< trained tokens
+  index_t sequences = 0;   //!< real sequences
+  index_t pad_tokens = 0;
+  index_t max_seqlen = 0; //!< longest sequence (flash-attn max_seqlen), padding included
+};
+
+[[nodiscard]] packed_extent packed_size(const rollout_batch& batch, view<const index_t> items,
+                                        const pack_options& o = {});
+
+//! Writes records `items` of `batch` packed into `out` (sized by packed_size).
+packed_info pack_into(const rollout_batch& batch, view<const index_t> items, const packed_views& out,
+                      const pack_options& o = {});
+
+//! A packed micro-batch that owns its arrays (convenience over pack_into).
+struct packed_microbatch {
+  std::vector<token_id> tokens{};
+  std::vector<std::int32_t> cu_seqlens{};
+  std::vector<std::int32_t> position_ids{};
+  std::vector<mask_t> loss_mask{};
+  std::vector<token_id> targets{};
+  std::vector<float> logprobs{};
+  std::vector<policy_version> versions{};
+  std::vector<index_t> items{}; //!< batch rows, in packed order
+  packed_info info{};
+};
+
+[[nodiscard]] packed_microbatch pack(const rollout_batch& batch, view<const index_t> items, const pack_options& o = {});
+
+//! Gathers a per-token column laid out like the batch (offsets: the batch's cu_seqlens,
+//! `width` values per token) into packed order; padding slots get `pad`.
+//! The offsets are validated as a layout's (start at 0, non-decreasing).
+template <class T>
+void pack_tokens(view<const index_t> offsets, view<const T> src, index_t width, view<const index_t> items, view<T> dst,
+                 T pad = T{}) {
+  RLPT_CHECK(width >= 1, errors::rollout::bad_option, "pack_tokens width must be >= 1, got {}", width);
+  detail::check_offsets(errors::rollout::bad_items, "pack_tokens offsets", "sequence", offsets);
+  const index_t total = offsets[offsets.size() - 1];
+  detail::expect_size("src", src.size(),
+                      detail::checked_mul(errors::rollout::bad_items, "offsets.back() * width", total, width),
+                      "offsets.back() * width");
+  index_t at = 0;
+  for (index_t k = 0; k < items.size(); ++k) {
+    const index_t i = items[k];
+    RLPT_CHECK(i >= 0 && i < offsets.size() - 1, errors::rollout::bad_items,
+               "item {} (items[{}]) is outside {} sequences", i, k, offsets.size() - 1);
+    const index_t n = (offsets[i + 1] - offsets[i]) * width; // <= total * width
+    RLPT_CHECK(n <= dst.size() - at, errors::rollout::bad_items,
+               "dst of {} elements is too small for the items: items[{}] = {} needs {} more after {}", dst.size(), k, i,
+               n, at);
+    std::copy_n(src.data() + offsets[i] * width, n, dst.data() + at);
+    at += n;
+  }
+  std::fill(dst.data() + at, dst.data() + dst.size(), pad);
+}
+
+//! Expands one value per sequence (e.g. a GRPO advantage) to every token of the packed items;
+//! padding slots get `pad`.
+template <class T>
+void expand_per_sequence(view<const index_t> offsets, view<const T> per_sequence, view<const index_t> items,
+                         view<T> dst, T pad = T{}) {
+  detail::check_offsets(errors::rollout::bad_items, "expand_per_sequence offsets", "sequence", offsets);
+  detail::expect_size("per_sequence", per_sequence.size(), offsets.size() - 1, "one per sequence");
+  index_t at = 0;
+  for (index_t k = 0; k < items.size(); ++k) {
+    const index_t i = items[k];
+    RLPT_CHECK(i >= 0 && i < per_sequence.size(), errors::rollout::bad_items,
+               "item {} (items[{}]) is outside {} sequences", i, k, per_sequence.size());
+    const index_t n = offsets[i + 1] - offsets[i];
+    RLPT_CHECK(n <= dst.size() - at, errors::rollout::bad_items,
+               "dst of {} elements is too small for the items: items[{}] = {} needs {} more after {}", dst.size(), k, i,
+               n, at);
+    std::fill_n(dst.data() + at, n, per_sequence[i]);
+    at += n;
+  }
+  std::fill(dst.data() + at, dst.data() + dst.size(), pad);
+}
+
+RLPT_NAMESPACE_END
+
+#if RLPT_HEADER_IMPL()
+RLPT_NAMESPACE_BEGIN
+
+namespace detail {
+
+RLPT_INLINE std::vector<std::vector<index_t>> ffd(std::span<const index_t> ids, view<const index_t> len, index_t cap) {
   std::vector<index_t> order(ids.begin(), ids.end());
   std::sort(order.begin(), order.end(),
             [&](index_t a, index_t b) { return len[a] != len[b] ? len[a] > len[b] : a < b; });
@@ -127,15 +307,7 @@ inline std::vector<std::vector<index_t>> ffd(std::span<const index_t> ids, view<
   return bins;
 }
 
-[[nodiscard]] inline index_t tokens_of(const std::vector<index_t>& bin, view<const index_t> len) {
-  index_t s = 0;
-  for (const index_t i : bin) s += len[i];
-  return s;
-}
-
-//! Moves sequences out of bins over `cap` into the bins with the most room, largest movable
-//! sequence first. Returns whether every bin now fits.
-inline bool repair(std::vector<std::vector<index_t>>& bins, view<const index_t> len, index_t cap) {
+RLPT_INLINE bool repair(std::vector<std::vector<index_t>>& bins, view<const index_t> len, index_t cap) {
   std::vector<index_t> tokens(bins.size());
   for (std::size_t b = 0; b < bins.size(); ++b) tokens[b] = tokens_of(bins[b], len);
   for (std::size_t b = 0; b < bins.size(); ++b) {
@@ -162,9 +334,7 @@ inline bool repair(std::vector<std::vector<index_t>>& bins, view<const index_t> 
   return true;
 }
 
-//! Splits the heaviest multi-item bin into two halves by LPT until there are `want` bins or
-//! none can be split (slime dp_schedule's rule for raising the count).
-inline void split_to(std::vector<std::vector<index_t>>& bins, index_t want, view<const index_t> len) {
+RLPT_INLINE void split_to(std::vector<std::vector<index_t>>& bins, index_t want, view<const index_t> len) {
   while (static_cast<index_t>(bins.size()) < want) {
     std::size_t pick = bins.size();
     index_t most = -1;
@@ -195,9 +365,7 @@ inline void split_to(std::vector<std::vector<index_t>>& bins, index_t want, view
 
 } // namespace detail
 
-//! Plans one rank's micro-batches. Every micro-batch holds at most token_budget tokens, except
-//! a micro-batch holding one longer sequence (counted in `oversize`). Deterministic.
-[[nodiscard]] inline microbatch_plan plan_microbatches(view<const index_t> lengths, const microbatch_options& o = {}) {
+RLPT_INLINE microbatch_plan plan_microbatches(view<const index_t> lengths, const microbatch_options& o) {
   RLPT_CHECK(o.token_budget >= 1, errors::rollout::bad_option, "token_budget must be >= 1, got {}", o.token_budget);
   RLPT_CHECK(o.min_microbatches >= 0 && o.divisor >= 1 && o.kk_attempts >= 1, errors::rollout::bad_option,
              "min_microbatches ({}) must be >= 0, divisor ({}) and kk_attempts ({}) >= 1", o.min_microbatches,
@@ -291,50 +459,8 @@ inline void split_to(std::vector<std::vector<index_t>>& bins, index_t want, view
   return plan;
 }
 
-//! Micro-batch count a rank would use on its own (all-reduce MAX these across ranks, then plan
-//! with min_microbatches = that maximum; repeat if some rank still needs more).
-[[nodiscard]] inline index_t count_microbatches(view<const index_t> lengths, const microbatch_options& o = {}) {
-  return plan_microbatches(lengths, o).num_microbatches();
-}
-
-// --- a whole step on one controller ------------------------------------------------------------
-
-struct step_options {
-  index_t ranks = 1;               //!< data-parallel ranks
-  balance_options balance{};       //!< rank balancing (its `ranks` is ignored; this one counts)
-  bool groups_atomic = false;      //!< keep each group on one rank (needs groups)
-  microbatch_options microbatch{}; //!< per-rank micro-batching
-  bool equal_microbatches = true;  //!< same micro-batch count on every rank (verl same_micro_num_in_dp = True)
-};
-
-struct rank_plan {
-  std::vector<index_t> items{};   //!< sequence indices of this rank, ascending
-  microbatch_plan microbatches{}; //!< over global sequence indices
-  index_t tokens = 0;
-  index_t loss_tokens = 0; //!< trained tokens on this rank (needs loss token counts)
-  index_t sequences = 0;
-};
-
-//! The normalisers a loss aggregation needs for the whole step (all ranks, all micro-batches).
-struct step_totals {
-  index_t tokens = 0;                //!< all tokens
-  index_t loss_tokens = 0;           //!< trained tokens: the token-mean denominator
-  index_t sequences = 0;             //!< all sequences
-  index_t loss_sequences = 0;        //!< sequences with at least one trained token: the seq-mean denominator
-  index_t microbatches_per_rank = 0; //!< when equal_microbatches, the common count; else the maximum
-};
-
-struct step_plan {
-  partition ranks_partition{};
-  std::vector<rank_plan> ranks{};
-  step_totals totals{};
-};
-
-//! Plans a step: balances sequences (or whole groups) across ranks, micro-batches every rank
-//! with the same count, and computes the global denominators. `loss_tokens` (optional, one per
-//! sequence: rollout_batch::loss_token_counts) feeds the trained-token totals.
-[[nodiscard]] inline step_plan plan_step(view<const index_t> lengths, const step_options& o,
-                                         view<const index_t> loss_tokens = {}, const groups* grouping = nullptr) {
+RLPT_INLINE step_plan plan_step(view<const index_t> lengths, const step_options& o, view<const index_t> loss_tokens,
+                                const groups* grouping) {
   RLPT_CHECK(o.ranks >= 1, errors::rollout::bad_option, "ranks must be >= 1, got {}", o.ranks);
   detail::expect_size_or_empty("loss_tokens", loss_tokens.size(), lengths.size(), "one per sequence");
   static_cast<void>(detail::total_length(lengths)); // every rank's and the step's token total fits
@@ -392,43 +518,7 @@ struct step_plan {
   return plan;
 }
 
-// --- packed output -------------------------------------------------------------------------
-
-struct pack_options {
-  index_t pad_to_multiple = 1;   //!< pad the packed length to a multiple (1: none, verl remove_padding; AReaL 256)
-  token_id pad_token = 0;        //!< token id of padding
-  token_id ignore_target = -100; //!< target where no next token exists (torch cross_entropy ignore_index)
-};
-
-//! Sizes of a packed micro-batch: allocate the outputs of pack_into with these.
-struct packed_extent {
-  index_t tokens = 0;    //!< flat tokens including padding
-  index_t sequences = 0; //!< cu_seqlens has sequences + 1 entries (padding counts as one sequence)
-  index_t pad_tokens = 0;
-};
-
-//! Caller-owned outputs of pack_into; optional ones may be empty views.
-struct packed_views {
-  view<token_id> tokens;           //!< [extent.tokens]
-  view<std::int32_t> cu_seqlens;   //!< [extent.sequences + 1]
-  view<std::int32_t> position_ids; //!< [extent.tokens], restart at 0 per sequence
-  view<mask_t> loss_mask;          //!< [extent.tokens], 0 on padding
-  view<token_id> targets{};        //!< optional [extent.tokens]: next token within the sequence, else ignore_target
-  view<float> logprobs{};          //!< optional [extent.tokens]: behaviour logprobs, 0 on padding
-  view<policy_version> versions{}; //!< optional [extent.tokens]: -1 on padding
-};
-
-//! What pack_into wrote.
-struct packed_info {
-  index_t tokens = 0;      //!< real tokens (without padding)
-  index_t loss_tokens = 0; //!< trained tokens
-  index_t sequences = 0;   //!< real sequences
-  index_t pad_tokens = 0;
-  index_t max_seqlen = 0; //!< longest sequence (flash-attn max_seqlen), padding included
-};
-
-[[nodiscard]] inline packed_extent packed_size(const rollout_batch& batch, view<const index_t> items,
-                                               const pack_options& o = {}) {
+RLPT_INLINE packed_extent packed_size(const rollout_batch& batch, view<const index_t> items, const pack_options& o) {
   RLPT_CHECK(o.pad_to_multiple >= 1, errors::rollout::bad_option, "pad_to_multiple must be >= 1, got {}",
              o.pad_to_multiple);
   constexpr index_t int32_max = std::numeric_limits<std::int32_t>::max();
@@ -454,9 +544,8 @@ struct packed_info {
   return e;
 }
 
-//! Writes records `items` of `batch` packed into `out` (sized by packed_size).
-inline packed_info pack_into(const rollout_batch& batch, view<const index_t> items, const packed_views& out,
-                             const pack_options& o = {}) {
+RLPT_INLINE packed_info pack_into(const rollout_batch& batch, view<const index_t> items, const packed_views& out,
+                                  const pack_options& o) {
   const packed_extent e = packed_size(batch, items, o); // validates items and the int32 bound
   detail::expect_size("tokens", out.tokens.size(), e.tokens, "packed_size().tokens");
   detail::expect_size("cu_seqlens", out.cu_seqlens.size(), e.sequences + 1, "packed_size().sequences + 1");
@@ -512,21 +601,7 @@ inline packed_info pack_into(const rollout_batch& batch, view<const index_t> ite
   return info;
 }
 
-//! A packed micro-batch that owns its arrays (convenience over pack_into).
-struct packed_microbatch {
-  std::vector<token_id> tokens{};
-  std::vector<std::int32_t> cu_seqlens{};
-  std::vector<std::int32_t> position_ids{};
-  std::vector<mask_t> loss_mask{};
-  std::vector<token_id> targets{};
-  std::vector<float> logprobs{};
-  std::vector<policy_version> versions{};
-  std::vector<index_t> items{}; //!< batch rows, in packed order
-  packed_info info{};
-};
-
-[[nodiscard]] inline packed_microbatch pack(const rollout_batch& batch, view<const index_t> items,
-                                            const pack_options& o = {}) {
+RLPT_INLINE packed_microbatch pack(const rollout_batch& batch, view<const index_t> items, const pack_options& o) {
   const packed_extent e = packed_size(batch, items, o);
   packed_microbatch m;
   const auto nt = static_cast<std::size_t>(e.tokens);
@@ -543,53 +618,5 @@ struct packed_microbatch {
   return m;
 }
 
-//! Gathers a per-token column laid out like the batch (offsets: the batch's cu_seqlens,
-//! `width` values per token) into packed order; padding slots get `pad`.
-//! The offsets are validated as a layout's (start at 0, non-decreasing).
-template <class T>
-void pack_tokens(view<const index_t> offsets, view<const T> src, index_t width, view<const index_t> items, view<T> dst,
-                 T pad = T{}) {
-  RLPT_CHECK(width >= 1, errors::rollout::bad_option, "pack_tokens width must be >= 1, got {}", width);
-  detail::check_offsets(errors::rollout::bad_items, "pack_tokens offsets", "sequence", offsets);
-  const index_t total = offsets[offsets.size() - 1];
-  detail::expect_size("src", src.size(),
-                      detail::checked_mul(errors::rollout::bad_items, "offsets.back() * width", total, width),
-                      "offsets.back() * width");
-  index_t at = 0;
-  for (index_t k = 0; k < items.size(); ++k) {
-    const index_t i = items[k];
-    RLPT_CHECK(i >= 0 && i < offsets.size() - 1, errors::rollout::bad_items,
-               "item {} (items[{}]) is outside {} sequences", i, k, offsets.size() - 1);
-    const index_t n = (offsets[i + 1] - offsets[i]) * width; // <= total * width
-    RLPT_CHECK(n <= dst.size() - at, errors::rollout::bad_items,
-               "dst of {} elements is too small for the items: items[{}] = {} needs {} more after {}", dst.size(), k, i,
-               n, at);
-    std::copy_n(src.data() + offsets[i] * width, n, dst.data() + at);
-    at += n;
-  }
-  std::fill(dst.data() + at, dst.data() + dst.size(), pad);
-}
-
-//! Expands one value per sequence (e.g. a GRPO advantage) to every token of the packed items;
-//! padding slots get `pad`.
-template <class T>
-void expand_per_sequence(view<const index_t> offsets, view<const T> per_sequence, view<const index_t> items,
-                         view<T> dst, T pad = T{}) {
-  detail::check_offsets(errors::rollout::bad_items, "expand_per_sequence offsets", "sequence", offsets);
-  detail::expect_size("per_sequence", per_sequence.size(), offsets.size() - 1, "one per sequence");
-  index_t at = 0;
-  for (index_t k = 0; k < items.size(); ++k) {
-    const index_t i = items[k];
-    RLPT_CHECK(i >= 0 && i < per_sequence.size(), errors::rollout::bad_items,
-               "item {} (items[{}]) is outside {} sequences", i, k, per_sequence.size());
-    const index_t n = offsets[i + 1] - offsets[i];
-    RLPT_CHECK(n <= dst.size() - at, errors::rollout::bad_items,
-               "dst of {} elements is too small for the items: items[{}] = {} needs {} more after {}", dst.size(), k, i,
-               n, at);
-    std::fill_n(dst.data() + at, n, per_sequence[i]);
-    at += n;
-  }
-  std::fill(dst.data() + at, dst.data() + dst.size(), pad);
-}
-
 RLPT_NAMESPACE_END
+#endif // RLPT_HEADER_IMPL()

@@ -204,35 +204,8 @@ namespace detail {
 
 //! The first field in which two schemas differ, naming both values ("" when they are equal):
 //! what a restore reports when a checkpoint's schema is not the buffer's.
-[[nodiscard]] inline std::string schema_difference(const record_schema& a, const record_schema& b,
-                                                   std::string_view a_name, std::string_view b_name) {
-  if (a.logprobs != b.logprobs)
-    return rlpt::detail::format("logprobs is {} in {}, {} in {}", a.logprobs, a_name, b.logprobs, b_name);
-  if (a.versions != b.versions)
-    return rlpt::detail::format("versions is {} in {}, {} in {}", a.versions, a_name, b.versions, b_name);
-  if (a.reward_channels != b.reward_channels)
-    return rlpt::detail::format("reward_channels is {} in {}, {} in {}", a.reward_channels, a_name, b.reward_channels,
-                                b_name);
-  if (a.token_reward_channels != b.token_reward_channels)
-    return rlpt::detail::format("token_reward_channels is {} in {}, {} in {}", a.token_reward_channels, a_name,
-                                b.token_reward_channels, b_name);
-  const std::size_t common = std::min(a.extras.size(), b.extras.size());
-  for (std::size_t k = 0; k < common; ++k) {
-    const extra_spec& x = a.extras[k];
-    const extra_spec& y = b.extras[k];
-    if (!(x == y))
-      return rlpt::detail::format("extras[{}] is '{}' ({} x {}) in {}, '{}' ({} x {}) in {}", k, x.name, x.type,
-                                  x.width, a_name, y.name, y.type, y.width, b_name);
-  }
-  if (a.extras.size() != b.extras.size()) {
-    const bool a_longer = a.extras.size() > b.extras.size();
-    const extra_spec& e = (a_longer ? a : b).extras[common];
-    return rlpt::detail::format("{} has {} extras and {} has {}: extras[{}] '{}' ({} x {}) is only in {}", a_name,
-                                a.extras.size(), b_name, b.extras.size(), common, e.name, e.type, e.width,
-                                a_longer ? a_name : b_name);
-  }
-  return {};
-}
+[[nodiscard]] std::string schema_difference(const record_schema& a, const record_schema& b, std::string_view a_name,
+                                            std::string_view b_name);
 
 } // namespace detail
 
@@ -327,7 +300,204 @@ inline void expect_field(std::string_view field, index_t got, index_t want, std:
 
 //! Checks a schema on its own: channel counts >= 0, extras with a known dtype, a width >= 1
 //! and distinct names. Buffers and builders check theirs on construction.
-inline void check_schema(const record_schema& s) {
+void check_schema(const record_schema& s);
+
+//! Checks one record against the invariants and the schema; the error names the field, the
+//! position and the values. Invariants: every per-token field has one entry per token (times
+//! its width); prompt tokens are never trained; a trained token has a policy version >= 0 and
+//! a finite behaviour logprob; versions are >= -1; rewards are finite; segments are
+//! ascending, non-empty, non-overlapping and inside the record.
+void validate(const trajectory_view& t, const record_schema& schema);
+
+inline void validate(const trajectory& t, const record_schema& schema) { validate(t.view(), schema); }
+
+//! Options of trajectory_builder.
+struct builder_options {
+  index_t reward_channels = 1;       //!< as record_schema::reward_channels
+  index_t token_reward_channels = 0; //!< as record_schema::token_reward_channels
+  bool logprobs = true;              //!< keep behaviour logprobs (schema.logprobs)
+  bool versions = true;              //!< keep per-token versions (schema.versions)
+  std::vector<extra_spec> extras{};  //!< extra columns, zero-filled as tokens are appended
+};
+
+//! Append-only construction of a (multi-turn) record. Each call appends one span:
+//! model tokens (trained, with logprobs and versions), or context tokens (tool output,
+//! environment observation, chat-template glue: loss mask 0, logprob 0, version -1).
+//! `context_from` implements the token-in/token-out rule: the engine's next input must extend
+//! the tokens held so far exactly; the new suffix is appended as context, and a mismatch is an
+//! error naming the first differing position (never a silent re-tokenisation).
+class trajectory_builder {
+public:
+  trajectory_builder(std::int64_t group_id, view<const token_id> prompt, builder_options opts = {})
+      : opts_(std::move(opts)) {
+    check_schema(schema());
+    t_.group_id = group_id;
+    t_.rewards.assign(detail::usize(opts_.reward_channels), 0.0f);
+    for (const auto& e : opts_.extras) t_.extras.emplace_back(e.name, e.type, e.width);
+    append(prompt, token_source::prompt);
+    t_.prompt_len = detail::isize(t_.tokens.size());
+  }
+
+  //! Continues a record (e.g. a partial rollout resumed after a weight update). The record
+  //! must be valid for these options; its last segment's turn numbering is continued.
+  trajectory_builder(trajectory partial, builder_options opts) : opts_(std::move(opts)), t_(std::move(partial)) {
+    check_schema(schema());
+    validate(t_, schema());
+    for (const auto& s : t_.segments) turn_ = std::max(turn_, s.turn + 1);
+  }
+
+  //! Appends generated tokens sampled by policy `version`, with their behaviour logprobs.
+  //! `mask` (optional) marks which of them train (default: all).
+  trajectory_builder& model(view<const token_id> tokens, view<const float> logprobs, policy_version version,
+                            view<const mask_t> mask = {}) {
+    RLPT_CHECK(version >= 0, errors::rollout::record_value,
+               "model tokens need a policy version >= 0, got {} (use context() for tokens no policy generated)",
+               version);
+    return model_impl(
+        tokens, logprobs, [version](index_t) { return version; }, mask);
+  }
+
+  //! As above with one version per token (a generation interrupted by weight updates).
+  trajectory_builder& model(view<const token_id> tokens, view<const float> logprobs,
+                            view<const policy_version> versions, view<const mask_t> mask = {}) {
+    detail::expect_size("model versions", versions.size(), tokens.size(), "one per appended token");
+    for (index_t i = 0; i < versions.size(); ++i)
+      RLPT_CHECK(versions[i] >= 0, errors::rollout::record_value, "model versions[{}] = {}; generated tokens need >= 0",
+                 i, versions[i]);
+    return model_impl(
+        tokens, logprobs, [versions](index_t i) { return versions[i]; }, mask);
+  }
+
+  //! Appends tokens no policy generated (tool output, observation, template): masked out.
+  trajectory_builder& context(view<const token_id> tokens, token_source source = token_source::environment) {
+    RLPT_CHECK(source != token_source::model, errors::rollout::bad_option,
+               "context() appends tokens no policy generated; use model() for model tokens");
+    append(tokens, source);
+    return *this;
+  }
+
+  //! Token-in/token-out: `next_input` is the engine's full next input. It must start with the
+  //! tokens held so far; the rest is appended as context from `source`.
+  trajectory_builder& context_from(view<const token_id> next_input, token_source source = token_source::environment);
+
+  //! Sets scalar reward channel `channel`.
+  trajectory_builder& reward(float value, index_t channel = 0) {
+    RLPT_CHECK(channel >= 0 && channel < opts_.reward_channels, errors::rollout::bad_option,
+               "reward channel {} does not exist (the record has {})", channel, opts_.reward_channels);
+    t_.rewards[detail::usize(channel)] = value;
+    return *this;
+  }
+
+  //! Sets per-token reward channel `channel` at token `position` (sparse process rewards).
+  trajectory_builder& token_reward(index_t position, float value, index_t channel = 0) {
+    RLPT_CHECK(channel >= 0 && channel < opts_.token_reward_channels, errors::rollout::bad_option,
+               "token reward channel {} does not exist (the record has {})", channel, opts_.token_reward_channels);
+    RLPT_CHECK(position >= 0 && position < size(), errors::rollout::bad_option,
+               "token reward position {} is outside the {} tokens held", position, size());
+    t_.token_rewards[detail::usize(position * opts_.token_reward_channels + channel)] = value;
+    return *this;
+  }
+
+  //! Writes extra `name` for tokens [first, first + values.size() / width).
+  template <class T> trajectory_builder& extra(std::string_view name, index_t first, view<const T> values) {
+    for (auto& e : t_.extras)
+      if (e.name == name) {
+        const view<T> v = e.as<T>();
+        RLPT_CHECK(
+            first >= 0 && first <= size() && values.size() % e.width == 0 && values.size() / e.width <= size() - first,
+            errors::rollout::bad_option, "extra '{}' write of {} values at token {} does not fit {} tokens of width {}",
+            name, values.size(), first, size(), e.width);
+        std::copy(values.begin(), values.end(), v.begin() + first * e.width);
+        return *this;
+      }
+    RLPT_FAIL(errors::rollout::bad_option, "the record has no extra named '{}'", name);
+  }
+
+  [[nodiscard]] index_t size() const noexcept { return detail::isize(t_.tokens.size()); }
+  [[nodiscard]] const trajectory& peek() const noexcept { return t_; }
+  [[nodiscard]] record_schema schema() const {
+    return {opts_.logprobs, opts_.versions, opts_.reward_channels, opts_.token_reward_channels, opts_.extras};
+  }
+
+  //! The validated record; the builder is left empty.
+  [[nodiscard]] trajectory finish() && {
+    validate(t_, schema());
+    return std::move(t_);
+  }
+  [[nodiscard]] trajectory finish() & {
+    validate(t_, schema());
+    return t_;
+  }
+
+private:
+  template <class Version>
+  trajectory_builder& model_impl(view<const token_id> tokens, view<const float> logprobs, Version version,
+                                 view<const mask_t> mask) {
+    detail::expect_size_or_empty("model mask", mask.size(), tokens.size(), "one per appended token");
+    if (opts_.logprobs) detail::expect_size("model logprobs", logprobs.size(), tokens.size(), "one per appended token");
+    const index_t base = size();
+    append(tokens, token_source::model);
+    for (index_t i = 0; i < tokens.size(); ++i) {
+      const auto at = detail::usize(base + i);
+      t_.loss_mask[at] = mask.empty() ? mask_t{1} : mask[i];
+      if (opts_.logprobs) t_.logprobs[at] = logprobs[i];
+      if (opts_.versions) t_.versions[at] = version(i);
+    }
+    ++turn_;
+    return *this;
+  }
+
+  void append(view<const token_id> tokens, token_source source);
+
+  builder_options opts_;
+  trajectory t_;
+  std::int32_t turn_ = 0;
+};
+
+RLPT_NAMESPACE_END
+
+template <> struct fmt::formatter<rlpt::token_source> : rlpt::detail::name_formatter {
+  template <class Ctx> auto format(rlpt::token_source s, Ctx& ctx) const { return format_name(rlpt::name(s), ctx); }
+};
+
+#if RLPT_HEADER_IMPL()
+RLPT_NAMESPACE_BEGIN
+
+namespace detail {
+
+RLPT_INLINE std::string schema_difference(const record_schema& a, const record_schema& b, std::string_view a_name,
+                                          std::string_view b_name) {
+  if (a.logprobs != b.logprobs)
+    return rlpt::detail::format("logprobs is {} in {}, {} in {}", a.logprobs, a_name, b.logprobs, b_name);
+  if (a.versions != b.versions)
+    return rlpt::detail::format("versions is {} in {}, {} in {}", a.versions, a_name, b.versions, b_name);
+  if (a.reward_channels != b.reward_channels)
+    return rlpt::detail::format("reward_channels is {} in {}, {} in {}", a.reward_channels, a_name, b.reward_channels,
+                                b_name);
+  if (a.token_reward_channels != b.token_reward_channels)
+    return rlpt::detail::format("token_reward_channels is {} in {}, {} in {}", a.token_reward_channels, a_name,
+                                b.token_reward_channels, b_name);
+  const std::size_t common = std::min(a.extras.size(), b.extras.size());
+  for (std::size_t k = 0; k < common; ++k) {
+    const extra_spec& x = a.extras[k];
+    const extra_spec& y = b.extras[k];
+    if (!(x == y))
+      return rlpt::detail::format("extras[{}] is '{}' ({} x {}) in {}, '{}' ({} x {}) in {}", k, x.name, x.type,
+                                  x.width, a_name, y.name, y.type, y.width, b_name);
+  }
+  if (a.extras.size() != b.extras.size()) {
+    const bool a_longer = a.extras.size() > b.extras.size();
+    const extra_spec& e = (a_longer ? a : b).extras[common];
+    return rlpt::detail::format("{} has {} extras and {} has {}: extras[{}] '{}' ({} x {}) is only in {}", a_name,
+                                a.extras.size(), b_name, b.extras.size(), common, e.name, e.type, e.width,
+                                a_longer ? a_name : b_name);
+  }
+  return {};
+}
+
+} // namespace detail
+
+RLPT_INLINE void check_schema(const record_schema& s) {
   RLPT_CHECK(s.reward_channels >= 0 && s.token_reward_channels >= 0, errors::rollout::bad_option,
              "reward channel counts must be >= 0 (got reward_channels = {} and token_reward_channels = {})",
              s.reward_channels, s.token_reward_channels);
@@ -343,12 +513,7 @@ inline void check_schema(const record_schema& s) {
   }
 }
 
-//! Checks one record against the invariants and the schema; the error names the field, the
-//! position and the values. Invariants: every per-token field has one entry per token (times
-//! its width); prompt tokens are never trained; a trained token has a policy version >= 0 and
-//! a finite behaviour logprob; versions are >= -1; rewards are finite; segments are
-//! ascending, non-empty, non-overlapping and inside the record.
-inline void validate(const trajectory_view& t, const record_schema& schema) {
+RLPT_INLINE void validate(const trajectory_view& t, const record_schema& schema) {
   const index_t n = t.size();
   RLPT_CHECK(n >= 1, errors::rollout::record_size, "trajectory of group {} has no tokens", t.group_id);
   RLPT_CHECK(t.prompt_len >= 0 && t.prompt_len <= n, errors::rollout::record_value,
@@ -421,182 +586,38 @@ inline void validate(const trajectory_view& t, const record_schema& schema) {
   }
 }
 
-inline void validate(const trajectory& t, const record_schema& schema) { validate(t.view(), schema); }
+RLPT_INLINE trajectory_builder& trajectory_builder::context_from(view<const token_id> next_input, token_source source) {
+  const index_t held = detail::isize(t_.tokens.size());
+  const index_t common = std::min(held, next_input.size());
+  for (index_t i = 0; i < common; ++i)
+    RLPT_CHECK(next_input[i] == t_.tokens[detail::usize(i)], errors::rollout::prefix_mismatch,
+               "next input differs from the tokens held at position {}: {} != {} (the chat template re-tokenised "
+               "the history; fork the record instead of training on re-tokenised text)",
+               i, next_input[i], t_.tokens[detail::usize(i)]);
+  RLPT_CHECK(next_input.size() >= held, errors::rollout::prefix_mismatch,
+             "next input has {} tokens, fewer than the {} already held: it cannot extend the record", next_input.size(),
+             held);
+  return context(next_input.subview(held, next_input.size() - held), source);
+}
 
-//! Options of trajectory_builder.
-struct builder_options {
-  index_t reward_channels = 1;       //!< as record_schema::reward_channels
-  index_t token_reward_channels = 0; //!< as record_schema::token_reward_channels
-  bool logprobs = true;              //!< keep behaviour logprobs (schema.logprobs)
-  bool versions = true;              //!< keep per-token versions (schema.versions)
-  std::vector<extra_spec> extras{};  //!< extra columns, zero-filled as tokens are appended
-};
-
-//! Append-only construction of a (multi-turn) record. Each call appends one span:
-//! model tokens (trained, with logprobs and versions), or context tokens (tool output,
-//! environment observation, chat-template glue: loss mask 0, logprob 0, version -1).
-//! `context_from` implements the token-in/token-out rule: the engine's next input must extend
-//! the tokens held so far exactly; the new suffix is appended as context, and a mismatch is an
-//! error naming the first differing position (never a silent re-tokenisation).
-class trajectory_builder {
-public:
-  trajectory_builder(std::int64_t group_id, view<const token_id> prompt, builder_options opts = {})
-      : opts_(std::move(opts)) {
-    check_schema(schema());
-    t_.group_id = group_id;
-    t_.rewards.assign(detail::usize(opts_.reward_channels), 0.0f);
-    for (const auto& e : opts_.extras) t_.extras.emplace_back(e.name, e.type, e.width);
-    append(prompt, token_source::prompt);
-    t_.prompt_len = detail::isize(t_.tokens.size());
+RLPT_INLINE void trajectory_builder::append(view<const token_id> tokens, token_source source) {
+  if (tokens.empty()) return;
+  const index_t n = tokens.size();
+  const index_t base = size();
+  t_.tokens.insert(t_.tokens.end(), tokens.begin(), tokens.end());
+  t_.loss_mask.resize(t_.tokens.size(), 0);
+  if (opts_.logprobs) t_.logprobs.resize(t_.tokens.size(), 0.0f);
+  if (opts_.versions) t_.versions.resize(t_.tokens.size(), no_version);
+  t_.token_rewards.resize(t_.tokens.size() * detail::usize(opts_.token_reward_channels), 0.0f);
+  for (auto& e : t_.extras) e.values.resize(t_.tokens.size() * detail::usize(e.width));
+  // One span per append; adjacent context from the same source merges into one span.
+  if (source != token_source::model && !t_.segments.empty() && t_.segments.back().source == source &&
+      t_.segments.back().end == base) {
+    t_.segments.back().end = base + n;
+  } else {
+    t_.segments.push_back({base, base + n, source, turn_});
   }
-
-  //! Continues a record (e.g. a partial rollout resumed after a weight update). The record
-  //! must be valid for these options; its last segment's turn numbering is continued.
-  trajectory_builder(trajectory partial, builder_options opts) : opts_(std::move(opts)), t_(std::move(partial)) {
-    check_schema(schema());
-    validate(t_, schema());
-    for (const auto& s : t_.segments) turn_ = std::max(turn_, s.turn + 1);
-  }
-
-  //! Appends generated tokens sampled by policy `version`, with their behaviour logprobs.
-  //! `mask` (optional) marks which of them train (default: all).
-  trajectory_builder& model(view<const token_id> tokens, view<const float> logprobs, policy_version version,
-                            view<const mask_t> mask = {}) {
-    RLPT_CHECK(version >= 0, errors::rollout::record_value,
-               "model tokens need a policy version >= 0, got {} (use context() for tokens no policy generated)",
-               version);
-    return model_impl(
-        tokens, logprobs, [version](index_t) { return version; }, mask);
-  }
-
-  //! As above with one version per token (a generation interrupted by weight updates).
-  trajectory_builder& model(view<const token_id> tokens, view<const float> logprobs,
-                            view<const policy_version> versions, view<const mask_t> mask = {}) {
-    detail::expect_size("model versions", versions.size(), tokens.size(), "one per appended token");
-    for (index_t i = 0; i < versions.size(); ++i)
-      RLPT_CHECK(versions[i] >= 0, errors::rollout::record_value, "model versions[{}] = {}; generated tokens need >= 0",
-                 i, versions[i]);
-    return model_impl(
-        tokens, logprobs, [versions](index_t i) { return versions[i]; }, mask);
-  }
-
-  //! Appends tokens no policy generated (tool output, observation, template): masked out.
-  trajectory_builder& context(view<const token_id> tokens, token_source source = token_source::environment) {
-    RLPT_CHECK(source != token_source::model, errors::rollout::bad_option,
-               "context() appends tokens no policy generated; use model() for model tokens");
-    append(tokens, source);
-    return *this;
-  }
-
-  //! Token-in/token-out: `next_input` is the engine's full next input. It must start with the
-  //! tokens held so far; the rest is appended as context from `source`.
-  trajectory_builder& context_from(view<const token_id> next_input, token_source source = token_source::environment) {
-    const index_t held = detail::isize(t_.tokens.size());
-    const index_t common = std::min(held, next_input.size());
-    for (index_t i = 0; i < common; ++i)
-      RLPT_CHECK(next_input[i] == t_.tokens[detail::usize(i)], errors::rollout::prefix_mismatch,
-                 "next input differs from the tokens held at position {}: {} != {} (the chat template re-tokenised "
-                 "the history; fork the record instead of training on re-tokenised text)",
-                 i, next_input[i], t_.tokens[detail::usize(i)]);
-    RLPT_CHECK(next_input.size() >= held, errors::rollout::prefix_mismatch,
-               "next input has {} tokens, fewer than the {} already held: it cannot extend the record",
-               next_input.size(), held);
-    return context(next_input.subview(held, next_input.size() - held), source);
-  }
-
-  //! Sets scalar reward channel `channel`.
-  trajectory_builder& reward(float value, index_t channel = 0) {
-    RLPT_CHECK(channel >= 0 && channel < opts_.reward_channels, errors::rollout::bad_option,
-               "reward channel {} does not exist (the record has {})", channel, opts_.reward_channels);
-    t_.rewards[detail::usize(channel)] = value;
-    return *this;
-  }
-
-  //! Sets per-token reward channel `channel` at token `position` (sparse process rewards).
-  trajectory_builder& token_reward(index_t position, float value, index_t channel = 0) {
-    RLPT_CHECK(channel >= 0 && channel < opts_.token_reward_channels, errors::rollout::bad_option,
-               "token reward channel {} does not exist (the record has {})", channel, opts_.token_reward_channels);
-    RLPT_CHECK(position >= 0 && position < size(), errors::rollout::bad_option,
-               "token reward position {} is outside the {} tokens held", position, size());
-    t_.token_rewards[detail::usize(position * opts_.token_reward_channels + channel)] = value;
-    return *this;
-  }
-
-  //! Writes extra `name` for tokens [first, first + values.size() / width).
-  template <class T> trajectory_builder& extra(std::string_view name, index_t first, view<const T> values) {
-    for (auto& e : t_.extras)
-      if (e.name == name) {
-        const view<T> v = e.as<T>();
-        RLPT_CHECK(
-            first >= 0 && first <= size() && values.size() % e.width == 0 && values.size() / e.width <= size() - first,
-            errors::rollout::bad_option, "extra '{}' write of {} values at token {} does not fit {} tokens of width {}",
-            name, values.size(), first, size(), e.width);
-        std::copy(values.begin(), values.end(), v.begin() + first * e.width);
-        return *this;
-      }
-    RLPT_FAIL(errors::rollout::bad_option, "the record has no extra named '{}'", name);
-  }
-
-  [[nodiscard]] index_t size() const noexcept { return detail::isize(t_.tokens.size()); }
-  [[nodiscard]] const trajectory& peek() const noexcept { return t_; }
-  [[nodiscard]] record_schema schema() const {
-    return {opts_.logprobs, opts_.versions, opts_.reward_channels, opts_.token_reward_channels, opts_.extras};
-  }
-
-  //! The validated record; the builder is left empty.
-  [[nodiscard]] trajectory finish() && {
-    validate(t_, schema());
-    return std::move(t_);
-  }
-  [[nodiscard]] trajectory finish() & {
-    validate(t_, schema());
-    return t_;
-  }
-
-private:
-  template <class Version>
-  trajectory_builder& model_impl(view<const token_id> tokens, view<const float> logprobs, Version version,
-                                 view<const mask_t> mask) {
-    detail::expect_size_or_empty("model mask", mask.size(), tokens.size(), "one per appended token");
-    if (opts_.logprobs) detail::expect_size("model logprobs", logprobs.size(), tokens.size(), "one per appended token");
-    const index_t base = size();
-    append(tokens, token_source::model);
-    for (index_t i = 0; i < tokens.size(); ++i) {
-      const auto at = detail::usize(base + i);
-      t_.loss_mask[at] = mask.empty() ? mask_t{1} : mask[i];
-      if (opts_.logprobs) t_.logprobs[at] = logprobs[i];
-      if (opts_.versions) t_.versions[at] = version(i);
-    }
-    ++turn_;
-    return *this;
-  }
-
-  void append(view<const token_id> tokens, token_source source) {
-    if (tokens.empty()) return;
-    const index_t n = tokens.size();
-    const index_t base = size();
-    t_.tokens.insert(t_.tokens.end(), tokens.begin(), tokens.end());
-    t_.loss_mask.resize(t_.tokens.size(), 0);
-    if (opts_.logprobs) t_.logprobs.resize(t_.tokens.size(), 0.0f);
-    if (opts_.versions) t_.versions.resize(t_.tokens.size(), no_version);
-    t_.token_rewards.resize(t_.tokens.size() * detail::usize(opts_.token_reward_channels), 0.0f);
-    for (auto& e : t_.extras) e.values.resize(t_.tokens.size() * detail::usize(e.width));
-    // One span per append; adjacent context from the same source merges into one span.
-    if (source != token_source::model && !t_.segments.empty() && t_.segments.back().source == source &&
-        t_.segments.back().end == base) {
-      t_.segments.back().end = base + n;
-    } else {
-      t_.segments.push_back({base, base + n, source, turn_});
-    }
-  }
-
-  builder_options opts_;
-  trajectory t_;
-  std::int32_t turn_ = 0;
-};
+}
 
 RLPT_NAMESPACE_END
-
-template <> struct fmt::formatter<rlpt::token_source> : rlpt::detail::name_formatter {
-  template <class Ctx> auto format(rlpt::token_source s, Ctx& ctx) const { return format_name(rlpt::name(s), ctx); }
-};
+#endif // RLPT_HEADER_IMPL()

@@ -76,31 +76,10 @@ public:
 
   //! Publishes the next version (call after the weight sync completed) and returns it.
   //! Listeners run on this thread after the version is visible.
-  policy_version publish() {
-    policy_version now;
-    {
-      std::lock_guard lock(mutex_);
-      const policy_version v = version_.load(std::memory_order_relaxed);
-      RLPT_CHECK(v < std::numeric_limits<policy_version>::max(), errors::staleness::version_overflow,
-                 "policy version {} cannot be incremented without overflowing int32", v);
-      now = v + 1;
-      version_.store(now, std::memory_order_release);
-    }
-    changed_.notify_all();
-    notify(now);
-    return now;
-  }
+  policy_version publish();
 
   //! Sets the version when resuming from a checkpoint (any value >= 0). Listeners run.
-  void restore(policy_version v) {
-    RLPT_CHECK(v >= 0, errors::staleness::bad_version, "a restored policy version must be >= 0, got {}", v);
-    {
-      std::lock_guard lock(mutex_);
-      version_.store(v, std::memory_order_release);
-    }
-    changed_.notify_all();
-    notify(v);
-  }
+  void restore(policy_version v);
 
   //! Waits until the version is at least `v` or `timeout` passes; returns whether it is.
   template <class Rep, class Period> bool wait_for(policy_version v, std::chrono::duration<Rep, Period> timeout) const {
@@ -143,3 +122,34 @@ private:
 };
 
 RLPT_NAMESPACE_END
+
+#if RLPT_HEADER_IMPL()
+RLPT_NAMESPACE_BEGIN
+
+RLPT_INLINE policy_version version_clock::publish() {
+  policy_version now;
+  {
+    std::lock_guard lock(mutex_);
+    const policy_version v = version_.load(std::memory_order_relaxed);
+    RLPT_CHECK(v < std::numeric_limits<policy_version>::max(), errors::staleness::version_overflow,
+               "policy version {} cannot be incremented without overflowing int32", v);
+    now = v + 1;
+    version_.store(now, std::memory_order_release);
+  }
+  changed_.notify_all();
+  notify(now);
+  return now;
+}
+
+RLPT_INLINE void version_clock::restore(policy_version v) {
+  RLPT_CHECK(v >= 0, errors::staleness::bad_version, "a restored policy version must be >= 0, got {}", v);
+  {
+    std::lock_guard lock(mutex_);
+    version_.store(v, std::memory_order_release);
+  }
+  changed_.notify_all();
+  notify(v);
+}
+
+RLPT_NAMESPACE_END
+#endif // RLPT_HEADER_IMPL()

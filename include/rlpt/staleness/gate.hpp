@@ -144,58 +144,11 @@ struct recovered_group {
 //! Per-shard options for `dp_size` data-parallel consumers: B and the concurrency cap are
 //! divided (AReaL: `max_concurrent_rollouts // dp`, `consumer_batch_size // dp`); uneven
 //! splits are an error rather than a silent floor that shrinks the global batch.
-[[nodiscard]] inline gate_options dp_shard(gate_options o, index_t dp_size) {
-  RLPT_CHECK(dp_size >= 1, errors::staleness::bad_option, "dp_size must be >= 1, got {}", dp_size);
-  const index_t conc = o.max_concurrent > 0 ? o.max_concurrent : o.batch_groups;
-  RLPT_CHECK(o.batch_groups % dp_size == 0 && conc % dp_size == 0, errors::staleness::dp_indivisible,
-             "batch_groups {} and max_concurrent {} must both divide by dp_size {} (each shard gets an equal "
-             "share of the global batch)",
-             o.batch_groups, conc, dp_size);
-  o.batch_groups /= dp_size;
-  o.max_concurrent = conc / dp_size;
-  return o;
-}
-
-namespace detail {
-inline std::uint64_t next_gate_serial() {
-  static std::atomic<std::uint64_t> serial{0};
-  return serial.fetch_add(1, std::memory_order_relaxed) + 1;
-}
-} // namespace detail
+[[nodiscard]] gate_options dp_shard(gate_options o, index_t dp_size);
 
 class staleness_gate {
 public:
-  explicit staleness_gate(gate_options options = {}) : opt_(options), serial_(detail::next_gate_serial()) {
-    RLPT_CHECK(opt_.batch_groups >= 1, errors::staleness::bad_option, "batch_groups must be >= 1, got {}",
-               opt_.batch_groups);
-    RLPT_CHECK(opt_.max_staleness >= 0 || opt_.max_staleness == unbounded_staleness, errors::staleness::bad_option,
-               "max_staleness must be >= 0 or unbounded_staleness (-1), got {}", opt_.max_staleness);
-    RLPT_CHECK(opt_.max_concurrent >= 0, errors::staleness::bad_option,
-               "max_concurrent must be >= 0 (0 = batch_groups), got {}", opt_.max_concurrent);
-    RLPT_CHECK(opt_.mode == admission_mode::capacity || opt_.max_staleness >= 0, errors::staleness::bad_option,
-               "target-version reservation needs a finite max_staleness (the reservation window), got {}",
-               opt_.max_staleness);
-    // The capacity (η + v + 1)·B must be computable at every version v an int32 clock reaches.
-    constexpr index_t v_max = std::numeric_limits<policy_version>::max();
-    index_t cap = 0;
-    RLPT_CHECK(opt_.max_staleness < 0 || !(detail::add_overflows(opt_.max_staleness, v_max + 1, cap) ||
-                                           detail::mul_overflows(cap, opt_.batch_groups, cap)),
-               errors::staleness::bad_option,
-               "max_staleness = {} with batch_groups = {} overflows the capacity (max_staleness + version + 1) * "
-               "batch_groups at version {}",
-               opt_.max_staleness, opt_.batch_groups, v_max);
-    if (opt_.max_concurrent == 0) opt_.max_concurrent = opt_.batch_groups;
-    if (opt_.clock == nullptr) {
-      own_clock_ = std::make_unique<version_clock>();
-      clock_ = own_clock_.get();
-    } else {
-      clock_ = opt_.clock;
-    }
-    sub_ = clock_->subscribe([this](policy_version) {
-      { std::lock_guard lock(mutex_); } // orders the wake-up after a waiter's predicate check
-      cv_.notify_all();
-    });
-  }
+  explicit staleness_gate(gate_options options = {});
   ~staleness_gate() { sub_.reset(); }
   staleness_gate(const staleness_gate&) = delete;
   staleness_gate& operator=(const staleness_gate&) = delete;
@@ -231,82 +184,18 @@ public:
   }
 
   //! The group finished generating and is handed to the buffer.
-  void accept(const ticket& t) {
-    {
-      std::lock_guard lock(mutex_);
-      entry& e = find_locked(t, "accept");
-      RLPT_CHECK(e.at == phase::running, errors::staleness::bad_transition,
-                 "ticket {} (version {}) was already accepted; accept it once, when its group finished", t.id,
-                 t.version);
-      e.at = phase::buffered;
-      bump(running_, e, -1);
-      bump(buffered_, e, +1);
-      ++accepted_;
-    }
-    if (opt_.metrics != nullptr) opt_.metrics->accepted();
-    cv_.notify_all();
-  }
+  void accept(const ticket& t);
 
   //! The group failed (or a filter rejected it before acceptance): its slot returns.
-  void reject(const ticket& t) {
-    {
-      std::lock_guard lock(mutex_);
-      entry& e = find_locked(t, "reject");
-      RLPT_CHECK(e.at == phase::running, errors::staleness::bad_transition,
-                 "ticket {} (version {}) was already accepted; use release(ticket, release_reason::rejected)", t.id,
-                 t.version);
-      bump(running_, e, -1);
-      unreserve(e);
-      ++rejected_;
-      tickets_.erase(t.id);
-    }
-    if (opt_.metrics != nullptr) opt_.metrics->rejected();
-    cv_.notify_all();
-  }
+  void reject(const ticket& t);
 
   // --- consumers -----------------------------------------------------------------------------
 
   //! The trainer took the group.
-  void consume(const ticket& t) {
-    std::lock_guard lock(mutex_);
-    entry& e = find_locked(t, "consume");
-    RLPT_CHECK(e.at == phase::buffered, errors::staleness::bad_transition,
-               "ticket {} (version {}) is still running; accept it before the trainer consumes it", t.id, t.version);
-    bump(buffered_, e, -1);
-    ++consumed_;
-    tickets_.erase(t.id);
-  }
+  void consume(const ticket& t);
 
   //! A buffered group leaves without being trained (too stale, requeued, rejected late).
-  void release(const ticket& t, release_reason why) {
-    {
-      std::lock_guard lock(mutex_);
-      entry& e = find_locked(t, "release");
-      RLPT_CHECK(e.at == phase::buffered, errors::staleness::bad_transition,
-                 "ticket {} (version {}) is still running; reject() it instead of release()", t.id, t.version);
-      bump(buffered_, e, -1);
-      unreserve(e);
-      --accepted_;
-      switch (why) {
-      case release_reason::rejected:
-        ++rejected_;
-        break;
-      case release_reason::dropped:
-        ++dropped_;
-        break;
-      case release_reason::requeued:
-        ++requeued_;
-        break;
-      }
-      tickets_.erase(t.id);
-    }
-    if (opt_.metrics != nullptr) {
-      if (why == release_reason::rejected) opt_.metrics->rejected();
-      if (why == release_reason::dropped) opt_.metrics->dropped();
-      if (why == release_reason::requeued) opt_.metrics->requeued();
-    }
-    cv_.notify_all();
-  }
+  void release(const ticket& t, release_reason why);
 
   // --- inspection ----------------------------------------------------------------------------
 
@@ -316,22 +205,7 @@ public:
     return capacity_locked(clock_->current());
   }
 
-  [[nodiscard]] gate_counts counts() const {
-    std::lock_guard lock(mutex_);
-    gate_counts c;
-    c.version = clock_->current();
-    c.running = total(running_);
-    c.buffered = total(buffered_);
-    c.accepted = accepted_;
-    c.admitted = admitted_;
-    c.consumed = consumed_;
-    c.rejected = rejected_;
-    c.dropped = dropped_;
-    c.requeued = requeued_;
-    c.capacity = capacity_locked(c.version);
-    c.closed = closed_;
-    return c;
-  }
+  [[nodiscard]] gate_counts counts() const;
 
   //! Running tickets by (version, target), oldest first: what a consumer may still receive.
   [[nodiscard]] std::vector<version_count> running() const {
@@ -376,41 +250,7 @@ public:
   //! returned in the same order). AReaL's recovery rule: accepted := version·B + survivors,
   //! so admission continues at the steady-state rate instead of a burst. The gate must hold
   //! no ticket. An owned clock is set to `version`; a shared clock must already show it.
-  std::vector<ticket> recover(policy_version version, std::span<const recovered_group> survivors = {}) {
-    std::vector<ticket> out;
-    out.reserve(survivors.size());
-    {
-      std::lock_guard lock(mutex_);
-      RLPT_CHECK(tickets_.empty(), errors::staleness::restore_busy,
-                 "recover needs a gate without outstanding tickets; this one has {} running and {} buffered",
-                 total(running_), total(buffered_));
-      RLPT_CHECK(version >= 0, errors::staleness::bad_version, "recovered version must be >= 0, got {}", version);
-      RLPT_CHECK(own_clock_ != nullptr || clock_->current() == version, errors::staleness::restore_mismatch,
-                 "the shared clock shows version {}, recover was asked for {} (restore the clock first)",
-                 clock_->current(), version);
-      for (std::size_t i = 0; i < survivors.size(); ++i) {
-        const recovered_group& g = survivors[i];
-        RLPT_CHECK(g.version >= 0 && g.version <= version, errors::staleness::bad_version,
-                   "survivor {} has version {}, outside [0, {}]", i, g.version, version);
-        RLPT_CHECK(opt_.mode == admission_mode::capacity || g.target >= g.version, errors::staleness::bad_version,
-                   "survivor {} has target {} below its version {} (target mode needs the reserved step)", i, g.target,
-                   g.version);
-      }
-      running_.clear();
-      buffered_.clear();
-      reserved_.clear();
-      accepted_ = static_cast<index_t>(version) * opt_.batch_groups + static_cast<index_t>(survivors.size());
-      for (const recovered_group& g : survivors) {
-        entry e{g.version, opt_.mode == admission_mode::target ? g.target : policy_version{-1}, phase::buffered};
-        const ticket t = issue_locked(e);
-        bump(buffered_, e, +1);
-        out.push_back(t);
-      }
-    }
-    if (own_clock_ != nullptr) own_clock_->restore(version); // wakes waiters
-    cv_.notify_all();
-    return out;
-  }
+  std::vector<ticket> recover(policy_version version, std::span<const recovered_group> survivors = {});
 
 private:
   enum class phase : std::uint8_t { running, buffered };
@@ -422,56 +262,9 @@ private:
 
   using key = std::pair<policy_version, policy_version>; // (version, target)
 
-  ticket admit_until(std::chrono::steady_clock::time_point deadline) {
-    std::unique_lock lock(mutex_);
-    ticket t = admit_locked();
-    if (t || closed_) {
-      if (!t && opt_.metrics != nullptr) opt_.metrics->refused();
-      return t;
-    }
-    const auto start = std::chrono::steady_clock::now();
-    for (;;) {
-      if (deadline == std::chrono::steady_clock::time_point::max()) {
-        cv_.wait(lock);
-      } else if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
-        t = admit_locked();
-        break;
-      }
-      t = admit_locked();
-      if (t || closed_) break;
-    }
-    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const bool closed_for_metrics = closed_; // a polling loop's timeouts are not refusals
-    lock.unlock();
-    if (opt_.metrics != nullptr) {
-      opt_.metrics->generation_wait(waited);
-      if (!t) closed_for_metrics ? opt_.metrics->refused() : opt_.metrics->timed_out();
-    }
-    return t;
-  }
+  ticket admit_until(std::chrono::steady_clock::time_point deadline);
 
-  ticket admit_locked() {
-    if (closed_) return {};
-    const policy_version v = clock_->current();
-    if (capacity_locked(v) <= 0) return {};
-    entry e{v, -1, phase::running};
-    if (opt_.mode == admission_mode::target) {
-      gc_targets(v);
-      for (index_t t = v; t <= window_end(v); ++t) { // stops at the first free step: O(full steps)
-        const auto tv = static_cast<policy_version>(t);
-        if (reserved_[tv] < opt_.batch_groups) {
-          e.target = tv;
-          break;
-        }
-      }
-      if (e.target < 0) return {}; // unreachable: capacity > 0 implies a free target
-      ++reserved_[e.target];
-    }
-    bump(running_, e, +1);
-    const ticket t = issue_locked(e);
-    if (opt_.metrics != nullptr) opt_.metrics->admitted();
-    return t;
-  }
+  ticket admit_locked();
 
   ticket issue_locked(const entry& e) {
     const std::uint64_t id = ++next_id_;
@@ -480,23 +273,7 @@ private:
     return {id, e.version, e.target, serial_};
   }
 
-  [[nodiscard]] index_t capacity_locked(policy_version v) const {
-    const index_t running = total(running_);
-    const index_t conc = opt_.max_concurrent - running;
-    if (opt_.mode == admission_mode::capacity) {
-      if (opt_.max_staleness < 0) return conc;
-      const index_t stale =
-          (opt_.max_staleness + static_cast<index_t>(v) + 1) * opt_.batch_groups - (accepted_ + running);
-      return std::min(conc, stale);
-    }
-    // Free slots of the steps [v, v + η]: B each, less their reservations. Only reserved steps
-    // are visited, so a large η costs nothing.
-    const index_t end = window_end(v);
-    index_t free = (end - static_cast<index_t>(v) + 1) * opt_.batch_groups; // <= (η + 1)·B: checked on construction
-    for (auto it = reserved_.lower_bound(v); it != reserved_.end() && it->first <= end; ++it)
-      free -= std::min(it->second, opt_.batch_groups);
-    return std::min(conc, free);
-  }
+  [[nodiscard]] index_t capacity_locked(policy_version v) const;
 
   // The last step a group dispatched at v may be reserved for: v + η, capped at the last
   // version an int32 clock shows.
@@ -515,16 +292,7 @@ private:
     if (it != reserved_.end() && --it->second <= 0) reserved_.erase(it);
   }
 
-  entry& find_locked(const ticket& t, std::string_view what) {
-    RLPT_CHECK(t.issuer == serial_ && t.id != 0, errors::staleness::unknown_ticket,
-               "{} got ticket {} issued by gate #{}, not by this gate (#{})", what, t.id, t.issuer, serial_);
-    const auto it = tickets_.find(t.id);
-    RLPT_CHECK(it != tickets_.end(), errors::staleness::unknown_ticket,
-               "{} got ticket {} (version {}), which is not outstanding: it was already consumed, rejected or "
-               "released, or the gate recovered since",
-               what, t.id, t.version);
-    return it->second;
-  }
+  entry& find_locked(const ticket& t, std::string_view what);
 
   static void bump(std::map<key, index_t>& m, const entry& e, index_t d) {
     const key k{e.version, e.target};
@@ -566,3 +334,265 @@ private:
 };
 
 RLPT_NAMESPACE_END
+
+#if RLPT_HEADER_IMPL()
+RLPT_NAMESPACE_BEGIN
+
+RLPT_INLINE gate_options dp_shard(gate_options o, index_t dp_size) {
+  RLPT_CHECK(dp_size >= 1, errors::staleness::bad_option, "dp_size must be >= 1, got {}", dp_size);
+  const index_t conc = o.max_concurrent > 0 ? o.max_concurrent : o.batch_groups;
+  RLPT_CHECK(o.batch_groups % dp_size == 0 && conc % dp_size == 0, errors::staleness::dp_indivisible,
+             "batch_groups {} and max_concurrent {} must both divide by dp_size {} (each shard gets an equal "
+             "share of the global batch)",
+             o.batch_groups, conc, dp_size);
+  o.batch_groups /= dp_size;
+  o.max_concurrent = conc / dp_size;
+  return o;
+}
+
+namespace detail {
+RLPT_INLINE std::uint64_t next_gate_serial() {
+  static std::atomic<std::uint64_t> serial{0};
+  return serial.fetch_add(1, std::memory_order_relaxed) + 1;
+}
+} // namespace detail
+
+RLPT_INLINE staleness_gate::staleness_gate(gate_options options) : opt_(options), serial_(detail::next_gate_serial()) {
+  RLPT_CHECK(opt_.batch_groups >= 1, errors::staleness::bad_option, "batch_groups must be >= 1, got {}",
+             opt_.batch_groups);
+  RLPT_CHECK(opt_.max_staleness >= 0 || opt_.max_staleness == unbounded_staleness, errors::staleness::bad_option,
+             "max_staleness must be >= 0 or unbounded_staleness (-1), got {}", opt_.max_staleness);
+  RLPT_CHECK(opt_.max_concurrent >= 0, errors::staleness::bad_option,
+             "max_concurrent must be >= 0 (0 = batch_groups), got {}", opt_.max_concurrent);
+  RLPT_CHECK(opt_.mode == admission_mode::capacity || opt_.max_staleness >= 0, errors::staleness::bad_option,
+             "target-version reservation needs a finite max_staleness (the reservation window), got {}",
+             opt_.max_staleness);
+  // The capacity (η + v + 1)·B must be computable at every version v an int32 clock reaches.
+  constexpr index_t v_max = std::numeric_limits<policy_version>::max();
+  index_t cap = 0;
+  RLPT_CHECK(opt_.max_staleness < 0 || !(detail::add_overflows(opt_.max_staleness, v_max + 1, cap) ||
+                                         detail::mul_overflows(cap, opt_.batch_groups, cap)),
+             errors::staleness::bad_option,
+             "max_staleness = {} with batch_groups = {} overflows the capacity (max_staleness + version + 1) * "
+             "batch_groups at version {}",
+             opt_.max_staleness, opt_.batch_groups, v_max);
+  if (opt_.max_concurrent == 0) opt_.max_concurrent = opt_.batch_groups;
+  if (opt_.clock == nullptr) {
+    own_clock_ = std::make_unique<version_clock>();
+    clock_ = own_clock_.get();
+  } else {
+    clock_ = opt_.clock;
+  }
+  sub_ = clock_->subscribe([this](policy_version) {
+    { std::lock_guard lock(mutex_); } // orders the wake-up after a waiter's predicate check
+    cv_.notify_all();
+  });
+}
+
+RLPT_INLINE void staleness_gate::accept(const ticket& t) {
+  {
+    std::lock_guard lock(mutex_);
+    entry& e = find_locked(t, "accept");
+    RLPT_CHECK(e.at == phase::running, errors::staleness::bad_transition,
+               "ticket {} (version {}) was already accepted; accept it once, when its group finished", t.id, t.version);
+    e.at = phase::buffered;
+    bump(running_, e, -1);
+    bump(buffered_, e, +1);
+    ++accepted_;
+  }
+  if (opt_.metrics != nullptr) opt_.metrics->accepted();
+  cv_.notify_all();
+}
+
+RLPT_INLINE void staleness_gate::reject(const ticket& t) {
+  {
+    std::lock_guard lock(mutex_);
+    entry& e = find_locked(t, "reject");
+    RLPT_CHECK(e.at == phase::running, errors::staleness::bad_transition,
+               "ticket {} (version {}) was already accepted; use release(ticket, release_reason::rejected)", t.id,
+               t.version);
+    bump(running_, e, -1);
+    unreserve(e);
+    ++rejected_;
+    tickets_.erase(t.id);
+  }
+  if (opt_.metrics != nullptr) opt_.metrics->rejected();
+  cv_.notify_all();
+}
+
+RLPT_INLINE void staleness_gate::consume(const ticket& t) {
+  std::lock_guard lock(mutex_);
+  entry& e = find_locked(t, "consume");
+  RLPT_CHECK(e.at == phase::buffered, errors::staleness::bad_transition,
+             "ticket {} (version {}) is still running; accept it before the trainer consumes it", t.id, t.version);
+  bump(buffered_, e, -1);
+  ++consumed_;
+  tickets_.erase(t.id);
+}
+
+RLPT_INLINE void staleness_gate::release(const ticket& t, release_reason why) {
+  {
+    std::lock_guard lock(mutex_);
+    entry& e = find_locked(t, "release");
+    RLPT_CHECK(e.at == phase::buffered, errors::staleness::bad_transition,
+               "ticket {} (version {}) is still running; reject() it instead of release()", t.id, t.version);
+    bump(buffered_, e, -1);
+    unreserve(e);
+    --accepted_;
+    switch (why) {
+    case release_reason::rejected:
+      ++rejected_;
+      break;
+    case release_reason::dropped:
+      ++dropped_;
+      break;
+    case release_reason::requeued:
+      ++requeued_;
+      break;
+    }
+    tickets_.erase(t.id);
+  }
+  if (opt_.metrics != nullptr) {
+    if (why == release_reason::rejected) opt_.metrics->rejected();
+    if (why == release_reason::dropped) opt_.metrics->dropped();
+    if (why == release_reason::requeued) opt_.metrics->requeued();
+  }
+  cv_.notify_all();
+}
+
+RLPT_INLINE gate_counts staleness_gate::counts() const {
+  std::lock_guard lock(mutex_);
+  gate_counts c;
+  c.version = clock_->current();
+  c.running = total(running_);
+  c.buffered = total(buffered_);
+  c.accepted = accepted_;
+  c.admitted = admitted_;
+  c.consumed = consumed_;
+  c.rejected = rejected_;
+  c.dropped = dropped_;
+  c.requeued = requeued_;
+  c.capacity = capacity_locked(c.version);
+  c.closed = closed_;
+  return c;
+}
+
+RLPT_INLINE std::vector<ticket> staleness_gate::recover(policy_version version,
+                                                        std::span<const recovered_group> survivors) {
+  std::vector<ticket> out;
+  out.reserve(survivors.size());
+  {
+    std::lock_guard lock(mutex_);
+    RLPT_CHECK(tickets_.empty(), errors::staleness::restore_busy,
+               "recover needs a gate without outstanding tickets; this one has {} running and {} buffered",
+               total(running_), total(buffered_));
+    RLPT_CHECK(version >= 0, errors::staleness::bad_version, "recovered version must be >= 0, got {}", version);
+    RLPT_CHECK(own_clock_ != nullptr || clock_->current() == version, errors::staleness::restore_mismatch,
+               "the shared clock shows version {}, recover was asked for {} (restore the clock first)",
+               clock_->current(), version);
+    for (std::size_t i = 0; i < survivors.size(); ++i) {
+      const recovered_group& g = survivors[i];
+      RLPT_CHECK(g.version >= 0 && g.version <= version, errors::staleness::bad_version,
+                 "survivor {} has version {}, outside [0, {}]", i, g.version, version);
+      RLPT_CHECK(opt_.mode == admission_mode::capacity || g.target >= g.version, errors::staleness::bad_version,
+                 "survivor {} has target {} below its version {} (target mode needs the reserved step)", i, g.target,
+                 g.version);
+    }
+    running_.clear();
+    buffered_.clear();
+    reserved_.clear();
+    accepted_ = static_cast<index_t>(version) * opt_.batch_groups + static_cast<index_t>(survivors.size());
+    for (const recovered_group& g : survivors) {
+      entry e{g.version, opt_.mode == admission_mode::target ? g.target : policy_version{-1}, phase::buffered};
+      const ticket t = issue_locked(e);
+      bump(buffered_, e, +1);
+      out.push_back(t);
+    }
+  }
+  if (own_clock_ != nullptr) own_clock_->restore(version); // wakes waiters
+  cv_.notify_all();
+  return out;
+}
+
+RLPT_INLINE ticket staleness_gate::admit_until(std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock lock(mutex_);
+  ticket t = admit_locked();
+  if (t || closed_) {
+    if (!t && opt_.metrics != nullptr) opt_.metrics->refused();
+    return t;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    if (deadline == std::chrono::steady_clock::time_point::max()) {
+      cv_.wait(lock);
+    } else if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+      t = admit_locked();
+      break;
+    }
+    t = admit_locked();
+    if (t || closed_) break;
+  }
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const bool closed_for_metrics = closed_; // a polling loop's timeouts are not refusals
+  lock.unlock();
+  if (opt_.metrics != nullptr) {
+    opt_.metrics->generation_wait(waited);
+    if (!t) closed_for_metrics ? opt_.metrics->refused() : opt_.metrics->timed_out();
+  }
+  return t;
+}
+
+RLPT_INLINE ticket staleness_gate::admit_locked() {
+  if (closed_) return {};
+  const policy_version v = clock_->current();
+  if (capacity_locked(v) <= 0) return {};
+  entry e{v, -1, phase::running};
+  if (opt_.mode == admission_mode::target) {
+    gc_targets(v);
+    for (index_t t = v; t <= window_end(v); ++t) { // stops at the first free step: O(full steps)
+      const auto tv = static_cast<policy_version>(t);
+      if (reserved_[tv] < opt_.batch_groups) {
+        e.target = tv;
+        break;
+      }
+    }
+    if (e.target < 0) return {}; // unreachable: capacity > 0 implies a free target
+    ++reserved_[e.target];
+  }
+  bump(running_, e, +1);
+  const ticket t = issue_locked(e);
+  if (opt_.metrics != nullptr) opt_.metrics->admitted();
+  return t;
+}
+
+RLPT_INLINE index_t staleness_gate::capacity_locked(policy_version v) const {
+  const index_t running = total(running_);
+  const index_t conc = opt_.max_concurrent - running;
+  if (opt_.mode == admission_mode::capacity) {
+    if (opt_.max_staleness < 0) return conc;
+    const index_t stale =
+        (opt_.max_staleness + static_cast<index_t>(v) + 1) * opt_.batch_groups - (accepted_ + running);
+    return std::min(conc, stale);
+  }
+  // Free slots of the steps [v, v + η]: B each, less their reservations. Only reserved steps
+  // are visited, so a large η costs nothing.
+  const index_t end = window_end(v);
+  index_t free = (end - static_cast<index_t>(v) + 1) * opt_.batch_groups; // <= (η + 1)·B: checked on construction
+  for (auto it = reserved_.lower_bound(v); it != reserved_.end() && it->first <= end; ++it)
+    free -= std::min(it->second, opt_.batch_groups);
+  return std::min(conc, free);
+}
+
+RLPT_INLINE staleness_gate::entry& staleness_gate::find_locked(const ticket& t, std::string_view what) {
+  RLPT_CHECK(t.issuer == serial_ && t.id != 0, errors::staleness::unknown_ticket,
+             "{} got ticket {} issued by gate #{}, not by this gate (#{})", what, t.id, t.issuer, serial_);
+  const auto it = tickets_.find(t.id);
+  RLPT_CHECK(it != tickets_.end(), errors::staleness::unknown_ticket,
+             "{} got ticket {} (version {}), which is not outstanding: it was already consumed, rejected or "
+             "released, or the gate recovered since",
+             what, t.id, t.version);
+  return it->second;
+}
+
+RLPT_NAMESPACE_END
+#endif // RLPT_HEADER_IMPL()

@@ -75,16 +75,7 @@ struct staleness_histogram {
     return n > 0.0 ? sum / n : 0.0;
   }
   //! Share of items at each staleness, e.g. "0:62.5% 1:37.5%".
-  [[nodiscard]] std::string to_string() const {
-    const double n = static_cast<double>(total());
-    std::string s;
-    for (std::size_t k = 0; k < counts.size(); ++k) {
-      if (counts[k] == 0) continue;
-      if (!s.empty()) s += ' ';
-      s += rlpt::detail::format("{}:{:.1f}%", k, 100.0 * static_cast<double>(counts[k]) / n);
-    }
-    return s.empty() ? std::string("-") : s;
-  }
+  [[nodiscard]] std::string to_string() const;
   friend bool operator==(const staleness_histogram& a, const staleness_histogram& b) {
     const std::size_t n = std::max(a.counts.size(), b.counts.size());
     for (std::size_t s = 0; s < n; ++s)
@@ -191,3 +182,20 @@ private:
 };
 
 RLPT_NAMESPACE_END
+
+#if RLPT_HEADER_IMPL()
+RLPT_NAMESPACE_BEGIN
+
+RLPT_INLINE std::string staleness_histogram::to_string() const {
+  const double n = static_cast<double>(total());
+  std::string s;
+  for (std::size_t k = 0; k < counts.size(); ++k) {
+    if (counts[k] == 0) continue;
+    if (!s.empty()) s += ' ';
+    s += rlpt::detail::format("{}:{:.1f}%", k, 100.0 * static_cast<double>(counts[k]) / n);
+  }
+  return s.empty() ? std::string("-") : s;
+}
+
+RLPT_NAMESPACE_END
+#endif // RLPT_HEADER_IMPL()

@@ -100,9 +100,106 @@ struct pick_result {
   index_t pending = 0;   //!< in-flight items that can still be used (not stale, matching target)
 };
 
+//! Chooses the next batch. `pending` lists in-flight items (for stale_policy::wait and for
+//! reporting); `closed` means nothing more will arrive, so a short batch is returned rather
+//! than waited for.
+[[nodiscard]] pick_result pick_batch(std::span<const candidate> ready, index_t wanted, policy_version current,
+                                     const selection_options& opt, std::span<const version_count> pending = {},
+                                     bool closed = false);
+
+//! What a consumer that sees `visible` (the gate's tickets among its ready items) may still
+//! receive: running tickets plus accepted ones not visible yet (finished, on their way into
+//! the buffer). Pass it as `pending` to pick_batch; leaving the in-transit ones out would let
+//! the wait policy miss an item that must be trained now.
+[[nodiscard]] std::vector<version_count> in_flight(const staleness_gate::alive_tickets& alive,
+                                                   std::span<const candidate> visible);
+
+// --- starvation -----------------------------------------------------------------------------
+
+enum class starvation_cause : std::uint8_t {
+  no_producers,   //!< nothing in flight although the gate has capacity: producers stopped admitting
+  no_capacity,    //!< nothing in flight and the gate admits nothing (leaked tickets, batch > gate budget)
+  slow_producers, //!< work is in flight but does not arrive in time
+  all_stale,      //!< groups arrive but the window drops them (η too small for the generation time)
+  missing_target  //!< target mode: too few groups were reserved for the current step
+};
+
+[[nodiscard]] constexpr std::string_view name(starvation_cause c) noexcept {
+  switch (c) {
+  case starvation_cause::no_producers:
+    return "no_producers";
+  case starvation_cause::no_capacity:
+    return "no_capacity";
+  case starvation_cause::slow_producers:
+    return "slow_producers";
+  case starvation_cause::all_stale:
+    return "all_stale";
+  case starvation_cause::missing_target:
+    return "missing_target";
+  }
+  return "?";
+}
+
+struct starvation_report {
+  starvation_cause cause = starvation_cause::slow_producers;
+  double waited_s = 0.0;      //!< how long the consumer has been waiting
+  policy_version version = 0; //!< current version
+  index_t wanted = 0;
+  index_t eligible = 0;               //!< usable ready groups
+  index_t pending = 0;                //!< usable in-flight groups
+  index_t dropped = 0;                //!< groups dropped as stale during this wait
+  index_t capacity = 0;               //!< gate capacity at the time
+  policy_version oldest_pending = -1; //!< oldest in-flight version (-1: none)
+};
+
+struct starvation_options {
+  //! Report after the consumer waited this long (seconds of whatever clock the caller uses:
+  //! wall time in a trainer, simulated time in the simulator). rlpt default 300 s equals TRL's
+  //! producer heartbeat `heartbeat_stale_after_s`.
+  double after_s = 300.0;
+};
+
+//! Tracks one consumer's waiting episodes. Call `observe` after every unsuccessful attempt and
+//! `served` after every successful one; a report is produced once per episode, when the wait
+//! first exceeds the threshold.
+class starvation_monitor {
+public:
+  explicit starvation_monitor(starvation_options o = {}) : opt_(o) {
+    RLPT_CHECK(opt_.after_s >= 0.0, errors::staleness::bad_option, "starvation threshold must be >= 0 s, got {}",
+               opt_.after_s);
+  }
+
+  [[nodiscard]] std::optional<starvation_report> observe(double now_s, const pick_result& r, index_t wanted,
+                                                         policy_version current, index_t gate_capacity,
+                                                         std::span<const version_count> in_flight,
+                                                         bool targeted = false);
+
+  void served() noexcept { waiting_ = false; }
+  [[nodiscard]] bool waiting() const noexcept { return waiting_; }
+  [[nodiscard]] double waiting_since() const noexcept { return since_; }
+  [[nodiscard]] index_t reports() const noexcept { return reports_; }
+
+private:
+  starvation_options opt_;
+  bool waiting_ = false;
+  bool reported_ = false;
+  double since_ = 0.0;
+  index_t dropped_ = 0;
+  index_t reports_ = 0;
+};
+
+RLPT_NAMESPACE_END
+
+template <> struct fmt::formatter<rlpt::starvation_cause> : rlpt::detail::name_formatter {
+  template <class Ctx> auto format(rlpt::starvation_cause c, Ctx& ctx) const { return format_name(rlpt::name(c), ctx); }
+};
+
+#if RLPT_HEADER_IMPL()
+RLPT_NAMESPACE_BEGIN
+
 namespace detail {
 
-inline void check_candidate(const candidate& c, index_t i, policy_version current, pick_order order) {
+RLPT_INLINE void check_candidate(const candidate& c, index_t i, policy_version current, pick_order order) {
   RLPT_CHECK(c.version >= 0 && c.version <= current, errors::staleness::future_version,
              "ready item {} has version {}, outside [0, current version {}]", i, c.version, current);
   RLPT_CHECK(order != pick_order::target_version || c.target >= c.version, errors::staleness::no_target,
@@ -113,12 +210,8 @@ inline void check_candidate(const candidate& c, index_t i, policy_version curren
 
 } // namespace detail
 
-//! Chooses the next batch. `pending` lists in-flight items (for stale_policy::wait and for
-//! reporting); `closed` means nothing more will arrive, so a short batch is returned rather
-//! than waited for.
-[[nodiscard]] inline pick_result pick_batch(std::span<const candidate> ready, index_t wanted, policy_version current,
-                                            const selection_options& opt, std::span<const version_count> pending = {},
-                                            bool closed = false) {
+RLPT_INLINE pick_result pick_batch(std::span<const candidate> ready, index_t wanted, policy_version current,
+                                   const selection_options& opt, std::span<const version_count> pending, bool closed) {
   RLPT_CHECK(wanted >= 1, errors::staleness::bad_option, "a batch needs at least 1 group, {} wanted", wanted);
   RLPT_CHECK(current >= 0, errors::staleness::bad_version, "current version must be >= 0, got {}", current);
   RLPT_CHECK(opt.max_staleness >= 0 || opt.max_staleness == unbounded_staleness, errors::staleness::bad_option,
@@ -228,12 +321,8 @@ inline void check_candidate(const candidate& c, index_t i, policy_version curren
   return r;
 }
 
-//! What a consumer that sees `visible` (the gate's tickets among its ready items) may still
-//! receive: running tickets plus accepted ones not visible yet (finished, on their way into
-//! the buffer). Pass it as `pending` to pick_batch; leaving the in-transit ones out would let
-//! the wait policy miss an item that must be trained now.
-[[nodiscard]] inline std::vector<version_count> in_flight(const staleness_gate::alive_tickets& alive,
-                                                          std::span<const candidate> visible) {
+RLPT_INLINE std::vector<version_count> in_flight(const staleness_gate::alive_tickets& alive,
+                                                 std::span<const candidate> visible) {
   std::vector<version_count> out = alive.running;
   std::vector<candidate> seen(visible.begin(), visible.end());
   auto key = [](const candidate& c) { return std::pair{c.version, c.target}; };
@@ -250,115 +339,42 @@ inline void check_candidate(const candidate& c, index_t i, policy_version curren
   return out;
 }
 
-// --- starvation -----------------------------------------------------------------------------
-
-enum class starvation_cause : std::uint8_t {
-  no_producers,   //!< nothing in flight although the gate has capacity: producers stopped admitting
-  no_capacity,    //!< nothing in flight and the gate admits nothing (leaked tickets, batch > gate budget)
-  slow_producers, //!< work is in flight but does not arrive in time
-  all_stale,      //!< groups arrive but the window drops them (η too small for the generation time)
-  missing_target  //!< target mode: too few groups were reserved for the current step
-};
-
-[[nodiscard]] constexpr std::string_view name(starvation_cause c) noexcept {
-  switch (c) {
-  case starvation_cause::no_producers:
-    return "no_producers";
-  case starvation_cause::no_capacity:
-    return "no_capacity";
-  case starvation_cause::slow_producers:
-    return "slow_producers";
-  case starvation_cause::all_stale:
-    return "all_stale";
-  case starvation_cause::missing_target:
-    return "missing_target";
+RLPT_INLINE std::optional<starvation_report>
+starvation_monitor::observe(double now_s, const pick_result& r, index_t wanted, policy_version current,
+                            index_t gate_capacity, std::span<const version_count> in_flight, bool targeted) {
+  if (!waiting_) {
+    waiting_ = true;
+    since_ = now_s;
+    dropped_ = 0;
+    reported_ = false;
   }
-  return "?";
+  dropped_ += static_cast<index_t>(r.evict.size());
+  if (reported_ || now_s - since_ < opt_.after_s) return std::nullopt;
+  reported_ = true;
+  starvation_report rep;
+  rep.waited_s = now_s - since_;
+  rep.version = current;
+  rep.wanted = wanted;
+  rep.eligible = r.eligible;
+  rep.pending = r.pending;
+  rep.dropped = dropped_;
+  rep.capacity = gate_capacity;
+  index_t in_flight_total = 0;
+  for (const auto& p : in_flight) {
+    in_flight_total += p.count;
+    if (p.count > 0 && (rep.oldest_pending < 0 || p.version < rep.oldest_pending)) rep.oldest_pending = p.version;
+  }
+  if (targeted && r.eligible + r.pending < wanted)
+    rep.cause = starvation_cause::missing_target;
+  else if (in_flight_total == 0)
+    rep.cause = gate_capacity > 0 ? starvation_cause::no_producers : starvation_cause::no_capacity;
+  else if (dropped_ > 0)
+    rep.cause = starvation_cause::all_stale;
+  else
+    rep.cause = starvation_cause::slow_producers;
+  ++reports_;
+  return rep;
 }
 
-struct starvation_report {
-  starvation_cause cause = starvation_cause::slow_producers;
-  double waited_s = 0.0;      //!< how long the consumer has been waiting
-  policy_version version = 0; //!< current version
-  index_t wanted = 0;
-  index_t eligible = 0;               //!< usable ready groups
-  index_t pending = 0;                //!< usable in-flight groups
-  index_t dropped = 0;                //!< groups dropped as stale during this wait
-  index_t capacity = 0;               //!< gate capacity at the time
-  policy_version oldest_pending = -1; //!< oldest in-flight version (-1: none)
-};
-
-struct starvation_options {
-  //! Report after the consumer waited this long (seconds of whatever clock the caller uses:
-  //! wall time in a trainer, simulated time in the simulator). rlpt default 300 s equals TRL's
-  //! producer heartbeat `heartbeat_stale_after_s`.
-  double after_s = 300.0;
-};
-
-//! Tracks one consumer's waiting episodes. Call `observe` after every unsuccessful attempt and
-//! `served` after every successful one; a report is produced once per episode, when the wait
-//! first exceeds the threshold.
-class starvation_monitor {
-public:
-  explicit starvation_monitor(starvation_options o = {}) : opt_(o) {
-    RLPT_CHECK(opt_.after_s >= 0.0, errors::staleness::bad_option, "starvation threshold must be >= 0 s, got {}",
-               opt_.after_s);
-  }
-
-  [[nodiscard]] std::optional<starvation_report> observe(double now_s, const pick_result& r, index_t wanted,
-                                                         policy_version current, index_t gate_capacity,
-                                                         std::span<const version_count> in_flight,
-                                                         bool targeted = false) {
-    if (!waiting_) {
-      waiting_ = true;
-      since_ = now_s;
-      dropped_ = 0;
-      reported_ = false;
-    }
-    dropped_ += static_cast<index_t>(r.evict.size());
-    if (reported_ || now_s - since_ < opt_.after_s) return std::nullopt;
-    reported_ = true;
-    starvation_report rep;
-    rep.waited_s = now_s - since_;
-    rep.version = current;
-    rep.wanted = wanted;
-    rep.eligible = r.eligible;
-    rep.pending = r.pending;
-    rep.dropped = dropped_;
-    rep.capacity = gate_capacity;
-    index_t in_flight_total = 0;
-    for (const auto& p : in_flight) {
-      in_flight_total += p.count;
-      if (p.count > 0 && (rep.oldest_pending < 0 || p.version < rep.oldest_pending)) rep.oldest_pending = p.version;
-    }
-    if (targeted && r.eligible + r.pending < wanted)
-      rep.cause = starvation_cause::missing_target;
-    else if (in_flight_total == 0)
-      rep.cause = gate_capacity > 0 ? starvation_cause::no_producers : starvation_cause::no_capacity;
-    else if (dropped_ > 0)
-      rep.cause = starvation_cause::all_stale;
-    else
-      rep.cause = starvation_cause::slow_producers;
-    ++reports_;
-    return rep;
-  }
-
-  void served() noexcept { waiting_ = false; }
-  [[nodiscard]] bool waiting() const noexcept { return waiting_; }
-  [[nodiscard]] double waiting_since() const noexcept { return since_; }
-  [[nodiscard]] index_t reports() const noexcept { return reports_; }
-
-private:
-  starvation_options opt_;
-  bool waiting_ = false;
-  bool reported_ = false;
-  double since_ = 0.0;
-  index_t dropped_ = 0;
-  index_t reports_ = 0;
-};
-
 RLPT_NAMESPACE_END
-
-template <> struct fmt::formatter<rlpt::starvation_cause> : rlpt::detail::name_formatter {
-  template <class Ctx> auto format(rlpt::starvation_cause c, Ctx& ctx) const { return format_name(rlpt::name(c), ctx); }
-};
+#endif // RLPT_HEADER_IMPL()

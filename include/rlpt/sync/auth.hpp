@@ -119,26 +119,7 @@ public:
   }
 
   //! Checks the peer's HELLO; a description of what is wrong, or empty.
-  [[nodiscard]] std::string check_hello(std::span<const std::byte, hello_bytes> h) const {
-    std::uint32_t magic;
-    std::uint16_t version;
-    std::memcpy(&magic, h.data(), 4);
-    std::memcpy(&version, h.data() + 4, 2);
-    if (magic != hello_magic)
-      return rlpt::detail::format("the peer did not start an authenticated handshake (magic 0x{:08x}; is it configured "
-                                  "without an authenticator?)",
-                                  magic);
-    if (version != hello_version)
-      return rlpt::detail::format("handshake version {} is not the supported {}", version, hello_version);
-    const auto theirs = static_cast<std::uint8_t>(h[6]);
-    if (theirs != static_cast<std::uint8_t>(integrity_))
-      return rlpt::detail::format(
-          "the peer asks for integrity::{} and this end for integrity::{}: configure both ends alike",
-          name(static_cast<integrity>(theirs)), name(integrity_));
-    if (static_cast<std::uint8_t>(h[7]) == static_cast<std::uint8_t>(role_))
-      return rlpt::detail::format("both ends are {}s", role_ == role::sender ? "sender" : "receiver");
-    return {};
-  }
+  [[nodiscard]] std::string check_hello(std::span<const std::byte, hello_bytes> h) const;
 
   //! The proof that an end (`acceptor` or not) knows the secret, over both HELLOs.
   [[nodiscard]] authenticator::mac proof(bool acceptor, std::span<const std::byte> hello_c,
@@ -198,3 +179,32 @@ private:
 } // namespace detail
 } // namespace sync
 RLPT_NAMESPACE_END
+
+#if RLPT_HEADER_IMPL()
+RLPT_NAMESPACE_BEGIN
+namespace sync::detail {
+
+RLPT_INLINE std::string peer_auth::check_hello(std::span<const std::byte, hello_bytes> h) const {
+  std::uint32_t magic;
+  std::uint16_t version;
+  std::memcpy(&magic, h.data(), 4);
+  std::memcpy(&version, h.data() + 4, 2);
+  if (magic != hello_magic)
+    return rlpt::detail::format("the peer did not start an authenticated handshake (magic 0x{:08x}; is it configured "
+                                "without an authenticator?)",
+                                magic);
+  if (version != hello_version)
+    return rlpt::detail::format("handshake version {} is not the supported {}", version, hello_version);
+  const auto theirs = static_cast<std::uint8_t>(h[6]);
+  if (theirs != static_cast<std::uint8_t>(integrity_))
+    return rlpt::detail::format(
+        "the peer asks for integrity::{} and this end for integrity::{}: configure both ends alike",
+        name(static_cast<integrity>(theirs)), name(integrity_));
+  if (static_cast<std::uint8_t>(h[7]) == static_cast<std::uint8_t>(role_))
+    return rlpt::detail::format("both ends are {}s", role_ == role::sender ? "sender" : "receiver");
+  return {};
+}
+
+} // namespace sync::detail
+RLPT_NAMESPACE_END
+#endif // RLPT_HEADER_IMPL()

@@ -248,7 +248,16 @@ inline std::uint64_t copy_hash(void* dst, const void* src, std::size_t bytes) no
 }
 
 //! Parses exactly 16 hex digits (either case); nullopt otherwise.
-[[nodiscard]] inline std::optional<std::uint64_t> parse_hex(std::string_view s) noexcept {
+[[nodiscard]] std::optional<std::uint64_t> parse_hex(std::string_view s) noexcept;
+
+} // namespace sync
+RLPT_NAMESPACE_END
+
+#if RLPT_HEADER_IMPL()
+RLPT_NAMESPACE_BEGIN
+namespace sync {
+
+RLPT_INLINE std::optional<std::uint64_t> parse_hex(std::string_view s) noexcept {
   if (s.size() != 16) return std::nullopt;
   std::uint64_t v = 0;
   for (char c : s) {
@@ -268,3 +277,4 @@ inline std::uint64_t copy_hash(void* dst, const void* src, std::size_t bytes) no
 
 } // namespace sync
 RLPT_NAMESPACE_END
+#endif // RLPT_HEADER_IMPL()

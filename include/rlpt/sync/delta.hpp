@@ -100,27 +100,8 @@ namespace detail {
 }
 
 //! Body bytes of an encoding; false on overflow.
-[[nodiscard]] inline bool delta_body_bytes(delta_encoding enc, std::uint64_t n, std::uint64_t changed, std::uint64_t eb,
-                                           std::uint64_t& out) noexcept {
-  std::uint64_t vals = 0;
-  switch (enc) {
-  case delta_encoding::dense:
-    if (mul_overflows(n, eb, vals) || vals > (std::uint64_t{1} << 62)) return false;
-    out = pad8(vals);
-    return true;
-  case delta_encoding::bitmap:
-    if (mul_overflows(changed, eb, vals) || vals > (std::uint64_t{1} << 62)) return false;
-    out = ((n + 63) / 64) * 8 + pad8(vals);
-    return true;
-  case delta_encoding::sparse: {
-    if (mul_overflows(changed, eb, vals) || vals > (std::uint64_t{1} << 60)) return false;
-    const std::uint64_t blocks = (n + delta_sparse_block - 1) / delta_sparse_block;
-    out = pad8(4 * (blocks + 1)) + pad8(2 * changed) + pad8(vals);
-    return true;
-  }
-  }
-  return false;
-}
+[[nodiscard]] bool delta_body_bytes(delta_encoding enc, std::uint64_t n, std::uint64_t changed, std::uint64_t eb,
+                                    std::uint64_t& out) noexcept;
 
 //! A record header (the first 64 bytes of a record), parsed and checked.
 struct delta_head {
@@ -134,46 +115,7 @@ struct delta_head {
 //! the body size its encoding implies); not the body. The host parser (parse_delta_record) and
 //! the device receiver (which validates bodies on the GPU) share it. Errors: rlpt.sync.bad_delta
 //! naming `where` and the record's byte offset `at`.
-[[nodiscard]] inline delta_head parse_delta_head(std::span<const std::byte> h, std::string_view where,
-                                                 std::uint64_t at) {
-  auto bad = [&](std::string_view what) -> void {
-    RLPT_FAIL(errors::sync::bad_delta, "{}: delta record at byte {}: {}", where, at, what);
-  };
-  if (h.size() < delta_header_bytes) bad(rlpt::detail::format("only {} header bytes, a header needs 64", h.size()));
-  const std::byte* p = h.data();
-  std::uint32_t magic, tensor;
-  std::uint8_t enc, eb;
-  std::uint64_t f[6];
-  std::memcpy(&magic, p, 4);
-  std::memcpy(&enc, p + 4, 1);
-  std::memcpy(&eb, p + 5, 1);
-  std::memcpy(&tensor, p + 8, 4);
-  std::memcpy(f, p + 16, 48);
-  if (magic != delta_magic) bad(rlpt::detail::format("bad magic 0x{:08x}", magic));
-  if (xxh3(p, 56) != f[5]) bad("header checksum mismatch");
-  if (enc < 1 || enc > 3) bad(rlpt::detail::format("unknown encoding {}", enc));
-  if (eb != 1 && eb != 2 && eb != 4 && eb != 8) bad(rlpt::detail::format("element size {} is not 1, 2, 4 or 8", eb));
-  delta_head d;
-  d.encoding = static_cast<delta_encoding>(enc);
-  d.elem_bytes = eb;
-  d.tensor = tensor;
-  d.elem_begin = f[0];
-  d.elem_count = f[1];
-  d.changed = f[2];
-  d.body = f[3];
-  d.base_checksum = f[4];
-  if (d.changed > d.elem_count) bad(rlpt::detail::format("{} changed elements of {}", d.changed, d.elem_count));
-  if (d.encoding == delta_encoding::dense && d.changed != d.elem_count)
-    bad(rlpt::detail::format("dense record of {} elements says {} changed", d.elem_count, d.changed));
-  // The encoder writes 1 to 2^31 elements per record; 2^40 bounds what a device kernel indexes.
-  if (d.elem_count == 0 || d.elem_count > (std::uint64_t{1} << 40))
-    bad(rlpt::detail::format("{} elements: a record covers 1 to 2^40 elements", d.elem_count));
-  std::uint64_t want = 0;
-  if (!delta_body_bytes(d.encoding, d.elem_count, d.changed, eb, want) || d.body != want)
-    bad(rlpt::detail::format("{} body of {} bytes, expected {} for {} of {} elements of {} bytes", name(d.encoding),
-                             d.body, want, d.changed, d.elem_count, eb));
-  return d;
-}
+[[nodiscard]] delta_head parse_delta_head(std::span<const std::byte> h, std::string_view where, std::uint64_t at);
 
 template <class U> inline void swap_elem(std::byte* a, std::byte* b) noexcept {
   U x, y;
@@ -254,19 +196,8 @@ inline std::uint64_t diff_bits(const std::byte* a, const std::byte* b, std::uint
   return total;
 }
 
-inline std::uint64_t diff_bits(std::size_t eb, const std::byte* a, const std::byte* b, std::uint64_t n,
-                               std::uint64_t* words) noexcept {
-  switch (eb) {
-  case 1:
-    return diff_bits<std::uint8_t>(a, b, n, words);
-  case 2:
-    return diff_bits<std::uint16_t>(a, b, n, words);
-  case 4:
-    return diff_bits<std::uint32_t>(a, b, n, words);
-  default:
-    return diff_bits<std::uint64_t>(a, b, n, words);
-  }
-}
+std::uint64_t diff_bits(std::size_t eb, const std::byte* a, const std::byte* b, std::uint64_t n,
+                        std::uint64_t* words) noexcept;
 
 } // namespace detail
 
@@ -288,8 +219,171 @@ struct delta_record {
 
 //! Parses and fully validates the record at the start of `stream` (8-byte aligned). Errors:
 //! rlpt.sync.bad_delta naming `where` and the byte offset `at` of the record in its stream.
-[[nodiscard]] inline delta_record parse_delta_record(std::span<std::byte> stream, std::string_view where,
-                                                     std::uint64_t at = 0) {
+[[nodiscard]] delta_record parse_delta_record(std::span<std::byte> stream, std::string_view where,
+                                              std::uint64_t at = 0);
+
+//! Writes a record's values into `range` (the record's elements of the target tensor, i.e.
+//! elem_count x elem_bytes bytes starting at element elem_begin) by swapping: afterwards the
+//! record holds the values it replaced, so a second call undoes the first.
+void swap_apply(const delta_record& r, std::span<std::byte> range);
+
+//! Calls f(delta_record&) for every record of a stream (validated as it goes).
+template <class F> void for_each_delta_record(std::span<std::byte> stream, std::string_view where, F&& f) {
+  std::uint64_t at = 0;
+  while (at < stream.size()) {
+    delta_record r = parse_delta_record(stream.subspan(at), where, at);
+    f(r);
+    at += r.total_bytes;
+  }
+}
+
+//! Encodes tensors against their base version into records.
+class delta_encoder {
+public:
+  //! `max_record_bytes` bounds each record (header included) so records fit a bucket.
+  explicit delta_encoder(std::uint64_t max_record_bytes) : max_record_(max_record_bytes) {
+    RLPT_CHECK(max_record_bytes >= delta_header_bytes + 64, errors::sync::bad_delta,
+               "max_record_bytes {} is too small for a delta record", max_record_bytes);
+  }
+
+  //! Appends the records of tensor `index` (`now` vs `base`, equal sizes, `elem_bytes` per
+  //! element) to `out` (kept 8-byte aligned) and returns the checksum of `now` as the
+  //! manifest defines it for `bucket_bytes`. Unchanged tensors append nothing.
+  std::uint64_t encode(std::uint32_t index, std::span<const std::byte> now, std::span<const std::byte> base,
+                       std::size_t elem_bytes, std::uint64_t base_checksum, std::uint64_t bucket_bytes,
+                       std::vector<std::byte>& out, delta_stats& stats);
+
+private:
+  static void hash_range(xxh3_stream& h, std::vector<std::uint64_t>& parts, std::uint64_t& fill, const std::byte* p,
+                         std::uint64_t bytes, bool split, std::uint64_t bucket_bytes);
+
+  void write_record(std::uint32_t index, const std::byte* now, std::size_t eb, std::uint64_t first, std::uint64_t n,
+                    std::uint64_t changed, std::uint64_t base_checksum, std::vector<std::byte>& out,
+                    delta_stats& stats);
+
+  // Indices and values in one pass over the change bits.
+  template <std::size_t EB>
+  void write_sparse(std::uint32_t* block_start, std::uint16_t* lo, std::byte* values, const std::byte* now,
+                    std::uint64_t blocks, std::uint64_t words) const {
+    constexpr std::uint64_t words_per_block = delta_sparse_block / 64;
+    std::uint64_t k = 0;
+    for (std::uint64_t blk = 0; blk < blocks; ++blk) {
+      block_start[blk] = static_cast<std::uint32_t>(k);
+      const std::uint64_t w_end = std::min(words, (blk + 1) * words_per_block);
+      for (std::uint64_t w = blk * words_per_block; w < w_end; ++w)
+        for (std::uint64_t bits = words_[w]; bits != 0; bits &= bits - 1) {
+          const std::uint64_t bit = static_cast<std::uint64_t>(std::countr_zero(bits));
+          lo[k] = static_cast<std::uint16_t>((w - blk * words_per_block) * 64 + bit);
+          std::memcpy(values + k * EB, now + (w * 64 + bit) * EB, EB);
+          ++k;
+        }
+    }
+    block_start[blocks] = static_cast<std::uint32_t>(k);
+  }
+
+  template <std::size_t EB> void gather_n(std::byte* dst, const std::byte* now, std::uint64_t words) const {
+    for (std::uint64_t w = 0; w < words; ++w)
+      for (std::uint64_t bits = words_[w]; bits != 0; bits &= bits - 1) {
+        const std::uint64_t i = w * 64 + static_cast<std::uint64_t>(std::countr_zero(bits));
+        std::memcpy(dst, now + i * EB, EB); // fixed size: inlined, not a library call
+        dst += EB;
+      }
+  }
+
+  void gather(std::byte* dst, const std::byte* now, std::size_t eb, std::uint64_t words) const;
+
+  std::uint64_t max_record_;
+  std::vector<std::uint64_t> words_;
+};
+
+} // namespace sync
+RLPT_NAMESPACE_END
+
+#if RLPT_HEADER_IMPL()
+RLPT_NAMESPACE_BEGIN
+namespace sync::detail {
+
+RLPT_INLINE bool delta_body_bytes(delta_encoding enc, std::uint64_t n, std::uint64_t changed, std::uint64_t eb,
+                                  std::uint64_t& out) noexcept {
+  std::uint64_t vals = 0;
+  switch (enc) {
+  case delta_encoding::dense:
+    if (mul_overflows(n, eb, vals) || vals > (std::uint64_t{1} << 62)) return false;
+    out = pad8(vals);
+    return true;
+  case delta_encoding::bitmap:
+    if (mul_overflows(changed, eb, vals) || vals > (std::uint64_t{1} << 62)) return false;
+    out = ((n + 63) / 64) * 8 + pad8(vals);
+    return true;
+  case delta_encoding::sparse: {
+    if (mul_overflows(changed, eb, vals) || vals > (std::uint64_t{1} << 60)) return false;
+    const std::uint64_t blocks = (n + delta_sparse_block - 1) / delta_sparse_block;
+    out = pad8(4 * (blocks + 1)) + pad8(2 * changed) + pad8(vals);
+    return true;
+  }
+  }
+  return false;
+}
+
+RLPT_INLINE delta_head parse_delta_head(std::span<const std::byte> h, std::string_view where, std::uint64_t at) {
+  auto bad = [&](std::string_view what) -> void {
+    RLPT_FAIL(errors::sync::bad_delta, "{}: delta record at byte {}: {}", where, at, what);
+  };
+  if (h.size() < delta_header_bytes) bad(rlpt::detail::format("only {} header bytes, a header needs 64", h.size()));
+  const std::byte* p = h.data();
+  std::uint32_t magic, tensor;
+  std::uint8_t enc, eb;
+  std::uint64_t f[6];
+  std::memcpy(&magic, p, 4);
+  std::memcpy(&enc, p + 4, 1);
+  std::memcpy(&eb, p + 5, 1);
+  std::memcpy(&tensor, p + 8, 4);
+  std::memcpy(f, p + 16, 48);
+  if (magic != delta_magic) bad(rlpt::detail::format("bad magic 0x{:08x}", magic));
+  if (xxh3(p, 56) != f[5]) bad("header checksum mismatch");
+  if (enc < 1 || enc > 3) bad(rlpt::detail::format("unknown encoding {}", enc));
+  if (eb != 1 && eb != 2 && eb != 4 && eb != 8) bad(rlpt::detail::format("element size {} is not 1, 2, 4 or 8", eb));
+  delta_head d;
+  d.encoding = static_cast<delta_encoding>(enc);
+  d.elem_bytes = eb;
+  d.tensor = tensor;
+  d.elem_begin = f[0];
+  d.elem_count = f[1];
+  d.changed = f[2];
+  d.body = f[3];
+  d.base_checksum = f[4];
+  if (d.changed > d.elem_count) bad(rlpt::detail::format("{} changed elements of {}", d.changed, d.elem_count));
+  if (d.encoding == delta_encoding::dense && d.changed != d.elem_count)
+    bad(rlpt::detail::format("dense record of {} elements says {} changed", d.elem_count, d.changed));
+  // The encoder writes 1 to 2^31 elements per record; 2^40 bounds what a device kernel indexes.
+  if (d.elem_count == 0 || d.elem_count > (std::uint64_t{1} << 40))
+    bad(rlpt::detail::format("{} elements: a record covers 1 to 2^40 elements", d.elem_count));
+  std::uint64_t want = 0;
+  if (!delta_body_bytes(d.encoding, d.elem_count, d.changed, eb, want) || d.body != want)
+    bad(rlpt::detail::format("{} body of {} bytes, expected {} for {} of {} elements of {} bytes", name(d.encoding),
+                             d.body, want, d.changed, d.elem_count, eb));
+  return d;
+}
+
+RLPT_INLINE std::uint64_t diff_bits(std::size_t eb, const std::byte* a, const std::byte* b, std::uint64_t n,
+                                    std::uint64_t* words) noexcept {
+  switch (eb) {
+  case 1:
+    return diff_bits<std::uint8_t>(a, b, n, words);
+  case 2:
+    return diff_bits<std::uint16_t>(a, b, n, words);
+  case 4:
+    return diff_bits<std::uint32_t>(a, b, n, words);
+  default:
+    return diff_bits<std::uint64_t>(a, b, n, words);
+  }
+}
+
+} // namespace sync::detail
+
+namespace sync {
+
+RLPT_INLINE delta_record parse_delta_record(std::span<std::byte> stream, std::string_view where, std::uint64_t at) {
   auto bad = [&](std::string_view what) -> void {
     RLPT_FAIL(errors::sync::bad_delta, "{}: delta record at byte {}: {}", where, at, what);
   };
@@ -353,10 +447,7 @@ struct delta_record {
   return r;
 }
 
-//! Writes a record's values into `range` (the record's elements of the target tensor, i.e.
-//! elem_count x elem_bytes bytes starting at element elem_begin) by swapping: afterwards the
-//! record holds the values it replaced, so a second call undoes the first.
-inline void swap_apply(const delta_record& r, std::span<std::byte> range) {
+RLPT_INLINE void swap_apply(const delta_record& r, std::span<std::byte> range) {
   RLPT_CHECK(range.size() == r.elem_count * r.elem_bytes, errors::sync::bad_delta,
              "delta target range has {} bytes, the record covers {} x {} bytes", range.size(), r.elem_count,
              r.elem_bytes);
@@ -400,210 +491,159 @@ inline void swap_apply(const delta_record& r, std::span<std::byte> range) {
   }
 }
 
-//! Calls f(delta_record&) for every record of a stream (validated as it goes).
-template <class F> void for_each_delta_record(std::span<std::byte> stream, std::string_view where, F&& f) {
-  std::uint64_t at = 0;
-  while (at < stream.size()) {
-    delta_record r = parse_delta_record(stream.subspan(at), where, at);
-    f(r);
-    at += r.total_bytes;
+RLPT_INLINE std::uint64_t delta_encoder::encode(std::uint32_t index, std::span<const std::byte> now,
+                                                std::span<const std::byte> base, std::size_t elem_bytes,
+                                                std::uint64_t base_checksum, std::uint64_t bucket_bytes,
+                                                std::vector<std::byte>& out, delta_stats& stats) {
+  RLPT_CHECK(now.size() == base.size(), errors::sync::bad_delta, "tensor #{} has {} bytes but its base has {}", index,
+             now.size(), base.size());
+  RLPT_CHECK(elem_bytes == 1 || elem_bytes == 2 || elem_bytes == 4 || elem_bytes == 8, errors::sync::bad_delta,
+             "element size {} is not 1, 2, 4 or 8", elem_bytes);
+  RLPT_CHECK(now.size() % elem_bytes == 0, errors::sync::bad_delta, "tensor #{} has {} bytes, not a multiple of {}",
+             index, now.size(), elem_bytes);
+  const std::uint64_t n = now.size() / elem_bytes;
+  // Range length: a dense record of it fits max_record_ bytes.
+  // Capped at 2^31 elements so sparse block prefix counts fit u32.
+  const std::uint64_t range =
+      std::clamp<std::uint64_t>((max_record_ - delta_header_bytes - 8) / elem_bytes, 1, std::uint64_t{1} << 31);
+  stats.elements += n;
+  stats.dense_bytes += now.size();
+  // Checksum pieces follow the bucket split, hashed while the bytes are in cache.
+  const bool split = now.size() > bucket_bytes;
+  std::vector<std::uint64_t> parts;
+  xxh3_stream h;
+  std::uint64_t piece_fill = 0;
+  constexpr std::uint64_t chunk_elems = 8192;
+  for (std::uint64_t r0 = 0; r0 < n; r0 += range) {
+    const std::uint64_t rn = std::min(range, n - r0);
+    words_.resize(static_cast<std::size_t>((rn + 63) / 64));
+    std::uint64_t changed = 0;
+    for (std::uint64_t c0 = 0; c0 < rn; c0 += chunk_elems) {
+      const std::uint64_t cn = std::min(chunk_elems, rn - c0); // a multiple of 64 except at the end
+      const std::byte* a = now.data() + (r0 + c0) * elem_bytes;
+      changed += detail::diff_bits(elem_bytes, a, base.data() + (r0 + c0) * elem_bytes, cn, words_.data() + c0 / 64);
+      hash_range(h, parts, piece_fill, a, cn * elem_bytes, split, bucket_bytes);
+    }
+    stats.changed += changed;
+    if (changed != 0)
+      write_record(index, now.data() + r0 * elem_bytes, elem_bytes, r0, rn, changed, base_checksum, out, stats);
+  }
+  if (!split) return h.digest();
+  if (piece_fill != 0) parts.push_back(h.digest());
+  return combine_piece_checksums(parts);
+}
+
+RLPT_INLINE void delta_encoder::hash_range(xxh3_stream& h, std::vector<std::uint64_t>& parts, std::uint64_t& fill,
+                                           const std::byte* p, std::uint64_t bytes, bool split,
+                                           std::uint64_t bucket_bytes) {
+  if (!split) {
+    h.update(p, static_cast<std::size_t>(bytes));
+    return;
+  }
+  while (bytes != 0) {
+    const std::uint64_t take = std::min(bytes, bucket_bytes - fill);
+    h.update(p, static_cast<std::size_t>(take));
+    fill += take;
+    p += take;
+    bytes -= take;
+    if (fill == bucket_bytes) {
+      parts.push_back(h.digest());
+      h.reset();
+      fill = 0;
+    }
   }
 }
 
-//! Encodes tensors against their base version into records.
-class delta_encoder {
-public:
-  //! `max_record_bytes` bounds each record (header included) so records fit a bucket.
-  explicit delta_encoder(std::uint64_t max_record_bytes) : max_record_(max_record_bytes) {
-    RLPT_CHECK(max_record_bytes >= delta_header_bytes + 64, errors::sync::bad_delta,
-               "max_record_bytes {} is too small for a delta record", max_record_bytes);
+RLPT_INLINE void delta_encoder::write_record(std::uint32_t index, const std::byte* now, std::size_t eb,
+                                             std::uint64_t first, std::uint64_t n, std::uint64_t changed,
+                                             std::uint64_t base_checksum, std::vector<std::byte>& out,
+                                             delta_stats& stats) {
+  std::uint64_t s_sparse = 0, s_bitmap = 0, s_dense = 0;
+  // n < 2^31 elements of at most 8 bytes: none of these overflow.
+  static_cast<void>(detail::delta_body_bytes(delta_encoding::sparse, n, changed, eb, s_sparse));
+  static_cast<void>(detail::delta_body_bytes(delta_encoding::bitmap, n, changed, eb, s_bitmap));
+  static_cast<void>(detail::delta_body_bytes(delta_encoding::dense, n, changed, eb, s_dense));
+  delta_encoding enc = delta_encoding::dense;
+  std::uint64_t body = s_dense;
+  if (s_bitmap < body) {
+    enc = delta_encoding::bitmap;
+    body = s_bitmap;
   }
-
-  //! Appends the records of tensor `index` (`now` vs `base`, equal sizes, `elem_bytes` per
-  //! element) to `out` (kept 8-byte aligned) and returns the checksum of `now` as the
-  //! manifest defines it for `bucket_bytes`. Unchanged tensors append nothing.
-  std::uint64_t encode(std::uint32_t index, std::span<const std::byte> now, std::span<const std::byte> base,
-                       std::size_t elem_bytes, std::uint64_t base_checksum, std::uint64_t bucket_bytes,
-                       std::vector<std::byte>& out, delta_stats& stats) {
-    RLPT_CHECK(now.size() == base.size(), errors::sync::bad_delta, "tensor #{} has {} bytes but its base has {}", index,
-               now.size(), base.size());
-    RLPT_CHECK(elem_bytes == 1 || elem_bytes == 2 || elem_bytes == 4 || elem_bytes == 8, errors::sync::bad_delta,
-               "element size {} is not 1, 2, 4 or 8", elem_bytes);
-    RLPT_CHECK(now.size() % elem_bytes == 0, errors::sync::bad_delta, "tensor #{} has {} bytes, not a multiple of {}",
-               index, now.size(), elem_bytes);
-    const std::uint64_t n = now.size() / elem_bytes;
-    // Range length: a dense record of it fits max_record_ bytes.
-    // Capped at 2^31 elements so sparse block prefix counts fit u32.
-    const std::uint64_t range =
-        std::clamp<std::uint64_t>((max_record_ - delta_header_bytes - 8) / elem_bytes, 1, std::uint64_t{1} << 31);
-    stats.elements += n;
-    stats.dense_bytes += now.size();
-    // Checksum pieces follow the bucket split, hashed while the bytes are in cache.
-    const bool split = now.size() > bucket_bytes;
-    std::vector<std::uint64_t> parts;
-    xxh3_stream h;
-    std::uint64_t piece_fill = 0;
-    constexpr std::uint64_t chunk_elems = 8192;
-    for (std::uint64_t r0 = 0; r0 < n; r0 += range) {
-      const std::uint64_t rn = std::min(range, n - r0);
-      words_.resize(static_cast<std::size_t>((rn + 63) / 64));
-      std::uint64_t changed = 0;
-      for (std::uint64_t c0 = 0; c0 < rn; c0 += chunk_elems) {
-        const std::uint64_t cn = std::min(chunk_elems, rn - c0); // a multiple of 64 except at the end
-        const std::byte* a = now.data() + (r0 + c0) * elem_bytes;
-        changed += detail::diff_bits(elem_bytes, a, base.data() + (r0 + c0) * elem_bytes, cn, words_.data() + c0 / 64);
-        hash_range(h, parts, piece_fill, a, cn * elem_bytes, split, bucket_bytes);
-      }
-      stats.changed += changed;
-      if (changed != 0)
-        write_record(index, now.data() + r0 * elem_bytes, elem_bytes, r0, rn, changed, base_checksum, out, stats);
-    }
-    if (!split) return h.digest();
-    if (piece_fill != 0) parts.push_back(h.digest());
-    return combine_piece_checksums(parts);
+  if (s_sparse < body) {
+    enc = delta_encoding::sparse;
+    body = s_sparse;
   }
-
-private:
-  static void hash_range(xxh3_stream& h, std::vector<std::uint64_t>& parts, std::uint64_t& fill, const std::byte* p,
-                         std::uint64_t bytes, bool split, std::uint64_t bucket_bytes) {
-    if (!split) {
-      h.update(p, static_cast<std::size_t>(bytes));
-      return;
-    }
-    while (bytes != 0) {
-      const std::uint64_t take = std::min(bytes, bucket_bytes - fill);
-      h.update(p, static_cast<std::size_t>(take));
-      fill += take;
-      p += take;
-      bytes -= take;
-      if (fill == bucket_bytes) {
-        parts.push_back(h.digest());
-        h.reset();
-        fill = 0;
-      }
-    }
+  if (enc == delta_encoding::dense) changed = n;
+  const std::size_t at = out.size();
+  out.resize(at + delta_header_bytes + static_cast<std::size_t>(body), std::byte{0});
+  std::byte* p = out.data() + at;
+  const std::uint32_t magic = delta_magic;
+  const auto e8 = static_cast<std::uint8_t>(enc);
+  const auto eb8 = static_cast<std::uint8_t>(eb);
+  const std::uint64_t f[5] = {first, n, changed, body, base_checksum};
+  std::memcpy(p, &magic, 4);
+  std::memcpy(p + 4, &e8, 1);
+  std::memcpy(p + 5, &eb8, 1);
+  std::memcpy(p + 8, &index, 4);
+  std::memcpy(p + 16, f, 40);
+  const std::uint64_t check = xxh3(p, 56);
+  std::memcpy(p + 56, &check, 8);
+  std::byte* b = p + delta_header_bytes;
+  const std::uint64_t words = (n + 63) / 64;
+  switch (enc) {
+  case delta_encoding::dense:
+    std::memcpy(b, now, static_cast<std::size_t>(n * eb));
+    break;
+  case delta_encoding::bitmap: {
+    std::memcpy(b, words_.data(), static_cast<std::size_t>(words * 8));
+    gather(b + words * 8, now, eb, words);
+    break;
   }
-
-  void write_record(std::uint32_t index, const std::byte* now, std::size_t eb, std::uint64_t first, std::uint64_t n,
-                    std::uint64_t changed, std::uint64_t base_checksum, std::vector<std::byte>& out,
-                    delta_stats& stats) {
-    std::uint64_t s_sparse = 0, s_bitmap = 0, s_dense = 0;
-    // n < 2^31 elements of at most 8 bytes: none of these overflow.
-    static_cast<void>(detail::delta_body_bytes(delta_encoding::sparse, n, changed, eb, s_sparse));
-    static_cast<void>(detail::delta_body_bytes(delta_encoding::bitmap, n, changed, eb, s_bitmap));
-    static_cast<void>(detail::delta_body_bytes(delta_encoding::dense, n, changed, eb, s_dense));
-    delta_encoding enc = delta_encoding::dense;
-    std::uint64_t body = s_dense;
-    if (s_bitmap < body) {
-      enc = delta_encoding::bitmap;
-      body = s_bitmap;
-    }
-    if (s_sparse < body) {
-      enc = delta_encoding::sparse;
-      body = s_sparse;
-    }
-    if (enc == delta_encoding::dense) changed = n;
-    const std::size_t at = out.size();
-    out.resize(at + delta_header_bytes + static_cast<std::size_t>(body), std::byte{0});
-    std::byte* p = out.data() + at;
-    const std::uint32_t magic = delta_magic;
-    const auto e8 = static_cast<std::uint8_t>(enc);
-    const auto eb8 = static_cast<std::uint8_t>(eb);
-    const std::uint64_t f[5] = {first, n, changed, body, base_checksum};
-    std::memcpy(p, &magic, 4);
-    std::memcpy(p + 4, &e8, 1);
-    std::memcpy(p + 5, &eb8, 1);
-    std::memcpy(p + 8, &index, 4);
-    std::memcpy(p + 16, f, 40);
-    const std::uint64_t check = xxh3(p, 56);
-    std::memcpy(p + 56, &check, 8);
-    std::byte* b = p + delta_header_bytes;
-    const std::uint64_t words = (n + 63) / 64;
-    switch (enc) {
-    case delta_encoding::dense:
-      std::memcpy(b, now, static_cast<std::size_t>(n * eb));
-      break;
-    case delta_encoding::bitmap: {
-      std::memcpy(b, words_.data(), static_cast<std::size_t>(words * 8));
-      gather(b + words * 8, now, eb, words);
-      break;
-    }
-    case delta_encoding::sparse: {
-      const std::uint64_t blocks = (n + delta_sparse_block - 1) / delta_sparse_block;
-      auto* block_start = reinterpret_cast<std::uint32_t*>(b);
-      auto* lo = reinterpret_cast<std::uint16_t*>(b + detail::pad8(4 * (blocks + 1)));
-      std::byte* values = b + detail::pad8(4 * (blocks + 1)) + detail::pad8(2 * changed);
-      switch (eb) {
-      case 1:
-        write_sparse<1>(block_start, lo, values, now, blocks, words);
-        break;
-      case 2:
-        write_sparse<2>(block_start, lo, values, now, blocks, words);
-        break;
-      case 4:
-        write_sparse<4>(block_start, lo, values, now, blocks, words);
-        break;
-      default:
-        write_sparse<8>(block_start, lo, values, now, blocks, words);
-        break;
-      }
-      break;
-    }
-    }
-    stats.bytes += delta_header_bytes + body;
-    stats.records += 1;
-    stats.by_encoding[static_cast<int>(enc)] += 1;
-  }
-
-  // Indices and values in one pass over the change bits.
-  template <std::size_t EB>
-  void write_sparse(std::uint32_t* block_start, std::uint16_t* lo, std::byte* values, const std::byte* now,
-                    std::uint64_t blocks, std::uint64_t words) const {
-    constexpr std::uint64_t words_per_block = delta_sparse_block / 64;
-    std::uint64_t k = 0;
-    for (std::uint64_t blk = 0; blk < blocks; ++blk) {
-      block_start[blk] = static_cast<std::uint32_t>(k);
-      const std::uint64_t w_end = std::min(words, (blk + 1) * words_per_block);
-      for (std::uint64_t w = blk * words_per_block; w < w_end; ++w)
-        for (std::uint64_t bits = words_[w]; bits != 0; bits &= bits - 1) {
-          const std::uint64_t bit = static_cast<std::uint64_t>(std::countr_zero(bits));
-          lo[k] = static_cast<std::uint16_t>((w - blk * words_per_block) * 64 + bit);
-          std::memcpy(values + k * EB, now + (w * 64 + bit) * EB, EB);
-          ++k;
-        }
-    }
-    block_start[blocks] = static_cast<std::uint32_t>(k);
-  }
-
-  template <std::size_t EB> void gather_n(std::byte* dst, const std::byte* now, std::uint64_t words) const {
-    for (std::uint64_t w = 0; w < words; ++w)
-      for (std::uint64_t bits = words_[w]; bits != 0; bits &= bits - 1) {
-        const std::uint64_t i = w * 64 + static_cast<std::uint64_t>(std::countr_zero(bits));
-        std::memcpy(dst, now + i * EB, EB); // fixed size: inlined, not a library call
-        dst += EB;
-      }
-  }
-
-  void gather(std::byte* dst, const std::byte* now, std::size_t eb, std::uint64_t words) const {
+  case delta_encoding::sparse: {
+    const std::uint64_t blocks = (n + delta_sparse_block - 1) / delta_sparse_block;
+    auto* block_start = reinterpret_cast<std::uint32_t*>(b);
+    auto* lo = reinterpret_cast<std::uint16_t*>(b + detail::pad8(4 * (blocks + 1)));
+    std::byte* values = b + detail::pad8(4 * (blocks + 1)) + detail::pad8(2 * changed);
     switch (eb) {
     case 1:
-      gather_n<1>(dst, now, words);
+      write_sparse<1>(block_start, lo, values, now, blocks, words);
       break;
     case 2:
-      gather_n<2>(dst, now, words);
+      write_sparse<2>(block_start, lo, values, now, blocks, words);
       break;
     case 4:
-      gather_n<4>(dst, now, words);
+      write_sparse<4>(block_start, lo, values, now, blocks, words);
       break;
     default:
-      gather_n<8>(dst, now, words);
+      write_sparse<8>(block_start, lo, values, now, blocks, words);
       break;
     }
+    break;
   }
+  }
+  stats.bytes += delta_header_bytes + body;
+  stats.records += 1;
+  stats.by_encoding[static_cast<int>(enc)] += 1;
+}
 
-  std::uint64_t max_record_;
-  std::vector<std::uint64_t> words_;
-};
+RLPT_INLINE void delta_encoder::gather(std::byte* dst, const std::byte* now, std::size_t eb,
+                                       std::uint64_t words) const {
+  switch (eb) {
+  case 1:
+    gather_n<1>(dst, now, words);
+    break;
+  case 2:
+    gather_n<2>(dst, now, words);
+    break;
+  case 4:
+    gather_n<4>(dst, now, words);
+    break;
+  default:
+    gather_n<8>(dst, now, words);
+    break;
+  }
+}
 
 } // namespace sync
 RLPT_NAMESPACE_END
+#endif // RLPT_HEADER_IMPL()

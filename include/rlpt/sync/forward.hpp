@@ -74,22 +74,14 @@ class forwarder {
 public:
   //! Receives from `upstream`, calls `load` for this host's own engine (may be empty), and
   //! forwards every published version to each of `downstream` (links this object borrows).
-  forwarder(link& upstream, std::vector<link*> downstream, load_fn load = {}, forwarder_options o = {})
-      : down_(checked(std::move(downstream))), o_(std::move(o)), tee_(tee(down_, o_, upstream)),
-        rx_(tee_ ? *tee_ : upstream, load ? std::move(load) : load_fn(ignore), mirrored(o_.receive)) {
-    senders_.resize(down_.size());
-  }
+  forwarder(link& upstream, std::vector<link*> downstream, load_fn load = {}, forwarder_options o = {});
 
   forwarder(const forwarder&) = delete;
   forwarder& operator=(const forwarder&) = delete;
 
   //! Drives the upstream receiver as receiver::poll does; when it publishes a version, passes
   //! it on to every downstream link before returning (see last_forwarded()).
-  update poll(std::chrono::milliseconds wait = std::chrono::milliseconds(0)) {
-    update u = rx_.poll(wait);
-    if (u.published()) forward(u.version);
-    return u;
-  }
+  update poll(std::chrono::milliseconds wait = std::chrono::milliseconds(0));
 
   //! Per downstream link, how the last published version went.
   [[nodiscard]] const std::vector<forward_result>& last_forwarded() const noexcept { return results_; }
@@ -115,41 +107,7 @@ private:
                                                  std::min(o.cut_through_lag, o.receive.timeout / 4));
   }
 
-  void forward(std::uint64_t version) {
-    const manifest& m = rx_.published_manifest();
-    const detail::passed_on passed = tee_ ? tee_->finish(version) : detail::passed_on{};
-    results_.assign(down_.size(), {});
-    for (std::size_t k = 0; k < down_.size(); ++k) {
-      forward_result& r = results_[k];
-      r.link = k;
-      const detail::leg leg = k < passed.legs.size() ? passed.legs[k] : detail::leg{};
-      if (leg.st == detail::leg::state::acked) {
-        r.ok = r.cut_through = true;
-        r.sent.version = version;
-        r.sent.delta = passed.delta;
-        r.sent.messages = leg.messages;
-        r.sent.wire_bytes = leg.bytes;
-        r.sent.dense_bytes = m.payload_bytes();
-        r.sent.digest = rx_.digest();
-        r.sent.seconds = leg.seconds;
-        continue;
-      }
-      if (leg.st != detail::leg::state::off)
-        r.cut_through_failure = rlpt::detail::format("{}: {}", leg.error_id, leg.reason);
-      try {
-        // A new layout needs a new sender (the old one's snapshot no longer applies).
-        if (!senders_[k] || senders_[k]->current_manifest().layout_hash() != m.layout_hash())
-          senders_[k] = std::make_unique<sender>(*down_[k], m, source(), o_.send);
-        r.sent = senders_[k]->publish(version);
-        r.ok = true;
-      } catch (const error& e) {
-        r.error_id = std::string(e.id());
-        r.reason = e.message();
-      }
-      r.sent.messages += leg.messages;
-      r.sent.wire_bytes += leg.bytes;
-    }
-  }
+  void forward(std::uint64_t version);
 
   // Tensor i of the published version, read from the mirror at the time of the send.
   source_fn source() {
@@ -169,3 +127,59 @@ private:
 
 } // namespace sync
 RLPT_NAMESPACE_END
+
+#if RLPT_HEADER_IMPL()
+RLPT_NAMESPACE_BEGIN
+namespace sync {
+
+RLPT_INLINE forwarder::forwarder(link& upstream, std::vector<link*> downstream, load_fn load, forwarder_options o)
+    : down_(checked(std::move(downstream))), o_(std::move(o)), tee_(tee(down_, o_, upstream)),
+      rx_(tee_ ? *tee_ : upstream, load ? std::move(load) : load_fn(ignore), mirrored(o_.receive)) {
+  senders_.resize(down_.size());
+}
+
+RLPT_INLINE update forwarder::poll(std::chrono::milliseconds wait) {
+  update u = rx_.poll(wait);
+  if (u.published()) forward(u.version);
+  return u;
+}
+
+RLPT_INLINE void forwarder::forward(std::uint64_t version) {
+  const manifest& m = rx_.published_manifest();
+  const detail::passed_on passed = tee_ ? tee_->finish(version) : detail::passed_on{};
+  results_.assign(down_.size(), {});
+  for (std::size_t k = 0; k < down_.size(); ++k) {
+    forward_result& r = results_[k];
+    r.link = k;
+    const detail::leg leg = k < passed.legs.size() ? passed.legs[k] : detail::leg{};
+    if (leg.st == detail::leg::state::acked) {
+      r.ok = r.cut_through = true;
+      r.sent.version = version;
+      r.sent.delta = passed.delta;
+      r.sent.messages = leg.messages;
+      r.sent.wire_bytes = leg.bytes;
+      r.sent.dense_bytes = m.payload_bytes();
+      r.sent.digest = rx_.digest();
+      r.sent.seconds = leg.seconds;
+      continue;
+    }
+    if (leg.st != detail::leg::state::off)
+      r.cut_through_failure = rlpt::detail::format("{}: {}", leg.error_id, leg.reason);
+    try {
+      // A new layout needs a new sender (the old one's snapshot no longer applies).
+      if (!senders_[k] || senders_[k]->current_manifest().layout_hash() != m.layout_hash())
+        senders_[k] = std::make_unique<sender>(*down_[k], m, source(), o_.send);
+      r.sent = senders_[k]->publish(version);
+      r.ok = true;
+    } catch (const error& e) {
+      r.error_id = std::string(e.id());
+      r.reason = e.message();
+    }
+    r.sent.messages += leg.messages;
+    r.sent.wire_bytes += leg.bytes;
+  }
+}
+
+} // namespace sync
+RLPT_NAMESPACE_END
+#endif // RLPT_HEADER_IMPL()

@@ -93,9 +93,30 @@ struct frame {
 };
 
 //! Encodes a frame (header + body) into `out`, replacing its contents.
-inline void encode_frame(std::vector<std::byte>& out, frame_type type, std::uint64_t tag, std::uint64_t version,
-                         std::uint64_t base_version, std::uint64_t index, std::uint64_t count,
-                         std::uint64_t payload_bytes, std::span<const std::byte> body) {
+void encode_frame(std::vector<std::byte>& out, frame_type type, std::uint64_t tag, std::uint64_t version,
+                  std::uint64_t base_version, std::uint64_t index, std::uint64_t count, std::uint64_t payload_bytes,
+                  std::span<const std::byte> body);
+
+inline std::span<const std::byte> as_bytes(std::string_view s) noexcept {
+  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
+}
+inline std::string_view as_chars(std::span<const std::byte> b) noexcept {
+  return {reinterpret_cast<const char*>(b.data()), b.size()};
+}
+
+//! Decodes and verifies a meta block; `where` names the link in errors (rlpt.sync.wire).
+[[nodiscard]] frame decode_frame(std::span<const std::byte> meta, std::string_view where);
+
+} // namespace sync
+RLPT_NAMESPACE_END
+
+#if RLPT_HEADER_IMPL()
+RLPT_NAMESPACE_BEGIN
+namespace sync {
+
+RLPT_INLINE void encode_frame(std::vector<std::byte>& out, frame_type type, std::uint64_t tag, std::uint64_t version,
+                              std::uint64_t base_version, std::uint64_t index, std::uint64_t count,
+                              std::uint64_t payload_bytes, std::span<const std::byte> body) {
   out.resize(frame_header_bytes + body.size());
   std::byte* p = out.data();
   const auto put32 = [&](std::size_t at, std::uint32_t v) { std::memcpy(p + at, &v, 4); };
@@ -118,15 +139,7 @@ inline void encode_frame(std::vector<std::byte>& out, frame_type type, std::uint
   put64(64, h.digest());
 }
 
-inline std::span<const std::byte> as_bytes(std::string_view s) noexcept {
-  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
-}
-inline std::string_view as_chars(std::span<const std::byte> b) noexcept {
-  return {reinterpret_cast<const char*>(b.data()), b.size()};
-}
-
-//! Decodes and verifies a meta block; `where` names the link in errors (rlpt.sync.wire).
-[[nodiscard]] inline frame decode_frame(std::span<const std::byte> meta, std::string_view where) {
+RLPT_INLINE frame decode_frame(std::span<const std::byte> meta, std::string_view where) {
   RLPT_CHECK(meta.size() >= frame_header_bytes, errors::sync::wire,
              "{}: frame of {} bytes is shorter than the {}-byte header", where, meta.size(), frame_header_bytes);
   const std::byte* p = meta.data();
@@ -164,3 +177,4 @@ inline std::string_view as_chars(std::span<const std::byte> b) noexcept {
 
 } // namespace sync
 RLPT_NAMESPACE_END
+#endif // RLPT_HEADER_IMPL()

@@ -67,17 +67,7 @@ private:
 class inproc_transport final : public link {
 public:
   //! Attaching drops whatever a previous endpoint of this role left unread (a restart).
-  inproc_transport(inproc_pipe& p, role r) : p_(p), me_(r == role::sender ? 0 : 1) {
-    std::lock_guard lock(p_.mu_);
-    RLPT_CHECK(!p_.open_[me_], errors::sync::bad_link, "inproc pipe already has a {} endpoint",
-               me_ == 0 ? "sender" : "receiver");
-    p_.open_[me_] = true;
-    auto& in = p_.dir_[1 - me_];
-    for (auto& m : in.queue)
-      if (m.buffer >= 0) in.free.push_back(m.buffer);
-    in.queue.clear();
-    p_.cv_.notify_all();
-  }
+  inproc_transport(inproc_pipe& p, role r);
 
   ~inproc_transport() override {
     std::lock_guard lock(p_.mu_);
@@ -94,56 +84,11 @@ public:
     return {me_ == 0 ? "inproc (sender)" : "inproc (receiver)", true, p_.o_.max_payload, memory_space::host};
   }
 
-  std::span<std::byte> payload_buffer(std::uint64_t bytes, deadline until) override {
-    RLPT_CHECK(bytes <= p_.o_.max_payload, errors::sync::too_large,
-               "inproc: payload of {} bytes exceeds max_payload {}", bytes, p_.o_.max_payload);
-    std::unique_lock lock(p_.mu_);
-    auto& out = p_.dir_[me_];
-    if (reserved_ < 0) {
-      if (!p_.cv_.wait_until(lock, until, [&] { return !out.free.empty() || !p_.open_[1 - me_]; }))
-        detail::timeout(info().name, "waiting for a free payload buffer (the receiver holds all of them)");
-      check_peer();
-      reserved_ = out.free.back();
-      out.free.pop_back();
-    }
-    auto& buf = out.buffers[static_cast<std::size_t>(reserved_)];
-    if (buf.size() < bytes) buf.resize(static_cast<std::size_t>(bytes));
-    return {buf.data(), static_cast<std::size_t>(bytes)};
-  }
+  std::span<std::byte> payload_buffer(std::uint64_t bytes, deadline until) override;
 
-  void send(std::span<const std::byte> meta, std::uint64_t payload_bytes, deadline) override {
-    std::lock_guard lock(p_.mu_);
-    check_peer();
-    auto& out = p_.dir_[me_];
-    inproc_pipe::msg m;
-    m.meta.assign(meta.begin(), meta.end());
-    if (payload_bytes > 0) {
-      RLPT_CHECK(reserved_ >= 0 && out.buffers[static_cast<std::size_t>(reserved_)].size() >= payload_bytes,
-                 errors::sync::bad_link, "inproc: send of {} payload bytes without a payload_buffer() of that size",
-                 payload_bytes);
-      m.buffer = reserved_;
-      m.payload = payload_bytes;
-      reserved_ = -1;
-    }
-    out.queue.push_back(std::move(m));
-    p_.cv_.notify_all();
-  }
+  void send(std::span<const std::byte> meta, std::uint64_t payload_bytes, deadline) override;
 
-  std::optional<message> receive(deadline until) override {
-    release();
-    std::unique_lock lock(p_.mu_);
-    auto& in = p_.dir_[1 - me_];
-    if (!p_.cv_.wait_until(lock, until, [&] { return !in.queue.empty() || !p_.open_[1 - me_]; })) return std::nullopt;
-    if (in.queue.empty()) check_peer();
-    held_ = std::move(in.queue.front());
-    in.queue.pop_front();
-    message m;
-    m.meta = held_->meta;
-    if (held_->buffer >= 0)
-      m.payload = {in.buffers[static_cast<std::size_t>(held_->buffer)].data(),
-                   static_cast<std::size_t>(held_->payload)};
-    return m;
-  }
+  std::optional<message> receive(deadline until) override;
 
   void release() override {
     if (!held_) return;
@@ -167,3 +112,73 @@ private:
 
 } // namespace sync
 RLPT_NAMESPACE_END
+
+#if RLPT_HEADER_IMPL()
+RLPT_NAMESPACE_BEGIN
+namespace sync {
+
+RLPT_INLINE inproc_transport::inproc_transport(inproc_pipe& p, role r) : p_(p), me_(r == role::sender ? 0 : 1) {
+  std::lock_guard lock(p_.mu_);
+  RLPT_CHECK(!p_.open_[me_], errors::sync::bad_link, "inproc pipe already has a {} endpoint",
+             me_ == 0 ? "sender" : "receiver");
+  p_.open_[me_] = true;
+  auto& in = p_.dir_[1 - me_];
+  for (auto& m : in.queue)
+    if (m.buffer >= 0) in.free.push_back(m.buffer);
+  in.queue.clear();
+  p_.cv_.notify_all();
+}
+
+RLPT_INLINE std::span<std::byte> inproc_transport::payload_buffer(std::uint64_t bytes, deadline until) {
+  RLPT_CHECK(bytes <= p_.o_.max_payload, errors::sync::too_large, "inproc: payload of {} bytes exceeds max_payload {}",
+             bytes, p_.o_.max_payload);
+  std::unique_lock lock(p_.mu_);
+  auto& out = p_.dir_[me_];
+  if (reserved_ < 0) {
+    if (!p_.cv_.wait_until(lock, until, [&] { return !out.free.empty() || !p_.open_[1 - me_]; }))
+      detail::timeout(info().name, "waiting for a free payload buffer (the receiver holds all of them)");
+    check_peer();
+    reserved_ = out.free.back();
+    out.free.pop_back();
+  }
+  auto& buf = out.buffers[static_cast<std::size_t>(reserved_)];
+  if (buf.size() < bytes) buf.resize(static_cast<std::size_t>(bytes));
+  return {buf.data(), static_cast<std::size_t>(bytes)};
+}
+
+RLPT_INLINE void inproc_transport::send(std::span<const std::byte> meta, std::uint64_t payload_bytes, deadline) {
+  std::lock_guard lock(p_.mu_);
+  check_peer();
+  auto& out = p_.dir_[me_];
+  inproc_pipe::msg m;
+  m.meta.assign(meta.begin(), meta.end());
+  if (payload_bytes > 0) {
+    RLPT_CHECK(reserved_ >= 0 && out.buffers[static_cast<std::size_t>(reserved_)].size() >= payload_bytes,
+               errors::sync::bad_link, "inproc: send of {} payload bytes without a payload_buffer() of that size",
+               payload_bytes);
+    m.buffer = reserved_;
+    m.payload = payload_bytes;
+    reserved_ = -1;
+  }
+  out.queue.push_back(std::move(m));
+  p_.cv_.notify_all();
+}
+
+RLPT_INLINE std::optional<message> inproc_transport::receive(deadline until) {
+  release();
+  std::unique_lock lock(p_.mu_);
+  auto& in = p_.dir_[1 - me_];
+  if (!p_.cv_.wait_until(lock, until, [&] { return !in.queue.empty() || !p_.open_[1 - me_]; })) return std::nullopt;
+  if (in.queue.empty()) check_peer();
+  held_ = std::move(in.queue.front());
+  in.queue.pop_front();
+  message m;
+  m.meta = held_->meta;
+  if (held_->buffer >= 0)
+    m.payload = {in.buffers[static_cast<std::size_t>(held_->buffer)].data(), static_cast<std::size_t>(held_->payload)};
+  return m;
+}
+
+} // namespace sync
+RLPT_NAMESPACE_END
+#endif // RLPT_HEADER_IMPL()

@@ -103,19 +103,8 @@ inline bool add_overflows(std::uint64_t a, std::uint64_t b, std::uint64_t& out) 
 }
 
 //! Bytes of a tensor of `shape` and `dt`, validated (no negative dims, no overflow).
-inline std::uint64_t tensor_nbytes(std::string_view name, wire_dtype dt, std::span<const std::int64_t> shape,
-                                   std::uint64_t max_rank = 16) {
-  RLPT_CHECK(shape.size() <= max_rank, errors::sync::bad_shape, "tensor \"{}\" has rank {}, more than the limit {}",
-             name, shape.size(), max_rank);
-  std::uint64_t n = size_of(dt);
-  for (auto d : shape) {
-    RLPT_CHECK(d >= 0, errors::sync::bad_shape, "tensor \"{}\" has a negative dimension {} in shape [{}]", name, d,
-               rlpt::detail::joined(shape, ", "));
-    RLPT_CHECK(!mul_overflows(n, static_cast<std::uint64_t>(d), n), errors::sync::bad_shape,
-               "tensor \"{}\" of shape [{}] has more bytes than 2^64", name, rlpt::detail::joined(shape, ", "));
-  }
-  return n;
-}
+std::uint64_t tensor_nbytes(std::string_view name, wire_dtype dt, std::span<const std::int64_t> shape,
+                            std::uint64_t max_rank = 16);
 
 inline std::uint64_t le64(const std::byte* p) noexcept {
   std::uint64_t v;
@@ -215,223 +204,17 @@ public:
   //! Full JSON: format tag, versions, layout, layout hash and checksums.
   [[nodiscard]] std::string to_json() const { return detail::to_json_string(to_json_value(true)); }
 
-  [[nodiscard]] detail::json to_json_value(bool with_state) const {
-    using detail::json;
-    json root = json::make_object();
-    if (with_state) {
-      root.set("format", json::make_string("rlpt.sync.manifest/1"));
-      root.set("version", json::make_uint(version_));
-      root.set("base_version", json::make_uint(base_version_));
-    }
-    root.set("bucket_bytes", json::make_uint(bucket_bytes_));
-    root.set("alignment", json::make_uint(alignment_));
-    if (with_state) root.set("layout_hash", json::make_string(to_hex(layout_hash_)));
-    json arr = json::make_array();
-    for (const auto& t : tensors_) {
-      json e = json::make_object();
-      e.set("name", json::make_string(t.name));
-      e.set("dtype", json::make_string(std::string(name(t.dtype))));
-      json shape = json::make_array();
-      for (auto d : t.shape) shape.push(json::make_int(d));
-      e.set("shape", std::move(shape));
-      e.set("bucket", json::make_uint(t.bucket));
-      e.set("offset", json::make_uint(t.offset));
-      e.set("nbytes", json::make_uint(t.nbytes));
-      if (with_state) e.set("checksum", json::make_string(to_hex(t.checksum)));
-      arr.push(std::move(e));
-    }
-    root.set("tensors", std::move(arr));
-    return root;
-  }
+  [[nodiscard]] detail::json to_json_value(bool with_state) const;
 
   //! Parses and validates JSON written by to_json(). The layout hash must match the layout.
   [[nodiscard]] static manifest from_json(std::string_view text, manifest_limits limits = {}) {
     return from_json_value(detail::parse_json(text, "manifest"), limits);
   }
 
-  [[nodiscard]] static manifest from_json_value(const detail::json& root, manifest_limits limits = {}) {
-    using detail::json;
-    auto fail = [](std::string_view what) -> void { RLPT_FAIL(errors::sync::bad_manifest, "manifest JSON: {}", what); };
-    if (!root.is_object()) fail("the document is not an object");
-    static constexpr std::string_view top_keys[] = {"format",    "version",     "base_version", "bucket_bytes",
-                                                    "alignment", "layout_hash", "tensors"};
-    for (const auto& k : root.keys())
-      RLPT_CHECK(std::find(std::begin(top_keys), std::end(top_keys), k) != std::end(top_keys),
-                 errors::sync::bad_manifest, "manifest JSON: unknown key \"{}\"", k);
-    auto member = [&](const json& obj, std::string_view key, std::string_view where) -> const json& {
-      const json* v = obj.find(key);
-      RLPT_CHECK(v != nullptr, errors::sync::bad_manifest, "manifest JSON: {} lacks \"{}\"", where, key);
-      return *v;
-    };
-    auto uint_of = [&](const json& obj, std::string_view key, std::string_view where) {
-      std::uint64_t v = 0;
-      RLPT_CHECK(member(obj, key, where).to_uint(v), errors::sync::bad_manifest,
-                 "manifest JSON: \"{}\" of {} is not an unsigned integer", key, where);
-      return v;
-    };
-    const json& format = member(root, "format", "the document");
-    RLPT_CHECK(format.is_string() && format.text() == "rlpt.sync.manifest/1", errors::sync::bad_manifest,
-               "manifest JSON: format is not \"rlpt.sync.manifest/1\"");
-    const std::uint64_t version = uint_of(root, "version", "the document");
-    const std::uint64_t base = uint_of(root, "base_version", "the document");
-    const std::uint64_t bucket_bytes = uint_of(root, "bucket_bytes", "the document");
-    const std::uint64_t alignment = uint_of(root, "alignment", "the document");
-    const json& hash = member(root, "layout_hash", "the document");
-    const auto want_hash = hash.is_string() ? parse_hex(hash.text()) : std::nullopt;
-    RLPT_CHECK(want_hash.has_value(), errors::sync::bad_manifest, "manifest JSON: layout_hash is not 16 hex digits");
-    const json& arr = member(root, "tensors", "the document");
-    if (!arr.is_array()) fail("\"tensors\" is not an array");
-    RLPT_CHECK(arr.size() <= limits.max_tensors, errors::sync::bad_manifest,
-               "manifest JSON lists {} tensors, more than the limit {}", arr.size(), limits.max_tensors);
-    std::vector<tensor_entry> entries;
-    entries.reserve(arr.size());
-    static constexpr std::string_view entry_keys[] = {"name",   "dtype",  "shape",   "bucket",
-                                                      "offset", "nbytes", "checksum"};
-    for (std::size_t i = 0; i < arr.size(); ++i) {
-      const json& e = arr.items()[i];
-      const std::string where = rlpt::detail::format("tensor #{}", i);
-      RLPT_CHECK(e.is_object(), errors::sync::bad_manifest, "manifest JSON: {} is not an object", where);
-      for (const auto& k : e.keys())
-        RLPT_CHECK(std::find(std::begin(entry_keys), std::end(entry_keys), k) != std::end(entry_keys),
-                   errors::sync::bad_manifest, "manifest JSON: {} has an unknown key \"{}\"", where, k);
-      tensor_entry t;
-      const json& nm = member(e, "name", where);
-      RLPT_CHECK(nm.is_string(), errors::sync::bad_manifest, "manifest JSON: the name of {} is not a string", where);
-      t.name = nm.text();
-      const json& dt = member(e, "dtype", where);
-      const auto parsed = dt.is_string() ? parse_wire_dtype(dt.text()) : std::nullopt;
-      RLPT_CHECK(parsed.has_value(), errors::sync::bad_manifest,
-                 "manifest JSON: {} (\"{}\") has an unsupported dtype {}", where, t.name,
-                 dt.is_string() ? dt.text() : std::string("(not a string)"));
-      t.dtype = *parsed;
-      const json& shape = member(e, "shape", where);
-      RLPT_CHECK(shape.is_array() && shape.size() <= limits.max_rank, errors::sync::bad_manifest,
-                 "manifest JSON: the shape of {} (\"{}\") is not an array of at most {} dimensions", where, t.name,
-                 limits.max_rank);
-      for (const auto& d : shape.items()) {
-        std::int64_t v = 0;
-        RLPT_CHECK(d.to_int(v), errors::sync::bad_manifest, "manifest JSON: the shape of {} (\"{}\") has a non-integer",
-                   where, t.name);
-        t.shape.push_back(v);
-      }
-      t.bucket = uint_of(e, "bucket", where);
-      t.offset = uint_of(e, "offset", where);
-      t.nbytes = uint_of(e, "nbytes", where);
-      const json& ck = member(e, "checksum", where);
-      const auto c = ck.is_string() ? parse_hex(ck.text()) : std::nullopt;
-      RLPT_CHECK(c.has_value(), errors::sync::bad_manifest,
-                 "manifest JSON: the checksum of {} (\"{}\") is not 16 hex digits", where, t.name);
-      t.checksum = *c;
-      entries.push_back(std::move(t));
-    }
-    manifest m(std::move(entries), bucket_bytes, alignment, limits);
-    m.set_versions(version, base);
-    RLPT_CHECK(m.layout_hash() == *want_hash, errors::sync::manifest_hash,
-               "manifest layout_hash {} does not match its layout, which hashes to {}", to_hex(*want_hash),
-               to_hex(m.layout_hash()));
-    return m;
-  }
+  [[nodiscard]] static manifest from_json_value(const detail::json& root, manifest_limits limits = {});
 
 private:
-  void index(const manifest_limits& limits) {
-    const std::uint64_t B = bucket_bytes_;
-    RLPT_CHECK(B > 0, errors::sync::bad_manifest, "bucket_bytes must be positive, got {}", B);
-    RLPT_CHECK(alignment_ > 0 && (alignment_ & (alignment_ - 1)) == 0, errors::sync::bad_manifest,
-               "alignment must be a power of two, got {}", alignment_);
-    RLPT_CHECK(B % alignment_ == 0, errors::sync::bad_manifest, "bucket_bytes {} is not a multiple of the alignment {}",
-               B, alignment_);
-    RLPT_CHECK(tensors_.size() <= limits.max_tensors && tensors_.size() < std::numeric_limits<std::uint32_t>::max(),
-               errors::sync::bad_manifest, "{} tensors, more than the limit {}", tensors_.size(), limits.max_tensors);
-    by_name_.clear();
-    by_name_.reserve(tensors_.size());
-    std::uint64_t total_pieces = 0;
-    std::uint64_t last_bucket = 0;
-    payload_total_ = 0;
-    struct span_t {
-      std::uint64_t start, end;
-      std::size_t tensor;
-    };
-    std::vector<span_t> spans;
-    spans.reserve(tensors_.size());
-    for (std::size_t i = 0; i < tensors_.size(); ++i) {
-      const auto& t = tensors_[i];
-      RLPT_CHECK(!t.name.empty(), errors::sync::bad_manifest, "tensor #{} has an empty name", i);
-      RLPT_CHECK(by_name_.emplace(t.name, i).second, errors::sync::bad_manifest, "tensor name \"{}\" appears twice",
-                 t.name);
-      const std::uint64_t want = detail::tensor_nbytes(t.name, t.dtype, t.shape, limits.max_rank);
-      RLPT_CHECK(t.nbytes == want, errors::sync::bad_manifest, "tensor \"{}\" says nbytes {} but {} [{}] has {} bytes",
-                 t.name, t.nbytes, name(t.dtype), rlpt::detail::joined(t.shape, ", "), want);
-      const std::uint64_t pieces = t.nbytes <= B ? 1 : (t.nbytes + B - 1) / B;
-      if (t.nbytes <= B) {
-        RLPT_CHECK(t.offset % alignment_ == 0 && t.offset < B && t.nbytes <= B - t.offset, errors::sync::bad_manifest,
-                   "tensor \"{}\" at offset {} with {} bytes does not fit an aligned slot of a {}-byte bucket", t.name,
-                   t.offset, t.nbytes, B);
-      } else {
-        RLPT_CHECK(t.offset == 0, errors::sync::bad_manifest,
-                   "tensor \"{}\" is split over buckets ({} bytes > {}) and must start at offset 0, not {}", t.name,
-                   t.nbytes, B, t.offset);
-      }
-      std::uint64_t end_bucket = 0, start = 0, end = 0;
-      RLPT_CHECK(!detail::add_overflows(t.bucket, pieces - 1, end_bucket) &&
-                     !detail::mul_overflows(t.bucket, B, start) && !detail::add_overflows(start, t.offset, start) &&
-                     !detail::add_overflows(start, t.nbytes, end),
-                 errors::sync::bad_manifest, "tensor \"{}\" lies beyond 2^64 bytes (bucket {})", t.name, t.bucket);
-      RLPT_CHECK(!detail::add_overflows(total_pieces, pieces, total_pieces) && total_pieces <= limits.max_pieces,
-                 errors::sync::bad_manifest, "the manifest has more than {} bucket pieces", limits.max_pieces);
-      last_bucket = std::max(last_bucket, end_bucket);
-      payload_total_ += t.nbytes;
-      spans.push_back({start, end, i});
-    }
-    // last_bucket < total_pieces (<= max_pieces) before adding 1: a bucket index of 2^64 - 1
-    // must not wrap the count to 0.
-    RLPT_CHECK(tensors_.empty() || last_bucket < total_pieces, errors::sync::bad_manifest,
-               "the manifest spans {} buckets but has only {} pieces: some buckets would be empty",
-               last_bucket == std::numeric_limits<std::uint64_t>::max() ? std::string("2^64")
-                                                                        : std::to_string(last_bucket + 1),
-               total_pieces);
-    const std::uint64_t buckets = tensors_.empty() ? 0 : last_bucket + 1;
-    std::sort(spans.begin(), spans.end(),
-              [](const span_t& a, const span_t& b) { return a.start != b.start ? a.start < b.start : a.end < b.end; });
-    for (std::size_t k = 1; k < spans.size(); ++k)
-      RLPT_CHECK(spans[k].start >= spans[k - 1].end, errors::sync::bad_manifest, "tensors \"{}\" and \"{}\" overlap",
-                 tensors_[spans[k - 1].tensor].name, tensors_[spans[k].tensor].name);
-
-    // Pieces per bucket, in offset order.
-    std::vector<std::uint64_t> count(static_cast<std::size_t>(buckets) + 1, 0);
-    bucket_used_.assign(static_cast<std::size_t>(buckets), 0);
-    for (const auto& s : spans) {
-      const auto& t = tensors_[s.tensor];
-      const std::uint64_t pieces = t.nbytes <= B ? 1 : (t.nbytes + B - 1) / B;
-      for (std::uint64_t k = 0; k < pieces; ++k) ++count[static_cast<std::size_t>(t.bucket + k)];
-    }
-    piece_begin_.assign(static_cast<std::size_t>(buckets) + 1, 0);
-    for (std::size_t b = 0; b < buckets; ++b) {
-      RLPT_CHECK(count[b] > 0, errors::sync::bad_manifest, "bucket {} of {} holds no tensor", b, buckets);
-      piece_begin_[b + 1] = piece_begin_[b] + static_cast<std::size_t>(count[b]);
-    }
-    pieces_.assign(static_cast<std::size_t>(total_pieces), piece{});
-    std::vector<std::size_t> fill(piece_begin_.begin(), piece_begin_.end() - (buckets ? 1 : 0));
-    for (const auto& s : spans) { // spans are in linear order, so pieces land in offset order
-      const auto& t = tensors_[s.tensor];
-      if (t.nbytes <= B) {
-        const auto b = static_cast<std::size_t>(t.bucket);
-        pieces_[fill[b]++] = {static_cast<std::uint32_t>(s.tensor), 0, t.offset, t.nbytes};
-        bucket_used_[b] = std::max(bucket_used_[b], t.offset + t.nbytes);
-      } else {
-        for (std::uint64_t k = 0; k * B < t.nbytes; ++k) {
-          const auto b = static_cast<std::size_t>(t.bucket + k);
-          const std::uint64_t n = std::min(B, t.nbytes - k * B);
-          pieces_[fill[b]++] = {static_cast<std::uint32_t>(s.tensor), k * B, 0, n};
-          bucket_used_[b] = std::max(bucket_used_[b], n);
-        }
-      }
-    }
-    bucket_start_.assign(static_cast<std::size_t>(buckets) + 1, 0);
-    for (std::size_t b = 0; b < buckets; ++b) bucket_start_[b + 1] = bucket_start_[b] + bucket_used_[b];
-    packed_total_ = buckets ? bucket_start_[static_cast<std::size_t>(buckets)] : 0;
-    const std::string layout = layout_json();
-    layout_hash_ = xxh3(layout.data(), layout.size());
-  }
+  void index(const manifest_limits& limits);
 
   std::uint64_t version_ = 0;
   std::uint64_t base_version_ = 0;
@@ -487,3 +270,238 @@ std::vector<const T*> bind_by_name(const manifest& m, std::span<const T> bound, 
 
 } // namespace sync
 RLPT_NAMESPACE_END
+
+#if RLPT_HEADER_IMPL()
+RLPT_NAMESPACE_BEGIN
+namespace sync::detail {
+
+RLPT_INLINE std::uint64_t tensor_nbytes(std::string_view name, wire_dtype dt, std::span<const std::int64_t> shape,
+                                        std::uint64_t max_rank) {
+  RLPT_CHECK(shape.size() <= max_rank, errors::sync::bad_shape, "tensor \"{}\" has rank {}, more than the limit {}",
+             name, shape.size(), max_rank);
+  std::uint64_t n = size_of(dt);
+  for (auto d : shape) {
+    RLPT_CHECK(d >= 0, errors::sync::bad_shape, "tensor \"{}\" has a negative dimension {} in shape [{}]", name, d,
+               rlpt::detail::joined(shape, ", "));
+    RLPT_CHECK(!mul_overflows(n, static_cast<std::uint64_t>(d), n), errors::sync::bad_shape,
+               "tensor \"{}\" of shape [{}] has more bytes than 2^64", name, rlpt::detail::joined(shape, ", "));
+  }
+  return n;
+}
+
+} // namespace sync::detail
+
+namespace sync {
+
+RLPT_INLINE detail::json manifest::to_json_value(bool with_state) const {
+  using detail::json;
+  json root = json::make_object();
+  if (with_state) {
+    root.set("format", json::make_string("rlpt.sync.manifest/1"));
+    root.set("version", json::make_uint(version_));
+    root.set("base_version", json::make_uint(base_version_));
+  }
+  root.set("bucket_bytes", json::make_uint(bucket_bytes_));
+  root.set("alignment", json::make_uint(alignment_));
+  if (with_state) root.set("layout_hash", json::make_string(to_hex(layout_hash_)));
+  json arr = json::make_array();
+  for (const auto& t : tensors_) {
+    json e = json::make_object();
+    e.set("name", json::make_string(t.name));
+    e.set("dtype", json::make_string(std::string(name(t.dtype))));
+    json shape = json::make_array();
+    for (auto d : t.shape) shape.push(json::make_int(d));
+    e.set("shape", std::move(shape));
+    e.set("bucket", json::make_uint(t.bucket));
+    e.set("offset", json::make_uint(t.offset));
+    e.set("nbytes", json::make_uint(t.nbytes));
+    if (with_state) e.set("checksum", json::make_string(to_hex(t.checksum)));
+    arr.push(std::move(e));
+  }
+  root.set("tensors", std::move(arr));
+  return root;
+}
+
+RLPT_INLINE manifest manifest::from_json_value(const detail::json& root, manifest_limits limits) {
+  using detail::json;
+  auto fail = [](std::string_view what) -> void { RLPT_FAIL(errors::sync::bad_manifest, "manifest JSON: {}", what); };
+  if (!root.is_object()) fail("the document is not an object");
+  static constexpr std::string_view top_keys[] = {"format",    "version",     "base_version", "bucket_bytes",
+                                                  "alignment", "layout_hash", "tensors"};
+  for (const auto& k : root.keys())
+    RLPT_CHECK(std::find(std::begin(top_keys), std::end(top_keys), k) != std::end(top_keys), errors::sync::bad_manifest,
+               "manifest JSON: unknown key \"{}\"", k);
+  auto member = [&](const json& obj, std::string_view key, std::string_view where) -> const json& {
+    const json* v = obj.find(key);
+    RLPT_CHECK(v != nullptr, errors::sync::bad_manifest, "manifest JSON: {} lacks \"{}\"", where, key);
+    return *v;
+  };
+  auto uint_of = [&](const json& obj, std::string_view key, std::string_view where) {
+    std::uint64_t v = 0;
+    RLPT_CHECK(member(obj, key, where).to_uint(v), errors::sync::bad_manifest,
+               "manifest JSON: \"{}\" of {} is not an unsigned integer", key, where);
+    return v;
+  };
+  const json& format = member(root, "format", "the document");
+  RLPT_CHECK(format.is_string() && format.text() == "rlpt.sync.manifest/1", errors::sync::bad_manifest,
+             "manifest JSON: format is not \"rlpt.sync.manifest/1\"");
+  const std::uint64_t version = uint_of(root, "version", "the document");
+  const std::uint64_t base = uint_of(root, "base_version", "the document");
+  const std::uint64_t bucket_bytes = uint_of(root, "bucket_bytes", "the document");
+  const std::uint64_t alignment = uint_of(root, "alignment", "the document");
+  const json& hash = member(root, "layout_hash", "the document");
+  const auto want_hash = hash.is_string() ? parse_hex(hash.text()) : std::nullopt;
+  RLPT_CHECK(want_hash.has_value(), errors::sync::bad_manifest, "manifest JSON: layout_hash is not 16 hex digits");
+  const json& arr = member(root, "tensors", "the document");
+  if (!arr.is_array()) fail("\"tensors\" is not an array");
+  RLPT_CHECK(arr.size() <= limits.max_tensors, errors::sync::bad_manifest,
+             "manifest JSON lists {} tensors, more than the limit {}", arr.size(), limits.max_tensors);
+  std::vector<tensor_entry> entries;
+  entries.reserve(arr.size());
+  static constexpr std::string_view entry_keys[] = {"name", "dtype", "shape", "bucket", "offset", "nbytes", "checksum"};
+  for (std::size_t i = 0; i < arr.size(); ++i) {
+    const json& e = arr.items()[i];
+    const std::string where = rlpt::detail::format("tensor #{}", i);
+    RLPT_CHECK(e.is_object(), errors::sync::bad_manifest, "manifest JSON: {} is not an object", where);
+    for (const auto& k : e.keys())
+      RLPT_CHECK(std::find(std::begin(entry_keys), std::end(entry_keys), k) != std::end(entry_keys),
+                 errors::sync::bad_manifest, "manifest JSON: {} has an unknown key \"{}\"", where, k);
+    tensor_entry t;
+    const json& nm = member(e, "name", where);
+    RLPT_CHECK(nm.is_string(), errors::sync::bad_manifest, "manifest JSON: the name of {} is not a string", where);
+    t.name = nm.text();
+    const json& dt = member(e, "dtype", where);
+    const auto parsed = dt.is_string() ? parse_wire_dtype(dt.text()) : std::nullopt;
+    RLPT_CHECK(parsed.has_value(), errors::sync::bad_manifest, "manifest JSON: {} (\"{}\") has an unsupported dtype {}",
+               where, t.name, dt.is_string() ? dt.text() : std::string("(not a string)"));
+    t.dtype = *parsed;
+    const json& shape = member(e, "shape", where);
+    RLPT_CHECK(shape.is_array() && shape.size() <= limits.max_rank, errors::sync::bad_manifest,
+               "manifest JSON: the shape of {} (\"{}\") is not an array of at most {} dimensions", where, t.name,
+               limits.max_rank);
+    for (const auto& d : shape.items()) {
+      std::int64_t v = 0;
+      RLPT_CHECK(d.to_int(v), errors::sync::bad_manifest, "manifest JSON: the shape of {} (\"{}\") has a non-integer",
+                 where, t.name);
+      t.shape.push_back(v);
+    }
+    t.bucket = uint_of(e, "bucket", where);
+    t.offset = uint_of(e, "offset", where);
+    t.nbytes = uint_of(e, "nbytes", where);
+    const json& ck = member(e, "checksum", where);
+    const auto c = ck.is_string() ? parse_hex(ck.text()) : std::nullopt;
+    RLPT_CHECK(c.has_value(), errors::sync::bad_manifest,
+               "manifest JSON: the checksum of {} (\"{}\") is not 16 hex digits", where, t.name);
+    t.checksum = *c;
+    entries.push_back(std::move(t));
+  }
+  manifest m(std::move(entries), bucket_bytes, alignment, limits);
+  m.set_versions(version, base);
+  RLPT_CHECK(m.layout_hash() == *want_hash, errors::sync::manifest_hash,
+             "manifest layout_hash {} does not match its layout, which hashes to {}", to_hex(*want_hash),
+             to_hex(m.layout_hash()));
+  return m;
+}
+
+RLPT_INLINE void manifest::index(const manifest_limits& limits) {
+  const std::uint64_t B = bucket_bytes_;
+  RLPT_CHECK(B > 0, errors::sync::bad_manifest, "bucket_bytes must be positive, got {}", B);
+  RLPT_CHECK(alignment_ > 0 && (alignment_ & (alignment_ - 1)) == 0, errors::sync::bad_manifest,
+             "alignment must be a power of two, got {}", alignment_);
+  RLPT_CHECK(B % alignment_ == 0, errors::sync::bad_manifest, "bucket_bytes {} is not a multiple of the alignment {}",
+             B, alignment_);
+  RLPT_CHECK(tensors_.size() <= limits.max_tensors && tensors_.size() < std::numeric_limits<std::uint32_t>::max(),
+             errors::sync::bad_manifest, "{} tensors, more than the limit {}", tensors_.size(), limits.max_tensors);
+  by_name_.clear();
+  by_name_.reserve(tensors_.size());
+  std::uint64_t total_pieces = 0;
+  std::uint64_t last_bucket = 0;
+  payload_total_ = 0;
+  struct span_t {
+    std::uint64_t start, end;
+    std::size_t tensor;
+  };
+  std::vector<span_t> spans;
+  spans.reserve(tensors_.size());
+  for (std::size_t i = 0; i < tensors_.size(); ++i) {
+    const auto& t = tensors_[i];
+    RLPT_CHECK(!t.name.empty(), errors::sync::bad_manifest, "tensor #{} has an empty name", i);
+    RLPT_CHECK(by_name_.emplace(t.name, i).second, errors::sync::bad_manifest, "tensor name \"{}\" appears twice",
+               t.name);
+    const std::uint64_t want = detail::tensor_nbytes(t.name, t.dtype, t.shape, limits.max_rank);
+    RLPT_CHECK(t.nbytes == want, errors::sync::bad_manifest, "tensor \"{}\" says nbytes {} but {} [{}] has {} bytes",
+               t.name, t.nbytes, name(t.dtype), rlpt::detail::joined(t.shape, ", "), want);
+    const std::uint64_t pieces = t.nbytes <= B ? 1 : (t.nbytes + B - 1) / B;
+    if (t.nbytes <= B) {
+      RLPT_CHECK(t.offset % alignment_ == 0 && t.offset < B && t.nbytes <= B - t.offset, errors::sync::bad_manifest,
+                 "tensor \"{}\" at offset {} with {} bytes does not fit an aligned slot of a {}-byte bucket", t.name,
+                 t.offset, t.nbytes, B);
+    } else {
+      RLPT_CHECK(t.offset == 0, errors::sync::bad_manifest,
+                 "tensor \"{}\" is split over buckets ({} bytes > {}) and must start at offset 0, not {}", t.name,
+                 t.nbytes, B, t.offset);
+    }
+    std::uint64_t end_bucket = 0, start = 0, end = 0;
+    RLPT_CHECK(!detail::add_overflows(t.bucket, pieces - 1, end_bucket) && !detail::mul_overflows(t.bucket, B, start) &&
+                   !detail::add_overflows(start, t.offset, start) && !detail::add_overflows(start, t.nbytes, end),
+               errors::sync::bad_manifest, "tensor \"{}\" lies beyond 2^64 bytes (bucket {})", t.name, t.bucket);
+    RLPT_CHECK(!detail::add_overflows(total_pieces, pieces, total_pieces) && total_pieces <= limits.max_pieces,
+               errors::sync::bad_manifest, "the manifest has more than {} bucket pieces", limits.max_pieces);
+    last_bucket = std::max(last_bucket, end_bucket);
+    payload_total_ += t.nbytes;
+    spans.push_back({start, end, i});
+  }
+  // last_bucket < total_pieces (<= max_pieces) before adding 1: a bucket index of 2^64 - 1
+  // must not wrap the count to 0.
+  RLPT_CHECK(tensors_.empty() || last_bucket < total_pieces, errors::sync::bad_manifest,
+             "the manifest spans {} buckets but has only {} pieces: some buckets would be empty",
+             last_bucket == std::numeric_limits<std::uint64_t>::max() ? std::string("2^64")
+                                                                      : std::to_string(last_bucket + 1),
+             total_pieces);
+  const std::uint64_t buckets = tensors_.empty() ? 0 : last_bucket + 1;
+  std::sort(spans.begin(), spans.end(),
+            [](const span_t& a, const span_t& b) { return a.start != b.start ? a.start < b.start : a.end < b.end; });
+  for (std::size_t k = 1; k < spans.size(); ++k)
+    RLPT_CHECK(spans[k].start >= spans[k - 1].end, errors::sync::bad_manifest, "tensors \"{}\" and \"{}\" overlap",
+               tensors_[spans[k - 1].tensor].name, tensors_[spans[k].tensor].name);
+
+  // Pieces per bucket, in offset order.
+  std::vector<std::uint64_t> count(static_cast<std::size_t>(buckets) + 1, 0);
+  bucket_used_.assign(static_cast<std::size_t>(buckets), 0);
+  for (const auto& s : spans) {
+    const auto& t = tensors_[s.tensor];
+    const std::uint64_t pieces = t.nbytes <= B ? 1 : (t.nbytes + B - 1) / B;
+    for (std::uint64_t k = 0; k < pieces; ++k) ++count[static_cast<std::size_t>(t.bucket + k)];
+  }
+  piece_begin_.assign(static_cast<std::size_t>(buckets) + 1, 0);
+  for (std::size_t b = 0; b < buckets; ++b) {
+    RLPT_CHECK(count[b] > 0, errors::sync::bad_manifest, "bucket {} of {} holds no tensor", b, buckets);
+    piece_begin_[b + 1] = piece_begin_[b] + static_cast<std::size_t>(count[b]);
+  }
+  pieces_.assign(static_cast<std::size_t>(total_pieces), piece{});
+  std::vector<std::size_t> fill(piece_begin_.begin(), piece_begin_.end() - (buckets ? 1 : 0));
+  for (const auto& s : spans) { // spans are in linear order, so pieces land in offset order
+    const auto& t = tensors_[s.tensor];
+    if (t.nbytes <= B) {
+      const auto b = static_cast<std::size_t>(t.bucket);
+      pieces_[fill[b]++] = {static_cast<std::uint32_t>(s.tensor), 0, t.offset, t.nbytes};
+      bucket_used_[b] = std::max(bucket_used_[b], t.offset + t.nbytes);
+    } else {
+      for (std::uint64_t k = 0; k * B < t.nbytes; ++k) {
+        const auto b = static_cast<std::size_t>(t.bucket + k);
+        const std::uint64_t n = std::min(B, t.nbytes - k * B);
+        pieces_[fill[b]++] = {static_cast<std::uint32_t>(s.tensor), k * B, 0, n};
+        bucket_used_[b] = std::max(bucket_used_[b], n);
+      }
+    }
+  }
+  bucket_start_.assign(static_cast<std::size_t>(buckets) + 1, 0);
+  for (std::size_t b = 0; b < buckets; ++b) bucket_start_[b + 1] = bucket_start_[b] + bucket_used_[b];
+  packed_total_ = buckets ? bucket_start_[static_cast<std::size_t>(buckets)] : 0;
+  const std::string layout = layout_json();
+  layout_hash_ = xxh3(layout.data(), layout.size());
+}
+
+} // namespace sync
+RLPT_NAMESPACE_END
+#endif // RLPT_HEADER_IMPL()

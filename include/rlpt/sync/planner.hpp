@@ -33,7 +33,24 @@ struct plan_options {
 };
 
 //! Plans the buckets for `tensors` (order preserved). Data pointers are not read.
-[[nodiscard]] inline manifest plan(std::span<const tensor_ref> tensors, plan_options opts = {}) {
+[[nodiscard]] manifest plan(std::span<const tensor_ref> tensors, plan_options opts = {});
+
+//! Same, for tensors given as {name, dtype, shape} without data.
+[[nodiscard]] inline manifest plan(std::span<const tensor_entry> tensors, plan_options opts = {}) {
+  std::vector<tensor_ref> refs;
+  refs.reserve(tensors.size());
+  for (const auto& t : tensors) refs.push_back({t.name, t.dtype, t.shape, nullptr});
+  return plan(std::span<const tensor_ref>(refs), opts);
+}
+
+} // namespace sync
+RLPT_NAMESPACE_END
+
+#if RLPT_HEADER_IMPL()
+RLPT_NAMESPACE_BEGIN
+namespace sync {
+
+RLPT_INLINE manifest plan(std::span<const tensor_ref> tensors, plan_options opts) {
   const std::uint64_t B = opts.bucket_bytes;
   const std::uint64_t A = opts.alignment;
   RLPT_CHECK(B > 0, errors::sync::bad_plan, "plan_options::bucket_bytes must be positive, got {}", B);
@@ -79,13 +96,6 @@ struct plan_options {
   return manifest(std::move(entries), B, A);
 }
 
-//! Same, for tensors given as {name, dtype, shape} without data.
-[[nodiscard]] inline manifest plan(std::span<const tensor_entry> tensors, plan_options opts = {}) {
-  std::vector<tensor_ref> refs;
-  refs.reserve(tensors.size());
-  for (const auto& t : tensors) refs.push_back({t.name, t.dtype, t.shape, nullptr});
-  return plan(std::span<const tensor_ref>(refs), opts);
-}
-
 } // namespace sync
 RLPT_NAMESPACE_END
+#endif // RLPT_HEADER_IMPL()

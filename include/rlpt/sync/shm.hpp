@@ -135,15 +135,7 @@ class shm_transport final : public link {
 public:
   //! `name` ([A-Za-z0-9._-], at most 200 characters) names the segment /dev/shm/<name>. The
   //! sender creates it now; the receiver attaches on first use.
-  shm_transport(std::string name, role r, shm_options o = {}) : name_(std::move(name)), role_(r), o_(o) {
-    RLPT_CHECK(!name_.empty() && name_.size() <= 200 &&
-                   name_.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") ==
-                       std::string::npos &&
-                   name_ != "." && name_ != "..",
-               errors::sync::bad_link, "shm name \"{}\" must be 1-200 characters of [A-Za-z0-9._-]", name_);
-    where_ = rlpt::detail::format("shm /dev/shm/{} ({})", name_, r == role::sender ? "sender" : "receiver");
-    if (role_ == role::sender) create();
-  }
+  shm_transport(std::string name, role r, shm_options o = {});
 
   shm_transport(const shm_transport&) = delete;
   shm_transport& operator=(const shm_transport&) = delete;
@@ -170,24 +162,7 @@ public:
     return {slot(h_->fwd_head.load(std::memory_order_relaxed)) + g_.fwd_payload_at, static_cast<std::size_t>(bytes)};
   }
 
-  void send(std::span<const std::byte> meta, std::uint64_t payload_bytes, deadline until) override {
-    if (role_ == role::receiver) return send_reply(meta, until);
-    wait_credit(until);
-    const std::uint64_t head = h_->fwd_head.load(std::memory_order_relaxed);
-    std::byte* s = slot(head);
-    detail::shm_slot_header sh{meta.size(), payload_bytes, 0};
-    if (meta.size() > o_.meta_bytes) {
-      RLPT_CHECK(payload_bytes == 0 && meta.size() <= o_.slot_bytes, errors::sync::too_large,
-                 "{}: meta block of {} bytes exceeds the slot's {} bytes of meta space", where_, meta.size(),
-                 payload_bytes == 0 ? o_.slot_bytes : o_.meta_bytes);
-      sh.meta_in_payload = 1;
-      std::memcpy(s + g_.fwd_payload_at, meta.data(), meta.size());
-    } else if (!meta.empty()) {
-      std::memcpy(s + g_.fwd_meta_at, meta.data(), meta.size());
-    }
-    std::memcpy(s, &sh, sizeof(sh));
-    h_->fwd_head.store(head + 1, std::memory_order_release);
-  }
+  void send(std::span<const std::byte> meta, std::uint64_t payload_bytes, deadline until) override;
 
   std::optional<message> receive(deadline until) override {
     release();
@@ -210,86 +185,12 @@ public:
 private:
   // --- sender side ----------------------------------------------------------------------
 
-  void create() {
-    RLPT_CHECK(o_.slots >= 1 && o_.reply_slots >= 1, errors::sync::bad_link, "{}: needs at least one slot each way",
-               where_);
-    g_ = detail::shm_geometry::of(o_.slots, o_.meta_bytes, o_.slot_bytes, o_.reply_slots, o_.reply_bytes);
-    const std::string path = "/" + name_;
-    int fd = ::shm_open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd < 0 && errno == EEXIST) {
-      replace_stale(path);
-      fd = ::shm_open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-    }
-    RLPT_CHECK(fd >= 0, errors::sync::shm, "{}: shm_open failed: {}", where_, std::strerror(errno));
-    if (::ftruncate(fd, static_cast<off_t>(g_.total)) != 0) {
-      const int err = errno;
-      ::close(fd);
-      ::shm_unlink(path.c_str());
-      RLPT_FAIL(errors::sync::shm, "{}: cannot size the segment to {} bytes: {}", where_, g_.total, std::strerror(err));
-    }
-    map(fd, g_.total);
-    struct stat st {};
-    ::fstat(fd, &st);
-    ino_ = st.st_ino;
-    ::close(fd);
-    h_ = new (base_) detail::shm_header{};
-    h_->layout = 1;
-    h_->slots = o_.slots;
-    h_->slot_meta = o_.meta_bytes;
-    h_->slot_payload = o_.slot_bytes;
-    h_->reply_slots = o_.reply_slots;
-    h_->reply_meta = o_.reply_bytes;
-    h_->total_bytes = g_.total;
-    std::uint64_t r = 0; // getrandom, not <random>: that header alone costs a quarter second of every build
-    if (::getrandom(&r, sizeof r, 0) != static_cast<::ssize_t>(sizeof r))
-      r = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-    h_->nonce = r ^ (static_cast<std::uint64_t>(::getpid()) << 32);
-    h_->sender_pid.store(::getpid(), std::memory_order_relaxed);
-    h_->magic.store(detail::shm_magic, std::memory_order_release);
-  }
+  void create();
 
   // A segment of that name exists: take it over only if its sender is gone.
-  void replace_stale(const std::string& path) {
-    const int fd = ::shm_open(path.c_str(), O_RDONLY, 0);
-    if (fd >= 0) {
-      struct stat st {};
-      std::int32_t owner = 0;
-      if (::fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_size) >= sizeof(detail::shm_header)) {
-        void* p = ::mmap(nullptr, sizeof(detail::shm_header), PROT_READ, MAP_SHARED, fd, 0);
-        if (p != MAP_FAILED) {
-          const auto* h = static_cast<const detail::shm_header*>(p);
-          if (h->magic.load(std::memory_order_acquire) == detail::shm_magic && h->sender_closed.load() == 0)
-            owner = h->sender_pid.load();
-          ::munmap(p, sizeof(detail::shm_header));
-        }
-      }
-      ::close(fd);
-      RLPT_CHECK(!(detail::pid_alive(owner) && owner != ::getpid()), errors::sync::shm,
-                 "{}: the segment belongs to a running sender (pid {})", where_, owner);
-    }
-    ::shm_unlink(path.c_str());
-  }
+  void replace_stale(const std::string& path);
 
-  void wait_credit(deadline until) {
-    if (h_ == nullptr) RLPT_FAIL(errors::sync::shm, "{}: no segment", where_);
-    detail::backoff b;
-    auto next_check = clock::now();
-    for (;;) {
-      const std::uint64_t head = h_->fwd_head.load(std::memory_order_relaxed);
-      if (head - h_->fwd_tail.load(std::memory_order_acquire) < o_.slots) return;
-      const auto now = clock::now();
-      if (now >= next_check) {
-        check_receiver();
-        next_check = now + std::chrono::milliseconds(10);
-      }
-      if (now >= until) {
-        const std::int32_t rx = h_->receiver_pid.load();
-        if (rx == 0) detail::timeout(where_, "waiting for a free slot: no receiver is attached");
-        detail::timeout(where_, rlpt::detail::format("waiting for receiver pid {} to release a slot", rx));
-      }
-      b.pause();
-    }
-  }
+  void wait_credit(deadline until);
 
   void check_receiver() {
     std::int32_t rx = h_->receiver_pid.load(std::memory_order_acquire);
@@ -299,29 +200,7 @@ private:
     }
   }
 
-  std::optional<message> receive_reply(deadline until) {
-    detail::backoff b;
-    auto next_check = clock::now();
-    for (;;) {
-      const std::uint64_t tail = h_->back_tail.load(std::memory_order_relaxed);
-      if (h_->back_head.load(std::memory_order_acquire) != tail) {
-        const std::byte* s = base_ + g_.back_at + (tail % o_.reply_slots) * g_.back_stride;
-        detail::shm_slot_header sh{};
-        std::memcpy(&sh, s, sizeof(sh));
-        held_ = true;
-        RLPT_CHECK(sh.meta_bytes <= o_.reply_bytes && sh.payload_bytes == 0, errors::sync::wire,
-                   "{}: reply slot says {} meta bytes (capacity {})", where_, sh.meta_bytes, o_.reply_bytes);
-        return message{{s + 64, static_cast<std::size_t>(sh.meta_bytes)}, {}};
-      }
-      const auto now = clock::now();
-      if (now >= next_check) {
-        check_receiver();
-        next_check = now + std::chrono::milliseconds(10);
-      }
-      if (now >= until) return std::nullopt;
-      b.pause();
-    }
-  }
+  std::optional<message> receive_reply(deadline until);
 
   void unlink_if_ours() {
     if (ino_ == 0) return;
@@ -337,48 +216,7 @@ private:
 
   // --- receiver side --------------------------------------------------------------------
 
-  bool try_attach() {
-    const std::string path = "/" + name_;
-    const int fd = ::shm_open(path.c_str(), O_RDWR, 0);
-    if (fd < 0) return false;
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) < detail::shm_page) {
-      ::close(fd);
-      return false; // being created
-    }
-    const auto size = static_cast<std::uint64_t>(st.st_size);
-    map(fd, size);
-    ::close(fd);
-    auto* h = reinterpret_cast<detail::shm_header*>(base_);
-    if (h->magic.load(std::memory_order_acquire) != detail::shm_magic) {
-      unmap();
-      return false; // not initialised yet
-    }
-    const auto g = detail::shm_geometry::of(h->slots, h->slot_meta, h->slot_payload, h->reply_slots, h->reply_meta);
-    if (h->layout != 1 || h->slots == 0 || h->reply_slots == 0 || g.total != h->total_bytes || g.total != size) {
-      unmap();
-      RLPT_FAIL(errors::sync::shm, "{}: the segment's header is inconsistent (layout {}, {} bytes)", where_, h->layout,
-                size);
-    }
-    std::int32_t other = h->receiver_pid.load();
-    if (other != 0 && other != ::getpid() && detail::pid_alive(other)) {
-      unmap();
-      RLPT_FAIL(errors::sync::shm, "{}: receiver pid {} is already attached", where_, other);
-    }
-    // Messages already in the ring are read: a BEGIN sent before we attached must not be lost.
-    // Leftovers of an update a previous receiver was in are ignored by the protocol (their
-    // attempt tag is not the current one; a lone COMMIT gets a NACK).
-    h->receiver_pid.store(::getpid(), std::memory_order_release);
-    h_ = h;
-    g_ = g;
-    o_.slots = h->slots;
-    o_.meta_bytes = h->slot_meta;
-    o_.slot_bytes = h->slot_payload;
-    o_.reply_slots = h->reply_slots;
-    o_.reply_bytes = h->reply_meta;
-    ino_ = st.st_ino;
-    return true;
-  }
+  bool try_attach();
 
   void detach() {
     if (h_ != nullptr) {
@@ -401,62 +239,9 @@ private:
     RLPT_FAIL(errors::sync::peer_lost, "{}: sender pid {} exited", where_, tx);
   }
 
-  std::optional<message> receive_forward(deadline until) {
-    detail::backoff b;
-    auto next_check = clock::now();
-    for (;;) {
-      if (h_ == nullptr && !try_attach()) {
-        if (clock::now() >= until) return std::nullopt;
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        continue;
-      }
-      const std::uint64_t tail = h_->fwd_tail.load(std::memory_order_relaxed);
-      if (h_->fwd_head.load(std::memory_order_acquire) != tail) {
-        const std::byte* s = slot(tail);
-        detail::shm_slot_header sh{};
-        std::memcpy(&sh, s, sizeof(sh));
-        held_ = true;
-        const std::uint64_t meta_cap = sh.meta_in_payload ? o_.slot_bytes : o_.meta_bytes;
-        RLPT_CHECK(sh.meta_bytes <= meta_cap && sh.payload_bytes <= o_.slot_bytes &&
-                       (sh.meta_in_payload == 0 || sh.payload_bytes == 0),
-                   errors::sync::wire, "{}: slot says {} meta and {} payload bytes (capacities {} and {})", where_,
-                   sh.meta_bytes, sh.payload_bytes, o_.meta_bytes, o_.slot_bytes);
-        // The meta block (a frame: checked, then parsed) is copied out of the segment, so what
-        // was checked is what is parsed. Payload bytes are checked by the protocol as it copies them.
-        const std::byte* meta = s + (sh.meta_in_payload ? g_.fwd_payload_at : g_.fwd_meta_at);
-        rx_meta_.assign(meta, meta + sh.meta_bytes);
-        return message{{rx_meta_.data(), rx_meta_.size()},
-                       {s + g_.fwd_payload_at, static_cast<std::size_t>(sh.payload_bytes)}};
-      }
-      const auto now = clock::now();
-      if (now >= next_check) {
-        check_sender();
-        next_check = now + std::chrono::milliseconds(10);
-      }
-      if (now >= until) return std::nullopt;
-      b.pause();
-    }
-  }
+  std::optional<message> receive_forward(deadline until);
 
-  void send_reply(std::span<const std::byte> meta, deadline until) {
-    RLPT_CHECK(h_ != nullptr, errors::sync::peer_lost, "{}: not attached to a sender", where_);
-    RLPT_CHECK(meta.size() <= o_.reply_bytes, errors::sync::too_large,
-               "{}: reply of {} bytes exceeds the reply slot's {}", where_, meta.size(), o_.reply_bytes);
-    detail::backoff b;
-    for (;;) {
-      const std::uint64_t head = h_->back_head.load(std::memory_order_relaxed);
-      if (head - h_->back_tail.load(std::memory_order_acquire) < o_.reply_slots) {
-        std::byte* s = base_ + g_.back_at + (head % o_.reply_slots) * g_.back_stride;
-        const detail::shm_slot_header sh{meta.size(), 0, 0};
-        std::memcpy(s, &sh, sizeof(sh));
-        if (!meta.empty()) std::memcpy(s + 64, meta.data(), meta.size());
-        h_->back_head.store(head + 1, std::memory_order_release);
-        return;
-      }
-      if (clock::now() >= until) detail::timeout(where_, "waiting for the sender to read replies");
-      b.pause();
-    }
-  }
+  void send_reply(std::span<const std::byte> meta, deadline until);
 
   // --- mapping --------------------------------------------------------------------------
 
@@ -497,3 +282,245 @@ private:
 
 } // namespace sync
 RLPT_NAMESPACE_END
+
+#if RLPT_HEADER_IMPL()
+RLPT_NAMESPACE_BEGIN
+namespace sync {
+
+RLPT_INLINE shm_transport::shm_transport(std::string name, role r, shm_options o)
+    : name_(std::move(name)), role_(r), o_(o) {
+  RLPT_CHECK(!name_.empty() && name_.size() <= 200 &&
+                 name_.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") ==
+                     std::string::npos &&
+                 name_ != "." && name_ != "..",
+             errors::sync::bad_link, "shm name \"{}\" must be 1-200 characters of [A-Za-z0-9._-]", name_);
+  where_ = rlpt::detail::format("shm /dev/shm/{} ({})", name_, r == role::sender ? "sender" : "receiver");
+  if (role_ == role::sender) create();
+}
+
+RLPT_INLINE void shm_transport::send(std::span<const std::byte> meta, std::uint64_t payload_bytes, deadline until) {
+  if (role_ == role::receiver) return send_reply(meta, until);
+  wait_credit(until);
+  const std::uint64_t head = h_->fwd_head.load(std::memory_order_relaxed);
+  std::byte* s = slot(head);
+  detail::shm_slot_header sh{meta.size(), payload_bytes, 0};
+  if (meta.size() > o_.meta_bytes) {
+    RLPT_CHECK(payload_bytes == 0 && meta.size() <= o_.slot_bytes, errors::sync::too_large,
+               "{}: meta block of {} bytes exceeds the slot's {} bytes of meta space", where_, meta.size(),
+               payload_bytes == 0 ? o_.slot_bytes : o_.meta_bytes);
+    sh.meta_in_payload = 1;
+    std::memcpy(s + g_.fwd_payload_at, meta.data(), meta.size());
+  } else if (!meta.empty()) {
+    std::memcpy(s + g_.fwd_meta_at, meta.data(), meta.size());
+  }
+  std::memcpy(s, &sh, sizeof(sh));
+  h_->fwd_head.store(head + 1, std::memory_order_release);
+}
+
+RLPT_INLINE void shm_transport::create() {
+  RLPT_CHECK(o_.slots >= 1 && o_.reply_slots >= 1, errors::sync::bad_link, "{}: needs at least one slot each way",
+             where_);
+  g_ = detail::shm_geometry::of(o_.slots, o_.meta_bytes, o_.slot_bytes, o_.reply_slots, o_.reply_bytes);
+  const std::string path = "/" + name_;
+  int fd = ::shm_open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (fd < 0 && errno == EEXIST) {
+    replace_stale(path);
+    fd = ::shm_open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  }
+  RLPT_CHECK(fd >= 0, errors::sync::shm, "{}: shm_open failed: {}", where_, std::strerror(errno));
+  if (::ftruncate(fd, static_cast<off_t>(g_.total)) != 0) {
+    const int err = errno;
+    ::close(fd);
+    ::shm_unlink(path.c_str());
+    RLPT_FAIL(errors::sync::shm, "{}: cannot size the segment to {} bytes: {}", where_, g_.total, std::strerror(err));
+  }
+  map(fd, g_.total);
+  struct stat st {};
+  ::fstat(fd, &st);
+  ino_ = st.st_ino;
+  ::close(fd);
+  h_ = new (base_) detail::shm_header{};
+  h_->layout = 1;
+  h_->slots = o_.slots;
+  h_->slot_meta = o_.meta_bytes;
+  h_->slot_payload = o_.slot_bytes;
+  h_->reply_slots = o_.reply_slots;
+  h_->reply_meta = o_.reply_bytes;
+  h_->total_bytes = g_.total;
+  std::uint64_t r = 0; // getrandom, not <random>: that header alone costs a quarter second of every build
+  if (::getrandom(&r, sizeof r, 0) != static_cast<::ssize_t>(sizeof r))
+    r = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  h_->nonce = r ^ (static_cast<std::uint64_t>(::getpid()) << 32);
+  h_->sender_pid.store(::getpid(), std::memory_order_relaxed);
+  h_->magic.store(detail::shm_magic, std::memory_order_release);
+}
+
+RLPT_INLINE void shm_transport::replace_stale(const std::string& path) {
+  const int fd = ::shm_open(path.c_str(), O_RDONLY, 0);
+  if (fd >= 0) {
+    struct stat st {};
+    std::int32_t owner = 0;
+    if (::fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_size) >= sizeof(detail::shm_header)) {
+      void* p = ::mmap(nullptr, sizeof(detail::shm_header), PROT_READ, MAP_SHARED, fd, 0);
+      if (p != MAP_FAILED) {
+        const auto* h = static_cast<const detail::shm_header*>(p);
+        if (h->magic.load(std::memory_order_acquire) == detail::shm_magic && h->sender_closed.load() == 0)
+          owner = h->sender_pid.load();
+        ::munmap(p, sizeof(detail::shm_header));
+      }
+    }
+    ::close(fd);
+    RLPT_CHECK(!(detail::pid_alive(owner) && owner != ::getpid()), errors::sync::shm,
+               "{}: the segment belongs to a running sender (pid {})", where_, owner);
+  }
+  ::shm_unlink(path.c_str());
+}
+
+RLPT_INLINE void shm_transport::wait_credit(deadline until) {
+  if (h_ == nullptr) RLPT_FAIL(errors::sync::shm, "{}: no segment", where_);
+  detail::backoff b;
+  auto next_check = clock::now();
+  for (;;) {
+    const std::uint64_t head = h_->fwd_head.load(std::memory_order_relaxed);
+    if (head - h_->fwd_tail.load(std::memory_order_acquire) < o_.slots) return;
+    const auto now = clock::now();
+    if (now >= next_check) {
+      check_receiver();
+      next_check = now + std::chrono::milliseconds(10);
+    }
+    if (now >= until) {
+      const std::int32_t rx = h_->receiver_pid.load();
+      if (rx == 0) detail::timeout(where_, "waiting for a free slot: no receiver is attached");
+      detail::timeout(where_, rlpt::detail::format("waiting for receiver pid {} to release a slot", rx));
+    }
+    b.pause();
+  }
+}
+
+RLPT_INLINE std::optional<message> shm_transport::receive_reply(deadline until) {
+  detail::backoff b;
+  auto next_check = clock::now();
+  for (;;) {
+    const std::uint64_t tail = h_->back_tail.load(std::memory_order_relaxed);
+    if (h_->back_head.load(std::memory_order_acquire) != tail) {
+      const std::byte* s = base_ + g_.back_at + (tail % o_.reply_slots) * g_.back_stride;
+      detail::shm_slot_header sh{};
+      std::memcpy(&sh, s, sizeof(sh));
+      held_ = true;
+      RLPT_CHECK(sh.meta_bytes <= o_.reply_bytes && sh.payload_bytes == 0, errors::sync::wire,
+                 "{}: reply slot says {} meta bytes (capacity {})", where_, sh.meta_bytes, o_.reply_bytes);
+      return message{{s + 64, static_cast<std::size_t>(sh.meta_bytes)}, {}};
+    }
+    const auto now = clock::now();
+    if (now >= next_check) {
+      check_receiver();
+      next_check = now + std::chrono::milliseconds(10);
+    }
+    if (now >= until) return std::nullopt;
+    b.pause();
+  }
+}
+
+RLPT_INLINE bool shm_transport::try_attach() {
+  const std::string path = "/" + name_;
+  const int fd = ::shm_open(path.c_str(), O_RDWR, 0);
+  if (fd < 0) return false;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) < detail::shm_page) {
+    ::close(fd);
+    return false; // being created
+  }
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  map(fd, size);
+  ::close(fd);
+  auto* h = reinterpret_cast<detail::shm_header*>(base_);
+  if (h->magic.load(std::memory_order_acquire) != detail::shm_magic) {
+    unmap();
+    return false; // not initialised yet
+  }
+  const auto g = detail::shm_geometry::of(h->slots, h->slot_meta, h->slot_payload, h->reply_slots, h->reply_meta);
+  if (h->layout != 1 || h->slots == 0 || h->reply_slots == 0 || g.total != h->total_bytes || g.total != size) {
+    unmap();
+    RLPT_FAIL(errors::sync::shm, "{}: the segment's header is inconsistent (layout {}, {} bytes)", where_, h->layout,
+              size);
+  }
+  std::int32_t other = h->receiver_pid.load();
+  if (other != 0 && other != ::getpid() && detail::pid_alive(other)) {
+    unmap();
+    RLPT_FAIL(errors::sync::shm, "{}: receiver pid {} is already attached", where_, other);
+  }
+  // Messages already in the ring are read: a BEGIN sent before we attached must not be lost.
+  // Leftovers of an update a previous receiver was in are ignored by the protocol (their
+  // attempt tag is not the current one; a lone COMMIT gets a NACK).
+  h->receiver_pid.store(::getpid(), std::memory_order_release);
+  h_ = h;
+  g_ = g;
+  o_.slots = h->slots;
+  o_.meta_bytes = h->slot_meta;
+  o_.slot_bytes = h->slot_payload;
+  o_.reply_slots = h->reply_slots;
+  o_.reply_bytes = h->reply_meta;
+  ino_ = st.st_ino;
+  return true;
+}
+
+RLPT_INLINE std::optional<message> shm_transport::receive_forward(deadline until) {
+  detail::backoff b;
+  auto next_check = clock::now();
+  for (;;) {
+    if (h_ == nullptr && !try_attach()) {
+      if (clock::now() >= until) return std::nullopt;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      continue;
+    }
+    const std::uint64_t tail = h_->fwd_tail.load(std::memory_order_relaxed);
+    if (h_->fwd_head.load(std::memory_order_acquire) != tail) {
+      const std::byte* s = slot(tail);
+      detail::shm_slot_header sh{};
+      std::memcpy(&sh, s, sizeof(sh));
+      held_ = true;
+      const std::uint64_t meta_cap = sh.meta_in_payload ? o_.slot_bytes : o_.meta_bytes;
+      RLPT_CHECK(sh.meta_bytes <= meta_cap && sh.payload_bytes <= o_.slot_bytes &&
+                     (sh.meta_in_payload == 0 || sh.payload_bytes == 0),
+                 errors::sync::wire, "{}: slot says {} meta and {} payload bytes (capacities {} and {})", where_,
+                 sh.meta_bytes, sh.payload_bytes, o_.meta_bytes, o_.slot_bytes);
+      // The meta block (a frame: checked, then parsed) is copied out of the segment, so what
+      // was checked is what is parsed. Payload bytes are checked by the protocol as it copies them.
+      const std::byte* meta = s + (sh.meta_in_payload ? g_.fwd_payload_at : g_.fwd_meta_at);
+      rx_meta_.assign(meta, meta + sh.meta_bytes);
+      return message{{rx_meta_.data(), rx_meta_.size()},
+                     {s + g_.fwd_payload_at, static_cast<std::size_t>(sh.payload_bytes)}};
+    }
+    const auto now = clock::now();
+    if (now >= next_check) {
+      check_sender();
+      next_check = now + std::chrono::milliseconds(10);
+    }
+    if (now >= until) return std::nullopt;
+    b.pause();
+  }
+}
+
+RLPT_INLINE void shm_transport::send_reply(std::span<const std::byte> meta, deadline until) {
+  RLPT_CHECK(h_ != nullptr, errors::sync::peer_lost, "{}: not attached to a sender", where_);
+  RLPT_CHECK(meta.size() <= o_.reply_bytes, errors::sync::too_large,
+             "{}: reply of {} bytes exceeds the reply slot's {}", where_, meta.size(), o_.reply_bytes);
+  detail::backoff b;
+  for (;;) {
+    const std::uint64_t head = h_->back_head.load(std::memory_order_relaxed);
+    if (head - h_->back_tail.load(std::memory_order_acquire) < o_.reply_slots) {
+      std::byte* s = base_ + g_.back_at + (head % o_.reply_slots) * g_.back_stride;
+      const detail::shm_slot_header sh{meta.size(), 0, 0};
+      std::memcpy(s, &sh, sizeof(sh));
+      if (!meta.empty()) std::memcpy(s + 64, meta.data(), meta.size());
+      h_->back_head.store(head + 1, std::memory_order_release);
+      return;
+    }
+    if (clock::now() >= until) detail::timeout(where_, "waiting for the sender to read replies");
+    b.pause();
+  }
+}
+
+} // namespace sync
+RLPT_NAMESPACE_END
+#endif // RLPT_HEADER_IMPL()

@@ -92,19 +92,7 @@ inline constexpr std::size_t tcp_tag_at = 32; // the frame tag: header bytes [32
 
 class tcp_transport final : public link, private detail::stream_link<tcp_transport, detail::tcp_header_bytes> {
 public:
-  tcp_transport(tcp_options o, role r) : o_(std::move(o)), auth_(o_.auth, o_.tags, r) {
-    const auto dead = o_.dead_peer_timeout;
-    RLPT_CHECK(dead.count() == 0 || (dead >= std::chrono::seconds(1) && dead <= std::chrono::hours(24)),
-               errors::sync::tcp,
-               "tcp: dead_peer_timeout of {} ms: 0 (the kernel's defaults) or 1 s to 24 h (keepalive counts whole "
-               "seconds)",
-               dead.count());
-    detail::check_link_security("tcp", o_.host, o_.port, o_.listen, o_.auth.get(), o_.tags, o_.allow_unauthenticated,
-                                r);
-    if (o_.listen) open_listener();
-    where_ = rlpt::detail::format("tcp {}:{} ({}, {})", o_.host, o_.listen ? port_ : o_.port,
-                                  r == role::sender ? "sender" : "receiver", o_.listen ? "listening" : "connecting");
-  }
+  tcp_transport(tcp_options o, role r);
 
   tcp_transport(const tcp_transport&) = delete;
   tcp_transport& operator=(const tcp_transport&) = delete;
@@ -125,42 +113,9 @@ public:
     return {tx_payload_.data(), static_cast<std::size_t>(bytes)};
   }
 
-  void send(std::span<const std::byte> meta, std::uint64_t payload_bytes, deadline until) override {
-    RLPT_CHECK(meta.size() <= o_.max_meta && meta.size() <= 0xffffffffu, errors::sync::too_large,
-               "{}: meta block of {} bytes exceeds max_meta {}", where_, meta.size(), o_.max_meta);
-    RLPT_CHECK(payload_bytes <= tx_payload_.size(), errors::sync::bad_link,
-               "{}: send of {} payload bytes without a payload_buffer() of that size", where_, payload_bytes);
-    std::byte hdr[detail::tcp_header_bytes] = {};
-    const std::uint32_t magic = detail::tcp_magic, mb = static_cast<std::uint32_t>(meta.size());
-    const std::uint64_t mcheck = xxh3(meta.data(), meta.size());
-    std::memcpy(hdr, &magic, 4);
-    std::memcpy(hdr + 4, &mb, 4);
-    std::memcpy(hdr + 8, &payload_bytes, 8);
-    std::memcpy(hdr + 16, &mcheck, 8);
-    const std::uint64_t hcheck = xxh3(hdr, 24);
-    std::memcpy(hdr + 24, &hcheck, 8);
-    send_frame(hdr, meta, std::span<const std::byte>(tx_payload_.data(), static_cast<std::size_t>(payload_bytes)), {},
-               until);
-  }
+  void send(std::span<const std::byte> meta, std::uint64_t payload_bytes, deadline until) override;
 
-  std::optional<message> receive(deadline until) override {
-    release();
-    std::optional<message> m = receive_frame(until);
-    if (m && auth_.enabled()) {
-      const auto h = received_header();
-      if (!auth_.open(h.first(detail::tcp_tag_at), m->meta, m->payload,
-                      h.template subspan<detail::tcp_tag_at, authenticator::tag_bytes>())) {
-        drop();
-        ++counters_.refused_frames;
-        counters_.refused(rlpt::detail::format(
-            "a frame ({} meta bytes, {} payload bytes) failed its {} tag: altered, replayed or reordered "
-            "in flight, or not from the authenticated peer",
-            m->meta.size(), m->payload.size(), name(o_.tags)));
-        RLPT_FAIL(errors::sync::auth, "{}: {}; connection dropped", where_, counters_.last_refusal);
-      }
-    }
-    return m;
-  }
+  std::optional<message> receive(deadline until) override;
 
   void release() override { release_frame(); }
 
@@ -168,21 +123,7 @@ private:
   friend class detail::stream_link<tcp_transport, detail::tcp_header_bytes>;
   static constexpr std::chrono::milliseconds reconnect_pause{5};
 
-  void open_listener() {
-    detail::fd_guard fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    RLPT_CHECK(fd.fd >= 0, errors::sync::tcp, "tcp: socket failed: {}", std::strerror(errno));
-    const int one = 1;
-    ::setsockopt(fd.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    sockaddr_in a = address(o_.host, o_.port);
-    RLPT_CHECK(::bind(fd.fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0, errors::sync::tcp,
-               "tcp: bind {}:{} failed: {}", o_.host, o_.port, std::strerror(errno));
-    RLPT_CHECK(::listen(fd.fd, 4) == 0, errors::sync::tcp, "tcp: listen failed: {}", std::strerror(errno));
-    socklen_t len = sizeof(a);
-    ::getsockname(fd.fd, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
-    ::fcntl(fd.fd, F_SETFL, ::fcntl(fd.fd, F_GETFL) | O_NONBLOCK);
-    listen_.reset(fd.release());
-  }
+  void open_listener();
 
   static sockaddr_in address(const std::string& host, std::uint16_t port) {
     return detail::ipv4_address(host, port, errors::sync::tcp, "tcp");
@@ -239,155 +180,20 @@ private:
   }
 
   // Reads or writes exactly `n` bytes on a non-blocking socket by `until`; empty, or what failed.
-  static std::string io_exact(int fd, std::byte* p, std::size_t n, bool write, deadline until) {
-    while (n > 0) {
-      const ssize_t k = write ? ::send(fd, p, n, MSG_NOSIGNAL) : ::recv(fd, p, n, 0);
-      if (k > 0) {
-        p += k;
-        n -= static_cast<std::size_t>(k);
-        continue;
-      }
-      if (k == 0) return "the peer closed the connection during the handshake";
-      if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK)
-        return rlpt::detail::format("the handshake failed: {}", std::strerror(errno));
-      if (clock::now() >= until) return "the handshake timed out";
-      pollfd q{fd, static_cast<short>(write ? POLLOUT : POLLIN), 0};
-      ::poll(&q, 1, detail::ms_until(until));
-    }
-    return {};
-  }
+  static std::string io_exact(int fd, std::byte* p, std::size_t n, bool write, deadline until);
 
   // The listener's side of the handshake (auth.hpp) on an accepted connection: empty, or why
   // the peer is refused. Bounded by handshake_timeout: a silent peer costs at most that.
-  std::string accept_handshake(int fd) {
-    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-    const deadline until = clock::now() + o_.handshake_timeout;
-    constexpr std::size_t hb = detail::hello_bytes, mb = authenticator::mac_bytes;
-    std::array<std::byte, hb> hello_c{};
-    std::string why = io_exact(fd, hello_c.data(), hb, false, until);
-    if (!why.empty()) return why;
-    std::string mismatch = auth_.check_hello(hello_c);
-    const std::array<std::byte, hb> hello_a = auth_.hello();
-    const authenticator::mac mine = auth_.proof(true, hello_c, hello_a);
-    std::array<std::byte, hb + mb> out{};
-    std::memcpy(out.data(), hello_a.data(), hb);
-    std::memcpy(out.data() + hb, mine.data(), mb);
-    authenticator::mac proof{};
-    // An rlpt peer configured differently gets our HELLO anyway, so that it can say why too.
-    const bool rlpt_peer = mismatch.find("did not start an authenticated handshake") == std::string::npos;
-    if (!mismatch.empty()) {
-      if (rlpt_peer) static_cast<void>(io_exact(fd, out.data(), out.size(), true, until));
-      return mismatch;
-    }
-    if (why = io_exact(fd, out.data(), out.size(), true, until); !why.empty()) return why;
-    if (why = io_exact(fd, proof.data(), mb, false, until); !why.empty()) return why;
-    if (!detail::peer_auth::constant_time_equal(proof, auth_.proof(false, hello_c, hello_a)))
-      return "the connecting peer's proof is wrong: it does not hold the job's secret, or it replayed a recorded "
-             "handshake";
-    auth_.establish(true, hello_c, hello_a);
-    ++counters_.handshakes;
-    return {};
-  }
+  std::string accept_handshake(int fd);
 
   // Connects and, with auth, runs the connector's side of the handshake. The wait for the
   // listener's HELLO ends at `until` and resumes on the next call (a listener that is not
   // accepting yet must not block a short poll); a wrong proof throws rlpt.sync.auth.
-  bool try_connect(deadline until) {
-    if (pending_.fd < 0) {
-      detail::fd_guard fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-      RLPT_CHECK(fd.fd >= 0, errors::sync::tcp, "{}: socket failed: {}", where_, std::strerror(errno));
-      sockaddr_in a = address(o_.host, o_.port);
-      if (::connect(fd.fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-        if (errno != EINPROGRESS) return false; // not listening yet
-        for (;;) {                              // bounded by the deadline: an unreachable host must not hang the caller
-          pollfd p{fd.fd, POLLOUT, 0};
-          if (::poll(&p, 1, detail::ms_until(until)) > 0) break;
-          if (clock::now() >= until) return false;
-        }
-        int err = 0;
-        socklen_t len = sizeof(err);
-        if (::getsockopt(fd.fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) return false;
-      }
-      if (!auth_.enabled()) {
-        adopt(fd.release());
-        return true;
-      }
-      hello_c_ = auth_.hello();
-      if (!io_exact(fd.fd, hello_c_.data(), hello_c_.size(), true, clock::now() + o_.handshake_timeout).empty())
-        return false;
-      pending_.reset(fd.release());
-      pending_got_ = 0;
-    }
-    // The listener's HELLO and proof, as far as they have arrived.
-    while (pending_got_ < pending_in_.size()) {
-      const ssize_t k = ::recv(pending_.fd, pending_in_.data() + pending_got_, pending_in_.size() - pending_got_, 0);
-      if (k > 0) {
-        pending_got_ += static_cast<std::size_t>(k);
-        continue;
-      }
-      const bool again = k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
-      if (k < 0 && errno == EINTR) continue;
-      if (again && clock::now() < until) {
-        pollfd q{pending_.fd, POLLIN, 0};
-        ::poll(&q, 1, detail::ms_until(until));
-        continue;
-      }
-      if (again) return false; // resumes on the next call
-      pending_.reset();
-      // The listener answers every rlpt HELLO, so closing first means it refused to talk.
-      const std::string why = k == 0 ? "the listener closed the connection without answering the handshake (is it "
-                                       "configured without tcp_options::auth?)"
-                                     : rlpt::detail::format("the handshake failed: {}", std::strerror(errno));
-      refused(why);
-      RLPT_FAIL(errors::sync::auth, "{}: peer refused: {}", where_, why);
-    }
-    detail::fd_guard fd(pending_.release());
-    const auto in = std::span<const std::byte>(pending_in_);
-    const auto hello_a = in.first<detail::hello_bytes>();
-    std::string why = auth_.check_hello(hello_a);
-    if (why.empty() &&
-        !detail::peer_auth::constant_time_equal(in.subspan(detail::hello_bytes), auth_.proof(true, hello_c_, hello_a)))
-      why = "the listening peer's proof is wrong: it does not hold the job's secret (or this end has the wrong one)";
-    authenticator::mac proof = auth_.proof(false, hello_c_, hello_a);
-    // Sent even when refusing (it proves nothing beyond this transcript): the listener then
-    // reports a wrong secret as such instead of a silent peer.
-    const bool sent = io_exact(fd.fd, proof.data(), proof.size(), true, clock::now() + o_.handshake_timeout).empty();
-    if (!why.empty()) {
-      refused(why);
-      RLPT_FAIL(errors::sync::auth, "{}: peer refused: {}", where_, why);
-    }
-    if (!sent) return false;
-    auth_.establish(false, hello_c_, hello_a);
-    ++counters_.handshakes;
-    adopt(fd.release());
-    return true;
-  }
+  bool try_connect(deadline until);
 
   ssize_t recv_some(std::byte* dst, std::size_t want) const { return ::recv(conn_.fd, dst, want, 0); }
 
-  detail::frame_sizes check_header(const std::byte* h) {
-    std::uint32_t magic, mb;
-    std::uint64_t pb, mcheck, hcheck;
-    std::memcpy(&magic, h, 4);
-    std::memcpy(&mb, h + 4, 4);
-    std::memcpy(&pb, h + 8, 8);
-    std::memcpy(&mcheck, h + 16, 8);
-    std::memcpy(&hcheck, h + 24, 8);
-    const char* problem = nullptr;
-    if (magic != detail::tcp_magic)
-      problem = "bad magic";
-    else if (xxh3(h, 24) != hcheck)
-      problem = "header checksum mismatch";
-    else if (mb > o_.max_meta)
-      problem = "meta block larger than max_meta";
-    else if (pb > o_.max_payload)
-      problem = "payload larger than max_payload";
-    if (problem == nullptr) return {mb, pb, mcheck};
-    drop();
-    RLPT_FAIL(errors::sync::wire, "{}: bad frame header ({}; magic 0x{:08x}, {} meta bytes, {} payload bytes)", where_,
-              problem, magic, mb, pb);
-  }
+  detail::frame_sizes check_header(const std::byte* h);
 
   tcp_options o_;
   detail::peer_auth auth_;
@@ -402,3 +208,220 @@ private:
 
 } // namespace sync
 RLPT_NAMESPACE_END
+
+#if RLPT_HEADER_IMPL()
+RLPT_NAMESPACE_BEGIN
+namespace sync {
+
+RLPT_INLINE tcp_transport::tcp_transport(tcp_options o, role r) : o_(std::move(o)), auth_(o_.auth, o_.tags, r) {
+  const auto dead = o_.dead_peer_timeout;
+  RLPT_CHECK(dead.count() == 0 || (dead >= std::chrono::seconds(1) && dead <= std::chrono::hours(24)),
+             errors::sync::tcp,
+             "tcp: dead_peer_timeout of {} ms: 0 (the kernel's defaults) or 1 s to 24 h (keepalive counts whole "
+             "seconds)",
+             dead.count());
+  detail::check_link_security("tcp", o_.host, o_.port, o_.listen, o_.auth.get(), o_.tags, o_.allow_unauthenticated, r);
+  if (o_.listen) open_listener();
+  where_ = rlpt::detail::format("tcp {}:{} ({}, {})", o_.host, o_.listen ? port_ : o_.port,
+                                r == role::sender ? "sender" : "receiver", o_.listen ? "listening" : "connecting");
+}
+
+RLPT_INLINE void tcp_transport::send(std::span<const std::byte> meta, std::uint64_t payload_bytes, deadline until) {
+  RLPT_CHECK(meta.size() <= o_.max_meta && meta.size() <= 0xffffffffu, errors::sync::too_large,
+             "{}: meta block of {} bytes exceeds max_meta {}", where_, meta.size(), o_.max_meta);
+  RLPT_CHECK(payload_bytes <= tx_payload_.size(), errors::sync::bad_link,
+             "{}: send of {} payload bytes without a payload_buffer() of that size", where_, payload_bytes);
+  std::byte hdr[detail::tcp_header_bytes] = {};
+  const std::uint32_t magic = detail::tcp_magic, mb = static_cast<std::uint32_t>(meta.size());
+  const std::uint64_t mcheck = xxh3(meta.data(), meta.size());
+  std::memcpy(hdr, &magic, 4);
+  std::memcpy(hdr + 4, &mb, 4);
+  std::memcpy(hdr + 8, &payload_bytes, 8);
+  std::memcpy(hdr + 16, &mcheck, 8);
+  const std::uint64_t hcheck = xxh3(hdr, 24);
+  std::memcpy(hdr + 24, &hcheck, 8);
+  send_frame(hdr, meta, std::span<const std::byte>(tx_payload_.data(), static_cast<std::size_t>(payload_bytes)), {},
+             until);
+}
+
+RLPT_INLINE std::optional<message> tcp_transport::receive(deadline until) {
+  release();
+  std::optional<message> m = receive_frame(until);
+  if (m && auth_.enabled()) {
+    const auto h = received_header();
+    if (!auth_.open(h.first(detail::tcp_tag_at), m->meta, m->payload,
+                    h.template subspan<detail::tcp_tag_at, authenticator::tag_bytes>())) {
+      drop();
+      ++counters_.refused_frames;
+      counters_.refused(rlpt::detail::format(
+          "a frame ({} meta bytes, {} payload bytes) failed its {} tag: altered, replayed or reordered "
+          "in flight, or not from the authenticated peer",
+          m->meta.size(), m->payload.size(), name(o_.tags)));
+      RLPT_FAIL(errors::sync::auth, "{}: {}; connection dropped", where_, counters_.last_refusal);
+    }
+  }
+  return m;
+}
+
+RLPT_INLINE void tcp_transport::open_listener() {
+  detail::fd_guard fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  RLPT_CHECK(fd.fd >= 0, errors::sync::tcp, "tcp: socket failed: {}", std::strerror(errno));
+  const int one = 1;
+  ::setsockopt(fd.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in a = address(o_.host, o_.port);
+  RLPT_CHECK(::bind(fd.fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0, errors::sync::tcp,
+             "tcp: bind {}:{} failed: {}", o_.host, o_.port, std::strerror(errno));
+  RLPT_CHECK(::listen(fd.fd, 4) == 0, errors::sync::tcp, "tcp: listen failed: {}", std::strerror(errno));
+  socklen_t len = sizeof(a);
+  ::getsockname(fd.fd, reinterpret_cast<sockaddr*>(&a), &len);
+  port_ = ntohs(a.sin_port);
+  ::fcntl(fd.fd, F_SETFL, ::fcntl(fd.fd, F_GETFL) | O_NONBLOCK);
+  listen_.reset(fd.release());
+}
+
+RLPT_INLINE std::string tcp_transport::io_exact(int fd, std::byte* p, std::size_t n, bool write, deadline until) {
+  while (n > 0) {
+    const ssize_t k = write ? ::send(fd, p, n, MSG_NOSIGNAL) : ::recv(fd, p, n, 0);
+    if (k > 0) {
+      p += k;
+      n -= static_cast<std::size_t>(k);
+      continue;
+    }
+    if (k == 0) return "the peer closed the connection during the handshake";
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK)
+      return rlpt::detail::format("the handshake failed: {}", std::strerror(errno));
+    if (clock::now() >= until) return "the handshake timed out";
+    pollfd q{fd, static_cast<short>(write ? POLLOUT : POLLIN), 0};
+    ::poll(&q, 1, detail::ms_until(until));
+  }
+  return {};
+}
+
+RLPT_INLINE std::string tcp_transport::accept_handshake(int fd) {
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  const deadline until = clock::now() + o_.handshake_timeout;
+  constexpr std::size_t hb = detail::hello_bytes, mb = authenticator::mac_bytes;
+  std::array<std::byte, hb> hello_c{};
+  std::string why = io_exact(fd, hello_c.data(), hb, false, until);
+  if (!why.empty()) return why;
+  std::string mismatch = auth_.check_hello(hello_c);
+  const std::array<std::byte, hb> hello_a = auth_.hello();
+  const authenticator::mac mine = auth_.proof(true, hello_c, hello_a);
+  std::array<std::byte, hb + mb> out{};
+  std::memcpy(out.data(), hello_a.data(), hb);
+  std::memcpy(out.data() + hb, mine.data(), mb);
+  authenticator::mac proof{};
+  // An rlpt peer configured differently gets our HELLO anyway, so that it can say why too.
+  const bool rlpt_peer = mismatch.find("did not start an authenticated handshake") == std::string::npos;
+  if (!mismatch.empty()) {
+    if (rlpt_peer) static_cast<void>(io_exact(fd, out.data(), out.size(), true, until));
+    return mismatch;
+  }
+  if (why = io_exact(fd, out.data(), out.size(), true, until); !why.empty()) return why;
+  if (why = io_exact(fd, proof.data(), mb, false, until); !why.empty()) return why;
+  if (!detail::peer_auth::constant_time_equal(proof, auth_.proof(false, hello_c, hello_a)))
+    return "the connecting peer's proof is wrong: it does not hold the job's secret, or it replayed a recorded "
+           "handshake";
+  auth_.establish(true, hello_c, hello_a);
+  ++counters_.handshakes;
+  return {};
+}
+
+RLPT_INLINE bool tcp_transport::try_connect(deadline until) {
+  if (pending_.fd < 0) {
+    detail::fd_guard fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    RLPT_CHECK(fd.fd >= 0, errors::sync::tcp, "{}: socket failed: {}", where_, std::strerror(errno));
+    sockaddr_in a = address(o_.host, o_.port);
+    if (::connect(fd.fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+      if (errno != EINPROGRESS) return false; // not listening yet
+      for (;;) {                              // bounded by the deadline: an unreachable host must not hang the caller
+        pollfd p{fd.fd, POLLOUT, 0};
+        if (::poll(&p, 1, detail::ms_until(until)) > 0) break;
+        if (clock::now() >= until) return false;
+      }
+      int err = 0;
+      socklen_t len = sizeof(err);
+      if (::getsockopt(fd.fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) return false;
+    }
+    if (!auth_.enabled()) {
+      adopt(fd.release());
+      return true;
+    }
+    hello_c_ = auth_.hello();
+    if (!io_exact(fd.fd, hello_c_.data(), hello_c_.size(), true, clock::now() + o_.handshake_timeout).empty())
+      return false;
+    pending_.reset(fd.release());
+    pending_got_ = 0;
+  }
+  // The listener's HELLO and proof, as far as they have arrived.
+  while (pending_got_ < pending_in_.size()) {
+    const ssize_t k = ::recv(pending_.fd, pending_in_.data() + pending_got_, pending_in_.size() - pending_got_, 0);
+    if (k > 0) {
+      pending_got_ += static_cast<std::size_t>(k);
+      continue;
+    }
+    const bool again = k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+    if (k < 0 && errno == EINTR) continue;
+    if (again && clock::now() < until) {
+      pollfd q{pending_.fd, POLLIN, 0};
+      ::poll(&q, 1, detail::ms_until(until));
+      continue;
+    }
+    if (again) return false; // resumes on the next call
+    pending_.reset();
+    // The listener answers every rlpt HELLO, so closing first means it refused to talk.
+    const std::string why = k == 0 ? "the listener closed the connection without answering the handshake (is it "
+                                     "configured without tcp_options::auth?)"
+                                   : rlpt::detail::format("the handshake failed: {}", std::strerror(errno));
+    refused(why);
+    RLPT_FAIL(errors::sync::auth, "{}: peer refused: {}", where_, why);
+  }
+  detail::fd_guard fd(pending_.release());
+  const auto in = std::span<const std::byte>(pending_in_);
+  const auto hello_a = in.first<detail::hello_bytes>();
+  std::string why = auth_.check_hello(hello_a);
+  if (why.empty() &&
+      !detail::peer_auth::constant_time_equal(in.subspan(detail::hello_bytes), auth_.proof(true, hello_c_, hello_a)))
+    why = "the listening peer's proof is wrong: it does not hold the job's secret (or this end has the wrong one)";
+  authenticator::mac proof = auth_.proof(false, hello_c_, hello_a);
+  // Sent even when refusing (it proves nothing beyond this transcript): the listener then
+  // reports a wrong secret as such instead of a silent peer.
+  const bool sent = io_exact(fd.fd, proof.data(), proof.size(), true, clock::now() + o_.handshake_timeout).empty();
+  if (!why.empty()) {
+    refused(why);
+    RLPT_FAIL(errors::sync::auth, "{}: peer refused: {}", where_, why);
+  }
+  if (!sent) return false;
+  auth_.establish(false, hello_c_, hello_a);
+  ++counters_.handshakes;
+  adopt(fd.release());
+  return true;
+}
+
+RLPT_INLINE detail::frame_sizes tcp_transport::check_header(const std::byte* h) {
+  std::uint32_t magic, mb;
+  std::uint64_t pb, mcheck, hcheck;
+  std::memcpy(&magic, h, 4);
+  std::memcpy(&mb, h + 4, 4);
+  std::memcpy(&pb, h + 8, 8);
+  std::memcpy(&mcheck, h + 16, 8);
+  std::memcpy(&hcheck, h + 24, 8);
+  const char* problem = nullptr;
+  if (magic != detail::tcp_magic)
+    problem = "bad magic";
+  else if (xxh3(h, 24) != hcheck)
+    problem = "header checksum mismatch";
+  else if (mb > o_.max_meta)
+    problem = "meta block larger than max_meta";
+  else if (pb > o_.max_payload)
+    problem = "payload larger than max_payload";
+  if (problem == nullptr) return {mb, pb, mcheck};
+  drop();
+  RLPT_FAIL(errors::sync::wire, "{}: bad frame header ({}; magic 0x{:08x}, {} meta bytes, {} payload bytes)", where_,
+            problem, magic, mb, pb);
+}
+
+} // namespace sync
+RLPT_NAMESPACE_END
+#endif // RLPT_HEADER_IMPL()

@@ -192,136 +192,7 @@ public:
   transform_plan(const manifest& m, std::initializer_list<transform> rules)
       : transform_plan(m, std::span<const transform>(rules.begin(), rules.size())) {}
 
-  transform_plan(const manifest& m, std::span<const transform> rules) {
-    struct cur_t {
-      std::string name;
-      std::size_t node;
-    };
-    std::vector<cur_t> cur;
-    for (std::size_t i = 0; i < m.size(); ++i) {
-      node n;
-      n.tensor = i;
-      n.dtype = m[i].dtype;
-      n.shape = m[i].shape;
-      n.nbytes = m[i].nbytes;
-      nodes_.push_back(std::move(n));
-      cur.push_back({m[i].name, i});
-    }
-    auto find = [&](std::string_view nm) -> std::ptrdiff_t {
-      for (std::size_t k = 0; k < cur.size(); ++k)
-        if (cur[k].name == nm) return static_cast<std::ptrdiff_t>(k);
-      return -1;
-    };
-    for (std::size_t r = 0; r < rules.size(); ++r) {
-      const std::string rule = rlpt::detail::format("transform #{}", r);
-      std::size_t hits = 0;
-      if (const auto* rn = std::get_if<rename_tensor>(&rules[r])) {
-        detail::check_pattern(rn->from, rule);
-        detail::check_pattern(rn->to, rule);
-        std::vector<std::pair<std::size_t, std::string>> moves;
-        for (std::size_t k = 0; k < cur.size(); ++k)
-          if (auto c = detail::match(rn->from, cur[k].name)) moves.emplace_back(k, detail::substitute(rn->to, *c));
-        hits = moves.size();
-        for (auto& [k, to] : moves) {
-          const auto clash = find(to);
-          RLPT_CHECK(clash < 0 || moves.end() != std::find_if(moves.begin(), moves.end(),
-                                                              [&](const auto& mv) {
-                                                                return static_cast<std::ptrdiff_t>(mv.first) == clash;
-                                                              }),
-                     errors::sync::bad_transform,
-                     "{} (rename \"{}\" -> \"{}\") renames \"{}\" to \"{}\", which already exists", rule, rn->from,
-                     rn->to, cur[k].name, to);
-        }
-        for (auto& [k, to] : moves) cur[k].name = to;
-        check_unique(cur, rule);
-      } else if (const auto* cc = std::get_if<concat>(&rules[r])) {
-        RLPT_CHECK(!cc->inputs.empty(), errors::sync::bad_transform, "{} (concat -> \"{}\") has no inputs", rule,
-                   cc->output);
-        for (const auto& p : cc->inputs) detail::check_pattern(p, rule);
-        detail::check_pattern(cc->output, rule);
-        std::vector<std::pair<std::string, std::string>> firsts; // (name, capture) of matches at rule start
-        for (const auto& c : cur)
-          if (auto cap = detail::match(cc->inputs[0], c.name)) firsts.emplace_back(c.name, std::string(*cap));
-        for (const auto& [first_name, capture] : firsts) {
-          if (find(first_name) < 0) continue; // consumed by an earlier match of this rule
-          std::vector<std::size_t> in_nodes;
-          std::vector<std::string> in_names;
-          for (const auto& p : cc->inputs) {
-            const std::string nm = detail::substitute(p, capture);
-            const auto at = find(nm);
-            RLPT_CHECK(at >= 0, errors::sync::bad_transform, "{} (concat -> \"{}\"): input \"{}\" does not exist", rule,
-                       detail::substitute(cc->output, capture), nm);
-            in_nodes.push_back(cur[static_cast<std::size_t>(at)].node);
-            in_names.push_back(nm);
-          }
-          for (std::size_t a = 0; a < in_names.size(); ++a)
-            for (std::size_t b = a + 1; b < in_names.size(); ++b)
-              RLPT_CHECK(in_names[a] != in_names[b], errors::sync::bad_transform, "{}: concat lists \"{}\" twice", rule,
-                         in_names[a]);
-          const std::size_t out = add_concat(in_nodes, in_names, cc->dim, rule);
-          const std::string out_name = detail::substitute(cc->output, capture);
-          // The output takes the place of the first input; the other inputs go.
-          std::size_t first = cur.size();
-          for (const auto& nm : in_names) first = std::min(first, static_cast<std::size_t>(find(nm)));
-          const std::string keep = cur[first].name;
-          for (const auto& nm : in_names)
-            if (nm != keep) cur.erase(cur.begin() + find(nm));
-          cur[static_cast<std::size_t>(find(keep))] = {out_name, out};
-          ++hits;
-          check_unique(cur, rule);
-        }
-      } else if (const auto* sl = std::get_if<slice>(&rules[r])) {
-        detail::check_pattern(sl->input, rule);
-        detail::check_pattern(sl->output, rule);
-        for (auto& c : cur) {
-          auto cap = detail::match(sl->input, c.name);
-          if (!cap) continue;
-          const std::string out_name = sl->output.empty() ? c.name : detail::substitute(sl->output, *cap);
-          c.node = add_slice(c.node, c.name, sl->dim, sl->begin, sl->end, rule);
-          c.name = out_name;
-          ++hits;
-        }
-        check_unique(cur, rule);
-      } else if (const auto* ca = std::get_if<cast>(&rules[r])) {
-        detail::check_pattern(ca->pattern, rule);
-        RLPT_CHECK(detail::is_float_wire(ca->to), errors::sync::bad_transform,
-                   "{} (cast \"{}\" -> {}): casts go to F32, F64, F16 or BF16", rule, ca->pattern, ca->to);
-        for (auto& c : cur) {
-          if (!detail::match(ca->pattern, c.name)) continue;
-          ++hits;
-          const node& src = nodes_[c.node];
-          if (src.dtype == ca->to) continue;
-          RLPT_CHECK(detail::is_float_wire(src.dtype), errors::sync::bad_transform,
-                     "{} (cast \"{}\" -> {}) matches \"{}\" of dtype {}, which is not floating", rule, ca->pattern,
-                     ca->to, c.name, src.dtype);
-          node n;
-          n.kind = op::cast;
-          n.inputs = {c.node};
-          n.dtype = ca->to;
-          n.shape = src.shape;
-          n.nbytes = src.nbytes / size_of(src.dtype) * size_of(ca->to);
-          nodes_.push_back(std::move(n));
-          c.node = nodes_.size() - 1;
-        }
-      } else if (const auto* dr = std::get_if<drop>(&rules[r])) {
-        detail::check_pattern(dr->pattern, rule);
-        const auto before = cur.size();
-        std::erase_if(cur, [&](const cur_t& c) { return detail::match(dr->pattern, c.name).has_value(); });
-        hits = before - cur.size();
-      }
-      RLPT_CHECK(hits > 0, errors::sync::bad_transform, "{} ({}) matches no tensor", rule, describe(rules[r]));
-    }
-    identity_ = rules.empty();
-    by_tensor_.assign(m.size(), {});
-    for (const auto& c : cur) {
-      output o{c.name, c.node, {}};
-      collect_sources(c.node, o.sources);
-      std::sort(o.sources.begin(), o.sources.end());
-      o.sources.erase(std::unique(o.sources.begin(), o.sources.end()), o.sources.end());
-      for (auto s : o.sources) by_tensor_[s].push_back(outputs_.size());
-      outputs_.push_back(std::move(o));
-    }
-  }
+  transform_plan(const manifest& m, std::span<const transform> rules);
 
   [[nodiscard]] std::span<const output> outputs() const noexcept { return outputs_; }
   [[nodiscard]] const node& node_at(std::size_t k) const noexcept { return nodes_[k]; }
@@ -341,16 +212,7 @@ public:
   }
 
 private:
-  static std::string describe(const transform& t) {
-    if (const auto* x = std::get_if<rename_tensor>(&t))
-      return rlpt::detail::format("rename \"{}\" -> \"{}\"", x->from, x->to);
-    if (const auto* x = std::get_if<concat>(&t))
-      return rlpt::detail::format("concat [{}] -> \"{}\"", rlpt::detail::joined(x->inputs, ", "), x->output);
-    if (const auto* x = std::get_if<slice>(&t))
-      return rlpt::detail::format("slice \"{}\" dim {} [{}, {})", x->input, x->dim, x->begin, x->end);
-    if (const auto* x = std::get_if<cast>(&t)) return rlpt::detail::format("cast \"{}\" -> {}", x->pattern, x->to);
-    return rlpt::detail::format("drop \"{}\"", std::get<drop>(t).pattern);
-  }
+  static std::string describe(const transform& t);
 
   template <class Cur> static void check_unique(const std::vector<Cur>& cur, std::string_view rule) {
     std::vector<std::string_view> names;
@@ -363,68 +225,12 @@ private:
   }
 
   std::size_t add_concat(const std::vector<std::size_t>& ins, const std::vector<std::string>& names, std::int64_t dim,
-                         std::string_view rule) {
-    const node& a = nodes_[ins[0]];
-    const auto rank = static_cast<std::int64_t>(a.shape.size());
-    const std::int64_t d = dim < 0 ? dim + rank : dim;
-    RLPT_CHECK(d >= 0 && d < rank, errors::sync::bad_transform,
-               "{}: concat dim {} is out of range for \"{}\" of rank {}", rule, dim, names[0], rank);
-    node n;
-    n.kind = op::concat;
-    n.inputs = ins;
-    n.dim = d;
-    n.dtype = a.dtype;
-    n.shape = a.shape;
-    n.shape[static_cast<std::size_t>(d)] = 0;
-    for (std::size_t i = 0; i < ins.size(); ++i) {
-      const node& b = nodes_[ins[i]];
-      RLPT_CHECK(b.dtype == a.dtype, errors::sync::bad_transform,
-                 "{}: concat inputs \"{}\" ({}) and \"{}\" ({}) differ in dtype", rule, names[0], a.dtype, names[i],
-                 b.dtype);
-      bool ok = b.shape.size() == a.shape.size();
-      for (std::size_t j = 0; ok && j < a.shape.size(); ++j)
-        ok = j == static_cast<std::size_t>(d) || a.shape[j] == b.shape[j];
-      RLPT_CHECK(ok, errors::sync::bad_transform, "{}: concat inputs \"{}\" [{}] and \"{}\" [{}] differ outside dim {}",
-                 rule, names[0], rlpt::detail::joined(a.shape, ", "), names[i], rlpt::detail::joined(b.shape, ", "), d);
-      n.shape[static_cast<std::size_t>(d)] += b.shape[static_cast<std::size_t>(d)];
-      n.nbytes += b.nbytes;
-    }
-    nodes_.push_back(std::move(n));
-    return nodes_.size() - 1;
-  }
+                         std::string_view rule);
 
   std::size_t add_slice(std::size_t in, const std::string& nm, std::int64_t dim, std::int64_t begin, std::int64_t end,
-                        std::string_view rule) {
-    const node& a = nodes_[in];
-    const auto rank = static_cast<std::int64_t>(a.shape.size());
-    const std::int64_t d = dim < 0 ? dim + rank : dim;
-    RLPT_CHECK(d >= 0 && d < rank, errors::sync::bad_transform,
-               "{}: slice dim {} is out of range for \"{}\" of rank {}", rule, dim, nm, rank);
-    const std::int64_t size = a.shape[static_cast<std::size_t>(d)];
-    RLPT_CHECK(begin >= 0 && begin <= end && end <= size, errors::sync::bad_transform,
-               "{}: slice [{}, {}) is outside dim {} of \"{}\" (size {})", rule, begin, end, d, nm, size);
-    node n;
-    n.kind = op::slice;
-    n.inputs = {in};
-    n.dim = d;
-    n.begin = begin;
-    n.end = end;
-    n.dtype = a.dtype;
-    n.shape = a.shape;
-    n.shape[static_cast<std::size_t>(d)] = end - begin;
-    n.nbytes = size == 0 ? 0 : a.nbytes / static_cast<std::uint64_t>(size) * static_cast<std::uint64_t>(end - begin);
-    nodes_.push_back(std::move(n));
-    return nodes_.size() - 1;
-  }
+                        std::string_view rule);
 
-  void collect_sources(std::size_t k, std::vector<std::size_t>& out) const {
-    const node& n = nodes_[k];
-    if (n.kind == op::source) {
-      out.push_back(n.tensor);
-      return;
-    }
-    for (auto i : n.inputs) collect_sources(i, out);
-  }
+  void collect_sources(std::size_t k, std::vector<std::size_t>& out) const;
 
   template <class Source>
   std::span<const std::byte> eval(std::size_t k, Source& source, std::vector<std::vector<std::byte>>& temps) const {
@@ -484,3 +290,218 @@ private:
 
 } // namespace sync
 RLPT_NAMESPACE_END
+
+#if RLPT_HEADER_IMPL()
+RLPT_NAMESPACE_BEGIN
+namespace sync {
+
+RLPT_INLINE transform_plan::transform_plan(const manifest& m, std::span<const transform> rules) {
+  struct cur_t {
+    std::string name;
+    std::size_t node;
+  };
+  std::vector<cur_t> cur;
+  for (std::size_t i = 0; i < m.size(); ++i) {
+    node n;
+    n.tensor = i;
+    n.dtype = m[i].dtype;
+    n.shape = m[i].shape;
+    n.nbytes = m[i].nbytes;
+    nodes_.push_back(std::move(n));
+    cur.push_back({m[i].name, i});
+  }
+  auto find = [&](std::string_view nm) -> std::ptrdiff_t {
+    for (std::size_t k = 0; k < cur.size(); ++k)
+      if (cur[k].name == nm) return static_cast<std::ptrdiff_t>(k);
+    return -1;
+  };
+  for (std::size_t r = 0; r < rules.size(); ++r) {
+    const std::string rule = rlpt::detail::format("transform #{}", r);
+    std::size_t hits = 0;
+    if (const auto* rn = std::get_if<rename_tensor>(&rules[r])) {
+      detail::check_pattern(rn->from, rule);
+      detail::check_pattern(rn->to, rule);
+      std::vector<std::pair<std::size_t, std::string>> moves;
+      for (std::size_t k = 0; k < cur.size(); ++k)
+        if (auto c = detail::match(rn->from, cur[k].name)) moves.emplace_back(k, detail::substitute(rn->to, *c));
+      hits = moves.size();
+      for (auto& [k, to] : moves) {
+        const auto clash = find(to);
+        RLPT_CHECK(clash < 0 || moves.end() != std::find_if(moves.begin(), moves.end(),
+                                                            [&](const auto& mv) {
+                                                              return static_cast<std::ptrdiff_t>(mv.first) == clash;
+                                                            }),
+                   errors::sync::bad_transform,
+                   "{} (rename \"{}\" -> \"{}\") renames \"{}\" to \"{}\", which already exists", rule, rn->from,
+                   rn->to, cur[k].name, to);
+      }
+      for (auto& [k, to] : moves) cur[k].name = to;
+      check_unique(cur, rule);
+    } else if (const auto* cc = std::get_if<concat>(&rules[r])) {
+      RLPT_CHECK(!cc->inputs.empty(), errors::sync::bad_transform, "{} (concat -> \"{}\") has no inputs", rule,
+                 cc->output);
+      for (const auto& p : cc->inputs) detail::check_pattern(p, rule);
+      detail::check_pattern(cc->output, rule);
+      std::vector<std::pair<std::string, std::string>> firsts; // (name, capture) of matches at rule start
+      for (const auto& c : cur)
+        if (auto cap = detail::match(cc->inputs[0], c.name)) firsts.emplace_back(c.name, std::string(*cap));
+      for (const auto& [first_name, capture] : firsts) {
+        if (find(first_name) < 0) continue; // consumed by an earlier match of this rule
+        std::vector<std::size_t> in_nodes;
+        std::vector<std::string> in_names;
+        for (const auto& p : cc->inputs) {
+          const std::string nm = detail::substitute(p, capture);
+          const auto at = find(nm);
+          RLPT_CHECK(at >= 0, errors::sync::bad_transform, "{} (concat -> \"{}\"): input \"{}\" does not exist", rule,
+                     detail::substitute(cc->output, capture), nm);
+          in_nodes.push_back(cur[static_cast<std::size_t>(at)].node);
+          in_names.push_back(nm);
+        }
+        for (std::size_t a = 0; a < in_names.size(); ++a)
+          for (std::size_t b = a + 1; b < in_names.size(); ++b)
+            RLPT_CHECK(in_names[a] != in_names[b], errors::sync::bad_transform, "{}: concat lists \"{}\" twice", rule,
+                       in_names[a]);
+        const std::size_t out = add_concat(in_nodes, in_names, cc->dim, rule);
+        const std::string out_name = detail::substitute(cc->output, capture);
+        // The output takes the place of the first input; the other inputs go.
+        std::size_t first = cur.size();
+        for (const auto& nm : in_names) first = std::min(first, static_cast<std::size_t>(find(nm)));
+        const std::string keep = cur[first].name;
+        for (const auto& nm : in_names)
+          if (nm != keep) cur.erase(cur.begin() + find(nm));
+        cur[static_cast<std::size_t>(find(keep))] = {out_name, out};
+        ++hits;
+        check_unique(cur, rule);
+      }
+    } else if (const auto* sl = std::get_if<slice>(&rules[r])) {
+      detail::check_pattern(sl->input, rule);
+      detail::check_pattern(sl->output, rule);
+      for (auto& c : cur) {
+        auto cap = detail::match(sl->input, c.name);
+        if (!cap) continue;
+        const std::string out_name = sl->output.empty() ? c.name : detail::substitute(sl->output, *cap);
+        c.node = add_slice(c.node, c.name, sl->dim, sl->begin, sl->end, rule);
+        c.name = out_name;
+        ++hits;
+      }
+      check_unique(cur, rule);
+    } else if (const auto* ca = std::get_if<cast>(&rules[r])) {
+      detail::check_pattern(ca->pattern, rule);
+      RLPT_CHECK(detail::is_float_wire(ca->to), errors::sync::bad_transform,
+                 "{} (cast \"{}\" -> {}): casts go to F32, F64, F16 or BF16", rule, ca->pattern, ca->to);
+      for (auto& c : cur) {
+        if (!detail::match(ca->pattern, c.name)) continue;
+        ++hits;
+        const node& src = nodes_[c.node];
+        if (src.dtype == ca->to) continue;
+        RLPT_CHECK(detail::is_float_wire(src.dtype), errors::sync::bad_transform,
+                   "{} (cast \"{}\" -> {}) matches \"{}\" of dtype {}, which is not floating", rule, ca->pattern,
+                   ca->to, c.name, src.dtype);
+        node n;
+        n.kind = op::cast;
+        n.inputs = {c.node};
+        n.dtype = ca->to;
+        n.shape = src.shape;
+        n.nbytes = src.nbytes / size_of(src.dtype) * size_of(ca->to);
+        nodes_.push_back(std::move(n));
+        c.node = nodes_.size() - 1;
+      }
+    } else if (const auto* dr = std::get_if<drop>(&rules[r])) {
+      detail::check_pattern(dr->pattern, rule);
+      const auto before = cur.size();
+      std::erase_if(cur, [&](const cur_t& c) { return detail::match(dr->pattern, c.name).has_value(); });
+      hits = before - cur.size();
+    }
+    RLPT_CHECK(hits > 0, errors::sync::bad_transform, "{} ({}) matches no tensor", rule, describe(rules[r]));
+  }
+  identity_ = rules.empty();
+  by_tensor_.assign(m.size(), {});
+  for (const auto& c : cur) {
+    output o{c.name, c.node, {}};
+    collect_sources(c.node, o.sources);
+    std::sort(o.sources.begin(), o.sources.end());
+    o.sources.erase(std::unique(o.sources.begin(), o.sources.end()), o.sources.end());
+    for (auto s : o.sources) by_tensor_[s].push_back(outputs_.size());
+    outputs_.push_back(std::move(o));
+  }
+}
+
+RLPT_INLINE std::string transform_plan::describe(const transform& t) {
+  if (const auto* x = std::get_if<rename_tensor>(&t))
+    return rlpt::detail::format("rename \"{}\" -> \"{}\"", x->from, x->to);
+  if (const auto* x = std::get_if<concat>(&t))
+    return rlpt::detail::format("concat [{}] -> \"{}\"", rlpt::detail::joined(x->inputs, ", "), x->output);
+  if (const auto* x = std::get_if<slice>(&t))
+    return rlpt::detail::format("slice \"{}\" dim {} [{}, {})", x->input, x->dim, x->begin, x->end);
+  if (const auto* x = std::get_if<cast>(&t)) return rlpt::detail::format("cast \"{}\" -> {}", x->pattern, x->to);
+  return rlpt::detail::format("drop \"{}\"", std::get<drop>(t).pattern);
+}
+
+RLPT_INLINE std::size_t transform_plan::add_concat(const std::vector<std::size_t>& ins,
+                                                   const std::vector<std::string>& names, std::int64_t dim,
+                                                   std::string_view rule) {
+  const node& a = nodes_[ins[0]];
+  const auto rank = static_cast<std::int64_t>(a.shape.size());
+  const std::int64_t d = dim < 0 ? dim + rank : dim;
+  RLPT_CHECK(d >= 0 && d < rank, errors::sync::bad_transform, "{}: concat dim {} is out of range for \"{}\" of rank {}",
+             rule, dim, names[0], rank);
+  node n;
+  n.kind = op::concat;
+  n.inputs = ins;
+  n.dim = d;
+  n.dtype = a.dtype;
+  n.shape = a.shape;
+  n.shape[static_cast<std::size_t>(d)] = 0;
+  for (std::size_t i = 0; i < ins.size(); ++i) {
+    const node& b = nodes_[ins[i]];
+    RLPT_CHECK(b.dtype == a.dtype, errors::sync::bad_transform,
+               "{}: concat inputs \"{}\" ({}) and \"{}\" ({}) differ in dtype", rule, names[0], a.dtype, names[i],
+               b.dtype);
+    bool ok = b.shape.size() == a.shape.size();
+    for (std::size_t j = 0; ok && j < a.shape.size(); ++j)
+      ok = j == static_cast<std::size_t>(d) || a.shape[j] == b.shape[j];
+    RLPT_CHECK(ok, errors::sync::bad_transform, "{}: concat inputs \"{}\" [{}] and \"{}\" [{}] differ outside dim {}",
+               rule, names[0], rlpt::detail::joined(a.shape, ", "), names[i], rlpt::detail::joined(b.shape, ", "), d);
+    n.shape[static_cast<std::size_t>(d)] += b.shape[static_cast<std::size_t>(d)];
+    n.nbytes += b.nbytes;
+  }
+  nodes_.push_back(std::move(n));
+  return nodes_.size() - 1;
+}
+
+RLPT_INLINE std::size_t transform_plan::add_slice(std::size_t in, const std::string& nm, std::int64_t dim,
+                                                  std::int64_t begin, std::int64_t end, std::string_view rule) {
+  const node& a = nodes_[in];
+  const auto rank = static_cast<std::int64_t>(a.shape.size());
+  const std::int64_t d = dim < 0 ? dim + rank : dim;
+  RLPT_CHECK(d >= 0 && d < rank, errors::sync::bad_transform, "{}: slice dim {} is out of range for \"{}\" of rank {}",
+             rule, dim, nm, rank);
+  const std::int64_t size = a.shape[static_cast<std::size_t>(d)];
+  RLPT_CHECK(begin >= 0 && begin <= end && end <= size, errors::sync::bad_transform,
+             "{}: slice [{}, {}) is outside dim {} of \"{}\" (size {})", rule, begin, end, d, nm, size);
+  node n;
+  n.kind = op::slice;
+  n.inputs = {in};
+  n.dim = d;
+  n.begin = begin;
+  n.end = end;
+  n.dtype = a.dtype;
+  n.shape = a.shape;
+  n.shape[static_cast<std::size_t>(d)] = end - begin;
+  n.nbytes = size == 0 ? 0 : a.nbytes / static_cast<std::uint64_t>(size) * static_cast<std::uint64_t>(end - begin);
+  nodes_.push_back(std::move(n));
+  return nodes_.size() - 1;
+}
+
+RLPT_INLINE void transform_plan::collect_sources(std::size_t k, std::vector<std::size_t>& out) const {
+  const node& n = nodes_[k];
+  if (n.kind == op::source) {
+    out.push_back(n.tensor);
+    return;
+  }
+  for (auto i : n.inputs) collect_sources(i, out);
+}
+
+} // namespace sync
+RLPT_NAMESPACE_END
+#endif // RLPT_HEADER_IMPL()

@@ -92,29 +92,9 @@ public:
   void release() override { up_.release(); }
 
   //! The receiver's replies go upstream; one that ends the attempt there ends it downstream.
-  void send(std::span<const std::byte> meta, std::uint64_t payload_bytes, deadline until) override {
-    up_.send(meta, payload_bytes, until);
-    try {
-      const frame f = decode_frame(meta, "cut-through");
-      // After a base mismatch the sender retries dense with a new BEGIN, which supersedes.
-      if ((f.type == frame_type::refuse && f.index != static_cast<std::uint64_t>(refusal::base_mismatch)) ||
-          f.type == frame_type::nack)
-        abort(f.tag, rlpt::detail::format("this host {} version {}", f.type == frame_type::nack ? "failed" : "refused",
-                                          f.version));
-    } catch (const error&) {}
-  }
+  void send(std::span<const std::byte> meta, std::uint64_t payload_bytes, deadline until) override;
 
-  std::optional<message> receive(deadline until) override {
-    std::optional<message> m;
-    try {
-      m = up_.receive(until);
-    } catch (const error& e) {
-      abort(attempt_tag_, rlpt::detail::format("upstream: {}", e.message()));
-      throw;
-    }
-    if (m) pass_on(*m);
-    return m;
-  }
+  std::optional<message> receive(deadline until) override;
 
   //! Waits until the attempt in progress has been passed on and answered downstream, and says
   //! how; legs are `off` when that attempt did not carry `version`.
@@ -135,58 +115,10 @@ private:
   };
 
   // Receiving thread: queue a copy of each frame of the current attempt.
-  void pass_on(const message& m) {
-    frame f;
-    try {
-      f = decode_frame(m.meta, "cut-through");
-    } catch (const error&) {
-      return; // the receiver reports it
-    }
-    if (f.type == frame_type::begin) {
-      attempt_tag_ = f.tag;
-      passing_ = true;
-    } else if (!passing_ || f.tag != attempt_tag_ ||
-               (f.type != frame_type::bucket && f.type != frame_type::delta && f.type != frame_type::commit &&
-                f.type != frame_type::abort)) {
-      return;
-    }
-    std::unique_lock<std::mutex> g(mu_);
-    if (!cv_.wait_until(g, clock::now() + lag_, [&] { return q_.size() < depth_; })) {
-      passing_ = false;
-      g.unlock();
-      abort(f.tag, rlpt::detail::format("the downstream hosts took no frame for {} ms", lag_.count()));
-      return;
-    }
-    item it = spare();
-    g.unlock(); // the copy runs while the other thread passes frames on (this thread alone adds)
-    it.type = f.type;
-    it.tag = f.tag;
-    it.version = f.version;
-    it.kind = f.index;
-    it.meta.assign(m.meta.begin(), m.meta.end());
-    it.payload.assign(m.payload.begin(), m.payload.end());
-    it.why.clear();
-    g.lock();
-    q_.push_back(std::move(it));
-    if (f.type == frame_type::commit || f.type == frame_type::abort) passing_ = false;
-    g.unlock();
-    cv_.notify_all();
-  }
+  void pass_on(const message& m);
 
   // Ends attempt `tag` downstream unless it already settled (receiving thread: it owns passing_).
-  void abort(std::uint64_t tag, std::string why) {
-    {
-      const std::lock_guard<std::mutex> g(mu_);
-      if (tag == 0 || settled_ == tag) return;
-      item it;
-      it.type = frame_type::abort;
-      it.tag = tag;
-      it.why = std::move(why);
-      q_.push_back(std::move(it)); // past the bound: it must not wait behind a stalled link
-    }
-    if (tag == attempt_tag_) passing_ = false;
-    cv_.notify_all();
-  }
+  void abort(std::uint64_t tag, std::string why);
 
   item spare() {
     if (spare_.empty()) return {};
@@ -196,81 +128,9 @@ private:
   }
 
   // Passing-on thread.
-  void run() {
-    for (;;) {
-      item it;
-      {
-        std::unique_lock<std::mutex> g(mu_);
-        cv_.wait(g, [&] { return stop_ || !q_.empty(); });
-        if (stop_) return;
-        it = std::move(q_.front());
-        q_.pop_front();
-        busy_ = true;
-      }
-      cv_.notify_all(); // room in the queue
-      handle(it);
-      {
-        const std::lock_guard<std::mutex> g(mu_);
-        busy_ = false;
-        if (settle_) {
-          settle_ = false;
-          settled_ = tag_;
-          result_ = passed_on{version_, delta_, legs_};
-        }
-        if (!it.meta.empty()) spare_.push_back(std::move(it));
-      }
-      cv_.notify_all();
-    }
-  }
+  void run();
 
-  void handle(const item& it) {
-    if (it.type == frame_type::begin) {
-      tag_ = it.tag;
-      version_ = it.version;
-      delta_ = it.kind == static_cast<std::uint64_t>(update_kind::delta);
-      t0_ = clock::now();
-      for (leg& l : legs_) l = leg{leg::state::open};
-    } else if (it.tag != tag_ || settled_tag() == tag_) {
-      return; // an earlier attempt's
-    }
-    if (it.meta.empty()) { // this host's abort
-      std::vector<std::byte> meta;
-      encode_frame(meta, frame_type::abort, tag_, version_, 0, 0, 0, 0, as_bytes(it.why));
-      for_open([&](std::size_t k) {
-        send_to(k, meta, {}, after(std::chrono::milliseconds(100)));
-        legs_[k].end(leg::state::failed, errors::sync::aborted,
-                     rlpt::detail::format("{}: version {} was aborted: {}", down_[k]->info().name, version_, it.why));
-      });
-      settle_ = true;
-      return;
-    }
-    const bool payload = it.type == frame_type::bucket || it.type == frame_type::delta;
-    for_open([&](std::size_t k) {
-      send_to(k, it.meta, it.payload, after(send_.timeout));
-      if (payload) {
-        ++legs_[k].messages;
-        legs_[k].bytes += it.payload.size();
-      }
-      answers(k, clock::now());
-    });
-    if (it.type == frame_type::abort) {
-      for_open([&](std::size_t k) {
-        legs_[k].end(leg::state::failed, errors::sync::aborted,
-                     rlpt::detail::format("{}: the sender aborted version {}", down_[k]->info().name, version_));
-      });
-      settle_ = true;
-    } else if (it.type == frame_type::commit) {
-      const deadline until = after(send_.commit_timeout);
-      for_open([&](std::size_t k) {
-        answers(k, until);
-        if (legs_[k].st == leg::state::open)
-          legs_[k].end(leg::state::failed, errors::sync::timeout,
-                       rlpt::detail::format("{}: no answer to the COMMIT of version {} within {} ms",
-                                            down_[k]->info().name, version_, send_.commit_timeout.count()));
-      });
-      settle_ = true;
-    }
-  }
+  void handle(const item& it);
 
   [[nodiscard]] std::uint64_t settled_tag() {
     const std::lock_guard<std::mutex> g(mu_);
@@ -282,47 +142,10 @@ private:
       if (legs_[k].st == leg::state::open) f(k);
   }
 
-  void send_to(std::size_t k, std::span<const std::byte> meta, std::span<const std::byte> payload, deadline until) {
-    try {
-      if (!payload.empty()) {
-        const std::span<std::byte> buf = down_[k]->payload_buffer(payload.size(), until);
-        std::memcpy(buf.data(), payload.data(), payload.size());
-      }
-      down_[k]->send(meta, payload.size(), until);
-    } catch (const error& e) {
-      legs_[k].end(leg::state::failed, e.id(), e.message());
-    }
-  }
+  void send_to(std::size_t k, std::span<const std::byte> meta, std::span<const std::byte> payload, deadline until);
 
   // Reads leg k's answers to this attempt until it ends or `until` (now: what has arrived).
-  void answers(std::size_t k, deadline until) {
-    leg& l = legs_[k];
-    while (l.st == leg::state::open) {
-      std::optional<message> m;
-      try {
-        m = down_[k]->receive(until);
-      } catch (const error& e) {
-        l.end(leg::state::failed, e.id(), e.message());
-        return;
-      }
-      if (!m) return;
-      try {
-        const frame f = decode_frame(m->meta, down_[k]->info().name);
-        if (f.tag == tag_ && f.version == version_) {
-          if (f.type == frame_type::ack) {
-            l.st = leg::state::acked;
-            l.seconds = seconds_since(t0_);
-          } else if (f.type == frame_type::refuse || f.type == frame_type::nack) {
-            auto [id, msg] = split_error_body(f.body);
-            l.end(f.type == frame_type::refuse ? leg::state::refused : leg::state::failed, id, std::move(msg));
-          }
-        }
-      } catch (const error& e) {
-        l.end(leg::state::failed, e.id(), e.message());
-      }
-      down_[k]->release();
-    }
-  }
+  void answers(std::size_t k, deadline until);
 
   link& up_;
   std::vector<link*> down_;
@@ -354,3 +177,205 @@ private:
 
 } // namespace sync::detail
 RLPT_NAMESPACE_END
+
+#if RLPT_HEADER_IMPL()
+RLPT_NAMESPACE_BEGIN
+namespace sync::detail {
+
+RLPT_INLINE void cut_through::send(std::span<const std::byte> meta, std::uint64_t payload_bytes, deadline until) {
+  up_.send(meta, payload_bytes, until);
+  try {
+    const frame f = decode_frame(meta, "cut-through");
+    // After a base mismatch the sender retries dense with a new BEGIN, which supersedes.
+    if ((f.type == frame_type::refuse && f.index != static_cast<std::uint64_t>(refusal::base_mismatch)) ||
+        f.type == frame_type::nack)
+      abort(f.tag, rlpt::detail::format("this host {} version {}", f.type == frame_type::nack ? "failed" : "refused",
+                                        f.version));
+  } catch (const error&) {}
+}
+
+RLPT_INLINE std::optional<message> cut_through::receive(deadline until) {
+  std::optional<message> m;
+  try {
+    m = up_.receive(until);
+  } catch (const error& e) {
+    abort(attempt_tag_, rlpt::detail::format("upstream: {}", e.message()));
+    throw;
+  }
+  if (m) pass_on(*m);
+  return m;
+}
+
+RLPT_INLINE void cut_through::pass_on(const message& m) {
+  frame f;
+  try {
+    f = decode_frame(m.meta, "cut-through");
+  } catch (const error&) {
+    return; // the receiver reports it
+  }
+  if (f.type == frame_type::begin) {
+    attempt_tag_ = f.tag;
+    passing_ = true;
+  } else if (!passing_ || f.tag != attempt_tag_ ||
+             (f.type != frame_type::bucket && f.type != frame_type::delta && f.type != frame_type::commit &&
+              f.type != frame_type::abort)) {
+    return;
+  }
+  std::unique_lock<std::mutex> g(mu_);
+  if (!cv_.wait_until(g, clock::now() + lag_, [&] { return q_.size() < depth_; })) {
+    passing_ = false;
+    g.unlock();
+    abort(f.tag, rlpt::detail::format("the downstream hosts took no frame for {} ms", lag_.count()));
+    return;
+  }
+  item it = spare();
+  g.unlock(); // the copy runs while the other thread passes frames on (this thread alone adds)
+  it.type = f.type;
+  it.tag = f.tag;
+  it.version = f.version;
+  it.kind = f.index;
+  it.meta.assign(m.meta.begin(), m.meta.end());
+  it.payload.assign(m.payload.begin(), m.payload.end());
+  it.why.clear();
+  g.lock();
+  q_.push_back(std::move(it));
+  if (f.type == frame_type::commit || f.type == frame_type::abort) passing_ = false;
+  g.unlock();
+  cv_.notify_all();
+}
+
+RLPT_INLINE void cut_through::abort(std::uint64_t tag, std::string why) {
+  {
+    const std::lock_guard<std::mutex> g(mu_);
+    if (tag == 0 || settled_ == tag) return;
+    item it;
+    it.type = frame_type::abort;
+    it.tag = tag;
+    it.why = std::move(why);
+    q_.push_back(std::move(it)); // past the bound: it must not wait behind a stalled link
+  }
+  if (tag == attempt_tag_) passing_ = false;
+  cv_.notify_all();
+}
+
+RLPT_INLINE void cut_through::run() {
+  for (;;) {
+    item it;
+    {
+      std::unique_lock<std::mutex> g(mu_);
+      cv_.wait(g, [&] { return stop_ || !q_.empty(); });
+      if (stop_) return;
+      it = std::move(q_.front());
+      q_.pop_front();
+      busy_ = true;
+    }
+    cv_.notify_all(); // room in the queue
+    handle(it);
+    {
+      const std::lock_guard<std::mutex> g(mu_);
+      busy_ = false;
+      if (settle_) {
+        settle_ = false;
+        settled_ = tag_;
+        result_ = passed_on{version_, delta_, legs_};
+      }
+      if (!it.meta.empty()) spare_.push_back(std::move(it));
+    }
+    cv_.notify_all();
+  }
+}
+
+RLPT_INLINE void cut_through::handle(const item& it) {
+  if (it.type == frame_type::begin) {
+    tag_ = it.tag;
+    version_ = it.version;
+    delta_ = it.kind == static_cast<std::uint64_t>(update_kind::delta);
+    t0_ = clock::now();
+    for (leg& l : legs_) l = leg{leg::state::open};
+  } else if (it.tag != tag_ || settled_tag() == tag_) {
+    return; // an earlier attempt's
+  }
+  if (it.meta.empty()) { // this host's abort
+    std::vector<std::byte> meta;
+    encode_frame(meta, frame_type::abort, tag_, version_, 0, 0, 0, 0, as_bytes(it.why));
+    for_open([&](std::size_t k) {
+      send_to(k, meta, {}, after(std::chrono::milliseconds(100)));
+      legs_[k].end(leg::state::failed, errors::sync::aborted,
+                   rlpt::detail::format("{}: version {} was aborted: {}", down_[k]->info().name, version_, it.why));
+    });
+    settle_ = true;
+    return;
+  }
+  const bool payload = it.type == frame_type::bucket || it.type == frame_type::delta;
+  for_open([&](std::size_t k) {
+    send_to(k, it.meta, it.payload, after(send_.timeout));
+    if (payload) {
+      ++legs_[k].messages;
+      legs_[k].bytes += it.payload.size();
+    }
+    answers(k, clock::now());
+  });
+  if (it.type == frame_type::abort) {
+    for_open([&](std::size_t k) {
+      legs_[k].end(leg::state::failed, errors::sync::aborted,
+                   rlpt::detail::format("{}: the sender aborted version {}", down_[k]->info().name, version_));
+    });
+    settle_ = true;
+  } else if (it.type == frame_type::commit) {
+    const deadline until = after(send_.commit_timeout);
+    for_open([&](std::size_t k) {
+      answers(k, until);
+      if (legs_[k].st == leg::state::open)
+        legs_[k].end(leg::state::failed, errors::sync::timeout,
+                     rlpt::detail::format("{}: no answer to the COMMIT of version {} within {} ms",
+                                          down_[k]->info().name, version_, send_.commit_timeout.count()));
+    });
+    settle_ = true;
+  }
+}
+
+RLPT_INLINE void cut_through::send_to(std::size_t k, std::span<const std::byte> meta,
+                                      std::span<const std::byte> payload, deadline until) {
+  try {
+    if (!payload.empty()) {
+      const std::span<std::byte> buf = down_[k]->payload_buffer(payload.size(), until);
+      std::memcpy(buf.data(), payload.data(), payload.size());
+    }
+    down_[k]->send(meta, payload.size(), until);
+  } catch (const error& e) {
+    legs_[k].end(leg::state::failed, e.id(), e.message());
+  }
+}
+
+RLPT_INLINE void cut_through::answers(std::size_t k, deadline until) {
+  leg& l = legs_[k];
+  while (l.st == leg::state::open) {
+    std::optional<message> m;
+    try {
+      m = down_[k]->receive(until);
+    } catch (const error& e) {
+      l.end(leg::state::failed, e.id(), e.message());
+      return;
+    }
+    if (!m) return;
+    try {
+      const frame f = decode_frame(m->meta, down_[k]->info().name);
+      if (f.tag == tag_ && f.version == version_) {
+        if (f.type == frame_type::ack) {
+          l.st = leg::state::acked;
+          l.seconds = seconds_since(t0_);
+        } else if (f.type == frame_type::refuse || f.type == frame_type::nack) {
+          auto [id, msg] = split_error_body(f.body);
+          l.end(f.type == frame_type::refuse ? leg::state::refused : leg::state::failed, id, std::move(msg));
+        }
+      }
+    } catch (const error& e) {
+      l.end(leg::state::failed, e.id(), e.message());
+    }
+    down_[k]->release();
+  }
+}
+
+} // namespace sync::detail
+RLPT_NAMESPACE_END
+#endif // RLPT_HEADER_IMPL()

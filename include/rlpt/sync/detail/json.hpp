@@ -126,15 +126,7 @@ public:
   json_parser(std::string_view text, std::string_view what, json_limits limits)
       : s_(text), what_(what), limits_(limits) {}
 
-  json parse() {
-    if (s_.size() > limits_.max_bytes)
-      fail_at(0, "is {} bytes, more than the limit of {}", s_.size(), limits_.max_bytes);
-    skip_ws();
-    json v = value(0);
-    skip_ws();
-    if (pos_ != s_.size()) fail_at(pos_, "has trailing characters after the JSON value");
-    return v;
-  }
+  json parse();
 
 private:
   template <class... Args>
@@ -154,30 +146,7 @@ private:
     pos_ += lit.size();
   }
 
-  json value(std::size_t depth) {
-    if (pos_ >= s_.size()) fail_at(pos_, "unexpected end of input, expected a value");
-    const char c = s_[pos_];
-    switch (c) {
-    case '{':
-      return object(depth + 1);
-    case '[':
-      return array(depth + 1);
-    case '"':
-      return json::make_string(string());
-    case 't':
-      expect_literal("true");
-      return json::make_bool(true);
-    case 'f':
-      expect_literal("false");
-      return json::make_bool(false);
-    case 'n':
-      expect_literal("null");
-      return json{};
-    default:
-      if (c == '-' || (c >= '0' && c <= '9')) return number();
-      fail_at(pos_, "unexpected character {}, expected a value", describe(c));
-    }
-  }
+  json value(std::size_t depth);
 
   static std::string describe(char c) {
     const auto u = static_cast<unsigned char>(c);
@@ -194,243 +163,23 @@ private:
   // O(n^2) (a 100,000-tensor header took 90 s to parse).
   static constexpr std::size_t linear_key_check = 16;
 
-  json object(std::size_t depth) {
-    enter(depth);
-    ++pos_; // '{'
-    json obj = json::make_object();
-    std::vector<std::size_t> key_at; // byte offset of each key, for the duplicate error
-    skip_ws();
-    if (peek() == '}') {
-      ++pos_;
-      return obj;
-    }
-    for (;;) {
-      skip_ws();
-      if (peek() != '"') fail_at(pos_, "expected a string key");
-      key_at.push_back(pos_);
-      std::string key = string();
-      if (obj.size() < linear_key_check && obj.find(key) != nullptr)
-        fail_at(key_at.back(), "duplicate key \"{}\"", key);
-      skip_ws();
-      if (peek() != ':') fail_at(pos_, "expected ':' after key \"{}\"", key);
-      ++pos_;
-      skip_ws();
-      json v = value(depth);
-      obj.set(std::move(key), std::move(v));
-      skip_ws();
-      if (peek() == ',') {
-        ++pos_;
-        continue;
-      }
-      if (peek() == '}') {
-        ++pos_;
-        if (obj.size() > linear_key_check) check_duplicates(obj, key_at);
-        return obj;
-      }
-      fail_at(pos_, "expected ',' or '}}' in object");
-    }
-  }
+  json object(std::size_t depth);
 
   // Reports the first key (in document order) that repeats an earlier one.
-  void check_duplicates(const json& obj, const std::vector<std::size_t>& key_at) const {
-    const auto& keys = obj.keys_;
-    std::vector<std::size_t> order(keys.size());
-    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::sort(order.begin(), order.end(),
-              [&](std::size_t a, std::size_t b) { return keys[a] != keys[b] ? keys[a] < keys[b] : a < b; });
-    std::size_t dup = keys.size();
-    for (std::size_t k = 1; k < order.size(); ++k)
-      if (keys[order[k]] == keys[order[k - 1]]) dup = std::min(dup, order[k]);
-    if (dup != keys.size()) fail_at(key_at[dup], "duplicate key \"{}\"", keys[dup]);
-  }
+  void check_duplicates(const json& obj, const std::vector<std::size_t>& key_at) const;
 
-  json array(std::size_t depth) {
-    enter(depth);
-    ++pos_; // '['
-    json arr = json::make_array();
-    skip_ws();
-    if (peek() == ']') {
-      ++pos_;
-      return arr;
-    }
-    for (;;) {
-      skip_ws();
-      arr.push(value(depth));
-      skip_ws();
-      if (peek() == ',') {
-        ++pos_;
-        continue;
-      }
-      if (peek() == ']') {
-        ++pos_;
-        return arr;
-      }
-      fail_at(pos_, "expected ',' or ']' in array");
-    }
-  }
+  json array(std::size_t depth);
 
-  json number() {
-    const std::size_t start = pos_;
-    if (peek() == '-') ++pos_;
-    if (peek() == '0') {
-      ++pos_;
-      if (peek() >= '0' && peek() <= '9') fail_at(pos_, "number has a leading zero");
-    } else if (peek() >= '1' && peek() <= '9') {
-      while (peek() >= '0' && peek() <= '9') ++pos_;
-    } else {
-      fail_at(pos_, "expected a digit");
-    }
-    if (peek() == '.') {
-      ++pos_;
-      if (!(peek() >= '0' && peek() <= '9')) fail_at(pos_, "expected a digit after '.'");
-      while (peek() >= '0' && peek() <= '9') ++pos_;
-    }
-    if (peek() == 'e' || peek() == 'E') {
-      ++pos_;
-      if (peek() == '+' || peek() == '-') ++pos_;
-      if (!(peek() >= '0' && peek() <= '9')) fail_at(pos_, "expected a digit in the exponent");
-      while (peek() >= '0' && peek() <= '9') ++pos_;
-    }
-    return json::make_number_text(std::string(s_.substr(start, pos_ - start)));
-  }
+  json number();
 
-  unsigned hex4() {
-    if (pos_ + 4 > s_.size()) fail_at(pos_, "truncated \\u escape");
-    unsigned v = 0;
-    for (int i = 0; i < 4; ++i) {
-      const char c = s_[pos_++];
-      unsigned d;
-      if (c >= '0' && c <= '9')
-        d = static_cast<unsigned>(c - '0');
-      else if (c >= 'a' && c <= 'f')
-        d = static_cast<unsigned>(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F')
-        d = static_cast<unsigned>(c - 'A' + 10);
-      else
-        fail_at(pos_ - 1, "invalid hex digit {} in \\u escape", describe(c));
-      v = (v << 4) | d;
-    }
-    return v;
-  }
+  unsigned hex4();
 
-  static void put_utf8(std::string& out, std::uint32_t cp) {
-    if (cp < 0x80) {
-      out.push_back(static_cast<char>(cp));
-    } else if (cp < 0x800) {
-      out.push_back(static_cast<char>(0xc0u | (cp >> 6)));
-      out.push_back(static_cast<char>(0x80u | (cp & 0x3fu)));
-    } else if (cp < 0x10000) {
-      out.push_back(static_cast<char>(0xe0u | (cp >> 12)));
-      out.push_back(static_cast<char>(0x80u | ((cp >> 6) & 0x3fu)));
-      out.push_back(static_cast<char>(0x80u | (cp & 0x3fu)));
-    } else {
-      out.push_back(static_cast<char>(0xf0u | (cp >> 18)));
-      out.push_back(static_cast<char>(0x80u | ((cp >> 12) & 0x3fu)));
-      out.push_back(static_cast<char>(0x80u | ((cp >> 6) & 0x3fu)));
-      out.push_back(static_cast<char>(0x80u | (cp & 0x3fu)));
-    }
-  }
+  static void put_utf8(std::string& out, std::uint32_t cp);
 
   // One UTF-8 sequence starting at pos_ (validated: shortest form, no surrogates, <= U+10FFFF).
-  void utf8_sequence(std::string& out) {
-    const std::size_t at = pos_;
-    const auto b0 = static_cast<unsigned char>(s_[pos_]);
-    std::size_t len;
-    std::uint32_t cp;
-    if (b0 >= 0xc2 && b0 <= 0xdf) {
-      len = 2;
-      cp = b0 & 0x1fu;
-    } else if (b0 >= 0xe0 && b0 <= 0xef) {
-      len = 3;
-      cp = b0 & 0x0fu;
-    } else if (b0 >= 0xf0 && b0 <= 0xf4) {
-      len = 4;
-      cp = b0 & 0x07u;
-    } else {
-      fail_at(at, "invalid UTF-8 lead byte 0x{:02x}", b0);
-    }
-    if (pos_ + len > s_.size()) fail_at(at, "truncated UTF-8 sequence");
-    for (std::size_t i = 1; i < len; ++i) {
-      const auto b = static_cast<unsigned char>(s_[pos_ + i]);
-      if ((b & 0xc0u) != 0x80u) fail_at(at + i, "invalid UTF-8 continuation byte 0x{:02x}", b);
-      cp = (cp << 6) | (b & 0x3fu);
-    }
-    if ((len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000)) fail_at(at, "overlong UTF-8 sequence");
-    if (cp >= 0xd800 && cp <= 0xdfff) fail_at(at, "UTF-8 encodes a surrogate U+{:04X}", cp);
-    if (cp > 0x10ffff) fail_at(at, "UTF-8 code point beyond U+10FFFF");
-    out.append(s_.substr(pos_, len));
-    pos_ += len;
-  }
+  void utf8_sequence(std::string& out);
 
-  std::string string() {
-    const std::size_t start = pos_;
-    ++pos_; // '"'
-    std::string out;
-    for (;;) {
-      if (pos_ >= s_.size()) fail_at(start, "unterminated string");
-      const auto c = static_cast<unsigned char>(s_[pos_]);
-      if (c == '"') {
-        ++pos_;
-        return out;
-      }
-      if (c < 0x20) fail_at(pos_, "unescaped control character 0x{:02x} in string", c);
-      if (c == '\\') {
-        ++pos_;
-        if (pos_ >= s_.size()) fail_at(pos_, "truncated escape");
-        const char e = s_[pos_++];
-        switch (e) {
-        case '"':
-          out.push_back('"');
-          break;
-        case '\\':
-          out.push_back('\\');
-          break;
-        case '/':
-          out.push_back('/');
-          break;
-        case 'b':
-          out.push_back('\b');
-          break;
-        case 'f':
-          out.push_back('\f');
-          break;
-        case 'n':
-          out.push_back('\n');
-          break;
-        case 'r':
-          out.push_back('\r');
-          break;
-        case 't':
-          out.push_back('\t');
-          break;
-        case 'u': {
-          const std::size_t at = pos_ - 2;
-          std::uint32_t cp = hex4();
-          if (cp >= 0xdc00 && cp <= 0xdfff) fail_at(at, "lone trailing surrogate \\u{:04x}", cp);
-          if (cp >= 0xd800 && cp <= 0xdbff) {
-            if (s_.substr(pos_, 2) != "\\u") fail_at(at, "lone leading surrogate \\u{:04x}", cp);
-            pos_ += 2;
-            const std::uint32_t lo = hex4();
-            if (lo < 0xdc00 || lo > 0xdfff)
-              fail_at(at, "leading surrogate \\u{:04x} not followed by a trailing one", cp);
-            cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-          }
-          put_utf8(out, cp);
-          break;
-        }
-        default:
-          fail_at(pos_ - 1, "invalid escape \\{}", describe(e));
-        }
-        continue;
-      }
-      if (c < 0x80) {
-        out.push_back(static_cast<char>(c));
-        ++pos_;
-      } else {
-        utf8_sequence(out);
-      }
-    }
-  }
+  std::string string();
 
   std::string_view s_;
   std::string_view what_;
@@ -446,7 +195,293 @@ private:
 
 //! Appends a JSON string literal with serde_json's escaping (", \\, \b \f \n \r \t, other
 //! controls as \u00xx; everything else, including non-ASCII UTF-8, verbatim).
-inline void write_json_string(std::string& out, std::string_view s) {
+void write_json_string(std::string& out, std::string_view s);
+
+//! Appends compact JSON (no spaces), members in insertion order.
+void write_json(std::string& out, const json& v);
+
+[[nodiscard]] inline std::string to_json_string(const json& v) {
+  std::string s;
+  write_json(s, v);
+  return s;
+}
+
+} // namespace sync::detail
+RLPT_NAMESPACE_END
+
+#if RLPT_HEADER_IMPL()
+RLPT_NAMESPACE_BEGIN
+namespace sync::detail {
+
+RLPT_INLINE json json_parser::parse() {
+  if (s_.size() > limits_.max_bytes) fail_at(0, "is {} bytes, more than the limit of {}", s_.size(), limits_.max_bytes);
+  skip_ws();
+  json v = value(0);
+  skip_ws();
+  if (pos_ != s_.size()) fail_at(pos_, "has trailing characters after the JSON value");
+  return v;
+}
+
+RLPT_INLINE json json_parser::value(std::size_t depth) {
+  if (pos_ >= s_.size()) fail_at(pos_, "unexpected end of input, expected a value");
+  const char c = s_[pos_];
+  switch (c) {
+  case '{':
+    return object(depth + 1);
+  case '[':
+    return array(depth + 1);
+  case '"':
+    return json::make_string(string());
+  case 't':
+    expect_literal("true");
+    return json::make_bool(true);
+  case 'f':
+    expect_literal("false");
+    return json::make_bool(false);
+  case 'n':
+    expect_literal("null");
+    return json{};
+  default:
+    if (c == '-' || (c >= '0' && c <= '9')) return number();
+    fail_at(pos_, "unexpected character {}, expected a value", describe(c));
+  }
+}
+
+RLPT_INLINE json json_parser::object(std::size_t depth) {
+  enter(depth);
+  ++pos_; // '{'
+  json obj = json::make_object();
+  std::vector<std::size_t> key_at; // byte offset of each key, for the duplicate error
+  skip_ws();
+  if (peek() == '}') {
+    ++pos_;
+    return obj;
+  }
+  for (;;) {
+    skip_ws();
+    if (peek() != '"') fail_at(pos_, "expected a string key");
+    key_at.push_back(pos_);
+    std::string key = string();
+    if (obj.size() < linear_key_check && obj.find(key) != nullptr) fail_at(key_at.back(), "duplicate key \"{}\"", key);
+    skip_ws();
+    if (peek() != ':') fail_at(pos_, "expected ':' after key \"{}\"", key);
+    ++pos_;
+    skip_ws();
+    json v = value(depth);
+    obj.set(std::move(key), std::move(v));
+    skip_ws();
+    if (peek() == ',') {
+      ++pos_;
+      continue;
+    }
+    if (peek() == '}') {
+      ++pos_;
+      if (obj.size() > linear_key_check) check_duplicates(obj, key_at);
+      return obj;
+    }
+    fail_at(pos_, "expected ',' or '}}' in object");
+  }
+}
+
+RLPT_INLINE void json_parser::check_duplicates(const json& obj, const std::vector<std::size_t>& key_at) const {
+  const auto& keys = obj.keys_;
+  std::vector<std::size_t> order(keys.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return keys[a] != keys[b] ? keys[a] < keys[b] : a < b; });
+  std::size_t dup = keys.size();
+  for (std::size_t k = 1; k < order.size(); ++k)
+    if (keys[order[k]] == keys[order[k - 1]]) dup = std::min(dup, order[k]);
+  if (dup != keys.size()) fail_at(key_at[dup], "duplicate key \"{}\"", keys[dup]);
+}
+
+RLPT_INLINE json json_parser::array(std::size_t depth) {
+  enter(depth);
+  ++pos_; // '['
+  json arr = json::make_array();
+  skip_ws();
+  if (peek() == ']') {
+    ++pos_;
+    return arr;
+  }
+  for (;;) {
+    skip_ws();
+    arr.push(value(depth));
+    skip_ws();
+    if (peek() == ',') {
+      ++pos_;
+      continue;
+    }
+    if (peek() == ']') {
+      ++pos_;
+      return arr;
+    }
+    fail_at(pos_, "expected ',' or ']' in array");
+  }
+}
+
+RLPT_INLINE json json_parser::number() {
+  const std::size_t start = pos_;
+  if (peek() == '-') ++pos_;
+  if (peek() == '0') {
+    ++pos_;
+    if (peek() >= '0' && peek() <= '9') fail_at(pos_, "number has a leading zero");
+  } else if (peek() >= '1' && peek() <= '9') {
+    while (peek() >= '0' && peek() <= '9') ++pos_;
+  } else {
+    fail_at(pos_, "expected a digit");
+  }
+  if (peek() == '.') {
+    ++pos_;
+    if (!(peek() >= '0' && peek() <= '9')) fail_at(pos_, "expected a digit after '.'");
+    while (peek() >= '0' && peek() <= '9') ++pos_;
+  }
+  if (peek() == 'e' || peek() == 'E') {
+    ++pos_;
+    if (peek() == '+' || peek() == '-') ++pos_;
+    if (!(peek() >= '0' && peek() <= '9')) fail_at(pos_, "expected a digit in the exponent");
+    while (peek() >= '0' && peek() <= '9') ++pos_;
+  }
+  return json::make_number_text(std::string(s_.substr(start, pos_ - start)));
+}
+
+RLPT_INLINE unsigned json_parser::hex4() {
+  if (pos_ + 4 > s_.size()) fail_at(pos_, "truncated \\u escape");
+  unsigned v = 0;
+  for (int i = 0; i < 4; ++i) {
+    const char c = s_[pos_++];
+    unsigned d;
+    if (c >= '0' && c <= '9')
+      d = static_cast<unsigned>(c - '0');
+    else if (c >= 'a' && c <= 'f')
+      d = static_cast<unsigned>(c - 'a' + 10);
+    else if (c >= 'A' && c <= 'F')
+      d = static_cast<unsigned>(c - 'A' + 10);
+    else
+      fail_at(pos_ - 1, "invalid hex digit {} in \\u escape", describe(c));
+    v = (v << 4) | d;
+  }
+  return v;
+}
+
+RLPT_INLINE void json_parser::put_utf8(std::string& out, std::uint32_t cp) {
+  if (cp < 0x80) {
+    out.push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    out.push_back(static_cast<char>(0xc0u | (cp >> 6)));
+    out.push_back(static_cast<char>(0x80u | (cp & 0x3fu)));
+  } else if (cp < 0x10000) {
+    out.push_back(static_cast<char>(0xe0u | (cp >> 12)));
+    out.push_back(static_cast<char>(0x80u | ((cp >> 6) & 0x3fu)));
+    out.push_back(static_cast<char>(0x80u | (cp & 0x3fu)));
+  } else {
+    out.push_back(static_cast<char>(0xf0u | (cp >> 18)));
+    out.push_back(static_cast<char>(0x80u | ((cp >> 12) & 0x3fu)));
+    out.push_back(static_cast<char>(0x80u | ((cp >> 6) & 0x3fu)));
+    out.push_back(static_cast<char>(0x80u | (cp & 0x3fu)));
+  }
+}
+
+RLPT_INLINE void json_parser::utf8_sequence(std::string& out) {
+  const std::size_t at = pos_;
+  const auto b0 = static_cast<unsigned char>(s_[pos_]);
+  std::size_t len;
+  std::uint32_t cp;
+  if (b0 >= 0xc2 && b0 <= 0xdf) {
+    len = 2;
+    cp = b0 & 0x1fu;
+  } else if (b0 >= 0xe0 && b0 <= 0xef) {
+    len = 3;
+    cp = b0 & 0x0fu;
+  } else if (b0 >= 0xf0 && b0 <= 0xf4) {
+    len = 4;
+    cp = b0 & 0x07u;
+  } else {
+    fail_at(at, "invalid UTF-8 lead byte 0x{:02x}", b0);
+  }
+  if (pos_ + len > s_.size()) fail_at(at, "truncated UTF-8 sequence");
+  for (std::size_t i = 1; i < len; ++i) {
+    const auto b = static_cast<unsigned char>(s_[pos_ + i]);
+    if ((b & 0xc0u) != 0x80u) fail_at(at + i, "invalid UTF-8 continuation byte 0x{:02x}", b);
+    cp = (cp << 6) | (b & 0x3fu);
+  }
+  if ((len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000)) fail_at(at, "overlong UTF-8 sequence");
+  if (cp >= 0xd800 && cp <= 0xdfff) fail_at(at, "UTF-8 encodes a surrogate U+{:04X}", cp);
+  if (cp > 0x10ffff) fail_at(at, "UTF-8 code point beyond U+10FFFF");
+  out.append(s_.substr(pos_, len));
+  pos_ += len;
+}
+
+RLPT_INLINE std::string json_parser::string() {
+  const std::size_t start = pos_;
+  ++pos_; // '"'
+  std::string out;
+  for (;;) {
+    if (pos_ >= s_.size()) fail_at(start, "unterminated string");
+    const auto c = static_cast<unsigned char>(s_[pos_]);
+    if (c == '"') {
+      ++pos_;
+      return out;
+    }
+    if (c < 0x20) fail_at(pos_, "unescaped control character 0x{:02x} in string", c);
+    if (c == '\\') {
+      ++pos_;
+      if (pos_ >= s_.size()) fail_at(pos_, "truncated escape");
+      const char e = s_[pos_++];
+      switch (e) {
+      case '"':
+        out.push_back('"');
+        break;
+      case '\\':
+        out.push_back('\\');
+        break;
+      case '/':
+        out.push_back('/');
+        break;
+      case 'b':
+        out.push_back('\b');
+        break;
+      case 'f':
+        out.push_back('\f');
+        break;
+      case 'n':
+        out.push_back('\n');
+        break;
+      case 'r':
+        out.push_back('\r');
+        break;
+      case 't':
+        out.push_back('\t');
+        break;
+      case 'u': {
+        const std::size_t at = pos_ - 2;
+        std::uint32_t cp = hex4();
+        if (cp >= 0xdc00 && cp <= 0xdfff) fail_at(at, "lone trailing surrogate \\u{:04x}", cp);
+        if (cp >= 0xd800 && cp <= 0xdbff) {
+          if (s_.substr(pos_, 2) != "\\u") fail_at(at, "lone leading surrogate \\u{:04x}", cp);
+          pos_ += 2;
+          const std::uint32_t lo = hex4();
+          if (lo < 0xdc00 || lo > 0xdfff) fail_at(at, "leading surrogate \\u{:04x} not followed by a trailing one", cp);
+          cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+        }
+        put_utf8(out, cp);
+        break;
+      }
+      default:
+        fail_at(pos_ - 1, "invalid escape \\{}", describe(e));
+      }
+      continue;
+    }
+    if (c < 0x80) {
+      out.push_back(static_cast<char>(c));
+      ++pos_;
+    } else {
+      utf8_sequence(out);
+    }
+  }
+}
+
+RLPT_INLINE void write_json_string(std::string& out, std::string_view s) {
   static constexpr char hex[] = "0123456789abcdef";
   out.push_back('"');
   for (char ch : s) {
@@ -486,8 +521,7 @@ inline void write_json_string(std::string& out, std::string_view s) {
   out.push_back('"');
 }
 
-//! Appends compact JSON (no spaces), members in insertion order.
-inline void write_json(std::string& out, const json& v) {
+RLPT_INLINE void write_json(std::string& out, const json& v) {
   switch (v.type()) {
   case json::kind::null:
     out += "null";
@@ -522,11 +556,6 @@ inline void write_json(std::string& out, const json& v) {
   }
 }
 
-[[nodiscard]] inline std::string to_json_string(const json& v) {
-  std::string s;
-  write_json(s, v);
-  return s;
-}
-
 } // namespace sync::detail
 RLPT_NAMESPACE_END
+#endif // RLPT_HEADER_IMPL()
