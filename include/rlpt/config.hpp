@@ -123,6 +123,9 @@
 // SPDLOG_COMPILED_LIB and Asio's separate compilation are the same model.
 //
 // RLPT_INLINE marks those out-of-class definitions: `inline` header-only, nothing in the library.
+// A virtual function among them carries it on its declaration in the class too: declared there
+// without `inline`, it would be its class's key function, and every TU that then reads its inline
+// definition would emit the vtable and each virtual function with it (what they call, compiled).
 #if defined(RLPT_COMPILED_LIB) && !defined(RLPT_COMPILED_LIB_SOURCE)
 #define RLPT_HEADER_IMPL() 0
 #else

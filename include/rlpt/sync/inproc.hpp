@@ -84,11 +84,11 @@ public:
     return {me_ == 0 ? "inproc (sender)" : "inproc (receiver)", true, p_.o_.max_payload, memory_space::host};
   }
 
-  std::span<std::byte> payload_buffer(std::uint64_t bytes, deadline until) override;
+  RLPT_INLINE std::span<std::byte> payload_buffer(std::uint64_t bytes, deadline until) override;
 
-  void send(std::span<const std::byte> meta, std::uint64_t payload_bytes, deadline) override;
+  RLPT_INLINE void send(std::span<const std::byte> meta, std::uint64_t payload_bytes, deadline) override;
 
-  std::optional<message> receive(deadline until) override;
+  RLPT_INLINE std::optional<message> receive(deadline until) override;
 
   void release() override {
     if (!held_) return;

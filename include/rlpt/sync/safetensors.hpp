@@ -265,9 +265,9 @@ public:
     return {payload_.data(), static_cast<std::size_t>(bytes)};
   }
 
-  void send(std::span<const std::byte> meta, std::uint64_t payload_bytes, deadline) override;
+  RLPT_INLINE void send(std::span<const std::byte> meta, std::uint64_t payload_bytes, deadline) override;
 
-  std::optional<message> receive(deadline until) override;
+  RLPT_INLINE std::optional<message> receive(deadline until) override;
 
   void release() override { held_meta_.clear(); }
 

@@ -162,7 +162,7 @@ public:
     return {slot(h_->fwd_head.load(std::memory_order_relaxed)) + g_.fwd_payload_at, static_cast<std::size_t>(bytes)};
   }
 
-  void send(std::span<const std::byte> meta, std::uint64_t payload_bytes, deadline until) override;
+  RLPT_INLINE void send(std::span<const std::byte> meta, std::uint64_t payload_bytes, deadline until) override;
 
   std::optional<message> receive(deadline until) override {
     release();

@@ -113,9 +113,9 @@ public:
     return {tx_payload_.data(), static_cast<std::size_t>(bytes)};
   }
 
-  void send(std::span<const std::byte> meta, std::uint64_t payload_bytes, deadline until) override;
+  RLPT_INLINE void send(std::span<const std::byte> meta, std::uint64_t payload_bytes, deadline until) override;
 
-  std::optional<message> receive(deadline until) override;
+  RLPT_INLINE std::optional<message> receive(deadline until) override;
 
   void release() override { release_frame(); }
 

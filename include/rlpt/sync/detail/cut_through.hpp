@@ -92,9 +92,9 @@ public:
   void release() override { up_.release(); }
 
   //! The receiver's replies go upstream; one that ends the attempt there ends it downstream.
-  void send(std::span<const std::byte> meta, std::uint64_t payload_bytes, deadline until) override;
+  RLPT_INLINE void send(std::span<const std::byte> meta, std::uint64_t payload_bytes, deadline until) override;
 
-  std::optional<message> receive(deadline until) override;
+  RLPT_INLINE std::optional<message> receive(deadline until) override;
 
   //! Waits until the attempt in progress has been passed on and answered downstream, and says
   //! how; legs are `off` when that attempt did not carry `version`.
