@@ -114,8 +114,7 @@
 // --- separate compilation (opt-in) ------------------------------------------------------------
 // rlpt is header-only by default. The large non-template functions of the rollout, staleness
 // and sync blocks (the buffers, checkpoints, transports, protocol, transforms) are declared in
-// their headers and defined below them, in a section that only TUs where RLPT_HEADER_IMPL() is 1
-// see.
+// their headers and defined in each header's last section, `#if RLPT_HEADER_IMPL()`.
 // Define RLPT_COMPILED_LIB in every TU of a program (CMake: link rlpt::compiled, which does it)
 // and those definitions are compiled once, into that library (src/compiled.cpp), instead of in
 // every TU that includes rlpt: what their bodies instantiate (containers, sorting, messages) is
