@@ -250,6 +250,16 @@ inline std::uint64_t copy_hash(void* dst, const void* src, std::size_t bytes) no
 //! Parses exactly 16 hex digits (either case); nullopt otherwise.
 [[nodiscard]] std::optional<std::uint64_t> parse_hex(std::string_view s) noexcept;
 
+namespace detail {
+//! The value of one hex digit (either case), or -1: shared by parse_hex and JSON's \u escapes.
+[[nodiscard]] constexpr int hex_digit(char c) noexcept {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+} // namespace detail
+
 } // namespace sync
 RLPT_NAMESPACE_END
 
@@ -261,16 +271,9 @@ RLPT_INLINE std::optional<std::uint64_t> parse_hex(std::string_view s) noexcept 
   if (s.size() != 16) return std::nullopt;
   std::uint64_t v = 0;
   for (char c : s) {
-    unsigned d;
-    if (c >= '0' && c <= '9')
-      d = static_cast<unsigned>(c - '0');
-    else if (c >= 'a' && c <= 'f')
-      d = static_cast<unsigned>(c - 'a' + 10);
-    else if (c >= 'A' && c <= 'F')
-      d = static_cast<unsigned>(c - 'A' + 10);
-    else
-      return std::nullopt;
-    v = (v << 4) | d;
+    const int d = detail::hex_digit(c);
+    if (d < 0) return std::nullopt;
+    v = (v << 4) | static_cast<unsigned>(d);
   }
   return v;
 }

@@ -12,6 +12,7 @@
 
 #include <rlpt/config.hpp>
 #include <rlpt/core/error.hpp>
+#include <rlpt/sync/checksum.hpp> // detail::hex_digit
 
 #include <algorithm>
 #include <charconv>
@@ -350,16 +351,9 @@ RLPT_INLINE unsigned json_parser::hex4() {
   unsigned v = 0;
   for (int i = 0; i < 4; ++i) {
     const char c = s_[pos_++];
-    unsigned d;
-    if (c >= '0' && c <= '9')
-      d = static_cast<unsigned>(c - '0');
-    else if (c >= 'a' && c <= 'f')
-      d = static_cast<unsigned>(c - 'a' + 10);
-    else if (c >= 'A' && c <= 'F')
-      d = static_cast<unsigned>(c - 'A' + 10);
-    else
-      fail_at(pos_ - 1, "invalid hex digit {} in \\u escape", describe(c));
-    v = (v << 4) | d;
+    const int d = hex_digit(c);
+    if (d < 0) fail_at(pos_ - 1, "invalid hex digit {} in \\u escape", describe(c));
+    v = (v << 4) | static_cast<unsigned>(d);
   }
   return v;
 }
