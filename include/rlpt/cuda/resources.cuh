@@ -165,6 +165,11 @@ public:
     p_ = nullptr;
     n_ = 0;
   }
+  //! Gives the memory up without freeing it (memory a transfer may still write into).
+  [[nodiscard]] void* release() noexcept {
+    n_ = 0;
+    return std::exchange(p_, nullptr);
+  }
   //! Grows to at least n bytes (contents are not kept).
   void reserve(std::size_t n) {
     if (n <= n_) return;

@@ -25,8 +25,9 @@
 //! `allow_unauthenticated`.
 //!
 //! Each transport owns its UCX context and worker and is used by one thread at a time, like
-//! every link. Payloads are host memory: device buffers need a UCX built with CUDA (cuda_copy,
-//! cuda_ipc, GPUDirect RDMA), which Debian's libucx is not.
+//! every link. Payloads are host memory here; `ucx_device_link` (cuda/sync/ucx_link.cuh) is the
+//! same transport with payloads in device memory, which needs a UCX built with CUDA (cuda_copy,
+//! cuda_ipc, GPUDirect RDMA): PyPI's libucx-cu13 is, Debian's libucx is not.
 #pragma once
 
 #include <rlpt/config.hpp>
@@ -96,48 +97,64 @@ struct ucx_buffer {
 struct ucx_inbound {
   ucp_ep_h ep = nullptr;
   std::array<std::byte, ucx_header_bytes> header{};
-  ucx_buffer frame;                   //!< a frame's meta block and payload
-  std::vector<std::byte> data;        //!< a HELLO
-  std::string bad;                    //!< why the frame was refused on arrival (nothing was received)
-  bool done = false;                  //!< data complete (eager at once; rendezvous when pulled)
-  ucs_status_t status = UCS_OK;       //!< of the rendezvous receive
-  ucs_status_ptr_t request = nullptr; //!< the rendezvous receive in flight
-  void* held = nullptr;               //!< a rendezvous not pulled yet (its peer is still handshaking)
+  ucx_buffer frame;                    //!< a frame's meta block and payload (device payloads: its meta block)
+  std::byte* slot = nullptr;           //!< device payloads: the device slot holding the payload
+  std::size_t pad = 0;                 //!< where a pulled frame's data starts in its slot
+  std::byte* device_payload = nullptr; //!< the payload in the slot, once the meta block is on the host
+  bool wants_slot = false;             //!< device payloads: a rendezvous held until a slot is free
+  bool in_slot = false;                //!< the whole frame was pulled into the slot (else: eager, on the host)
+  std::vector<std::byte> data;         //!< a HELLO
+  std::string bad;                     //!< why the frame was refused on arrival (nothing was received)
+  bool done = false;                   //!< data complete (eager at once; rendezvous when pulled)
+  ucs_status_t status = UCS_OK;        //!< of the rendezvous receive
+  ucs_status_ptr_t request = nullptr;  //!< the rendezvous receive in flight
+  void* held = nullptr;                //!< a rendezvous not pulled yet (its peer is handshaking, or no slot is free)
+};
+
+//! Payload slots of a UCX transport in memory it does not own or read (`ucx_device_link` hands
+//! out CUDA device memory): the transport keeps meta blocks in host memory and has UCX move
+//! payloads straight from and into these slots.
+class ucx_payload_slots {
+public:
+  virtual ~ucx_payload_slots() = default;
+  //! The slots' memory, as UCX names it (UCS_MEMORY_TYPE_CUDA for device memory).
+  [[nodiscard]] virtual ucs_memory_type_t memory_type() const noexcept = 0;
+  //! Sender: the slot the next send carries, at least `bytes` (earlier contents need not survive).
+  virtual std::byte* send_slot(std::size_t bytes) = 0;
+  //! Sender: a second buffer, for a frame whose meta block does not fit in front of its payload.
+  virtual std::byte* spill(std::size_t bytes) = 0;
+  //! Sender: waits, by `until`, for the work enqueued on the link's stream (the packed payload).
+  virtual void ready(deadline until) = 0;
+  //! Copies `n` > 0 bytes between host memory and a slot (either way) and waits for it by `until`.
+  virtual void copy(void* dst, const void* src, std::size_t n, deadline until) = 0;
+  //! Receiver: a free slot of at least `bytes`, or nullptr while every slot is still being read.
+  virtual std::byte* take(std::size_t bytes) = 0;
+  //! Receiver: the consumer's work on `slot` is enqueued; the slot is free once that work ran.
+  //! On an error the slot stays taken (never reused).
+  virtual void give_back(std::byte* slot) noexcept = 0;
 };
 } // namespace detail
 
 class ucx_transport final : public link {
 public:
-  ucx_transport(ucx_options o, role r) : o_(std::move(o)), role_(r), auth_(o_.auth, o_.tags, r) {
-    detail::check_link_security("ucx", o_.host, o_.port, o_.listen, o_.auth.get(), o_.tags, o_.allow_unauthenticated,
-                                r);
-    where_ = rlpt::detail::format("ucx {}:{}", o_.host, o_.port);
-    open_worker();
-    if (o_.listen) open_listener();
-    where_ = rlpt::detail::format("ucx {}:{} ({}, {})", o_.host, o_.listen ? port_ : o_.port,
-                                  r == role::sender ? "sender" : "receiver", o_.listen ? "listening" : "connecting");
-  }
+  ucx_transport(ucx_options o, role r) : ucx_transport(std::move(o), r, nullptr) {}
+  //! Payloads in the slots `payloads` hands out (borrowed: it outlives the transport), which
+  //! this UCX must move (rlpt.sync.ucx otherwise); frame tags then cover header and meta only
+  //! (integrity::control). ucx_device_link is this with CUDA device memory.
+  ucx_transport(ucx_options o, role r, detail::ucx_payload_slots& payloads)
+      : ucx_transport(std::move(o), r, &payloads) {}
 
   ucx_transport(const ucx_transport&) = delete;
   ucx_transport& operator=(const ucx_transport&) = delete;
 
-  ~ucx_transport() override {
-    // Flush what was sent (a last frame may still sit in UCX's buffers), bounded, then force.
-    close_ep(ep_, true);
-    for (const auto& c : candidates_) close_ep(c, false);
-    close_ep(pending_, false);
-    discard([](const detail::ucx_inbound&) { return true; });
-    const deadline until = clock::now() + std::chrono::seconds(1);
-    while (!zombies_.empty() && clock::now() < until) progress();
-    for (auto& z : zombies_) static_cast<void>(z.release()); // UCX may still write into it: never freed
-    for (ucp_conn_request_h req : requests_) ucp_listener_reject(listener_, req);
-    if (listener_ != nullptr) ucp_listener_destroy(listener_);
-    if (worker_ != nullptr) ucp_worker_destroy(worker_);
-    if (context_ != nullptr) ucp_cleanup(context_);
-  }
+  ~ucx_transport() override { close(); }
 
   //! The bound port of a listening transport.
   [[nodiscard]] std::uint16_t port() const noexcept { return port_; }
+
+  //! Whether this UCX moves CUDA device memory (it was built with CUDA: cuda_copy, cuda_ipc,
+  //! GPUDirect RDMA), which ucx_device_link needs.
+  [[nodiscard]] bool moves_device_memory() const { return moves(UCS_MEMORY_TYPE_CUDA); }
 
   //! Handshakes and refusals (every connection's HELLO exchange; with auth, the handshake).
   [[nodiscard]] const auth_counters& auth_stats() const noexcept { return counters_; }
@@ -147,17 +164,27 @@ public:
   std::span<std::byte> payload_buffer(std::uint64_t bytes, deadline) override {
     RLPT_CHECK(bytes <= o_.max_payload, errors::sync::too_large, "{}: payload of {} bytes exceeds max_payload {}",
                where_, bytes, o_.max_payload);
-    if (tx_payload_.size() < headroom + bytes) tx_payload_.resize(static_cast<std::size_t>(headroom + bytes));
+    const auto n = static_cast<std::size_t>(headroom + bytes);
+    if (dev_ != nullptr) {
+      tx_device_ = dev_->send_slot(n);
+      tx_device_bytes_ = n;
+      return {tx_device_ + headroom, static_cast<std::size_t>(bytes)};
+    }
+    if (tx_payload_.size() < n) tx_payload_.resize(n);
     return {tx_payload_.data() + headroom, static_cast<std::size_t>(bytes)};
   }
 
   void send(std::span<const std::byte> meta, std::uint64_t payload_bytes, deadline until) override {
     RLPT_CHECK(meta.size() <= o_.max_meta && meta.size() <= 0xffffffffu, errors::sync::too_large,
                "{}: meta block of {} bytes exceeds max_meta {}", where_, meta.size(), o_.max_meta);
-    RLPT_CHECK(payload_bytes == 0 || headroom + payload_bytes <= tx_payload_.size(), errors::sync::bad_link,
-               "{}: send of {} payload bytes without a payload_buffer() of that size", where_, payload_bytes);
+    const bool device = dev_ != nullptr && payload_bytes > 0;
+    RLPT_CHECK(payload_bytes == 0 || headroom + payload_bytes <= (device ? tx_device_bytes_ : tx_payload_.size()),
+               errors::sync::bad_link, "{}: send of {} payload bytes without a payload_buffer() of that size", where_,
+               payload_bytes);
     connect_or_accept(until);
-    const std::span<const std::byte> payload(tx_payload_.data() + (payload_bytes > 0 ? headroom : 0),
+    // A device payload is never read here: its tag (integrity::control) covers header and meta.
+    const std::span<const std::byte> payload((device ? tx_device_ : tx_payload_.data()) +
+                                                 (payload_bytes > 0 ? headroom : 0),
                                              static_cast<std::size_t>(payload_bytes));
     std::array<std::byte, detail::ucx_header_bytes> hdr{};
     const std::uint32_t magic = detail::ucx_magic, mb = static_cast<std::uint32_t>(meta.size());
@@ -177,7 +204,20 @@ public:
     // bucket's): UCX moves contiguous memory zero-copy (rendezvous), an iovec it copies.
     ucp_dt_iov_t iov[2];
     std::size_t n = 0;
-    if (!payload.empty() && meta.size() <= headroom) {
+    if (device) { // one block of device memory: the meta block is copied in front of the payload
+      std::byte* at = nullptr;
+      if (meta.size() <= headroom) {
+        at = tx_device_ + headroom - meta.size();
+        if (!meta.empty()) dev_->copy(at, meta.data(), meta.size(), until);
+        dev_->ready(until);
+      } else { // rare (a delta frame's large meta block): both go to a second buffer
+        dev_->ready(until);
+        at = dev_->spill(meta.size() + payload.size());
+        if (!meta.empty()) dev_->copy(at, meta.data(), meta.size(), until);
+        dev_->copy(at + meta.size(), payload.data(), payload.size(), until);
+      }
+      iov[n++] = {at, meta.size() + payload.size()};
+    } else if (!payload.empty() && meta.size() <= headroom) {
       std::byte* at = tx_payload_.data() + headroom - meta.size();
       if (!meta.empty()) std::memcpy(at, meta.data(), meta.size());
       iov[n++] = {at, meta.size() + payload.size()};
@@ -185,7 +225,7 @@ public:
       for (const auto part : {meta, payload})
         if (!part.empty()) iov[n++] = {const_cast<std::byte*>(part.data()), part.size()};
     }
-    send_on(ep_, detail::ucx_am_frame, hdr, std::span<const ucp_dt_iov_t>(iov, n), until, "sending a frame");
+    send_on(ep_, detail::ucx_am_frame, hdr, std::span<const ucp_dt_iov_t>(iov, n), until, "sending a frame", device);
   }
 
   std::optional<message> receive(deadline until) override {
@@ -198,22 +238,78 @@ public:
         if (clock::now() >= until) return std::nullopt;
         continue;
       }
-      if (auto m = front_frame()) return m;
+      if (dev_ != nullptr) assign_slots();
+      if (auto m = front_frame(until)) return m;
       if (clock::now() >= until) return std::nullopt;
-      wait(until);
+      if (waiting_for_slot_)
+        std::this_thread::sleep_for(std::chrono::microseconds(20)); // a slot frees when device work ends
+      else
+        wait(until);
     }
   }
 
   void release() override {
     if (!held_) return;
     held_ = false;
-    recycle(std::move(inbox_.front()->frame));
+    detail::ucx_inbound& in = *inbox_.front();
+    if (in.slot != nullptr) dev_->give_back(in.slot);
+    recycle(std::move(in.frame));
     inbox_.pop_front();
   }
 
 private:
+  // `slots`: payloads live in the memory it hands out, else in the transport's host buffers.
+  ucx_transport(ucx_options o, role r, detail::ucx_payload_slots* slots)
+      : o_(std::move(o)), role_(r), auth_(o_.auth, o_.tags, r), dev_(slots) {
+    detail::check_link_security("ucx", o_.host, o_.port, o_.listen, o_.auth.get(), o_.tags, o_.allow_unauthenticated,
+                                r);
+    where_ = rlpt::detail::format("ucx {}:{}", o_.host, o_.port);
+    RLPT_CHECK(dev_ == nullptr || o_.auth == nullptr || o_.tags == integrity::control, errors::sync::bad_link,
+               "{}: ucx_options::tags is integrity::full, whose tags cover payload bytes, which a link with device "
+               "payloads never reads on the host: use integrity::control (handshake, manifest and commit "
+               "authenticated, payload pieces checked by their digests), or staged_link over a host link for full tags",
+               where_);
+    try {
+      open_worker();
+      RLPT_CHECK(dev_ == nullptr || dev_->memory_type() != UCS_MEMORY_TYPE_CUDA || moves_device_memory(),
+                 errors::sync::ucx,
+                 "{}: device payloads need a UCX built with CUDA (cuda_copy, cuda_ipc, GPUDirect RDMA); this one "
+                 "does not move CUDA memory (Debian's libucx has no CUDA transports, PyPI's libucx-cu13 has them; "
+                 "staged_link moves device payloads over a host link instead)",
+                 where_);
+      RLPT_CHECK(dev_ == nullptr || moves(dev_->memory_type()), errors::sync::ucx,
+                 "{}: this UCX does not move the payload slots' memory (ucs_memory_type_t {})", where_,
+                 static_cast<int>(dev_->memory_type()));
+      if (o_.listen) open_listener();
+    } catch (...) {
+      close();
+      throw;
+    }
+    where_ = rlpt::detail::format("ucx {}:{} ({}, {})", o_.host, o_.listen ? port_ : o_.port,
+                                  r == role::sender ? "sender" : "receiver", o_.listen ? "listening" : "connecting");
+  }
+
+  void close() noexcept {
+    // Flush what was sent (a last frame may still sit in UCX's buffers), bounded, then force.
+    close_ep(ep_, true);
+    for (const auto& c : candidates_) close_ep(c, false);
+    close_ep(pending_, false);
+    discard([](const detail::ucx_inbound&) { return true; });
+    const deadline until = clock::now() + std::chrono::seconds(1);
+    while (!zombies_.empty() && clock::now() < until) progress();
+    for (auto& z : zombies_) static_cast<void>(z.release()); // UCX may still write into it: never freed
+    for (ucp_conn_request_h req : requests_) ucp_listener_reject(listener_, req);
+    if (listener_ != nullptr) ucp_listener_destroy(listener_);
+    if (worker_ != nullptr) ucp_worker_destroy(worker_);
+    if (context_ != nullptr) ucp_cleanup(context_);
+    listener_ = nullptr;
+    worker_ = nullptr;
+    context_ = nullptr;
+  }
+
   static constexpr std::chrono::milliseconds reconnect_pause{5};
   static constexpr std::size_t headroom = 64 << 10; // before the payload: room for a bucket's meta block
+  static constexpr std::size_t slot_align = 256;    // a device payload starts this aligned in its slot
 
   // --- UCX objects ----------------------------------------------------------------------
 
@@ -268,6 +364,13 @@ private:
     return detail::ipv4_address(host, port, errors::sync::ucx, "ucx");
   }
 
+  [[nodiscard]] bool moves(ucs_memory_type_t type) const {
+    ucp_context_attr_t a{};
+    a.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+    check(ucp_context_query(context_, &a), "querying UCX's memory types");
+    return (a.memory_types & UCS_BIT(type)) != 0;
+  }
+
   void check(ucs_status_t s, std::string_view what) const {
     RLPT_CHECK(s == UCS_OK, errors::sync::ucx, "{}: {} failed: {}", where_, what, ucs_status_string(s));
   }
@@ -317,6 +420,7 @@ private:
         ucp_request_cancel(worker_, (*it)->request);
         zombies_.push_back(std::move(*it));
       } else {
+        if ((*it)->slot != nullptr) dev_->give_back((*it)->slot);
         recycle(std::move((*it)->frame));
       }
       it = inbox_.erase(it);
@@ -398,7 +502,11 @@ private:
     self->inbox_.push_back(std::move(m));
     if (!in.bad.empty()) return UCS_OK;
     const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
-    if (rndv && from != self->ep_) { // not a byte of it moves before its sender has authenticated
+    std::uint64_t payload_bytes = 0;
+    std::memcpy(&payload_bytes, in.header.data() + 8, 8);
+    // A device payload is pulled straight into a device slot, once one is free (assign_slots).
+    in.wants_slot = rndv && self->dev_ != nullptr && payload_bytes > 0;
+    if (rndv && (from != self->ep_ || in.wants_slot)) { // not a byte moves before its sender has authenticated
       in.held = data;
       in.frame.size = length;
       return UCS_INPROGRESS;
@@ -413,14 +521,23 @@ private:
     return UCS_OK;
   }
 
-  // Starts pulling a rendezvous frame into a frame buffer.
+  // Starts pulling a rendezvous frame into a frame buffer, or (`in.slot` set) into device memory.
   void pull(detail::ucx_inbound& in, void* desc, std::size_t length) {
-    in.frame = acquire(length);
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.cb.recv_am = &ucx_transport::on_pulled;
     p.user_data = &in;
-    const ucs_status_ptr_t r = ucp_am_recv_data_nbx(worker_, desc, in.frame.bytes.get(), length, &p);
+    void* into = nullptr;
+    if (in.in_slot) {
+      p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+      p.memory_type = dev_->memory_type();
+      in.frame.size = length;
+      into = in.slot + in.pad;
+    } else {
+      in.frame = acquire(length);
+      into = in.frame.bytes.get();
+    }
+    const ucs_status_ptr_t r = ucp_am_recv_data_nbx(worker_, desc, into, length, &p);
     if (r == nullptr) {
       in.done = true;
     } else if (UCS_PTR_IS_ERR(r)) {
@@ -466,7 +583,11 @@ private:
 
   void progress() {
     while (ucp_worker_progress(worker_) != 0) {}
-    std::erase_if(zombies_, [](const auto& z) { return z->request == nullptr; });
+    std::erase_if(zombies_, [&](const auto& z) {
+      if (z->request != nullptr) return false;
+      if (z->slot != nullptr) dev_->give_back(z->slot); // UCX is done writing into it
+      return true;
+    });
   }
 
   // Sleeps until the worker has an event or `until` (at most 100 ms at a time).
@@ -499,10 +620,14 @@ private:
   }
 
   void send_on(ucp_ep_h ep, unsigned id, std::span<const std::byte> header, std::span<const ucp_dt_iov_t> iov,
-               deadline until, std::string_view what) {
+               deadline until, std::string_view what, bool device = false) {
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = UCP_AM_SEND_FLAG_REPLY;
+    if (device) {
+      p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+      p.memory_type = dev_->memory_type();
+    }
     const void* buffer = nullptr;
     std::size_t count = 0;
     if (iov.size() == 1) {
@@ -573,7 +698,7 @@ private:
     tx_seq_ = rx_seq_ = 0;
     ++counters_.handshakes;
     for (auto& in : inbox_) // frames it sent right after its proof: now they may move
-      if (in->ep == ep && in->held != nullptr) {
+      if (in->ep == ep && in->held != nullptr && !in->wants_slot) {
         void* desc = std::exchange(in->held, nullptr);
         pull(*in, desc, in->frame.size);
       }
@@ -750,8 +875,61 @@ private:
     RLPT_FAIL(auth_.enabled() ? errors::sync::auth : errors::sync::bad_link, "{}: peer refused: {}", where_, why);
   }
 
+  // Device payloads: gives each payload frame of the connection a slot, in arrival order (so a
+  // frame never waits for a slot a later frame holds), and pulls a held rendezvous frame into
+  // its slot, laid out so that the payload after the meta block starts slot-aligned.
+  void assign_slots() {
+    waiting_for_slot_ = false;
+    for (auto& in : inbox_) {
+      if (in->ep != ep_ || in->slot != nullptr || !in->bad.empty() || (!in->wants_slot && !in->done)) continue;
+      std::uint32_t mb;
+      std::uint64_t pb;
+      std::memcpy(&mb, in->header.data() + 4, 4);
+      std::memcpy(&pb, in->header.data() + 8, 8);
+      if (pb == 0) continue;
+      const std::size_t pad = in->wants_slot ? (slot_align - mb % slot_align) % slot_align : 0;
+      std::byte* slot = dev_->take(in->wants_slot ? pad + in->frame.size : static_cast<std::size_t>(pb));
+      if (slot == nullptr) {
+        waiting_for_slot_ = true;
+        return;
+      }
+      in->slot = slot;
+      in->pad = pad;
+      if (in->wants_slot) {
+        in->wants_slot = false;
+        in->in_slot = true;
+        pull(*in, std::exchange(in->held, nullptr), in->frame.size);
+      }
+    }
+  }
+
+  // Device payloads: the frame's meta block in host memory and its payload in its slot (copying
+  // whichever arrived in the other memory); false while it has no slot yet.
+  bool place_device_frame(detail::ucx_inbound& in, std::size_t mb, std::size_t pb, deadline until) {
+    if (in.device_payload != nullptr) return true;
+    if (in.slot == nullptr) {
+      waiting_for_slot_ = true;
+      return false;
+    }
+    try {
+      if (in.in_slot) { // pulled: [pad][meta][payload] in the slot
+        std::byte* at = in.slot + in.pad;
+        in.frame = acquire(mb);
+        if (mb > 0) dev_->copy(in.frame.bytes.get(), at, mb, until);
+        in.device_payload = at + mb;
+      } else { // eager: both arrived in host memory
+        dev_->copy(in.slot, in.frame.bytes.get() + mb, pb, until);
+        in.device_payload = in.slot;
+      }
+    } catch (...) { // a copy that failed or hung: this connection's frames are not trusted
+      drop(ep_);
+      throw;
+    }
+    return true;
+  }
+
   // The next frame from the current peer, checked, or nullopt if none is complete yet.
-  std::optional<message> front_frame() {
+  std::optional<message> front_frame(deadline until) {
     const ucp_ep_h current = ep_;
     discard([&](const detail::ucx_inbound& m) { return m.ep != current; }); // a replaced or refused connection's
     if (inbox_.empty() || inbox_.front()->ep != ep_ || !inbox_.front()->done) return std::nullopt;
@@ -763,12 +941,16 @@ private:
     }
     if (in.status != UCS_OK) lost(ep_, in.status, "receiving a frame");
     std::uint32_t mb;
-    std::uint64_t mcheck, seq;
+    std::uint64_t pb, mcheck, seq;
     std::memcpy(&mb, in.header.data() + 4, 4);
+    std::memcpy(&pb, in.header.data() + 8, 8);
     std::memcpy(&mcheck, in.header.data() + 16, 8);
     std::memcpy(&seq, in.header.data() + 24, 8);
+    const bool device = dev_ != nullptr && pb > 0;
+    if (device && !place_device_frame(in, mb, static_cast<std::size_t>(pb), until)) return std::nullopt;
     const std::span<const std::byte> meta(in.frame.bytes.get(), mb);
-    const std::span<const std::byte> payload(in.frame.bytes.get() + mb, in.frame.size - mb);
+    const std::span<const std::byte> payload(device ? in.device_payload : in.frame.bytes.get() + mb,
+                                             static_cast<std::size_t>(pb));
     if (seq != rx_seq_) {
       const std::uint64_t want = rx_seq_;
       drop(ep_);
@@ -820,6 +1002,10 @@ private:
   bool held_ = false;
   std::uint64_t tx_seq_ = 0, rx_seq_ = 0;
   std::vector<std::byte> tx_payload_;
+  detail::ucx_payload_slots* dev_ = nullptr; // payload slots (device memory: ucx_device_link), else host buffers
+  std::byte* tx_device_ = nullptr;           // the device slot of the last payload_buffer()
+  std::size_t tx_device_bytes_ = 0;
+  bool waiting_for_slot_ = false; // a complete frame waits for a device slot to free
 };
 
 } // namespace sync

@@ -1,0 +1,202 @@
+// SPDX-License-Identifier: Apache-2.0
+// The UCX transport with payload slots it does not own (what ucx_device_link runs on, with CUDA
+// memory), exercised here with host memory standing in for the device: one block per send (the
+// meta block copied in front of the payload, or both spilled to a second buffer), each frame
+// pulled into a slot in arrival order with its payload slot-aligned, meta blocks copied back and
+// checked, a slot reused only after the consumer's work on it has run, and frame tags limited
+// to integrity::control.
+#include "sync_support.hpp"
+
+#include <rlpt/sync/ucx.hpp>
+#ifdef RLPT_TEST_UCX_AUTH
+#include <rlpt/sync/auth_openssl.hpp>
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <memory>
+#include <thread>
+#include <vector>
+
+using namespace rlpt::sync;
+using namespace rlpt::test::sync;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Host slots with the contract of device ones: give_back() starts the consumer's "work" on a
+// slot, which ends at the next take() unless the test holds it (hold_reads).
+class host_slots final : public detail::ucx_payload_slots {
+public:
+  explicit host_slots(std::size_t slots) : max_(slots) {}
+  [[nodiscard]] ucs_memory_type_t memory_type() const noexcept override { return UCS_MEMORY_TYPE_HOST; }
+  std::byte* send_slot(std::size_t n) override { return grow(tx_, n); }
+  std::byte* spill(std::size_t n) override {
+    ++spills;
+    return grow(spill_, n);
+  }
+  void ready(deadline) override { ++readies; }
+  void copy(void* dst, const void* src, std::size_t n, deadline) override {
+    std::memcpy(dst, src, n);
+    ++copies;
+  }
+  std::byte* take(std::size_t n) override {
+    slot* pick = nullptr;
+    for (auto& s : slots_) {
+      if (s.state == reading && !hold_reads) s.state = idle;
+      if (s.state == idle && (pick == nullptr || s.mem.n < pick->mem.n)) pick = &s;
+    }
+    if (pick == nullptr && slots_.size() < max_) pick = &slots_.emplace_back();
+    if (pick == nullptr) return nullptr;
+    grow(pick->mem, n);
+    pick->state = taken;
+    ++takes;
+    return pick->mem.p.get();
+  }
+  void give_back(std::byte* p) noexcept override {
+    for (auto& s : slots_)
+      if (s.state == taken && s.mem.p.get() == p) s.state = reading;
+  }
+  [[nodiscard]] std::size_t taken_slots() const {
+    return static_cast<std::size_t>(
+        std::count_if(slots_.begin(), slots_.end(), [](const slot& s) { return s.state == taken; }));
+  }
+
+  std::atomic<bool> hold_reads{false};
+  std::size_t spills = 0, readies = 0, copies = 0, takes = 0;
+
+private:
+  struct block {
+    std::unique_ptr<std::byte, decltype(&std::free)> p{nullptr, &std::free};
+    std::size_t n = 0;
+  };
+  enum state_t { idle, taken, reading };
+  struct slot {
+    block mem;
+    state_t state = idle;
+  };
+  static std::byte* grow(block& b, std::size_t n) { // 256-aligned, as cudaMalloc's
+    if (b.n < n) {
+      b.p.reset(static_cast<std::byte*>(std::aligned_alloc(256, (std::max<std::size_t>(n, 1) + 255) / 256 * 256)));
+      REQUIRE(b.p != nullptr);
+      b.n = n;
+    }
+    return b.p.get();
+  }
+  std::size_t max_;
+  block tx_, spill_;
+  std::vector<slot> slots_;
+};
+
+void fill(std::span<std::byte> b, std::size_t salt) {
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<std::byte>((i * 131 + salt) >> 3);
+}
+
+struct shape {
+  std::size_t meta, payload;
+};
+
+// Sends `shapes` from a slotted sender (in a thread) to `rx`; each frame's bytes are checked as
+// they arrive. Returns the sender's slots' counters through `tx_slots`.
+void exchange(ucx_transport& rx, const ucx_options& tx_options, std::span<const shape> shapes, host_slots& tx_slots,
+              std::chrono::milliseconds before_first_receive = 0ms) {
+  std::thread tx_thread([&] {
+    ucx_transport tx(tx_options, role::sender, tx_slots);
+    for (std::size_t k = 0; k < shapes.size(); ++k) {
+      std::vector<std::byte> meta(shapes[k].meta);
+      fill(meta, k);
+      fill(tx.payload_buffer(shapes[k].payload, after(5s)), k + 100);
+      tx.send(meta, shapes[k].payload, after(5s));
+    }
+    static_cast<void>(tx.receive(after(5s))); // until the receiver says it has them all
+  });
+  std::this_thread::sleep_for(before_first_receive);
+  for (std::size_t k = 0; k < shapes.size(); ++k) {
+    CAPTURE(k);
+    const auto m = rx.receive(after(5s));
+    REQUIRE(m.has_value());
+    std::vector<std::byte> meta(shapes[k].meta), payload(shapes[k].payload);
+    fill(meta, k);
+    fill(payload, k + 100);
+    CHECK(same_bytes(m->meta, meta));
+    CHECK(same_bytes(m->payload, payload));
+    if (!payload.empty()) CHECK(reinterpret_cast<std::uintptr_t>(m->payload.data()) % 256 == 0);
+  }
+  static_cast<void>(rx.payload_buffer(0, after(5s)));
+  rx.send({}, 0, after(5s));
+  tx_thread.join();
+}
+
+const shape every_shape[] = {{0, 0},        {100, 0},    {0, 3 << 20}, {300, 3 << 20}, {7, 100}, {200 << 10, 1 << 20},
+                             {64 << 10, 5}, {5, 1 << 20}};
+
+} // namespace
+
+TEST_CASE("ucx payload slots: frames of every shape arrive intact, slot-aligned, with one slot and with two") {
+  for (const std::size_t slots : {std::size_t{1}, std::size_t{2}}) {
+    CAPTURE(slots);
+    host_slots rx_slots(slots), tx_slots(1);
+    ucx_transport rx({.listen = true}, role::receiver, rx_slots);
+    exchange(rx, {.port = rx.port()}, every_shape, tx_slots);
+    CHECK(tx_slots.spills == 1);  // the 200 KiB meta block with a payload: past the headroom
+    CHECK(tx_slots.readies == 6); // every frame with a payload waited for its packing work
+    CHECK(rx_slots.takes == 6);
+    CHECK(rx_slots.taken_slots() == 1); // the last frame's, until the next receive releases it
+  }
+}
+
+TEST_CASE("ucx payload slots: a frame waits for a free slot, and slots go to frames in arrival order") {
+  // One slot. After a first frame (no payload: the connection is up), a small (eager) payload
+  // frame arrives, then a large (rendezvous) one, before the receiver looks again: the first gets
+  // the slot, the second waits in UCX until the consumer's work on that slot has run. Were the
+  // slot given to the second, each would wait for the other.
+  host_slots rx_slots(1), tx_slots(1);
+  ucx_transport rx({.listen = true}, role::receiver, rx_slots);
+  const shape frames[] = {{8, 0}, {40, 100}, {40, 4 << 20}};
+  std::thread tx_thread([&] {
+    ucx_transport tx({.port = rx.port()}, role::sender, tx_slots);
+    for (std::size_t k = 0; k < std::size(frames); ++k) {
+      std::vector<std::byte> meta(frames[k].meta);
+      fill(meta, k);
+      fill(tx.payload_buffer(frames[k].payload, after(10s)), k + 100);
+      tx.send(meta, frames[k].payload, after(10s));
+    }
+    static_cast<void>(tx.receive(after(10s)));
+  });
+  auto expect = [&](const std::optional<message>& m, std::size_t k) {
+    CAPTURE(k);
+    REQUIRE(m.has_value());
+    std::vector<std::byte> meta(frames[k].meta), payload(frames[k].payload);
+    fill(meta, k);
+    fill(payload, k + 100);
+    CHECK(same_bytes(m->meta, meta));
+    CHECK(same_bytes(m->payload, payload));
+  };
+  std::optional<message> m;
+  const auto connected = after(5s);
+  while (!m && clock::now() < connected) m = rx.receive(after(50ms)); // the connection, then frame 0
+  expect(m, 0);
+  std::this_thread::sleep_for(300ms); // frames 1 and 2 are sent meanwhile; the receiver sees both at once
+  expect(rx.receive(after(5s)), 1);
+  rx_slots.hold_reads = true; // the consumer's work on frame 1's slot is still running
+  CHECK_FALSE(rx.receive(after(300ms)).has_value());
+  rx_slots.hold_reads = false;
+  expect(rx.receive(after(5s)), 2);
+  static_cast<void>(rx.payload_buffer(0, after(5s)));
+  rx.send({}, 0, after(5s));
+  tx_thread.join();
+}
+
+#ifdef RLPT_TEST_UCX_AUTH
+TEST_CASE("ucx payload slots: authenticated frames (integrity::control) arrive, integrity::full is refused") {
+  const auto job = openssl_authenticator::from_string("0123456789abcdef0123456789abcdef");
+  host_slots rx_slots(2), tx_slots(1);
+  ucx_transport rx({.listen = true, .auth = job, .tags = integrity::control}, role::receiver, rx_slots);
+  exchange(rx, {.port = rx.port(), .auth = job, .tags = integrity::control}, every_shape, tx_slots);
+  CHECK(rx.auth_stats().handshakes == 1);
+  CHECK(rx.auth_stats().refused_frames == 0);
+  RLPT_CHECK_ERROR(ucx_transport({.listen = true, .auth = job, .tags = integrity::full}, role::receiver, rx_slots),
+                   "rlpt.sync.bad_link", "integrity::full", "integrity::control", "staged_link");
+}
+#endif
