@@ -7,6 +7,7 @@
 // with another UCX each case says so and checks nothing.
 #include "gpu_engine.cuh"
 #include "support/errors.hpp"
+#include "ucx_frames.hpp"
 
 #include <rlpt/cuda/sync/ucx_link.cuh>
 #ifdef RLPT_TEST_UCX_AUTH
@@ -17,9 +18,8 @@
 
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
-#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <thread>
 #include <vector>
 
@@ -36,33 +36,21 @@ bool ucx_moves_cuda() {
   return false;
 }
 
-bool same(std::span<const std::byte> a, std::span<const std::byte> b) {
-  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());
-}
-
-void fill(std::span<std::byte> b, std::size_t salt) {
-  for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<std::byte>((i * 131 + salt) >> 3);
-}
-
+// every_frame_shape from a device sender to a device receiver, each payload written into the
+// sender's slot and read out of the receiver's by copies on the links' streams.
 void run_shapes(std::size_t slots) {
   ucx_device_link rx({.listen = true}, role::receiver, {.slots = slots});
   CHECK(rx.info().payload_space == rlpt::memory_space::device);
-  struct shape {
-    std::size_t meta, payload;
-  };
-  const shape shapes[] = {{0, 0},        {100, 0}, {0, 3 << 20}, {300, 3 << 20}, {200 << 10, 1 << 20},
-                          {64 << 10, 5}, {7, 100}};
+  const auto& shapes = rlpt::test::sync::every_frame_shape;
   std::thread tx_thread([&] {
     ucx_device_link tx({.port = rx.port()}, role::sender);
     for (std::size_t k = 0; k < std::size(shapes); ++k) {
-      std::vector<std::byte> meta(shapes[k].meta), payload(shapes[k].payload);
-      fill(meta, k);
-      fill(payload, k + 100);
+      const std::vector<std::byte> payload = rlpt::test::sync::frame_bytes(shapes[k].payload, k + 100);
       const std::span<std::byte> slot = tx.payload_buffer(payload.size(), after(10s));
       if (!payload.empty())
         RLPT_CUDA_CHECK(
             cudaMemcpyAsync(slot.data(), payload.data(), payload.size(), cudaMemcpyHostToDevice, tx.stream()));
-      tx.send(meta, payload.size(), after(10s));
+      tx.send(rlpt::test::sync::frame_bytes(shapes[k].meta, k), payload.size(), after(10s));
     }
     static_cast<void>(tx.receive(after(10s))); // until the receiver says it has them all
   });
@@ -70,15 +58,13 @@ void run_shapes(std::size_t slots) {
     CAPTURE(k);
     const auto m = rx.receive(after(10s));
     REQUIRE(m.has_value());
-    std::vector<std::byte> meta(shapes[k].meta), payload(shapes[k].payload), got(m->payload.size());
-    fill(meta, k);
-    fill(payload, k + 100);
-    CHECK(same(m->meta, meta));
+    CHECK(rlpt::test::sync::equal_bytes(m->meta, rlpt::test::sync::frame_bytes(shapes[k].meta, k)));
     CHECK(reinterpret_cast<std::uintptr_t>(m->payload.data()) % 256 == 0);
+    std::vector<std::byte> got(m->payload.size());
     if (!got.empty())
       RLPT_CUDA_CHECK(cudaMemcpyAsync(got.data(), m->payload.data(), got.size(), cudaMemcpyDeviceToHost, rx.stream()));
     RLPT_CUDA_CHECK(cudaStreamSynchronize(rx.stream()));
-    CHECK(same(got, payload));
+    CHECK(rlpt::test::sync::equal_bytes(got, rlpt::test::sync::frame_bytes(shapes[k].payload, k + 100)));
   }
   static_cast<void>(rx.payload_buffer(0, after(10s)));
   rx.send({}, 0, after(10s));
@@ -87,55 +73,11 @@ void run_shapes(std::size_t slots) {
 }
 
 void run_updates(ucx_options rx_options, ucx_options tx_options) {
-  constexpr std::uint64_t bucket = std::uint64_t{1} << 20;
-  const manifest m = model::model_manifest(bucket);
   rx_options.listen = true;
   ucx_device_link rx_link(rx_options, role::receiver);
   tx_options.port = rx_link.port();
-  model::engine eng(false);
-  device_receiver rx(rx_link, eng.targets, {.timeout = 20s});
-  std::vector<update> seen;
-  std::atomic<bool> stop{false};
-  std::atomic<std::size_t> reported{0};
-  std::thread serve([&] {
-    while (!stop) {
-      update u = rx.poll(20ms);
-      if (u.state == update::status::idle) continue;
-      seen.push_back(std::move(u));
-      ++reported;
-    }
-  });
-  {
-    ucx_device_link tx_link(tx_options, role::sender);
-    const auto specs = model::model_specs();
-    model::device_params params(specs);
-    device_sender tx(tx_link, m, params.tensors, {.delta = true, .timeout = 20s});
-    cudaEvent_t uploaded = nullptr;
-    RLPT_CUDA_CHECK(cudaEventCreateWithFlags(&uploaded, cudaEventDisableTiming));
-    std::vector<publish_result> sent;
-    for (std::uint64_t v = 1; v <= 3; ++v) {
-      params.upload(specs, v);
-      RLPT_CUDA_CHECK(cudaEventRecord(uploaded, cudaStreamLegacy));
-      sent.push_back(tx.publish(v, uploaded));
-    }
-    RLPT_CUDA_CHECK(cudaEventDestroy(uploaded));
-    const auto until = std::chrono::steady_clock::now() + 20s;
-    while (reported < 3 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
-    stop = true;
-    serve.join();
-    REQUIRE(seen.size() == 3);
-    for (std::size_t k = 0; k < 3; ++k) {
-      CAPTURE(k);
-      CHECK(seen[k].published());
-      CHECK(seen[k].delta == (k > 0));
-      CHECK(sent[k].delta == seen[k].delta);
-      CHECK(seen[k].digest == sent[k].digest);
-    }
-    CHECK(sent[0].wire_bytes == m.packed_bytes());
-    CHECK(sent[2].wire_bytes < m.payload_bytes() / 4);
-  }
-  RLPT_CUDA_CHECK(cudaDeviceSynchronize());
-  eng.check(3, rx.published_manifest());
+  ucx_device_link tx_link(tx_options, role::sender);
+  model::publish_three_versions(rx_link, tx_link, false);
 }
 
 } // namespace

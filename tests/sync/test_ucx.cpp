@@ -6,6 +6,7 @@
 // authenticator; with component auth, the job's secret gets through and any other is refused.
 #include "process.hpp"
 #include "receiver_loop.hpp"
+#include "ucx_frames.hpp"
 
 #include <rlpt/sync/ucx.hpp>
 
@@ -141,36 +142,9 @@ TEST_CASE("ucx: dense and delta updates across processes, bit-exact, over UCX's 
 
 TEST_CASE("ucx: frames of every shape arrive intact: meta only, payload only, both, meta beyond the headroom") {
   ucx_transport rx({.listen = true}, role::receiver);
-  struct shape {
-    std::size_t meta, payload;
-  };
-  const shape shapes[] = {{0, 0}, {100, 0}, {0, 3 << 20}, {300, 3 << 20}, {200 << 10, 1 << 20}, {64 << 10, 5}};
-  auto fill = [](std::span<std::byte> b, std::size_t salt) {
-    for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<std::byte>((i * 131 + salt) >> 3);
-  };
-  std::thread tx_thread([&] {
-    ucx_transport tx({.port = rx.port()}, role::sender);
-    for (std::size_t k = 0; k < std::size(shapes); ++k) {
-      std::vector<std::byte> meta(shapes[k].meta);
-      fill(meta, k);
-      fill(tx.payload_buffer(shapes[k].payload, after(5s)), k + 100);
-      tx.send(meta, shapes[k].payload, after(5s));
-    }
-    static_cast<void>(tx.receive(after(5s))); // until the receiver says it has them all
-  });
-  for (std::size_t k = 0; k < std::size(shapes); ++k) {
-    CAPTURE(k);
-    const auto m = rx.receive(after(5s));
-    REQUIRE(m.has_value());
-    std::vector<std::byte> meta(shapes[k].meta), payload(shapes[k].payload);
-    fill(meta, k);
-    fill(payload, k + 100);
-    CHECK(same_bytes(m->meta, meta));
-    CHECK(same_bytes(m->payload, payload));
-  }
-  static_cast<void>(rx.payload_buffer(0, after(5s)));
-  rx.send({}, 0, after(5s));
-  tx_thread.join();
+  exchange_frames(
+      rx, [&] { return std::make_unique<ucx_transport>(ucx_options{.port = rx.port()}, role::sender); },
+      every_frame_shape);
 }
 
 TEST_CASE("ucx: a sender killed mid-update leaves the previous version, a reconnecting sender succeeds") {

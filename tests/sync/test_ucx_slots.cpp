@@ -6,6 +6,7 @@
 // checked, a slot reused only after the consumer's work on it has run, and frame tags limited
 // to integrity::control.
 #include "sync_support.hpp"
+#include "ucx_frames.hpp"
 
 #include <rlpt/sync/ucx.hpp>
 #ifdef RLPT_TEST_UCX_AUTH
@@ -89,48 +90,6 @@ private:
   std::vector<slot> slots_;
 };
 
-void fill(std::span<std::byte> b, std::size_t salt) {
-  for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<std::byte>((i * 131 + salt) >> 3);
-}
-
-struct shape {
-  std::size_t meta, payload;
-};
-
-// Sends `shapes` from a slotted sender (in a thread) to `rx`; each frame's bytes are checked as
-// they arrive. Returns the sender's slots' counters through `tx_slots`.
-void exchange(ucx_transport& rx, const ucx_options& tx_options, std::span<const shape> shapes, host_slots& tx_slots,
-              std::chrono::milliseconds before_first_receive = 0ms) {
-  std::thread tx_thread([&] {
-    ucx_transport tx(tx_options, role::sender, tx_slots);
-    for (std::size_t k = 0; k < shapes.size(); ++k) {
-      std::vector<std::byte> meta(shapes[k].meta);
-      fill(meta, k);
-      fill(tx.payload_buffer(shapes[k].payload, after(5s)), k + 100);
-      tx.send(meta, shapes[k].payload, after(5s));
-    }
-    static_cast<void>(tx.receive(after(5s))); // until the receiver says it has them all
-  });
-  std::this_thread::sleep_for(before_first_receive);
-  for (std::size_t k = 0; k < shapes.size(); ++k) {
-    CAPTURE(k);
-    const auto m = rx.receive(after(5s));
-    REQUIRE(m.has_value());
-    std::vector<std::byte> meta(shapes[k].meta), payload(shapes[k].payload);
-    fill(meta, k);
-    fill(payload, k + 100);
-    CHECK(same_bytes(m->meta, meta));
-    CHECK(same_bytes(m->payload, payload));
-    if (!payload.empty()) CHECK(reinterpret_cast<std::uintptr_t>(m->payload.data()) % 256 == 0);
-  }
-  static_cast<void>(rx.payload_buffer(0, after(5s)));
-  rx.send({}, 0, after(5s));
-  tx_thread.join();
-}
-
-const shape every_shape[] = {{0, 0},        {100, 0},    {0, 3 << 20}, {300, 3 << 20}, {7, 100}, {200 << 10, 1 << 20},
-                             {64 << 10, 5}, {5, 1 << 20}};
-
 } // namespace
 
 TEST_CASE("ucx payload slots: frames of every shape arrive intact, slot-aligned, with one slot and with two") {
@@ -138,7 +97,9 @@ TEST_CASE("ucx payload slots: frames of every shape arrive intact, slot-aligned,
     CAPTURE(slots);
     host_slots rx_slots(slots), tx_slots(1);
     ucx_transport rx({.listen = true}, role::receiver, rx_slots);
-    exchange(rx, {.port = rx.port()}, every_shape, tx_slots);
+    exchange_frames(
+        rx, [&] { return std::make_unique<ucx_transport>(ucx_options{.port = rx.port()}, role::sender, tx_slots); },
+        every_frame_shape, 256);
     CHECK(tx_slots.spills == 1);  // the 200 KiB meta block with a payload: past the headroom
     CHECK(tx_slots.readies == 6); // every frame with a payload waited for its packing work
     CHECK(rx_slots.takes == 6);
@@ -153,25 +114,20 @@ TEST_CASE("ucx payload slots: a frame waits for a free slot, and slots go to fra
   // slot given to the second, each would wait for the other.
   host_slots rx_slots(1), tx_slots(1);
   ucx_transport rx({.listen = true}, role::receiver, rx_slots);
-  const shape frames[] = {{8, 0}, {40, 100}, {40, 4 << 20}};
+  const frame_shape frames[] = {{8, 0}, {40, 100}, {40, 4 << 20}};
   std::thread tx_thread([&] {
     ucx_transport tx({.port = rx.port()}, role::sender, tx_slots);
     for (std::size_t k = 0; k < std::size(frames); ++k) {
-      std::vector<std::byte> meta(frames[k].meta);
-      fill(meta, k);
-      fill(tx.payload_buffer(frames[k].payload, after(10s)), k + 100);
-      tx.send(meta, frames[k].payload, after(10s));
+      fill_frame_bytes(tx.payload_buffer(frames[k].payload, after(10s)), k + 100);
+      tx.send(frame_bytes(frames[k].meta, k), frames[k].payload, after(10s));
     }
     static_cast<void>(tx.receive(after(10s)));
   });
   auto expect = [&](const std::optional<message>& m, std::size_t k) {
     CAPTURE(k);
     REQUIRE(m.has_value());
-    std::vector<std::byte> meta(frames[k].meta), payload(frames[k].payload);
-    fill(meta, k);
-    fill(payload, k + 100);
-    CHECK(same_bytes(m->meta, meta));
-    CHECK(same_bytes(m->payload, payload));
+    CHECK(equal_bytes(m->meta, frame_bytes(frames[k].meta, k)));
+    CHECK(equal_bytes(m->payload, frame_bytes(frames[k].payload, k + 100)));
   };
   std::optional<message> m;
   const auto connected = after(5s);
@@ -193,7 +149,13 @@ TEST_CASE("ucx payload slots: authenticated frames (integrity::control) arrive, 
   const auto job = openssl_authenticator::from_string("0123456789abcdef0123456789abcdef");
   host_slots rx_slots(2), tx_slots(1);
   ucx_transport rx({.listen = true, .auth = job, .tags = integrity::control}, role::receiver, rx_slots);
-  exchange(rx, {.port = rx.port(), .auth = job, .tags = integrity::control}, every_shape, tx_slots);
+  exchange_frames(
+      rx,
+      [&] {
+        return std::make_unique<ucx_transport>(ucx_options{.port = rx.port(), .auth = job, .tags = integrity::control},
+                                               role::sender, tx_slots);
+      },
+      every_frame_shape, 256);
   CHECK(rx.auth_stats().handshakes == 1);
   CHECK(rx.auth_stats().refused_frames == 0);
   RLPT_CHECK_ERROR(ucx_transport({.listen = true, .auth = job, .tags = integrity::full}, role::receiver, rx_slots),
