@@ -144,6 +144,54 @@ TEST_CASE("ucx payload slots: a frame waits for a free slot, and slots go to fra
   tx_thread.join();
 }
 
+TEST_CASE("ucx payload slots: a sender that gives up on a frame held for a slot is reported, and no slot is lost") {
+  // One slot, held by frame 0's reader; frame 1 waits in UCX for it until its sender times out
+  // and goes away. The receiver reports the lost peer, its held frame is dropped, and the slot
+  // (free once its reader ends) serves the next sender's frame.
+  host_slots rx_slots(1), tx_slots(1);
+  ucx_transport rx({.listen = true}, role::receiver, rx_slots);
+  const std::vector<std::byte> big = frame_bytes(std::size_t{4} << 20, 7);
+  std::atomic<bool> gave_up{false};
+  std::thread tx_thread([&] {
+    ucx_transport tx({.port = rx.port()}, role::sender, tx_slots);
+    for (int k = 0; k < 2; ++k) {
+      const std::span<std::byte> slot = tx.payload_buffer(big.size(), after(5s));
+      std::copy(big.begin(), big.end(), slot.begin());
+      try {
+        tx.send(frame_bytes(8, 1), big.size(), after(k == 0 ? 5s : 500ms));
+      } catch (const rlpt::error& e) {
+        CHECK(std::string(e.id()) == "rlpt.sync.timeout");
+        gave_up = true;
+      }
+    }
+  }); // the sender's transport closes here
+  std::optional<message> m;
+  const auto connected = after(5s);
+  while (!m && clock::now() < connected) m = rx.receive(after(50ms));
+  REQUIRE(m.has_value());
+  CHECK(equal_bytes(m->payload, big));
+  rx_slots.hold_reads = true; // frame 0's slot stays busy: frame 1 cannot be pulled
+  bool lost = false;
+  const auto until = after(10s);
+  while (!lost && clock::now() < until) {
+    try {
+      const bool got = rx.receive(after(100ms)).has_value();
+      CHECK_FALSE(got);
+    } catch (const rlpt::error& e) {
+      CHECK(std::string(e.id()) == "rlpt.sync.peer_lost");
+      lost = true;
+    }
+  }
+  tx_thread.join();
+  CHECK(gave_up);
+  CHECK(lost);
+  CHECK(rx_slots.taken_slots() == 0); // frame 0's was given back; frame 1 never took one
+  rx_slots.hold_reads = false;
+  exchange_frames(
+      rx, [&] { return std::make_unique<ucx_transport>(ucx_options{.port = rx.port()}, role::sender, tx_slots); },
+      std::span(every_frame_shape).first(4), 256);
+}
+
 #ifdef RLPT_TEST_UCX_AUTH
 TEST_CASE("ucx payload slots: authenticated frames (integrity::control) arrive, integrity::full is refused") {
   const auto job = openssl_authenticator::from_string("0123456789abcdef0123456789abcdef");
