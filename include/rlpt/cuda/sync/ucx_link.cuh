@@ -35,6 +35,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -169,18 +170,29 @@ class ucx_device_link final : public device_link {
 public:
   //! `o` as for ucx_transport; with `o.auth`, `o.tags` must be integrity::control.
   ucx_device_link(ucx_options o, role r, ucx_device_options d = {})
-      : memory_(std::max<std::size_t>(d.slots, 1)), ucx_(std::move(o), r, memory_), device_(d.device) {
+      : memory_(std::max<std::size_t>(d.slots, 1)), device_(d.device) {
+    ucx_.emplace(std::move(o), r, memory_); // refuses a UCX without CUDA before any CUDA call
     if (device_ < 0) RLPT_CUDA_CHECK(cudaGetDevice(&device_));
-    where_ = rlpt::detail::format("{} (device payloads)", ucx_.info().name);
+    where_ = rlpt::detail::format("{} (device payloads)", ucx_->info().name);
     memory_.open(device_, where_);
+  }
+  ucx_device_link(const ucx_device_link&) = delete;
+  ucx_device_link& operator=(const ucx_device_link&) = delete;
+  ~ucx_device_link() override {
+    try { // UCX releases its registrations of the slots: on this side's device
+      const on_device g(device_);
+      ucx_.reset();
+    } catch (...) {
+      ucx_.reset();
+    }
   }
 
   //! The bound port of a listening link.
-  [[nodiscard]] std::uint16_t port() const noexcept { return ucx_.port(); }
-  [[nodiscard]] const auth_counters& auth_stats() const noexcept { return ucx_.auth_stats(); }
+  [[nodiscard]] std::uint16_t port() const noexcept { return ucx_->port(); }
+  [[nodiscard]] const auth_counters& auth_stats() const noexcept { return ucx_->auth_stats(); }
 
   [[nodiscard]] link_info info() const override {
-    link_info i = ucx_.info();
+    link_info i = ucx_->info();
     i.name = where_;
     i.payload_space = memory_space::device;
     return i;
@@ -195,22 +207,38 @@ public:
   void fail(std::string_view) noexcept override {} // every wait is bounded: nothing can hang
 
   std::span<std::byte> payload_buffer(std::uint64_t bytes, deadline until) override {
-    return ucx_.payload_buffer(bytes, until);
+    const on_device g(device_);
+    return ucx_->payload_buffer(bytes, until);
   }
   void send(std::span<const std::byte> meta, std::uint64_t payload_bytes, deadline until) override {
-    ucx_.send(meta, payload_bytes, until);
+    const on_device g(device_);
+    ucx_->send(meta, payload_bytes, until);
   }
   //! The next message; its payload is device memory that work enqueued on stream() after this
   //! returns may read until release().
-  std::optional<message> receive(deadline until) override { return ucx_.receive(until); }
-  void release() override { ucx_.release(); }
+  std::optional<message> receive(deadline until) override {
+    const on_device g(device_);
+    return ucx_->receive(until);
+  }
+  void release() override {
+    const on_device g(device_);
+    ucx_->release();
+  }
   //! Sends are complete when send() returns; this waits for the work reading received payloads.
   void drain(deadline until) override { memory_.drain(until); }
 
 private:
+  // UCX's CUDA transports call the driver on the calling thread, in its current context: this
+  // side's device, its primary context made current (cudaFree(nullptr) initialises it on a
+  // thread that has not used CUDA yet), for the length of a call.
+  struct on_device {
+    detail::device_guard device;
+    explicit on_device(int d) : device(d) { RLPT_CUDA_CHECK(cudaFree(nullptr)); }
+  };
+
   detail::ucx_cuda_memory memory_; // outlives the transport, which hands its slots back
-  ucx_transport ucx_;
   int device_;
+  std::optional<ucx_transport> ucx_;
   std::string where_;
 };
 
