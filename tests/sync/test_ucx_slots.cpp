@@ -28,7 +28,7 @@ namespace {
 
 // Host slots with the contract of device ones: give_back() starts the consumer's "work" on a
 // slot, which ends at the next take() unless the test holds it (hold_reads).
-class host_slots final : public detail::ucx_payload_slots {
+class host_slots final : public ucx_payload_slots {
 public:
   explicit host_slots(std::size_t slots) : max_(slots) {}
   [[nodiscard]] ucs_memory_type_t memory_type() const noexcept override { return UCS_MEMORY_TYPE_HOST; }

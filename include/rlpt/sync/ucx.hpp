@@ -110,12 +110,16 @@ struct ucx_inbound {
   ucs_status_ptr_t request = nullptr;  //!< the rendezvous receive in flight
   void* held = nullptr;                //!< a rendezvous not pulled yet (its peer is handshaking, or no slot is free)
 };
+} // namespace detail
 
-//! Payload slots of a UCX transport in memory it does not own or read (`ucx_device_link` hands
-//! out CUDA device memory): the transport keeps meta blocks in host memory and has UCX move
-//! payloads straight from and into these slots.
+//! Payload slots of a UCX transport in memory it does not own or read, any memory type this UCX
+//! moves (`ucx_device_link` hands out CUDA device memory): the transport keeps meta blocks in
+//! host memory and has UCX move payloads straight from and into these slots.
 class ucx_payload_slots {
 public:
+  ucx_payload_slots() = default;
+  ucx_payload_slots(const ucx_payload_slots&) = delete;
+  ucx_payload_slots& operator=(const ucx_payload_slots&) = delete;
   virtual ~ucx_payload_slots() = default;
   //! The slots' memory, as UCX names it (UCS_MEMORY_TYPE_CUDA for device memory).
   [[nodiscard]] virtual ucs_memory_type_t memory_type() const noexcept = 0;
@@ -133,7 +137,6 @@ public:
   //! On an error the slot stays taken (never reused).
   virtual void give_back(std::byte* slot) noexcept = 0;
 };
-} // namespace detail
 
 class ucx_transport final : public link {
 public:
@@ -141,8 +144,7 @@ public:
   //! Payloads in the slots `payloads` hands out (borrowed: it outlives the transport), which
   //! this UCX must move (rlpt.sync.ucx otherwise); frame tags then cover header and meta only
   //! (integrity::control). ucx_device_link is this with CUDA device memory.
-  ucx_transport(ucx_options o, role r, detail::ucx_payload_slots& payloads)
-      : ucx_transport(std::move(o), r, &payloads) {}
+  ucx_transport(ucx_options o, role r, ucx_payload_slots& payloads) : ucx_transport(std::move(o), r, &payloads) {}
 
   ucx_transport(const ucx_transport&) = delete;
   ucx_transport& operator=(const ucx_transport&) = delete;
@@ -259,7 +261,7 @@ public:
 
 private:
   // `slots`: payloads live in the memory it hands out, else in the transport's host buffers.
-  ucx_transport(ucx_options o, role r, detail::ucx_payload_slots* slots)
+  ucx_transport(ucx_options o, role r, ucx_payload_slots* slots)
       : o_(std::move(o)), role_(r), auth_(o_.auth, o_.tags, r), dev_(slots) {
     detail::check_link_security("ucx", o_.host, o_.port, o_.listen, o_.auth.get(), o_.tags, o_.allow_unauthenticated,
                                 r);
@@ -1002,8 +1004,8 @@ private:
   bool held_ = false;
   std::uint64_t tx_seq_ = 0, rx_seq_ = 0;
   std::vector<std::byte> tx_payload_;
-  detail::ucx_payload_slots* dev_ = nullptr; // payload slots (device memory: ucx_device_link), else host buffers
-  std::byte* tx_device_ = nullptr;           // the device slot of the last payload_buffer()
+  ucx_payload_slots* dev_ = nullptr; // payload slots (device memory: ucx_device_link), else host buffers
+  std::byte* tx_device_ = nullptr;   // the device slot of the last payload_buffer()
   std::size_t tx_device_bytes_ = 0;
   bool waiting_for_slot_ = false; // a complete frame waits for a device slot to free
 };

@@ -57,8 +57,6 @@ class ucx_cuda_memory final : public ucx_payload_slots {
 public:
   explicit ucx_cuda_memory(std::size_t slots) : max_slots_(slots) {}
   [[nodiscard]] ucs_memory_type_t memory_type() const noexcept override { return UCS_MEMORY_TYPE_CUDA; }
-  ucx_cuda_memory(const ucx_cuda_memory&) = delete;
-  ucx_cuda_memory& operator=(const ucx_cuda_memory&) = delete;
   ~ucx_cuda_memory() override {
     try { // the work reading the slots must end before they are freed
       if (work_ != nullptr) {
