@@ -273,15 +273,15 @@ private:
                where_);
     try {
       open_worker();
-      RLPT_CHECK(dev_ == nullptr || dev_->memory_type() != UCS_MEMORY_TYPE_CUDA || moves_device_memory(),
-                 errors::sync::ucx,
-                 "{}: device payloads need a UCX built with CUDA (cuda_copy, cuda_ipc, GPUDirect RDMA); this one "
-                 "does not move CUDA memory (Debian's libucx has no CUDA transports, PyPI's libucx-cu13 has them; "
-                 "staged_link moves device payloads over a host link instead)",
-                 where_);
-      RLPT_CHECK(dev_ == nullptr || moves(dev_->memory_type()), errors::sync::ucx,
-                 "{}: this UCX does not move the payload slots' memory (ucs_memory_type_t {})", where_,
-                 static_cast<int>(dev_->memory_type()));
+      if (dev_ != nullptr && !moves(dev_->memory_type())) {
+        RLPT_CHECK(dev_->memory_type() != UCS_MEMORY_TYPE_CUDA, errors::sync::ucx,
+                   "{}: device payloads need a UCX built with CUDA (cuda_copy, cuda_ipc, GPUDirect RDMA); this one "
+                   "does not move CUDA memory (Debian's libucx has no CUDA transports, PyPI's libucx-cu13 has them; "
+                   "staged_link moves device payloads over a host link instead)",
+                   where_);
+        RLPT_FAIL(errors::sync::ucx, "{}: this UCX does not move the payload slots' memory (ucs_memory_type_t {})",
+                  where_, static_cast<int>(dev_->memory_type()));
+      }
       if (o_.listen) open_listener();
     } catch (...) {
       close();
