@@ -104,10 +104,8 @@ template <class T, int L> struct gcc_lanes;
   }
 RLPT_OBJECTIVE_LANES(float, 8);
 RLPT_OBJECTIVE_LANES(double, 8);
-RLPT_OBJECTIVE_LANES(std::uint8_t, 8);
 RLPT_OBJECTIVE_LANES(std::int32_t, 8);
 RLPT_OBJECTIVE_LANES(std::int64_t, 8);
-RLPT_OBJECTIVE_LANES(float, 4);
 RLPT_OBJECTIVE_LANES(double, 4);
 #undef RLPT_OBJECTIVE_LANES
 template <class T> using lanes8 = typename gcc_lanes<T, 8>::type;
@@ -128,16 +126,21 @@ RLPT_HD_FORCEINLINE void lane_maxima(const T (&v)[N], const std::uint8_t (&use)[
     T a[8], b[8];
     int j = 0;
 #if RLPT_OBJECTIVE_VECTOR_EXT()
+    // The use bytes widened to lane masks in a plain loop, which vectorises (in vector types,
+    // __builtin_convertvector from 8 bytes to 8 words became byte-by-byte scalar code in g++ 12);
+    // then max_r(acc, sel(use, v, acc)) in each of eight lanes, as the loop below.
+    using bits_t = std::conditional_t<sizeof(T) == 4, std::int32_t, std::int64_t>;
     using vec = lanes8<T>;
-    using bits = lanes8<std::conditional_t<sizeof(T) == 4, std::int32_t, std::int64_t>>;
+    using bits = lanes8<bits_t>;
+    bits_t um[N];
+    for (int k = 0; k < n; ++k) um[k] = use[k] != 0 ? bits_t(-1) : bits_t(0);
     vec va = ninf - vec{}, vb = va; // every lane -inf
     for (; j + 8 <= n; j += 8) {
       vec x;
-      lanes8<std::uint8_t> u8;
+      bits u;
       std::memcpy(&x, v + j, sizeof x);
-      std::memcpy(&u8, use + j, sizeof u8);
-      const bits u = __builtin_convertvector(u8, bits) != 0;
-      const vec xa = u ? x : va; // max_r(acc, sel(use, v, acc)) in each lane
+      std::memcpy(&u, um + j, sizeof u);
+      const vec xa = u ? x : va;
       va = va > xa ? va : xa;
       if constexpr (Both) {
         const vec xb = u ? -x : vb;
@@ -240,16 +243,17 @@ private:
     // below, which g++ 12 vectorised badly (scalar converts, inserts) once several rows were
     // interleaved. Not one vector of eight doubles: without AVX-512 g++ 12 kept such a vector in
     // memory and rebuilt it from 64-bit pieces after every add (stores, reloads, pinsrq).
+    // Converted as eight, added as two halves: g++ 12 lowers a conversion of four floats to four
+    // doubles as two conversions of two and an insert, one of eight as two of four.
     using half = lanes4<double>;
-    using half_t = lanes4<T>;
     half lo[K] = {}, hi[K] = {};
     for (; j + 8 <= n; j += 8)
       for (int q = 0; q < K; ++q) {
-        half_t a, b;
-        std::memcpy(&a, rows + q * N + j, sizeof a);
-        std::memcpy(&b, rows + q * N + j + 4, sizeof b);
-        lo[q] += __builtin_convertvector(a, half);
-        hi[q] += __builtin_convertvector(b, half);
+        lanes8<T> x;
+        std::memcpy(&x, rows + q * N + j, sizeof x);
+        const lanes8<double> d = __builtin_convertvector(x, lanes8<double>);
+        lo[q] += __builtin_shufflevector(d, d, 0, 1, 2, 3);
+        hi[q] += __builtin_shufflevector(d, d, 4, 5, 6, 7);
       }
     double acc[K][8];
     for (int q = 0; q < K; ++q)
