@@ -75,7 +75,7 @@ template <class T> using host_chunk_data = token_chunk<T, host_chunk>;
 using host_count = std::int64_t;
 
 // NOLINTBEGIN(bugprone-macro-parentheses): ATTR is a function attribute, which parentheses would break
-#define RLPT_OBJECTIVE_HOST_STAGES(ATTR)                                                                               \
+#define RLPT_OBJECTIVE_HOST_STAGES(ATTR, WIDE)                                                                         \
   ATTR static int load(const objective_plan& p, const basic_objective_inputs<T>& in, index_t b, index_t i0, int n,     \
                        host_chunk_data<T>& RLPT_OBJECTIVE_RESTRICT c) {                                                \
     return load_chunk(p, in, b, i0, n, c);                                                                             \
@@ -86,7 +86,7 @@ using host_count = std::int64_t;
   }                                                                                                                    \
   ATTR static row_stats stats(const objective_plan& p, int n, host_chunk_data<T>& RLPT_OBJECTIVE_RESTRICT c,           \
                               row_stats st) {                                                                          \
-    stats_chunk(p, n, c, st);                                                                                          \
+    stats_chunk<WIDE>(p, n, c, st);                                                                                    \
     return st;                                                                                                         \
   }                                                                                                                    \
   ATTR static void policy(const objective_plan& p, const token_consts<T>& k, int n,                                    \
@@ -100,21 +100,21 @@ using host_count = std::int64_t;
                                                     int n, host_chunk_data<T>& RLPT_OBJECTIVE_RESTRICT c,              \
                                                     const basic_objective_grads<T>& gr,                                \
                                                     token_acc<double, host_count> a) {                                 \
-    combine_chunk(p, k, i0, n, c, gr, a);                                                                              \
+    combine_chunk<WIDE>(p, k, i0, n, c, gr, a);                                                                        \
     return a;                                                                                                          \
   }
 // NOLINTEND(bugprone-macro-parentheses)
 
 //! The chunk stages for the default instruction set.
 template <class T> struct host_stages_default {
-  RLPT_OBJECTIVE_HOST_STAGES(RLPT_OBJECTIVE_STAGE_NOINLINE __attribute__((RLPT_NO_CONTRACT_ATTR)))
+  RLPT_OBJECTIVE_HOST_STAGES(RLPT_OBJECTIVE_STAGE_NOINLINE __attribute__((RLPT_NO_CONTRACT_ATTR)), false)
 };
 
 #if RLPT_OBJECTIVE_AVX2_CLONE()
 #define RLPT_OBJECTIVE_AVX2_ATTR target("avx2,fma"), RLPT_NO_CONTRACT_ATTR
 //! The chunk stages compiled for AVX2 + FMA (chosen at run time).
 template <class T> struct host_stages_avx2 {
-  RLPT_OBJECTIVE_HOST_STAGES(__attribute__((noinline, RLPT_OBJECTIVE_AVX2_ATTR)))
+  RLPT_OBJECTIVE_HOST_STAGES(__attribute__((noinline, RLPT_OBJECTIVE_AVX2_ATTR)), false)
 };
 #endif
 
@@ -123,7 +123,7 @@ template <class T> struct host_stages_avx2 {
   target("avx512f,avx512vl,avx512bw,avx512dq,prefer-vector-width=512"), RLPT_NO_CONTRACT_ATTR
 //! The chunk stages compiled for AVX-512 (chosen at run time).
 template <class T> struct host_stages_avx512 {
-  RLPT_OBJECTIVE_HOST_STAGES(__attribute__((noinline, RLPT_OBJECTIVE_AVX512_ATTR)))
+  RLPT_OBJECTIVE_HOST_STAGES(__attribute__((noinline, RLPT_OBJECTIVE_AVX512_ATTR)), true)
 };
 #endif
 

@@ -182,8 +182,9 @@ template <class T, int N> RLPT_HD_FORCEINLINE double lane_max(const T (&v)[N], c
 //! then ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))) and adds each total to its target.
 //! The rows' chains are independent, where summing one row at a time waited on its own adds'
 //! latency; each total is the one that row alone gives. N == 1 (the device's chunk) adds each
-//! value at once.
-template <class T, int N, class V> class chunk_sums {
+//! value at once. Wide: the eight fp64 lanes as one vector (the AVX-512 build, where eight
+//! doubles fill one register); otherwise as two vectors of four. Same additions, same bits.
+template <class T, int N, class V, bool Wide = false> class chunk_sums {
 public:
   RLPT_HD_FORCEINLINE chunk_sums(token_chunk<T, N>& c, int n) : c_(c), n_(n) {}
 
@@ -239,25 +240,37 @@ private:
     const int n = n_;
     int j = 0;
 #if RLPT_OBJECTIVE_VECTOR_EXT()
-    // The eight lanes of a row as two vectors of four (lanes 0-3 and 4-7): the loop as written
-    // below, which g++ 12 vectorised badly (scalar converts, inserts) once several rows were
-    // interleaved. Not one vector of eight doubles: without AVX-512 g++ 12 kept such a vector in
+    // The eight lanes of a row in vectors: the loop as written below, which g++ 12 vectorised
+    // badly (scalar converts, inserts) once several rows were interleaved. One vector of eight
+    // doubles only where it fits a register (Wide): without AVX-512 g++ 12 kept such a vector in
     // memory and rebuilt it from 64-bit pieces after every add (stores, reloads, pinsrq).
-    // Converted as eight, added as two halves: g++ 12 lowers a conversion of four floats to four
-    // doubles as two conversions of two and an insert, one of eight as two of four.
-    using half = lanes4<double>;
-    half lo[K] = {}, hi[K] = {};
-    for (; j + 8 <= n; j += 8)
-      for (int q = 0; q < K; ++q) {
-        lanes8<T> x;
-        std::memcpy(&x, rows + q * N + j, sizeof x);
-        const lanes8<double> d = __builtin_convertvector(x, lanes8<double>);
-        lo[q] += __builtin_shufflevector(d, d, 0, 1, 2, 3);
-        hi[q] += __builtin_shufflevector(d, d, 4, 5, 6, 7);
-      }
     double acc[K][8];
-    for (int q = 0; q < K; ++q)
-      for (int k = 0; k < 4; ++k) acc[q][k] = lo[q][k], acc[q][k + 4] = hi[q][k];
+    if constexpr (Wide) {
+      lanes8<double> w[K] = {};
+      for (; j + 8 <= n; j += 8)
+        for (int q = 0; q < K; ++q) {
+          lanes8<T> x;
+          std::memcpy(&x, rows + q * N + j, sizeof x);
+          w[q] += __builtin_convertvector(x, lanes8<double>);
+        }
+      for (int q = 0; q < K; ++q)
+        for (int k = 0; k < 8; ++k) acc[q][k] = w[q][k];
+    } else {
+      // Converted as eight, added as two halves: g++ 12 lowers a conversion of four floats to
+      // four doubles as two conversions of two and an insert, one of eight as two of four.
+      using half = lanes4<double>;
+      half lo[K] = {}, hi[K] = {};
+      for (; j + 8 <= n; j += 8)
+        for (int q = 0; q < K; ++q) {
+          lanes8<T> x;
+          std::memcpy(&x, rows + q * N + j, sizeof x);
+          const lanes8<double> d = __builtin_convertvector(x, lanes8<double>);
+          lo[q] += __builtin_shufflevector(d, d, 0, 1, 2, 3);
+          hi[q] += __builtin_shufflevector(d, d, 4, 5, 6, 7);
+        }
+      for (int q = 0; q < K; ++q)
+        for (int k = 0; k < 4; ++k) acc[q][k] = lo[q][k], acc[q][k + 4] = hi[q][k];
+    }
 #else
     double acc[K][8] = {};
     for (; j + 8 <= n; j += 8)
@@ -466,12 +479,12 @@ RLPT_HD_FORCEINLINE void correction_chunk(const objective_plan& p, const token_c
 }
 
 //! The chunk's share of the row statistics, after load and correction (seq_keep set).
-template <class T, int N>
+template <bool Wide = false, class T, int N>
 RLPT_HD_FORCEINLINE void stats_chunk(const objective_plan& p, int n, token_chunk<T, N>& c, row_stats& st) {
   st.len += static_cast<double>(count(c.valid, n));
   for (int j = 0; j < n; ++j) c.rej[j] = static_cast<std::uint8_t>(c.valid[j] & c.keep[j]);
   st.len_keep += static_cast<double>(count(c.rej, n));
-  chunk_sums<T, N, double> sums(c, n);
+  chunk_sums<T, N, double, Wide> sums(c, n);
   if (p.use_rs && p.rs_seq) {
     const rs_stat stat = p.corr.reject.stat;
     for (int j = 0; j < n; ++j) c.pv[j] = rs_token_stat(stat, c.tmp[j]);
@@ -620,7 +633,7 @@ template <class T, int N> RLPT_HD_FORCEINLINE void kl_chunk(const objective_plan
 //!                                                                GSPO sequence form: gspo_pass)
 //!   d loss / d H    = -entropy.coef * a_entropy
 //!   d loss / d v    = value.coef * a_value * vg
-template <class T, memory_space M, int N, class V, class Count>
+template <bool Wide = false, class T, memory_space M, int N, class V, class Count>
 RLPT_HD_FORCEINLINE void combine_chunk(const objective_plan& p, const token_consts<T>& k, index_t i0, int n,
                                        token_chunk<T, N>& c, const basic_objective_grads<T, M>& gr,
                                        token_acc<V, Count>& a) {
@@ -665,7 +678,7 @@ RLPT_HD_FORCEINLINE void combine_chunk(const objective_plan& p, const token_cons
     }
   }
   // Term sums over the tokens in the loss.
-  chunk_sums<T, N, V> sums(c, n);
+  chunk_sums<T, N, V, Wide> sums(c, n);
   sums.add(a.policy, [&](int j) { return sel(c.inl[j] != 0, c.w[j] * c.pv[j], T(0)); });
   if (seq_gspo) sums.add(a.dcoef, [&](int j) { return sel(c.inl[j] != 0, c.w[j] * c.pg[j], T(0)); });
   if (kl) sums.add(a.kl, [&](int j) { return sel(c.inl[j] != 0, c.kv[j], T(0)); });
