@@ -59,6 +59,23 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def simd() -> str:
+    """The widest vector set rlpt's host kernels dispatch to on this CPU (their clones: AVX-512,
+    AVX2 + FMA, or the baseline build)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                if {"avx512f", "avx512vl", "avx512bw", "avx512dq"} <= flags:
+                    return "AVX-512"
+                if {"avx2", "fma"} <= flags:
+                    return "AVX2 + FMA, no AVX-512"
+                return "no AVX2"
+    except OSError:
+        pass
+    return "unknown"
+
+
 def cores() -> int:
     return len(os.sched_getaffinity(0))
 
@@ -115,7 +132,7 @@ def peer_versions() -> dict[str, str | None]:
 
 
 def machine() -> dict:
-    return {"cpu": cpu_model(), "cores": cores(), "memory_gib": round(mem_total_gib(), 1),
+    return {"cpu": cpu_model(), "simd": simd(), "cores": cores(), "memory_gib": round(mem_total_gib(), 1),
             "kernel": platform.release(), "llc_bytes": llc_bytes(), "python": platform.python_version(),
             "commit": git_commit(), "peers": {k: v for k, v in peer_versions().items() if v}}
 

@@ -54,7 +54,7 @@ def block_markdown(block: dict) -> str:
         f"Command: `{block['command']}` (this run: `{block['run_command']}`, {block['started']} to {block['finished']}, "
         f"commit {m['commit']}).",
         "",
-        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, Linux {m['kernel']}; 1-minute load "
+        f"Machine: {m['cpu']}{' (' + m['simd'] + ')' if m.get('simd') else ''}, {m['cores']} cores, {m['memory_gib']} GiB, Linux {m['kernel']}; 1-minute load "
         f"{block['load_before']:.2f} before, {block['load_after']:.2f} after; {peers}.",
         "",
         "Protocol: each side in its own process, one thread, rounds interleaved (rlpt, peer, rlpt, peer, ...); "
