@@ -19,6 +19,7 @@
 #include <rlpt/advantage/detail/recurrence.hpp>
 #include <rlpt/advantage/tokens.hpp>
 #include <rlpt/advantage/whiten.hpp>
+#include <rlpt/core/copy.hpp>
 #include <rlpt/core/error.hpp>
 #include <rlpt/core/executor.hpp>
 #include <rlpt/core/layout.hpp>
@@ -235,6 +236,11 @@ inline gae_result gae(const gae_inputs& in, view<float> advantages, view<float> 
   detail::expect_mask(layout, in.mask);
   detail::expect_size_or_empty("bootstrap", in.bootstrap.size(), layout.num_seqs(), "one value per sequence");
   if (o.whiten) detail::check_whiten_options(*o.whiten);
+  // Outputs are often just allocated: their pages mapped in one call each, not a fault per page
+  // among the recurrence's stores (core/copy.hpp).
+  detail::prefault_for_write(advantages.data(), static_cast<std::size_t>(advantages.size()) * sizeof(float));
+  if (!returns.empty())
+    detail::prefault_for_write(returns.data(), static_cast<std::size_t>(returns.size()) * sizeof(float));
 
   gae_result result;
   if (o.whiten) {

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <rlpt/config.hpp>
+#include <rlpt/core/copy.hpp>
 #include <rlpt/core/dtype.hpp>
 #include <rlpt/core/error.hpp>
 #include <rlpt/core/executor.hpp>
@@ -171,9 +172,16 @@ void backward_rows(view2d<T> logits, Job&& job, const logprob_backward_inputs& i
   const logprob_saved_view& saved = in.saved;
   const bool have_lse = !saved.lse.empty() && (!truncated || (!saved.threshold.empty() && !saved.tie_last.empty()));
   const bool need_entropy = !in.dentropy.empty();
+  // dlogits is often just allocated (torch.empty, the runners' new[]): its pages are mapped 4 MiB
+  // of rows at a time, ahead of the rows that write them, one call per window instead of a fault
+  // per page (core/copy.hpp). Rows with gaps between them are left to fault: the gaps are not ours.
+  const bool contiguous = dlogits.row_stride() == cols;
+  const index_t window = std::max<index_t>(1, index_t{4 << 20} / std::max<index_t>(1, cols * index_t{sizeof(G)}));
   ex.parallel_for(logits.rows(), row_grain(cols), [&](index_t r0, index_t r1) {
     for (index_t r = r0; r < r1; ++r) {
       G* dx = dlogits.data() + r * dlogits.row_stride();
+      if (contiguous && r % window == 0) // windows of whole rows from row 0, whichever chunk reaches them
+        prefault_for_write(dx, static_cast<std::size_t>(std::min(window, logits.rows() - r) * cols) * sizeof(G));
       const row_job jb = job(r);
       float glp0 = jb.active && jb.scored && !in.dlogp.empty() ? in.dlogp[jb.out] : 0.0f;
       if (!in.logp.empty()) glp0 = target_dlogp(glp0, in.logp[jb.out]);
