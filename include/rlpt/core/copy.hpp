@@ -86,16 +86,16 @@ __attribute__((target("avx2"))) inline void copy_blocks_avx2(unsigned char* d, c
 inline void prefault_for_write(void* dst, std::size_t n) noexcept {
 #if defined(__linux__) && defined(MADV_POPULATE_WRITE)
   if (n < (std::size_t{1} << 20)) return;
-  static const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const auto begin = (reinterpret_cast<std::uintptr_t>(dst) + page - 1) & ~(page - 1);
-  const auto end = (reinterpret_cast<std::uintptr_t>(dst) + n) & ~(page - 1);
+  static const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  auto* const d = static_cast<unsigned char*>(dst);
+  const auto at = reinterpret_cast<std::uintptr_t>(d);
+  unsigned char* const begin = d + (page - at % page) % page; // the whole pages inside [d, d + n)
+  unsigned char* const end = d + n - (at + n) % page;
   if (end <= begin) return;
   unsigned char first = 0, last = 0;
-  if (::mincore(reinterpret_cast<void*>(begin), 1, &first) != 0 ||
-      ::mincore(reinterpret_cast<void*>(end - page), 1, &last) != 0)
-    return;
+  if (::mincore(begin, 1, &first) != 0 || ::mincore(end - page, 1, &last) != 0) return;
   if ((first & 1u) != 0 && (last & 1u) != 0) return;
-  (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE);
+  (void)::madvise(begin, static_cast<std::size_t>(end - begin), MADV_POPULATE_WRITE);
 #else
   (void)dst, (void)n;
 #endif
