@@ -255,16 +255,14 @@ lse_state row_accumulate_kept(const T* x, index_t n, float t, float m, float thr
 }
 
 //! Gradient of one row (target < 0: no one-hot term, e.g. the target lives on another shard).
-//! 32-bit gradients take the AVX2 build even on AVX-512 CPUs: written into freshly allocated pages
-//! (torch.empty, new[]: each page faults on its first store), the AVX-512 rows ran 20 % slower on
-//! the 2-vCPU Xeon (docs/performance.md), though 30 % faster into pages already mapped.
+//! Until the backward mapped a fresh gradient's pages ahead of its rows (from_logits.hpp), 32-bit
+//! gradients took the AVX2 build on AVX-512 CPUs: with a page fault among the stores every 4 KiB
+//! the AVX-512 rows ran 20 % slower on a 2-vCPU Xeon. With the pages mapped first the AVX-512
+//! build is the faster one (4096 x 32768 f32 forward + backward on an AMD EPYC: 241-286 against
+//! 256-384 ms, docs/performance.md).
 template <class T, class G, bool Truncated>
 void row_backward(const T* x, G* dx, index_t n, float t, float lse, float h, float glp, float gh, float thr,
                   index_t tie, index_t target) {
-#if RLPT_LOGPROB_AVX512_CLONE()
-  if (sizeof(G) >= 4 && row_kernels_isa() == row_isa::avx512)
-    return row_backward_avx2<T, G, Truncated>(x, dx, n, t, lse, h, glp, gh, thr, tie, target);
-#endif
   RLPT_LOGPROB_ROW_DISPATCH(row_backward, <T, G, Truncated>(x, dx, n, t, lse, h, glp, gh, thr, tie, target));
 }
 #undef RLPT_LOGPROB_ROW_DISPATCH
