@@ -50,11 +50,12 @@ def block_markdown(block: dict) -> str:
     m = block["machine"]
     peers = ", ".join(f"{k} {v}" for k, v in m.get("peers", {}).items() if k in ("torch", "verl", "trl", "safetensors",
                                                                                   "numpy", "openrlhf"))
+    simd = f" ({m['simd']})" if m.get("simd") else ""  # runs before the field existed have none
     out = [
         f"Command: `{block['command']}` (this run: `{block['run_command']}`, {block['started']} to {block['finished']}, "
         f"commit {m['commit']}).",
         "",
-        f"Machine: {m['cpu']}{' (' + m['simd'] + ')' if m.get('simd') else ''}, {m['cores']} cores, {m['memory_gib']} GiB, Linux {m['kernel']}; 1-minute load "
+        f"Machine: {m['cpu']}{simd}, {m['cores']} cores, {m['memory_gib']} GiB, Linux {m['kernel']}; 1-minute load "
         f"{block['load_before']:.2f} before, {block['load_after']:.2f} after; {peers}.",
         "",
         "Protocol: each side in its own process, one thread, rounds interleaved (rlpt, peer, rlpt, peer, ...); "
