@@ -19,7 +19,6 @@
 #include <rlpt/advantage/detail/recurrence.hpp>
 #include <rlpt/advantage/tokens.hpp>
 #include <rlpt/advantage/whiten.hpp>
-#include <rlpt/core/copy.hpp>
 #include <rlpt/core/error.hpp>
 #include <rlpt/core/executor.hpp>
 #include <rlpt/core/layout.hpp>
@@ -162,6 +161,8 @@ inline std::vector<index_t> run_recurrence(const token_layout& layout, view<cons
   const auto num = static_cast<std::size_t>(layout.num_seqs());
   sums.resize(num);
   std::vector<mask_t> ok(num, 1);
+  map_output(adv);
+  map_output(ret);
   const index_t grain = seq_grain(layout);
   ex.parallel_for(layout.num_seqs(), grain, [&](index_t b0, index_t b1) {
     fn(layout, rewards.data(), values.empty() ? nullptr : values.data(), m,
@@ -236,11 +237,6 @@ inline gae_result gae(const gae_inputs& in, view<float> advantages, view<float> 
   detail::expect_mask(layout, in.mask);
   detail::expect_size_or_empty("bootstrap", in.bootstrap.size(), layout.num_seqs(), "one value per sequence");
   if (o.whiten) detail::check_whiten_options(*o.whiten);
-  // Outputs are often just allocated: their pages mapped in one call each, not a fault per page
-  // among the recurrence's stores (core/copy.hpp).
-  detail::prefault_for_write(advantages.data(), static_cast<std::size_t>(advantages.size()) * sizeof(float));
-  if (!returns.empty())
-    detail::prefault_for_write(returns.data(), static_cast<std::size_t>(returns.size()) * sizeof(float));
 
   gae_result result;
   if (o.whiten) {
