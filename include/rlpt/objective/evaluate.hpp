@@ -19,6 +19,7 @@
 #pragma once
 
 #include <rlpt/config.hpp>
+#include <rlpt/core/copy.hpp>
 #include <rlpt/core/error.hpp>
 #include <rlpt/core/executor.hpp>
 #include <rlpt/core/layout.hpp>
@@ -383,6 +384,13 @@ template <class T>
   RLPT_FAIL(errors::objective::nonfinite, "{} valid tokens have a non-finite input", count);
 }
 
+//! The gradients are often just allocated: their pages are mapped in one call each before the
+//! rows write them, not faulted in one by one among the stores (core/copy.hpp).
+template <class T> void map_grads(const basic_objective_grads<T>& g) noexcept {
+  for (const view<T>& v : {g.logp, g.entropy, g.values})
+    if (!v.empty()) prefault_for_write(v.data(), static_cast<std::size_t>(v.size()) * sizeof(T));
+}
+
 //! Checks explicit global denominators against this call's own counts: a global count smaller
 //! than the local one means the caller's plumbing is wrong (the classic gradient-accumulation bug).
 inline void check_global(const agg_plan& a, const objective_sums& s, bool used, std::string_view term) {
@@ -440,6 +448,7 @@ objective_result evaluate(const objective& obj, const basic_objective_inputs<T>&
     detail::resolve_local(p.agg_value, c);
   }
   const index_t grain = std::max<index_t>(1, 16384 / std::max<index_t>(1, L.max_len()));
+  detail::map_grads(grads);
   const auto row = detail::host_row_kernel<T>();
   const detail::objective_sums s = ex.parallel_reduce(
       L.num_seqs(), grain, detail::objective_sums{},
