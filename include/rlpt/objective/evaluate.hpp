@@ -387,8 +387,10 @@ template <class T>
 //! The gradients are often just allocated: their pages are mapped in one call each before the
 //! rows write them, not faulted in one by one among the stores (core/copy.hpp).
 template <class T> void map_grads(const basic_objective_grads<T>& g) noexcept {
-  for (const view<T>& v : {g.logp, g.entropy, g.values})
-    if (!v.empty()) prefault_for_write(v.data(), static_cast<std::size_t>(v.size()) * sizeof(T));
+  const auto map = [](view<T> v) { prefault_for_write(v.data(), static_cast<std::size_t>(v.size()) * sizeof(T)); };
+  map(g.logp);
+  map(g.entropy);
+  map(g.values);
 }
 
 //! Checks explicit global denominators against this call's own counts: a global count smaller
