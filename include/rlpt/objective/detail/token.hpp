@@ -100,7 +100,7 @@ template <class V, class Count> struct token_acc {
 template <class T, int L> struct gcc_lanes;
 #define RLPT_OBJECTIVE_LANES(T, L)                                                                                     \
   template <> struct gcc_lanes<T, L> {                                                                                 \
-    typedef T type __attribute__((vector_size(L * sizeof(T)))); /* NOLINT(modernize-use-using) */                      \
+    typedef T type __attribute__((vector_size((L) * sizeof(T)))); /* NOLINT(modernize-use-using) */                    \
   }
 RLPT_OBJECTIVE_LANES(float, 8);
 RLPT_OBJECTIVE_LANES(double, 8);
