@@ -49,29 +49,16 @@ TEST_CASE("copy_bytes copies every byte and nothing outside, at any size and ali
 }
 
 #if defined(__linux__)
-#include <sys/mman.h>
-#include <unistd.h>
+#include "support/pages.hpp"
 
 TEST_CASE("copy_bytes maps a fresh destination's pages before it copies, and copies every byte") {
-  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-  const std::size_t n = 4u << 20;
-  void* m = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  REQUIRE(m != MAP_FAILED);
-  auto* d = static_cast<unsigned char*>(m);
-  const auto resident = [&](std::size_t from, std::size_t to) { // pages [from, to) of d
-    std::vector<unsigned char> v((to - from + page - 1) / page);
-    REQUIRE(::mincore(d + from, to - from, v.data()) == 0);
-    std::size_t k = 0;
-    for (const unsigned char c : v) k += c & 1u;
-    return k;
-  };
-  CHECK(resident(0, n) == 0); // nothing touched yet
+  const std::size_t page = rlpt::test::page_size(), n = 4u << 20;
+  const rlpt::test::fresh_mapping m(n);
+  auto* d = m.as<unsigned char>();
+  CHECK(m.resident() == 0); // nothing touched yet
   // From byte 100 to 100 bytes before the end: the whole pages inside are mapped in one call.
   rlpt::detail::prefault_for_write(d + 100, n - 200);
-#ifdef MADV_POPULATE_WRITE
-  if (::madvise(d, page, MADV_POPULATE_WRITE) == 0) // the kernel has it (5.14 and later)
-    CHECK(resident(page, n - page) == n / page - 2);
-#endif
+  if (rlpt::test::kernel_populates()) CHECK(m.resident(page, n - page) == n / page - 2);
   std::vector<unsigned char> src(n - 200);
   for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 131u + 7u);
   rlpt::detail::copy_bytes(d + 100, src.data(), src.size());
@@ -79,6 +66,5 @@ TEST_CASE("copy_bytes maps a fresh destination's pages before it copies, and cop
   for (std::size_t i = 0; i < src.size(); ++i) same = same && d[100 + i] == src[i];
   CHECK(same);
   for (std::size_t i = 0; i < 100; ++i) CHECK(d[i] == 0);
-  ::munmap(m, n);
 }
 #endif

@@ -571,15 +571,13 @@ TEST_CASE("long rows with masked heads, tails and whole chunks: results as the p
 }
 
 #if defined(__linux__)
-#include <sys/mman.h>
-#include <unistd.h>
+#include "support/pages.hpp"
 
 TEST_CASE("evaluate maps fresh gradient buffers in one call, the slots between padded rows included") {
   // One token per row, rows two pages apart: the rows store into every other page only, so a
   // page between two rows is mapped only if evaluate mapped the whole gradient first.
-  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-  const index_t stride = static_cast<index_t>(2 * page / sizeof(float)), B = 256;
-  const std::size_t n = static_cast<std::size_t>(B * stride), bytes = n * sizeof(float);
+  const index_t stride = static_cast<index_t>(2 * test::page_size() / sizeof(float)), B = 256;
+  const auto n = static_cast<std::size_t>(B * stride);
   const std::vector<float> lp(n, -1.0f), old(n, -1.1f), ref(n, -0.9f), adv(n, 0.5f), ent(n, 1.0f);
   const std::vector<mask_t> mask(n, 1);
   const objective_inputs in{.layout = token_layout::padded(B, 1, stride),
@@ -591,35 +589,16 @@ TEST_CASE("evaluate maps fresh gradient buffers in one call, the slots between p
                             .entropy = ent};
   const objective obj = compat::verl::actor(
       {.use_kl_loss = true, .kl_loss_coef = 0.001, .kl_loss_type = "low_var_kl", .entropy_coeff = 0.01});
-  auto fresh = [&] {
-    void* m = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    REQUIRE(m != MAP_FAILED);
-    return static_cast<float*>(m);
-  };
-  auto resident = [&](float* p) {
-    std::vector<unsigned char> v(bytes / page);
-    REQUIRE(::mincore(p, bytes, v.data()) == 0);
-    std::size_t k = 0;
-    for (const unsigned char c : v) k += c & 1u;
-    return k;
-  };
-  float* gl = fresh();
-  float* ge = fresh();
-#ifdef MADV_POPULATE_WRITE
-  const bool kernel_has_it = ::madvise(gl + n - page / sizeof(float), page, MADV_POPULATE_WRITE) == 0; // >= 5.14
-#else
-  const bool kernel_has_it = false;
-#endif
-  const objective_result r = evaluate(
-      obj, in, {.logp = view<float>(gl, static_cast<index_t>(n)), .entropy = view<float>(ge, static_cast<index_t>(n))});
+  const test::fresh_mapping gl(n * sizeof(float)), ge(n * sizeof(float));
+  const objective_result r = evaluate(obj, in,
+                                      {.logp = view<float>(gl.as<float>(), static_cast<index_t>(n)),
+                                       .entropy = view<float>(ge.as<float>(), static_cast<index_t>(n))});
   CHECK(std::isfinite(r.loss));
-  CHECK(gl[0] != 0.0f);
-  CHECK(ge[0] != 0.0f);
-  if (kernel_has_it) {
-    CHECK(resident(gl) == bytes / page);
-    CHECK(resident(ge) == bytes / page);
+  CHECK(gl.as<float>()[0] != 0.0f);
+  CHECK(ge.as<float>()[0] != 0.0f);
+  if (test::kernel_populates()) { // a kernel before 5.14: the mapping is a no-op
+    CHECK(gl.resident() == gl.pages());
+    CHECK(ge.resident() == ge.pages());
   }
-  ::munmap(gl, bytes);
-  ::munmap(ge, bytes);
 }
 #endif
