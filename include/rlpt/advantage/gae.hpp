@@ -161,8 +161,8 @@ inline std::vector<index_t> run_recurrence(const token_layout& layout, view<cons
   const auto num = static_cast<std::size_t>(layout.num_seqs());
   sums.resize(num);
   std::vector<mask_t> ok(num, 1);
-  map_output(adv);
-  map_output(ret);
+  prefault_for_write(adv);
+  prefault_for_write(ret);
   const index_t grain = seq_grain(layout);
   ex.parallel_for(layout.num_seqs(), grain, [&](index_t b0, index_t b1) {
     fn(layout, rewards.data(), values.empty() ? nullptr : values.data(), m,

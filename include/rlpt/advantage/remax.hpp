@@ -37,8 +37,8 @@ inline index_t remax_advantages(const token_layout& layout, view<const float> to
   detail::check_rewards(baselines, o.on_nonfinite, "baselines");
   // gamma = 1: skipping masked tokens and zeroing them give the same sums (verl: cumsum of r * m).
   // A = G - b is formed from the fp64 G, so it does not inherit G's fp32 rounding.
-  detail::map_output(advantages);
-  detail::map_output(returns);
+  detail::prefault_for_write(advantages);
+  detail::prefault_for_write(returns);
   const mask_t* m = mask.empty() ? nullptr : mask.data();
   std::vector<mask_t> zeroed(static_cast<std::size_t>(layout.num_seqs()), 0);
   ex.parallel_for(layout.num_seqs(), detail::seq_grain(layout), [&](index_t b0, index_t b1) {

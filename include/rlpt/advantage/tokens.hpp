@@ -6,6 +6,10 @@
 //! advantage onto the tokens (the `advantages` input of the objectives).
 //!
 //! Masks are optional everywhere here: an empty mask means every token slot is valid.
+//!
+//! Token outputs are often just allocated: every writer of a token output in this block maps its
+//! pages in one call before it stores (`detail::prefault_for_write`, core/copy.hpp), instead of a
+//! page fault per 4 KiB among the stores; an output already mapped costs two mincore calls.
 #pragma once
 
 #include <rlpt/config.hpp>
@@ -28,13 +32,6 @@ inline index_t seq_grain(const token_layout& layout) {
 
 inline void expect_mask(const token_layout& layout, view<const mask_t> mask) {
   if (!mask.empty()) layout.expect_tokens("mask", mask);
-}
-
-//! Token outputs are often just allocated: their pages are mapped in one call before the writers
-//! run, not faulted in one by one among their stores (core/copy.hpp). Every writer of a token
-//! output of this block calls it; an output already mapped costs two mincore calls.
-inline void map_output(view<float> out) noexcept {
-  if (!out.empty()) prefault_for_write(out.data(), static_cast<std::size_t>(out.size()) * sizeof(float));
 }
 
 RLPT_HD_FORCEINLINE bool valid_at(const mask_t* mask, index_t i) { return mask == nullptr || mask[i] != 0; }
@@ -80,7 +77,7 @@ inline void broadcast_to_tokens(const token_layout& layout, view<const float> pe
   detail::expect_size("per_seq", per_seq.size(), layout.num_seqs(), "one value per sequence");
   detail::expect_mask(layout, mask);
   layout.expect_tokens("out", out);
-  detail::map_output(out);
+  detail::prefault_for_write(out);
   const mask_t* m = mask.empty() ? nullptr : mask.data();
   ex.parallel_for(layout.num_seqs(), detail::seq_grain(layout), [&](index_t b0, index_t b1) {
     for (index_t b = b0; b < b1; ++b) {
@@ -99,7 +96,7 @@ inline void place_at_last_token(const token_layout& layout, view<const float> pe
   detail::expect_size("per_seq", per_seq.size(), layout.num_seqs(), "one value per sequence");
   detail::expect_mask(layout, mask);
   layout.expect_tokens("out", out);
-  detail::map_output(out);
+  detail::prefault_for_write(out);
   const mask_t* m = mask.empty() ? nullptr : mask.data();
   ex.parallel_for(layout.num_seqs(), detail::seq_grain(layout), [&](index_t b0, index_t b1) {
     for (index_t b = b0; b < b1; ++b) {

@@ -253,7 +253,7 @@ inline whiten_result whiten_apply(const moments& stats, const token_layout& layo
              "whiten_options::on_too_few = rlpt::too_few::unit_std to use std 1)",
              need, need > 1.0 ? "s" : "", o.unbiased ? "n unbiased" : " biased", stats.count);
   const detail::whiten_transform tr = detail::whiten_from(stats.count, stats.mean, stats.m2, o);
-  detail::map_output(out);
+  detail::prefault_for_write(out);
   const mask_t* m = mask.empty() ? nullptr : mask.data();
   const index_t bad = ex.parallel_reduce(
       layout.num_seqs(), detail::seq_grain(layout), index_t{0},

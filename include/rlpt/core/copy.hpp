@@ -101,6 +101,12 @@ inline void prefault_for_write(void* dst, std::size_t n) noexcept {
 #endif
 }
 
+//! prefault_for_write over the elements of a contiguous output (a view, a span, a vector) that
+//! the caller is about to write whole: a writer of a large output calls it before its stores.
+template <class Out> void prefault_for_write(const Out& out) noexcept {
+  prefault_for_write(out.data(), static_cast<std::size_t>(out.size()) * sizeof(*out.data()));
+}
+
 //! Copies n bytes from src to dst (which must not overlap) with plain vector stores, the pages of
 //! dst mapped first where they are not (prefault_for_write).
 inline void copy_bytes(void* dst, const void* src, std::size_t n) noexcept {

@@ -384,15 +384,6 @@ template <class T>
   RLPT_FAIL(errors::objective::nonfinite, "{} valid tokens have a non-finite input", count);
 }
 
-//! The gradients are often just allocated: their pages are mapped in one call each before the
-//! rows write them, not faulted in one by one among the stores (core/copy.hpp).
-template <class T> void map_grads(const basic_objective_grads<T>& g) noexcept {
-  const auto map = [](view<T> v) { prefault_for_write(v.data(), static_cast<std::size_t>(v.size()) * sizeof(T)); };
-  map(g.logp);
-  map(g.entropy);
-  map(g.values);
-}
-
 //! Checks explicit global denominators against this call's own counts: a global count smaller
 //! than the local one means the caller's plumbing is wrong (the classic gradient-accumulation bug).
 inline void check_global(const agg_plan& a, const objective_sums& s, bool used, std::string_view term) {
@@ -450,7 +441,11 @@ objective_result evaluate(const objective& obj, const basic_objective_inputs<T>&
     detail::resolve_local(p.agg_value, c);
   }
   const index_t grain = std::max<index_t>(1, 16384 / std::max<index_t>(1, L.max_len()));
-  detail::map_grads(grads);
+  // The gradients are often just allocated: their pages mapped in one call each, not a fault
+  // per page among the rows' stores (core/copy.hpp).
+  detail::prefault_for_write(grads.logp);
+  detail::prefault_for_write(grads.entropy);
+  detail::prefault_for_write(grads.values);
   const auto row = detail::host_row_kernel<T>();
   const detail::objective_sums s = ex.parallel_reduce(
       L.num_seqs(), grain, detail::objective_sums{},
