@@ -62,7 +62,7 @@ __attribute__((always_inline)) inline void copy_blocks(unsigned char* d, const u
       __builtin_memcpy(&b, s + i + k, W);
       __builtin_memcpy(d + i + k, &b, W);
     }
-  std::memcpy(d + i, s + i, n - i);
+  if (i < n) std::memcpy(d + i, s + i, n - i); // memcpy with a null pointer is undefined even for 0 bytes
 }
 
 #if RLPT_COPY_CLONES()
@@ -108,7 +108,7 @@ template <class Out> void prefault_for_write(const Out& out) noexcept {
 }
 
 //! Copies n bytes from src to dst (which must not overlap) with plain vector stores, the pages of
-//! dst mapped first where they are not (prefault_for_write).
+//! dst mapped first where they are not (prefault_for_write). With n = 0 either pointer may be null.
 inline void copy_bytes(void* dst, const void* src, std::size_t n) noexcept {
   prefault_for_write(dst, n);
   auto* d = static_cast<unsigned char*>(dst);
@@ -120,7 +120,7 @@ inline void copy_bytes(void* dst, const void* src, std::size_t n) noexcept {
 #endif
   copy_blocks<16>(d, s, n);
 #else
-  std::memcpy(d, s, n); // no vector extensions: the library's copy
+  if (n != 0) std::memcpy(d, s, n); // no vector extensions: the library's copy
 #endif
 }
 
