@@ -489,6 +489,11 @@ TEST_CASE("protocol: memory stays flat over 100 consecutive updates") {
   for (const auto& u : ups) CHECK(u.published());
   const std::size_t end = rss_bytes();
   MESSAGE("RSS after 20 updates: ", after_warmup / 1024, " KiB, after 100: ", end / 1024, " KiB");
+#if defined(__SANITIZE_ADDRESS__)
+  // ASan's quarantine holds freed blocks resident (up to 256 MiB), so RSS grows without a leak;
+  // LeakSanitizer checks for leaks in that build instead.
+#else
   CHECK(end < after_warmup + (2u << 20)); // the model is 2 MiB x (params, snapshot, mirror, sink)
+#endif
   check_mirror(rx, md);
 }
