@@ -39,6 +39,37 @@ bool fd_open(int fd) { return ::fcntl(fd, F_GETFD) != -1; }
 
 } // namespace
 
+TEST_CASE("device sync wire: a frame's header is peeked as it was encoded, and labels its payload") {
+  std::vector<std::byte> meta;
+  const std::string body = "manifest";
+  encode_frame(meta, frame_type::bucket, /*tag=*/7, /*version=*/42, /*base_version=*/41, /*index=*/3, /*count=*/9,
+               /*payload_bytes=*/1 << 20, as_bytes(body));
+  frame_peek p = peek_frame(meta);
+  CHECK(p.type == static_cast<std::uint16_t>(frame_type::bucket));
+  CHECK(p.version == 42);
+  CHECK(p.index == 3);
+  CHECK(p.payload_bytes == (1u << 20));
+  const frame f = decode_frame(meta, "test");
+  CHECK(f.payload_bytes == p.payload_bytes);
+  CHECK(payload_label(meta) == "bucket 3 of version 42");
+
+  encode_frame(meta, frame_type::delta, 7, 43, 42, 5, 9, 4096, {});
+  CHECK(payload_label(meta) == "delta chunk 5 of version 43");
+  encode_frame(meta, frame_type::begin, 7, 44, 0, 0, 1, 0, {});
+  CHECK(payload_label(meta) == "a payload of version 44");
+  CHECK(peek_frame(meta).payload_bytes == 0);
+
+  // Shorter than a header: nothing is read past the block, every field is zero.
+  meta.resize(frame_header_bytes - 1);
+  p = peek_frame(meta);
+  CHECK(p.type == 0);
+  CHECK(p.version == 0);
+  CHECK(p.index == 0);
+  CHECK(p.payload_bytes == 0);
+  CHECK(payload_label(meta) == "a payload");
+  CHECK(payload_label({}) == "a payload");
+}
+
 TEST_CASE("device sync wire: IPC envelopes round-trip and every damaged byte is detected") {
   std::vector<std::byte> e;
   encode_envelope(e, ipc_kind::msg, 1, 12345, bytes_of("frame bytes"));

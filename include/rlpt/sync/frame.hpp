@@ -81,6 +81,11 @@ inline constexpr std::uint32_t frame_magic = 0x46534c52u; // "RLSF"
 inline constexpr std::uint16_t frame_protocol = 1;
 inline constexpr std::size_t frame_header_bytes = 72;
 
+namespace detail {
+// Byte offsets of the header fields peek_frame reads (encode_frame writes every field).
+inline constexpr std::size_t frame_type_at = 6, frame_version_at = 8, frame_index_at = 24, frame_payload_at = 56;
+} // namespace detail
+
 struct frame {
   frame_type type = frame_type::begin;
   std::uint64_t version = 0;
@@ -107,6 +112,21 @@ inline std::string_view as_chars(std::span<const std::byte> b) noexcept {
 //! Decodes and verifies a meta block; `where` names the link in errors (rlpt.sync.wire).
 [[nodiscard]] frame decode_frame(std::span<const std::byte> meta, std::string_view where);
 
+//! A meta block's header fields read without verifying it (decode_frame verifies): what a
+//! device link needs to size and name the payload that follows before the protocol decodes the
+//! frame. All zero when the block is shorter than a header.
+struct frame_peek {
+  std::uint16_t type = 0;
+  std::uint64_t version = 0;
+  std::uint64_t index = 0;
+  std::uint64_t payload_bytes = 0;
+};
+[[nodiscard]] frame_peek peek_frame(std::span<const std::byte> meta) noexcept;
+
+//! How errors name the payload a meta block announces: "bucket I of version V", "delta chunk I
+//! of version V", "a payload of version V", or "a payload" for a block shorter than a header.
+[[nodiscard]] std::string payload_label(std::span<const std::byte> meta);
+
 } // namespace sync
 RLPT_NAMESPACE_END
 
@@ -124,14 +144,14 @@ RLPT_INLINE void encode_frame(std::vector<std::byte>& out, frame_type type, std:
   const auto put64 = [&](std::size_t at, std::uint64_t v) { std::memcpy(p + at, &v, 8); };
   put32(0, frame_magic);
   put16(4, frame_protocol);
-  put16(6, static_cast<std::uint16_t>(type));
-  put64(8, version);
+  put16(detail::frame_type_at, static_cast<std::uint16_t>(type));
+  put64(detail::frame_version_at, version);
   put64(16, base_version);
-  put64(24, index);
+  put64(detail::frame_index_at, index);
   put64(32, count);
   put64(40, tag);
   put64(48, body.size());
-  put64(56, payload_bytes);
+  put64(detail::frame_payload_at, payload_bytes);
   if (!body.empty()) std::memcpy(p + frame_header_bytes, body.data(), body.size());
   xxh3_stream h;
   h.update(p, 64);
@@ -173,6 +193,26 @@ RLPT_INLINE frame decode_frame(std::span<const std::byte> meta, std::string_view
   f.payload_bytes = v[6];
   f.body = meta.subspan(frame_header_bytes);
   return f;
+}
+
+RLPT_INLINE frame_peek peek_frame(std::span<const std::byte> meta) noexcept {
+  frame_peek f;
+  if (meta.size() < frame_header_bytes) return f;
+  std::memcpy(&f.type, meta.data() + detail::frame_type_at, 2);
+  std::memcpy(&f.version, meta.data() + detail::frame_version_at, 8);
+  std::memcpy(&f.index, meta.data() + detail::frame_index_at, 8);
+  std::memcpy(&f.payload_bytes, meta.data() + detail::frame_payload_at, 8);
+  return f;
+}
+
+RLPT_INLINE std::string payload_label(std::span<const std::byte> meta) {
+  if (meta.size() < frame_header_bytes) return "a payload";
+  const frame_peek f = peek_frame(meta);
+  if (f.type == static_cast<std::uint16_t>(frame_type::bucket))
+    return rlpt::detail::format("bucket {} of version {}", f.index, f.version);
+  if (f.type == static_cast<std::uint16_t>(frame_type::delta))
+    return rlpt::detail::format("delta chunk {} of version {}", f.index, f.version);
+  return rlpt::detail::format("a payload of version {}", f.version);
 }
 
 } // namespace sync

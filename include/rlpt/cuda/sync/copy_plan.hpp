@@ -228,27 +228,20 @@ struct copy_plan {
   std::uint64_t max_chunks = 0;
 };
 
-//! Sender: bucket b's pieces, packed from the sources (cast to the wire dtype) into a bucket
-//! at dst_base. Sum index = global piece index.
-inline copy_plan plan_pack(const manifest& m, const std::vector<const device_tensor*>& src) {
+//! One launch per bucket, one task per piece: `piece_task(b, pc, e)` returns the task of piece
+//! pc of bucket b; the fields every such plan sets alike (elements, wire offset, and the sum
+//! index, which is the global piece index) are set here.
+template <class PieceTask> copy_plan plan_per_piece(const manifest& m, PieceTask&& piece_task) {
   copy_plan p;
-  std::uint64_t piece = 0;
+  std::uint32_t next_sum = 0;
   for (std::uint64_t b = 0; b < m.bucket_count(); ++b) {
     copy_launch l{p.tasks.size(), 0, 0};
     for (const auto& pc : m.pieces(b)) {
       const tensor_entry& e = m[pc.tensor];
-      const device_tensor* s = src[pc.tensor];
-      const std::size_t ew = size_of(e.dtype);
-      copy_task t;
-      t.from = s != nullptr ? s->dtype : e.dtype;
-      t.to = e.dtype;
-      t.src =
-          reinterpret_cast<std::uintptr_t>(s != nullptr ? s->data : nullptr) + pc.tensor_offset / ew * size_of(t.from);
-      t.dst = pc.bucket_offset;
-      t.elements = pc.nbytes / ew;
+      copy_task t = piece_task(b, pc, e);
+      t.elements = pc.nbytes / size_of(e.dtype);
       t.wire_at = pc.tensor_offset;
-      t.sum = static_cast<std::uint32_t>(piece++);
-      t.flags = static_cast<std::uint8_t>(copy_wire_is_dst | copy_has_dst | copy_dst_relative);
+      t.sum = next_sum++;
       l.chunks += push_task(p.tasks, t, l.chunks);
     }
     l.task_end = p.tasks.size();
@@ -256,62 +249,52 @@ inline copy_plan plan_pack(const manifest& m, const std::vector<const device_ten
     p.launches.push_back(l);
   }
   return p;
+}
+
+//! Sender: bucket b's pieces, packed from the sources (cast to the wire dtype) into a bucket
+//! at dst_base.
+inline copy_plan plan_pack(const manifest& m, const std::vector<const device_tensor*>& src) {
+  return plan_per_piece(m, [&](std::uint64_t, const piece& pc, const tensor_entry& e) {
+    const device_tensor* s = src[pc.tensor];
+    copy_task t;
+    t.from = s != nullptr ? s->dtype : e.dtype;
+    t.to = e.dtype;
+    t.src = reinterpret_cast<std::uintptr_t>(s != nullptr ? s->data : nullptr) +
+            pc.tensor_offset / size_of(e.dtype) * size_of(t.from);
+    t.dst = pc.bucket_offset;
+    t.flags = static_cast<std::uint8_t>(copy_wire_is_dst | copy_has_dst | copy_dst_relative);
+    return t;
+  });
 }
 
 //! Receiver, streaming: bucket b's pieces, read from the slot at src_base, cast into the
-//! targets (no target: checksum only). Sum index = global piece index.
+//! targets (no target: checksum only).
 inline copy_plan plan_unpack(const manifest& m, const std::vector<const device_tensor*>& dst) {
-  copy_plan p;
-  std::uint64_t piece = 0;
-  for (std::uint64_t b = 0; b < m.bucket_count(); ++b) {
-    copy_launch l{p.tasks.size(), 0, 0};
-    for (const auto& pc : m.pieces(b)) {
-      const tensor_entry& e = m[pc.tensor];
-      const device_tensor* d = dst[pc.tensor];
-      const std::size_t ew = size_of(e.dtype);
-      copy_task t;
-      t.from = e.dtype;
-      t.to = d != nullptr ? d->dtype : e.dtype;
-      t.src = pc.bucket_offset;
-      t.dst = d != nullptr ? reinterpret_cast<std::uintptr_t>(d->data) + pc.tensor_offset / ew * size_of(t.to) : 0;
-      t.elements = pc.nbytes / ew;
-      t.wire_at = pc.tensor_offset;
-      t.sum = static_cast<std::uint32_t>(piece++);
-      t.flags = static_cast<std::uint8_t>(copy_src_relative | (d != nullptr ? copy_has_dst : 0));
-      l.chunks += push_task(p.tasks, t, l.chunks);
-    }
-    l.task_end = p.tasks.size();
-    p.max_chunks = std::max(p.max_chunks, l.chunks);
-    p.launches.push_back(l);
-  }
-  return p;
+  return plan_per_piece(m, [&](std::uint64_t, const piece& pc, const tensor_entry& e) {
+    const device_tensor* d = dst[pc.tensor];
+    copy_task t;
+    t.from = e.dtype;
+    t.to = d != nullptr ? d->dtype : e.dtype;
+    t.src = pc.bucket_offset;
+    t.dst = d != nullptr
+                ? reinterpret_cast<std::uintptr_t>(d->data) + pc.tensor_offset / size_of(e.dtype) * size_of(t.to)
+                : 0;
+    t.flags = static_cast<std::uint8_t>(copy_src_relative | (d != nullptr ? copy_has_dst : 0));
+    return t;
+  });
 }
 
 //! Receiver, staged: bucket b's pieces copied from the slot (src_base) into the packed arena
-//! (dst_base) with their checksums. Sum index = global piece index.
+//! (dst_base) with their checksums.
 inline copy_plan plan_stage(const manifest& m) {
-  copy_plan p;
-  std::uint64_t piece = 0;
-  for (std::uint64_t b = 0; b < m.bucket_count(); ++b) {
-    copy_launch l{p.tasks.size(), 0, 0};
-    for (const auto& pc : m.pieces(b)) {
-      const tensor_entry& e = m[pc.tensor];
-      const std::size_t ew = size_of(e.dtype);
-      copy_task t;
-      t.from = t.to = e.dtype;
-      t.src = pc.bucket_offset;
-      t.dst = m.bucket_packed_offset(b) + pc.bucket_offset;
-      t.elements = pc.nbytes / ew;
-      t.wire_at = pc.tensor_offset;
-      t.sum = static_cast<std::uint32_t>(piece++);
-      t.flags = static_cast<std::uint8_t>(copy_src_relative | copy_dst_relative | copy_has_dst);
-      l.chunks += push_task(p.tasks, t, l.chunks);
-    }
-    l.task_end = p.tasks.size();
-    p.max_chunks = std::max(p.max_chunks, l.chunks);
-    p.launches.push_back(l);
-  }
-  return p;
+  return plan_per_piece(m, [&](std::uint64_t b, const piece& pc, const tensor_entry& e) {
+    copy_task t;
+    t.from = t.to = e.dtype;
+    t.src = pc.bucket_offset;
+    t.dst = m.bucket_packed_offset(b) + pc.bucket_offset;
+    t.flags = static_cast<std::uint8_t>(copy_src_relative | copy_dst_relative | copy_has_dst);
+    return t;
+  });
 }
 
 //! Receiver, staged commit: every bound tensor from the packed arena (src_base) into its target,

@@ -490,7 +490,7 @@ public:
       filled_->record(work_->get());
       detail::wait_event(filled_->get(), until, where_, rlpt::detail::format("filling slot {}", slot));
       busy_[slot] = 1;
-      labels_[slot] = label_of(meta);
+      labels_[slot] = payload_label(meta);
       reserved_ = -1;
       next_slot_ = (slot + 1) % o_.slots;
     }
@@ -565,20 +565,6 @@ public:
   }
 
 private:
-  static std::string label_of(std::span<const std::byte> meta) {
-    if (meta.size() < frame_header_bytes) return "a payload";
-    std::uint16_t type = 0;
-    std::uint64_t version = 0, index = 0;
-    std::memcpy(&type, meta.data() + 6, 2);
-    std::memcpy(&version, meta.data() + 8, 8);
-    std::memcpy(&index, meta.data() + 24, 8);
-    if (type == static_cast<std::uint16_t>(frame_type::bucket))
-      return rlpt::detail::format("bucket {} of version {}", index, version);
-    if (type == static_cast<std::uint16_t>(frame_type::delta))
-      return rlpt::detail::format("delta chunk {} of version {}", index, version);
-    return rlpt::detail::format("a payload of version {}", version);
-  }
-
   // --- sender side ---------------------------------------------------------------------
 
   // Handles one host message (waiting until `until`); false when none arrived.

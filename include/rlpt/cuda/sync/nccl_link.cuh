@@ -184,7 +184,7 @@ public:
     detail::device_guard g(device_);
     packed_->record(work_->get());
     RLPT_CUDA_CHECK(cudaStreamWaitEvent(net_->get(), packed_->get(), 0));
-    slots_[s].label = label_of(meta);
+    slots_[s].label = payload_label(meta);
     broadcast(s, payload_bytes, until);
     next_slot_ = static_cast<int>((s + 1) % slots_.size());
   }
@@ -276,20 +276,6 @@ private:
                "{}: no communicator yet (the sender creates it at its first update)", where_);
     RLPT_CHECK(!broken_, errors::sync::peer_lost, "{}: the communicator was aborted ({}){}", where_, last_abort_,
                own_ ? "; the sender creates a new one at its next update" : "; create a new one");
-  }
-
-  static std::string label_of(std::span<const std::byte> meta) {
-    if (meta.size() < frame_header_bytes) return "a payload";
-    std::uint16_t type = 0;
-    std::uint64_t version = 0, index = 0;
-    std::memcpy(&type, meta.data() + 6, 2);
-    std::memcpy(&version, meta.data() + 8, 8);
-    std::memcpy(&index, meta.data() + 24, 8);
-    if (type == static_cast<std::uint16_t>(frame_type::bucket))
-      return rlpt::detail::format("bucket {} of version {}", index, version);
-    if (type == static_cast<std::uint16_t>(frame_type::delta))
-      return rlpt::detail::format("delta chunk {} of version {}", index, version);
-    return rlpt::detail::format("a payload of version {}", version);
   }
 
   [[nodiscard]] std::string peers_text() const {
@@ -510,8 +496,7 @@ private:
       }
       held_host_ = 0;
       last_peer_ = 0;
-      std::uint64_t payload = 0;
-      if (msg->meta.size() >= frame_header_bytes) std::memcpy(&payload, msg->meta.data() + 56, 8);
+      const std::uint64_t payload = peek_frame(msg->meta).payload_bytes;
       if (payload == 0) return msg;
       // Every payload the sender announces is a broadcast this rank must join, whatever the
       // protocol makes of the frame: otherwise the whole group stalls.
@@ -523,7 +508,7 @@ private:
       const deadline limit = after(o_.timeout);
       wait_slot(slots_[s].used.get(), limit,
                 rlpt::detail::format("waiting for {} to be consumed (slot {})", slots_[s].label, s));
-      slots_[s].label = label_of(msg->meta);
+      slots_[s].label = payload_label(msg->meta);
       broadcast(s, payload, limit);
       wait_slot(slots_[s].sent.get(), limit,
                 rlpt::detail::format("receiving {} from {}", slots_[s].label, peer_name(0)));
