@@ -138,9 +138,12 @@ logprob_stats forward_rows(view2d<T> logits, Job&& job, const logprob_outputs& o
                             [](logprob_stats& acc, const logprob_stats& p) { acc += p; });
 }
 
-//! Rejects a gradient output that partially overlaps the logits (exact in-place is fine).
-template <class T, class G> void check_grad_alias(view2d<T> logits, view2d<G> dlogits) {
-  const auto span_of = [](auto v) {
+//! Rejects a gradient output that partially overlaps the logits (exact in-place is fine). Views
+//! of host or device memory alike: only their addresses are compared.
+template <class Logits, class Grads> void check_grad_alias(const Logits& logits, const Grads& dlogits) {
+  using T = std::remove_const_t<std::remove_pointer_t<decltype(logits.data())>>;
+  using G = std::remove_const_t<std::remove_pointer_t<decltype(dlogits.data())>>;
+  const auto span_of = [](const auto& v) {
     using V = std::remove_const_t<std::remove_pointer_t<decltype(v.data())>>;
     const auto* b = reinterpret_cast<const unsigned char*>(v.data());
     const index_t n = v.rows() == 0 ? 0 : (v.rows() - 1) * v.row_stride() + v.cols();
@@ -149,8 +152,7 @@ template <class T, class G> void check_grad_alias(view2d<T> logits, view2d<G> dl
   const auto [lb, le] = span_of(logits);
   const auto [gb, ge] = span_of(dlogits);
   const bool overlap = lb < ge && gb < le;
-  const bool same =
-      std::is_same_v<std::remove_const_t<T>, G> && lb == gb && logits.row_stride() == dlogits.row_stride();
+  const bool same = std::is_same_v<T, G> && lb == gb && logits.row_stride() == dlogits.row_stride();
   RLPT_CHECK(!overlap || same, errors::logprob::alias,
              "dlogits partially overlaps the logits (in-place backward needs the same pointer, row stride {} and "
              "dtype; got row stride {})",

@@ -309,14 +309,29 @@ void check_device_grad(device_view2d<T> logits, device_view2d<G> dlogits, const 
   RLPT_CHECK(dlogits.rows() == n && dlogits.cols() == logits.cols(), errors::logprob::shape_mismatch,
              "dlogits are [{}, {}], expected [{}, {}] like the logits", dlogits.rows(), dlogits.cols(), n,
              logits.cols());
-  const auto* lb = reinterpret_cast<const char*>(logits.data());
-  const auto* gb = reinterpret_cast<const char*>(dlogits.data());
-  const index_t span = n == 0 ? 0 : ((n - 1) * logits.row_stride() + logits.cols()) * static_cast<index_t>(sizeof(G));
-  const index_t gspan =
-      n == 0 ? 0 : ((n - 1) * dlogits.row_stride() + dlogits.cols()) * static_cast<index_t>(sizeof(G));
-  const bool overlap = lb < gb + gspan && gb < lb + span;
-  RLPT_CHECK(!overlap || (lb == gb && logits.row_stride() == dlogits.row_stride()), errors::logprob::alias,
-             "dlogits partially overlaps the logits (in-place backward needs the same pointer and row stride)");
+  check_grad_alias(logits, dlogits);
+}
+
+//! The checks both sequence entry points make of their shared inputs, and the row job they
+//! launch (one logits row per token slot).
+template <class T>
+sequence_job sequence_job_of(device_view2d<T> logits, device_view<const index_t> tokens,
+                             const device_token_layout& layout, device_view<const mask_t> valid,
+                             const logprob_options& opt) {
+  check_device_options(opt, true);
+  check_device_logits(logits);
+  const index_t n = layout.storage_size();
+  RLPT_CHECK(logits.rows() == n, errors::logprob::shape_mismatch,
+             "logits have {} rows, the token layout has {} token slots (one logits row per token)", logits.rows(), n);
+  expect_size("tokens", tokens.size(), n, "one per token slot");
+  expect_size_or_empty("valid", valid.size(), n, "one per token slot");
+  return {layout.is_packed() ? layout.offsets() : nullptr,
+          layout.num_seqs(),
+          layout.row_stride(),
+          layout.max_len(),
+          tokens.data(),
+          valid.empty() ? nullptr : valid.data(),
+          opt.ignore_index};
 }
 
 } // namespace cuda_lp
@@ -405,25 +420,13 @@ template <logit_type T>
 void sequence_logprob_entropy(device_view2d<T> logits, device_view<const index_t> tokens,
                               const device_token_layout& layout, device_view<const mask_t> valid,
                               const device_logprob_outputs& out, const logprob_options& opt, cudaStream_t stream) {
-  detail::cuda_lp::check_device_options(opt, true);
-  detail::cuda_lp::check_device_logits(logits);
+  const detail::cuda_lp::sequence_job job = detail::cuda_lp::sequence_job_of(logits, tokens, layout, valid, opt);
   const index_t n = layout.storage_size();
-  RLPT_CHECK(logits.rows() == n, errors::logprob::shape_mismatch,
-             "logits have {} rows, the token layout has {} token slots (one logits row per token)", logits.rows(), n);
-  detail::expect_size("tokens", tokens.size(), n, "one per token slot");
-  detail::expect_size_or_empty("valid", valid.size(), n, "one per token slot");
   detail::cuda_lp::check_device_outputs(out, n, logits.cols(), opt.truncated());
   RLPT_CUDA_CHECK(cudaMemsetAsync(out.logp.data(), 0, static_cast<std::size_t>(n) * sizeof(float), stream));
   if (!out.entropy.empty())
     RLPT_CUDA_CHECK(cudaMemsetAsync(out.entropy.data(), 0, static_cast<std::size_t>(n) * sizeof(float), stream));
   if (!out.scored.empty()) RLPT_CUDA_CHECK(cudaMemsetAsync(out.scored.data(), 0, static_cast<std::size_t>(n), stream));
-  const detail::cuda_lp::sequence_job job{layout.is_packed() ? layout.offsets() : nullptr,
-                                          layout.num_seqs(),
-                                          layout.row_stride(),
-                                          layout.max_len(),
-                                          tokens.data(),
-                                          valid.empty() ? nullptr : valid.data(),
-                                          opt.ignore_index};
   detail::cuda_lp::launch_forward(logits, job, out, opt, stream);
 }
 
@@ -434,21 +437,8 @@ void sequence_logprob_entropy_backward(device_view2d<T> logits, device_view<cons
                                        const device_token_layout& layout, device_view<const mask_t> valid,
                                        const device_logprob_backward_inputs& in, device_view2d<G> dlogits,
                                        const logprob_options& opt, cudaStream_t stream) {
-  detail::cuda_lp::check_device_options(opt, true);
-  detail::cuda_lp::check_device_logits(logits);
-  const index_t n = layout.storage_size();
-  RLPT_CHECK(logits.rows() == n, errors::logprob::shape_mismatch,
-             "logits have {} rows, the token layout has {} token slots", logits.rows(), n);
-  detail::expect_size("tokens", tokens.size(), n, "one per token slot");
-  detail::expect_size_or_empty("valid", valid.size(), n, "one per token slot");
-  detail::cuda_lp::check_device_grad(logits, dlogits, in, n, opt.truncated());
-  const detail::cuda_lp::sequence_job job{layout.is_packed() ? layout.offsets() : nullptr,
-                                          layout.num_seqs(),
-                                          layout.row_stride(),
-                                          layout.max_len(),
-                                          tokens.data(),
-                                          valid.empty() ? nullptr : valid.data(),
-                                          opt.ignore_index};
+  const detail::cuda_lp::sequence_job job = detail::cuda_lp::sequence_job_of(logits, tokens, layout, valid, opt);
+  detail::cuda_lp::check_device_grad(logits, dlogits, in, layout.storage_size(), opt.truncated());
   detail::cuda_lp::launch_backward(logits, job, in, dlogits, opt, stream);
 }
 
