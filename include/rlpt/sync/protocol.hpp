@@ -184,6 +184,32 @@ private:
   std::uint64_t check_ = 0;
 };
 
+//! Checks a delta record against the manifest and the published version it applies to: its
+//! tensor exists, its elements have the tensor's width and lie inside it, and it was encoded
+//! against the published bytes (if not, the receiver asks for a dense update). Record: the host's
+//! delta_record or the device receiver's delta_head, which name these fields alike. Returns the
+//! record's tensor.
+template <class Record>
+const tensor_entry& check_delta_target(const manifest& m, const Record& r, receiver_state& st, std::string_view where,
+                                       std::uint64_t version) {
+  RLPT_CHECK(r.tensor < m.size(), errors::sync::bad_delta, "{}: delta record names tensor #{} of {}", where, r.tensor,
+             m.size());
+  const tensor_entry& t = m[r.tensor];
+  RLPT_CHECK(r.elem_bytes == size_of(t.dtype), errors::sync::bad_delta,
+             "{}: delta record for \"{}\" has {}-byte elements, {} has {}", where, t.name, r.elem_bytes, t.dtype,
+             size_of(t.dtype));
+  RLPT_CHECK(r.elem_begin <= t.numel() && r.elem_count <= t.numel() - r.elem_begin, errors::sync::bad_delta,
+             "{}: delta record for \"{}\" covers elements [{}, {}) of {}", where, t.name, r.elem_begin,
+             r.elem_begin + r.elem_count, t.numel());
+  if (r.base_checksum != st.pub[r.tensor].checksum) {
+    st.require_dense(rlpt::detail::format("delta version {} was encoded against another base", version));
+    RLPT_FAIL(errors::sync::base_mismatch,
+              "{}: delta for \"{}\" was encoded against checksum {}, the published version {} has {}", where, t.name,
+              to_hex(r.base_checksum), st.version, to_hex(st.pub[r.tensor].checksum));
+  }
+  return t;
+}
+
 //! The receiver's host backend: verifies with copy_hash into a staging area, the mirror or the
 //! bound targets, applies deltas to the mirror, runs the transforms and the load callback.
 class host_receive_backend {
@@ -522,30 +548,15 @@ RLPT_INLINE void host_receive_backend::commit_delta(inflight& c, const frame& f,
   };
   std::vector<applied> recs;
   std::vector<char> touched(m.size(), 0);
-  for_each_delta_record(
-      std::span<std::byte>(c.be.records), rlpt::detail::format("{} version {}", where_, f.version),
-      [&](delta_record& r) {
-        RLPT_CHECK(r.tensor < m.size(), errors::sync::bad_delta, "{}: delta record names tensor #{} of {}", where_,
-                   r.tensor, m.size());
-        const tensor_entry& t = m[r.tensor];
-        RLPT_CHECK(r.elem_bytes == size_of(t.dtype), errors::sync::bad_delta,
-                   "{}: delta record for \"{}\" has {}-byte elements, {} has {}", where_, t.name, r.elem_bytes, t.dtype,
-                   size_of(t.dtype));
-        RLPT_CHECK(r.elem_begin <= t.numel() && r.elem_count <= t.numel() - r.elem_begin, errors::sync::bad_delta,
-                   "{}: delta record for \"{}\" covers elements [{}, {}) of {}", where_, t.name, r.elem_begin,
-                   r.elem_begin + r.elem_count, t.numel());
-        if (r.base_checksum != st.pub[r.tensor].checksum) {
-          st.require_dense(rlpt::detail::format("delta version {} was encoded against another base", f.version));
-          RLPT_FAIL(errors::sync::base_mismatch,
-                    "{}: delta for \"{}\" was encoded against checksum {}, the published version {} has {}", where_,
-                    t.name, to_hex(r.base_checksum), st.version, to_hex(st.pub[r.tensor].checksum));
-        }
-        const std::size_t eb = size_of(t.dtype);
-        recs.push_back(
-            {r, mirror_.span().subspan(static_cast<std::size_t>(m.packed_offset(r.tensor) + r.elem_begin * eb),
-                                       static_cast<std::size_t>(r.elem_count * eb))});
-        touched[r.tensor] = 1;
-      });
+  for_each_delta_record(std::span<std::byte>(c.be.records), rlpt::detail::format("{} version {}", where_, f.version),
+                        [&](delta_record& r) {
+                          const tensor_entry& t = check_delta_target(m, r, st, where_, f.version);
+                          const std::size_t eb = size_of(t.dtype);
+                          recs.push_back({r, mirror_.span().subspan(static_cast<std::size_t>(m.packed_offset(r.tensor) +
+                                                                                             r.elem_begin * eb),
+                                                                    static_cast<std::size_t>(r.elem_count * eb))});
+                          touched[r.tensor] = 1;
+                        });
   for (const auto& a : recs) swap_apply(a.rec, a.range);
   auto undo = [&] {
     for (auto it = recs.rbegin(); it != recs.rend(); ++it) swap_apply(it->rec, it->range);

@@ -341,21 +341,7 @@ public:
       s.rec.head = parse_delta_head(h, ctx, at);
       std::memcpy(s.rec.header.data(), h.data(), 64);
       const delta_head& d = s.rec.head;
-      RLPT_CHECK(d.tensor < m.size(), errors::sync::bad_delta, "{}: delta record names tensor #{} of {}", ctx, d.tensor,
-                 m.size());
-      const tensor_entry& t = m[d.tensor];
-      RLPT_CHECK(d.elem_bytes == size_of(t.dtype), errors::sync::bad_delta,
-                 "{}: delta record for \"{}\" has {}-byte elements, {} has {}", ctx, t.name, d.elem_bytes, t.dtype,
-                 size_of(t.dtype));
-      RLPT_CHECK(d.elem_begin <= t.numel() && d.elem_count <= t.numel() - d.elem_begin, errors::sync::bad_delta,
-                 "{}: delta record for \"{}\" covers elements [{}, {}) of {}", ctx, t.name, d.elem_begin,
-                 d.elem_begin + d.elem_count, t.numel());
-      if (d.base_checksum != st.pub[d.tensor].checksum) {
-        st.require_dense(rlpt::detail::format("delta version {} was encoded against another base", f.version));
-        RLPT_FAIL(errors::sync::base_mismatch,
-                  "{}: delta for \"{}\" was encoded against checksum {}, the published version {} has {}", ctx, t.name,
-                  to_hex(d.base_checksum), st.version, to_hex(st.pub[d.tensor].checksum));
-      }
+      const tensor_entry& t = check_delta_target(m, d, st, ctx, f.version);
       if (bound_[d.tensor] == nullptr) { // skipped tensor: nothing to apply it to
         at += delta_header_bytes + d.body;
         continue;
