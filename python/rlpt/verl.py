@@ -31,7 +31,7 @@ from ._ops import cached_objective, metrics_dict
 ESTIMATORS = ("grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectorized", "opo", "gpg",
               "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "gae")
 #: verl policy loss_mode names rlpt reproduces (registered as "rlpt_<name>").
-POLICY_LOSSES = ("vanilla", "gspo", "sapo", "gpg", "geo_mean", "cispo")
+POLICY_LOSSES = ("vanilla", "gspo", "sapo", "gpg", "geo_mean", "cispo", "dppo_tv", "dppo_kl")
 
 
 def _get(config, key, default):
@@ -188,7 +188,9 @@ def _policy_loss_fn(loss_mode):
         if loss_mode == "gpg":
             return loss, {}
         frac = d["clip_frac_low"] + d["clip_frac_high"]
-        lower = d["clip_frac_dual"] if loss_mode == "vanilla" else (d["clip_frac_low"] if loss_mode == "geo_mean" else 0.0)
+        # dppo: clip_frac_dual counts the kept tokens whose ratio the truncation caps
+        dual = loss_mode in ("vanilla", "dppo_tv", "dppo_kl")
+        lower = d["clip_frac_dual"] if dual else (d["clip_frac_low"] if loss_mode == "geo_mean" else 0.0)
         if loss_mode == "geo_mean":
             frac = d["clip_frac_high"]
         if loss_mode == "sapo":
@@ -207,6 +209,8 @@ compute_policy_loss_sapo = _POLICY_FNS["sapo"]
 compute_policy_loss_gpg = _POLICY_FNS["gpg"]
 compute_policy_loss_geo_mean = _POLICY_FNS["geo_mean"]
 compute_policy_loss_cispo = _POLICY_FNS["cispo"]
+compute_policy_loss_dppo_tv = _POLICY_FNS["dppo_tv"]
+compute_policy_loss_dppo_kl = _POLICY_FNS["dppo_kl"]
 
 
 def kl_loss(log_prob, ref_log_prob, response_mask, kl_loss_type="low_var_kl", loss_agg_mode="token-mean",

@@ -202,13 +202,22 @@ rlpt::objective custom_objective(spec& s) {
     s.get("policy.tau_neg", t.tau_neg);
     s.get("policy.log_ratio_clamp", t.log_ratio_clamp);
     o.policy = t;
+  } else if (p == "dppo") {
+    rlpt::dppo t;
+    t.divergence = pick(s, "policy.divergence", t.divergence,
+                        {{"tv", rlpt::dppo_divergence::tv}, {"binary_kl", rlpt::dppo_divergence::binary_kl}});
+    s.get("policy.eps_low", t.eps_low);
+    s.get("policy.eps_high", t.eps_high);
+    s.get("policy.trunc", t.trunc);
+    s.get("policy.log_ratio_clamp", t.log_ratio_clamp);
+    o.policy = t;
   } else if (p == "policy_gradient") {
     o.policy = rlpt::policy_gradient{};
   } else if (p == "none") {
     o.policy = rlpt::no_policy{};
   } else {
     raise(ids::bad_option, fmt::format("{}: policy = \"{}\" is not one of ppo_clip, gspo, gmpo, cispo, sapo, "
-                                       "policy_gradient, none",
+                                       "dppo, policy_gradient, none",
                                        s.who(), p));
   }
   auto& c = o.correction;

@@ -390,3 +390,19 @@ def test_cuda_matches_cpu(gen):
     loss_g, _ = rlpt.policy_loss(obj, xg, mask.cuda(), old_logp=old.cuda(), ref_logp=ref.cuda(), seq_adv=adv.cuda())
     close(loss_g.cpu(), loss_c, 1e-5, 1e-7)
     close(torch.autograd.grad(loss_g, xg)[0].cpu(), torch.autograd.grad(loss_c, x)[0], 1e-5, 1e-7)
+
+
+def test_custom_dppo_equals_the_verl_presets(gen):
+    lp, old, _, _, _, mask, adv = batch(gen)
+    for divergence, mode in (("tv", "dppo_tv"), ("binary_kl", "dppo_kl")):
+        custom = rlpt.Objective.custom(policy="dppo", **{"policy.divergence": divergence, "policy.eps_low": 0.02,
+                                                         "policy.eps_high": 0.03, "policy.trunc": 3.0})
+        preset = rlpt.Objective.verl_actor(loss_mode=mode, clip_ratio_low=0.02, clip_ratio_high=0.03)
+        a, ma = rlpt.policy_loss(custom, lp, mask, old_logp=old, seq_adv=adv)
+        b, mb = rlpt.policy_loss(preset, lp, mask, old_logp=old, seq_adv=adv)
+        assert float(a) == float(b)
+        da, db = rlpt.metrics_dict(ma), rlpt.metrics_dict(mb)
+        assert da["clip_frac_low"] + da["clip_frac_high"] > 0  # the bounds drop tokens here
+        assert da == db
+    with pytest.raises(rlpt.Error, match="divergence"):
+        rlpt.Objective.custom(policy="dppo", **{"policy.divergence": "js"})

@@ -103,7 +103,7 @@ def policy_inputs(seed, B=12, T=9):
     return wide, log_prob, old, adv, mask, w
 
 
-@pytest.mark.parametrize("mode", ["vanilla", "gspo", "sapo", "gpg", "geo_mean", "cispo"])
+@pytest.mark.parametrize("mode", ["vanilla", "gspo", "sapo", "gpg", "geo_mean", "cispo", "dppo_tv", "dppo_kl"])
 @pytest.mark.parametrize("agg", AGG_MODES)
 @pytest.mark.parametrize("weights", [False, True])
 def test_policy_losses_match_verl(mode, agg, weights):

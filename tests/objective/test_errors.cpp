@@ -111,6 +111,10 @@ TEST_CASE("errors: bad options name the field and the value") {
                    "sapo.tau_neg = 0");
   RLPT_CHECK_ERROR(evaluate(objective{.policy = cispo{.bounds = cispo_bounds::absolute, .cap = -1.0}}, in),
                    "rlpt.objective.bad_option", "cispo.cap = -1");
+  RLPT_CHECK_ERROR(evaluate(objective{.policy = dppo{.trunc = 0.0}}, in), "rlpt.objective.bad_option",
+                   "dppo.trunc = 0");
+  RLPT_CHECK_ERROR(evaluate(objective{.policy = dppo{.eps_low = -0.1}}, in), "rlpt.objective.bad_option",
+                   "dppo.eps_low = -0.1");
   RLPT_CHECK_ERROR(evaluate(objective{.correction = token_tis(0.5, 1.0)}, in), "rlpt.objective.bad_option",
                    "is_weighting.hi = 0.5", ">= lo");
   RLPT_CHECK_ERROR(

@@ -41,7 +41,7 @@ TEST_CASE("golden verl vanilla with clip-higher, dual clip and global batch info
                     golden_inputs{});
 }
 
-TEST_CASE("golden verl gspo, sapo, geo_mean, cispo, gpg") {
+TEST_CASE("golden verl gspo, sapo, geo_mean, cispo, dppo_tv, dppo_kl, gpg") {
   for (const char* agg : {"token-mean", "seq-mean-token-mean"}) {
     std::string tag(agg);
     for (char& c : tag)
@@ -60,6 +60,12 @@ TEST_CASE("golden verl gspo, sapo, geo_mean, cispo, gpg") {
                     verl::actor({.loss_mode = "geo_mean", .clip_ratio_low = 0.4, .clip_ratio_high = 0.4}),
                     golden_inputs{});
   check_golden_case("verl_cispo", verl::actor({.loss_mode = "cispo", .clip_ratio_low = 10.0, .clip_ratio_high = 0.28}),
+                    golden_inputs{});
+  check_golden_case("verl_dppo_tv",
+                    verl::actor({.loss_mode = "dppo_tv", .clip_ratio_low = 0.05, .clip_ratio_high = 0.08}),
+                    golden_inputs{});
+  check_golden_case("verl_dppo_kl",
+                    verl::actor({.loss_mode = "dppo_kl", .clip_ratio_low = 0.01, .clip_ratio_high = 0.02}),
                     golden_inputs{});
   check_golden_case("verl_gpg", verl::actor({.loss_mode = "gpg", .loss_agg_mode = "seq-mean-token-sum"}),
                     golden_inputs{.old = false});

@@ -20,6 +20,17 @@ using namespace rlpt;
 
 namespace {
 
+//! One sequence of three tokens, logp -1 each, ratios 4, 0.5 and 1.1, advantages -2, 3 and 0.5.
+struct three_tokens {
+  std::vector<mask_t> mask{1, 1, 1};
+  std::vector<double> lp{-1.0, -1.0, -1.0};
+  std::vector<double> old{-1.0 - std::log(4.0), -1.0 + std::log(2.0), -1.0 - std::log(1.1)};
+  std::vector<double> adv{-2.0, 3.0, 0.5};
+  [[nodiscard]] basic_objective_inputs<double> inputs() const {
+    return {.layout = token_layout::padded(1, 3), .mask = mask, .logp = lp, .old_logp = old, .adv = adv};
+  }
+};
+
 //! A copy of rows [r0, r1) of a batch as its own padded batch.
 template <class T> batch<T> rows(const batch<T>& b, index_t r0, index_t r1) {
   batch<T> m = b;
@@ -51,6 +62,9 @@ std::vector<objective> accumulation_objectives(agg_mode m) {
   out.push_back({.policy = ppo_clip{}, .kl = {.coef = 0.1}, .entropy = {.coef = 0.01}, .agg = a});
   out.push_back({.policy = gspo{.token_level = false}, .correction = seq_is(2.0), .agg = a});
   out.push_back({.policy = cispo{}, .correction = token_tis(1.5), .agg = a});
+  out.push_back({.policy = dppo{.divergence = dppo_divergence::binary_kl, .eps_low = 0.01, .eps_high = 0.02},
+                 .correction = token_tis(1.5),
+                 .agg = a});
   out.push_back({.policy = sapo{},
                  .correction = {.reject = {.stat = rs_stat::k3, .level = rs_level::seq_mean, .hi = 0.02}},
                  .agg = a});
@@ -261,12 +275,8 @@ TEST_CASE("huge log-ratio gaps give finite losses, gradients and metrics") {
 
 TEST_CASE("hand-computed tokens: verl dual clip, TRL delta, GMPO sign-aware clip, SAPO gate") {
   // One sequence of three tokens, token-sum, so the loss is the sum of per-token terms.
-  const std::vector<mask_t> mask{1, 1, 1};
-  const std::vector<double> lp{-1.0, -1.0, -1.0};
-  const std::vector<double> old{-1.0 - std::log(4.0), -1.0 + std::log(2.0), -1.0 - std::log(1.1)};
-  const std::vector<double> adv{-2.0, 3.0, 0.5};
-  const basic_objective_inputs<double> in{
-      .layout = token_layout::padded(1, 3), .mask = mask, .logp = lp, .old_logp = old, .adv = adv};
+  const three_tokens tokens;
+  const basic_objective_inputs<double> in = tokens.inputs();
   const aggregation sum{.mode = agg_mode::token_sum};
   std::vector<double> g(3);
   // ratios 4, 0.5, 1.1. verl: token 0 (A<0, r=4): max(8, 2*1.2) = 8 capped at c|A| = 6; token 1
@@ -297,6 +307,53 @@ TEST_CASE("hand-computed tokens: verl dual clip, TRL delta, GMPO sign-aware clip
   r = evaluate(objective{.policy = gmpo{}, .agg = {.mode = agg_mode::seq_mean_token_sum}}, in, {.logp = g});
   const double xs = (std::log(4.0) - std::log(2.0) + std::log(1.1)) / 3.0;
   CHECK(r.loss == doctest::Approx(-(-2.0 + 3.0 + 0.5) / 3.0 * std::exp(xs)));
+}
+
+TEST_CASE("hand-computed tokens: DPPO keeps a token by the divergence in its advantage's direction") {
+  // p = exp(-1) for every token; q = p / 4, 2 p, p / 1.1 (ratios 4, 0.5, 1.1); token-sum.
+  const three_tokens tokens;
+  const basic_objective_inputs<double> in = tokens.inputs();
+  const aggregation sum{.mode = agg_mode::token_sum};
+  std::vector<double> g(3);
+  const double p = std::exp(-1.0), q2 = p / 1.1;
+  // TV, eps_high 0.03: token 0 (A < 0, p - q = 0.28 >= -eps_low) is kept with its ratio 4 truncated
+  // to 3: -A * 3 * logp = -6, gradient 6. Token 1 (A > 0, p - q < 0) is kept: 1.5, gradient -1.5.
+  // Token 2 (A > 0, p - q = 0.033 > 0.03) is dropped.
+  auto r = evaluate(objective{.policy = dppo{.eps_high = 0.03}, .agg = sum}, in, {.logp = g});
+  CHECK(p - q2 > 0.03);
+  CHECK(r.loss == doctest::Approx(-6.0 + 1.5));
+  CHECK(g[0] == doctest::Approx(6.0));
+  CHECK(g[1] == doctest::Approx(-1.5));
+  CHECK(g[2] == 0.0);
+  CHECK(r.clip_frac_high == doctest::Approx(1.0 / 3.0)); // token 2 dropped
+  CHECK(r.clip_frac_low == 0.0);
+  CHECK(r.clip_frac_dual == doctest::Approx(1.0 / 3.0)); // token 0 truncated
+  // With the bound above its change, token 2 is kept: -0.5 * 1.1 * -1 = 0.55, gradient -0.55.
+  r = evaluate(objective{.policy = dppo{.eps_high = 0.04}, .agg = sum}, in, {.logp = g});
+  CHECK(r.loss == doctest::Approx(-6.0 + 1.5 + 0.55));
+  CHECK(g[2] == doctest::Approx(-0.55));
+  // Binary KL: token 2's D decides; tokens 0 and 1 moved against their advantage's push and stay.
+  const double d = q2 * (-std::log(1.1)) + (1.0 - q2) * std::log((1.0 - q2 + 1e-8) / (1.0 - p + 1e-8));
+  CHECK(d > 0.0);
+  for (double f : {0.99, 1.01}) {
+    r = evaluate(objective{.policy = dppo{.divergence = dppo_divergence::binary_kl, .eps_low = 0.0, .eps_high = d * f},
+                           .agg = sum},
+                 in, {.logp = g});
+    CHECK(g[0] == doctest::Approx(6.0));
+    CHECK(g[1] == doctest::Approx(-1.5));
+    CHECK(g[2] == (f < 1.0 ? 0.0 : doctest::Approx(-0.55)));
+  }
+  // A negative advantage is held by eps_low on the downward side: token 1 flipped to A = -3.
+  const std::vector<double> adv2{-2.0, -3.0, 0.5};
+  basic_objective_inputs<double> in2 = in;
+  in2.adv = adv2;
+  // p - q = -0.37: dropped below -eps_low = -0.3 (a low clip), kept above -0.4 (-A * 0.5 = 1.5).
+  r = evaluate(objective{.policy = dppo{.eps_low = 0.3, .eps_high = 0.04}, .agg = sum}, in2, {.logp = g});
+  CHECK(g[1] == 0.0);
+  CHECK(r.clip_frac_low == doctest::Approx(1.0 / 3.0));
+  r = evaluate(objective{.policy = dppo{.eps_low = 0.4, .eps_high = 0.04}, .agg = sum}, in2, {.logp = g});
+  CHECK(g[1] == doctest::Approx(1.5));
+  CHECK(r.clip_frac_low == 0.0);
 }
 
 TEST_CASE("metrics: clip fractions, approximate KL, importance weights, rejection") {

@@ -2,7 +2,7 @@
 
 Every loss comes from the peer's own function, and every gradient from torch autograd through it:
   verl      verl.trainer.ppo.core_algos: POLICY_LOSS_REGISTRY kernels (vanilla, gspo, sapo, geo_mean,
-            cispo, gpg, bypass_mode), agg_loss, kl_penalty, compute_value_loss; rollout corrections from
+            cispo, dppo_tv, dppo_kl, gpg, bypass_mode), agg_loss, kl_penalty, compute_value_loss; rollout corrections from
             verl.trainer.ppo.rollout_corr_helper.compute_rollout_correction_and_rejection_mask. The
             composed actor loss follows verl/workers/utils/losses.ppo_loss: pg_loss (with the rollout IS
             weights and the rejection-modified response mask) - entropy_coeff * agg_loss(entropy)
@@ -224,6 +224,11 @@ def generate(out_dir, seed):
     cfg = verl_config(ActorConfig, "cispo", low=10.0, high=0.28)
     run_case(out_dir, seed, "verl_cispo", large, lambda t: pg(cfg, t=t),
              dict(peer="verl", loss_mode="cispo", clip_ratio_low=10.0, clip_ratio_high=0.28))
+    # DPPO: clip_ratio_low/high are divergence bounds, tight enough here that both sides drop tokens.
+    for mode, low, high in (("dppo_tv", 0.05, 0.08), ("dppo_kl", 0.01, 0.02)):
+        cfg = verl_config(ActorConfig, mode, low=low, high=high, c=3.0)
+        run_case(out_dir, seed, f"verl_{mode}", large, lambda t, cfg=cfg: pg(cfg, t=t),
+                 dict(peer="verl", loss_mode=mode, clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=3.0))
     cfg = verl_config(ActorConfig, "gpg", agg="seq-mean-token-sum")
     run_case(out_dir, seed, "verl_gpg", tok, lambda t: pg(cfg, t=t),
              dict(peer="verl", loss_mode="gpg", loss_agg_mode="seq-mean-token-sum"))

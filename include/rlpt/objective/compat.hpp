@@ -203,7 +203,7 @@ inline off_policy_correction rollout_correction(std::string_view rollout_is = ""
 
 //! The actor part of verl's config (ActorConfig / PolicyLossConfig) that the loss reads.
 struct actor_config {
-  std::string loss_mode = "vanilla"; //!< vanilla, gspo, geo_mean, cispo, sapo, gpg
+  std::string loss_mode = "vanilla"; //!< vanilla, gspo, geo_mean, cispo, sapo, dppo_tv, dppo_kl, gpg
   double clip_ratio = 0.2;
   std::optional<double> clip_ratio_low{};
   std::optional<double> clip_ratio_high{};
@@ -248,10 +248,18 @@ inline objective actor(const actor_config& c, const off_policy_correction& corre
     o.policy_agg = a;
   } else if (c.loss_mode == "cispo") {
     o.policy = cispo{.eps_low = lo, .eps_high = hi, .bounds = cispo_bounds::relative};
+  } else if (c.loss_mode == "dppo_tv" || c.loss_mode == "dppo_kl") {
+    // clip_ratio_low/high bound the divergence; clip_ratio_c truncates the ratio.
+    o.policy = dppo{.divergence = c.loss_mode == "dppo_tv" ? dppo_divergence::tv : dppo_divergence::binary_kl,
+                    .eps_low = lo,
+                    .eps_high = hi,
+                    .trunc = c.clip_ratio_c,
+                    .log_ratio_clamp = 20.0};
   } else if (c.loss_mode == "gpg") {
     o.policy = policy_gradient{};
   } else {
-    detail::unknown("verl", "policy_loss.loss_mode", c.loss_mode, "vanilla, gspo, sapo, geo_mean, cispo, gpg");
+    detail::unknown("verl", "policy_loss.loss_mode", c.loss_mode,
+                    "vanilla, gspo, sapo, geo_mean, cispo, dppo_tv, dppo_kl, gpg");
   }
   o.correction = correction;
   if (c.use_kl_loss) o.kl = kl(c.kl_loss_type, c.kl_loss_coef);

@@ -181,6 +181,14 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
           check_option(t.tau_neg > 0.0 && t.tau_neg <= 80.0, "sapo.tau_neg", t.tau_neg, "must be in (0, 80]");
           check_clamp(t.log_ratio_clamp, "sapo.log_ratio_clamp");
           p.sa = t;
+        } else if constexpr (std::is_same_v<P, dppo>) {
+          check_option(t.eps_low >= 0.0 && std::isfinite(t.eps_low), "dppo.eps_low", t.eps_low,
+                       "must be finite and >= 0");
+          check_option(t.eps_high >= 0.0 && std::isfinite(t.eps_high), "dppo.eps_high", t.eps_high,
+                       "must be finite and >= 0");
+          check_option(t.trunc > 0.0 && std::isfinite(t.trunc), "dppo.trunc", t.trunc, "must be finite and > 0");
+          check_clamp(t.log_ratio_clamp, "dppo.log_ratio_clamp");
+          p.dp = t;
         }
       },
       obj.policy);

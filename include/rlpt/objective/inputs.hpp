@@ -43,17 +43,19 @@ using objective_grads = basic_objective_grads<float>;
 //! Loss terms and metrics of one call. Metrics are over this call's tokens; fractions are of
 //! the tokens in the loss unless noted, and 0 when there are none.
 struct objective_result {
-  double loss = 0.0;           //!< policy + kl.coef * kl - entropy.coef * entropy + value.coef * value
-  double policy_loss = 0.0;    //!< aggregated policy term (importance weights applied)
-  double kl_loss = 0.0;        //!< aggregated KL estimator, before kl.coef
-  double entropy_loss = 0.0;   //!< aggregated entropy, before entropy.coef (0 unless the term is on)
-  double value_loss = 0.0;     //!< aggregated value loss, before value.coef
-  double tokens = 0.0;         //!< valid tokens (mask), before rejection
-  double loss_tokens = 0.0;    //!< tokens that stay in the loss
-  double seqs = 0.0;           //!< rows with a valid token
-  double clip_frac_low = 0.0;  //!< ratio < 1 - eps_low with A < 0 (GMPO: log-ratio clipped, A < 0)
-  double clip_frac_high = 0.0; //!< ratio > 1 + eps_high with A > 0 (CISPO: ratio above its bound)
-  double clip_frac_dual = 0.0; //!< dual clip binds
+  double loss = 0.0;         //!< policy + kl.coef * kl - entropy.coef * entropy + value.coef * value
+  double policy_loss = 0.0;  //!< aggregated policy term (importance weights applied)
+  double kl_loss = 0.0;      //!< aggregated KL estimator, before kl.coef
+  double entropy_loss = 0.0; //!< aggregated entropy, before entropy.coef (0 unless the term is on)
+  double value_loss = 0.0;   //!< aggregated value loss, before value.coef
+  double tokens = 0.0;       //!< valid tokens (mask), before rejection
+  double loss_tokens = 0.0;  //!< tokens that stay in the loss
+  double seqs = 0.0;         //!< rows with a valid token
+  //! ratio < 1 - eps_low with A < 0 (GMPO: log-ratio clipped, A < 0; DPPO: dropped, A <= 0)
+  double clip_frac_low = 0.0;
+  //! ratio > 1 + eps_high with A > 0 (CISPO: ratio above its bound; DPPO: dropped, A > 0)
+  double clip_frac_high = 0.0;
+  double clip_frac_dual = 0.0; //!< dual clip binds (DPPO: a kept token's ratio is truncated)
   double clamped_frac = 0.0;   //!< the policy log-ratio hit its safety clamp
   double approx_kl = 0.0;      //!< mean(old_logp - logp) (verl ppo_kl); 0 without old_logp
   double kl_mean = 0.0;        //!< mean KL estimator value

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file
-//! Policy terms: the per-token surrogate losses (PPO clip family, GSPO, GMPO, CISPO, SAPO,
+//! Policy terms: the per-token surrogate losses (PPO clip family, GSPO, GMPO, CISPO, SAPO, DPPO,
 //! plain policy gradient) as option structs, and their value and derivative with respect to
 //! the current log-probability, written once for host and device.
 //!
@@ -88,15 +88,39 @@ struct sapo {
   double log_ratio_clamp = 20.0; //!< verl 20 (TRL none)
 };
 
+//! Which divergence DPPO bounds.
+enum class dppo_divergence : std::uint8_t {
+  tv,       //!< p - q, the change of the sampled token's probability: verl `dppo_tv`
+  binary_kl //!< KL(Bernoulli(q) || Bernoulli(p)) of the sampled token: verl `dppo_kl`
+};
+
+//! DPPO (arXiv 2602.04879): L = -A sg(min(r, trunc)) logp on the tokens whose probability moved
+//! less than a divergence bound in the direction the advantage pushes it, 0 on the others
+//! (their gradient is 0). With p = exp(logp) and q = exp(old_logp):
+//!   tv:        A > 0 keeps p - q <= eps_high; A <= 0 keeps p - q >= -eps_low
+//!   binary_kl: D = q (old_logp - logp) + (1 - q) log((1 - q + 1e-8) / (1 - p + 1e-8));
+//!              A > 0 keeps D <= eps_high or p <= q; A <= 0 keeps D <= eps_low or p >= q
+//! Clip events: a dropped token counts as high (A > 0) or low (A <= 0), a kept token whose ratio
+//! the truncation caps as dual (verl reports those as pg_clipfrac and pg_clipfrac_lower).
+struct dppo {
+  dppo_divergence divergence = dppo_divergence::tv;
+  double eps_low = 0.2;  //!< verl clip_ratio_low: a divergence bound here, not a ratio bound
+  double eps_high = 0.2; //!< verl clip_ratio_high
+  //! Cap on the detached ratio (truncated importance sampling in place of a dual clip): verl
+  //! clip_ratio_c, 3.0 in its ActorConfig (the paper recommends a large value).
+  double trunc = 3.0;
+  double log_ratio_clamp = 20.0; //!< verl 20
+};
+
 //! Plain policy gradient (REINFORCE): L = -A logp (verl `gpg`, bypass `reinforce`).
 struct policy_gradient {};
 
 //! No policy term (an objective of KL, entropy or value terms only).
 struct no_policy {};
 
-using policy_term = std::variant<ppo_clip, gspo, gmpo, cispo, sapo, policy_gradient, no_policy>;
+using policy_term = std::variant<ppo_clip, gspo, gmpo, cispo, sapo, dppo, policy_gradient, no_policy>;
 
-enum class policy_kind : std::uint8_t { ppo_clip, gspo, gmpo, cispo, sapo, policy_gradient, none };
+enum class policy_kind : std::uint8_t { ppo_clip, gspo, gmpo, cispo, sapo, dppo, policy_gradient, none };
 
 [[nodiscard]] constexpr std::string_view name(policy_kind k) noexcept {
   switch (k) {
@@ -110,6 +134,8 @@ enum class policy_kind : std::uint8_t { ppo_clip, gspo, gmpo, cispo, sapo, polic
     return "cispo";
   case policy_kind::sapo:
     return "sapo";
+  case policy_kind::dppo:
+    return "dppo";
   case policy_kind::policy_gradient:
     return "policy_gradient";
   case policy_kind::none:
@@ -125,7 +151,7 @@ namespace detail {
 //! over the per-token functions vectorise).
 inline constexpr std::uint32_t flag_low = 1u;     //!< ratio below 1 - eps_low with A < 0 (TRL clip_ratio/low)
 inline constexpr std::uint32_t flag_high = 2u;    //!< ratio above 1 + eps_high with A > 0 (TRL clip_ratio/high)
-inline constexpr std::uint32_t flag_dual = 4u;    //!< dual clip binds (verl pg_clipfrac_lower)
+inline constexpr std::uint32_t flag_dual = 4u;    //!< dual clip (DPPO: truncation) binds (verl pg_clipfrac_lower)
 inline constexpr std::uint32_t flag_clamped = 8u; //!< the log-ratio hit its clamp
 
 RLPT_HD_FORCEINLINE std::uint32_t flag_if(bool c, std::uint32_t f) { return static_cast<std::uint32_t>(c) * f; }
@@ -206,6 +232,36 @@ template <class R> RLPT_HD_FORCEINLINE policy_token<R> cispo_token(const cispo& 
   o.flags = flag_if(rel & (r < lo), flag_low) | flag_if(r > hi, flag_high) | flag_if(clamped, flag_clamped);
   o.value = -w * A * lp;
   o.grad = -w * A;
+  return o;
+}
+
+template <dppo_divergence D, class R>
+RLPT_HD_FORCEINLINE policy_token<R> dppo_token(const dppo& p, R x, R lp, R old, R A) {
+  R r, dr;
+  bool clamped;
+  clamped_ratio(x, R(p.log_ratio_clamp), r, dr, clamped);
+  const R cap = R(p.trunc);
+  const R w = min_r(r, cap);
+  const R prob = exp_r(lp), q = exp_r(old);
+  bool keep_pos, keep_neg;
+  if constexpr (D == dppo_divergence::tv) {
+    const R d = prob - q;
+    keep_pos = d <= R(p.eps_high);
+    keep_neg = d >= -R(p.eps_low);
+  } else {
+    const R eps = R(1e-8);
+    const R d = q * (old - lp) + (R(1) - q) * log_r((R(1) - q + eps) / (R(1) - prob + eps));
+    keep_pos = (d <= R(p.eps_high)) | (prob <= q);
+    keep_neg = (d <= R(p.eps_low)) | (prob >= q);
+  }
+  const bool pos = A > R(0);
+  const bool keep = (pos & keep_pos) | ((!pos) & keep_neg);
+  const R k = sel(keep, R(1), R(0));
+  policy_token<R> o;
+  o.value = -A * w * lp * k;
+  o.grad = -A * w * k;
+  o.flags = flag_if((!keep) & pos, flag_high) | flag_if((!keep) & (!pos), flag_low) |
+            flag_if(keep & (r > cap), flag_dual) | flag_if(clamped, flag_clamped);
   return o;
 }
 

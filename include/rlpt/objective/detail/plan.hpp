@@ -83,6 +83,7 @@ struct objective_plan {
   gmpo gm{};
   cispo ci{};
   sapo sa{};
+  dppo dp{};
   off_policy_correction corr{};
   kl_penalty kl{};
   double entropy_coef = 0.0;

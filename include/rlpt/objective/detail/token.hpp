@@ -573,6 +573,21 @@ RLPT_HD_FORCEINLINE void policy_chunk(const objective_plan& p, const token_const
     }
     break;
   }
+  case policy_kind::dppo: {
+    const dppo o = p.dp;
+    auto loop = [&](auto d) {
+      for (int j = 0; j < n; ++j) {
+        const policy_token<T> q = dppo_token<decltype(d)::value>(o, c.tmp[j], c.lp[j], c.old[j], c.adv[j]);
+        c.pv[j] = q.value, c.pg[j] = q.grad;
+        c.flags[j] = q.flags;
+      }
+    };
+    if (o.divergence == dppo_divergence::tv)
+      loop(std::integral_constant<dppo_divergence, dppo_divergence::tv>{});
+    else
+      loop(std::integral_constant<dppo_divergence, dppo_divergence::binary_kl>{});
+    break;
+  }
   case policy_kind::policy_gradient:
     for (int j = 0; j < n; ++j) {
       const policy_token<T> q = pg_token(c.lp[j], c.adv[j]);
