@@ -146,6 +146,7 @@ TEST_CASE("masked garbage (NaN, inf, huge) changes no output bit") {
       {.policy = gmpo{}, .correction = icepop(0.5, 2.0), .agg = {.mode = agg_mode::seq_mean_token_sum}},
       {.policy = sapo{}, .correction = {.reject = {.stat = rs_stat::k2, .level = rs_level::seq_max, .hi = 0.2}}},
       {.policy = cispo{}, .distill = {.coef = 0.5, .teacher_weights = tw}},
+      {.policy = dppo{.divergence = dppo_divergence::binary_kl, .eps_low = 0.01, .eps_high = 0.02}},
   };
   for (const objective& obj : objs) {
     grads<float> gc(clean.size()), gd(dirty.size());
@@ -456,6 +457,8 @@ TEST_CASE("the SSE2, AVX2 and AVX-512 row kernels give identical bits") {
       {.policy = cispo{},
        .kl = {.coef = 0.2, .estimator = kl_estimator::k3, .importance_corrected = true},
        .distill = {.coef = 0.5, .teacher_weights = tw}},
+      {.policy = dppo{.eps_low = 0.05, .eps_high = 0.08}, .correction = token_tis(2.0)},
+      {.policy = dppo{.divergence = dppo_divergence::binary_kl, .eps_low = 0.01, .eps_high = 0.02}},
   };
   for (const objective& obj : objs) {
     const auto in = b.inputs();
@@ -560,6 +563,9 @@ std::vector<objective> every_kind() {
        .kl = {.coef = 0.2, .importance_corrected = true},
        .distill = {.coef = 0.5, .teacher_weights = tw},
        .agg = {.mode = agg_mode::seq_mean_token_sum_norm, .norm = 64.0}},
+      {.policy = dppo{.eps_low = 0.05, .eps_high = 0.08}, .correction = token_tis(2.0)},
+      {.policy = dppo{.divergence = dppo_divergence::binary_kl, .eps_low = 0.01, .eps_high = 0.02},
+       .agg = {.mode = agg_mode::seq_mean_token_mean}},
       {.policy = policy_gradient{},
        .correction = {.weight = {.level = is_level::token, .bound = is_bound::none},
                       .reject = {.stat = rs_stat::ratio, .level = rs_level::seq_mean, .lo = 0.9, .hi = 1.1},
