@@ -175,7 +175,8 @@ def _policy_loss_fn(loss_mode):
         if rollout_is_weights is not None:
             # Importance weights are >= 0 and every policy term is positively homogeneous in the
             # advantage, so weighting the loss equals weighting the advantage (geo_mean: verl's
-            # per-sequence geometric mean of the weights).
+            # per-sequence geometric mean of the weights; dppo keeps or drops a token by the sign of
+            # A, which a positive weight keeps, and a token of weight 0 adds 0 either way).
             w = rollout_is_weights.detach()
             if loss_mode == "geo_mean":
                 m = response_mask
