@@ -9,7 +9,7 @@
 // bench_objective in verl's terms, the gradient allocated inside every call, the timing protocol
 // of bench/support/peer_timing.hpp (one thread); --out writes grad.f32 (and grad_ent.f32).
 //   objective_runner peer CONFIG DIR B T [--warmup N --calls N --flush BYTES --out DIR]
-//   CONFIG: ppo_k3_token_mean | ppo_tis_k3_entropy | gspo_seq_is | cispo_local
+//   CONFIG: ppo_k3_token_mean | ppo_tis_k3_entropy | gspo_seq_is | cispo_local | dppo_kl
 #include <rlpt/objective.hpp>
 #include <rlpt/core/thread_pool.hpp>
 
@@ -60,6 +60,8 @@ rlpt::objective peer_config(const std::string& name, double tokens) {
                         .entropy_coeff = 0.001,
                         .batch_num_tokens = tokens},
                        verl::rollout_correction("token", "2.0"));
+  if (name == "dppo_kl")
+    return verl::actor({.loss_mode = "dppo_kl", .clip_ratio_low = 0.01, .clip_ratio_high = 0.02, .clip_ratio_c = 3.0});
   if (name == "gspo_seq_is")
     return verl::actor(
         {.loss_mode = "gspo", .clip_ratio_low = 3e-4, .clip_ratio_high = 4e-4, .loss_agg_mode = "seq-mean-token-mean"},

@@ -9,7 +9,9 @@ in verl's terms (rlpt side: compat::verl::actor, objective_runner's peer mode):
 - gspo_seq_is: GSPO (clip 3e-4 / 4e-4) with sequence-level IS (rollout_is=sequence, threshold 2),
   seq-mean-token-mean;
 - cispo_local: CISPO (clip_ratio_low 10, clip_ratio_high 0.28) + k3 KL 0.001, token-mean over the
-  call's own tokens.
+  call's own tokens;
+- dppo_kl: DPPO with the binary-KL bound (clip_ratio_low 0.01, clip_ratio_high 0.02, the ratio
+  truncated at clip_ratio_c 3), token-mean over the call's own tokens.
 
 verl's step is what its ppo_loss composes: compute_rollout_correction_and_rejection_mask (when a
 correction is on: rlpt computes the same weights inside its call), the registered policy loss,
@@ -34,6 +36,7 @@ CONFIGS = {
     "ppo_tis_k3_entropy": ("vanilla", None, 0.28, "token-mean", True, "token", 1e-3, 1e-3, 6 * 4 + 1 + 8),
     "gspo_seq_is": ("gspo", 3e-4, 4e-4, "seq-mean-token-mean", False, "sequence", 0.0, 0.0, 4 * 4 + 1 + 4),
     "cispo_local": ("cispo", 10.0, 0.28, "token-mean", False, None, 1e-3, 0.0, 4 * 4 + 1 + 4),
+    "dppo_kl": ("dppo_kl", 0.01, 0.02, "token-mean", False, None, 0.0, 0.0, 3 * 4 + 1 + 4),
 }
 TOL_LOSS, TOL_GRAD = 1e-5, 1e-5  # |loss diff| / |loss|; max |grad diff| / max |grad|
 
