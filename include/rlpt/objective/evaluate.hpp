@@ -76,6 +76,10 @@ inline void check_option(bool ok, std::string_view what, double value, std::stri
   if (RLPT_UNLIKELY(!ok)) RLPT_FAIL(errors::objective::bad_option, "{} = {} {}", what, value, need);
 }
 
+inline void check_nonnegative(double v, std::string_view what) {
+  check_option(v >= 0.0 && std::isfinite(v), what, v, "must be finite and >= 0");
+}
+
 inline void check_clamp(double c, std::string_view what) {
   check_option(c > 0.0 && c <= 80.0, what, static_cast<double>(c),
                "must be in (0, 80] (the log-ratio clamp keeps exp finite in fp32)");
@@ -144,8 +148,7 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
         using P = std::decay_t<decltype(t)>;
         if constexpr (std::is_same_v<P, ppo_clip>) {
           check_option(t.eps_low >= 0.0 && t.eps_low <= 1.0, "ppo_clip.eps_low", t.eps_low, "must be in [0, 1]");
-          check_option(t.eps_high >= 0.0 && std::isfinite(t.eps_high), "ppo_clip.eps_high", t.eps_high,
-                       "must be finite and >= 0");
+          check_nonnegative(t.eps_high, "ppo_clip.eps_high");
           check_option(t.dual_clip == 0.0 || t.dual_clip > 1.0, "ppo_clip.dual_clip", t.dual_clip,
                        "must be 0 (off) or > 1");
           check_option(t.delta == 0.0 || t.delta > 1.0, "ppo_clip.delta", t.delta, "must be 0 (off) or > 1");
@@ -153,8 +156,7 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
           p.ppo = t;
         } else if constexpr (std::is_same_v<P, gspo>) {
           check_option(t.eps_low >= 0.0 && t.eps_low <= 1.0, "gspo.eps_low", t.eps_low, "must be in [0, 1]");
-          check_option(t.eps_high >= 0.0 && std::isfinite(t.eps_high), "gspo.eps_high", t.eps_high,
-                       "must be finite and >= 0");
+          check_nonnegative(t.eps_high, "gspo.eps_high");
           check_option(t.dual_clip == 0.0 || t.dual_clip > 1.0, "gspo.dual_clip", t.dual_clip,
                        "must be 0 (off) or > 1");
           check_option(t.delta == 0.0 || t.delta > 1.0, "gspo.delta", t.delta, "must be 0 (off) or > 1");
@@ -162,17 +164,14 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
           p.gs = t;
           p.gspo_sequence = !t.token_level;
         } else if constexpr (std::is_same_v<P, gmpo>) {
-          check_option(t.eps_low >= 0.0 && std::isfinite(t.eps_low), "gmpo.eps_low", t.eps_low,
-                       "must be finite and >= 0");
-          check_option(t.eps_high >= 0.0 && std::isfinite(t.eps_high), "gmpo.eps_high", t.eps_high,
-                       "must be finite and >= 0");
+          check_nonnegative(t.eps_low, "gmpo.eps_low");
+          check_nonnegative(t.eps_high, "gmpo.eps_high");
           check_clamp(t.log_ratio_clamp, "gmpo.log_ratio_clamp");
           p.gm = t;
         } else if constexpr (std::is_same_v<P, cispo>) {
           check_option(t.eps_low >= 0.0 && std::isfinite(t.eps_low), "cispo.eps_low", t.eps_low,
                        "must be finite and >= 0 (>= 1 means no lower bound)");
-          check_option(t.eps_high >= 0.0 && std::isfinite(t.eps_high), "cispo.eps_high", t.eps_high,
-                       "must be finite and >= 0");
+          check_nonnegative(t.eps_high, "cispo.eps_high");
           check_option(t.cap > 0.0 && std::isfinite(t.cap), "cispo.cap", t.cap, "must be finite and > 0");
           check_clamp(t.log_ratio_clamp, "cispo.log_ratio_clamp");
           p.ci = t;
@@ -182,10 +181,8 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
           check_clamp(t.log_ratio_clamp, "sapo.log_ratio_clamp");
           p.sa = t;
         } else if constexpr (std::is_same_v<P, dppo>) {
-          check_option(t.eps_low >= 0.0 && std::isfinite(t.eps_low), "dppo.eps_low", t.eps_low,
-                       "must be finite and >= 0");
-          check_option(t.eps_high >= 0.0 && std::isfinite(t.eps_high), "dppo.eps_high", t.eps_high,
-                       "must be finite and >= 0");
+          check_nonnegative(t.eps_low, "dppo.eps_low");
+          check_nonnegative(t.eps_high, "dppo.eps_high");
           check_option(t.trunc > 0.0 && std::isfinite(t.trunc), "dppo.trunc", t.trunc, "must be finite and > 0");
           check_clamp(t.log_ratio_clamp, "dppo.log_ratio_clamp");
           p.dp = t;
@@ -263,9 +260,8 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
     require(has_values, "value_loss", "values", "the critic's predictions");
     require(has_returns, "value_loss", "returns", "the value targets");
     if (v.clip > 0.0) require(has_old_values, "value_loss", "old_values", "the clip is centred on them");
-    check_option(v.clip >= 0.0 && std::isfinite(v.clip), "value.clip", v.clip, "must be finite and >= 0");
-    check_option(v.huber_delta >= 0.0 && std::isfinite(v.huber_delta), "value.huber_delta", v.huber_delta,
-                 "must be finite and >= 0");
+    check_nonnegative(v.clip, "value.clip");
+    check_nonnegative(v.huber_delta, "value.huber_delta");
   }
 
   const distillation& d = obj.distill;
