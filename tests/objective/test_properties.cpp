@@ -441,6 +441,51 @@ TEST_CASE("distillation: reverse-KL advantage against weighted teachers") {
   CHECK(r.loss == doctest::Approx(-(a0 * -1.0 + a1 * -2.0)));
 }
 
+TEST_CASE("distillation without advantages: each chunk and each pass sees its own term only") {
+  // Rows of 600 tokens span three host chunks; GSPO's sequence form adds a statistics pass.
+  // Absent advantages must read as zeros: before the fix, the distillation term accumulated in
+  // the chunk's advantage array from chunk to chunk and pass to pass.
+  const index_t B = 2, T = 600;
+  std::vector<mask_t> mask(static_cast<std::size_t>(B * T), 1);
+  std::vector<double> lp(mask.size()), behav(mask.size()), teacher(mask.size()), zeros(mask.size(), 0.0);
+  for (std::size_t i = 0; i < mask.size(); ++i) {
+    lp[i] = -1.0 - 0.001 * static_cast<double>(i % 700);
+    behav[i] = lp[i] - 0.1;
+    teacher[i] = lp[i] + 0.3;
+  }
+  mask[static_cast<std::size_t>(T + 599)] = 0;
+  const std::vector<double> w{1.0};
+  const objective objs[] = {
+      {.policy = policy_gradient{},
+       .distill = {.coef = 1.0, .teacher_weights = w},
+       .agg = {.mode = agg_mode::token_sum}},
+      {.policy = gspo{.token_level = false},
+       .distill = {.coef = 1.0, .teacher_weights = w},
+       .agg = {.mode = agg_mode::seq_mean_token_mean}},
+  };
+  for (const objective& obj : objs) {
+    basic_objective_inputs<double> in{
+        .layout = token_layout::padded(B, T), .mask = mask, .logp = lp, .old_logp = behav, .behav_logp = behav};
+    in.teacher_logp = view2d<const double>(teacher.data(), 1, B * T);
+    std::vector<double> g_absent(mask.size()), g_zero(mask.size());
+    const auto r_absent = evaluate(obj, in, {.logp = g_absent});
+    in.adv = zeros;
+    const auto r_zero = evaluate(obj, in, {.logp = g_zero});
+    CHECK(r_absent.loss == r_zero.loss);
+    CHECK(g_absent == g_zero);
+  }
+  // The policy-gradient case by hand: adv = teacher - behav = 0.4 at every token, d loss / d logp = -adv.
+  basic_objective_inputs<double> in{
+      .layout = token_layout::padded(B, T), .mask = mask, .logp = lp, .behav_logp = behav};
+  in.teacher_logp = view2d<const double>(teacher.data(), 1, B * T);
+  std::vector<double> g(mask.size());
+  (void)evaluate(objs[0], in, {.logp = g});
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    INFO("token " << i);
+    CHECK(g[i] == doctest::Approx(mask[i] != 0 ? -0.4 : 0.0).epsilon(1e-12));
+  }
+}
+
 TEST_CASE("the SSE2, AVX2 and AVX-512 row kernels give identical bits") {
 #if RLPT_OBJECTIVE_AVX2_CLONE()
   if (!detail::cpu_has_avx2_fma()) return;
@@ -471,15 +516,15 @@ TEST_CASE("the SSE2, AVX2 and AVX-512 row kernels give identical bits") {
     grads<float> g1(b.size()), g2(b.size()), g3(b.size());
     int avx512_rows = 0;
     for (index_t s = 0; s < b.B; ++s) {
-      const detail::objective_sums s1 = detail::host_row_default(p, in, g1.view(), s);
-      const detail::objective_sums s2 = detail::host_row_avx2(p, in, g2.view(), s);
+      const detail::objective_sums s1 = detail::host_rows_default(p, in, g1.view(), s, s + 1);
+      const detail::objective_sums s2 = detail::host_rows_avx2(p, in, g2.view(), s, s + 1);
       CHECK(s1.policy == s2.policy);
       CHECK(s1.kl == s2.kl);
       CHECK(s1.value == s2.value);
       CHECK(s1.clip_high == s2.clip_high);
 #if RLPT_OBJECTIVE_AVX512_CLONE()
       if (detail::cpu_has_avx512()) {
-        const detail::objective_sums s3 = detail::host_row_avx512(p, in, g3.view(), s);
+        const detail::objective_sums s3 = detail::host_rows_avx512(p, in, g3.view(), s, s + 1);
         CHECK(s1.policy == s3.policy);
         CHECK(s1.kl == s3.kl);
         CHECK(s1.value == s3.value);
@@ -494,6 +539,11 @@ TEST_CASE("the SSE2, AVX2 and AVX-512 row kernels give identical bits") {
       CHECK(g1.logp == g3.logp);
       CHECK(g1.values == g3.values);
     }
+    // All rows in one call (one chunk object reused from row to row) give each row's bits.
+    grads<float> g_all(b.size());
+    (void)detail::host_rows_kernel<float>()(p, in, g_all.view(), 0, b.B);
+    CHECK(g_all.logp == g1.logp);
+    CHECK(g_all.values == g1.values);
   }
 #else
   MESSAGE("no AVX2 clone in this build");

@@ -450,14 +450,9 @@ objective_result evaluate(const objective& obj, const basic_objective_inputs<T>&
   detail::prefault_for_write(grads.logp);
   detail::prefault_for_write(grads.entropy);
   detail::prefault_for_write(grads.values);
-  const auto row = detail::host_row_kernel<T>();
+  const auto rows = detail::host_rows_kernel<T>();
   const detail::objective_sums s = ex.parallel_reduce(
-      L.num_seqs(), grain, detail::objective_sums{},
-      [&](index_t b0, index_t b1) {
-        detail::objective_sums acc;
-        for (index_t b = b0; b < b1; ++b) acc.merge(row(p, in, grads, b));
-        return acc;
-      },
+      L.num_seqs(), grain, detail::objective_sums{}, [&](index_t b0, index_t b1) { return rows(p, in, grads, b0, b1); },
       [](detail::objective_sums& a, const detail::objective_sums& b) { a.merge(b); });
   if (s.nonfinite > 0.0 && p.nonfinite == nonfinite::raise) detail::raise_nonfinite(p, in, s.nonfinite);
   detail::check_global(p.agg_policy, s, p.use_policy, "policy");

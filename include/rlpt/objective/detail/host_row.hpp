@@ -194,11 +194,12 @@ row_stats host_row_stats(const objective_plan& p, const basic_objective_inputs<T
 }
 
 //! Evaluates one sequence with the chunk stages S: writes its gradients and returns its sums.
+//! `c` comes from zero_absent and is reused across rows (zeroing the absent inputs' arrays once
+//! per row was a few percent of a call on rows of a few hundred tokens).
 template <class T, class S>
 RLPT_OBJECTIVE_HOST_INLINE objective_sums host_row_body(const objective_plan& p, const basic_objective_inputs<T>& in,
-                                                        const basic_objective_grads<T>& gr, index_t b) {
-  host_chunk_data<T> c;
-  zero_absent(p, in, c);
+                                                        const basic_objective_grads<T>& gr, index_t b,
+                                                        host_chunk_data<T>& c) {
   row_consts rc;
   if (p.need_row_pass) {
     rc = row_finish(p, host_row_stats_with<T, S>(p, in, b, c));
@@ -219,40 +220,51 @@ RLPT_OBJECTIVE_HOST_INLINE objective_sums host_row_body(const objective_plan& p,
   return row_sums(p, rc, a, /*head=*/true);
 }
 
+//! Evaluates sequences [b0, b1) with the chunk stages S, merging their sums in row order.
+template <class T, class S>
+RLPT_OBJECTIVE_HOST_INLINE objective_sums host_rows_body(const objective_plan& p, const basic_objective_inputs<T>& in,
+                                                         const basic_objective_grads<T>& gr, index_t b0, index_t b1) {
+  host_chunk_data<T> c;
+  zero_absent(p, in, c);
+  objective_sums acc;
+  for (index_t b = b0; b < b1; ++b) acc.merge(host_row_body<T, S>(p, in, gr, b, c));
+  return acc;
+}
+
 template <class T>
-__attribute__((RLPT_NO_CONTRACT_ATTR)) objective_sums host_row_default(const objective_plan& p,
-                                                                       const basic_objective_inputs<T>& in,
-                                                                       const basic_objective_grads<T>& gr, index_t b) {
-  return host_row_body<T, host_stages_default<T>>(p, in, gr, b);
+__attribute__((RLPT_NO_CONTRACT_ATTR)) objective_sums
+host_rows_default(const objective_plan& p, const basic_objective_inputs<T>& in, const basic_objective_grads<T>& gr,
+                  index_t b0, index_t b1) {
+  return host_rows_body<T, host_stages_default<T>>(p, in, gr, b0, b1);
 }
 
 #if RLPT_OBJECTIVE_AVX2_CLONE()
 template <class T>
-__attribute__((RLPT_OBJECTIVE_AVX2_ATTR)) objective_sums host_row_avx2(const objective_plan& p,
-                                                                       const basic_objective_inputs<T>& in,
-                                                                       const basic_objective_grads<T>& gr, index_t b) {
-  return host_row_body<T, host_stages_avx2<T>>(p, in, gr, b);
+__attribute__((RLPT_OBJECTIVE_AVX2_ATTR)) objective_sums
+host_rows_avx2(const objective_plan& p, const basic_objective_inputs<T>& in, const basic_objective_grads<T>& gr,
+               index_t b0, index_t b1) {
+  return host_rows_body<T, host_stages_avx2<T>>(p, in, gr, b0, b1);
 }
 #endif
 
 #if RLPT_OBJECTIVE_AVX512_CLONE()
 template <class T>
 __attribute__((RLPT_OBJECTIVE_AVX512_ATTR)) objective_sums
-host_row_avx512(const objective_plan& p, const basic_objective_inputs<T>& in, const basic_objective_grads<T>& gr,
-                index_t b) {
-  return host_row_body<T, host_stages_avx512<T>>(p, in, gr, b);
+host_rows_avx512(const objective_plan& p, const basic_objective_inputs<T>& in, const basic_objective_grads<T>& gr,
+                 index_t b0, index_t b1) {
+  return host_rows_body<T, host_stages_avx512<T>>(p, in, gr, b0, b1);
 }
 #endif
 
-//! The row kernel for this CPU.
-template <class T> auto host_row_kernel() noexcept {
+//! The rows kernel for this CPU.
+template <class T> auto host_rows_kernel() noexcept {
 #if RLPT_OBJECTIVE_AVX512_CLONE()
-  if (cpu_has_avx512()) return &host_row_avx512<T>;
+  if (cpu_has_avx512()) return &host_rows_avx512<T>;
 #endif
 #if RLPT_OBJECTIVE_AVX2_CLONE()
-  if (cpu_has_avx2_fma()) return &host_row_avx2<T>;
+  if (cpu_has_avx2_fma()) return &host_rows_avx2<T>;
 #endif
-  return &host_row_default<T>;
+  return &host_rows_default<T>;
 }
 
 } // namespace detail

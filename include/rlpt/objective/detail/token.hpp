@@ -408,7 +408,10 @@ RLPT_HD_FORCEINLINE int load_chunk(const objective_plan& p, const basic_objectiv
                        : p.student == student_logp::proximal ? c.old
                                                              : c.lp;
     const T coef = T(p.distill_coef);
-    for (int j = 0; j < n; ++j) c.adv[j] += coef * (c.tmp[j] - student[j]);
+    // Added to the loaded advantage; without one, c.adv is this chunk's own (it was zeroed once
+    // per chunk object, and adding to it carried each chunk's and pass's term into the next).
+    const bool base = p.has_adv || p.has_seq_adv;
+    for (int j = 0; j < n; ++j) c.adv[j] = sel(base, c.adv[j], T(0)) + coef * (c.tmp[j] - student[j]);
   }
   for (int j = 0; j < n; ++j) c.rej[j] = static_cast<std::uint8_t>(c.rej[j] & c.valid[j]);
   const int bad = count(c.rej, n);
