@@ -5,6 +5,7 @@
 
 #include "support/errors.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -188,4 +189,23 @@ TEST_CASE("checked arithmetic and offsets validation name the values") {
   CHECK_NOTHROW(rlpt::detail::check_offsets(id, "cu", "sequence", flat));
   RLPT_CHECK_ERROR(rlpt::detail::check_offsets(id, "offsets", "group", flat, true), "rlpt.test.checked",
                    "group 1 is empty", "offsets[1] = 3, offsets[2] = 3");
+}
+
+TEST_CASE("first_valid and end_of_valid agree with a byte-by-byte scan") {
+  // Every single valid slot and every pair in masks of up to 100 bytes, at every length: the
+  // eight-byte stride must not step over a valid byte nor stop short of one.
+  for (rlpt::index_t n = 0; n <= 100; ++n)
+    for (rlpt::index_t a = -1; a < n; ++a)
+      for (rlpt::index_t b = a; b < n; b += 7) {
+        std::vector<rlpt::mask_t> m(static_cast<std::size_t>(n) + 1, 0); // +1: never read past n
+        m[static_cast<std::size_t>(n)] = 1;
+        if (a >= 0) m[static_cast<std::size_t>(a)] = 1, m[static_cast<std::size_t>(b)] = 1;
+        rlpt::index_t first = n, end = 0;
+        for (rlpt::index_t t = 0; t < n; ++t)
+          if (m[static_cast<std::size_t>(t)] != 0) first = std::min(first, t), end = t + 1;
+        INFO("n = " << n << ", valid at " << a << " and " << b);
+        CHECK(rlpt::detail::first_valid(m.data(), n) == first);
+        CHECK(rlpt::detail::end_of_valid(m.data(), n) == end);
+        if (a < 0) break;
+      }
 }
