@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <vector>
 
 using rlpt::test::batch;
@@ -683,6 +684,57 @@ TEST_CASE("long rows with masked heads, tails and whole chunks: results as the p
       CHECK(g.entropy[i] == 0.0);
       CHECK(g.values[i] == 0.0);
     }
+  }
+}
+
+TEST_CASE("every term is invariant under a permutation of the tokens within a row") {
+  // No term of the objective depends on a token's position in its row, so shuffling each row's
+  // slots (every input with them) gives the same loss and metrics and the shuffled gradients.
+  // A state carried from chunk to chunk or from pass to pass (rows of 700 slots: three chunks)
+  // depends on position and breaks it; so does a chunk-skipping rule that drops a valid token.
+  const batch<double> b(9, 700, 41, 0.4, 0.4);
+  batch<double> s = b;
+  std::mt19937_64 gen(20261205);
+  std::vector<std::size_t> to(b.size()); // slot i of b goes to slot to[i] of s
+  for (std::size_t i = 0; i < to.size(); ++i) to[i] = i;
+  for (index_t r = 0; r < b.B; ++r) {
+    const auto first = to.begin() + static_cast<std::ptrdiff_t>(r * b.stride);
+    std::shuffle(first, first + static_cast<std::ptrdiff_t>(b.L), gen); // the stride gap stays
+  }
+  auto scatter = [&](auto& dst, const auto& src, std::size_t offset) {
+    for (std::size_t i = 0; i < b.size(); ++i) dst[offset + to[i]] = src[offset + i];
+  };
+  for (auto member :
+       {&batch<double>::lp, &batch<double>::old, &batch<double>::behav, &batch<double>::ref, &batch<double>::adv,
+        &batch<double>::entropy, &batch<double>::values, &batch<double>::old_values, &batch<double>::returns})
+    scatter(s.*member, b.*member, 0);
+  scatter(s.mask, b.mask, 0);
+  for (int k = 0; k < b.n_teachers; ++k) scatter(s.teachers, b.teachers, static_cast<std::size_t>(k) * b.size());
+  std::vector<objective> objs = every_kind();
+  static const std::vector<double> tw{0.5, 0.5};
+  objs.push_back({.policy = ppo_clip{}, .distill = {.coef = 0.7, .teacher_weights = tw}}); // advantages absent
+  for (std::size_t o = 0; o < objs.size(); ++o) {
+    INFO("objective ", o);
+    const bool no_adv = o + 1 == objs.size();
+    basic_objective_inputs<double> in = b.inputs(), in_s = s.inputs();
+    if (no_adv) in.adv = {}, in_s.adv = {};
+    grads<double> g(b.size()), g_s(b.size());
+    const objective_result r = evaluate(objs[o], in, g.view());
+    const objective_result r_s = evaluate(objs[o], in_s, g_s.view());
+    CHECK(r_s.tokens == r.tokens);
+    CHECK(r_s.loss_tokens == r.loss_tokens);
+    CHECK(r_s.clip_frac_high == doctest::Approx(r.clip_frac_high).epsilon(1e-14));
+    CHECK(r_s.rejected_frac == doctest::Approx(r.rejected_frac).epsilon(1e-14));
+    CHECK(r_s.loss == doctest::Approx(r.loss).epsilon(1e-11));
+    CHECK(r_s.kl_loss == doctest::Approx(r.kl_loss).epsilon(1e-11));
+    CHECK(r_s.value_loss == doctest::Approx(r.value_loss).epsilon(1e-11));
+    int bad = 0;
+    for (std::size_t i = 0; i < b.size(); ++i) {
+      const double want = g.logp[i], got = g_s.logp[to[i]];
+      if (!(std::abs(got - want) <= 1e-11 * std::max(1.0, std::abs(want)))) ++bad;
+      if (g.values[i] != doctest::Approx(g_s.values[to[i]]).epsilon(1e-11)) ++bad;
+    }
+    CHECK(bad == 0);
   }
 }
 
