@@ -31,7 +31,7 @@ from ._ops import cached_objective, metrics_dict
 ESTIMATORS = ("grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectorized", "opo", "gpg",
               "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "gae")
 #: verl policy loss_mode names rlpt reproduces (registered as "rlpt_<name>").
-POLICY_LOSSES = ("vanilla", "gspo", "sapo", "gpg", "geo_mean", "cispo", "dppo_tv", "dppo_kl")
+POLICY_LOSSES = ("vanilla", "gspo", "sapo", "gpg", "geo_mean", "cispo", "dppo_tv", "dppo_kl", "dro")
 
 
 def _get(config, key, default):
@@ -169,6 +169,16 @@ def _policy_loss_fn(loss_mode):
         if loss_mode == "sapo":
             opts["tau_pos"] = float(_get(config, "tau_pos", 1.0))
             opts["tau_neg"] = float(_get(config, "tau_neg", 1.05))
+        if loss_mode == "dro":
+            beta = _get(_get(config, "policy_loss", None), "dro_beta", None)
+            if beta is not None:  # unset: the preset raises, as verl does
+                opts["dro_beta"] = float(beta)
+            if rollout_is_weights is not None:
+                # The weights scale DRO's quadratic penalty too, which is not homogeneous in the
+                # advantage: weighting the advantage (below) would be wrong.
+                raise NotImplementedError(
+                    "rlpt_dro: rollout_is_weights are not supported (they scale the log-ratio penalty, which "
+                    "rlpt cannot take through the advantage); use verl's own 'dro' with rollout correction")
         for k, v in _global_batch_info(config).items():
             opts[k] = int(v) if k == "dp_size" else float(v)
         adv = advantages
@@ -188,6 +198,8 @@ def _policy_loss_fn(loss_mode):
         d = metrics_dict(m)
         if loss_mode == "gpg":
             return loss, {}
+        if loss_mode == "dro":
+            return loss, {"actor/ppo_kl": d["approx_kl"]}
         frac = d["clip_frac_low"] + d["clip_frac_high"]
         # dppo: clip_frac_dual counts the kept tokens whose ratio the truncation caps
         dual = loss_mode in ("vanilla", "dppo_tv", "dppo_kl")
@@ -212,6 +224,7 @@ compute_policy_loss_geo_mean = _POLICY_FNS["geo_mean"]
 compute_policy_loss_cispo = _POLICY_FNS["cispo"]
 compute_policy_loss_dppo_tv = _POLICY_FNS["dppo_tv"]
 compute_policy_loss_dppo_kl = _POLICY_FNS["dppo_kl"]
+compute_policy_loss_dro = _POLICY_FNS["dro"]
 
 
 def kl_loss(log_prob, ref_log_prob, response_mask, kl_loss_type="low_var_kl", loss_agg_mode="token-mean",

@@ -211,13 +211,17 @@ rlpt::objective custom_objective(spec& s) {
     s.get("policy.trunc", t.trunc);
     s.get("policy.log_ratio_clamp", t.log_ratio_clamp);
     o.policy = t;
+  } else if (p == "dro") {
+    rlpt::dro t;
+    s.get("policy.beta", t.beta);
+    o.policy = t;
   } else if (p == "policy_gradient") {
     o.policy = rlpt::policy_gradient{};
   } else if (p == "none") {
     o.policy = rlpt::no_policy{};
   } else {
     raise(ids::bad_option, fmt::format("{}: policy = \"{}\" is not one of ppo_clip, gspo, gmpo, cispo, sapo, "
-                                       "dppo, policy_gradient, none",
+                                       "dppo, dro, policy_gradient, none",
                                        s.who(), p));
   }
   auto& c = o.correction;
@@ -314,6 +318,7 @@ rlpt::objective objective_from_spec(std::string_view text, std::string* descript
     s.get("clip_ratio_c", c.clip_ratio_c);
     s.get("tau_pos", c.tau_pos);
     s.get("tau_neg", c.tau_neg);
+    s.get("dro_beta", c.dro_beta);
     s.get("loss_agg_mode", agg);
     s.get("use_kl_loss", c.use_kl_loss);
     s.get("kl_loss_coef", c.kl_loss_coef);

@@ -406,3 +406,17 @@ def test_custom_dppo_equals_the_verl_presets(gen):
         assert da == db
     with pytest.raises(rlpt.Error, match="divergence"):
         rlpt.Objective.custom(policy="dppo", **{"policy.divergence": "js"})
+
+
+def test_custom_dro_equals_the_verl_preset(gen):
+    lp, old, _, _, _, mask, adv = batch(gen)
+    custom = rlpt.Objective.custom(policy="dro", **{"policy.beta": 0.7})
+    preset = rlpt.Objective.verl_actor(loss_mode="dro", dro_beta=0.7)
+    x1, x2 = lp.clone().requires_grad_(), lp.clone().requires_grad_()
+    a, ma = rlpt.policy_loss(custom, x1, mask, old_logp=old, seq_adv=adv)
+    b, mb = rlpt.policy_loss(preset, x2, mask, old_logp=old, seq_adv=adv)
+    assert a.item() == b.item()
+    assert torch.equal(torch.autograd.grad(a, x1)[0], torch.autograd.grad(b, x2)[0])
+    assert rlpt.metrics_dict(ma) == rlpt.metrics_dict(mb)
+    with pytest.raises(rlpt.Error, match="dro.beta"):
+        rlpt.policy_loss(rlpt.Objective.custom(policy="dro"), lp, mask, old_logp=old, seq_adv=adv)

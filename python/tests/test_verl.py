@@ -84,7 +84,8 @@ def test_gae_matches_verl():
 def actor_config(mode, agg, **kw):
     return ActorConfig(strategy="fsdp", rollout_n=1, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0,
                        ppo_micro_batch_size_per_gpu=1, loss_agg_mode=agg,
-                       policy_loss=PolicyLossConfig(loss_mode=mode, rollout_correction=RolloutCorrectionConfig()),
+                       policy_loss=PolicyLossConfig(loss_mode=mode, rollout_correction=RolloutCorrectionConfig(),
+                                                    dro_beta=0.5 if mode == "dro" else None),
                        **kw)
 
 
@@ -103,12 +104,14 @@ def policy_inputs(seed, B=12, T=9):
     return wide, log_prob, old, adv, mask, w
 
 
-@pytest.mark.parametrize("mode", ["vanilla", "gspo", "sapo", "gpg", "geo_mean", "cispo", "dppo_tv", "dppo_kl"])
+@pytest.mark.parametrize("mode", ["vanilla", "gspo", "sapo", "gpg", "geo_mean", "cispo", "dppo_tv", "dppo_kl", "dro"])
 @pytest.mark.parametrize("agg", AGG_MODES)
 @pytest.mark.parametrize("weights", [False, True])
 def test_policy_losses_match_verl(mode, agg, weights):
     if mode == "geo_mean" and agg != "token-mean":
         pytest.skip("geo_mean ignores loss_agg_mode")
+    if mode == "dro" and weights:
+        pytest.skip("rlpt_dro takes no rollout_is_weights (test_dro_refuses_rollout_is_weights)")
     wide, _, old, adv, mask, w = policy_inputs(7)
     cfg = actor_config(mode, agg)
     results = []
@@ -125,6 +128,18 @@ def test_policy_losses_match_verl(mode, agg, weights):
     if not weights:
         for k in m2:
             assert m1[k] == pytest.approx(m2[k], abs=1e-6), k
+
+
+def test_dro_refuses_rollout_is_weights_and_needs_beta():
+    _, lp, old, adv, mask, w = policy_inputs(7)
+    fn = ca.get_policy_loss_fn("rlpt_dro")
+    with pytest.raises(NotImplementedError, match="rollout_is_weights"):
+        fn(old_log_prob=old, log_prob=lp, advantages=adv, response_mask=mask, config=actor_config("dro", "token-mean"),
+           rollout_is_weights=w)
+    no_beta = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1,
+                          policy_loss=PolicyLossConfig(loss_mode="dro", rollout_correction=RolloutCorrectionConfig()))
+    with pytest.raises(rlpt.Error, match="dro_beta"):
+        fn(old_log_prob=old, log_prob=lp, advantages=adv, response_mask=mask, config=no_beta)
 
 
 @pytest.mark.parametrize("kl_type", ["kl", "abs", "mse", "low_var_kl", "k3+"])

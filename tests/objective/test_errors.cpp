@@ -115,6 +115,9 @@ TEST_CASE("errors: bad options name the field and the value") {
                    "dppo.trunc = 0");
   RLPT_CHECK_ERROR(evaluate(objective{.policy = dppo{.eps_low = -0.1}}, in), "rlpt.objective.bad_option",
                    "dppo.eps_low = -0.1");
+  RLPT_CHECK_ERROR(evaluate(objective{.policy = dro{}}, in), "rlpt.objective.bad_option", "dro.beta = 0", "no default");
+  RLPT_CHECK_ERROR(evaluate(objective{.policy = dro{.beta = std::numeric_limits<double>::infinity()}}, in),
+                   "rlpt.objective.bad_option", "dro.beta = inf");
   RLPT_CHECK_ERROR(evaluate(objective{.correction = token_tis(0.5, 1.0)}, in), "rlpt.objective.bad_option",
                    "is_weighting.hi = 0.5", ">= lo");
   RLPT_CHECK_ERROR(
@@ -152,6 +155,9 @@ TEST_CASE("errors: a non-finite input at a valid token is reported with its plac
 TEST_CASE("errors: compat presets reject what they do not reproduce") {
   RLPT_CHECK_ERROR(compat::verl::actor({.loss_mode = "clip_cov"}), "rlpt.objective.compat",
                    "policy_loss.loss_mode = \"clip_cov\"");
+  RLPT_CHECK_ERROR(compat::verl::actor({.loss_mode = "dro"}), "rlpt.objective.compat", "dro_beta", "no default");
+  RLPT_CHECK_ERROR(compat::verl::actor({.loss_mode = "dro", .dro_beta = -1.0}), "rlpt.objective.compat",
+                   "dro_beta > 0, got -1");
   RLPT_CHECK_ERROR(compat::verl::agg("seq-mean-token-sum-norm"), "rlpt.objective.compat", "loss_scale_factor");
   RLPT_CHECK_ERROR(compat::verl::agg("token-mean", 8), "rlpt.objective.compat", "dp_size = 8", "batch_num_tokens");
   RLPT_CHECK_ERROR(compat::verl::kl("full"), "rlpt.objective.compat", "kl_loss_type = \"full\"");

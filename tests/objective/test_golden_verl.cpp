@@ -41,7 +41,7 @@ TEST_CASE("golden verl vanilla with clip-higher, dual clip and global batch info
                     golden_inputs{});
 }
 
-TEST_CASE("golden verl gspo, sapo, geo_mean, cispo, dppo_tv, dppo_kl, gpg") {
+TEST_CASE("golden verl gspo, sapo, geo_mean, cispo, dppo_tv, dppo_kl, dro, gpg") {
   for (const char* agg : {"token-mean", "seq-mean-token-mean"}) {
     std::string tag(agg);
     for (char& c : tag)
@@ -66,6 +66,10 @@ TEST_CASE("golden verl gspo, sapo, geo_mean, cispo, dppo_tv, dppo_kl, gpg") {
                     golden_inputs{});
   check_golden_case("verl_dppo_kl",
                     verl::actor({.loss_mode = "dppo_kl", .clip_ratio_low = 0.01, .clip_ratio_high = 0.02}),
+                    golden_inputs{});
+  check_golden_case("verl_dro_token_mean", verl::actor({.loss_mode = "dro", .dro_beta = 0.5}), golden_inputs{});
+  check_golden_case("verl_dro_seq_mean_token_mean",
+                    verl::actor({.loss_mode = "dro", .dro_beta = 2.0, .loss_agg_mode = "seq-mean-token-mean"}),
                     golden_inputs{});
   check_golden_case("verl_gpg", verl::actor({.loss_mode = "gpg", .loss_agg_mode = "seq-mean-token-sum"}),
                     golden_inputs{.old = false});

@@ -72,6 +72,7 @@ std::vector<objective> accumulation_objectives(agg_mode m) {
   out.push_back({.policy = sapo{},
                  .correction = {.reject = {.stat = rs_stat::k3, .level = rs_level::seq_mean, .hi = 0.02}},
                  .agg = a});
+  out.push_back({.policy = dro{.beta = 0.7}, .correction = token_tis(1.5), .kl = {.coef = 0.1}, .agg = a});
   out.push_back({.policy = ppo_clip{},
                  .correction = {.reject = {.stat = rs_stat::k1, .level = rs_level::token, .lo = 0.8, .hi = 1.25},
                                 .rejected = rejected_tokens::removed},
@@ -151,6 +152,7 @@ TEST_CASE("masked garbage (NaN, inf, huge) changes no output bit") {
       {.policy = sapo{}, .correction = {.reject = {.stat = rs_stat::k2, .level = rs_level::seq_max, .hi = 0.2}}},
       {.policy = cispo{}, .distill = {.coef = 0.5, .teacher_weights = tw}},
       {.policy = dppo{.divergence = dppo_divergence::binary_kl, .eps_low = 0.01, .eps_high = 0.02}},
+      {.policy = dro{.beta = 1.5}, .correction = token_tis(2.0), .kl = {.coef = 0.1}},
   };
   for (const objective& obj : objs) {
     grads<float> gc(clean.size()), gd(dirty.size());
@@ -361,6 +363,25 @@ TEST_CASE("hand-computed tokens: DPPO keeps a token by the divergence in its adv
   CHECK(r.clip_frac_low == 0.0);
 }
 
+TEST_CASE("hand-computed tokens: DRO's quadratic log-ratio penalty") {
+  // x = logp - old = log 4, -log 2, log 1.1; A = -2, 3, 0.5; logp = -1. With beta = 2 each token's
+  // loss is -(logp A - x^2) and its gradient -A + 2 x; no clip events.
+  const three_tokens tokens;
+  std::vector<double> g(3);
+  const auto r = evaluate(objective{.policy = dro{.beta = 2.0}, .agg = {.mode = agg_mode::token_sum}}, tokens.inputs(),
+                          {.logp = g});
+  const double x[3] = {std::log(4.0), -std::log(2.0), std::log(1.1)};
+  const double A[3] = {-2.0, 3.0, 0.5};
+  double loss = 0.0;
+  for (int t = 0; t < 3; ++t) {
+    loss += -(-1.0 * A[t] - x[t] * x[t]);
+    CHECK(g[static_cast<std::size_t>(t)] == doctest::Approx(-A[t] + 2.0 * x[t]).epsilon(1e-14));
+  }
+  CHECK(r.loss == doctest::Approx(loss).epsilon(1e-14));
+  CHECK(r.clip_frac_low + r.clip_frac_high + r.clip_frac_dual + r.clamped_frac == 0.0);
+  CHECK(r.approx_kl == doctest::Approx(-(x[0] + x[1] + x[2]) / 3.0).epsilon(1e-14));
+}
+
 TEST_CASE("metrics: clip fractions, approximate KL, importance weights, rejection") {
   const std::vector<mask_t> mask{1, 1, 1, 1, 0};
   const std::vector<double> lp{-1.0, -1.0, -1.0, -1.0, 99.0};
@@ -508,6 +529,7 @@ TEST_CASE("the SSE2, AVX2 and AVX-512 row kernels give identical bits") {
        .distill = {.coef = 0.5, .teacher_weights = tw}},
       {.policy = dppo{.eps_low = 0.05, .eps_high = 0.08}, .correction = token_tis(2.0)},
       {.policy = dppo{.divergence = dppo_divergence::binary_kl, .eps_low = 0.01, .eps_high = 0.02}},
+      {.policy = dro{.beta = 1.5}, .correction = token_tis(2.0), .kl = {.coef = 0.1}},
   };
   for (const objective& obj : objs) {
     const auto in = b.inputs();
@@ -620,6 +642,9 @@ std::vector<objective> every_kind() {
       {.policy = dppo{.eps_low = 0.05, .eps_high = 0.08}, .correction = token_tis(2.0)},
       {.policy = dppo{.divergence = dppo_divergence::binary_kl, .eps_low = 0.01, .eps_high = 0.02},
        .agg = {.mode = agg_mode::seq_mean_token_mean}},
+      {.policy = dro{.beta = 0.5},
+       .correction = {.reject = {.stat = rs_stat::k2, .level = rs_level::token, .hi = 0.3}},
+       .agg = {.mode = agg_mode::seq_mean_token_sum}},
       {.policy = policy_gradient{},
        .correction = {.weight = {.level = is_level::token, .bound = is_bound::none},
                       .reject = {.stat = rs_stat::ratio, .level = rs_level::seq_mean, .lo = 0.9, .hi = 1.1},

@@ -2,7 +2,8 @@
 
 Every loss comes from the peer's own function, and every gradient from torch autograd through it:
   verl      verl.trainer.ppo.core_algos: POLICY_LOSS_REGISTRY kernels (vanilla, gspo, sapo, geo_mean,
-            cispo, dppo_tv, dppo_kl, gpg, bypass_mode), agg_loss, kl_penalty, compute_value_loss; rollout corrections from
+            cispo, dppo_tv, dppo_kl, dro, gpg, bypass_mode), agg_loss, kl_penalty, compute_value_loss;
+            rollout corrections from
             verl.trainer.ppo.rollout_corr_helper.compute_rollout_correction_and_rejection_mask. The
             composed actor loss follows verl/workers/utils/losses.ppo_loss: pg_loss (with the rollout IS
             weights and the rejection-modified response mask) - entropy_coeff * agg_loss(entropy)
@@ -87,18 +88,18 @@ def verl_modules():
     return algos, corr, ActorConfig
 
 
-def _policy_loss_config(loss_mode, rollout_correction):
+def _policy_loss_config(loss_mode, rollout_correction, dro_beta=None):
     from verl.trainer.config import RolloutCorrectionConfig
     from verl.workers.config.actor import PolicyLossConfig
     rc = RolloutCorrectionConfig(**(rollout_correction or {}))
-    return PolicyLossConfig(loss_mode=loss_mode, rollout_correction=rc)
+    return PolicyLossConfig(loss_mode=loss_mode, rollout_correction=rc, dro_beta=dro_beta)
 
 
 def verl_config(ActorConfig, loss_mode="vanilla", clip_ratio=0.2, low=None, high=None, c=3.0, agg="token-mean",
-                batch_info=None, tau_pos=1.0, tau_neg=1.05, rollout_correction=None):
+                batch_info=None, tau_pos=1.0, tau_neg=1.05, rollout_correction=None, dro_beta=None):
     cfg = ActorConfig(strategy="fsdp", rollout_n=1, clip_ratio=clip_ratio, clip_ratio_low=low, clip_ratio_high=high,
                       clip_ratio_c=c, ppo_micro_batch_size_per_gpu=1, loss_agg_mode=agg, tau_pos=tau_pos,
-                      tau_neg=tau_neg, policy_loss=_policy_loss_config(loss_mode, rollout_correction))
+                      tau_neg=tau_neg, policy_loss=_policy_loss_config(loss_mode, rollout_correction, dro_beta))
     cfg.global_batch_info.update(batch_info or {})
     return cfg
 
@@ -229,6 +230,11 @@ def generate(out_dir, seed):
         cfg = verl_config(ActorConfig, mode, low=low, high=high, c=3.0)
         run_case(out_dir, seed, f"verl_{mode}", large, lambda t, cfg=cfg: pg(cfg, t=t),
                  dict(peer="verl", loss_mode=mode, clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=3.0))
+    # DRO: a quadratic penalty on the log-ratio; beta large enough that it moves the gradient.
+    for agg, beta in (("token-mean", 0.5), ("seq-mean-token-mean", 2.0)):
+        cfg = verl_config(ActorConfig, "dro", agg=agg, dro_beta=beta)
+        run_case(out_dir, seed, f"verl_dro_{agg.replace('-', '_')}", large, lambda t, cfg=cfg: pg(cfg, t=t),
+                 dict(peer="verl", loss_mode="dro", loss_agg_mode=agg, dro_beta=beta))
     cfg = verl_config(ActorConfig, "gpg", agg="seq-mean-token-sum")
     run_case(out_dir, seed, "verl_gpg", tok, lambda t: pg(cfg, t=t),
              dict(peer="verl", loss_mode="gpg", loss_agg_mode="seq-mean-token-sum"))

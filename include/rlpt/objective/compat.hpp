@@ -203,13 +203,14 @@ inline off_policy_correction rollout_correction(std::string_view rollout_is = ""
 
 //! The actor part of verl's config (ActorConfig / PolicyLossConfig) that the loss reads.
 struct actor_config {
-  std::string loss_mode = "vanilla"; //!< vanilla, gspo, geo_mean, cispo, sapo, dppo_tv, dppo_kl, gpg
+  std::string loss_mode = "vanilla"; //!< vanilla, gspo, geo_mean, cispo, sapo, dppo_tv, dppo_kl, dro, gpg
   double clip_ratio = 0.2;
   std::optional<double> clip_ratio_low{};
   std::optional<double> clip_ratio_high{};
   double clip_ratio_c = 3.0;
   double tau_pos = 1.0;
   double tau_neg = 1.05;
+  std::optional<double> dro_beta{}; //!< policy_loss.dro_beta: loss_mode dro needs it (> 0; no default)
   std::string loss_agg_mode = "token-mean";
   bool use_kl_loss = false;
   double kl_loss_coef = 0.001;
@@ -255,11 +256,18 @@ inline objective actor(const actor_config& c, const off_policy_correction& corre
                     .eps_high = hi,
                     .trunc = c.clip_ratio_c,
                     .log_ratio_clamp = 20.0};
+  } else if (c.loss_mode == "dro") {
+    // verl raises ValueError unless dro_beta is set and positive.
+    RLPT_CHECK(c.dro_beta.has_value(), errors::objective::compat,
+               "verl loss_mode \"dro\" needs policy_loss.dro_beta (> 0; it has no default)");
+    RLPT_CHECK(*c.dro_beta > 0.0, errors::objective::compat,
+               "verl loss_mode \"dro\" needs policy_loss.dro_beta > 0, got {}", *c.dro_beta);
+    o.policy = dro{.beta = *c.dro_beta};
   } else if (c.loss_mode == "gpg") {
     o.policy = policy_gradient{};
   } else {
     detail::unknown("verl", "policy_loss.loss_mode", c.loss_mode,
-                    "vanilla, gspo, sapo, geo_mean, cispo, dppo_tv, dppo_kl, gpg");
+                    "vanilla, gspo, sapo, geo_mean, cispo, dppo_tv, dppo_kl, dro, gpg");
   }
   o.correction = correction;
   if (c.use_kl_loss) o.kl = kl(c.kl_loss_type, c.kl_loss_coef);

@@ -186,6 +186,10 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
           check_option(t.trunc > 0.0 && std::isfinite(t.trunc), "dppo.trunc", t.trunc, "must be finite and > 0");
           check_clamp(t.log_ratio_clamp, "dppo.log_ratio_clamp");
           p.dp = t;
+        } else if constexpr (std::is_same_v<P, dro>) {
+          check_option(t.beta > 0.0 && std::isfinite(t.beta), "dro.beta", t.beta,
+                       "must be finite and > 0 (it has no default, as verl's policy_loss.dro_beta)");
+          p.dr = t;
         }
       },
       obj.policy);

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file
 //! Policy terms: the per-token surrogate losses (PPO clip family, GSPO, GMPO, CISPO, SAPO, DPPO,
-//! plain policy gradient) as option structs, and their value and derivative with respect to
+//! DRO, plain policy gradient) as option structs, and their value and derivative with respect to
 //! the current log-probability, written once for host and device.
 //!
 //! Notation: x = logp - old_logp (current vs proximal policy), r = exp(x), A = advantage. Every
@@ -112,15 +112,24 @@ struct dppo {
   double log_ratio_clamp = 20.0; //!< verl 20
 };
 
+//! DRO, direct reward optimisation with a quadratic log-ratio penalty (verl `dro`):
+//! L = -(A logp - beta / 2 x^2), d L / d logp = -A + beta x. No ratio, so no clip events and no
+//! clamp; the penalty keeps logp near old_logp.
+struct dro {
+  //! Penalty coefficient, > 0. verl's policy_loss.dro_beta has no default (it raises when unset),
+  //! so neither has this: 0 is an error.
+  double beta = 0.0;
+};
+
 //! Plain policy gradient (REINFORCE): L = -A logp (verl `gpg`, bypass `reinforce`).
 struct policy_gradient {};
 
 //! No policy term (an objective of KL, entropy or value terms only).
 struct no_policy {};
 
-using policy_term = std::variant<ppo_clip, gspo, gmpo, cispo, sapo, dppo, policy_gradient, no_policy>;
+using policy_term = std::variant<ppo_clip, gspo, gmpo, cispo, sapo, dppo, dro, policy_gradient, no_policy>;
 
-enum class policy_kind : std::uint8_t { ppo_clip, gspo, gmpo, cispo, sapo, dppo, policy_gradient, none };
+enum class policy_kind : std::uint8_t { ppo_clip, gspo, gmpo, cispo, sapo, dppo, dro, policy_gradient, none };
 
 [[nodiscard]] constexpr std::string_view name(policy_kind k) noexcept {
   switch (k) {
@@ -136,6 +145,8 @@ enum class policy_kind : std::uint8_t { ppo_clip, gspo, gmpo, cispo, sapo, dppo,
     return "sapo";
   case policy_kind::dppo:
     return "dppo";
+  case policy_kind::dro:
+    return "dro";
   case policy_kind::policy_gradient:
     return "policy_gradient";
   case policy_kind::none:
@@ -262,6 +273,14 @@ RLPT_HD_FORCEINLINE policy_token<R> dppo_token(const dppo& p, R x, R lp, R old, 
   o.grad = -A * w * k;
   o.flags = flag_if((!keep) & pos, flag_high) | flag_if((!keep) & (!pos), flag_low) |
             flag_if(keep & (r > cap), flag_dual) | flag_if(clamped, flag_clamped);
+  return o;
+}
+
+//! DRO given x = logp - old_logp; beta_half = beta / 2 in R, as verl's `0.5 * beta` Python scalar.
+template <class R> RLPT_HD_FORCEINLINE policy_token<R> dro_token(R beta_half, R x, R lp, R A) {
+  policy_token<R> o;
+  o.value = -(lp * A - beta_half * (x * x));
+  o.grad = -A + R(2) * beta_half * x;
   return o;
 }
 

@@ -84,6 +84,7 @@ struct objective_plan {
   cispo ci{};
   sapo sa{};
   dppo dp{};
+  dro dr{};
   off_policy_correction corr{};
   kl_penalty kl{};
   double entropy_coef = 0.0;

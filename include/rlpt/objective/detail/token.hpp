@@ -594,6 +594,15 @@ RLPT_HD_FORCEINLINE void policy_chunk(const objective_plan& p, const token_const
     else
       dppo_loop<dppo_divergence::binary_kl>(p.dp, n, c);
     break;
+  case policy_kind::dro: {
+    const T beta_half = T(0.5 * p.dr.beta);
+    for (int j = 0; j < n; ++j) {
+      const policy_token<T> q = dro_token(beta_half, c.tmp[j], c.lp[j], c.adv[j]);
+      c.pv[j] = q.value, c.pg[j] = q.grad;
+      c.flags[j] = 0;
+    }
+    break;
+  }
   case policy_kind::policy_gradient:
     for (int j = 0; j < n; ++j) {
       const policy_token<T> q = pg_token(c.lp[j], c.adv[j]);
