@@ -5,11 +5,11 @@
 
 Everything else (generation, rewards, advantages, the model forward that gives the per-token
 log-probs and entropies) is TRL's own; the loss of each micro-batch (``loss_type`` grpo, bnpo,
-dr_grpo, dapo, cispo, sapo; token or sequence importance sampling; ``beta`` k3 KL with
+dr_grpo, dapo, luspo, cispo, sapo; token or sequence importance sampling; ``beta`` k3 KL with
 ``use_bias_correction_kl``; ``delta``; a static ``entropy_coef``) is rlpt::evaluate with the
 rlpt::compat::trl::grpo preset, TRL's normalisers included (gradient accumulation, processes,
 ``num_items_in_batch``, ``max_completion_length``). Configurations rlpt does not reproduce
-(loss_type vespo / luspo, top_entropy_quantile < 1, off_policy_mask_threshold, adaptive entropy,
+(loss_type vespo, top_entropy_quantile < 1, off_policy_mask_threshold, adaptive entropy,
 vLLM importance-sampling correction, MoE aux loss) use TRL's own loss; ``rlpt_loss_used`` says
 which one ran last.
 """
@@ -23,7 +23,7 @@ import rlpt
 from ._ops import metrics_dict
 
 #: loss_type values rlpt computes.
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo")
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo")
 
 
 class GRPOTrainer(_TRLGRPOTrainer):
@@ -121,7 +121,7 @@ class GRPOTrainer(_TRLGRPOTrainer):
         with torch.no_grad():
             tokens = mask.sum().clamp(min=1.0)
             self._metrics[mode]["entropy"].append(mean(((entropies * mask).sum() / tokens).item()))
-        if self.loss_type in ("grpo", "bnpo", "dr_grpo", "dapo"):
+        if self.loss_type in ("grpo", "bnpo", "dr_grpo", "dapo", "luspo"):
             self._metrics[mode]["clip_ratio/low_mean"].append(mean(m["clip_frac_low"]))
             self._metrics[mode]["clip_ratio/high_mean"].append(mean(m["clip_frac_high"]))
             self._metrics[mode]["clip_ratio/region_mean"].append(mean(m["clip_frac_low"] + m["clip_frac_high"]))

@@ -76,6 +76,7 @@ class Checking(rlpt.trl.GRPOTrainer):
     ("grpo", {}), ("bnpo", {}), ("dr_grpo", {}), ("dapo", {}), ("cispo", {"epsilon_high": 4.0}), ("sapo", {}),
     ("grpo", {"beta": 0.05, "epsilon_high": 0.28}), ("dapo", {"importance_sampling_level": "sequence"}),
     ("bnpo", {"entropy_coef": 0.01, "gradient_accumulation_steps": 2}),
+    ("luspo", {"importance_sampling_level": "sequence", "beta": 0.05}),
 ])
 def test_first_step_equals_trl(tmp_path, loss_type, extra):
     steps = 2 if extra.get("gradient_accumulation_steps") else 1

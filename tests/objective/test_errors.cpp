@@ -166,7 +166,7 @@ TEST_CASE("errors: compat presets reject what they do not reproduce") {
   RLPT_CHECK_ERROR(compat::verl::rollout_correction("", "", "token_k2", "0.5_2"), "rlpt.objective.compat",
                    "only k1 options");
   RLPT_CHECK_ERROR(compat::trl::grpo({.loss_type = "dapo"}), "rlpt.objective.compat", "num_items_in_batch");
-  RLPT_CHECK_ERROR(compat::trl::grpo({.loss_type = "luspo"}), "rlpt.objective.compat", "loss_type = \"luspo\"");
+  RLPT_CHECK_ERROR(compat::trl::grpo({.loss_type = "vespo"}), "rlpt.objective.compat", "loss_type = \"vespo\"");
   RLPT_CHECK_ERROR(compat::openrlhf::policy_loss({.policy_loss_type = "gspo", .is_correction_level = "token"}),
                    "rlpt.objective.compat", "rollout log-probs");
 }

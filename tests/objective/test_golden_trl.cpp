@@ -69,3 +69,12 @@ TEST_CASE("golden trl vLLM importance sampling (token_truncate) applied before t
   check_golden_case("trl_dapo_vllm_token_truncate", obj,
                     golden_inputs{.behav = true, .ref = true, .entropy = true, .seq_adv = true});
 }
+
+TEST_CASE("golden trl luspo: each row's token sum, the mean over rows") {
+  // Sequence level (TRL's recommendation) with a k3 KL term and GA 2, and token level.
+  const auto seq = trl::grpo(
+      {.loss_type = "luspo", .importance_sampling_level = "sequence", .beta = 0.04, .gradient_accumulation_steps = 2});
+  check_golden_case("trl_luspo_sequence", seq, golden_inputs{.ref = true, .entropy = true, .seq_adv = true});
+  const auto tok = trl::grpo({.loss_type = "luspo", .epsilon_high = 0.28});
+  check_golden_case("trl_luspo_token", tok, golden_inputs{.entropy = true});
+}

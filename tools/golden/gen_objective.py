@@ -332,6 +332,17 @@ def generate(out_dir, seed):
                  dict(peer="trl", loss_type=lt, importance_sampling_level="sequence", num_items_in_batch=n_items,
                       token_advantages=True))
 
+    # LUSPO: the grpo surrogate, each row's token sum, the mean over rows (/ GA); sequence level as
+    # TRL recommends (with a k3 KL term, which broadcasts the row's loss over its tokens), and token level.
+    run_case(out_dir, seed, "trl_luspo_sequence", plain,
+             lambda t: trl_compute_loss(t, "luspo", beta=0.04, level="sequence", ga=2),
+             dict(peer="trl", loss_type="luspo", importance_sampling_level="sequence", beta=0.04,
+                  gradient_accumulation_steps=2))
+    run_case(out_dir, seed, "trl_luspo_token", tok,
+             lambda t: trl_compute_loss(t, "luspo", eps_high=0.28, seq_adv=False),
+             dict(peer="trl", loss_type="luspo", importance_sampling_level="token", epsilon_high=0.28,
+                  token_advantages=True))
+
     def trl_vllm_case(t):
         # _generate_and_score_completions, token_truncate: ratio = clamp(exp((old - sampling) * mask), min, max)
         ratio = torch.exp((t["old"] - t["behav"]) * t["mask"]).clamp(min=0.5, max=3.0)

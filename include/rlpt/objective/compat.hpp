@@ -293,7 +293,7 @@ namespace trl {
 //! The GRPOConfig fields GRPOTrainer._compute_loss reads, plus the batch facts it takes from
 //! the trainer (gradient accumulation, processes, the generation batch's token count).
 struct grpo_config {
-  std::string loss_type = "dapo"; //!< grpo, bnpo, dr_grpo, dapo, cispo, sapo
+  std::string loss_type = "dapo"; //!< grpo, bnpo, dr_grpo, dapo, luspo, cispo, sapo
   double epsilon = 0.2;
   std::optional<double> epsilon_high{};
   std::optional<double> delta{};
@@ -331,7 +331,7 @@ inline objective grpo(const grpo_config& c) {
   if (!seq && c.importance_sampling_level != "token")
     detail::unknown("trl", "importance_sampling_level", c.importance_sampling_level, "token, sequence");
   const std::string_view lt = c.loss_type;
-  if (lt == "grpo" || lt == "bnpo" || lt == "dr_grpo" || lt == "dapo") {
+  if (lt == "grpo" || lt == "bnpo" || lt == "dr_grpo" || lt == "dapo" || lt == "luspo") {
     if (seq)
       o.policy = gspo{.eps_low = c.epsilon,
                       .eps_high = eh,
@@ -351,13 +351,16 @@ inline objective grpo(const grpo_config& c) {
     o.policy = sapo{.tau_pos = c.sapo_temperature_pos, .tau_neg = c.sapo_temperature_neg, .log_ratio_clamp = 80.0};
   } else {
     detail::unknown("trl", "loss_type", lt,
-                    "grpo, bnpo, dr_grpo, dapo (token or sequence level), cispo and sapo (token level)");
+                    "grpo, bnpo, dr_grpo, dapo, luspo (token or sequence level), cispo and sapo (token level)");
   }
   aggregation a;
   a.factor = 1.0 / ga;
   if (lt == "grpo" || lt == "sapo") {
     a.mode = agg_mode::seq_mean_token_mean;
     a.count_empty_rows = true; // .mean() over every row, each divided by max(L_i, 1)
+  } else if (lt == "luspo") {
+    a.mode = agg_mode::seq_mean_token_sum; // (per_token_loss * mask).sum(-1).mean()
+    a.count_empty_rows = true;
   } else if (lt == "bnpo") {
     a.mode = agg_mode::token_mean;
   } else if (lt == "dr_grpo") {
