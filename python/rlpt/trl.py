@@ -5,13 +5,13 @@
 
 Everything else (generation, rewards, advantages, the model forward that gives the per-token
 log-probs and entropies) is TRL's own; the loss of each micro-batch (``loss_type`` grpo, bnpo,
-dr_grpo, dapo, luspo, cispo, sapo; token or sequence importance sampling; ``beta`` k3 KL with
+dr_grpo, dapo, luspo, cispo, sapo, vespo; token or sequence importance sampling; ``beta`` k3 KL with
 ``use_bias_correction_kl``; ``delta``; a static ``entropy_coef``) is rlpt::evaluate with the
 rlpt::compat::trl::grpo preset, TRL's normalisers included (gradient accumulation, processes,
 ``num_items_in_batch``, ``max_completion_length``). Configurations rlpt does not reproduce
-(loss_type vespo, top_entropy_quantile < 1, off_policy_mask_threshold, adaptive entropy,
+(top_entropy_quantile < 1, off_policy_mask_threshold, adaptive entropy,
 vLLM importance-sampling correction, MoE aux loss) use TRL's own loss; ``rlpt_loss_used`` says
-which one ran last.
+which one ran last. With vespo the trainer does not log TRL's ``vespo/phi_seq_mean``.
 """
 import warnings
 
@@ -23,7 +23,7 @@ import rlpt
 from ._ops import metrics_dict
 
 #: loss_type values rlpt computes.
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo")
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo", "vespo")
 
 
 class GRPOTrainer(_TRLGRPOTrainer):
@@ -35,7 +35,7 @@ class GRPOTrainer(_TRLGRPOTrainer):
     def _rlpt_unsupported(self):
         if self.loss_type not in LOSS_TYPES:
             return f"loss_type {self.loss_type}"
-        if self.loss_type in ("cispo", "sapo") and self.importance_sampling_level != "token":
+        if self.loss_type in ("cispo", "sapo", "vespo") and self.importance_sampling_level != "token":
             return f"loss_type {self.loss_type} with importance_sampling_level {self.importance_sampling_level}"
         if self.top_entropy_quantile < 1.0:
             return "top_entropy_quantile < 1"
@@ -56,6 +56,10 @@ class GRPOTrainer(_TRLGRPOTrainer):
                     use_bias_correction_kl=bool(getattr(args, "use_bias_correction_kl", False)),
                     sapo_temperature_pos=float(getattr(args, "sapo_temperature_pos", 1.0)),
                     sapo_temperature_neg=float(getattr(args, "sapo_temperature_neg", 1.05)),
+                    vespo_k_pos=float(getattr(args, "vespo_k_pos", 2.0)),
+                    vespo_lambda_pos=float(getattr(args, "vespo_lambda_pos", 3.0)),
+                    vespo_k_neg=float(getattr(args, "vespo_k_neg", 3.0)),
+                    vespo_lambda_neg=float(getattr(args, "vespo_lambda_neg", 2.0)),
                     entropy_coef=float(self.entropy_coef if self._entropy_bonus_enabled else 0.0),
                     max_completion_length=int(self.max_completion_length),
                     gradient_accumulation_steps=int(self.current_gradient_accumulation_steps if train else 1),
@@ -63,7 +67,7 @@ class GRPOTrainer(_TRLGRPOTrainer):
                     steps_per_generation=int(args.steps_per_generation if train else 1))
         if getattr(args, "delta", None) is not None:
             opts["delta"] = float(args.delta)
-        if self.loss_type in ("dapo", "cispo"):
+        if self.loss_type in ("dapo", "cispo", "vespo"):
             opts["num_items_in_batch"] = float(num_items)
         key = tuple(sorted(opts.items()))
         if self._rlpt_objectives is None:
@@ -94,7 +98,7 @@ class GRPOTrainer(_TRLGRPOTrainer):
             model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True, **extra)
         train = self.model.training
         mode = "train" if train else "eval"
-        num_items = inputs["num_items_in_batch"] if self.loss_type in ("dapo", "cispo") else 0.0
+        num_items = inputs["num_items_in_batch"] if self.loss_type in ("dapo", "cispo", "vespo") else 0.0
         if isinstance(num_items, torch.Tensor):
             num_items = num_items.item()
         obj = self._rlpt_objective(train, num_items)

@@ -215,13 +215,20 @@ rlpt::objective custom_objective(spec& s) {
     rlpt::dro t;
     s.get("policy.beta", t.beta);
     o.policy = t;
+  } else if (p == "vespo") {
+    rlpt::vespo t;
+    s.get("policy.k_pos", t.k_pos);
+    s.get("policy.lambda_pos", t.lambda_pos);
+    s.get("policy.k_neg", t.k_neg);
+    s.get("policy.lambda_neg", t.lambda_neg);
+    o.policy = t;
   } else if (p == "policy_gradient") {
     o.policy = rlpt::policy_gradient{};
   } else if (p == "none") {
     o.policy = rlpt::no_policy{};
   } else {
     raise(ids::bad_option, fmt::format("{}: policy = \"{}\" is not one of ppo_clip, gspo, gmpo, cispo, sapo, "
-                                       "dppo, dro, policy_gradient, none",
+                                       "dppo, dro, vespo, policy_gradient, none",
                                        s.who(), p));
   }
   auto& c = o.correction;
@@ -365,6 +372,10 @@ rlpt::objective objective_from_spec(std::string_view text, std::string* descript
     s.get("use_bias_correction_kl", c.use_bias_correction_kl);
     s.get("sapo_temperature_pos", c.sapo_temperature_pos);
     s.get("sapo_temperature_neg", c.sapo_temperature_neg);
+    s.get("vespo_k_pos", c.vespo_k_pos);
+    s.get("vespo_lambda_pos", c.vespo_lambda_pos);
+    s.get("vespo_k_neg", c.vespo_k_neg);
+    s.get("vespo_lambda_neg", c.vespo_lambda_neg);
     s.get("entropy_coef", c.entropy_coef);
     s.get("max_completion_length", c.max_completion_length);
     s.get("gradient_accumulation_steps", c.gradient_accumulation_steps);

@@ -420,3 +420,16 @@ def test_custom_dro_equals_the_verl_preset(gen):
     assert rlpt.metrics_dict(ma) == rlpt.metrics_dict(mb)
     with pytest.raises(rlpt.Error, match="dro.beta"):
         rlpt.policy_loss(rlpt.Objective.custom(policy="dro"), lp, mask, old_logp=old, seq_adv=adv)
+
+
+def test_custom_vespo_equals_the_trl_preset(gen):
+    lp, old, _, _, _, mask, adv = batch(gen)
+    tok_adv = adv[:, None] * torch.linspace(-1.0, 1.0, lp.shape[1], dtype=lp.dtype)  # both signs in a row
+    custom = rlpt.Objective.custom(policy="vespo", **{"policy.k_pos": 1.5, "policy.lambda_neg": 2.5})
+    preset = rlpt.Objective.trl_grpo(loss_type="vespo", vespo_k_pos=1.5, vespo_lambda_neg=2.5,
+                                     num_items_in_batch=float(mask.sum()))
+    x1, x2 = lp.clone().requires_grad_(), lp.clone().requires_grad_()
+    a, _ = rlpt.policy_loss(custom, x1, mask, old_logp=old, adv=tok_adv)
+    b, _ = rlpt.policy_loss(preset, x2, mask, old_logp=old, adv=tok_adv)
+    assert a.item() == pytest.approx(b.item(), rel=1e-15)
+    torch.testing.assert_close(torch.autograd.grad(a, x1)[0], torch.autograd.grad(b, x2)[0], rtol=1e-15, atol=0)

@@ -77,6 +77,7 @@ class Checking(rlpt.trl.GRPOTrainer):
     ("grpo", {"beta": 0.05, "epsilon_high": 0.28}), ("dapo", {"importance_sampling_level": "sequence"}),
     ("bnpo", {"entropy_coef": 0.01, "gradient_accumulation_steps": 2}),
     ("luspo", {"importance_sampling_level": "sequence", "beta": 0.05}),
+    ("vespo", {"vespo_k_pos": 1.5}),
 ])
 def test_first_step_equals_trl(tmp_path, loss_type, extra):
     steps = 2 if extra.get("gradient_accumulation_steps") else 1

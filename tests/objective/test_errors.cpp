@@ -115,6 +115,10 @@ TEST_CASE("errors: bad options name the field and the value") {
                    "dppo.trunc = 0");
   RLPT_CHECK_ERROR(evaluate(objective{.policy = dppo{.eps_low = -0.1}}, in), "rlpt.objective.bad_option",
                    "dppo.eps_low = -0.1");
+  RLPT_CHECK_ERROR(evaluate(objective{.policy = vespo{.k_neg = -1.0}}, in), "rlpt.objective.bad_option",
+                   "vespo.k_neg = -1");
+  RLPT_CHECK_ERROR(evaluate(objective{.policy = vespo{.lambda_pos = std::numeric_limits<double>::quiet_NaN()}}, in),
+                   "rlpt.objective.bad_option", "vespo.lambda_pos = nan");
   RLPT_CHECK_ERROR(evaluate(objective{.policy = dro{}}, in), "rlpt.objective.bad_option", "dro.beta = 0", "no default");
   RLPT_CHECK_ERROR(evaluate(objective{.policy = dro{.beta = std::numeric_limits<double>::infinity()}}, in),
                    "rlpt.objective.bad_option", "dro.beta = inf");
@@ -166,7 +170,11 @@ TEST_CASE("errors: compat presets reject what they do not reproduce") {
   RLPT_CHECK_ERROR(compat::verl::rollout_correction("", "", "token_k2", "0.5_2"), "rlpt.objective.compat",
                    "only k1 options");
   RLPT_CHECK_ERROR(compat::trl::grpo({.loss_type = "dapo"}), "rlpt.objective.compat", "num_items_in_batch");
-  RLPT_CHECK_ERROR(compat::trl::grpo({.loss_type = "vespo"}), "rlpt.objective.compat", "loss_type = \"vespo\"");
+  RLPT_CHECK_ERROR(compat::trl::grpo({.loss_type = "luspo_x"}), "rlpt.objective.compat", "loss_type = \"luspo_x\"");
+  RLPT_CHECK_ERROR(compat::trl::grpo({.loss_type = "vespo", .importance_sampling_level = "sequence"}),
+                   "rlpt.objective.compat", "loss_type = \"vespo\"");
+  RLPT_CHECK_ERROR(compat::trl::grpo({.loss_type = "vespo", .vllm_importance_sampling_correction = true}),
+                   "rlpt.objective.compat", "vllm_importance_sampling_correction");
   RLPT_CHECK_ERROR(compat::openrlhf::policy_loss({.policy_loss_type = "gspo", .is_correction_level = "token"}),
                    "rlpt.objective.compat", "rollout log-probs");
 }

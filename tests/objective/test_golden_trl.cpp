@@ -78,3 +78,9 @@ TEST_CASE("golden trl luspo: each row's token sum, the mean over rows") {
   const auto tok = trl::grpo({.loss_type = "luspo", .epsilon_high = 0.28});
   check_golden_case("trl_luspo_token", tok, golden_inputs{.entropy = true});
 }
+
+TEST_CASE("golden trl vespo: a soft sequence weight by the advantage's sign, with a k3 KL term") {
+  const double n = items_in_batch("trl_grpo");
+  const auto obj = trl::grpo({.loss_type = "vespo", .beta = 0.04, .num_items_in_batch = n});
+  check_golden_case("trl_vespo", obj, golden_inputs{.ref = true, .entropy = true});
+}

@@ -140,6 +140,7 @@ std::vector<objective> configurations() {
       {.policy = dppo{.divergence = dppo_divergence::binary_kl, .eps_low = 0.01, .eps_high = 0.02},
        .agg = {.mode = agg_mode::seq_mean_token_mean}},
       {.policy = dro{.beta = 0.5}, .correction = token_tis(2.0), .agg = {.mode = agg_mode::seq_mean_token_sum}},
+      {.policy = vespo{}, .kl = {.coef = 0.1}, .agg = {.mode = agg_mode::seq_mean_token_mean}},
       {.policy = policy_gradient{},
        .correction = {.weight = {.level = is_level::token, .bound = is_bound::none},
                       .reject = {.stat = rs_stat::ratio, .level = rs_level::seq_mean, .lo = 0.9, .hi = 1.1},

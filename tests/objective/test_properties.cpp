@@ -73,6 +73,7 @@ std::vector<objective> accumulation_objectives(agg_mode m) {
                  .correction = {.reject = {.stat = rs_stat::k3, .level = rs_level::seq_mean, .hi = 0.02}},
                  .agg = a});
   out.push_back({.policy = dro{.beta = 0.7}, .correction = token_tis(1.5), .kl = {.coef = 0.1}, .agg = a});
+  out.push_back({.policy = vespo{}, .agg = a});
   out.push_back({.policy = ppo_clip{},
                  .correction = {.reject = {.stat = rs_stat::k1, .level = rs_level::token, .lo = 0.8, .hi = 1.25},
                                 .rejected = rejected_tokens::removed},
@@ -153,6 +154,7 @@ TEST_CASE("masked garbage (NaN, inf, huge) changes no output bit") {
       {.policy = cispo{}, .distill = {.coef = 0.5, .teacher_weights = tw}},
       {.policy = dppo{.divergence = dppo_divergence::binary_kl, .eps_low = 0.01, .eps_high = 0.02}},
       {.policy = dro{.beta = 1.5}, .correction = token_tis(2.0), .kl = {.coef = 0.1}},
+      {.policy = vespo{}, .correction = seq_is(2.0)},
   };
   for (const objective& obj : objs) {
     grads<float> gc(clean.size()), gd(dirty.size());
@@ -382,6 +384,27 @@ TEST_CASE("hand-computed tokens: DRO's quadratic log-ratio penalty") {
   CHECK(r.approx_kl == doctest::Approx(-(x[0] + x[1] + x[2]) / 3.0).epsilon(1e-14));
 }
 
+TEST_CASE("hand-computed tokens: VESPO's soft sequence weight by the advantage's sign") {
+  // One row, x = 0.3, -0.1, 25 (clamped to 20) and a masked 7: log w = 20.2 clamps to 20, so
+  // phi = exp(lambda + 20 k - lambda e^20) underflows to 0. A second row, x = 0.3 and -0.1:
+  // log w = 0.2; A = 1 and -2 take phi_pos and phi_neg; logp = -1; token-sum.
+  const std::vector<mask_t> mask{1, 1, 1, 0, 1, 1, 0, 0};
+  const std::vector<double> lp(8, -1.0);
+  const std::vector<double> old{-1.3, -0.9, -26.0, -8.0, -1.3, -0.9, 0.0, 0.0};
+  const std::vector<double> adv{1.0, -2.0, 1.0, 5.0, 1.0, -2.0, 0.0, 0.0};
+  const basic_objective_inputs<double> in{
+      .layout = token_layout::padded(2, 4), .mask = mask, .logp = lp, .old_logp = old, .adv = adv};
+  std::vector<double> g(8);
+  const auto r = evaluate(objective{.policy = vespo{}, .agg = {.mode = agg_mode::token_sum}}, in, {.logp = g});
+  const double w = std::exp(0.2);
+  const double pos = std::exp(3.0 + 2.0 * 0.2 - 3.0 * w), neg = std::exp(2.0 + 3.0 * 0.2 - 2.0 * w);
+  for (std::size_t t = 0; t < 4; ++t) CHECK(g[t] == 0.0); // phi = 0, and the masked slot
+  CHECK(g[4] == doctest::Approx(-pos * 1.0).epsilon(1e-14));
+  CHECK(g[5] == doctest::Approx(-neg * -2.0).epsilon(1e-14));
+  CHECK(r.loss == doctest::Approx(pos * 1.0 * -1.0 * -1.0 + neg * -2.0 * -1.0 * -1.0).epsilon(1e-14));
+  CHECK(r.clip_frac_low + r.clip_frac_high + r.clip_frac_dual == 0.0);
+}
+
 TEST_CASE("metrics: clip fractions, approximate KL, importance weights, rejection") {
   const std::vector<mask_t> mask{1, 1, 1, 1, 0};
   const std::vector<double> lp{-1.0, -1.0, -1.0, -1.0, 99.0};
@@ -530,6 +553,7 @@ TEST_CASE("the SSE2, AVX2 and AVX-512 row kernels give identical bits") {
       {.policy = dppo{.eps_low = 0.05, .eps_high = 0.08}, .correction = token_tis(2.0)},
       {.policy = dppo{.divergence = dppo_divergence::binary_kl, .eps_low = 0.01, .eps_high = 0.02}},
       {.policy = dro{.beta = 1.5}, .correction = token_tis(2.0), .kl = {.coef = 0.1}},
+      {.policy = vespo{}, .correction = seq_is(2.0)},
   };
   for (const objective& obj : objs) {
     const auto in = b.inputs();
@@ -645,6 +669,10 @@ std::vector<objective> every_kind() {
       {.policy = dro{.beta = 0.5},
        .correction = {.reject = {.stat = rs_stat::k2, .level = rs_level::token, .hi = 0.3}},
        .agg = {.mode = agg_mode::seq_mean_token_sum}},
+      {.policy = vespo{.k_pos = 1.5, .lambda_neg = 2.5},
+       .correction = {.reject = {.stat = rs_stat::k1, .level = rs_level::token, .lo = 0.8, .hi = 1.25},
+                      .rejected = rejected_tokens::removed},
+       .kl = {.coef = 0.05}},
       {.policy = policy_gradient{},
        .correction = {.weight = {.level = is_level::token, .bound = is_bound::none},
                       .reject = {.stat = rs_stat::ratio, .level = rs_level::seq_mean, .lo = 0.9, .hi = 1.1},

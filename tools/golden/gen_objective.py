@@ -124,7 +124,8 @@ def trl_compute_loss(t, loss_type, beta=0.0, eps=0.2, eps_high=None, delta=None,
     from trl.trainer.grpo_trainer import GRPOTrainer
     tr = object.__new__(GRPOTrainer)
     tr.args = NS(delta=delta, use_bias_correction_kl=bias_kl, sapo_temperature_pos=1.0, sapo_temperature_neg=1.05,
-                 steps_per_generation=spg or ga, entropy_target=0.2)
+                 steps_per_generation=spg or ga, entropy_target=0.2, vespo_k_pos=2.0, vespo_lambda_pos=3.0,
+                 vespo_k_neg=3.0, vespo_lambda_neg=2.0)
     tr.loss_type = loss_type
     tr.epsilon_low = eps
     tr.epsilon_high = eps_high if eps_high is not None else eps
@@ -342,6 +343,12 @@ def generate(out_dir, seed):
              lambda t: trl_compute_loss(t, "luspo", eps_high=0.28, seq_adv=False),
              dict(peer="trl", loss_type="luspo", importance_sampling_level="token", epsilon_high=0.28,
                   token_advantages=True))
+
+    # VESPO: a soft sequence weight phi(w) of the summed log-ratio, by the advantage's sign; the
+    # generation batch's token count normalises as for dapo. Token advantages: both signs in a row.
+    run_case(out_dir, seed, "trl_vespo", tok,
+             lambda t: trl_compute_loss(t, "vespo", beta=0.04, nitems=n_items, seq_adv=False),
+             dict(peer="trl", loss_type="vespo", beta=0.04, num_items_in_batch=n_items, token_advantages=True))
 
     def trl_vllm_case(t):
         # _generate_and_score_completions, token_truncate: ratio = clamp(exp((old - sampling) * mask), min, max)

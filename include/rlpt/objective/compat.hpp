@@ -293,7 +293,7 @@ namespace trl {
 //! The GRPOConfig fields GRPOTrainer._compute_loss reads, plus the batch facts it takes from
 //! the trainer (gradient accumulation, processes, the generation batch's token count).
 struct grpo_config {
-  std::string loss_type = "dapo"; //!< grpo, bnpo, dr_grpo, dapo, luspo, cispo, sapo
+  std::string loss_type = "dapo"; //!< grpo, bnpo, dr_grpo, dapo, luspo, cispo, sapo, vespo
   double epsilon = 0.2;
   std::optional<double> epsilon_high{};
   std::optional<double> delta{};
@@ -302,6 +302,10 @@ struct grpo_config {
   bool use_bias_correction_kl = false;
   double sapo_temperature_pos = 1.0;
   double sapo_temperature_neg = 1.05;
+  double vespo_k_pos = 2.0;
+  double vespo_lambda_pos = 3.0;
+  double vespo_k_neg = 3.0;
+  double vespo_lambda_neg = 2.0;
   double entropy_coef = 0.0;
   int max_completion_length = 256;
   int gradient_accumulation_steps = 1; //!< current_gradient_accumulation_steps (train mode)
@@ -349,9 +353,18 @@ inline objective grpo(const grpo_config& c) {
     o.policy = cispo{.bounds = cispo_bounds::absolute, .cap = eh, .log_ratio_clamp = 80.0};
   } else if (lt == "sapo" && !seq) {
     o.policy = sapo{.tau_pos = c.sapo_temperature_pos, .tau_neg = c.sapo_temperature_neg, .log_ratio_clamp = 80.0};
+  } else if (lt == "vespo" && !seq) {
+    // VESPO folds TRL's vLLM importance ratio into its sequence weight instead of weighting the
+    // loss with it; rlpt's corrections weight the loss.
+    RLPT_CHECK(!c.vllm_importance_sampling_correction, errors::objective::compat,
+               "trl loss_type = \"vespo\" with vllm_importance_sampling_correction is not reproduced by rlpt");
+    o.policy = vespo{.k_pos = c.vespo_k_pos,
+                     .lambda_pos = c.vespo_lambda_pos,
+                     .k_neg = c.vespo_k_neg,
+                     .lambda_neg = c.vespo_lambda_neg};
   } else {
     detail::unknown("trl", "loss_type", lt,
-                    "grpo, bnpo, dr_grpo, dapo, luspo (token or sequence level), cispo and sapo (token level)");
+                    "grpo, bnpo, dr_grpo, dapo, luspo (token or sequence level), cispo, sapo and vespo (token level)");
   }
   aggregation a;
   a.factor = 1.0 / ga;

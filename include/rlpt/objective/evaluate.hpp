@@ -190,6 +190,12 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
           check_option(t.beta > 0.0 && std::isfinite(t.beta), "dro.beta", t.beta,
                        "must be finite and > 0 (it has no default, as verl's policy_loss.dro_beta)");
           p.dr = t;
+        } else if constexpr (std::is_same_v<P, vespo>) {
+          check_nonnegative(t.k_pos, "vespo.k_pos");
+          check_nonnegative(t.k_neg, "vespo.k_neg");
+          check_option(std::isfinite(t.lambda_pos), "vespo.lambda_pos", t.lambda_pos, "must be finite");
+          check_option(std::isfinite(t.lambda_neg), "vespo.lambda_neg", t.lambda_neg, "must be finite");
+          p.ve = t;
         }
       },
       obj.policy);
@@ -307,8 +313,8 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
                "(verl: torch.mean over rows), not {}",
                name(p.agg_policy.mode));
   p.nonfinite = obj.nonfinite;
-  p.need_row_pass =
-      p.is_seq || p.rs_seq || p.policy == policy_kind::gspo || p.policy == policy_kind::gmpo || p.needs_length();
+  p.need_row_pass = p.is_seq || p.rs_seq || p.policy == policy_kind::gspo || p.policy == policy_kind::gmpo ||
+                    p.policy == policy_kind::vespo || p.needs_length();
   if (!p.use_policy) p.use_is = p.use_rs = p.removes = p.is_seq = p.rs_seq = false;
   return p;
 }

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file
 //! Policy terms: the per-token surrogate losses (PPO clip family, GSPO, GMPO, CISPO, SAPO, DPPO,
-//! DRO, plain policy gradient) as option structs, and their value and derivative with respect to
+//! DRO, VESPO, plain policy gradient) as option structs, and their value and derivative with respect to
 //! the current log-probability, written once for host and device.
 //!
 //! Notation: x = logp - old_logp (current vs proximal policy), r = exp(x), A = advantage. Every
@@ -121,15 +121,27 @@ struct dro {
   double beta = 0.0;
 };
 
+//! VESPO (TRL `vespo`): L = -phi(w) A logp with phi detached, a soft sequence-level weight in
+//! place of a clip. w = exp(clamp(sum_t clamp(x_t, -20, 20), log 1e-8, 20)) over the row's tokens
+//! in the loss, and phi(w) = exp(lambda + k log w - lambda w) (phi(1) = 1; 0 where it is not
+//! finite), with (k, lambda) = (k_pos, lambda_pos) for A >= 0, (k_neg, lambda_neg) for A < 0 and
+//! lambda at least 1e-4. The clamps are TRL's. No clip events.
+struct vespo {
+  double k_pos = 2.0;      //!< TRL vespo_k_pos
+  double lambda_pos = 3.0; //!< TRL vespo_lambda_pos
+  double k_neg = 3.0;      //!< TRL vespo_k_neg
+  double lambda_neg = 2.0; //!< TRL vespo_lambda_neg
+};
+
 //! Plain policy gradient (REINFORCE): L = -A logp (verl `gpg`, bypass `reinforce`).
 struct policy_gradient {};
 
 //! No policy term (an objective of KL, entropy or value terms only).
 struct no_policy {};
 
-using policy_term = std::variant<ppo_clip, gspo, gmpo, cispo, sapo, dppo, dro, policy_gradient, no_policy>;
+using policy_term = std::variant<ppo_clip, gspo, gmpo, cispo, sapo, dppo, dro, vespo, policy_gradient, no_policy>;
 
-enum class policy_kind : std::uint8_t { ppo_clip, gspo, gmpo, cispo, sapo, dppo, dro, policy_gradient, none };
+enum class policy_kind : std::uint8_t { ppo_clip, gspo, gmpo, cispo, sapo, dppo, dro, vespo, policy_gradient, none };
 
 [[nodiscard]] constexpr std::string_view name(policy_kind k) noexcept {
   switch (k) {
@@ -147,6 +159,8 @@ enum class policy_kind : std::uint8_t { ppo_clip, gspo, gmpo, cispo, sapo, dppo,
     return "dppo";
   case policy_kind::dro:
     return "dro";
+  case policy_kind::vespo:
+    return "vespo";
   case policy_kind::policy_gradient:
     return "policy_gradient";
   case policy_kind::none:
@@ -281,6 +295,22 @@ template <class R> RLPT_HD_FORCEINLINE policy_token<R> dro_token(R beta_half, R 
   policy_token<R> o;
   o.value = -(lp * A - beta_half * (x * x));
   o.grad = -A + R(2) * beta_half * x;
+  return o;
+}
+
+//! VESPO's weight phi of a row whose clamped log-ratio sum is sum_x, for one advantage sign.
+RLPT_HD_FORCEINLINE double vespo_phi(double k, double lambda, double sum_x) {
+  const double log_w = clamp_r(sum_x, -18.420680743952367, 20.0); // [log 1e-8, 20]
+  const double lam = lambda > 1e-4 ? lambda : 1e-4;
+  const double phi = exp_r(lam + k * log_w - lam * exp_r(log_w));
+  return finite(phi) ? phi : 0.0;
+}
+
+//! VESPO per token given the row's weight phi for this token's advantage sign.
+template <class R> RLPT_HD_FORCEINLINE policy_token<R> vespo_token(R phi, R lp, R A) {
+  policy_token<R> o;
+  o.value = -phi * A * lp;
+  o.grad = -phi * A;
   return o;
 }
 

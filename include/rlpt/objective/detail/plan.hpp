@@ -85,6 +85,7 @@ struct objective_plan {
   sapo sa{};
   dppo dp{};
   dro dr{};
+  vespo ve{};
   off_policy_correction corr{};
   kl_penalty kl{};
   double entropy_coef = 0.0;
@@ -135,7 +136,7 @@ struct row_stats {
   double sum_lr = 0.0;   //!< sum of log rho over valid tokens (sequence IS)
   double rs_sum = 0.0;   //!< sum of the rejection statistic over valid tokens
   double rs_max = -std::numeric_limits<double>::infinity();
-  double sum_x = 0.0;    //!< GSPO: sum of logp - old over in-loss tokens
+  double sum_x = 0.0;    //!< GSPO: sum of logp - old over in-loss tokens; VESPO: of clamp(x, -20, 20)
   double sum_xs = 0.0;   //!< GMPO: sum of x* over in-loss tokens
   double sum_adv = 0.0;  //!< GMPO: sum of A over in-loss tokens
   double sum_logw = 0.0; //!< GMPO: sum of log(w + 1e-10) over in-loss tokens (token weights)
@@ -151,6 +152,7 @@ struct row_consts {
   double gmpo_adv = 0.0; //!< mean advantage
   double gmpo_w = 1.0;   //!< geometric mean of the token weights
   bool gmpo_clamped = false;
+  double vespo_pos = 1.0, vespo_neg = 1.0;                           //!< VESPO: phi(w) for A >= 0 and A < 0
   double a_policy = 0.0, a_kl = 0.0, a_entropy = 0.0, a_value = 0.0; //!< alpha_i per term
 };
 
@@ -188,6 +190,10 @@ RLPT_HD row_consts row_finish(const objective_plan& p, const row_stats& s) {
                            static_cast<double>(p.corr.weight.hi));
   }
   if (p.policy == policy_kind::gspo) c.s_gspo = s.sum_x / (c.len_loss > 1.0 ? c.len_loss : 1.0);
+  if (p.policy == policy_kind::vespo) {
+    c.vespo_pos = vespo_phi(p.ve.k_pos, p.ve.lambda_pos, s.sum_x);
+    c.vespo_neg = vespo_phi(p.ve.k_neg, p.ve.lambda_neg, s.sum_x);
+  }
   if (p.policy == policy_kind::gmpo) {
     const double den = c.len_loss > 0.0 ? c.len_loss : 1.0;
     const double cl = static_cast<double>(p.gm.log_ratio_clamp);

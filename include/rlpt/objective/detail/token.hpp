@@ -54,10 +54,11 @@ template <class T, int N> struct token_chunk {
 
 //! The constants of a row's token pass in the compute type, formed once per row from row_consts.
 template <class T> struct token_consts {
-  bool seq_keep = true; //!< sequence-level rejection passed
-  T w_seq = T(1);       //!< sequence-level importance weight
-  T s_gspo = T(0);      //!< GSPO: the row's mean log-ratio
-  T gmpo_coef = T(0);   //!< GMPO: d loss_i / d x*_t (the row term's chain factor)
+  bool seq_keep = true;                 //!< sequence-level rejection passed
+  T w_seq = T(1);                       //!< sequence-level importance weight
+  T s_gspo = T(0);                      //!< GSPO: the row's mean log-ratio
+  T gmpo_coef = T(0);                   //!< GMPO: d loss_i / d x*_t (the row term's chain factor)
+  T vespo_pos = T(1), vespo_neg = T(1); //!< VESPO: the row's phi for A >= 0 and A < 0
   std::uint32_t gmpo_flags = 0;
   T a_policy = T(0);  //!< alpha of the policy term
   T a_kl = T(0);      //!< kl.coef * alpha of the KL term
@@ -73,6 +74,8 @@ template <class T> RLPT_HD token_consts<T> make_token_consts(const objective_pla
   k.gmpo_coef =
       rc.gmpo_clamped || rc.len_loss <= 0.0 ? T(0) : -T(rc.gmpo_adv) * T(rc.gmpo_w) * T(rc.gmpo_ratio) / T(rc.len_loss);
   k.gmpo_flags = flag_if(rc.gmpo_clamped, flag_clamped);
+  k.vespo_pos = T(rc.vespo_pos);
+  k.vespo_neg = T(rc.vespo_neg);
   k.a_policy = T(rc.a_policy);
   k.a_kl = T(p.kl.coef * rc.a_kl);
   k.g_entropy = p.use_entropy ? T(-p.entropy_coef * rc.a_entropy) : T(0);
@@ -501,6 +504,8 @@ RLPT_HD_FORCEINLINE void stats_chunk(const objective_plan& p, int n, token_chunk
   }
   if (p.policy == policy_kind::gspo)
     sums.add(st.sum_x, [&](int j) { return sel(c.inl[j] != 0, c.lp[j] - c.old[j], T(0)); });
+  if (p.policy == policy_kind::vespo)
+    sums.add(st.sum_x, [&](int j) { return sel(c.inl[j] != 0, clamp_r(c.lp[j] - c.old[j], T(-20), T(20)), T(0)); });
   if (p.policy == policy_kind::gmpo) {
     const gmpo o = p.gm;
     for (int j = 0; j < n; ++j) {
@@ -598,6 +603,15 @@ RLPT_HD_FORCEINLINE void policy_chunk(const objective_plan& p, const token_const
     const T beta_half = T(0.5 * p.dr.beta);
     for (int j = 0; j < n; ++j) {
       const policy_token<T> q = dro_token(beta_half, c.tmp[j], c.lp[j], c.adv[j]);
+      c.pv[j] = q.value, c.pg[j] = q.grad;
+      c.flags[j] = 0;
+    }
+    break;
+  }
+  case policy_kind::vespo: {
+    const T pos = k.vespo_pos, neg = k.vespo_neg;
+    for (int j = 0; j < n; ++j) {
+      const policy_token<T> q = vespo_token(sel(c.adv[j] >= T(0), pos, neg), c.lp[j], c.adv[j]);
       c.pv[j] = q.value, c.pg[j] = q.grad;
       c.flags[j] = 0;
     }
