@@ -8,7 +8,7 @@ builds from compute_approx_kl, and the advantage computations of the experience 
 
 Differences on purpose (docs/python.md): an all-masked micro-batch gives loss 0 (OpenRLHF: NaN);
 a group of one under group_norm / rloo raises rlpt.Error (OpenRLHF: NaN); outputs at masked
-tokens of GAE / returns are 0. Not reproduced: is_correction_gating "binary_kl" / "tv" (raises).
+tokens of GAE / returns are 0.
 """
 import torch
 
@@ -33,10 +33,6 @@ class PolicyLoss(torch.nn.Module):
                  policy_loss_type="ppo", is_correction_level="off", is_correction_mode="mask",
                  is_correction_gating="ratio", is_correction_threshold=(0.5, 5.0)):
         super().__init__()
-        if is_correction_gating != "ratio":
-            raise rlpt.Error("rlpt.objective.compat",
-                             f"openrlhf is_correction_gating = \"{is_correction_gating}\" is not reproduced by rlpt "
-                             "(supported: ratio)")
         if dual_clip is not None and dual_clip <= 1.0:
             raise rlpt.Error("rlpt.objective.bad_option", f"dual_clip must be > 1.0, got {dual_clip}")
         self.policy_loss_type = policy_loss_type
@@ -46,7 +42,8 @@ class PolicyLoss(torch.nn.Module):
                           dual_clip=None if dual_clip is None else float(dual_clip),
                           token_level_loss=bool(token_level_loss), policy_loss_type=policy_loss_type,
                           is_correction_level=is_correction_level, is_correction_mode=is_correction_mode,
-                          is_correction_low=float(low), is_correction_high=float(high))
+                          is_correction_gating=is_correction_gating, is_correction_low=float(low),
+                          is_correction_high=float(high))
         self._cache = {}
         self._objective(1, None, None)  # validates the configuration now
 

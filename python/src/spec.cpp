@@ -247,7 +247,9 @@ rlpt::objective custom_objective(spec& s) {
                         {"ratio", rlpt::rs_stat::ratio},
                         {"k1", rlpt::rs_stat::k1},
                         {"k2", rlpt::rs_stat::k2},
-                        {"k3", rlpt::rs_stat::k3}});
+                        {"k3", rlpt::rs_stat::k3},
+                        {"binary_kl", rlpt::rs_stat::binary_kl},
+                        {"tv", rlpt::rs_stat::tv}});
   c.reject.level = pick(s, "correction.reject.level", c.reject.level,
                         {{"token", rlpt::rs_level::token},
                          {"seq_sum", rlpt::rs_level::seq_sum},
@@ -393,7 +395,7 @@ rlpt::objective objective_from_spec(std::string_view text, std::string* descript
     if (description) *description = fmt::format("TRL GRPO (loss_type {})", loss_type);
   } else if (preset == "openrlhf_policy") {
     rlpt::compat::openrlhf::policy_loss_config c;
-    std::string type = "ppo", level = "off", mode = "mask", kl_est = "k1";
+    std::string type = "ppo", level = "off", mode = "mask", gating = "ratio", kl_est = "k1";
     s.get("clip_eps_low", c.clip_eps_low);
     s.get("clip_eps_high", c.clip_eps_high);
     s.get("dual_clip", c.dual_clip);
@@ -401,6 +403,7 @@ rlpt::objective objective_from_spec(std::string_view text, std::string* descript
     s.get("policy_loss_type", type);
     s.get("is_correction_level", level);
     s.get("is_correction_mode", mode);
+    s.get("is_correction_gating", gating);
     s.get("is_correction_low", c.is_correction_low);
     s.get("is_correction_high", c.is_correction_high);
     s.get("dp_size", c.dp_size);
@@ -413,6 +416,7 @@ rlpt::objective objective_from_spec(std::string_view text, std::string* descript
     c.policy_loss_type = type;
     c.is_correction_level = level;
     c.is_correction_mode = mode;
+    c.is_correction_gating = gating;
     c.kl_estimator = kl_est;
     o = rlpt::compat::openrlhf::policy_loss(c);
     if (description) *description = fmt::format("OpenRLHF PolicyLoss ({})", type);

@@ -48,6 +48,8 @@ def inputs(seed, B=10, T=8):
     {"is_correction_level": "token", "is_correction_mode": "mask"},
     {"is_correction_level": "token", "is_correction_mode": "clip"},
     {"is_correction_level": "seq", "is_correction_mode": "mask"},
+    {"is_correction_level": "token", "is_correction_gating": "binary_kl", "is_correction_threshold": (0.0, 0.01)},
+    {"is_correction_level": "seq", "is_correction_gating": "tv", "is_correction_threshold": (0.0, 0.1)},
 ])
 @pytest.mark.parametrize("batch", [{}, {"dp_size": 2, "batch_num_tokens": 97.0, "global_batch_size": 23.0}])
 def test_policy_loss_matches(kw, batch):
@@ -144,10 +146,14 @@ def test_gae_and_returns_match_experience_maker():
     close(c1 * mask, c2 * mask, **TOL)
 
 
-def test_unsupported_gating_raises():
+def test_divergence_gating_takes_an_upper_bound_only():
+    # OpenRLHF raises ValueError here; rlpt says why with its compat error.
     with pytest.raises(ro.rlpt.Error) as e:
-        ro.PolicyLoss(is_correction_level="token", is_correction_gating="tv", is_correction_threshold=(0.0, 0.1))
+        ro.PolicyLoss(is_correction_level="token", is_correction_gating="tv")
     assert e.value.id == "rlpt.objective.compat"
+    assert "upper bound only" in str(e.value)
+    with pytest.raises(ValueError):
+        ol.PolicyLoss(is_correction_level="token", is_correction_gating="tv")
 
 
 def test_patch_swaps_the_classes():

@@ -126,7 +126,7 @@ TEST_CASE("errors: bad options name the field and the value") {
                    "is_weighting.hi = 0.5", ">= lo");
   RLPT_CHECK_ERROR(
       evaluate(objective{.correction = {.reject = {.stat = rs_stat::k1, .level = rs_level::seq_max, .hi = 2.0}}}, in),
-      "rlpt.objective.bad_option", "seq_max", "k2 or k3");
+      "rlpt.objective.bad_option", "seq_max", "k2, k3, binary_kl or tv", "rejection.stat = k1");
   RLPT_CHECK_ERROR(evaluate(objective{.agg = {.mode = agg_mode::seq_mean_token_sum_norm}}, in),
                    "rlpt.objective.bad_option", "needs norm > 0", "got 0");
   RLPT_CHECK_ERROR(evaluate(objective{.policy = gmpo{}}, in), "rlpt.objective.bad_option",
@@ -175,6 +175,15 @@ TEST_CASE("errors: compat presets reject what they do not reproduce") {
                    "rlpt.objective.compat", "loss_type = \"vespo\"");
   RLPT_CHECK_ERROR(compat::trl::grpo({.loss_type = "vespo", .vllm_importance_sampling_correction = true}),
                    "rlpt.objective.compat", "vllm_importance_sampling_correction");
+  RLPT_CHECK_ERROR(compat::openrlhf::policy_loss({.is_correction_level = "token", .is_correction_gating = "js"}),
+                   "rlpt.objective.compat", "is_correction_gating = \"js\"");
+  RLPT_CHECK_ERROR(compat::openrlhf::policy_loss({.is_correction_level = "token", .is_correction_gating = "tv"}),
+                   "rlpt.objective.compat", "upper bound only", "is_correction_low = 0.5");
+  RLPT_CHECK_ERROR(compat::openrlhf::policy_loss({.is_correction_level = "token",
+                                                  .is_correction_mode = "clip",
+                                                  .is_correction_gating = "binary_kl",
+                                                  .is_correction_low = 0.0}),
+                   "rlpt.objective.compat", "needs is_correction_mode = mask");
   RLPT_CHECK_ERROR(compat::openrlhf::policy_loss({.policy_loss_type = "gspo", .is_correction_level = "token"}),
                    "rlpt.objective.compat", "rollout log-probs");
 }

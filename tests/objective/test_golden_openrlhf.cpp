@@ -42,6 +42,25 @@ TEST_CASE("golden openrlhf PolicyLoss train/rollout corrections: tis clip, icepo
   CHECK(r.r64.rejected_frac > 0.0);
 }
 
+TEST_CASE("golden openrlhf PolicyLoss divergence gates: token binary KL, sequence-mean total variation") {
+  const auto kl = check_golden_case("openrlhf_gate_binary_kl",
+                                    orl::policy_loss({.is_correction_level = "token",
+                                                      .is_correction_gating = "binary_kl",
+                                                      .is_correction_low = 0.0,
+                                                      .is_correction_high = 0.005}),
+                                    golden_inputs{.behav = true});
+  CHECK(kl.r64.rejected_frac > 0.0);
+  CHECK(kl.r64.rejected_frac < 1.0);
+  const auto tv = check_golden_case("openrlhf_gate_tv_seq",
+                                    orl::policy_loss({.is_correction_level = "seq",
+                                                      .is_correction_gating = "tv",
+                                                      .is_correction_low = 0.0,
+                                                      .is_correction_high = 0.15}),
+                                    golden_inputs{.behav = true});
+  CHECK(tv.r64.rejected_frac > 0.0);
+  CHECK(tv.r64.rejected_frac < 1.0);
+}
+
 TEST_CASE("golden openrlhf compute_approx_kl k1, k2, k3 with and without unbiased_gradient") {
   for (const char* est : {"k1", "k2", "k3"}) {
     for (bool unbiased : {false, true}) {

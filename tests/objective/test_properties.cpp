@@ -75,6 +75,9 @@ std::vector<objective> accumulation_objectives(agg_mode m) {
   out.push_back({.policy = dro{.beta = 0.7}, .correction = token_tis(1.5), .kl = {.coef = 0.1}, .agg = a});
   out.push_back({.policy = vespo{}, .agg = a});
   out.push_back({.policy = ppo_clip{},
+                 .correction = {.reject = {.stat = rs_stat::tv, .level = rs_level::seq_mean, .hi = 0.1}},
+                 .agg = a});
+  out.push_back({.policy = ppo_clip{},
                  .correction = {.reject = {.stat = rs_stat::k1, .level = rs_level::token, .lo = 0.8, .hi = 1.25},
                                 .rejected = rejected_tokens::removed},
                  .value = {.coef = 0.5},
@@ -669,6 +672,13 @@ std::vector<objective> every_kind() {
       {.policy = dro{.beta = 0.5},
        .correction = {.reject = {.stat = rs_stat::k2, .level = rs_level::token, .hi = 0.3}},
        .agg = {.mode = agg_mode::seq_mean_token_sum}},
+      {.policy = ppo_clip{},
+       .correction = {.weight = {.level = is_level::token, .bound = is_bound::none},
+                      .reject = {.stat = rs_stat::binary_kl, .level = rs_level::token, .hi = 0.01},
+                      .rejected = rejected_tokens::zero_weight}},
+      {.policy = cispo{},
+       .correction = {.reject = {.stat = rs_stat::tv, .level = rs_level::seq_max, .hi = 0.2}},
+       .agg = {.mode = agg_mode::seq_mean_token_mean}},
       {.policy = vespo{.k_pos = 1.5, .lambda_neg = 2.5},
        .correction = {.reject = {.stat = rs_stat::k1, .level = rs_level::token, .lo = 0.8, .hi = 1.25},
                       .rejected = rejected_tokens::removed},

@@ -376,6 +376,10 @@ def generate(out_dir, seed):
         "tis_clip": dict(is_correction_level="token", is_correction_mode="clip"),
         "icepop": dict(is_correction_level="token", is_correction_mode="mask"),
         "seq_mask_tis": dict(is_correction_level="seq", is_correction_mode="mask", is_correction_threshold=(0.8, 1.25)),
+        # divergence gates (upper bound only), tight enough that both keep and drop tokens or rows
+        "gate_binary_kl": dict(is_correction_level="token", is_correction_gating="binary_kl",
+                               is_correction_threshold=(0.0, 0.005)),
+        "gate_tv_seq": dict(is_correction_level="seq", is_correction_gating="tv", is_correction_threshold=(0.0, 0.15)),
     }
     for cname, kw in orl_cases.items():
         src = tok if cname == "gspo" else large

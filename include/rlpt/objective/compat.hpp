@@ -438,9 +438,10 @@ struct policy_loss_config {
   double clip_eps_high = 0.2;
   std::optional<double> dual_clip{};
   bool token_level_loss = true;
-  std::string policy_loss_type = "ppo";    //!< ppo, gspo
-  std::string is_correction_level = "off"; //!< off, token, seq
-  std::string is_correction_mode = "mask"; //!< mask, clip
+  std::string policy_loss_type = "ppo";       //!< ppo, gspo
+  std::string is_correction_level = "off";    //!< off, token, seq
+  std::string is_correction_mode = "mask";    //!< mask, clip
+  std::string is_correction_gating = "ratio"; //!< ratio, binary_kl, tv
   double is_correction_low = 0.5;
   double is_correction_high = 5.0;
   int dp_size = 1;
@@ -528,7 +529,22 @@ inline objective policy_loss(const policy_loss_config& c) {
     const bool seq = c.is_correction_level == "seq";
     if (!seq && c.is_correction_level != "token")
       detail::unknown("openrlhf", "is_correction_level", c.is_correction_level, "off, token, seq");
-    if (c.is_correction_mode == "clip") {
+    const std::string_view gating = c.is_correction_gating;
+    if (gating != "ratio" && gating != "binary_kl" && gating != "tv")
+      detail::unknown("openrlhf", "is_correction_gating", gating, "ratio, binary_kl, tv");
+    if (gating != "ratio") {
+      // A divergence gate: survivors keep their raw token ratio, the others weigh 0. OpenRLHF takes
+      // an upper bound only and drops nothing from the denominators.
+      RLPT_CHECK(c.is_correction_mode == "mask", errors::objective::compat,
+                 "openrlhf is_correction_gating = {} needs is_correction_mode = mask", gating);
+      RLPT_CHECK(c.is_correction_low <= 0.0, errors::objective::compat,
+                 "openrlhf is_correction_gating = {} takes an upper bound only, got is_correction_low = {}", gating,
+                 c.is_correction_low);
+      k.weight = {.level = is_level::token, .bound = is_bound::none};
+      k.reject = {.stat = gating == "tv" ? rs_stat::tv : rs_stat::binary_kl,
+                  .level = seq ? rs_level::seq_mean : rs_level::token,
+                  .hi = c.is_correction_high};
+    } else if (c.is_correction_mode == "clip") {
       RLPT_CHECK(!seq, errors::objective::compat,
                  "openrlhf is_correction_mode = clip needs is_correction_level = token");
       k.weight = {

@@ -3,8 +3,8 @@
 //! Off-policy corrections between the behaviour policy (the rollout engine's log-probs) and the
 //! policy the surrogate's ratio is taken against (the proximal / "old" policy, or the current
 //! one in verl's bypass mode): importance weights (token TIS, IcePop band, sequence IS as a
-//! product or a geometric mean) and rejection (hard trust-region masks on ratio, k1, k2 or k3,
-//! per token or per sequence). The weights are always detached: they scale the policy term's
+//! product or a geometric mean) and rejection (hard trust-region masks on ratio, k1, k2, k3 or
+//! the sampled token's binary KL or total variation, per token or per sequence). The weights are always detached: they scale the policy term's
 //! value and gradient but are never differentiated.
 //!
 //! log rho = numerator - behav_logp, numerator = old_logp (decoupled PPO: AReaL, verl's
@@ -48,7 +48,12 @@ enum class rs_stat : std::uint8_t {
   ratio, //!< log rho, kept iff lo <= exp(stat) <= hi (OpenRLHF/AReaL ratio gating)
   k1,    //!< -log rho, kept iff log lo <= stat <= log hi (verl token_k1 / seq_*_k1; note the sign)
   k2,    //!< 0.5 (log rho)^2, kept iff stat <= hi (verl *_k2)
-  k3     //!< exp(log rho) - 1 - log rho, kept iff stat <= hi (verl *_k3)
+  k3,    //!< exp(log rho) - 1 - log rho, kept iff stat <= hi (verl *_k3)
+  //! KL(Bernoulli(p) || Bernoulli(q)) of the sampled token, p = exp(behav_logp) and q =
+  //! exp(numerator), each clamped to [1e-6, 1 - 1e-6]: p log(p / q) + (1 - p) log((1 - p) / (1 - q)),
+  //! kept iff stat <= hi (OpenRLHF is_correction_gating = binary_kl)
+  binary_kl,
+  tv //!< |p - q| with p and q as for binary_kl, kept iff stat <= hi (OpenRLHF gating tv)
 };
 
 enum class rs_level : std::uint8_t {
@@ -125,8 +130,16 @@ template <class R> RLPT_HD_FORCEINLINE R bound_weight(is_bound b, R raw, R lo, R
   return sel(b == is_bound::truncate, t, sel(b == is_bound::mask, m, raw));
 }
 
-//! The per-token rejection statistic of a (clamped) log rho.
-template <class R> RLPT_HD_FORCEINLINE R rs_token_stat(rs_stat s, R lr) {
+//! The sampled token's probabilities under the behaviour policy (p) and the numerator's (q),
+//! clamped to [1e-6, 1 - 1e-6] as OpenRLHF does, so the binary KL's logs stay finite.
+template <class R> RLPT_HD_FORCEINLINE void token_probs(R num, R behav, R& p, R& q) {
+  p = clamp_r(exp_r(behav), R(1e-6), R(1) - R(1e-6));
+  q = clamp_r(exp_r(num), R(1e-6), R(1) - R(1e-6));
+}
+
+//! The per-token rejection statistic: of the (clamped) log rho lr, or for the divergences of the
+//! log-probabilities num (the ratio's numerator) and behav.
+template <class R> RLPT_HD_FORCEINLINE R rs_token_stat(rs_stat s, R lr, R num, R behav) {
   switch (s) {
   case rs_stat::none:
     return R(0);
@@ -138,6 +151,17 @@ template <class R> RLPT_HD_FORCEINLINE R rs_token_stat(rs_stat s, R lr) {
     return R(0.5) * lr * lr;
   case rs_stat::k3:
     return exp_r(lr) - R(1) - lr;
+  case rs_stat::binary_kl: {
+    R p, q;
+    token_probs(num, behav, p, q);
+    return p * log_r(p / q) + (R(1) - p) * log_r((R(1) - p) / (R(1) - q));
+  }
+  case rs_stat::tv: {
+    R p, q;
+    token_probs(num, behav, p, q);
+    const R d = p - q;
+    return sel(d < R(0), -d, d);
+  }
   }
   return R(0);
 }
@@ -155,6 +179,8 @@ template <class R> RLPT_HD_FORCEINLINE bool rs_keep(rs_stat s, R stat, R lo, R h
     return stat >= log_lo && stat <= log_hi;
   case rs_stat::k2:
   case rs_stat::k3:
+  case rs_stat::binary_kl:
+  case rs_stat::tv:
     return stat <= hi;
   }
   return true;

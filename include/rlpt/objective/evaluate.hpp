@@ -236,8 +236,10 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
       p.rs_log_hi = std::log(r.hi);
     }
     if (r.level == rs_level::seq_max)
-      check_option(r.stat == rs_stat::k2 || r.stat == rs_stat::k3, "rejection.level = seq_max with stat",
-                   static_cast<double>(r.stat), "needs stat k2 or k3 (verl seq_max_k2 / seq_max_k3)");
+      RLPT_CHECK(r.stat != rs_stat::ratio && r.stat != rs_stat::k1, errors::objective::bad_option,
+                 "rejection.level = seq_max needs a statistic that is >= 0 (k2, k3, binary_kl or tv; verl "
+                 "seq_max_k2 / seq_max_k3), got rejection.stat = {}",
+                 r.stat == rs_stat::ratio ? "ratio" : "k1");
   }
 
   // --- KL -----------------------------------------------------------------------------------

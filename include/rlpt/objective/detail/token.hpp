@@ -423,6 +423,16 @@ RLPT_HD_FORCEINLINE int load_chunk(const objective_plan& p, const basic_objectiv
   return bad;
 }
 
+//! Token-level rejection with the statistic S: c.keep from the clamped log rho in c.tmp (and, for
+//! the divergences, the numerator's and the behaviour log-probs). A function forced inline, not a
+//! generic lambda (see dppo_loop).
+template <rs_stat S, class T, int N>
+RLPT_HD_FORCEINLINE void token_rejection_loop(const objective_plan& p, const T* num, int n, token_chunk<T, N>& c) {
+  const T lo = T(p.corr.reject.lo), hi = T(p.corr.reject.hi), llo = T(p.rs_log_lo), lhi = T(p.rs_log_hi);
+  for (int j = 0; j < n; ++j)
+    c.keep[j] = rs_keep(S, rs_token_stat(S, c.tmp[j], num[j], c.behav[j]), lo, hi, llo, lhi) ? 1 : 0;
+}
+
 //! Importance weights, rejection and which tokens stay in the loss.
 template <class T, int N>
 RLPT_HD_FORCEINLINE void correction_chunk(const objective_plan& p, const token_consts<T>& k, int n,
@@ -440,23 +450,24 @@ RLPT_HD_FORCEINLINE void correction_chunk(const objective_plan& p, const token_c
   const T* num = p.corr.numerator == ratio_numerator::proximal ? c.old : c.lp;
   for (int j = 0; j < n; ++j) c.tmp[j] = clamp_r(num[j] - c.behav[j], -cl, cl); // clamped log rho
   if (p.use_rs && !p.rs_seq) {
-    const T lo = T(p.corr.reject.lo), hi = T(p.corr.reject.hi), llo = T(p.rs_log_lo), lhi = T(p.rs_log_hi);
-    auto loop = [&](auto stat) {
-      constexpr rs_stat st = decltype(stat)::value;
-      for (int j = 0; j < n; ++j) c.keep[j] = rs_keep(st, rs_token_stat(st, c.tmp[j]), lo, hi, llo, lhi) ? 1 : 0;
-    };
     switch (p.corr.reject.stat) {
     case rs_stat::ratio:
-      loop(std::integral_constant<rs_stat, rs_stat::ratio>{});
+      token_rejection_loop<rs_stat::ratio>(p, num, n, c);
       break;
     case rs_stat::k1:
-      loop(std::integral_constant<rs_stat, rs_stat::k1>{});
+      token_rejection_loop<rs_stat::k1>(p, num, n, c);
       break;
     case rs_stat::k2:
-      loop(std::integral_constant<rs_stat, rs_stat::k2>{});
+      token_rejection_loop<rs_stat::k2>(p, num, n, c);
       break;
     case rs_stat::k3:
-      loop(std::integral_constant<rs_stat, rs_stat::k3>{});
+      token_rejection_loop<rs_stat::k3>(p, num, n, c);
+      break;
+    case rs_stat::binary_kl:
+      token_rejection_loop<rs_stat::binary_kl>(p, num, n, c);
+      break;
+    case rs_stat::tv:
+      token_rejection_loop<rs_stat::tv>(p, num, n, c);
       break;
     case rs_stat::none:
       break;
@@ -493,7 +504,8 @@ RLPT_HD_FORCEINLINE void stats_chunk(const objective_plan& p, int n, token_chunk
   chunk_sums<T, N, double, Wide> sums(c, n);
   if (p.use_rs && p.rs_seq) {
     const rs_stat stat = p.corr.reject.stat;
-    for (int j = 0; j < n; ++j) c.pv[j] = rs_token_stat(stat, c.tmp[j]);
+    const T* num = p.corr.numerator == ratio_numerator::proximal ? c.old : c.lp;
+    for (int j = 0; j < n; ++j) c.pv[j] = rs_token_stat(stat, c.tmp[j], num[j], c.behav[j]);
     sums.add(st.rs_sum, [&](int j) { return sel(c.valid[j] != 0, c.pv[j], T(0)); });
     const double m = lane_max(c.pv, c.valid, n);
     st.rs_max = m > st.rs_max ? m : st.rs_max;
