@@ -4,8 +4,8 @@
 //! policy the surrogate's ratio is taken against (the proximal / "old" policy, or the current
 //! one in verl's bypass mode): importance weights (token TIS, IcePop band, sequence IS as a
 //! product or a geometric mean) and rejection (hard trust-region masks on ratio, k1, k2, k3 or
-//! the sampled token's binary KL or total variation, per token or per sequence). The weights are always detached: they scale the policy term's
-//! value and gradient but are never differentiated.
+//! the sampled token's binary KL or total variation, per token or per sequence). The weights are
+//! always detached: they scale the policy term's value and gradient but are never differentiated.
 //!
 //! log rho = numerator - behav_logp, numerator = old_logp (decoupled PPO: AReaL, verl's
 //! decoupled mode, TRL's vLLM correction, OpenRLHF, slime) or the current logp (verl bypass).
