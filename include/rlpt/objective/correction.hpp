@@ -152,6 +152,8 @@ template <class R> RLPT_HD_FORCEINLINE R rs_token_stat(rs_stat s, R lr, R num, R
   case rs_stat::k3:
     return exp_r(lr) - R(1) - lr;
   case rs_stat::binary_kl: {
+    // OpenRLHF's form (clamped probabilities, KL(p || q)); DPPO's bound is verl's, a different
+    // direction and an additive 1e-8 (dppo_token), so the two stay separate to match each peer.
     R p, q;
     token_probs(num, behav, p, q);
     return p * log_r(p / q) + (R(1) - p) * log_r((R(1) - p) / (R(1) - q));

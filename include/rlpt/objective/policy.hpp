@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file
 //! Policy terms: the per-token surrogate losses (PPO clip family, GSPO, GMPO, CISPO, SAPO, DPPO,
-//! DRO, VESPO, plain policy gradient) as option structs, and their value and derivative with respect to
-//! the current log-probability, written once for host and device.
+//! DRO, VESPO, plain policy gradient) as option structs, and their value and derivative with
+//! respect to the current log-probability, written once for host and device.
 //!
 //! Notation: x = logp - old_logp (current vs proximal policy), r = exp(x), A = advantage. Every
 //! term is a loss (minimised). Log-ratios are clamped before exp, so no input gap produces

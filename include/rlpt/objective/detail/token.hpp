@@ -423,6 +423,13 @@ RLPT_HD_FORCEINLINE int load_chunk(const objective_plan& p, const basic_objectiv
   return bad;
 }
 
+//! The log-probs the importance ratio's numerator reads: the proximal policy's (decoupled PPO) or
+//! the current one's (verl bypass mode).
+template <class T, int N>
+RLPT_HD_FORCEINLINE const T* ratio_numerator_of(const objective_plan& p, const token_chunk<T, N>& c) {
+  return p.corr.numerator == ratio_numerator::proximal ? c.old : c.lp;
+}
+
 //! Token-level rejection with the statistic S: c.keep from the clamped log rho in c.tmp (and, for
 //! the divergences, the numerator's and the behaviour log-probs). A function forced inline, not a
 //! generic lambda (see dppo_loop).
@@ -447,7 +454,7 @@ RLPT_HD_FORCEINLINE void correction_chunk(const objective_plan& p, const token_c
     return;
   }
   const T cl = T(p.corr.log_ratio_clamp);
-  const T* num = p.corr.numerator == ratio_numerator::proximal ? c.old : c.lp;
+  const T* num = ratio_numerator_of(p, c);
   for (int j = 0; j < n; ++j) c.tmp[j] = clamp_r(num[j] - c.behav[j], -cl, cl); // clamped log rho
   if (p.use_rs && !p.rs_seq) {
     switch (p.corr.reject.stat) {
@@ -504,14 +511,14 @@ RLPT_HD_FORCEINLINE void stats_chunk(const objective_plan& p, int n, token_chunk
   chunk_sums<T, N, double, Wide> sums(c, n);
   if (p.use_rs && p.rs_seq) {
     const rs_stat stat = p.corr.reject.stat;
-    const T* num = p.corr.numerator == ratio_numerator::proximal ? c.old : c.lp;
+    const T* num = ratio_numerator_of(p, c);
     for (int j = 0; j < n; ++j) c.pv[j] = rs_token_stat(stat, c.tmp[j], num[j], c.behav[j]);
     sums.add(st.rs_sum, [&](int j) { return sel(c.valid[j] != 0, c.pv[j], T(0)); });
     const double m = lane_max(c.pv, c.valid, n);
     st.rs_max = m > st.rs_max ? m : st.rs_max;
   }
   if (p.use_is && p.is_seq) {
-    const T* num = p.corr.numerator == ratio_numerator::proximal ? c.old : c.lp;
+    const T* num = ratio_numerator_of(p, c);
     sums.add(st.sum_lr, [&](int j) { return sel(c.valid[j] != 0, num[j] - c.behav[j], T(0)); });
   }
   if (p.policy == policy_kind::gspo)
