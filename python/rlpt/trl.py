@@ -24,6 +24,8 @@ from ._ops import metrics_dict
 
 #: loss_type values rlpt computes.
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo", "vespo")
+#: loss_type values TRL normalises by the generation batch's num_items_in_batch.
+_NUM_ITEMS_TYPES = ("dapo", "cispo", "vespo")
 
 
 class GRPOTrainer(_TRLGRPOTrainer):
@@ -67,7 +69,7 @@ class GRPOTrainer(_TRLGRPOTrainer):
                     steps_per_generation=int(args.steps_per_generation if train else 1))
         if getattr(args, "delta", None) is not None:
             opts["delta"] = float(args.delta)
-        if self.loss_type in ("dapo", "cispo", "vespo"):
+        if self.loss_type in _NUM_ITEMS_TYPES:
             opts["num_items_in_batch"] = float(num_items)
         key = tuple(sorted(opts.items()))
         if self._rlpt_objectives is None:
@@ -98,7 +100,7 @@ class GRPOTrainer(_TRLGRPOTrainer):
             model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True, **extra)
         train = self.model.training
         mode = "train" if train else "eval"
-        num_items = inputs["num_items_in_batch"] if self.loss_type in ("dapo", "cispo", "vespo") else 0.0
+        num_items = inputs["num_items_in_batch"] if self.loss_type in _NUM_ITEMS_TYPES else 0.0
         if isinstance(num_items, torch.Tensor):
             num_items = num_items.item()
         obj = self._rlpt_objective(train, num_items)

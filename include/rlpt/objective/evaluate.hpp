@@ -80,6 +80,10 @@ inline void check_nonnegative(double v, std::string_view what) {
   check_option(v >= 0.0 && std::isfinite(v), what, v, "must be finite and >= 0");
 }
 
+inline void check_positive(double v, std::string_view what, std::string_view need = "must be finite and > 0") {
+  check_option(v > 0.0 && std::isfinite(v), what, v, need);
+}
+
 inline void check_clamp(double c, std::string_view what) {
   check_option(c > 0.0 && c <= 80.0, what, static_cast<double>(c),
                "must be in (0, 80] (the log-ratio clamp keeps exp finite in fp32)");
@@ -172,7 +176,7 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
           check_option(t.eps_low >= 0.0 && std::isfinite(t.eps_low), "cispo.eps_low", t.eps_low,
                        "must be finite and >= 0 (>= 1 means no lower bound)");
           check_nonnegative(t.eps_high, "cispo.eps_high");
-          check_option(t.cap > 0.0 && std::isfinite(t.cap), "cispo.cap", t.cap, "must be finite and > 0");
+          check_positive(t.cap, "cispo.cap");
           check_clamp(t.log_ratio_clamp, "cispo.log_ratio_clamp");
           p.ci = t;
         } else if constexpr (std::is_same_v<P, sapo>) {
@@ -183,12 +187,12 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
         } else if constexpr (std::is_same_v<P, dppo>) {
           check_nonnegative(t.eps_low, "dppo.eps_low");
           check_nonnegative(t.eps_high, "dppo.eps_high");
-          check_option(t.trunc > 0.0 && std::isfinite(t.trunc), "dppo.trunc", t.trunc, "must be finite and > 0");
+          check_positive(t.trunc, "dppo.trunc");
           check_clamp(t.log_ratio_clamp, "dppo.log_ratio_clamp");
           p.dp = t;
         } else if constexpr (std::is_same_v<P, dro>) {
-          check_option(t.beta > 0.0 && std::isfinite(t.beta), "dro.beta", t.beta,
-                       "must be finite and > 0 (it has no default, as verl's policy_loss.dro_beta)");
+          check_positive(t.beta, "dro.beta",
+                         "must be finite and > 0 (it has no default, as verl's policy_loss.dro_beta)");
           p.dr = t;
         } else if constexpr (std::is_same_v<P, vespo>) {
           check_nonnegative(t.k_pos, "vespo.k_pos");
