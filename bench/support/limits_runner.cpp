@@ -99,7 +99,7 @@ template <int NB, class T> RLPT_LOGPROB_HOST_INLINE float expsum_row_body(const 
   rlpt::index_t j = c0;
   for (; j + W <= n; j += W) acc = acc + simd::exp<NB>(simd::load<NB>(x + j));
   float tail = 0.0f;
-  for (; j < n; ++j) tail += rlpt::detail::exp_fast(static_cast<float>(x[j]));
+  for (; j < n; ++j) tail += rlpt::detail::exp_poly(static_cast<float>(x[j]));
   return simd::hsum<NB>(acc) + tail;
 }
 

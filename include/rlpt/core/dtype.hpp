@@ -9,6 +9,7 @@
 
 #include <rlpt/config.hpp>
 #include <rlpt/core/error.hpp>
+#include <rlpt/core/float_bits.hpp>
 #include <rlpt/core/format.hpp>
 
 #include <bit>
@@ -21,26 +22,6 @@ RLPT_NAMESPACE_BEGIN
 
 //! Runtime element type tag.
 enum class dtype : std::uint8_t { f32, f64, f16, bf16, i8, u8, i32, i64 };
-
-namespace detail {
-
-RLPT_HD_FORCEINLINE std::uint32_t float_bits(float f) {
-#if RLPT_DEVICE_PASS()
-  return __float_as_uint(f);
-#else
-  return std::bit_cast<std::uint32_t>(f);
-#endif
-}
-
-RLPT_HD_FORCEINLINE float bits_float(std::uint32_t u) {
-#if RLPT_DEVICE_PASS()
-  return __uint_as_float(u);
-#else
-  return std::bit_cast<float>(u);
-#endif
-}
-
-} // namespace detail
 
 //! bfloat16 storage: the upper 16 bits of an IEEE binary32.
 struct bf16 {

@@ -1,17 +1,35 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file
 //! Branch-free helpers on floating-point bits that every block's per-element loops share, host
-//! and device: a finiteness test that -ffast-math cannot fold away, and a select that keeps a
-//! host loop vectorisable.
+//! and device: a float's bits and back, a finiteness test that -ffast-math cannot fold away,
+//! and a select that keeps a host loop vectorisable.
 #pragma once
 
 #include <rlpt/config.hpp>
 
+#include <bit>
 #include <cstdint>
 #include <cstring>
 
 RLPT_NAMESPACE_BEGIN
 namespace detail {
+
+//! The bits of a float and back.
+RLPT_HD_FORCEINLINE std::uint32_t float_bits(float f) {
+#if RLPT_DEVICE_PASS()
+  return __float_as_uint(f);
+#else
+  return std::bit_cast<std::uint32_t>(f);
+#endif
+}
+
+RLPT_HD_FORCEINLINE float bits_float(std::uint32_t u) {
+#if RLPT_DEVICE_PASS()
+  return __uint_as_float(u);
+#else
+  return std::bit_cast<float>(u);
+#endif
+}
 
 //! Finiteness by bit pattern, so that -ffast-math in a user's build cannot fold the test away.
 RLPT_HD_FORCEINLINE bool finite(float x) {

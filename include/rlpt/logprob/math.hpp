@@ -15,6 +15,8 @@
 
 #include <rlpt/config.hpp>
 #include <rlpt/core/dtype.hpp>
+#include <rlpt/core/exp.hpp>
+#include <rlpt/core/float_bits.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -38,63 +40,21 @@ struct row_result {
 
 namespace detail {
 
-//! c ? a : b as a bit blend: compilers if-convert and vectorise it without -fno-trapping-math
-//! (a float ?: whose arms do arithmetic stays a branch under the default trapping-math rules).
-RLPT_HD_FORCEINLINE float select(bool c, float a, float b) {
-  const std::uint32_t m = 0u - static_cast<std::uint32_t>(c);
-  return bits_float((float_bits(a) & m) | (float_bits(b) & ~m));
-}
-
-//! exp(x) as a branch-free polynomial (Cody–Waite reduction, degree-6 minimax, ≤ 2 ulp on
-//! [−87, 88]), written so compilers vectorise loops that call it; the device pass uses the
-//! hardware ex2 unit instead. NaN propagates; callers clamp −inf (see shifted_exp).
-RLPT_HD_FORCEINLINE float exp_fast(float x) {
-#if RLPT_DEVICE_PASS()
-  return __expf(x);
-#else
-  x = select(x < -87.0f, -87.0f, x); // NaN fails both comparisons and stays NaN
-  x = select(x > 88.0f, 88.0f, x);
-  const float t = x * 1.44269504088896341f;
-  const int n = static_cast<int>(t + select(t < 0.0f, -0.5f, 0.5f)); // round half away from 0
-  const auto nf = static_cast<float>(n);
-  const float r = (x - nf * 0.693359375f) - nf * -2.12194440e-4f; // x − n·ln2 in two parts
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float e = p * (r * r) + r + 1.0f;
-  return e * bits_float(static_cast<std::uint32_t>(n + 127) << 23);
-#endif
-}
-
 //! Below this shift a softmax weight is flushed to exactly 0 (exp(−87) ≈ 1.6e−38), so −inf
 //! logits (masked vocabulary) contribute nothing and never produce 0·inf.
-inline constexpr float exp_floor = -87.0f;
+inline constexpr float exp_floor = exp_consts::lo;
 
 //! exp(d) for a shift d = z − m ≤ 0 (d ≤ 88 stays finite) with −inf (or anything below
 //! exp_floor) giving exactly 0; `dc` receives d clamped at exp_floor, safe to multiply by the
-//! weight. NaN propagates. The host row kernels use simd::shifted_exp, the same reduction and
-//! polynomial with explicit FMAs.
+//! weight. NaN propagates. On the host core's exp (core/exp.hpp), whose steps the row kernels'
+//! simd::shifted_exp runs lane by lane; on the device the hardware ex2 unit.
 RLPT_HD_FORCEINLINE float shifted_exp(float d, float& dc) {
   const bool low = d < exp_floor;
-  dc = select(low, exp_floor, d);
+  dc = sel(low, exp_floor, d);
 #if RLPT_DEVICE_PASS()
   return low ? 0.0f : __expf(dc);
 #else
-  const float t = dc * 1.44269504088896341f;
-  const int n = static_cast<int>(t - 0.5f); // nearest for t ≤ 0.5
-  const auto nf = static_cast<float>(n);
-  const float r = (dc - nf * 0.693359375f) - nf * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float e = p * (r * r) + r + 1.0f;
-  return select(low, 0.0f, e * bits_float(static_cast<std::uint32_t>(n + 127) << 23));
+  return sel(low, 0.0f, exp_reduced(dc));
 #endif
 }
 

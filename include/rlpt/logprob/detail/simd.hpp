@@ -12,6 +12,7 @@
 
 #include <rlpt/config.hpp>
 #include <rlpt/core/dtype.hpp>
+#include <rlpt/core/exp.hpp>
 #include <rlpt/logprob/math.hpp>
 
 #include <bit>
@@ -162,35 +163,6 @@ template <int NB> RLPT_LOGPROB_HOST_INLINE vu<NB> as_u(const vf<NB>& x) { return
 template <int NB> RLPT_LOGPROB_HOST_INLINE vi<NB> as_i(const vu<NB>& x) { return bitcast<vi<NB>>(x); }
 template <int NB> RLPT_LOGPROB_HOST_INLINE vu<NB> as_u(const vi<NB>& x) { return bitcast<vu<NB>>(x); }
 
-template <int NB> RLPT_LOGPROB_HOST_INLINE vi<NB> to_int_trunc(const vf<NB>& x) {
-  using I = typename native<NB>::i;
-  vi<NB> r;
-  for (int k = 0; k < vf<NB>::parts; ++k) {
-    if constexpr (std::is_arithmetic_v<I>) {
-      r.p[k] = static_cast<I>(x.p[k]);
-    } else {
-#if RLPT_LOGPROB_VECTOR_EXT()
-      r.p[k] = __builtin_convertvector(x.p[k], I);
-#endif
-    }
-  }
-  return r;
-}
-template <int NB> RLPT_LOGPROB_HOST_INLINE vf<NB> to_float(const vi<NB>& x) {
-  using F = typename native<NB>::f;
-  vf<NB> r;
-  for (int k = 0; k < vf<NB>::parts; ++k) {
-    if constexpr (std::is_arithmetic_v<F>) {
-      r.p[k] = static_cast<F>(x.p[k]);
-    } else {
-#if RLPT_LOGPROB_VECTOR_EXT()
-      r.p[k] = __builtin_convertvector(x.p[k], F);
-#endif
-    }
-  }
-  return r;
-}
-
 //! Logical lanes in memory order (part 0 first).
 template <int NB> RLPT_LOGPROB_HOST_INLINE void to_array(const vf<NB>& x, float (&out)[lanes]) {
   std::memcpy(out, &x, sizeof out);
@@ -336,35 +308,36 @@ template <int NB> RLPT_LOGPROB_HOST_INLINE vf<NB> fma(const vf<NB>& a, const vf<
   return fma(a, b, splat<NB>(c));
 }
 
-//! exp(x) from its reduction x = n·ln2 + r, |r| ≤ ln2 / 2: (1 + r + r²·p(r))·2^n, shared by exp
-//! and shifted_exp (Cody–Waite reduction, degree-6 minimax polynomial, evaluated with FMAs).
-template <int NB> RLPT_LOGPROB_HOST_INLINE vf<NB> exp_reduced(const vf<NB>& x, const vi<NB>& n) {
-  const vf<NB> nf = to_float(n);
-  const vf<NB> r = fma(nf, splat<NB>(2.12194440e-4f), fma(nf, splat<NB>(-0.693359375f), x)); // x − n·ln2
-  vf<NB> p = fma(splat<NB>(1.9875691500e-4f), r, 1.3981999507e-3f);
-  p = fma(p, r, 8.3334519073e-3f);
-  p = fma(p, r, 4.1665795894e-2f);
-  p = fma(p, r, 1.6666665459e-1f);
-  p = fma(p, r, 5.0000001201e-1f);
+//! exp(x) for x already in [exp_consts::lo, exp_consts::hi]: core's exp_reduced
+//! (core/exp.hpp) step by step on each lane, the same bits (tests/core/test_exp.cpp).
+template <int NB> RLPT_LOGPROB_HOST_INLINE vf<NB> exp_reduced(const vf<NB>& x) {
+  namespace k = exp_consts;
+  const vf<NB> t = fma(x, splat<NB>(k::log2e), k::shift);
+  const vf<NB> nf = t - k::shift;
+  const vf<NB> r = fma(nf, splat<NB>(-k::ln2_lo), fma(nf, splat<NB>(-k::ln2_hi), x));
+  vf<NB> p = fma(splat<NB>(k::p0), r, k::p1);
+  p = fma(p, r, k::p2);
+  p = fma(p, r, k::p3);
+  p = fma(p, r, k::p4);
+  p = fma(p, r, k::p5);
   const vf<NB> e = fma(p, r * r, r) + 1.0f;
-  return e * as_f((n + 127) << 23);
+  return e * as_f(as_u(t) << 23);
 }
 
-//! exp(x), NaN kept: clamped to [−87, 88], n rounded half away from zero.
+//! exp(x) as core's exp_poly: 0 below exp_consts::lo, clamped above exp_consts::hi, NaN kept.
 template <int NB> RLPT_LOGPROB_HOST_INLINE vf<NB> exp(const vf<NB>& x0) {
-  vf<NB> x = sel(lt(x0, splat<NB>(-87.0f)), splat<NB>(-87.0f), x0);
-  x = sel(gt(x, splat<NB>(88.0f)), splat<NB>(88.0f), x);
-  const vf<NB> t = x * 1.44269504088896341f;
-  return exp_reduced(x, to_int_trunc(t + sel(lt(t, splat<NB>(0.0f)), splat<NB>(-0.5f), splat<NB>(0.5f))));
+  const vi<NB> under = lt(x0, splat<NB>(exp_consts::lo));
+  vf<NB> x = sel(under, splat<NB>(exp_consts::lo), x0);
+  x = sel(gt(x, splat<NB>(exp_consts::hi)), splat<NB>(exp_consts::hi), x);
+  return sel(under, splat<NB>(0.0f), exp_reduced(x));
 }
 
 //! exp(d) for a shift d ≤ 0 (the vector form of detail::shifted_exp): d < −87 gives exactly 0;
 //! dc = d clamped at −87.
 template <int NB> RLPT_LOGPROB_HOST_INLINE vf<NB> shifted_exp(const vf<NB>& d, vf<NB>& dc) {
-  const vi<NB> low = lt(d, splat<NB>(-87.0f));
-  dc = sel(low, splat<NB>(-87.0f), d);
-  const vi<NB> n = to_int_trunc(fma(dc, splat<NB>(1.44269504088896341f), -0.5f)); // nearest for d·log2e ≤ 0.5
-  return sel(low, splat<NB>(0.0f), exp_reduced(dc, n));
+  const vi<NB> low = lt(d, splat<NB>(exp_consts::lo));
+  dc = sel(low, splat<NB>(exp_consts::lo), d);
+  return sel(low, splat<NB>(0.0f), exp_reduced(dc));
 }
 
 template <int NB> RLPT_LOGPROB_HOST_INLINE vf<NB> max(const vf<NB>& a, const vf<NB>& b) { return sel(gt(b, a), b, a); }

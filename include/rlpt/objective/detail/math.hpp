@@ -1,13 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file
-//! Scalar helpers the objective family's per-token math shares between host and device:
-//! exp that vectorises on the host, clamps that report whether autograd would let a gradient
-//! through (torch.clamp passes it for lo <= x <= hi), tie-splitting max/min (torch.maximum and
-//! torch.minimum send half of the gradient to each side on a tie). The select and finite test
-//! are core's (core/float_bits.hpp).
+//! Scalar helpers the objective family's per-token math shares between host and device: log
+//! that vectorises on the host, clamps that report whether autograd would let a gradient through
+//! (torch.clamp passes it for lo <= x <= hi), tie-splitting max/min (torch.maximum and
+//! torch.minimum send half of the gradient to each side on a tie). The exp (core/exp.hpp), the
+//! select and the finite test (core/float_bits.hpp) are core's.
 #pragma once
 
 #include <rlpt/config.hpp>
+#include <rlpt/core/exp.hpp>
 #include <rlpt/core/float_bits.hpp>
 
 #include <cmath>
@@ -19,33 +20,6 @@
 RLPT_NO_CONTRACT_BEGIN
 RLPT_NAMESPACE_BEGIN
 namespace detail {
-
-//! exp(x) for float on the host: Cody-Waite reduction and a degree-7 Taylor polynomial
-//! (max error about 2 ulp), written without calls or branches so loops over it vectorise.
-//! Defined for x <= 88; returns 0 below -87 (where expf is subnormal or 0). Every caller
-//! clamps its argument to |x| <= 80 first.
-RLPT_HD_FORCEINLINE float exp_poly(float x) {
-  const bool under = x < -87.0f;
-  x = sel(under, -87.0f, sel(x > 88.0f, 88.0f, x));
-  const float t = x * 1.44269504088896341f;
-  const int k = static_cast<int>(t + (t >= 0.0f ? 0.5f : -0.5f)); // round to nearest
-  const float kf = static_cast<float>(k);
-  // x − k·ln2 in two parts (k·C1 is exact), then Horner: each a·b + c an FMA, rounded once
-  const float r = std::fma(kf, -1.428606765330187045e-6f, std::fma(kf, -0.693145751953125f, x));
-  float p = 1.0f / 5040.0f;
-  p = std::fma(p, r, 1.0f / 720.0f);
-  p = std::fma(p, r, 1.0f / 120.0f);
-  p = std::fma(p, r, 1.0f / 24.0f);
-  p = std::fma(p, r, 1.0f / 6.0f);
-  p = std::fma(p, r, 0.5f);
-  p = std::fma(p, r, 1.0f);
-  p = std::fma(p, r, 1.0f);
-  const std::uint32_t bits = static_cast<std::uint32_t>(k + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  const float res = p * scale;
-  return sel(under, 0.0f, res);
-}
 
 //! log(x) for float on the host, written without calls or branches so loops over it vectorise:
 //! x = m 2^e with m in [sqrt(1/2), sqrt(2)), log(m) = f - f^2/2 + f^3 P(f) with f = m - 1 (P the
