@@ -315,12 +315,12 @@ template <int NB> RLPT_LOGPROB_HOST_INLINE vf<NB> exp_reduced(const vf<NB>& x) {
   const vf<NB> t = fma(x, splat<NB>(k::log2e), k::shift);
   const vf<NB> nf = t - k::shift;
   const vf<NB> r = fma(nf, splat<NB>(-k::ln2_lo), fma(nf, splat<NB>(-k::ln2_hi), x));
-  vf<NB> p = fma(splat<NB>(k::p0), r, k::p1);
-  p = fma(p, r, k::p2);
-  p = fma(p, r, k::p3);
-  p = fma(p, r, k::p4);
-  p = fma(p, r, k::p5);
-  const vf<NB> e = fma(p, r * r, r) + 1.0f;
+  vf<NB> p = fma(splat<NB>(k::c6), r, k::c5);
+  p = fma(p, r, k::c4);
+  p = fma(p, r, k::c3);
+  p = fma(p, r, k::c2);
+  p = fma(p, r, 1.0f);
+  const vf<NB> e = fma(p, r, 1.0f);
   return e * as_f(as_u(t) << 23);
 }
 
