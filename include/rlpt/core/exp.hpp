@@ -30,7 +30,7 @@ inline constexpr float ln2_hi = 0.693359375f;    //!< 355 / 512: n ln2_hi is exa
 inline constexpr float ln2_lo = -2.12194440e-4f; //!< ln2 - ln2_hi
 // exp(r) ~ 1 + r (1 + r (c2 + r (c3 + r (c4 + r (c5 + r c6))))) on |r| <= ln2 / 2: c2..c6 fitted to
 // exp's relative error (iteratively reweighted least squares towards minimax, 3.1e-9 before
-// rounding the coefficients to float)
+// rounding the coefficients to float; tools/fit_exp.py)
 inline constexpr float c2 = 4.9999994040e-01f;
 inline constexpr float c3 = 1.6666521132e-01f;
 inline constexpr float c4 = 4.1668388993e-02f;
