@@ -6,6 +6,8 @@
 #include <rlpt/logprob/detail/simd.hpp>
 #include <rlpt/logprob/math.hpp>
 
+#include "support/reference.hpp"
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -17,15 +19,9 @@
 
 namespace rd = rlpt::detail;
 namespace simd = rlpt::detail::simd;
+using rlpt::test::ulps;
 
 namespace {
-
-double ulps(float got, double want) {
-  const auto w = static_cast<float>(want);
-  const double spacing = static_cast<double>(std::nextafter(std::fabs(w), std::numeric_limits<float>::infinity())) -
-                         static_cast<double>(std::fabs(w));
-  return std::fabs(static_cast<double>(got) - want) / spacing;
-}
 
 float from_bits(std::uint32_t b) {
   float x;

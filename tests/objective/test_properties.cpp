@@ -20,6 +20,7 @@
 
 using rlpt::test::batch;
 using rlpt::test::grads;
+using rlpt::test::ulps;
 using namespace rlpt;
 
 namespace {
@@ -833,18 +834,6 @@ TEST_CASE("evaluate maps fresh gradient buffers in one call, the slots between p
   }
 }
 #endif
-
-namespace {
-
-//! |got - want| in units of the float spacing at want (want in fp64).
-double ulps(float got, double want) {
-  const auto w = static_cast<float>(want);
-  const double spacing = static_cast<double>(std::nextafter(std::fabs(w), std::numeric_limits<float>::infinity())) -
-                         static_cast<double>(std::fabs(w));
-  return std::fabs(static_cast<double>(got) - want) / spacing;
-}
-
-} // namespace
 
 TEST_CASE("host log polynomial: within 2 ulp of the true value, special values as std's") {
   // Every 1021st positive float (2.1 million, subnormals included). The exp is core's

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <span>
 #include <string>
 #include <utility>
@@ -20,6 +21,14 @@ struct tolerance {
   double rel = 1e-6;
   double abs = 0.0;
 };
+
+//! |got - want| in units of the float spacing at |want| (want rounded to float).
+inline double ulps(float got, double want) {
+  const auto w = static_cast<float>(want);
+  const double spacing = static_cast<double>(std::nextafter(std::fabs(w), std::numeric_limits<float>::infinity())) -
+                         static_cast<double>(std::fabs(w));
+  return std::fabs(static_cast<double>(got) - want) / spacing;
+}
 
 //! |a - b| <= abs + rel * |b|, with NaN == NaN and equal infinities equal.
 inline bool close(double a, double b, tolerance tol) {
