@@ -180,6 +180,28 @@ template <class T, int N> RLPT_HD_FORCEINLINE double lane_max(const T (&v)[N], c
   return hi;
 }
 
+#if RLPT_OBJECTIVE_VECTOR_EXT()
+//! acc += the eight values at p, widened to double. Eight floats take one vcvtps2pd to a 512-bit
+//! register, which GCC 12 does not emit for __builtin_convertvector (it converts two halves of
+//! four, then extracts and inserts: four instructions); its AVX-512 builtin does. Only the
+//! AVX-512 clone calls this (chunk_sums' Wide), so the builtin never meets a narrower target.
+template <class T> RLPT_HD_FORCEINLINE void add_widened(lanes8<double>& acc, const T* p) {
+  lanes8<T> x;
+  std::memcpy(&x, p, sizeof x);
+#if defined(__GNUC__) && !defined(__clang__)
+  if constexpr (std::is_same_v<T, float>) {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi" // the vector never crosses a call: this is always inlined
+    acc += __builtin_ia32_cvtps2pd512_mask(x, lanes8<double>{}, static_cast<unsigned char>(0xff),
+                                           4); // 4: no rounding override
+#pragma GCC diagnostic pop
+    return;
+  }
+#endif
+  acc += __builtin_convertvector(x, lanes8<double>);
+}
+#endif
+
 //! The sums a stage takes over a chunk, in one pass: add() writes a term's values to a row of
 //! c.sums, finish() adds every row over eight fp64 lanes (value j into lane j % 8, in order,
 //! then ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))) and adds each total to its target.
@@ -251,11 +273,7 @@ private:
     if constexpr (Wide) {
       lanes8<double> w[K] = {};
       for (; j + 8 <= n; j += 8)
-        for (int q = 0; q < K; ++q) {
-          lanes8<T> x;
-          std::memcpy(&x, rows + q * N + j, sizeof x);
-          w[q] += __builtin_convertvector(x, lanes8<double>);
-        }
+        for (int q = 0; q < K; ++q) add_widened(w[q], rows + q * N + j);
       for (int q = 0; q < K; ++q)
         for (int k = 0; k < 8; ++k) acc[q][k] = w[q][k];
     } else {
