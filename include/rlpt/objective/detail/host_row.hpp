@@ -17,6 +17,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 RLPT_NO_CONTRACT_BEGIN
 RLPT_NAMESPACE_BEGIN
@@ -195,11 +197,14 @@ row_stats host_row_stats(const objective_plan& p, const basic_objective_inputs<T
 
 //! Evaluates one sequence with the chunk stages S: writes its gradients and returns its sums.
 //! `c` comes from zero_absent and is reused across rows (zeroing the absent inputs' arrays once
-//! per row was a few percent of a call on rows of a few hundred tokens).
+//! per row was a few percent of a call on rows of a few hundred tokens). GSPO's sequence form
+//! adds its coupling once the row's token pass is done: the pass keeps its chunks' in-loss flags
+//! in `inl` (one byte per token of the row), so that the coupling does not load and correct the
+//! row a third time (the device's gspo_pass does, one token per thread).
 template <class T, class S>
 RLPT_OBJECTIVE_HOST_INLINE objective_sums host_row_body(const objective_plan& p, const basic_objective_inputs<T>& in,
                                                         const basic_objective_grads<T>& gr, index_t b,
-                                                        host_chunk_data<T>& c) {
+                                                        host_chunk_data<T>& c, std::vector<std::uint8_t>& inl) {
   row_consts rc;
   if (p.need_row_pass) {
     rc = row_finish(p, host_row_stats_with<T, S>(p, in, b, c));
@@ -209,13 +214,22 @@ RLPT_OBJECTIVE_HOST_INLINE objective_sums host_row_body(const objective_plan& p,
   row_alphas(p, rc);
   const token_consts<T> k = make_token_consts<T>(p, rc);
   token_acc<double, host_count> a;
+  const bool coupled = p.gspo_sequence && gr.logp.size() != 0;
+  const index_t base = in.layout.begin(b);
+  if (coupled && inl.size() < static_cast<std::size_t>(in.layout.length(b)))
+    inl.resize(static_cast<std::size_t>(in.layout.length(b)));
   for_valid_chunks(
-      in, b, [&](index_t i0, int n) { a = token_pass<S>(p, k, in, gr, b, i0, n, c, a); },
+      in, b,
+      [&](index_t i0, int n) {
+        a = token_pass<S>(p, k, in, gr, b, i0, n, c, a);
+        if (coupled) std::memcpy(inl.data() + (i0 - base), c.inl, static_cast<std::size_t>(n));
+      },
       [&](index_t i0, int n) { zero_grads(gr, i0, n); });
-  if (p.gspo_sequence && gr.logp.size() != 0 && a.in_loss > 0 && a.dcoef != 0.0) {
+  if (coupled && a.in_loss > 0 && a.dcoef != 0.0) {
     const T scale = static_cast<T>(gspo_coupling(rc, a.dcoef));
     for_valid_chunks(
-        in, b, [&](index_t i0, int n) { gspo_pass<S>(p, k, in, gr, scale, b, i0, n, c); }, [](index_t, int) {});
+        in, b, [&](index_t i0, int n) { gspo_chunk(scale, n, inl.data() + (i0 - base), gr.logp.data() + i0); },
+        [](index_t, int) {});
   }
   return row_sums(p, rc, a, /*head=*/true);
 }
@@ -226,8 +240,9 @@ RLPT_OBJECTIVE_HOST_INLINE objective_sums host_rows_body(const objective_plan& p
                                                          const basic_objective_grads<T>& gr, index_t b0, index_t b1) {
   host_chunk_data<T> c;
   zero_absent(p, in, c);
+  std::vector<std::uint8_t> inl; // GSPO's in-loss flags of a row (host_row_body)
   objective_sums acc;
-  for (index_t b = b0; b < b1; ++b) acc.merge(host_row_body<T, S>(p, in, gr, b, c));
+  for (index_t b = b0; b < b1; ++b) acc.merge(host_row_body<T, S>(p, in, gr, b, c, inl));
   return acc;
 }
 

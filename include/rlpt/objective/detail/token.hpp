@@ -802,12 +802,10 @@ RLPT_HD_FORCEINLINE void combine_chunk(const objective_plan& p, const token_cons
   }
 }
 
-//! GSPO sequence form: adds the row's coupling `scale` to the gradient of every in-loss token
-//! of the chunk (after load and correction).
-template <class T, int N>
-RLPT_HD_FORCEINLINE void gspo_chunk(T scale, index_t i0, int n, const token_chunk<T, N>& c, T* grad) {
-  T* g = grad + i0;
-  for (int j = 0; j < n; ++j) g[j] += sel(c.inl[j] != 0, scale, T(0));
+//! GSPO sequence form: adds the row's coupling `scale` to the gradients g[0, n) of the tokens
+//! whose in-loss flag (token_chunk::inl after load and correction) is set.
+template <class T> RLPT_HD_FORCEINLINE void gspo_chunk(T scale, int n, const std::uint8_t* inl, T* g) {
+  for (int j = 0; j < n; ++j) g[j] += sel(inl[j] != 0, scale, T(0));
 }
 
 // ---- composition ---------------------------------------------------------------------------
@@ -894,7 +892,7 @@ RLPT_HD_FORCEINLINE void gspo_pass(const objective_plan& p, const token_consts<T
                                    T scale, index_t b, index_t i0, int n, token_chunk<T, N>& c) {
   S::load(p, in, b, i0, n, c);
   S::correction(p, k, n, c);
-  gspo_chunk(scale, i0, n, c, gr.logp.data());
+  gspo_chunk(scale, n, c.inl, gr.logp.data() + i0);
 }
 
 //! The sums of a row (the device: of one tile of a row, `head` being its first) from its token
