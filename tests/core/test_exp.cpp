@@ -3,6 +3,7 @@
 // the logprob row kernels' SIMD packs (logprob/detail/simd.hpp) giving the same bits lane by lane
 // at every pack width, so the objective's terms and the logprob rows share one exp.
 #include <rlpt/core/exp.hpp>
+#include <rlpt/core/float_bits.hpp>
 #include <rlpt/logprob/detail/simd.hpp>
 #include <rlpt/logprob/math.hpp>
 
@@ -13,7 +14,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -23,13 +23,7 @@ using rlpt::test::ulps;
 
 namespace {
 
-float from_bits(std::uint32_t b) {
-  float x;
-  std::memcpy(&x, &b, sizeof x);
-  return x;
-}
-
-bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+bool same_bits(float a, float b) { return rd::float_bits(a) == rd::float_bits(b); }
 
 // Every input through simd::exp and simd::shifted_exp at pack width NB, 16 lanes at a time; the
 // index of the first lane whose bits differ from the scalar functions', or -1.
@@ -61,7 +55,7 @@ TEST_CASE("exp_poly: within 2 ulp of the true value on [-87, 88], special values
   double worst = 0;
   float worst_x = 0;
   for (std::uint32_t b = 0; b <= 0x42b00000u; b += 97)
-    for (const float v : {from_bits(b), -from_bits(b)}) {
+    for (const float v : {rd::bits_float(b), -rd::bits_float(b)}) {
       if (v < -87.0f) continue;
       const double u = ulps(rd::exp_poly(v), std::exp(static_cast<double>(v)));
       if (u > worst) worst = u, worst_x = v;
@@ -90,7 +84,7 @@ TEST_CASE("exp_poly: within 2 ulp of the true value on [-87, 88], special values
 TEST_CASE("simd::exp and simd::shifted_exp: the scalar functions' bits in every lane, at every pack width") {
   std::vector<float> xs;
   for (std::uint32_t b = 0; b <= 0x42c00000u; b += 1009) // magnitudes up to 96: both clamps
-    xs.push_back(from_bits(b)), xs.push_back(-from_bits(b));
+    xs.push_back(rd::bits_float(b)), xs.push_back(-rd::bits_float(b));
   constexpr float inf = std::numeric_limits<float>::infinity();
   for (const float v : {0.0f, -0.0f, inf, -inf, std::numeric_limits<float>::quiet_NaN(), -87.0f, 88.0f, -87.0001f,
                         0.34657359f, -0.34657359f})
