@@ -304,6 +304,12 @@ TEST_CASE("hand-computed tokens: verl dual clip, TRL delta, GMPO sign-aware clip
   r = evaluate(objective{.policy = ppo_clip{.dual_clip = 0.0, .delta = 3.0}, .agg = sum}, in, {.logp = g});
   CHECK(r.loss == doctest::Approx(6.0 - 1.5 - 0.55));
   CHECK(g[0] == 0.0);
+  // Both on, delta = 2.5 under the dual clip's 6: token 0: the capped ratio's 5 (gradient 0), the
+  // dual clip not reached.
+  r = evaluate(objective{.policy = ppo_clip{.dual_clip = 3.0, .delta = 2.5}, .agg = sum}, in, {.logp = g});
+  CHECK(r.loss == doctest::Approx(5.0 - 1.5 - 0.55));
+  CHECK(g[0] == 0.0);
+  CHECK(r.clip_frac_dual == 0.0);
   // Without either cap the negative-advantage token costs |A| r = 8 with gradient 8.
   r = evaluate(objective{.policy = ppo_clip{.dual_clip = 0.0}, .agg = sum}, in, {.logp = g});
   CHECK(r.loss == doctest::Approx(8.0 - 1.5 - 0.55));

@@ -572,6 +572,17 @@ RLPT_HD_FORCEINLINE void dppo_loop(const dppo o, int n, token_chunk<T, N>& c) {
   }
 }
 
+//! PPO's policy loop, with or without the dual clip and the delta cap (clip_surrogate); forced
+//! inline like dppo_loop.
+template <bool Dual, bool Cap, class T, int N>
+RLPT_HD_FORCEINLINE void ppo_loop(const ppo_clip o, int n, token_chunk<T, N>& c) {
+  for (int j = 0; j < n; ++j) {
+    const policy_token<T> q = ppo_token<Dual, Cap>(o, c.tmp[j], c.adv[j]);
+    c.pv[j] = q.value, c.pg[j] = q.grad;
+    c.flags[j] = q.flags;
+  }
+}
+
 //! The policy term of each token: value pv and gradient pg (before weights and alpha).
 template <class T, int N>
 RLPT_HD_FORCEINLINE void policy_chunk(const objective_plan& p, const token_consts<T>& k, int n, token_chunk<T, N>& c) {
@@ -580,12 +591,15 @@ RLPT_HD_FORCEINLINE void policy_chunk(const objective_plan& p, const token_const
   // and hoists every conversion out of the loops.
   switch (p.policy) {
   case policy_kind::ppo_clip: {
-    const ppo_clip o = p.ppo;
-    for (int j = 0; j < n; ++j) {
-      const policy_token<T> q = ppo_token(o, c.tmp[j], c.adv[j]);
-      c.pv[j] = q.value, c.pg[j] = q.grad;
-      c.flags[j] = q.flags;
-    }
+    const bool dual = p.ppo.dual_clip > 0.0, cap = p.ppo.delta > 0.0;
+    if (dual && cap)
+      ppo_loop<true, true>(p.ppo, n, c);
+    else if (dual)
+      ppo_loop<true, false>(p.ppo, n, c);
+    else if (cap)
+      ppo_loop<false, true>(p.ppo, n, c);
+    else
+      ppo_loop<false, false>(p.ppo, n, c);
     break;
   }
   case policy_kind::gspo: {
