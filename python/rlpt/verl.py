@@ -16,8 +16,8 @@ Also here: logprobs_from_logits / entropy_from_logits / logprobs_and_entropy dro
 kernel), kl_loss and value_loss (verl's kl_penalty + agg_loss and compute_value_loss).
 
 What differs on purpose (docs/python.md): an all-masked micro-batch gives loss 0 (verl: NaN for
-token-mean); NaN inputs raise rlpt.Error instead of propagating; geo_mean's ratio is clamped at
-80 in log space (verl: none).
+token-mean); NaN inputs raise rlpt.Error instead of propagating; geo_mean's, clip_cov's and
+kl_cov's ratios are clamped at 80 in log space (verl: none).
 """
 import os
 
@@ -31,7 +31,8 @@ from ._ops import cached_objective, metrics_dict
 ESTIMATORS = ("grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectorized", "opo", "gpg",
               "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "gae")
 #: verl policy loss_mode names rlpt reproduces (registered as "rlpt_<name>").
-POLICY_LOSSES = ("vanilla", "gspo", "sapo", "gpg", "geo_mean", "cispo", "dppo_tv", "dppo_kl", "dro")
+POLICY_LOSSES = ("vanilla", "gspo", "sapo", "gpg", "geo_mean", "cispo", "dppo_tv", "dppo_kl", "dro", "clip_cov",
+                 "kl_cov")
 
 
 def _get(config, key, default):
@@ -215,7 +216,108 @@ def _policy_loss_fn(loss_mode):
     return policy_loss
 
 
-_POLICY_FNS = {name: _policy_loss_fn(name) for name in POLICY_LOSSES}
+def _masked_mean(values, mask):
+    """verl's masked_mean over every element (the same operations, so the same bits)."""
+    return (torch.where(mask.bool(), values, 0.0) * mask).sum() / (mask.sum() + 1e-8)
+
+
+def _cov_objective(eps_low, eps_high, kl_coef, loss_agg_mode, config):
+    """The Clip-Cov / KL-Cov loss as an rlpt objective: PPO's clipped surrogate without dual clip
+    (eps_high = 1e38 and eps_low = 1: the bare -A r of KL-Cov) plus kl_coef * |logp - ref| under the
+    same aggregation. The log-ratio is clamped at +-80 (rlpt's bound on every ratio; verl's Cov
+    losses have none), so the two differ only where exp(logp - old) is beyond 5.5e34."""
+    opts = {"policy": "ppo_clip", "policy.eps_low": float(eps_low), "policy.eps_high": float(eps_high),
+            "policy.dual_clip": 0.0, "policy.log_ratio_clamp": 80.0, "agg.verl": loss_agg_mode}
+    if kl_coef != 0.0:
+        opts.update({"kl.estimator": "abs", "kl.coef": float(kl_coef), "kl.output_clamp": 0.0})
+    for k, v in _global_batch_info(config).items():
+        opts["agg." + k] = int(v) if k == "dp_size" else float(v)
+    return cached_objective("custom", **opts)
+
+
+def compute_policy_loss_clip_cov(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                                 config=None, rollout_is_weights=None):
+    """verl policy loss 'clip_cov' (Clip-Cov, Cui et al. 2025): the tokens it takes out of the
+    gradient are chosen with verl's own operations in the same order, its torch.randperm call
+    included, so with the same RNG state they are the same tokens; the loss is rlpt's."""
+    assert config is not None
+    pl = _get(config, "policy_loss", None)
+    ratio_k = float(_get(pl, "clip_cov_ratio", 0.0002))
+    lb = float(_get(pl, "clip_cov_lb", 1.0))
+    ub = float(_get(pl, "clip_cov_ub", 5.0))
+    if not ratio_k > 0:
+        raise ValueError(f"rlpt_clip_cov: clip_cov_ratio = {ratio_k} must be > 0 (verl asserts the same)")
+    clip = float(_get(config, "clip_ratio", 0.2))
+    lo = float(_get(config, "clip_ratio_low", clip))
+    hi = float(_get(config, "clip_ratio_high", clip))
+    with torch.no_grad():
+        lp = log_prob.detach()
+        ratio = torch.exp(lp - old_log_prob)
+        l1 = -advantages * ratio
+        l2 = -advantages * torch.clamp(ratio, 1 - lo, 1 + hi)
+        clipped = (l2 > l1) & (response_mask > 0)
+        cov = (advantages - _masked_mean(advantages, response_mask)) * (lp - _masked_mean(lp, response_mask))
+        cov[response_mask == 0] = -torch.inf
+        cov[clipped] = -torch.inf
+        clip_num = max(int(ratio_k * response_mask.sum().item()), 1)
+        picked = torch.nonzero((cov < ub) & (cov > lb) & (response_mask > 0))
+        if len(picked) > 0:
+            perm = torch.randperm(len(picked))
+            picked = picked[perm[: min(clip_num, len(picked))]]
+        keep = torch.ones_like(advantages)
+        keep[picked[:, 0], picked[:, 1]] = 0
+        frac = _masked_mean((keep == 0).float(), response_mask).item()
+    # A token taken out adds -0 A r with gradient 0 and stays in the denominators, as verl's
+    # loss * 0; rollout weights are >= 0 and the clip is homogeneous in A (see _policy_loss_fn).
+    adv = advantages.detach() * keep
+    if rollout_is_weights is not None:
+        adv = adv * rollout_is_weights.detach()
+    obj = _cov_objective(lo, hi, 0.0, loss_agg_mode, config)
+    loss, m = rlpt.policy_loss(obj, log_prob, response_mask, old_logp=old_log_prob, adv=adv)
+    return loss, {"actor/pg_clipfrac": frac, "actor/ppo_kl": metrics_dict(m)["approx_kl"]}
+
+
+def compute_policy_loss_kl_cov(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                               config=None, rollout_is_weights=None):
+    """verl policy loss 'kl_cov' (KL-Cov, Cui et al. 2025): -A r on every token, plus
+    ppo_kl_coef * |logp - old| on the kl_cov_ratio share of tokens with the largest
+    (A - mean A)(logp - mean logp), chosen with verl's operations (torch.topk on the same values).
+    The penalty is rlpt's KL term against a reference equal to old_log_prob on those tokens and
+    to logp itself elsewhere (|0| = 0, gradient 0)."""
+    assert config is not None
+    pl = _get(config, "policy_loss", None)
+    ratio_k = float(_get(pl, "kl_cov_ratio", 0.0002))
+    coef = float(_get(pl, "ppo_kl_coef", 1.0))
+    if not ratio_k > 0:
+        raise ValueError(f"rlpt_kl_cov: kl_cov_ratio = {ratio_k} must be > 0 (verl asserts the same)")
+    if rollout_is_weights is not None:
+        # verl weights the KL penalty too, which the advantage cannot carry (as rlpt_dro).
+        raise NotImplementedError(
+            "rlpt_kl_cov: rollout_is_weights are not supported (they scale the |logp - old| penalty, which rlpt "
+            "cannot take through the advantage); use verl's own 'kl_cov' with rollout correction")
+    with torch.no_grad():
+        lp = log_prob.detach()
+        valid = response_mask > 0
+        valid_idx = torch.nonzero(valid.reshape(-1), as_tuple=True)[0]
+        a = advantages[valid].detach().reshape(-1).cpu()
+        x = lp[valid].reshape(-1).cpu()
+        ref = lp.clone()
+        if len(a) > 0:
+            cov = (a - a.mean()) * (x - x.mean())
+            top = torch.topk(cov, max(1, int(len(cov) * ratio_k)), largest=True).indices
+            flat = valid_idx[top.to(valid_idx.device)]
+            T = advantages.shape[1]
+            rows, cols = flat // T, flat % T
+            ref[rows, cols] = old_log_prob[rows, cols].to(ref.dtype)
+        ppo_kl = _masked_mean((lp - old_log_prob).abs(), response_mask).item()
+    obj = _cov_objective(1.0, 1e38, coef, loss_agg_mode, config)
+    loss, _ = rlpt.policy_loss(obj, log_prob, response_mask, old_logp=old_log_prob, ref_logp=ref, adv=advantages)
+    return loss, {"actor/ppo_kl": ppo_kl}
+
+
+_POLICY_FNS = {name: _policy_loss_fn(name) for name in POLICY_LOSSES if name not in ("clip_cov", "kl_cov")}
+_POLICY_FNS["clip_cov"] = compute_policy_loss_clip_cov
+_POLICY_FNS["kl_cov"] = compute_policy_loss_kl_cov
 compute_policy_loss_vanilla = _POLICY_FNS["vanilla"]
 compute_policy_loss_gspo = _POLICY_FNS["gspo"]
 compute_policy_loss_sapo = _POLICY_FNS["sapo"]

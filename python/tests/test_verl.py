@@ -142,6 +142,63 @@ def test_dro_refuses_rollout_is_weights_and_needs_beta():
         fn(old_log_prob=old, log_prob=lp, advantages=adv, response_mask=mask, config=no_beta)
 
 
+def cov_inputs(seed, B=24, T=40):
+    """Rows with spread advantages and log-ratios, so that Clip-Cov finds tokens in (lb, ub) that
+    the clip did not take, and KL-Cov's top share is more than one token."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    lengths[2] = 0
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    log_prob = torch.rand(B, T, generator=g) * -6
+    old = log_prob + 0.3 * torch.randn(B, T, generator=g)
+    adv = 2.5 * torch.randn(B, 1, generator=g) * mask
+    w = torch.rand(B, T, generator=g) * 2
+    return log_prob, old, adv, mask, w
+
+
+@pytest.mark.parametrize("mode", ["clip_cov", "kl_cov"])
+@pytest.mark.parametrize("agg", AGG_MODES)
+@pytest.mark.parametrize("weights", [False, True])
+def test_cov_policy_losses_match_verl(mode, agg, weights):
+    if mode == "kl_cov" and weights:
+        pytest.skip("rlpt_kl_cov takes no rollout_is_weights (test_kl_cov_refuses_rollout_is_weights)")
+    lp, old, adv, mask, w = cov_inputs(3)
+    cfg = ActorConfig(strategy="fsdp", rollout_n=1, clip_ratio_low=0.2, clip_ratio_high=0.28,
+                      ppo_micro_batch_size_per_gpu=1, loss_agg_mode=agg,
+                      policy_loss=PolicyLossConfig(loss_mode=mode, rollout_correction=RolloutCorrectionConfig(),
+                                                   clip_cov_ratio=0.05, clip_cov_lb=0.5, kl_cov_ratio=0.02,
+                                                   ppo_kl_coef=0.7))
+    results = []
+    for fn in (ca.get_policy_loss_fn("rlpt_" + mode), ca.get_policy_loss_fn(mode)):
+        torch.manual_seed(11)  # Clip-Cov's torch.randperm: the same draw on both sides
+        x = lp.clone().requires_grad_()
+        loss, metrics = fn(old_log_prob=old, log_prob=x, advantages=adv, response_mask=mask, loss_agg_mode=agg,
+                           config=cfg, rollout_is_weights=w if weights else None)
+        (grad,) = torch.autograd.grad(loss, x)
+        results.append((loss.detach(), grad, metrics))
+    (l1, g1, m1), (l2, g2, m2) = results
+    close(l1, l2, what="loss", **TOL)
+    close(g1, g2, what="grad", rtol=2e-5, atol=1e-7)
+    assert set(m1) == set(m2)
+    for k in m2:
+        assert m1[k] == pytest.approx(m2[k], abs=1e-6), k
+    # The selection changes the loss on these inputs, so the comparison above tests it.
+    n = int(mask.sum())
+    if mode == "clip_cov":
+        assert m2["actor/pg_clipfrac"] * n == pytest.approx(max(int(0.05 * n), 1))
+    else:
+        plain = ca.agg_loss(-adv * torch.exp(lp - old), mask, agg)
+        assert abs(float(l2 - plain)) > 1e-3 * abs(float(plain))
+
+
+def test_kl_cov_refuses_rollout_is_weights():
+    lp, old, adv, mask, w = cov_inputs(3)
+    cfg = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1,
+                      policy_loss=PolicyLossConfig(loss_mode="kl_cov", rollout_correction=RolloutCorrectionConfig()))
+    with pytest.raises(NotImplementedError, match="rollout_is_weights"):
+        rv.compute_policy_loss_kl_cov(old, lp, adv, mask, config=cfg, rollout_is_weights=w)
+
+
 @pytest.mark.parametrize("kl_type", ["kl", "abs", "mse", "low_var_kl", "k3+"])
 @pytest.mark.parametrize("agg", AGG_MODES)
 def test_kl_loss_matches_verl(kl_type, agg):
