@@ -8,10 +8,15 @@ log-probs and entropies) is TRL's own; the loss of each micro-batch (``loss_type
 dr_grpo, dapo, luspo, cispo, sapo, vespo; token or sequence importance sampling; ``beta`` k3 KL with
 ``use_bias_correction_kl``; ``delta``; a static ``entropy_coef``) is rlpt::evaluate with the
 rlpt::compat::trl::grpo preset, TRL's normalisers included (gradient accumulation, processes,
-``num_items_in_batch``, ``max_completion_length``). Configurations rlpt does not reproduce
-(top_entropy_quantile < 1, off_policy_mask_threshold, adaptive entropy,
-vLLM importance-sampling correction, MoE aux loss) use TRL's own loss; ``rlpt_loss_used`` says
-which one ran last. With vespo the trainer does not log TRL's ``vespo/phi_seq_mean``.
+``num_items_in_batch``, ``max_completion_length``). TRL's token masks on the policy term
+(``top_entropy_quantile`` < 1, ``off_policy_mask_threshold``) and vLLM's importance-sampling ratio
+are made by TRL's own methods and multiply the advantages (every loss type's policy term is
+positively homogeneous in A and 0 at A = 0, so that equals multiplying the term, as TRL does;
+the KL term is not masked, as in TRL); the clip-ratio metrics then count the tokens the masks keep.
+Configurations rlpt does not reproduce (the entropy bonus together with top_entropy_quantile < 1,
+adaptive entropy, vespo with vLLM's importance-sampling ratio, MoE aux loss) use TRL's own loss;
+``rlpt_loss_used`` says which one ran last. With vespo the trainer does not log TRL's
+``vespo/phi_seq_mean``.
 """
 import warnings
 
@@ -39,14 +44,13 @@ class GRPOTrainer(_TRLGRPOTrainer):
             return f"loss_type {self.loss_type}"
         if self.loss_type in ("cispo", "sapo", "vespo") and self.importance_sampling_level != "token":
             return f"loss_type {self.loss_type} with importance_sampling_level {self.importance_sampling_level}"
-        if self.top_entropy_quantile < 1.0:
-            return "top_entropy_quantile < 1"
-        if self.off_policy_mask_threshold is not None:
-            return "off_policy_mask_threshold"
         if self.use_adaptive_entropy:
             return "use_adaptive_entropy"
-        if self.use_vllm and self.vllm_importance_sampling_correction:
-            return "vllm_importance_sampling_correction"
+        if self.top_entropy_quantile < 1.0 and self._entropy_bonus_enabled:
+            # TRL's bonus is then a mean over the high-entropy tokens only
+            return "top_entropy_quantile < 1 with entropy_coef"
+        if self.use_vllm and self.vllm_importance_sampling_correction and self.loss_type == "vespo":
+            return "vespo with vllm_importance_sampling_correction"
         if self.aux_loss_enabled:
             return "router aux loss"
         return None
@@ -79,6 +83,22 @@ class GRPOTrainer(_TRLGRPOTrainer):
             obj = self._rlpt_objectives[key] = rlpt.Objective.trl_grpo(**opts)
         return obj
 
+    def _rlpt_policy_scale(self, inputs, per_token_logps, entropies, mask, old, advantages):
+        """The factors TRL multiplies the policy term by (None: none), from TRL's own methods."""
+        scale = None
+        if self.top_entropy_quantile < 1.0:
+            scale = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
+        if self.off_policy_mask_threshold is not None:
+            keep = self.get_off_policy_mask(
+                advantages=advantages.unsqueeze(1) if advantages.dim() == 1 else advantages,
+                per_token_logps=per_token_logps, sampling_per_token_logps=inputs.get("sampling_per_token_logps", old),
+                mask=mask, off_policy_threshold=self.off_policy_mask_threshold)
+            scale = keep if scale is None else scale * keep
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            ratio = inputs["importance_sampling_ratio"]
+            scale = ratio if scale is None else scale * ratio
+        return scale
+
     def _compute_loss(self, model, inputs):
         why = self._rlpt_unsupported()
         if why is not None:
@@ -108,6 +128,10 @@ class GRPOTrainer(_TRLGRPOTrainer):
         old = inputs.get("old_per_token_logps")
         old = per_token_logps.detach() if old is None else old
         adv_kw = {"seq_adv": advantages} if advantages.dim() == 1 else {"adv": advantages}
+        scale = self._rlpt_policy_scale(inputs, per_token_logps, entropies, mask, old, advantages)
+        if scale is not None:
+            adv = (advantages.unsqueeze(1) if advantages.dim() == 1 else advantages) * scale
+            adv_kw = {"adv": adv.to(per_token_logps.dtype).expand_as(per_token_logps).contiguous()}
         loss, metrics = rlpt.policy_loss(
             obj, per_token_logps, mask, old_logp=old,
             ref_logp=inputs["ref_per_token_logps"] if self.beta != 0.0 else None,

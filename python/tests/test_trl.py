@@ -78,6 +78,13 @@ class Checking(rlpt.trl.GRPOTrainer):
     ("bnpo", {"entropy_coef": 0.01, "gradient_accumulation_steps": 2}),
     ("luspo", {"importance_sampling_level": "sequence", "beta": 0.05}),
     ("vespo", {"vespo_k_pos": 1.5}),
+    ("grpo", {"top_entropy_quantile": 0.5}),
+    ("dapo", {"top_entropy_quantile": 0.3, "importance_sampling_level": "sequence", "beta": 0.05}),
+    ("cispo", {"top_entropy_quantile": 0.6, "epsilon_high": 4.0}),
+    # sampling log-probs are the old ones here (no vLLM): a sequence KL of 0, over a threshold of -1,
+    # so every negative-advantage sequence is dropped
+    ("bnpo", {"off_policy_mask_threshold": -1.0, "beta": 0.05}),
+    ("sapo", {"off_policy_mask_threshold": -1.0, "top_entropy_quantile": 0.5}),
 ])
 def test_first_step_equals_trl(tmp_path, loss_type, extra):
     steps = 2 if extra.get("gradient_accumulation_steps") else 1
@@ -87,6 +94,38 @@ def test_first_step_equals_trl(tmp_path, loss_type, extra):
     tr.checks = []
     tr.train()
     assert len(tr.checks) == steps
+    for ours, theirs, g1, g2 in tr.checks:
+        assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-7), (float(ours), float(theirs))
+        for a, b in zip(g1, g2):
+            assert torch.allclose(a, b, rtol=1e-4, atol=1e-7), float((a - b).abs().max())
+
+
+class CheckingVLLMRatio(Checking):
+    """Checking with a vLLM importance-sampling ratio in the batch, as TRL's vLLM generation adds
+    (no vLLM here: the ratio is made up, and use_vllm is on only inside the loss)."""
+
+    def _compute_loss(self, model, inputs):
+        g = torch.Generator().manual_seed(5)
+        inputs = dict(inputs)
+        inputs["importance_sampling_ratio"] = 0.5 + torch.rand(inputs["completion_mask"].shape, generator=g)
+        self.use_vllm, self.vllm_importance_sampling_correction = True, True
+        try:
+            return super()._compute_loss(model, inputs)
+        finally:
+            self.use_vllm = False
+
+
+@pytest.mark.parametrize("loss_type,extra", [
+    ("grpo", {}), ("dapo", {"importance_sampling_level": "sequence", "top_entropy_quantile": 0.5}),
+    ("cispo", {"epsilon_high": 4.0, "beta": 0.05}),
+])
+def test_first_step_with_vllm_ratio_equals_trl(tmp_path, loss_type, extra):
+    args = config(tmp_path, loss_type=loss_type, max_steps=1, **extra)
+    tr = CheckingVLLMRatio(model=tiny_model(tmp_path / "model"), reward_funcs=reward_a, args=args,
+                           train_dataset=dataset(), processing_class=tokenizer())
+    tr.checks = []
+    tr.train()
+    assert len(tr.checks) == 1
     for ours, theirs, g1, g2 in tr.checks:
         assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-7), (float(ours), float(theirs))
         for a, b in zip(g1, g2):
@@ -107,9 +146,9 @@ def test_twenty_steps_raise_the_reward(tmp_path):
 
 
 def test_unsupported_configuration_falls_back_to_trl(tmp_path):
-    args = config(tmp_path, loss_type="grpo", max_steps=1, top_entropy_quantile=0.5)
+    args = config(tmp_path, loss_type="grpo", max_steps=1, top_entropy_quantile=0.5, entropy_coef=0.01)
     tr = rlpt.trl.GRPOTrainer(model=tiny_model(tmp_path / "model"), reward_funcs=reward_a, args=args, train_dataset=dataset(),
                               processing_class=tokenizer())
-    with pytest.warns(UserWarning, match="top_entropy_quantile"):
+    with pytest.warns(UserWarning, match="top_entropy_quantile < 1 with entropy_coef"):
         tr.train()
     assert tr.rlpt_loss_used == "trl"
