@@ -37,11 +37,15 @@ class PolicyLoss(torch.nn.Module):
             raise rlpt.Error("rlpt.objective.bad_option", f"dual_clip must be > 1.0, got {dual_clip}")
         self.policy_loss_type = policy_loss_type
         self.is_correction_level = is_correction_level
+        # OpenRLHF's gspo with a correction level takes its sequence ratio against the rollout
+        # log-probs and applies no other correction: rlpt's gspo with those as old_logp.
+        self._gspo_rollout = policy_loss_type == "gspo" and is_correction_level != "off"
         low, high = is_correction_threshold
         self._opts = dict(clip_eps_low=float(clip_eps_low), clip_eps_high=float(clip_eps_high),
                           dual_clip=None if dual_clip is None else float(dual_clip),
                           token_level_loss=bool(token_level_loss), policy_loss_type=policy_loss_type,
-                          is_correction_level=is_correction_level, is_correction_mode=is_correction_mode,
+                          is_correction_level="off" if self._gspo_rollout else is_correction_level,
+                          is_correction_mode=is_correction_mode,
                           is_correction_gating=is_correction_gating, is_correction_low=float(low),
                           is_correction_high=float(high))
         self._cache = {}
@@ -58,11 +62,20 @@ class PolicyLoss(torch.nn.Module):
     def forward(self, log_probs, old_log_probs, advantages, action_mask=None, rollout_log_probs=None, dp_size=1,
                 batch_num_tokens=None, global_batch_size=None):
         obj = self._objective(dp_size, batch_num_tokens, global_batch_size)
+        if self.is_correction_level != "off" and rollout_log_probs is None:
+            raise rlpt.Error("rlpt.objective.missing_input",
+                             f"PolicyLoss: is_correction_level = {self.is_correction_level!r} needs rollout_log_probs")
+        dev = log_probs.device
+        if self._gspo_rollout:
+            loss, m = rlpt.policy_loss(obj, log_probs, action_mask, old_logp=rollout_log_probs, adv=advantages)
+            d = metrics_dict(m)
+            mask = action_mask if action_mask is not None else torch.ones_like(log_probs)
+            ppo_kl = ((old_log_probs - log_probs.detach()) * mask).sum() / mask.sum()
+            return loss, torch.tensor(d["clip_frac_low"] + d["clip_frac_high"], device=dev), ppo_kl, None, None
         behav = rollout_log_probs if self.is_correction_level != "off" else None
         loss, m = rlpt.policy_loss(obj, log_probs, action_mask, old_logp=old_log_probs, behav_logp=behav,
                                    adv=advantages)
         d = metrics_dict(m)
-        dev = log_probs.device
         clip_ratio = torch.tensor(d["clip_frac_low"] + d["clip_frac_high"], device=dev)
         ppo_kl = torch.tensor(d["approx_kl"], device=dev)
         vllm_kl = is_filter_ratio = None

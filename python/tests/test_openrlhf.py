@@ -45,6 +45,8 @@ def inputs(seed, B=10, T=8):
 @pytest.mark.parametrize("kw", [
     {}, {"clip_eps_high": 0.28}, {"dual_clip": 3.0}, {"token_level_loss": False},
     {"policy_loss_type": "gspo"},
+    {"policy_loss_type": "gspo", "is_correction_level": "token"},  # the ratio against the rollout log-probs
+    {"policy_loss_type": "gspo", "is_correction_level": "seq", "dual_clip": 3.0},
     {"is_correction_level": "token", "is_correction_mode": "mask"},
     {"is_correction_level": "token", "is_correction_mode": "clip"},
     {"is_correction_level": "seq", "is_correction_mode": "mask"},
@@ -66,6 +68,7 @@ def test_policy_loss_matches(kw, batch):
     close(o1[2], o2[2], what="ppo_kl", **TOL)
     if kw.get("policy_loss_type") != "gspo":
         close(o1[1], o2[1], what="clip_ratio", **TOL)
+    assert (o1[3] is None) == (o2[3] is None) and (o1[4] is None) == (o2[4] is None)
     if o2[3] is not None:
         close(o1[3], o2[3], what="vllm_kl", **TOL)
 
