@@ -26,6 +26,11 @@ def _batch_opts(dp_size, batch_num_tokens, global_batch_size):
     return opts
 
 
+def _masked_mean(x, mask):
+    """OpenRLHF's masked_mean over every element (the plain mean without a mask)."""
+    return x.mean() if mask is None else (x * mask).sum() / mask.sum()
+
+
 class PolicyLoss(torch.nn.Module):
     """openrlhf.models.loss.PolicyLoss computed by rlpt."""
 
@@ -69,8 +74,7 @@ class PolicyLoss(torch.nn.Module):
         if self._gspo_rollout:
             loss, m = rlpt.policy_loss(obj, log_probs, action_mask, old_logp=rollout_log_probs, adv=advantages)
             d = metrics_dict(m)
-            mask = action_mask if action_mask is not None else torch.ones_like(log_probs)
-            ppo_kl = ((old_log_probs - log_probs.detach()) * mask).sum() / mask.sum()
+            ppo_kl = _masked_mean(old_log_probs - log_probs.detach(), action_mask)  # against the old policy
             return loss, torch.tensor(d["clip_frac_low"] + d["clip_frac_high"], device=dev), ppo_kl, None, None
         behav = rollout_log_probs if self.is_correction_level != "off" else None
         loss, m = rlpt.policy_loss(obj, log_probs, action_mask, old_logp=old_log_probs, behav_logp=behav,
@@ -80,8 +84,7 @@ class PolicyLoss(torch.nn.Module):
         ppo_kl = torch.tensor(d["approx_kl"], device=dev)
         vllm_kl = is_filter_ratio = None
         if behav is not None:
-            mask = action_mask if action_mask is not None else torch.ones_like(log_probs)
-            vllm_kl = ((rollout_log_probs - old_log_probs) * mask).sum() / mask.sum()
+            vllm_kl = _masked_mean(rollout_log_probs - old_log_probs, action_mask)
             is_filter_ratio = torch.tensor(d["rejected_frac"], device=dev)
         return loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio
 

@@ -17,6 +17,15 @@ def close(got, want, rtol, atol, what=""):
     assert not bool(bad.any()), f"{what}: max |diff| {float(err.max()):.3e} at {bad.nonzero()[:4].tolist()}"
 
 
+def ragged_mask(g, B, T, fixed=None):
+    """Row lengths drawn from g in [1, T] (with `fixed` {row: length} set after the draw) and the
+    [B, T] bool mask of each row's first `length` slots."""
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    for row, n in (fixed or {}).items():
+        lengths[row] = n
+    return lengths, torch.arange(T)[None, :] < lengths[:, None]
+
+
 @pytest.fixture
 def gen():
     return torch.Generator().manual_seed(1234)

@@ -10,7 +10,7 @@ import sys  # noqa: E402
 import types  # noqa: E402
 
 import rlpt.openrlhf as ro  # noqa: E402
-from conftest import close  # noqa: E402
+from conftest import close, ragged_mask  # noqa: E402
 
 
 def _openrlhf_models(sub):
@@ -32,9 +32,7 @@ TOL = dict(rtol=2e-5, atol=2e-6)
 
 def inputs(seed, B=10, T=8):
     g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(1, T + 1, (B,), generator=g)
-    lengths[2] = 1
-    mask = torch.arange(T)[None, :] < lengths[:, None]
+    _, mask = ragged_mask(g, B, T, {2: 1})
     lp = torch.rand(B, T, generator=g) * -3
     old = lp + 0.3 * torch.randn(B, T, generator=g)
     rollout = old + 0.3 * torch.randn(B, T, generator=g)

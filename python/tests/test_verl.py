@@ -10,7 +10,7 @@ import torch
 pytest.importorskip("verl")
 import rlpt  # noqa: E402
 import rlpt.verl as rv  # noqa: E402
-from conftest import close  # noqa: E402
+from conftest import close, ragged_mask  # noqa: E402
 from verl.trainer.config import AlgoConfig, RolloutCorrectionConfig  # noqa: E402
 from verl.trainer.ppo import core_algos as ca  # noqa: E402
 from verl.workers.config import ActorConfig  # noqa: E402
@@ -22,10 +22,8 @@ TOL = dict(rtol=2e-5, atol=2e-6)
 
 def rollout(seed, B=14, T=10):
     g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(1, T + 1, (B,), generator=g)
-    lengths[0] = 1  # a one-token row
-    lengths[3] = 0  # an empty row
-    mask = (torch.arange(T)[None, :] < lengths[:, None]).to(torch.int64)  # verl's response_mask (attention mask slice)
+    lengths, mask = ragged_mask(g, B, T, {0: 1, 3: 0})  # a one-token row, an empty row
+    mask = mask.to(torch.int64)  # verl's response_mask (attention mask slice)
     # ragged groups in shuffled order, one of them a single sample
     uids = np.array(["p0"] * 4 + ["p1"] * 3 + ["p2"] * 5 + ["p3"] * 1 + ["p4"] * 1, dtype=object)
     uids = uids[torch.randperm(B, generator=g).numpy()]
@@ -91,10 +89,7 @@ def actor_config(mode, agg, **kw):
 
 def policy_inputs(seed, B=12, T=9):
     g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(1, T + 1, (B,), generator=g)
-    lengths[1] = 1
-    lengths[4] = 0
-    mask = torch.arange(T)[None, :] < lengths[:, None]
+    _, mask = ragged_mask(g, B, T, {1: 1, 4: 0})
     wide = torch.rand(B, T + 5, generator=g) * -3  # log_prob[:, -T:] of a wider tensor: non-contiguous
     log_prob = wide[:, -T:]
     old = log_prob + 0.25 * torch.randn(B, T, generator=g)
@@ -146,9 +141,7 @@ def cov_inputs(seed, B=24, T=40):
     """Rows with spread advantages and log-ratios, so that Clip-Cov finds tokens in (lb, ub) that
     the clip did not take, and KL-Cov's top share is more than one token."""
     g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(1, T + 1, (B,), generator=g)
-    lengths[2] = 0
-    mask = torch.arange(T)[None, :] < lengths[:, None]
+    _, mask = ragged_mask(g, B, T, {2: 0})
     log_prob = torch.rand(B, T, generator=g) * -6
     old = log_prob + 0.3 * torch.randn(B, T, generator=g)
     adv = 2.5 * torch.randn(B, 1, generator=g) * mask
