@@ -242,6 +242,8 @@ rlpt::objective custom_objective(spec& s) {
            {{"none", rlpt::is_bound::none}, {"truncate", rlpt::is_bound::truncate}, {"mask", rlpt::is_bound::mask}});
   s.get("correction.weight.lo", c.weight.lo);
   s.get("correction.weight.hi", c.weight.hi);
+  s.get("correction.weight.batch_normalize", c.weight.batch_normalize);
+  s.get("correction.weight.batch_mean", c.weight.batch_mean);
   c.reject.stat = pick(s, "correction.reject.stat", c.reject.stat,
                        {{"none", rlpt::rs_stat::none},
                         {"ratio", rlpt::rs_stat::ratio},
@@ -341,14 +343,19 @@ rlpt::objective objective_from_spec(std::string_view text, std::string* descript
     c.loss_agg_mode = agg;
     c.kl_loss_type = kl_type;
     std::string rollout_is, is_threshold = "2.0", rollout_rs, rs_threshold;
-    bool bypass = false;
+    bool bypass = false, batch_normalize = false;
+    double batch_mean = -1.0;
     s.get("rollout_is", rollout_is);
     s.get("rollout_is_threshold", is_threshold);
+    s.get("rollout_is_batch_normalize", batch_normalize);
+    s.get("rollout_is_batch_mean", batch_mean); // the step's mean (rlpt), when a call is one micro-batch
     s.get("rollout_rs", rollout_rs);
     s.get("rollout_rs_threshold", rs_threshold);
     s.get("bypass_mode", bypass);
-    o = rlpt::compat::verl::actor(
-        c, rlpt::compat::verl::rollout_correction(rollout_is, is_threshold, rollout_rs, rs_threshold, bypass));
+    rlpt::off_policy_correction corr = rlpt::compat::verl::rollout_correction(rollout_is, is_threshold, rollout_rs,
+                                                                              rs_threshold, bypass, batch_normalize);
+    corr.weight.batch_mean = batch_mean;
+    o = rlpt::compat::verl::actor(c, corr);
     if (description) *description = fmt::format("verl actor (loss_mode {}, loss_agg_mode {})", loss_mode, agg);
   } else if (preset == "verl_critic") {
     double clip = 0.5;

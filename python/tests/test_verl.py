@@ -125,6 +125,37 @@ def test_policy_losses_match_verl(mode, agg, weights):
             assert m1[k] == pytest.approx(m2[k], abs=1e-6), k
 
 
+@pytest.mark.parametrize("level,threshold", [("token", 2.0), ("sequence", "0.2_5.0")])
+def test_rollout_is_batch_normalize_matches_verl(level, threshold):
+    # verl's own rollout correction with rollout_is_batch_normalize, then its vanilla loss with those
+    # weights, against the verl_actor preset that forms and normalises the weights itself.
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask
+    _, lp, old, adv, mask, _ = policy_inputs(11)
+    behav = old + 0.4 * torch.randn(old.shape, generator=torch.Generator().manual_seed(12))
+    with torch.no_grad():
+        proto, rmask, _ = compute_rollout_correction_and_rejection_mask(
+            old_log_prob=old, rollout_log_prob=behav, response_mask=mask.float(), rollout_is=level,
+            rollout_is_threshold=threshold, rollout_is_batch_normalize=True)
+    w = proto.batch["rollout_is_weights"]
+    x = lp.clone().requires_grad_()
+    want, _ = ca.get_policy_loss_fn("vanilla")(old_log_prob=old, log_prob=x, advantages=adv, response_mask=rmask.bool(),
+                                               loss_agg_mode="token-mean", config=actor_config("vanilla", "token-mean"),
+                                               rollout_is_weights=w)
+    (gw,) = torch.autograd.grad(want, x)
+    obj = rlpt.Objective.verl_actor(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0, rollout_is=level,
+                                    rollout_is_threshold=str(threshold), rollout_is_batch_normalize=True)
+    y = lp.clone().requires_grad_()
+    loss, _ = rlpt.policy_loss(obj, y, mask, old_logp=old, behav_logp=behav, adv=adv)
+    (gy,) = torch.autograd.grad(loss, y)
+    close(loss, want, what="loss", **TOL)
+    close(gy, gw, what="grad", rtol=2e-5, atol=1e-7)
+    # Without the normalisation the loss differs (the weights' mean is not 1 on these inputs).
+    plain = rlpt.Objective.verl_actor(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0, rollout_is=level,
+                                      rollout_is_threshold=str(threshold))
+    other, _ = rlpt.policy_loss(plain, lp, mask, old_logp=old, behav_logp=behav, adv=adv)
+    assert abs(float(other.detach()) - float(want.detach())) > 1e-4 * abs(float(want.detach()))
+
+
 def test_dro_refuses_rollout_is_weights_and_needs_beta():
     _, lp, old, adv, mask, w = policy_inputs(7)
     fn = ca.get_policy_loss_fn("rlpt_dro")

@@ -8,6 +8,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <limits>
 #include <string>
 #include <variant>
@@ -33,6 +34,20 @@ TEST_CASE("errors: inputs a configuration needs but did not get") {
   no_ref.ref_logp = {};
   RLPT_CHECK_ERROR(evaluate(objective{.kl = {.coef = 0.1}}, no_ref), "rlpt.objective.missing_input",
                    "kl_penalty needs ref_logp");
+
+  RLPT_CHECK_ERROR(evaluate(objective{.correction = {.weight = {.batch_normalize = true}}}, in),
+                   "rlpt.objective.bad_option", "is_weighting.level is none");
+  RLPT_CHECK_ERROR(evaluate(objective{.correction = {.weight = {.level = is_level::token,
+                                                                .batch_normalize = true,
+                                                                .batch_mean = std::nan("")}}},
+                            in),
+                   "rlpt.objective.bad_option", "is_weighting.batch_mean = nan must be finite");
+  RLPT_CHECK_ERROR((void)local_is_weights(objective{}, in), "rlpt.objective.bad_option", "is_weighting.level is none");
+  RLPT_CHECK_ERROR(evaluate(objective{.correction = {.weight = {.level = is_level::token, .batch_normalize = true},
+                                                     .reject = {.stat = rs_stat::k2, .hi = 0.5},
+                                                     .rejected = rejected_tokens::zero_weight}},
+                            in),
+                   "rlpt.objective.bad_option", "needs rejected = removed");
 
   auto no_adv = in;
   no_adv.adv = {};

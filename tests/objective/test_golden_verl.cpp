@@ -145,13 +145,20 @@ TEST_CASE("golden verl rollout corrections (IS weights, IcePop, rejection) in de
       {"rs_seq_max_k2", verl::rollout_correction("", "", "seq_max_k2", "0.05")},
       {"rs_seq_sum_k1", verl::rollout_correction("", "", "seq_sum_k1", "0.7_1.4")},
       {"tis_and_rs_token_k2", verl::rollout_correction("token", "2.0", "token_k2", "0.5")},
+      {"token_tis_batch_norm", verl::rollout_correction("token", "2.0", "", "", false, true)},
+      {"seq_icepop_batch_norm", verl::rollout_correction("sequence", "0.2_5.0", "", "", false, true)},
   };
   for (const spec& s : specs) {
     const auto r =
         check_golden_case(std::string("verl_corr_") + s.name, verl::actor(cfg, s.c), golden_inputs{.behav = true});
     const std::string n(s.name);
     INFO("correction ", n);
-    if (n == "token_tis" || n == "seq_tis") {
+    if (n == "token_tis_batch_norm") {
+      CHECK(r.r64.is_weight_mean == doctest::Approx(1.0).epsilon(1e-7)); // the point of it
+      CHECK(r.r64.is_weight_max != doctest::Approx(2.0));                // the truncated 2.0, divided by the mean
+    } else if (n == "seq_icepop_batch_norm") {
+      CHECK(r.r64.rejected_frac > 0.0); // the band zeroes some rows, which the mean counts as 0
+    } else if (n == "token_tis" || n == "seq_tis") {
       CHECK(r.r64.is_weight_max == doctest::Approx(2.0)); // the truncation binds
     } else {
       CHECK(r.r64.rejected_frac > 0.0); // some tokens are rejected or zero-weighted, not all

@@ -131,6 +131,130 @@ TEST_CASE("gradient accumulation without global denominators is a mean of micro-
   CHECK(sum != doctest::Approx(evaluate(obj, full.inputs()).loss).epsilon(1e-6));
 }
 
+namespace {
+
+//! The mean importance weight of is_weighting::batch_normalize, in fp64 from its definition:
+//! the bounded weights of valid tokens (token level) or of rows with a valid token (sequence).
+double reference_batch_mean(const off_policy_correction& c, const batch<double>& b) {
+  const is_weighting& w = c.weight;
+  auto bound = [&](double raw) {
+    if (w.bound == is_bound::truncate) return std::clamp(raw, w.lo, w.hi);
+    if (w.bound == is_bound::mask) return raw >= w.lo && raw <= w.hi ? raw : 0.0;
+    return raw;
+  };
+  auto ratio = [&](double lr) { return std::exp(std::clamp(lr, -c.log_ratio_clamp, c.log_ratio_clamp)); };
+  double sum = 0.0, count = 0.0;
+  for (index_t r = 0; r < b.B; ++r) {
+    double lr = 0.0, len = 0.0;
+    for (index_t t = 0; t < b.L; ++t) {
+      const auto i = static_cast<std::size_t>(r * b.stride + t);
+      if (b.mask[i] == 0) continue;
+      const double x = b.old[i] - b.behav[i]; // the proximal numerator
+      if (w.level == is_level::token) sum += bound(ratio(x)), count += 1.0;
+      lr += x, len += 1.0;
+    }
+    if (w.level != is_level::token && len > 0.0) {
+      sum += bound(ratio(w.level == is_level::seq_geomean ? lr / len : lr)) * len / (len + 1e-8); // verl's masked mean
+      count += 1.0;
+    }
+  }
+  return sum / count;
+}
+
+} // namespace
+
+TEST_CASE("batch-normalised importance weights are the weights divided by the batch's mean weight") {
+  const batch<double> b(9, 40, 23, 0.3, 0.5);
+  // The last two with rejection (removed, verl's): the mean still takes every valid token's weight.
+  const off_policy_correction corrs[] = {
+      token_tis(2.0),
+      icepop(0.6, 1.8),
+      seq_is(2.0),
+      seq_geo_is(1.5),
+      seq_is(3.0, is_bound::mask, 0.2),
+      {.weight = {.level = is_level::token, .hi = 2.0}, .reject = {.stat = rs_stat::k2, .hi = 0.02}},
+      {.weight = {.level = is_level::seq_product, .hi = 2.0},
+       .reject = {.stat = rs_stat::k3, .level = rs_level::seq_mean, .hi = 0.05}}};
+  for (off_policy_correction c : corrs) {
+    INFO("level ", static_cast<int>(c.weight.level), ", bound ", static_cast<int>(c.weight.bound));
+    // PPO's term is linear in the weight (value w * l, gradient w * dl): normalising divides it.
+    const objective plain{.policy = ppo_clip{}, .correction = c};
+    objective normed = plain;
+    normed.correction.weight.batch_normalize = true;
+    const double mean = reference_batch_mean(c, b);
+    REQUIRE(mean > 0.05);
+    CHECK(local_is_weights(normed, b.inputs()).mean() == doctest::Approx(mean).epsilon(1e-13));
+    grads<double> gp(b.size()), gn(b.size());
+    const objective_result rp = evaluate(plain, b.inputs(), gp.view());
+    const objective_result rn = evaluate(normed, b.inputs(), gn.view());
+    CHECK(rn.policy_loss == doctest::Approx(rp.policy_loss / mean).epsilon(1e-12));
+    CHECK(rn.is_weight_mean == doctest::Approx(rp.is_weight_mean / mean).epsilon(1e-12));
+    CHECK(rn.loss_tokens == rp.loss_tokens);
+    if (c.reject.stat != rs_stat::none) CHECK(rn.loss_tokens < rn.tokens); // some tokens are rejected
+    for (double& g : gp.logp) g = g == -777.0 ? g : g / mean;
+    RLPT_CHECK_CLOSE(gn.logp, gp.logp, 1e-12, 1e-15);
+    // The same mean given explicitly (what a micro-batch of a larger step passes) gives the same bits.
+    objective given = normed;
+    given.correction.weight.batch_mean = mean;
+    grads<double> gg(b.size());
+    (void)evaluate(given, b.inputs(), gg.view());
+    RLPT_CHECK_CLOSE(gg.logp, gn.logp, 1e-12, 1e-15);
+  }
+  // verl's flag, which its config ignores without rollout_is.
+  CHECK(compat::verl::rollout_correction("token", "2.0", "", "", false, true).weight.batch_normalize);
+  CHECK_FALSE(compat::verl::rollout_correction("", "2.0", "", "", false, true).weight.batch_normalize);
+}
+
+TEST_CASE("batch-normalised weights over micro-batches: the step's mean from local_is_weights") {
+  const batch<double> full(11, 12, 24, 0.3, 0.4);
+  const index_t cuts[] = {0, 2, 3, 7, 11};
+  for (const off_policy_correction& c : {token_tis(1.5), seq_is(2.0)}) {
+    objective obj{.policy = cispo{}, .correction = c, .kl = {.coef = 0.1}};
+    obj.correction.weight.batch_normalize = true; // the full batch's own mean
+    grads<double> gf(full.size());
+    const objective_result rf = evaluate(obj, full.inputs(), gf.view());
+    loss_denominators den;
+    is_weight_sums w;
+    for (int k = 0; k < 4; ++k) {
+      const batch<double> mb = rows(full, cuts[k], cuts[k + 1]);
+      den += local_denominators(obj, mb.inputs());
+      w += local_is_weights(obj, mb.inputs());
+    }
+    CHECK(w.mean() == doctest::Approx(local_is_weights(obj, full.inputs()).mean()).epsilon(1e-13));
+    obj.agg = with_denominators(obj.agg, den);
+    obj.correction.weight.batch_mean = w.mean();
+    double sum = 0.0;
+    std::vector<double> gl;
+    for (int k = 0; k < 4; ++k) {
+      const batch<double> mb = rows(full, cuts[k], cuts[k + 1]);
+      grads<double> g(mb.size());
+      sum += evaluate(obj, mb.inputs(), g.view()).loss;
+      gl.insert(gl.end(), g.logp.begin(), g.logp.end());
+    }
+    CHECK(sum == doctest::Approx(rf.loss).epsilon(1e-12));
+    RLPT_CHECK_CLOSE(gl, gf.logp, 1e-12, 1e-15);
+  }
+}
+
+TEST_CASE("batch-normalised weights whose mean is <= 1e-8 are left as they are (verl)") {
+  const batch<double> b(5, 20, 25);
+  // A band no ratio reaches: every weight is 0, so is their mean.
+  const objective plain{.policy = ppo_clip{}, .correction = icepop(50.0, 60.0)};
+  objective normed = plain;
+  normed.correction.weight.batch_normalize = true;
+  CHECK(local_is_weights(normed, b.inputs()).mean() == 0.0);
+  grads<double> gp(b.size()), gn(b.size());
+  const objective_result rp = evaluate(plain, b.inputs(), gp.view());
+  const objective_result rn = evaluate(normed, b.inputs(), gn.view());
+  CHECK(rn.loss == rp.loss);
+  CHECK(std::isfinite(rn.loss));
+  CHECK(gn.logp == gp.logp);
+  normed.correction.weight.batch_mean = 1e-9; // given: the same rule
+  grads<double> gg(b.size());
+  (void)evaluate(normed, b.inputs(), gg.view());
+  CHECK(gg.logp == gp.logp);
+}
+
 TEST_CASE("masked garbage (NaN, inf, huge) changes no output bit") {
   batch<float> clean(7, 16, 23, 0.5, 0.5);
   batch<float> dirty = clean;
@@ -564,6 +688,8 @@ TEST_CASE("the SSE2, AVX2 and AVX-512 row kernels give identical bits") {
       {.policy = dppo{.divergence = dppo_divergence::binary_kl, .eps_low = 0.01, .eps_high = 0.02}},
       {.policy = dro{.beta = 1.5}, .correction = token_tis(2.0), .kl = {.coef = 0.1}},
       {.policy = vespo{}, .correction = seq_is(2.0)},
+      {.policy = ppo_clip{},
+       .correction = {.weight = {.level = is_level::token, .hi = 2.0, .batch_normalize = true, .batch_mean = 0.83}}},
   };
   for (const objective& obj : objs) {
     const auto in = b.inputs();

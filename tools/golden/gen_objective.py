@@ -267,6 +267,9 @@ def generate(out_dir, seed):
         "rs_seq_sum_k1": dict(rollout_rs="seq_sum_k1", rollout_rs_threshold="0.7_1.4"),
         "tis_and_rs_token_k2": dict(rollout_is="token", rollout_is_threshold=2.0, rollout_rs="token_k2",
                                     rollout_rs_threshold=0.5),
+        "token_tis_batch_norm": dict(rollout_is="token", rollout_is_threshold=2.0, rollout_is_batch_normalize=True),
+        "seq_icepop_batch_norm": dict(rollout_is="sequence", rollout_is_threshold="0.2_5.0",
+                                      rollout_is_batch_normalize=True),
     }
     for cname, spec in corrections.items():
         cfg = verl_config(ActorConfig, "vanilla", low=0.2, high=0.28)
@@ -276,6 +279,7 @@ def generate(out_dir, seed):
                 proto, mask, _ = corr.compute_rollout_correction_and_rejection_mask(
                     old_log_prob=t["old"], rollout_log_prob=t["behav"], response_mask=t["mask"].to(t["lp"].dtype),
                     rollout_is=spec.get("rollout_is"), rollout_is_threshold=spec.get("rollout_is_threshold", 2.0),
+                    rollout_is_batch_normalize=spec.get("rollout_is_batch_normalize", False),
                     rollout_rs=spec.get("rollout_rs"), rollout_rs_threshold=spec.get("rollout_rs_threshold"))
             weights = proto.batch["rollout_is_weights"] if proto is not None else None
             return pg(cfg, t=t, weights=weights, mask=mask.bool())

@@ -41,6 +41,15 @@ struct is_weighting {
   is_bound bound = is_bound::truncate;
   double lo = 0.0; //!< lower bound (0 = none: verl TIS is upper-only; OpenRLHF tis uses 0.5)
   double hi = 2.0; //!< upper bound: verl rollout_is_threshold 2.0 (TRL clip_max 3.0, OpenRLHF/AReaL 5.0)
+  //! Divide every weight by the batch's mean weight (verl rollout_is_batch_normalize): the mean of
+  //! the bounded weights over the valid tokens (token level) or over the sequences with a valid
+  //! token (sequence levels; each row's weight as verl's masked mean of its tokens', w L / (L +
+  //! 1e-8)), rejected tokens included (with rejection, rejected must be `removed`, as verl's). No
+  //! division where that mean is <= 1e-8, as verl.
+  bool batch_normalize = false;
+  //! The mean over the whole step's batch, every micro-batch and rank (sum rlpt::local_is_weights
+  //! over them; verl takes it over the training batch on its driver). < 0: this call's inputs.
+  double batch_mean = -1.0;
 };
 
 enum class rs_stat : std::uint8_t {
@@ -95,6 +104,19 @@ struct off_policy_correction {
 
   [[nodiscard]] constexpr bool active() const noexcept {
     return weight.level != is_level::none || reject.stat != rs_stat::none;
+  }
+};
+
+//! A call's share of the batch mean that is_weighting::batch_normalize divides by
+//! (rlpt::local_is_weights): add the shares of a step's micro-batches and ranks, then take mean().
+struct is_weight_sums {
+  double sum = 0.0;   //!< the bounded weights
+  double count = 0.0; //!< valid tokens (token level) or sequences with one (sequence levels)
+  [[nodiscard]] constexpr double mean() const noexcept { return count > 0.0 ? sum / count : 0.0; }
+  constexpr is_weight_sums& operator+=(const is_weight_sums& o) noexcept {
+    sum += o.sum;
+    count += o.count;
+    return *this;
   }
 };
 

@@ -228,6 +228,20 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
     check_option(c.weight.hi > 0.0 && c.weight.hi >= c.weight.lo, "is_weighting.hi", c.weight.hi,
                  "must be > 0 and >= lo");
   }
+  if (c.weight.batch_normalize) {
+    RLPT_CHECK(p.use_is, errors::objective::bad_option,
+               "is_weighting.batch_normalize divides importance weights by their mean, but is_weighting.level is none");
+    // verl removes rejected tokens; a mean over weights that rejection zeroed is no peer's.
+    RLPT_CHECK(!p.use_rs || c.rejected == rejected_tokens::removed, errors::objective::bad_option,
+               "is_weighting.batch_normalize with rejection needs rejected = removed (verl's), not zero_weight");
+    const double m = c.weight.batch_mean;
+    check_option(std::isfinite(m), "is_weighting.batch_mean", m,
+                 "must be finite (the step's mean weight, or < 0 for this call's own)");
+    if (m < 0.0)
+      p.w_norm_local = true; // resolved from count_local
+    else
+      p.w_norm = m > 1e-8 ? m : 1.0;
+  }
   if (p.use_rs) {
     const rejection& r = c.reject;
     check_option(r.hi > 0.0, "rejection.hi", r.hi, "must be > 0");
@@ -330,6 +344,8 @@ struct local_counts {
   double tokens = 0.0;
   double loss_seqs = 0.0;
   double rows = 0.0;
+  double w_sum = 0.0;   //!< w_norm_local: the weights the batch mean averages (is_weighting::batch_normalize)
+  double w_count = 0.0; //!< and how many
 };
 
 template <class T>
@@ -346,7 +362,19 @@ local_counts count_local(const objective_plan& p, const basic_objective_inputs<T
           double len = 0.0;
           const index_t base = L.begin(b);
           const index_t n = L.length(b);
-          if (p.removes || p.nonfinite == nonfinite::mask) {
+          if (p.w_norm_local) {
+            const row_stats st = host_row_stats(p, in, b, chunk);
+            const row_consts rc = row_finish(p, st);
+            len = rc.len_loss;
+            if (p.is_seq) { // one weight per sequence with a valid token, as verl's masked mean of the
+                            // row's (equal) token weights: w L / (L + 1e-8)
+              c.w_sum += st.len > 0.0 ? rc.w_seq * st.len / (st.len + 1e-8) : 0.0;
+              c.w_count += st.len > 0.0 ? 1.0 : 0.0;
+            } else {
+              c.w_sum += st.sum_w;
+              c.w_count += st.len;
+            }
+          } else if (p.removes || p.nonfinite == nonfinite::mask) {
             len = row_finish(p, host_row_stats(p, in, b, chunk)).len_loss;
           } else {
             len = static_cast<double>(count_valid(in.mask.size() == 0 ? nullptr : in.mask.data() + base, n));
@@ -361,12 +389,22 @@ local_counts count_local(const objective_plan& p, const basic_objective_inputs<T
         a.tokens += b.tokens;
         a.loss_seqs += b.loss_seqs;
         a.rows += b.rows;
+        a.w_sum += b.w_sum;
+        a.w_count += b.w_count;
       });
 }
 
 inline void resolve_local(agg_plan& a, const local_counts& c) {
   if (a.tokens < 0.0) a.tokens = c.tokens;
   if (a.seqs < 0.0) a.seqs = a.count_empty_rows ? c.rows : c.loss_seqs;
+}
+
+//! The batch-normalisation divisor from this call's own weights (w_norm_local).
+inline void resolve_local_weights(objective_plan& p, const local_counts& c) {
+  if (!p.w_norm_local) return;
+  const double mean = c.w_count > 0.0 ? c.w_sum / c.w_count : 0.0;
+  p.w_norm = mean > 1e-8 ? mean : 1.0;
+  p.w_norm_local = false;
 }
 
 //! Throws for the first valid token with a non-finite input.
@@ -437,6 +475,22 @@ template <class T>
   return {c.tokens, obj.agg.count_empty_rows ? c.rows : c.loss_seqs};
 }
 
+//! What this call contributes to the batch mean of is_weighting::batch_normalize: the bounded
+//! importance weights' sum and count (over valid tokens, or sequences with a valid token at the
+//! sequence levels). Sum both over the step's micro-batches and ranks and pass the total's mean()
+//! as is_weighting::batch_mean.
+template <class T>
+[[nodiscard]] is_weight_sums local_is_weights(const objective& obj, const basic_objective_inputs<T>& in,
+                                              const host_executor& ex = {}) {
+  detail::objective_plan p = detail::make_plan(obj, in, basic_objective_grads<T>{});
+  RLPT_CHECK(p.use_is, errors::objective::bad_option,
+             "local_is_weights sums importance weights, but is_weighting.level is none");
+  p.w_norm_local = true;
+  p.w_norm = 1.0;
+  const detail::local_counts c = detail::count_local(p, in, ex);
+  return {c.w_sum, c.w_count};
+}
+
 //! Evaluates `obj` on host inputs: writes the requested gradients (every token slot) and
 //! returns the loss terms and metrics. Throws rlpt::error for a bad configuration, missing or
 //! mis-sized inputs, an inconsistent global denominator, or (nonfinite::raise) a
@@ -453,12 +507,13 @@ objective_result evaluate(const objective& obj, const basic_objective_inputs<T>&
   };
   const bool local_needed = local(p.agg_policy, p.use_policy) || local(p.agg_kl, p.use_kl) ||
                             local(p.agg_entropy, p.use_entropy || p.has_entropy) || local(p.agg_value, p.use_value);
-  if (local_needed) {
+  if (local_needed || p.w_norm_local) {
     const detail::local_counts c = detail::count_local(p, in, ex);
     detail::resolve_local(p.agg_policy, c);
     detail::resolve_local(p.agg_kl, c);
     detail::resolve_local(p.agg_entropy, c);
     detail::resolve_local(p.agg_value, c);
+    detail::resolve_local_weights(p, c);
   }
   const index_t grain = std::max<index_t>(1, 16384 / std::max<index_t>(1, L.max_len()));
   // The gradients are often just allocated: their pages mapped in one call each, not a fault

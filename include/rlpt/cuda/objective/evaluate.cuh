@@ -322,6 +322,10 @@ void evaluate(const objective& obj, const device_objective_inputs<T>& in, const 
               objective_result* result, workspace& ws, cudaStream_t stream) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "rlpt::evaluate takes float or double inputs");
   detail::objective_plan p = detail::make_plan(obj, in, grads);
+  RLPT_CHECK(!p.w_norm_local, errors::objective::missing_input,
+             "is_weighting.batch_normalize on the device needs is_weighting.batch_mean (the step's mean weight: "
+             "rlpt::local_is_weights on the host, summed over micro-batches); the device evaluate takes no batch mean "
+             "of its own");
   const index_t rows = in.layout.num_seqs();
   const index_t max_len = in.layout.max_len();
   const index_t tiles = max_len > 0 ? (max_len + detail::obj_tile - 1) / detail::obj_tile : 1;

@@ -120,6 +120,9 @@ struct objective_plan {
   bool need_row_pass = false;
   bool gspo_sequence = false; //!< GSPO with the gradient through the sequence mean
 
+  bool w_norm_local = false; //!< batch-normalised weights whose mean this call takes from its inputs
+  double w_norm = 1.0;       //!< the divisor of every importance weight (1: none)
+
   double rs_log_lo = 0.0; //!< log of the rejection bounds (k1 statistic)
   double rs_log_hi = 0.0;
 
@@ -140,6 +143,7 @@ struct row_stats {
   double sum_xs = 0.0;   //!< GMPO: sum of x* over in-loss tokens
   double sum_adv = 0.0;  //!< GMPO: sum of A over in-loss tokens
   double sum_logw = 0.0; //!< GMPO: sum of log(w + 1e-10) over in-loss tokens (token weights)
+  double sum_w = 0.0;    //!< token weights over valid tokens (w_norm_local: the batch mean's share)
 };
 
 //! The per-row constants the token pass needs, derived from the row statistics.
@@ -187,7 +191,8 @@ RLPT_HD row_consts row_finish(const objective_plan& p, const row_stats& s) {
     if (p.corr.weight.level == is_level::seq_geomean) lr = s.len > 0.0 ? lr / s.len : 0.0;
     const double raw = exp_r(clamp_r(lr, -cl, cl));
     c.w_seq = bound_weight(p.corr.weight.bound, raw, static_cast<double>(p.corr.weight.lo),
-                           static_cast<double>(p.corr.weight.hi));
+                           static_cast<double>(p.corr.weight.hi)) /
+              p.w_norm;
   }
   if (p.policy == policy_kind::gspo) c.s_gspo = s.sum_x / (c.len_loss > 1.0 ? c.len_loss : 1.0);
   if (p.policy == policy_kind::vespo) {

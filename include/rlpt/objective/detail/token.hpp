@@ -506,6 +506,10 @@ RLPT_HD_FORCEINLINE void correction_chunk(const objective_plan& p, const token_c
     const is_bound bd = p.corr.weight.bound;
     const T lo = T(p.corr.weight.lo), hi = T(p.corr.weight.hi);
     for (int j = 0; j < n; ++j) c.w[j] = bound_weight(bd, exp_r(c.tmp[j]), lo, hi);
+    if (p.w_norm != 1.0) { // batch normalisation, a division as verl's
+      const T m = T(p.w_norm);
+      for (int j = 0; j < n; ++j) c.w[j] = c.w[j] / m;
+    }
   } else {
     const T w = k.w_seq;
     for (int j = 0; j < n; ++j) c.w[j] = w;
@@ -539,6 +543,7 @@ RLPT_HD_FORCEINLINE void stats_chunk(const objective_plan& p, int n, token_chunk
     const T* num = ratio_numerator_of(p, c);
     sums.add(st.sum_lr, [&](int j) { return sel(c.valid[j] != 0, num[j] - c.behav[j], T(0)); });
   }
+  if (p.w_norm_local && !p.is_seq) sums.add(st.sum_w, [&](int j) { return sel(c.valid[j] != 0, c.w[j], T(0)); });
   if (p.policy == policy_kind::gspo)
     sums.add(st.sum_x, [&](int j) { return sel(c.inl[j] != 0, c.lp[j] - c.old[j], T(0)); });
   if (p.policy == policy_kind::vespo)
