@@ -6,6 +6,7 @@
 #include <rlpt/core/thread_pool.hpp>
 
 #include "batch.hpp"
+#include "support/errors.hpp"
 #include "support/reference.hpp"
 
 #include <doctest/doctest.h>
@@ -578,6 +579,29 @@ TEST_CASE("non-finite valid inputs: nonfinite::mask leaves them out and counts t
   CHECK(r.nonfinite_tokens == 1.0);
   CHECK(r.loss == rc.loss);
   CHECK(g.logp == gc.logp);
+}
+
+TEST_CASE("inputs no term reads are not checked: a NaN there changes nothing, where a term reads it it counts") {
+  batch<float> b(3, 300, 28);
+  const batch<float> clean = b;
+  for (std::size_t i = 0; i < b.size(); i += 7)
+    if (b.mask[i]) (i % 2 ? b.behav : b.ref)[i] = std::numeric_limits<float>::quiet_NaN();
+  // Neither a correction nor distillation reads behav_logp, nor does anything but the KL term read ref_logp.
+  const objective unused{.policy = ppo_clip{}};
+  grads<float> g(b.size()), gc(b.size());
+  const auto r = evaluate(unused, b.inputs(), g.view());
+  const auto rc = evaluate(unused, clean.inputs(), gc.view());
+  CHECK(r.nonfinite_tokens == 0.0);
+  CHECK(r.loss == rc.loss);
+  CHECK(g.logp == gc.logp);
+  // Read: the correction reads behav_logp, the KL term ref_logp (raise: an error naming the input).
+  RLPT_CHECK_ERROR(evaluate(objective{.policy = ppo_clip{}, .correction = token_tis(2.0)}, b.inputs()),
+                   "rlpt.objective.nonfinite", "behav_logp[");
+  RLPT_CHECK_ERROR(evaluate(objective{.policy = ppo_clip{}, .kl = {.coef = 0.1}}, b.inputs()),
+                   "rlpt.objective.nonfinite", "ref_logp[");
+  const auto masked =
+      evaluate(objective{.policy = ppo_clip{}, .kl = {.coef = 0.1}, .nonfinite = nonfinite::mask}, b.inputs());
+  CHECK(masked.nonfinite_tokens > 0.0);
 }
 
 TEST_CASE("entropy coefficient helpers: schedule and Skywork/TRL target tracking") {

@@ -336,6 +336,10 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
   p.need_row_pass = p.is_seq || p.rs_seq || p.policy == policy_kind::gspo || p.policy == policy_kind::gmpo ||
                     p.policy == policy_kind::vespo || p.needs_length();
   if (!p.use_policy) p.use_is = p.use_rs = p.removes = p.is_seq = p.rs_seq = false;
+  // An input no term reads is neither loaded nor checked for non-finite values: a caller may pass
+  // the rollout's and the reference's log-probs whether or not this objective uses them.
+  if (!(p.use_is || p.use_rs || (p.distill_coef != 0.0 && p.student == student_logp::behaviour))) p.has_behav = false;
+  if (!p.use_kl) p.has_ref = false;
   return p;
 }
 
