@@ -70,8 +70,9 @@ def _objective_fake(spec, logp, mask, old_logp, behav_logp, ref_logp, adv, seq_a
 
 
 @torch.library.register_fake("rlpt::local_denominators")
-def _denominators_fake(spec, logp, mask, old_logp, behav_logp, ref_logp, adv, seq_adv, entropy, values, old_values,
-                       returns, cu_seqlens):
+@torch.library.register_fake("rlpt::local_is_weights")
+def _local_share_fake(spec, logp, mask, old_logp, behav_logp, ref_logp, adv, seq_adv, entropy, values, old_values,
+                      returns, cu_seqlens):
     return torch.empty((2,), dtype=torch.float64)
 
 
@@ -197,16 +198,28 @@ def policy_loss(objective, logp=None, mask=None, *, old_logp=None, behav_logp=No
     return loss, metrics
 
 
+def _local_share(op, name, objective, logp, mask, inputs):
+    unknown = set(inputs) - set(_INPUTS) - {"entropy"}
+    if unknown:
+        raise TypeError(f"{name}: unknown input(s) {sorted(unknown)}")
+    g = {k: _det(inputs.get(k)) for k in _INPUTS + ("entropy",)}
+    spec = objective.spec if hasattr(objective, "spec") else str(objective)
+    return call(op, spec, _det(logp), mask, g["old_logp"], g["behav_logp"], g["ref_logp"], g["adv"], g["seq_adv"],
+                g["entropy"], g["values"], g["old_values"], g["returns"], g["cu_seqlens"])
+
+
 def local_denominators(objective, logp=None, mask=None, **inputs):
     """What this micro-batch adds to the step's denominators: a float64 tensor [tokens, seqs].
     Sum over the micro-batches (and all-reduce over ranks), then objective.with_denominators()."""
-    unknown = set(inputs) - set(_INPUTS) - {"entropy"}
-    if unknown:
-        raise TypeError(f"local_denominators: unknown input(s) {sorted(unknown)}")
-    g = {k: _det(inputs.get(k)) for k in _INPUTS + ("entropy",)}
-    spec = objective.spec if hasattr(objective, "spec") else str(objective)
-    return call(ops.local_denominators, spec, _det(logp), mask, g["old_logp"], g["behav_logp"], g["ref_logp"],
-                g["adv"], g["seq_adv"], g["entropy"], g["values"], g["old_values"], g["returns"], g["cu_seqlens"])
+    return _local_share(ops.local_denominators, "local_denominators", objective, logp, mask, inputs)
+
+
+def local_is_weights(objective, logp=None, mask=None, **inputs):
+    """What this micro-batch adds to the mean that batch-normalised importance weights divide by
+    (verl's rollout_is_batch_normalize): a float64 tensor [sum, count]. Sum over the micro-batches
+    (and all-reduce over ranks) and pass sum / count as rollout_is_batch_mean (verl_actor) or
+    correction.weight.batch_mean (custom)."""
+    return _local_share(ops.local_is_weights, "local_is_weights", objective, logp, mask, inputs)
 
 
 class Objective:

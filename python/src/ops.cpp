@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include <array>
 #include <cstring>
 
 namespace rlpt_py {
@@ -122,26 +123,52 @@ objective_cpu(c10::string_view spec, const opt_tensor& logp, const opt_tensor& m
   });
 }
 
-at::Tensor local_denominators_cpu(c10::string_view spec, const opt_tensor& logp, const opt_tensor& mask,
-                                  const opt_tensor& old_logp, const opt_tensor& behav_logp, const opt_tensor& ref_logp,
-                                  const opt_tensor& adv, const opt_tensor& seq_adv, const opt_tensor& entropy,
-                                  const opt_tensor& values, const opt_tensor& old_values, const opt_tensor& returns,
-                                  const opt_tensor& cu_seqlens) {
+// A call's share of a step-wide quantity (local_denominators, local_is_weights): `share` gets the
+// objective and its inputs, as host copies in the compute type, and returns two doubles.
+template <class Share>
+at::Tensor local_share(c10::string_view spec, const opt_tensor& logp, const opt_tensor& mask,
+                       const opt_tensor& old_logp, const opt_tensor& behav_logp, const opt_tensor& ref_logp,
+                       const opt_tensor& adv, const opt_tensor& seq_adv, const opt_tensor& entropy,
+                       const opt_tensor& values, const opt_tensor& old_values, const opt_tensor& returns,
+                       const opt_tensor& cu_seqlens, Share share) {
   return guard([&] {
     auto cpu = [](const opt_tensor& t) { return t ? opt_tensor(t->cpu()) : std::nullopt; };
     const objective_call c = prepare_objective(spec, cpu(logp), cpu(mask), cpu(old_logp), cpu(behav_logp),
                                                cpu(ref_logp), cpu(adv), cpu(seq_adv), cpu(entropy), cpu(values),
                                                cpu(old_values), cpu(returns), cu_seqlens, false, false, false);
     const rlpt::token_layout layout = c.b.host_layout();
-    const rlpt::loss_denominators d =
-        c.compute == at::kDouble
-            ? rlpt::local_denominators(c.obj, inputs_of<double, rlpt::memory_space::host>(c, layout))
-            : rlpt::local_denominators(c.obj, inputs_of<float, rlpt::memory_space::host>(c, layout));
+    const std::array<double, 2> d = c.compute == at::kDouble
+                                        ? share(c.obj, inputs_of<double, rlpt::memory_space::host>(c, layout))
+                                        : share(c.obj, inputs_of<float, rlpt::memory_space::host>(c, layout));
     at::Tensor out = at::empty({2}, at::TensorOptions().dtype(at::kDouble));
-    out.data_ptr<double>()[0] = d.tokens;
-    out.data_ptr<double>()[1] = d.seqs;
+    out.data_ptr<double>()[0] = d[0];
+    out.data_ptr<double>()[1] = d[1];
     return out;
   });
+}
+
+at::Tensor local_denominators_cpu(c10::string_view spec, const opt_tensor& logp, const opt_tensor& mask,
+                                  const opt_tensor& old_logp, const opt_tensor& behav_logp, const opt_tensor& ref_logp,
+                                  const opt_tensor& adv, const opt_tensor& seq_adv, const opt_tensor& entropy,
+                                  const opt_tensor& values, const opt_tensor& old_values, const opt_tensor& returns,
+                                  const opt_tensor& cu_seqlens) {
+  return local_share(spec, logp, mask, old_logp, behav_logp, ref_logp, adv, seq_adv, entropy, values, old_values,
+                     returns, cu_seqlens, [](const rlpt::objective& o, const auto& in) {
+                       const rlpt::loss_denominators d = rlpt::local_denominators(o, in);
+                       return std::array<double, 2>{d.tokens, d.seqs};
+                     });
+}
+
+at::Tensor local_is_weights_cpu(c10::string_view spec, const opt_tensor& logp, const opt_tensor& mask,
+                                const opt_tensor& old_logp, const opt_tensor& behav_logp, const opt_tensor& ref_logp,
+                                const opt_tensor& adv, const opt_tensor& seq_adv, const opt_tensor& entropy,
+                                const opt_tensor& values, const opt_tensor& old_values, const opt_tensor& returns,
+                                const opt_tensor& cu_seqlens) {
+  return local_share(spec, logp, mask, old_logp, behav_logp, ref_logp, adv, seq_adv, entropy, values, old_values,
+                     returns, cu_seqlens, [](const rlpt::objective& o, const auto& in) {
+                       const rlpt::is_weight_sums w = rlpt::local_is_weights(o, in);
+                       return std::array<double, 2>{w.sum, w.count};
+                     });
 }
 
 // --- advantages (CPU; CUDA tensors are computed on the host, see docs/python.md) ---------------
@@ -304,6 +331,9 @@ TORCH_LIBRARY(rlpt, m) {
   m.def("local_denominators(str spec, Tensor? logp, Tensor? mask, Tensor? old_logp, Tensor? behav_logp, "
         "Tensor? ref_logp, Tensor? adv, Tensor? seq_adv, Tensor? entropy, Tensor? values, Tensor? old_values, "
         "Tensor? returns, Tensor? cu_seqlens) -> Tensor");
+  m.def("local_is_weights(str spec, Tensor? logp, Tensor? mask, Tensor? old_logp, Tensor? behav_logp, "
+        "Tensor? ref_logp, Tensor? adv, Tensor? seq_adv, Tensor? entropy, Tensor? values, Tensor? old_values, "
+        "Tensor? returns, Tensor? cu_seqlens) -> Tensor");
   m.def("outcome_advantages(str spec, Tensor rewards, Tensor group_ids, Tensor? lengths) -> (Tensor, Tensor)");
   m.def("gae(str spec, Tensor rewards, Tensor values, Tensor? mask, Tensor? cu_seqlens, Tensor? bootstrap) "
         "-> (Tensor, Tensor, Tensor)");
@@ -317,6 +347,7 @@ TORCH_LIBRARY(rlpt, m) {
 TORCH_LIBRARY_IMPL(rlpt, CPU, m) {
   m.impl("objective", &rlpt_py::objective_cpu);
   m.impl("local_denominators", &rlpt_py::local_denominators_cpu);
+  m.impl("local_is_weights", &rlpt_py::local_is_weights_cpu);
   m.impl("outcome_advantages", &rlpt_py::outcome_advantages);
   m.impl("gae", &rlpt_py::gae_cpu);
   m.impl("reinforce_pp", &rlpt_py::reinforce_pp_cpu);
@@ -325,9 +356,10 @@ TORCH_LIBRARY_IMPL(rlpt, CPU, m) {
 }
 
 // Estimators read a few floats per sequence: on CUDA tensors they run on the host (one copy
-// each way, documented); local_denominators reads CPU copies.
+// each way, documented); local_denominators and local_is_weights read CPU copies.
 TORCH_LIBRARY_IMPL(rlpt, CUDA, m) {
   m.impl("local_denominators", &rlpt_py::local_denominators_cpu);
+  m.impl("local_is_weights", &rlpt_py::local_is_weights_cpu);
   m.impl("outcome_advantages", &rlpt_py::outcome_advantages);
   m.impl("gae", &rlpt_py::gae_cpu);
   m.impl("reinforce_pp", &rlpt_py::reinforce_pp_cpu);

@@ -156,6 +156,33 @@ def test_rollout_is_batch_normalize_matches_verl(level, threshold):
     assert abs(float(other.detach()) - float(want.detach())) > 1e-4 * abs(float(want.detach()))
 
 
+def test_local_is_weights_is_verls_batch_norm_factor_and_adds_over_micro_batches():
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask
+    _, lp, old, adv, mask, _ = policy_inputs(13)
+    behav = old + 0.4 * torch.randn(old.shape, generator=torch.Generator().manual_seed(14))
+    _, _, metrics = compute_rollout_correction_and_rejection_mask(
+        old_log_prob=old, rollout_log_prob=behav, response_mask=mask.float(), rollout_is="token",
+        rollout_is_threshold=2.0, rollout_is_batch_normalize=True)
+    (factor,) = [v for k, v in metrics.items() if k.endswith("rollout_is_batch_norm_factor")]
+    obj = rlpt.Objective.verl_actor(rollout_is="token", rollout_is_threshold="2.0", rollout_is_batch_normalize=True)
+    kw = dict(old_logp=old, behav_logp=behav, adv=adv)
+    full = rlpt.local_is_weights(obj, lp, mask, **kw)
+    assert float(full[0] / full[1]) == pytest.approx(factor, rel=1e-6)
+    # A step of two micro-batches: their shares add up, and with the step's mean and denominators
+    # the micro-batch losses add up to the full batch's.
+    halves = [slice(0, 5), slice(5, None)]
+    part = {h.start: {k: v[h] for k, v in kw.items()} for h in halves}
+    shares = sum(rlpt.local_is_weights(obj, lp[h], mask[h], **part[h.start]) for h in halves)
+    close(shares, full, rtol=1e-12, atol=0, what="is weight sums")
+    den = sum(rlpt.local_denominators(obj, lp[h], mask[h], **part[h.start]) for h in halves)
+    step = rlpt.Objective.verl_actor(rollout_is="token", rollout_is_threshold="2.0", rollout_is_batch_normalize=True,
+                                     rollout_is_batch_mean=float(shares[0] / shares[1]))
+    step = step.with_denominators(float(den[0]), float(den[1]))
+    total = sum(rlpt.policy_loss(step, lp[h], mask[h], **part[h.start])[0] for h in halves)
+    whole, _ = rlpt.policy_loss(obj, lp, mask, **kw)
+    close(total, whole, rtol=1e-5, atol=1e-7, what="step loss")
+
+
 def test_dro_refuses_rollout_is_weights_and_needs_beta():
     _, lp, old, adv, mask, w = policy_inputs(7)
     fn = ca.get_policy_loss_fn("rlpt_dro")
