@@ -123,14 +123,14 @@ objective_cpu(c10::string_view spec, const opt_tensor& logp, const opt_tensor& m
   });
 }
 
-// A call's share of a step-wide quantity (local_denominators, local_is_weights): `share` gets the
-// objective and its inputs, as host copies in the compute type, and returns two doubles.
+// A call's share of a step-wide quantity, from the objective and its inputs as host copies in
+// the compute type: two doubles (the local_denominators and local_is_weights ops, Share below).
 template <class Share>
 at::Tensor local_share(c10::string_view spec, const opt_tensor& logp, const opt_tensor& mask,
                        const opt_tensor& old_logp, const opt_tensor& behav_logp, const opt_tensor& ref_logp,
                        const opt_tensor& adv, const opt_tensor& seq_adv, const opt_tensor& entropy,
                        const opt_tensor& values, const opt_tensor& old_values, const opt_tensor& returns,
-                       const opt_tensor& cu_seqlens, Share share) {
+                       const opt_tensor& cu_seqlens) {
   return guard([&] {
     auto cpu = [](const opt_tensor& t) { return t ? opt_tensor(t->cpu()) : std::nullopt; };
     const objective_call c = prepare_objective(spec, cpu(logp), cpu(mask), cpu(old_logp), cpu(behav_logp),
@@ -138,8 +138,8 @@ at::Tensor local_share(c10::string_view spec, const opt_tensor& logp, const opt_
                                                cpu(old_values), cpu(returns), cu_seqlens, false, false, false);
     const rlpt::token_layout layout = c.b.host_layout();
     const std::array<double, 2> d = c.compute == at::kDouble
-                                        ? share(c.obj, inputs_of<double, rlpt::memory_space::host>(c, layout))
-                                        : share(c.obj, inputs_of<float, rlpt::memory_space::host>(c, layout));
+                                        ? Share{}(c.obj, inputs_of<double, rlpt::memory_space::host>(c, layout))
+                                        : Share{}(c.obj, inputs_of<float, rlpt::memory_space::host>(c, layout));
     at::Tensor out = at::empty({2}, at::TensorOptions().dtype(at::kDouble));
     out.data_ptr<double>()[0] = d[0];
     out.data_ptr<double>()[1] = d[1];
@@ -147,29 +147,21 @@ at::Tensor local_share(c10::string_view spec, const opt_tensor& logp, const opt_
   });
 }
 
-at::Tensor local_denominators_cpu(c10::string_view spec, const opt_tensor& logp, const opt_tensor& mask,
-                                  const opt_tensor& old_logp, const opt_tensor& behav_logp, const opt_tensor& ref_logp,
-                                  const opt_tensor& adv, const opt_tensor& seq_adv, const opt_tensor& entropy,
-                                  const opt_tensor& values, const opt_tensor& old_values, const opt_tensor& returns,
-                                  const opt_tensor& cu_seqlens) {
-  return local_share(spec, logp, mask, old_logp, behav_logp, ref_logp, adv, seq_adv, entropy, values, old_values,
-                     returns, cu_seqlens, [](const rlpt::objective& o, const auto& in) {
-                       const rlpt::loss_denominators d = rlpt::local_denominators(o, in);
-                       return std::array<double, 2>{d.tokens, d.seqs};
-                     });
-}
+//! [tokens, seqs]: rlpt::local_denominators.
+struct denominators_share {
+  template <class In> std::array<double, 2> operator()(const rlpt::objective& o, const In& in) const {
+    const rlpt::loss_denominators d = rlpt::local_denominators(o, in);
+    return {d.tokens, d.seqs};
+  }
+};
 
-at::Tensor local_is_weights_cpu(c10::string_view spec, const opt_tensor& logp, const opt_tensor& mask,
-                                const opt_tensor& old_logp, const opt_tensor& behav_logp, const opt_tensor& ref_logp,
-                                const opt_tensor& adv, const opt_tensor& seq_adv, const opt_tensor& entropy,
-                                const opt_tensor& values, const opt_tensor& old_values, const opt_tensor& returns,
-                                const opt_tensor& cu_seqlens) {
-  return local_share(spec, logp, mask, old_logp, behav_logp, ref_logp, adv, seq_adv, entropy, values, old_values,
-                     returns, cu_seqlens, [](const rlpt::objective& o, const auto& in) {
-                       const rlpt::is_weight_sums w = rlpt::local_is_weights(o, in);
-                       return std::array<double, 2>{w.sum, w.count};
-                     });
-}
+//! [sum, count]: rlpt::local_is_weights.
+struct is_weights_share {
+  template <class In> std::array<double, 2> operator()(const rlpt::objective& o, const In& in) const {
+    const rlpt::is_weight_sums w = rlpt::local_is_weights(o, in);
+    return {w.sum, w.count};
+  }
+};
 
 // --- advantages (CPU; CUDA tensors are computed on the host, see docs/python.md) ---------------
 
@@ -346,8 +338,8 @@ TORCH_LIBRARY(rlpt, m) {
 
 TORCH_LIBRARY_IMPL(rlpt, CPU, m) {
   m.impl("objective", &rlpt_py::objective_cpu);
-  m.impl("local_denominators", &rlpt_py::local_denominators_cpu);
-  m.impl("local_is_weights", &rlpt_py::local_is_weights_cpu);
+  m.impl("local_denominators", &rlpt_py::local_share<rlpt_py::denominators_share>);
+  m.impl("local_is_weights", &rlpt_py::local_share<rlpt_py::is_weights_share>);
   m.impl("outcome_advantages", &rlpt_py::outcome_advantages);
   m.impl("gae", &rlpt_py::gae_cpu);
   m.impl("reinforce_pp", &rlpt_py::reinforce_pp_cpu);
@@ -358,8 +350,8 @@ TORCH_LIBRARY_IMPL(rlpt, CPU, m) {
 // Estimators read a few floats per sequence: on CUDA tensors they run on the host (one copy
 // each way, documented); local_denominators and local_is_weights read CPU copies.
 TORCH_LIBRARY_IMPL(rlpt, CUDA, m) {
-  m.impl("local_denominators", &rlpt_py::local_denominators_cpu);
-  m.impl("local_is_weights", &rlpt_py::local_is_weights_cpu);
+  m.impl("local_denominators", &rlpt_py::local_share<rlpt_py::denominators_share>);
+  m.impl("local_is_weights", &rlpt_py::local_share<rlpt_py::is_weights_share>);
   m.impl("outcome_advantages", &rlpt_py::outcome_advantages);
   m.impl("gae", &rlpt_py::gae_cpu);
   m.impl("reinforce_pp", &rlpt_py::reinforce_pp_cpu);
