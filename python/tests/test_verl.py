@@ -125,18 +125,24 @@ def test_policy_losses_match_verl(mode, agg, weights):
             assert m1[k] == pytest.approx(m2[k], abs=1e-6), k
 
 
+def batch_normalized(seed, level, threshold):
+    """policy_inputs with rollout log-probs, and verl's own rollout correction of them with
+    rollout_is_batch_normalize: (log_prob, old, behav, adv, mask, verl's weights, mask, metrics)."""
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask
+    _, lp, old, adv, mask, _ = policy_inputs(seed)
+    behav = old + 0.4 * torch.randn(old.shape, generator=torch.Generator().manual_seed(seed + 1))
+    with torch.no_grad():
+        proto, rmask, metrics = compute_rollout_correction_and_rejection_mask(
+            old_log_prob=old, rollout_log_prob=behav, response_mask=mask.float(), rollout_is=level,
+            rollout_is_threshold=threshold, rollout_is_batch_normalize=True)
+    return lp, old, behav, adv, mask, proto.batch["rollout_is_weights"], rmask, metrics
+
+
 @pytest.mark.parametrize("level,threshold", [("token", 2.0), ("sequence", "0.2_5.0")])
 def test_rollout_is_batch_normalize_matches_verl(level, threshold):
     # verl's own rollout correction with rollout_is_batch_normalize, then its vanilla loss with those
     # weights, against the verl_actor preset that forms and normalises the weights itself.
-    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask
-    _, lp, old, adv, mask, _ = policy_inputs(11)
-    behav = old + 0.4 * torch.randn(old.shape, generator=torch.Generator().manual_seed(12))
-    with torch.no_grad():
-        proto, rmask, _ = compute_rollout_correction_and_rejection_mask(
-            old_log_prob=old, rollout_log_prob=behav, response_mask=mask.float(), rollout_is=level,
-            rollout_is_threshold=threshold, rollout_is_batch_normalize=True)
-    w = proto.batch["rollout_is_weights"]
+    lp, old, behav, adv, mask, w, rmask, _ = batch_normalized(11, level, threshold)
     x = lp.clone().requires_grad_()
     want, _ = ca.get_policy_loss_fn("vanilla")(old_log_prob=old, log_prob=x, advantages=adv, response_mask=rmask.bool(),
                                                loss_agg_mode="token-mean", config=actor_config("vanilla", "token-mean"),
@@ -157,12 +163,7 @@ def test_rollout_is_batch_normalize_matches_verl(level, threshold):
 
 
 def test_local_is_weights_is_verls_batch_norm_factor_and_adds_over_micro_batches():
-    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask
-    _, lp, old, adv, mask, _ = policy_inputs(13)
-    behav = old + 0.4 * torch.randn(old.shape, generator=torch.Generator().manual_seed(14))
-    _, _, metrics = compute_rollout_correction_and_rejection_mask(
-        old_log_prob=old, rollout_log_prob=behav, response_mask=mask.float(), rollout_is="token",
-        rollout_is_threshold=2.0, rollout_is_batch_normalize=True)
+    lp, old, behav, adv, mask, _, _, metrics = batch_normalized(13, "token", 2.0)
     (factor,) = [v for k, v in metrics.items() if k.endswith("rollout_is_batch_norm_factor")]
     obj = rlpt.Objective.verl_actor(rollout_is="token", rollout_is_threshold="2.0", rollout_is_batch_normalize=True)
     kw = dict(old_logp=old, behav_logp=behav, adv=adv)

@@ -561,6 +561,20 @@ TEST_CASE("metrics: clip fractions, approximate KL, importance weights, rejectio
   CHECK(r.loss_tokens == 4.0); // IcePop zeroes weights but keeps tokens in the denominator
 }
 
+namespace {
+
+//! Evaluates obj on b and on clean: the same loss and gradients, with `nonfinite` tokens counted on b.
+void check_as_clean(const objective& obj, const batch<float>& b, const batch<float>& clean, double nonfinite) {
+  grads<float> g(b.size()), gc(b.size());
+  const auto r = evaluate(obj, b.inputs(), g.view());
+  const auto rc = evaluate(obj, clean.inputs(), gc.view());
+  CHECK(r.nonfinite_tokens == nonfinite);
+  CHECK(r.loss == rc.loss);
+  CHECK(g.logp == gc.logp);
+}
+
+} // namespace
+
 TEST_CASE("non-finite valid inputs: nonfinite::mask leaves them out and counts them") {
   batch<float> b(3, 8, 27);
   std::size_t bad = 0;
@@ -572,13 +586,7 @@ TEST_CASE("non-finite valid inputs: nonfinite::mask leaves them out and counts t
   batch<float> clean = b;
   clean.mask[bad] = 0;
   b.old[bad] = std::numeric_limits<float>::quiet_NaN();
-  objective obj{.policy = ppo_clip{}, .nonfinite = nonfinite::mask};
-  grads<float> g(b.size()), gc(b.size());
-  const auto r = evaluate(obj, b.inputs(), g.view());
-  const auto rc = evaluate(obj, clean.inputs(), gc.view());
-  CHECK(r.nonfinite_tokens == 1.0);
-  CHECK(r.loss == rc.loss);
-  CHECK(g.logp == gc.logp);
+  check_as_clean({.policy = ppo_clip{}, .nonfinite = nonfinite::mask}, b, clean, 1.0);
 }
 
 TEST_CASE("inputs no term reads are not checked: a NaN there changes nothing, where a term reads it it counts") {
@@ -587,13 +595,7 @@ TEST_CASE("inputs no term reads are not checked: a NaN there changes nothing, wh
   for (std::size_t i = 0; i < b.size(); i += 7)
     if (b.mask[i]) (i % 2 ? b.behav : b.ref)[i] = std::numeric_limits<float>::quiet_NaN();
   // Neither a correction nor distillation reads behav_logp, nor does anything but the KL term read ref_logp.
-  const objective unused{.policy = ppo_clip{}};
-  grads<float> g(b.size()), gc(b.size());
-  const auto r = evaluate(unused, b.inputs(), g.view());
-  const auto rc = evaluate(unused, clean.inputs(), gc.view());
-  CHECK(r.nonfinite_tokens == 0.0);
-  CHECK(r.loss == rc.loss);
-  CHECK(g.logp == gc.logp);
+  check_as_clean({.policy = ppo_clip{}}, b, clean, 0.0);
   // Read: the correction reads behav_logp, the KL term ref_logp (raise: an error naming the input).
   RLPT_CHECK_ERROR(evaluate(objective{.policy = ppo_clip{}, .correction = token_tis(2.0)}, b.inputs()),
                    "rlpt.objective.nonfinite", "behav_logp[");
