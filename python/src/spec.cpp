@@ -244,21 +244,26 @@ rlpt::objective custom_objective(spec& s) {
   s.get("correction.weight.hi", c.weight.hi);
   s.get("correction.weight.batch_normalize", c.weight.batch_normalize);
   s.get("correction.weight.batch_mean", c.weight.batch_mean);
-  c.reject.stat = pick(s, "correction.reject.stat", c.reject.stat,
-                       {{"none", rlpt::rs_stat::none},
-                        {"ratio", rlpt::rs_stat::ratio},
-                        {"k1", rlpt::rs_stat::k1},
-                        {"k2", rlpt::rs_stat::k2},
-                        {"k3", rlpt::rs_stat::k3},
-                        {"binary_kl", rlpt::rs_stat::binary_kl},
-                        {"tv", rlpt::rs_stat::tv}});
-  c.reject.level = pick(s, "correction.reject.level", c.reject.level,
-                        {{"token", rlpt::rs_level::token},
-                         {"seq_sum", rlpt::rs_level::seq_sum},
-                         {"seq_mean", rlpt::rs_level::seq_mean},
-                         {"seq_max", rlpt::rs_level::seq_max}});
-  s.get("correction.reject.lo", c.reject.lo);
-  s.get("correction.reject.hi", c.reject.hi);
+  auto rejection = [&](const std::string& key, rlpt::rejection& r) {
+    r.stat = pick(s, key + ".stat", r.stat,
+                  {{"none", rlpt::rs_stat::none},
+                   {"ratio", rlpt::rs_stat::ratio},
+                   {"k1", rlpt::rs_stat::k1},
+                   {"k2", rlpt::rs_stat::k2},
+                   {"k3", rlpt::rs_stat::k3},
+                   {"binary_kl", rlpt::rs_stat::binary_kl},
+                   {"tv", rlpt::rs_stat::tv}});
+    r.level = pick(s, key + ".level", r.level,
+                   {{"token", rlpt::rs_level::token},
+                    {"seq_sum", rlpt::rs_level::seq_sum},
+                    {"seq_mean", rlpt::rs_level::seq_mean},
+                    {"seq_max", rlpt::rs_level::seq_max}});
+    s.get(key + ".lo", r.lo);
+    s.get(key + ".hi", r.hi);
+  };
+  rejection("correction.reject", c.reject);
+  for (std::size_t i = 0; i < c.reject_also.size(); ++i)
+    rejection(fmt::format("correction.reject_also.{}", i), c.reject_also[i]);
   c.numerator = pick(s, "correction.numerator", c.numerator,
                      {{"proximal", rlpt::ratio_numerator::proximal}, {"current", rlpt::ratio_numerator::current}});
   c.rejected = pick(s, "correction.rejected", c.rejected,

@@ -408,6 +408,29 @@ def test_custom_dppo_equals_the_verl_presets(gen):
         rlpt.Objective.custom(policy="dppo", **{"policy.divergence": "js"})
 
 
+def test_custom_rejection_criteria_equal_the_verl_preset(gen):
+    lp, old, _, _, _, mask, adv = batch(gen)
+    behav = old + 0.3 * torch.randn(old.shape, generator=gen, dtype=old.dtype)
+    custom = rlpt.Objective.custom(policy="ppo_clip", **{
+        "correction.reject.stat": "k1", "correction.reject.lo": 0.7, "correction.reject.hi": 1.4,
+        "correction.reject_also.1.stat": "k2", "correction.reject_also.1.level": "seq_max",
+        "correction.reject_also.1.hi": 0.1})
+    preset = rlpt.Objective.verl_actor(rollout_rs="token_k1,seq_max_k2", rollout_rs_threshold="0.7_1.4,0.1")
+    first = rlpt.Objective.verl_actor(rollout_rs="token_k1", rollout_rs_threshold="0.7_1.4")
+    x1, x2 = lp.clone().requires_grad_(), lp.clone().requires_grad_()
+    a, ma = rlpt.policy_loss(custom, x1, mask, old_logp=old, behav_logp=behav, seq_adv=adv)
+    b, mb = rlpt.policy_loss(preset, x2, mask, old_logp=old, behav_logp=behav, seq_adv=adv)
+    _, m1 = rlpt.policy_loss(first, lp, mask, old_logp=old, behav_logp=behav, seq_adv=adv)
+    assert a.item() == b.item()
+    assert torch.equal(torch.autograd.grad(a, x1)[0], torch.autograd.grad(b, x2)[0])
+    da = rlpt.metrics_dict(ma)
+    assert da == rlpt.metrics_dict(mb)
+    assert 1 > da["rejected_frac"] > rlpt.metrics_dict(m1)["rejected_frac"] > 0  # the second criterion rejects more
+    with pytest.raises(rlpt.Error, match=r"reject_also\[2\]\.hi"):
+        rlpt.policy_loss(rlpt.Objective.custom(**{"correction.reject_also.2.stat": "k3", "correction.reject_also.2.hi": -1}),
+                         lp, mask, old_logp=old, behav_logp=behav, seq_adv=adv)
+
+
 def test_custom_dro_equals_the_verl_preset(gen):
     lp, old, _, _, _, mask, adv = batch(gen)
     custom = rlpt.Objective.custom(policy="dro", **{"policy.beta": 0.7})

@@ -162,6 +162,36 @@ def test_rollout_is_batch_normalize_matches_verl(level, threshold):
     assert abs(float(other.detach()) - float(want.detach())) > 1e-4 * abs(float(want.detach()))
 
 
+@pytest.mark.parametrize("rs,threshold", [("token_k1,seq_max_k2", "0.7_1.4,0.3"),
+                                          ("seq_mean_k3, token_k2,seq_sum_k1", "0.08,0.1,0.5_2.0")])
+def test_comma_separated_rollout_rs_matches_verl(rs, threshold):
+    # verl's own correction with several rejection criteria (every one must pass) and token TIS, then
+    # its vanilla loss, against the verl_actor preset that applies them itself.
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask
+    _, lp, old, adv, mask, _ = policy_inputs(13)
+    behav = old + 0.3 * torch.randn(old.shape, generator=torch.Generator().manual_seed(14))
+    with torch.no_grad():
+        proto, rmask, metrics = compute_rollout_correction_and_rejection_mask(
+            old_log_prob=old, rollout_log_prob=behav, response_mask=mask.float(), rollout_is="token",
+            rollout_is_threshold=2.0, rollout_rs=rs, rollout_rs_threshold=threshold)
+    each = [v for k, v in metrics.items()
+            if k.endswith("_masked_fraction") and "seq_masked" not in k and not k.endswith("/rollout_rs_masked_fraction")]
+    assert len(each) == len(rs.split(",")) and min(each) > 0  # every option rejects some tokens...
+    assert metrics["rollout_corr/rollout_rs_masked_fraction"] > max(each)  # ...and not the same ones
+    x = lp.clone().requires_grad_()
+    want, _ = ca.get_policy_loss_fn("vanilla")(old_log_prob=old, log_prob=x, advantages=adv, response_mask=rmask.bool(),
+                                               loss_agg_mode="token-mean", config=actor_config("vanilla", "token-mean"),
+                                               rollout_is_weights=proto.batch["rollout_is_weights"])
+    (gw,) = torch.autograd.grad(want, x)
+    obj = rlpt.Objective.verl_actor(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0, rollout_is="token",
+                                    rollout_is_threshold="2.0", rollout_rs=rs, rollout_rs_threshold=threshold)
+    y = lp.clone().requires_grad_()
+    loss, _ = rlpt.policy_loss(obj, y, mask, old_logp=old, behav_logp=behav, adv=adv)
+    (gy,) = torch.autograd.grad(loss, y)
+    close(loss, want, what="loss", **TOL)
+    close(gy, gw, what="grad", rtol=2e-5, atol=1e-7)
+
+
 def test_local_is_weights_is_verls_batch_norm_factor_and_adds_over_micro_batches():
     lp, old, behav, adv, mask, _, _, metrics = batch_normalized(13, "token", 2.0)
     (factor,) = [v for k, v in metrics.items() if k.endswith("rollout_is_batch_norm_factor")]

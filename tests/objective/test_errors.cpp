@@ -142,6 +142,19 @@ TEST_CASE("errors: bad options name the field and the value") {
   RLPT_CHECK_ERROR(
       evaluate(objective{.correction = {.reject = {.stat = rs_stat::k1, .level = rs_level::seq_max, .hi = 2.0}}}, in),
       "rlpt.objective.bad_option", "seq_max", "k2, k3, binary_kl or tv", "rejection.stat = k1");
+  // Each further criterion is checked under its own name.
+  RLPT_CHECK_ERROR(
+      evaluate(objective{.correction = {.reject = {.stat = rs_stat::k2, .hi = 0.1},
+                                        .reject_also = {{{.stat = rs_stat::k3, .hi = 0.1},
+                                                         {.stat = rs_stat::ratio, .level = rs_level::seq_max}}}}},
+               in),
+      "rlpt.objective.bad_option", "reject_also[1].level = seq_max", "reject_also[1].stat = ratio");
+  RLPT_CHECK_ERROR(
+      evaluate(objective{.correction = {.reject_also = {{{}, {}, {.stat = rs_stat::k2, .hi = -1.0}}}}}, in),
+      "rlpt.objective.bad_option", "reject_also[2].hi = -1");
+  RLPT_CHECK_ERROR(
+      evaluate(objective{.correction = {.reject_also = {{{.stat = rs_stat::k1, .lo = 3.0, .hi = 2.0}}}}}, in),
+      "rlpt.objective.bad_option", "reject_also[0].lo = 3", "[0, hi]");
   RLPT_CHECK_ERROR(evaluate(objective{.agg = {.mode = agg_mode::seq_mean_token_sum_norm}}, in),
                    "rlpt.objective.bad_option", "needs norm > 0", "got 0");
   RLPT_CHECK_ERROR(evaluate(objective{.policy = gmpo{}}, in), "rlpt.objective.bad_option",
@@ -184,6 +197,21 @@ TEST_CASE("errors: compat presets reject what they do not reproduce") {
                    "\"abc\" is not a number");
   RLPT_CHECK_ERROR(compat::verl::rollout_correction("", "", "token_k2", "0.5_2"), "rlpt.objective.compat",
                    "only k1 options");
+  // Comma-separated rollout_rs: each option named where it fails; the thresholds one or one each.
+  RLPT_CHECK_ERROR(compat::verl::rollout_correction("", "", "token_k1,seq_max_k1", "2.0"), "rlpt.objective.compat",
+                   "rollout_rs = \"seq_max_k1\"");
+  RLPT_CHECK_ERROR(compat::verl::rollout_correction("", "", "token_k1,seq_mean_k2", "0.5_2.0,0.1_0.2"),
+                   "rlpt.objective.compat", "\"0.1_0.2\" for rollout_rs option seq_mean_k2", "only k1 options");
+  RLPT_CHECK_ERROR(compat::verl::rollout_correction("", "", "token_k1,seq_mean_k2,seq_max_k3", "2.0,0.1"),
+                   "rlpt.objective.compat", "one threshold shared by every option or one per option", "(3)");
+  RLPT_CHECK_ERROR(compat::verl::rollout_correction("", "", "token_k1,seq_mean_k2", "2.0,0.1,0.2"),
+                   "rlpt.objective.compat", "more thresholds than", "(2)");
+  RLPT_CHECK_ERROR(compat::verl::rollout_correction("", "", "token_k2", ""), "rlpt.objective.compat",
+                   "rollout_rs_threshold = \"\" needs one threshold");
+  RLPT_CHECK_ERROR(compat::verl::rollout_correction("", "", " , ", "2.0"), "rlpt.objective.compat",
+                   "rollout_rs = \" , \"");
+  RLPT_CHECK_ERROR(compat::verl::rollout_correction("", "", "token_k1,token_k2,token_k3,seq_sum_k1,seq_sum_k2", "2.0"),
+                   "rlpt.objective.compat", "more than 4 distinct options");
   RLPT_CHECK_ERROR(compat::trl::grpo({.loss_type = "dapo"}), "rlpt.objective.compat", "num_items_in_batch");
   RLPT_CHECK_ERROR(compat::trl::grpo({.loss_type = "luspo_x"}), "rlpt.objective.compat", "loss_type = \"luspo_x\"");
   RLPT_CHECK_ERROR(compat::trl::grpo({.loss_type = "vespo", .importance_sampling_level = "sequence"}),

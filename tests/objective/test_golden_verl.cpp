@@ -145,6 +145,12 @@ TEST_CASE("golden verl rollout corrections (IS weights, IcePop, rejection) in de
       {"rs_seq_max_k2", verl::rollout_correction("", "", "seq_max_k2", "0.05")},
       {"rs_seq_sum_k1", verl::rollout_correction("", "", "seq_sum_k1", "0.7_1.4")},
       {"tis_and_rs_token_k2", verl::rollout_correction("token", "2.0", "token_k2", "0.5")},
+      {"rs_seq_mean_k3_and_token_k1", verl::rollout_correction("", "", "seq_mean_k3,token_k1", "0.02,0.8_1.25")},
+      {"rs_seq_shared_threshold", verl::rollout_correction("", "", "token_k2, seq_mean_k2,token_k2", "0.03")},
+      {"rs_seq_four",
+       verl::rollout_correction("", "", "token_k2,seq_max_k2,seq_mean_k3,seq_sum_k1", "0.08,0.1,0.03,0.5_1.2")},
+      {"tis_and_rs_token_k3_seq_sum_k1",
+       verl::rollout_correction("token", "2.0", "token_k3,seq_sum_k1", "0.05,0.7_1.4")},
       {"token_tis_batch_norm", verl::rollout_correction("token", "2.0", "", "", false, true)},
       {"seq_icepop_batch_norm", verl::rollout_correction("sequence", "0.2_5.0", "", "", false, true)},
   };

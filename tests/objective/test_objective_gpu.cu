@@ -149,6 +149,13 @@ std::vector<objective> configurations() {
        .correction = {.weight = {.level = is_level::token, .bound = is_bound::none},
                       .reject = {.stat = rs_stat::ratio, .level = rs_level::seq_mean, .lo = 0.9, .hi = 1.1},
                       .rejected = rejected_tokens::zero_weight}},
+      {.policy = ppo_clip{}, // several criteria (verl's comma-separated rollout_rs): two sequence maxima folded
+       .correction = {.weight = {.level = is_level::token, .hi = 2.0},
+                      .reject = {.stat = rs_stat::k2, .level = rs_level::token, .hi = 0.2},
+                      .reject_also = {{{.stat = rs_stat::k3, .level = rs_level::seq_max, .hi = 0.3},
+                                       {.stat = rs_stat::tv, .level = rs_level::seq_max, .hi = 0.2},
+                                       {.stat = rs_stat::k1, .level = rs_level::seq_mean, .hi = 1.1}}}},
+       .kl = {.coef = 0.1}},
       {.policy = no_policy{}, .value = {.coef = 1.0, .clip = 0.2, .huber_delta = 0.5}},
   };
 }

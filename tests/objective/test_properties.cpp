@@ -561,6 +561,66 @@ TEST_CASE("metrics: clip fractions, approximate KL, importance weights, rejectio
   CHECK(r.loss_tokens == 4.0); // IcePop zeroes weights but keeps tokens in the denominator
 }
 
+TEST_CASE(
+    "rejection: several criteria keep a token only where each alone keeps it (verl's comma-separated rollout_rs)") {
+  const batch<double> b(12, 40, 31, 0.3, 0.3);
+  const rejection tok_k2{.stat = rs_stat::k2, .level = rs_level::token, .hi = 0.03};
+  const rejection seq_k3{.stat = rs_stat::k3, .level = rs_level::seq_mean, .hi = 0.045};
+  const rejection seq_tv{.stat = rs_stat::tv, .level = rs_level::seq_max, .hi = 0.12};
+  const rejection tok_k1{.stat = rs_stat::k1, .level = rs_level::token, .lo = 0.8, .hi = 1.3};
+  // The plain policy gradient summed over tokens: a kept token's gradient is -A, the same in every
+  // run, and a rejected one's 0, so which tokens a run keeps reads off its gradient.
+  auto run = [&](const off_policy_correction& c, grads<double>& g) {
+    return evaluate(objective{.policy = policy_gradient{}, .correction = c, .agg = {.mode = agg_mode::token_sum}},
+                    b.inputs(), g.view());
+  };
+  auto slot = [&](std::size_t i) { return static_cast<index_t>(i) % b.stride < b.L && b.mask[i] != 0; };
+  grads<double> none(b.size());
+  run({}, none);
+  std::vector<std::uint8_t> kept_by_all(b.size(), 1);
+  double most = 0.0;
+  for (const rejection& r : {tok_k2, seq_k3, seq_tv, tok_k1}) {
+    grads<double> g(b.size());
+    const objective_result res = run({.reject = r}, g);
+    INFO("stat ", static_cast<int>(r.stat), ", level ", static_cast<int>(r.level));
+    REQUIRE(res.rejected_frac > 0.0); // each criterion rejects some tokens, and keeps some
+    REQUIRE(res.rejected_frac < 1.0);
+    most = std::max(most, res.rejected_frac);
+    for (std::size_t i = 0; i < b.size(); ++i)
+      if (slot(i)) {
+        REQUIRE((g.logp[i] == none.logp[i] || g.logp[i] == 0.0)); // kept as without rejection, or removed
+        kept_by_all[i] = static_cast<std::uint8_t>(kept_by_all[i] & (g.logp[i] != 0.0 ? 1 : 0));
+      }
+  }
+  grads<double> all(b.size());
+  const objective_result r_all = run({.reject = tok_k2, .reject_also = {seq_k3, seq_tv, tok_k1}}, all);
+  double kept = 0.0;
+  for (std::size_t i = 0; i < b.size(); ++i)
+    if (slot(i)) {
+      CHECK(all.logp[i] == (kept_by_all[i] != 0 ? none.logp[i] : 0.0));
+      kept += kept_by_all[i];
+    }
+  CHECK(r_all.loss_tokens == kept);
+  CHECK(r_all.rejected_frac > most); // the criteria reject different tokens here
+  // The order of the criteria, an unused entry and a repeated criterion change no bit.
+  for (const off_policy_correction& c :
+       {off_policy_correction{.reject = tok_k1, .reject_also = {seq_tv, tok_k2, seq_k3}},
+        off_policy_correction{.reject = seq_k3, .reject_also = {tok_k1, tok_k2, seq_tv}},
+        off_policy_correction{.reject = seq_tv, .reject_also = {tok_k1, seq_k3, tok_k2}}}) {
+    grads<double> g(b.size());
+    const objective_result r = run(c, g);
+    CHECK(r.loss == r_all.loss);
+    CHECK(r.rejected_frac == r_all.rejected_frac);
+    CHECK(g.logp == all.logp);
+  }
+  grads<double> g_once(b.size()), g_twice(b.size()), g_later(b.size());
+  run({.reject = seq_k3}, g_once);
+  run({.reject = seq_k3, .reject_also = {{{}, seq_k3}}}, g_twice);
+  run({.reject_also = {{{}, {}, seq_k3}}}, g_later);
+  CHECK(g_once.logp == g_twice.logp);
+  CHECK(g_once.logp == g_later.logp);
+}
+
 namespace {
 
 //! Evaluates obj on b and on clean: the same loss and gradients, with `nonfinite` tokens counted on b.
@@ -846,6 +906,13 @@ std::vector<objective> every_kind() {
        .correction = {.weight = {.level = is_level::token, .bound = is_bound::none},
                       .reject = {.stat = rs_stat::ratio, .level = rs_level::seq_mean, .lo = 0.9, .hi = 1.1},
                       .rejected = rejected_tokens::zero_weight}},
+      {.policy = ppo_clip{},
+       .correction = {.weight = {.level = is_level::token, .hi = 2.0},
+                      .reject = {.stat = rs_stat::k2, .level = rs_level::token, .hi = 0.2},
+                      .reject_also = {{{.stat = rs_stat::k3, .level = rs_level::seq_mean, .hi = 0.05},
+                                       {.stat = rs_stat::tv, .level = rs_level::seq_max, .hi = 0.2},
+                                       {.stat = rs_stat::k1, .level = rs_level::token, .lo = 0.8, .hi = 1.25}}}},
+       .kl = {.coef = 0.1}},
       {.policy = no_policy{}, .value = {.coef = 1.0, .clip = 0.2, .huber_delta = 0.5}},
   };
 }

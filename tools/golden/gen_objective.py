@@ -267,6 +267,14 @@ def generate(out_dir, seed):
         "rs_seq_sum_k1": dict(rollout_rs="seq_sum_k1", rollout_rs_threshold="0.7_1.4"),
         "tis_and_rs_token_k2": dict(rollout_is="token", rollout_is_threshold=2.0, rollout_rs="token_k2",
                                     rollout_rs_threshold=0.5),
+        # comma-separated criteria, every one must pass: one threshold per option, or one shared
+        # (spaces and a repeated option as verl takes them); the four are rlpt's most
+        "rs_seq_mean_k3_and_token_k1": dict(rollout_rs="seq_mean_k3,token_k1", rollout_rs_threshold="0.02,0.8_1.25"),
+        "rs_seq_shared_threshold": dict(rollout_rs="token_k2, seq_mean_k2,token_k2", rollout_rs_threshold="0.03"),
+        "rs_seq_four": dict(rollout_rs="token_k2,seq_max_k2,seq_mean_k3,seq_sum_k1",
+                            rollout_rs_threshold="0.08,0.1,0.03,0.5_1.2"),
+        "tis_and_rs_token_k3_seq_sum_k1": dict(rollout_is="token", rollout_is_threshold=2.0,
+                                               rollout_rs="token_k3,seq_sum_k1", rollout_rs_threshold="0.05,0.7_1.4"),
         "token_tis_batch_norm": dict(rollout_is="token", rollout_is_threshold=2.0, rollout_is_batch_normalize=True),
         "seq_icepop_batch_norm": dict(rollout_is="sequence", rollout_is_threshold="0.2_5.0",
                                       rollout_is_batch_normalize=True),
@@ -283,7 +291,7 @@ def generate(out_dir, seed):
                     rollout_rs=spec.get("rollout_rs"), rollout_rs_threshold=spec.get("rollout_rs_threshold"))
             weights = proto.batch["rollout_is_weights"] if proto is not None else None
             return pg(cfg, t=t, weights=weights, mask=mask.bool())
-        src = plain if cname.startswith("rs_seq") else large  # sequence rejection: about half the rows pass
+        src = plain if "seq_" in (spec.get("rollout_rs") or "") else large  # sequence rejection: about half the rows pass
         run_case(out_dir, seed, f"verl_corr_{cname}", src, corr_case,
                  dict(peer="verl", loss_mode="vanilla", clip_ratio_high=0.28, **spec))
 

@@ -50,6 +50,20 @@ inline double parse_number(std::string_view framework, std::string_view option, 
              s);
   return v;
 }
+//! Calls f with each comma-separated item of s, spaces around it trimmed, empty items skipped
+//! (Python's `[p.strip() for p in s.split(",") if p.strip()]`).
+template <class F> void for_each_item(std::string_view s, F f) {
+  constexpr std::string_view space = " \t\n\r\f\v";
+  while (!s.empty()) {
+    const auto comma = s.find(',');
+    std::string_view item = s.substr(0, comma);
+    s = comma == std::string_view::npos ? std::string_view{} : s.substr(comma + 1);
+    const auto b = item.find_first_not_of(space);
+    if (b == std::string_view::npos) continue;
+    item = item.substr(b, item.find_last_not_of(space) - b + 1);
+    f(item);
+  }
+}
 } // namespace detail
 
 // ============================================================================================
@@ -137,9 +151,10 @@ inline objective kl_loss(std::string_view kl_loss_type = "low_var_kl", double kl
 }
 
 //! verl's rollout correction (rollout_corr_helper): rollout_is in {"", "token", "sequence"} with
-//! rollout_is_threshold "hi" (TIS, upper only) or "lo_hi" (IcePop); rollout_rs one option of
-//! token_k1/k2/k3, seq_sum_k1/k2/k3, seq_mean_k1/k2/k3, seq_max_k2/k3 with its threshold
-//! ("hi", or "lo_hi" for k1). bypass = true takes the ratio against the current policy
+//! rollout_is_threshold "hi" (TIS, upper only) or "lo_hi" (IcePop); rollout_rs up to four
+//! comma-separated options of token_k1/k2/k3, seq_sum_k1/k2/k3, seq_mean_k1/k2/k3,
+//! seq_max_k2/k3, all of which must pass (reject, then reject_also), with rs_threshold one
+//! threshold for all or one per option, comma-separated ("hi", or "lo_hi" for k1). bypass = true takes the ratio against the current policy
 //! (bypass_mode; then old_logp = behav_logp). Rejected tokens leave the loss (verl overwrites
 //! response_mask). batch_normalize: rollout_is_batch_normalize, the weights divided by their
 //! mean; verl takes that mean over the whole training batch, so a call that is one micro-batch of
@@ -171,34 +186,64 @@ inline off_policy_correction rollout_correction(std::string_view rollout_is = ""
     }
   }
   if (!rollout_rs.empty()) {
-    std::string_view opt = rollout_rs;
-    rejection& r = c.reject;
-    if (opt.size() < 2 || opt[opt.size() - 2] != 'k')
-      detail::unknown("verl", "rollout_rs", rollout_rs, "token_k1/k2/k3, seq_sum_k*, seq_mean_k*, seq_max_k2/k3");
-    const char kc = opt.back();
-    r.stat = kc == '1' ? rs_stat::k1 : kc == '2' ? rs_stat::k2 : kc == '3' ? rs_stat::k3 : rs_stat::none;
-    const std::string_view lvl = opt.substr(0, opt.size() - 3);
-    if (lvl == "token")
-      r.level = rs_level::token;
-    else if (lvl == "seq_sum")
-      r.level = rs_level::seq_sum;
-    else if (lvl == "seq_mean")
-      r.level = rs_level::seq_mean;
-    else if (lvl == "seq_max" && r.stat != rs_stat::k1)
-      r.level = rs_level::seq_max;
-    else
-      r.stat = rs_stat::none;
-    if (r.stat == rs_stat::none)
-      detail::unknown("verl", "rollout_rs", rollout_rs, "token_k1/k2/k3, seq_sum_k*, seq_mean_k*, seq_max_k2/k3");
-    const auto us = rs_threshold.find('_');
-    if (us == std::string_view::npos) {
-      r.hi = detail::parse_number("verl", "rollout_rs_threshold", rs_threshold);
-      r.lo = r.stat == rs_stat::k1 ? 1.0 / r.hi : 0.0;
-    } else {
-      RLPT_CHECK(r.stat == rs_stat::k1, errors::objective::compat,
-                 "verl rollout_rs_threshold \"{}\" has a lower bound, which only k1 options take", rs_threshold);
-      r.lo = detail::parse_number("verl", "rollout_rs_threshold", rs_threshold.substr(0, us));
-      r.hi = detail::parse_number("verl", "rollout_rs_threshold", rs_threshold.substr(us + 1));
+    // Comma-separated options, each once in first-seen order; every one must pass. Thresholds:
+    // one shared by every option, or one per (distinct) option in that order.
+    constexpr std::string_view allowed = "token_k1/k2/k3, seq_sum_k*, seq_mean_k*, seq_max_k2/k3, comma-separated";
+    std::string_view opts[max_rejections];
+    int n_opts = 0;
+    detail::for_each_item(rollout_rs, [&](std::string_view opt) {
+      for (int i = 0; i < n_opts; ++i)
+        if (opts[i] == opt) return;
+      RLPT_CHECK(n_opts < max_rejections, errors::objective::compat,
+                 "verl rollout_rs = \"{}\" has more than {} distinct options; rlpt takes at most {}", rollout_rs,
+                 max_rejections, max_rejections);
+      opts[n_opts++] = opt;
+    });
+    if (n_opts == 0) detail::unknown("verl", "rollout_rs", rollout_rs, allowed);
+    std::string_view thresholds[max_rejections];
+    int n_thresholds = 0;
+    detail::for_each_item(rs_threshold, [&](std::string_view t) {
+      RLPT_CHECK(n_thresholds < n_opts, errors::objective::compat,
+                 "verl rollout_rs_threshold = \"{}\" has more thresholds than rollout_rs = \"{}\" has options ({})",
+                 rs_threshold, rollout_rs, n_opts);
+      thresholds[n_thresholds++] = t;
+    });
+    RLPT_CHECK(n_thresholds == 1 || n_thresholds == n_opts, errors::objective::compat,
+               "verl rollout_rs_threshold = \"{}\" needs one threshold shared by every option or one per option of "
+               "rollout_rs = \"{}\" ({}), as verl",
+               rs_threshold, rollout_rs, n_opts);
+    for (int i = 0; i < n_opts; ++i) {
+      const std::string_view opt = opts[i];
+      rejection& r = i == 0 ? c.reject : c.reject_also[static_cast<std::size_t>(i - 1)];
+      if (opt.size() < 3 || opt[opt.size() - 2] != 'k' || opt[opt.size() - 3] != '_')
+        detail::unknown("verl", "rollout_rs", opt, allowed);
+      const char kc = opt.back();
+      r.stat = kc == '1' ? rs_stat::k1 : kc == '2' ? rs_stat::k2 : kc == '3' ? rs_stat::k3 : rs_stat::none;
+      const std::string_view lvl = opt.substr(0, opt.size() - 3);
+      if (lvl == "token")
+        r.level = rs_level::token;
+      else if (lvl == "seq_sum")
+        r.level = rs_level::seq_sum;
+      else if (lvl == "seq_mean")
+        r.level = rs_level::seq_mean;
+      else if (lvl == "seq_max" && r.stat != rs_stat::k1)
+        r.level = rs_level::seq_max;
+      else
+        r.stat = rs_stat::none;
+      if (r.stat == rs_stat::none) detail::unknown("verl", "rollout_rs", opt, allowed);
+      const std::string_view t = thresholds[n_thresholds == 1 ? 0 : i];
+      const auto us = t.find('_');
+      if (us == std::string_view::npos) {
+        r.hi = detail::parse_number("verl", "rollout_rs_threshold", t);
+        r.lo = r.stat == rs_stat::k1 ? 1.0 / r.hi : 0.0;
+      } else {
+        RLPT_CHECK(r.stat == rs_stat::k1, errors::objective::compat,
+                   "verl rollout_rs_threshold \"{}\" for rollout_rs option {} has a lower bound, which only k1 options "
+                   "take",
+                   t, opt);
+        r.lo = detail::parse_number("verl", "rollout_rs_threshold", t.substr(0, us));
+        r.hi = detail::parse_number("verl", "rollout_rs_threshold", t.substr(us + 1));
+      }
     }
   }
   return c;

@@ -14,6 +14,7 @@
 #include <rlpt/config.hpp>
 #include <rlpt/objective/detail/math.hpp>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -94,17 +95,27 @@ enum class rejected_tokens : std::uint8_t {
   zero_weight
 };
 
+//! The most rejection criteria one correction takes: `reject` and three in `reject_also`.
+inline constexpr int max_rejections = 4;
+
 struct off_policy_correction {
   is_weighting weight{};
   rejection reject{};
+  //! Further criteria a token (a sequence, for the sequence levels) must also pass to stay: verl's
+  //! comma-separated rollout_rs, where every option must pass. Each is decided on its own
+  //! statistic over the valid tokens, as `reject`; entries with stat = none are unused.
+  std::array<rejection, max_rejections - 1> reject_also{};
   ratio_numerator numerator = ratio_numerator::proximal; //!< decoupled PPO
   rejected_tokens rejected = rejected_tokens::removed;   //!< verl
   //! |log rho| clamp before exp (token ratio, or sequence sum / mean): verl SAFETY_BOUND 20.
   double log_ratio_clamp = 20.0;
 
-  [[nodiscard]] constexpr bool active() const noexcept {
-    return weight.level != is_level::none || reject.stat != rs_stat::none;
+  [[nodiscard]] constexpr bool rejects() const noexcept {
+    bool any = reject.stat != rs_stat::none;
+    for (const rejection& r : reject_also) any = any || r.stat != rs_stat::none;
+    return any;
   }
+  [[nodiscard]] constexpr bool active() const noexcept { return weight.level != is_level::none || rejects(); }
 };
 
 //! A call's share of the batch mean that is_weighting::batch_normalize divides by

@@ -208,9 +208,8 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
   const off_policy_correction& c = obj.correction;
   p.corr = c;
   p.use_is = c.weight.level != is_level::none;
-  p.use_rs = c.reject.stat != rs_stat::none;
+  p.use_rs = c.rejects();
   p.is_seq = c.weight.level == is_level::seq_product || c.weight.level == is_level::seq_geomean;
-  p.rs_seq = p.use_rs && c.reject.level != rs_level::token;
   p.removes = p.use_rs && c.rejected == rejected_tokens::removed;
   if (c.active()) {
     require(p.use_policy, "off_policy_correction", "a policy term", "its weights scale the policy term");
@@ -242,23 +241,39 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
     else
       p.w_norm = m > 1e-8 ? m : 1.0;
   }
-  if (p.use_rs) {
-    const rejection& r = c.reject;
-    check_option(r.hi > 0.0, "rejection.hi", r.hi, "must be > 0");
+  // Every criterion in use, each checked under its own name; all must pass (verl's comma-separated
+  // rollout_rs).
+  struct rs_names {
+    const char *lo, *hi, *level, *stat;
+  };
+  auto add_rejection = [&](const rejection& r, const rs_names& name) {
+    if (r.stat == rs_stat::none) return;
+    check_option(r.hi > 0.0, name.hi, r.hi, "must be > 0");
+    rs_plan& q = p.rs[p.rs_count++];
+    q.stat = r.stat;
+    q.level = r.level;
+    q.lo = r.lo;
+    q.hi = r.hi;
     if (r.stat == rs_stat::k1 || r.stat == rs_stat::ratio) {
-      check_option(r.lo >= 0.0 && r.lo <= r.hi, "rejection.lo", r.lo, "must be in [0, hi]");
-      double lo = r.lo;
-      if (r.stat == rs_stat::k1 && lo == 0.0) lo = 1.0 / r.hi; // verl: a single number means [1/hi, hi]
-      p.corr.reject.lo = lo;
-      p.rs_log_lo = lo > 0.0 ? std::log(lo) : -std::numeric_limits<double>::infinity();
-      p.rs_log_hi = std::log(r.hi);
+      check_option(r.lo >= 0.0 && r.lo <= r.hi, name.lo, r.lo, "must be in [0, hi]");
+      if (r.stat == rs_stat::k1 && q.lo == 0.0) q.lo = 1.0 / r.hi; // verl: a single number means [1/hi, hi]
+      q.log_lo = q.lo > 0.0 ? std::log(q.lo) : -std::numeric_limits<double>::infinity();
+      q.log_hi = std::log(r.hi);
     }
     if (r.level == rs_level::seq_max)
       RLPT_CHECK(r.stat != rs_stat::ratio && r.stat != rs_stat::k1, errors::objective::bad_option,
-                 "rejection.level = seq_max needs a statistic that is >= 0 (k2, k3, binary_kl or tv; verl "
-                 "seq_max_k2 / seq_max_k3), got rejection.stat = {}",
-                 r.stat == rs_stat::ratio ? "ratio" : "k1");
-  }
+                 "{} = seq_max needs a statistic that is >= 0 (k2, k3, binary_kl or tv; verl "
+                 "seq_max_k2 / seq_max_k3), got {} = {}",
+                 name.level, name.stat, r.stat == rs_stat::ratio ? "ratio" : "k1");
+    (r.level == rs_level::token ? p.rs_token : p.rs_seq) = true;
+  };
+  add_rejection(c.reject, {"rejection.lo", "rejection.hi", "rejection.level", "rejection.stat"});
+  static constexpr rs_names also_names[] = {
+      {"reject_also[0].lo", "reject_also[0].hi", "reject_also[0].level", "reject_also[0].stat"},
+      {"reject_also[1].lo", "reject_also[1].hi", "reject_also[1].level", "reject_also[1].stat"},
+      {"reject_also[2].lo", "reject_also[2].hi", "reject_also[2].level", "reject_also[2].stat"}};
+  static_assert(std::size(also_names) == std::tuple_size_v<decltype(c.reject_also)>);
+  for (std::size_t i = 0; i < c.reject_also.size(); ++i) add_rejection(c.reject_also[i], also_names[i]);
 
   // --- KL -----------------------------------------------------------------------------------
   const kl_penalty& k = obj.kl;
@@ -335,7 +350,10 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
   p.nonfinite = obj.nonfinite;
   p.need_row_pass = p.is_seq || p.rs_seq || p.policy == policy_kind::gspo || p.policy == policy_kind::gmpo ||
                     p.policy == policy_kind::vespo || p.needs_length();
-  if (!p.use_policy) p.use_is = p.use_rs = p.removes = p.is_seq = p.rs_seq = false;
+  if (!p.use_policy) {
+    p.use_is = p.use_rs = p.removes = p.is_seq = p.rs_seq = p.rs_token = false;
+    p.rs_count = 0;
+  }
   // An input no term reads is neither loaded nor checked for non-finite values: a caller may pass
   // the rollout's and the reference's log-probs whether or not this objective uses them.
   if (!(p.use_is || p.use_rs || (p.distill_coef != 0.0 && p.student == student_logp::behaviour))) p.has_behav = false;

@@ -125,8 +125,8 @@ RLPT_KERNEL void __launch_bounds__(obj_threads)
     st = row_stats_pass<inline_stages>(p, in, b, base + t, 1, c, st);
   double v[K];
   to_doubles(st, v);
-  constexpr int k_max = static_cast<int>(offsetof(row_stats, rs_max) / sizeof(double));
-  block_fold(v, shared, [](int k) { return k == k_max ? fold_op::max : fold_op::sum; });
+  constexpr int k_max = static_cast<int>(offsetof(row_stats, rs_max) / sizeof(double)); // rs_max[0]
+  block_fold(v, shared, [](int k) { return k >= k_max && k < k_max + max_rejections ? fold_op::max : fold_op::sum; });
   if (threadIdx.x == 0) {
     st = from_doubles<row_stats>(shared);
     const row_consts rc = p.need_row_pass ? row_finish(p, st) : row_consts{};

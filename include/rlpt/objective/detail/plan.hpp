@@ -76,6 +76,15 @@ struct objective_sums {
   }
 };
 
+//! One rejection criterion as the passes test it: k1's lower bound resolved (1 / hi when 0) and
+//! the k1 bounds in log space.
+struct rs_plan {
+  rs_stat stat = rs_stat::none;
+  rs_level level = rs_level::token;
+  double lo = 0.0, hi = 0.0;
+  double log_lo = 0.0, log_hi = 0.0;
+};
+
 struct objective_plan {
   policy_kind policy = policy_kind::ppo_clip;
   ppo_clip ppo{};
@@ -112,19 +121,20 @@ struct objective_plan {
   bool use_kl = false;
   bool use_entropy = false; //!< the entropy term is in the loss (coef != 0)
   bool use_value = false;
-  bool use_is = false;  //!< importance weights on
-  bool use_rs = false;  //!< rejection on
-  bool removes = false; //!< rejected tokens leave the loss
-  bool is_seq = false;  //!< sequence-level importance weight
-  bool rs_seq = false;  //!< sequence-level rejection
+  bool use_is = false;   //!< importance weights on
+  bool use_rs = false;   //!< rejection on (rs_count criteria)
+  bool removes = false;  //!< rejected tokens leave the loss
+  bool is_seq = false;   //!< sequence-level importance weight
+  bool rs_seq = false;   //!< a sequence-level rejection criterion
+  bool rs_token = false; //!< a token-level rejection criterion
   bool need_row_pass = false;
   bool gspo_sequence = false; //!< GSPO with the gradient through the sequence mean
 
   bool w_norm_local = false; //!< batch-normalised weights whose mean this call takes from its inputs
   double w_norm = 1.0;       //!< the divisor of every importance weight (1: none)
 
-  double rs_log_lo = 0.0; //!< log of the rejection bounds (k1 statistic)
-  double rs_log_hi = 0.0;
+  int rs_count = 0;                //!< rejection criteria in rs (all must pass)
+  rs_plan rs[max_rejections] = {}; //!< off_policy_correction::reject, then reject_also's in use
 
   [[nodiscard]] RLPT_HD bool needs_length() const {
     return (use_policy && agg_policy.needs_length()) || (use_kl && agg_kl.needs_length()) ||
@@ -137,8 +147,11 @@ struct row_stats {
   double len = 0.0;      //!< valid tokens
   double len_keep = 0.0; //!< valid tokens passing token-level rejection
   double sum_lr = 0.0;   //!< sum of log rho over valid tokens (sequence IS)
-  double rs_sum = 0.0;   //!< sum of the rejection statistic over valid tokens
-  double rs_max = -std::numeric_limits<double>::infinity();
+  static_assert(max_rejections == 4, "rs_max's initialiser lists every criterion");
+  double rs_sum[max_rejections] = {}; //!< per criterion: sum of its statistic over valid tokens
+  //! per criterion: maximum of its statistic over valid tokens (the only fields reduced by max)
+  double rs_max[max_rejections] = {-std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(),
+                                   -std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()};
   double sum_x = 0.0;    //!< GSPO: sum of logp - old over in-loss tokens; VESPO: of clamp(x, -20, 20)
   double sum_xs = 0.0;   //!< GMPO: sum of x* over in-loss tokens
   double sum_adv = 0.0;  //!< GMPO: sum of A over in-loss tokens
@@ -164,25 +177,27 @@ struct row_consts {
 //! weights are filled by row_alphas once the denominators are known.
 RLPT_HD row_consts row_finish(const objective_plan& p, const row_stats& s) {
   row_consts c;
-  if (p.use_rs && p.rs_seq) {
-    double stat = 0.0;
-    switch (p.corr.reject.level) {
-    case rs_level::seq_sum:
-      stat = s.rs_sum;
-      break;
-    case rs_level::seq_mean:
-      stat = s.len > 0.0 ? s.rs_sum / s.len : 0.0;
-      break;
-    case rs_level::seq_max:
-      stat = s.len > 0.0 ? s.rs_max : 0.0;
-      break;
-    case rs_level::token:
-      break;
+  if (p.rs_seq) {
+    // Each sequence-level criterion on its own statistic; all must pass. A row without valid
+    // tokens counts as kept (nothing to reject).
+    for (int i = 0; i < p.rs_count; ++i) {
+      const rs_plan& r = p.rs[i];
+      double stat = 0.0;
+      switch (r.level) {
+      case rs_level::seq_sum:
+        stat = s.rs_sum[i];
+        break;
+      case rs_level::seq_mean:
+        stat = s.len > 0.0 ? s.rs_sum[i] / s.len : 0.0;
+        break;
+      case rs_level::seq_max:
+        stat = s.len > 0.0 ? s.rs_max[i] : 0.0;
+        break;
+      case rs_level::token:
+        continue;
+      }
+      c.seq_keep = c.seq_keep && (s.len <= 0.0 || rs_keep(r.stat, stat, r.lo, r.hi, r.log_lo, r.log_hi));
     }
-    // A row without valid tokens counts as kept (nothing to reject).
-    c.seq_keep = s.len <= 0.0 || rs_keep(p.corr.reject.stat, stat, static_cast<double>(p.corr.reject.lo),
-                                         static_cast<double>(p.corr.reject.hi), static_cast<double>(p.rs_log_lo),
-                                         static_cast<double>(p.rs_log_hi));
   }
   c.len_loss = p.removes ? (c.seq_keep ? s.len_keep : 0.0) : s.len;
   if (p.use_is && p.is_seq) {

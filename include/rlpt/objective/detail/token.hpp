@@ -448,14 +448,15 @@ RLPT_HD_FORCEINLINE const T* ratio_numerator_of(const objective_plan& p, const t
   return p.corr.numerator == ratio_numerator::proximal ? c.old : c.lp;
 }
 
-//! Token-level rejection with the statistic S: c.keep from the clamped log rho in c.tmp (and, for
-//! the divergences, the numerator's and the behaviour log-probs). A function forced inline, not a
-//! generic lambda (see dppo_loop).
+//! Token-level rejection by criterion r with the statistic S: clears c.keep where it fails, from
+//! the clamped log rho in c.tmp (and, for the divergences, the numerator's and the behaviour
+//! log-probs). A function forced inline, not a generic lambda (see dppo_loop).
 template <rs_stat S, class T, int N>
-RLPT_HD_FORCEINLINE void token_rejection_loop(const objective_plan& p, const T* num, int n, token_chunk<T, N>& c) {
-  const T lo = T(p.corr.reject.lo), hi = T(p.corr.reject.hi), llo = T(p.rs_log_lo), lhi = T(p.rs_log_hi);
+RLPT_HD_FORCEINLINE void token_rejection_loop(const rs_plan& r, const T* num, int n, token_chunk<T, N>& c) {
+  const T lo = T(r.lo), hi = T(r.hi), llo = T(r.log_lo), lhi = T(r.log_hi);
   for (int j = 0; j < n; ++j)
-    c.keep[j] = rs_keep(S, rs_token_stat(S, c.tmp[j], num[j], c.behav[j]), lo, hi, llo, lhi) ? 1 : 0;
+    c.keep[j] = static_cast<std::uint8_t>(
+        c.keep[j] & (rs_keep(S, rs_token_stat(S, c.tmp[j], num[j], c.behav[j]), lo, hi, llo, lhi) ? 1 : 0));
 }
 
 //! Importance weights, rejection and which tokens stay in the loss.
@@ -474,32 +475,34 @@ RLPT_HD_FORCEINLINE void correction_chunk(const objective_plan& p, const token_c
   const T cl = T(p.corr.log_ratio_clamp);
   const T* num = ratio_numerator_of(p, c);
   for (int j = 0; j < n; ++j) c.tmp[j] = clamp_r(num[j] - c.behav[j], -cl, cl); // clamped log rho
-  if (p.use_rs && !p.rs_seq) {
-    switch (p.corr.reject.stat) {
-    case rs_stat::ratio:
-      token_rejection_loop<rs_stat::ratio>(p, num, n, c);
-      break;
-    case rs_stat::k1:
-      token_rejection_loop<rs_stat::k1>(p, num, n, c);
-      break;
-    case rs_stat::k2:
-      token_rejection_loop<rs_stat::k2>(p, num, n, c);
-      break;
-    case rs_stat::k3:
-      token_rejection_loop<rs_stat::k3>(p, num, n, c);
-      break;
-    case rs_stat::binary_kl:
-      token_rejection_loop<rs_stat::binary_kl>(p, num, n, c);
-      break;
-    case rs_stat::tv:
-      token_rejection_loop<rs_stat::tv>(p, num, n, c);
-      break;
-    case rs_stat::none:
-      break;
+  for (int j = 0; j < n; ++j) c.keep[j] = 1;
+  if (p.rs_token)
+    for (int i = 0; i < p.rs_count; ++i) {
+      const rs_plan& r = p.rs[i];
+      if (r.level != rs_level::token) continue;
+      switch (r.stat) {
+      case rs_stat::ratio:
+        token_rejection_loop<rs_stat::ratio>(r, num, n, c);
+        break;
+      case rs_stat::k1:
+        token_rejection_loop<rs_stat::k1>(r, num, n, c);
+        break;
+      case rs_stat::k2:
+        token_rejection_loop<rs_stat::k2>(r, num, n, c);
+        break;
+      case rs_stat::k3:
+        token_rejection_loop<rs_stat::k3>(r, num, n, c);
+        break;
+      case rs_stat::binary_kl:
+        token_rejection_loop<rs_stat::binary_kl>(r, num, n, c);
+        break;
+      case rs_stat::tv:
+        token_rejection_loop<rs_stat::tv>(r, num, n, c);
+        break;
+      case rs_stat::none:
+        break;
+      }
     }
-  } else {
-    for (int j = 0; j < n; ++j) c.keep[j] = 1;
-  }
   if (!k.seq_keep)
     for (int j = 0; j < n; ++j) c.keep[j] = 0;
   if (p.use_is && !p.is_seq) {
@@ -531,13 +534,17 @@ RLPT_HD_FORCEINLINE void stats_chunk(const objective_plan& p, int n, token_chunk
   for (int j = 0; j < n; ++j) c.rej[j] = static_cast<std::uint8_t>(c.valid[j] & c.keep[j]);
   st.len_keep += static_cast<double>(count(c.rej, n));
   chunk_sums<T, N, double, Wide> sums(c, n);
-  if (p.use_rs && p.rs_seq) {
-    const rs_stat stat = p.corr.reject.stat;
+  if (p.rs_seq) {
     const T* num = ratio_numerator_of(p, c);
-    for (int j = 0; j < n; ++j) c.pv[j] = rs_token_stat(stat, c.tmp[j], num[j], c.behav[j]);
-    sums.add(st.rs_sum, [&](int j) { return sel(c.valid[j] != 0, c.pv[j], T(0)); });
-    const double m = lane_max(c.pv, c.valid, n);
-    st.rs_max = m > st.rs_max ? m : st.rs_max;
+    for (int i = 0; i < p.rs_count; ++i) {
+      const rs_plan& r = p.rs[i];
+      if (r.level == rs_level::token) continue;
+      // add() copies the values at once, so the next criterion may overwrite c.pv.
+      for (int j = 0; j < n; ++j) c.pv[j] = rs_token_stat(r.stat, c.tmp[j], num[j], c.behav[j]);
+      sums.add(st.rs_sum[i], [&](int j) { return sel(c.valid[j] != 0, c.pv[j], T(0)); });
+      const double m = lane_max(c.pv, c.valid, n);
+      st.rs_max[i] = m > st.rs_max[i] ? m : st.rs_max[i];
+    }
   }
   if (p.use_is && p.is_seq) {
     const T* num = ratio_numerator_of(p, c);
