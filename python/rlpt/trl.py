@@ -33,6 +33,11 @@ LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo", "vesp
 _NUM_ITEMS_TYPES = ("dapo", "cispo", "vespo")
 
 
+def _per_row(advantages):
+    """TRL's advantages as [B, 1] (per sequence) or [B, T] (per token): the shape its masks broadcast against."""
+    return advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+
+
 class GRPOTrainer(_TRLGRPOTrainer):
     """trl.GRPOTrainer with the loss computed by rlpt (see the module docstring)."""
 
@@ -90,7 +95,7 @@ class GRPOTrainer(_TRLGRPOTrainer):
             scale = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
         if self.off_policy_mask_threshold is not None:
             keep = self.get_off_policy_mask(
-                advantages=advantages.unsqueeze(1) if advantages.dim() == 1 else advantages,
+                advantages=_per_row(advantages),
                 per_token_logps=per_token_logps, sampling_per_token_logps=inputs.get("sampling_per_token_logps", old),
                 mask=mask, off_policy_threshold=self.off_policy_mask_threshold)
             scale = keep if scale is None else scale * keep
@@ -130,7 +135,7 @@ class GRPOTrainer(_TRLGRPOTrainer):
         adv_kw = {"seq_adv": advantages} if advantages.dim() == 1 else {"adv": advantages}
         scale = self._rlpt_policy_scale(inputs, per_token_logps, entropies, mask, old, advantages)
         if scale is not None:
-            adv = (advantages.unsqueeze(1) if advantages.dim() == 1 else advantages) * scale
+            adv = _per_row(advantages) * scale
             adv_kw = {"adv": adv.to(per_token_logps.dtype).expand_as(per_token_logps).contiguous()}
         loss, metrics = rlpt.policy_loss(
             obj, per_token_logps, mask, old_logp=old,
