@@ -54,11 +54,15 @@ class GRPOTrainer(_TRLGRPOTrainer):
         if self.top_entropy_quantile < 1.0 and self._entropy_bonus_enabled:
             # TRL's bonus is then a mean over the high-entropy tokens only
             return "top_entropy_quantile < 1 with entropy_coef"
-        if self.use_vllm and self.vllm_importance_sampling_correction and self.loss_type == "vespo":
-            return "vespo with vllm_importance_sampling_correction"
+        if self._rlpt_vespo_ratio() and self.vllm_importance_sampling_mode not in ("token_truncate", "token_mask"):
+            return f"vespo with vllm_importance_sampling_mode {self.vllm_importance_sampling_mode}"
         if self.aux_loss_enabled:
             return "router aux loss"
         return None
+
+    def _rlpt_vespo_ratio(self):
+        """VESPO folds the vLLM ratio into its sequence weight: rlpt forms it from log-probs (behav_logp)."""
+        return self.loss_type == "vespo" and self.use_vllm and self.vllm_importance_sampling_correction
 
     def _rlpt_objective(self, train, num_items):
         args = self.args
@@ -80,6 +84,12 @@ class GRPOTrainer(_TRLGRPOTrainer):
             opts["delta"] = float(args.delta)
         if self.loss_type in _NUM_ITEMS_TYPES:
             opts["num_items_in_batch"] = float(num_items)
+        if self._rlpt_vespo_ratio():
+            opts.update(vllm_importance_sampling_correction=True,
+                        vllm_importance_sampling_mode=self.vllm_importance_sampling_mode,
+                        vllm_importance_sampling_max=float(self.vllm_importance_sampling_clip_max))
+            if self.vllm_importance_sampling_clip_min is not None:
+                opts["vllm_importance_sampling_min"] = float(self.vllm_importance_sampling_clip_min)
         key = tuple(sorted(opts.items()))
         if self._rlpt_objectives is None:
             self._rlpt_objectives = {}
@@ -99,7 +109,7 @@ class GRPOTrainer(_TRLGRPOTrainer):
                 per_token_logps=per_token_logps, sampling_per_token_logps=inputs.get("sampling_per_token_logps", old),
                 mask=mask, off_policy_threshold=self.off_policy_mask_threshold)
             scale = keep if scale is None else scale * keep
-        if self.use_vllm and self.vllm_importance_sampling_correction:
+        if self.use_vllm and self.vllm_importance_sampling_correction and not self._rlpt_vespo_ratio():
             ratio = inputs["importance_sampling_ratio"]
             scale = ratio if scale is None else scale * ratio
         return scale
@@ -137,8 +147,14 @@ class GRPOTrainer(_TRLGRPOTrainer):
         if scale is not None:
             adv = _per_row(advantages) * scale
             adv_kw = {"adv": adv.to(per_token_logps.dtype).expand_as(per_token_logps).contiguous()}
+        behav = None
+        if self._rlpt_vespo_ratio():
+            # TRL's own ratio as the rollout log-probs rlpt forms it from: old - log(ratio) (a ratio of
+            # 0 as a log-ratio of -100: its log clamps to log 1e-8 as TRL's does).
+            log_ratio = torch.log(inputs["importance_sampling_ratio"].to(old.dtype)).clamp(min=-100.0)
+            behav = old - log_ratio.expand_as(old)
         loss, metrics = rlpt.policy_loss(
-            obj, per_token_logps, mask, old_logp=old,
+            obj, per_token_logps, mask, old_logp=old, behav_logp=behav,
             ref_logp=inputs["ref_per_token_logps"] if self.beta != 0.0 else None,
             entropy=entropies if self._entropy_bonus_enabled else None, **adv_kw)
         m = metrics_dict(metrics)

@@ -104,10 +104,16 @@ class CheckingVLLMRatio(Checking):
     """Checking with a vLLM importance-sampling ratio in the batch, as TRL's vLLM generation adds
     (no vLLM here: the ratio is made up, and use_vllm is on only inside the loss)."""
 
+    zero_frac = 0.0  # the share of ratios set to 0, as TRL's token_mask does outside its band
+
     def _compute_loss(self, model, inputs):
         g = torch.Generator().manual_seed(5)
         inputs = dict(inputs)
-        inputs["importance_sampling_ratio"] = 0.5 + torch.rand(inputs["completion_mask"].shape, generator=g)
+        shape = inputs["completion_mask"].shape
+        ratio = 0.5 + torch.rand(shape, generator=g)
+        ratio = ratio.masked_fill(torch.rand(shape, generator=g) < self.zero_frac, 0.0)
+        # 1 outside the completion, as TRL's exp((old - sampling) * mask): VESPO sums every position's log
+        inputs["importance_sampling_ratio"] = torch.where(inputs["completion_mask"].bool(), ratio, 1.0)
         self.use_vllm, self.vllm_importance_sampling_correction = True, True
         try:
             return super()._compute_loss(model, inputs)
@@ -118,11 +124,17 @@ class CheckingVLLMRatio(Checking):
 @pytest.mark.parametrize("loss_type,extra", [
     ("grpo", {}), ("dapo", {"importance_sampling_level": "sequence", "top_entropy_quantile": 0.5}),
     ("cispo", {"epsilon_high": 4.0, "beta": 0.05}),
+    # VESPO folds the ratio into its sequence weight (a 0 ratio as log 1e-8)
+    ("vespo", {"vllm_importance_sampling_mode": "token_truncate"}),
+    ("vespo", {"vllm_importance_sampling_mode": "token_mask", "vespo_k_pos": 1.5, "zero_frac": 0.05}),
 ])
 def test_first_step_with_vllm_ratio_equals_trl(tmp_path, loss_type, extra):
+    extra = dict(extra)
+    zero_frac = extra.pop("zero_frac", 0.0)
     args = config(tmp_path, loss_type=loss_type, max_steps=1, **extra)
     tr = CheckingVLLMRatio(model=tiny_model(tmp_path / "model"), reward_funcs=reward_a, args=args,
                            train_dataset=dataset(), processing_class=tokenizer())
+    tr.zero_frac = zero_frac
     tr.checks = []
     tr.train()
     assert len(tr.checks) == 1

@@ -142,6 +142,10 @@ TEST_CASE("errors: bad options name the field and the value") {
   RLPT_CHECK_ERROR(
       evaluate(objective{.correction = {.reject = {.stat = rs_stat::k1, .level = rs_level::seq_max, .hi = 2.0}}}, in),
       "rlpt.objective.bad_option", "seq_max", "k2, k3, binary_kl or tv", "rejection.stat = k1");
+  RLPT_CHECK_ERROR(evaluate(objective{.policy = vespo{.fold_is_weight = true}}, in), "rlpt.objective.bad_option",
+                   "vespo.fold_is_weight", "must be token, got none");
+  RLPT_CHECK_ERROR(evaluate(objective{.policy = vespo{.fold_is_weight = true}, .correction = seq_is(2.0)}, in),
+                   "rlpt.objective.bad_option", "got a sequence level");
   // Each further criterion is checked under its own name.
   RLPT_CHECK_ERROR(
       evaluate(objective{.correction = {.reject = {.stat = rs_stat::k2, .hi = 0.1},
@@ -217,7 +221,7 @@ TEST_CASE("errors: compat presets reject what they do not reproduce") {
   RLPT_CHECK_ERROR(compat::trl::grpo({.loss_type = "vespo", .importance_sampling_level = "sequence"}),
                    "rlpt.objective.compat", "loss_type = \"vespo\"");
   RLPT_CHECK_ERROR(compat::trl::grpo({.loss_type = "vespo", .vllm_importance_sampling_correction = true}),
-                   "rlpt.objective.compat", "vllm_importance_sampling_correction");
+                   "rlpt.objective.compat", "token_truncate or token_mask", "\"sequence_mask\"");
   RLPT_CHECK_ERROR(compat::openrlhf::policy_loss({.is_correction_level = "token", .is_correction_gating = "js"}),
                    "rlpt.objective.compat", "is_correction_gating = \"js\"");
   RLPT_CHECK_ERROR(compat::openrlhf::policy_loss({.is_correction_level = "token", .is_correction_gating = "tv"}),

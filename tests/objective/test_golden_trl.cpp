@@ -8,6 +8,8 @@
 #include <doctest/doctest.h>
 
 #include <numeric>
+#include <string>
+#include <tuple>
 
 namespace trl = rlpt::compat::trl;
 using rlpt::test::check_golden_case;
@@ -83,4 +85,20 @@ TEST_CASE("golden trl vespo: a soft sequence weight by the advantage's sign, wit
   const double n = items_in_batch("trl_grpo");
   const auto obj = trl::grpo({.loss_type = "vespo", .beta = 0.04, .num_items_in_batch = n});
   check_golden_case("trl_vespo", obj, golden_inputs{.ref = true, .entropy = true});
+}
+
+TEST_CASE("golden trl vespo with the vLLM importance ratio folded into its sequence weight") {
+  const double n = items_in_batch("trl_grpo");
+  for (const auto& [mode, lo, hi] : {std::tuple{"token_truncate", 0.5, 3.0}, std::tuple{"token_mask", 0.5, 2.0}}) {
+    INFO(mode);
+    const auto obj = trl::grpo({.loss_type = "vespo",
+                                .num_items_in_batch = n,
+                                .vllm_importance_sampling_correction = true,
+                                .vllm_importance_sampling_mode = mode,
+                                .vllm_importance_sampling_min = lo,
+                                .vllm_importance_sampling_max = hi});
+    const auto r =
+        check_golden_case(std::string("trl_vespo_vllm_") + mode, obj, golden_inputs{.behav = true, .entropy = true});
+    CHECK(r.r64.is_weight_max <= hi); // the ratio is bounded, and it weighs phi, not the loss
+  }
 }

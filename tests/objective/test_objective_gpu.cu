@@ -156,6 +156,10 @@ std::vector<objective> configurations() {
                                        {.stat = rs_stat::tv, .level = rs_level::seq_max, .hi = 0.2},
                                        {.stat = rs_stat::k1, .level = rs_level::seq_mean, .hi = 1.1}}}},
        .kl = {.coef = 0.1}},
+      {.policy = vespo{.fold_is_weight = true}, // TRL vespo with the vLLM ratio
+       .correction = {.weight = {.level = is_level::token, .bound = is_bound::mask, .lo = 0.6, .hi = 1.6},
+                      .rejected = rejected_tokens::zero_weight},
+       .kl = {.coef = 0.1}},
       {.policy = no_policy{}, .value = {.coef = 1.0, .clip = 0.2, .huber_delta = 0.5}},
   };
 }

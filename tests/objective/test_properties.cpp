@@ -540,6 +540,50 @@ TEST_CASE("hand-computed tokens: VESPO's soft sequence weight by the advantage's
   CHECK(r.clip_frac_low + r.clip_frac_high + r.clip_frac_dual == 0.0);
 }
 
+TEST_CASE("hand-computed tokens: VESPO with token importance weights folded into its sequence weight") {
+  // One row, x = 0.3 and -0.1 (sum 0.2); rollout ratios old / behav = e^0.5 (IcePop band [0.5, 2]
+  // keeps it) and e^1 (outside: 0, whose log clamps to log 1e-8); a masked slot whose ratio is
+  // outside the band too adds nothing. log w = 0.2 + 0.5 + log 1e-8 = -17.72; the weights scale
+  // phi only, never the term. A second row with both ratios inside: log w = 0.2 + 0.25 - 0.25.
+  const std::vector<mask_t> mask{1, 1, 0, 1, 1, 0};
+  const std::vector<double> lp(6, -1.0);
+  const std::vector<double> old{-1.3, -0.9, -1.0, -1.3, -0.9, 0.0};
+  const std::vector<double> behav{-1.8, -1.9, -4.0, -1.55, -0.65, 0.0};
+  const std::vector<double> adv{1.0, -2.0, 1.0, 1.0, -2.0, 0.0};
+  const basic_objective_inputs<double> in{
+      .layout = token_layout::padded(2, 3), .mask = mask, .logp = lp, .old_logp = old, .behav_logp = behav, .adv = adv};
+  std::vector<double> g(6);
+  const objective obj{
+      .policy = vespo{.fold_is_weight = true},
+      .correction = {.weight = {.level = is_level::token, .bound = is_bound::mask, .lo = 0.5, .hi = 2.0},
+                     .rejected = rejected_tokens::zero_weight},
+      .agg = {.mode = agg_mode::token_sum}};
+  const auto r = evaluate(obj, in, {.logp = g});
+  auto phi = [](double k, double lambda, double log_w) {
+    return std::exp(lambda + k * log_w - lambda * std::exp(log_w));
+  };
+  const double lw0 = 0.2 + 0.5 + std::log(1e-8), lw1 = 0.2 + 0.25 - 0.25;
+  const double want[] = {-phi(2.0, 3.0, lw0), phi(3.0, 2.0, lw0) * 2.0, 0.0,
+                         -phi(2.0, 3.0, lw1), phi(3.0, 2.0, lw1) * 2.0, 0.0};
+  for (std::size_t t = 0; t < 6; ++t) {
+    INFO("slot ", t);
+    if (want[t] == 0.0)
+      CHECK(g[t] == 0.0);
+    else // relative to the value alone: phi of the first row is about 1e-14
+      CHECK(g[t] == doctest::Approx(want[t]).epsilon(1e-12).scale(0.0));
+  }
+  CHECK(g[0] != 0.0); // the zero weight of slot 1 shrinks phi, it does not remove slot 0 or 1
+  double loss = 0.0;
+  for (std::size_t t = 0; t < 6; ++t) loss += want[t] * lp[t];
+  CHECK(r.loss == doctest::Approx(loss).epsilon(1e-12).scale(0.0));
+  // Without folding, the weights scale the term: the same inputs give other gradients.
+  std::vector<double> g_plain(6);
+  objective plain = obj;
+  std::get<vespo>(plain.policy).fold_is_weight = false;
+  evaluate(plain, in, {.logp = g_plain});
+  CHECK(g_plain[1] == 0.0);
+}
+
 TEST_CASE("metrics: clip fractions, approximate KL, importance weights, rejection") {
   const std::vector<mask_t> mask{1, 1, 1, 1, 0};
   const std::vector<double> lp{-1.0, -1.0, -1.0, -1.0, 99.0};
@@ -913,6 +957,10 @@ std::vector<objective> every_kind() {
                                        {.stat = rs_stat::tv, .level = rs_level::seq_max, .hi = 0.2},
                                        {.stat = rs_stat::k1, .level = rs_level::token, .lo = 0.8, .hi = 1.25}}}},
        .kl = {.coef = 0.1}},
+      {.policy = vespo{.fold_is_weight = true},
+       .correction = {.weight = {.level = is_level::token, .bound = is_bound::mask, .lo = 0.6, .hi = 1.6},
+                      .rejected = rejected_tokens::zero_weight},
+       .agg = {.mode = agg_mode::token_sum}},
       {.policy = no_policy{}, .value = {.coef = 1.0, .clip = 0.2, .huber_delta = 0.5}},
   };
 }

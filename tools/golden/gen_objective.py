@@ -362,6 +362,23 @@ def generate(out_dir, seed):
              lambda t: trl_compute_loss(t, "vespo", beta=0.04, nitems=n_items, seq_adv=False),
              dict(peer="trl", loss_type="vespo", beta=0.04, num_items_in_batch=n_items, token_advantages=True))
 
+    # VESPO with the vLLM ratio: its log folds into the sequence weight (not the loss), a masked-out
+    # ratio (0) as log 1e-8; token-mode ratios only, as TRL requires.
+    for vmode, lo, hi in (("token_truncate", 0.5, 3.0), ("token_mask", 0.5, 2.0)):
+        def vespo_vllm_case(t, vmode=vmode, lo=lo, hi=hi):
+            ratio = torch.exp((t["old"] - t["behav"]) * t["mask"])
+            if vmode == "token_truncate":
+                ratio = ratio.clamp(min=lo, max=hi)
+            else:
+                ratio = ratio.masked_fill((ratio < lo) | (ratio > hi), 0.0)
+            # no KL term: on these inputs its gradients are 1e7 times VESPO's and would hide them
+            return trl_compute_loss(t, "vespo", beta=0.0, nitems=n_items, seq_adv=False, is_ratio=ratio)
+        run_case(out_dir, seed, f"trl_vespo_vllm_{vmode}", tok, vespo_vllm_case,
+                 dict(peer="trl", loss_type="vespo", beta=0.0, num_items_in_batch=n_items, token_advantages=True,
+                      vllm_importance_sampling_mode=vmode, vllm_importance_sampling_min=lo,
+                      vllm_importance_sampling_max=hi,
+                      note="importance_sampling_ratio built with _generate_and_score_completions' formula"))
+
     def trl_vllm_case(t):
         # _generate_and_score_completions, token_truncate: ratio = clamp(exp((old - sampling) * mask), min, max)
         ratio = torch.exp((t["old"] - t["behav"]) * t["mask"]).clamp(min=0.5, max=3.0)

@@ -403,13 +403,18 @@ inline objective grpo(const grpo_config& c) {
     o.policy = sapo{.tau_pos = c.sapo_temperature_pos, .tau_neg = c.sapo_temperature_neg, .log_ratio_clamp = 80.0};
   } else if (lt == "vespo" && !seq) {
     // VESPO folds TRL's vLLM importance ratio into its sequence weight instead of weighting the
-    // loss with it; rlpt's corrections weight the loss.
-    RLPT_CHECK(!c.vllm_importance_sampling_correction, errors::objective::compat,
-               "trl loss_type = \"vespo\" with vllm_importance_sampling_correction is not reproduced by rlpt");
+    // loss with it, and TRL refuses the sequence modes for it.
+    const std::string_view m = c.vllm_importance_sampling_mode;
+    RLPT_CHECK(!c.vllm_importance_sampling_correction || m == "token_truncate" || m == "token_mask",
+               errors::objective::compat,
+               "trl loss_type = \"vespo\" needs vllm_importance_sampling_mode token_truncate or token_mask, got "
+               "\"{}\" (TRL raises too)",
+               m);
     o.policy = vespo{.k_pos = c.vespo_k_pos,
                      .lambda_pos = c.vespo_lambda_pos,
                      .k_neg = c.vespo_k_neg,
-                     .lambda_neg = c.vespo_lambda_neg};
+                     .lambda_neg = c.vespo_lambda_neg,
+                     .fold_is_weight = c.vllm_importance_sampling_correction};
   } else {
     detail::unknown("trl", "loss_type", lt,
                     "grpo, bnpo, dr_grpo, dapo, luspo (token or sequence level), cispo, sapo and vespo (token level)");

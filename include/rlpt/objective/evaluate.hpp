@@ -199,6 +199,11 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
           check_nonnegative(t.k_neg, "vespo.k_neg");
           check_option(std::isfinite(t.lambda_pos), "vespo.lambda_pos", t.lambda_pos, "must be finite");
           check_option(std::isfinite(t.lambda_neg), "vespo.lambda_neg", t.lambda_neg, "must be finite");
+          const is_level lw = obj.correction.weight.level;
+          RLPT_CHECK(!t.fold_is_weight || lw == is_level::token, errors::objective::bad_option,
+                     "vespo.fold_is_weight folds token importance weights into the sequence weight; "
+                     "correction.weight.level must be token, got {}",
+                     lw == is_level::none ? "none" : "a sequence level");
           p.ve = t;
         }
       },
@@ -348,6 +353,7 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
                "(verl: torch.mean over rows), not {}",
                name(p.agg_policy.mode));
   p.nonfinite = obj.nonfinite;
+  p.fold_w = p.policy == policy_kind::vespo && p.ve.fold_is_weight && p.use_is;
   p.need_row_pass = p.is_seq || p.rs_seq || p.policy == policy_kind::gspo || p.policy == policy_kind::gmpo ||
                     p.policy == policy_kind::vespo || p.needs_length();
   if (!p.use_policy) {

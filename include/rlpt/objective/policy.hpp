@@ -131,6 +131,10 @@ struct vespo {
   double lambda_pos = 3.0; //!< TRL vespo_lambda_pos
   double k_neg = 3.0;      //!< TRL vespo_k_neg
   double lambda_neg = 2.0; //!< TRL vespo_lambda_neg
+  //! The correction's token importance weights enter w instead of scaling the term: log w adds
+  //! sum_t clamp(log w_t, log 1e-8, 20) over the row's valid tokens (TRL vespo with
+  //! vllm_importance_sampling_correction). Needs token-level weights.
+  bool fold_is_weight = false;
 };
 
 //! Plain policy gradient (REINFORCE): L = -A logp (verl `gpg`, bypass `reinforce`).

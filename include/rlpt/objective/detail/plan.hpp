@@ -129,6 +129,7 @@ struct objective_plan {
   bool rs_token = false; //!< a token-level rejection criterion
   bool need_row_pass = false;
   bool gspo_sequence = false; //!< GSPO with the gradient through the sequence mean
+  bool fold_w = false;        //!< VESPO: token weights folded into the sequence weight, not the term
 
   bool w_norm_local = false; //!< batch-normalised weights whose mean this call takes from its inputs
   double w_norm = 1.0;       //!< the divisor of every importance weight (1: none)
@@ -152,11 +153,13 @@ struct row_stats {
   //! per criterion: maximum of its statistic over valid tokens (the only fields reduced by max)
   double rs_max[max_rejections] = {-std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(),
                                    -std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()};
-  double sum_x = 0.0;    //!< GSPO: sum of logp - old over in-loss tokens; VESPO: of clamp(x, -20, 20)
-  double sum_xs = 0.0;   //!< GMPO: sum of x* over in-loss tokens
-  double sum_adv = 0.0;  //!< GMPO: sum of A over in-loss tokens
-  double sum_logw = 0.0; //!< GMPO: sum of log(w + 1e-10) over in-loss tokens (token weights)
-  double sum_w = 0.0;    //!< token weights over valid tokens (w_norm_local: the batch mean's share)
+  double sum_x = 0.0;   //!< GSPO: sum of logp - old over in-loss tokens; VESPO: of clamp(x, -20, 20)
+  double sum_xs = 0.0;  //!< GMPO: sum of x* over in-loss tokens
+  double sum_adv = 0.0; //!< GMPO: sum of A over in-loss tokens
+  //! GMPO: sum of log(w + 1e-10) over in-loss tokens (token weights); VESPO with fold_w: sum of
+  //! clamp(log w, log 1e-8, 20) over valid tokens
+  double sum_logw = 0.0;
+  double sum_w = 0.0; //!< token weights over valid tokens (w_norm_local: the batch mean's share)
 };
 
 //! The per-row constants the token pass needs, derived from the row statistics.
@@ -211,8 +214,9 @@ RLPT_HD row_consts row_finish(const objective_plan& p, const row_stats& s) {
   }
   if (p.policy == policy_kind::gspo) c.s_gspo = s.sum_x / (c.len_loss > 1.0 ? c.len_loss : 1.0);
   if (p.policy == policy_kind::vespo) {
-    c.vespo_pos = vespo_phi(p.ve.k_pos, p.ve.lambda_pos, s.sum_x);
-    c.vespo_neg = vespo_phi(p.ve.k_neg, p.ve.lambda_neg, s.sum_x);
+    const double log_w = s.sum_x + (p.fold_w ? s.sum_logw : 0.0);
+    c.vespo_pos = vespo_phi(p.ve.k_pos, p.ve.lambda_pos, log_w);
+    c.vespo_neg = vespo_phi(p.ve.k_neg, p.ve.lambda_neg, log_w);
   }
   if (p.policy == policy_kind::gmpo) {
     const double den = c.len_loss > 0.0 ? c.len_loss : 1.0;

@@ -555,6 +555,10 @@ RLPT_HD_FORCEINLINE void stats_chunk(const objective_plan& p, int n, token_chunk
     sums.add(st.sum_x, [&](int j) { return sel(c.inl[j] != 0, c.lp[j] - c.old[j], T(0)); });
   if (p.policy == policy_kind::vespo)
     sums.add(st.sum_x, [&](int j) { return sel(c.inl[j] != 0, clamp_r(c.lp[j] - c.old[j], T(-20), T(20)), T(0)); });
+  if (p.fold_w) { // TRL: log of the vLLM ratio, 0 (w = 0, a masked-out ratio) to log 1e-8
+    for (int j = 0; j < n; ++j) c.pv[j] = clamp_r(log_r(c.w[j]), T(-18.420680743952367), T(20));
+    sums.add(st.sum_logw, [&](int j) { return sel(c.valid[j] != 0, c.pv[j], T(0)); });
+  }
   if (p.policy == policy_kind::gmpo) {
     const gmpo o = p.gm;
     for (int j = 0; j < n; ++j) {
@@ -747,10 +751,12 @@ RLPT_HD_FORCEINLINE void combine_chunk(const objective_plan& p, const token_cons
   const T ak = k.a_kl;
   const bool kl = p.use_kl;
   const bool seq_gspo = p.gspo_sequence;
+  // The weight is not the term's factor: GMPO folds it into its row coefficient (and its pv is 0),
+  // VESPO with fold_w into its phi.
+  const bool folded = p.policy == policy_kind::gmpo || p.fold_w;
   if (gr.logp.size() != 0) {
     T* g = gr.logp.data() + i0;
     const T pf = seq_gspo ? T(0) : k.a_policy;
-    const bool folded = p.policy == policy_kind::gmpo; // GMPO's weight is folded into its row coefficient
     if (kl) {
       for (int j = 0; j < n; ++j) {
         const T v = pf * sel(folded, T(1), c.w[j]) * c.pg[j] + ak * c.kg[j];
@@ -786,7 +792,7 @@ RLPT_HD_FORCEINLINE void combine_chunk(const objective_plan& p, const token_cons
   }
   // Term sums over the tokens in the loss.
   chunk_sums<T, N, V, Wide> sums(c, n);
-  sums.add(a.policy, [&](int j) { return sel(c.inl[j] != 0, c.w[j] * c.pv[j], T(0)); });
+  sums.add(a.policy, [&](int j) { return sel(c.inl[j] != 0, sel(folded, T(1), c.w[j]) * c.pv[j], T(0)); });
   if (seq_gspo) sums.add(a.dcoef, [&](int j) { return sel(c.inl[j] != 0, c.w[j] * c.pg[j], T(0)); });
   if (kl) sums.add(a.kl, [&](int j) { return sel(c.inl[j] != 0, c.kv[j], T(0)); });
   if (p.has_entropy) sums.add(a.entropy, [&](int j) { return sel(c.inl[j] != 0, c.ent[j], T(0)); });
