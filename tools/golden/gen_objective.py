@@ -361,6 +361,11 @@ def generate(out_dir, seed):
     run_case(out_dir, seed, "trl_vespo", tok,
              lambda t: trl_compute_loss(t, "vespo", beta=0.04, nitems=n_items, seq_adv=False),
              dict(peer="trl", loss_type="vespo", beta=0.04, num_items_in_batch=n_items, token_advantages=True))
+    # The same without the KL term, whose gradients on these inputs are 1e7 times VESPO's (the bound
+    # scales with the largest gradient, so with it VESPO's own were checked loosely).
+    run_case(out_dir, seed, "trl_vespo_no_kl", tok,
+             lambda t: trl_compute_loss(t, "vespo", beta=0.0, nitems=n_items, seq_adv=False),
+             dict(peer="trl", loss_type="vespo", beta=0.0, num_items_in_batch=n_items, token_advantages=True))
 
     # VESPO with the vLLM ratio: its log folds into the sequence weight (not the loss), a masked-out
     # ratio (0) as log 1e-8; token-mode ratios only, as TRL requires.
