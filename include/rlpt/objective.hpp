@@ -13,5 +13,6 @@
 #include <rlpt/objective/evaluate.hpp>
 #include <rlpt/objective/inputs.hpp>
 #include <rlpt/objective/kl.hpp>
+#include <rlpt/objective/m2po.hpp>
 #include <rlpt/objective/policy.hpp>
 #include <rlpt/objective/value.hpp>

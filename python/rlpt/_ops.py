@@ -76,6 +76,11 @@ def _local_share_fake(spec, logp, mask, old_logp, behav_logp, ref_logp, adv, seq
     return torch.empty((2,), dtype=torch.float64)
 
 
+@torch.library.register_fake("rlpt::m2po_mask")
+def _m2po_mask_fake(old_logp, behav_logp, mask, cu_seqlens, m2_threshold):
+    return torch.empty_like(old_logp, dtype=torch.uint8)
+
+
 @torch.library.register_fake("rlpt::outcome_advantages")
 def _outcome_fake(spec, rewards, group_ids, lengths):
     return rewards.new_empty(rewards.shape, dtype=torch.float32), torch.empty((4,), dtype=torch.float64)
@@ -220,6 +225,16 @@ def local_is_weights(objective, logp=None, mask=None, **inputs):
     (and all-reduce over ranks) and pass sum / count as rollout_is_batch_mean (verl_actor) or
     correction.weight.batch_mean (custom)."""
     return _local_share(ops.local_is_weights, "local_is_weights", objective, logp, mask, inputs)
+
+
+def m2po_mask(old_logp, behav_logp, mask=None, *, m2_threshold, cu_seqlens=None):
+    """M2PO's loss mask (AReaL's m2_threshold, applied per micro-batch as AReaL does): the valid
+    tokens with the largest (old_logp - behav_logp)^2 dropped until the mean of the rest is below
+    m2_threshold (all but one when no number of them is). old_logp is the proximal policy's,
+    behav_logp the rollout engine's. Returns a bool tensor shaped as the log-probs; pass it as the
+    mask of policy_loss. Runs on the host (CUDA tensors are copied)."""
+    out = call(ops.m2po_mask, _det(old_logp), _det(behav_logp), mask, cu_seqlens, float(m2_threshold))
+    return out.bool()
 
 
 class Objective:

@@ -163,6 +163,29 @@ struct is_weights_share {
   }
 };
 
+//! rlpt::m2po_mask on host copies: the mask M2PO keeps, as bytes in the log-probs' [B, T] / [N] shape.
+at::Tensor m2po_mask_op(const at::Tensor& old_logp, const at::Tensor& behav_logp, const opt_tensor& mask,
+                        const opt_tensor& cu_seqlens, double m2_threshold) {
+  return guard([&] {
+    const opt_tensor old = old_logp.cpu(), behav = behav_logp.cpu();
+    const opt_tensor m = mask ? opt_tensor(mask->cpu()) : std::nullopt;
+    // old_logp stands for the layout's reference tensor (logp) too; nothing else is read.
+    const objective_call c =
+        prepare_objective("", old, m, old, behav, std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt,
+                          std::nullopt, std::nullopt, cu_seqlens, false, false, false);
+    const rlpt::token_layout layout = c.b.host_layout();
+    at::Tensor out = token_output(c.b, at::TensorOptions().dtype(at::kByte));
+    const rlpt::view<rlpt::mask_t> o(out.data_ptr<uint8_t>(), out.numel());
+    if (c.compute == at::kDouble)
+      rlpt::m2po_mask(inputs_of<double, rlpt::memory_space::host>(c, layout), m2_threshold, o);
+    else
+      rlpt::m2po_mask(inputs_of<float, rlpt::memory_space::host>(c, layout), m2_threshold, o);
+    at::Tensor v = token_view(out, c.b);
+    if (!c.b.packed) v = v.view(c.b.shape);
+    return v.to(old_logp.device());
+  });
+}
+
 // --- advantages (CPU; CUDA tensors are computed on the host, see docs/python.md) ---------------
 
 //! Runs a host estimator on CPU copies of CUDA inputs and moves the results back.
@@ -326,6 +349,8 @@ TORCH_LIBRARY(rlpt, m) {
   m.def("local_is_weights(str spec, Tensor? logp, Tensor? mask, Tensor? old_logp, Tensor? behav_logp, "
         "Tensor? ref_logp, Tensor? adv, Tensor? seq_adv, Tensor? entropy, Tensor? values, Tensor? old_values, "
         "Tensor? returns, Tensor? cu_seqlens) -> Tensor");
+  m.def("m2po_mask(Tensor old_logp, Tensor behav_logp, Tensor? mask, Tensor? cu_seqlens, float m2_threshold) "
+        "-> Tensor");
   m.def("outcome_advantages(str spec, Tensor rewards, Tensor group_ids, Tensor? lengths) -> (Tensor, Tensor)");
   m.def("gae(str spec, Tensor rewards, Tensor values, Tensor? mask, Tensor? cu_seqlens, Tensor? bootstrap) "
         "-> (Tensor, Tensor, Tensor)");
@@ -340,6 +365,7 @@ TORCH_LIBRARY_IMPL(rlpt, CPU, m) {
   m.impl("objective", &rlpt_py::objective_cpu);
   m.impl("local_denominators", &rlpt_py::local_share<rlpt_py::denominators_share>);
   m.impl("local_is_weights", &rlpt_py::local_share<rlpt_py::is_weights_share>);
+  m.impl("m2po_mask", &rlpt_py::m2po_mask_op);
   m.impl("outcome_advantages", &rlpt_py::outcome_advantages);
   m.impl("gae", &rlpt_py::gae_cpu);
   m.impl("reinforce_pp", &rlpt_py::reinforce_pp_cpu);
@@ -348,10 +374,11 @@ TORCH_LIBRARY_IMPL(rlpt, CPU, m) {
 }
 
 // Estimators read a few floats per sequence: on CUDA tensors they run on the host (one copy
-// each way, documented); local_denominators and local_is_weights read CPU copies.
+// each way, documented); local_denominators, local_is_weights and m2po_mask read CPU copies.
 TORCH_LIBRARY_IMPL(rlpt, CUDA, m) {
   m.impl("local_denominators", &rlpt_py::local_share<rlpt_py::denominators_share>);
   m.impl("local_is_weights", &rlpt_py::local_share<rlpt_py::is_weights_share>);
+  m.impl("m2po_mask", &rlpt_py::m2po_mask_op);
   m.impl("outcome_advantages", &rlpt_py::outcome_advantages);
   m.impl("gae", &rlpt_py::gae_cpu);
   m.impl("reinforce_pp", &rlpt_py::reinforce_pp_cpu);

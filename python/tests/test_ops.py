@@ -431,6 +431,48 @@ def test_custom_rejection_criteria_equal_the_verl_preset(gen):
                          lp, mask, old_logp=old, behav_logp=behav, seq_adv=adv)
 
 
+def _m2po_definition(old, behav, mask, threshold):
+    """M2PO's selection from its definition (float64): drop the valid tokens of largest M2, the
+    least number for which the rest's mean is below the threshold (all but one when none is)."""
+    valid = mask.bool()
+    m2 = ((old - behav) ** 2)[valid]
+    order = torch.sort(m2, descending=True, stable=True).indices
+    s = m2[order]
+    n = s.numel()
+    means = s.flip(0).cumsum(0).flip(0) / torch.arange(n, 0, -1, dtype=s.dtype)
+    below = torch.nonzero(means < threshold).flatten()
+    k = int(below[0]) if below.numel() else n - 1
+    keep_sorted = torch.ones(n, dtype=torch.bool)
+    keep_sorted[:k] = False
+    keep = torch.zeros(n, dtype=torch.bool)
+    keep[order] = keep_sorted
+    out = torch.zeros_like(valid)
+    out[valid] = keep
+    return out
+
+
+def test_m2po_mask_matches_its_definition(gen):
+    lp, old, _, _, _, mask, adv = batch(gen, B=9, T=13)
+    behav = old + 0.4 * torch.randn(old.shape, generator=gen, dtype=old.dtype)
+    for threshold in (1e-3, 0.05, 0.15, 10.0):
+        got = rlpt.m2po_mask(old, behav, mask, m2_threshold=threshold)
+        want = _m2po_definition(old, behav, mask, threshold)
+        assert got.dtype == torch.bool and got.shape == old.shape
+        assert torch.equal(got, want), threshold
+    got = rlpt.m2po_mask(old, behav, mask, m2_threshold=0.05)
+    assert 0 < int(got.sum()) < int(mask.sum())  # some dropped, some kept
+    # Packed: the valid tokens back to back give the same selection.
+    lengths = mask.sum(1)
+    cu = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    packed = rlpt.m2po_mask(old[mask.bool()], behav[mask.bool()], None, m2_threshold=0.05, cu_seqlens=cu)
+    assert torch.equal(packed, got[mask.bool()])
+    # The mask goes to the loss: the dropped tokens leave it.
+    loss, m = rlpt.policy_loss(rlpt.Objective.verl_actor(), lp, got, old_logp=old, seq_adv=adv)
+    assert rlpt.metrics_dict(m)["tokens"] == float(got.sum())
+    with pytest.raises(rlpt.Error, match="m2_threshold"):
+        rlpt.m2po_mask(old, behav, mask, m2_threshold=0.0)
+
+
 def test_custom_dro_equals_the_verl_preset(gen):
     lp, old, _, _, _, mask, adv = batch(gen)
     custom = rlpt.Objective.custom(policy="dro", **{"policy.beta": 0.7})
