@@ -68,8 +68,8 @@ TEST_CASE("golden trl vLLM importance sampling (token_truncate) applied before t
                               .vllm_importance_sampling_mode = "token_truncate",
                               .vllm_importance_sampling_min = 0.5,
                               .vllm_importance_sampling_max = 3.0});
-  check_golden_case("trl_dapo_vllm_token_truncate", obj,
-                    golden_inputs{.behav = true, .ref = true, .entropy = true, .seq_adv = true});
+  for (const char* name : {"trl_dapo_vllm_token_truncate", "trl_dapo_vllm_token_truncate_plain"})
+    check_golden_case(name, obj, golden_inputs{.behav = true, .ref = true, .entropy = true, .seq_adv = true});
 }
 
 TEST_CASE("golden trl luspo: each row's token sum, the mean over rows") {
@@ -79,6 +79,7 @@ TEST_CASE("golden trl luspo: each row's token sum, the mean over rows") {
   check_golden_case("trl_luspo_sequence", seq, golden_inputs{.ref = true, .entropy = true, .seq_adv = true});
   const auto tok = trl::grpo({.loss_type = "luspo", .epsilon_high = 0.28});
   check_golden_case("trl_luspo_token", tok, golden_inputs{.entropy = true});
+  check_golden_case("trl_luspo_token_plain", tok, golden_inputs{.entropy = true});
 }
 
 TEST_CASE("golden trl vespo: a soft sequence weight by the advantage's sign, with a k3 KL term") {

@@ -355,6 +355,11 @@ def generate(out_dir, seed):
              lambda t: trl_compute_loss(t, "luspo", eps_high=0.28, seq_adv=False),
              dict(peer="trl", loss_type="luspo", importance_sampling_level="token", epsilon_high=0.28,
                   token_advantages=True))
+    # The same on the plain inputs: TRL does not clamp the ratio, so the large inputs' exp(30)
+    # tokens set the golden bound's scale (1e12) and leave every other gradient checked loosely.
+    run_case(out_dir, seed, "trl_luspo_token_plain", plain,
+             lambda t: trl_compute_loss(t, "luspo", eps_high=0.28, seq_adv=False),
+             dict(peer="trl", loss_type="luspo", importance_sampling_level="token", epsilon_high=0.28))
 
     # VESPO: a soft sequence weight phi(w) of the summed log-ratio, by the advantage's sign; the
     # generation batch's token count normalises as for dapo. Token advantages: both signs in a row.
@@ -389,6 +394,11 @@ def generate(out_dir, seed):
         ratio = torch.exp((t["old"] - t["behav"]) * t["mask"]).clamp(min=0.5, max=3.0)
         return trl_compute_loss(t, "dapo", beta=0.04, nitems=n_items, is_ratio=ratio)
     run_case(out_dir, seed, "trl_dapo_vllm_token_truncate", large, trl_vllm_case,
+             dict(peer="trl", loss_type="dapo", beta=0.04, vllm_importance_sampling_mode="token_truncate",
+                  vllm_importance_sampling_min=0.5, vllm_importance_sampling_max=3.0, num_items_in_batch=n_items,
+                  note="importance_sampling_ratio built with _generate_and_score_completions' formula"))
+    # The same on the plain inputs (the large ones' KL gradients, 1e7, set the bound's scale).
+    run_case(out_dir, seed, "trl_dapo_vllm_token_truncate_plain", plain, trl_vllm_case,
              dict(peer="trl", loss_type="dapo", beta=0.04, vllm_importance_sampling_mode="token_truncate",
                   vllm_importance_sampling_min=0.5, vllm_importance_sampling_max=3.0, num_items_in_batch=n_items,
                   note="importance_sampling_ratio built with _generate_and_score_completions' formula"))

@@ -29,15 +29,14 @@ RLPT_NAMESPACE_BEGIN
 //! loss_mask inside its loss (`grpo_loss_fn`): call it with the same micro-batch and pass `out` as
 //! the mask of `evaluate` (the dropped tokens then leave every term and denominator, as AReaL's).
 //! M2 is formed in T, as AReaL's tensors; the means are taken in double.
-template <class T>
-index_t m2po_mask(const basic_objective_inputs<T>& in, double m2_threshold, view<mask_t> out) {
+template <class T> index_t m2po_mask(const basic_objective_inputs<T>& in, double m2_threshold, view<mask_t> out) {
   const auto& L = in.layout;
   const index_t n = L.storage_size();
   RLPT_CHECK(std::isfinite(m2_threshold) && m2_threshold > 0.0, errors::objective::bad_option,
              "m2po_mask: m2_threshold = {} must be finite and > 0", m2_threshold);
   RLPT_CHECK(n == 0 || (in.old_logp.size() != 0 && in.behav_logp.size() != 0), errors::objective::missing_input,
-             "m2po_mask needs old_logp (proximal) and behav_logp (behaviour), got {} and {} values",
-             in.old_logp.size(), in.behav_logp.size());
+             "m2po_mask needs old_logp (proximal) and behav_logp (behaviour), got {} and {} values", in.old_logp.size(),
+             in.behav_logp.size());
   if (in.mask.size() != 0) L.expect_tokens("mask", in.mask);
   if (n != 0) {
     L.expect_tokens("old_logp", in.old_logp);
