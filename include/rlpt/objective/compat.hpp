@@ -154,11 +154,12 @@ inline objective kl_loss(std::string_view kl_loss_type = "low_var_kl", double kl
 //! rollout_is_threshold "hi" (TIS, upper only) or "lo_hi" (IcePop); rollout_rs up to four
 //! comma-separated options of token_k1/k2/k3, seq_sum_k1/k2/k3, seq_mean_k1/k2/k3,
 //! seq_max_k2/k3, all of which must pass (reject, then reject_also), with rs_threshold one
-//! threshold for all or one per option, comma-separated ("hi", or "lo_hi" for k1). bypass = true takes the ratio against the current policy
-//! (bypass_mode; then old_logp = behav_logp). Rejected tokens leave the loss (verl overwrites
-//! response_mask). batch_normalize: rollout_is_batch_normalize, the weights divided by their
-//! mean; verl takes that mean over the whole training batch, so a call that is one micro-batch of
-//! it sets weight.batch_mean from rlpt::local_is_weights (else the mean is the call's own).
+//! threshold for all or one per option, comma-separated ("hi", or "lo_hi" for k1). bypass = true
+//! takes the ratio against the current policy (bypass_mode; then old_logp = behav_logp). Rejected
+//! tokens leave the loss (verl overwrites response_mask). batch_normalize:
+//! rollout_is_batch_normalize, the weights divided by their mean; verl takes that mean over the
+//! whole training batch, so a call that is one micro-batch of it sets weight.batch_mean from
+//! rlpt::local_is_weights (else the mean is the call's own).
 inline off_policy_correction rollout_correction(std::string_view rollout_is = "", std::string_view is_threshold = "2.0",
                                                 std::string_view rollout_rs = "", std::string_view rs_threshold = "",
                                                 bool bypass = false, bool batch_normalize = false) {
