@@ -145,7 +145,9 @@ TEST_CASE("m2po_mask: bad input gets a named error") {
   std::vector<mask_t> short_out(2);
   RLPT_CHECK_ERROR(m2po_mask(in, 0.1, short_out), "rlpt.view.size_mismatch", "m2po_mask out");
   behav[1] = std::numeric_limits<double>::infinity();
+  std::fill(out.begin(), out.end(), mask_t{5});
   RLPT_CHECK_ERROR(m2po_mask(in, 0.1, out), "rlpt.objective.nonfinite", "behav_logp[1] = inf");
+  CHECK(out == std::vector<mask_t>{5, 5, 5}); // a refused call writes nothing
   // An empty batch drops nothing.
   const basic_objective_inputs<double> empty{.layout = token_layout::padded(0, 3)};
   std::vector<mask_t> none;

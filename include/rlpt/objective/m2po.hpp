@@ -49,7 +49,6 @@ template <class T> index_t m2po_mask(const basic_objective_inputs<T>& in, double
     index_t slot;
   };
   std::vector<token> tokens;
-  std::fill(out.begin(), out.end(), mask_t{0});
   for (index_t b = 0; b < L.num_seqs(); ++b)
     for (index_t i = L.begin(b), e = i + L.length(b); i < e; ++i) {
       if (in.mask.size() != 0 && in.mask[i] == 0) continue;
@@ -58,8 +57,10 @@ template <class T> index_t m2po_mask(const basic_objective_inputs<T>& in, double
                  "m2po_mask: old_logp[{}] = {} and behav_logp[{}] = {} give a non-finite log-ratio", i,
                  static_cast<double>(in.old_logp[i]), i, static_cast<double>(in.behav_logp[i]));
       tokens.push_back({static_cast<double>(d * d), i});
-      out[i] = 1;
     }
+  // `out` is written only once every input has been read: a refused call leaves it as it was.
+  std::fill(out.begin(), out.end(), mask_t{0});
+  for (const token& t : tokens) out[t.slot] = 1;
   const std::size_t count = tokens.size();
   if (count == 0) return 0;
   std::stable_sort(tokens.begin(), tokens.end(), [](const token& a, const token& b) { return a.m2 > b.m2; });
