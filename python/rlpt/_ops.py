@@ -282,6 +282,27 @@ class Objective:
         return cls.preset("openrlhf_value", **options)
 
     @classmethod
+    def areal_actor(cls, rejection_sampling=True, **options):
+        """AReaL's ppo_actor_loss_fn / sapo_loss_fn from PPOActorConfig's field names.
+        rejection_sampling: None or False (off), True (RejectionSamplingConfig's defaults), a dict
+        of its fields, or the config object itself. Pass rlpt's old_logp as AReaL's
+        proximal_logprobs and behav_logp as its old_logprobs."""
+        if rejection_sampling is None or rejection_sampling is False:
+            options["rejection_sampling"] = False
+        elif rejection_sampling is not True:
+            fields = ("level", "action", "metric", "agg", "upper", "lower")
+            if isinstance(rejection_sampling, dict):
+                unknown = sorted(set(rejection_sampling) - set(fields))
+                if unknown:
+                    raise ValueError(f"rlpt areal_actor: unknown rejection_sampling field(s) {unknown}")
+                items = rejection_sampling.items()
+            else:
+                items = ((f, getattr(rejection_sampling, f)) for f in fields)
+            for key, value in items:
+                options[f"rejection_sampling.{key}"] = "none" if value is None else value
+        return cls.preset("areal_actor", **options)
+
+    @classmethod
     def custom(cls, **options):
         return cls.preset("custom", **options)
 

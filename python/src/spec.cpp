@@ -180,6 +180,7 @@ rlpt::objective custom_objective(spec& s) {
     s.get("policy.log_ratio_max", t.log_ratio_max);
     s.get("policy.dual_clip", t.dual_clip);
     s.get("policy.delta", t.delta);
+    s.get("policy.mean_advantage", t.mean_advantage);
     o.policy = t;
   } else if (p == "gmpo") {
     rlpt::gmpo t;
@@ -252,7 +253,9 @@ rlpt::objective custom_objective(spec& s) {
                    {"k2", rlpt::rs_stat::k2},
                    {"k3", rlpt::rs_stat::k3},
                    {"binary_kl", rlpt::rs_stat::binary_kl},
-                   {"tv", rlpt::rs_stat::tv}});
+                   {"tv", rlpt::rs_stat::tv},
+                   {"log_ratio", rlpt::rs_stat::log_ratio},
+                   {"k3_inverse", rlpt::rs_stat::k3_inverse}});
     r.level = pick(s, key + ".level", r.level,
                    {{"token", rlpt::rs_level::token},
                     {"seq_sum", rlpt::rs_level::seq_sum},
@@ -267,7 +270,9 @@ rlpt::objective custom_objective(spec& s) {
   c.numerator = pick(s, "correction.numerator", c.numerator,
                      {{"proximal", rlpt::ratio_numerator::proximal}, {"current", rlpt::ratio_numerator::current}});
   c.rejected = pick(s, "correction.rejected", c.rejected,
-                    {{"removed", rlpt::rejected_tokens::removed}, {"zero_weight", rlpt::rejected_tokens::zero_weight}});
+                    {{"removed", rlpt::rejected_tokens::removed},
+                     {"zero_weight", rlpt::rejected_tokens::zero_weight},
+                     {"masked", rlpt::rejected_tokens::masked}});
   s.get("correction.log_ratio_clamp", c.log_ratio_clamp);
   // Framework KL and aggregation conventions as a starting point, then field overrides.
   if (auto t = s.str("kl.verl")) o.kl = rlpt::compat::verl::kl(*t, 1.0);
@@ -443,12 +448,35 @@ rlpt::objective objective_from_spec(std::string_view text, std::string* descript
     s.get("global_batch_size", seqs);
     o = rlpt::compat::openrlhf::value(clip, token_level, dp, tokens, seqs);
     if (description) *description = "OpenRLHF ValueLoss";
+  } else if (preset == "areal_actor") {
+    // PPOActorConfig's fields; rejection_sampling.* are RejectionSamplingConfig's
+    // (rejection_sampling = false: None).
+    rlpt::compat::areal::actor_config c;
+    s.get("eps_clip", c.eps_clip);
+    s.get("eps_clip_higher", c.eps_clip_higher);
+    s.get("c_clip", c.c_clip);
+    s.get("use_decoupled_loss", c.use_decoupled_loss);
+    s.get("rejection_sampling", c.rejection_sampling);
+    s.get("rejection_sampling.level", c.rejection_level);
+    s.get("rejection_sampling.action", c.rejection_action);
+    s.get("rejection_sampling.metric", c.rejection_metric);
+    s.get("rejection_sampling.agg", c.rejection_agg);
+    s.get("rejection_sampling.upper", c.rejection_upper);
+    s.get("rejection_sampling.lower", c.rejection_lower);
+    s.get("importance_sampling_level", c.importance_sampling_level);
+    s.get("use_sapo_loss", c.use_sapo_loss);
+    s.get("sapo_tau_pos", c.sapo_tau_pos);
+    s.get("sapo_tau_neg", c.sapo_tau_neg);
+    o = rlpt::compat::areal::actor(c);
+    if (description)
+      *description = c.use_sapo_loss ? "AReaL sapo_loss_fn"
+                                     : fmt::format("AReaL ppo_actor_loss_fn ({} level)", c.importance_sampling_level);
   } else if (preset == "custom") {
     o = custom_objective(s);
     if (description) *description = "custom objective";
   } else {
     raise(ids::bad_option, fmt::format("rlpt objective: preset = \"{}\" is not one of verl_actor, verl_critic, "
-                                       "trl_grpo, openrlhf_policy, openrlhf_value, custom",
+                                       "trl_grpo, openrlhf_policy, openrlhf_value, areal_actor, custom",
                                        preset));
   }
   // Aggregation overrides of the non-default terms (any preset), then the common keys.

@@ -139,9 +139,15 @@ TEST_CASE("errors: bad options name the field and the value") {
                    "rlpt.objective.bad_option", "dro.beta = inf");
   RLPT_CHECK_ERROR(evaluate(objective{.correction = token_tis(0.5, 1.0)}, in), "rlpt.objective.bad_option",
                    "is_weighting.hi = 0.5", ">= lo");
+  // log_ratio bounds the log-ratio itself: any sign, lo <= hi, no NaN.
   RLPT_CHECK_ERROR(
-      evaluate(objective{.correction = {.reject = {.stat = rs_stat::k1, .level = rs_level::seq_max, .hi = 2.0}}}, in),
-      "rlpt.objective.bad_option", "seq_max", "k2, k3, binary_kl or tv", "rejection.stat = k1");
+      evaluate(objective{.correction = {.reject = {.stat = rs_stat::log_ratio, .lo = 0.5, .hi = -0.5}}}, in),
+      "rlpt.objective.bad_option", "rejection.lo = 0.5", "<= hi");
+  RLPT_CHECK_ERROR(evaluate(objective{.correction = {.reject = {.stat = rs_stat::log_ratio,
+                                                                .lo = -1.0,
+                                                                .hi = std::numeric_limits<double>::quiet_NaN()}}},
+                            in),
+                   "rlpt.objective.bad_option", "rejection.hi = nan");
   RLPT_CHECK_ERROR(evaluate(objective{.policy = vespo{.fold_is_weight = true}}, in), "rlpt.objective.bad_option",
                    "vespo.fold_is_weight", "must be token, got none");
   RLPT_CHECK_ERROR(evaluate(objective{.policy = vespo{.fold_is_weight = true}, .correction = seq_is(2.0)}, in),
@@ -150,9 +156,9 @@ TEST_CASE("errors: bad options name the field and the value") {
   RLPT_CHECK_ERROR(
       evaluate(objective{.correction = {.reject = {.stat = rs_stat::k2, .hi = 0.1},
                                         .reject_also = {{{.stat = rs_stat::k3, .hi = 0.1},
-                                                         {.stat = rs_stat::ratio, .level = rs_level::seq_max}}}}},
+                                                         {.stat = rs_stat::log_ratio, .lo = 1.0, .hi = 0.0}}}}},
                in),
-      "rlpt.objective.bad_option", "reject_also[1].level = seq_max", "reject_also[1].stat = ratio");
+      "rlpt.objective.bad_option", "reject_also[1].lo = 1");
   RLPT_CHECK_ERROR(
       evaluate(objective{.correction = {.reject_also = {{{}, {}, {.stat = rs_stat::k2, .hi = -1.0}}}}}, in),
       "rlpt.objective.bad_option", "reject_also[2].hi = -1");
@@ -233,6 +239,33 @@ TEST_CASE("errors: compat presets reject what they do not reproduce") {
                    "rlpt.objective.compat", "needs is_correction_mode = mask");
   RLPT_CHECK_ERROR(compat::openrlhf::policy_loss({.policy_loss_type = "gspo", .is_correction_level = "token"}),
                    "rlpt.objective.compat", "rollout log-probs");
+  // AReaL: RejectionSamplingConfig's own checks, then what rlpt does not reproduce.
+  namespace areal = compat::areal;
+  RLPT_CHECK_ERROR(areal::actor({.rejection_metric = "kl_k4"}), "rlpt.objective.compat",
+                   "rejection_sampling.metric = \"kl_k4\"", "ratio, kl_k1, kl_k2, kl_k3");
+  RLPT_CHECK_ERROR(areal::actor({.rejection_agg = "median"}), "rlpt.objective.compat",
+                   "rejection_sampling.agg = \"median\"");
+  RLPT_CHECK_ERROR(areal::actor({.rejection_upper = 0.5, .rejection_lower = 0.6}), "rlpt.objective.compat",
+                   "lower = 0.6 cannot be greater than upper = 0.5");
+  RLPT_CHECK_ERROR(areal::actor({.rejection_upper = 1.0}), "rlpt.objective.compat", "upper = 1 must be > 1.0",
+                   "metric = ratio");
+  RLPT_CHECK_ERROR(areal::actor({.rejection_lower = 0.0}), "rlpt.objective.compat", "lower = 0 must be positive");
+  RLPT_CHECK_ERROR(areal::actor({.rejection_metric = "kl_k3", .rejection_upper = 0.0}), "rlpt.objective.compat",
+                   "upper = 0 must be positive for metric = kl_k3");
+  RLPT_CHECK_ERROR(areal::actor({.rejection_action = "clamp", .rejection_metric = "kl_k2", .rejection_upper = 0.1}),
+                   "rlpt.objective.compat", "clamp supports only metric = ratio, got metric = kl_k2");
+  RLPT_CHECK_ERROR(areal::actor({.rejection_level = "sequence", .rejection_action = "clamp", .rejection_agg = "max"}),
+                   "rlpt.objective.compat", "agg = \"max\" is not reproduced", "supported: agg = mean");
+  RLPT_CHECK_ERROR(areal::actor({.rejection_metric = "kl_k2", .rejection_upper = 0.1, .rejection_lower = 0.01}),
+                   "rlpt.objective.compat", "lower = 0.01 with metric = kl_k2 is not reproduced");
+  RLPT_CHECK_ERROR(
+      areal::actor({.use_decoupled_loss = false, .importance_sampling_level = "sequence", .use_sapo_loss = true}),
+      "rlpt.objective.compat", "use_sapo_loss with importance_sampling_level = \"sequence\"");
+  // What AReaL accepts and rlpt builds: k1 with an upper bound below 0; agg ignored at token level.
+  CHECK(std::holds_alternative<gspo>(areal::actor({.importance_sampling_level = "sequence"}).policy));
+  CHECK(areal::actor({.rejection_metric = "kl_k1", .rejection_upper = -0.1}).correction.reject.lo ==
+        -std::numeric_limits<double>::infinity());
+  CHECK(areal::actor({.rejection_agg = "max"}).correction.reject.level == rs_level::token);
 }
 
 TEST_CASE("compat configs own their strings: a config outlives the buffer it was read from") {

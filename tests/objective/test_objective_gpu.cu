@@ -160,6 +160,12 @@ std::vector<objective> configurations() {
        .correction = {.weight = {.level = is_level::token, .bound = is_bound::mask, .lo = 0.6, .hi = 1.6},
                       .rejected = rejected_tokens::zero_weight},
        .kl = {.coef = 0.1}},
+      {.policy = gspo{.token_level = false, .mean_advantage = true}, // AReaL GSPO with KL-metric rejection
+       .correction = {.weight = {.level = is_level::token, .bound = is_bound::none},
+                      .reject = {.stat = rs_stat::log_ratio, .lo = -0.3, .hi = 0.25},
+                      .reject_also = {{{.stat = rs_stat::k3_inverse, .level = rs_level::seq_max, .hi = 0.3},
+                                       {.stat = rs_stat::ratio, .level = rs_level::seq_max, .hi = 1.6}}},
+                      .rejected = rejected_tokens::masked}},
       {.policy = no_policy{}, .value = {.coef = 1.0, .clip = 0.2, .huber_delta = 0.5}},
   };
 }

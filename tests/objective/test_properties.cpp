@@ -961,6 +961,18 @@ std::vector<objective> every_kind() {
        .correction = {.weight = {.level = is_level::token, .bound = is_bound::mask, .lo = 0.6, .hi = 1.6},
                       .rejected = rejected_tokens::zero_weight},
        .agg = {.mode = agg_mode::token_sum}},
+      {.policy = gspo{.token_level = false, .mean_advantage = true}, // AReaL GSPO
+       .correction = {.weight = {.level = is_level::token, .bound = is_bound::none},
+                      .reject = {.stat = rs_stat::log_ratio, .lo = -0.3, .hi = 0.25},
+                      .reject_also = {{{.stat = rs_stat::k3_inverse, .level = rs_level::seq_max, .hi = 0.3}}},
+                      .rejected = rejected_tokens::masked}},
+      {.policy = gmpo{},
+       .correction = {.weight = {.level = is_level::seq_geomean, .bound = is_bound::none},
+                      .reject = {.stat = rs_stat::ratio, .level = rs_level::seq_max, .hi = 1.4},
+                      .reject_also = {{{.stat = rs_stat::log_ratio, .level = rs_level::token, .lo = -0.35, .hi = 1.0}}},
+                      .rejected = rejected_tokens::masked},
+       .kl = {.coef = 0.1},
+       .agg = {.mode = agg_mode::seq_mean_token_mean}},
       {.policy = no_policy{}, .value = {.coef = 1.0, .clip = 0.2, .huber_delta = 0.5}},
   };
 }
@@ -1125,4 +1137,80 @@ TEST_CASE("host log polynomial: within 2 ulp of the true value, special values a
   CHECK(detail::log_poly(1.0f) == 0.0f);
   CHECK(std::isnan(detail::log_poly(-1.0f)));
   CHECK(std::isnan(detail::log_poly(std::numeric_limits<float>::quiet_NaN())));
+}
+
+TEST_CASE(
+    "rejected_tokens::masked: rejected tokens leave every term, GSPO's means included, and stay in the denominator") {
+  // The same as no rejection on the mask without the rejected tokens, over the original count.
+  const batch<double> b(19, 70, 41, 0.3, 0.25);
+  const rejection band{.stat = rs_stat::log_ratio, .lo = -0.2, .hi = 0.15};
+  std::vector<mask_t> kept = b.mask;
+  double valid = 0.0, rejected = 0.0;
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    if (b.mask[i] == 0) continue;
+    valid += 1.0;
+    const double lr = b.old[i] - b.behav[i];
+    if (lr < band.lo || lr > band.hi) kept[i] = 0, rejected += 1.0;
+  }
+  REQUIRE(rejected > 0.1 * valid);
+  REQUIRE(rejected < 0.6 * valid);
+  for (const policy_term& pol : {policy_term{ppo_clip{}}, policy_term{gspo{.token_level = false}},
+                                 policy_term{gspo{.token_level = false, .mean_advantage = true}}}) {
+    INFO("policy ", pol.index());
+    const objective masked{.policy = pol, .correction = {.reject = band, .rejected = rejected_tokens::masked}};
+    objective plain{.policy = pol};
+    plain.agg.global_tokens = valid; // the pre-rejection count
+    grads<double> gm(b.size()), gp(b.size());
+    const objective_result rm = evaluate(masked, b.inputs(), gm.view());
+    basic_objective_inputs<double> in = b.inputs();
+    in.mask = kept;
+    const objective_result rp = evaluate(plain, in, gp.view());
+    CHECK(rm.loss == doctest::Approx(rp.loss).epsilon(1e-13));
+    CHECK(rm.loss_tokens == rp.tokens);
+    CHECK(rm.rejected_frac == doctest::Approx(rejected / valid).epsilon(1e-15));
+    for (std::size_t i = 0; i < b.size(); ++i)
+      if (static_cast<index_t>(i) % b.stride < b.L)
+        CHECK(gm.logp[i] == doctest::Approx(gp.logp[i]).epsilon(1e-12).scale(1e-12));
+  }
+  // Where no term reads a sequence statistic, masked and zero_weight agree, the per-row
+  // denominators included.
+  for (const agg_mode mode : {agg_mode::token_mean, agg_mode::seq_mean_token_mean, agg_mode::seq_mean_token_sum}) {
+    INFO("agg mode ", static_cast<int>(mode));
+    const objective zw{.correction = {.reject = band, .rejected = rejected_tokens::zero_weight}, .agg = {.mode = mode}};
+    objective m = zw;
+    m.correction.rejected = rejected_tokens::masked;
+    grads<double> ga(b.size()), gb(b.size());
+    const double la = evaluate(zw, b.inputs(), ga.view()).loss;
+    CHECK(la == doctest::Approx(evaluate(m, b.inputs(), gb.view()).loss).epsilon(1e-14));
+    CHECK(ga.logp == gb.logp);
+  }
+}
+
+TEST_CASE("gspo::mean_advantage: every token's advantage is its row's mean, equal to per-token for constant ones") {
+  const batch<double> b(13, 50, 43);
+  basic_objective_inputs<double> in = b.inputs();
+  std::vector<double> mean_adv(b.size(), 0.0);
+  for (index_t s = 0; s < b.B; ++s) {
+    double sum = 0.0, n = 0.0;
+    for (index_t t = 0; t < b.L; ++t)
+      if (b.mask[static_cast<std::size_t>(s * b.stride + t)])
+        sum += b.adv[static_cast<std::size_t>(s * b.stride + t)], n += 1.0;
+    for (index_t t = 0; t < b.stride; ++t)
+      mean_adv[static_cast<std::size_t>(s * b.stride + t)] = n > 0.0 ? sum / n : 0.0;
+  }
+  // Narrow clips: with the sequence ratio inside them the loss is linear in A and both agree.
+  const objective mean{.policy = gspo{.eps_low = 0.02, .eps_high = 0.02, .token_level = false, .mean_advantage = true}};
+  const objective own{.policy = gspo{.eps_low = 0.02, .eps_high = 0.02, .token_level = false}};
+  grads<double> g1(b.size()), g2(b.size());
+  const objective_result r1 = evaluate(mean, in, g1.view());
+  in.adv = mean_adv;
+  const objective_result r2 = evaluate(own, in, g2.view());
+  CHECK(r1.loss == doctest::Approx(r2.loss).epsilon(1e-14));
+  CHECK(r1.clip_frac_high == r2.clip_frac_high);
+  for (std::size_t i = 0; i < b.size(); ++i)
+    if (static_cast<index_t>(i) % b.stride < b.L)
+      CHECK(g1.logp[i] == doctest::Approx(g2.logp[i]).epsilon(1e-13).scale(1e-13));
+  // The batch mixes per-token advantages in: the flag changes the result.
+  grads<double> g3(b.size());
+  CHECK(evaluate(own, b.inputs(), g3.view()).loss != doctest::Approx(r1.loss).epsilon(1e-6));
 }

@@ -1,4 +1,4 @@
-"""Policy objectives: golden losses and gradients from verl, TRL and OpenRLHF on seeded inputs.
+"""Policy objectives: golden losses and gradients from verl, TRL, OpenRLHF and AReaL on seeded inputs.
 
 Every loss comes from the peer's own function, and every gradient from torch autograd through it:
   verl      verl.trainer.ppo.core_algos: POLICY_LOSS_REGISTRY kernels (vanilla, gspo, sapo, geo_mean,
@@ -17,6 +17,8 @@ Every loss comes from the peer's own function, and every gradient from torch aut
             [clip_min, clip_max], token_truncate) and passes it as inputs["importance_sampling_ratio"].
   OpenRLHF  openrlhf.models.loss.PolicyLoss / ValueLoss / aggregate_loss and
             openrlhf.models.utils.compute_approx_kl (imported without the package __init__).
+  AReaL     areal.utils.functional.ppo_actor_loss_fn with areal.api.cli_args.RejectionSamplingConfig,
+            and sapo_loss_fn (generate_areal).
 Each case runs twice: float32 (the peers' dtype) and float64 (the same functions on float64
 tensors), so the C++ tests can separate rlpt's rounding from the peer's.
 
@@ -442,3 +444,75 @@ def generate(out_dir, seed):
         return loss_mod.ValueLoss(clip_eps=0.5)(t["values"], t["old_values"], t["returns"],
                                                 action_mask=t["mask"].to(t["values"].dtype))
     run_case(out_dir, seed, "openrlhf_value", plain, orl_value, dict(peer="openrlhf", clip_eps=0.5))
+
+    # ---------------- AReaL: ppo_actor_loss_fn, sapo_loss_fn -------------------------------------------
+    generate_areal(out_dir, seed, plain, large, tok)
+
+
+def generate_areal(out_dir, seed, plain, large, tok):
+    """AReaL's ppo_actor_loss_fn (with RejectionSamplingConfig) and sapo_loss_fn, 2D padded.
+
+    rlpt's old_logp is AReaL's proximal_logprobs and behav_logp its old_logprobs (the inference
+    engine's). The thresholds are chosen so that every criterion rejects some tokens or rows and keeps
+    others; each case's rejected fraction (AReaL's own) is recorded in its parameters."""
+    import importlib.metadata
+    import warnings
+
+    from areal.api.cli_args import RejectionSamplingConfig
+    from areal.utils.functional import apply_rejection_sampling, ppo_actor_loss_fn, sapo_loss_fn
+    version = importlib.metadata.version("areal")
+
+    def rs_config(rs):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # agg at level token: ignored, as AReaL warns
+            return RejectionSamplingConfig(**rs)
+
+    def actor(t, rs=None, **kw):
+        loss, _ = ppo_actor_loss_fn(logprobs=t["lp"], proximal_logprobs=t["old"], old_logprobs=t["behav"],
+                                    advantages=t["adv"], loss_mask=t["mask"],
+                                    rejection_sampling=None if rs is None else rs_config(rs), **kw)
+        return loss
+
+    def filtered(src, rs):
+        m = torch.tensor(src["mask"]).bool()
+        r = apply_rejection_sampling(torch.tensor(src["old"], dtype=torch.float32),
+                                     torch.tensor(src["behav"], dtype=torch.float32), m, None, rs_config(rs))
+        return r.filtered_fraction
+
+    cases = {
+        # name: (inputs, ppo_actor_loss_fn keywords, RejectionSamplingConfig keywords or None)
+        "ppo_token_mask": (large, dict(eps_clip=0.2), dict()),
+        "ppo_token_clamp_dual": (large, dict(eps_clip=0.2, eps_clip_higher=0.28, c_clip=3.0),
+                                 dict(action="clamp", upper=1.2, lower=0.8)),
+        "ppo_no_rejection": (large, dict(eps_clip=0.2, c_clip=3.0), None),
+        "ppo_token_ratio_band": (plain, dict(eps_clip=0.2), dict(upper=1.2, lower=0.85)),
+        "seq_ratio_mean": (plain, dict(eps_clip=0.2), dict(level="sequence", upper=1.04, lower=0.97)),
+        "seq_ratio_sum": (plain, dict(eps_clip=0.2), dict(level="sequence", agg="sum", upper=1.6, lower=0.7)),
+        "seq_ratio_max": (plain, dict(eps_clip=0.2), dict(level="sequence", agg="max", upper=1.5)),
+        "seq_ratio_clamp": (plain, dict(eps_clip=0.2), dict(level="sequence", action="clamp", upper=1.03,
+                                                           lower=0.98)),
+        "token_kl_k1": (plain, dict(eps_clip=0.2), dict(metric="kl_k1", upper=0.2, lower=-0.15)),
+        "token_kl_k1_upper": (plain, dict(eps_clip=0.2), dict(metric="kl_k1", upper=-0.05)),
+        "token_kl_k2": (plain, dict(eps_clip=0.2), dict(metric="kl_k2", upper=0.03)),
+        "token_kl_k3": (large, dict(eps_clip=0.2), dict(metric="kl_k3", upper=0.03)),
+        "seq_kl_k1_mean": (plain, dict(eps_clip=0.2), dict(level="sequence", metric="kl_k1", upper=0.05,
+                                                          lower=-0.04)),
+        "seq_kl_k2_sum": (plain, dict(eps_clip=0.2), dict(level="sequence", metric="kl_k2", agg="sum", upper=0.3)),
+        "seq_kl_k3_max": (plain, dict(eps_clip=0.2), dict(level="sequence", metric="kl_k3", agg="max", upper=0.1)),
+        "seq_kl_k1_max": (plain, dict(eps_clip=0.2), dict(level="sequence", metric="kl_k1", agg="max", upper=0.4)),
+        "gspo_token_mask": (tok, dict(eps_clip=0.2, importance_sampling_level="sequence"),
+                            dict(metric="kl_k2", upper=0.03)),
+        "gspo_seq_adv": (plain, dict(eps_clip=0.2, eps_clip_higher=0.3, importance_sampling_level="sequence"),
+                         dict(level="sequence", upper=1.04, lower=0.97)),
+    }
+    for cname, (src, kw, rs) in cases.items():
+        params = dict(peer="areal", areal=version, **kw)
+        if rs is not None:
+            params.update(rejection_sampling=rs, filtered_fraction=filtered(src, rs))
+        run_case(out_dir, seed, f"areal_{cname}", src, lambda t, kw=kw, rs=rs: actor(t, rs, **kw), params)
+
+    def sapo(t):
+        loss, _ = sapo_loss_fn(logprobs=t["lp"], old_logprobs=t["old"], advantages=t["adv"], tau_pos=1.0,
+                               tau_neg=1.05, loss_mask=t["mask"])
+        return loss
+    run_case(out_dir, seed, "areal_sapo", plain, sapo, dict(peer="areal", areal=version, tau_pos=1.0, tau_neg=1.05))

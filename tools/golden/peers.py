@@ -49,6 +49,8 @@ def check() -> None:
     import trl.trainer.utils as trl_utils
     import verl.trainer.ppo.core_algos as verl_algos
 
+    import areal.utils.functional as areal_functional
+
     required = {
         verl_algos: ("compute_grpo_outcome_advantage", "compute_gae_advantage_return",
                      "compute_policy_loss_vanilla", "kl_penalty", "agg_loss",
@@ -56,6 +58,7 @@ def check() -> None:
         trl_grpo.GRPOTrainer: ("_compute_loss", "_generate_and_score_completions"),
         trl_utils: ("selective_log_softmax", "entropy_from_logits", "nanstd"),
         openrlhf_models("loss"): ("PolicyLoss", "ValueLoss"),
+        areal_functional: ("ppo_actor_loss_fn", "sapo_loss_fn", "apply_rejection_sampling"),
     }
     missing = [f"{owner.__name__}.{name}" for owner, names in required.items() for name in names
                if not hasattr(owner, name)]
@@ -67,3 +70,5 @@ if __name__ == "__main__":
     check()
     for name, version in versions().items():
         print(f"{name:14} {version}")
+    # Not in PEERS, whose versions every golden file's metadata lists: AReaL's cases record theirs.
+    print(f"{'areal':14} {importlib.metadata.version('areal')}")

@@ -637,17 +637,20 @@ inline objective value(std::optional<double> clip_eps = 0.5, bool token_level_lo
 // ============================================================================================
 namespace areal {
 
-//! PPOActorConfig fields ppo_actor_loss_fn reads. `rejection_*` mirror RejectionSamplingConfig
-//! (metric "ratio" only). Loss = sum m' L / count_nonzero(m) with the pre-rejection count, the
-//! micro-batches combined token-weighted: pass the step's token count as global_tokens.
+//! PPOActorConfig fields ppo_actor_loss_fn reads (AReaL 1.0.4). `rejection_*` mirror
+//! RejectionSamplingConfig, checked as its __post_init__ does. Loss = sum m' L / count_nonzero(m)
+//! with the pre-rejection count, the micro-batches combined token-weighted: pass the step's token
+//! count as global_tokens.
 struct actor_config {
   double eps_clip = 0.2;
   std::optional<double> eps_clip_higher{};
   std::optional<double> c_clip{};
   bool use_decoupled_loss = true;
-  bool rejection_sampling = true;        //!< false: the field is None (no weight)
-  std::string rejection_level = "token"; //!< token, sequence
-  std::string rejection_action = "mask"; //!< mask, clamp
+  bool rejection_sampling = true;         //!< false: the field is None (no weight)
+  std::string rejection_level = "token";  //!< token, sequence
+  std::string rejection_action = "mask";  //!< mask, clamp (ratio only)
+  std::string rejection_metric = "ratio"; //!< ratio, kl_k1, kl_k2, kl_k3
+  std::string rejection_agg = "mean";     //!< sum, mean, max (sequence level; ignored at token level)
   double rejection_upper = 5.0;
   std::optional<double> rejection_lower{};
   std::string importance_sampling_level = "token"; //!< token, sequence (GSPO)
@@ -657,19 +660,98 @@ struct actor_config {
   std::optional<double> global_tokens{};
 };
 
+//! AReaL's rejection sampling (apply_rejection_sampling) as a correction. Token weights are
+//! pi_prox / pi_behave, or at sequence level with the ratio metric their geometric mean; the metric
+//! is the ratio (a sequence's aggregated in log space: its product, geometric mean or largest
+//! ratio) or AReaL's KL estimators of log r = prox - behave (k1 = log r, k2 = (log r)^2 / 2,
+//! k3 = exp(-log r) - 1 + log r), a sequence's summed, averaged or maximal.
+//! The correction actor() uses when use_decoupled_loss and rejection_sampling are set.
+inline off_policy_correction rejection_sampling(const actor_config& c) {
+  off_policy_correction k;
+  k.numerator = ratio_numerator::proximal;
+  // The updated loss_mask drives every term (GSPO's sequence means too); the denominator is the
+  // pre-rejection token count.
+  k.rejected = rejected_tokens::masked;
+  k.log_ratio_clamp = 80.0;
+  const bool seq = c.rejection_level == "sequence";
+  if (!seq && c.rejection_level != "token")
+    detail::unknown("areal", "rejection_sampling.level", c.rejection_level, "token, sequence");
+  const bool clamp = c.rejection_action == "clamp";
+  if (!clamp && c.rejection_action != "mask")
+    detail::unknown("areal", "rejection_sampling.action", c.rejection_action, "mask, clamp");
+  const std::string& m = c.rejection_metric;
+  if (m != "ratio" && m != "kl_k1" && m != "kl_k2" && m != "kl_k3")
+    detail::unknown("areal", "rejection_sampling.metric", m, "ratio, kl_k1, kl_k2, kl_k3");
+  const std::string& a = c.rejection_agg;
+  if (a != "sum" && a != "mean" && a != "max") detail::unknown("areal", "rejection_sampling.agg", a, "sum, mean, max");
+  const double hi = c.rejection_upper;
+  const std::optional<double>& lower = c.rejection_lower;
+  // RejectionSamplingConfig.__post_init__'s checks, in its order.
+  RLPT_CHECK(!lower || *lower <= hi, errors::objective::compat,
+             "areal rejection_sampling.lower = {} cannot be greater than upper = {}", lower.value_or(0.0), hi);
+  if (m == "ratio") {
+    RLPT_CHECK(hi > 1.0, errors::objective::compat,
+               "areal rejection_sampling.upper = {} must be > 1.0 for metric = ratio", hi);
+    RLPT_CHECK(!lower || *lower > 0.0, errors::objective::compat,
+               "areal rejection_sampling.lower = {} must be positive for metric = ratio", lower.value_or(0.0));
+  }
+  if (m == "kl_k2" || m == "kl_k3")
+    RLPT_CHECK(hi > 0.0, errors::objective::compat,
+               "areal rejection_sampling.upper = {} must be positive for metric = {}", hi, m);
+  RLPT_CHECK(!clamp || m == "ratio", errors::objective::compat,
+             "areal rejection_sampling.action = clamp supports only metric = ratio, got metric = {}", m);
+
+  const rs_level level = !seq         ? rs_level::token
+                         : a == "sum" ? rs_level::seq_sum
+                         : a == "max" ? rs_level::seq_max
+                                      : rs_level::seq_mean;
+  const bool geo = seq && m == "ratio"; // the weight too is the sequence's geometric mean
+  k.weight = {.level = geo ? is_level::seq_geomean : is_level::token, .bound = is_bound::none};
+  if (clamp) {
+    // Clamping the tokens of the sequences whose aggregate is out of bounds is clamping the
+    // weight itself only when the aggregate is the weight (the geometric mean).
+    RLPT_CHECK(!seq || a == "mean", errors::objective::compat,
+               "areal rejection_sampling.action = clamp at level = sequence with agg = \"{}\" is not reproduced "
+               "by rlpt (supported: agg = mean)",
+               a);
+    k.weight.bound = is_bound::truncate;
+    k.weight.lo = lower.value_or(0.0);
+    k.weight.hi = hi;
+  } else if (m == "ratio") {
+    k.reject = {.stat = rs_stat::ratio, .level = level, .lo = lower.value_or(0.0), .hi = hi};
+  } else if (m == "kl_k1") {
+    k.reject = {.stat = rs_stat::log_ratio,
+                .level = level,
+                .lo = lower.value_or(-std::numeric_limits<double>::infinity()),
+                .hi = hi};
+  } else {
+    RLPT_CHECK(!lower, errors::objective::compat,
+               "areal rejection_sampling.lower = {} with metric = {} is not reproduced by rlpt (k2 and k3 are bounded "
+               "above only)",
+               lower.value_or(0.0), m);
+    k.reject = {.stat = m == "kl_k2" ? rs_stat::k2 : rs_stat::k3_inverse, .level = level, .hi = hi};
+  }
+  return k;
+}
+
 inline objective actor(const actor_config& c) {
   objective o;
   const double eh = c.eps_clip_higher.value_or(c.eps_clip);
   if (c.use_sapo_loss) {
     RLPT_CHECK(!c.use_decoupled_loss, errors::objective::compat,
                "areal use_sapo_loss requires use_decoupled_loss = false");
+    RLPT_CHECK(c.importance_sampling_level == "token", errors::objective::compat,
+               "areal use_sapo_loss with importance_sampling_level = \"{}\" is not reproduced by rlpt (supported: "
+               "token)",
+               c.importance_sampling_level);
     o.policy = sapo{.tau_pos = c.sapo_tau_pos, .tau_neg = c.sapo_tau_neg, .log_ratio_clamp = 80.0};
   } else if (c.importance_sampling_level == "sequence") {
     o.policy = gspo{.eps_low = c.eps_clip,
                     .eps_high = eh,
                     .token_level = false,
                     .log_ratio_max = 80.0,
-                    .dual_clip = c.c_clip.value_or(0.0)};
+                    .dual_clip = c.c_clip.value_or(0.0),
+                    .mean_advantage = true};
   } else if (c.importance_sampling_level == "token") {
     o.policy = ppo_clip{.eps_low = c.eps_clip,
                         .eps_high = eh,
@@ -680,28 +762,7 @@ inline objective actor(const actor_config& c) {
     detail::unknown("areal", "importance_sampling_level", c.importance_sampling_level, "token, sequence");
   }
   o.agg = aggregation{.mode = agg_mode::token_mean, .global_tokens = c.global_tokens};
-  if (c.use_decoupled_loss && c.rejection_sampling) {
-    off_policy_correction& k = o.correction;
-    k.numerator = ratio_numerator::proximal;
-    k.rejected = rejected_tokens::zero_weight; // AReaL keeps the original token count
-    k.log_ratio_clamp = 80.0;
-    const double lo = c.rejection_lower.value_or(0.0);
-    const bool seq = c.rejection_level == "sequence";
-    if (!seq && c.rejection_level != "token")
-      detail::unknown("areal", "rejection_sampling.level", c.rejection_level, "token, sequence");
-    const is_level level = seq ? is_level::seq_geomean : is_level::token;
-    if (c.rejection_action == "clamp") {
-      k.weight = {.level = level, .bound = is_bound::truncate, .lo = lo, .hi = c.rejection_upper};
-    } else if (c.rejection_action == "mask") {
-      k.weight = {.level = level, .bound = is_bound::none};
-      k.reject = {.stat = rs_stat::ratio,
-                  .level = seq ? rs_level::seq_mean : rs_level::token,
-                  .lo = lo,
-                  .hi = c.rejection_upper};
-    } else {
-      detail::unknown("areal", "rejection_sampling.action", c.rejection_action, "mask, clamp");
-    }
-  }
+  if (c.use_decoupled_loss && c.rejection_sampling) o.correction = rejection_sampling(c);
   return o;
 }
 

@@ -63,21 +63,28 @@ enum class rs_stat : std::uint8_t {
   //! exp(numerator), each clamped to [1e-6, 1 - 1e-6]: p log(p / q) + (1 - p) log((1 - p) / (1 - q)),
   //! kept iff stat <= hi (OpenRLHF is_correction_gating = binary_kl)
   binary_kl,
-  tv //!< |p - q| with p and q as for binary_kl, kept iff stat <= hi (OpenRLHF gating tv)
+  tv, //!< |p - q| with p and q as for binary_kl, kept iff stat <= hi (OpenRLHF gating tv)
+  //! log rho itself, kept iff lo <= stat <= hi: bounds on the log-ratio, either sign (AReaL
+  //! kl_k1). Unlike ratio and k1, lo is a log bound and 0 is a bound: -inf for none.
+  log_ratio,
+  //! exp(-log rho) - 1 + log rho, k3 of 1 / rho, kept iff stat <= hi (AReaL kl_k3)
+  k3_inverse
 };
 
 enum class rs_level : std::uint8_t {
   token,    //!< each token on its own statistic
   seq_sum,  //!< a sequence on the sum of its tokens' statistic (ratio: the product of ratios)
   seq_mean, //!< on the mean (ratio: the geometric mean: OpenRLHF seq-mask-tis, verl seq_mean_k1)
-  seq_max   //!< on the maximum (verl seq_max_k2/k3; a sequence without valid tokens has 0)
+  seq_max   //!< on the maximum (verl seq_max_k2/k3, AReaL agg max; a sequence without valid tokens is kept)
 };
 
 //! Hard trust region: tokens or whole sequences outside it are rejected.
 struct rejection {
   rs_stat stat = rs_stat::none;
   rs_level level = rs_level::token;
-  double lo = 0.0; //!< lower ratio bound (ratio and k1 statistics); k1 with lo = 0 uses 1/hi as verl
+  //! Lower bound: on the ratio (ratio and k1 statistics; k1 with lo = 0 uses 1/hi as verl), on
+  //! log rho (log_ratio); the other statistics have none.
+  double lo = 0.0;
   double hi = std::numeric_limits<double>::infinity(); //!< upper bound
 };
 
@@ -90,9 +97,13 @@ enum class rejected_tokens : std::uint8_t {
   //! Rejected tokens leave the loss: every term and every local denominator (verl overwrites
   //! response_mask).
   removed,
-  //! Rejected tokens get policy weight 0 but stay in the KL and entropy terms and in every
-  //! denominator (TRL *_mask modes, AReaL, OpenRLHF, slime keep the pre-rejection counts).
-  zero_weight
+  //! Rejected tokens get policy weight 0 but stay in the KL and entropy terms, in the sequence
+  //! statistics (GSPO's mean) and in every denominator (TRL *_mask modes, OpenRLHF, slime keep the
+  //! pre-rejection counts).
+  zero_weight,
+  //! Rejected tokens leave every term, the sequence statistics included, but stay in every
+  //! denominator (AReaL: its rejection-updated loss_mask over the pre-rejection token count).
+  masked
 };
 
 //! The most rejection criteria one correction takes: `reject` and three in `reject_also`.
@@ -184,6 +195,10 @@ template <class R> RLPT_HD_FORCEINLINE R rs_token_stat(rs_stat s, R lr, R num, R
     return R(0.5) * lr * lr;
   case rs_stat::k3:
     return exp_r(lr) - R(1) - lr;
+  case rs_stat::log_ratio:
+    return lr;
+  case rs_stat::k3_inverse:
+    return exp_r(-lr) - R(1) + lr;
   case rs_stat::binary_kl: {
     // OpenRLHF's form (clamped probabilities, KL(p || q)); DPPO's bound is verl's, a different
     // direction and an additive 1e-8 (dppo_token), so the two stay separate to match each peer.
@@ -212,7 +227,10 @@ template <class R> RLPT_HD_FORCEINLINE bool rs_keep(rs_stat s, R stat, R lo, R h
   }
   case rs_stat::k1:
     return stat >= log_lo && stat <= log_hi;
+  case rs_stat::log_ratio:
+    return stat >= lo && stat <= hi;
   case rs_stat::k2:
+  case rs_stat::k3_inverse:
   case rs_stat::k3:
   case rs_stat::binary_kl:
   case rs_stat::tv:

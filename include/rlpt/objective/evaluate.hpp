@@ -215,7 +215,8 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
   p.use_is = c.weight.level != is_level::none;
   p.use_rs = c.rejects();
   p.is_seq = c.weight.level == is_level::seq_product || c.weight.level == is_level::seq_geomean;
-  p.removes = p.use_rs && c.rejected == rejected_tokens::removed;
+  p.removes = p.use_rs && c.rejected != rejected_tokens::zero_weight;
+  p.drops_count = p.use_rs && c.rejected == rejected_tokens::removed;
   if (c.active()) {
     require(p.use_policy, "off_policy_correction", "a policy term", "its weights scale the policy term");
     require(p.has_behav, "off_policy_correction", "behav_logp", "the rollout engine's log-probs");
@@ -253,7 +254,12 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
   };
   auto add_rejection = [&](const rejection& r, const rs_names& name) {
     if (r.stat == rs_stat::none) return;
-    check_option(r.hi > 0.0, name.hi, r.hi, "must be > 0");
+    if (r.stat == rs_stat::log_ratio) {
+      check_option(!std::isnan(r.hi), name.hi, r.hi, "must be a number (inf for no upper bound)");
+      check_option(!std::isnan(r.lo) && r.lo <= r.hi, name.lo, r.lo, "must be <= hi (-inf for no lower bound)");
+    } else {
+      check_option(r.hi > 0.0, name.hi, r.hi, "must be > 0");
+    }
     rs_plan& q = p.rs[p.rs_count++];
     q.stat = r.stat;
     q.level = r.level;
@@ -265,11 +271,6 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
       q.log_lo = q.lo > 0.0 ? std::log(q.lo) : -std::numeric_limits<double>::infinity();
       q.log_hi = std::log(r.hi);
     }
-    if (r.level == rs_level::seq_max)
-      RLPT_CHECK(r.stat != rs_stat::ratio && r.stat != rs_stat::k1, errors::objective::bad_option,
-                 "{} = seq_max needs a statistic that is >= 0 (k2, k3, binary_kl or tv; verl "
-                 "seq_max_k2 / seq_max_k3), got {} = {}",
-                 name.level, name.stat, r.stat == rs_stat::ratio ? "ratio" : "k1");
     (r.level == rs_level::token ? p.rs_token : p.rs_seq) = true;
   };
   add_rejection(c.reject, {"rejection.lo", "rejection.hi", "rejection.level", "rejection.stat"});
@@ -357,7 +358,7 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
   p.need_row_pass = p.is_seq || p.rs_seq || p.policy == policy_kind::gspo || p.policy == policy_kind::gmpo ||
                     p.policy == policy_kind::vespo || p.needs_length();
   if (!p.use_policy) {
-    p.use_is = p.use_rs = p.removes = p.is_seq = p.rs_seq = p.rs_token = false;
+    p.use_is = p.use_rs = p.removes = p.drops_count = p.is_seq = p.rs_seq = p.rs_token = false;
     p.rs_count = 0;
   }
   // An input no term reads is neither loaded nor checked for non-finite values: a caller may pass
@@ -402,7 +403,7 @@ local_counts count_local(const objective_plan& p, const basic_objective_inputs<T
               c.w_sum += st.sum_w;
               c.w_count += st.len;
             }
-          } else if (p.removes || p.nonfinite == nonfinite::mask) {
+          } else if (p.drops_count || p.nonfinite == nonfinite::mask) {
             len = row_finish(p, host_row_stats(p, in, b, chunk)).len_loss;
           } else {
             len = static_cast<double>(count_valid(in.mask.size() == 0 ? nullptr : in.mask.data() + base, n));

@@ -49,6 +49,9 @@ struct gspo {
   double log_ratio_max = 10.0;
   double dual_clip = 0.0; //!< as ppo_clip::dual_clip; verl's gspo has none (0)
   double delta = 0.0;     //!< as ppo_clip::delta (TRL applies delta to the sequence ratio too)
+  //! Every token's advantage is its sequence's mean over the tokens in the terms (AReaL); false:
+  //! each token's own (verl, TRL, OpenRLHF). The same for advantages constant along a sequence.
+  bool mean_advantage = false;
 };
 
 //! GMPO (verl `geo_mean`, arXiv 2507.20673): per sequence, L_i = -mean_t(A) * exp(mean_t x*),

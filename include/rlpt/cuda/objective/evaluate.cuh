@@ -132,7 +132,7 @@ RLPT_KERNEL void __launch_bounds__(obj_threads)
     const row_consts rc = p.need_row_pass ? row_finish(p, st) : row_consts{};
     consts[b] = rc;
     // Tokens this row keeps in the loss (its contribution to the local denominators).
-    row_len[b] = p.need_row_pass ? rc.len_loss : (p.removes ? st.len_keep : st.len);
+    row_len[b] = p.need_row_pass ? rc.len_loss : (p.drops_count ? st.len_keep : st.len);
   }
 }
 

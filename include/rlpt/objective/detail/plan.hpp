@@ -121,12 +121,13 @@ struct objective_plan {
   bool use_kl = false;
   bool use_entropy = false; //!< the entropy term is in the loss (coef != 0)
   bool use_value = false;
-  bool use_is = false;   //!< importance weights on
-  bool use_rs = false;   //!< rejection on (rs_count criteria)
-  bool removes = false;  //!< rejected tokens leave the loss
-  bool is_seq = false;   //!< sequence-level importance weight
-  bool rs_seq = false;   //!< a sequence-level rejection criterion
-  bool rs_token = false; //!< a token-level rejection criterion
+  bool use_is = false;      //!< importance weights on
+  bool use_rs = false;      //!< rejection on (rs_count criteria)
+  bool removes = false;     //!< rejected tokens leave the terms (removed, masked)
+  bool drops_count = false; //!< and the denominators (removed)
+  bool is_seq = false;      //!< sequence-level importance weight
+  bool rs_seq = false;      //!< a sequence-level rejection criterion
+  bool rs_token = false;    //!< a token-level rejection criterion
   bool need_row_pass = false;
   bool gspo_sequence = false; //!< GSPO with the gradient through the sequence mean
   bool fold_w = false;        //!< VESPO: token weights folded into the sequence weight, not the term
@@ -155,7 +156,7 @@ struct row_stats {
                                    -std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()};
   double sum_x = 0.0;   //!< GSPO: sum of logp - old over in-loss tokens; VESPO: of clamp(x, -20, 20)
   double sum_xs = 0.0;  //!< GMPO: sum of x* over in-loss tokens
-  double sum_adv = 0.0; //!< GMPO: sum of A over in-loss tokens
+  double sum_adv = 0.0; //!< GMPO, GSPO with mean_advantage: sum of A over in-loss tokens
   //! GMPO: sum of log(w + 1e-10) over in-loss tokens (token weights); VESPO with fold_w: sum of
   //! clamp(log w, log 1e-8, 20) over valid tokens
   double sum_logw = 0.0;
@@ -166,10 +167,11 @@ struct row_stats {
 struct row_consts {
   bool seq_keep = true;  //!< sequence-level rejection passed
   double len_loss = 0.0; //!< tokens in the loss (the length every per-row denominator uses)
+  double len_in = 0.0;   //!< tokens in the terms: len_loss, less the rejected ones when masked
   double w_seq = 1.0;    //!< sequence-level importance weight
   double s_gspo = 0.0;   //!< GSPO: mean log-ratio over the in-loss tokens
   double gmpo_ratio = 0.0;
-  double gmpo_adv = 0.0; //!< mean advantage
+  double mean_adv = 0.0; //!< GMPO, GSPO with mean_advantage: mean advantage over the in-term tokens
   double gmpo_w = 1.0;   //!< geometric mean of the token weights
   bool gmpo_clamped = false;
   double vespo_pos = 1.0, vespo_neg = 1.0;                           //!< VESPO: phi(w) for A >= 0 and A < 0
@@ -202,7 +204,8 @@ RLPT_HD row_consts row_finish(const objective_plan& p, const row_stats& s) {
       c.seq_keep = c.seq_keep && (s.len <= 0.0 || rs_keep(r.stat, stat, r.lo, r.hi, r.log_lo, r.log_hi));
     }
   }
-  c.len_loss = p.removes ? (c.seq_keep ? s.len_keep : 0.0) : s.len;
+  c.len_in = p.removes ? (c.seq_keep ? s.len_keep : 0.0) : s.len;
+  c.len_loss = p.drops_count ? c.len_in : s.len;
   if (p.use_is && p.is_seq) {
     const double cl = static_cast<double>(p.corr.log_ratio_clamp);
     double lr = s.sum_lr;
@@ -212,23 +215,27 @@ RLPT_HD row_consts row_finish(const objective_plan& p, const row_stats& s) {
                            static_cast<double>(p.corr.weight.hi)) /
               p.w_norm;
   }
-  if (p.policy == policy_kind::gspo) c.s_gspo = s.sum_x / (c.len_loss > 1.0 ? c.len_loss : 1.0);
+  if (p.policy == policy_kind::gspo) {
+    const double den = c.len_in > 1.0 ? c.len_in : 1.0;
+    c.s_gspo = s.sum_x / den;
+    c.mean_adv = s.sum_adv / den;
+  }
   if (p.policy == policy_kind::vespo) {
     const double log_w = s.sum_x + (p.fold_w ? s.sum_logw : 0.0);
     c.vespo_pos = vespo_phi(p.ve.k_pos, p.ve.lambda_pos, log_w);
     c.vespo_neg = vespo_phi(p.ve.k_neg, p.ve.lambda_neg, log_w);
   }
   if (p.policy == policy_kind::gmpo) {
-    const double den = c.len_loss > 0.0 ? c.len_loss : 1.0;
+    const double den = c.len_in > 0.0 ? c.len_in : 1.0;
     const double cl = static_cast<double>(p.gm.log_ratio_clamp);
     const double m = s.sum_xs / den;
     c.gmpo_clamped = m < -cl || m > cl;
     c.gmpo_ratio = exp_r(clamp_r(m, -cl, cl));
-    c.gmpo_adv = s.sum_adv / den;
+    c.mean_adv = s.sum_adv / den;
     if (p.use_is) {
       if (p.is_seq) {
         // verl takes the geometric mean of the (broadcast) weights: exp(L log(w + 1e-10) / L).
-        const double lw = c.len_loss * log_r(c.w_seq + 1e-10);
+        const double lw = c.len_in * log_r(c.w_seq + 1e-10);
         c.gmpo_w = exp_r(lw / den);
       } else {
         c.gmpo_w = exp_r(s.sum_logw / den);

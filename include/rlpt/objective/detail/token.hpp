@@ -57,6 +57,7 @@ template <class T> struct token_consts {
   bool seq_keep = true;                 //!< sequence-level rejection passed
   T w_seq = T(1);                       //!< sequence-level importance weight
   T s_gspo = T(0);                      //!< GSPO: the row's mean log-ratio
+  T mean_adv = T(0);                    //!< GSPO with mean_advantage: the row's mean advantage
   T gmpo_coef = T(0);                   //!< GMPO: d loss_i / d x*_t (the row term's chain factor)
   T vespo_pos = T(1), vespo_neg = T(1); //!< VESPO: the row's phi for A >= 0 and A < 0
   std::uint32_t gmpo_flags = 0;
@@ -71,8 +72,9 @@ template <class T> RLPT_HD token_consts<T> make_token_consts(const objective_pla
   k.seq_keep = rc.seq_keep;
   k.w_seq = p.use_is ? T(rc.w_seq) : T(1);
   k.s_gspo = T(rc.s_gspo);
+  k.mean_adv = T(rc.mean_adv);
   k.gmpo_coef =
-      rc.gmpo_clamped || rc.len_loss <= 0.0 ? T(0) : -T(rc.gmpo_adv) * T(rc.gmpo_w) * T(rc.gmpo_ratio) / T(rc.len_loss);
+      rc.gmpo_clamped || rc.len_in <= 0.0 ? T(0) : -T(rc.mean_adv) * T(rc.gmpo_w) * T(rc.gmpo_ratio) / T(rc.len_in);
   k.gmpo_flags = flag_if(rc.gmpo_clamped, flag_clamped);
   k.vespo_pos = T(rc.vespo_pos);
   k.vespo_neg = T(rc.vespo_neg);
@@ -499,6 +501,12 @@ RLPT_HD_FORCEINLINE void correction_chunk(const objective_plan& p, const token_c
       case rs_stat::tv:
         token_rejection_loop<rs_stat::tv>(r, num, n, c);
         break;
+      case rs_stat::log_ratio:
+        token_rejection_loop<rs_stat::log_ratio>(r, num, n, c);
+        break;
+      case rs_stat::k3_inverse:
+        token_rejection_loop<rs_stat::k3_inverse>(r, num, n, c);
+        break;
       case rs_stat::none:
         break;
       }
@@ -551,8 +559,10 @@ RLPT_HD_FORCEINLINE void stats_chunk(const objective_plan& p, int n, token_chunk
     sums.add(st.sum_lr, [&](int j) { return sel(c.valid[j] != 0, num[j] - c.behav[j], T(0)); });
   }
   if (p.w_norm_local && !p.is_seq) sums.add(st.sum_w, [&](int j) { return sel(c.valid[j] != 0, c.w[j], T(0)); });
-  if (p.policy == policy_kind::gspo)
+  if (p.policy == policy_kind::gspo) {
     sums.add(st.sum_x, [&](int j) { return sel(c.inl[j] != 0, c.lp[j] - c.old[j], T(0)); });
+    if (p.gs.mean_advantage) sums.add(st.sum_adv, [&](int j) { return sel(c.inl[j] != 0, c.adv[j], T(0)); });
+  }
   if (p.policy == policy_kind::vespo)
     sums.add(st.sum_x, [&](int j) { return sel(c.inl[j] != 0, clamp_r(c.lp[j] - c.old[j], T(-20), T(20)), T(0)); });
   if (p.fold_w) { // TRL: log of the vLLM ratio, 0 (w = 0, a masked-out ratio) to log 1e-8
@@ -621,8 +631,9 @@ RLPT_HD_FORCEINLINE void policy_chunk(const objective_plan& p, const token_const
   case policy_kind::gspo: {
     const gspo o = p.gs;
     const T s = k.s_gspo;
+    const bool mean = o.mean_advantage;
     for (int j = 0; j < n; ++j) {
-      const policy_token<T> q = gspo_token(o, s, c.adv[j]);
+      const policy_token<T> q = gspo_token(o, s, mean ? k.mean_adv : c.adv[j]);
       c.pv[j] = q.value, c.pg[j] = q.grad; // sequence form: d value / d s_i, chained by gspo_pass
       c.flags[j] = q.flags;
     }
@@ -911,7 +922,7 @@ RLPT_HD_FORCEINLINE token_acc<V, Count> token_pass(const objective_plan& p, cons
 //! GSPO sequence form: d loss / d logp_t = alpha * sum_t' w d value / d s * d s / d logp_t with
 //! d s / d logp_t = 1 / L, the same for every in-loss token of the row.
 RLPT_HD_FORCEINLINE double gspo_coupling(const row_consts& rc, double dcoef) {
-  const double len = rc.len_loss > 1.0 ? rc.len_loss : 1.0;
+  const double len = rc.len_in > 1.0 ? rc.len_in : 1.0;
   return rc.a_policy * dcoef / len;
 }
 
@@ -935,7 +946,7 @@ RLPT_HD objective_sums row_sums(const objective_plan& p, const row_consts& rc, c
   objective_sums s;
   double pol = static_cast<double>(a.policy);
   // GMPO's loss is one value per row: -mean(A) * exp(mean x*) * (geometric mean weight).
-  if (p.policy == policy_kind::gmpo) pol = head && rc.len_loss > 0.0 ? -rc.gmpo_adv * rc.gmpo_ratio * rc.gmpo_w : 0.0;
+  if (p.policy == policy_kind::gmpo) pol = head && rc.len_in > 0.0 ? -rc.mean_adv * rc.gmpo_ratio * rc.gmpo_w : 0.0;
   s.policy = rc.a_policy * pol;
   s.kl = rc.a_kl * static_cast<double>(a.kl);
   s.entropy = rc.a_entropy * static_cast<double>(a.entropy);

@@ -1,0 +1,115 @@
+# SPDX-License-Identifier: Apache-2.0
+"""rlpt.Objective.areal_actor against AReaL 1.0.4's own ppo_actor_loss_fn and sapo_loss_fn."""
+import warnings
+
+import pytest
+import torch
+
+pytest.importorskip("areal")
+from areal.api.cli_args import RejectionSamplingConfig  # noqa: E402
+from areal.utils.functional import apply_rejection_sampling, ppo_actor_loss_fn, sapo_loss_fn  # noqa: E402
+
+import rlpt  # noqa: E402
+from conftest import close, ragged_mask  # noqa: E402
+
+TOL = dict(rtol=2e-5, atol=2e-6)
+
+
+def inputs(seed, B=12, T=16, token_adv=False):
+    g = torch.Generator().manual_seed(seed)
+    _, mask = ragged_mask(g, B, T, {2: 1})
+    mask[5, 3] = False  # an interior hole
+    lp = torch.rand(B, T, generator=g) * -3
+    prox = lp + 0.25 * torch.randn(B, T, generator=g)
+    behave = prox + 0.2 * torch.randn(B, T, generator=g)
+    behave[0, 0] -= 2.5  # ratios of e^2.5 and e^-2.5: outside even the default bound (5)
+    behave[3, 0] += 2.5
+    if token_adv:
+        adv = torch.randn(B, T, generator=g)
+    else:
+        adv = torch.randn(B, 1, generator=g).expand(B, T).contiguous()
+    return lp, prox, behave, adv, mask
+
+
+def rs_config(rs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # agg at level token: AReaL warns that it ignores it
+        return RejectionSamplingConfig(**rs)
+
+
+CASES = [
+    (dict(), dict()),  # RejectionSamplingConfig's defaults: token, mask, ratio <= 5
+    (dict(eps_clip_higher=0.28, c_clip=3.0), dict(action="clamp", upper=1.2, lower=0.8)),
+    (dict(), dict(upper=1.15, lower=0.9)),
+    (dict(), dict(level="sequence", upper=1.05, lower=0.96)),
+    (dict(), dict(level="sequence", agg="sum", upper=1.5, lower=0.7)),
+    (dict(), dict(level="sequence", agg="max", upper=1.4)),
+    (dict(), dict(level="sequence", action="clamp", upper=1.03, lower=0.98)),
+    (dict(), dict(metric="kl_k1", upper=0.2, lower=-0.15)),
+    (dict(), dict(metric="kl_k2", upper=0.02)),
+    (dict(), dict(metric="kl_k3", upper=0.02)),
+    (dict(), dict(level="sequence", metric="kl_k1", agg="max", upper=0.3)),
+    (dict(), dict(level="sequence", metric="kl_k2", agg="sum", upper=0.2)),
+    (dict(), dict(level="sequence", metric="kl_k3", agg="mean", upper=0.02)),
+    (dict(importance_sampling_level="sequence"), dict(metric="kl_k2", upper=0.02)),
+    (dict(importance_sampling_level="sequence", eps_clip_higher=0.3), dict(level="sequence", upper=1.05)),
+    (dict(c_clip=3.0), None),
+]
+
+
+@pytest.mark.parametrize("token_adv", [False, True])
+@pytest.mark.parametrize("kw,rs", CASES)
+def test_ppo_actor_loss_matches(kw, rs, token_adv):
+    lp, prox, behave, adv, mask = inputs(11, token_adv=token_adv)
+    if rs is not None and rs.get("action", "mask") == "mask":
+        frac = apply_rejection_sampling(prox, behave, mask, None, rs_config(rs)).filtered_fraction
+        assert 0.0 < frac < 1.0, f"thresholds reject {frac} of the tokens"
+    x = lp.clone().requires_grad_()
+    want, _ = ppo_actor_loss_fn(logprobs=x, proximal_logprobs=prox, old_logprobs=behave, advantages=adv,
+                                eps_clip=0.2, loss_mask=mask,
+                                rejection_sampling=None if rs is None else rs_config(rs), **kw)
+    want.backward()
+    obj = rlpt.Objective.areal_actor(rejection_sampling=False if rs is None else rs, **kw)
+    y = lp.clone().requires_grad_()
+    got, _ = rlpt.policy_loss(obj, y, mask, old_logp=prox, behav_logp=behave, adv=adv)
+    got.backward()
+    close(got, want, **TOL, what="loss")
+    close(y.grad, x.grad, **TOL, what="grad")
+
+
+def test_config_object_and_defaults():
+    """The RejectionSamplingConfig object itself, and rejection_sampling=True for its defaults."""
+    lp, prox, behave, adv, mask = inputs(5)
+    cfg = rs_config(dict(level="sequence", metric="kl_k3", agg="max", upper=0.08))
+    a, _ = rlpt.policy_loss(rlpt.Objective.areal_actor(rejection_sampling=cfg), lp, mask, old_logp=prox,
+                            behav_logp=behave, adv=adv)
+    b, _ = rlpt.policy_loss(rlpt.Objective.areal_actor(rejection_sampling=dict(level="sequence", metric="kl_k3",
+                                                                                agg="max", upper=0.08)),
+                            lp, mask, old_logp=prox, behav_logp=behave, adv=adv)
+    assert torch.equal(a, b)
+    want, _ = ppo_actor_loss_fn(logprobs=lp, proximal_logprobs=prox, old_logprobs=behave, advantages=adv,
+                                eps_clip=0.2, loss_mask=mask, rejection_sampling=RejectionSamplingConfig())
+    got, _ = rlpt.policy_loss(rlpt.Objective.areal_actor(), lp, mask, old_logp=prox, behav_logp=behave, adv=adv)
+    close(got, want, **TOL, what="defaults")
+
+
+def test_sapo_matches():
+    lp, prox, _, adv, mask = inputs(7)
+    x = lp.clone().requires_grad_()
+    want, _ = sapo_loss_fn(logprobs=x, old_logprobs=prox, advantages=adv, tau_pos=1.0, tau_neg=1.05, loss_mask=mask)
+    want.backward()
+    y = lp.clone().requires_grad_()
+    obj = rlpt.Objective.areal_actor(use_decoupled_loss=False, use_sapo_loss=True, rejection_sampling=None)
+    got, _ = rlpt.policy_loss(obj, y, mask, old_logp=prox, adv=adv)
+    got.backward()
+    close(got, want, **TOL, what="loss")
+    close(y.grad, x.grad, **TOL, what="grad")
+
+
+def test_refusals_name_the_option():
+    with pytest.raises(ValueError, match="kl_k9"):
+        rlpt.Objective.areal_actor(rejection_sampling=dict(metric="kl_k9"))
+    with pytest.raises(ValueError, match="unknown rejection_sampling"):
+        rlpt.Objective.areal_actor(rejection_sampling=dict(threshold=2.0))
+    with pytest.raises(ValueError, match="not reproduced"):
+        rlpt.Objective.areal_actor(rejection_sampling=dict(level="sequence", action="clamp", agg="sum"))
