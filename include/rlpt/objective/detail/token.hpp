@@ -631,9 +631,10 @@ RLPT_HD_FORCEINLINE void policy_chunk(const objective_plan& p, const token_const
   case policy_kind::gspo: {
     const gspo o = p.gs;
     const T s = k.s_gspo;
-    const bool mean = o.mean_advantage;
+    if (o.mean_advantage) // AReaL: every token takes its row's mean advantage (no later stage reads adv)
+      for (int j = 0; j < n; ++j) c.adv[j] = k.mean_adv;
     for (int j = 0; j < n; ++j) {
-      const policy_token<T> q = gspo_token(o, s, mean ? k.mean_adv : c.adv[j]);
+      const policy_token<T> q = gspo_token(o, s, c.adv[j]);
       c.pv[j] = q.value, c.pg[j] = q.grad; // sequence form: d value / d s_i, chained by gspo_pass
       c.flags[j] = q.flags;
     }
