@@ -113,3 +113,41 @@ def test_refusals_name_the_option():
         rlpt.Objective.areal_actor(rejection_sampling=dict(threshold=2.0))
     with pytest.raises(ValueError, match="not reproduced"):
         rlpt.Objective.areal_actor(rejection_sampling=dict(level="sequence", action="clamp", agg="sum"))
+
+
+def _areal_m2po():
+    """AReaL's own _apply_m2po_masking (areal/trainer/ppo/actor.py), compiled from the installed
+    file's source: importing that module pulls in AReaL's trainers and loggers (swanlab, ...), which
+    the golden venv does not install. The function and its helper use torch only."""
+    import ast
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(importlib.util.find_spec("areal").submodule_search_locations[0]) / "trainer" / "ppo" / "actor.py"
+    wanted = ("_apply_m2po_masking", "_get_m2po_loss_mask")
+    nodes = [n for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef) and n.name in wanted]
+    assert sorted(n.name for n in nodes) == sorted(wanted), f"{path} no longer defines {wanted}"
+    ns = {"torch": torch}
+    exec(compile(ast.Module(body=nodes, type_ignores=[]), str(path), "exec"), ns)
+    return ns["_apply_m2po_masking"]
+
+
+@pytest.mark.parametrize("threshold", [1e-9, 0.01, 0.04, 0.2])
+def test_m2po_mask_matches(threshold):
+    """rlpt.m2po_mask against AReaL's M2PO masking (grpo_loss_fn's m2_threshold), then the loss
+    grpo_loss_fn computes on that mask."""
+    apply_m2po = _areal_m2po()
+    lp, prox, behave, adv, mask = inputs(13)
+    want_mask = apply_m2po(behave, prox, mask, threshold)
+    got_mask = rlpt.m2po_mask(prox, behave, mask, m2_threshold=threshold)
+    assert torch.equal(got_mask.bool(), want_mask.bool())
+    kept = int(want_mask.sum())
+    assert (kept == 1) if threshold == 1e-9 else (0 < kept <= int(mask.sum()))
+    x = lp.clone().requires_grad_()
+    want, _ = ppo_actor_loss_fn(logprobs=x, proximal_logprobs=prox, old_logprobs=behave, advantages=adv,
+                                eps_clip=0.2, loss_mask=want_mask, rejection_sampling=RejectionSamplingConfig())
+    want.backward()
+    y = lp.clone().requires_grad_()
+    got, _ = rlpt.policy_loss(rlpt.Objective.areal_actor(), y, got_mask, old_logp=prox, behav_logp=behave, adv=adv)
+    got.backward()
+    close(got, want, **TOL, what="loss")
+    close(y.grad, x.grad, **TOL, what="grad")

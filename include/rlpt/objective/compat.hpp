@@ -660,12 +660,12 @@ struct actor_config {
   std::optional<double> global_tokens{};
 };
 
-//! AReaL's rejection sampling (apply_rejection_sampling) as a correction. Token weights are
-//! pi_prox / pi_behave, or at sequence level with the ratio metric their geometric mean; the metric
-//! is the ratio (a sequence's aggregated in log space: its product, geometric mean or largest
-//! ratio) or AReaL's KL estimators of log r = prox - behave (k1 = log r, k2 = (log r)^2 / 2,
-//! k3 = exp(-log r) - 1 + log r), a sequence's summed, averaged or maximal.
-//! The correction actor() uses when use_decoupled_loss and rejection_sampling are set.
+//! AReaL's rejection sampling (apply_rejection_sampling) as a correction: the one actor() uses when
+//! use_decoupled_loss and rejection_sampling are set. Token weights are pi_prox / pi_behave, or at
+//! sequence level with the ratio metric their geometric mean; the metric is the ratio (a
+//! sequence's aggregated in log space: its product, geometric mean or largest ratio) or AReaL's KL
+//! estimators of log r = prox - behave (k1 = log r, k2 = (log r)^2 / 2, k3 = exp(-log r) - 1 +
+//! log r), a sequence's summed, averaged or maximal.
 inline off_policy_correction rejection_sampling(const actor_config& c) {
   off_policy_correction k;
   k.numerator = ratio_numerator::proximal;
