@@ -47,7 +47,7 @@ class GRPOTrainer(_TRLGRPOTrainer):
     def _rlpt_unsupported(self):
         if self.loss_type not in LOSS_TYPES:
             return f"loss_type {self.loss_type}"
-        if self.loss_type in ("cispo", "sapo", "vespo") and self.importance_sampling_level != "token":
+        if self.loss_type in ("cispo", "vespo") and self.importance_sampling_level != "token":
             return f"loss_type {self.loss_type} with importance_sampling_level {self.importance_sampling_level}"
         if self.use_adaptive_entropy:
             return "use_adaptive_entropy"

@@ -202,6 +202,8 @@ rlpt::objective custom_objective(spec& s) {
     s.get("policy.tau_pos", t.tau_pos);
     s.get("policy.tau_neg", t.tau_neg);
     s.get("policy.log_ratio_clamp", t.log_ratio_clamp);
+    s.get("policy.token_level", t.token_level);
+    s.get("policy.mean_advantage", t.mean_advantage);
     o.policy = t;
   } else if (p == "dppo") {
     rlpt::dppo t;

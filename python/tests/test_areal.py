@@ -151,3 +151,21 @@ def test_m2po_mask_matches(threshold):
     got.backward()
     close(got, want, **TOL, what="loss")
     close(y.grad, x.grad, **TOL, what="grad")
+
+
+@pytest.mark.parametrize("token_adv", [False, True])
+def test_sapo_sequence_matches(token_adv):
+    """sapo_loss_fn with importance_sampling_level="sequence": the gate on exp(mean log-ratio),
+    each token with its sequence's mean advantage, the gradient through the mean."""
+    lp, prox, _, adv, mask = inputs(17, token_adv=token_adv)
+    x = lp.clone().requires_grad_()
+    want, _ = sapo_loss_fn(logprobs=x, old_logprobs=prox, advantages=adv, tau_pos=1.0, tau_neg=1.05, loss_mask=mask,
+                           importance_sampling_level="sequence")
+    want.backward()
+    y = lp.clone().requires_grad_()
+    obj = rlpt.Objective.areal_actor(use_decoupled_loss=False, use_sapo_loss=True, rejection_sampling=None,
+                                     importance_sampling_level="sequence")
+    got, _ = rlpt.policy_loss(obj, y, mask, old_logp=prox, adv=adv)
+    got.backward()
+    close(got, want, **TOL, what="loss")
+    close(y.grad, x.grad, **TOL, what="grad")

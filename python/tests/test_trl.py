@@ -85,6 +85,8 @@ class Checking(rlpt.trl.GRPOTrainer):
     # so every negative-advantage sequence is dropped
     ("bnpo", {"off_policy_mask_threshold": -1.0, "beta": 0.05}),
     ("sapo", {"off_policy_mask_threshold": -1.0, "top_entropy_quantile": 0.5}),
+    ("sapo", {"importance_sampling_level": "sequence"}),
+    ("sapo", {"importance_sampling_level": "sequence", "top_entropy_quantile": 0.5, "beta": 0.05}),
 ])
 def test_first_step_equals_trl(tmp_path, loss_type, extra):
     steps = 2 if extra.get("gradient_accumulation_steps") else 1

@@ -259,8 +259,8 @@ TEST_CASE("errors: compat presets reject what they do not reproduce") {
   RLPT_CHECK_ERROR(areal::actor({.rejection_metric = "kl_k2", .rejection_upper = 0.1, .rejection_lower = 0.01}),
                    "rlpt.objective.compat", "lower = 0.01 with metric = kl_k2 is not reproduced");
   RLPT_CHECK_ERROR(
-      areal::actor({.use_decoupled_loss = false, .importance_sampling_level = "sequence", .use_sapo_loss = true}),
-      "rlpt.objective.compat", "use_sapo_loss with importance_sampling_level = \"sequence\"");
+      areal::actor({.use_decoupled_loss = false, .importance_sampling_level = "seq", .use_sapo_loss = true}),
+      "rlpt.objective.compat", "importance_sampling_level = \"seq\"", "token, sequence");
   // What AReaL accepts and rlpt builds: k1 with an upper bound below 0; agg ignored at token level.
   CHECK(std::holds_alternative<gspo>(areal::actor({.importance_sampling_level = "sequence"}).policy));
   CHECK(areal::actor({.rejection_metric = "kl_k1", .rejection_upper = -0.1}).correction.reject.lo ==

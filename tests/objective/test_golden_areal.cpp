@@ -47,43 +47,36 @@ TEST_CASE("golden areal ppo_actor_loss_fn: token-level ratio rejection, clamp, d
 TEST_CASE("golden areal ppo_actor_loss_fn: sequence-level ratio, aggregated in log space") {
   check_rejecting("areal_seq_ratio_mean",
                   {.rejection_level = "sequence", .rejection_upper = 1.04, .rejection_lower = 0.97});
-  check_rejecting("areal_seq_ratio_sum", {.rejection_level = "sequence",
-                                          .rejection_agg = "sum",
-                                          .rejection_upper = 1.6,
-                                          .rejection_lower = 0.7});
+  check_rejecting(
+      "areal_seq_ratio_sum",
+      {.rejection_level = "sequence", .rejection_agg = "sum", .rejection_upper = 1.6, .rejection_lower = 0.7});
   check_rejecting("areal_seq_ratio_max",
                   {.rejection_level = "sequence", .rejection_agg = "max", .rejection_upper = 1.5});
-  check_rejecting("areal_seq_ratio_clamp", {.rejection_level = "sequence",
-                                            .rejection_action = "clamp",
-                                            .rejection_upper = 1.03,
-                                            .rejection_lower = 0.98});
+  check_rejecting(
+      "areal_seq_ratio_clamp",
+      {.rejection_level = "sequence", .rejection_action = "clamp", .rejection_upper = 1.03, .rejection_lower = 0.98});
 }
 
 TEST_CASE("golden areal ppo_actor_loss_fn: KL-metric rejection k1, k2, k3 per token") {
-  check_rejecting("areal_token_kl_k1",
-                  {.rejection_metric = "kl_k1", .rejection_upper = 0.2, .rejection_lower = -0.15});
+  check_rejecting("areal_token_kl_k1", {.rejection_metric = "kl_k1", .rejection_upper = 0.2, .rejection_lower = -0.15});
   check_rejecting("areal_token_kl_k1_upper", {.rejection_metric = "kl_k1", .rejection_upper = -0.05});
   check_rejecting("areal_token_kl_k2", {.rejection_metric = "kl_k2", .rejection_upper = 0.03});
   check_rejecting("areal_token_kl_k3", {.rejection_metric = "kl_k3", .rejection_upper = 0.03});
 }
 
 TEST_CASE("golden areal ppo_actor_loss_fn: KL-metric rejection per sequence: sum, mean, max") {
-  check_rejecting("areal_seq_kl_k1_mean", {.rejection_level = "sequence",
-                                           .rejection_metric = "kl_k1",
-                                           .rejection_upper = 0.05,
-                                           .rejection_lower = -0.04});
-  check_rejecting("areal_seq_kl_k2_sum", {.rejection_level = "sequence",
-                                          .rejection_metric = "kl_k2",
-                                          .rejection_agg = "sum",
-                                          .rejection_upper = 0.3});
-  check_rejecting("areal_seq_kl_k3_max", {.rejection_level = "sequence",
-                                          .rejection_metric = "kl_k3",
-                                          .rejection_agg = "max",
-                                          .rejection_upper = 0.1});
-  check_rejecting("areal_seq_kl_k1_max", {.rejection_level = "sequence",
-                                          .rejection_metric = "kl_k1",
-                                          .rejection_agg = "max",
-                                          .rejection_upper = 0.4});
+  check_rejecting(
+      "areal_seq_kl_k1_mean",
+      {.rejection_level = "sequence", .rejection_metric = "kl_k1", .rejection_upper = 0.05, .rejection_lower = -0.04});
+  check_rejecting(
+      "areal_seq_kl_k2_sum",
+      {.rejection_level = "sequence", .rejection_metric = "kl_k2", .rejection_agg = "sum", .rejection_upper = 0.3});
+  check_rejecting(
+      "areal_seq_kl_k3_max",
+      {.rejection_level = "sequence", .rejection_metric = "kl_k3", .rejection_agg = "max", .rejection_upper = 0.1});
+  check_rejecting(
+      "areal_seq_kl_k1_max",
+      {.rejection_level = "sequence", .rejection_metric = "kl_k1", .rejection_agg = "max", .rejection_upper = 0.4});
 }
 
 TEST_CASE("golden areal ppo_actor_loss_fn: GSPO with token and sequence rejection") {
@@ -96,7 +89,10 @@ TEST_CASE("golden areal ppo_actor_loss_fn: GSPO with token and sequence rejectio
                                          .importance_sampling_level = "sequence"});
 }
 
-TEST_CASE("golden areal sapo_loss_fn") {
-  check_golden_case("areal_sapo", areal::actor({.use_decoupled_loss = false, .use_sapo_loss = true}),
-                    golden_inputs{});
+TEST_CASE("golden areal sapo_loss_fn, token and sequence level") {
+  check_golden_case("areal_sapo", areal::actor({.use_decoupled_loss = false, .use_sapo_loss = true}), golden_inputs{});
+  const auto seq =
+      areal::actor({.use_decoupled_loss = false, .importance_sampling_level = "sequence", .use_sapo_loss = true});
+  check_golden_case("areal_sapo_sequence", seq, golden_inputs{});
+  check_golden_case("areal_sapo_sequence_token_adv", seq, golden_inputs{});
 }

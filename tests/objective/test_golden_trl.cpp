@@ -59,6 +59,15 @@ TEST_CASE("golden trl sequence-level importance sampling (GSPO)") {
   }
 }
 
+TEST_CASE("golden trl sapo with sequence-level importance sampling: the gate on the sequence ratio") {
+  const auto obj = trl::grpo({.loss_type = "sapo",
+                              .importance_sampling_level = "sequence",
+                              .max_completion_length = 32,
+                              .gradient_accumulation_steps = 2});
+  // SAPO's temperatures are float32 tensors in TRL even for float64 inputs.
+  check_golden_case("trl_sapo_sequence", obj, golden_inputs{.entropy = true}, false, false, /*peer_fp32_only=*/true);
+}
+
 TEST_CASE("golden trl vLLM importance sampling (token_truncate) applied before the KL term") {
   const double n = items_in_batch("trl_grpo");
   const auto obj = trl::grpo({.loss_type = "dapo",

@@ -77,13 +77,16 @@ TEST_CASE("finite differences: PPO clip (clip-higher, dual clip, delta) under ev
   }
 }
 
-TEST_CASE("finite differences: GSPO sequence form, SAPO, policy gradient under every aggregation") {
+TEST_CASE("finite differences: GSPO and SAPO sequence forms, SAPO, policy gradient under every aggregation") {
   const batch<double> b(6, 10, 2);
   for (agg_mode m : all_modes) {
     INFO("aggregation ", name(m));
     check_fd("gspo sequence", {.policy = gspo{.token_level = false}, .agg = agg_of(m)}, b);
     check_fd("gspo sequence dual", {.policy = gspo{.token_level = false, .dual_clip = 2.0}, .agg = agg_of(m)}, b);
     check_fd("sapo", {.policy = sapo{}, .agg = agg_of(m)}, b);
+    check_fd("sapo sequence", {.policy = sapo{.token_level = false}, .agg = agg_of(m)}, b);
+    check_fd("sapo sequence, mean advantages",
+             {.policy = sapo{.tau_neg = 2.0, .token_level = false, .mean_advantage = true}, .agg = agg_of(m)}, b);
     check_fd("policy_gradient", {.policy = policy_gradient{}, .agg = agg_of(m)}, b);
   }
 }
@@ -159,6 +162,8 @@ TEST_CASE("finite differences: corrections (their weights depend only on old/beh
           "ppo + correction + kl + entropy",
           {.policy = ppo_clip{}, .correction = c, .kl = {.coef = 0.1}, .entropy = {.coef = 0.01}, .agg = agg_of(m)}, b);
       check_fd("gspo sequence + correction", {.policy = gspo{.token_level = false}, .correction = c, .agg = agg_of(m)},
+               b);
+      check_fd("sapo sequence + correction", {.policy = sapo{.token_level = false}, .correction = c, .agg = agg_of(m)},
                b);
     }
   }

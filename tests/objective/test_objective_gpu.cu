@@ -166,6 +166,11 @@ std::vector<objective> configurations() {
                       .reject_also = {{{.stat = rs_stat::k3_inverse, .level = rs_level::seq_max, .hi = 0.3},
                                        {.stat = rs_stat::ratio, .level = rs_level::seq_max, .hi = 1.6}}},
                       .rejected = rejected_tokens::masked}},
+      {.policy = sapo{.token_level = false, .mean_advantage = true}, // sequence-level SAPO (AReaL, TRL)
+       .correction = {.weight = {.level = is_level::token, .hi = 2.0},
+                      .reject = {.stat = rs_stat::k2, .level = rs_level::seq_mean, .hi = 0.05},
+                      .rejected = rejected_tokens::masked},
+       .entropy = {.coef = 0.01}},
       {.policy = no_policy{}, .value = {.coef = 1.0, .clip = 0.2, .huber_delta = 0.5}},
   };
 }

@@ -894,9 +894,9 @@ objective_result scalar_reference(const objective& obj, const basic_objective_in
     const auto k = detail::make_token_consts<double>(p, rc);
     detail::token_acc<double, std::uint32_t> a;
     for (index_t t = 0; t < n; ++t) a = detail::token_pass<stages>(p, k, in, gr, b, base + t, 1, c, a);
-    if (p.gspo_sequence && a.dcoef != 0.0)
+    if (p.sequence_form && a.dcoef != 0.0)
       for (index_t t = 0; t < n; ++t)
-        detail::gspo_pass<stages>(p, k, in, gr, detail::gspo_coupling(rc, a.dcoef), b, base + t, 1, c);
+        detail::coupling_pass<stages>(p, k, in, gr, detail::sequence_coupling(rc, a.dcoef), b, base + t, 1, c);
     total.merge(detail::row_sums(p, rc, a, /*head=*/true));
   }
   return detail::finish_result(p, total);
@@ -966,6 +966,11 @@ std::vector<objective> every_kind() {
                       .reject = {.stat = rs_stat::log_ratio, .lo = -0.3, .hi = 0.25},
                       .reject_also = {{{.stat = rs_stat::k3_inverse, .level = rs_level::seq_max, .hi = 0.3}}},
                       .rejected = rejected_tokens::masked}},
+      {.policy = sapo{.token_level = false, .mean_advantage = true}, // AReaL / TRL sequence-level SAPO
+       .correction = {.weight = {.level = is_level::token, .hi = 2.0},
+                      .reject = {.stat = rs_stat::k2, .level = rs_level::seq_mean, .hi = 0.05},
+                      .rejected = rejected_tokens::masked},
+       .entropy = {.coef = 0.01}},
       {.policy = gmpo{},
        .correction = {.weight = {.level = is_level::seq_geomean, .bound = is_bound::none},
                       .reject = {.stat = rs_stat::ratio, .level = rs_level::seq_max, .hi = 1.4},

@@ -346,6 +346,11 @@ def generate(out_dir, seed):
                  lambda t, lt=lt: trl_compute_loss(t, lt, level="sequence", nitems=n_items, seq_adv=False),
                  dict(peer="trl", loss_type=lt, importance_sampling_level="sequence", num_items_in_batch=n_items,
                       token_advantages=True))
+    # SAPO's gate on the sequence ratio (per-token advantages: the gate's side is each token's).
+    run_case(out_dir, seed, "trl_sapo_sequence", tok,
+             lambda t: trl_compute_loss(t, "sapo", level="sequence", ga=2, seq_adv=False),
+             dict(peer="trl", loss_type="sapo", importance_sampling_level="sequence", gradient_accumulation_steps=2,
+                  token_advantages=True))
 
     # LUSPO: the grpo surrogate, each row's token sum, the mean over rows (/ GA); sequence level as
     # TRL recommends (with a k3 KL term, which broadcasts the row's loss over its tokens), and token level.
@@ -511,8 +516,13 @@ def generate_areal(out_dir, seed, plain, large, tok):
             params.update(rejection_sampling=rs, filtered_fraction=filtered(src, rs))
         run_case(out_dir, seed, f"areal_{cname}", src, lambda t, kw=kw, rs=rs: actor(t, rs, **kw), params)
 
-    def sapo(t):
+    def sapo(t, level="token"):
         loss, _ = sapo_loss_fn(logprobs=t["lp"], old_logprobs=t["old"], advantages=t["adv"], tau_pos=1.0,
-                               tau_neg=1.05, loss_mask=t["mask"])
+                               tau_neg=1.05, loss_mask=t["mask"], importance_sampling_level=level)
         return loss
     run_case(out_dir, seed, "areal_sapo", plain, sapo, dict(peer="areal", areal=version, tau_pos=1.0, tau_neg=1.05))
+    # Sequence level: the gate on exp(mean log-ratio), each token with its sequence's mean advantage.
+    for src, tag in ((plain, ""), (tok, "_token_adv")):
+        run_case(out_dir, seed, f"areal_sapo_sequence{tag}", src, lambda t: sapo(t, "sequence"),
+                 dict(peer="areal", areal=version, tau_pos=1.0, tau_neg=1.05, importance_sampling_level="sequence",
+                      token_advantages=src is tok))

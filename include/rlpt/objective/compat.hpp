@@ -400,8 +400,11 @@ inline objective grpo(const grpo_config& c) {
                           .log_ratio_clamp = 80.0};
   } else if (lt == "cispo" && !seq) {
     o.policy = cispo{.bounds = cispo_bounds::absolute, .cap = eh, .log_ratio_clamp = 80.0};
-  } else if (lt == "sapo" && !seq) {
-    o.policy = sapo{.tau_pos = c.sapo_temperature_pos, .tau_neg = c.sapo_temperature_neg, .log_ratio_clamp = 80.0};
+  } else if (lt == "sapo") {
+    o.policy = sapo{.tau_pos = c.sapo_temperature_pos,
+                    .tau_neg = c.sapo_temperature_neg,
+                    .log_ratio_clamp = 80.0,
+                    .token_level = !seq};
   } else if (lt == "vespo" && !seq) {
     // VESPO folds TRL's vLLM importance ratio into its sequence weight instead of weighting the
     // loss with it, and TRL refuses the sequence modes for it.
@@ -418,7 +421,7 @@ inline objective grpo(const grpo_config& c) {
                      .fold_is_weight = c.vllm_importance_sampling_correction};
   } else {
     detail::unknown("trl", "loss_type", lt,
-                    "grpo, bnpo, dr_grpo, dapo, luspo (token or sequence level), cispo, sapo and vespo (token level)");
+                    "grpo, bnpo, dr_grpo, dapo, luspo, sapo (token or sequence level), cispo and vespo (token level)");
   }
   aggregation a;
   a.factor = 1.0 / ga;
@@ -740,11 +743,14 @@ inline objective actor(const actor_config& c) {
   if (c.use_sapo_loss) {
     RLPT_CHECK(!c.use_decoupled_loss, errors::objective::compat,
                "areal use_sapo_loss requires use_decoupled_loss = false");
-    RLPT_CHECK(c.importance_sampling_level == "token", errors::objective::compat,
-               "areal use_sapo_loss with importance_sampling_level = \"{}\" is not reproduced by rlpt (supported: "
-               "token)",
-               c.importance_sampling_level);
-    o.policy = sapo{.tau_pos = c.sapo_tau_pos, .tau_neg = c.sapo_tau_neg, .log_ratio_clamp = 80.0};
+    const bool seq = c.importance_sampling_level == "sequence";
+    if (!seq && c.importance_sampling_level != "token")
+      detail::unknown("areal", "importance_sampling_level", c.importance_sampling_level, "token, sequence");
+    o.policy = sapo{.tau_pos = c.sapo_tau_pos,
+                    .tau_neg = c.sapo_tau_neg,
+                    .log_ratio_clamp = 80.0,
+                    .token_level = !seq,
+                    .mean_advantage = seq}; // sapo_loss_fn averages the advantages in sequence mode only
   } else if (c.importance_sampling_level == "sequence") {
     o.policy = gspo{.eps_low = c.eps_clip,
                     .eps_high = eh,

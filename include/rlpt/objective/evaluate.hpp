@@ -166,7 +166,8 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
           check_option(t.delta == 0.0 || t.delta > 1.0, "gspo.delta", t.delta, "must be 0 (off) or > 1");
           check_clamp(t.log_ratio_max, "gspo.log_ratio_max");
           p.gs = t;
-          p.gspo_sequence = !t.token_level;
+          p.sequence_form = !t.token_level;
+          p.mean_advantage = t.mean_advantage;
         } else if constexpr (std::is_same_v<P, gmpo>) {
           check_nonnegative(t.eps_low, "gmpo.eps_low");
           check_nonnegative(t.eps_high, "gmpo.eps_high");
@@ -184,6 +185,8 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
           check_option(t.tau_neg > 0.0 && t.tau_neg <= 80.0, "sapo.tau_neg", t.tau_neg, "must be in (0, 80]");
           check_clamp(t.log_ratio_clamp, "sapo.log_ratio_clamp");
           p.sa = t;
+          p.sequence_form = !t.token_level;
+          p.mean_advantage = t.mean_advantage;
         } else if constexpr (std::is_same_v<P, dppo>) {
           check_nonnegative(t.eps_low, "dppo.eps_low");
           check_nonnegative(t.eps_high, "dppo.eps_high");
@@ -355,8 +358,8 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
                name(p.agg_policy.mode));
   p.nonfinite = obj.nonfinite;
   p.fold_w = p.policy == policy_kind::vespo && p.ve.fold_is_weight && p.use_is;
-  p.need_row_pass = p.is_seq || p.rs_seq || p.policy == policy_kind::gspo || p.policy == policy_kind::gmpo ||
-                    p.policy == policy_kind::vespo || p.needs_length();
+  p.need_row_pass = p.is_seq || p.rs_seq || p.policy == policy_kind::gspo || p.sequence_form ||
+                    p.policy == policy_kind::gmpo || p.policy == policy_kind::vespo || p.needs_length();
   if (!p.use_policy) {
     p.use_is = p.use_rs = p.removes = p.drops_count = p.is_seq = p.rs_seq = p.rs_token = false;
     p.rs_count = 0;

@@ -89,6 +89,11 @@ struct sapo {
   double tau_pos = 1.0;          //!< verl tau_pos, TRL sapo_temperature_pos, AReaL sapo_tau_pos
   double tau_neg = 1.05;         //!< verl tau_neg, TRL sapo_temperature_neg, AReaL sapo_tau_neg
   double log_ratio_clamp = 20.0; //!< verl 20 (TRL none)
+  //! false: the gate reads the sequence ratio s = exp(mean_t (logp - old)) over the row's in-loss
+  //! tokens and the gradient flows through that mean to every token of the row, as gspo's
+  //! sequence form (TRL and AReaL `importance_sampling_level="sequence"`). Default true (verl).
+  bool token_level = true;
+  bool mean_advantage = false; //!< as gspo::mean_advantage (AReaL)
 };
 
 //! Which divergence DPPO bounds.

@@ -237,12 +237,12 @@ RLPT_KERNEL void __launch_bounds__(obj_threads, obj_token_min_blocks<T>)
   }
 }
 
-//! GSPO sequence form: adds the row's coupling (gspo_coupling) to every in-loss token's gradient.
+//! Sequence form (GSPO, SAPO): adds the row's coupling (sequence_coupling) to every in-loss token's gradient.
 template <class T>
 RLPT_KERNEL void __launch_bounds__(obj_threads)
-    objective_gspo_kernel(const objective_plan p, device_objective_inputs<T> in, device_objective_grads<T> gr,
-                          const row_consts* consts, const device_counts* counts, index_t tiles,
-                          const double* dcoef_partials) {
+    objective_coupling_kernel(const objective_plan p, device_objective_inputs<T> in, device_objective_grads<T> gr,
+                              const row_consts* consts, const device_counts* counts, index_t tiles,
+                              const double* dcoef_partials) {
   const index_t b = static_cast<index_t>(blockIdx.x) / tiles;
   const index_t tile = static_cast<index_t>(blockIdx.x) % tiles;
   double dcoef = 0.0;
@@ -250,7 +250,7 @@ RLPT_KERNEL void __launch_bounds__(obj_threads)
   if (dcoef == 0.0) return;
   const row_consts rc = device_row_consts(p, consts, counts, b);
   const token_consts<T> k = make_token_consts<T>(p, rc);
-  const T scale = static_cast<T>(gspo_coupling(rc, dcoef));
+  const T scale = static_cast<T>(sequence_coupling(rc, dcoef));
   const index_t n = in.layout.length(b);
   const index_t base = in.layout.begin(b);
   device_chunk<T> c;
@@ -258,7 +258,7 @@ RLPT_KERNEL void __launch_bounds__(obj_threads)
   const index_t t0 = tile * obj_tile;
   const index_t t1 = t0 + obj_tile < n ? t0 + obj_tile : n;
   for (index_t t = t0 + threadIdx.x; t < t1; t += blockDim.x)
-    gspo_pass<inline_stages>(p, k, in, gr, scale, b, base + t, 1, c);
+    coupling_pass<inline_stages>(p, k, in, gr, scale, b, base + t, 1, c);
 }
 
 inline constexpr int obj_finish_threads = 256;
@@ -342,7 +342,7 @@ void evaluate(const objective& obj, const device_objective_inputs<T>& in, const 
   auto* counts = carve.take<detail::device_counts>(local_needed ? 1 : 0);
   const auto blocks = static_cast<std::size_t>(rows * tiles);
   auto* partials = carve.take<detail::objective_sums>(blocks);
-  auto* dcoef = carve.take<double>(p.gspo_sequence ? blocks : 0);
+  auto* dcoef = carve.take<double>(p.sequence_form ? blocks : 0);
   if (carve.finish_size_query()) return;
   RLPT_CHECK(result != nullptr, errors::objective::missing_input, "the device evaluate needs a result pointer");
   RLPT_CHECK(blocks <= static_cast<std::size_t>(std::numeric_limits<int>::max()), errors::objective::bad_layout,
@@ -365,10 +365,10 @@ void evaluate(const objective& obj, const device_objective_inputs<T>& in, const 
   const detail::row_consts* cptr = p.need_row_pass ? consts : nullptr;
   const detail::device_counts* nptr = local_needed ? counts : nullptr;
   detail::objective_token_kernel<T><<<static_cast<unsigned>(blocks), detail::obj_threads, 0, stream>>>(
-      p, in, grads, cptr, nptr, tiles, partials, p.gspo_sequence ? dcoef : nullptr);
+      p, in, grads, cptr, nptr, tiles, partials, p.sequence_form ? dcoef : nullptr);
   RLPT_CUDA_CHECK_LAUNCH();
-  if (p.gspo_sequence && grads.logp.size() != 0) {
-    detail::objective_gspo_kernel<T>
+  if (p.sequence_form && grads.logp.size() != 0) {
+    detail::objective_coupling_kernel<T>
         <<<static_cast<unsigned>(blocks), detail::obj_threads, 0, stream>>>(p, in, grads, consts, nptr, tiles, dcoef);
     RLPT_CUDA_CHECK_LAUNCH();
   }

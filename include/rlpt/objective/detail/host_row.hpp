@@ -197,10 +197,10 @@ row_stats host_row_stats(const objective_plan& p, const basic_objective_inputs<T
 
 //! Evaluates one sequence with the chunk stages S: writes its gradients and returns its sums.
 //! `c` comes from zero_absent and is reused across rows (zeroing the absent inputs' arrays once
-//! per row was a few percent of a call on rows of a few hundred tokens). GSPO's sequence form
+//! per row was a few percent of a call on rows of a few hundred tokens). The sequence form (GSPO, SAPO)
 //! adds its coupling once the row's token pass is done: the pass keeps its chunks' in-loss flags
 //! in `inl` (one byte per token of the row), so that the coupling does not load and correct the
-//! row a third time (the device's gspo_pass does, one token per thread).
+//! row a third time (the device's coupling_pass does, one token per thread).
 template <class T, class S>
 RLPT_OBJECTIVE_HOST_INLINE objective_sums host_row_body(const objective_plan& p, const basic_objective_inputs<T>& in,
                                                         const basic_objective_grads<T>& gr, index_t b,
@@ -214,7 +214,7 @@ RLPT_OBJECTIVE_HOST_INLINE objective_sums host_row_body(const objective_plan& p,
   row_alphas(p, rc);
   const token_consts<T> k = make_token_consts<T>(p, rc);
   token_acc<double, host_count> a;
-  const bool coupled = p.gspo_sequence && gr.logp.size() != 0;
+  const bool coupled = p.sequence_form && gr.logp.size() != 0;
   const index_t base = in.layout.begin(b);
   if (coupled && inl.size() < static_cast<std::size_t>(in.layout.length(b)))
     inl.resize(static_cast<std::size_t>(in.layout.length(b)));
@@ -226,9 +226,9 @@ RLPT_OBJECTIVE_HOST_INLINE objective_sums host_row_body(const objective_plan& p,
       },
       [&](index_t i0, int n) { zero_grads(gr, i0, n); });
   if (coupled && a.in_loss > 0 && a.dcoef != 0.0) {
-    const T scale = static_cast<T>(gspo_coupling(rc, a.dcoef));
+    const T scale = static_cast<T>(sequence_coupling(rc, a.dcoef));
     for_valid_chunks(
-        in, b, [&](index_t i0, int n) { gspo_chunk(scale, n, inl.data() + (i0 - base), gr.logp.data() + i0); },
+        in, b, [&](index_t i0, int n) { coupling_chunk(scale, n, inl.data() + (i0 - base), gr.logp.data() + i0); },
         [](index_t, int) {});
   }
   return row_sums(p, rc, a, /*head=*/true);

@@ -129,8 +129,9 @@ struct objective_plan {
   bool rs_seq = false;      //!< a sequence-level rejection criterion
   bool rs_token = false;    //!< a token-level rejection criterion
   bool need_row_pass = false;
-  bool gspo_sequence = false; //!< GSPO with the gradient through the sequence mean
-  bool fold_w = false;        //!< VESPO: token weights folded into the sequence weight, not the term
+  bool sequence_form = false;  //!< GSPO or SAPO with the gradient through the sequence mean
+  bool mean_advantage = false; //!< GSPO or SAPO: every token takes its row's mean advantage
+  bool fold_w = false;         //!< VESPO: token weights folded into the sequence weight, not the term
 
   bool w_norm_local = false; //!< batch-normalised weights whose mean this call takes from its inputs
   double w_norm = 1.0;       //!< the divisor of every importance weight (1: none)
@@ -154,9 +155,10 @@ struct row_stats {
   //! per criterion: maximum of its statistic over valid tokens (the only fields reduced by max)
   double rs_max[max_rejections] = {-std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(),
                                    -std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()};
-  double sum_x = 0.0;   //!< GSPO: sum of logp - old over in-loss tokens; VESPO: of clamp(x, -20, 20)
+  double sum_x =
+      0.0; //!< GSPO, SAPO's sequence form: sum of logp - old over in-loss tokens; VESPO: of clamp(x, -20, 20)
   double sum_xs = 0.0;  //!< GMPO: sum of x* over in-loss tokens
-  double sum_adv = 0.0; //!< GMPO, GSPO with mean_advantage: sum of A over in-loss tokens
+  double sum_adv = 0.0; //!< GMPO, mean_advantage: sum of A over in-loss tokens
   //! GMPO: sum of log(w + 1e-10) over in-loss tokens (token weights); VESPO with fold_w: sum of
   //! clamp(log w, log 1e-8, 20) over valid tokens
   double sum_logw = 0.0;
@@ -169,9 +171,9 @@ struct row_consts {
   double len_loss = 0.0; //!< tokens in the loss (the length every per-row denominator uses)
   double len_in = 0.0;   //!< tokens in the terms: len_loss, less the rejected ones when masked
   double w_seq = 1.0;    //!< sequence-level importance weight
-  double s_gspo = 0.0;   //!< GSPO: mean log-ratio over the in-loss tokens
+  double s_seq = 0.0;    //!< GSPO, SAPO's sequence form: mean log-ratio over the in-loss tokens
   double gmpo_ratio = 0.0;
-  double mean_adv = 0.0; //!< GMPO, GSPO with mean_advantage: mean advantage over the in-term tokens
+  double mean_adv = 0.0; //!< GMPO, mean_advantage: mean advantage over the in-term tokens
   double gmpo_w = 1.0;   //!< geometric mean of the token weights
   bool gmpo_clamped = false;
   double vespo_pos = 1.0, vespo_neg = 1.0;                           //!< VESPO: phi(w) for A >= 0 and A < 0
@@ -215,9 +217,9 @@ RLPT_HD row_consts row_finish(const objective_plan& p, const row_stats& s) {
                            static_cast<double>(p.corr.weight.hi)) /
               p.w_norm;
   }
-  if (p.policy == policy_kind::gspo) {
+  if (p.policy == policy_kind::gspo || p.sequence_form) {
     const double den = c.len_in > 1.0 ? c.len_in : 1.0;
-    c.s_gspo = s.sum_x / den;
+    c.s_seq = s.sum_x / den;
     c.mean_adv = s.sum_adv / den;
   }
   if (p.policy == policy_kind::vespo) {

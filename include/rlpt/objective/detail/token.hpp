@@ -15,7 +15,7 @@
 //!   combine     the value term, the gradients (alpha-weighted sums of the terms), the row's
 //!               sums and metric counts
 //!
-//! The drivers (row_stats_pass, token_pass and gspo_pass below) compose them through a stage set
+//! The drivers (row_stats_pass, token_pass and coupling_pass below) compose them through a stage set
 //! S: the host's compiles each stage once per instruction set out of line (detail/host_row.hpp),
 //! the device's inlines them (inline_stages). row_sums turns a row's (device: a tile's) sums
 //! into objective_sums, so the host and the device also assemble rows alike.
@@ -56,8 +56,8 @@ template <class T, int N> struct token_chunk {
 template <class T> struct token_consts {
   bool seq_keep = true;                 //!< sequence-level rejection passed
   T w_seq = T(1);                       //!< sequence-level importance weight
-  T s_gspo = T(0);                      //!< GSPO: the row's mean log-ratio
-  T mean_adv = T(0);                    //!< GSPO with mean_advantage: the row's mean advantage
+  T s_seq = T(0);                       //!< GSPO, SAPO's sequence form: the row's mean log-ratio
+  T mean_adv = T(0);                    //!< mean_advantage: the row's mean advantage
   T gmpo_coef = T(0);                   //!< GMPO: d loss_i / d x*_t (the row term's chain factor)
   T vespo_pos = T(1), vespo_neg = T(1); //!< VESPO: the row's phi for A >= 0 and A < 0
   std::uint32_t gmpo_flags = 0;
@@ -71,7 +71,7 @@ template <class T> RLPT_HD token_consts<T> make_token_consts(const objective_pla
   token_consts<T> k;
   k.seq_keep = rc.seq_keep;
   k.w_seq = p.use_is ? T(rc.w_seq) : T(1);
-  k.s_gspo = T(rc.s_gspo);
+  k.s_seq = T(rc.s_seq);
   k.mean_adv = T(rc.mean_adv);
   k.gmpo_coef =
       rc.gmpo_clamped || rc.len_in <= 0.0 ? T(0) : -T(rc.mean_adv) * T(rc.gmpo_w) * T(rc.gmpo_ratio) / T(rc.len_in);
@@ -559,10 +559,9 @@ RLPT_HD_FORCEINLINE void stats_chunk(const objective_plan& p, int n, token_chunk
     sums.add(st.sum_lr, [&](int j) { return sel(c.valid[j] != 0, num[j] - c.behav[j], T(0)); });
   }
   if (p.w_norm_local && !p.is_seq) sums.add(st.sum_w, [&](int j) { return sel(c.valid[j] != 0, c.w[j], T(0)); });
-  if (p.policy == policy_kind::gspo) {
+  if (p.policy == policy_kind::gspo || p.sequence_form)
     sums.add(st.sum_x, [&](int j) { return sel(c.inl[j] != 0, c.lp[j] - c.old[j], T(0)); });
-    if (p.gs.mean_advantage) sums.add(st.sum_adv, [&](int j) { return sel(c.inl[j] != 0, c.adv[j], T(0)); });
-  }
+  if (p.mean_advantage) sums.add(st.sum_adv, [&](int j) { return sel(c.inl[j] != 0, c.adv[j], T(0)); });
   if (p.policy == policy_kind::vespo)
     sums.add(st.sum_x, [&](int j) { return sel(c.inl[j] != 0, clamp_r(c.lp[j] - c.old[j], T(-20), T(20)), T(0)); });
   if (p.fold_w) { // TRL: log of the vLLM ratio, 0 (w = 0, a masked-out ratio) to log 1e-8
@@ -630,12 +629,12 @@ RLPT_HD_FORCEINLINE void policy_chunk(const objective_plan& p, const token_const
   }
   case policy_kind::gspo: {
     const gspo o = p.gs;
-    const T s = k.s_gspo;
-    if (o.mean_advantage) // AReaL: every token takes its row's mean advantage (no later stage reads adv)
+    const T s = k.s_seq;
+    if (p.mean_advantage) // AReaL: every token takes its row's mean advantage (no later stage reads adv)
       for (int j = 0; j < n; ++j) c.adv[j] = k.mean_adv;
     for (int j = 0; j < n; ++j) {
       const policy_token<T> q = gspo_token(o, s, c.adv[j]);
-      c.pv[j] = q.value, c.pg[j] = q.grad; // sequence form: d value / d s_i, chained by gspo_pass
+      c.pv[j] = q.value, c.pg[j] = q.grad; // sequence form: d value / d s_i, chained by coupling_pass
       c.flags[j] = q.flags;
     }
     break;
@@ -665,10 +664,21 @@ RLPT_HD_FORCEINLINE void policy_chunk(const objective_plan& p, const token_const
   }
   case policy_kind::sapo: {
     const sapo o = p.sa;
-    for (int j = 0; j < n; ++j) {
-      const policy_token<T> q = sapo_token(o, c.tmp[j], c.adv[j]);
-      c.pv[j] = q.value, c.pg[j] = q.grad;
-      c.flags[j] = q.flags;
+    if (p.mean_advantage)
+      for (int j = 0; j < n; ++j) c.adv[j] = k.mean_adv;
+    if (p.sequence_form) { // the gate of the row's ratio; pg is d value / d s, chained by coupling_pass
+      const T s = k.s_seq;
+      for (int j = 0; j < n; ++j) {
+        const policy_token<T> q = sapo_token(o, s, c.adv[j]);
+        c.pv[j] = q.value, c.pg[j] = q.grad;
+        c.flags[j] = q.flags;
+      }
+    } else {
+      for (int j = 0; j < n; ++j) {
+        const policy_token<T> q = sapo_token(o, c.tmp[j], c.adv[j]);
+        c.pv[j] = q.value, c.pg[j] = q.grad;
+        c.flags[j] = q.flags;
+      }
     }
     break;
   }
@@ -753,7 +763,7 @@ template <class T, int N> RLPT_HD_FORCEINLINE void kl_chunk(const objective_plan
 //! How the terms combine: the value term, the gradients of tokens [i0, i0 + n) (every slot
 //! written; tokens outside the loss get 0) and the chunk's sums added to `a`:
 //!   d loss / d logp = a_policy * w * pg + kl.coef * a_kl * kg   (GMPO: w is in its pg;
-//!                                                                GSPO sequence form: gspo_pass)
+//!                                                                GSPO sequence form: coupling_pass)
 //!   d loss / d H    = -entropy.coef * a_entropy
 //!   d loss / d v    = value.coef * a_value * vg
 template <bool Wide = false, class T, memory_space M, int N, class V, class Count>
@@ -762,13 +772,13 @@ RLPT_HD_FORCEINLINE void combine_chunk(const objective_plan& p, const token_cons
                                        token_acc<V, Count>& a) {
   const T ak = k.a_kl;
   const bool kl = p.use_kl;
-  const bool seq_gspo = p.gspo_sequence;
+  const bool seq_form = p.sequence_form;
   // The weight is not the term's factor: GMPO folds it into its row coefficient (and its pv is 0),
   // VESPO with fold_w into its phi.
   const bool folded = p.policy == policy_kind::gmpo || p.fold_w;
   if (gr.logp.size() != 0) {
     T* g = gr.logp.data() + i0;
-    const T pf = seq_gspo ? T(0) : k.a_policy;
+    const T pf = seq_form ? T(0) : k.a_policy;
     if (kl) {
       for (int j = 0; j < n; ++j) {
         const T v = pf * sel(folded, T(1), c.w[j]) * c.pg[j] + ak * c.kg[j];
@@ -805,7 +815,7 @@ RLPT_HD_FORCEINLINE void combine_chunk(const objective_plan& p, const token_cons
   // Term sums over the tokens in the loss.
   chunk_sums<T, N, V, Wide> sums(c, n);
   sums.add(a.policy, [&](int j) { return sel(c.inl[j] != 0, sel(folded, T(1), c.w[j]) * c.pv[j], T(0)); });
-  if (seq_gspo) sums.add(a.dcoef, [&](int j) { return sel(c.inl[j] != 0, c.w[j] * c.pg[j], T(0)); });
+  if (seq_form) sums.add(a.dcoef, [&](int j) { return sel(c.inl[j] != 0, c.w[j] * c.pg[j], T(0)); });
   if (kl) sums.add(a.kl, [&](int j) { return sel(c.inl[j] != 0, c.kv[j], T(0)); });
   if (p.has_entropy) sums.add(a.entropy, [&](int j) { return sel(c.inl[j] != 0, c.ent[j], T(0)); });
   if (p.use_value) {
@@ -848,7 +858,7 @@ RLPT_HD_FORCEINLINE void combine_chunk(const objective_plan& p, const token_cons
 
 //! GSPO sequence form: adds the row's coupling `scale` to the gradients g[0, n) of the tokens
 //! whose in-loss flag (token_chunk::inl after load and correction) is set.
-template <class T> RLPT_HD_FORCEINLINE void gspo_chunk(T scale, int n, const std::uint8_t* inl, T* g) {
+template <class T> RLPT_HD_FORCEINLINE void coupling_chunk(T scale, int n, const std::uint8_t* inl, T* g) {
   for (int j = 0; j < n; ++j) g[j] += sel(inl[j] != 0, scale, T(0));
 }
 
@@ -920,23 +930,23 @@ RLPT_HD_FORCEINLINE token_acc<V, Count> token_pass(const objective_plan& p, cons
   return S::combine(p, k, i0, n, c, gr, a);
 }
 
-//! GSPO sequence form: d loss / d logp_t = alpha * sum_t' w d value / d s * d s / d logp_t with
+//! Sequence form (GSPO, SAPO): d loss / d logp_t = alpha * sum_t' w d value / d s * d s / d logp_t with
 //! d s / d logp_t = 1 / L, the same for every in-loss token of the row.
-RLPT_HD_FORCEINLINE double gspo_coupling(const row_consts& rc, double dcoef) {
+RLPT_HD_FORCEINLINE double sequence_coupling(const row_consts& rc, double dcoef) {
   const double len = rc.len_in > 1.0 ? rc.len_in : 1.0;
   return rc.a_policy * dcoef / len;
 }
 
-//! Adds the GSPO coupling to the gradients of tokens [i0, i0 + n) of row b (a second pass:
+//! Adds the sequence-form coupling to the gradients of tokens [i0, i0 + n) of row b (a second pass:
 //! the coupling needs the whole row's dcoef).
 RLPT_OBJECTIVE_DRIVER
 template <class S, class T, memory_space M, int N>
-RLPT_HD_FORCEINLINE void gspo_pass(const objective_plan& p, const token_consts<T>& k,
-                                   const basic_objective_inputs<T, M>& in, const basic_objective_grads<T, M>& gr,
-                                   T scale, index_t b, index_t i0, int n, token_chunk<T, N>& c) {
+RLPT_HD_FORCEINLINE void coupling_pass(const objective_plan& p, const token_consts<T>& k,
+                                       const basic_objective_inputs<T, M>& in, const basic_objective_grads<T, M>& gr,
+                                       T scale, index_t b, index_t i0, int n, token_chunk<T, N>& c) {
   S::load(p, in, b, i0, n, c);
   S::correction(p, k, n, c);
-  gspo_chunk(scale, n, c.inl, gr.logp.data() + i0);
+  coupling_chunk(scale, n, c.inl, gr.logp.data() + i0);
 }
 
 //! The sums of a row (the device: of one tile of a row, `head` being its first) from its token
