@@ -13,8 +13,10 @@ rlpt::compat::trl::grpo preset, TRL's normalisers included (gradient accumulatio
 are made by TRL's own methods and multiply the advantages (every loss type's policy term is
 positively homogeneous in A and 0 at A = 0, so that equals multiplying the term, as TRL does;
 the KL term is not masked, as in TRL); the clip-ratio metrics then count the tokens the masks keep.
-Configurations rlpt does not reproduce (the entropy bonus together with top_entropy_quantile < 1,
-adaptive entropy, vespo with vLLM's importance-sampling ratio, MoE aux loss) use TRL's own loss;
+With vespo, the vLLM ratio (token_truncate, token_mask) enters phi's sequence weight as TRL's does,
+passed as rollout log-probs. Configurations rlpt does not reproduce (cispo and vespo at sequence
+level, the entropy bonus together with top_entropy_quantile < 1, adaptive entropy, vespo with a
+sequence-level vLLM mode, MoE aux loss) use TRL's own loss;
 ``rlpt_loss_used`` says which one ran last. With vespo the trainer does not log TRL's
 ``vespo/phi_seq_mean``.
 """
