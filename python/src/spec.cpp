@@ -275,6 +275,8 @@ rlpt::objective custom_objective(spec& s) {
                     {{"removed", rlpt::rejected_tokens::removed},
                      {"zero_weight", rlpt::rejected_tokens::zero_weight},
                      {"masked", rlpt::rejected_tokens::masked}});
+  c.action = pick(s, "correction.action", c.action,
+                  {{"reject", rlpt::rejection_action::reject}, {"bound_weight", rlpt::rejection_action::bound_weight}});
   s.get("correction.log_ratio_clamp", c.log_ratio_clamp);
   // Framework KL and aggregation conventions as a starting point, then field overrides.
   if (auto t = s.str("kl.verl")) o.kl = rlpt::compat::verl::kl(*t, 1.0);

@@ -45,6 +45,13 @@ CASES = [
     (dict(), dict(level="sequence", agg="sum", upper=1.5, lower=0.7)),
     (dict(), dict(level="sequence", agg="max", upper=1.4)),
     (dict(), dict(level="sequence", action="clamp", upper=1.03, lower=0.98)),
+    # Clamp on the sum and the max: rows 4 (sum) and 6, 11 (max) have their weight out of bounds and
+    # their aggregate in them, so AReaL leaves them unclamped.
+    (dict(), dict(level="sequence", action="clamp", agg="sum", upper=1.5, lower=1.05)),
+    (dict(), dict(level="sequence", action="clamp", agg="max", upper=1.3, lower=0.95)),
+    (dict(), dict(metric="kl_k2", upper=0.02, lower=0.001)),
+    (dict(), dict(metric="kl_k2", upper=0.02, lower=-0.3)),  # a lower bound <= 0 on a square: none
+    (dict(), dict(level="sequence", metric="kl_k3", upper=0.03, lower=0.015)),
     (dict(), dict(metric="kl_k1", upper=0.2, lower=-0.15)),
     (dict(), dict(metric="kl_k2", upper=0.02)),
     (dict(), dict(metric="kl_k3", upper=0.02)),
@@ -112,7 +119,7 @@ def test_refusals_name_the_option():
     with pytest.raises(ValueError, match="unknown rejection_sampling"):
         rlpt.Objective.areal_actor(rejection_sampling=dict(threshold=2.0))
     with pytest.raises(ValueError, match="not reproduced"):
-        rlpt.Objective.areal_actor(rejection_sampling=dict(level="sequence", action="clamp", agg="sum"))
+        rlpt.Objective.areal_actor(rejection_sampling=dict(metric="kl_k3", upper=0.1, lower=0.0))
 
 
 def _areal_m2po():

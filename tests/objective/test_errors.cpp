@@ -152,6 +152,30 @@ TEST_CASE("errors: bad options name the field and the value") {
                    "vespo.fold_is_weight", "must be token, got none");
   RLPT_CHECK_ERROR(evaluate(objective{.policy = vespo{.fold_is_weight = true}, .correction = seq_is(2.0)}, in),
                    "rlpt.objective.bad_option", "got a sequence level");
+  // The divergences' lower bound: positive and <= hi, or <= 0 for none.
+  RLPT_CHECK_ERROR(evaluate(objective{.correction = {.reject = {.stat = rs_stat::k3, .lo = 0.5, .hi = 0.1}}}, in),
+                   "rlpt.objective.bad_option", "rejection.lo = 0.5", "<= 0 for no lower bound");
+  RLPT_CHECK_ERROR(evaluate(objective{.correction = {.reject = {.stat = rs_stat::tv,
+                                                                .lo = std::numeric_limits<double>::quiet_NaN(),
+                                                                .hi = 0.1}}},
+                            in),
+                   "rlpt.objective.bad_option", "rejection.lo = nan");
+  // bound_weight: sequence criteria choosing which sequence weights are bounded.
+  RLPT_CHECK_ERROR(evaluate(objective{.correction = {.weight = {.level = is_level::seq_geomean, .hi = 2.0},
+                                                     .reject = {.stat = rs_stat::ratio, .hi = 2.0},
+                                                     .action = rejection_action::bound_weight}},
+                            in),
+                   "rlpt.objective.bad_option", "rejection.level = token", "must be at a sequence level");
+  RLPT_CHECK_ERROR(evaluate(objective{.correction = {.weight = {.level = is_level::token},
+                                                     .action = rejection_action::bound_weight}},
+                            in),
+                   "rlpt.objective.bad_option", "action = bound_weight needs a rejection criterion");
+  RLPT_CHECK_ERROR(
+      evaluate(objective{.correction = {.weight = {.level = is_level::token},
+                                        .reject = {.stat = rs_stat::ratio, .level = rs_level::seq_max, .hi = 2.0},
+                                        .action = rejection_action::bound_weight}},
+               in),
+      "rlpt.objective.bad_option", "action = bound_weight needs a sequence-level weight with a bound");
   // Each further criterion is checked under its own name.
   RLPT_CHECK_ERROR(
       evaluate(objective{.correction = {.reject = {.stat = rs_stat::k2, .hi = 0.1},
@@ -254,10 +278,14 @@ TEST_CASE("errors: compat presets reject what they do not reproduce") {
                    "upper = 0 must be positive for metric = kl_k3");
   RLPT_CHECK_ERROR(areal::actor({.rejection_action = "clamp", .rejection_metric = "kl_k2", .rejection_upper = 0.1}),
                    "rlpt.objective.compat", "clamp supports only metric = ratio, got metric = kl_k2");
-  RLPT_CHECK_ERROR(areal::actor({.rejection_level = "sequence", .rejection_action = "clamp", .rejection_agg = "max"}),
-                   "rlpt.objective.compat", "agg = \"max\" is not reproduced", "supported: agg = mean");
-  RLPT_CHECK_ERROR(areal::actor({.rejection_metric = "kl_k2", .rejection_upper = 0.1, .rejection_lower = 0.01}),
-                   "rlpt.objective.compat", "lower = 0.01 with metric = kl_k2 is not reproduced");
+  RLPT_CHECK_ERROR(areal::actor({.rejection_metric = "kl_k3", .rejection_upper = 0.1, .rejection_lower = 0.0}),
+                   "rlpt.objective.compat", "lower = 0 with metric = kl_k3 is not reproduced",
+                   "leave lower unset or make it positive");
+  RLPT_CHECK_ERROR(areal::actor({.rejection_level = "sequence",
+                                 .rejection_metric = "kl_k3",
+                                 .rejection_upper = 0.1,
+                                 .rejection_lower = -1.0}),
+                   "rlpt.objective.compat", "lower = -1 with metric = kl_k3");
   RLPT_CHECK_ERROR(
       areal::actor({.use_decoupled_loss = false, .importance_sampling_level = "seq", .use_sapo_loss = true}),
       "rlpt.objective.compat", "importance_sampling_level = \"seq\"", "token, sequence");
@@ -266,6 +294,17 @@ TEST_CASE("errors: compat presets reject what they do not reproduce") {
   CHECK(areal::actor({.rejection_metric = "kl_k1", .rejection_upper = -0.1}).correction.reject.lo ==
         -std::numeric_limits<double>::infinity());
   CHECK(areal::actor({.rejection_agg = "max"}).correction.reject.level == rs_level::token);
+  // A lower bound <= 0 on k2 keeps every token, as AReaL's does (k2 is a square).
+  CHECK(areal::actor({.rejection_metric = "kl_k2", .rejection_upper = 0.1, .rejection_lower = -0.5})
+            .correction.reject.lo == 0.0);
+  // Clamp at sequence level: the criterion chooses the weights to bound on the sum and the max only.
+  const auto clamp_seq = [](const char* agg) {
+    return areal::actor({.rejection_level = "sequence", .rejection_action = "clamp", .rejection_agg = agg}).correction;
+  };
+  CHECK(clamp_seq("max").action == rejection_action::bound_weight);
+  CHECK(clamp_seq("sum").reject.level == rs_level::seq_sum);
+  CHECK(clamp_seq("mean").action == rejection_action::reject);
+  CHECK(clamp_seq("mean").reject.stat == rs_stat::none);
 }
 
 TEST_CASE("compat configs own their strings: a config outlives the buffer it was read from") {

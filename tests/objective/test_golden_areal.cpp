@@ -57,11 +57,28 @@ TEST_CASE("golden areal ppo_actor_loss_fn: sequence-level ratio, aggregated in l
       {.rejection_level = "sequence", .rejection_action = "clamp", .rejection_upper = 1.03, .rejection_lower = 0.98});
 }
 
+TEST_CASE("golden areal ppo_actor_loss_fn: sequence-level clamp on the sum and the max") {
+  // The geometric-mean weight is clamped only where the aggregate is out of bounds: each case has a
+  // row whose weight is out of bounds and its aggregate in them (left as it is), and a clamped row.
+  check_rejecting("areal_seq_ratio_clamp_sum", {.rejection_level = "sequence",
+                                                .rejection_action = "clamp",
+                                                .rejection_agg = "sum",
+                                                .rejection_upper = 1.6,
+                                                .rejection_lower = 1.01});
+  check_rejecting("areal_seq_ratio_clamp_max", {.rejection_level = "sequence",
+                                                .rejection_action = "clamp",
+                                                .rejection_agg = "max",
+                                                .rejection_upper = 1.15,
+                                                .rejection_lower = 0.95});
+}
+
 TEST_CASE("golden areal ppo_actor_loss_fn: KL-metric rejection k1, k2, k3 per token") {
   check_rejecting("areal_token_kl_k1", {.rejection_metric = "kl_k1", .rejection_upper = 0.2, .rejection_lower = -0.15});
   check_rejecting("areal_token_kl_k1_upper", {.rejection_metric = "kl_k1", .rejection_upper = -0.05});
   check_rejecting("areal_token_kl_k2", {.rejection_metric = "kl_k2", .rejection_upper = 0.03});
   check_rejecting("areal_token_kl_k3", {.rejection_metric = "kl_k3", .rejection_upper = 0.03});
+  check_rejecting("areal_token_kl_k2_band",
+                  {.rejection_metric = "kl_k2", .rejection_upper = 0.03, .rejection_lower = 0.0015});
 }
 
 TEST_CASE("golden areal ppo_actor_loss_fn: KL-metric rejection per sequence: sum, mean, max") {
@@ -74,6 +91,9 @@ TEST_CASE("golden areal ppo_actor_loss_fn: KL-metric rejection per sequence: sum
   check_rejecting(
       "areal_seq_kl_k3_max",
       {.rejection_level = "sequence", .rejection_metric = "kl_k3", .rejection_agg = "max", .rejection_upper = 0.1});
+  check_rejecting(
+      "areal_seq_kl_k3_band",
+      {.rejection_level = "sequence", .rejection_metric = "kl_k3", .rejection_upper = 0.032, .rejection_lower = 0.013});
   check_rejecting(
       "areal_seq_kl_k1_max",
       {.rejection_level = "sequence", .rejection_metric = "kl_k1", .rejection_agg = "max", .rejection_upper = 0.4});

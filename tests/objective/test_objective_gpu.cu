@@ -171,6 +171,12 @@ std::vector<objective> configurations() {
                       .reject = {.stat = rs_stat::k2, .level = rs_level::seq_mean, .hi = 0.05},
                       .rejected = rejected_tokens::masked},
        .entropy = {.coef = 0.01}},
+      {.policy = ppo_clip{}, // AReaL clamp on the sequence max; a band on the summed k2
+       .correction = {.weight = {.level = is_level::seq_geomean, .bound = is_bound::truncate, .lo = 0.95, .hi = 1.15},
+                      .reject = {.stat = rs_stat::ratio, .level = rs_level::seq_max, .lo = 0.95, .hi = 1.15},
+                      .reject_also = {{{.stat = rs_stat::k2, .level = rs_level::seq_sum, .lo = 0.01, .hi = 4.0}}},
+                      .action = rejection_action::bound_weight},
+       .kl = {.coef = 0.1}},
       {.policy = no_policy{}, .value = {.coef = 1.0, .clip = 0.2, .huber_delta = 0.5}},
   };
 }

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <tuple>
 #include <vector>
 
 using rlpt::test::batch;
@@ -952,7 +953,7 @@ std::vector<objective> every_kind() {
                       .rejected = rejected_tokens::zero_weight}},
       {.policy = ppo_clip{},
        .correction = {.weight = {.level = is_level::token, .hi = 2.0},
-                      .reject = {.stat = rs_stat::k2, .level = rs_level::token, .hi = 0.2},
+                      .reject = {.stat = rs_stat::k2, .level = rs_level::token, .lo = 0.002, .hi = 0.2},
                       .reject_also = {{{.stat = rs_stat::k3, .level = rs_level::seq_mean, .hi = 0.05},
                                        {.stat = rs_stat::tv, .level = rs_level::seq_max, .hi = 0.2},
                                        {.stat = rs_stat::k1, .level = rs_level::token, .lo = 0.8, .hi = 1.25}}}},
@@ -978,6 +979,12 @@ std::vector<objective> every_kind() {
                       .rejected = rejected_tokens::masked},
        .kl = {.coef = 0.1},
        .agg = {.mode = agg_mode::seq_mean_token_mean}},
+      {.policy = ppo_clip{}, // AReaL clamp on the sequence max; a band on the summed k2
+       .correction = {.weight = {.level = is_level::seq_geomean, .bound = is_bound::truncate, .lo = 0.95, .hi = 1.15},
+                      .reject = {.stat = rs_stat::ratio, .level = rs_level::seq_max, .lo = 0.95, .hi = 1.15},
+                      .reject_also = {{{.stat = rs_stat::k2, .level = rs_level::seq_sum, .lo = 0.01, .hi = 4.0}}},
+                      .action = rejection_action::bound_weight},
+       .kl = {.coef = 0.1}},
       {.policy = no_policy{}, .value = {.coef = 1.0, .clip = 0.2, .huber_delta = 0.5}},
   };
 }
@@ -1188,6 +1195,56 @@ TEST_CASE(
     const double la = evaluate(zw, b.inputs(), ga.view()).loss;
     CHECK(la == doctest::Approx(evaluate(m, b.inputs(), gb.view()).loss).epsilon(1e-14));
     CHECK(ga.logp == gb.logp);
+  }
+}
+
+TEST_CASE("rejection_action::bound_weight: a sequence outside the criterion keeps its tokens, its weight bounded") {
+  // Token sums, so rows add: the result is that of the rows inside the bounds with the raw weight
+  // plus that of the rows outside them with the bounded one.
+  const batch<double> b(41, 70, 43, 0.3, 0.03);
+  // On the sum, a weight (the geometric mean) out of bounds has its product in them only for lo > 1.
+  for (const auto& [level, lo, hi] :
+       {std::tuple{rs_level::seq_max, 0.995, 1.06}, std::tuple{rs_level::seq_sum, 1.002, 1.3}}) {
+    INFO("level ", static_cast<int>(level));
+    std::vector<mask_t> inside = b.mask, outside = b.mask;
+    int moved_inside = 0, moved_outside = 0; // rows whose weight a plain clamp would move
+    for (index_t r = 0; r < b.B; ++r) {
+      double mx = -std::numeric_limits<double>::infinity(), sum = 0.0, len = 0.0;
+      for (index_t t = 0; t < b.L; ++t) {
+        const auto i = static_cast<std::size_t>(r * b.stride + t);
+        if (b.mask[i] == 0) continue;
+        const double lr = b.old[i] - b.behav[i];
+        mx = std::max(mx, lr), sum += lr, len += 1.0;
+      }
+      if (len == 0.0) continue;
+      const double agg = std::exp(level == rs_level::seq_max ? mx : sum);
+      const bool in = agg >= lo && agg <= hi;
+      const double gm = std::exp(sum / len);
+      if (gm < lo || gm > hi) ++(in ? moved_inside : moved_outside);
+      for (index_t t = 0; t < b.stride; ++t) (in ? outside : inside)[static_cast<std::size_t>(r * b.stride + t)] = 0;
+    }
+    REQUIRE(moved_inside > 0);
+    REQUIRE(moved_outside > 0);
+    const is_weighting raw{.level = is_level::seq_geomean, .bound = is_bound::none};
+    is_weighting bounded = raw;
+    bounded.bound = is_bound::truncate, bounded.lo = lo, bounded.hi = hi;
+    const objective obj{.correction = {.weight = bounded,
+                                       .reject = {.stat = rs_stat::ratio, .level = level, .lo = lo, .hi = hi},
+                                       .action = rejection_action::bound_weight},
+                        .agg = {.mode = agg_mode::token_sum}};
+    grads<double> g(b.size()), g_in(b.size()), g_out(b.size());
+    const objective_result r = evaluate(obj, b.inputs(), g.view());
+    basic_objective_inputs<double> in = b.inputs();
+    in.mask = inside;
+    const objective_result r_in = evaluate(objective{.correction = {.weight = raw}, .agg = obj.agg}, in, g_in.view());
+    in.mask = outside;
+    const objective_result r_out =
+        evaluate(objective{.correction = {.weight = bounded}, .agg = obj.agg}, in, g_out.view());
+    CHECK(r.loss == doctest::Approx(r_in.loss + r_out.loss).epsilon(1e-14));
+    CHECK(r.loss_tokens == r_in.tokens + r_out.tokens);
+    CHECK(r.rejected_frac == 0.0);
+    for (std::size_t i = 0; i < b.size(); ++i)
+      if (static_cast<index_t>(i) % b.stride < b.L) CHECK(g.logp[i] == g_in.logp[i] + g_out.logp[i]);
   }
 }
 

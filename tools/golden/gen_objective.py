@@ -496,7 +496,17 @@ def generate_areal(out_dir, seed, plain, large, tok):
         "seq_ratio_max": (plain, dict(eps_clip=0.2), dict(level="sequence", agg="max", upper=1.5)),
         "seq_ratio_clamp": (plain, dict(eps_clip=0.2), dict(level="sequence", action="clamp", upper=1.03,
                                                            lower=0.98)),
+        # Clamp on the sum or the max: the geometric-mean weight is clamped only in the sequences whose
+        # aggregate is out of bounds. Chosen so that a row's weight is out of bounds with its aggregate
+        # in them (sum: row 3, max: row 5), which a plain clamp would move, and another row is clamped.
+        "seq_ratio_clamp_sum": (plain, dict(eps_clip=0.2), dict(level="sequence", action="clamp", agg="sum",
+                                                               upper=1.6, lower=1.01)),
+        "seq_ratio_clamp_max": (plain, dict(eps_clip=0.2), dict(level="sequence", action="clamp", agg="max",
+                                                               upper=1.15, lower=0.95)),
         "token_kl_k1": (plain, dict(eps_clip=0.2), dict(metric="kl_k1", upper=0.2, lower=-0.15)),
+        "token_kl_k2_band": (plain, dict(eps_clip=0.2), dict(metric="kl_k2", upper=0.03, lower=0.0015)),
+        "seq_kl_k3_band": (plain, dict(eps_clip=0.2), dict(level="sequence", metric="kl_k3", upper=0.032,
+                                                          lower=0.013)),
         "token_kl_k1_upper": (plain, dict(eps_clip=0.2), dict(metric="kl_k1", upper=-0.05)),
         "token_kl_k2": (plain, dict(eps_clip=0.2), dict(metric="kl_k2", upper=0.03)),
         "token_kl_k3": (large, dict(eps_clip=0.2), dict(metric="kl_k3", upper=0.03)),

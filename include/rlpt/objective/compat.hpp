@@ -711,15 +711,16 @@ inline off_policy_correction rejection_sampling(const actor_config& c) {
   const bool geo = seq && m == "ratio"; // the weight too is the sequence's geometric mean
   k.weight = {.level = geo ? is_level::seq_geomean : is_level::token, .bound = is_bound::none};
   if (clamp) {
-    // Clamping the tokens of the sequences whose aggregate is out of bounds is clamping the
-    // weight itself only when the aggregate is the weight (the geometric mean).
-    RLPT_CHECK(!seq || a == "mean", errors::objective::compat,
-               "areal rejection_sampling.action = clamp at level = sequence with agg = \"{}\" is not reproduced "
-               "by rlpt (supported: agg = mean)",
-               a);
     k.weight.bound = is_bound::truncate;
     k.weight.lo = lower.value_or(0.0);
     k.weight.hi = hi;
+    // Per token, and per sequence on the mean, the weight is out of bounds exactly where it is
+    // clamped. On the sum or the max, AReaL clamps the geometric-mean weight of the sequences whose
+    // aggregate is out of bounds: the criterion chooses which weights are bounded.
+    if (seq && a != "mean") {
+      k.reject = {.stat = rs_stat::ratio, .level = level, .lo = lower.value_or(0.0), .hi = hi};
+      k.action = rejection_action::bound_weight;
+    }
   } else if (m == "ratio") {
     k.reject = {.stat = rs_stat::ratio, .level = level, .lo = lower.value_or(0.0), .hi = hi};
   } else if (m == "kl_k1") {
@@ -728,11 +729,16 @@ inline off_policy_correction rejection_sampling(const actor_config& c) {
                 .lo = lower.value_or(-std::numeric_limits<double>::infinity()),
                 .hi = hi};
   } else {
-    RLPT_CHECK(!lower, errors::objective::compat,
-               "areal rejection_sampling.lower = {} with metric = {} is not reproduced by rlpt (k2 and k3 are bounded "
-               "above only)",
-               lower.value_or(0.0), m);
-    k.reject = {.stat = m == "kl_k2" ? rs_stat::k2 : rs_stat::k3_inverse, .level = level, .hi = hi};
+    // k2 and k3 are >= 0: a lower bound <= 0 keeps every k2 (its float value is a square), but
+    // k3 can round a few ulp below 0, which AReaL's lower = 0 would reject and rlpt's none not.
+    RLPT_CHECK(!lower || *lower > 0.0 || m == "kl_k2", errors::objective::compat,
+               "areal rejection_sampling.lower = {} with metric = kl_k3 is not reproduced by rlpt: k3 >= 0, so a lower "
+               "bound <= 0 rejects only values that rounding took below it; leave lower unset or make it positive",
+               lower.value_or(0.0));
+    k.reject = {.stat = m == "kl_k2" ? rs_stat::k2 : rs_stat::k3_inverse,
+                .level = level,
+                .lo = lower.value_or(0.0) > 0.0 ? *lower : 0.0,
+                .hi = hi};
   }
   return k;
 }

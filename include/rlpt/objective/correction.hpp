@@ -57,17 +57,19 @@ enum class rs_stat : std::uint8_t {
   none,  //!< no rejection
   ratio, //!< log rho, kept iff lo <= exp(stat) <= hi (OpenRLHF/AReaL ratio gating)
   k1,    //!< -log rho, kept iff log lo <= stat <= log hi (verl token_k1 / seq_*_k1; note the sign)
-  k2,    //!< 0.5 (log rho)^2, kept iff stat <= hi (verl *_k2)
-  k3,    //!< exp(log rho) - 1 - log rho, kept iff stat <= hi (verl *_k3)
+  // The divergences below are >= 0; each is kept iff stat <= hi and, where lo > 0, stat >= lo
+  // (lo <= 0: no lower bound).
+  k2, //!< 0.5 (log rho)^2 (verl *_k2, AReaL kl_k2)
+  k3, //!< exp(log rho) - 1 - log rho (verl *_k3)
   //! KL(Bernoulli(p) || Bernoulli(q)) of the sampled token, p = exp(behav_logp) and q =
-  //! exp(numerator), each clamped to [1e-6, 1 - 1e-6]: p log(p / q) + (1 - p) log((1 - p) / (1 - q)),
-  //! kept iff stat <= hi (OpenRLHF is_correction_gating = binary_kl)
+  //! exp(numerator), each clamped to [1e-6, 1 - 1e-6]: p log(p / q) + (1 - p) log((1 - p) / (1 - q))
+  //! (OpenRLHF is_correction_gating = binary_kl)
   binary_kl,
-  tv, //!< |p - q| with p and q as for binary_kl, kept iff stat <= hi (OpenRLHF gating tv)
+  tv, //!< |p - q| with p and q as for binary_kl (OpenRLHF gating tv)
   //! log rho itself, kept iff lo <= stat <= hi: bounds on the log-ratio, either sign (AReaL
   //! kl_k1). Unlike ratio and k1, lo is a log bound and 0 is a bound: -inf for none.
   log_ratio,
-  //! exp(-log rho) - 1 + log rho, k3 of 1 / rho, kept iff stat <= hi (AReaL kl_k3)
+  //! exp(-log rho) - 1 + log rho, k3 of 1 / rho (AReaL kl_k3); bounded as k2
   k3_inverse
 };
 
@@ -83,7 +85,7 @@ struct rejection {
   rs_stat stat = rs_stat::none;
   rs_level level = rs_level::token;
   //! Lower bound: on the ratio (ratio and k1 statistics; k1 with lo = 0 uses 1/hi as verl), on
-  //! log rho (log_ratio); the other statistics have none.
+  //! log rho (log_ratio), on the divergence itself (the others; lo <= 0: none).
   double lo = 0.0;
   double hi = std::numeric_limits<double>::infinity(); //!< upper bound
 };
@@ -106,6 +108,16 @@ enum class rejected_tokens : std::uint8_t {
   masked
 };
 
+//! What happens to the tokens or sequences outside a rejection criterion's bounds.
+enum class rejection_action : std::uint8_t {
+  reject, //!< they are rejected (rejected_tokens says how)
+  //! Sequences outside the bounds stay in the loss with their sequence-level importance weight
+  //! bounded by is_weighting's bound; those inside keep the raw weight (AReaL's action = clamp at
+  //! sequence level: the geometric-mean weight clamped where the sum, mean or max is out of
+  //! bounds). Needs a sequence-level weight and sequence-level criteria only.
+  bound_weight
+};
+
 //! The most rejection criteria one correction takes: `reject` and three in `reject_also`.
 inline constexpr int max_rejections = 4;
 
@@ -118,6 +130,7 @@ struct off_policy_correction {
   std::array<rejection, max_rejections - 1> reject_also{};
   ratio_numerator numerator = ratio_numerator::proximal; //!< decoupled PPO
   rejected_tokens rejected = rejected_tokens::removed;   //!< verl
+  rejection_action action = rejection_action::reject;    //!< what failing the criteria does
   //! |log rho| clamp before exp (token ratio, or sequence sum / mean): verl SAFETY_BOUND 20.
   double log_ratio_clamp = 20.0;
 
@@ -234,7 +247,7 @@ template <class R> RLPT_HD_FORCEINLINE bool rs_keep(rs_stat s, R stat, R lo, R h
   case rs_stat::k3:
   case rs_stat::binary_kl:
   case rs_stat::tv:
-    return stat <= hi;
+    return (stat <= hi) & ((lo <= R(0)) | (stat >= lo));
   }
   return true;
 }

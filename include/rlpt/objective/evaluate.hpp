@@ -218,8 +218,10 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
   p.use_is = c.weight.level != is_level::none;
   p.use_rs = c.rejects();
   p.is_seq = c.weight.level == is_level::seq_product || c.weight.level == is_level::seq_geomean;
-  p.removes = p.use_rs && c.rejected != rejected_tokens::zero_weight;
-  p.drops_count = p.use_rs && c.rejected == rejected_tokens::removed;
+  // Under rejection_action::bound_weight no token is rejected: the criteria choose the weight's bound.
+  const bool rejecting = p.use_rs && c.action == rejection_action::reject;
+  p.removes = rejecting && c.rejected != rejected_tokens::zero_weight;
+  p.drops_count = rejecting && c.rejected == rejected_tokens::removed;
   if (c.active()) {
     require(p.use_policy, "off_policy_correction", "a policy term", "its weights scale the policy term");
     require(p.has_behav, "off_policy_correction", "behav_logp", "the rollout engine's log-probs");
@@ -262,7 +264,15 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
       check_option(!std::isnan(r.lo) && r.lo <= r.hi, name.lo, r.lo, "must be <= hi (-inf for no lower bound)");
     } else {
       check_option(r.hi > 0.0, name.hi, r.hi, "must be > 0");
+      if (r.stat != rs_stat::k1 && r.stat != rs_stat::ratio)
+        check_option(!std::isnan(r.lo) && (r.lo <= 0.0 || r.lo <= r.hi), name.lo, r.lo,
+                     "must be <= hi (<= 0 for no lower bound)");
     }
+    if (c.action == rejection_action::bound_weight)
+      RLPT_CHECK(r.level != rs_level::token, errors::objective::bad_option,
+                 "{} = token, but off_policy_correction.action = bound_weight bounds sequence weights: every "
+                 "criterion must be at a sequence level",
+                 name.level);
     rs_plan& q = p.rs[p.rs_count++];
     q.stat = r.stat;
     q.level = r.level;
@@ -283,6 +293,14 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
       {"reject_also[2].lo", "reject_also[2].hi", "reject_also[2].level", "reject_also[2].stat"}};
   static_assert(std::size(also_names) == std::tuple_size_v<decltype(c.reject_also)>);
   for (std::size_t i = 0; i < c.reject_also.size(); ++i) add_rejection(c.reject_also[i], also_names[i]);
+  if (c.action == rejection_action::bound_weight) {
+    RLPT_CHECK(p.use_rs, errors::objective::bad_option,
+               "off_policy_correction.action = bound_weight needs a rejection criterion (it decides which sequences' "
+               "weights are bounded)");
+    RLPT_CHECK(p.is_seq && c.weight.bound != is_bound::none, errors::objective::bad_option,
+               "off_policy_correction.action = bound_weight needs a sequence-level weight with a bound (is_weighting "
+               "level seq_product or seq_geomean, bound truncate or mask)");
+  }
 
   // --- KL -----------------------------------------------------------------------------------
   const kl_penalty& k = obj.kl;

@@ -206,6 +206,9 @@ RLPT_HD row_consts row_finish(const objective_plan& p, const row_stats& s) {
       c.seq_keep = c.seq_keep && (s.len <= 0.0 || rs_keep(r.stat, stat, r.lo, r.hi, r.log_lo, r.log_hi));
     }
   }
+  // rejection_action::bound_weight: a sequence out of bounds stays, with its weight bounded.
+  const bool bound_all = p.corr.action == rejection_action::reject || !c.seq_keep;
+  if (p.corr.action == rejection_action::bound_weight) c.seq_keep = true;
   c.len_in = p.removes ? (c.seq_keep ? s.len_keep : 0.0) : s.len;
   c.len_loss = p.drops_count ? c.len_in : s.len;
   if (p.use_is && p.is_seq) {
@@ -213,7 +216,7 @@ RLPT_HD row_consts row_finish(const objective_plan& p, const row_stats& s) {
     double lr = s.sum_lr;
     if (p.corr.weight.level == is_level::seq_geomean) lr = s.len > 0.0 ? lr / s.len : 0.0;
     const double raw = exp_r(clamp_r(lr, -cl, cl));
-    c.w_seq = bound_weight(p.corr.weight.bound, raw, static_cast<double>(p.corr.weight.lo),
+    c.w_seq = bound_weight(bound_all ? p.corr.weight.bound : is_bound::none, raw, static_cast<double>(p.corr.weight.lo),
                            static_cast<double>(p.corr.weight.hi)) /
               p.w_norm;
   }
