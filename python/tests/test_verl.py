@@ -163,7 +163,9 @@ def test_rollout_is_batch_normalize_matches_verl(level, threshold):
 
 
 @pytest.mark.parametrize("rs,threshold", [("token_k1,seq_max_k2", "0.7_1.4,0.3"),
-                                          ("seq_mean_k3, token_k2,seq_sum_k1", "0.08,0.1,0.5_2.0")])
+                                          ("seq_mean_k3, token_k2,seq_sum_k1", "0.08,0.1,0.5_2.0"),
+                                          ("token_k1,token_k3,seq_sum_k2,seq_mean_k1,seq_max_k3,seq_mean_k2,seq_sum_k3",
+                                           "0.5_2.0,0.3,0.5,0.85_1.15,0.5,0.08,0.6")])
 def test_comma_separated_rollout_rs_matches_verl(rs, threshold):
     # verl's own correction with several rejection criteria (every one must pass) and token TIS, then
     # its vanilla loss, against the verl_actor preset that applies them itself.

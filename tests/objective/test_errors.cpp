@@ -244,8 +244,13 @@ TEST_CASE("errors: compat presets reject what they do not reproduce") {
                    "rollout_rs_threshold = \"\" needs one threshold");
   RLPT_CHECK_ERROR(compat::verl::rollout_correction("", "", " , ", "2.0"), "rlpt.objective.compat",
                    "rollout_rs = \" , \"");
-  RLPT_CHECK_ERROR(compat::verl::rollout_correction("", "", "token_k1,token_k2,token_k3,seq_sum_k1,seq_sum_k2", "2.0"),
-                   "rlpt.objective.compat", "more than 4 distinct options");
+  // Every verl option at once is 11 criteria, rlpt's most; a twelfth distinct one is not verl's.
+  constexpr const char* all_eleven =
+      "token_k1,token_k2,token_k3,seq_sum_k1,seq_sum_k2,seq_sum_k3,seq_mean_k1,seq_mean_k2,seq_mean_k3,seq_max_k2,"
+      "seq_max_k3";
+  CHECK(compat::verl::rollout_correction("", "", all_eleven, "2.0").reject_also.back().stat == rs_stat::k3);
+  RLPT_CHECK_ERROR(compat::verl::rollout_correction("", "", std::string(all_eleven) + ",seq_max_k4", "2.0"),
+                   "rlpt.objective.compat", "more than 11 distinct options");
   RLPT_CHECK_ERROR(compat::trl::grpo({.loss_type = "dapo"}), "rlpt.objective.compat", "num_items_in_batch");
   RLPT_CHECK_ERROR(compat::trl::grpo({.loss_type = "luspo_x"}), "rlpt.objective.compat", "loss_type = \"luspo_x\"");
   RLPT_CHECK_ERROR(compat::trl::grpo({.loss_type = "vespo", .importance_sampling_level = "sequence"}),

@@ -149,6 +149,11 @@ TEST_CASE("golden verl rollout corrections (IS weights, IcePop, rejection) in de
       {"rs_seq_shared_threshold", verl::rollout_correction("", "", "token_k2, seq_mean_k2,token_k2", "0.03")},
       {"rs_seq_four",
        verl::rollout_correction("", "", "token_k2,seq_max_k2,seq_mean_k3,seq_sum_k1", "0.08,0.1,0.03,0.5_1.2")},
+      {"rs_all_eleven",
+       verl::rollout_correction("", "",
+                                "token_k1,token_k2,token_k3,seq_sum_k1,seq_sum_k2,seq_sum_k3,seq_mean_k1,seq_mean_k2,"
+                                "seq_mean_k3,seq_max_k2,seq_max_k3",
+                                "0.65_1.6,0.09,0.07,0.6_1.6,0.34,0.5,0.9_1.12,0.03,0.04,0.1,0.1")},
       {"tis_and_rs_token_k3_seq_sum_k1",
        verl::rollout_correction("token", "2.0", "token_k3,seq_sum_k1", "0.05,0.7_1.4")},
       {"token_tis_batch_norm", verl::rollout_correction("token", "2.0", "", "", false, true)},

@@ -270,11 +270,15 @@ def generate(out_dir, seed):
         "tis_and_rs_token_k2": dict(rollout_is="token", rollout_is_threshold=2.0, rollout_rs="token_k2",
                                     rollout_rs_threshold=0.5),
         # comma-separated criteria, every one must pass: one threshold per option, or one shared
-        # (spaces and a repeated option as verl takes them); the four are rlpt's most
+        # (spaces and a repeated option as verl takes them)
         "rs_seq_mean_k3_and_token_k1": dict(rollout_rs="seq_mean_k3,token_k1", rollout_rs_threshold="0.02,0.8_1.25"),
         "rs_seq_shared_threshold": dict(rollout_rs="token_k2, seq_mean_k2,token_k2", rollout_rs_threshold="0.03"),
         "rs_seq_four": dict(rollout_rs="token_k2,seq_max_k2,seq_mean_k3,seq_sum_k1",
                             rollout_rs_threshold="0.08,0.1,0.03,0.5_1.2"),
+        # every verl option at once: rows 0 and 3 pass all eleven, each other row fails one or more
+        "rs_all_eleven": dict(rollout_rs="token_k1,token_k2,token_k3,seq_sum_k1,seq_sum_k2,seq_sum_k3,seq_mean_k1,"
+                                         "seq_mean_k2,seq_mean_k3,seq_max_k2,seq_max_k3",
+                              rollout_rs_threshold="0.65_1.6,0.09,0.07,0.6_1.6,0.34,0.5,0.9_1.12,0.03,0.04,0.1,0.1"),
         "tis_and_rs_token_k3_seq_sum_k1": dict(rollout_is="token", rollout_is_threshold=2.0,
                                                rollout_rs="token_k3,seq_sum_k1", rollout_rs_threshold="0.05,0.7_1.4"),
         "token_tis_batch_norm": dict(rollout_is="token", rollout_is_threshold=2.0, rollout_is_batch_normalize=True),

@@ -118,8 +118,9 @@ enum class rejection_action : std::uint8_t {
   bound_weight
 };
 
-//! The most rejection criteria one correction takes: `reject` and three in `reject_also`.
-inline constexpr int max_rejections = 4;
+//! The most rejection criteria one correction takes: `reject` and ten in `reject_also`, so that
+//! every verl rollout_rs option (11) can be in force at once.
+inline constexpr int max_rejections = 11;
 
 struct off_policy_correction {
   is_weighting weight{};

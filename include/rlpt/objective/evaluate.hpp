@@ -290,7 +290,14 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
   static constexpr rs_names also_names[] = {
       {"reject_also[0].lo", "reject_also[0].hi", "reject_also[0].level", "reject_also[0].stat"},
       {"reject_also[1].lo", "reject_also[1].hi", "reject_also[1].level", "reject_also[1].stat"},
-      {"reject_also[2].lo", "reject_also[2].hi", "reject_also[2].level", "reject_also[2].stat"}};
+      {"reject_also[2].lo", "reject_also[2].hi", "reject_also[2].level", "reject_also[2].stat"},
+      {"reject_also[3].lo", "reject_also[3].hi", "reject_also[3].level", "reject_also[3].stat"},
+      {"reject_also[4].lo", "reject_also[4].hi", "reject_also[4].level", "reject_also[4].stat"},
+      {"reject_also[5].lo", "reject_also[5].hi", "reject_also[5].level", "reject_also[5].stat"},
+      {"reject_also[6].lo", "reject_also[6].hi", "reject_also[6].level", "reject_also[6].stat"},
+      {"reject_also[7].lo", "reject_also[7].hi", "reject_also[7].level", "reject_also[7].stat"},
+      {"reject_also[8].lo", "reject_also[8].hi", "reject_also[8].level", "reject_also[8].stat"},
+      {"reject_also[9].lo", "reject_also[9].hi", "reject_also[9].level", "reject_also[9].stat"}};
   static_assert(std::size(also_names) == std::tuple_size_v<decltype(c.reject_also)>);
   for (std::size_t i = 0; i < c.reject_also.size(); ++i) add_rejection(c.reject_also[i], also_names[i]);
   if (c.action == rejection_action::bound_weight) {

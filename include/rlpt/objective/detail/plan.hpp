@@ -147,14 +147,12 @@ struct objective_plan {
 
 //! Sums over one row's tokens that sequence-level pieces need. Accumulated in double.
 struct row_stats {
-  double len = 0.0;      //!< valid tokens
-  double len_keep = 0.0; //!< valid tokens passing token-level rejection
-  double sum_lr = 0.0;   //!< sum of log rho over valid tokens (sequence IS)
-  static_assert(max_rejections == 4, "rs_max's initialiser lists every criterion");
+  double len = 0.0;                   //!< valid tokens
+  double len_keep = 0.0;              //!< valid tokens passing token-level rejection
+  double sum_lr = 0.0;                //!< sum of log rho over valid tokens (sequence IS)
   double rs_sum[max_rejections] = {}; //!< per criterion: sum of its statistic over valid tokens
   //! per criterion: maximum of its statistic over valid tokens (the only fields reduced by max)
-  double rs_max[max_rejections] = {-std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(),
-                                   -std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()};
+  double rs_max[max_rejections];
   double sum_x =
       0.0; //!< GSPO, SAPO's sequence form: sum of logp - old over in-loss tokens; VESPO: of clamp(x, -20, 20)
   double sum_xs = 0.0;  //!< GMPO: sum of x* over in-loss tokens
@@ -163,6 +161,10 @@ struct row_stats {
   //! clamp(log w, log 1e-8, 20) over valid tokens
   double sum_logw = 0.0;
   double sum_w = 0.0; //!< token weights over valid tokens (w_norm_local: the batch mean's share)
+
+  RLPT_HD row_stats() {
+    for (double& m : rs_max) m = -std::numeric_limits<double>::infinity();
+  }
 };
 
 //! The per-row constants the token pass needs, derived from the row statistics.
