@@ -113,6 +113,28 @@ def test_sapo_matches():
     close(y.grad, x.grad, **TOL, what="grad")
 
 
+def test_custom_bound_weight_is_the_areal_sequence_clamp():
+    """correction.action = bound_weight through the spec: AReaL's clamp on the sequence max, field by
+    field, gives the preset's bits; without the action (every weight clamped) the loss differs."""
+    lp, prox, behave, adv, mask = inputs(11)
+    preset = rlpt.Objective.areal_actor(rejection_sampling=dict(level="sequence", action="clamp", agg="max",
+                                                                upper=1.3, lower=0.95))
+    fields = {"policy.dual_clip": 0.0, "policy.log_ratio_clamp": 80.0, "correction.log_ratio_clamp": 80.0,
+              "correction.rejected": "masked", "correction.weight.level": "seq_geomean",
+              "correction.weight.bound": "truncate", "correction.weight.lo": 0.95, "correction.weight.hi": 1.3}
+    criterion = {"correction.reject.stat": "ratio", "correction.reject.level": "seq_max", "correction.reject.lo": 0.95,
+                 "correction.reject.hi": 1.3, "correction.action": "bound_weight"}
+    kw = dict(old_logp=prox, behav_logp=behave, adv=adv)
+    want, _ = rlpt.policy_loss(preset, lp, mask, **kw)
+    got, _ = rlpt.policy_loss(rlpt.Objective.custom(policy="ppo_clip", **fields, **criterion), lp, mask, **kw)
+    assert torch.equal(got, want)
+    every, _ = rlpt.policy_loss(rlpt.Objective.custom(policy="ppo_clip", **fields), lp, mask, **kw)
+    assert not torch.equal(every, want)  # rows 6 and 11: weight out of bounds, maximum in them
+    with pytest.raises(rlpt.Error, match="must be at a sequence level"):
+        rlpt.policy_loss(rlpt.Objective.custom(policy="ppo_clip", **fields,
+                                               **{**criterion, "correction.reject.level": "token"}), lp, mask, **kw)
+
+
 def test_refusals_name_the_option():
     with pytest.raises(ValueError, match="kl_k9"):
         rlpt.Objective.areal_actor(rejection_sampling=dict(metric="kl_k9"))
