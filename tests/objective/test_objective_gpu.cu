@@ -7,6 +7,7 @@
 #include <rlpt/objective.hpp>
 
 #include "batch.hpp"
+#include "shared_configurations.hpp"
 #include "support/device_buffer.cuh"
 #include "support/errors.hpp"
 
@@ -113,7 +114,7 @@ void compare(const objective& obj, const batch<float>& b, bool packed_layout = f
 
 std::vector<objective> configurations() {
   static const std::vector<double> tw{0.25, 0.75};
-  return {
+  std::vector<objective> v{
       {.policy = ppo_clip{.eps_high = 0.28},
        .correction = token_tis(2.0),
        .kl = {.coef = 0.1},
@@ -171,23 +172,10 @@ std::vector<objective> configurations() {
                       .reject = {.stat = rs_stat::k2, .level = rs_level::seq_mean, .hi = 0.05},
                       .rejected = rejected_tokens::masked},
        .entropy = {.coef = 0.01}},
-      {.policy = ppo_clip{}, // seven criteria at once (verl takes up to its eleven options)
-       .correction = {.reject = {.stat = rs_stat::k1, .level = rs_level::token, .lo = 0.6, .hi = 1.7},
-                      .reject_also = {{{.stat = rs_stat::k2, .level = rs_level::token, .hi = 0.3},
-                                       {.stat = rs_stat::k3, .level = rs_level::token, .hi = 0.3},
-                                       {.stat = rs_stat::k1, .level = rs_level::seq_sum, .lo = 0.01, .hi = 100.0},
-                                       {.stat = rs_stat::k2, .level = rs_level::seq_mean, .hi = 0.2},
-                                       {.stat = rs_stat::k3, .level = rs_level::seq_max, .hi = 0.5},
-                                       {.stat = rs_stat::k2, .level = rs_level::seq_max, .hi = 0.5}}}},
-       .kl = {.coef = 0.1}},
-      {.policy = ppo_clip{}, // AReaL clamp on the sequence max; a band on the summed k2
-       .correction = {.weight = {.level = is_level::seq_geomean, .bound = is_bound::truncate, .lo = 0.95, .hi = 1.15},
-                      .reject = {.stat = rs_stat::ratio, .level = rs_level::seq_max, .lo = 0.95, .hi = 1.15},
-                      .reject_also = {{{.stat = rs_stat::k2, .level = rs_level::seq_sum, .lo = 0.01, .hi = 4.0}}},
-                      .action = rejection_action::bound_weight},
-       .kl = {.coef = 0.1}},
       {.policy = no_policy{}, .value = {.coef = 1.0, .clip = 0.2, .huber_delta = 0.5}},
   };
+  for (const objective& o : rlpt::test::rejection_configurations()) v.push_back(o);
+  return v;
 }
 
 } // namespace

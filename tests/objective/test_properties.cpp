@@ -6,6 +6,7 @@
 #include <rlpt/core/thread_pool.hpp>
 
 #include "batch.hpp"
+#include "shared_configurations.hpp"
 #include "support/errors.hpp"
 #include "support/reference.hpp"
 
@@ -907,7 +908,7 @@ objective_result scalar_reference(const objective& obj, const basic_objective_in
 //! aggregations spread over them.
 std::vector<objective> every_kind() {
   static const std::vector<double> tw{0.25, 0.75}; // distill's teacher weights: a borrowed span
-  return {
+  std::vector<objective> v{
       {.policy = ppo_clip{.eps_high = 0.28},
        .correction = token_tis(2.0),
        .kl = {.coef = 0.1},
@@ -979,23 +980,10 @@ std::vector<objective> every_kind() {
                       .rejected = rejected_tokens::masked},
        .kl = {.coef = 0.1},
        .agg = {.mode = agg_mode::seq_mean_token_mean}},
-      {.policy = ppo_clip{}, // seven criteria at once (verl takes up to its eleven options)
-       .correction = {.reject = {.stat = rs_stat::k1, .level = rs_level::token, .lo = 0.6, .hi = 1.7},
-                      .reject_also = {{{.stat = rs_stat::k2, .level = rs_level::token, .hi = 0.3},
-                                       {.stat = rs_stat::k3, .level = rs_level::token, .hi = 0.3},
-                                       {.stat = rs_stat::k1, .level = rs_level::seq_sum, .lo = 0.01, .hi = 100.0},
-                                       {.stat = rs_stat::k2, .level = rs_level::seq_mean, .hi = 0.2},
-                                       {.stat = rs_stat::k3, .level = rs_level::seq_max, .hi = 0.5},
-                                       {.stat = rs_stat::k2, .level = rs_level::seq_max, .hi = 0.5}}}},
-       .kl = {.coef = 0.1}},
-      {.policy = ppo_clip{}, // AReaL clamp on the sequence max; a band on the summed k2
-       .correction = {.weight = {.level = is_level::seq_geomean, .bound = is_bound::truncate, .lo = 0.95, .hi = 1.15},
-                      .reject = {.stat = rs_stat::ratio, .level = rs_level::seq_max, .lo = 0.95, .hi = 1.15},
-                      .reject_also = {{{.stat = rs_stat::k2, .level = rs_level::seq_sum, .lo = 0.01, .hi = 4.0}}},
-                      .action = rejection_action::bound_weight},
-       .kl = {.coef = 0.1}},
       {.policy = no_policy{}, .value = {.coef = 1.0, .clip = 0.2, .huber_delta = 0.5}},
   };
+  for (const objective& o : rlpt::test::rejection_configurations()) v.push_back(o);
+  return v;
 }
 
 //! Evaluates obj on b with the host pass and with scalar_reference (every slot, one token at a
