@@ -151,8 +151,9 @@ struct row_stats {
   double len_keep = 0.0;              //!< valid tokens passing token-level rejection
   double sum_lr = 0.0;                //!< sum of log rho over valid tokens (sequence IS)
   double rs_sum[max_rejections] = {}; //!< per criterion: sum of its statistic over valid tokens
-  //! per criterion: maximum of its statistic over valid tokens (the only fields reduced by max)
-  double rs_max[max_rejections];
+  //! per criterion: maximum of its statistic over valid tokens (the only fields reduced by max;
+  //! the constructor starts each at -inf)
+  double rs_max[max_rejections] = {};
   double sum_x =
       0.0; //!< GSPO, SAPO's sequence form: sum of logp - old over in-loss tokens; VESPO: of clamp(x, -20, 20)
   double sum_xs = 0.0;  //!< GMPO: sum of x* over in-loss tokens
