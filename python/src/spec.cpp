@@ -318,6 +318,7 @@ rlpt::objective custom_objective(spec& s) {
                      {"k2_importance", rlpt::kl_gradient::k2_importance}});
   s.get("kl.is_cap", k.is_cap);
   s.get("kl.importance_corrected", k.importance_corrected);
+  s.get("kl.importance_per_sequence", k.importance_per_sequence);
   s.get("entropy.coef", o.entropy.coef);
   s.get("value.coef", o.value.coef);
   s.get("value.clip", o.value.clip);

@@ -9,8 +9,9 @@
 
 namespace rlpt::test {
 
-//! Rejection configurations: many criteria at once, and AReaL's sequence clamp (bound_weight).
-inline std::vector<objective> rejection_configurations() {
+//! Many rejection criteria at once, AReaL's sequence clamp (bound_weight), the KL weighted by the
+//! sequence ratio.
+inline std::vector<objective> shared_configurations() {
   return {
       {.policy = ppo_clip{}, // seven criteria at once (verl takes up to its eleven options)
        .correction = {.reject = {.stat = rs_stat::k1, .level = rs_level::token, .lo = 0.6, .hi = 1.7},
@@ -27,6 +28,11 @@ inline std::vector<objective> rejection_configurations() {
                       .reject_also = {{{.stat = rs_stat::k2, .level = rs_level::seq_sum, .lo = 0.01, .hi = 4.0}}},
                       .action = rejection_action::bound_weight},
        .kl = {.coef = 0.1}},
+      {.policy = gspo{.token_level = false}, // TRL's bias-corrected KL at sequence level, with entropy
+       .kl =
+           {.coef = 0.2, .estimator = kl_estimator::k3, .importance_corrected = true, .importance_per_sequence = true},
+       .entropy = {.coef = 0.01},
+       .agg = {.mode = agg_mode::seq_mean_token_mean}},
   };
 }
 

@@ -68,6 +68,20 @@ TEST_CASE("golden trl sapo with sequence-level importance sampling: the gate on 
   check_golden_case("trl_sapo_sequence", obj, golden_inputs{.entropy = true}, false, false, /*peer_fp32_only=*/true);
 }
 
+TEST_CASE("golden trl bias-corrected KL at sequence level: the KL times the sequence ratio, through its mean") {
+  const auto grpo = trl::grpo({.loss_type = "grpo",
+                               .importance_sampling_level = "sequence",
+                               .beta = 0.1,
+                               .use_bias_correction_kl = true,
+                               .gradient_accumulation_steps = 2});
+  CHECK(grpo.kl.importance_per_sequence);
+  check_golden_case("trl_grpo_sequence_bias_kl", grpo, golden_inputs{.ref = true, .entropy = true, .seq_adv = true});
+  const auto sapo = trl::grpo(
+      {.loss_type = "sapo", .importance_sampling_level = "sequence", .beta = 0.05, .use_bias_correction_kl = true});
+  check_golden_case("trl_sapo_sequence_bias_kl", sapo, golden_inputs{.ref = true, .entropy = true}, false, false,
+                    /*peer_fp32_only=*/true);
+}
+
 TEST_CASE("golden trl vLLM importance sampling (token_truncate) applied before the KL term") {
   const double n = items_in_batch("trl_grpo");
   const auto obj = trl::grpo({.loss_type = "dapo",

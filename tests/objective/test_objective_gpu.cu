@@ -174,7 +174,7 @@ std::vector<objective> configurations() {
        .entropy = {.coef = 0.01}},
       {.policy = no_policy{}, .value = {.coef = 1.0, .clip = 0.2, .huber_delta = 0.5}},
   };
-  for (const objective& o : rlpt::test::rejection_configurations()) v.push_back(o);
+  for (const objective& o : rlpt::test::shared_configurations()) v.push_back(o);
   return v;
 }
 

@@ -356,6 +356,17 @@ def generate(out_dir, seed):
              dict(peer="trl", loss_type="sapo", importance_sampling_level="sequence", gradient_accumulation_steps=2,
                   token_advantages=True))
 
+    # The bias-corrected KL at sequence level: TRL multiplies it by coef_1, the sequence ratio,
+    # differentiated through the mean (grpo: GSPO; sapo: the gate on the sequence ratio).
+    run_case(out_dir, seed, "trl_grpo_sequence_bias_kl", plain,
+             lambda t: trl_compute_loss(t, "grpo", beta=0.1, level="sequence", bias_kl=True, ga=2),
+             dict(peer="trl", loss_type="grpo", importance_sampling_level="sequence", beta=0.1,
+                  use_bias_correction_kl=True, gradient_accumulation_steps=2))
+    run_case(out_dir, seed, "trl_sapo_sequence_bias_kl", tok,
+             lambda t: trl_compute_loss(t, "sapo", beta=0.05, level="sequence", bias_kl=True, seq_adv=False),
+             dict(peer="trl", loss_type="sapo", importance_sampling_level="sequence", beta=0.05,
+                  use_bias_correction_kl=True, token_advantages=True))
+
     # LUSPO: the grpo surrogate, each row's token sum, the mean over rows (/ GA); sequence level as
     # TRL recommends (with a k3 KL term, which broadcasts the row's loss over its tokens), and token level.
     run_case(out_dir, seed, "trl_luspo_sequence", plain,

@@ -454,7 +454,9 @@ inline objective grpo(const grpo_config& c) {
                       .k3_x_min = -80.0,
                       .k3_x_max = 80.0,
                       .output_clamp = 0.0,
-                      .importance_corrected = c.use_bias_correction_kl};
+                      .importance_corrected = c.use_bias_correction_kl,
+                      // at sequence level TRL's coef_1, which multiplies the KL, is the sequence ratio
+                      .importance_per_sequence = c.use_bias_correction_kl && seq};
   }
   if (c.entropy_coef != 0.0) {
     o.entropy.coef = c.entropy_coef;

@@ -322,6 +322,15 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
     check_option(k.is_cap > 0.0, "kl.is_cap", k.is_cap, "must be > 0");
     if (k.importance_corrected)
       require(p.has_old, "kl_penalty.importance_corrected", "old_logp", "the weight is exp(logp - old_logp)");
+    if (k.importance_per_sequence) {
+      RLPT_CHECK(k.importance_corrected, errors::objective::bad_option,
+                 "kl.importance_per_sequence chooses the sequence ratio as the KL term's importance weight, but "
+                 "kl.importance_corrected is false");
+      RLPT_CHECK(p.sequence_form, errors::objective::bad_option,
+                 "kl.importance_per_sequence weights the KL term by the sequence form's ratio exp(s): it needs gspo or "
+                 "sapo with token_level = false");
+      p.kl_seq_ic = true;
+    }
   }
 
   // --- entropy, value, distillation ---------------------------------------------------------

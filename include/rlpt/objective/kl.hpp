@@ -69,6 +69,11 @@ struct kl_penalty {
   //! Multiply the value by r = exp(logp - old_logp), r differentiated (TRL use_bias_correction_kl,
   //! slime use_unbiased_kl). The log-ratio is clamped to +-20 before exp. Needs old_logp.
   bool importance_corrected = false;
+  //! With importance_corrected: r is the row's sequence ratio exp(s), s the mean of logp - old_logp
+  //! over its tokens in the loss (the sequence form's s, clamped to +-20 before exp), differentiated
+  //! through the mean (TRL use_bias_correction_kl at importance_sampling_level "sequence", whose KL
+  //! is multiplied by that coef_1). Needs a policy in sequence form (gspo or sapo, token_level = false).
+  bool importance_per_sequence = false;
 };
 
 namespace detail {

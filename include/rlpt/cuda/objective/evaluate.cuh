@@ -188,7 +188,7 @@ template <class T>
 RLPT_KERNEL void __launch_bounds__(obj_threads, obj_token_min_blocks<T>)
     objective_token_kernel(const objective_plan p, device_objective_inputs<T> in, device_objective_grads<T> gr,
                            const row_consts* consts, const device_counts* counts, index_t tiles,
-                           objective_sums* partials, double* dcoef_partials) {
+                           objective_sums* partials, double* coupling_partials) {
   using acc_t = token_acc<double, double>;
   constexpr int K = double_fields<acc_t>;
   __shared__ double shared[obj_threads / 32 * K];
@@ -233,24 +233,32 @@ RLPT_KERNEL void __launch_bounds__(obj_threads, obj_token_min_blocks<T>)
   if (threadIdx.x == 0) {
     const acc_t s = from_doubles<acc_t>(shared);
     partials[blockIdx.x] = row_sums(p, rc, s, /*head=*/tile == 0); // row-level pieces once per row
-    if (dcoef_partials != nullptr) dcoef_partials[blockIdx.x] = s.dcoef;
+    if (coupling_partials != nullptr) {                            // the tile's sums coupling_numerator takes
+      coupling_partials[2 * blockIdx.x] = s.dcoef;
+      coupling_partials[2 * blockIdx.x + 1] = s.kl;
+    }
   }
 }
 
 //! Sequence form (GSPO, SAPO): adds the row's coupling (sequence_coupling) to every in-loss token's gradient.
+//! coupling_partials holds each tile's (dcoef, kl) sums.
 template <class T>
 RLPT_KERNEL void __launch_bounds__(obj_threads)
     objective_coupling_kernel(const objective_plan p, device_objective_inputs<T> in, device_objective_grads<T> gr,
                               const row_consts* consts, const device_counts* counts, index_t tiles,
-                              const double* dcoef_partials) {
+                              const double* coupling_partials) {
   const index_t b = static_cast<index_t>(blockIdx.x) / tiles;
   const index_t tile = static_cast<index_t>(blockIdx.x) % tiles;
-  double dcoef = 0.0;
-  for (index_t j = 0; j < tiles; ++j) dcoef += dcoef_partials[b * tiles + j]; // fixed order
-  if (dcoef == 0.0) return;
+  double dcoef = 0.0, kl = 0.0;
+  for (index_t j = 0; j < tiles; ++j) { // fixed order
+    dcoef += coupling_partials[2 * (b * tiles + j)];
+    kl += coupling_partials[2 * (b * tiles + j) + 1];
+  }
   const row_consts rc = device_row_consts(p, consts, counts, b);
+  const double num = coupling_numerator(p, rc, dcoef, kl);
+  if (num == 0.0) return;
   const token_consts<T> k = make_token_consts<T>(p, rc);
-  const T scale = static_cast<T>(sequence_coupling(rc, dcoef));
+  const T scale = static_cast<T>(sequence_coupling(rc, num));
   const index_t n = in.layout.length(b);
   const index_t base = in.layout.begin(b);
   device_chunk<T> c;
@@ -342,7 +350,7 @@ void evaluate(const objective& obj, const device_objective_inputs<T>& in, const 
   auto* counts = carve.take<detail::device_counts>(local_needed ? 1 : 0);
   const auto blocks = static_cast<std::size_t>(rows * tiles);
   auto* partials = carve.take<detail::objective_sums>(blocks);
-  auto* dcoef = carve.take<double>(p.sequence_form ? blocks : 0);
+  auto* coupling = carve.take<double>(p.sequence_form ? 2 * blocks : 0); // (dcoef, kl) per tile
   if (carve.finish_size_query()) return;
   RLPT_CHECK(result != nullptr, errors::objective::missing_input, "the device evaluate needs a result pointer");
   RLPT_CHECK(blocks <= static_cast<std::size_t>(std::numeric_limits<int>::max()), errors::objective::bad_layout,
@@ -365,11 +373,11 @@ void evaluate(const objective& obj, const device_objective_inputs<T>& in, const 
   const detail::row_consts* cptr = p.need_row_pass ? consts : nullptr;
   const detail::device_counts* nptr = local_needed ? counts : nullptr;
   detail::objective_token_kernel<T><<<static_cast<unsigned>(blocks), detail::obj_threads, 0, stream>>>(
-      p, in, grads, cptr, nptr, tiles, partials, p.sequence_form ? dcoef : nullptr);
+      p, in, grads, cptr, nptr, tiles, partials, p.sequence_form ? coupling : nullptr);
   RLPT_CUDA_CHECK_LAUNCH();
   if (p.sequence_form && grads.logp.size() != 0) {
-    detail::objective_coupling_kernel<T>
-        <<<static_cast<unsigned>(blocks), detail::obj_threads, 0, stream>>>(p, in, grads, consts, nptr, tiles, dcoef);
+    detail::objective_coupling_kernel<T><<<static_cast<unsigned>(blocks), detail::obj_threads, 0, stream>>>(
+        p, in, grads, consts, nptr, tiles, coupling);
     RLPT_CUDA_CHECK_LAUNCH();
   }
   detail::objective_finish_kernel<<<1, detail::obj_finish_threads, 0, stream>>>(

@@ -225,8 +225,9 @@ RLPT_OBJECTIVE_HOST_INLINE objective_sums host_row_body(const objective_plan& p,
         if (coupled) std::memcpy(inl.data() + (i0 - base), c.inl, static_cast<std::size_t>(n));
       },
       [&](index_t i0, int n) { zero_grads(gr, i0, n); });
-  if (coupled && a.in_loss > 0 && a.dcoef != 0.0) {
-    const T scale = static_cast<T>(sequence_coupling(rc, a.dcoef));
+  const double num = coupled && a.in_loss > 0 ? coupling_numerator(p, rc, a.dcoef, a.kl) : 0.0;
+  if (num != 0.0) {
+    const T scale = static_cast<T>(sequence_coupling(rc, num));
     for_valid_chunks(
         in, b, [&](index_t i0, int n) { coupling_chunk(scale, n, inl.data() + (i0 - base), gr.logp.data() + i0); },
         [](index_t, int) {});

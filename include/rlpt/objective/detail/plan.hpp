@@ -132,6 +132,7 @@ struct objective_plan {
   bool sequence_form = false;  //!< GSPO or SAPO with the gradient through the sequence mean
   bool mean_advantage = false; //!< GSPO or SAPO: every token takes its row's mean advantage
   bool fold_w = false;         //!< VESPO: token weights folded into the sequence weight, not the term
+  bool kl_seq_ic = false;      //!< the KL term weighted by the row's sequence ratio (kl.importance_per_sequence)
 
   bool w_norm_local = false; //!< batch-normalised weights whose mean this call takes from its inputs
   double w_norm = 1.0;       //!< the divisor of every importance weight (1: none)
@@ -175,6 +176,8 @@ struct row_consts {
   double len_in = 0.0;   //!< tokens in the terms: len_loss, less the rejected ones when masked
   double w_seq = 1.0;    //!< sequence-level importance weight
   double s_seq = 0.0;    //!< GSPO, SAPO's sequence form: mean log-ratio over the in-loss tokens
+  double kl_r = 1.0;     //!< kl_seq_ic: the KL term's weight exp(clamp(s_seq, -20, 20))
+  double kl_dr = 0.0;    //!< kl_seq_ic: d kl_r / d s_seq (0 where the clamp binds)
   double gmpo_ratio = 0.0;
   double mean_adv = 0.0; //!< GMPO, mean_advantage: mean advantage over the in-term tokens
   double gmpo_w = 1.0;   //!< geometric mean of the token weights
@@ -227,6 +230,10 @@ RLPT_HD row_consts row_finish(const objective_plan& p, const row_stats& s) {
     const double den = c.len_in > 1.0 ? c.len_in : 1.0;
     c.s_seq = s.sum_x / den;
     c.mean_adv = s.sum_adv / den;
+    if (p.kl_seq_ic) {
+      c.kl_r = exp_r(clamp_r(c.s_seq, -20.0, 20.0));
+      c.kl_dr = c.s_seq >= -20.0 && c.s_seq <= 20.0 ? c.kl_r : 0.0;
+    }
   }
   if (p.policy == policy_kind::vespo) {
     const double log_w = s.sum_x + (p.fold_w ? s.sum_logw : 0.0);

@@ -79,7 +79,9 @@ template <class T> RLPT_HD token_consts<T> make_token_consts(const objective_pla
   k.vespo_pos = T(rc.vespo_pos);
   k.vespo_neg = T(rc.vespo_neg);
   k.a_policy = T(rc.a_policy);
-  k.a_kl = T(p.kl.coef * rc.a_kl);
+  // kl_seq_ic: the row's sequence ratio scales the KL term's token gradients (its coupling through
+  // the mean is coupling_numerator's).
+  k.a_kl = p.kl_seq_ic ? T(p.kl.coef * rc.a_kl * rc.kl_r) : T(p.kl.coef * rc.a_kl);
   k.g_entropy = p.use_entropy ? T(-p.entropy_coef * rc.a_entropy) : T(0);
   k.a_value = T(p.value.coef * rc.a_value);
   return k;
@@ -753,7 +755,7 @@ template <class T, int N> RLPT_HD_FORCEINLINE void kl_chunk(const objective_plan
     for (int j = 0; j < n; ++j) c.kg[j] = kl_regrad<kl_gradient::straight_through>(k, c.lp[j] - c.ref[j], c.tmp[j]);
   else if (k.gradient == kl_gradient::k2_importance)
     for (int j = 0; j < n; ++j) c.kg[j] = kl_regrad<kl_gradient::k2_importance>(k, c.lp[j] - c.ref[j], c.tmp[j]);
-  if (k.importance_corrected)
+  if (k.importance_corrected && !k.importance_per_sequence) // per sequence: the row's ratio, in the alphas
     for (int j = 0; j < n; ++j) {
       const kl_token<T> q = kl_importance(kl_token<T>{c.kv[j], c.kg[j]}, c.tmp[j]);
       c.kv[j] = q.value, c.kg[j] = q.grad;
@@ -930,11 +932,20 @@ RLPT_HD_FORCEINLINE token_acc<V, Count> token_pass(const objective_plan& p, cons
   return S::combine(p, k, i0, n, c, gr, a);
 }
 
-//! Sequence form (GSPO, SAPO): d loss / d logp_t = alpha * sum_t' w d value / d s * d s / d logp_t with
-//! d s / d logp_t = 1 / L, the same for every in-loss token of the row.
-RLPT_HD_FORCEINLINE double sequence_coupling(const row_consts& rc, double dcoef) {
+//! Sequence form (GSPO, SAPO): d loss / d logp_t = sum_t' d loss_t' / d s * d s / d logp_t with
+//! d s / d logp_t = 1 / L, the same for every in-loss token of the row. The numerator, from the row's
+//! sums dcoef (sum of w d value / d s) and kl (sum of the KL values): alpha_policy dcoef, and with
+//! kl.importance_per_sequence kl.coef alpha_kl d r / d s kl. Linear in the sums, so a row's tiles add.
+RLPT_HD_FORCEINLINE double coupling_numerator(const objective_plan& p, const row_consts& rc, double dcoef, double kl) {
+  double v = rc.a_policy * dcoef;
+  if (p.kl_seq_ic) v += p.kl.coef * rc.a_kl * rc.kl_dr * kl;
+  return v;
+}
+
+//! The coupling every in-loss token of the row gets: the numerator over the row's length.
+RLPT_HD_FORCEINLINE double sequence_coupling(const row_consts& rc, double numerator) {
   const double len = rc.len_in > 1.0 ? rc.len_in : 1.0;
-  return rc.a_policy * dcoef / len;
+  return numerator / len;
 }
 
 //! Adds the sequence-form coupling to the gradients of tokens [i0, i0 + n) of row b (a second pass:
@@ -959,10 +970,11 @@ RLPT_HD objective_sums row_sums(const objective_plan& p, const row_consts& rc, c
   // GMPO's loss is one value per row: -mean(A) * exp(mean x*) * (geometric mean weight).
   if (p.policy == policy_kind::gmpo) pol = head && rc.len_in > 0.0 ? -rc.mean_adv * rc.gmpo_ratio * rc.gmpo_w : 0.0;
   s.policy = rc.a_policy * pol;
-  s.kl = rc.a_kl * static_cast<double>(a.kl);
+  const double kl = p.kl_seq_ic ? static_cast<double>(a.kl) * rc.kl_r : static_cast<double>(a.kl);
+  s.kl = rc.a_kl * kl;
   s.entropy = rc.a_entropy * static_cast<double>(a.entropy);
   s.value = rc.a_value * static_cast<double>(a.value);
-  s.kl_value = static_cast<double>(a.kl);
+  s.kl_value = kl;
   s.entropy_value = static_cast<double>(a.entropy);
   s.approx_kl = static_cast<double>(a.approx_kl);
   s.valid = static_cast<double>(a.valid);
