@@ -10,7 +10,7 @@
 namespace rlpt::test {
 
 //! Many rejection criteria at once, AReaL's sequence clamp (bound_weight), the KL weighted by the
-//! sequence ratio.
+//! sequence ratio (with GSPO's coupling, and with CISPO's detached sequence weight).
 inline std::vector<objective> shared_configurations() {
   return {
       {.policy = ppo_clip{}, // seven criteria at once (verl takes up to its eleven options)
@@ -33,6 +33,9 @@ inline std::vector<objective> shared_configurations() {
            {.coef = 0.2, .estimator = kl_estimator::k3, .importance_corrected = true, .importance_per_sequence = true},
        .entropy = {.coef = 0.01},
        .agg = {.mode = agg_mode::seq_mean_token_mean}},
+      {.policy = cispo{.bounds = cispo_bounds::absolute, .cap = 1.1, .token_level = false}, // TRL cispo per sequence
+       .kl =
+           {.coef = 0.2, .estimator = kl_estimator::k3, .importance_corrected = true, .importance_per_sequence = true}},
   };
 }
 

@@ -68,6 +68,15 @@ TEST_CASE("golden trl sapo with sequence-level importance sampling: the gate on 
   check_golden_case("trl_sapo_sequence", obj, golden_inputs{.entropy = true}, false, false, /*peer_fp32_only=*/true);
 }
 
+TEST_CASE("golden trl cispo at sequence level: every token's weight is its row's clamped sequence ratio") {
+  const double n = items_in_batch("trl_grpo");
+  const auto obj = trl::grpo(
+      {.loss_type = "cispo", .epsilon_high = 1.05, .importance_sampling_level = "sequence", .num_items_in_batch = n});
+  const auto r = check_golden_case("trl_cispo_sequence", obj, golden_inputs{.entropy = true});
+  CHECK(r.r64.clip_frac_high > 0.0); // the cap binds for some rows, not all
+  CHECK(r.r64.clip_frac_high < 1.0);
+}
+
 TEST_CASE("golden trl bias-corrected KL at sequence level: the KL times the sequence ratio, through its mean") {
   const auto grpo = trl::grpo({.loss_type = "grpo",
                                .importance_sampling_level = "sequence",
@@ -76,6 +85,14 @@ TEST_CASE("golden trl bias-corrected KL at sequence level: the KL times the sequ
                                .gradient_accumulation_steps = 2});
   CHECK(grpo.kl.importance_per_sequence);
   check_golden_case("trl_grpo_sequence_bias_kl", grpo, golden_inputs{.ref = true, .entropy = true, .seq_adv = true});
+  const double n = items_in_batch("trl_grpo");
+  const auto cispo = trl::grpo({.loss_type = "cispo",
+                                .epsilon_high = 1.05,
+                                .importance_sampling_level = "sequence",
+                                .beta = 0.1,
+                                .use_bias_correction_kl = true,
+                                .num_items_in_batch = n});
+  check_golden_case("trl_cispo_sequence_bias_kl", cispo, golden_inputs{.ref = true, .entropy = true, .seq_adv = true});
   const auto sapo = trl::grpo(
       {.loss_type = "sapo", .importance_sampling_level = "sequence", .beta = 0.05, .use_bias_correction_kl = true});
   check_golden_case("trl_sapo_sequence_bias_kl", sapo, golden_inputs{.ref = true, .entropy = true}, false, false,

@@ -896,7 +896,7 @@ objective_result scalar_reference(const objective& obj, const basic_objective_in
     const auto k = detail::make_token_consts<double>(p, rc);
     detail::token_acc<double, std::uint32_t> a;
     for (index_t t = 0; t < n; ++t) a = detail::token_pass<stages>(p, k, in, gr, b, base + t, 1, c, a);
-    const double num = p.sequence_form ? detail::coupling_numerator(p, rc, a.dcoef, a.kl) : 0.0;
+    const double num = p.coupled ? detail::coupling_numerator(p, rc, a.dcoef, a.kl) : 0.0;
     if (num != 0.0)
       for (index_t t = 0; t < n; ++t)
         detail::coupling_pass<stages>(p, k, in, gr, detail::sequence_coupling(rc, num), b, base + t, 1, c);

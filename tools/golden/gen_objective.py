@@ -362,6 +362,17 @@ def generate(out_dir, seed):
              lambda t: trl_compute_loss(t, "grpo", beta=0.1, level="sequence", bias_kl=True, ga=2),
              dict(peer="trl", loss_type="grpo", importance_sampling_level="sequence", beta=0.1,
                   use_bias_correction_kl=True, gradient_accumulation_steps=2))
+    # CISPO at sequence level: every token's (detached) weight is its row's clamped sequence ratio; with
+    # the bias-corrected KL, whose sequence ratio is differentiated.
+    run_case(out_dir, seed, "trl_cispo_sequence", tok,
+             lambda t: trl_compute_loss(t, "cispo", eps_high=1.05, level="sequence", nitems=n_items, seq_adv=False),
+             dict(peer="trl", loss_type="cispo", importance_sampling_level="sequence", epsilon_high=1.05,
+                  num_items_in_batch=n_items, token_advantages=True))
+    run_case(out_dir, seed, "trl_cispo_sequence_bias_kl", plain,
+             lambda t: trl_compute_loss(t, "cispo", eps_high=1.05, beta=0.1, level="sequence", bias_kl=True,
+                                        nitems=n_items),
+             dict(peer="trl", loss_type="cispo", importance_sampling_level="sequence", epsilon_high=1.05, beta=0.1,
+                  use_bias_correction_kl=True, num_items_in_batch=n_items))
     run_case(out_dir, seed, "trl_sapo_sequence_bias_kl", tok,
              lambda t: trl_compute_loss(t, "sapo", beta=0.05, level="sequence", bias_kl=True, seq_adv=False),
              dict(peer="trl", loss_type="sapo", importance_sampling_level="sequence", beta=0.05,

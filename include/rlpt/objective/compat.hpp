@@ -398,8 +398,8 @@ inline objective grpo(const grpo_config& c) {
                           .dual_clip = 0.0,
                           .delta = c.delta.value_or(0.0),
                           .log_ratio_clamp = 80.0};
-  } else if (lt == "cispo" && !seq) {
-    o.policy = cispo{.bounds = cispo_bounds::absolute, .cap = eh, .log_ratio_clamp = 80.0};
+  } else if (lt == "cispo") {
+    o.policy = cispo{.bounds = cispo_bounds::absolute, .cap = eh, .log_ratio_clamp = 80.0, .token_level = !seq};
   } else if (lt == "sapo") {
     o.policy = sapo{.tau_pos = c.sapo_temperature_pos,
                     .tau_neg = c.sapo_temperature_neg,
@@ -421,7 +421,7 @@ inline objective grpo(const grpo_config& c) {
                      .fold_is_weight = c.vllm_importance_sampling_correction};
   } else {
     detail::unknown("trl", "loss_type", lt,
-                    "grpo, bnpo, dr_grpo, dapo, luspo, sapo (token or sequence level), cispo and vespo (token level)");
+                    "grpo, bnpo, dr_grpo, dapo, luspo, sapo, cispo (token or sequence level), vespo (token level)");
   }
   aggregation a;
   a.factor = 1.0 / ga;

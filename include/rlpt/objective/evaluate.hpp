@@ -167,6 +167,7 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
           check_clamp(t.log_ratio_max, "gspo.log_ratio_max");
           p.gs = t;
           p.sequence_form = !t.token_level;
+          p.seq_ratio = true;
           p.mean_advantage = t.mean_advantage;
         } else if constexpr (std::is_same_v<P, gmpo>) {
           check_nonnegative(t.eps_low, "gmpo.eps_low");
@@ -180,12 +181,14 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
           check_positive(t.cap, "cispo.cap");
           check_clamp(t.log_ratio_clamp, "cispo.log_ratio_clamp");
           p.ci = t;
+          p.seq_ratio = !t.token_level;
         } else if constexpr (std::is_same_v<P, sapo>) {
           check_option(t.tau_pos > 0.0 && t.tau_pos <= 80.0, "sapo.tau_pos", t.tau_pos, "must be in (0, 80]");
           check_option(t.tau_neg > 0.0 && t.tau_neg <= 80.0, "sapo.tau_neg", t.tau_neg, "must be in (0, 80]");
           check_clamp(t.log_ratio_clamp, "sapo.log_ratio_clamp");
           p.sa = t;
           p.sequence_form = !t.token_level;
+          p.seq_ratio = p.sequence_form;
           p.mean_advantage = t.mean_advantage;
         } else if constexpr (std::is_same_v<P, dppo>) {
           check_nonnegative(t.eps_low, "dppo.eps_low");
@@ -326,9 +329,10 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
       RLPT_CHECK(k.importance_corrected, errors::objective::bad_option,
                  "kl.importance_per_sequence chooses the sequence ratio as the KL term's importance weight, but "
                  "kl.importance_corrected is false");
-      RLPT_CHECK(p.sequence_form, errors::objective::bad_option,
-                 "kl.importance_per_sequence weights the KL term by the sequence form's ratio exp(s): it needs gspo or "
-                 "sapo with token_level = false");
+      RLPT_CHECK(p.sequence_form || (p.policy == policy_kind::cispo && !p.ci.token_level),
+                 errors::objective::bad_option,
+                 "kl.importance_per_sequence weights the KL term by the row's sequence ratio exp(s): it needs gspo, "
+                 "sapo or cispo with token_level = false");
       p.kl_seq_ic = true;
     }
   }
@@ -392,8 +396,9 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
                name(p.agg_policy.mode));
   p.nonfinite = obj.nonfinite;
   p.fold_w = p.policy == policy_kind::vespo && p.ve.fold_is_weight && p.use_is;
-  p.need_row_pass = p.is_seq || p.rs_seq || p.policy == policy_kind::gspo || p.sequence_form ||
-                    p.policy == policy_kind::gmpo || p.policy == policy_kind::vespo || p.needs_length();
+  p.coupled = p.sequence_form || p.kl_seq_ic;
+  p.need_row_pass = p.is_seq || p.rs_seq || p.seq_ratio || p.policy == policy_kind::gmpo ||
+                    p.policy == policy_kind::vespo || p.needs_length();
   if (!p.use_policy) {
     p.use_is = p.use_rs = p.removes = p.drops_count = p.is_seq = p.rs_seq = p.rs_token = false;
     p.rs_count = 0;

@@ -81,6 +81,10 @@ struct cispo {
   //! epsilon = 0.2 there; rlpt defaults to 5.0, the value TRL's documentation recommends (ScaleRL).
   double cap = 5.0;
   double log_ratio_clamp = 20.0; //!< verl 20 (TRL none)
+  //! false: every token's ratio is its row's sequence ratio exp(s), s the mean of logp - old_logp
+  //! over the row's tokens in the loss (TRL importance_sampling_level = "sequence"). The weight is
+  //! detached either way, so nothing is differentiated through s.
+  bool token_level = true;
 };
 
 //! SAPO (arXiv 2511.20347): L = -A * sigmoid(tau (r - 1)) * 4 / tau, tau = tau_pos if A > 0

@@ -350,7 +350,7 @@ void evaluate(const objective& obj, const device_objective_inputs<T>& in, const 
   auto* counts = carve.take<detail::device_counts>(local_needed ? 1 : 0);
   const auto blocks = static_cast<std::size_t>(rows * tiles);
   auto* partials = carve.take<detail::objective_sums>(blocks);
-  auto* coupling = carve.take<double>(p.sequence_form ? 2 * blocks : 0); // (dcoef, kl) per tile
+  auto* coupling = carve.take<double>(p.coupled ? 2 * blocks : 0); // (dcoef, kl) per tile
   if (carve.finish_size_query()) return;
   RLPT_CHECK(result != nullptr, errors::objective::missing_input, "the device evaluate needs a result pointer");
   RLPT_CHECK(blocks <= static_cast<std::size_t>(std::numeric_limits<int>::max()), errors::objective::bad_layout,
@@ -373,9 +373,9 @@ void evaluate(const objective& obj, const device_objective_inputs<T>& in, const 
   const detail::row_consts* cptr = p.need_row_pass ? consts : nullptr;
   const detail::device_counts* nptr = local_needed ? counts : nullptr;
   detail::objective_token_kernel<T><<<static_cast<unsigned>(blocks), detail::obj_threads, 0, stream>>>(
-      p, in, grads, cptr, nptr, tiles, partials, p.sequence_form ? coupling : nullptr);
+      p, in, grads, cptr, nptr, tiles, partials, p.coupled ? coupling : nullptr);
   RLPT_CUDA_CHECK_LAUNCH();
-  if (p.sequence_form && grads.logp.size() != 0) {
+  if (p.coupled && grads.logp.size() != 0) {
     detail::objective_coupling_kernel<T><<<static_cast<unsigned>(blocks), detail::obj_threads, 0, stream>>>(
         p, in, grads, consts, nptr, tiles, coupling);
     RLPT_CUDA_CHECK_LAUNCH();

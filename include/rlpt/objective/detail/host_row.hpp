@@ -214,7 +214,7 @@ RLPT_OBJECTIVE_HOST_INLINE objective_sums host_row_body(const objective_plan& p,
   row_alphas(p, rc);
   const token_consts<T> k = make_token_consts<T>(p, rc);
   token_acc<double, host_count> a;
-  const bool coupled = p.sequence_form && gr.logp.size() != 0;
+  const bool coupled = p.coupled && gr.logp.size() != 0;
   const index_t base = in.layout.begin(b);
   if (coupled && inl.size() < static_cast<std::size_t>(in.layout.length(b)))
     inl.resize(static_cast<std::size_t>(in.layout.length(b)));

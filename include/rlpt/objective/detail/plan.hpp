@@ -130,6 +130,8 @@ struct objective_plan {
   bool rs_token = false;    //!< a token-level rejection criterion
   bool need_row_pass = false;
   bool sequence_form = false;  //!< GSPO or SAPO with the gradient through the sequence mean
+  bool seq_ratio = false;      //!< the row's mean log-ratio s_seq: GSPO, the sequence form, CISPO per sequence
+  bool coupled = false;        //!< a coupling pass adds d loss / d s: the sequence form, kl_seq_ic
   bool mean_advantage = false; //!< GSPO or SAPO: every token takes its row's mean advantage
   bool fold_w = false;         //!< VESPO: token weights folded into the sequence weight, not the term
   bool kl_seq_ic = false;      //!< the KL term weighted by the row's sequence ratio (kl.importance_per_sequence)
@@ -175,7 +177,7 @@ struct row_consts {
   double len_loss = 0.0; //!< tokens in the loss (the length every per-row denominator uses)
   double len_in = 0.0;   //!< tokens in the terms: len_loss, less the rejected ones when masked
   double w_seq = 1.0;    //!< sequence-level importance weight
-  double s_seq = 0.0;    //!< GSPO, SAPO's sequence form: mean log-ratio over the in-loss tokens
+  double s_seq = 0.0;    //!< seq_ratio: the mean log-ratio over the in-loss tokens
   double kl_r = 1.0;     //!< kl_seq_ic: the KL term's weight exp(clamp(s_seq, -20, 20))
   double kl_dr = 0.0;    //!< kl_seq_ic: d kl_r / d s_seq (0 where the clamp binds)
   double gmpo_ratio = 0.0;
@@ -226,7 +228,7 @@ RLPT_HD row_consts row_finish(const objective_plan& p, const row_stats& s) {
                            static_cast<double>(p.corr.weight.hi)) /
               p.w_norm;
   }
-  if (p.policy == policy_kind::gspo || p.sequence_form) {
+  if (p.seq_ratio) {
     const double den = c.len_in > 1.0 ? c.len_in : 1.0;
     c.s_seq = s.sum_x / den;
     c.mean_adv = s.sum_adv / den;

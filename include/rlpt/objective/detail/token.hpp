@@ -561,8 +561,7 @@ RLPT_HD_FORCEINLINE void stats_chunk(const objective_plan& p, int n, token_chunk
     sums.add(st.sum_lr, [&](int j) { return sel(c.valid[j] != 0, num[j] - c.behav[j], T(0)); });
   }
   if (p.w_norm_local && !p.is_seq) sums.add(st.sum_w, [&](int j) { return sel(c.valid[j] != 0, c.w[j], T(0)); });
-  if (p.policy == policy_kind::gspo || p.sequence_form)
-    sums.add(st.sum_x, [&](int j) { return sel(c.inl[j] != 0, c.lp[j] - c.old[j], T(0)); });
+  if (p.seq_ratio) sums.add(st.sum_x, [&](int j) { return sel(c.inl[j] != 0, c.lp[j] - c.old[j], T(0)); });
   if (p.mean_advantage) sums.add(st.sum_adv, [&](int j) { return sel(c.inl[j] != 0, c.adv[j], T(0)); });
   if (p.policy == policy_kind::vespo)
     sums.add(st.sum_x, [&](int j) { return sel(c.inl[j] != 0, clamp_r(c.lp[j] - c.old[j], T(-20), T(20)), T(0)); });
@@ -657,6 +656,8 @@ RLPT_HD_FORCEINLINE void policy_chunk(const objective_plan& p, const token_const
   }
   case policy_kind::cispo: {
     const cispo o = p.ci;
+    if (!o.token_level) // the row's ratio for every token (detached: no coupling)
+      for (int j = 0; j < n; ++j) c.tmp[j] = k.s_seq;
     for (int j = 0; j < n; ++j) {
       const policy_token<T> q = cispo_token(o, c.tmp[j], c.lp[j], c.adv[j]);
       c.pv[j] = q.value, c.pg[j] = q.grad;
