@@ -15,7 +15,7 @@ positively homogeneous in A and 0 at A = 0, so that equals multiplying the term,
 the KL term is not masked, as in TRL); the clip-ratio metrics then count the tokens the masks keep.
 With vespo, the vLLM ratio (token_truncate, token_mask) enters phi's sequence weight as TRL's does,
 passed as rollout log-probs. Configurations rlpt does not reproduce (vespo at sequence
-level, the entropy bonus together with top_entropy_quantile < 1, adaptive entropy, vespo with a
+level with the bias-corrected KL, the entropy bonus together with top_entropy_quantile < 1, adaptive entropy, vespo with a
 sequence-level vLLM mode, MoE aux loss) use TRL's own loss;
 ``rlpt_loss_used`` says which one ran last. With vespo the trainer does not log TRL's
 ``vespo/phi_seq_mean``.
@@ -49,8 +49,9 @@ class GRPOTrainer(_TRLGRPOTrainer):
     def _rlpt_unsupported(self):
         if self.loss_type not in LOSS_TYPES:
             return f"loss_type {self.loss_type}"
-        if self.loss_type == "vespo" and self.importance_sampling_level != "token":
-            return f"loss_type {self.loss_type} with importance_sampling_level {self.importance_sampling_level}"
+        if (self.loss_type == "vespo" and self.importance_sampling_level != "token" and self.beta != 0.0
+                and getattr(self.args, "use_bias_correction_kl", False)):
+            return "loss_type vespo with importance_sampling_level sequence and use_bias_correction_kl"
         if self.use_adaptive_entropy:
             return "use_adaptive_entropy"
         if self.top_entropy_quantile < 1.0 and self._entropy_bonus_enabled:

@@ -90,6 +90,8 @@ class Checking(rlpt.trl.GRPOTrainer):
     # the KL times the sequence ratio (1 at the first step: the plumbing; the golden cases test the values)
     ("grpo", {"importance_sampling_level": "sequence", "beta": 0.05, "use_bias_correction_kl": True}),
     ("cispo", {"importance_sampling_level": "sequence", "epsilon_high": 4.0}),
+    # vespo at sequence level is the token-level loss; with TRL's default bias-corrected KL it falls back
+    ("vespo", {"importance_sampling_level": "sequence", "beta": 0.05, "use_bias_correction_kl": False}),
 ])
 def test_first_step_equals_trl(tmp_path, loss_type, extra):
     steps = 2 if extra.get("gradient_accumulation_steps") else 1

@@ -261,8 +261,10 @@ TEST_CASE("errors: compat presets reject what they do not reproduce") {
                    "rlpt.objective.compat", "more than 11 distinct options");
   RLPT_CHECK_ERROR(compat::trl::grpo({.loss_type = "dapo"}), "rlpt.objective.compat", "num_items_in_batch");
   RLPT_CHECK_ERROR(compat::trl::grpo({.loss_type = "luspo_x"}), "rlpt.objective.compat", "loss_type = \"luspo_x\"");
-  RLPT_CHECK_ERROR(compat::trl::grpo({.loss_type = "vespo", .importance_sampling_level = "sequence"}),
-                   "rlpt.objective.compat", "loss_type = \"vespo\"");
+  RLPT_CHECK_ERROR(
+      compat::trl::grpo(
+          {.loss_type = "vespo", .importance_sampling_level = "sequence", .beta = 0.1, .use_bias_correction_kl = true}),
+      "rlpt.objective.compat", "use_bias_correction_kl", "is not reproduced");
   RLPT_CHECK_ERROR(compat::trl::grpo({.loss_type = "vespo", .vllm_importance_sampling_correction = true}),
                    "rlpt.objective.compat", "token_truncate or token_mask", "\"sequence_mask\"");
   RLPT_CHECK_ERROR(compat::openrlhf::policy_loss({.is_correction_level = "token", .is_correction_gating = "js"}),

@@ -36,8 +36,12 @@ TEST_CASE("golden trl loss types grpo, bnpo, dr_grpo, dapo, cispo, sapo") {
 
 TEST_CASE("golden trl dapo with delta, clip-higher and a k3 KL term") {
   const double n = items_in_batch("trl_grpo");
-  const auto obj =
-      trl::grpo({.loss_type = "dapo", .epsilon_high = 0.28, .delta = 4.0, .beta = 0.04, .num_items_in_batch = n});
+  const auto obj = trl::grpo({.loss_type = "dapo",
+                              .epsilon_high = 0.28,
+                              .delta = 4.0,
+                              .beta = 0.04,
+                              .use_bias_correction_kl = false,
+                              .num_items_in_batch = n});
   check_golden_case("trl_dapo_delta_beta", obj, golden_inputs{.ref = true, .entropy = true, .seq_adv = true});
 }
 
@@ -103,6 +107,7 @@ TEST_CASE("golden trl vLLM importance sampling (token_truncate) applied before t
   const double n = items_in_batch("trl_grpo");
   const auto obj = trl::grpo({.loss_type = "dapo",
                               .beta = 0.04,
+                              .use_bias_correction_kl = false,
                               .num_items_in_batch = n,
                               .vllm_importance_sampling_correction = true,
                               .vllm_importance_sampling_mode = "token_truncate",
@@ -114,8 +119,11 @@ TEST_CASE("golden trl vLLM importance sampling (token_truncate) applied before t
 
 TEST_CASE("golden trl luspo: each row's token sum, the mean over rows") {
   // Sequence level (TRL's recommendation) with a k3 KL term and GA 2, and token level.
-  const auto seq = trl::grpo(
-      {.loss_type = "luspo", .importance_sampling_level = "sequence", .beta = 0.04, .gradient_accumulation_steps = 2});
+  const auto seq = trl::grpo({.loss_type = "luspo",
+                              .importance_sampling_level = "sequence",
+                              .beta = 0.04,
+                              .use_bias_correction_kl = false,
+                              .gradient_accumulation_steps = 2});
   check_golden_case("trl_luspo_sequence", seq, golden_inputs{.ref = true, .entropy = true, .seq_adv = true});
   const auto tok = trl::grpo({.loss_type = "luspo", .epsilon_high = 0.28});
   check_golden_case("trl_luspo_token", tok, golden_inputs{.entropy = true});
@@ -124,8 +132,17 @@ TEST_CASE("golden trl luspo: each row's token sum, the mean over rows") {
 
 TEST_CASE("golden trl vespo: a soft sequence weight by the advantage's sign, with a k3 KL term") {
   const double n = items_in_batch("trl_grpo");
-  const auto obj = trl::grpo({.loss_type = "vespo", .beta = 0.04, .num_items_in_batch = n});
+  const auto obj =
+      trl::grpo({.loss_type = "vespo", .beta = 0.04, .use_bias_correction_kl = false, .num_items_in_batch = n});
   check_golden_case("trl_vespo", obj, golden_inputs{.ref = true, .entropy = true});
+  // At sequence level TRL's coef_1 reaches only the bias-corrected KL: the same loss.
+  check_golden_case("trl_vespo_sequence",
+                    trl::grpo({.loss_type = "vespo",
+                               .importance_sampling_level = "sequence",
+                               .beta = 0.04,
+                               .use_bias_correction_kl = false,
+                               .num_items_in_batch = n}),
+                    golden_inputs{.ref = true, .entropy = true});
   // Without the KL term, whose gradients here are 1e7 times VESPO's and set the bound's scale.
   check_golden_case("trl_vespo_no_kl", trl::grpo({.loss_type = "vespo", .num_items_in_batch = n}),
                     golden_inputs{.entropy = true});

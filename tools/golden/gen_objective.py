@@ -401,6 +401,11 @@ def generate(out_dir, seed):
              dict(peer="trl", loss_type="vespo", beta=0.04, num_items_in_batch=n_items, token_advantages=True))
     # The same without the KL term, whose gradients on these inputs are 1e7 times VESPO's (the bound
     # scales with the largest gradient, so with it VESPO's own were checked loosely).
+    # At sequence level TRL's vespo is the token-level one (coef_1 reaches only the bias-corrected KL).
+    run_case(out_dir, seed, "trl_vespo_sequence", tok,
+             lambda t: trl_compute_loss(t, "vespo", beta=0.04, level="sequence", nitems=n_items, seq_adv=False),
+             dict(peer="trl", loss_type="vespo", beta=0.04, importance_sampling_level="sequence",
+                  num_items_in_batch=n_items, token_advantages=True))
     run_case(out_dir, seed, "trl_vespo_no_kl", tok,
              lambda t: trl_compute_loss(t, "vespo", beta=0.0, nitems=n_items, seq_adv=False),
              dict(peer="trl", loss_type="vespo", beta=0.0, num_items_in_batch=n_items, token_advantages=True))

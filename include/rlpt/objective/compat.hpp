@@ -339,8 +339,9 @@ inline objective critic(double cliprange_value = 0.5, std::string_view loss_agg_
 // ============================================================================================
 namespace trl {
 
-//! The GRPOConfig fields GRPOTrainer._compute_loss reads, plus the batch facts it takes from
-//! the trainer (gradient accumulation, processes, the generation batch's token count).
+//! The GRPOConfig fields GRPOTrainer._compute_loss reads, with GRPOConfig's defaults (TRL 1.16), plus
+//! the batch facts it takes from the trainer (gradient accumulation, processes, the generation
+//! batch's token count).
 struct grpo_config {
   std::string loss_type = "dapo"; //!< grpo, bnpo, dr_grpo, dapo, luspo, cispo, sapo, vespo
   double epsilon = 0.2;
@@ -348,7 +349,7 @@ struct grpo_config {
   std::optional<double> delta{};
   std::string importance_sampling_level = "token"; //!< token, sequence
   double beta = 0.0;
-  bool use_bias_correction_kl = false;
+  bool use_bias_correction_kl = true; //!< TRL's default: the KL times the importance ratio
   double sapo_temperature_pos = 1.0;
   double sapo_temperature_neg = 1.05;
   double vespo_k_pos = 2.0;
@@ -356,7 +357,7 @@ struct grpo_config {
   double vespo_k_neg = 3.0;
   double vespo_lambda_neg = 2.0;
   double entropy_coef = 0.0;
-  int max_completion_length = 256;
+  int max_completion_length = 512;
   int gradient_accumulation_steps = 1; //!< current_gradient_accumulation_steps (train mode)
   int num_processes = 1;
   std::optional<int> steps_per_generation{}; //!< default: gradient_accumulation_steps
@@ -405,7 +406,13 @@ inline objective grpo(const grpo_config& c) {
                     .tau_neg = c.sapo_temperature_neg,
                     .log_ratio_clamp = 80.0,
                     .token_level = !seq};
-  } else if (lt == "vespo" && !seq) {
+  } else if (lt == "vespo") {
+    // VESPO forms its own sequence weight from the token log-ratios at either level; at sequence
+    // level TRL's coef_1 reaches only the bias-corrected KL, which rlpt does not weight so for vespo.
+    RLPT_CHECK(!seq || c.beta == 0.0 || !c.use_bias_correction_kl, errors::objective::compat,
+               "trl loss_type = \"vespo\" at importance_sampling_level = \"sequence\" with use_bias_correction_kl "
+               "(the KL times the sequence ratio) is not reproduced by rlpt; at token level, or without the "
+               "correction, it is");
     // VESPO folds TRL's vLLM importance ratio into its sequence weight instead of weighting the
     // loss with it, and TRL refuses the sequence modes for it.
     const std::string_view m = c.vllm_importance_sampling_mode;
@@ -420,8 +427,7 @@ inline objective grpo(const grpo_config& c) {
                      .lambda_neg = c.vespo_lambda_neg,
                      .fold_is_weight = c.vllm_importance_sampling_correction};
   } else {
-    detail::unknown("trl", "loss_type", lt,
-                    "grpo, bnpo, dr_grpo, dapo, luspo, sapo, cispo (token or sequence level), vespo (token level)");
+    detail::unknown("trl", "loss_type", lt, "grpo, bnpo, dr_grpo, dapo, luspo, sapo, cispo, vespo");
   }
   aggregation a;
   a.factor = 1.0 / ga;
