@@ -282,14 +282,14 @@ class Objective:
         return cls.preset("openrlhf_value", **options)
 
     @classmethod
-    def areal_actor(cls, rejection_sampling=True, **options):
-        """AReaL's ppo_actor_loss_fn / sapo_loss_fn from PPOActorConfig's field names.
+    def areal_actor(cls, rejection_sampling=None, **options):
+        """AReaL's ppo_actor_loss_fn / sapo_loss_fn from PPOActorConfig's field names, with its
+        defaults (rejection_sampling None, use_decoupled_loss False).
         rejection_sampling: None or False (off), True (RejectionSamplingConfig's defaults), a dict
         of its fields, or the config object itself. Pass rlpt's old_logp as AReaL's
         proximal_logprobs and behav_logp as its old_logprobs."""
-        if rejection_sampling is None or rejection_sampling is False:
-            options["rejection_sampling"] = False
-        elif rejection_sampling is not True:
+        options["rejection_sampling"] = not (rejection_sampling is None or rejection_sampling is False)
+        if options["rejection_sampling"] and rejection_sampling is not True:
             fields = ("level", "action", "metric", "agg", "upper", "lower")
             if isinstance(rejection_sampling, dict):
                 unknown = sorted(set(rejection_sampling) - set(fields))

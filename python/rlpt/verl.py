@@ -45,6 +45,23 @@ def _get(config, key, default):
     return default if v is None else v
 
 
+def _field(config, key, default, if_none):
+    """A config field as verl's loss reads it: `default` (the dataclass's) where the config has no
+    such field, `if_none` (the loss's own fallback) where it is None."""
+    if config is None:
+        return default
+    try:
+        v = config.get(key, default)
+    except AttributeError:
+        v = getattr(config, key, default)
+    return if_none if v is None else v
+
+
+def _clip_bounds(config, clip):
+    """clip_ratio_low/high: ActorConfig's default is 0.2 (not None), verl's loss takes clip_ratio for None."""
+    return [float(_field(config, key, 0.2, clip)) for key in ("clip_ratio_low", "clip_ratio_high")]
+
+
 def _ids(index):
     return rlpt.group_ids(index)
 
@@ -160,12 +177,10 @@ def _policy_loss_fn(loss_mode):
     def policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
                     rollout_is_weights=None):
         assert config is not None
-        opts = {"loss_mode": loss_mode, "clip_ratio": float(_get(config, "clip_ratio", 0.2)),
+        clip = float(_get(config, "clip_ratio", 0.2))
+        lo, hi = _clip_bounds(config, clip)
+        opts = {"loss_mode": loss_mode, "clip_ratio": clip, "clip_ratio_low": lo, "clip_ratio_high": hi,
                 "loss_agg_mode": loss_agg_mode}
-        for key in ("clip_ratio_low", "clip_ratio_high"):
-            v = _get(config, key, None)
-            if v is not None:
-                opts[key] = float(v)
         opts["clip_ratio_c"] = float(_get(config, "clip_ratio_c", 3.0))
         if loss_mode == "sapo":
             opts["tau_pos"] = float(_get(config, "tau_pos", 1.0))
@@ -248,8 +263,7 @@ def compute_policy_loss_clip_cov(old_log_prob, log_prob, advantages, response_ma
     if not ratio_k > 0:
         raise ValueError(f"rlpt_clip_cov: clip_cov_ratio = {ratio_k} must be > 0 (verl asserts the same)")
     clip = float(_get(config, "clip_ratio", 0.2))
-    lo = float(_get(config, "clip_ratio_low", clip))
-    hi = float(_get(config, "clip_ratio_high", clip))
+    lo, hi = _clip_bounds(config, clip)
     with torch.no_grad():
         lp = log_prob.detach()
         ratio = torch.exp(lp - old_log_prob)
@@ -287,7 +301,7 @@ def compute_policy_loss_kl_cov(old_log_prob, log_prob, advantages, response_mask
     assert config is not None
     pl = _get(config, "policy_loss", None)
     ratio_k = float(_get(pl, "kl_cov_ratio", 0.0002))
-    coef = float(_get(pl, "ppo_kl_coef", 1.0))
+    coef = float(_field(pl, "ppo_kl_coef", 0.1, 1.0))  # PolicyLossConfig's default; verl's fallback for None
     if not ratio_k > 0:
         raise ValueError(f"rlpt_kl_cov: kl_cov_ratio = {ratio_k} must be > 0 (verl asserts the same)")
     if rollout_is_weights is not None:

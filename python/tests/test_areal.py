@@ -96,8 +96,19 @@ def test_config_object_and_defaults():
     assert torch.equal(a, b)
     want, _ = ppo_actor_loss_fn(logprobs=lp, proximal_logprobs=prox, old_logprobs=behave, advantages=adv,
                                 eps_clip=0.2, loss_mask=mask, rejection_sampling=RejectionSamplingConfig())
-    got, _ = rlpt.policy_loss(rlpt.Objective.areal_actor(), lp, mask, old_logp=prox, behav_logp=behave, adv=adv)
-    close(got, want, **TOL, what="defaults")
+    got, _ = rlpt.policy_loss(rlpt.Objective.areal_actor(rejection_sampling=True), lp, mask, old_logp=prox,
+                              behav_logp=behave, adv=adv)
+    close(got, want, **TOL, what="RejectionSamplingConfig defaults")
+    # PPOActorConfig's and ppo_actor_loss_fn's default: rejection_sampling None, no behaviour weight.
+    want, _ = ppo_actor_loss_fn(logprobs=lp, proximal_logprobs=prox, old_logprobs=behave, advantages=adv,
+                                eps_clip=0.2, loss_mask=mask)
+    got, _ = rlpt.policy_loss(rlpt.Objective.areal_actor(), lp, mask, old_logp=prox, adv=adv)
+    close(got, want, **TOL, what="PPOActorConfig defaults")
+    assert not torch.allclose(want, a)  # cfg's rejection moves this loss
+    # ppo_actor_loss_fn filters whenever rejection_sampling is set, decoupled loss or not.
+    c, _ = rlpt.policy_loss(rlpt.Objective.areal_actor(rejection_sampling=cfg, use_decoupled_loss=False), lp, mask,
+                            old_logp=prox, behav_logp=behave, adv=adv)
+    assert torch.equal(c, a)
 
 
 def test_sapo_matches():
@@ -176,7 +187,8 @@ def test_m2po_mask_matches(threshold):
                                 eps_clip=0.2, loss_mask=want_mask, rejection_sampling=RejectionSamplingConfig())
     want.backward()
     y = lp.clone().requires_grad_()
-    got, _ = rlpt.policy_loss(rlpt.Objective.areal_actor(), y, got_mask, old_logp=prox, behav_logp=behave, adv=adv)
+    got, _ = rlpt.policy_loss(rlpt.Objective.areal_actor(rejection_sampling=True), y, got_mask, old_logp=prox,
+                              behav_logp=behave, adv=adv)
     got.backward()
     close(got, want, **TOL, what="loss")
     close(y.grad, x.grad, **TOL, what="grad")

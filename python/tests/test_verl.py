@@ -125,6 +125,43 @@ def test_policy_losses_match_verl(mode, agg, weights):
             assert m1[k] == pytest.approx(m2[k], abs=1e-6), k
 
 
+@pytest.mark.parametrize("mode", ["vanilla", "clip_cov"])
+@pytest.mark.parametrize("bounds", ["default", "none"])
+def test_clip_ratio_alone_as_verl_reads_it(mode, bounds):
+    """ActorConfig's clip_ratio_low/high default to 0.2, not None: clip_ratio = 0.05 alone changes no
+    bound in verl. Set to None, each bound is clip_ratio. The plugin reads them as verl does."""
+    wide, _, old, adv, mask, _ = policy_inputs(9)
+    kw = {} if bounds == "default" else dict(clip_ratio_low=None, clip_ratio_high=None)
+    cfg = ActorConfig(strategy="fsdp", rollout_n=1, clip_ratio=0.05, ppo_micro_batch_size_per_gpu=1,
+                      policy_loss=PolicyLossConfig(loss_mode=mode, rollout_correction=RolloutCorrectionConfig(),
+                                                   clip_cov_ratio=0.05),
+                      **kw)
+    losses = []
+    for fn in (ca.get_policy_loss_fn("rlpt_" + mode), ca.get_policy_loss_fn(mode)):
+        torch.manual_seed(5)
+        losses.append(fn(old_log_prob=old, log_prob=wide[:, -old.shape[1]:], advantages=adv, response_mask=mask,
+                         loss_agg_mode="token-mean", config=cfg)[0])
+    close(losses[0], losses[1], what="loss", **TOL)
+    # The two readings give different losses on these inputs, so the comparison tests the reading.
+    other = dict(clip_ratio_low=None, clip_ratio_high=None) if bounds == "default" else {}
+    cfg2 = ActorConfig(strategy="fsdp", rollout_n=1, clip_ratio=0.05, ppo_micro_batch_size_per_gpu=1,
+                       policy_loss=cfg.policy_loss, **other)
+    torch.manual_seed(5)
+    alt = ca.get_policy_loss_fn(mode)(old_log_prob=old, log_prob=wide[:, -old.shape[1]:], advantages=adv,
+                                      response_mask=mask, loss_agg_mode="token-mean", config=cfg2)[0]
+    assert abs(float(alt - losses[1])) > 1e-4 * abs(float(losses[1]))
+
+
+def test_preset_defaults_are_actor_configs():
+    """rlpt.Objective.verl_actor() with ActorConfig's defaults: clip_ratio alone moves no bound."""
+    _, lp, old, adv, mask, _ = policy_inputs(9)
+    cfg = ActorConfig(strategy="fsdp", rollout_n=1, clip_ratio=0.05, ppo_micro_batch_size_per_gpu=1)
+    want = ca.get_policy_loss_fn("vanilla")(old_log_prob=old, log_prob=lp, advantages=adv, response_mask=mask,
+                                            loss_agg_mode="token-mean", config=cfg)[0]
+    got, _ = rlpt.policy_loss(rlpt.Objective.verl_actor(clip_ratio=0.05), lp, mask, old_logp=old, adv=adv)
+    close(got, want, what="loss", **TOL)
+
+
 def batch_normalized(seed, level, threshold):
     """policy_inputs with rollout log-probs, and verl's own rollout correction of them with
     rollout_is_batch_normalize: (log_prob, old, behav, adv, mask, verl's weights, mask, metrics)."""

@@ -130,8 +130,9 @@ TEST_CASE("masked garbage (huge, NaN, inf) never changes valid outputs") {
     CHECK(std::memcmp(a1.data(), a2.data(), a1.size() * sizeof(float)) == 0);
     CHECK(std::memcmp(r1.data(), r2.data(), r1.size() * sizeof(float)) == 0);
   };
-  for (const auto& o : {rlpt::compat::verl::gae(0.99, 0.95), rlpt::compat::openrlhf::gae(), rlpt::compat::areal::gae(),
-                        rlpt::gae_options{.masked = rlpt::mask_mode::reset}}) {
+  for (const auto& o :
+       {rlpt::compat::verl::gae(0.99, 0.95), rlpt::compat::openrlhf::gae(), rlpt::compat::areal::gae(1.0, 1.0, true),
+        rlpt::gae_options{.masked = rlpt::mask_mode::reset}}) {
     (void)rlpt::gae({.layout = layout, .rewards = b.rewards, .values = b.values, .mask = b.mask}, a1, r1, o);
     (void)rlpt::gae({.layout = layout, .rewards = dirty.rewards, .values = dirty.values, .mask = b.mask}, a2, r2, o);
     same();

@@ -280,23 +280,30 @@ TEST_CASE("errors: compat presets reject what they do not reproduce") {
                    "rlpt.objective.compat", "rollout log-probs");
   // AReaL: RejectionSamplingConfig's own checks, then what rlpt does not reproduce.
   namespace areal = compat::areal;
-  RLPT_CHECK_ERROR(areal::actor({.rejection_metric = "kl_k4"}), "rlpt.objective.compat",
+  RLPT_CHECK_ERROR(areal::actor({.rejection_sampling = true, .rejection_metric = "kl_k4"}), "rlpt.objective.compat",
                    "rejection_sampling.metric = \"kl_k4\"", "ratio, kl_k1, kl_k2, kl_k3");
-  RLPT_CHECK_ERROR(areal::actor({.rejection_agg = "median"}), "rlpt.objective.compat",
+  RLPT_CHECK_ERROR(areal::actor({.rejection_sampling = true, .rejection_agg = "median"}), "rlpt.objective.compat",
                    "rejection_sampling.agg = \"median\"");
-  RLPT_CHECK_ERROR(areal::actor({.rejection_upper = 0.5, .rejection_lower = 0.6}), "rlpt.objective.compat",
-                   "lower = 0.6 cannot be greater than upper = 0.5");
-  RLPT_CHECK_ERROR(areal::actor({.rejection_upper = 1.0}), "rlpt.objective.compat", "upper = 1 must be > 1.0",
-                   "metric = ratio");
-  RLPT_CHECK_ERROR(areal::actor({.rejection_lower = 0.0}), "rlpt.objective.compat", "lower = 0 must be positive");
-  RLPT_CHECK_ERROR(areal::actor({.rejection_metric = "kl_k3", .rejection_upper = 0.0}), "rlpt.objective.compat",
-                   "upper = 0 must be positive for metric = kl_k3");
-  RLPT_CHECK_ERROR(areal::actor({.rejection_action = "clamp", .rejection_metric = "kl_k2", .rejection_upper = 0.1}),
+  RLPT_CHECK_ERROR(areal::actor({.rejection_sampling = true, .rejection_upper = 0.5, .rejection_lower = 0.6}),
+                   "rlpt.objective.compat", "lower = 0.6 cannot be greater than upper = 0.5");
+  RLPT_CHECK_ERROR(areal::actor({.rejection_sampling = true, .rejection_upper = 1.0}), "rlpt.objective.compat",
+                   "upper = 1 must be > 1.0", "metric = ratio");
+  RLPT_CHECK_ERROR(areal::actor({.rejection_sampling = true, .rejection_lower = 0.0}), "rlpt.objective.compat",
+                   "lower = 0 must be positive");
+  RLPT_CHECK_ERROR(areal::actor({.rejection_sampling = true, .rejection_metric = "kl_k3", .rejection_upper = 0.0}),
+                   "rlpt.objective.compat", "upper = 0 must be positive for metric = kl_k3");
+  RLPT_CHECK_ERROR(areal::actor({.rejection_sampling = true,
+                                 .rejection_action = "clamp",
+                                 .rejection_metric = "kl_k2",
+                                 .rejection_upper = 0.1}),
                    "rlpt.objective.compat", "clamp supports only metric = ratio, got metric = kl_k2");
-  RLPT_CHECK_ERROR(areal::actor({.rejection_metric = "kl_k3", .rejection_upper = 0.1, .rejection_lower = 0.0}),
-                   "rlpt.objective.compat", "lower = 0 with metric = kl_k3 is not reproduced",
-                   "leave lower unset or make it positive");
-  RLPT_CHECK_ERROR(areal::actor({.rejection_level = "sequence",
+  RLPT_CHECK_ERROR(
+      areal::actor(
+          {.rejection_sampling = true, .rejection_metric = "kl_k3", .rejection_upper = 0.1, .rejection_lower = 0.0}),
+      "rlpt.objective.compat", "lower = 0 with metric = kl_k3 is not reproduced",
+      "leave lower unset or make it positive");
+  RLPT_CHECK_ERROR(areal::actor({.rejection_sampling = true,
+                                 .rejection_level = "sequence",
                                  .rejection_metric = "kl_k3",
                                  .rejection_upper = 0.1,
                                  .rejection_lower = -1.0}),
@@ -304,17 +311,28 @@ TEST_CASE("errors: compat presets reject what they do not reproduce") {
   RLPT_CHECK_ERROR(
       areal::actor({.use_decoupled_loss = false, .importance_sampling_level = "seq", .use_sapo_loss = true}),
       "rlpt.objective.compat", "importance_sampling_level = \"seq\"", "token, sequence");
+  // PPOActorConfig's defaults: rejection_sampling None, so no correction; set, it filters whether or
+  // not the loss is decoupled (ppo_actor_loss_fn does), except under SAPO, whose loss takes none.
+  CHECK(areal::actor({}).correction.reject.stat == rs_stat::none);
+  CHECK(areal::actor({}).correction.weight.level == is_level::none);
+  CHECK(areal::actor({.rejection_sampling = true}).correction.reject.stat == rs_stat::ratio);
+  CHECK(areal::actor({.rejection_sampling = true, .use_sapo_loss = true}).correction.weight.level == is_level::none);
   // What AReaL accepts and rlpt builds: k1 with an upper bound below 0; agg ignored at token level.
   CHECK(std::holds_alternative<gspo>(areal::actor({.importance_sampling_level = "sequence"}).policy));
-  CHECK(areal::actor({.rejection_metric = "kl_k1", .rejection_upper = -0.1}).correction.reject.lo ==
-        -std::numeric_limits<double>::infinity());
-  CHECK(areal::actor({.rejection_agg = "max"}).correction.reject.level == rs_level::token);
+  CHECK(areal::actor({.rejection_sampling = true, .rejection_metric = "kl_k1", .rejection_upper = -0.1})
+            .correction.reject.lo == -std::numeric_limits<double>::infinity());
+  CHECK(areal::actor({.rejection_sampling = true, .rejection_agg = "max"}).correction.reject.level == rs_level::token);
   // A lower bound <= 0 on k2 keeps every token, as AReaL's does (k2 is a square).
-  CHECK(areal::actor({.rejection_metric = "kl_k2", .rejection_upper = 0.1, .rejection_lower = -0.5})
+  CHECK(areal::actor(
+            {.rejection_sampling = true, .rejection_metric = "kl_k2", .rejection_upper = 0.1, .rejection_lower = -0.5})
             .correction.reject.lo == 0.0);
   // Clamp at sequence level: the criterion chooses the weights to bound on the sum and the max only.
   const auto clamp_seq = [](const char* agg) {
-    return areal::actor({.rejection_level = "sequence", .rejection_action = "clamp", .rejection_agg = agg}).correction;
+    return areal::actor({.rejection_sampling = true,
+                         .rejection_level = "sequence",
+                         .rejection_action = "clamp",
+                         .rejection_agg = agg})
+        .correction;
   };
   CHECK(clamp_seq("max").action == rejection_action::bound_weight);
   CHECK(clamp_seq("sum").reject.level == rs_level::seq_sum);

@@ -20,9 +20,12 @@ namespace {
 // dtype, so its float64 run is float32-accurate wherever they enter.
 constexpr bool fp32_weights = true;
 
-//! Runs one case and checks that it both rejects (or clamps) and keeps tokens, as its thresholds
-//! were chosen to.
-void check_rejecting(const std::string& name, const areal::actor_config& c) {
+//! Runs one case, with the decoupled loss and rejection sampling on (the golden cases pass a
+//! RejectionSamplingConfig), and checks that it both rejects (or clamps) and keeps tokens, as its
+//! thresholds were chosen to.
+void check_rejecting(const std::string& name, areal::actor_config c) {
+  c.use_decoupled_loss = true;
+  c.rejection_sampling = true;
   const auto r = check_golden_case(name, areal::actor(c), golden_inputs{.behav = true}, false, false, fp32_weights);
   if (c.rejection_action == "mask") {
     CHECK(r.r64.rejected_frac > 0.0);
@@ -42,6 +45,8 @@ TEST_CASE("golden areal ppo_actor_loss_fn: token-level ratio rejection, clamp, d
                                                  .rejection_lower = 0.8});
   check_golden_case("areal_ppo_no_rejection", areal::actor({.c_clip = 3.0, .rejection_sampling = false}),
                     golden_inputs{});
+  // PPOActorConfig's defaults: no RejectionSamplingConfig, so nothing is filtered or weighted.
+  check_golden_case("areal_ppo_no_rejection", areal::actor({.c_clip = 3.0}), golden_inputs{});
 }
 
 TEST_CASE("golden areal ppo_actor_loss_fn: sequence-level ratio, aggregated in log space") {

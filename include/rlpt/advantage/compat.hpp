@@ -201,8 +201,9 @@ inline whiten_options adv_norm() {
 }
 
 //! GAE with verl-style skipping (discount, gae_lambda default 1); pass bootstrap values for
-//! sequences without EOS in gae_inputs::bootstrap. Whitening is adv_norm when configured.
-inline gae_options gae(double discount = 1.0, double gae_lambda = 1.0, bool with_adv_norm = true) {
+//! sequences without EOS in gae_inputs::bootstrap. Whitening is adv_norm when configured: pass
+//! with_adv_norm = true for an `adv_norm` block (PPOActorConfig's default is None, no whitening).
+inline gae_options gae(double discount = 1.0, double gae_lambda = 1.0, bool with_adv_norm = false) {
   gae_options o{.gamma = discount, .lambda = gae_lambda, .masked = mask_mode::skip};
   if (with_adv_norm) o.whiten = adv_norm();
   return o;

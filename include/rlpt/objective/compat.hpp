@@ -250,12 +250,15 @@ inline off_policy_correction rollout_correction(std::string_view rollout_is = ""
   return c;
 }
 
-//! The actor part of verl's config (ActorConfig / PolicyLossConfig) that the loss reads.
+//! The actor part of verl's config (ActorConfig / PolicyLossConfig) that the loss reads, with
+//! ActorConfig's defaults (verl 0.9.1).
 struct actor_config {
   std::string loss_mode = "vanilla"; //!< vanilla, gspo, geo_mean, cispo, sapo, dppo_tv, dppo_kl, dro, gpg
   double clip_ratio = 0.2;
-  std::optional<double> clip_ratio_low{};
-  std::optional<double> clip_ratio_high{};
+  // ActorConfig's defaults are 0.2, not None: setting clip_ratio alone changes no bound in verl.
+  // Unset (std::nullopt, verl's None), each bound is clip_ratio.
+  std::optional<double> clip_ratio_low = 0.2;
+  std::optional<double> clip_ratio_high = 0.2;
   double clip_ratio_c = 3.0;
   double tau_pos = 1.0;
   double tau_neg = 1.05;
@@ -648,16 +651,17 @@ inline objective value(std::optional<double> clip_eps = 0.5, bool token_level_lo
 // ============================================================================================
 namespace areal {
 
-//! PPOActorConfig fields ppo_actor_loss_fn reads (AReaL 1.0.4). `rejection_*` mirror
-//! RejectionSamplingConfig, checked as its __post_init__ does. Loss = sum m' L / count_nonzero(m)
-//! with the pre-rejection count, the micro-batches combined token-weighted: pass the step's token
-//! count as global_tokens.
+//! PPOActorConfig fields ppo_actor_loss_fn reads, with PPOActorConfig's defaults (AReaL 1.0.4:
+//! no decoupled loss, rejection_sampling None). `rejection_*` mirror RejectionSamplingConfig (its
+//! defaults when `rejection_sampling` is true), checked as its __post_init__ does. Loss =
+//! sum m' L / count_nonzero(m) with the pre-rejection count, the micro-batches combined
+//! token-weighted: pass the step's token count as global_tokens.
 struct actor_config {
   double eps_clip = 0.2;
   std::optional<double> eps_clip_higher{};
   std::optional<double> c_clip{};
-  bool use_decoupled_loss = true;
-  bool rejection_sampling = true;         //!< false: the field is None (no weight)
+  bool use_decoupled_loss = false;
+  bool rejection_sampling = false;        //!< false: the field is None (no weight, no rejection)
   std::string rejection_level = "token";  //!< token, sequence
   std::string rejection_action = "mask";  //!< mask, clamp (ratio only)
   std::string rejection_metric = "ratio"; //!< ratio, kl_k1, kl_k2, kl_k3
@@ -672,7 +676,7 @@ struct actor_config {
 };
 
 //! AReaL's rejection sampling (apply_rejection_sampling) as a correction: the one actor() uses when
-//! use_decoupled_loss and rejection_sampling are set. Token weights are pi_prox / pi_behave, or at
+//! rejection_sampling is set (and SAPO is not). Token weights are pi_prox / pi_behave, or at
 //! sequence level with the ratio metric their geometric mean; the metric is the ratio (a
 //! sequence's aggregated in log space: its product, geometric mean or largest ratio) or AReaL's KL
 //! estimators of log r = prox - behave (k1 = log r, k2 = (log r)^2 / 2, k3 = exp(-log r) - 1 +
@@ -782,7 +786,10 @@ inline objective actor(const actor_config& c) {
     detail::unknown("areal", "importance_sampling_level", c.importance_sampling_level, "token, sequence");
   }
   o.agg = aggregation{.mode = agg_mode::token_mean, .global_tokens = c.global_tokens};
-  if (c.use_decoupled_loss && c.rejection_sampling) o.correction = rejection_sampling(c);
+  // ppo_actor_loss_fn filters whenever rejection_sampling is set, use_decoupled_loss or not;
+  // without the decoupled loss AReaL's trainer passes the same log-probs as proximal and behaviour
+  // (pass behav_logp = old_logp), so the weights are 1. sapo_loss_fn takes no rejection.
+  if (c.rejection_sampling && !c.use_sapo_loss) o.correction = rejection_sampling(c);
   return o;
 }
 
