@@ -6,7 +6,8 @@
 Everything else (generation, rewards, advantages, the model forward that gives the per-token
 log-probs and entropies) is TRL's own; the loss of each micro-batch (``loss_type`` grpo, bnpo,
 dr_grpo, dapo, luspo, cispo, sapo, vespo; token or sequence importance sampling; ``beta`` k3 KL with
-``use_bias_correction_kl``; ``delta``; a static ``entropy_coef``) is rlpt::evaluate with the
+``use_bias_correction_kl``; ``delta``; the entropy bonus, static or adaptive, over the
+high-entropy tokens with ``top_entropy_quantile`` < 1; MoE routers' aux loss) is rlpt::evaluate with the
 rlpt::compat::trl::grpo preset, TRL's normalisers included (gradient accumulation, processes,
 ``num_items_in_batch``, ``max_completion_length``). TRL's token masks on the policy term
 (``top_entropy_quantile`` < 1, ``off_policy_mask_threshold``) and vLLM's importance-sampling ratio
@@ -14,9 +15,12 @@ are made by TRL's own methods and multiply the advantages (every loss type's pol
 positively homogeneous in A and 0 at A = 0, so that equals multiplying the term, as TRL does;
 the KL term is not masked, as in TRL); the clip-ratio metrics then count the tokens the masks keep.
 With vespo, the vLLM ratio (token_truncate, token_mask) enters phi's sequence weight as TRL's does,
-passed as rollout log-probs. Configurations rlpt does not reproduce (vespo at sequence
-level with the bias-corrected KL, the entropy bonus together with top_entropy_quantile < 1, adaptive entropy, vespo with a
-sequence-level vLLM mode, MoE aux loss) use TRL's own loss;
+passed as rollout log-probs. The adaptive entropy controller (``use_adaptive_entropy``) keeps its
+state in TRL's own attributes and follows TRL's rule: the coefficient of the last optimizer step
+applies while that step's entropy was at or below ``entropy_target``, and each step's token-weighted
+entropy moves it by ``entropy_coef_delta`` within [``entropy_coef_min``, ``entropy_coef_max``].
+Configurations rlpt does not reproduce (vespo at sequence level with the bias-corrected KL; vespo
+with a sequence-level vLLM mode, which TRL refuses when the trainer is made) use TRL's own loss;
 ``rlpt_loss_used`` says which one ran last. With vespo the trainer does not log TRL's
 ``vespo/phi_seq_mean``.
 """
@@ -52,22 +56,43 @@ class GRPOTrainer(_TRLGRPOTrainer):
         if (self.loss_type == "vespo" and self.importance_sampling_level != "token" and self.beta != 0.0
                 and getattr(self.args, "use_bias_correction_kl", False)):
             return "loss_type vespo with importance_sampling_level sequence and use_bias_correction_kl"
-        if self.use_adaptive_entropy:
-            return "use_adaptive_entropy"
-        if self.top_entropy_quantile < 1.0 and self._entropy_bonus_enabled:
-            # TRL's bonus is then a mean over the high-entropy tokens only
-            return "top_entropy_quantile < 1 with entropy_coef"
         if self._rlpt_vespo_ratio() and self.vllm_importance_sampling_mode not in ("token_truncate", "token_mask"):
             return f"vespo with vllm_importance_sampling_mode {self.vllm_importance_sampling_mode}"
-        if self.aux_loss_enabled:
-            return "router aux loss"
         return None
+
+    def _rlpt_entropy_coef(self):
+        """The entropy coefficient this micro-batch applies: the adaptive controller's only while the
+        last optimizer step's entropy was at or below the target (inf before the first step)."""
+        if not self._entropy_bonus_enabled:
+            return 0.0
+        if self.use_adaptive_entropy and not self._last_world_entropy <= self.args.entropy_target:
+            return 0.0
+        return float(self.entropy_coef)
+
+    def _rlpt_adapt_entropy(self, entropies, bonus_mask):
+        """One micro-batch of the adaptive controller: its entropy sum and token count join the
+        accumulation window's; at the optimizer step the window's mean over every rank moves the
+        coefficient one delta towards the target and becomes the last step's entropy."""
+        args = self.args
+        stats = torch.stack([(entropies * bonus_mask).sum(), bonus_mask.sum()]).detach()
+        window = self._entropy_window_stats
+        self._entropy_window_stats = stats if window is None else window + stats
+        if not self.accelerator.sync_gradients:
+            return
+        total = self.accelerator.reduce(self._entropy_window_stats, reduction="sum")
+        entropy = (total[0] / total[1].clamp(min=1.0)).item()
+        if entropy <= args.entropy_target:
+            self.entropy_coef = min(self.entropy_coef + args.entropy_coef_delta, args.entropy_coef_max)
+        else:
+            self.entropy_coef = max(self.entropy_coef - args.entropy_coef_delta, args.entropy_coef_min)
+        self._last_world_entropy = entropy
+        self._entropy_window_stats = None
 
     def _rlpt_vespo_ratio(self):
         """VESPO folds the vLLM ratio into its sequence weight: rlpt forms it from log-probs (behav_logp)."""
         return self.loss_type == "vespo" and self.use_vllm and self.vllm_importance_sampling_correction
 
-    def _rlpt_objective(self, train, num_items):
+    def _rlpt_objective(self, train, num_items, entropy_coef):
         args = self.args
         opts = dict(loss_type=self.loss_type, epsilon=float(self.epsilon_low), epsilon_high=float(self.epsilon_high),
                     importance_sampling_level=self.importance_sampling_level, beta=float(self.beta),
@@ -78,7 +103,7 @@ class GRPOTrainer(_TRLGRPOTrainer):
                     vespo_lambda_pos=float(getattr(args, "vespo_lambda_pos", 3.0)),
                     vespo_k_neg=float(getattr(args, "vespo_k_neg", 3.0)),
                     vespo_lambda_neg=float(getattr(args, "vespo_lambda_neg", 2.0)),
-                    entropy_coef=float(self.entropy_coef if self._entropy_bonus_enabled else 0.0),
+                    entropy_coef=entropy_coef,
                     max_completion_length=int(self.max_completion_length),
                     gradient_accumulation_steps=int(self.current_gradient_accumulation_steps if train else 1),
                     num_processes=int(self.accelerator.num_processes),
@@ -94,18 +119,16 @@ class GRPOTrainer(_TRLGRPOTrainer):
             if self.vllm_importance_sampling_clip_min is not None:
                 opts["vllm_importance_sampling_min"] = float(self.vllm_importance_sampling_clip_min)
         key = tuple(sorted(opts.items()))
-        if self._rlpt_objectives is None:
+        if self._rlpt_objectives is None or len(self._rlpt_objectives) > 64:  # adaptive coefficients vary
             self._rlpt_objectives = {}
         obj = self._rlpt_objectives.get(key)
         if obj is None:
             obj = self._rlpt_objectives[key] = rlpt.Objective.trl_grpo(**opts)
         return obj
 
-    def _rlpt_policy_scale(self, inputs, per_token_logps, entropies, mask, old, advantages):
+    def _rlpt_policy_scale(self, inputs, per_token_logps, entropy_mask, mask, old, advantages):
         """The factors TRL multiplies the policy term by (None: none), from TRL's own methods."""
-        scale = None
-        if self.top_entropy_quantile < 1.0:
-            scale = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
+        scale = entropy_mask
         if self.off_policy_mask_threshold is not None:
             keep = self.get_off_policy_mask(
                 advantages=_per_row(advantages),
@@ -134,19 +157,36 @@ class GRPOTrainer(_TRLGRPOTrainer):
         extra = {k: inputs.get(k) for k in ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask",
                                             "spatial_shapes", "num_tiles", "image_sizes", "token_type_ids",
                                             "mm_token_type_ids", "image_position_ids")}
-        per_token_logps, entropies, _aux = self._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True, **extra)
+        per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled, **extra)
         train = self.model.training
         mode = "train" if train else "eval"
         num_items = inputs["num_items_in_batch"] if self.loss_type in _NUM_ITEMS_TYPES else 0.0
         if isinstance(num_items, torch.Tensor):
             num_items = num_items.item()
-        obj = self._rlpt_objective(train, num_items)
+        entropy_coef = self._rlpt_entropy_coef()
+        obj = self._rlpt_objective(train, num_items, entropy_coef)
+        entropy_mask = None
+        if self.top_entropy_quantile < 1.0:
+            entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
+        # The bonus is a mean over the tokens it acts on: the high-entropy ones when the policy term
+        # is restricted to them.
+        bonus_mask = mask if entropy_mask is None else mask * entropy_mask
+        bonus_entropy = None
+        if entropy_coef != 0.0:
+            bonus_entropy = entropies
+            if entropy_mask is not None:
+                # the sum over the high-entropy tokens (the others' entropy, and gradient, 0) over their count
+                bonus_entropy = entropies * entropy_mask
+                ga = self.current_gradient_accumulation_steps if train else 1
+                obj = obj.with_options(**{"entropy_agg.mode": "token_sum",
+                                          "entropy_agg.factor": 1.0 / (max(float(bonus_mask.sum()), 1.0) * ga)})
         advantages = inputs["advantages"]
         old = inputs.get("old_per_token_logps")
         old = per_token_logps.detach() if old is None else old
         adv_kw = {"seq_adv": advantages} if advantages.dim() == 1 else {"adv": advantages}
-        scale = self._rlpt_policy_scale(inputs, per_token_logps, entropies, mask, old, advantages)
+        scale = self._rlpt_policy_scale(inputs, per_token_logps, entropy_mask, mask, old, advantages)
         if scale is not None:
             adv = _per_row(advantages) * scale
             adv_kw = {"adv": adv.to(per_token_logps.dtype).expand_as(per_token_logps).contiguous()}
@@ -159,7 +199,7 @@ class GRPOTrainer(_TRLGRPOTrainer):
         loss, metrics = rlpt.policy_loss(
             obj, per_token_logps, mask, old_logp=old, behav_logp=behav,
             ref_logp=inputs["ref_per_token_logps"] if self.beta != 0.0 else None,
-            entropy=entropies if self._entropy_bonus_enabled else None, **adv_kw)
+            entropy=bonus_entropy, **adv_kw)
         m = metrics_dict(metrics)
         gather = self.accelerator.gather
 
@@ -168,8 +208,15 @@ class GRPOTrainer(_TRLGRPOTrainer):
 
         if self._entropy_bonus_enabled:
             self._metrics[mode]["policy_loss"].append(mean(m["policy_loss"]))
+            if self.use_adaptive_entropy and train:
+                self._rlpt_adapt_entropy(entropies, bonus_mask)
             if train and self.accelerator.sync_gradients:
                 self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
+        if self.aux_loss_enabled:
+            # scaled for gradient accumulation as the policy loss is (TRL turns HF's scaling off)
+            loss = loss + self.router_aux_loss_coef * aux_loss / (self.current_gradient_accumulation_steps
+                                                                 if train else 1.0)
+            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
         if self.beta != 0.0:
             self._metrics[mode]["kl"].append(mean(m["kl_mean"]))
         with torch.no_grad():

@@ -92,6 +92,9 @@ class Checking(rlpt.trl.GRPOTrainer):
     ("cispo", {"importance_sampling_level": "sequence", "epsilon_high": 4.0}),
     # vespo at sequence level is the token-level loss; with TRL's default bias-corrected KL it falls back
     ("vespo", {"importance_sampling_level": "sequence", "beta": 0.05, "use_bias_correction_kl": False}),
+    # the bonus over the high-entropy tokens only, its mean over them
+    ("grpo", {"top_entropy_quantile": 0.5, "entropy_coef": 0.05}),
+    ("dapo", {"top_entropy_quantile": 0.3, "entropy_coef": 0.1, "gradient_accumulation_steps": 2, "beta": 0.05}),
 ])
 def test_first_step_equals_trl(tmp_path, loss_type, extra):
     steps = 2 if extra.get("gradient_accumulation_steps") else 1
@@ -165,9 +168,90 @@ def test_twenty_steps_raise_the_reward(tmp_path):
 
 
 def test_unsupported_configuration_falls_back_to_trl(tmp_path):
-    args = config(tmp_path, loss_type="grpo", max_steps=1, top_entropy_quantile=0.5, entropy_coef=0.01)
-    tr = rlpt.trl.GRPOTrainer(model=tiny_model(tmp_path / "model"), reward_funcs=reward_a, args=args, train_dataset=dataset(),
-                              processing_class=tokenizer())
-    with pytest.warns(UserWarning, match="top_entropy_quantile < 1 with entropy_coef"):
+    args = config(tmp_path, loss_type="vespo", max_steps=1, importance_sampling_level="sequence", beta=0.05)
+    tr = rlpt.trl.GRPOTrainer(model=tiny_model(tmp_path / "model"), reward_funcs=reward_a, args=args,
+                              train_dataset=dataset(), processing_class=tokenizer())
+    with pytest.warns(UserWarning, match="vespo with importance_sampling_level sequence and use_bias_correction_kl"):
         tr.train()
     assert tr.rlpt_loss_used == "trl"
+
+
+class CheckingAdaptive(Checking):
+    """Checking for the adaptive entropy controller, whose state each loss moves: TRL's loss runs
+    from the state rlpt's started from, and both must leave the same state."""
+
+    states = None
+
+    def _controller(self):
+        w = self._entropy_window_stats
+        return self.entropy_coef, self._last_world_entropy, None if w is None else w.clone()
+
+    def _compute_loss(self, model, inputs):
+        params = [p for p in model.parameters() if p.requires_grad]
+        start = self._controller()
+        ours = rlpt.trl.GRPOTrainer._compute_loss(self, model, inputs)
+        assert self.rlpt_loss_used == "rlpt"
+        after_ours = self._controller()
+        self.entropy_coef, self._last_world_entropy, self._entropy_window_stats = start
+        theirs = TRLGRPOTrainer._compute_loss(self, model, inputs)
+        self.states.append((after_ours, self._controller()))
+        g1 = torch.autograd.grad(ours, params, retain_graph=True)
+        g2 = torch.autograd.grad(theirs, params, retain_graph=True)
+        self.checks.append((ours.detach(), theirs.detach(), g1, g2))
+        return ours
+
+
+@pytest.mark.parametrize("extra", [
+    # entropy stays under the target: the coefficient rises by delta each step and applies from the 2nd
+    {"entropy_target": 10.0},
+    # over the target: it falls to the minimum and never applies
+    {"entropy_target": 0.0, "entropy_coef_min": 0.002},
+    {"entropy_target": 10.0, "top_entropy_quantile": 0.5, "loss_type": "dapo"},
+])
+def test_adaptive_entropy_equals_trl(tmp_path, extra):
+    extra = {"loss_type": "grpo", **extra}
+    args = config(tmp_path, max_steps=3, gradient_accumulation_steps=2, use_adaptive_entropy=True,
+                  entropy_coef=0.01, entropy_coef_delta=0.02, **extra)
+    tr = CheckingAdaptive(model=tiny_model(tmp_path / "model"), reward_funcs=reward_a, args=args,
+                          train_dataset=dataset(), processing_class=tokenizer())
+    tr.checks, tr.states = [], []
+    tr.train()
+    assert len(tr.checks) == 6
+    for ours, theirs, g1, g2 in tr.checks:
+        assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-7), (float(ours), float(theirs))
+        for a, b in zip(g1, g2):
+            assert torch.allclose(a, b, rtol=1e-4, atol=1e-7), float((a - b).abs().max())
+    for (c1, e1, w1), (c2, e2, w2) in tr.states:
+        assert c1 == pytest.approx(c2, abs=1e-12) and e1 == pytest.approx(e2, rel=1e-6)
+        assert (w1 is None) == (w2 is None) and (w1 is None or torch.allclose(w1, w2, rtol=1e-6))
+    coefs = [c for (c, _, _), _ in tr.states[1::2]]  # after each optimizer step
+    if extra["entropy_target"] > 1.0:
+        assert coefs == pytest.approx([0.03, 0.05, 0.07])
+    else:
+        assert coefs == pytest.approx([0.002] * 3)
+
+
+def test_moe_router_aux_loss_equals_trl(tmp_path):
+    """A tiny Qwen2-MoE: TRL adds router_aux_loss_coef * the routers' load-balancing loss; so does rlpt's trainer."""
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+    torch.manual_seed(0)
+    cfg = Qwen2MoeConfig(vocab_size=len(VOCAB), hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                         shared_expert_intermediate_size=16, num_experts=4, num_experts_per_tok=2,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                         max_position_embeddings=64, pad_token_id=0, eos_token_id=1, bos_token_id=1,
+                         router_aux_loss_coef=0.5)
+    path = tmp_path / "moe"
+    Qwen2MoeForCausalLM(cfg).save_pretrained(path)
+    tokenizer().save_pretrained(path)
+    args = config(tmp_path, loss_type="bnpo", max_steps=1, gradient_accumulation_steps=2)
+    tr = Checking(model=str(path), reward_funcs=reward_a, args=args, train_dataset=dataset(),
+                  processing_class=tokenizer())
+    assert tr.aux_loss_enabled
+    tr.checks = []
+    tr.train()
+    assert len(tr.checks) == 2
+    for ours, theirs, g1, g2 in tr.checks:
+        assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-7), (float(ours), float(theirs))
+        for a, b in zip(g1, g2):
+            assert torch.allclose(a, b, rtol=1e-4, atol=1e-7), float((a - b).abs().max())
+    assert any(h.get("aux_loss", 0.0) > 0.0 for h in tr.state.log_history)
