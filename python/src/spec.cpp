@@ -443,7 +443,7 @@ rlpt::objective objective_from_spec(std::string_view text, std::string* descript
     o = rlpt::compat::openrlhf::policy_loss(c);
     if (description) *description = fmt::format("OpenRLHF PolicyLoss ({})", type);
   } else if (preset == "openrlhf_value") {
-    std::optional<double> clip = 0.5, tokens, seqs;
+    std::optional<double> clip, tokens, seqs; // clip_eps: ValueLoss's default None
     bool token_level = true;
     int dp = 1;
     s.get("clip_eps", clip);

@@ -74,4 +74,6 @@ TEST_CASE("golden openrlhf compute_approx_kl k1, k2, k3 with and without unbiase
 
 TEST_CASE("golden openrlhf ValueLoss") {
   check_golden_case("openrlhf_value", orl::value(0.5), golden_inputs{.old = false, .values = true}, false, true);
+  // ValueLoss()'s default clip_eps is None: no clipped branch.
+  check_golden_case("openrlhf_value_unclipped", orl::value(), golden_inputs{.old = false, .values = true}, false, true);
 }

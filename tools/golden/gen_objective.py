@@ -481,6 +481,11 @@ def generate(out_dir, seed):
                                                 action_mask=t["mask"].to(t["values"].dtype))
     run_case(out_dir, seed, "openrlhf_value", plain, orl_value, dict(peer="openrlhf", clip_eps=0.5))
 
+    def orl_value_default(t):  # ValueLoss()'s clip_eps is None: the plain square
+        return loss_mod.ValueLoss()(t["values"], t["old_values"], t["returns"],
+                                    action_mask=t["mask"].to(t["values"].dtype))
+    run_case(out_dir, seed, "openrlhf_value_unclipped", plain, orl_value_default, dict(peer="openrlhf"))
+
     # ---------------- AReaL: ppo_actor_loss_fn, sapo_loss_fn -------------------------------------------
     generate_areal(out_dir, seed, plain, large, tok)
 

@@ -636,8 +636,9 @@ inline objective policy_loss(const policy_loss_config& c) {
   return o;
 }
 
-//! OpenRLHF ValueLoss(clip_eps): 0.5 * aggregate_loss(max(...)); clip_eps unset = plain square.
-inline objective value(std::optional<double> clip_eps = 0.5, bool token_level_loss = true, int dp_size = 1,
+//! OpenRLHF ValueLoss(clip_eps): 0.5 * aggregate_loss(max(...)); clip_eps unset (the constructor's
+//! default, None) = plain square. OpenRLHF's trainer passes --critic.value_clip (default 0.5).
+inline objective value(std::optional<double> clip_eps = std::nullopt, bool token_level_loss = true, int dp_size = 1,
                        std::optional<double> batch_num_tokens = {}, std::optional<double> global_batch_size = {}) {
   objective o;
   o.policy = no_policy{};
