@@ -19,8 +19,8 @@ passed as rollout log-probs. The adaptive entropy controller (``use_adaptive_ent
 state in TRL's own attributes and follows TRL's rule: the coefficient of the last optimizer step
 applies while that step's entropy was at or below ``entropy_target``, and each step's token-weighted
 entropy moves it by ``entropy_coef_delta`` within [``entropy_coef_min``, ``entropy_coef_max``].
-Configurations rlpt does not reproduce (vespo at sequence level with the bias-corrected KL; vespo
-with a sequence-level vLLM mode, which TRL refuses when the trainer is made) use TRL's own loss;
+A loss_type rlpt does not know, and vespo with a sequence-level vLLM mode (which TRL refuses when the
+trainer is made), use TRL's own loss;
 ``rlpt_loss_used`` says which one ran last. With vespo the trainer does not log TRL's
 ``vespo/phi_seq_mean``.
 """
@@ -53,9 +53,6 @@ class GRPOTrainer(_TRLGRPOTrainer):
     def _rlpt_unsupported(self):
         if self.loss_type not in LOSS_TYPES:
             return f"loss_type {self.loss_type}"
-        if (self.loss_type == "vespo" and self.importance_sampling_level != "token" and self.beta != 0.0
-                and getattr(self.args, "use_bias_correction_kl", False)):
-            return "loss_type vespo with importance_sampling_level sequence and use_bias_correction_kl"
         if self._rlpt_vespo_ratio() and self.vllm_importance_sampling_mode not in ("token_truncate", "token_mask"):
             return f"vespo with vllm_importance_sampling_mode {self.vllm_importance_sampling_mode}"
         return None

@@ -90,8 +90,10 @@ class Checking(rlpt.trl.GRPOTrainer):
     # the KL times the sequence ratio (1 at the first step: the plumbing; the golden cases test the values)
     ("grpo", {"importance_sampling_level": "sequence", "beta": 0.05, "use_bias_correction_kl": True}),
     ("cispo", {"importance_sampling_level": "sequence", "epsilon_high": 4.0}),
-    # vespo at sequence level is the token-level loss; with TRL's default bias-corrected KL it falls back
+    # vespo at sequence level is the token-level loss; TRL's default bias-corrected KL weighs the KL
+    # by the sequence ratio
     ("vespo", {"importance_sampling_level": "sequence", "beta": 0.05, "use_bias_correction_kl": False}),
+    ("vespo", {"importance_sampling_level": "sequence", "beta": 0.05}),
     # the bonus over the high-entropy tokens only, its mean over them
     ("grpo", {"top_entropy_quantile": 0.5, "entropy_coef": 0.05}),
     ("dapo", {"top_entropy_quantile": 0.3, "entropy_coef": 0.1, "gradient_accumulation_steps": 2, "beta": 0.05}),
@@ -167,11 +169,24 @@ def test_twenty_steps_raise_the_reward(tmp_path):
     assert last > first + 0.1, rewards
 
 
+class VLLMRatioOnly(rlpt.trl.GRPOTrainer):
+    """A vLLM ratio of 1 in the batch with use_vllm on inside the loss only (TRL refuses vespo with a
+    sequence-level vLLM mode when the trainer is made with use_vllm)."""
+
+    def _compute_loss(self, model, inputs):
+        inputs = dict(inputs, importance_sampling_ratio=torch.ones_like(inputs["completion_mask"], dtype=torch.float32))
+        self.use_vllm, self.vllm_importance_sampling_correction = True, True
+        try:
+            return super()._compute_loss(model, inputs)
+        finally:
+            self.use_vllm = False
+
+
 def test_unsupported_configuration_falls_back_to_trl(tmp_path):
-    args = config(tmp_path, loss_type="vespo", max_steps=1, importance_sampling_level="sequence", beta=0.05)
-    tr = rlpt.trl.GRPOTrainer(model=tiny_model(tmp_path / "model"), reward_funcs=reward_a, args=args,
-                              train_dataset=dataset(), processing_class=tokenizer())
-    with pytest.warns(UserWarning, match="vespo with importance_sampling_level sequence and use_bias_correction_kl"):
+    args = config(tmp_path, loss_type="vespo", max_steps=1, vllm_importance_sampling_mode="sequence_mask")
+    tr = VLLMRatioOnly(model=tiny_model(tmp_path / "model"), reward_funcs=reward_a, args=args,
+                       train_dataset=dataset(), processing_class=tokenizer())
+    with pytest.warns(UserWarning, match="vespo with vllm_importance_sampling_mode sequence_mask"):
         tr.train()
     assert tr.rlpt_loss_used == "trl"
 

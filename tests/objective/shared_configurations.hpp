@@ -10,7 +10,7 @@
 namespace rlpt::test {
 
 //! Many rejection criteria at once, AReaL's sequence clamp (bound_weight), the KL weighted by the
-//! sequence ratio (with GSPO's coupling, and with CISPO's detached sequence weight).
+//! sequence ratio (with GSPO's coupling, with CISPO's detached sequence weight, next to VESPO's).
 inline std::vector<objective> shared_configurations() {
   return {
       {.policy = ppo_clip{}, // seven criteria at once (verl takes up to its eleven options)
@@ -36,6 +36,10 @@ inline std::vector<objective> shared_configurations() {
       {.policy = cispo{.bounds = cispo_bounds::absolute, .cap = 1.1, .token_level = false}, // TRL cispo per sequence
        .kl =
            {.coef = 0.2, .estimator = kl_estimator::k3, .importance_corrected = true, .importance_per_sequence = true}},
+      {.policy = vespo{}, // TRL vespo at sequence level: its own clamped sum, the KL's plain mean
+       .kl =
+           {.coef = 0.2, .estimator = kl_estimator::k3, .importance_corrected = true, .importance_per_sequence = true},
+       .agg = {.mode = agg_mode::token_sum}},
   };
 }
 

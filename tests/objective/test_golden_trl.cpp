@@ -146,6 +146,12 @@ TEST_CASE("golden trl vespo: a soft sequence weight by the advantage's sign, wit
   // Without the KL term, whose gradients here are 1e7 times VESPO's and set the bound's scale.
   check_golden_case("trl_vespo_no_kl", trl::grpo({.loss_type = "vespo", .num_items_in_batch = n}),
                     golden_inputs{.entropy = true});
+  // With the bias-corrected KL at sequence level (TRL's default): the KL times exp(s), s the row's
+  // mean log-ratio, differentiated through the mean.
+  check_golden_case(
+      "trl_vespo_sequence_bias_kl",
+      trl::grpo({.loss_type = "vespo", .importance_sampling_level = "sequence", .beta = 0.1, .num_items_in_batch = n}),
+      golden_inputs{.ref = true, .entropy = true, .seq_adv = true});
 }
 
 TEST_CASE("golden trl vespo with the vLLM importance ratio folded into its sequence weight") {

@@ -409,6 +409,12 @@ def generate(out_dir, seed):
     run_case(out_dir, seed, "trl_vespo_no_kl", tok,
              lambda t: trl_compute_loss(t, "vespo", beta=0.0, nitems=n_items, seq_adv=False),
              dict(peer="trl", loss_type="vespo", beta=0.0, num_items_in_batch=n_items, token_advantages=True))
+    # At sequence level with the bias-corrected KL: the KL times the sequence ratio, differentiated
+    # through the mean, next to VESPO's own (clamped, summed) weight.
+    run_case(out_dir, seed, "trl_vespo_sequence_bias_kl", plain,
+             lambda t: trl_compute_loss(t, "vespo", beta=0.1, level="sequence", bias_kl=True, nitems=n_items),
+             dict(peer="trl", loss_type="vespo", beta=0.1, importance_sampling_level="sequence",
+                  use_bias_correction_kl=True, num_items_in_batch=n_items))
 
     # VESPO with the vLLM ratio: its log folds into the sequence weight (not the loss), a masked-out
     # ratio (0) as log 1e-8; token-mode ratios only, as TRL requires.

@@ -411,11 +411,7 @@ inline objective grpo(const grpo_config& c) {
                     .token_level = !seq};
   } else if (lt == "vespo") {
     // VESPO forms its own sequence weight from the token log-ratios at either level; at sequence
-    // level TRL's coef_1 reaches only the bias-corrected KL, which rlpt does not weight so for vespo.
-    RLPT_CHECK(!seq || c.beta == 0.0 || !c.use_bias_correction_kl, errors::objective::compat,
-               "trl loss_type = \"vespo\" at importance_sampling_level = \"sequence\" with use_bias_correction_kl "
-               "(the KL times the sequence ratio) is not reproduced by rlpt; at token level, or without the "
-               "correction, it is");
+    // level TRL's coef_1 reaches only the bias-corrected KL (kl.importance_per_sequence, below).
     // VESPO folds TRL's vLLM importance ratio into its sequence weight instead of weighting the
     // loss with it, and TRL refuses the sequence modes for it.
     const std::string_view m = c.vllm_importance_sampling_mode;

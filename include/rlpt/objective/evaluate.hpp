@@ -329,11 +329,13 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
       RLPT_CHECK(k.importance_corrected, errors::objective::bad_option,
                  "kl.importance_per_sequence chooses the sequence ratio as the KL term's importance weight, but "
                  "kl.importance_corrected is false");
-      RLPT_CHECK(p.sequence_form || (p.policy == policy_kind::cispo && !p.ci.token_level),
+      RLPT_CHECK(p.sequence_form || (p.policy == policy_kind::cispo && !p.ci.token_level) ||
+                     p.policy == policy_kind::vespo,
                  errors::objective::bad_option,
                  "kl.importance_per_sequence weights the KL term by the row's sequence ratio exp(s): it needs gspo, "
-                 "sapo or cispo with token_level = false");
+                 "sapo or cispo with token_level = false, or vespo (TRL's sequence level)");
       p.kl_seq_ic = true;
+      p.seq_ratio = true; // vespo's own weight uses the clamped sum; the KL's ratio the plain mean
     }
   }
 

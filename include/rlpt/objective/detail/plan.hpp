@@ -157,8 +157,8 @@ struct row_stats {
   //! per criterion: maximum of its statistic over valid tokens (the only fields reduced by max;
   //! the constructor starts each at -inf)
   double rs_max[max_rejections] = {};
-  double sum_x =
-      0.0; //!< GSPO, SAPO's sequence form: sum of logp - old over in-loss tokens; VESPO: of clamp(x, -20, 20)
+  double sum_x = 0.0;   //!< seq_ratio: sum of logp - old over in-loss tokens
+  double sum_xc = 0.0;  //!< VESPO: sum of clamp(logp - old, -20, 20) over in-loss tokens
   double sum_xs = 0.0;  //!< GMPO: sum of x* over in-loss tokens
   double sum_adv = 0.0; //!< GMPO, mean_advantage: sum of A over in-loss tokens
   //! GMPO: sum of log(w + 1e-10) over in-loss tokens (token weights); VESPO with fold_w: sum of
@@ -238,7 +238,7 @@ RLPT_HD row_consts row_finish(const objective_plan& p, const row_stats& s) {
     }
   }
   if (p.policy == policy_kind::vespo) {
-    const double log_w = s.sum_x + (p.fold_w ? s.sum_logw : 0.0);
+    const double log_w = s.sum_xc + (p.fold_w ? s.sum_logw : 0.0);
     c.vespo_pos = vespo_phi(p.ve.k_pos, p.ve.lambda_pos, log_w);
     c.vespo_neg = vespo_phi(p.ve.k_neg, p.ve.lambda_neg, log_w);
   }

@@ -564,7 +564,7 @@ RLPT_HD_FORCEINLINE void stats_chunk(const objective_plan& p, int n, token_chunk
   if (p.seq_ratio) sums.add(st.sum_x, [&](int j) { return sel(c.inl[j] != 0, c.lp[j] - c.old[j], T(0)); });
   if (p.mean_advantage) sums.add(st.sum_adv, [&](int j) { return sel(c.inl[j] != 0, c.adv[j], T(0)); });
   if (p.policy == policy_kind::vespo)
-    sums.add(st.sum_x, [&](int j) { return sel(c.inl[j] != 0, clamp_r(c.lp[j] - c.old[j], T(-20), T(20)), T(0)); });
+    sums.add(st.sum_xc, [&](int j) { return sel(c.inl[j] != 0, clamp_r(c.lp[j] - c.old[j], T(-20), T(20)), T(0)); });
   if (p.fold_w) { // TRL: log of the vLLM ratio, 0 (w = 0, a masked-out ratio) to log 1e-8
     for (int j = 0; j < n; ++j) c.pv[j] = clamp_r(log_r(c.w[j]), T(-18.420680743952367), T(20));
     sums.add(st.sum_logw, [&](int j) { return sel(c.valid[j] != 0, c.pv[j], T(0)); });
