@@ -36,13 +36,8 @@ POLICY_LOSSES = ("vanilla", "gspo", "sapo", "gpg", "geo_mean", "cispo", "dppo_tv
 
 
 def _get(config, key, default):
-    if config is None:
-        return default
-    try:
-        v = config.get(key, default)
-    except AttributeError:
-        v = getattr(config, key, default)
-    return default if v is None else v
+    """A config field, `default` where it is missing or None."""
+    return _field(config, key, default, default)
 
 
 def _field(config, key, default, if_none):

@@ -56,6 +56,14 @@ def config(tmp_path, **kw):
     return GRPOConfig(**base)
 
 
+def assert_same_losses(checks):
+    """Each (rlpt's loss, TRL's loss, rlpt's gradients, TRL's gradients) agree to float32 rounding."""
+    for ours, theirs, g1, g2 in checks:
+        assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-7), (float(ours), float(theirs))
+        for a, b in zip(g1, g2):
+            assert torch.allclose(a, b, rtol=1e-4, atol=1e-7), float((a - b).abs().max())
+
+
 class Checking(rlpt.trl.GRPOTrainer):
     """At every step: rlpt's loss and gradients next to TRL's own on the same inputs."""
 
@@ -106,10 +114,7 @@ def test_first_step_equals_trl(tmp_path, loss_type, extra):
     tr.checks = []
     tr.train()
     assert len(tr.checks) == steps
-    for ours, theirs, g1, g2 in tr.checks:
-        assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-7), (float(ours), float(theirs))
-        for a, b in zip(g1, g2):
-            assert torch.allclose(a, b, rtol=1e-4, atol=1e-7), float((a - b).abs().max())
+    assert_same_losses(tr.checks)
 
 
 class CheckingVLLMRatio(Checking):
@@ -150,10 +155,7 @@ def test_first_step_with_vllm_ratio_equals_trl(tmp_path, loss_type, extra):
     tr.checks = []
     tr.train()
     assert len(tr.checks) == 1
-    for ours, theirs, g1, g2 in tr.checks:
-        assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-7), (float(ours), float(theirs))
-        for a, b in zip(g1, g2):
-            assert torch.allclose(a, b, rtol=1e-4, atol=1e-7), float((a - b).abs().max())
+    assert_same_losses(tr.checks)
 
 
 def test_twenty_steps_raise_the_reward(tmp_path):
@@ -232,10 +234,7 @@ def test_adaptive_entropy_equals_trl(tmp_path, extra):
     tr.checks, tr.states = [], []
     tr.train()
     assert len(tr.checks) == 6
-    for ours, theirs, g1, g2 in tr.checks:
-        assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-7), (float(ours), float(theirs))
-        for a, b in zip(g1, g2):
-            assert torch.allclose(a, b, rtol=1e-4, atol=1e-7), float((a - b).abs().max())
+    assert_same_losses(tr.checks)
     for (c1, e1, w1), (c2, e2, w2) in tr.states:
         assert c1 == pytest.approx(c2, abs=1e-12) and e1 == pytest.approx(e2, rel=1e-6)
         assert (w1 is None) == (w2 is None) and (w1 is None or torch.allclose(w1, w2, rtol=1e-6))
@@ -265,8 +264,5 @@ def test_moe_router_aux_loss_equals_trl(tmp_path):
     tr.checks = []
     tr.train()
     assert len(tr.checks) == 2
-    for ours, theirs, g1, g2 in tr.checks:
-        assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-7), (float(ours), float(theirs))
-        for a, b in zip(g1, g2):
-            assert torch.allclose(a, b, rtol=1e-4, atol=1e-7), float((a - b).abs().max())
+    assert_same_losses(tr.checks)
     assert any(h.get("aux_loss", 0.0) > 0.0 for h in tr.state.log_history)
