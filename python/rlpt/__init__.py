@@ -14,10 +14,10 @@ if _built != _running:
                       "reinstall rlpt (pip install --force-reinstall --no-deps ./python)")
 
 from ._errors import Error, error_id  # noqa: E402
-from ._ops import (GROUP_STATS, METRICS, TOKEN_STATS, Objective, gae, gpg_advantages, group_ids,  # noqa: E402
-                   grpo_advantages, local_denominators, local_is_weights, logprob_entropy, m2po_mask, metrics_dict,
-                   opo_advantages, passk_advantages, policy_loss, reinforce_pp, reinforce_pp_baseline, remax,
-                   rloo_advantages, sequence_logprob_entropy)
+from ._ops import (GROUP_STATS, METRICS, TOKEN_STATS, Objective, areal_normalize, gae, gpg_advantages,  # noqa: E402
+                   group_ids, grpo_advantages, local_denominators, local_is_weights, logprob_entropy, m2po_mask,
+                   metrics_dict, opo_advantages, passk_advantages, policy_loss, reinforce_pp, reinforce_pp_baseline,
+                   remax, rloo_advantages, sequence_logprob_entropy)
 
 __version__ = "0.2.0"
 cuda_kernels = bool(_C.cuda)
@@ -41,5 +41,6 @@ def reset_copy_stats():
 __all__ = ["Error", "error_id", "Objective", "METRICS", "GROUP_STATS", "TOKEN_STATS", "metrics_dict", "policy_loss",
            "local_denominators", "local_is_weights", "m2po_mask", "logprob_entropy", "sequence_logprob_entropy", "grpo_advantages",
            "rloo_advantages", "opo_advantages", "gpg_advantages", "passk_advantages", "gae", "reinforce_pp",
-           "reinforce_pp_baseline", "remax", "group_ids", "set_strict", "copy_stats", "reset_copy_stats",
+           "reinforce_pp_baseline", "remax", "group_ids", "areal_normalize", "set_strict", "copy_stats",
+           "reset_copy_stats",
            "cuda_kernels"]

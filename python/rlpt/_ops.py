@@ -81,6 +81,11 @@ def _m2po_mask_fake(old_logp, behav_logp, mask, cu_seqlens, m2_threshold):
     return torch.empty_like(old_logp, dtype=torch.uint8)
 
 
+@torch.library.register_fake("rlpt::areal_normalize")
+def _areal_normalize_fake(x, mask, mean_level, mean_leave1out, std_level, std_unbiased, eps, group_size):
+    return torch.empty_like(x, dtype=torch.float32)
+
+
 @torch.library.register_fake("rlpt::outcome_advantages")
 def _outcome_fake(spec, rewards, group_ids, lengths):
     return rewards.new_empty(rewards.shape, dtype=torch.float32), torch.empty((4,), dtype=torch.float64)
@@ -235,6 +240,27 @@ def m2po_mask(old_logp, behav_logp, mask=None, *, m2_threshold, cu_seqlens=None)
     mask of policy_loss. Runs on the host (CUDA tensors are copied)."""
     out = call(ops.m2po_mask, _det(old_logp), _det(behav_logp), mask, cu_seqlens, float(m2_threshold))
     return out.bool()
+
+
+def areal_normalize(x, mask=None, config=None, **fields):
+    """AReaL's Normalization(NormConfig)(x, loss_mask) (reward_norm on [B] rewards, adv_norm on [B, T]
+    advantages with their loss mask): ``config`` a NormConfig (or anything with its fields), or the
+    fields as keywords (mean_level, mean_leave1out, std_level, std_unbiased, eps, group_size), with
+    NormConfig's defaults. Levels "batch", "group" or None; a group is group_size consecutive rows.
+    Computed in float64 on the host, returned as float32 on x's device; the batch is this call's
+    (AReaL all-reduces batch-level sums over ranks)."""
+    names = ("mean_level", "mean_leave1out", "std_level", "std_unbiased", "eps", "group_size")
+    unknown = sorted(set(fields) - set(names))
+    if unknown:
+        raise TypeError(f"areal_normalize: unknown NormConfig field(s) {unknown}")
+    values = dict(mean_level="batch", mean_leave1out=False, std_level="batch", std_unbiased=True, eps=1e-5,
+                  group_size=1)
+    if config is not None:
+        values.update({k: getattr(config, k) for k in names if hasattr(config, k)})
+    values.update(fields)
+    level = {k: "none" if values[k] is None else str(values[k]) for k in ("mean_level", "std_level")}
+    return call(ops.areal_normalize, _det(x), mask, level["mean_level"], bool(values["mean_leave1out"]),
+                level["std_level"], bool(values["std_unbiased"]), float(values["eps"]), int(values["group_size"]))
 
 
 class Objective:

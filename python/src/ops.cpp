@@ -233,6 +233,37 @@ std::tuple<at::Tensor, at::Tensor> outcome_advantages(c10::string_view spec, con
   });
 }
 
+//! rlpt::compat::areal::normalize on host copies: x [B] or [B, T] (rows: its first dimension), an
+//! optional mask of x's shape; float32 out, on x's device.
+at::Tensor areal_normalize(const at::Tensor& x_in, const opt_tensor& mask, c10::string_view mean_level,
+                           bool mean_leave1out, c10::string_view std_level, bool std_unbiased, double eps,
+                           int64_t group_size) {
+  return guard([&] {
+    if (x_in.dim() != 1 && x_in.dim() != 2)
+      raise(ids::shape, fmt::format("areal_normalize: x has shape {}; it takes [B] or [B, T]", dims(x_in.sizes())));
+    const at::Tensor x = contiguous_as(host(x_in), at::kFloat, "x");
+    opt_tensor m;
+    if (mask) {
+      if (mask->sizes() != x_in.sizes())
+        raise(ids::shape,
+              fmt::format("areal_normalize: mask has shape {}, x {}", dims(mask->sizes()), dims(x_in.sizes())));
+      m = contiguous_as(mask_bytes(host(*mask), "mask"), at::kByte, "mask");
+    }
+    const rlpt::compat::areal::norm_config c{.mean_level = std::string(mean_level.data(), mean_level.size()),
+                                             .mean_leave1out = mean_leave1out,
+                                             .std_level = std::string(std_level.data(), std_level.size()),
+                                             .std_unbiased = std_unbiased,
+                                             .eps = eps,
+                                             .group_size = group_size};
+    at::Tensor out = at::empty(x.sizes(), x.options());
+    rlpt::compat::areal::normalize(c, x.dim() == 0 ? 0 : x.size(0), view_of<const float>(x),
+                                   m ? rlpt::view<const rlpt::mask_t>(m->data_ptr<uint8_t>(), m->numel())
+                                     : rlpt::view<const rlpt::mask_t>{},
+                                   view_of<float>(out));
+    return out.to(x_in.device());
+  });
+}
+
 at::Tensor whiten_stats(const std::optional<rlpt::whiten_result>& w, index_t zeroed) {
   at::Tensor out = at::zeros({4}, at::TensorOptions().dtype(at::kDouble));
   double* p = out.data_ptr<double>();
@@ -352,6 +383,8 @@ TORCH_LIBRARY(rlpt, m) {
   m.def("m2po_mask(Tensor old_logp, Tensor behav_logp, Tensor? mask, Tensor? cu_seqlens, float m2_threshold) "
         "-> Tensor");
   m.def("outcome_advantages(str spec, Tensor rewards, Tensor group_ids, Tensor? lengths) -> (Tensor, Tensor)");
+  m.def("areal_normalize(Tensor x, Tensor? mask, str mean_level, bool mean_leave1out, str std_level, "
+        "bool std_unbiased, float eps, int group_size) -> Tensor");
   m.def("gae(str spec, Tensor rewards, Tensor values, Tensor? mask, Tensor? cu_seqlens, Tensor? bootstrap) "
         "-> (Tensor, Tensor, Tensor)");
   m.def("reinforce_pp(str spec, Tensor token_rewards, Tensor? mask, Tensor? cu_seqlens) -> (Tensor, Tensor, Tensor)");
@@ -371,6 +404,7 @@ TORCH_LIBRARY_IMPL(rlpt, CPU, m) {
   m.impl("reinforce_pp", &rlpt_py::reinforce_pp_cpu);
   m.impl("reinforce_pp_baseline", &rlpt_py::reinforce_pp_baseline_cpu);
   m.impl("remax", &rlpt_py::remax_cpu);
+  m.impl("areal_normalize", &rlpt_py::areal_normalize);
 }
 
 // Estimators read a few floats per sequence: on CUDA tensors they run on the host (one copy
@@ -384,4 +418,5 @@ TORCH_LIBRARY_IMPL(rlpt, CUDA, m) {
   m.impl("reinforce_pp", &rlpt_py::reinforce_pp_cpu);
   m.impl("reinforce_pp_baseline", &rlpt_py::reinforce_pp_baseline_cpu);
   m.impl("remax", &rlpt_py::remax_cpu);
+  m.impl("areal_normalize", &rlpt_py::areal_normalize);
 }

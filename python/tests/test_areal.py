@@ -210,3 +210,50 @@ def test_sapo_sequence_matches(token_adv):
     got.backward()
     close(got, want, **TOL, what="loss")
     close(y.grad, x.grad, **TOL, what="grad")
+
+
+NORM_LEVELS = ("batch", "group", None)
+
+
+@pytest.mark.parametrize("mean_level", NORM_LEVELS)
+@pytest.mark.parametrize("std_level", NORM_LEVELS)
+@pytest.mark.parametrize("leave1out", [False, True])
+@pytest.mark.parametrize("unbiased", [True, False])
+@pytest.mark.parametrize("group_size", [1, 4])
+@pytest.mark.parametrize("shape", ["rewards", "tokens"])
+def test_normalize_matches_areal(mean_level, std_level, leave1out, unbiased, group_size, shape):
+    """rlpt.areal_normalize against AReaL's own Normalization (reward_norm on [B] rewards, adv_norm
+    on [B, T] advantages with their loss mask), every NormConfig level and flag."""
+    from areal.api.cli_args import NormConfig
+    from areal.utils.data import Normalization
+    g = torch.Generator().manual_seed(23)
+    if shape == "rewards":
+        x, mask = torch.randn(12, generator=g) * 3 + 1, None
+    else:
+        mask = inputs(29)[4]  # ragged rows, a one-token row, an interior hole
+        x = torch.randn(mask.shape, generator=g) * 2 - 0.5
+    cfg = NormConfig(mean_level=mean_level, mean_leave1out=leave1out, std_level=std_level, std_unbiased=unbiased,
+                     group_size=group_size)
+    want = Normalization(cfg)(x, loss_mask=mask)
+    got = rlpt.areal_normalize(x, mask, cfg)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    close(got, want, rtol=1e-6, atol=1e-7, what="normalized")
+    zero_mean = mean_level is None or (mean_level == "group" and group_size == 1 and leave1out)
+    if not (zero_mean and std_level is None):  # otherwise the identity, in AReaL too
+        assert not torch.equal(got, x)
+
+
+def test_normalize_keywords_and_refusals():
+    x = torch.tensor([1.0, 2.0, 3.0, 5.0, 8.0, 13.0])
+    from areal.api.cli_args import NormConfig
+    from areal.utils.data import Normalization
+    want = Normalization(NormConfig(mean_level="group", std_level="batch", group_size=3))(x)
+    close(rlpt.areal_normalize(x, mean_level="group", std_level="batch", group_size=3), want, rtol=1e-6, atol=0,
+          what="keywords")
+    close(rlpt.areal_normalize(x), Normalization(NormConfig())(x), rtol=1e-6, atol=0, what="NormConfig defaults")
+    with pytest.raises(rlpt.Error, match="group_size = 4"):
+        rlpt.areal_normalize(x, std_level="group", group_size=4)
+    with pytest.raises(rlpt.Error, match="x\\[2\\]"):
+        rlpt.areal_normalize(torch.tensor([1.0, 2.0, float("nan")]))
+    with pytest.raises(TypeError, match="group_sizes"):
+        rlpt.areal_normalize(x, group_sizes=2)

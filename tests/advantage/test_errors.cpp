@@ -127,3 +127,19 @@ TEST_CASE("errors: presets take the framework's spelling and name an unknown val
                    "trl scale_rewards = \"Group\" is not reproduced by rlpt (supported: group, batch, none)");
   RLPT_CHECK_ERROR(rlpt::compat::areal::reward_norm("token"), "rlpt.advantage.bad_option", "reward_norm.std_level");
 }
+
+TEST_CASE("areal normalize: refusals name the option") {
+  namespace areal = rlpt::compat::areal;
+  std::vector<float> out(4);
+  const std::vector<float> x = {1.0f, 2.0f, std::numeric_limits<float>::quiet_NaN(), 4.0f};
+  RLPT_CHECK_ERROR(areal::normalize({.mean_level = "row"}, 4, x, {}, out), "rlpt.advantage.bad_option",
+                   "mean_level = \"row\"", "batch, group, none");
+  RLPT_CHECK_ERROR(areal::normalize({.std_level = "group", .group_size = 3}, 4, x, {}, out),
+                   "rlpt.advantage.bad_groups", "4 rows are not groups of group_size = 3");
+  RLPT_CHECK_ERROR(areal::normalize({.eps = -1.0}, 4, x, {}, out), "rlpt.advantage.bad_option", "eps = -1");
+  RLPT_CHECK_ERROR(areal::normalize({}, 3, x, {}, out), "rlpt.advantage.bad_shape", "4 values do not make 3 rows");
+  RLPT_CHECK_ERROR(areal::normalize({}, 4, x, {}, out), "rlpt.advantage.nonfinite", "x[2] (row 2) = nan");
+  const std::vector<std::uint8_t> skip_nan = {1, 1, 0, 1};
+  CHECK_NOTHROW(areal::normalize({}, 4, x, skip_nan, out));
+  CHECK(out[2] == 0.0f);
+}

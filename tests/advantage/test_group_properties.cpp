@@ -445,3 +445,38 @@ TEST_CASE("group estimators: equal-size contiguous groups (moments side by side)
     }
   }
 }
+
+TEST_CASE("areal normalize: NormConfig's means and stds, by hand") {
+  namespace areal = rlpt::compat::areal;
+  std::vector<float> out(4);
+  const double e = 1e-5;
+  // Groups of two rows, group mean and unbiased std: (1, 2) -> mean 1.5, std sqrt(0.5).
+  const std::vector<float> x = {1.0f, 2.0f, 3.0f, 5.0f};
+  areal::normalize({.mean_level = "group", .std_level = "group", .group_size = 2}, 4, x, {}, out);
+  CHECK(out[0] == static_cast<float>(-0.5 / (std::sqrt(0.5) + e)));
+  CHECK(out[3] == static_cast<float>(1.0 / (std::sqrt(2.0) + e)));
+  // Leave-one-out batch mean over the valid values (1, 2, 3; 5 masked): 2.5, 2, 1.5; the std
+  // around those, sqrt((1.5^2 + 0 + 1.5^2) / 2) = 1.5; a masked value gives 0.
+  const std::vector<std::uint8_t> mask = {1, 1, 1, 0};
+  areal::normalize({.mean_leave1out = true}, 4, x, mask, out);
+  CHECK(out[0] == static_cast<float>(-1.5 / (1.5 + e)));
+  CHECK(out[1] == 0.0f);
+  CHECK(out[2] == static_cast<float>(1.5 / (1.5 + e)));
+  CHECK(out[3] == 0.0f);
+  // Group mean, batch std (biased), a row of two tokens each: rows (1, 2) and (3, 5).
+  areal::normalize({.mean_level = "group", .std_level = "batch", .std_unbiased = false, .group_size = 1}, 2, x, {},
+                   out);
+  const double sd = std::sqrt((0.25 + 0.25 + 1.0 + 1.0) / 4.0);
+  CHECK(out[0] == static_cast<float>(-0.5 / (sd + e)));
+  CHECK(out[3] == static_cast<float>(1.0 / (sd + e)));
+  // Groups of one row (and one token): mean 0 with leave-one-out, std 1 unbiased; none: no eps.
+  areal::normalize({.mean_level = "group", .mean_leave1out = true, .std_level = "group", .group_size = 1}, 4, x, {},
+                   out);
+  CHECK(out[3] == static_cast<float>(5.0 / (1.0 + e)));
+  areal::normalize({.mean_level = "none", .std_level = "none"}, 4, x, {}, out);
+  CHECK(out == x);
+  // Every value masked: x unchanged (AReaL's early return).
+  const std::vector<std::uint8_t> none(4, 0);
+  areal::normalize({}, 4, x, none, out);
+  CHECK(out == x);
+}

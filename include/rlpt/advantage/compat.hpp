@@ -25,7 +25,11 @@
 #include <rlpt/advantage/shaping.hpp>
 #include <rlpt/advantage/whiten.hpp>
 
+#include <algorithm>
+#include <cmath>
+#include <string>
 #include <string_view>
+#include <vector>
 
 RLPT_NAMESPACE_BEGIN
 namespace compat {
@@ -221,6 +225,114 @@ inline overlong_options overlong(index_t max_new_tokens, index_t overlong_tokens
 
 //! mask_no_eos_with_zero: reward 0 for sequences without EOS.
 inline truncation_options mask_no_eos_with_zero() { return {.action = truncation::zero_reward}; }
+
+//! NormConfig (reward_norm, adv_norm), with its defaults.
+struct norm_config {
+  std::string mean_level = "batch"; //!< batch, group, none
+  bool mean_leave1out = false;      //!< each value's mean leaves it out
+  std::string std_level = "batch";  //!< batch, group, none
+  bool std_unbiased = true;
+  double eps = 1e-5; //!< added to the std (none: no eps)
+  index_t group_size = 1;
+};
+
+//! AReaL's Normalization(config)(x, loss_mask) on one rank: x holds `rows` rows of
+//! x.size() / rows values (rewards: one per row; advantages: a padded [rows, T] with its loss
+//! mask; an empty mask is AReaL's None), a group is `group_size` consecutive rows. Each value's
+//! mean m (leave-one-out: the group's or batch's masked sum without it over the count less its
+//! mask; with at most one value, 0) and the std around those means, sqrt(sum m'(x - m)^2 / (n - 1))
+//! (unbiased; with at most one value, 1; a group of one row is 0 and 1 as AReaL's special cases),
+//! give out = (x - m) m' / (std + eps) in double, rounded to float. With every value masked, out
+//! is x, as AReaL's early return. Differs on purpose: a non-finite valid value raises (AReaL
+//! propagates it to its whole group or batch), a masked one is left out (AReaL multiplies it by
+//! 0, which keeps a NaN); rows that leave a partial group raise (AReaL leaves them at mean 0 and
+//! std 0, x / eps). The batch is this call's: AReaL all-reduces batch-level sums over ranks.
+inline void normalize(const norm_config& c, index_t rows, view<const float> x, view<const mask_t> mask,
+                      view<float> out) {
+  auto level = [](std::string_view option, std::string_view v) {
+    if (v != "batch" && v != "group" && v != "none")
+      RLPT_FAIL(errors::advantage::bad_option,
+                "areal {} = \"{}\" is not reproduced by rlpt (supported: batch, group, none)", option, v);
+    return v;
+  };
+  const std::string_view mean_level = level("mean_level", c.mean_level), std_level = level("std_level", c.std_level);
+  RLPT_CHECK(std::isfinite(c.eps) && c.eps >= 0.0, errors::advantage::bad_option,
+             "areal norm eps = {} must be finite and >= 0", c.eps);
+  RLPT_CHECK(rows >= 0 && (rows == 0 ? x.empty() : x.size() % rows == 0), errors::advantage::bad_shape,
+             "areal normalize: {} values do not make {} rows", x.size(), rows);
+  const bool grouped = mean_level == "group" || std_level == "group";
+  RLPT_CHECK(!grouped || (c.group_size >= 1 && rows % c.group_size == 0), errors::advantage::bad_groups,
+             "areal normalize: {} rows are not groups of group_size = {} (AReaL leaves the rows of a partial group "
+             "at x / eps)",
+             rows, c.group_size);
+  rlpt::detail::expect_size("areal normalize out", out.size(), x.size(), "one per value of x");
+  RLPT_CHECK(mask.empty() || mask.size() == x.size(), errors::advantage::bad_shape,
+             "areal normalize: mask has {} values, x has {}", mask.size(), x.size());
+  const index_t n = x.size();
+  const index_t cols = rows == 0 ? 0 : n / rows;
+  auto m_of = [&](index_t i) { return mask.empty() || mask[i] != 0 ? 1.0 : 0.0; };
+  double total = 0.0;
+  for (index_t i = 0; i < n; ++i) {
+    const double m = m_of(i);
+    RLPT_CHECK(m == 0.0 || std::isfinite(x[i]), errors::advantage::nonfinite,
+               "areal normalize: x[{}] (row {}) = {} is not finite", i, i / cols, static_cast<double>(x[i]));
+    total += m;
+  }
+  if (!mask.empty() && total == 0.0) { // AReaL returns x unchanged
+    std::copy(x.begin(), x.end(), out.begin());
+    return;
+  }
+  // Each value's mean, then its std, over a span of rows [r0, r1): a group or the batch.
+  std::vector<double> mean(static_cast<std::size_t>(n), 0.0), stdev(static_cast<std::size_t>(n), 1.0);
+  auto span_mean = [&](index_t r0, index_t r1) {
+    double sum = 0.0, count = 0.0;
+    for (index_t i = r0 * cols; i < r1 * cols; ++i) {
+      const double m = m_of(i);
+      sum += m != 0.0 ? static_cast<double>(x[i]) : 0.0;
+      count += m;
+    }
+    for (index_t i = r0 * cols; i < r1 * cols; ++i) {
+      double& v = mean[static_cast<std::size_t>(i)];
+      if (c.mean_leave1out) {
+        const double m = m_of(i);
+        v = count <= 1.0 ? 0.0 : m > 0.0 ? (sum - static_cast<double>(x[i])) / std::max(count - m, 1.0) : sum / count;
+      } else {
+        v = count == 0.0 ? 0.0 : sum / count;
+      }
+    }
+  };
+  auto span_std = [&](index_t r0, index_t r1) {
+    double sq = 0.0, count = 0.0;
+    for (index_t i = r0 * cols; i < r1 * cols; ++i) {
+      const double m = m_of(i);
+      if (m == 0.0) continue;
+      const double d = static_cast<double>(x[i]) - mean[static_cast<std::size_t>(i)];
+      sq += d * d;
+      count += m;
+    }
+    const double s = c.std_unbiased ? (count <= 1.0 ? 1.0 : std::sqrt(sq / (count - 1.0)))
+                                    : (count == 0.0 ? 1.0 : std::sqrt(sq / count));
+    for (index_t i = r0 * cols; i < r1 * cols; ++i) stdev[static_cast<std::size_t>(i)] = s;
+  };
+  if (mean_level == "batch") {
+    span_mean(0, rows);
+  } else if (mean_level == "group") {
+    for (index_t r = 0; r < rows; r += c.group_size)
+      if (!(c.group_size == 1 && c.mean_leave1out)) span_mean(r, r + c.group_size); // else 0
+  }
+  if (std_level == "batch") {
+    span_std(0, rows);
+  } else if (std_level == "group") {
+    for (index_t r = 0; r < rows; r += c.group_size)
+      if (!(c.group_size == 1 && c.std_unbiased)) span_std(r, r + c.group_size); // else 1
+  }
+  const double eps = std_level == "none" ? 0.0 : c.eps;
+  for (index_t i = 0; i < n; ++i) {
+    const std::size_t k = static_cast<std::size_t>(i);
+    const double centred = m_of(i) != 0.0 ? static_cast<double>(x[i]) - mean[k] : 0.0;
+    out[i] = static_cast<float>(centred / (stdev[k] + eps));
+  }
+}
 
 } // namespace areal
 
