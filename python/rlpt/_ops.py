@@ -314,6 +314,16 @@ class Objective:
         rejection_sampling: None or False (off), True (RejectionSamplingConfig's defaults), a dict
         of its fields, or the config object itself. Pass rlpt's old_logp as AReaL's
         proximal_logprobs and behav_logp as its old_logprobs."""
+        # PPOActorConfig fields that act before the loss, on its inputs: say where they are in rlpt.
+        if options.get("m2_threshold") is not None:
+            raise ValueError("rlpt areal_actor: m2_threshold (M2PO) selects tokens over the whole micro-batch; make "
+                             "that mask with rlpt.m2po_mask(old_logp, behav_logp, mask, m2_threshold=...) and pass "
+                             "it as policy_loss's mask")
+        options.pop("m2_threshold", None)
+        if options.pop("prox_logp_method", "recompute") not in ("recompute", "metrics"):
+            raise ValueError("rlpt areal_actor: prox_logp_method approximates the proximal log-probs, an input: "
+                             "compute them (C++: rlpt::compat::areal::proximal, staleness block) and pass them as "
+                             "old_logp; the loss is the same")
         options["rejection_sampling"] = not (rejection_sampling is None or rejection_sampling is False)
         if options["rejection_sampling"] and rejection_sampling is not True:
             fields = ("level", "action", "metric", "agg", "upper", "lower")

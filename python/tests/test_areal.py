@@ -146,6 +146,16 @@ def test_custom_bound_weight_is_the_areal_sequence_clamp():
                                                **{**criterion, "correction.reject.level": "token"}), lp, mask, **kw)
 
 
+def test_fields_acting_on_the_inputs_say_where_they_are():
+    """m2_threshold and prox_logp_method act before the loss (a mask, the proximal log-probs)."""
+    with pytest.raises(ValueError, match="rlpt.m2po_mask"):
+        rlpt.Objective.areal_actor(m2_threshold=0.04)
+    with pytest.raises(ValueError, match="proximal"):
+        rlpt.Objective.areal_actor(prox_logp_method="loglinear")
+    same = rlpt.Objective.areal_actor(m2_threshold=None, prox_logp_method="recompute")
+    assert same.spec == rlpt.Objective.areal_actor().spec
+
+
 def test_refusals_name_the_option():
     with pytest.raises(ValueError, match="kl_k9"):
         rlpt.Objective.areal_actor(rejection_sampling=dict(metric="kl_k9"))
