@@ -72,7 +72,8 @@ struct kl_penalty {
   //! With importance_corrected: r is the row's sequence ratio exp(s), s the mean of logp - old_logp
   //! over its tokens in the loss (the sequence form's s, clamped to +-20 before exp), differentiated
   //! through the mean (TRL use_bias_correction_kl at importance_sampling_level "sequence", whose KL
-  //! is multiplied by that coef_1). Needs a policy in sequence form (gspo or sapo, token_level = false).
+  //! is multiplied by that coef_1). Needs gspo or sapo in sequence form, cispo with
+  //! token_level = false, or vespo (the policies TRL runs at that level).
   bool importance_per_sequence = false;
 };
 

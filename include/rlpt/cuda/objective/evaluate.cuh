@@ -240,8 +240,8 @@ RLPT_KERNEL void __launch_bounds__(obj_threads, obj_token_min_blocks<T>)
   }
 }
 
-//! Sequence form (GSPO, SAPO): adds the row's coupling (sequence_coupling) to every in-loss token's gradient.
-//! coupling_partials holds each tile's (dcoef, kl) sums.
+//! Sequence form (GSPO, SAPO) and the KL weighted by the sequence ratio: adds the row's coupling
+//! (sequence_coupling) to every in-loss token's gradient. coupling_partials holds each tile's (dcoef, kl) sums.
 template <class T>
 RLPT_KERNEL void __launch_bounds__(obj_threads)
     objective_coupling_kernel(const objective_plan p, device_objective_inputs<T> in, device_objective_grads<T> gr,

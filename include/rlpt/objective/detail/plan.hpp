@@ -129,9 +129,9 @@ struct objective_plan {
   bool rs_seq = false;      //!< a sequence-level rejection criterion
   bool rs_token = false;    //!< a token-level rejection criterion
   bool need_row_pass = false;
-  bool sequence_form = false;  //!< GSPO or SAPO with the gradient through the sequence mean
-  bool seq_ratio = false;      //!< the row's mean log-ratio s_seq: GSPO, the sequence form, CISPO per sequence
-  bool coupled = false;        //!< a coupling pass adds d loss / d s: the sequence form, kl_seq_ic
+  bool sequence_form = false; //!< GSPO or SAPO with the gradient through the sequence mean
+  bool seq_ratio = false; //!< the row's mean log-ratio s_seq: GSPO, the sequence form, CISPO per sequence, kl_seq_ic
+  bool coupled = false;   //!< a coupling pass adds d loss / d s: the sequence form, kl_seq_ic
   bool mean_advantage = false; //!< GSPO or SAPO: every token takes its row's mean advantage
   bool fold_w = false;         //!< VESPO: token weights folded into the sequence weight, not the term
   bool kl_seq_ic = false;      //!< the KL term weighted by the row's sequence ratio (kl.importance_per_sequence)

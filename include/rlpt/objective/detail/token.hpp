@@ -933,7 +933,7 @@ RLPT_HD_FORCEINLINE token_acc<V, Count> token_pass(const objective_plan& p, cons
   return S::combine(p, k, i0, n, c, gr, a);
 }
 
-//! Sequence form (GSPO, SAPO): d loss / d logp_t = sum_t' d loss_t' / d s * d s / d logp_t with
+//! Sequence form (GSPO, SAPO), kl_seq_ic: d loss / d logp_t = sum_t' d loss_t' / d s * d s / d logp_t with
 //! d s / d logp_t = 1 / L, the same for every in-loss token of the row. The numerator, from the row's
 //! sums dcoef (sum of w d value / d s) and kl (sum of the KL values): alpha_policy dcoef, and with
 //! kl.importance_per_sequence kl.coef alpha_kl d r / d s kl. Linear in the sums, so a row's tiles add.
