@@ -158,6 +158,37 @@ def test_first_step_with_vllm_ratio_equals_trl(tmp_path, loss_type, extra):
     assert_same_losses(tr.checks)
 
 
+class CheckingToolMask(Checking):
+    """Checking with a `tool_mask` in the batch, as TRL's tool calling adds (0 on the tokens a tool
+    returned, which stay out of every sum): here a seeded run of zeros in every other completion."""
+
+    def _compute_loss(self, model, inputs):
+        g = torch.Generator().manual_seed(7)
+        inputs = dict(inputs)
+        b, t = inputs["completion_mask"].shape
+        tool = torch.ones(b, t, dtype=inputs["completion_mask"].dtype)
+        for row in range(0, b, 2):
+            start = int(torch.randint(0, max(t - 1, 1), (1,), generator=g))
+            tool[row, start:start + int(torch.randint(1, t + 1, (1,), generator=g))] = 0
+        inputs["tool_mask"] = tool
+        return super()._compute_loss(model, inputs)
+
+
+@pytest.mark.parametrize("loss_type,extra", [
+    ("grpo", {}), ("dapo", {"beta": 0.05}), ("dr_grpo", {"entropy_coef": 0.05}),
+    ("sapo", {"importance_sampling_level": "sequence", "top_entropy_quantile": 0.5}),
+    ("vespo", {}), ("bnpo", {"off_policy_mask_threshold": -1.0}),
+])
+def test_first_step_with_tool_mask_equals_trl(tmp_path, loss_type, extra):
+    args = config(tmp_path, loss_type=loss_type, max_steps=1, **extra)
+    tr = CheckingToolMask(model=tiny_model(tmp_path / "model"), reward_funcs=reward_a, args=args,
+                          train_dataset=dataset(), processing_class=tokenizer())
+    tr.checks = []
+    tr.train()
+    assert len(tr.checks) == 1
+    assert_same_losses(tr.checks)
+
+
 def test_twenty_steps_raise_the_reward(tmp_path):
     args = config(tmp_path, loss_type="dapo", max_steps=20, learning_rate=2e-2, per_device_train_batch_size=16,
                   num_generations=8, temperature=1.0)
