@@ -95,6 +95,8 @@ def side(checkout, work, name, rlpt):
 def run(pkg, hub, xml, extra, losses):
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
     env["RLPT_TRL_SUITE_LOSSES"] = losses
+    # the datasets cache keys a local folder by its name: a shared one would serve an earlier hub's rows
+    env["HF_DATASETS_CACHE"] = os.path.join(hub, ".datasets-cache")
     env.setdefault("OMP_NUM_THREADS", "1")
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", f"--junitxml={xml}"]
     subprocess.run(cmd + extra + [os.path.join(pkg, "test_grpo_trainer.py")], cwd=hub, env=env)
