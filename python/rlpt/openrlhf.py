@@ -1,7 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-"""rlpt inside OpenRLHF (0.11.2): drop-ins for openrlhf.models.loss.PolicyLoss and ValueLoss (same
+"""rlpt inside OpenRLHF (0.10-0.11.2): drop-ins for openrlhf.models.loss.PolicyLoss and ValueLoss (same
 constructor arguments, same forward() arguments and return values), the KL loss term the actor
 builds from compute_approx_kl, and the advantage computations of the experience maker.
+
+PolicyLoss takes either release's constructor: 0.11.2's is_correction_* arguments (forward returns
+five values, is_filter_ratio last) or 0.10-0.11.1's enable_vllm_is_correction,
+vllm_is_truncated_threshold and vllm_is_correction_type (four values). Given neither, it follows
+the installed openrlhf (RLPT_OPENRLHF_VERSION overrides it; 0.11.2's form without openrlhf).
 
     from rlpt.openrlhf import PolicyLoss, ValueLoss     # instead of openrlhf.models.loss
     rlpt.openrlhf.patch()                               # or: swap them in OpenRLHF's own modules
@@ -10,6 +15,9 @@ Differences on purpose (docs/python.md): an all-masked micro-batch gives loss 0 
 a group of one under group_norm / rloo raises rlpt.Error (OpenRLHF: NaN); outputs at masked
 tokens of GAE / returns are 0.
 """
+import os
+from importlib import metadata
+
 import torch
 
 import rlpt
@@ -31,15 +39,75 @@ def _masked_mean(x, mask):
     return x.mean() if mask is None else (x * mask).sum() / mask.sum()
 
 
+# 0.10-0.11.1's vllm_is_correction_type as 0.11.2's (is_correction_level, is_correction_mode), both
+# gated on the ratio: tis clamps the token weight to the band, icepop drops tokens outside it and
+# seq-mask-tis rows whose geometric-mean ratio is outside it; survivors keep the token weight.
+_VLLM_IS_TYPES = {"tis": ("token", "clip"), "icepop": ("token", "mask"), "seq-mask-tis": ("seq", "mask")}
+
+
+def _installed_returns():
+    """How many values PolicyLoss.forward returns in the OpenRLHF this process follows: 0.11.2 added
+    is_filter_ratio."""
+    version = os.environ.get("RLPT_OPENRLHF_VERSION")
+    if not version:
+        try:
+            version = metadata.version("openrlhf")
+        except metadata.PackageNotFoundError:
+            return 5
+    try:
+        release = tuple(int(x) for x in version.split("+")[0].split(".")[:3])
+    except ValueError as e:
+        raise rlpt.Error("rlpt.objective.compat",
+                         f"PolicyLoss: cannot read OpenRLHF version {version!r} (RLPT_OPENRLHF_VERSION or the "
+                         "installed openrlhf); expected a release such as 0.11.2") from e
+    return 5 if release >= (0, 11, 2) else 4
+
+
+def _legacy_correction(enable, threshold, kind):
+    """0.10-0.11.1's correction arguments as 0.11.2's keyword arguments."""
+    if kind not in _VLLM_IS_TYPES:
+        raise rlpt.Error("rlpt.objective.compat",
+                         f"PolicyLoss: vllm_is_correction_type = {kind!r}; expected one of {sorted(_VLLM_IS_TYPES)}")
+    if not enable:
+        return {"is_correction_level": "off"}
+    if threshold is None or len(threshold) != 2:
+        raise rlpt.Error("rlpt.objective.compat",
+                         "PolicyLoss: enable_vllm_is_correction needs vllm_is_truncated_threshold = [low, high], got "
+                         f"{threshold!r}")
+    level, mode = _VLLM_IS_TYPES[kind]
+    return {"is_correction_level": level, "is_correction_mode": mode, "is_correction_gating": "ratio",
+            "is_correction_threshold": (float(threshold[0]), float(threshold[1]))}
+
+
 class PolicyLoss(torch.nn.Module):
     """openrlhf.models.loss.PolicyLoss computed by rlpt."""
 
     def __init__(self, clip_eps_low=0.2, clip_eps_high=0.2, dual_clip=None, token_level_loss=True,
-                 policy_loss_type="ppo", is_correction_level="off", is_correction_mode="mask",
-                 is_correction_gating="ratio", is_correction_threshold=(0.5, 5.0)):
+                 policy_loss_type="ppo", is_correction_level=None, is_correction_mode=None,
+                 is_correction_gating=None, is_correction_threshold=None, enable_vllm_is_correction=None,
+                 vllm_is_truncated_threshold=None, vllm_is_correction_type=None):
         super().__init__()
         if dual_clip is not None and dual_clip <= 1.0:
             raise rlpt.Error("rlpt.objective.bad_option", f"dual_clip must be > 1.0, got {dual_clip}")
+        current = {k: v for k, v in (("is_correction_level", is_correction_level),
+                                     ("is_correction_mode", is_correction_mode),
+                                     ("is_correction_gating", is_correction_gating),
+                                     ("is_correction_threshold", is_correction_threshold)) if v is not None}
+        legacy = [k for k, v in (("enable_vllm_is_correction", enable_vllm_is_correction),
+                                 ("vllm_is_truncated_threshold", vllm_is_truncated_threshold),
+                                 ("vllm_is_correction_type", vllm_is_correction_type)) if v is not None]
+        if current and legacy:
+            raise rlpt.Error("rlpt.objective.compat",
+                             f"PolicyLoss: {sorted(current)} (OpenRLHF 0.11.2) and {legacy} (0.10-0.11.1) are two "
+                             "releases' spellings of the rollout correction; pass one")
+        self._returns = 4 if legacy else 5 if current else _installed_returns()
+        if legacy or self._returns == 4:
+            current = _legacy_correction(bool(enable_vllm_is_correction), vllm_is_truncated_threshold,
+                                         "tis" if vllm_is_correction_type is None else vllm_is_correction_type)
+        is_correction_level = current.get("is_correction_level", "off")
+        is_correction_mode = current.get("is_correction_mode", "mask")
+        is_correction_gating = current.get("is_correction_gating", "ratio")
+        is_correction_threshold = current.get("is_correction_threshold", (0.5, 5.0))
         self.policy_loss_type = policy_loss_type
         self.is_correction_level = is_correction_level
         # OpenRLHF's gspo with a correction level takes its sequence ratio against the rollout
@@ -75,7 +143,8 @@ class PolicyLoss(torch.nn.Module):
             loss, m = rlpt.policy_loss(obj, log_probs, action_mask, old_logp=rollout_log_probs, adv=advantages)
             d = metrics_dict(m)
             ppo_kl = _masked_mean(old_log_probs - log_probs.detach(), action_mask)  # against the old policy
-            return loss, torch.tensor(d["clip_frac_low"] + d["clip_frac_high"], device=dev), ppo_kl, None, None
+            return (loss, torch.tensor(d["clip_frac_low"] + d["clip_frac_high"], device=dev), ppo_kl, None,
+                    None)[:self._returns]
         behav = rollout_log_probs if self.is_correction_level != "off" else None
         loss, m = rlpt.policy_loss(obj, log_probs, action_mask, old_logp=old_log_probs, behav_logp=behav,
                                    adv=advantages)
@@ -85,8 +154,30 @@ class PolicyLoss(torch.nn.Module):
         vllm_kl = is_filter_ratio = None
         if behav is not None:
             vllm_kl = _masked_mean(rollout_log_probs - old_log_probs, action_mask)
-            is_filter_ratio = torch.tensor(d["rejected_frac"], device=dev)
-        return loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio
+            is_filter_ratio = self._filter_ratio(old_log_probs, rollout_log_probs, action_mask)
+        return (loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio)[:self._returns]
+
+
+    def _filter_ratio(self, old, rollout, mask):
+        """OpenRLHF's is_filter_ratio: the share of units (tokens, or rows at seq level) whose gated
+        statistic is outside the band, clamped ones included. A metric: rlpt's rejected_frac counts
+        rejected tokens only, so this is computed from the inputs as OpenRLHF defines it."""
+        o = self._opts
+        low, high, seq = o["is_correction_low"], o["is_correction_high"], self.is_correction_level == "seq"
+        with torch.no_grad():
+            if o["is_correction_gating"] == "ratio":
+                stat = old - rollout
+            else:
+                p, q = rollout.exp().clamp(1e-6, 1 - 1e-6), old.exp().clamp(1e-6, 1 - 1e-6)
+                stat = (p - q).abs() if o["is_correction_gating"] == "tv" else \
+                    p * (p / q).log() + (1 - p) * ((1 - p) / (1 - q)).log()
+            if seq:
+                m = torch.ones_like(stat) if mask is None else mask.to(stat.dtype)
+                stat = (stat * m).sum(-1) / m.sum(-1)
+            if o["is_correction_gating"] == "ratio":
+                stat = stat.exp()
+            filtered = ~((stat >= low) & (stat <= high))  # NaN (a row with no token) counts as filtered
+            return filtered.float().mean() if seq else _masked_mean(filtered.float(), mask)
 
 
 class ValueLoss(torch.nn.Module):

@@ -47,7 +47,9 @@ def inputs(seed, B=10, T=8):
     {"policy_loss_type": "gspo", "is_correction_level": "seq", "dual_clip": 3.0},
     {"is_correction_level": "token", "is_correction_mode": "mask"},
     {"is_correction_level": "token", "is_correction_mode": "clip"},
+    {"is_correction_level": "token", "is_correction_mode": "clip", "is_correction_threshold": (0.9, 1.1)},  # binds
     {"is_correction_level": "seq", "is_correction_mode": "mask"},
+    {"is_correction_level": "seq", "is_correction_mode": "mask", "is_correction_threshold": (0.9, 1.1)},  # binds
     {"is_correction_level": "token", "is_correction_gating": "binary_kl", "is_correction_threshold": (0.0, 0.01)},
     {"is_correction_level": "seq", "is_correction_gating": "tv", "is_correction_threshold": (0.0, 0.1)},
 ])
@@ -69,6 +71,8 @@ def test_policy_loss_matches(kw, batch):
     assert (o1[3] is None) == (o2[3] is None) and (o1[4] is None) == (o2[4] is None)
     if o2[3] is not None:
         close(o1[3], o2[3], what="vllm_kl", **TOL)
+    if o2[4] is not None:
+        close(o1[4], o2[4], what="is_filter_ratio", **TOL)
 
 
 @pytest.mark.parametrize("clip_eps", [None, 0.2])
@@ -164,3 +168,79 @@ def test_patch_swaps_the_classes():
     finally:
         ro.unpatch()
     assert ol.PolicyLoss is not ro.PolicyLoss
+
+
+# OpenRLHF 0.10-0.11.1's spelling of the rollout correction, and each type's 0.11.2 equivalent.
+LEGACY = [
+    ({"enable_vllm_is_correction": True, "vllm_is_truncated_threshold": [0.5, 2.0], "vllm_is_correction_type": "tis"},
+     {"is_correction_level": "token", "is_correction_mode": "clip", "is_correction_threshold": (0.5, 2.0)}),
+    ({"enable_vllm_is_correction": True, "vllm_is_truncated_threshold": [0.8, 1.25],
+      "vllm_is_correction_type": "icepop"},
+     {"is_correction_level": "token", "is_correction_mode": "mask", "is_correction_threshold": (0.8, 1.25)}),
+    ({"enable_vllm_is_correction": True, "vllm_is_truncated_threshold": [0.9, 1.1],
+      "vllm_is_correction_type": "seq-mask-tis"},
+     {"is_correction_level": "seq", "is_correction_mode": "mask", "is_correction_threshold": (0.9, 1.1)}),
+    ({"enable_vllm_is_correction": True, "vllm_is_truncated_threshold": [0.5, 2.0], "policy_loss_type": "gspo"},
+     {"is_correction_level": "token", "policy_loss_type": "gspo"}),
+    ({"enable_vllm_is_correction": False, "vllm_is_truncated_threshold": [0.5, 2.0], "dual_clip": 3.0},
+     {"dual_clip": 3.0}),
+]
+
+
+@pytest.mark.parametrize("legacy,current", LEGACY)
+def test_legacy_correction_arguments_match_their_current_form(legacy, current):
+    """rlpt with 0.11.1's arguments returns 0.11.1's four values, equal to OpenRLHF 0.11.2's own class
+    given the same correction in 0.11.2's arguments (the correction types are the same formulas)."""
+    _, lp, old, rollout, adv, mask = inputs(8)
+    x1, x2 = lp.clone().requires_grad_(), lp.clone().requires_grad_()
+    o1 = ro.PolicyLoss(**legacy)(x1, old, adv, mask, rollout_log_probs=rollout)
+    o2 = ol.PolicyLoss(**current)(x2, old, adv, mask, rollout_log_probs=rollout)
+    assert len(o1) == 4 and len(o2) == 5
+    close(o1[0], o2[0], what="loss", **TOL)
+    close(torch.autograd.grad(o1[0], x1)[0], torch.autograd.grad(o2[0], x2)[0], rtol=2e-5, atol=1e-7)
+    close(o1[2], o2[2], what="ppo_kl", **TOL)
+    assert (o1[3] is None) == (o2[3] is None)
+    if o2[3] is not None:
+        close(o1[3], o2[3], what="vllm_kl", **TOL)
+
+
+def test_legacy_correction_types_written_out():
+    """Each 0.11.1 correction type's weight, written out, times the plain PPO loss of the same class."""
+    _, lp, old, rollout, adv, mask = inputs(9)
+    low, high = 0.9, 1.1
+    plain = ro.PolicyLoss(token_level_loss=True)
+    w = (old - rollout).exp()
+    seq = ((old - rollout) * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True)
+    weights = {"tis": w.clamp(low, high), "icepop": torch.where((w >= low) & (w <= high), w, 0.0),
+               "seq-mask-tis": torch.where((seq.exp() >= low) & (seq.exp() <= high), w, 0.0)}
+    for kind, weight in weights.items():
+        x = lp.clone().requires_grad_()
+        got = ro.PolicyLoss(enable_vllm_is_correction=True, vllm_is_truncated_threshold=[low, high],
+                            vllm_is_correction_type=kind)(x, old, adv, mask, rollout_log_probs=rollout)[0]
+        # The weighted loss is the plain loss with the weight folded into the advantages (PPO's
+        # per-token loss is positively homogeneous in A, and every weight here is >= 0).
+        want = plain(lp, old, adv * weight, mask)[0]
+        close(got, want, what=kind, **TOL)
+    assert weights["icepop"].eq(0).any() and weights["seq-mask-tis"].eq(0).any()  # the bands bind
+
+
+def test_policy_loss_returns_follow_the_openrlhf_release(monkeypatch):
+    _, lp, old, _, adv, mask = inputs(10)
+    for version, n in (("0.11.1", 4), ("0.10.4", 4), ("0.11.2", 5), ("0.12.0", 5)):
+        monkeypatch.setenv("RLPT_OPENRLHF_VERSION", version)
+        assert len(ro.PolicyLoss()(lp, old, adv, mask)) == n, version
+    monkeypatch.setenv("RLPT_OPENRLHF_VERSION", "0.11.1")  # an explicit spelling decides over the release
+    assert len(ro.PolicyLoss(is_correction_level="off")(lp, old, adv, mask)) == 5
+    monkeypatch.setenv("RLPT_OPENRLHF_VERSION", "0.11.2")
+    assert len(ro.PolicyLoss(enable_vllm_is_correction=False)(lp, old, adv, mask)) == 4
+
+
+@pytest.mark.parametrize("kw,needle", [
+    ({"enable_vllm_is_correction": True, "is_correction_level": "token"}, "two releases' spellings"),
+    ({"enable_vllm_is_correction": True}, "vllm_is_truncated_threshold = [low, high], got None"),
+    ({"vllm_is_correction_type": "mis"}, "vllm_is_correction_type = 'mis'"),
+])
+def test_legacy_correction_errors(kw, needle):
+    with pytest.raises(ro.rlpt.Error) as e:
+        ro.PolicyLoss(**kw)
+    assert e.value.id == "rlpt.objective.compat" and needle in str(e.value)
