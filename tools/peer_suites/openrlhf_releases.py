@@ -49,10 +49,12 @@ def corrections(cls):
 
     params = inspect.signature(cls.__init__).parameters
     if "is_correction_level" in params:
-        return [{}] + [{"is_correction_level": level, "is_correction_mode": mode, "is_correction_threshold": (0.8, 1.25)}
-                       for level, mode in (("token", "clip"), ("token", "mask"), ("seq", "mask"))] + \
-            [{"is_correction_level": level, "is_correction_gating": gating, "is_correction_threshold": (0.0, bound)}
-             for level, gating, bound in (("token", "binary_kl", 0.01), ("seq", "tv", 0.1))]
+        band = [{"is_correction_level": level, "is_correction_mode": mode, "is_correction_threshold": (0.8, 1.25)}
+                for level, mode in (("token", "clip"), ("token", "mask"), ("seq", "mask"))]
+        divergence = [{"is_correction_level": level, "is_correction_gating": gating,
+                       "is_correction_threshold": (0.0, bound)}
+                      for level, gating, bound in (("token", "binary_kl", 0.01), ("seq", "tv", 0.1))]
+        return [{}] + band + divergence
     return [{}] + [{"enable_vllm_is_correction": True, "vllm_is_truncated_threshold": [0.8, 1.25],
                     "vllm_is_correction_type": kind} for kind in ("tis", "icepop", "seq-mask-tis")]
 
