@@ -271,6 +271,7 @@ class Objective:
       rollout_is=..., ...)``: verl's ActorConfig / PolicyLossConfig / rollout correction names;
     - ``Objective.verl_critic(cliprange_value=..., loss_agg_mode=...)``;
     - ``Objective.trl_grpo(loss_type=..., epsilon=..., beta=..., ...)``: GRPOConfig names;
+    - ``Objective.trl_rloo(epsilon=..., epsilon_high=...)``: RLOOConfig names;
     - ``Objective.openrlhf_policy(clip_eps_low=..., policy_loss_type=..., ...)`` and
       ``Objective.openrlhf_value(clip_eps=...)``;
     - ``Objective.custom(policy="ppo_clip", **{"policy.eps_high": 0.28, "kl.coef": 1e-3, ...})``.
@@ -298,6 +299,10 @@ class Objective:
     @classmethod
     def trl_grpo(cls, **options):
         return cls.preset("trl_grpo", **options)
+
+    @classmethod
+    def trl_rloo(cls, **options):
+        return cls.preset("trl_rloo", **options)
 
     @classmethod
     def openrlhf_policy(cls, **options):

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""rlpt inside TRL (1.16): a GRPOTrainer whose loss is computed by rlpt.
+"""rlpt inside TRL (1.16): a GRPOTrainer and an RLOOTrainer whose losses are computed by rlpt.
 
     from rlpt.trl import GRPOTrainer          # instead of: from trl import GRPOTrainer
+    from rlpt.trl import RLOOTrainer          # instead of: from trl import RLOOTrainer
 
 Everything else (generation, rewards, advantages, the model forward that gives the per-token
 log-probs and entropies) is TRL's own; the loss of each micro-batch (``loss_type`` grpo, bnpo,
@@ -23,11 +24,18 @@ A loss_type rlpt does not know, and vespo with a sequence-level vLLM mode (which
 trainer is made), use TRL's own loss;
 ``rlpt_loss_used`` says which one ran last. With vespo the trainer does not log TRL's
 ``vespo/phi_seq_mean``.
+
+RLOOTrainer's loss (the PPO clip with ``epsilon``/``epsilon_high`` on each sequence's likelihood
+ratio exp(sum_t logp - old), the mean over the micro-batch's rows; its KL is in the rewards) is
+rlpt::evaluate with the rlpt::compat::trl::rloo preset. TRL keeps each row's old log-prob summed
+(``old_logps``); the trainer gives rlpt per-token old log-probs with that row sum (see
+``_rlpt_old_per_token``). Its metrics (entropy, the per-sequence clip ratios, the aux loss) are TRL's.
 """
 import warnings
 
 import torch
 from trl import GRPOTrainer as _TRLGRPOTrainer
+from trl import RLOOTrainer as _TRLRLOOTrainer
 
 import rlpt
 
@@ -225,4 +233,76 @@ class GRPOTrainer(_TRLGRPOTrainer):
             self._metrics[mode]["clip_ratio/region_mean"].append(mean(m["clip_frac_low"] + m["clip_frac_high"]))
         elif self.loss_type == "cispo":
             self._metrics[mode]["cispo_clip_ratio"].append(mean(m["clip_frac_high"]))
+        return loss
+
+
+_MODEL_INPUTS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
+                 "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
+
+
+def _rlpt_old_per_token(per_token_logps, mask, old_logps):
+    """Per-token old log-probs whose masked row sum is TRL's old_logps: the current log-probs
+    (detached), the row's whole difference on its first completion token. The summed log-ratio is
+    then TRL's, sum(logp * mask) - old_logps, and no other rlpt output of the RLOO objective reads
+    the per-token split."""
+    old = per_token_logps.detach().clone()
+    lp = per_token_logps.detach()
+    has = mask.sum(1) > 0
+    first = torch.argmax((mask > 0).to(torch.int8), dim=1)  # the first completion token of each row
+    rows = torch.arange(old.size(0), device=old.device)
+    diff = (lp * mask).sum(1) - old_logps.to(lp.dtype)
+    old[rows[has], first[has]] = lp[rows[has], first[has]] - diff[has]
+    return old
+
+
+class RLOOTrainer(_TRLRLOOTrainer):
+    """trl.RLOOTrainer with the loss computed by rlpt (see the module docstring)."""
+
+    rlpt_loss_used = None
+    _rlpt_cached = None
+
+    def _rlpt_objective(self):
+        key = (float(self.epsilon_low), float(self.epsilon_high))
+        if self._rlpt_cached is None or self._rlpt_cached[0] != key:
+            self._rlpt_cached = (key, rlpt.Objective.trl_rloo(epsilon=key[0], epsilon_high=key[1]))
+        return self._rlpt_cached[1]
+
+    def _compute_loss(self, model, inputs):
+        self.rlpt_loss_used = "rlpt"
+        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled, **{k: inputs.get(k) for k in _MODEL_INPUTS})
+        mask = completion_mask
+        advantages, old_logps = inputs["advantages"], inputs["old_logps"]
+        old = _rlpt_old_per_token(per_token_logps, mask, old_logps)
+        loss, _ = rlpt.policy_loss(self._rlpt_objective(), per_token_logps, mask, old_logp=old, seq_adv=advantages)
+        # A row with no completion token: no gradient on either side, but TRL's mean counts its loss
+        # -A (its ratio is exp(0) = 1) where rlpt's counts 0.
+        empty = mask.sum(1) == 0
+        if bool(empty.any()):
+            loss = loss - (advantages * empty).sum().to(loss.dtype) / mask.size(0)
+        mode = "train" if self.model.training else "eval"
+        if self.aux_loss_enabled:  # unscaled, as TRL's RLOO loss (the Trainer divides by gradient accumulation)
+            loss = loss + self.router_aux_loss_coef * aux_loss
+            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
+        with torch.no_grad():
+            stats = self.accelerator.reduce(torch.stack([(entropies * mask).sum(), mask.sum().float()]),
+                                            reduction="sum")
+            self._metrics[mode]["entropy"].append((stats[0] / stats[1].clamp(min=1.0)).item())
+            # TRL's clip metrics are per sequence, of the unclipped ratio and the advantage's sign.
+            ratio = torch.exp((per_token_logps.detach() * mask).sum(1) - old_logps)
+            low = ((ratio < 1 - self.epsilon_low) & (advantages < 0)).float()
+            high = ((ratio > 1 + self.epsilon_high) & (advantages > 0)).float()
+            gather = self.accelerator.gather
+            low_all, high_all, region_all = gather(low), gather(high), gather(torch.maximum(low, high))
+            m = self._metrics[mode]
+            m["clip_ratio/low_mean"].append(low_all.nanmean().item())
+            m["clip_ratio/low_min"].append(low_all.min().item() if low_all.numel() else float("nan"))
+            m["clip_ratio/high_mean"].append(high_all.nanmean().item())
+            m["clip_ratio/high_max"].append(high_all.max().item() if high_all.numel() else float("nan"))
+            m["clip_ratio/region_mean"].append(region_all.nanmean().item())
         return loss

@@ -181,6 +181,7 @@ rlpt::objective custom_objective(spec& s) {
     s.get("policy.dual_clip", t.dual_clip);
     s.get("policy.delta", t.delta);
     s.get("policy.mean_advantage", t.mean_advantage);
+    s.get("policy.length_normalized", t.length_normalized);
     o.policy = t;
   } else if (p == "gmpo") {
     rlpt::gmpo t;
@@ -415,6 +416,12 @@ rlpt::objective objective_from_spec(std::string_view text, std::string* descript
     c.vllm_importance_sampling_mode = vmode;
     o = rlpt::compat::trl::grpo(c);
     if (description) *description = fmt::format("TRL GRPO (loss_type {})", loss_type);
+  } else if (preset == "trl_rloo") {
+    rlpt::compat::trl::rloo_config c;
+    s.get("epsilon", c.epsilon);
+    s.get("epsilon_high", c.epsilon_high);
+    o = rlpt::compat::trl::rloo(c);
+    if (description) *description = "TRL RLOO";
   } else if (preset == "openrlhf_policy") {
     rlpt::compat::openrlhf::policy_loss_config c;
     std::string type = "ppo", level = "off", mode = "mask", gating = "ratio", kl_est = "k1";
@@ -481,7 +488,7 @@ rlpt::objective objective_from_spec(std::string_view text, std::string* descript
     if (description) *description = "custom objective";
   } else {
     raise(ids::bad_option, fmt::format("rlpt objective: preset = \"{}\" is not one of verl_actor, verl_critic, "
-                                       "trl_grpo, openrlhf_policy, openrlhf_value, areal_actor, custom",
+                                       "trl_grpo, trl_rloo, openrlhf_policy, openrlhf_value, areal_actor, custom",
                                        preset));
   }
   // Aggregation overrides of the non-default terms (any preset), then the common keys.

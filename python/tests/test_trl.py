@@ -297,3 +297,71 @@ def test_moe_router_aux_loss_equals_trl(tmp_path):
     assert len(tr.checks) == 2
     assert_same_losses(tr.checks)
     assert any(h.get("aux_loss", 0.0) > 0.0 for h in tr.state.log_history)
+
+
+# --- RLOOTrainer ------------------------------------------------------------------------------------
+
+class CheckingRLOO(rlpt.trl.RLOOTrainer):
+    """At every step: rlpt's RLOO loss and gradients next to TRL's own on the same inputs, and
+    TRL's metrics next to rlpt's."""
+
+    checks = None
+
+    def _compute_loss(self, model, inputs):
+        from trl import RLOOTrainer as TRLRLOOTrainer
+        params = [p for p in model.parameters() if p.requires_grad]
+        ours = super()._compute_loss(model, inputs)
+        assert self.rlpt_loss_used == "rlpt"
+        mode = "train" if self.model.training else "eval"
+        logged = {k: v[-1] for k, v in self._metrics[mode].items() if v}
+        theirs = TRLRLOOTrainer._compute_loss(self, model, inputs)
+        for k, v in logged.items():
+            assert self._metrics[mode][k][-1] == pytest.approx(v, rel=1e-5, abs=1e-7), k
+        g1 = torch.autograd.grad(ours, params, retain_graph=True)
+        g2 = torch.autograd.grad(theirs, params, retain_graph=True)
+        self.checks.append((ours.detach(), theirs.detach(), g1, g2))
+        self.rows += inputs["completion_mask"].size(0)
+        self.empty_rows += int((inputs["completion_mask"].sum(1) == 0).sum())
+        self.clipped += sum(self._metrics[mode]["clip_ratio/region_mean"][-1:])
+        return ours
+
+
+@pytest.mark.parametrize("extra", [
+    {},
+    {"epsilon_high": 0.28, "gradient_accumulation_steps": 2},
+    # the second and third steps reuse the batch: ratios away from 1, clipped at a small epsilon
+    {"num_iterations": 3, "epsilon": 0.002, "learning_rate": 3e-2},
+    {"steps_per_generation": 2, "gradient_accumulation_steps": 1, "epsilon": 0.002, "learning_rate": 3e-2},
+    # truncated completions lose their mask: rows with no token, whose TRL loss is -A
+    {"mask_truncated_completions": True, "max_completion_length": 3, "beta": 0.05},
+])
+def test_rloo_steps_equal_trl(tmp_path, extra):
+    from trl import RLOOConfig
+    base = dict(output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[], per_device_train_batch_size=8,
+                num_generations=4, max_completion_length=8, logging_steps=1, save_strategy="no", seed=0,
+                learning_rate=3e-3, disable_tqdm=True, max_steps=3)
+    base.update(extra)
+    tr = CheckingRLOO(model=tiny_model(tmp_path / "model"), reward_funcs=reward_a, args=RLOOConfig(**base),
+                      train_dataset=dataset(), processing_class=tokenizer())
+    tr.checks, tr.rows, tr.empty_rows, tr.clipped = [], 0, 0, 0.0
+    tr.train()
+    assert len(tr.checks) == 3 * base.get("gradient_accumulation_steps", 1)
+    assert_same_losses(tr.checks)
+    if extra.get("epsilon") == 0.002:
+        assert tr.clipped > 0  # the clip binds at some step
+    if extra.get("mask_truncated_completions"):
+        assert 0 < tr.empty_rows < tr.rows
+
+
+def test_rloo_twenty_steps_raise_the_reward(tmp_path):
+    from trl import RLOOConfig
+    args = RLOOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[], per_device_train_batch_size=16,
+                      num_generations=8, max_completion_length=8, logging_steps=1, save_strategy="no", seed=0,
+                      learning_rate=2e-2, disable_tqdm=True, max_steps=20, temperature=1.0)
+    tr = rlpt.trl.RLOOTrainer(model=tiny_model(tmp_path / "model", 1), reward_funcs=reward_a, args=args,
+                              train_dataset=dataset(320), processing_class=tokenizer())
+    tr.train()
+    assert tr.rlpt_loss_used == "rlpt"
+    rewards = [h["reward"] for h in tr.state.log_history if "reward" in h]
+    assert len(rewards) == 20
+    assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.1, rewards

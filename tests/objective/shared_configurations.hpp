@@ -33,6 +33,10 @@ inline std::vector<objective> shared_configurations() {
            {.coef = 0.2, .estimator = kl_estimator::k3, .importance_corrected = true, .importance_per_sequence = true},
        .entropy = {.coef = 0.01},
        .agg = {.mode = agg_mode::seq_mean_token_mean}},
+      {.policy = gspo{.token_level = false, .length_normalized = false}, // TRL RLOO's ratio, a KL through it
+       .kl =
+           {.coef = 0.2, .estimator = kl_estimator::k3, .importance_corrected = true, .importance_per_sequence = true},
+       .agg = {.mode = agg_mode::seq_mean_token_mean, .count_empty_rows = true}},
       {.policy = cispo{.bounds = cispo_bounds::absolute, .cap = 1.1, .token_level = false}, // TRL cispo per sequence
        .kl =
            {.coef = 0.2, .estimator = kl_estimator::k3, .importance_corrected = true, .importance_per_sequence = true}},

@@ -160,6 +160,9 @@ TEST_CASE("errors: bad options name the field and the value") {
   RLPT_CHECK_ERROR(
       evaluate(objective{.kl = {.coef = 0.1, .importance_corrected = true, .importance_per_sequence = true}}, in),
       "rlpt.objective.bad_option", "needs gspo, sapo or cispo with token_level = false, or vespo");
+  // The summed log-ratio is a sequence form: GSPO-token's detached ratio is written for the mean.
+  RLPT_CHECK_ERROR(evaluate(objective{.policy = gspo{.length_normalized = false}}, in), "rlpt.objective.bad_option",
+                   "gspo.length_normalized = false", "needs gspo.token_level = false");
   // The divergences' lower bound: positive and <= hi, or <= 0 for none.
   RLPT_CHECK_ERROR(evaluate(objective{.correction = {.reject = {.stat = rs_stat::k3, .lo = 0.5, .hi = 0.1}}}, in),
                    "rlpt.objective.bad_option", "rejection.lo = 0.5", "<= 0 for no lower bound");

@@ -169,3 +169,9 @@ TEST_CASE("golden trl vespo with the vLLM importance ratio folded into its seque
     CHECK(r.r64.is_weight_max <= hi); // the ratio is bounded, and it weighs phi, not the loss
   }
 }
+
+TEST_CASE("golden trl RLOOTrainer: the PPO clip on each sequence's summed log-ratio, the mean over rows") {
+  check_golden_case("trl_rloo", trl::rloo({}), golden_inputs{.seq_adv = true});
+  check_golden_case("trl_rloo_clip_higher", trl::rloo({.epsilon = 0.1, .epsilon_high = 0.28}),
+                    golden_inputs{.seq_adv = true});
+}

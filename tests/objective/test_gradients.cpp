@@ -83,6 +83,8 @@ TEST_CASE("finite differences: GSPO and SAPO sequence forms, SAPO, policy gradie
     INFO("aggregation ", name(m));
     check_fd("gspo sequence", {.policy = gspo{.token_level = false}, .agg = agg_of(m)}, b);
     check_fd("gspo sequence dual", {.policy = gspo{.token_level = false, .dual_clip = 2.0}, .agg = agg_of(m)}, b);
+    check_fd("gspo summed log-ratio",
+             {.policy = gspo{.eps_low = 0.1, .token_level = false, .length_normalized = false}, .agg = agg_of(m)}, b);
     check_fd("sapo", {.policy = sapo{}, .agg = agg_of(m)}, b);
     check_fd("sapo sequence", {.policy = sapo{.token_level = false}, .agg = agg_of(m)}, b);
     check_fd("sapo sequence, mean advantages",

@@ -159,6 +159,25 @@ def trl_compute_loss(t, loss_type, beta=0.0, eps=0.2, eps_high=None, delta=None,
     return tr._compute_loss(None, inputs)
 
 
+def trl_rloo_compute_loss(t, eps=0.2, eps_high=None):
+    """Calls RLOOTrainer._compute_loss on a stub trainer: each row's summed log-ratio against the
+    old log-probs summed as _generate_and_score_completions sums them."""
+    from trl.trainer.rloo_trainer import RLOOTrainer
+    tr = object.__new__(RLOOTrainer)
+    tr.epsilon_low = eps
+    tr.epsilon_high = eps_high if eps_high is not None else eps
+    tr.model = NS(training=True)
+    tr.accelerator = _Acc()
+    tr._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
+    tr.aux_loss_enabled = False
+    tr._get_per_token_logps_and_entropies = lambda *a, **k: (t["lp"], t["entropy"], None)
+    mask = t["mask"]
+    inputs = {"prompt_ids": torch.zeros(B, 1, dtype=torch.long), "prompt_mask": torch.ones(B, 1, dtype=torch.long),
+              "completion_ids": torch.zeros(B, T, dtype=torch.long), "completion_mask": mask.long(),
+              "advantages": t["adv"][:, 0], "old_logps": (t["old"] * mask).sum(1)}
+    return tr._compute_loss(None, inputs)
+
+
 # --- case runner -----------------------------------------------------------------------------------
 
 def run_case(out_dir, seed, name, inputs, fn, params):
@@ -446,6 +465,15 @@ def generate(out_dir, seed):
              dict(peer="trl", loss_type="dapo", beta=0.04, vllm_importance_sampling_mode="token_truncate",
                   vllm_importance_sampling_min=0.5, vllm_importance_sampling_max=3.0, num_items_in_batch=n_items,
                   note="importance_sampling_ratio built with _generate_and_score_completions' formula"))
+
+    # ---------------- TRL: RLOOTrainer._compute_loss ----------------------------------------------------
+    # TRL's loss counts a row with no completion token as -A (its ratio is exp(0)), rlpt's as 0: the
+    # fully masked row gets A = 0 here (rlpt's Python trainer adds that term; python/tests/test_trl.py).
+    rloo = {k: v.copy() for k, v in plain.items()}
+    rloo["adv"][rloo["mask"].sum(1) == 0] = 0.0
+    run_case(out_dir, seed, "trl_rloo", rloo, lambda t: trl_rloo_compute_loss(t), dict(peer="trl", trainer="rloo"))
+    run_case(out_dir, seed, "trl_rloo_clip_higher", rloo, lambda t: trl_rloo_compute_loss(t, eps=0.1, eps_high=0.28),
+             dict(peer="trl", trainer="rloo", epsilon=0.1, epsilon_high=0.28))
 
     # ---------------- OpenRLHF: PolicyLoss, ValueLoss, compute_approx_kl ----------------------------------
     def orl_policy(t, **kw):

@@ -490,6 +490,33 @@ inline objective grpo(const grpo_config& c) {
   return o;
 }
 
+//! The RLOOConfig fields RLOOTrainer._compute_loss reads (TRL 1.16; its KL is in the rewards).
+struct rloo_config {
+  double epsilon = 0.2;
+  std::optional<double> epsilon_high{};
+};
+
+//! TRL RLOOTrainer._compute_loss: the PPO clip on each sequence's likelihood ratio
+//! exp(sum_t logp - old), -min(r A, clip(r) A), averaged over the micro-batch's rows. The loss is
+//! unscaled, as TRL's (the Trainer divides by gradient accumulation). A row with no completion
+//! token (mask_truncated_completions) has no gradient on either side; TRL's loss counts it as -A
+//! (its ratio is exp(0)), rlpt's as 0, both dividing by every row. TRL does not clamp the log-ratio;
+//! rlpt clamps it at 80.
+inline objective rloo(const rloo_config& c) {
+  objective o;
+  o.policy = gspo{.eps_low = c.epsilon,
+                  .eps_high = c.epsilon_high.value_or(c.epsilon),
+                  .token_level = false,
+                  .log_ratio_max = 80.0,
+                  .dual_clip = 0.0,
+                  .delta = 0.0,
+                  .length_normalized = false};
+  // every token of a row carries the row's loss: the mean of the rows' token means is the rows' mean
+  o.agg.mode = agg_mode::seq_mean_token_mean;
+  o.agg.count_empty_rows = true;
+  return o;
+}
+
 } // namespace trl
 
 // ============================================================================================

@@ -165,7 +165,11 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
                        "must be 0 (off) or > 1");
           check_option(t.delta == 0.0 || t.delta > 1.0, "gspo.delta", t.delta, "must be 0 (off) or > 1");
           check_clamp(t.log_ratio_max, "gspo.log_ratio_max");
+          RLPT_CHECK(t.length_normalized || !t.token_level, errors::objective::bad_option,
+                     "gspo.length_normalized = false (the summed log-ratio) needs gspo.token_level = false, the "
+                     "sequence form");
           p.gs = t;
+          p.seq_sum = !t.length_normalized;
           p.sequence_form = !t.token_level;
           p.seq_ratio = true;
           p.mean_advantage = t.mean_advantage;

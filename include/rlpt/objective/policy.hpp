@@ -36,7 +36,9 @@ struct ppo_clip {
   double log_ratio_clamp = 20.0;
 };
 
-//! GSPO (arXiv 2507.18071): the PPO clip on the sequence ratio s_i = exp(mean_t x).
+//! GSPO (arXiv 2507.18071): the PPO clip on the sequence ratio s_i = exp(mean_t x). With
+//! length_normalized = false, on the sequence's likelihood ratio exp(sum_t x) instead: PPO at
+//! sequence level (TRL's RLOOTrainer).
 struct gspo {
   double eps_low = 0.2;  //!< verl falls back to clip_ratio 0.2 (the paper uses 3e-4)
   double eps_high = 0.2; //!< verl clip_ratio_high 0.2 (the paper uses 4e-4)
@@ -52,6 +54,10 @@ struct gspo {
   //! Every token's advantage is its sequence's mean over the tokens in the terms (AReaL); false:
   //! each token's own (verl, TRL, OpenRLHF). The same for advantages constant along a sequence.
   bool mean_advantage = false;
+  //! true: log s_i is the mean of the in-loss tokens' log-ratios (GSPO); false: their sum, the
+  //! sequence's likelihood ratio, whose gradient reaches each token undivided (TRL RLOOTrainer).
+  //! false needs token_level = false: GSPO-token's s_it = sg(s_i) pi/sg(pi) is written for the mean.
+  bool length_normalized = true;
 };
 
 //! GMPO (verl `geo_mean`, arXiv 2507.20673): per sequence, L_i = -mean_t(A) * exp(mean_t x*),

@@ -131,6 +131,7 @@ struct objective_plan {
   bool need_row_pass = false;
   bool sequence_form = false; //!< GSPO or SAPO with the gradient through the sequence mean
   bool seq_ratio = false; //!< the row's mean log-ratio s_seq: GSPO, the sequence form, CISPO per sequence, kl_seq_ic
+  bool seq_sum = false;   //!< s_seq is the sum of the log-ratios, not their mean (gspo.length_normalized = false)
   bool coupled = false;   //!< a coupling pass adds d loss / d s: the sequence form, kl_seq_ic
   bool mean_advantage = false; //!< GSPO or SAPO: every token takes its row's mean advantage
   bool fold_w = false;         //!< VESPO: token weights folded into the sequence weight, not the term
@@ -177,7 +178,8 @@ struct row_consts {
   double len_loss = 0.0; //!< tokens in the loss (the length every per-row denominator uses)
   double len_in = 0.0;   //!< tokens in the terms: len_loss, less the rejected ones when masked
   double w_seq = 1.0;    //!< sequence-level importance weight
-  double s_seq = 0.0;    //!< seq_ratio: the mean log-ratio over the in-loss tokens
+  double s_seq = 0.0;    //!< seq_ratio: the mean log-ratio over the in-loss tokens (the sum under seq_sum)
+  double s_den = 1.0;    //!< seq_ratio: what the sum is divided by for s_seq; d s_seq / d logp_t = 1 / s_den
   double kl_r = 1.0;     //!< kl_seq_ic: the KL term's weight exp(clamp(s_seq, -20, 20))
   double kl_dr = 0.0;    //!< kl_seq_ic: d kl_r / d s_seq (0 where the clamp binds)
   double gmpo_ratio = 0.0;
@@ -230,7 +232,8 @@ RLPT_HD row_consts row_finish(const objective_plan& p, const row_stats& s) {
   }
   if (p.seq_ratio) {
     const double den = c.len_in > 1.0 ? c.len_in : 1.0;
-    c.s_seq = s.sum_x / den;
+    c.s_den = p.seq_sum ? 1.0 : den;
+    c.s_seq = s.sum_x / c.s_den;
     c.mean_adv = s.sum_adv / den;
     if (p.kl_seq_ic) {
       c.kl_r = exp_r(clamp_r(c.s_seq, -20.0, 20.0));

@@ -934,7 +934,7 @@ RLPT_HD_FORCEINLINE token_acc<V, Count> token_pass(const objective_plan& p, cons
 }
 
 //! Sequence form (GSPO, SAPO), kl_seq_ic: d loss / d logp_t = sum_t' d loss_t' / d s * d s / d logp_t with
-//! d s / d logp_t = 1 / L, the same for every in-loss token of the row. The numerator, from the row's
+//! d s / d logp_t = 1 / L (1 for the summed log-ratio), the same for every in-loss token of the row. The numerator, from the row's
 //! sums dcoef (sum of w d value / d s) and kl (sum of the KL values): alpha_policy dcoef, and with
 //! kl.importance_per_sequence kl.coef alpha_kl d r / d s kl. Linear in the sums, so a row's tiles add.
 RLPT_HD_FORCEINLINE double coupling_numerator(const objective_plan& p, const row_consts& rc, double dcoef, double kl) {
@@ -943,11 +943,8 @@ RLPT_HD_FORCEINLINE double coupling_numerator(const objective_plan& p, const row
   return v;
 }
 
-//! The coupling every in-loss token of the row gets: the numerator over the row's length.
-RLPT_HD_FORCEINLINE double sequence_coupling(const row_consts& rc, double numerator) {
-  const double len = rc.len_in > 1.0 ? rc.len_in : 1.0;
-  return numerator / len;
-}
+//! The coupling every in-loss token of the row gets: the numerator times d s / d logp_t.
+RLPT_HD_FORCEINLINE double sequence_coupling(const row_consts& rc, double numerator) { return numerator / rc.s_den; }
 
 //! Adds the sequence-form coupling to the gradients of tokens [i0, i0 + n) of row b (a second pass:
 //! the coupling needs the whole row's dcoef).
