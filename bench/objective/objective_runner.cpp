@@ -10,8 +10,14 @@
 // of bench/support/peer_timing.hpp (one thread); --out writes grad.f32 (and grad_ent.f32).
 //   objective_runner peer CONFIG DIR B T [--warmup N --calls N --flush BYTES --out DIR]
 //   CONFIG: ppo_k3_token_mean | ppo_tis_k3_entropy | gspo_seq_is | cispo_local | dppo_kl
+// The floor mode (by hand; docs/performance.md, Objective) times a lower bound for cispo_local: one
+// fused pass with nothing but its arithmetic (CISPO's detached clipped ratio, verl's clamped k3,
+// the token-mean gradient and the loss), no non-finite check, no metric, no stage arrays, compiled
+// for AVX-512 and timed by the same protocol; it checks its loss and gradient against evaluate's.
+//   objective_runner floor cispo_local DIR B T [--warmup N --calls N --flush BYTES]
 #include <rlpt/objective.hpp>
 #include <rlpt/core/thread_pool.hpp>
+#include <rlpt/logprob/detail/simd.hpp>
 
 #include "support/bandwidth.hpp"
 #include "support/peer_timing.hpp"
@@ -76,6 +82,120 @@ rlpt::objective peer_config(const std::string& name, double tokens) {
   throw std::invalid_argument("unknown configuration " + name);
 }
 
+// CISPO (verl: w = clamp(exp(lp - old), 1 - 10, 1 + 0.28), detached; the term -A w lp) + k3 (verl
+// low_var_kl: d = clamp(ref - lp, -20, 20), kl = clamp(e^d - d - 1, -10, 10), coef 1e-3), token mean
+// over n_valid. The log-ratio clamp at 20 is left out: no bench input reaches it. On 16-float packs
+// with rlpt's SIMD exp (the logprob rows'), sums in float lanes per 256 tokens, then in double.
+namespace floor_simd {
+namespace simd = rlpt::detail::simd;
+using vf = simd::vf<64>;
+using u8x16 = std::uint8_t __attribute__((vector_size(16)));
+using f16 = float __attribute__((vector_size(64)));
+
+__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,fma,avx2,bmi2"), always_inline)) inline vf
+lanes_of(const std::uint8_t* m) {
+  u8x16 b;
+  std::memcpy(&b, m, sizeof b);
+  const f16 f = __builtin_convertvector(b, f16);
+  vf r;
+  std::memcpy(&r, &f, sizeof r);
+  return r;
+}
+
+__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,fma,avx2,bmi2"), noinline)) double
+cispo_k3(const float* lp, const float* old, const float* ref, const float* adv, const std::uint8_t* mask, float* grad,
+         std::size_t n, double n_valid) {
+  const float inv = static_cast<float>(1.0 / n_valid);
+  const vf hi = simd::splat<64>(1.28f), lo = simd::splat<64>(1.0f - 10.0f), one = simd::splat<64>(1.0f);
+  const vf dlo = simd::splat<64>(-20.0f), dhi = simd::splat<64>(20.0f), klhi = simd::splat<64>(10.0f);
+  const vf zero = simd::splat<64>(0.0f), coef = simd::splat<64>(1e-3f), vinv = simd::splat<64>(inv);
+  double total = 0.0;
+  std::size_t i = 0;
+  for (; i + 256 <= n; i += 256) {
+    vf acc = zero;
+    for (std::size_t k = i; k < i + 256; k += 16) {
+      const vf m = lanes_of(mask + k), x = simd::load<64>(lp + k), a = simd::load<64>(adv + k);
+      vf w = simd::exp<64>(x - simd::load<64>(old + k));
+      w = simd::sel<64>(simd::lt<64>(w, lo), lo, w);
+      w = simd::sel<64>(simd::gt<64>(w, hi), hi, w);
+      vf d = simd::load<64>(ref + k) - x;
+      d = simd::sel<64>(simd::lt<64>(d, dlo), dlo, d);
+      d = simd::sel<64>(simd::gt<64>(d, dhi), dhi, d);
+      const vf e = simd::exp<64>(d);
+      const vf kl = e - d - one;
+      const auto over = simd::gt<64>(kl, klhi);
+      const vf dkl = simd::sel<64>(over, zero, one - e);
+      const vf g = m * vinv * (coef * dkl - a * w);
+      std::memcpy(grad + k, &g, sizeof g);
+      acc += m * (coef * simd::sel<64>(over, klhi, kl) - a * w * x);
+    }
+    float t[simd::lanes];
+    simd::to_array<64>(acc, t);
+    float sum = 0.0f;
+    for (float v : t) sum += v;
+    total += static_cast<double>(sum);
+  }
+  for (; i < n; ++i) { // the tail, scalar
+    const float m = mask[i] != 0 ? 1.0f : 0.0f, x = lp[i];
+    const float w = std::min(std::max(rlpt::detail::exp_poly(x - old[i]), -9.0f), 1.28f);
+    const float d = std::min(std::max(ref[i] - x, -20.0f), 20.0f), e = rlpt::detail::exp_poly(d);
+    const float kl = e - d - 1.0f;
+    grad[i] = m * inv * (1e-3f * (kl > 10.0f ? 0.0f : 1.0f - e) - adv[i] * w);
+    total += static_cast<double>(m * (1e-3f * std::min(kl, 10.0f) - adv[i] * w * x));
+  }
+  return total / n_valid;
+}
+} // namespace floor_simd
+
+int floor_mode(int argc, char** argv) {
+  const rlpt::bench::timing_plan plan = rlpt::bench::parse_timing(argc, argv);
+  if (argc != 6 || std::string(argv[2]) != "cispo_local") {
+    std::fprintf(stderr, "usage: %s floor cispo_local DIR B T [--warmup N --calls N --flush BYTES]\n", argv[0]);
+    return 2;
+  }
+  const std::string dir = argv[3];
+  const rlpt::index_t B = std::atoll(argv[4]), T = std::atoll(argv[5]);
+  const auto n = static_cast<std::size_t>(B * T);
+  const auto lp = load<float>(dir + "/lp.bin", n), old = load<float>(dir + "/old.bin", n);
+  const auto ref = load<float>(dir + "/ref.bin", n), adv = load<float>(dir + "/adv.bin", n);
+  const auto mask = load<rlpt::mask_t>(dir + "/mask.bin", n);
+  double tokens = 0;
+  for (auto m : mask) tokens += m;
+  struct result {
+    std::unique_ptr<float[]> grad;
+    double loss = 0;
+  };
+  auto call = [&] {
+    result r{rlpt::bench::output<float>(n)};
+    r.loss = floor_simd::cispo_k3(lp.data(), old.data(), ref.data(), adv.data(), mask.data(), r.grad.get(), n, tokens);
+    return r;
+  };
+  const auto t = rlpt::bench::time_calls(plan, call);
+  const result r = call();
+  // The same quantities from rlpt::evaluate, so the floor is known to compute the configuration.
+  const rlpt::objective_inputs in{.layout = rlpt::token_layout::padded(B, T),
+                                  .mask = mask,
+                                  .logp = lp,
+                                  .old_logp = old,
+                                  .ref_logp = ref,
+                                  .adv = adv};
+  std::vector<float> g(n);
+  const double loss = rlpt::evaluate(peer_config("cispo_local", tokens), in, {.logp = g}).loss;
+  double gmax = 0.0, gdiff = 0.0;
+  for (std::size_t i = 0; i < n; ++i)
+    gmax = std::max(gmax, std::fabs(static_cast<double>(g[i]))),
+    gdiff = std::max(gdiff, std::fabs(static_cast<double>(g[i]) - static_cast<double>(r.grad[i])));
+  if (!(std::fabs(r.loss - loss) <= 1e-5 * std::fabs(loss)) || !(gdiff <= 1e-5 * gmax)) {
+    std::fprintf(stderr, "objective_runner floor: loss %.9g vs evaluate's %.9g, gradient max diff %.3g of %.3g\n",
+                 r.loss, loss, gdiff, gmax);
+    return 1;
+  }
+  std::printf("{\"config\": \"cispo_local floor\", \"loss\": %.17g, \"evaluate_loss\": %.17g, \"grad_max_diff_rel\": "
+              "%.3g, %s}\n",
+              r.loss, loss, gdiff / gmax, rlpt::bench::json_series(t).c_str());
+  return 0;
+}
+
 int peer_mode(int argc, char** argv) {
   const rlpt::bench::timing_plan plan = rlpt::bench::parse_timing(argc, argv);
   if (argc != 6) {
@@ -126,9 +246,9 @@ int peer_mode(int argc, char** argv) {
 } // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 1 && std::string(argv[1]) == "peer") {
+  if (argc > 1 && (std::string(argv[1]) == "peer" || std::string(argv[1]) == "floor")) {
     try {
-      return peer_mode(argc, argv);
+      return std::string(argv[1]) == "peer" ? peer_mode(argc, argv) : floor_mode(argc, argv);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "objective_runner: %s\n", e.what());
       return 1;
