@@ -12,8 +12,8 @@
 //   CONFIG: ppo_k3_token_mean | ppo_tis_k3_entropy | gspo_seq_is | cispo_local | dppo_kl
 // The floor mode (by hand; docs/performance.md, Objective) times a lower bound for cispo_local: one
 // fused pass with nothing but its arithmetic (CISPO's detached clipped ratio, verl's clamped k3,
-// the token-mean gradient and the loss), no non-finite check, no metric, no stage arrays, compiled
-// for AVX-512 and timed by the same protocol; it checks its loss and gradient against evaluate's.
+// the token-mean gradient and the loss), no non-finite check, no metric, no stage arrays, in the
+// CPU's widest build (AVX-512, else AVX2) and timed by the same protocol; it checks its loss and gradient against evaluate's.
 //   objective_runner floor cispo_local DIR B T [--warmup N --calls N --flush BYTES]
 #include <rlpt/objective.hpp>
 #include <rlpt/core/thread_pool.hpp>
@@ -85,52 +85,54 @@ rlpt::objective peer_config(const std::string& name, double tokens) {
 // CISPO (verl: w = clamp(exp(lp - old), 1 - 10, 1 + 0.28), detached; the term -A w lp) + k3 (verl
 // low_var_kl: d = clamp(ref - lp, -20, 20), kl = clamp(e^d - d - 1, -10, 10), coef 1e-3), token mean
 // over n_valid. The log-ratio clamp at 20 is left out: no bench input reaches it. On 16-float packs
-// with rlpt's SIMD exp (the logprob rows'), sums in float lanes per 256 tokens, then in double.
+// with rlpt's SIMD exp (the logprob rows'), sums in float lanes per 256 tokens, then in double;
+// AVX-512 where the CPU has it, else AVX2.
 namespace floor_simd {
 namespace simd = rlpt::detail::simd;
-using vf = simd::vf<64>;
 using u8x16 = std::uint8_t __attribute__((vector_size(16)));
 using f16 = float __attribute__((vector_size(64)));
 
-__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,fma,avx2,bmi2"), always_inline)) inline vf
-lanes_of(const std::uint8_t* m) {
+template <int NB> __attribute__((always_inline)) inline simd::vf<NB> lanes_of(const std::uint8_t* m) {
   u8x16 b;
   std::memcpy(&b, m, sizeof b);
   const f16 f = __builtin_convertvector(b, f16);
-  vf r;
+  simd::vf<NB> r;
   std::memcpy(&r, &f, sizeof r);
   return r;
 }
 
-__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,fma,avx2,bmi2"), noinline)) double
-cispo_k3(const float* lp, const float* old, const float* ref, const float* adv, const std::uint8_t* mask, float* grad,
-         std::size_t n, double n_valid) {
+// NB: the pack width in bytes (64: AVX-512, 32: AVX2 halves of the same 16 lanes).
+template <int NB>
+__attribute__((always_inline)) inline double cispo_k3(const float* lp, const float* old, const float* ref,
+                                                      const float* adv, const std::uint8_t* mask, float* grad,
+                                                      std::size_t n, double n_valid) {
+  using vf = simd::vf<NB>;
   const float inv = static_cast<float>(1.0 / n_valid);
-  const vf hi = simd::splat<64>(1.28f), lo = simd::splat<64>(1.0f - 10.0f), one = simd::splat<64>(1.0f);
-  const vf dlo = simd::splat<64>(-20.0f), dhi = simd::splat<64>(20.0f), klhi = simd::splat<64>(10.0f);
-  const vf zero = simd::splat<64>(0.0f), coef = simd::splat<64>(1e-3f), vinv = simd::splat<64>(inv);
+  const vf hi = simd::splat<NB>(1.28f), lo = simd::splat<NB>(1.0f - 10.0f), one = simd::splat<NB>(1.0f);
+  const vf dlo = simd::splat<NB>(-20.0f), dhi = simd::splat<NB>(20.0f), klhi = simd::splat<NB>(10.0f);
+  const vf zero = simd::splat<NB>(0.0f), coef = simd::splat<NB>(1e-3f), vinv = simd::splat<NB>(inv);
   double total = 0.0;
   std::size_t i = 0;
   for (; i + 256 <= n; i += 256) {
     vf acc = zero;
     for (std::size_t k = i; k < i + 256; k += 16) {
-      const vf m = lanes_of(mask + k), x = simd::load<64>(lp + k), a = simd::load<64>(adv + k);
-      vf w = simd::exp<64>(x - simd::load<64>(old + k));
-      w = simd::sel<64>(simd::lt<64>(w, lo), lo, w);
-      w = simd::sel<64>(simd::gt<64>(w, hi), hi, w);
-      vf d = simd::load<64>(ref + k) - x;
-      d = simd::sel<64>(simd::lt<64>(d, dlo), dlo, d);
-      d = simd::sel<64>(simd::gt<64>(d, dhi), dhi, d);
-      const vf e = simd::exp<64>(d);
+      const vf m = lanes_of<NB>(mask + k), x = simd::load<NB>(lp + k), a = simd::load<NB>(adv + k);
+      vf w = simd::exp<NB>(x - simd::load<NB>(old + k));
+      w = simd::sel<NB>(simd::lt<NB>(w, lo), lo, w);
+      w = simd::sel<NB>(simd::gt<NB>(w, hi), hi, w);
+      vf d = simd::load<NB>(ref + k) - x;
+      d = simd::sel<NB>(simd::lt<NB>(d, dlo), dlo, d);
+      d = simd::sel<NB>(simd::gt<NB>(d, dhi), dhi, d);
+      const vf e = simd::exp<NB>(d);
       const vf kl = e - d - one;
-      const auto over = simd::gt<64>(kl, klhi);
-      const vf dkl = simd::sel<64>(over, zero, one - e);
+      const auto over = simd::gt<NB>(kl, klhi);
+      const vf dkl = simd::sel<NB>(over, zero, one - e);
       const vf g = m * vinv * (coef * dkl - a * w);
       std::memcpy(grad + k, &g, sizeof g);
-      acc += m * (coef * simd::sel<64>(over, klhi, kl) - a * w * x);
+      acc += m * (coef * simd::sel<NB>(over, klhi, kl) - a * w * x);
     }
     float t[simd::lanes];
-    simd::to_array<64>(acc, t);
+    simd::to_array<NB>(acc, t);
     float sum = 0.0f;
     for (float v : t) sum += v;
     total += static_cast<double>(sum);
@@ -144,6 +146,28 @@ cispo_k3(const float* lp, const float* old, const float* ref, const float* adv, 
     total += static_cast<double>(m * (1e-3f * std::min(kl, 10.0f) - adv[i] * w * x));
   }
   return total / n_valid;
+}
+
+__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,fma,avx2,bmi2"), noinline)) double
+cispo_k3_avx512(const float* lp, const float* old, const float* ref, const float* adv, const std::uint8_t* mask,
+                float* grad, std::size_t n, double n_valid) {
+  return cispo_k3<64>(lp, old, ref, adv, mask, grad, n, n_valid);
+}
+
+__attribute__((target("avx2,fma,bmi2"), noinline)) double cispo_k3_avx2(const float* lp, const float* old,
+                                                                       const float* ref, const float* adv,
+                                                                       const std::uint8_t* mask, float* grad,
+                                                                       std::size_t n, double n_valid) {
+  return cispo_k3<32>(lp, old, ref, adv, mask, grad, n, n_valid);
+}
+
+//! The widest build this CPU runs (the floor needs AVX2 + FMA at least).
+inline auto kernel() {
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+    return &cispo_k3_avx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return &cispo_k3_avx2;
+  throw std::runtime_error("the floor mode needs AVX2 + FMA");
 }
 } // namespace floor_simd
 
@@ -165,9 +189,10 @@ int floor_mode(int argc, char** argv) {
     std::unique_ptr<float[]> grad;
     double loss = 0;
   };
+  const auto floor = floor_simd::kernel();
   auto call = [&] {
     result r{rlpt::bench::output<float>(n)};
-    r.loss = floor_simd::cispo_k3(lp.data(), old.data(), ref.data(), adv.data(), mask.data(), r.grad.get(), n, tokens);
+    r.loss = floor(lp.data(), old.data(), ref.data(), adv.data(), mask.data(), r.grad.get(), n, tokens);
     return r;
   };
   const auto t = rlpt::bench::time_calls(plan, call);

@@ -116,7 +116,8 @@ def report(ctx, results: list[dict]) -> dict:
              "rows": rows,
              "notes": "rlpt: rlpt::evaluate with the gradient buffer(s) allocated inside every call; verl: eager "
                       "forward + autograd backward. Fused floor (a limit, not a library path): objective_runner's "
-                      "floor mode, one AVX-512 pass with nothing but the configuration's arithmetic (no non-finite "
+                      "floor mode, one pass in the CPU's widest SIMD build (AVX-512, else AVX2) with nothing but the "
+                      "configuration's arithmetic (no non-finite "
                       "check, no metric), the gradient allocated per call, checked against evaluate. Bytes per "
                       "token for the GB column: inputs read + gradients written."}
     target = {"text": "Objective, every configuration of the objective bench: >= 20x verl's eager loss + backward",
