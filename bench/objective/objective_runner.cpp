@@ -46,6 +46,34 @@ template <class T> std::vector<T> load(const std::string& path, std::size_t n) {
   return v;
 }
 
+//! The bench's inputs in DIR (bench/peers/blocks/objective.py writes them), behav and ent on request.
+struct bench_inputs {
+  rlpt::index_t B, T;
+  std::size_t n;
+  std::vector<float> lp, old, ref, adv, behav, ent;
+  std::vector<rlpt::mask_t> mask;
+  double tokens = 0; // valid tokens
+
+  bench_inputs(const std::string& dir, rlpt::index_t B_, rlpt::index_t T_, bool all)
+      : B(B_), T(T_), n(static_cast<std::size_t>(B_ * T_)), lp(load<float>(dir + "/lp.bin", n)),
+        old(load<float>(dir + "/old.bin", n)), ref(load<float>(dir + "/ref.bin", n)),
+        adv(load<float>(dir + "/adv.bin", n)), behav(all ? load<float>(dir + "/behav.bin", n) : std::vector<float>{}),
+        ent(all ? load<float>(dir + "/ent.bin", n) : std::vector<float>{}),
+        mask(load<rlpt::mask_t>(dir + "/mask.bin", n)) {
+    for (auto m : mask) tokens += m;
+  }
+
+  //! The padded layout's inputs: logp, old, ref, adv and the mask (add behav and entropy as needed).
+  [[nodiscard]] rlpt::objective_inputs inputs() const {
+    return {.layout = rlpt::token_layout::padded(B, T),
+            .mask = mask,
+            .logp = lp,
+            .old_logp = old,
+            .ref_logp = ref,
+            .adv = adv};
+  }
+};
+
 double cpu_now() {
   timespec ts;
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
@@ -155,16 +183,16 @@ cispo_k3_avx512(const float* lp, const float* old, const float* ref, const float
 }
 
 __attribute__((target("avx2,fma,bmi2"), noinline)) double cispo_k3_avx2(const float* lp, const float* old,
-                                                                       const float* ref, const float* adv,
-                                                                       const std::uint8_t* mask, float* grad,
-                                                                       std::size_t n, double n_valid) {
+                                                                        const float* ref, const float* adv,
+                                                                        const std::uint8_t* mask, float* grad,
+                                                                        std::size_t n, double n_valid) {
   return cispo_k3<32>(lp, old, ref, adv, mask, grad, n, n_valid);
 }
 
 //! The widest build this CPU runs (the floor needs AVX2 + FMA at least).
 inline auto kernel() {
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq"))
     return &cispo_k3_avx512;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return &cispo_k3_avx2;
   throw std::runtime_error("the floor mode needs AVX2 + FMA");
@@ -177,14 +205,8 @@ int floor_mode(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s floor cispo_local DIR B T [--warmup N --calls N --flush BYTES]\n", argv[0]);
     return 2;
   }
-  const std::string dir = argv[3];
-  const rlpt::index_t B = std::atoll(argv[4]), T = std::atoll(argv[5]);
-  const auto n = static_cast<std::size_t>(B * T);
-  const auto lp = load<float>(dir + "/lp.bin", n), old = load<float>(dir + "/old.bin", n);
-  const auto ref = load<float>(dir + "/ref.bin", n), adv = load<float>(dir + "/adv.bin", n);
-  const auto mask = load<rlpt::mask_t>(dir + "/mask.bin", n);
-  double tokens = 0;
-  for (auto m : mask) tokens += m;
+  const bench_inputs d(argv[3], std::atoll(argv[4]), std::atoll(argv[5]), false);
+  const std::size_t n = d.n;
   struct result {
     std::unique_ptr<float[]> grad;
     double loss = 0;
@@ -192,20 +214,14 @@ int floor_mode(int argc, char** argv) {
   const auto floor = floor_simd::kernel();
   auto call = [&] {
     result r{rlpt::bench::output<float>(n)};
-    r.loss = floor(lp.data(), old.data(), ref.data(), adv.data(), mask.data(), r.grad.get(), n, tokens);
+    r.loss = floor(d.lp.data(), d.old.data(), d.ref.data(), d.adv.data(), d.mask.data(), r.grad.get(), n, d.tokens);
     return r;
   };
   const auto t = rlpt::bench::time_calls(plan, call);
   const result r = call();
   // The same quantities from rlpt::evaluate, so the floor is known to compute the configuration.
-  const rlpt::objective_inputs in{.layout = rlpt::token_layout::padded(B, T),
-                                  .mask = mask,
-                                  .logp = lp,
-                                  .old_logp = old,
-                                  .ref_logp = ref,
-                                  .adv = adv};
   std::vector<float> g(n);
-  const double loss = rlpt::evaluate(peer_config("cispo_local", tokens), in, {.logp = g}).loss;
+  const double loss = rlpt::evaluate(peer_config("cispo_local", d.tokens), d.inputs(), {.logp = g}).loss;
   double gmax = 0.0, gdiff = 0.0;
   for (std::size_t i = 0; i < n; ++i)
     gmax = std::max(gmax, std::fabs(static_cast<double>(g[i]))),
@@ -227,25 +243,14 @@ int peer_mode(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s peer CONFIG DIR B T [--warmup N --calls N --flush BYTES --out DIR]\n", argv[0]);
     return 2;
   }
-  const std::string config = argv[2], dir = argv[3];
-  const rlpt::index_t B = std::atoll(argv[4]), T = std::atoll(argv[5]);
-  const auto n = static_cast<std::size_t>(B * T);
-  const auto lp = load<float>(dir + "/lp.bin", n), old = load<float>(dir + "/old.bin", n);
-  const auto ref = load<float>(dir + "/ref.bin", n), adv = load<float>(dir + "/adv.bin", n);
-  const auto behav = load<float>(dir + "/behav.bin", n), ent = load<float>(dir + "/ent.bin", n);
-  const auto mask = load<rlpt::mask_t>(dir + "/mask.bin", n);
-  double tokens = 0;
-  for (auto m : mask) tokens += m;
-  const rlpt::objective obj = peer_config(config, tokens);
+  const std::string config = argv[2];
+  const bench_inputs d(argv[3], std::atoll(argv[4]), std::atoll(argv[5]), true);
+  const std::size_t n = d.n;
+  const rlpt::objective obj = peer_config(config, d.tokens);
   const bool entropy = config == "ppo_tis_k3_entropy";
-  const rlpt::objective_inputs in{.layout = rlpt::token_layout::padded(B, T),
-                                  .mask = mask,
-                                  .logp = lp,
-                                  .old_logp = old,
-                                  .behav_logp = behav,
-                                  .ref_logp = ref,
-                                  .adv = adv,
-                                  .entropy = entropy ? rlpt::view<const float>(ent) : rlpt::view<const float>{}};
+  rlpt::objective_inputs in = d.inputs();
+  in.behav_logp = d.behav;
+  if (entropy) in.entropy = d.ent;
   struct result {
     std::unique_ptr<float[]> grad, grad_ent;
     double loss = 0;
@@ -263,7 +268,7 @@ int peer_mode(int argc, char** argv) {
     rlpt::bench::write_raw(plan.out + "/grad.f32", r.grad.get(), n);
     if (entropy) rlpt::bench::write_raw(plan.out + "/grad_ent.f32", r.grad_ent.get(), n);
   }
-  std::printf("{\"config\": \"%s\", \"loss\": %.17g, \"tokens\": %.17g, %s}\n", config.c_str(), r.loss, tokens,
+  std::printf("{\"config\": \"%s\", \"loss\": %.17g, \"tokens\": %.17g, %s}\n", config.c_str(), r.loss, d.tokens,
               rlpt::bench::json_series(t).c_str());
   return 0;
 }
@@ -283,25 +288,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s DIR B T THREADS REPEATS\n", argv[0]);
     return 2;
   }
-  const std::string dir = argv[1];
-  const rlpt::index_t B = std::atoll(argv[2]), T = std::atoll(argv[3]);
+  const bench_inputs d(argv[1], std::atoll(argv[2]), std::atoll(argv[3]), false);
   const unsigned threads = static_cast<unsigned>(std::atoi(argv[4]));
   const int repeats = std::atoi(argv[5]);
-  const auto n = static_cast<std::size_t>(B * T);
-  const auto lp = load<float>(dir + "/lp.bin", n), old = load<float>(dir + "/old.bin", n);
-  const auto ref = load<float>(dir + "/ref.bin", n), adv = load<float>(dir + "/adv.bin", n);
-  const auto mask = load<rlpt::mask_t>(dir + "/mask.bin", n);
+  const std::size_t n = d.n;
   std::vector<float> grad(n);
-  double tokens = 0;
-  for (auto m : mask) tokens += m;
   const rlpt::objective obj = rlpt::compat::verl::actor(
-      {.use_kl_loss = true, .kl_loss_coef = 0.001, .kl_loss_type = "low_var_kl", .batch_num_tokens = tokens});
-  const rlpt::objective_inputs in{.layout = rlpt::token_layout::padded(B, T),
-                                  .mask = mask,
-                                  .logp = lp,
-                                  .old_logp = old,
-                                  .ref_logp = ref,
-                                  .adv = adv};
+      {.use_kl_loss = true, .kl_loss_coef = 0.001, .kl_loss_type = "low_var_kl", .batch_num_tokens = d.tokens});
+  const rlpt::objective_inputs in = d.inputs();
   rlpt::thread_pool pool(threads);
   const rlpt::host_executor ex{threads > 1 ? &pool : nullptr};
   double best = 1e30, best_cpu = 1e30, loss = 0;
