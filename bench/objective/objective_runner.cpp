@@ -118,12 +118,14 @@ rlpt::objective peer_config(const std::string& name, double tokens) {
 namespace floor_simd {
 namespace simd = rlpt::detail::simd;
 using u8x16 = std::uint8_t __attribute__((vector_size(16)));
+using i16 = std::int32_t __attribute__((vector_size(64)));
 using f16 = float __attribute__((vector_size(64)));
 
 template <int NB> __attribute__((always_inline)) inline simd::vf<NB> lanes_of(const std::uint8_t* m) {
   u8x16 b;
   std::memcpy(&b, m, sizeof b);
-  const f16 f = __builtin_convertvector(b, f16);
+  // through int32 lanes: GCC converts unsigned bytes to float one lane at a time, signed int32 at once
+  const f16 f = __builtin_convertvector(__builtin_convertvector(b, i16), f16);
   simd::vf<NB> r;
   std::memcpy(&r, &f, sizeof r);
   return r;
