@@ -142,8 +142,7 @@ __attribute__((always_inline)) inline double cispo_k3(const float* lp, const flo
   const vf dlo = simd::splat<NB>(-20.0f), dhi = simd::splat<NB>(20.0f), klhi = simd::splat<NB>(10.0f);
   const vf zero = simd::splat<NB>(0.0f), coef = simd::splat<NB>(1e-3f), vinv = simd::splat<NB>(inv);
   double total = 0.0;
-  std::size_t i = 0;
-  for (; i + 256 <= n; i += 256) {
+  for (std::size_t i = 0; i < n; i += 256) { // n: a multiple of 256 (floor_mode)
     vf acc = zero;
     for (std::size_t k = i; k < i + 256; k += 16) {
       const vf m = lanes_of<NB>(mask + k), x = simd::load<NB>(lp + k), a = simd::load<NB>(adv + k);
@@ -166,14 +165,6 @@ __attribute__((always_inline)) inline double cispo_k3(const float* lp, const flo
     float sum = 0.0f;
     for (float v : t) sum += v;
     total += static_cast<double>(sum);
-  }
-  for (; i < n; ++i) { // the tail, scalar
-    const float m = mask[i] != 0 ? 1.0f : 0.0f, x = lp[i];
-    const float w = std::min(std::max(rlpt::detail::exp_poly(x - old[i]), -9.0f), 1.28f);
-    const float d = std::min(std::max(ref[i] - x, -20.0f), 20.0f), e = rlpt::detail::exp_poly(d);
-    const float kl = e - d - 1.0f;
-    grad[i] = m * inv * (1e-3f * (kl > 10.0f ? 0.0f : 1.0f - e) - adv[i] * w);
-    total += static_cast<double>(m * (1e-3f * std::min(kl, 10.0f) - adv[i] * w * x));
   }
   return total / n_valid;
 }
@@ -214,6 +205,7 @@ int floor_mode(int argc, char** argv) {
     double loss = 0;
   };
   const auto floor = floor_simd::kernel();
+  if (d.n % 256 != 0) throw std::invalid_argument("the floor mode takes B * T a multiple of 256");
   auto call = [&] {
     result r{rlpt::bench::output<float>(n)};
     r.loss = floor(d.lp.data(), d.old.data(), d.ref.data(), d.adv.data(), d.mask.data(), r.grad.get(), n, d.tokens);

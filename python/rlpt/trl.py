@@ -52,6 +52,22 @@ def _per_row(advantages):
     return advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
 
 
+#: The batch entries TRL's trainers pass to the model forward besides the ids (vision models).
+_MODEL_INPUTS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
+                 "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
+
+
+def _forward(trainer, model, inputs):
+    """TRL's own forward of a micro-batch, as both trainers' _compute_loss make it: the completion's
+    per-token log-probs and entropies, and the routers' aux loss (None unless trainer.aux_loss_enabled)."""
+    completion_ids = inputs["completion_ids"]
+    input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
+    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    return trainer._get_per_token_logps_and_entropies(
+        model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True,
+        compute_aux_loss=trainer.aux_loss_enabled, **{k: inputs.get(k) for k in _MODEL_INPUTS})
+
+
 class GRPOTrainer(_TRLGRPOTrainer):
     """trl.GRPOTrainer with the loss computed by rlpt (see the module docstring)."""
 
@@ -154,17 +170,9 @@ class GRPOTrainer(_TRLGRPOTrainer):
             self.rlpt_loss_used = "trl"
             return super()._compute_loss(model, inputs)
         self.rlpt_loss_used = "rlpt"
-        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
-        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
-        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        completion_mask = inputs["completion_mask"]
         mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
-        extra = {k: inputs.get(k) for k in ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask",
-                                            "spatial_shapes", "num_tiles", "image_sizes", "token_type_ids",
-                                            "mm_token_type_ids", "image_position_ids")}
-        per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True,
-            compute_aux_loss=self.aux_loss_enabled, **extra)
+        per_token_logps, entropies, aux_loss = _forward(self, model, inputs)
         train = self.model.training
         mode = "train" if train else "eval"
         num_items = inputs["num_items_in_batch"] if self.loss_type in _NUM_ITEMS_TYPES else 0.0
@@ -236,10 +244,6 @@ class GRPOTrainer(_TRLGRPOTrainer):
         return loss
 
 
-_MODEL_INPUTS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
-                 "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
-
-
 def _rlpt_old_per_token(per_token_logps, mask, old_logps):
     """Per-token old log-probs whose masked row sum is TRL's old_logps: the current log-probs
     (detached), the row's whole difference on its first completion token. The summed log-ratio is
@@ -269,14 +273,8 @@ class RLOOTrainer(_TRLRLOOTrainer):
 
     def _compute_loss(self, model, inputs):
         self.rlpt_loss_used = "rlpt"
-        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
-        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
-        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
-        per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True,
-            compute_aux_loss=self.aux_loss_enabled, **{k: inputs.get(k) for k in _MODEL_INPUTS})
-        mask = completion_mask
+        per_token_logps, entropies, aux_loss = _forward(self, model, inputs)
+        mask = inputs["completion_mask"]
         advantages, old_logps = inputs["advantages"], inputs["old_logps"]
         old = _rlpt_old_per_token(per_token_logps, mask, old_logps)
         loss, _ = rlpt.policy_loss(self._rlpt_objective(), per_token_logps, mask, old_logp=old, seq_adv=advantages)
