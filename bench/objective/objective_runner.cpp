@@ -10,11 +10,12 @@
 // of bench/support/peer_timing.hpp (one thread); --out writes grad.f32 (and grad_ent.f32).
 //   objective_runner peer CONFIG DIR B T [--warmup N --calls N --flush BYTES --out DIR]
 //   CONFIG: ppo_k3_token_mean | ppo_tis_k3_entropy | gspo_seq_is | cispo_local | dppo_kl
-// The floor mode (by hand; docs/performance.md, Objective) times a lower bound for cispo_local: one
-// fused pass with nothing but its arithmetic (CISPO's detached clipped ratio, verl's clamped k3,
-// the token-mean gradient and the loss), no non-finite check, no metric, no stage arrays, in the
-// CPU's widest build (AVX-512, else AVX2) and timed by the same protocol; it checks its loss and gradient against evaluate's.
-//   objective_runner floor cispo_local DIR B T [--warmup N --calls N --flush BYTES]
+// The floor mode (scripts/bench-peers' limit side; docs/performance.md, Objective) times a lower bound for
+// cispo_local and dppo_kl: one fused pass with nothing but the configuration's arithmetic (its policy
+// term, verl's clamped k3 where it has one, the token-mean gradient and the loss), no non-finite
+// check, no metric, no stage arrays, in the CPU's widest build (AVX-512, else AVX2) and timed by the
+// same protocol; it checks its loss and gradient against evaluate's.
+//   objective_runner floor cispo_local|dppo_kl DIR B T [--warmup N --calls N --flush BYTES]
 #include <rlpt/objective.hpp>
 #include <rlpt/core/thread_pool.hpp>
 #include <rlpt/logprob/detail/simd.hpp>
@@ -28,6 +29,7 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -110,92 +112,185 @@ rlpt::objective peer_config(const std::string& name, double tokens) {
   throw std::invalid_argument("unknown configuration " + name);
 }
 
-// CISPO (verl: w = clamp(exp(lp - old), 1 - 10, 1 + 0.28), detached; the term -A w lp) + k3 (verl
-// low_var_kl: d = clamp(ref - lp, -20, 20), kl = clamp(e^d - d - 1, -10, 10), coef 1e-3), token mean
-// over n_valid. The log-ratio clamp at 20 is left out: no bench input reaches it. On 16-float packs
-// with rlpt's SIMD exp (the logprob rows'), sums in float lanes per 256 tokens, then in double;
-// AVX-512 where the CPU has it, else AVX2.
+// The fused floors: one pass over the tokens with nothing but a configuration's arithmetic, on
+// 16-float packs with rlpt's SIMD exp (the logprob rows'), the loss summed in float lanes per 256
+// tokens, then in double; AVX-512 where the CPU has it, else AVX2. Every compare is a pack compare
+// and every choice a blend: written per token, GCC compared DPPO's bounds lane by lane.
 namespace floor_simd {
 namespace simd = rlpt::detail::simd;
-using u8x16 = std::uint8_t __attribute__((vector_size(16)));
+using u32x4 = std::int32_t __attribute__((vector_size(16)));
 using i16 = std::int32_t __attribute__((vector_size(64)));
 using f16 = float __attribute__((vector_size(64)));
 
 template <int NB> __attribute__((always_inline)) inline simd::vf<NB> lanes_of(const std::uint8_t* m) {
-  u8x16 b;
-  std::memcpy(&b, m, sizeof b);
-  // through int32 lanes: GCC converts unsigned bytes to float one lane at a time, signed int32 at once
-  const f16 f = __builtin_convertvector(__builtin_convertvector(b, i16), f16);
+  // Each byte moved into its own int32 lane by a permute of the four words and a shift per lane:
+  // GCC 12 widened a vector of bytes to int32 lanes one byte at a time (extract, insert).
+  u32x4 w;
+  std::memcpy(&w, m, sizeof w);
+  const i16 words = __builtin_shufflevector(w, w, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  const i16 shifts = {0, 8, 16, 24, 0, 8, 16, 24, 0, 8, 16, 24, 0, 8, 16, 24};
+  const f16 f = __builtin_convertvector((words >> shifts) & 0xff, f16);
   simd::vf<NB> r;
   std::memcpy(&r, &f, sizeof r);
   return r;
 }
 
-// NB: the pack width in bytes (64: AVX-512, 32: AVX2 halves of the same 16 lanes).
+template <int NB> __attribute__((always_inline)) inline simd::vf<NB> clamp(const simd::vf<NB>& x0, float lo, float hi) {
+  const simd::vf<NB> l = simd::splat<NB>(lo), h = simd::splat<NB>(hi);
+  const simd::vf<NB> x = simd::sel<NB>(simd::lt<NB>(x0, l), l, x0);
+  return simd::sel<NB>(simd::gt<NB>(x, h), h, x);
+}
+
+template <int NB> __attribute__((always_inline)) inline simd::vf<NB> min(const simd::vf<NB>& a, const simd::vf<NB>& b) {
+  return simd::sel<NB>(simd::lt<NB>(a, b), a, b);
+}
+
+//! log(x) for x positive and normal, or negative (NaN): objective/detail/math.hpp's log_poly without
+//! its subnormal, zero and infinity cases, which DPPO's argument (1 - q + 1e-8) / (1 - p + 1e-8)
+//! does not reach on the bench's inputs (it is negative where lp > 0).
+template <int NB> __attribute__((always_inline)) inline simd::vf<NB> log_normal(const simd::vf<NB>& x) {
+  using vf = simd::vf<NB>;
+  const simd::vu<NB> bits = simd::as_u(x);
+  // the biased exponent as a float: its 8 bits as the low mantissa bits of 2^23
+  vf e = simd::as_f((bits >> 23) | 0x4b000000u) - simd::splat<NB>(8388608.0f + 127.0f);
+  vf m = simd::as_f((bits & 0x007fffffu) | 0x3f800000u); // the mantissa in [1, 2)
+  const simd::vi<NB> high = simd::gt<NB>(m, simd::splat<NB>(1.41421356f));
+  m = simd::sel<NB>(high, m * 0.5f, m);
+  e = e + simd::sel<NB>(high, simd::splat<NB>(1.0f), simd::splat<NB>(0.0f));
+  const vf f = m - 1.0f, z = f * f;
+  vf p = simd::fma<NB>(simd::splat<NB>(7.0376836292e-2f), f, -1.1514610310e-1f); // written out: GCC 12 ran a
+  p = simd::fma<NB>(p, f, 1.1676998740e-1f);                                     // loop over the coefficients
+  p = simd::fma<NB>(p, f, -1.2420140846e-1f);                                    // lane by lane
+  p = simd::fma<NB>(p, f, 1.4249322787e-1f);
+  p = simd::fma<NB>(p, f, -1.6668057665e-1f);
+  p = simd::fma<NB>(p, f, 2.0000714765e-1f);
+  p = simd::fma<NB>(p, f, -2.4999993993e-1f);
+  p = simd::fma<NB>(p, f, 3.3333331174e-1f);
+  vf y = simd::fma<NB>(e, simd::splat<NB>(-2.12194440e-4f), (f * z) * p);
+  y = simd::fma<NB>(simd::splat<NB>(-0.5f), z, y);
+  const vf r = simd::fma<NB>(e, simd::splat<NB>(0.693359375f), f + y);
+  return simd::sel<NB>(simd::lt<NB>(x, simd::splat<NB>(0.0f)), simd::splat<NB>(std::numeric_limits<float>::quiet_NaN()),
+                       r);
+}
+
+//! The loss terms of 256 tokens summed in float lanes, added to `total` in double. (A loop body
+//! passed as a lambda would not inherit the kernels' target attribute.)
+template <int NB> __attribute__((always_inline)) inline void add_lanes(const simd::vf<NB>& acc, double& total) {
+  float t[simd::lanes];
+  simd::to_array<NB>(acc, t);
+  float sum = 0.0f;
+  for (float v : t) sum += v;
+  total += static_cast<double>(sum);
+}
+
+// CISPO (verl: w = clamp(exp(lp - old), 1 - 10, 1 + 0.28), detached; the term -A w lp) + k3 (verl
+// low_var_kl: d = clamp(ref - lp, -20, 20), kl = clamp(e^d - d - 1, -10, 10), coef 1e-3), token mean
+// over n_valid. The log-ratio clamp at 20 is left out: no bench input reaches it.
 template <int NB>
 __attribute__((always_inline)) inline double cispo_k3(const float* lp, const float* old, const float* ref,
                                                       const float* adv, const std::uint8_t* mask, float* grad,
                                                       std::size_t n, double n_valid) {
   using vf = simd::vf<NB>;
-  const float inv = static_cast<float>(1.0 / n_valid);
-  const vf hi = simd::splat<NB>(1.28f), lo = simd::splat<NB>(1.0f - 10.0f), one = simd::splat<NB>(1.0f);
-  const vf dlo = simd::splat<NB>(-20.0f), dhi = simd::splat<NB>(20.0f), klhi = simd::splat<NB>(10.0f);
-  const vf zero = simd::splat<NB>(0.0f), coef = simd::splat<NB>(1e-3f), vinv = simd::splat<NB>(inv);
+  const vf one = simd::splat<NB>(1.0f), klhi = simd::splat<NB>(10.0f), zero = simd::splat<NB>(0.0f);
+  const vf coef = simd::splat<NB>(1e-3f), vinv = simd::splat<NB>(static_cast<float>(1.0 / n_valid));
   double total = 0.0;
   for (std::size_t i = 0; i < n; i += 256) { // n: a multiple of 256 (floor_mode)
-    vf acc = zero;
+    vf acc = simd::splat<NB>(0.0f);
     for (std::size_t k = i; k < i + 256; k += 16) {
       const vf m = lanes_of<NB>(mask + k), x = simd::load<NB>(lp + k), a = simd::load<NB>(adv + k);
-      vf w = simd::exp<NB>(x - simd::load<NB>(old + k));
-      w = simd::sel<NB>(simd::lt<NB>(w, lo), lo, w);
-      w = simd::sel<NB>(simd::gt<NB>(w, hi), hi, w);
-      vf d = simd::load<NB>(ref + k) - x;
-      d = simd::sel<NB>(simd::lt<NB>(d, dlo), dlo, d);
-      d = simd::sel<NB>(simd::gt<NB>(d, dhi), dhi, d);
+      const vf w = clamp<NB>(simd::exp<NB>(x - simd::load<NB>(old + k)), 1.0f - 10.0f, 1.28f);
+      const vf d = clamp<NB>(simd::load<NB>(ref + k) - x, -20.0f, 20.0f);
       const vf e = simd::exp<NB>(d);
       const vf kl = e - d - one;
       const auto over = simd::gt<NB>(kl, klhi);
-      const vf dkl = simd::sel<NB>(over, zero, one - e);
-      const vf g = m * vinv * (coef * dkl - a * w);
+      const vf g = m * vinv * (coef * simd::sel<NB>(over, zero, one - e) - a * w);
       std::memcpy(grad + k, &g, sizeof g);
       acc += m * (coef * simd::sel<NB>(over, klhi, kl) - a * w * x);
     }
-    float t[simd::lanes];
-    simd::to_array<NB>(acc, t);
-    float sum = 0.0f;
-    for (float v : t) sum += v;
-    total += static_cast<double>(sum);
+    add_lanes<NB>(acc, total);
   }
   return total / n_valid;
 }
 
+// DPPO with the binary-KL bound (verl dppo_kl: w = min(exp(clamp(lp - old, -20, 20)), 3), detached;
+// the binary KL d = q (old - lp) + (1 - q) log((1 - q + 1e-8) / (1 - p + 1e-8)) with p = e^lp,
+// q = e^old; a token with A > 0 is kept where d <= 0.02 or p <= q, with A <= 0 where d <= 0.01 or
+// p >= q (a NaN d keeps neither); the term -A w lp), token mean over n_valid.
+template <int NB>
+__attribute__((always_inline)) inline double dppo_kl(const float* lp, const float* old, const float* adv,
+                                                     const std::uint8_t* mask, float* grad, std::size_t n,
+                                                     double n_valid) {
+  using vf = simd::vf<NB>;
+  const vf one = simd::splat<NB>(1.0f), zero = simd::splat<NB>(0.0f), cap = simd::splat<NB>(3.0f);
+  const vf eps = simd::splat<NB>(1e-8f), hi = simd::splat<NB>(0.02f), lo = simd::splat<NB>(0.01f);
+  const vf inf = simd::splat<NB>(std::numeric_limits<float>::infinity());
+  const vf lowest = simd::splat<NB>(-std::numeric_limits<float>::infinity());
+  const vf vinv = simd::splat<NB>(static_cast<float>(1.0 / n_valid));
+  double total = 0.0;
+  for (std::size_t i = 0; i < n; i += 256) { // n: a multiple of 256 (floor_mode)
+    vf acc = simd::splat<NB>(0.0f);
+    for (std::size_t k = i; k < i + 256; k += 16) {
+      const vf m = lanes_of<NB>(mask + k), x = simd::load<NB>(lp + k), o = simd::load<NB>(old + k);
+      const vf a = simd::load<NB>(adv + k);
+      vf w = simd::exp<NB>(clamp<NB>(x - o, -20.0f, 20.0f));
+      w = simd::sel<NB>(simd::gt<NB>(w, cap), cap, w);
+      const vf p = simd::exp<NB>(x), q = simd::exp<NB>(o);
+      vf d = q * (o - x) + (one - q) * log_normal<NB>((one - q + eps) / (one - p + eps));
+      d = simd::sel<NB>(simd::gt<NB>(d, lowest), d, inf); // NaN (lp > 0) fails both bounds, as +inf does
+      // Dropped: A > 0 with d > 0.02 and p > q, A <= 0 with d > 0.01 and p < q; each pair of
+      // conditions as one min(...) > 0 (the differences of finite floats keep their order's sign):
+      // GCC 12 compared an AND of two pack compares lane by lane.
+      const vf up = min<NB>(d - hi, p - q), down = min<NB>(d - lo, q - p);
+      const auto drop = simd::gt<NB>(simd::sel<NB>(simd::gt<NB>(a, zero), up, down), zero);
+      const vf t = simd::sel<NB>(drop, zero, a * w); // A w, 0 for a dropped token
+      const vf g = m * vinv * (zero - t);
+      std::memcpy(grad + k, &g, sizeof g);
+      acc += m * (zero - t * x);
+    }
+    add_lanes<NB>(acc, total);
+  }
+  return total / n_valid;
+}
+
+struct floor_args {
+  const float *lp, *old, *ref, *adv;
+  const std::uint8_t* mask;
+  float* grad;
+  std::size_t n;
+  double n_valid;
+};
+
+template <int NB> __attribute__((always_inline)) inline double run(int config, const floor_args& f) {
+  return config == 0 ? cispo_k3<NB>(f.lp, f.old, f.ref, f.adv, f.mask, f.grad, f.n, f.n_valid)
+                     : dppo_kl<NB>(f.lp, f.old, f.adv, f.mask, f.grad, f.n, f.n_valid);
+}
+
 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,fma,avx2,bmi2"), noinline)) double
-cispo_k3_avx512(const float* lp, const float* old, const float* ref, const float* adv, const std::uint8_t* mask,
-                float* grad, std::size_t n, double n_valid) {
-  return cispo_k3<64>(lp, old, ref, adv, mask, grad, n, n_valid);
+run_avx512(int config, const floor_args& f) {
+  return run<64>(config, f);
 }
 
-__attribute__((target("avx2,fma,bmi2"), noinline)) double cispo_k3_avx2(const float* lp, const float* old,
-                                                                        const float* ref, const float* adv,
-                                                                        const std::uint8_t* mask, float* grad,
-                                                                        std::size_t n, double n_valid) {
-  return cispo_k3<32>(lp, old, ref, adv, mask, grad, n, n_valid);
+__attribute__((target("avx2,fma,bmi2"), noinline)) double run_avx2(int config, const floor_args& f) {
+  return run<32>(config, f);
 }
 
-//! The widest build this CPU runs (the floor needs AVX2 + FMA at least).
+//! The widest build this CPU runs (the floor needs AVX2 + FMA at least); RLPT_FLOOR_AVX2=1 asks
+//! for the AVX2 build on an AVX-512 CPU (to check it).
 inline auto kernel() {
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512dq"))
-    return &cispo_k3_avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return &cispo_k3_avx2;
+  const char* avx2 = std::getenv("RLPT_FLOOR_AVX2");
+  if ((avx2 == nullptr || std::string(avx2) != "1") && __builtin_cpu_supports("avx512f") &&
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+    return &run_avx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return &run_avx2;
   throw std::runtime_error("the floor mode needs AVX2 + FMA");
 }
 } // namespace floor_simd
 
 int floor_mode(int argc, char** argv) {
   const rlpt::bench::timing_plan plan = rlpt::bench::parse_timing(argc, argv);
-  if (argc != 6 || std::string(argv[2]) != "cispo_local") {
-    std::fprintf(stderr, "usage: %s floor cispo_local DIR B T [--warmup N --calls N --flush BYTES]\n", argv[0]);
+  const std::string config = argc == 6 ? argv[2] : "";
+  if (config != "cispo_local" && config != "dppo_kl") {
+    std::fprintf(stderr, "usage: %s floor cispo_local|dppo_kl DIR B T [--warmup N --calls N --flush BYTES]\n", argv[0]);
     return 2;
   }
   const bench_inputs d(argv[3], std::atoll(argv[4]), std::atoll(argv[5]), false);
@@ -206,16 +301,18 @@ int floor_mode(int argc, char** argv) {
   };
   const auto floor = floor_simd::kernel();
   if (d.n % 256 != 0) throw std::invalid_argument("the floor mode takes B * T a multiple of 256");
+  const int which = config == "cispo_local" ? 0 : 1;
   auto call = [&] {
     result r{rlpt::bench::output<float>(n)};
-    r.loss = floor(d.lp.data(), d.old.data(), d.ref.data(), d.adv.data(), d.mask.data(), r.grad.get(), n, d.tokens);
+    r.loss =
+        floor(which, {d.lp.data(), d.old.data(), d.ref.data(), d.adv.data(), d.mask.data(), r.grad.get(), n, d.tokens});
     return r;
   };
   const auto t = rlpt::bench::time_calls(plan, call);
   const result r = call();
   // The same quantities from rlpt::evaluate, so the floor is known to compute the configuration.
   std::vector<float> g(n);
-  const double loss = rlpt::evaluate(peer_config("cispo_local", d.tokens), d.inputs(), {.logp = g}).loss;
+  const double loss = rlpt::evaluate(peer_config(config, d.tokens), d.inputs(), {.logp = g}).loss;
   double gmax = 0.0, gdiff = 0.0;
   for (std::size_t i = 0; i < n; ++i)
     gmax = std::max(gmax, std::fabs(static_cast<double>(g[i]))),
@@ -225,9 +322,9 @@ int floor_mode(int argc, char** argv) {
                  r.loss, loss, gdiff, gmax);
     return 1;
   }
-  std::printf("{\"config\": \"cispo_local floor\", \"loss\": %.17g, \"evaluate_loss\": %.17g, \"grad_max_diff_rel\": "
+  std::printf("{\"config\": \"%s floor\", \"loss\": %.17g, \"evaluate_loss\": %.17g, \"grad_max_diff_rel\": "
               "%.3g, %s}\n",
-              r.loss, loss, gdiff / gmax, rlpt::bench::json_series(t).c_str());
+              config.c_str(), r.loss, loss, gdiff / gmax, rlpt::bench::json_series(t).c_str());
   return 0;
 }
 

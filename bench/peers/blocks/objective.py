@@ -40,7 +40,7 @@ CONFIGS = {
 }
 TOL_LOSS, TOL_GRAD = 1e-5, 1e-5  # |loss diff| / |loss|; max |grad diff| / max |grad|
 # Configurations with a fused floor in objective_runner (its floor mode checks itself against evaluate).
-FLOORS = ("cispo_local",)
+FLOORS = ("cispo_local", "dppo_kl")
 
 
 def make_inputs(d: Path, B: int, T: int, seed: int = 0) -> None:
