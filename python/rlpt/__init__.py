@@ -14,10 +14,10 @@ if _built != _running:
                       "reinstall rlpt (pip install --force-reinstall --no-deps ./python)")
 
 from ._errors import Error, error_id  # noqa: E402
-from ._ops import (GROUP_STATS, METRICS, TOKEN_STATS, Objective, areal_normalize, gae, gpg_advantages,  # noqa: E402
-                   group_ids, grpo_advantages, local_denominators, local_is_weights, logprob_entropy, m2po_mask,
-                   metrics_dict, opo_advantages, passk_advantages, policy_loss, reinforce_pp, reinforce_pp_baseline,
-                   remax, rloo_advantages, sequence_logprob_entropy)
+from ._ops import (GROUP_STATS, METRICS, MISMATCH, TOKEN_STATS, Objective, areal_normalize, gae,  # noqa: E402
+                   gpg_advantages, group_ids, grpo_advantages, local_denominators, local_is_weights, logprob_entropy,
+                   m2po_mask, metrics_dict, mismatch_metrics, opo_advantages, passk_advantages, policy_loss,
+                   reinforce_pp, reinforce_pp_baseline, remax, rloo_advantages, sequence_logprob_entropy)
 
 __version__ = "0.2.0"
 cuda_kernels = bool(_C.cuda)
@@ -38,9 +38,8 @@ def reset_copy_stats():
     _C.reset_copy_stats()
 
 
-__all__ = ["Error", "error_id", "Objective", "METRICS", "GROUP_STATS", "TOKEN_STATS", "metrics_dict", "policy_loss",
-           "local_denominators", "local_is_weights", "m2po_mask", "logprob_entropy", "sequence_logprob_entropy", "grpo_advantages",
-           "rloo_advantages", "opo_advantages", "gpg_advantages", "passk_advantages", "gae", "reinforce_pp",
-           "reinforce_pp_baseline", "remax", "group_ids", "areal_normalize", "set_strict", "copy_stats",
-           "reset_copy_stats",
-           "cuda_kernels"]
+__all__ = ["Error", "error_id", "Objective", "METRICS", "MISMATCH", "GROUP_STATS", "TOKEN_STATS", "metrics_dict",
+           "policy_loss", "local_denominators", "local_is_weights", "m2po_mask", "mismatch_metrics", "logprob_entropy",
+           "sequence_logprob_entropy", "grpo_advantages", "rloo_advantages", "opo_advantages", "gpg_advantages",
+           "passk_advantages", "gae", "reinforce_pp", "reinforce_pp_baseline", "remax", "group_ids", "areal_normalize",
+           "set_strict", "copy_stats", "reset_copy_stats", "cuda_kernels"]

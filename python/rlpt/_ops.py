@@ -19,6 +19,15 @@ if len(METRICS) != _C.num_metrics:
     raise ImportError(f"rlpt._C reports {_C.num_metrics} objective metrics, the package knows {len(METRICS)}: "
                       "rebuild the package")
 
+#: Entries of the mismatch_metrics tensor (rlpt::mismatch_metrics, in order).
+MISMATCH = ("tokens", "seqs", "nonfinite_tokens", "k1", "k3", "abs_diff_mean", "abs_diff_max", "prob_abs_diff_mean",
+            "prob_abs_diff_max", "prob_abs_diff_std", "pearson_logp", "pearson_prob", "out_of_band", "chi2_token",
+            "chi2_seq", "trainer_ppl", "rollout_ppl", "trainer_log_ppl", "rollout_log_ppl", "log_ppl_diff",
+            "log_ppl_abs_diff", "log_ppl_diff_max", "log_ppl_diff_min", "ppl_ratio")
+if len(MISMATCH) != _C.num_mismatch_metrics:
+    raise ImportError(f"rlpt._C reports {_C.num_mismatch_metrics} mismatch metrics, the package knows "
+                      f"{len(MISMATCH)}: rebuild the package")
+
 #: Entries of the stats tensor of the outcome estimators.
 GROUP_STATS = ("num_degenerate", "frac_degenerate", "num_nonfinite", "batch_std")
 #: Entries of the stats tensor of the token estimators (GAE, REINFORCE++, REINFORCE++-baseline).
@@ -79,6 +88,12 @@ def _local_share_fake(spec, logp, mask, old_logp, behav_logp, ref_logp, adv, seq
 @torch.library.register_fake("rlpt::m2po_mask")
 def _m2po_mask_fake(old_logp, behav_logp, mask, cu_seqlens, m2_threshold):
     return torch.empty_like(old_logp, dtype=torch.uint8)
+
+
+@torch.library.register_fake("rlpt::mismatch_metrics")
+def _mismatch_metrics_fake(trainer_logp, rollout_logp, mask, cu_seqlens, eps_low, eps_high, log_ratio_clamp,
+                           mask_nonfinite):
+    return trainer_logp.new_empty((len(MISMATCH),), dtype=torch.float64, device="cpu")
 
 
 @torch.library.register_fake("rlpt::areal_normalize")
@@ -240,6 +255,22 @@ def m2po_mask(old_logp, behav_logp, mask=None, *, m2_threshold, cu_seqlens=None)
     mask of policy_loss. Runs on the host (CUDA tensors are copied)."""
     out = call(ops.m2po_mask, _det(old_logp), _det(behav_logp), mask, cu_seqlens, float(m2_threshold))
     return out.bool()
+
+
+def mismatch_metrics(trainer_logp, rollout_logp, mask=None, *, eps_low=0.2, eps_high=0.2, log_ratio_clamp=20.0,
+                     nonfinite="raise", cu_seqlens=None):
+    """How far the trainer's log-probs of the sampled tokens are from the rollout engine's
+    (rlpt::logprob_mismatch): {name: float} with k1, k3, abs_diff_mean/max, prob_abs_diff_*,
+    pearson_logp/prob, out_of_band (share of exp(trainer - rollout) outside [1 - eps_low,
+    1 + eps_high]), chi2_token/seq, the perplexities and their log difference and ratio, and the
+    token, row and non-finite counts. [B, T] with a mask (nonzero = counts; None: every token), or
+    packed [N] with cu_seqlens. nonfinite: "raise" (rlpt.logprob.nonfinite naming the token) or
+    "mask" (left out, counted). Runs on the host (CUDA tensors are copied); fp64 sums."""
+    if nonfinite not in ("raise", "mask"):
+        raise ValueError(f"nonfinite = {nonfinite!r}: expected 'raise' or 'mask'")
+    out = call(ops.mismatch_metrics, _det(trainer_logp), _det(rollout_logp), mask, cu_seqlens, float(eps_low),
+               float(eps_high), float(log_ratio_clamp), nonfinite == "mask")
+    return metrics_dict(out, MISMATCH)
 
 
 def areal_normalize(x, mask=None, config=None, **fields):

@@ -385,6 +385,49 @@ def logprobs_and_entropy(logits, labels, temperature=1.0):
     return lp.view(shape), ent.view(shape)
 
 
+# --- training-inference mismatch metrics ----------------------------------------------------------
+
+_OFFPOLICY_NAMES = {"kl": "k1", "k3_kl": "k3", "training_ppl": "trainer_ppl", "training_log_ppl": "trainer_log_ppl",
+                    "rollout_ppl": "rollout_ppl", "rollout_log_ppl": "rollout_log_ppl", "log_ppl_diff": "log_ppl_diff",
+                    "log_ppl_abs_diff": "log_ppl_abs_diff", "log_ppl_diff_max": "log_ppl_diff_max",
+                    "log_ppl_diff_min": "log_ppl_diff_min", "ppl_ratio": "ppl_ratio", "chi2_token": "chi2_token",
+                    "chi2_seq": "chi2_seq"}
+
+
+def compute_offpolicy_metrics(old_log_prob, rollout_log_prob, response_mask):
+    """verl.trainer.ppo.rollout_corr_helper.compute_offpolicy_metrics by rlpt.mismatch_metrics:
+    the same keys and values, except that a row with no valid token is left out of the row
+    averages (verl counts it as perplexity 1) and no valid token at all gives zeros (verl
+    asserts). Without rollout_log_prob, only training_ppl and training_log_ppl, as verl."""
+    rollout = old_log_prob if rollout_log_prob is None else rollout_log_prob
+    m = rlpt.mismatch_metrics(old_log_prob, rollout, response_mask)
+    if rollout_log_prob is None:
+        return {"training_ppl": m["trainer_ppl"], "training_log_ppl": m["trainer_log_ppl"]}
+    return {name: m[ours] for name, ours in _OFFPOLICY_NAMES.items()}
+
+
+def calculate_debug_metrics(data):
+    """verl.utils.debug.metrics.calculate_debug_metrics by rlpt.mismatch_metrics: the
+    training/rollout_probs_diff_* and training/rollout_actor_probs_pearson_corr of a DataProto
+    (rollout_log_probs, old_log_probs, response_mask or attention_mask, responses). With no valid
+    token, verl's defaults (valid 0, NaN)."""
+    batch = data.batch
+    rollout, actor = batch["rollout_log_probs"], batch["old_log_probs"]
+    mask = batch["response_mask"] if "response_mask" in batch else (
+        batch["attention_mask"] if "attention_mask" in batch else torch.ones_like(rollout))
+    mask = mask[:, -batch["responses"].size(1):]
+    m = rlpt.mismatch_metrics(actor, rollout, mask.bool())
+    if m["tokens"] == 0:
+        nan = float("nan")
+        return {"training/rollout_probs_diff_valid": 0, "training/rollout_probs_diff_max": nan,
+                "training/rollout_probs_diff_mean": nan, "training/rollout_probs_diff_std": nan,
+                "training/rollout_actor_probs_pearson_corr": nan}
+    return {"training/rollout_probs_diff_valid": 1, "training/rollout_probs_diff_max": m["prob_abs_diff_max"],
+            "training/rollout_probs_diff_mean": m["prob_abs_diff_mean"],
+            "training/rollout_probs_diff_std": m["prob_abs_diff_std"],
+            "training/rollout_actor_probs_pearson_corr": m["pearson_prob"]}
+
+
 # --- registration -------------------------------------------------------------------------------
 
 _saved = {}

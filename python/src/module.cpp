@@ -24,6 +24,7 @@ PYBIND11_MODULE(_C, m) {
   m.attr("torch_version") = RLPT_PY_TORCH_VERSION;
   m.attr("cuda") = rlpt_py::cuda_kernels_built();
   m.attr("num_metrics") = rlpt_py::num_metrics;
+  m.attr("num_mismatch_metrics") = rlpt_py::mismatch_fields;
   m.def("set_strict", &rlpt_py::set_strict, py::arg("on"));
   m.def("strict", &rlpt_py::strict);
   m.def("copy_stats", &rlpt_py::copy_stats);

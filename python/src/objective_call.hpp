@@ -4,6 +4,7 @@
 
 #include "tensors.hpp"
 
+#include <rlpt/logprob/mismatch.hpp>
 #include <rlpt/objective.hpp>
 
 #include <string>
@@ -13,6 +14,9 @@ namespace rlpt_py {
 //! Fields of rlpt::objective_result, all doubles, in declaration order (the metrics tensor).
 inline constexpr int64_t num_metrics = static_cast<int64_t>(sizeof(rlpt::objective_result) / sizeof(double));
 static_assert(sizeof(rlpt::objective_result) % sizeof(double) == 0, "objective_result must be all doubles");
+//! Fields of rlpt::mismatch_metrics, all doubles (the mismatch_metrics op's tensor).
+inline constexpr std::size_t mismatch_fields = sizeof(rlpt::mismatch_metrics) / sizeof(double);
+static_assert(sizeof(rlpt::mismatch_metrics) % sizeof(double) == 0, "mismatch_metrics must be all doubles");
 
 struct objective_call {
   rlpt::objective obj;

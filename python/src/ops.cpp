@@ -186,6 +186,62 @@ at::Tensor m2po_mask_op(const at::Tensor& old_logp, const at::Tensor& behav_logp
   });
 }
 
+//! rlpt::logprob_mismatch on host copies: the metrics as float64 [mismatch_fields], in
+//! rlpt::mismatch_metrics' order (rlpt._ops.MISMATCH).
+at::Tensor mismatch_metrics_op(const at::Tensor& trainer_logp, const at::Tensor& rollout_logp, const opt_tensor& mask,
+                               const opt_tensor& cu_seqlens, double eps_low, double eps_high, double log_ratio_clamp,
+                               bool mask_nonfinite) {
+  return guard([&] {
+    const opt_tensor trainer = trainer_logp.cpu(), rollout = rollout_logp.cpu();
+    const opt_tensor m = mask ? opt_tensor(mask->cpu()) : std::nullopt;
+    // The trainer's log-probs stand for the layout's reference tensor (logp) and old_logp, the
+    // rollout's for behav_logp: the shape, mask and dtype rules of every objective input.
+    const objective_call c =
+        prepare_objective("", trainer, m, trainer, rollout, std::nullopt, std::nullopt, std::nullopt, std::nullopt,
+                          std::nullopt, std::nullopt, std::nullopt, cu_seqlens, false, false, false);
+    const rlpt::token_layout layout = c.b.host_layout();
+    const rlpt::mismatch_options o{.eps_low = eps_low,
+                                   .eps_high = eps_high,
+                                   .log_ratio_clamp = log_ratio_clamp,
+                                   .nonfinite = mask_nonfinite ? rlpt::nonfinite::mask : rlpt::nonfinite::raise};
+    auto run = [&]<class T>(const rlpt::basic_objective_inputs<T>& in) {
+      return rlpt::logprob_mismatch<T>(
+          {.layout = layout, .mask = in.mask, .trainer_logp = in.old_logp, .rollout_logp = in.behav_logp}, o);
+    };
+    const rlpt::mismatch_metrics r = c.compute == at::kDouble
+                                         ? run(inputs_of<double, rlpt::memory_space::host>(c, layout))
+                                         : run(inputs_of<float, rlpt::memory_space::host>(c, layout));
+    const double v[] = {r.tokens,
+                        r.seqs,
+                        r.nonfinite_tokens,
+                        r.k1,
+                        r.k3,
+                        r.abs_diff_mean,
+                        r.abs_diff_max,
+                        r.prob_abs_diff_mean,
+                        r.prob_abs_diff_max,
+                        r.prob_abs_diff_std,
+                        r.pearson_logp,
+                        r.pearson_prob,
+                        r.out_of_band,
+                        r.chi2_token,
+                        r.chi2_seq,
+                        r.trainer_ppl,
+                        r.rollout_ppl,
+                        r.trainer_log_ppl,
+                        r.rollout_log_ppl,
+                        r.log_ppl_diff,
+                        r.log_ppl_abs_diff,
+                        r.log_ppl_diff_max,
+                        r.log_ppl_diff_min,
+                        r.ppl_ratio};
+    static_assert(std::size(v) == mismatch_fields);
+    at::Tensor out = at::empty({static_cast<std::int64_t>(std::size(v))}, at::TensorOptions().dtype(at::kDouble));
+    std::memcpy(out.data_ptr<double>(), v, sizeof v);
+    return out;
+  });
+}
+
 // --- advantages (CPU; CUDA tensors are computed on the host, see docs/python.md) ---------------
 
 //! Runs a host estimator on CPU copies of CUDA inputs and moves the results back.
@@ -382,6 +438,8 @@ TORCH_LIBRARY(rlpt, m) {
         "Tensor? returns, Tensor? cu_seqlens) -> Tensor");
   m.def("m2po_mask(Tensor old_logp, Tensor behav_logp, Tensor? mask, Tensor? cu_seqlens, float m2_threshold) "
         "-> Tensor");
+  m.def("mismatch_metrics(Tensor trainer_logp, Tensor rollout_logp, Tensor? mask, Tensor? cu_seqlens, float eps_low, "
+        "float eps_high, float log_ratio_clamp, bool mask_nonfinite) -> Tensor");
   m.def("outcome_advantages(str spec, Tensor rewards, Tensor group_ids, Tensor? lengths) -> (Tensor, Tensor)");
   m.def("areal_normalize(Tensor x, Tensor? mask, str mean_level, bool mean_leave1out, str std_level, "
         "bool std_unbiased, float eps, int group_size) -> Tensor");
@@ -399,6 +457,7 @@ TORCH_LIBRARY_IMPL(rlpt, CPU, m) {
   m.impl("local_denominators", &rlpt_py::local_share<rlpt_py::denominators_share>);
   m.impl("local_is_weights", &rlpt_py::local_share<rlpt_py::is_weights_share>);
   m.impl("m2po_mask", &rlpt_py::m2po_mask_op);
+  m.impl("mismatch_metrics", &rlpt_py::mismatch_metrics_op);
   m.impl("outcome_advantages", &rlpt_py::outcome_advantages);
   m.impl("gae", &rlpt_py::gae_cpu);
   m.impl("reinforce_pp", &rlpt_py::reinforce_pp_cpu);
@@ -413,6 +472,7 @@ TORCH_LIBRARY_IMPL(rlpt, CUDA, m) {
   m.impl("local_denominators", &rlpt_py::local_share<rlpt_py::denominators_share>);
   m.impl("local_is_weights", &rlpt_py::local_share<rlpt_py::is_weights_share>);
   m.impl("m2po_mask", &rlpt_py::m2po_mask_op);
+  m.impl("mismatch_metrics", &rlpt_py::mismatch_metrics_op);
   m.impl("outcome_advantages", &rlpt_py::outcome_advantages);
   m.impl("gae", &rlpt_py::gae_cpu);
   m.impl("reinforce_pp", &rlpt_py::reinforce_pp_cpu);

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import rlpt
-from conftest import close, cuda
+from conftest import close, cuda, ragged_mask
 
 ops = torch.ops.rlpt
 F64 = torch.float64
@@ -498,3 +498,60 @@ def test_custom_vespo_equals_the_trl_preset(gen):
     b, _ = rlpt.policy_loss(preset, x2, mask, old_logp=old, adv=tok_adv)
     assert a.item() == pytest.approx(b.item(), rel=1e-15)
     torch.testing.assert_close(torch.autograd.grad(a, x1)[0], torch.autograd.grad(b, x2)[0], rtol=1e-15, atol=0)
+
+
+def _mismatch_batch(gen, B=6, T=12):
+    _, mask = ragged_mask(gen, B, T)
+    rollout = -torch.rand(B, T, generator=gen) * 3 - 1e-3
+    trainer = (rollout + 0.05 * torch.randn(B, T, generator=gen)).clamp(max=-1e-4)
+    return trainer, rollout, mask
+
+
+def test_mismatch_metrics_packed_padded_dtypes_and_device_copy(gen):
+    trainer, rollout, mask = _mismatch_batch(gen)
+    m = rlpt.mismatch_metrics(trainer, rollout, mask, eps_low=0.05, eps_high=0.05)
+    assert set(m) == set(rlpt.MISMATCH)
+    assert m["tokens"] == float(mask.sum()) and m["seqs"] == float((mask.sum(1) > 0).sum())
+    # direct evaluation of a few of them
+    t, r = trainer[mask].double(), rollout[mask].double()
+    assert m["k1"] == pytest.approx(float((r - t).mean()), rel=1e-9)
+    assert m["abs_diff_max"] == pytest.approx(float((t - r).abs().max()), rel=1e-12)
+    assert m["pearson_logp"] == pytest.approx(float(torch.corrcoef(torch.stack([t, r]))[0, 1]), rel=1e-9)
+    rho = (t - r).exp()
+    assert m["out_of_band"] == pytest.approx(float(((rho < 0.95) | (rho > 1.05)).double().mean()), rel=1e-12)
+    # packed: the valid prefix of each row (ragged_mask masks a suffix)
+    lengths = mask.sum(1)
+    cu = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    packed = rlpt.mismatch_metrics(trainer[mask], rollout[mask], None, eps_low=0.05, eps_high=0.05, cu_seqlens=cu)
+    assert packed == m
+    # float64 inputs give the same metrics (the float32 values are exact in float64)
+    assert rlpt.mismatch_metrics(trainer.double(), rollout.double(), mask, eps_low=0.05, eps_high=0.05) == m
+    # a non-contiguous view is read like its contiguous copy
+    wide = torch.cat([trainer, trainer], 1)
+    assert rlpt.mismatch_metrics(wide[:, :trainer.shape[1]], rollout, mask, eps_low=0.05, eps_high=0.05) == m
+
+
+def test_mismatch_metrics_errors_and_nonfinite(gen):
+    trainer, rollout, mask = _mismatch_batch(gen)
+    mask[:] = True
+    trainer[1, 2] = float("nan")
+    with pytest.raises(rlpt.Error) as e:
+        rlpt.mismatch_metrics(trainer, rollout, mask)
+    assert e.value.id == "rlpt.logprob.nonfinite" and "sequence 1, position 2" in e.value.message
+    m = rlpt.mismatch_metrics(trainer, rollout, mask, nonfinite="mask")
+    assert m["nonfinite_tokens"] == 1.0 and m["tokens"] == mask.numel() - 1
+    with pytest.raises(rlpt.Error) as e:
+        rlpt.mismatch_metrics(trainer, rollout, mask, eps_low=2.0)
+    assert e.value.id == "rlpt.logprob.bad_option" and "eps_low = 2" in e.value.message
+    with pytest.raises(rlpt.Error) as e:
+        rlpt.mismatch_metrics(trainer, rollout[:, :5], mask)
+    assert e.value.id == "rlpt.python.shape"
+    with pytest.raises(ValueError):
+        rlpt.mismatch_metrics(trainer, rollout, mask, nonfinite="skip")
+    empty = rlpt.mismatch_metrics(trainer, rollout, torch.zeros_like(mask))
+    assert all(v == 0.0 for v in empty.values())
+
+
+def test_mismatch_metrics_opcheck(gen):
+    trainer, rollout, mask = _mismatch_batch(gen)
+    torch.library.opcheck(ops.mismatch_metrics.default, (trainer, rollout, mask, None, 0.2, 0.2, 20.0, False))

@@ -380,3 +380,35 @@ def test_plugin_entry_point_is_declared():
     eps = [e for e in entry_points(group="verl.plugins") if e.name == "rlpt"]
     assert eps and eps[0].value == "rlpt.verl:_plugin"
     assert "rlpt_vanilla" in ca.POLICY_LOSS_REGISTRY and "rlpt_grpo" in ca.ADV_ESTIMATOR_REGISTRY
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_mismatch_metrics_match_verl(seed):
+    from verl import DataProto
+    from verl.trainer.ppo.rollout_corr_helper import compute_offpolicy_metrics
+    from verl.utils.debug.metrics import calculate_debug_metrics
+
+    g = torch.Generator().manual_seed(seed)
+    B, T = 9, 17
+    _, mask = ragged_mask(g, B, T, {0: T, 1: 1})  # every row has a valid token: verl averages over all rows
+    rollout = -torch.rand(B, T, generator=g) * 4 - 1e-3
+    trainer = (rollout + 0.2 * torch.randn(B, T, generator=g)).clamp(max=-1e-4)
+    want = compute_offpolicy_metrics(old_log_prob=trainer, rollout_log_prob=rollout, response_mask=mask)
+    got = rv.compute_offpolicy_metrics(trainer, rollout, mask)
+    assert set(got) == set(want)
+    for k in want:
+        assert got[k] == pytest.approx(want[k], rel=1e-5, abs=1e-6), k
+    only = rv.compute_offpolicy_metrics(trainer, None, mask)
+    want_only = compute_offpolicy_metrics(old_log_prob=trainer, rollout_log_prob=None, response_mask=mask)
+    assert set(only) == set(want_only)
+    for k in want_only:
+        assert only[k] == pytest.approx(want_only[k], rel=1e-5), k
+    data = DataProto.from_dict(tensors={"rollout_log_probs": rollout, "old_log_probs": trainer,
+                                        "response_mask": mask.long(), "responses": torch.zeros(B, T, dtype=torch.long)})
+    want, got = calculate_debug_metrics(data), rv.calculate_debug_metrics(data)
+    assert set(got) == set(want)
+    for k in want:
+        assert got[k] == pytest.approx(want[k], rel=1e-5, abs=1e-6), k
+    data.batch["response_mask"] = torch.zeros(B, T, dtype=torch.long)
+    want, got = calculate_debug_metrics(data), rv.calculate_debug_metrics(data)
+    assert got["training/rollout_probs_diff_valid"] == want["training/rollout_probs_diff_valid"] == 0

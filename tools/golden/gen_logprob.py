@@ -10,6 +10,10 @@ Files (tests/data/golden/logprob/):
 - sampled.bin: temperature + Hugging Face TopKLogitsWarper / TopPLogitsWarper (the vLLM/HF
   sampling rule), then log_softmax+gather and entropy of the truncated, renormalised distribution,
   and the kept mask.
+- mismatch.bin: trainer and rollout log-probs of sampled tokens ([B, T] with a ragged mask, every
+  row with a valid token), and verl's own metrics of their mismatch: compute_offpolicy_metrics
+  (rollout_corr_helper) and calculate_debug_metrics (utils/debug/metrics), each run on float32
+  tensors (as verl runs them) and on float64 ones.
 """
 from pathlib import Path
 
@@ -66,6 +70,45 @@ def _peer_functions(x: np.ndarray, t: np.ndarray, temp: float) -> dict:
         "trl_logp": selective_log_softmax(logits, labels, temperature=temp),
         "trl_entropy": trl_entropy(z),
     }
+
+
+# verl's metric names, in the order of MISMATCH_KEYS in tests/logprob/test_mismatch.cpp
+OFFPOLICY_KEYS = ("kl", "k3_kl", "training_ppl", "training_log_ppl", "rollout_ppl", "rollout_log_ppl", "log_ppl_diff",
+                  "log_ppl_abs_diff", "log_ppl_diff_max", "log_ppl_diff_min", "ppl_ratio", "chi2_token", "chi2_seq")
+DEBUG_KEYS = ("training/rollout_probs_diff_max", "training/rollout_probs_diff_mean", "training/rollout_probs_diff_std",
+              "training/rollout_actor_probs_pearson_corr")
+
+
+def _mismatch(rng: np.random.Generator) -> tuple[dict, dict]:
+    from verl import DataProto
+    from verl.trainer.ppo.rollout_corr_helper import compute_offpolicy_metrics
+    from verl.utils.debug.metrics import calculate_debug_metrics
+
+    B, T = 12, 40
+    lengths = rng.integers(1, T + 1, size=B)
+    lengths[0], lengths[1] = T, 1  # a full row, a one-token row
+    mask = (np.arange(T)[None, :] < lengths[:, None]).astype(np.uint8)
+    mask[2, 5] = 0  # a hole inside a response (multi-turn)
+    rollout = (-np.abs(rng.normal(0.0, 1.5, size=(B, T))) - 1e-3).astype(np.float32)
+    trainer = (rollout + rng.normal(0.0, 0.08, size=(B, T))).astype(np.float32)
+    trainer[3, :4] = rollout[3, :4] + np.float32(1.5)  # large disagreements: out of any band
+    trainer = np.minimum(trainer, -1e-4).astype(np.float32)
+    trainer[mask == 0] = np.float32(np.nan)  # masked slots hold garbage that must not leak
+    rollout[mask == 0] = np.float32(-np.inf)
+    arrays = {"trainer_logp": trainer, "rollout_logp": rollout, "mask": mask}
+    values = {}
+    for name, dtype in (("f32", torch.float32), ("f64", torch.float64)):
+        t = torch.from_numpy(np.where(mask == 1, trainer, 0.0)).to(dtype)  # verl multiplies by the mask: no NaN
+        r = torch.from_numpy(np.where(mask == 1, rollout, 0.0)).to(dtype)
+        m = torch.from_numpy(mask).bool()
+        off = compute_offpolicy_metrics(old_log_prob=t, rollout_log_prob=r, response_mask=m)
+        dbg = calculate_debug_metrics(DataProto.from_dict(tensors={
+            "rollout_log_probs": r, "old_log_probs": t, "response_mask": m.long(),
+            "responses": torch.zeros(B, T, dtype=torch.long)}))
+        arrays[f"verl_offpolicy_{name}"] = np.array([off[k] for k in OFFPOLICY_KEYS], dtype=np.float64)
+        arrays[f"verl_debug_{name}"] = np.array([dbg[k] for k in DEBUG_KEYS], dtype=np.float64)
+        values[name] = {**off, **dbg}
+    return arrays, {"offpolicy_keys": list(OFFPOLICY_KEYS), "debug_keys": list(DEBUG_KEYS), "B": B, "T": T}
 
 
 def generate(out_dir: Path, seed: int) -> None:
@@ -133,3 +176,12 @@ def generate(out_dir: Path, seed: int) -> None:
         "logprob", seed, n=N, v=V, cases=cases,
         reference="transformers TopKLogitsWarper then TopPLogitsWarper on logits / T (fp64), "
                   "log_softmax + gather and entropy of the renormalised support"))
+
+    # training-inference mismatch metrics (verl's functions)
+    arrays, params = _mismatch(np.random.default_rng(seed + 1))
+    rlpt_golden.write(out_dir / "mismatch.bin", arrays, peers.meta(
+        "logprob", seed + 1, **params,
+        reference="verl.trainer.ppo.rollout_corr_helper.compute_offpolicy_metrics(old_log_prob=trainer, "
+                  "rollout_log_prob=rollout) and verl.utils.debug.metrics.calculate_debug_metrics, float32 and "
+                  "float64 tensors; masked slots zeroed for verl (it multiplies by the mask), NaN / -inf in the "
+                  "file"))

@@ -115,13 +115,16 @@ namespace logprob {
 inline constexpr error_id alias{"rlpt.logprob.alias"};
 //! a vocabulary shard does not fit the global vocabulary
 inline constexpr error_id bad_shard{"rlpt.logprob.bad_shard"};
+//! an option of a logprob statistic is out of its range (the mismatch band or clamp)
+inline constexpr error_id bad_option{"rlpt.logprob.bad_option"};
 //! lm-head token or vocabulary tile is not positive
 inline constexpr error_id bad_tile{"rlpt.logprob.bad_tile"};
 //! a target has probability 0 under top-k/top-p scoring
 inline constexpr error_id dropped_target{"rlpt.logprob.dropped_target"};
 //! the backward was not given the statistics the forward saved
 inline constexpr error_id missing_saved{"rlpt.logprob.missing_saved"};
-//! a logits row has no usable softmax (NaN, +inf, or every entry -inf)
+//! a logits row has no usable softmax (NaN, +inf, or every entry -inf), or a log-prob given to
+//! the mismatch metrics is NaN or infinite at a valid token
 inline constexpr error_id nonfinite{"rlpt.logprob.nonfinite"};
 //! logits, targets and outputs disagree in shape
 inline constexpr error_id shape_mismatch{"rlpt.logprob.shape_mismatch"};
