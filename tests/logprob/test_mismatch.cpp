@@ -218,6 +218,20 @@ TEST_CASE("logprob_mismatch: non-finite log-probs at valid tokens raise, or are 
   x.trainer[25] = std::numeric_limits<float>::quiet_NaN();
   RLPT_CHECK_ERROR(rlpt::logprob_mismatch(x.inputs()), "rlpt.logprob.nonfinite", "trainer_logp[25]", "sequence 2",
                    "position 5");
+  // a finite value whose exp overflows is no log-probability either (it would turn the
+  // probability statistics into inf - inf)
+  batch z = x;
+  z.trainer[25] = -1.0f;
+  z.trainer[30] = 800.0f;
+  RLPT_CHECK_ERROR(rlpt::logprob_mismatch(z.inputs()), "rlpt.logprob.nonfinite", "trainer_logp[30] = 800",
+                   "at most 700");
+  const auto big = rlpt::logprob_mismatch(z.inputs(), {.nonfinite = rlpt::nonfinite::mask});
+  CHECK(big.nonfinite_tokens == 1.0);
+  for (double v : all_of(big)) CHECK(std::isfinite(v));
+  // a finite log-prob far below the other: large but finite statistics, no NaN
+  z.trainer[30] = -1.0f;
+  z.rollout[31] = -1e30f;
+  for (double v : all_of(rlpt::logprob_mismatch(z.inputs()))) CHECK(!std::isnan(v));
   const auto masked = rlpt::logprob_mismatch(x.inputs(), {.nonfinite = rlpt::nonfinite::mask});
   CHECK(masked.nonfinite_tokens == 1.0);
   batch y = x;

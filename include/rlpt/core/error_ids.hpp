@@ -124,7 +124,7 @@ inline constexpr error_id dropped_target{"rlpt.logprob.dropped_target"};
 //! the backward was not given the statistics the forward saved
 inline constexpr error_id missing_saved{"rlpt.logprob.missing_saved"};
 //! a logits row has no usable softmax (NaN, +inf, or every entry -inf), or a log-prob given to
-//! the mismatch metrics is NaN or infinite at a valid token
+//! the mismatch metrics is not finite (or above 700) at a valid token
 inline constexpr error_id nonfinite{"rlpt.logprob.nonfinite"};
 //! logits, targets and outputs disagree in shape
 inline constexpr error_id shape_mismatch{"rlpt.logprob.shape_mismatch"};

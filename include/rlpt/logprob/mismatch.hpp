@@ -50,7 +50,8 @@ struct mismatch_options {
   //! The chi-squared terms clamp log rho (token) and its row sum (sequence) to [-c, c] before
   //! the exp (verl's SAFETY_BOUND, 20).
   double log_ratio_clamp = 20.0;
-  //! A NaN or infinite log-prob at a valid token: raise, or leave the token out and count it.
+  //! A NaN or infinite log-prob (or one above 700, whose exp overflows) at a valid token: raise,
+  //! or leave the token out and count it.
   rlpt::nonfinite nonfinite = rlpt::nonfinite::raise;
 };
 
@@ -60,7 +61,7 @@ struct mismatch_options {
 struct mismatch_metrics {
   double tokens = 0.0;           //!< valid tokens
   double seqs = 0.0;             //!< rows with a valid token
-  double nonfinite_tokens = 0.0; //!< valid tokens left out for a non-finite log-prob (nonfinite::mask)
+  double nonfinite_tokens = 0.0; //!< valid tokens left out for an unusable log-prob (nonfinite::mask)
 
   double k1 = 0.0;            //!< mean(rollout - trainer): KL(rollout || trainer) by k1 (verl `kl`)
   double k3 = 0.0;            //!< mean(rho - log rho - 1) (verl `k3_kl`)
@@ -119,17 +120,21 @@ template <class T>
 
   const double lo = 1.0 - opt.eps_low, hi = 1.0 + opt.eps_high, c = opt.log_ratio_clamp;
   mismatch_metrics m;
-  // A valid token counts when both log-probs are finite; otherwise it raises, or (nonfinite::mask)
-  // is left out and counted.
+  // A valid token counts when both are log-probabilities exp() can take: finite and at most
+  // max_logp (a positive log-probability is already wrong, but rounding makes tiny ones); any
+  // other raises, or (nonfinite::mask) is left out and counted.
+  constexpr double max_logp = 700.0; // exp(700) ~ 1e304: every sum of such terms stays finite
+  auto usable_value = [](T v) { return finite(v) && static_cast<double>(v) <= max_logp; };
   auto usable = [&](index_t b, index_t t, index_t i) {
     const T x = in.trainer_logp[i], y = in.rollout_logp[i];
-    if (RLPT_LIKELY(finite(x) && finite(y))) return true;
+    if (RLPT_LIKELY(usable_value(x) && usable_value(y))) return true;
     if (opt.nonfinite == nonfinite::mask) return false;
-    const bool bad_trainer = !finite(x);
+    const bool bad_trainer = !usable_value(x);
     RLPT_FAIL(errors::logprob::nonfinite,
-              "{}[{}] = {} is not finite at a valid token (sequence {}, position {}); set nonfinite = "
-              "rlpt::nonfinite::mask to leave such tokens out and count them",
-              bad_trainer ? "trainer_logp" : "rollout_logp", i, static_cast<double>(bad_trainer ? x : y), b, t);
+              "{}[{}] = {} at a valid token (sequence {}, position {}) is not a finite log-probability of at most "
+              "{}; set nonfinite = rlpt::nonfinite::mask to leave such tokens out and count them",
+              bad_trainer ? "trainer_logp" : "rollout_logp", i, static_cast<double>(bad_trainer ? x : y), b, t,
+              max_logp);
   };
 
   // Pass 1: the sums, extremes and row statistics.
@@ -211,7 +216,7 @@ template <class T>
     for (index_t t = 0; t < L.length(b); ++t) {
       const index_t i = L.at(b, t);
       if (in.mask.size() != 0 && in.mask[i] == 0) continue;
-      if (!finite(in.trainer_logp[i]) || !finite(in.rollout_logp[i])) continue; // counted in pass 1
+      if (!usable_value(in.trainer_logp[i]) || !usable_value(in.rollout_logp[i])) continue; // counted in pass 1
       const double x = static_cast<double>(in.trainer_logp[i]), y = static_cast<double>(in.rollout_logp[i]);
       const double pt = std::exp(x), pr = std::exp(y);
       const double a = x - mean_t, r = y - mean_r, u = pt - mean_pt, v = pr - mean_pr;
