@@ -53,6 +53,15 @@ std::vector<double> all_of(const rlpt::mismatch_metrics& m) {
   return v;
 }
 
+//! Every metric of a and b, bit for bit.
+void check_same(const rlpt::mismatch_metrics& a, const rlpt::mismatch_metrics& b) {
+  const std::vector<double> x = all_of(a), y = all_of(b);
+  for (std::size_t k = 0; k < x.size(); ++k) {
+    INFO("metric " << k);
+    CHECK(x[k] == y[k]);
+  }
+}
+
 struct batch {
   index_t B = 0, T = 0;
   std::vector<float> trainer, rollout;
@@ -169,11 +178,7 @@ TEST_CASE("logprob_mismatch: padded and packed layouts of one batch give the sam
   const auto padded = rlpt::logprob_mismatch(x.inputs());
   const auto packed = rlpt::logprob_mismatch<float>(
       {.layout = rlpt::token_layout::packed(offsets), .trainer_logp = pt, .rollout_logp = pr}); // no mask: all valid
-  const auto a = all_of(padded), b = all_of(packed);
-  for (std::size_t k = 0; k < a.size(); ++k) {
-    INFO("metric " << k);
-    CHECK(a[k] == b[k]);
-  }
+  check_same(padded, packed);
 }
 
 TEST_CASE("logprob_mismatch: rows without a valid token are left out of the sequence statistics") {
@@ -185,11 +190,7 @@ TEST_CASE("logprob_mismatch: rows without a valid token are left out of the sequ
     y.rollout.push_back(-30.0f);
     y.mask.push_back(0);
   }
-  const auto a = all_of(rlpt::logprob_mismatch(x.inputs())), b = all_of(rlpt::logprob_mismatch(y.inputs()));
-  for (std::size_t k = 0; k < a.size(); ++k) {
-    INFO("metric " << k);
-    CHECK(a[k] == b[k]);
-  }
+  check_same(rlpt::logprob_mismatch(x.inputs()), rlpt::logprob_mismatch(y.inputs()));
 }
 
 TEST_CASE("logprob_mismatch: no valid token gives zeros, not NaN") {
@@ -240,11 +241,7 @@ TEST_CASE("logprob_mismatch: non-finite log-probs at valid tokens raise, or are 
   CHECK(masked.tokens == without.tokens);
   rlpt::mismatch_metrics rest = masked;
   rest.nonfinite_tokens = 0.0; // the one difference
-  const auto a = all_of(rest), b = all_of(without);
-  for (std::size_t k = 0; k < a.size(); ++k) {
-    INFO("metric " << k);
-    CHECK(a[k] == b[k]);
-  }
+  check_same(rest, without);
 }
 
 TEST_CASE("logprob_mismatch: bad options and mis-sized views are named errors") {
@@ -268,6 +265,5 @@ TEST_CASE("logprob_mismatch: fp64 log-probs") {
   std::vector<double> t(x.trainer.begin(), x.trainer.end()), r(x.rollout.begin(), x.rollout.end());
   const auto m64 = rlpt::logprob_mismatch<double>(
       {.layout = rlpt::token_layout::padded(x.B, x.T), .mask = x.mask, .trainer_logp = t, .rollout_logp = r});
-  const auto a = all_of(m64), b = all_of(rlpt::logprob_mismatch(x.inputs()));
-  for (std::size_t k = 0; k < a.size(); ++k) CHECK(a[k] == b[k]); // the float values, exactly representable
+  check_same(m64, rlpt::logprob_mismatch(x.inputs())); // the float values, exactly representable
 }
