@@ -24,6 +24,7 @@
 #include <rlpt/core/float_bits.hpp>
 #include <rlpt/core/layout.hpp>
 #include <rlpt/core/nonfinite.hpp>
+#include <rlpt/core/stats.hpp>
 #include <rlpt/core/views.hpp>
 
 #include <algorithm>
@@ -232,7 +233,8 @@ template <class T>
   auto pearson = [](double cov, double va, double vb) { return va > 0.0 && vb > 0.0 ? cov / std::sqrt(va * vb) : 0.0; };
   m.pearson_logp = pearson(ctr, ctt, crr);
   m.pearson_prob = pearson(cpp, cpt, cpr);
-  m.prob_abs_diff_std = N > 1 ? std::sqrt(cdp / (N - 1.0)) : 0.0;
+  const moments dp{.count = N, .mean = mean_dp, .m2 = cdp}; // core's moments: the spread with Bessel's correction
+  m.prob_abs_diff_std = N > 1 ? dp.stddev(/*unbiased=*/true) : 0.0;
   return m;
 }
 
