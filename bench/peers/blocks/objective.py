@@ -76,7 +76,7 @@ def cases(ctx) -> list[Case]:
 
         sides = [Side("rlpt", "objective_runner", ["peer", name, "{dir}", B, T]),
                  Side("verl", peer="loss", params={"config": name, "B": B, "T": T}, role="peer")]
-        if name in FLOORS:  # a lower bound: one fused AVX-512 pass of the configuration's arithmetic alone
+        if name in FLOORS:  # a lower bound: one fused pass (AVX-512, else AVX2) of the arithmetic alone
             sides.append(Side("fused floor", "objective_runner", ["floor", name, "{dir}", B, T], role="limit",
                               check=False))
         out.append(Case(name, {"configuration": name, "tokens": f"{B} x {T}"}, sides,
