@@ -5,6 +5,7 @@
 #include "common.hpp"
 #include <rlpt/core/thread_pool.hpp>
 
+#include "support/errors.hpp"
 #include "support/random.hpp"
 
 #include <algorithm>
@@ -161,6 +162,26 @@ TEST_CASE("zero-std groups give exactly 0 (0.35, 0.4, 0.3 regression): no cancel
     CHECK(s.mean[0] == 0.35f);
     CHECK(s.size[2] == 64);
   }
+}
+
+TEST_CASE("nondegenerate_items: one byte per sequence, 0 where its group has zero variance, groups interleaved") {
+  // Groups 7 (constant), 3 (varied), 9 (one sample) and 5 (varied), their members interleaved.
+  const std::vector<std::int64_t> ids{7, 3, 9, 7, 3, 5, 5, 7, 3, 5};
+  const std::vector<float> rewards{1.0f, 0.0f, 1.0f, 1.0f, 1.0f, 0.5f, 0.25f, 1.0f, 0.0f, 0.5f};
+  const auto g = rlpt::groups::from_ids(ids);
+  std::vector<float> adv(rewards.size());
+  const rlpt::group_stats s = rlpt::grpo_advantages(rewards, g, adv, rlpt::compat::verl::grpo());
+  const std::vector<rlpt::mask_t> counted = rlpt::nondegenerate_items(g, s);
+  CHECK(counted == std::vector<rlpt::mask_t>{0, 1, 0, 0, 1, 1, 1, 0, 1, 1});
+  // The constant group has no policy signal; the single sample is degenerate too (max == min, as TRL
+  // PR #6368 tests it), though verl's convention (mean 0, std 1) leaves it its reward as advantage.
+  for (std::size_t i = 0; i < counted.size(); ++i)
+    if (ids[i] == 7) CHECK(adv[i] == 0.0f);
+  CHECK(adv[2] == doctest::Approx(1.0f));
+  rlpt::group_stats other;
+  other.degenerate.assign(3, 0);
+  RLPT_CHECK_ERROR(static_cast<void>(rlpt::nondegenerate_items(g, other)), "rlpt.view.size_mismatch",
+                   "group_stats.degenerate has 3 elements, expected 4");
 }
 
 TEST_CASE("std_floor bounds the amplification of a near-constant group") {

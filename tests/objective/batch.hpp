@@ -18,6 +18,7 @@ template <class T> struct batch {
   std::vector<mask_t> mask;
   std::vector<T> lp, old, behav, ref, adv, entropy, values, old_values, returns, teachers;
   std::vector<T> seq_adv;
+  std::vector<mask_t> in_denominator; //!< seq_in_denominator when not empty
   int n_teachers = 2;
 
   batch(index_t b, index_t len, std::uint64_t stream, double gap = 0.3, double behav_gap = 0.2) : B(b), L(len) {
@@ -70,6 +71,7 @@ template <class T> struct batch {
     in.old_values = old_values;
     in.returns = returns;
     in.teacher_logp = view2d<const T>(teachers.data(), n_teachers, static_cast<index_t>(size()));
+    in.seq_in_denominator = in_denominator;
     return in;
   }
 };

@@ -218,6 +218,24 @@ TEST_CASE("errors: a global denominator smaller than this call's own count") {
                    "global_tokens", "is smaller than the", "tokens in the loss in this call alone");
   RLPT_CHECK_ERROR(evaluate(objective{.agg = {.mode = agg_mode::seq_mean_token_sum, .global_seqs = 1.0}}, in),
                    "rlpt.objective.bad_denominator", "global_seqs = 1", "sequences in this call alone");
+
+  // With seq_in_denominator the call's own count leaves the marked sequences out: their count is
+  // the least a global denominator may be, and one token fewer is the error.
+  const std::vector<mask_t> counted{1, 0, 1, 0};
+  auto marked = in;
+  marked.seq_in_denominator = counted;
+  const loss_denominators own = local_denominators(objective{}, marked);
+  CHECK(own.tokens < local);
+  CHECK(evaluate(objective{.agg = {.global_tokens = own.tokens}}, marked).loss_tokens == local);
+  RLPT_CHECK_ERROR(evaluate(objective{.agg = {.global_tokens = own.tokens - 1.0}}, marked),
+                   "rlpt.objective.bad_denominator", "is smaller than the", "tokens in the loss in this call alone");
+  RLPT_CHECK_ERROR(
+      evaluate(objective{.agg = {.mode = agg_mode::seq_mean_token_sum, .global_seqs = own.seqs - 1.0}}, marked),
+      "rlpt.objective.bad_denominator", "sequences in this call alone");
+  const std::vector<mask_t> short_mask{1, 0, 1};
+  marked.seq_in_denominator = short_mask;
+  RLPT_CHECK_ERROR(evaluate(objective{}, marked), "rlpt.view.size_mismatch",
+                   "seq_in_denominator has 3 elements, expected 4");
 }
 
 TEST_CASE("errors: a non-finite input at a valid token is reported with its place") {

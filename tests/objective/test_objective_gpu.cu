@@ -37,6 +37,7 @@ device_run run_device(const objective& obj, const batch<float>& b, bool packed_l
   dbuf<float> lp(b.lp), old(b.old), behav(b.behav), ref(b.ref), adv(b.adv), ent(b.entropy), val(b.values),
       vold(b.old_values), ret(b.returns), teach(b.teachers);
   dbuf<float> gl(b.size()), ge(b.size()), gv(b.size());
+  dbuf<mask_t> in_den(b.in_denominator.empty() ? std::vector<mask_t>{1} : b.in_denominator);
   std::vector<index_t> offs;
   for (index_t s = 0; s <= b.B; ++s) offs.push_back(s * b.stride);
   dbuf<index_t> d_offs(offs);
@@ -54,6 +55,7 @@ device_run run_device(const objective& obj, const batch<float>& b, bool packed_l
   in.old_values = vold.cview();
   in.returns = ret.cview();
   in.teacher_logp = device_view2d<const float>(teach.data(), b.n_teachers, static_cast<index_t>(b.size()));
+  if (!b.in_denominator.empty()) in.seq_in_denominator = in_den.cview();
   device_objective_grads<float> g{.logp = gl.view(), .entropy = ge.view(), .values = gv.view()};
   dbuf<objective_result> result(1);
   workspace ws;
@@ -191,6 +193,23 @@ TEST_CASE("device evaluate equals host evaluate on packed layouts and with expli
     compare(obj, b, /*packed=*/true);
     obj.agg = with_denominators(obj.agg, local_denominators(obj, b.inputs()) + loss_denominators{17.0, 3.0});
     compare(obj, b);
+  }
+}
+
+TEST_CASE("device: seq_in_denominator leaves the marked sequences out of the denominators, as on the host") {
+  batch<float> b(13, 2100, 48, 0.3, 0.3);
+  b.in_denominator.assign(13, 1);
+  b.in_denominator[0] = b.in_denominator[5] = b.in_denominator[6] = 0;
+  for (objective obj : configurations()) {
+    compare(obj, b);
+    // Explicit global denominators are checked against the counted sequences: equal passes, one less fails.
+    const loss_denominators own = local_denominators(obj, b.inputs());
+    obj.agg = with_denominators(obj.agg, own);
+    compare(obj, b);
+    if (obj.agg.mode == agg_mode::token_mean) {
+      obj.agg.global_tokens = own.tokens - 1.0;
+      CHECK(run_device(obj, b).r.denominator_error == 1.0);
+    }
   }
 }
 

@@ -56,6 +56,7 @@ template <class T> batch<T> rows(const batch<T>& b, index_t r0, index_t r1) {
   cut(m.old_values, b.old_values);
   cut(m.returns, b.returns);
   m.seq_adv.assign(b.seq_adv.begin() + r0, b.seq_adv.begin() + r1);
+  if (!b.in_denominator.empty()) m.in_denominator.assign(b.in_denominator.begin() + r0, b.in_denominator.begin() + r1);
   m.teachers.clear();
   const std::size_t n = b.size();
   for (int k = 0; k < b.n_teachers; ++k)
@@ -124,6 +125,105 @@ TEST_CASE("gradient accumulation: micro-batch losses and gradients add up to the
       RLPT_CHECK_CLOSE(gv, gf.values, 1e-12, 1e-15);
     }
   }
+}
+
+TEST_CASE("seq_in_denominator: marked sequences stay in the loss and out of its denominators, in every mode") {
+  const batch<double> full(11, 12, 23, 0.3, 0.3);
+  std::vector<mask_t> counted(11, 1);
+  counted[0] = counted[4] = counted[7] = 0; // row 1 is empty: it counts where count_empty_rows says so
+  for (agg_mode m : {agg_mode::token_mean, agg_mode::token_sum, agg_mode::seq_mean_token_sum,
+                     agg_mode::seq_mean_token_mean, agg_mode::seq_mean_token_sum_norm}) {
+    for (const objective& obj : accumulation_objectives(m)) {
+      INFO("mode ", name(m), ", policy ", obj.policy.index());
+      auto marked = full.inputs();
+      marked.seq_in_denominator = counted;
+      const loss_denominators all = local_denominators(obj, full.inputs());
+      const loss_denominators own = local_denominators(obj, marked);
+      // The counts without the marked rows' tokens and sequences, by hand from the plain call's rows.
+      double tokens = 0.0, seqs = 0.0;
+      for (index_t b = 0; b < 11; ++b) {
+        if (counted[static_cast<std::size_t>(b)] == 0) continue;
+        const loss_denominators r = local_denominators(obj, rows(full, b, b + 1).inputs());
+        tokens += r.tokens;
+        seqs += r.seqs;
+      }
+      CHECK(own.tokens == tokens);
+      CHECK(own.seqs == seqs);
+      CHECK(own.tokens <= all.tokens); // SAPO's sequence rejection here drops the marked rows anyway
+
+      // Every term is linear in 1/N (token_mean) or 1/B (the sequence modes): the marked call is the
+      // plain one scaled by the ratio of the denominators, term by term and slot by slot.
+      const double f = m == agg_mode::token_mean  ? all.tokens / own.tokens
+                       : m == agg_mode::token_sum ? 1.0
+                                                  : all.seqs / own.seqs;
+      grads<double> gp(full.size()), gm(full.size());
+      const objective_result rp = evaluate(obj, full.inputs(), gp.view());
+      const objective_result rm = evaluate(obj, marked, gm.view());
+      CHECK(rm.loss == doctest::Approx(rp.loss * f).epsilon(1e-12));
+      CHECK(rm.policy_loss == doctest::Approx(rp.policy_loss * f).epsilon(1e-12));
+      CHECK(rm.kl_loss == doctest::Approx(rp.kl_loss * f).epsilon(1e-12));
+      CHECK(rm.value_loss == doctest::Approx(rp.value_loss * f).epsilon(1e-12));
+      for (auto* g : {&gp.logp, &gp.entropy, &gp.values})
+        for (double& x : *g) x = x == -777.0 ? x : x * f;
+      RLPT_CHECK_CLOSE(gm.logp, gp.logp, 1e-12, 1e-15);
+      RLPT_CHECK_CLOSE(gm.entropy, gp.entropy, 1e-12, 1e-15);
+      RLPT_CHECK_CLOSE(gm.values, gp.values, 1e-12, 1e-15);
+      // Metrics are over every token of the call.
+      CHECK(rm.tokens == rp.tokens);
+      CHECK(rm.loss_tokens == rp.loss_tokens);
+      CHECK(rm.clip_frac_low == rp.clip_frac_low);
+      CHECK(rm.kl_mean == rp.kl_mean);
+
+      // Micro-batches: their local denominators add up to the step's, and with those the micro-batch
+      // losses and gradients add up to the marked full batch (each micro-batch's global count may be
+      // below its own in-loss tokens, never below its counted ones).
+      const index_t cuts[] = {0, 1, 3, 8, 11}; // the first micro-batch is a marked row alone
+      objective step = obj;
+      loss_denominators total;
+      for (int k = 0; k < 4; ++k) {
+        const batch<double> mb = rows(full, cuts[k], cuts[k + 1]);
+        auto in = mb.inputs();
+        in.seq_in_denominator = view<const mask_t>(counted.data() + cuts[k], cuts[k + 1] - cuts[k]);
+        total += local_denominators(obj, in);
+      }
+      CHECK(total.tokens == own.tokens);
+      CHECK(total.seqs == own.seqs);
+      step.agg = with_denominators(step.agg, total);
+      if (step.policy_agg) step.policy_agg = with_denominators(*step.policy_agg, total);
+      double sum = 0.0;
+      std::vector<double> gl;
+      for (int k = 0; k < 4; ++k) {
+        const batch<double> mb = rows(full, cuts[k], cuts[k + 1]);
+        auto in = mb.inputs();
+        in.seq_in_denominator = view<const mask_t>(counted.data() + cuts[k], cuts[k + 1] - cuts[k]);
+        grads<double> g(mb.size());
+        sum += evaluate(step, in, g.view()).loss;
+        gl.insert(gl.end(), g.logp.begin(), g.logp.end());
+      }
+      CHECK(sum == doctest::Approx(rm.loss).epsilon(1e-12));
+      RLPT_CHECK_CLOSE(gl, gm.logp, 1e-12, 1e-15);
+    }
+  }
+}
+
+TEST_CASE("seq_in_denominator: all ones changes no bit, all zeros leave no denominator and a zero loss") {
+  const batch<float> b(6, 40, 24);
+  const objective obj{.policy = ppo_clip{}, .kl = {.coef = 0.1}, .entropy = {.coef = 0.01}};
+  grads<float> g0(b.size()), g1(b.size()), gz(b.size());
+  const objective_result r0 = evaluate(obj, b.inputs(), g0.view());
+  const std::vector<mask_t> ones(6, 1), zeros(6, 0);
+  auto in = b.inputs();
+  in.seq_in_denominator = ones;
+  const objective_result r1 = evaluate(obj, in, g1.view());
+  CHECK(std::memcmp(&r0, &r1, sizeof r0) == 0);
+  CHECK(g0.logp == g1.logp);
+  CHECK(g0.entropy == g1.entropy);
+  in.seq_in_denominator = zeros;
+  CHECK(local_denominators(obj, in).tokens == 0.0);
+  const objective_result rz = evaluate(obj, in, gz.view());
+  CHECK(rz.loss == 0.0);
+  CHECK(rz.tokens == r0.tokens);                              // the metrics still see every token
+  for (float x : gz.logp) CHECK((x == 0.0f || x == -777.0f)); // -777: the stride's slots between rows
 }
 
 TEST_CASE("gradient accumulation without global denominators is a mean of micro-batch means (the classic bug)") {

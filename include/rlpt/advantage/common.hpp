@@ -233,6 +233,22 @@ struct group_stats {
   double batch_std = 0.0;         //!< scale::batch_std: the batch std that was used; otherwise 0
 };
 
+//! One byte per sequence of `g`: 0 where its group is degenerate in `s` (group_stats::degenerate:
+//! zero std, or fewer than two counted rewards, as TRL PR #6368's max == min; a single sample keeps
+//! its reward as advantage under verl's convention), 1 elsewhere. As objective_inputs::
+//! seq_in_denominator it leaves zero-variance groups out of the loss denominators, so that they
+//! do not dilute the groups that carry a signal, while their KL and entropy terms stay in the
+//! loss (docs/objective.md, "Degenerate groups and the denominator"). `s` comes from an estimator
+//! called with `g`.
+[[nodiscard]] inline std::vector<mask_t> nondegenerate_items(const groups& g, const group_stats& s) {
+  detail::expect_size("group_stats.degenerate", static_cast<index_t>(s.degenerate.size()), g.num_groups(),
+                      "one per group of g (the stats of an estimator called with these groups)");
+  std::vector<mask_t> out(static_cast<std::size_t>(g.num_items()));
+  for (index_t i = 0; i < g.num_items(); ++i)
+    out[static_cast<std::size_t>(i)] = s.degenerate[static_cast<std::size_t>(g.group_of(i))] != 0 ? 0 : 1;
+  return out;
+}
+
 namespace detail {
 
 //! Groups handed to one worker at a time (fixed, so chunking never depends on the thread count).

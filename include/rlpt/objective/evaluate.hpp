@@ -126,6 +126,10 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
     p.has_seq_adv = true;
     if (no_tokens) p.has_adv = false; // empty sequences with seq_adv: the advantages are seq_adv
   }
+  if (in.seq_in_denominator.size() != 0) {
+    detail::expect_size("seq_in_denominator", in.seq_in_denominator.size(), L.num_seqs(), "one per sequence");
+    p.has_den_mask = true;
+  }
   RLPT_CHECK(!(p.has_adv && p.has_seq_adv), errors::objective::conflicting_input,
              "both adv ({} per-token values) and seq_adv ({} per-sequence values) were given; pass one", in.adv.size(),
              in.seq_adv.size());
@@ -416,7 +420,8 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
   return p;
 }
 
-//! In-loss tokens and rows of a call (its contribution to the global denominators).
+//! In-loss tokens and rows of a call (its contribution to the global denominators; sequences
+//! that seq_in_denominator leaves out are not counted).
 struct local_counts {
   double tokens = 0.0;
   double loss_seqs = 0.0;
@@ -456,6 +461,7 @@ local_counts count_local(const objective_plan& p, const basic_objective_inputs<T
           } else {
             len = static_cast<double>(count_valid(in.mask.size() == 0 ? nullptr : in.mask.data() + base, n));
           }
+          if (p.has_den_mask && in.seq_in_denominator[b] == 0) continue; // in the loss, not in N or B
           c.tokens += len;
           c.loss_seqs += len > 0.0 ? 1.0 : 0.0;
           c.rows += 1.0;
@@ -519,17 +525,26 @@ template <class T>
   RLPT_FAIL(errors::objective::nonfinite, "{} valid tokens have a non-finite input", count);
 }
 
+//! This call's own counts as the sums of its rows give them (every sequence counted).
+inline local_counts counts_of(const objective_sums& s) {
+  local_counts c;
+  c.tokens = s.in_loss;
+  c.loss_seqs = s.loss_seqs;
+  c.rows = s.rows;
+  return c;
+}
+
 //! Checks explicit global denominators against this call's own counts: a global count smaller
 //! than the local one means the caller's plumbing is wrong (the classic gradient-accumulation bug).
-inline void check_global(const agg_plan& a, const objective_sums& s, bool used, std::string_view term) {
+inline void check_global(const agg_plan& a, const local_counts& own, bool used, std::string_view term) {
   if (!used) return;
-  if (a.needs_tokens() && a.tokens + 1e-6 < s.in_loss)
+  if (a.needs_tokens() && a.tokens + 1e-6 < own.tokens)
     RLPT_FAIL(errors::objective::bad_denominator,
               "{} aggregation global_tokens = {} is smaller than the {} tokens in the loss in this call alone; it must "
               "count the tokens of every micro-batch and rank of the step",
-              term, a.tokens, s.in_loss);
+              term, a.tokens, own.tokens);
   if (a.needs_seqs()) {
-    const double local = a.count_empty_rows ? s.rows : s.loss_seqs;
+    const double local = a.count_empty_rows ? own.rows : own.loss_seqs;
     if (a.seqs + 1e-6 < local)
       RLPT_FAIL(
           errors::objective::bad_denominator,
@@ -584,8 +599,12 @@ objective_result evaluate(const objective& obj, const basic_objective_inputs<T>&
   };
   const bool local_needed = local(p.agg_policy, p.use_policy) || local(p.agg_kl, p.use_kl) ||
                             local(p.agg_entropy, p.use_entropy || p.has_entropy) || local(p.agg_value, p.use_value);
-  if (local_needed || p.w_norm_local) {
+  // With seq_in_denominator the rows' sums count every sequence, so the explicit global
+  // denominators are checked against the counts that leave the marked ones out.
+  detail::local_counts own;
+  if (local_needed || p.w_norm_local || p.has_den_mask) {
     const detail::local_counts c = detail::count_local(p, in, ex);
+    own = c;
     detail::resolve_local(p.agg_policy, c);
     detail::resolve_local(p.agg_kl, c);
     detail::resolve_local(p.agg_entropy, c);
@@ -603,10 +622,11 @@ objective_result evaluate(const objective& obj, const basic_objective_inputs<T>&
       L.num_seqs(), grain, detail::objective_sums{}, [&](index_t b0, index_t b1) { return rows(p, in, grads, b0, b1); },
       [](detail::objective_sums& a, const detail::objective_sums& b) { a.merge(b); });
   if (s.nonfinite > 0.0 && p.nonfinite == nonfinite::raise) detail::raise_nonfinite(p, in, s.nonfinite);
-  detail::check_global(p.agg_policy, s, p.use_policy, "policy");
-  detail::check_global(p.agg_kl, s, p.use_kl, "kl");
-  detail::check_global(p.agg_entropy, s, p.use_entropy, "entropy");
-  detail::check_global(p.agg_value, s, p.use_value, "value");
+  if (!p.has_den_mask) own = detail::counts_of(s);
+  detail::check_global(p.agg_policy, own, p.use_policy, "policy");
+  detail::check_global(p.agg_kl, own, p.use_kl, "kl");
+  detail::check_global(p.agg_entropy, own, p.use_entropy, "entropy");
+  detail::check_global(p.agg_value, own, p.use_value, "value");
   return detail::finish_result(p, s);
 }
 

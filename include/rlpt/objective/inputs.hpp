@@ -27,6 +27,13 @@ template <class T, memory_space Space = memory_space::host> struct basic_objecti
   view<const T, Space> values{};         //!< critic predictions (differentiated)
   view<const T, Space> old_values{};     //!< critic values at rollout time (clip centre)
   view<const T, Space> returns{};        //!< value targets
+  //! Per sequence (num_seqs): 0 leaves the sequence out of the loss denominators (the tokens N
+  //! and sequences B of the aggregation, this call's own counts and local_denominators) while its
+  //! terms stay in the loss. Empty: every sequence counts. With the sequences of zero-variance
+  //! groups at 0 (rlpt::nondegenerate_items), their tokens no longer dilute the mean of the
+  //! groups that carry a signal, and their KL and entropy terms still apply (TRL PRs #6368 and
+  //! #7068 ask for this; no peer has it by default).
+  view<const mask_t, Space> seq_in_denominator{};
 };
 
 //! Gradient outputs (caller buffers, storage_size elements; empty = not wanted). Every slot of

@@ -103,7 +103,7 @@ template <class S> RLPT_DEVICE S from_doubles(const double* v) {
 }
 
 //! Local counts of a call, filled by the row kernel: tokens in the loss, rows with a token in
-//! the loss, rows.
+//! the loss, rows (the sequences seq_in_denominator leaves out are not counted).
 struct device_counts {
   double tokens;
   double loss_seqs;
@@ -136,18 +136,21 @@ RLPT_KERNEL void __launch_bounds__(obj_threads)
   }
 }
 
-//! Sums the per-row lengths into the local denominators (one block, fixed order).
+//! Sums the per-row lengths into the local denominators (one block, fixed order), leaving out
+//! the rows whose `counted` byte is 0 (seq_in_denominator; nullptr: every row counts).
 template <int = 0> // a template: a kernel defined in a header must not clash across TUs
 RLPT_KERNEL void __launch_bounds__(1024)
-    objective_count_kernel(const double* row_len, index_t rows, device_counts* out) {
-  __shared__ double shared[32 * 2];
-  double v[2] = {0.0, 0.0}; // tokens, rows with a token in the loss
+    objective_count_kernel(const double* row_len, const mask_t* counted, index_t rows, device_counts* out) {
+  __shared__ double shared[32 * 3];
+  double v[3] = {0.0, 0.0, 0.0}; // tokens, rows with a token in the loss, rows
   for (index_t b = threadIdx.x; b < rows; b += blockDim.x) {
+    if (counted != nullptr && counted[b] == 0) continue;
     v[0] += row_len[b];
     v[1] += row_len[b] > 0.0 ? 1.0 : 0.0;
+    v[2] += 1.0;
   }
   block_fold(v, shared, [](int) { return fold_op::sum; });
-  if (threadIdx.x == 0) *out = {shared[0], shared[1], static_cast<double>(rows)};
+  if (threadIdx.x == 0) *out = {shared[0], shared[1], shared[2]};
 }
 
 RLPT_DEVICE agg_plan resolve_device(agg_plan a, const device_counts* c) {
@@ -276,6 +279,8 @@ template <int = 0>
 RLPT_KERNEL void __launch_bounds__(obj_finish_threads)
     objective_finish_kernel(const objective_plan p, const objective_sums* partials, index_t blocks, index_t tiles,
                             const device_counts* counts, objective_result* result) {
+  // With seq_in_denominator the rows' sums count every sequence: the explicit global denominators
+  // are checked against the counts that leave the marked ones out (the count kernel's).
   constexpr int K = double_fields<objective_sums>;
   __shared__ double shared[obj_finish_threads / 32 * K];
   objective_sums s;
@@ -307,10 +312,12 @@ RLPT_KERNEL void __launch_bounds__(obj_finish_threads)
   objective_result r = finish_result(p, s);
   const double nan = std::numeric_limits<double>::quiet_NaN();
   if (s.nonfinite > 0.0 && p.nonfinite == nonfinite::raise) r.loss = nan;
+  const device_counts own =
+      p.has_den_mask && counts != nullptr ? *counts : device_counts{s.in_loss, s.loss_seqs, s.rows};
   auto short_of = [&](const agg_plan& a, bool used) {
     if (!used) return false;
-    if (a.needs_tokens() && a.tokens + 1e-6 < s.in_loss) return true;
-    return a.needs_seqs() && a.seqs + 1e-6 < (a.count_empty_rows ? s.rows : s.loss_seqs);
+    if (a.needs_tokens() && a.tokens + 1e-6 < own.tokens) return true;
+    return a.needs_seqs() && a.seqs + 1e-6 < (a.count_empty_rows ? own.rows : own.loss_seqs);
   };
   if (short_of(aggs[0], p.use_policy) || short_of(aggs[1], p.use_kl) || short_of(aggs[2], p.use_entropy) ||
       short_of(aggs[3], p.use_value)) {
@@ -342,12 +349,13 @@ void evaluate(const objective& obj, const device_objective_inputs<T>& in, const 
   };
   const bool local_needed = local(p.agg_policy, p.use_policy) || local(p.agg_kl, p.use_kl) ||
                             local(p.agg_entropy, p.use_entropy || p.has_entropy) || local(p.agg_value, p.use_value);
-  const bool row_kernel = p.need_row_pass || local_needed;
+  const bool counted = local_needed || p.has_den_mask; // the count kernel runs (its counts check the globals)
+  const bool row_kernel = p.need_row_pass || counted;
 
   detail::workspace_carver carve(ws);
   auto* consts = carve.take<detail::row_consts>(row_kernel ? static_cast<std::size_t>(rows) : 0);
   auto* row_len = carve.take<double>(row_kernel ? static_cast<std::size_t>(rows) : 0);
-  auto* counts = carve.take<detail::device_counts>(local_needed ? 1 : 0);
+  auto* counts = carve.take<detail::device_counts>(counted ? 1 : 0);
   const auto blocks = static_cast<std::size_t>(rows * tiles);
   auto* partials = carve.take<detail::objective_sums>(blocks);
   auto* coupling = carve.take<double>(p.coupled ? 2 * blocks : 0); // (dcoef, kl) per tile
@@ -366,8 +374,9 @@ void evaluate(const objective& obj, const device_objective_inputs<T>& in, const 
         <<<static_cast<unsigned>(rows), detail::obj_threads, 0, stream>>>(p, in, consts, row_len);
     RLPT_CUDA_CHECK_LAUNCH();
   }
-  if (local_needed) {
-    detail::objective_count_kernel<<<1, 1024, 0, stream>>>(row_len, rows, counts);
+  if (counted) {
+    const mask_t* in_den = p.has_den_mask ? in.seq_in_denominator.data() : nullptr;
+    detail::objective_count_kernel<<<1, 1024, 0, stream>>>(row_len, in_den, rows, counts);
     RLPT_CUDA_CHECK_LAUNCH();
   }
   const detail::row_consts* cptr = p.need_row_pass ? consts : nullptr;
@@ -381,7 +390,7 @@ void evaluate(const objective& obj, const device_objective_inputs<T>& in, const 
     RLPT_CUDA_CHECK_LAUNCH();
   }
   detail::objective_finish_kernel<<<1, detail::obj_finish_threads, 0, stream>>>(
-      p, partials, static_cast<index_t>(blocks), tiles, nptr, result);
+      p, partials, static_cast<index_t>(blocks), tiles, counted ? counts : nullptr, result);
   RLPT_CUDA_CHECK_LAUNCH();
 }
 

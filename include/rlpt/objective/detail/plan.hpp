@@ -112,8 +112,9 @@ struct objective_plan {
   bool has_old = false;
   bool has_behav = false;
   bool has_ref = false;
-  bool has_adv = false;     //!< per-token advantages
-  bool has_seq_adv = false; //!< per-sequence advantages
+  bool has_adv = false;      //!< per-token advantages
+  bool has_seq_adv = false;  //!< per-sequence advantages
+  bool has_den_mask = false; //!< seq_in_denominator: some sequences stay out of the denominators
   bool has_entropy = false;
   bool has_values = false;
 
