@@ -8,6 +8,7 @@
 #include <rlpt/advantage/common.hpp>
 #include <rlpt/advantage/compat.hpp>
 #include <rlpt/advantage/gae.hpp>
+#include <rlpt/advantage/gigpo.hpp>
 #include <rlpt/advantage/grpo.hpp>
 #include <rlpt/advantage/multi_reward.hpp>
 #include <rlpt/advantage/opo.hpp>

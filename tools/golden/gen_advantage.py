@@ -10,12 +10,16 @@ Every output array comes from the peer's own function:
             advantages inline in GRPOTrainer._generate_and_score_completions (it needs a model and
             generation), so `trl_grpo` applies TRL's nanstd and torch.nanmean with that method's
             formula (documented in the file's meta), not a callable TRL advantage function.
+  verl-agent gigpo.core_gigpo.compute_step_discounted_returns and compute_gigpo_outcome_advantage (GiGPO),
+            from a checkout named by $RLPT_VERL_AGENT (verl-agent is not on PyPI; without the variable
+            the committed verl_agent_gigpo.bin is kept)
 Each verl/OpenRLHF case is run twice: in float32 (the peers' dtype) and in float64 (the same
 functions on float64 tensors: the peer's formula without fp32 rounding), so the C++ tests can
 tell rlpt's rounding from the peer's.
 """
 import importlib
 import importlib.util
+import os
 import pathlib
 import sys
 import types
@@ -224,6 +228,77 @@ def gen_verl_gdpo(out_dir: Path, seed: int):
         "advantage", seed, case="verl gdpo, 3 reward channels", functions=["compute_gdpo_outcome_advantage"]))
 
 
+# --- verl-agent (GiGPO) ----------------------------------------------------------------------------
+
+def _verl_agent_gigpo():
+    """verl-agent's gigpo.core_gigpo from a checkout named by $RLPT_VERL_AGENT (not on PyPI; its module
+    imports verl.DataProto, which the venv has). None when the variable is unset."""
+    root = os.environ.get("RLPT_VERL_AGENT")
+    if not root:
+        return None
+    spec = importlib.util.spec_from_file_location("verl_agent_core_gigpo", Path(root) / "gigpo" / "core_gigpo.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def gigpo_steps(rng, tasks, n, max_len, n_states):
+    """A batch of agent steps as verl-agent lays it out (each trajectory's steps contiguous, in order): task
+    (episode group) and trajectory ids, the state each step starts from (a small set, so states recur;
+    every trajectory of a task starts in state 0), per-step rewards, the trajectory's score."""
+    task, traj, state, reward, score = [], [], [], [], []
+    for k in range(tasks):
+        for j in range(n):
+            length = int(rng.integers(1, max_len + 1))
+            s = float(rng.integers(0, 2)) if rng.random() < 0.8 else float(rng.normal())
+            for step in range(length):
+                task.append(500 + 11 * k)
+                traj.append(1000 * k + j)
+                state.append(0 if step == 0 else int(rng.integers(0, n_states)))
+                reward.append(s if step + 1 == length else float(rng.choice([0.0, 0.0, -0.1, 0.05])))
+                score.append(s)
+    return (np.array(task, dtype=np.int64), np.array(traj, dtype=np.int64), np.array(state, dtype=np.int64),
+            np.array(reward, dtype=np.float32), np.array(score, dtype=np.float32))
+
+
+def gen_verl_agent_gigpo(out_dir: Path, seed: int):
+    """GiGPO against verl-agent's own functions (compute_step_discounted_returns,
+    compute_gigpo_outcome_advantage), float32 as verl-agent runs them: one row per step."""
+    gigpo = _verl_agent_gigpo()
+    if gigpo is None:
+        print("gen_advantage: RLPT_VERL_AGENT is not set (a verl-agent checkout); verl_agent_gigpo.bin kept")
+        return
+    from verl import DataProto
+
+    rng = np.random.default_rng(seed + 11)
+    arrays = {}
+    # Two batches: many tasks with recurring states; and tasks of one trajectory (singleton groups).
+    for tag, shape in (("a", (6, 8, 6, 3)), ("b", (5, 1, 3, 2))):
+        task, traj, state, reward, score = gigpo_steps(rng, *shape)
+        B, T = len(task), 4
+        batch = DataProto.from_dict(tensors={"input_ids": torch.zeros((B, T), dtype=torch.long)},
+                                    non_tensors={"rewards": reward, "traj_uid": traj.astype(str),
+                                                 "active_masks": np.ones(B, dtype=bool)})
+        returns = gigpo.compute_step_discounted_returns(batch, gamma=0.95)
+        token_rewards = torch.zeros((B, T), dtype=torch.float32)
+        token_rewards[:, -1] = torch.from_numpy(score)  # the score on the last token, as verl's reward manager puts it
+        mask = torch.ones((B, T), dtype=torch.float32)
+        anchor_obs = np.array([f"state {s}" for s in state], dtype=object)
+        arrays.update({f"{tag}_task": task, f"{tag}_traj": traj, f"{tag}_state": state, f"{tag}_reward": reward,
+                       f"{tag}_score": score, f"{tag}_returns": returns.numpy()})
+        for mode in ("mean_norm", "mean_std_norm"):
+            for w in (1.0, 0.5):
+                adv, _ = gigpo.compute_gigpo_outcome_advantage(
+                    token_level_rewards=token_rewards, step_rewards=returns, response_mask=mask,
+                    anchor_obs=anchor_obs, index=task.astype(str), traj_index=traj.astype(str), epsilon=1e-6,
+                    step_advantage_w=w, mode=mode)
+                arrays[f"{tag}_{mode}_w{w:g}"] = adv[:, 0].numpy()
+    rlpt_golden.write(out_dir / "verl_agent_gigpo.bin", arrays, peers.meta(
+        "advantage", seed, case="GiGPO: step returns (gamma 0.95) and advantages, both modes, w in (1, 0.5)",
+        source=getattr(gigpo, "VERL_AGENT_SOURCE", str(Path(os.environ["RLPT_VERL_AGENT"]))),
+        functions=["compute_step_discounted_returns", "compute_gigpo_outcome_advantage"]))
+
+
 # --- OpenRLHF -----------------------------------------------------------------------------------------
 
 def gen_openrlhf(out_dir: Path, seed: int):
@@ -351,3 +426,4 @@ def generate(out_dir: Path, seed: int) -> None:
     gen_verl_gdpo(out_dir, seed)
     gen_openrlhf(out_dir, seed)
     gen_trl(out_dir, seed)
+    gen_verl_agent_gigpo(out_dir, seed)

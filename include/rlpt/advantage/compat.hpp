@@ -16,6 +16,7 @@
 #include <rlpt/config.hpp>
 #include <rlpt/advantage/common.hpp>
 #include <rlpt/advantage/gae.hpp>
+#include <rlpt/advantage/gigpo.hpp>
 #include <rlpt/advantage/grpo.hpp>
 #include <rlpt/advantage/multi_reward.hpp>
 #include <rlpt/advantage/opo.hpp>
@@ -350,6 +351,26 @@ inline gae_options gae(double gamma = 1.0, double lambd = 1.0) {
 }
 
 } // namespace slime
+
+namespace verl_agent {
+
+//! GiGPO as verl-agent's algorithm.gigpo config spells it: mode "mean_norm" (its default) or
+//! "mean_std_norm", step_advantage_w, and compute_gigpo_outcome_advantage's epsilon 1e-6. The
+//! discount of the step returns is algorithm.gamma (verl-agent's examples: 0.95), given to
+//! rlpt::step_returns.
+inline gigpo_options gigpo(std::string_view mode = "mean_norm", double step_advantage_w = 1.0, double epsilon = 1e-6) {
+  gigpo_norm norm = gigpo_norm::mean;
+  if (mode == "mean_std_norm")
+    norm = gigpo_norm::mean_std;
+  else if (mode != "mean_norm")
+    RLPT_FAIL(errors::advantage::bad_option,
+              "verl-agent algorithm.gigpo.mode = \"{}\" is not reproduced by rlpt (supported: mean_norm, "
+              "mean_std_norm)",
+              mode);
+  return {.norm = norm, .step_weight = step_advantage_w, .epsilon = epsilon};
+}
+
+} // namespace verl_agent
 
 } // namespace compat
 RLPT_NAMESPACE_END
