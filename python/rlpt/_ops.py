@@ -63,7 +63,7 @@ def _compute_dtype(t):
 
 @torch.library.register_fake("rlpt::objective")
 def _objective_fake(spec, logp, mask, old_logp, behav_logp, ref_logp, adv, seq_adv, entropy, values, old_values,
-                    returns, cu_seqlens, grad_logp, grad_entropy, grad_values):
+                    returns, cu_seqlens, grad_logp, grad_entropy, grad_values, seq_in_denominator=None):
     ref = logp if logp is not None else values
     if ref is None:
         raise ValueError("rlpt::error [rlpt.python.shape]: rlpt objective: pass logp or values")
@@ -81,7 +81,7 @@ def _objective_fake(spec, logp, mask, old_logp, behav_logp, ref_logp, adv, seq_a
 @torch.library.register_fake("rlpt::local_denominators")
 @torch.library.register_fake("rlpt::local_is_weights")
 def _local_share_fake(spec, logp, mask, old_logp, behav_logp, ref_logp, adv, seq_adv, entropy, values, old_values,
-                      returns, cu_seqlens):
+                      returns, cu_seqlens, seq_in_denominator=None):
     return torch.empty((2,), dtype=torch.float64)
 
 
@@ -103,7 +103,20 @@ def _areal_normalize_fake(x, mask, mean_level, mean_leave1out, std_level, std_un
 
 @torch.library.register_fake("rlpt::outcome_advantages")
 def _outcome_fake(spec, rewards, group_ids, lengths):
-    return rewards.new_empty(rewards.shape, dtype=torch.float32), torch.empty((4,), dtype=torch.float64)
+    return (rewards.new_empty(rewards.shape, dtype=torch.float32), torch.empty((4,), dtype=torch.float64),
+            rewards.new_empty(rewards.shape, dtype=torch.bool))
+
+
+@torch.library.register_fake("rlpt::step_returns")
+def _step_returns_fake(step_rewards, traj_ids, gamma, mask_nonfinite):
+    return step_rewards.new_empty(step_rewards.shape, dtype=torch.float32)
+
+
+@torch.library.register_fake("rlpt::gigpo")
+def _gigpo_fake(episode_scores, episode_ids, step_returns, anchor_ids, mode, step_advantage_w, epsilon,
+                mask_nonfinite):
+    return (episode_scores.new_empty(episode_scores.shape, dtype=torch.float32),
+            torch.empty((2, len(GROUP_STATS)), dtype=torch.float64))
 
 
 @torch.library.register_fake("rlpt::gae")
@@ -162,7 +175,7 @@ def _objective_setup(ctx, inputs, output):
 
 def _objective_backward(ctx, g_loss, *_unused):
     g_logp, g_ent, g_val = ctx.saved_tensors
-    out = [None] * 16
+    out = [None] * 17
     if g_loss is None:
         return tuple(out)
     for slot, have, g in ((1, ctx.have[0], g_logp), (8, ctx.have[1], g_ent), (9, ctx.have[2], g_val)):
@@ -198,7 +211,8 @@ def sequence_logprob_entropy(logits, tokens, valid=None, cu_seqlens=None, temper
     return (out[0], out[1], out[5]) if return_scored else (out[0], out[1])
 
 
-_INPUTS = ("old_logp", "behav_logp", "ref_logp", "adv", "seq_adv", "values", "old_values", "returns", "cu_seqlens")
+_INPUTS = ("old_logp", "behav_logp", "ref_logp", "adv", "seq_adv", "values", "old_values", "returns", "cu_seqlens",
+           "seq_in_denominator")
 
 
 def _det(t):
@@ -206,11 +220,14 @@ def _det(t):
 
 
 def policy_loss(objective, logp=None, mask=None, *, old_logp=None, behav_logp=None, ref_logp=None, adv=None,
-                seq_adv=None, entropy=None, values=None, old_values=None, returns=None, cu_seqlens=None):
+                seq_adv=None, entropy=None, values=None, old_values=None, returns=None, cu_seqlens=None,
+                seq_in_denominator=None):
     """Loss of ``objective`` (an rlpt.Objective) and its metrics tensor (rlpt.METRICS order;
     rlpt.metrics_dict converts it). Differentiable in ``logp``, ``entropy`` and ``values``; every
     other input is a constant. Per-token tensors are [B, T] (mask: bool or integer, nonzero = the
-    token counts), or packed [N] with ``cu_seqlens``; ``seq_adv`` is one advantage per sequence."""
+    token counts), or packed [N] with ``cu_seqlens``; ``seq_adv`` is one advantage per sequence.
+    ``seq_in_denominator`` [B] (bool or integer): sequences at 0 keep their terms in the loss but
+    are left out of its denominators (zero-variance groups: the estimators' return_nondegenerate)."""
     spec = objective.spec if hasattr(objective, "spec") else str(objective)
     grad_on = torch.is_grad_enabled()
 
@@ -219,7 +236,8 @@ def policy_loss(objective, logp=None, mask=None, *, old_logp=None, behav_logp=No
 
     loss, _gl, _ge, _gv, metrics = call(
         ops.objective, spec, logp, mask, _det(old_logp), _det(behav_logp), _det(ref_logp), _det(adv), _det(seq_adv),
-        entropy, values, _det(old_values), _det(returns), cu_seqlens, needs(logp), needs(entropy), needs(values))
+        entropy, values, _det(old_values), _det(returns), cu_seqlens, needs(logp), needs(entropy), needs(values),
+        _det(seq_in_denominator))
     return loss, metrics
 
 
@@ -230,7 +248,7 @@ def _local_share(op, name, objective, logp, mask, inputs):
     g = {k: _det(inputs.get(k)) for k in _INPUTS + ("entropy",)}
     spec = objective.spec if hasattr(objective, "spec") else str(objective)
     return call(op, spec, _det(logp), mask, g["old_logp"], g["behav_logp"], g["ref_logp"], g["adv"], g["seq_adv"],
-                g["entropy"], g["values"], g["old_values"], g["returns"], g["cu_seqlens"])
+                g["entropy"], g["values"], g["old_values"], g["returns"], g["cu_seqlens"], g["seq_in_denominator"])
 
 
 def local_denominators(objective, logp=None, mask=None, **inputs):
@@ -418,15 +436,19 @@ def group_ids(ids, device=None):
     return torch.tensor(out, dtype=torch.int64, device=device)
 
 
-def _outcome(estimator, rewards, ids, lengths=None, preset="rlpt", **options):
+def _outcome(estimator, rewards, ids, lengths=None, preset="rlpt", return_nondegenerate=False, **options):
     spec = _spec.make(estimator=estimator, preset=preset, **options)
-    return call(ops.outcome_advantages, spec, rewards, group_ids(ids), lengths)
+    adv, stats, nondegenerate = call(ops.outcome_advantages, spec, rewards, group_ids(ids), lengths)
+    return (adv, stats, nondegenerate) if return_nondegenerate else (adv, stats)
 
 
 def grpo_advantages(rewards, ids, preset="rlpt", **options):
     """GRPO advantages (float32 [B]) and group stats (rlpt.GROUP_STATS). ``preset``: rlpt, verl,
     trl, openrlhf, openrlhf_dr_grpo, areal, slime; options: scale ("group", "batch", "none"),
-    unbiased, epsilon, std_floor, single ("raw", "zero", "raise"), on_nonfinite ("raise", "mask")."""
+    unbiased, epsilon, std_floor, single ("raw", "zero", "raise"), on_nonfinite ("raise", "mask").
+    Every outcome estimator takes ``return_nondegenerate=True`` to return a third tensor, bool [B]:
+    False where the sequence's group is degenerate (zero variance, or fewer than two counted
+    rewards), for policy_loss's ``seq_in_denominator``."""
     return _outcome("grpo", rewards, ids, preset=preset, **options)
 
 
@@ -449,6 +471,40 @@ def gpg_advantages(rewards, ids, preset="rlpt", **options):
 def passk_advantages(rewards, ids, preset="rlpt", **options):
     """verl's pass@k advantages; options: scale_by_std, epsilon, single, on_nonfinite."""
     return _outcome("passk", rewards, ids, preset=preset, **options)
+
+
+def _hashable(x):
+    """An observation as a hashable value: numpy arrays and lists by content, dicts by sorted items."""
+    if hasattr(x, "tolist") and not isinstance(x, (str, bytes)):
+        x = x.tolist()
+    if isinstance(x, (list, tuple)):
+        return tuple(_hashable(e) for e in x)
+    if isinstance(x, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in x.items()))
+    return x
+
+
+def step_returns(step_rewards, traj_ids, gamma=0.95, on_nonfinite="raise"):
+    """Discounted step returns G_t = r_t + gamma G_{t+1} along each trajectory (verl-agent's
+    compute_step_discounted_returns): one row per step, ``traj_ids`` naming each row's trajectory
+    (integers or hashables), its steps in row order. float32 [N]."""
+    return call(ops.step_returns, step_rewards, group_ids(traj_ids), float(gamma), on_nonfinite == "mask")
+
+
+def gigpo_advantages(episode_scores, episode_ids, step_returns, anchor_obs, mode="mean_norm", step_advantage_w=1.0,
+                     epsilon=1e-6, on_nonfinite="raise"):
+    """GiGPO advantages (verl-agent's compute_gigpo_outcome_advantage), one per step row: the episode
+    level over ``episode_ids`` (the rows of one task) plus ``step_advantage_w`` times the step level over
+    the rows of one task whose ``anchor_obs`` (the observation the step started from: strings, arrays,
+    anything hashable by content; or integer ids) are equal. ``mode``: "mean_norm" (verl-agent's
+    default) or "mean_std_norm". Returns (advantages float32 [N], stats float64 [2, 4]: the episode and
+    the step level's rlpt.GROUP_STATS)."""
+    if isinstance(anchor_obs, torch.Tensor) and not anchor_obs.is_floating_point():
+        anchors = anchor_obs.to(torch.int64)
+    else:
+        anchors = group_ids([_hashable(o) for o in anchor_obs])
+    return call(ops.gigpo, episode_scores, group_ids(episode_ids), step_returns, anchors, str(mode),
+                float(step_advantage_w), float(epsilon), on_nonfinite == "mask")
 
 
 def gae(rewards, values, mask=None, cu_seqlens=None, bootstrap=None, gamma=1.0, lam=1.0, preset="rlpt", **options):

@@ -23,7 +23,8 @@ struct objective_call {
   token_batch b;
   at::ScalarType compute = at::kFloat;
   at::ScalarType logp_dtype = at::kFloat, entropy_dtype = at::kFloat, values_dtype = at::kFloat;
-  at::Tensor mask; // bytes, or undefined
+  at::Tensor mask;   // bytes, or undefined
+  at::Tensor in_den; // seq_in_denominator as bytes [B], or undefined
   opt_tensor logp, old_logp, behav_logp, ref_logp, adv, seq_adv, entropy, values, old_values, returns;
   at::Tensor g_logp, g_entropy, g_values; // output buffers (undefined unless asked)
 };
@@ -32,7 +33,8 @@ objective_call prepare_objective(c10::string_view spec, const opt_tensor& logp, 
                                  const opt_tensor& old_logp, const opt_tensor& behav_logp, const opt_tensor& ref_logp,
                                  const opt_tensor& adv, const opt_tensor& seq_adv, const opt_tensor& entropy,
                                  const opt_tensor& values, const opt_tensor& old_values, const opt_tensor& returns,
-                                 const opt_tensor& cu_seqlens, bool grad_logp, bool grad_entropy, bool grad_values);
+                                 const opt_tensor& cu_seqlens, bool grad_logp, bool grad_entropy, bool grad_values,
+                                 const opt_tensor& seq_in_denominator = std::nullopt);
 
 //! (loss, grad_logp, grad_entropy, grad_values, metrics) from a call whose metrics tensor was
 //! filled: gradients in their inputs' dtypes and [B, T] shape (empty [0] when not asked for).
@@ -58,6 +60,9 @@ rlpt::basic_objective_inputs<T, S> inputs_of(const objective_call& c, const rlpt
   in.values = tok(c.values);
   in.old_values = tok(c.old_values);
   in.returns = tok(c.returns);
+  if (c.in_den.defined())
+    in.seq_in_denominator =
+        rlpt::view<const rlpt::mask_t, S>(static_cast<const rlpt::mask_t*>(c.in_den.data_ptr()), c.in_den.numel());
   return in;
 }
 

@@ -25,7 +25,8 @@ objective_call prepare_objective(c10::string_view spec, const opt_tensor& logp, 
                                  const opt_tensor& old_logp, const opt_tensor& behav_logp, const opt_tensor& ref_logp,
                                  const opt_tensor& adv, const opt_tensor& seq_adv, const opt_tensor& entropy,
                                  const opt_tensor& values, const opt_tensor& old_values, const opt_tensor& returns,
-                                 const opt_tensor& cu_seqlens, bool grad_logp, bool grad_entropy, bool grad_values) {
+                                 const opt_tensor& cu_seqlens, bool grad_logp, bool grad_entropy, bool grad_values,
+                                 const opt_tensor& seq_in_denominator) {
   objective_call c;
   c.obj = objective_from_spec(std::string_view(spec.data(), spec.size()));
   const opt_tensor& ref = logp ? logp : values;
@@ -74,6 +75,13 @@ objective_call prepare_objective(c10::string_view spec, const opt_tensor& logp, 
             fmt::format("seq_adv has shape {}; it is one advantage per sequence [B]", dims(seq_adv->sizes())));
     c.seq_adv = contiguous_as(*seq_adv, T, "seq_adv");
   }
+  if (seq_in_denominator) { // its length is rlpt's check (one per sequence)
+    expect_device(*seq_in_denominator, c.b.device, "seq_in_denominator");
+    if (seq_in_denominator->dim() != 1)
+      raise(ids::shape, fmt::format("seq_in_denominator has shape {}; it is one flag per sequence [B]",
+                                    dims(seq_in_denominator->sizes())));
+    c.in_den = mask_bytes(*seq_in_denominator, "seq_in_denominator").contiguous();
+  }
   if (logp) c.logp_dtype = logp->scalar_type();
   if (entropy) c.entropy_dtype = entropy->scalar_type();
   if (values) c.values_dtype = values->scalar_type();
@@ -106,11 +114,11 @@ objective_cpu(c10::string_view spec, const opt_tensor& logp, const opt_tensor& m
               const opt_tensor& behav_logp, const opt_tensor& ref_logp, const opt_tensor& adv,
               const opt_tensor& seq_adv, const opt_tensor& entropy, const opt_tensor& values,
               const opt_tensor& old_values, const opt_tensor& returns, const opt_tensor& cu_seqlens, bool grad_logp,
-              bool grad_entropy, bool grad_values) {
+              bool grad_entropy, bool grad_values, const opt_tensor& seq_in_denominator) {
   return guard([&] {
     const objective_call c =
         prepare_objective(spec, logp, mask, old_logp, behav_logp, ref_logp, adv, seq_adv, entropy, values, old_values,
-                          returns, cu_seqlens, grad_logp, grad_entropy, grad_values);
+                          returns, cu_seqlens, grad_logp, grad_entropy, grad_values, seq_in_denominator);
     const rlpt::token_layout layout = c.b.host_layout();
     const rlpt::objective_result r = c.compute == at::kDouble
                                          ? rlpt::evaluate(c.obj, inputs_of<double, rlpt::memory_space::host>(c, layout),
@@ -130,12 +138,12 @@ at::Tensor local_share(c10::string_view spec, const opt_tensor& logp, const opt_
                        const opt_tensor& old_logp, const opt_tensor& behav_logp, const opt_tensor& ref_logp,
                        const opt_tensor& adv, const opt_tensor& seq_adv, const opt_tensor& entropy,
                        const opt_tensor& values, const opt_tensor& old_values, const opt_tensor& returns,
-                       const opt_tensor& cu_seqlens) {
+                       const opt_tensor& cu_seqlens, const opt_tensor& seq_in_denominator) {
   return guard([&] {
     auto cpu = [](const opt_tensor& t) { return t ? opt_tensor(t->cpu()) : std::nullopt; };
-    const objective_call c = prepare_objective(spec, cpu(logp), cpu(mask), cpu(old_logp), cpu(behav_logp),
-                                               cpu(ref_logp), cpu(adv), cpu(seq_adv), cpu(entropy), cpu(values),
-                                               cpu(old_values), cpu(returns), cu_seqlens, false, false, false);
+    const objective_call c = prepare_objective(
+        spec, cpu(logp), cpu(mask), cpu(old_logp), cpu(behav_logp), cpu(ref_logp), cpu(adv), cpu(seq_adv), cpu(entropy),
+        cpu(values), cpu(old_values), cpu(returns), cu_seqlens, false, false, false, cpu(seq_in_denominator));
     const rlpt::token_layout layout = c.b.host_layout();
     const std::array<double, 2> d = c.compute == at::kDouble
                                         ? Share{}(c.obj, inputs_of<double, rlpt::memory_space::host>(c, layout))
@@ -258,8 +266,9 @@ at::Tensor stats_tensor(const rlpt::group_stats& s) {
   return out;
 }
 
-std::tuple<at::Tensor, at::Tensor> outcome_advantages(c10::string_view spec, const at::Tensor& rewards_in,
-                                                      const at::Tensor& group_ids, const opt_tensor& lengths) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> outcome_advantages(c10::string_view spec, const at::Tensor& rewards_in,
+                                                                  const at::Tensor& group_ids,
+                                                                  const opt_tensor& lengths) {
   return guard([&] {
     const outcome_options o = outcome_from_spec(std::string_view(spec.data(), spec.size()));
     if (rewards_in.dim() != 1)
@@ -285,7 +294,55 @@ std::tuple<at::Tensor, at::Tensor> outcome_advantages(c10::string_view spec, con
       const at::Tensor len = contiguous_as(host(*lengths), at::kLong, "lengths");
       rlpt::opo_advantages(r, view_of<const int64_t>(len), g, out, o.opo, st);
     }
-    return std::make_tuple(adv.to(rewards_in.device()), stats_tensor(st));
+    const std::vector<rlpt::mask_t> counted = rlpt::nondegenerate_items(g, st);
+    at::Tensor nondegenerate = at::empty({rewards.numel()}, rewards.options().dtype(at::kBool));
+    std::memcpy(nondegenerate.data_ptr<bool>(), counted.data(), counted.size()); // 0 / 1 bytes are bools
+    return std::make_tuple(adv.to(rewards_in.device()), stats_tensor(st), nondegenerate.to(rewards_in.device()));
+  });
+}
+
+//! rlpt::step_returns on host copies: one discounted return per step row, float32 on the rows' device.
+at::Tensor step_returns_op(const at::Tensor& rewards_in, const at::Tensor& traj_ids, double gamma,
+                           bool mask_nonfinite) {
+  return guard([&] {
+    if (rewards_in.dim() != 1)
+      raise(ids::shape,
+            fmt::format("step_rewards has shape {}; it is one reward per step row [N]", dims(rewards_in.sizes())));
+    const at::Tensor rewards = contiguous_as(host(rewards_in), at::kFloat, "step_rewards");
+    const at::Tensor ids = contiguous_as(host(traj_ids), at::kLong, "traj_ids");
+    const rlpt::groups g = rlpt::groups::from_ids(view_of<const int64_t>(ids));
+    at::Tensor out = at::empty({rewards.numel()}, rewards.options());
+    rlpt::step_returns(view_of<const float>(rewards), g, gamma, view_of<float>(out),
+                       mask_nonfinite ? rlpt::nonfinite::mask : rlpt::nonfinite::raise);
+    return out.to(rewards_in.device());
+  });
+}
+
+//! rlpt::gigpo_advantages on host copies, the anchor groups from (episode id, anchor id) pairs:
+//! (advantages float32 [N], both levels' group stats float64 [2, 4] in GROUP_STATS order).
+std::tuple<at::Tensor, at::Tensor> gigpo_op(const at::Tensor& scores_in, const at::Tensor& episode_ids,
+                                            const at::Tensor& returns_in, const at::Tensor& anchor_ids,
+                                            c10::string_view mode, double step_advantage_w, double epsilon,
+                                            bool mask_nonfinite) {
+  return guard([&] {
+    if (scores_in.dim() != 1)
+      raise(ids::shape,
+            fmt::format("episode_scores has shape {}; it is one score per step row [N]", dims(scores_in.sizes())));
+    const at::Tensor scores = contiguous_as(host(scores_in), at::kFloat, "episode_scores");
+    const at::Tensor returns = contiguous_as(host(returns_in), at::kFloat, "step_returns");
+    const at::Tensor eids = contiguous_as(host(episode_ids), at::kLong, "episode_ids");
+    const at::Tensor aids = contiguous_as(host(anchor_ids), at::kLong, "anchor_ids");
+    const rlpt::groups episodes = rlpt::groups::from_ids(view_of<const int64_t>(eids));
+    const rlpt::groups anchors = rlpt::anchor_groups(episodes, view_of<const int64_t>(aids));
+    rlpt::gigpo_options o =
+        rlpt::compat::verl_agent::gigpo(std::string_view(mode.data(), mode.size()), step_advantage_w, epsilon);
+    o.on_nonfinite = mask_nonfinite ? rlpt::nonfinite::mask : rlpt::nonfinite::raise;
+    at::Tensor adv = at::empty({scores.numel()}, scores.options());
+    rlpt::gigpo_stats st;
+    rlpt::gigpo_advantages(view_of<const float>(scores), episodes, view_of<const float>(returns), anchors,
+                           view_of<float>(adv), o, st);
+    const at::Tensor stats = at::stack({stats_tensor(st.episode), stats_tensor(st.step)});
+    return std::make_tuple(adv.to(scores_in.device()), stats);
   });
 }
 
@@ -428,19 +485,22 @@ TORCH_LIBRARY(rlpt, m) {
         "bool sequence, float temperature, int top_k, float top_p, int ignore_index) -> Tensor");
   m.def("objective(str spec, Tensor? logp, Tensor? mask, Tensor? old_logp, Tensor? behav_logp, Tensor? ref_logp, "
         "Tensor? adv, Tensor? seq_adv, Tensor? entropy, Tensor? values, Tensor? old_values, Tensor? returns, "
-        "Tensor? cu_seqlens, bool grad_logp, bool grad_entropy, bool grad_values) "
+        "Tensor? cu_seqlens, bool grad_logp, bool grad_entropy, bool grad_values, Tensor? seq_in_denominator=None) "
         "-> (Tensor loss, Tensor grad_logp, Tensor grad_entropy, Tensor grad_values, Tensor metrics)");
   m.def("local_denominators(str spec, Tensor? logp, Tensor? mask, Tensor? old_logp, Tensor? behav_logp, "
         "Tensor? ref_logp, Tensor? adv, Tensor? seq_adv, Tensor? entropy, Tensor? values, Tensor? old_values, "
-        "Tensor? returns, Tensor? cu_seqlens) -> Tensor");
+        "Tensor? returns, Tensor? cu_seqlens, Tensor? seq_in_denominator=None) -> Tensor");
   m.def("local_is_weights(str spec, Tensor? logp, Tensor? mask, Tensor? old_logp, Tensor? behav_logp, "
         "Tensor? ref_logp, Tensor? adv, Tensor? seq_adv, Tensor? entropy, Tensor? values, Tensor? old_values, "
-        "Tensor? returns, Tensor? cu_seqlens) -> Tensor");
+        "Tensor? returns, Tensor? cu_seqlens, Tensor? seq_in_denominator=None) -> Tensor");
   m.def("m2po_mask(Tensor old_logp, Tensor behav_logp, Tensor? mask, Tensor? cu_seqlens, float m2_threshold) "
         "-> Tensor");
   m.def("mismatch_metrics(Tensor trainer_logp, Tensor rollout_logp, Tensor? mask, Tensor? cu_seqlens, float eps_low, "
         "float eps_high, float log_ratio_clamp, bool mask_nonfinite) -> Tensor");
-  m.def("outcome_advantages(str spec, Tensor rewards, Tensor group_ids, Tensor? lengths) -> (Tensor, Tensor)");
+  m.def("outcome_advantages(str spec, Tensor rewards, Tensor group_ids, Tensor? lengths) -> (Tensor, Tensor, Tensor)");
+  m.def("step_returns(Tensor step_rewards, Tensor traj_ids, float gamma, bool mask_nonfinite) -> Tensor");
+  m.def("gigpo(Tensor episode_scores, Tensor episode_ids, Tensor step_returns, Tensor anchor_ids, str mode, "
+        "float step_advantage_w, float epsilon, bool mask_nonfinite) -> (Tensor, Tensor)");
   m.def("areal_normalize(Tensor x, Tensor? mask, str mean_level, bool mean_leave1out, str std_level, "
         "bool std_unbiased, float eps, int group_size) -> Tensor");
   m.def("gae(str spec, Tensor rewards, Tensor values, Tensor? mask, Tensor? cu_seqlens, Tensor? bootstrap) "
@@ -459,6 +519,8 @@ TORCH_LIBRARY_IMPL(rlpt, CPU, m) {
   m.impl("m2po_mask", &rlpt_py::m2po_mask_op);
   m.impl("mismatch_metrics", &rlpt_py::mismatch_metrics_op);
   m.impl("outcome_advantages", &rlpt_py::outcome_advantages);
+  m.impl("step_returns", &rlpt_py::step_returns_op);
+  m.impl("gigpo", &rlpt_py::gigpo_op);
   m.impl("gae", &rlpt_py::gae_cpu);
   m.impl("reinforce_pp", &rlpt_py::reinforce_pp_cpu);
   m.impl("reinforce_pp_baseline", &rlpt_py::reinforce_pp_baseline_cpu);
@@ -474,6 +536,8 @@ TORCH_LIBRARY_IMPL(rlpt, CUDA, m) {
   m.impl("m2po_mask", &rlpt_py::m2po_mask_op);
   m.impl("mismatch_metrics", &rlpt_py::mismatch_metrics_op);
   m.impl("outcome_advantages", &rlpt_py::outcome_advantages);
+  m.impl("step_returns", &rlpt_py::step_returns_op);
+  m.impl("gigpo", &rlpt_py::gigpo_op);
   m.impl("gae", &rlpt_py::gae_cpu);
   m.impl("reinforce_pp", &rlpt_py::reinforce_pp_cpu);
   m.impl("reinforce_pp_baseline", &rlpt_py::reinforce_pp_baseline_cpu);

@@ -133,13 +133,13 @@ objective_cuda(c10::string_view spec, const opt_tensor& logp, const opt_tensor& 
                const opt_tensor& behav_logp, const opt_tensor& ref_logp, const opt_tensor& adv,
                const opt_tensor& seq_adv, const opt_tensor& entropy, const opt_tensor& values,
                const opt_tensor& old_values, const opt_tensor& returns, const opt_tensor& cu_seqlens, bool grad_logp,
-               bool grad_entropy, bool grad_values) {
+               bool grad_entropy, bool grad_values, const opt_tensor& seq_in_denominator) {
   return guard([&] {
     const at::Tensor& ref = logp ? *logp : *values;
     const c10::cuda::CUDAGuard device_guard(ref.device());
     const objective_call c =
         prepare_objective(spec, logp, mask, old_logp, behav_logp, ref_logp, adv, seq_adv, entropy, values, old_values,
-                          returns, cu_seqlens, grad_logp, grad_entropy, grad_values);
+                          returns, cu_seqlens, grad_logp, grad_entropy, grad_values, seq_in_denominator);
     at::Tensor metrics = at::empty({num_metrics}, ref.options().dtype(at::kDouble));
     if (c.compute == at::kDouble)
       run_objective<double>(c, metrics, ref);

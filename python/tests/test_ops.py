@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The operators themselves: registration checks (torch.library.opcheck), torch.compile without
 graph breaks, gradients against plain torch, dtypes, layouts, strides, errors."""
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -211,6 +212,41 @@ def test_local_denominators_split_equals_whole(gen):
     close(gy, gw, 1e-12, 1e-15)
 
 
+def test_seq_in_denominator_leaves_zero_variance_groups_out_of_the_denominator(gen):
+    # TRL PR #6368's dapo_zv with PR #7068's concern: every token's loss in the numerator (the constant
+    # group's KL included), only the other groups' tokens in the token-mean's denominator.
+    lp, old, ref, _, _, mask, _ = batch(gen, B=8)
+    rewards = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0])
+    ids = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    adv, stats, counted = rlpt.grpo_advantages(rewards, ids, preset="trl", return_nondegenerate=True)
+    assert counted.dtype == torch.bool and counted.tolist() == [False] * 4 + [True] * 4
+    assert rlpt.grpo_advantages(rewards, ids, preset="trl")[1].tolist() == stats.tolist()  # two outputs by default
+    obj = rlpt.Objective.verl_actor(loss_agg_mode="token-mean", use_kl_loss=True, kl_loss_coef=0.1,
+                                    kl_loss_type="low_var_kl")
+    x = lp.clone().requires_grad_()
+    adv64 = adv.to(F64)
+    loss, metrics = rlpt.policy_loss(obj, x, mask, old_logp=old, ref_logp=ref, seq_adv=adv64,
+                                     seq_in_denominator=counted)
+    y = lp.clone().requires_grad_()
+    adv_tok = adv64[:, None].expand_as(y)
+    m = mask.to(F64)
+    r = torch.exp(torch.clamp(y - old, -20, 20))
+    pol = torch.maximum(-adv_tok * r, -adv_tok * torch.clamp(r, 0.8, 1.2))
+    pol = torch.where(adv_tok < 0, torch.minimum(pol, -adv_tok * 3.0), pol)
+    per_token = pol + 0.1 * k3_ref(y, ref)
+    want = (per_token * m).sum() / m[counted].sum()
+    close(loss, want, 1e-12, 1e-14, "loss")
+    close(torch.autograd.grad(loss, x)[0], torch.autograd.grad(want, y)[0], 1e-10, 1e-15, "d loss / d logp")
+    assert rlpt.metrics_dict(metrics)["tokens"] == float(mask.sum())  # metrics see every token
+    den = rlpt.local_denominators(obj, lp, mask, old_logp=old, ref_logp=ref, seq_adv=adv64,
+                                  seq_in_denominator=counted)
+    assert den.tolist() == [float(mask[counted].sum()), 4.0]
+    with pytest.raises(rlpt.Error, match="seq_in_denominator has 7 elements, expected 8"):
+        rlpt.policy_loss(obj, lp, mask, old_logp=old, ref_logp=ref, seq_adv=adv64, seq_in_denominator=counted[:7])
+    torch.library.opcheck(ops.objective.default, (obj.spec, x, mask, old, None, ref, None, adv64, None, None, None,
+                                                  None, None, True, False, False, counted))
+
+
 def test_critic_value_loss(gen):
     B, T = 5, 7
     v = torch.randn(B, T, generator=gen, dtype=F64, requires_grad=True)
@@ -306,6 +342,35 @@ def test_advantage_opchecks(gen):
     torch.library.opcheck(ops.remax.default, ("preset=verl", tr, r[:3], m, None))
     torch.library.opcheck(ops.local_denominators.default,
                           ("preset=verl_actor", v, m, v, None, None, None, r[:3], None, None, None, None, None))
+
+
+def test_gigpo_by_hand_with_text_and_array_observations():
+    # One task, three trajectories of two steps (rows interleaved by step); states: all start in
+    # "s0"; trajectories 0 and 1 reach "s1", trajectory 2 reaches "s2" (seen once: step advantage 0).
+    traj = ["t0", "t1", "t2", "t0", "t1", "t2"]
+    rewards = torch.tensor([0.0, 0.0, 0.0, 1.0, 0.0, 1.0])
+    ret = rlpt.step_returns(rewards, traj, gamma=0.5)
+    assert ret.tolist() == [0.5, 0.0, 0.5, 1.0, 0.0, 1.0]
+    scores = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0])
+    me = 4.0 / 6.0
+    want = [1 - me + (0.5 - 1 / 3), -me - 1 / 3, 1 - me + (0.5 - 1 / 3), 1 - me + 0.5, -me - 0.5, 1 - me]
+    for obs in (["s0", "s0", "s0", "s1", "s1", "s2"],
+                [np.array([0, 0]), np.array([0, 0]), np.array([0, 0]), np.array([1, 0]), np.array([1, 0]),
+                 np.array([0, 1])],
+                torch.tensor([7, 7, 7, 8, 8, 9])):
+        adv, stats = rlpt.gigpo_advantages(scores, ["task"] * 6, ret, obs)
+        close(adv.double(), torch.tensor(want, dtype=F64), 1e-6, 1e-7)
+        assert stats.shape == (2, len(rlpt.GROUP_STATS))
+        assert stats[1, 0] == 1.0  # one anchor group is degenerate: "s2"
+    adv_std, _ = rlpt.gigpo_advantages(scores, ["task"] * 6, ret, traj, mode="mean_std_norm", step_advantage_w=0.5)
+    assert torch.isfinite(adv_std).all()
+    with pytest.raises(rlpt.Error, match="mode = \"mean\" is not reproduced"):
+        rlpt.gigpo_advantages(scores, ["task"] * 6, ret, traj, mode="mean")
+    with pytest.raises(rlpt.Error, match="step_rewards"):
+        rlpt.step_returns(torch.tensor([0.0, float("nan")]), [0, 0])
+    torch.library.opcheck(ops.step_returns.default, (rewards, rlpt.group_ids(traj), 0.9, False))
+    torch.library.opcheck(ops.gigpo.default, (scores, torch.zeros(6, dtype=torch.int64), ret,
+                                              torch.tensor([7, 7, 7, 8, 8, 9]), "mean_norm", 1.0, 1e-6, False))
 
 
 def test_grpo_ragged_groups(gen):
