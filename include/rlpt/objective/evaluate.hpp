@@ -557,8 +557,9 @@ inline void check_global(const agg_plan& a, const local_counts& own, bool used, 
 } // namespace detail
 
 //! What this call contributes to the global denominators of `obj` (tokens that stay in the loss,
-//! and sequences counted as obj.agg counts them). Sum over the step's micro-batches, all-reduce
-//! over the ranks, and pass the total with rlpt::with_denominators.
+//! and sequences counted as obj.agg counts them; none of the sequences in.seq_in_denominator leaves
+//! out). Sum over the step's micro-batches, all-reduce over the ranks, and pass the total with
+//! rlpt::with_denominators.
 template <class T>
 [[nodiscard]] loss_denominators local_denominators(const objective& obj, const basic_objective_inputs<T>& in,
                                                    const host_executor& ex = {}) {
