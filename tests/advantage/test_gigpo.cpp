@@ -38,8 +38,8 @@ steps make_steps(int tasks, int n, int max_len, std::uint64_t seed) {
   std::vector<traj_t> ts;
   for (int k = 0; k < tasks; ++k)
     for (int j = 0; j < n; ++j)
-      ts.push_back({100 + 7 * k, static_cast<std::int64_t>(ts.size()) * 3 + 1,
-                    static_cast<int>(r.integer(1, max_len)), r.bernoulli(0.5) ? 1.0f : 0.0f});
+      ts.push_back({100 + 7 * k, static_cast<std::int64_t>(ts.size()) * 3 + 1, static_cast<int>(r.integer(1, max_len)),
+                    r.bernoulli(0.5) ? 1.0f : 0.0f});
   steps s;
   for (int t = 0; t < max_len; ++t)
     for (const traj_t& tr : ts) {
@@ -54,7 +54,8 @@ steps make_steps(int tasks, int n, int max_len, std::uint64_t seed) {
 }
 
 //! Group mean and unbiased std of x over the rows with the same key (fp64).
-template <class Key> std::map<Key, std::pair<double, double>> moments(const std::vector<Key>& key, const std::vector<double>& x) {
+template <class Key>
+std::map<Key, std::pair<double, double>> moments(const std::vector<Key>& key, const std::vector<double>& x) {
   std::map<Key, std::vector<double>> by;
   for (std::size_t i = 0; i < x.size(); ++i) by[key[i]].push_back(x[i]);
   std::map<Key, std::pair<double, double>> out;
@@ -105,7 +106,8 @@ std::vector<double> reference(const steps& s, double gamma, bool use_std, double
   return a;
 }
 
-std::vector<double> run(const steps& s, double gamma, const rlpt::gigpo_options& o, rlpt::gigpo_stats* stats = nullptr) {
+std::vector<double> run(const steps& s, double gamma, const rlpt::gigpo_options& o,
+                        rlpt::gigpo_stats* stats = nullptr) {
   const auto episodes = rlpt::groups::from_ids(s.episode);
   const auto trajs = rlpt::groups::from_ids(s.traj);
   std::vector<float> ret(s.reward.size()), adv(s.reward.size());
@@ -153,8 +155,12 @@ TEST_CASE("gigpo by hand: one task, three trajectories, a state they share and o
   // Returns: (0.5, 0, 0.5, 1, 0, 1). Episode mean over six rows 4/6; state 0's mean 1/3, state 1's
   // 1/2, state 2 alone.
   const double me = 4.0 / 6.0;
-  const std::vector<double> want{1 - me + (0.5 - 1.0 / 3), 0 - me + (0 - 1.0 / 3), 1 - me + (0.5 - 1.0 / 3),
-                                 1 - me + 0.5,             0 - me - 0.5,           1 - me + 0.0};
+  const std::vector<double> want{1 - me + (0.5 - 1.0 / 3),
+                                 0 - me + (0 - 1.0 / 3),
+                                 1 - me + (0.5 - 1.0 / 3),
+                                 1 - me + 0.5,
+                                 0 - me - 0.5,
+                                 1 - me + 0.0};
   RLPT_CHECK_CLOSE(a, want, 1e-6, 1e-7);
   CHECK(st.episode.size == std::vector<rlpt::index_t>{6});
   CHECK(st.step.size == std::vector<rlpt::index_t>{3, 2, 1});
@@ -203,7 +209,8 @@ TEST_CASE("gigpo errors: anchors across episode groups, options, lengths, non-fi
   std::vector<float> out(4);
   const std::vector<std::int64_t> across{0, 1, 1, 2}; // rows 1 and 2 are in different episode groups
   RLPT_CHECK_ERROR(static_cast<void>(rlpt::gigpo_advantages(score, episodes, ret, rlpt::groups::from_ids(across), out)),
-                   "rlpt.advantage.bad_groups", "anchor group 1 holds rows 1 (episode group 0) and 2 (episode group 1)");
+                   "rlpt.advantage.bad_groups",
+                   "anchor group 1 holds rows 1 (episode group 0) and 2 (episode group 1)");
   const auto anchors = rlpt::anchor_groups(episodes, across);
   RLPT_CHECK_ERROR(static_cast<void>(rlpt::gigpo_advantages(score, episodes, ret, anchors, out, {.step_weight = NAN})),
                    "rlpt.advantage.bad_option", "step_weight = nan");

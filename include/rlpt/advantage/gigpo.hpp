@@ -64,9 +64,8 @@ struct gigpo_stats {
 //! compute_step_discounted_returns): a trajectory's steps are the members of one group of
 //! `trajectories`, in row order (rows need not be contiguous). Returns the number of trajectories
 //! zeroed under nonfinite::mask (a non-finite reward zeroes its whole trajectory).
-inline index_t step_returns(view<const float> step_rewards, const groups& trajectories, double gamma,
-                            view<float> out, rlpt::nonfinite on_nonfinite = rlpt::nonfinite::raise,
-                            const host_executor& ex = {}) {
+inline index_t step_returns(view<const float> step_rewards, const groups& trajectories, double gamma, view<float> out,
+                            rlpt::nonfinite on_nonfinite = rlpt::nonfinite::raise, const host_executor& ex = {}) {
   trajectories.expect_items("step_rewards", step_rewards.size());
   detail::expect_size("returns", out.size(), step_rewards.size(), "one per step");
   detail::check_rewards(step_rewards, on_nonfinite, "step_rewards"); // raise: named by row, before any work
@@ -104,9 +103,9 @@ inline index_t step_returns(view<const float> step_rewards, const groups& trajec
 //! GiGPO advantages, one per row (file comment). `episode_scores` and `returns` (the discounted
 //! step returns) have one value per row; `anchors` must refine `episodes` (each anchor group inside one episode group, as
 //! anchor_groups makes them). `stats` receives both levels' group statistics.
-inline void gigpo_advantages(view<const float> episode_scores, const groups& episodes,
-                             view<const float> returns, const groups& anchors, view<float> out,
-                             const gigpo_options& o, gigpo_stats& stats, const host_executor& ex = {}) {
+inline void gigpo_advantages(view<const float> episode_scores, const groups& episodes, view<const float> returns,
+                             const groups& anchors, view<float> out, const gigpo_options& o, gigpo_stats& stats,
+                             const host_executor& ex = {}) {
   RLPT_CHECK(std::isfinite(o.step_weight), errors::advantage::bad_option,
              "gigpo_options::step_weight = {} is not finite", o.step_weight);
   RLPT_CHECK(o.epsilon >= 0.0 && std::isfinite(o.epsilon), errors::advantage::bad_option,
@@ -133,16 +132,14 @@ inline void gigpo_advantages(view<const float> episode_scores, const groups& epi
   grpo_advantages(returns, anchors, step_adv, step, stats.step, ex);
   const double w = o.step_weight;
   for (index_t i = 0; i < out.size(); ++i)
-    out[i] = static_cast<float>(
-        detail::add_rn(static_cast<double>(out[i]),
-                       detail::mul_rn(w, static_cast<double>(step_adv[static_cast<std::size_t>(i)]))));
+    out[i] = static_cast<float>(detail::add_rn(
+        static_cast<double>(out[i]), detail::mul_rn(w, static_cast<double>(step_adv[static_cast<std::size_t>(i)]))));
 }
 
 //! GiGPO advantages; returns both levels' group statistics.
 [[nodiscard]] inline gigpo_stats gigpo_advantages(view<const float> episode_scores, const groups& episodes,
-                                                  view<const float> returns, const groups& anchors,
-                                                  view<float> out, const gigpo_options& o = {},
-                                                  const host_executor& ex = {}) {
+                                                  view<const float> returns, const groups& anchors, view<float> out,
+                                                  const gigpo_options& o = {}, const host_executor& ex = {}) {
   gigpo_stats s;
   gigpo_advantages(episode_scores, episodes, returns, anchors, out, o, s, ex);
   return s;
