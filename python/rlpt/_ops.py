@@ -6,7 +6,7 @@ import functools
 import torch
 
 from . import _C, _spec
-from ._errors import call
+from ._errors import Error, call
 
 ops = torch.ops.rlpt
 
@@ -484,11 +484,18 @@ def _hashable(x):
     return x
 
 
+def _masks_nonfinite(on_nonfinite):
+    """on_nonfinite ("raise" or "mask") as the ops' mask_nonfinite flag."""
+    if on_nonfinite not in ("raise", "mask"):
+        raise Error("rlpt.advantage.bad_option", f"on_nonfinite = {on_nonfinite!r}: it is \"raise\" or \"mask\"")
+    return on_nonfinite == "mask"
+
+
 def step_returns(step_rewards, traj_ids, gamma=0.95, on_nonfinite="raise"):
     """Discounted step returns G_t = r_t + gamma G_{t+1} along each trajectory (verl-agent's
     compute_step_discounted_returns): one row per step, ``traj_ids`` naming each row's trajectory
     (integers or hashables), its steps in row order. float32 [N]."""
-    return call(ops.step_returns, step_rewards, group_ids(traj_ids), float(gamma), on_nonfinite == "mask")
+    return call(ops.step_returns, step_rewards, group_ids(traj_ids), float(gamma), _masks_nonfinite(on_nonfinite))
 
 
 def gigpo_advantages(episode_scores, episode_ids, step_returns, anchor_obs, mode="mean_norm", step_advantage_w=1.0,
@@ -504,7 +511,7 @@ def gigpo_advantages(episode_scores, episode_ids, step_returns, anchor_obs, mode
     else:
         anchors = group_ids([_hashable(o) for o in anchor_obs])
     return call(ops.gigpo, episode_scores, group_ids(episode_ids), step_returns, anchors, str(mode),
-                float(step_advantage_w), float(epsilon), on_nonfinite == "mask")
+                float(step_advantage_w), float(epsilon), _masks_nonfinite(on_nonfinite))
 
 
 def gae(rewards, values, mask=None, cu_seqlens=None, bootstrap=None, gamma=1.0, lam=1.0, preset="rlpt", **options):

@@ -368,6 +368,8 @@ def test_gigpo_by_hand_with_text_and_array_observations():
         rlpt.gigpo_advantages(scores, ["task"] * 6, ret, traj, mode="mean")
     with pytest.raises(rlpt.Error, match="step_rewards"):
         rlpt.step_returns(torch.tensor([0.0, float("nan")]), [0, 0])
+    with pytest.raises(rlpt.Error, match="on_nonfinite = 'skip'"):
+        rlpt.step_returns(rewards, traj, on_nonfinite="skip")
     torch.library.opcheck(ops.step_returns.default, (rewards, rlpt.group_ids(traj), 0.9, False))
     torch.library.opcheck(ops.gigpo.default, (scores, torch.zeros(6, dtype=torch.int64), ret,
                                               torch.tensor([7, 7, 7, 8, 8, 9]), "mean_norm", 1.0, 1e-6, False))
