@@ -256,6 +256,13 @@ at::Tensor mismatch_metrics_op(const at::Tensor& trainer_logp, const at::Tensor&
 at::Tensor host(const at::Tensor& t) { return t.device().is_cpu() ? t : t.cpu(); }
 opt_tensor host(const opt_tensor& t) { return t ? opt_tensor(host(*t)) : std::nullopt; }
 
+//! A one-value-per-row input of the host estimators as a contiguous float32 CPU tensor; `what`
+//! names it, `per` says what each value is (for the shape error).
+at::Tensor host_rows(const at::Tensor& t, std::string_view what, std::string_view per) {
+  if (t.dim() != 1) raise(ids::shape, fmt::format("{} has shape {}; it is {}", what, dims(t.sizes()), per));
+  return contiguous_as(host(t), at::kFloat, what);
+}
+
 at::Tensor stats_tensor(const rlpt::group_stats& s) {
   at::Tensor out = at::empty({4}, at::TensorOptions().dtype(at::kDouble));
   double* p = out.data_ptr<double>();
@@ -271,10 +278,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> outcome_advantages(c10::string_vi
                                                                   const opt_tensor& lengths) {
   return guard([&] {
     const outcome_options o = outcome_from_spec(std::string_view(spec.data(), spec.size()));
-    if (rewards_in.dim() != 1)
-      raise(ids::shape, fmt::format("rewards has shape {}; outcome estimators take one reward per sequence [B]",
-                                    dims(rewards_in.sizes())));
-    const at::Tensor rewards = contiguous_as(host(rewards_in), at::kFloat, "rewards");
+    const at::Tensor rewards = host_rows(rewards_in, "rewards", "one reward per sequence [B] for outcome estimators");
     const at::Tensor ids = contiguous_as(host(group_ids), at::kLong, "group_ids");
     const rlpt::groups g = rlpt::groups::from_ids(view_of<const int64_t>(ids));
     at::Tensor adv = at::empty({rewards.numel()}, rewards.options());
@@ -305,10 +309,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> outcome_advantages(c10::string_vi
 at::Tensor step_returns_op(const at::Tensor& rewards_in, const at::Tensor& traj_ids, double gamma,
                            bool mask_nonfinite) {
   return guard([&] {
-    if (rewards_in.dim() != 1)
-      raise(ids::shape,
-            fmt::format("step_rewards has shape {}; it is one reward per step row [N]", dims(rewards_in.sizes())));
-    const at::Tensor rewards = contiguous_as(host(rewards_in), at::kFloat, "step_rewards");
+    const at::Tensor rewards = host_rows(rewards_in, "step_rewards", "one reward per step row [N]");
     const at::Tensor ids = contiguous_as(host(traj_ids), at::kLong, "traj_ids");
     const rlpt::groups g = rlpt::groups::from_ids(view_of<const int64_t>(ids));
     at::Tensor out = at::empty({rewards.numel()}, rewards.options());
@@ -325,11 +326,8 @@ std::tuple<at::Tensor, at::Tensor> gigpo_op(const at::Tensor& scores_in, const a
                                             c10::string_view mode, double step_advantage_w, double epsilon,
                                             bool mask_nonfinite) {
   return guard([&] {
-    if (scores_in.dim() != 1)
-      raise(ids::shape,
-            fmt::format("episode_scores has shape {}; it is one score per step row [N]", dims(scores_in.sizes())));
-    const at::Tensor scores = contiguous_as(host(scores_in), at::kFloat, "episode_scores");
-    const at::Tensor returns = contiguous_as(host(returns_in), at::kFloat, "step_returns");
+    const at::Tensor scores = host_rows(scores_in, "episode_scores", "one score per step row [N]");
+    const at::Tensor returns = host_rows(returns_in, "step_returns", "one return per step row [N]");
     const at::Tensor eids = contiguous_as(host(episode_ids), at::kLong, "episode_ids");
     const at::Tensor aids = contiguous_as(host(anchor_ids), at::kLong, "anchor_ids");
     const rlpt::groups episodes = rlpt::groups::from_ids(view_of<const int64_t>(eids));

@@ -69,16 +69,16 @@ inline index_t step_returns(view<const float> step_rewards, const groups& trajec
   trajectories.expect_items("step_rewards", step_rewards.size());
   detail::expect_size("returns", out.size(), step_rewards.size(), "one per step");
   detail::check_rewards(step_rewards, on_nonfinite, "step_rewards"); // raise: named by row, before any work
-  if (trajectories.contiguous()) // members are rows 0, 1, ..., n - 1: the rows are the packed layout
-    return discounted_returns(token_layout::packed(trajectories.offsets()), step_rewards, {}, out,
-                              {.gamma = gamma, .on_nonfinite = on_nonfinite}, ex);
-  // Gathered into member order, the trajectories are a packed layout; the recurrence runs there.
+  // In member order the trajectories are a packed layout, and the recurrence runs on it: in place
+  // when the members are rows 0, 1, ..., n - 1, on a gathered copy otherwise.
+  const token_layout layout = token_layout::packed(trajectories.offsets());
+  const returns_options ro{.gamma = gamma, .on_nonfinite = on_nonfinite};
+  if (trajectories.contiguous()) return discounted_returns(layout, step_rewards, {}, out, ro, ex);
   const view<const index_t> members = trajectories.members();
   const auto n = static_cast<std::size_t>(members.size());
   std::vector<float> r(n), g(n);
   for (std::size_t j = 0; j < n; ++j) r[j] = step_rewards[members[static_cast<index_t>(j)]];
-  const index_t zeroed = discounted_returns(token_layout::packed(trajectories.offsets()), r, {}, g,
-                                            {.gamma = gamma, .on_nonfinite = on_nonfinite}, ex);
+  const index_t zeroed = discounted_returns(layout, r, {}, g, ro, ex);
   for (std::size_t j = 0; j < n; ++j) out[members[static_cast<index_t>(j)]] = g[j];
   return zeroed;
 }
