@@ -42,9 +42,10 @@ def metrics_dict(metrics, names=METRICS):
 # --- fake kernels -------------------------------------------------------------------------------
 
 @torch.library.register_fake("rlpt::logprob_entropy")
-def _logprob_fake(logits, tokens, valid, cu_seqlens, sequence, temperature, top_k, top_p, ignore_index):
+def _logprob_fake(logits, tokens, valid, cu_seqlens, sequence, temperature, top_k, top_p, ignore_index, min_p=0.0,
+                  min_p_first=True):
     rows = tokens.numel()
-    truncated = rows if (top_k > 0 or top_p < 1.0) else 0
+    truncated = rows if (top_k > 0 or top_p < 1.0 or min_p > 0.0) else 0
     f32 = torch.float32
     return (logits.new_empty(tokens.shape, dtype=f32), logits.new_empty(tokens.shape, dtype=f32),
             logits.new_empty((rows,), dtype=f32), logits.new_empty((truncated,), dtype=f32),
@@ -53,7 +54,7 @@ def _logprob_fake(logits, tokens, valid, cu_seqlens, sequence, temperature, top_
 
 @torch.library.register_fake("rlpt::logprob_entropy_backward")
 def _logprob_backward_fake(dlogp, dentropy, logits, tokens, valid, cu_seqlens, logp, entropy, lse, threshold,
-                           tie_last, sequence, temperature, top_k, top_p, ignore_index):
+                           tie_last, sequence, temperature, top_k, top_p, ignore_index, min_p=0.0, min_p_first=True):
     return torch.empty_like(logits, memory_format=torch.contiguous_format)
 
 
@@ -147,19 +148,20 @@ def _remax_fake(spec, token_rewards, baselines, mask, cu_seqlens):
 # --- autograd -----------------------------------------------------------------------------------
 
 def _logprob_setup(ctx, inputs, output):
-    logits, tokens, valid, cu_seqlens, sequence, temperature, top_k, top_p, ignore_index = inputs
+    logits, tokens, valid, cu_seqlens = inputs[:4]
     logp, ent, lse, thr, tie, _scored = output
     ctx.save_for_backward(logits, tokens, valid, cu_seqlens, logp, ent, lse, thr, tie)
-    ctx.args = (sequence, temperature, top_k, top_p, ignore_index)
+    ctx.args = tuple(inputs[4:])  # sequence, temperature, top_k, top_p, ignore_index[, min_p, min_p_first]
+    ctx.n_inputs = len(inputs)
 
 
 def _logprob_backward(ctx, dlogp, dentropy, _dlse, _dthr, _dtie, _dscored):
     logits, tokens, valid, cu_seqlens, logp, ent, lse, thr, tie = ctx.saved_tensors
     if dlogp is None and dentropy is None:
-        return (None,) * 9
+        return (None,) * ctx.n_inputs
     dlogits = ops.logprob_entropy_backward(dlogp, dentropy, logits, tokens, valid, cu_seqlens, logp, ent, lse, thr,
                                            tie, *ctx.args)
-    return (dlogits,) + (None,) * 8
+    return (dlogits,) + (None,) * (ctx.n_inputs - 1)
 
 
 torch.library.register_autograd("rlpt::logprob_entropy", _logprob_backward, setup_context=_logprob_setup)
@@ -189,25 +191,35 @@ torch.library.register_autograd("rlpt::objective", _objective_backward, setup_co
 
 # --- Python API ---------------------------------------------------------------------------------
 
-def logprob_entropy(logits, targets, temperature=1.0, top_k=0, top_p=1.0, ignore_index=-100):
+def _min_p_first(min_p_order):
+    if min_p_order not in ("first", "last"):
+        raise Error("rlpt.logprob.min_p", f"min_p_order is {min_p_order!r}: neither 'first' (vLLM: min-p before "
+                    f"top-k/top-p) nor 'last' (SGLang, Hugging Face: after them)")
+    return min_p_order == "first"
+
+
+def logprob_entropy(logits, targets, temperature=1.0, top_k=0, top_p=1.0, ignore_index=-100, min_p=0.0,
+                    min_p_order="first"):
     """Per-row log-probability of ``targets`` and entropy of softmax(logits / temperature)
-    [top-k / top-p truncated], no label shift: logits [N, V] with targets [N], or [B, T, V] with
-    [B, T]. float32 results whatever the logits' dtype (float32, float64, bfloat16, float16);
+    [top-k / top-p / min-p truncated], no label shift: logits [N, V] with targets [N], or
+    [B, T, V] with [B, T]. ``min_p`` keeps tokens with p >= min_p * max p, before top-k/top-p
+    (``min_p_order="first"``, vLLM) or after them (``"last"``, SGLang and Hugging Face).
+    float32 results whatever the logits' dtype (float32, float64, bfloat16, float16);
     differentiable in ``logits``."""
     out = call(ops.logprob_entropy, logits, targets, None, None, False, float(temperature), int(top_k),
-               float(top_p), int(ignore_index))
+               float(top_p), int(ignore_index), float(min_p), _min_p_first(min_p_order))
     return out[0], out[1]
 
 
 def sequence_logprob_entropy(logits, tokens, valid=None, cu_seqlens=None, temperature=1.0, top_k=0, top_p=1.0,
-                             ignore_index=-100, return_scored=False):
+                             ignore_index=-100, return_scored=False, min_p=0.0, min_p_order="first"):
     """Log-probability of every token of each sequence under the model's logits at the previous
     position (rlpt's convention: logp[b, t] belongs to token t, from logits row t - 1; the first
     token of a sequence gets 0). Padded logits [B, T, V] with tokens [B, T] (``valid`` marks real
-    tokens), or packed [N, V] with [N] and ``cu_seqlens`` [B + 1]. Returns float32
-    (logp, entropy[, scored])."""
+    tokens), or packed [N, V] with [N] and ``cu_seqlens`` [B + 1]. Truncation as in
+    :func:`logprob_entropy`. Returns float32 (logp, entropy[, scored])."""
     out = call(ops.logprob_entropy, logits, tokens, valid, cu_seqlens, True, float(temperature), int(top_k),
-               float(top_p), int(ignore_index))
+               float(top_p), int(ignore_index), float(min_p), _min_p_first(min_p_order))
     return (out[0], out[1], out[5]) if return_scored else (out[0], out[1])
 
 

@@ -476,11 +476,12 @@ std::tuple<at::Tensor, at::Tensor> remax_cpu(c10::string_view spec, const at::Te
 
 TORCH_LIBRARY(rlpt, m) {
   m.def("logprob_entropy(Tensor logits, Tensor tokens, Tensor? valid, Tensor? cu_seqlens, bool sequence, "
-        "float temperature, int top_k, float top_p, int ignore_index) "
+        "float temperature, int top_k, float top_p, int ignore_index, float min_p=0., bool min_p_first=True) "
         "-> (Tensor logp, Tensor entropy, Tensor lse, Tensor threshold, Tensor tie_last, Tensor scored)");
   m.def("logprob_entropy_backward(Tensor? dlogp, Tensor? dentropy, Tensor logits, Tensor tokens, Tensor? valid, "
         "Tensor? cu_seqlens, Tensor logp, Tensor entropy, Tensor lse, Tensor threshold, Tensor tie_last, "
-        "bool sequence, float temperature, int top_k, float top_p, int ignore_index) -> Tensor");
+        "bool sequence, float temperature, int top_k, float top_p, int ignore_index, float min_p=0., "
+        "bool min_p_first=True) -> Tensor");
   m.def("objective(str spec, Tensor? logp, Tensor? mask, Tensor? old_logp, Tensor? behav_logp, Tensor? ref_logp, "
         "Tensor? adv, Tensor? seq_adv, Tensor? entropy, Tensor? values, Tensor? old_values, Tensor? returns, "
         "Tensor? cu_seqlens, bool grad_logp, bool grad_entropy, bool grad_values, Tensor? seq_in_denominator=None) "

@@ -62,11 +62,11 @@ cuda::sequence_desc sequence_of(const logprob_call& c) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 logprob_entropy_cuda(const at::Tensor& logits, const at::Tensor& tokens, const opt_tensor& valid,
                      const opt_tensor& cu_seqlens, bool sequence, double temperature, int64_t top_k, double top_p,
-                     int64_t ignore_index) {
+                     int64_t ignore_index, double min_p, bool min_p_first) {
   return guard([&] {
     const c10::cuda::CUDAGuard device_guard(logits.device());
-    const logprob_call c =
-        prepare_logprob(logits, tokens, valid, cu_seqlens, sequence, temperature, top_k, top_p, ignore_index);
+    const logprob_call c = prepare_logprob(logits, tokens, valid, cu_seqlens, sequence, temperature, top_k, top_p,
+                                           ignore_index, min_p, min_p_first);
     const auto f32 = logits.options().dtype(at::kFloat);
     at::Tensor logp = at::empty(c.out_shape, f32), ent = at::empty(c.out_shape, f32);
     at::Tensor scored = at::empty(c.out_shape, logits.options().dtype(at::kBool));
@@ -91,11 +91,11 @@ at::Tensor logprob_entropy_backward_cuda(const opt_tensor& dlogp, const opt_tens
                                          const opt_tensor& cu_seqlens, const at::Tensor& logp,
                                          const at::Tensor& entropy, const at::Tensor& lse, const at::Tensor& threshold,
                                          const at::Tensor& tie_last, bool sequence, double temperature, int64_t top_k,
-                                         double top_p, int64_t ignore_index) {
+                                         double top_p, int64_t ignore_index, double min_p, bool min_p_first) {
   return guard([&] {
     const c10::cuda::CUDAGuard device_guard(logits.device());
-    const logprob_call c =
-        prepare_logprob(logits, tokens, valid, cu_seqlens, sequence, temperature, top_k, top_p, ignore_index);
+    const logprob_call c = prepare_logprob(logits, tokens, valid, cu_seqlens, sequence, temperature, top_k, top_p,
+                                           ignore_index, min_p, min_p_first);
     const opt_tensor gl = dlogp ? opt_tensor(per_row_f32(*dlogp, c, "dlogp")) : std::nullopt;
     const opt_tensor ge = dentropy ? opt_tensor(per_row_f32(*dentropy, c, "dentropy")) : std::nullopt;
     const at::Tensor lp = per_row_f32(logp, c, "logp"), en = per_row_f32(entropy, c, "entropy");

@@ -13,14 +13,16 @@ namespace rlpt_py {
 
 logprob_call prepare_logprob(const at::Tensor& logits, const at::Tensor& tokens, const opt_tensor& valid,
                              const opt_tensor& cu_seqlens, bool sequence, double temperature, int64_t top_k,
-                             double top_p, int64_t ignore_index) {
+                             double top_p, int64_t ignore_index, double min_p, bool min_p_first) {
   logprob_call c;
   c.sequence = sequence;
   c.opt = {.temperature = static_cast<float>(temperature),
            .top_k = top_k,
            .top_p = static_cast<float>(top_p),
            .ignore_index = ignore_index,
-           .on_dropped = rlpt::dropped_target::neg_inf};
+           .on_dropped = rlpt::dropped_target::neg_inf,
+           .min_p = static_cast<float>(min_p),
+           .min_p_order = min_p_first ? rlpt::min_p_order::first : rlpt::min_p_order::last};
   const auto st = logits.scalar_type();
   if (st != at::kFloat && st != at::kDouble && st != at::kBFloat16 && st != at::kHalf)
     raise(ids::dtype, fmt::format("logits have dtype {}; rlpt scores float32, float64, bfloat16 and float16 logits",
@@ -95,10 +97,10 @@ template <class F> decltype(auto) dispatch_logits(at::ScalarType t, F&& f) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 logprob_entropy_cpu(const at::Tensor& logits, const at::Tensor& tokens, const opt_tensor& valid,
                     const opt_tensor& cu_seqlens, bool sequence, double temperature, int64_t top_k, double top_p,
-                    int64_t ignore_index) {
+                    int64_t ignore_index, double min_p, bool min_p_first) {
   return guard([&] {
-    const logprob_call c =
-        prepare_logprob(logits, tokens, valid, cu_seqlens, sequence, temperature, top_k, top_p, ignore_index);
+    const logprob_call c = prepare_logprob(logits, tokens, valid, cu_seqlens, sequence, temperature, top_k, top_p,
+                                           ignore_index, min_p, min_p_first);
     const auto f32 = logits.options().dtype(at::kFloat);
     at::Tensor logp = at::empty(c.out_shape, f32), ent = at::empty(c.out_shape, f32);
     at::Tensor scored = at::empty(c.out_shape, logits.options().dtype(at::kBool));
@@ -130,10 +132,11 @@ at::Tensor logprob_entropy_backward_cpu(const opt_tensor& dlogp, const opt_tenso
                                         const at::Tensor& tokens, const opt_tensor& valid, const opt_tensor& cu_seqlens,
                                         const at::Tensor& logp, const at::Tensor& entropy, const at::Tensor& lse,
                                         const at::Tensor& threshold, const at::Tensor& tie_last, bool sequence,
-                                        double temperature, int64_t top_k, double top_p, int64_t ignore_index) {
+                                        double temperature, int64_t top_k, double top_p, int64_t ignore_index,
+                                        double min_p, bool min_p_first) {
   return guard([&] {
-    const logprob_call c =
-        prepare_logprob(logits, tokens, valid, cu_seqlens, sequence, temperature, top_k, top_p, ignore_index);
+    const logprob_call c = prepare_logprob(logits, tokens, valid, cu_seqlens, sequence, temperature, top_k, top_p,
+                                           ignore_index, min_p, min_p_first);
     const opt_tensor gl = dlogp ? opt_tensor(per_row_f32(*dlogp, c, "dlogp")) : std::nullopt;
     const opt_tensor ge = dentropy ? opt_tensor(per_row_f32(*dentropy, c, "dentropy")) : std::nullopt;
     const at::Tensor lp = per_row_f32(logp, c, "logp"), en = per_row_f32(entropy, c, "entropy");

@@ -1,6 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """The operators themselves: registration checks (torch.library.opcheck), torch.compile without
 graph breaks, gradients against plain torch, dtypes, layouts, strides, errors."""
+import pathlib
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -313,6 +316,8 @@ def test_logprob_opcheck(gen):
     torch.library.opcheck(ops.logprob_entropy.default, (logits, tokens, valid, None, True, 0.9, 0, 1.0, -100))
     torch.library.opcheck(ops.logprob_entropy.default, (logits.view(10, 9), tokens.view(10), None, None, False,
                                                         1.0, 3, 0.9, -100))
+    torch.library.opcheck(ops.logprob_entropy.default, (logits.view(10, 9), tokens.view(10), None, None, False,
+                                                        1.0, 0, 0.9, -100, 0.1, False))
 
 
 def test_logprob_top_k_matches_masked_softmax(gen):
@@ -325,6 +330,54 @@ def test_logprob_top_k_matches_masked_softmax(gen):
     ref = torch.log_softmax(logits.masked_fill(~keep, float("-inf")), -1).gather(1, tokens[:, None]).squeeze(1)
     close(lp, ref, 1e-5, 1e-6)
     close(torch.autograd.grad(lp.sum(), logits)[0], torch.autograd.grad(ref.sum(), logits)[0], 1e-5, 1e-6)
+
+
+@pytest.mark.parametrize("order", ["first", "last"])
+def test_logprob_min_p_matches_hf_warpers(gen, order):
+    # Hugging Face's own warpers in the engine's order: MinP, TopK, TopP (vLLM) or TopK, TopP, MinP
+    # (generate(), SGLang); logp, entropy and the gradient against the masked fp64 softmax
+    warpers = pytest.importorskip("transformers.generation.logits_process")
+    N, V, temp, k, p, mp = 16, 300, 0.8, 40, 0.85, 0.05
+    logits = (torch.randn(N, V, generator=gen, dtype=F64) * 2.5).requires_grad_()
+    chain = [warpers.TopKLogitsWarper(top_k=k), warpers.TopPLogitsWarper(top_p=p)]
+    min_p = warpers.MinPLogitsWarper(min_p=mp)
+    chain = [min_p] + chain if order == "first" else chain + [min_p]
+    z = logits.detach() / temp
+    for w in chain:
+        z = w(None, z)
+    keep = torch.isfinite(z)
+    tokens = z.argmax(-1)
+    lp, ent = rlpt.logprob_entropy(logits, tokens, temperature=temp, top_k=k, top_p=p, min_p=mp, min_p_order=order)
+    ref_all = torch.log_softmax((logits / temp).masked_fill(~keep, float("-inf")), -1)
+    ref = ref_all.gather(1, tokens[:, None]).squeeze(1)
+    ref_ent = -(torch.where(keep, ref_all.exp() * ref_all, torch.zeros_like(ref_all))).sum(-1)
+    close(lp, ref, 1e-5, 1e-6, "logp")
+    close(ent, ref_ent, 1e-5, 1e-6, "entropy")
+    gl, ge = torch.randn(N, generator=gen, dtype=F64), torch.randn(N, generator=gen, dtype=F64)
+    (g,) = torch.autograd.grad((lp.double() * gl).sum() + (ent.double() * ge).sum(), logits)
+    (w,) = torch.autograd.grad((ref * gl).sum() + (ref_ent * ge).sum(), logits)
+    close(g, w, 1e-5, 1e-6, "dlogits")
+
+
+def test_logprob_min_p_golden_and_errors(gen):
+    root = pathlib.Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "tools" / "golden"))
+    import rlpt_golden
+    arrays, _ = rlpt_golden.read(root / "tests" / "data" / "golden" / "logprob" / "sampled_min_p.bin")
+    x = torch.from_numpy(arrays["logits"])
+    for c in range(6):
+        temp, k, p, mp, first = arrays[f"case{c}_params"].tolist()
+        t = torch.from_numpy(arrays[f"case{c}_targets"])
+        lp, ent = rlpt.logprob_entropy(x, t, temperature=temp, top_k=int(k), top_p=p, min_p=mp,
+                                       min_p_order="first" if first else "last")
+        close(lp.double(), torch.from_numpy(arrays[f"case{c}_logp"]), 2e-5, 1e-5, f"case {c} logp")
+        close(ent.double(), torch.from_numpy(arrays[f"case{c}_entropy"]), 2e-5, 1e-5, f"case {c} entropy")
+    with pytest.raises(rlpt.Error) as e:
+        rlpt.logprob_entropy(x, t, min_p=0.1, min_p_order="middle")
+    assert e.value.id == "rlpt.logprob.min_p" and "'middle'" in e.value.message
+    with pytest.raises(rlpt.Error) as e:
+        rlpt.logprob_entropy(x, t, min_p=1.5)
+    assert e.value.id == "rlpt.logprob.min_p" and "got 1.5" in e.value.message
 
 
 # --- advantages -----------------------------------------------------------------------------------

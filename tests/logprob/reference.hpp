@@ -26,10 +26,12 @@ struct ref_row {
   std::vector<double> p; // probabilities over the kept support (0 elsewhere)
 };
 
-//! Reference for one row: z = x / T, top-k (ties kept), then top-p (sorted by z desc, id asc;
-//! a token is kept while the mass before it is < p·S_K), renormalised.
+//! Reference for one row, as the engines do it with masks: z = x / T; min-p (p_j >= min_p · max p,
+//! as exp(z_j − m) >= min_p) first when min_p_first (vLLM: the columns it drops are −inf for
+//! top-k); top-k (ties kept); top-p (sorted by z desc, id asc; a token is kept while the mass
+//! before it is < p·S_K); min-p last otherwise (SGLang, Hugging Face); renormalised.
 inline ref_row reference_row(const std::vector<double>& x, double temperature, std::int64_t target,
-                             std::int64_t top_k = 0, double top_p = 1.0) {
+                             std::int64_t top_k = 0, double top_p = 1.0, double min_p = 0.0, bool min_p_first = true) {
   const auto n = static_cast<std::int64_t>(x.size());
   std::vector<double> z(x.size());
   for (std::size_t j = 0; j < x.size(); ++j) z[j] = x[j] / temperature;
@@ -38,11 +40,23 @@ inline ref_row reference_row(const std::vector<double>& x, double temperature, s
   std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) { return z[a] > z[b]; });
   ref_row r;
   r.kept.assign(x.size(), 1);
-  if (top_k > 0 && top_k < n) {
-    const double kth = z[order[top_k - 1]];
-    for (std::int64_t j = 0; j < n; ++j) r.kept[j] = z[j] >= kth ? 1 : 0;
-  }
   const double m = z[order[0]];
+  const auto apply_min_p = [&] {
+    if (min_p > 0.0)
+      for (std::int64_t j = 0; j < n; ++j)
+        if (!(std::exp(z[j] - m) >= min_p)) r.kept[j] = 0;
+  };
+  if (min_p_first) apply_min_p();
+  if (top_k > 0 && top_k < n) {
+    // the k-th largest with the dropped columns at −inf (engines mask before top-k)
+    std::vector<double> zk(z);
+    for (std::int64_t j = 0; j < n; ++j)
+      if (!r.kept[j]) zk[j] = -std::numeric_limits<double>::infinity();
+    std::vector<double> sorted(zk);
+    std::sort(sorted.begin(), sorted.end(), std::greater<>());
+    const double kth = sorted[static_cast<std::size_t>(top_k - 1)];
+    for (std::int64_t j = 0; j < n; ++j) r.kept[j] = r.kept[j] && zk[j] >= kth ? 1 : 0;
+  }
   if (top_p < 1.0) {
     double total = 0;
     for (std::int64_t j = 0; j < n; ++j)
@@ -56,6 +70,7 @@ inline ref_row reference_row(const std::vector<double>& x, double temperature, s
     }
     r.kept = keep;
   }
+  if (!min_p_first) apply_min_p();
   double s = 0, a = 0;
   for (std::int64_t j = 0; j < n; ++j)
     if (r.kept[j] && z[j] != -std::numeric_limits<double>::infinity()) {
@@ -75,8 +90,9 @@ inline ref_row reference_row(const std::vector<double>& x, double temperature, s
 //! d(dlogp·logp + dentropy·entropy)/dx for one row, analytically (support held fixed). A row
 //! without a target (target < 0) takes no dlogp term at all.
 inline std::vector<double> reference_grad(const std::vector<double>& x, double temperature, std::int64_t target,
-                                          double dlogp, double dentropy, std::int64_t top_k = 0, double top_p = 1.0) {
-  const ref_row r = reference_row(x, temperature, target, top_k, top_p);
+                                          double dlogp, double dentropy, std::int64_t top_k = 0, double top_p = 1.0,
+                                          double min_p = 0.0, bool min_p_first = true) {
+  const ref_row r = reference_row(x, temperature, target, top_k, top_p, min_p, min_p_first);
   std::vector<double> g(x.size(), 0.0);
   if (target < 0) dlogp = 0.0;
   for (std::size_t j = 0; j < x.size(); ++j) {

@@ -99,6 +99,33 @@ TEST_CASE("golden: top-k / top-p against Hugging Face's logits warpers") {
   }
 }
 
+TEST_CASE("golden: min-p against Hugging Face's MinPLogitsWarper, in generate()'s order and in vLLM's") {
+  const lt::golden_file f(lt::golden_path("logprob", "sampled_min_p.bin"));
+  const auto n = static_cast<index_t>(f["logits"].shape[0]), v = static_cast<index_t>(f["logits"].shape[1]);
+  const auto x = f.get<float>("logits");
+  for (int c = 0; c < 6; ++c) {
+    const std::string p = "case" + std::to_string(c) + "_";
+    const auto params = f.get<double>(p + "params");
+    const auto temp = static_cast<float>(params[0]);
+    const auto k = static_cast<index_t>(params[1]);
+    const auto top_p = static_cast<float>(params[2]), min_p = static_cast<float>(params[3]);
+    // the engine presets say which order each engine applies
+    const rlpt::logprob_options o = params[4] != 0.0 ? rlpt::compat::vllm::sampled(temp, k, top_p, min_p)
+                                                     : rlpt::compat::hf::sampled(temp, k, top_p, min_p);
+    const auto t = f.get<index_t>(p + "targets");
+    std::vector<float> logp(n), ent(n);
+    std::vector<rlpt::mask_t> kept(static_cast<std::size_t>(n * v));
+    rlpt::logprob_entropy(rlpt::view2d<const float>(x.data(), n, v), t,
+                          {.logp = logp, .entropy = ent, .kept = rlpt::view2d<rlpt::mask_t>(kept.data(), n, v)}, o);
+    INFO("case " << c << " T " << temp << " top_k " << k << " top_p " << top_p << " min_p " << min_p << " first "
+                 << params[4]);
+    CHECK(kept == f.get<rlpt::mask_t>(p + "kept"));
+    const auto want_lp = f.get<double>(p + "logp"), want_ent = f.get<double>(p + "entropy");
+    RLPT_CHECK_CLOSE(logp, want_lp, 1e-5, 2e-5);
+    RLPT_CHECK_CLOSE(ent, want_ent, 1e-5, 2e-5);
+  }
+}
+
 TEST_CASE("golden: the framework presets reproduce verl's and TRL's own numbers") {
   const lt::golden_file f(lt::golden_path("logprob", "from_logits.bin"));
   const auto n = static_cast<index_t>(f["logits"].shape[0]), v = static_cast<index_t>(f["logits"].shape[1]);
@@ -119,4 +146,9 @@ TEST_CASE("golden: the framework presets reproduce verl's and TRL's own numbers"
   CHECK(s.temperature == 0.6f);
   CHECK(s.top_k == 200);
   CHECK(s.top_p == 0.95f);
+  CHECK(s.min_p == 0.0f);
+  CHECK(rlpt::compat::vllm::sampled(1.0f).top_k == -1);
+  CHECK(rlpt::compat::vllm::sampled(1.0f, -1, 1.0f, 0.1f).min_p_order == rlpt::min_p_order::first);
+  CHECK(rlpt::compat::sglang::sampled(1.0f, -1, 1.0f, 0.1f).min_p_order == rlpt::min_p_order::last);
+  CHECK(rlpt::compat::hf::sampled(1.0f, 0, 1.0f, 0.1f).min_p_order == rlpt::min_p_order::last);
 }

@@ -360,9 +360,11 @@ TEST_CASE_TEMPLATE("device top-k / top-p support, logprobs and gradients match t
     t[static_cast<std::size_t>(r)] = best;
   }
   t[5] = -100;
-  for (const auto& o : {rlpt::logprob_options{.temperature = 0.7f, .top_k = 40},
-                        rlpt::logprob_options{.temperature = 1.2f, .top_p = 0.9f},
-                        rlpt::logprob_options{.top_k = 700, .top_p = 0.6f}}) {
+  for (const auto& o :
+       {rlpt::logprob_options{.temperature = 0.7f, .top_k = 40},
+        rlpt::logprob_options{.temperature = 1.2f, .top_p = 0.9f}, rlpt::logprob_options{.top_k = 700, .top_p = 0.6f},
+        rlpt::logprob_options{.min_p = 0.2f}, rlpt::logprob_options{.temperature = 0.9f, .top_p = 0.8f, .min_p = 0.05f},
+        rlpt::logprob_options{.top_k = 300, .top_p = 0.7f, .min_p = 0.1f, .min_p_order = rlpt::min_p_order::last}}) {
     std::vector<float> hl(n), he(n), hs(n), hthr(n);
     std::vector<index_t> htie(n);
     std::vector<rlpt::mask_t> hk(static_cast<std::size_t>(n * v));
@@ -387,7 +389,7 @@ TEST_CASE_TEMPLATE("device top-k / top-p support, logprobs and gradients match t
                            .tie_last = dtie.view(),
                            .kept = rlpt::device_view2d<rlpt::mask_t>(kept.data(), n, v)},
                           o, nullptr);
-    INFO("top_k " << o.top_k << " top_p " << o.top_p);
+    INFO("top_k " << o.top_k << " top_p " << o.top_p << " min_p " << o.min_p);
     CHECK(kept.get() == hk);
     CHECK(dtie.get() == htie);
     const auto a = lp.get(), b = en.get(), c = thr.get();

@@ -57,9 +57,11 @@ std::vector<float> tied_logits(lt::rng& g, std::size_t n) {
 
 void check_against_reference(const std::vector<float>& x, index_t rows, index_t cols, std::vector<index_t> t,
                              const rlpt::logprob_options& o) {
+  const bool first = o.min_p_order == rlpt::min_p_order::first;
   // score only targets the reference keeps (dropped targets are tested separately)
   for (index_t r = 0; r < rows; ++r) {
-    const auto ref = lt::reference_row(lt::to_double(x.data() + r * cols, cols), o.temperature, -1, o.top_k, o.top_p);
+    const auto ref = lt::reference_row(lt::to_double(x.data() + r * cols, cols), o.temperature, -1, o.top_k, o.top_p,
+                                       o.min_p, first);
     for (index_t j = 0; j < cols; ++j)
       if (ref.kept[static_cast<std::size_t>(j)]) {
         t[static_cast<std::size_t>(r)] = j;
@@ -70,8 +72,10 @@ void check_against_reference(const std::vector<float>& x, index_t rows, index_t 
   CHECK(run.st.dropped == 0);
   for (index_t r = 0; r < rows; ++r) {
     const auto xd = lt::to_double(x.data() + r * cols, cols);
-    const auto ref = lt::reference_row(xd, o.temperature, t[static_cast<std::size_t>(r)], o.top_k, o.top_p);
-    INFO("row " << r << " top_k " << o.top_k << " top_p " << o.top_p << " T " << o.temperature);
+    const auto ref =
+        lt::reference_row(xd, o.temperature, t[static_cast<std::size_t>(r)], o.top_k, o.top_p, o.min_p, first);
+    INFO("row " << r << " top_k " << o.top_k << " top_p " << o.top_p << " min_p " << o.min_p << " first " << first
+                << " T " << o.temperature);
     const std::vector<rlpt::mask_t> kept(run.kept.begin() + r * cols, run.kept.begin() + (r + 1) * cols);
     CHECK(kept == ref.kept);
     CHECK(run.logp[r] == doctest::Approx(ref.logp).epsilon(2e-5));
@@ -94,8 +98,9 @@ void check_against_reference(const std::vector<float>& x, index_t rows, index_t 
                                  o);
   CHECK(grad == grad2);
   for (index_t r = 0; r < rows; ++r) {
-    const auto want = lt::reference_grad(lt::to_double(x.data() + r * cols, cols), o.temperature,
-                                         t[static_cast<std::size_t>(r)], dl[r], dh[r], o.top_k, o.top_p);
+    const auto want =
+        lt::reference_grad(lt::to_double(x.data() + r * cols, cols), o.temperature, t[static_cast<std::size_t>(r)],
+                           dl[r], dh[r], o.top_k, o.top_p, o.min_p, first);
     const std::vector<double> got(grad.begin() + r * cols, grad.begin() + (r + 1) * cols);
     INFO("gradient row " << r);
     RLPT_CHECK_CLOSE(got, want, 1e-4, 1e-6);
@@ -128,6 +133,59 @@ TEST_CASE("top-p keeps the nucleus of the top-k distribution, ties cut by column
     check_against_reference(smooth, rows, cols, t, {.temperature = 0.6f, .top_k = 40, .top_p = p});
     check_against_reference(tied, rows, cols, t, {.top_k = 300, .top_p = p});
   }
+}
+
+TEST_CASE("min-p keeps p >= min_p max p, before top-k/top-p (vLLM) or after them (SGLang, HF)") {
+  lt::rng g(14);
+  const index_t rows = 5, cols = 1200;
+  const auto smooth = lt::random_logits<float>(g, rows * cols, 2.0);
+  const auto tied = tied_logits(g, rows * cols);
+  std::vector<index_t> t(rows, 0);
+  for (const auto order : {rlpt::min_p_order::first, rlpt::min_p_order::last}) {
+    for (const float mp : {0.001f, 0.05f, 0.3f, 0.9f, 1.0f}) {
+      CAPTURE(mp);
+      check_against_reference(smooth, rows, cols, t, {.temperature = 0.8f, .min_p = mp, .min_p_order = order});
+      check_against_reference(tied, rows, cols, t, {.min_p = mp, .min_p_order = order});
+      check_against_reference(smooth, rows, cols, t, {.top_k = 30, .min_p = mp, .min_p_order = order});
+      check_against_reference(smooth, rows, cols, t,
+                              {.temperature = 1.3f, .top_p = 0.7f, .min_p = mp, .min_p_order = order});
+      check_against_reference(tied, rows, cols, t, {.top_k = 400, .top_p = 0.6f, .min_p = mp, .min_p_order = order});
+      check_against_reference(smooth, rows, cols, t,
+                              {.temperature = 0.6f, .top_k = 50, .top_p = 0.95f, .min_p = mp, .min_p_order = order});
+    }
+  }
+}
+
+TEST_CASE("min-p's order changes top-p's nucleus only, and its bound is exact to the float") {
+  // masses relative to the max (column 1): e^-1, 1, e^-1.2, e^-3. min_p = 0.2 drops column 3.
+  // top_p = 0.81: over min-p's three columns (total 1.669, vLLM) the first two reach 0.81 of it;
+  // over all four (1.719, SGLang) they do not, so column 2 stays, and min-p then drops column 3.
+  const std::vector<float> x = {0.0f, 1.0f, -0.2f, -2.0f};
+  const std::vector<index_t> t = {1};
+  using v = std::vector<rlpt::mask_t>;
+  CHECK(run_truncated(x, 1, 4, t, rlpt::compat::vllm::sampled(1.0f, -1, 1.0f, 0.2f)).kept == v{1, 1, 1, 0});
+  CHECK(run_truncated(x, 1, 4, t, rlpt::compat::sglang::sampled(1.0f, -1, 1.0f, 0.2f)).kept == v{1, 1, 1, 0});
+  CHECK(run_truncated(x, 1, 4, t, rlpt::compat::vllm::sampled(1.0f, -1, 0.81f, 0.2f)).kept == v{1, 1, 0, 0});
+  CHECK(run_truncated(x, 1, 4, t, rlpt::compat::sglang::sampled(1.0f, -1, 0.81f, 0.2f)).kept == v{1, 1, 1, 0});
+  CHECK(run_truncated(x, 1, 4, t, rlpt::compat::hf::sampled(1.0f, 0, 0.81f, 0.2f)).kept == v{1, 1, 1, 0});
+  CHECK(run_truncated(x, 1, 4, t, rlpt::compat::hf::sampled(1.0f, 2, 1.0f, 0.2f)).kept == v{1, 1, 0, 0});
+  // the bound: the smallest float f with f - max >= log(min_p) (in double) is kept, the float below it is not
+  const double bound = std::log(0.25);
+  auto f = static_cast<float>(bound);
+  if (static_cast<double>(f) < bound) f = std::nextafter(f, 0.0f);
+  const float below = std::nextafter(f, -2.0f);
+  REQUIRE(static_cast<double>(below) < bound);
+  CHECK(run_truncated(std::vector<float>{0.0f, f, below}, 1, 3, std::vector<index_t>{0}, {.min_p = 0.25f}).kept ==
+        v{1, 1, 0});
+  // shifted by a large max (the difference is still exact in double)
+  const float big = 4096.0f;
+  CHECK(run_truncated(std::vector<float>{big, big + f, big + below - 0.001f}, 1, 3, std::vector<index_t>{0},
+                      {.min_p = 0.25f})
+            .kept[2] == 0);
+  // min_p = 1 keeps the max and its ties only
+  CHECK(
+      run_truncated(std::vector<float>{3.0f, 1.0f, 3.0f, 2.9f}, 1, 4, std::vector<index_t>{0}, {.min_p = 1.0f}).kept ==
+      v{1, 0, 1, 0});
 }
 
 TEST_CASE("top-p cut inside a tie group keeps the lowest columns of the group") {
@@ -258,6 +316,8 @@ TEST_CASE_TEMPLATE("results are bitwise independent of N, row position, stride, 
                    rlpt::bf16, rlpt::f16) {
   check_batch_invariance<T>({.temperature = 0.9f});
   check_batch_invariance<T>({.temperature = 0.9f, .top_k = 100, .top_p = 0.9f});
+  check_batch_invariance<T>({.temperature = 0.9f, .top_p = 0.9f, .min_p = 0.02f});
+  check_batch_invariance<T>({.top_k = 100, .top_p = 0.8f, .min_p = 0.05f, .min_p_order = rlpt::min_p_order::last});
 }
 
 // --- errors -------------------------------------------------------------------------------------
@@ -267,7 +327,7 @@ TEST_CASE("bad input raises clear errors naming the values") {
   const index_t cols = 50;
   auto x = lt::random_logits<float>(g, 4 * cols);
   std::vector<index_t> t = {0, 1, 2, 3};
-  std::vector<float> logp(4), ent(4);
+  std::vector<float> logp(4), ent(4), lse0(4);
   const rlpt::view2d<const float> xv(x.data(), 4, cols);
   for (const float bad : {0.0f, -1.0f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()})
     RLPT_CHECK_ERROR(rlpt::logprob_entropy(xv, t, logp, ent, {.temperature = bad}), "rlpt.logprob.temperature",
@@ -277,6 +337,13 @@ TEST_CASE("bad input raises clear errors naming the values") {
   RLPT_CHECK_ERROR(rlpt::logprob_entropy(xv, t, logp, ent, {.top_k = -2}), "rlpt.logprob.top_k", "got -2");
   RLPT_CHECK_ERROR(rlpt::logprob_entropy(xv, t, logp, ent, {.top_p = 0.0f}), "rlpt.logprob.top_p", "(0, 1]");
   RLPT_CHECK_ERROR(rlpt::logprob_entropy(xv, t, logp, ent, {.top_p = 1.5f}), "rlpt.logprob.top_p", "got 1.5");
+  for (const float bad : {-0.1f, 1.5f, std::numeric_limits<float>::quiet_NaN()})
+    RLPT_CHECK_ERROR(rlpt::logprob_entropy(xv, t, logp, ent, {.min_p = bad}), "rlpt.logprob.min_p", "[0, 1]");
+  RLPT_CHECK_ERROR(
+      rlpt::logprob_entropy(xv, t, logp, ent, {.min_p = 0.1f, .min_p_order = static_cast<rlpt::min_p_order>(7)}),
+      "rlpt.logprob.min_p", "min_p_order is 7");
+  RLPT_CHECK_ERROR(rlpt::logprob_entropy(xv, t, {.logp = logp, .saved = {.lse = lse0}}, {.min_p = 0.1f}),
+                   "rlpt.logprob.missing_saved", "saved.threshold");
 
   t[2] = cols;
   RLPT_CHECK_ERROR(rlpt::logprob_entropy(xv, t, logp, ent), "rlpt.logprob.target_out_of_range", "target 50 of row 2",

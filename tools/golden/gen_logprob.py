@@ -10,6 +10,8 @@ Files (tests/data/golden/logprob/):
 - sampled.bin: temperature + Hugging Face TopKLogitsWarper / TopPLogitsWarper (the vLLM/HF
   sampling rule), then log_softmax+gather and entropy of the truncated, renormalised distribution,
   and the kept mask.
+- sampled_min_p.bin: the same with Hugging Face's MinPLogitsWarper, in generate()'s order
+  (TopK, TopP, MinP: SGLang's too) and in vLLM's (MinP, then TopK and TopP).
 - mismatch.bin: trainer and rollout log-probs of sampled tokens ([B, T] with a ragged mask, every
   row with a valid token), and verl's own metrics of their mismatch: compute_offpolicy_metrics
   (rollout_corr_helper) and calculate_debug_metrics (utils/debug/metrics), each run on float32
@@ -111,6 +113,49 @@ def _mismatch(rng: np.random.Generator) -> tuple[dict, dict]:
     return arrays, {"offpolicy_keys": list(OFFPOLICY_KEYS), "debug_keys": list(DEBUG_KEYS), "B": B, "T": T}
 
 
+def _sampled_min_p(seed: int) -> tuple[dict, dict]:
+    from transformers.generation.logits_process import MinPLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    # (temperature, top_k, top_p, min_p, min-p first: vLLM's order, else generate()'s)
+    cases = [(1.0, 0, 1.0, 0.05, False), (0.7, 50, 0.9, 0.1, False), (0.7, 50, 0.9, 0.1, True),
+             (1.3, 0, 0.8, 0.02, True), (1.3, 0, 0.8, 0.02, False), (0.9, 20, 1.0, 0.3, True)]
+    rng = np.random.default_rng(seed)
+    xs = rng.normal(0.0, 2.5, size=(N, V)).astype(np.float32)  # continuous: no ties at a bound
+    ts = rng.integers(0, V, size=N).astype(np.int64)
+    arrays = {"logits": xs}
+    for c, (temp_c, k, p, mp, first) in enumerate(cases):
+        z = torch.from_numpy(xs).to(torch.float64) / temp_c
+        warpers = []
+        if first:
+            warpers.append(MinPLogitsWarper(min_p=mp))
+        if k > 0:
+            warpers.append(TopKLogitsWarper(top_k=k))
+        if p < 1.0:
+            warpers.append(TopPLogitsWarper(top_p=p))
+        if not first:
+            warpers.append(MinPLogitsWarper(min_p=mp))
+        for w in warpers:
+            z = w(None, z)
+        kept = torch.isfinite(z)
+        logp_all = F.log_softmax(z, dim=-1)
+        target = np.empty(N, dtype=np.int64)
+        for r in range(N):
+            cols = np.flatnonzero(kept[r].numpy())
+            target[r] = cols[np.argmin(np.abs(cols - ts[r]))]
+        p_all = logp_all.exp()
+        ent = -(torch.where(kept, p_all * logp_all, torch.zeros_like(p_all))).sum(-1)
+        arrays[f"case{c}_params"] = np.array([temp_c, k, p, mp, 1.0 if first else 0.0], dtype=np.float64)
+        arrays[f"case{c}_targets"] = target
+        arrays[f"case{c}_logp"] = logp_all.gather(-1, torch.from_numpy(target).unsqueeze(-1)).squeeze(-1)
+        arrays[f"case{c}_entropy"] = ent
+        arrays[f"case{c}_kept"] = kept.numpy()
+    return arrays, peers.meta(
+        "logprob", seed, n=N, v=V, cases=cases,
+        reference="transformers MinPLogitsWarper with TopKLogitsWarper / TopPLogitsWarper on logits / T (fp64): "
+                  "TopK, TopP, MinP (generate()'s order) or MinP, TopK, TopP (vLLM's sampler order); "
+                  "log_softmax + gather and entropy of the renormalised support")
+
+
 def generate(out_dir: Path, seed: int) -> None:
     rng = np.random.default_rng(seed)
     temp = 0.7
@@ -176,6 +221,8 @@ def generate(out_dir: Path, seed: int) -> None:
         "logprob", seed, n=N, v=V, cases=cases,
         reference="transformers TopKLogitsWarper then TopPLogitsWarper on logits / T (fp64), "
                   "log_softmax + gather and entropy of the renormalised support"))
+
+    rlpt_golden.write(out_dir / "sampled_min_p.bin", *_sampled_min_p(seed + 2))
 
     # training-inference mismatch metrics (verl's functions)
     arrays, params = _mismatch(np.random.default_rng(seed + 1))

@@ -121,6 +121,8 @@ inline constexpr error_id bad_option{"rlpt.logprob.bad_option"};
 inline constexpr error_id bad_tile{"rlpt.logprob.bad_tile"};
 //! a target has probability 0 under top-k/top-p scoring
 inline constexpr error_id dropped_target{"rlpt.logprob.dropped_target"};
+//! min_p is outside [0, 1], or min_p_order is not one of its values
+inline constexpr error_id min_p{"rlpt.logprob.min_p"};
 //! the backward was not given the statistics the forward saved
 inline constexpr error_id missing_saved{"rlpt.logprob.missing_saved"};
 //! a logits row has no usable softmax (NaN, +inf, or every entry -inf), or a log-prob given to

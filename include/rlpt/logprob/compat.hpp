@@ -13,12 +13,43 @@ RLPT_NAMESPACE_BEGIN
 
 //! The distribution an inference engine actually sampled from: temperature, then top-k (ties
 //! kept), then top-p over the renormalised top-k distribution (vLLM's processed logprobs and
-//! DeepSeek-V3.2's kept sampling mask). Use it to score behaviour/old logprobs consistently.
-[[nodiscard]] inline logprob_options sampled(float temperature, index_t top_k, float top_p) {
-  return {.temperature = temperature, .top_k = top_k, .top_p = top_p};
+//! DeepSeek-V3.2's kept sampling mask), with min-p where `order` says (vLLM's first by default;
+//! compat::sglang::sampled and compat::hf::sampled put it last). Use it to score behaviour/old
+//! logprobs consistently.
+[[nodiscard]] inline logprob_options sampled(float temperature, index_t top_k, float top_p, float min_p = 0.0f,
+                                             min_p_order order = min_p_order::first) {
+  return {.temperature = temperature, .top_k = top_k, .top_p = top_p, .min_p = min_p, .min_p_order = order};
 }
 
 namespace compat {
+
+namespace vllm {
+//! vLLM's SamplingParams (temperature, top_k, top_p, min_p; top_k -1 = off): its sampler divides
+//! by the temperature, applies min-p (an argmax-invariant logits processor), then top-k and
+//! top-p over what min-p kept.
+[[nodiscard]] inline logprob_options sampled(float temperature, index_t top_k = -1, float top_p = 1.0f,
+                                             float min_p = 0.0f) {
+  return rlpt::sampled(temperature, top_k, top_p, min_p, min_p_order::first);
+}
+} // namespace vllm
+
+namespace sglang {
+//! SGLang's sampling params: temperature, then top-k and top-p on the probabilities, then min-p
+//! against the most probable token (its torch and FlashInfer samplers alike).
+[[nodiscard]] inline logprob_options sampled(float temperature, index_t top_k = -1, float top_p = 1.0f,
+                                             float min_p = 0.0f) {
+  return rlpt::sampled(temperature, top_k, top_p, min_p, min_p_order::last);
+}
+} // namespace sglang
+
+namespace hf {
+//! Hugging Face generate(): TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, then
+//! MinPLogitsWarper (top_k 0 = off).
+[[nodiscard]] inline logprob_options sampled(float temperature, index_t top_k = 0, float top_p = 1.0f,
+                                             float min_p = 0.0f) {
+  return rlpt::sampled(temperature, top_k, top_p, min_p, min_p_order::last);
+}
+} // namespace hf
 
 namespace verl {
 //! verl: actor/ref compute `logits.div_(temperature)` with the rollout temperature, then

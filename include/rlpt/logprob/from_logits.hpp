@@ -72,7 +72,7 @@ logprob_stats forward_rows(view2d<T> logits, Job&& job, const logprob_outputs& o
   const index_t rows = logits.rows(), cols = logits.cols();
   const float t = opt.temperature;
   const bool truncated = opt.truncated();
-  const index_t top_k = opt.top_k < 0 ? 0 : opt.top_k;
+  const truncation_rule rule = truncation_rule::of(opt);
   const auto body = [&](index_t r0, index_t r1) {
     logprob_stats st;
     for (index_t r = r0; r < r1; ++r) {
@@ -90,7 +90,7 @@ logprob_stats forward_rows(view2d<T> logits, Job&& job, const logprob_outputs& o
       lse_state kept_state = full;
       mask_t* kept_row = out.kept.data() != nullptr ? out.kept.data() + r * out.kept.row_stride() : nullptr;
       if (truncated) {
-        const truncation tr = row_truncation(x, cols, t, full.m, top_k, opt.top_p);
+        const truncation tr = row_truncation(x, cols, t, full.m, rule);
         sup = {tr.threshold, tr.tie_last};
         kept_state = row_accumulate_kept(x, cols, t, full.m, sup.threshold, sup.tie_last, kept_row);
       } else if (kept_row != nullptr) {
@@ -109,9 +109,9 @@ logprob_stats forward_rows(view2d<T> logits, Job&& job, const logprob_outputs& o
             for (index_t j = 0; j < cols; ++j) rank += load_logit(x[j]) / t > zt ? 1 : 0;
             RLPT_FAIL(errors::logprob::dropped_target,
                       "target {} of row {} has probability 0 under the scored distribution (temperature {}, top_k "
-                      "{}, top_p {}): it is rank {} of {} by logit (tempered logit {}, kept threshold {}); set "
-                      "on_dropped = neg_inf to score it as -inf",
-                      jb.col, r, opt.temperature, opt.top_k, opt.top_p, rank, cols, zt, sup.threshold);
+                      "{}, top_p {}, min_p {}): it is rank {} of {} by logit (tempered logit {}, kept threshold {}); "
+                      "set on_dropped = neg_inf to score it as -inf",
+                      jb.col, r, opt.temperature, opt.top_k, opt.top_p, opt.min_p, rank, cols, zt, sup.threshold);
           }
           logp = neg_inf_f;
           scored = false;
@@ -170,7 +170,7 @@ void backward_rows(view2d<T> logits, Job&& job, const logprob_backward_inputs& i
   const index_t cols = logits.cols();
   const float t = opt.temperature;
   const bool truncated = opt.truncated();
-  const index_t top_k = opt.top_k < 0 ? 0 : opt.top_k;
+  const truncation_rule rule = truncation_rule::of(opt);
   const logprob_saved_view& saved = in.saved;
   const bool have_lse = !saved.lse.empty() && (!truncated || (!saved.threshold.empty() && !saved.tie_last.empty()));
   const bool need_entropy = !in.dentropy.empty();
@@ -204,7 +204,7 @@ void backward_rows(view2d<T> logits, Job&& job, const logprob_backward_inputs& i
         if (!lse_ok(full)) fail_nonfinite_row(r, cols, t, [x](index_t j) { return load_logit(x[j]); });
         lse_state ks = full;
         if (truncated) {
-          const truncation tr = row_truncation(x, cols, t, full.m, top_k, opt.top_p);
+          const truncation tr = row_truncation(x, cols, t, full.m, rule);
           sup = {tr.threshold, tr.tie_last};
           ks = row_accumulate_kept(x, cols, t, full.m, sup.threshold, sup.tie_last, nullptr);
         }

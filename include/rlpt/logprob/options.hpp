@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file
-//! What distribution a logprob is taken under (temperature, top-k, top-p), where the results
-//! go, and the per-row statistics a forward pass saves for its backward.
+//! What distribution a logprob is taken under (temperature, top-k, top-p, min-p), where the
+//! results go, and the per-row statistics a forward pass saves for its backward.
 //!
 //! One options struct serves the host and the device entry points of the logprob family, so a
 //! trainer scores tokens under exactly the distribution its inference engine sampled from:
 //! logits are divided by the temperature, then (optionally) truncated to the top-k tokens,
-//! then to the top-p nucleus of that, and renormalised.
+//! then to the top-p nucleus of that, with min-p before both (vLLM) or after (SGLang, Hugging
+//! Face), and renormalised.
 #pragma once
 
 #include <rlpt/config.hpp>
@@ -27,6 +28,15 @@ enum class dropped_target : std::uint8_t {
   neg_inf, //!< logp = −inf, counted in logprob_stats::dropped, no gradient
 };
 
+//! Where an engine applies min-p among its truncations. Min-p keeps the tokens whose
+//! probability is at least min_p times the most probable token's, which is the same set before
+//! or after a renormalisation; the order matters only for top-p, whose nucleus is taken over
+//! what min-p kept (first) or is cut by min-p afterwards (last).
+enum class min_p_order : std::uint8_t {
+  first, //!< vLLM: temperature, min-p, then top-k and top-p over what min-p kept
+  last,  //!< SGLang, Hugging Face generate: temperature, top-k, top-p, then min-p
+};
+
 struct logprob_options {
   //! Logits are divided by T > 0 before the softmax. 1 = raw logits (vLLM "raw_logprobs");
   //! verl, TRL, OpenRLHF and slime divide by the rollout temperature (see compat.hpp).
@@ -41,17 +51,24 @@ struct logprob_options {
   //! Targets equal to this are not scored: logp 0 and no gradient (torch cross_entropy: −100).
   //! The entropy of such rows is still computed.
   index_t ignore_index = -100;
-  //! Targets outside the top-k/top-p support (only possible when truncation is on).
+  //! Targets outside the top-k/top-p/min-p support (only possible when truncation is on).
   dropped_target on_dropped = dropped_target::raise;
+  //! Keep only tokens with p >= min_p · max p, i.e. tempered logit z >= max z + log(min_p)
+  //! (decided exactly, in double: engines compare rounded float probabilities, which can
+  //! differ only for a token within an ulp of the bound; the most probable token is always
+  //! kept). 0 = off (vLLM, SGLang and HF default); in [0, 1].
+  float min_p = 0.0f;
+  //! Before top-k/top-p (vLLM) or after them (SGLang, HF); see min_p_order.
+  rlpt::min_p_order min_p_order = rlpt::min_p_order::first;
 
-  [[nodiscard]] bool truncated() const noexcept { return top_k > 0 || top_p < 1.0f; }
+  [[nodiscard]] bool truncated() const noexcept { return top_k > 0 || top_p < 1.0f || min_p > 0.0f; }
 };
 
 //! The forward's per-row statistics as a backward reads them (host or device memory).
 template <memory_space Space = memory_space::host> struct basic_logprob_saved_view {
   view<const float, Space> lse{};        //!< log Σ_kept exp(logits / T), one per logits row
-  view<const float, Space> threshold{};  //!< top-k/top-p: smallest kept tempered logit
-  view<const index_t, Space> tie_last{}; //!< top-k/top-p: last kept column among ties at threshold
+  view<const float, Space> threshold{};  //!< top-k/top-p/min-p: lower bound of the kept tempered logits
+  view<const index_t, Space> tie_last{}; //!< top-k/top-p/min-p: last kept column among ties at threshold
 };
 using logprob_saved_view = basic_logprob_saved_view<>;
 
@@ -74,10 +91,10 @@ template <memory_space Space = memory_space::host> struct basic_logprob_backward
 using logprob_backward_inputs = basic_logprob_backward_inputs<>;
 
 //! Per-row statistics the forward writes and the backward reads ([N] each, caller memory).
-//! `lse` is needed by every backward; `threshold` and `tie_last` only with top-k/top-p.
+//! `lse` is needed by every backward; `threshold` and `tie_last` only with top-k/top-p/min-p.
 struct logprob_saved {
   view<float> lse{};        //!< log Σ_kept exp(logits / T)
-  view<float> threshold{};  //!< smallest kept tempered logit (−inf when nothing is truncated)
+  view<float> threshold{};  //!< lower bound of the kept tempered logits (−inf when nothing is truncated)
   view<index_t> tie_last{}; //!< column j is kept iff z_j > threshold or (z_j == threshold and j ≤ tie_last)
 
   operator logprob_saved_view() const noexcept { return {lse, threshold, tie_last}; } // NOLINT: views convert
@@ -115,6 +132,11 @@ inline void check_logprob_options(const logprob_options& o) {
              o.temperature);
   RLPT_CHECK(o.top_k >= -1, errors::logprob::top_k, "top_k must be >= 0 (or -1 = off), got {}", o.top_k);
   RLPT_CHECK(o.top_p > 0.0f && o.top_p <= 1.0f, errors::logprob::top_p, "top_p must be in (0, 1], got {}", o.top_p);
+  RLPT_CHECK(o.min_p >= 0.0f && o.min_p <= 1.0f, errors::logprob::min_p, "min_p must be in [0, 1] (0 = off), got {}",
+             o.min_p);
+  RLPT_CHECK(o.min_p_order == min_p_order::first || o.min_p_order == min_p_order::last, errors::logprob::min_p,
+             "min_p_order is {}: neither first (vLLM) nor last (SGLang, Hugging Face)",
+             static_cast<int>(o.min_p_order));
 }
 
 //! Validates the outputs of an N-row forward over V columns.

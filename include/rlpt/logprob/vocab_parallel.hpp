@@ -99,8 +99,9 @@ inline void check_vocab_parallel_common(index_t rows, view<const index_t> target
                                         const logprob_options& opt) {
   check_logprob_options(opt);
   RLPT_CHECK(!opt.truncated(), errors::logprob::unsupported,
-             "top-k/top-p (top_k {}, top_p {}) needs whole rows; vocab-parallel scoring supports temperature only",
-             opt.top_k, opt.top_p);
+             "top-k/top-p/min-p (top_k {}, top_p {}, min_p {}) needs whole rows; vocab-parallel scoring supports "
+             "temperature only",
+             opt.top_k, opt.top_p, opt.min_p);
   expect_size("targets", targets.size(), rows, "one per logits row");
   expect_size("comm", comm.size(), vocab_parallel_buffer_size(rows), "4 floats per row: max, sum, ent, target");
   for (index_t r = 0; r < rows; ++r) check_target(r, targets[r], vocab, opt.ignore_index);
@@ -215,7 +216,7 @@ void vocab_parallel_backward(view2d<T> logits_local, view<const index_t> targets
   detail::check_shard(shard, logits_local.cols());
   detail::check_logprob_options(opt);
   RLPT_CHECK(!opt.truncated(), errors::logprob::unsupported,
-             "top-k/top-p needs whole rows; vocab-parallel scoring supports temperature only");
+             "top-k/top-p/min-p needs whole rows; vocab-parallel scoring supports temperature only");
   const index_t n = logits_local.rows(), cols = logits_local.cols();
   detail::expect_size("targets", targets.size(), n, "one per logits row");
   detail::check_backward_inputs(in, n, n);

@@ -177,9 +177,9 @@ template <class T> void check_device_logits(device_view2d<T> logits, const char*
 inline void check_device_options(const logprob_options& opt, bool truncation_ok = false, const char* what = "") {
   check_logprob_options(opt);
   RLPT_CHECK(truncation_ok || !opt.truncated(), errors::logprob::unsupported,
-             "top-k/top-p (top_k {}, top_p {}) is not available for the device {}: it scores the full softmax "
-             "(temperature only)",
-             opt.top_k, opt.top_p, what);
+             "top-k/top-p/min-p (top_k {}, top_p {}, min_p {}) is not available for the device {}: it scores the "
+             "full softmax (temperature only)",
+             opt.top_k, opt.top_p, opt.min_p, what);
 }
 
 inline void check_device_outputs(const device_logprob_outputs& out, index_t n, index_t vocab = -1,
@@ -223,10 +223,7 @@ void launch_forward(device_view2d<T> logits, Job job, const device_logprob_outpu
   const forward_args a = make_forward_args(logits.rows(), logits.cols(), logits.row_stride(), opt, out);
   const auto grid = static_cast<unsigned>(logits.rows());
   if (opt.truncated()) {
-    const truncation_args tr{opt.top_k < 0 ? 0 : opt.top_k,
-                             opt.top_p,
-                             out.kept.data(),
-                             out.kept.row_stride(),
+    const truncation_args tr{truncation_rule::of(opt), out.kept.data(), out.kept.row_stride(),
                              out.threshold.empty() ? nullptr : out.threshold.data(),
                              out.tie_last.empty() ? nullptr : out.tie_last.data()};
     switch (forward_block<E>(logits.cols())) {

@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file
-//! Device top-k / top-p (sampling-consistent) forward: the host algorithm of
+//! Device top-k / top-p / min-p (sampling-consistent) forward: the host algorithm of
 //! <rlpt/logprob/detail/truncation.hpp> with one block per row. Digit histograms live in
 //! shared memory and are filled with integer atomics (counts, and probability masses in 2^-40
 //! fixed point), so the chosen support does not depend on the order threads add in; the digit is
 //! found with a block scan; ties at the cut are resolved in column order. The row is then read
-//! once more to accumulate the kept mass. The row is read up to nine times, mostly from L2.
+//! once more to accumulate the kept mass. The row is read up to ten times, mostly from L2. Min-p
+//! needs the row max exactly (the row state keeps it in base-2 units): one more read, its key
+//! reduced by an integer atomicMax.
 #pragma once
 
 #include <rlpt/config.hpp>
@@ -24,9 +26,8 @@ RLPT_NAMESPACE_BEGIN
 namespace detail::cuda_lp {
 
 struct truncation_args {
-  index_t top_k; // 0: off
-  float top_p;   // 1: off
-  mask_t* kept;  // optional [rows, kept_stride]
+  truncation_rule rule;
+  mask_t* kept; // optional [rows, kept_stride]
   index_t kept_stride;
   float* threshold;  // optional [rows]
   index_t* tie_last; // optional [rows]
@@ -39,6 +40,7 @@ template <int BLOCK> struct truncation_smem {
   unsigned long long mass[radix_buckets];
   unsigned int count[radix_buckets];
   int digit;
+  unsigned int max_key;
   unsigned long long above;
   index_t tie;
 };
@@ -99,13 +101,14 @@ RLPT_KERNEL void __launch_bounds__(BLOCK)
     const float e = ex2((z - m_nat) * log2e);
     return static_cast<unsigned long long>(e * 1099511627776.0f);
   };
-  const bool use_k = tr.top_k > 0 && tr.top_k < n, use_p = tr.top_p < 1.0f;
+  const truncation_rule& rule = tr.rule;
+  const bool use_k = rule.top_k > 0 && rule.top_k < n, use_p = rule.top_p < 1.0f, use_m = rule.use_min_p();
   std::uint32_t kmin = 0;
   float thr = -INFINITY;
   index_t tie = n - 1;
   if (use_k) {
     std::uint32_t prefix = 0, pmask = 0;
-    auto remaining = static_cast<unsigned long long>(tr.top_k);
+    auto remaining = static_cast<unsigned long long>(rule.top_k);
     for (int level = 0; level < 3; ++level) {
       const radix_level lv = radix_level_at(level);
       const std::uint32_t dmask = (1u << lv.bits) - 1u;
@@ -124,8 +127,23 @@ RLPT_KERNEL void __launch_bounds__(BLOCK)
       __syncthreads();
     }
     kmin = prefix;
-    thr = key_value(kmin);
   }
+  std::uint32_t mkey = 0;
+  if (use_m) {
+    if (threadIdx.x == 0) s.max_key = 0;
+    __syncthreads();
+    std::uint32_t local = 0;
+    for (index_t j = threadIdx.x; j < n; j += BLOCK) {
+      const std::uint32_t key = order_key(temper(load_logit(x[j]), tp));
+      local = key > local ? key : local;
+    }
+    atomicMax(&s.max_key, local);
+    __syncthreads();
+    mkey = min_p_key(key_value(s.max_key), rule.log_min_p);
+    // Without top-p the order does not matter: both bounds hold.
+    if ((rule.min_p_first || !use_p) && mkey > kmin) kmin = mkey;
+  }
+  if (use_k || use_m) thr = key_value(kmin);
   if (use_p) {
     std::uint32_t prefix = 0, pmask = 0;
     unsigned long long cum = 0, target = 0;
@@ -155,7 +173,7 @@ RLPT_KERNEL void __launch_bounds__(BLOCK)
         unsigned long long ignored = 0, total = 0;
         typename truncation_smem<BLOCK>::scan(s.scan_storage).ExclusiveSum(local, ignored, total);
         __syncthreads();
-        const auto t = static_cast<unsigned long long>(static_cast<double>(tr.top_p) * static_cast<double>(total));
+        const auto t = static_cast<unsigned long long>(static_cast<double>(rule.top_p) * static_cast<double>(total));
         target = t > 0 ? t : 1;
         first = false;
       }
@@ -187,6 +205,7 @@ RLPT_KERNEL void __launch_bounds__(BLOCK)
       __syncthreads();
       tie = s.tie;
     }
+    if (use_m && !rule.min_p_first) intersect_min_p(mkey, n, thr, tie);
   }
   // kept mass, same vector assignment as row_state, relative to the row max (whose own weight
   // may be just below 1: lse2_ok accepts a one-token support, top_k = 1 included)

@@ -1,19 +1,24 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file
-//! Top-k / top-p support of one logits row by radix selection, without sorting or scratch.
+//! Top-k / top-p / min-p support of one logits row by radix selection, without sorting or
+//! scratch.
 //!
 //! Tempered logits map to order-preserving 32-bit keys. Top-k finds the k-th largest key in
 //! three digit passes (11 + 11 + 10 bits) of counting. Top-p walks the same digits with the
 //! probability mass per digit, in 2^-40 fixed point: integer sums are associative, so the
 //! chosen support is the same however the sums are ordered (host loop or GPU atomics). The
 //! result is a threshold value plus, for ties at it, the last kept column: column j is kept iff
-//! z_j > threshold or (z_j == threshold and j <= tie_last).
+//! z_j > threshold or (z_j == threshold and j <= tie_last). Min-p is a bound on the key
+//! itself (min_p_key), combined with top-k's before the top-p walk (vLLM) or with the final
+//! support after it (SGLang, Hugging Face).
 #pragma once
 
 #include <rlpt/config.hpp>
 #include <rlpt/core/dtype.hpp>
 #include <rlpt/logprob/math.hpp>
+#include <rlpt/logprob/options.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 
@@ -51,6 +56,51 @@ RLPT_HD_FORCEINLINE radix_level radix_level_at(int i) {
   return i == 0 ? radix_level{21, 11} : i == 1 ? radix_level{10, 11} : radix_level{0, 10};
 }
 
+//! A row's truncation as the host and device passes take it (trivially copyable: a kernel
+//! argument).
+struct truncation_rule {
+  index_t top_k = 0;                                           //!< 0: off
+  float top_p = 1.0f;                                          //!< 1: off
+  double log_min_p = -std::numeric_limits<double>::infinity(); //!< log(min_p); −inf: off
+  bool min_p_first = true;                                     //!< min-p before top-k/top-p (vLLM), else after top-p
+
+  [[nodiscard]] RLPT_HD bool use_min_p() const { return log_min_p > -1.0e308; }
+
+  //! The rule of validated options (the log is taken once here, so host and device compare
+  //! against the same double).
+  static truncation_rule of(const logprob_options& o) {
+    return {o.top_k < 0 ? 0 : o.top_k, o.top_p,
+            o.min_p > 0.0f ? std::log(static_cast<double>(o.min_p)) : -std::numeric_limits<double>::infinity(),
+            o.min_p_order == min_p_order::first};
+  }
+};
+
+//! Whether tempered logit z passes min-p against the row max m: z − m >= log(min_p), the
+//! difference taken in double, where two floats subtract exactly (up to exponent gaps far past
+//! the bound), so the test is monotone in z.
+RLPT_HD_FORCEINLINE bool min_p_keeps(float z, float m, double log_min_p) {
+  return static_cast<double>(z) - static_cast<double>(m) >= log_min_p;
+}
+
+//! The smallest key whose value passes min-p: every column at or above it is kept. Starts at
+//! the float nearest m + log(min_p) and steps a key at a time (at most a few steps); the row
+//! max itself always passes (log(min_p) <= 0), and keys below −inf's are NaNs, which fail.
+RLPT_HD_FORCEINLINE std::uint32_t min_p_key(float m, double log_min_p) {
+  std::uint32_t k = order_key(static_cast<float>(static_cast<double>(m) + log_min_p));
+  while (!min_p_keeps(key_value(k), m, log_min_p)) ++k;
+  while (k > 0 && min_p_keeps(key_value(k - 1), m, log_min_p)) --k;
+  return k;
+}
+
+//! Min-p after top-k/top-p: both supports are upper sets of the key order (min-p keeps every
+//! tie at its bound), so their intersection is the one with the higher bound.
+RLPT_HD_FORCEINLINE void intersect_min_p(std::uint32_t mkey, index_t n, float& threshold, index_t& tie_last) {
+  if (mkey > order_key(threshold)) {
+    threshold = key_value(mkey);
+    tie_last = n - 1;
+  }
+}
+
 //! The kept support of a truncated row.
 struct truncation {
   float threshold = -std::numeric_limits<float>::infinity();
@@ -66,16 +116,19 @@ RLPT_HD_FORCEINLINE std::uint64_t kept_ties(std::uint64_t cum, std::uint64_t tar
   return r < count ? r : count;
 }
 
-//! top_k/top_p support of x[0, n) / temp whose max is m (host; the row is read 3–8 times,
-//! from cache for vocabulary-sized rows).
-template <class T> truncation row_truncation(const T* x, index_t n, float temp, float m, index_t top_k, float top_p) {
+//! top_k/top_p/min_p support of x[0, n) / temp whose max is m (host; the row is read 3–8
+//! times, from cache for vocabulary-sized rows).
+template <class T> truncation row_truncation(const T* x, index_t n, float temp, float m, const truncation_rule& rule) {
   truncation tr;
   tr.tie_last = n - 1;
+  const index_t top_k = rule.top_k;
+  const float top_p = rule.top_p;
   const bool use_k = top_k > 0 && top_k < n;
   const bool use_p = top_p < 1.0f;
-  if (!use_k && !use_p) return tr;
+  const bool use_m = rule.use_min_p();
+  if (!use_k && !use_p && !use_m) return tr;
 
-  std::uint32_t kmin = 0; // top-k support: key >= kmin
+  std::uint32_t kmin = 0; // top-k (and min-p first) support: key >= kmin
   if (use_k) {
     std::uint32_t count[radix_buckets];
     std::uint32_t prefix = 0, pmask = 0;
@@ -97,8 +150,11 @@ template <class T> truncation row_truncation(const T* x, index_t n, float temp, 
       pmask |= dmask << lv.shift;
     }
     kmin = prefix;
-    tr.threshold = key_value(kmin);
   }
+  const std::uint32_t mkey = use_m ? min_p_key(m, rule.log_min_p) : 0;
+  // Without top-p the order does not matter: both bounds hold.
+  if (use_m && (rule.min_p_first || !use_p) && mkey > kmin) kmin = mkey;
+  if (use_k || use_m) tr.threshold = key_value(kmin);
   if (!use_p) return tr;
 
   std::uint64_t mass[radix_buckets];
@@ -148,6 +204,7 @@ template <class T> truncation row_truncation(const T* x, index_t n, float temp, 
       }
     }
   }
+  if (use_m && !rule.min_p_first) intersect_min_p(mkey, n, tr.threshold, tr.tie_last);
   return tr;
 }
 
