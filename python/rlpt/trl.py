@@ -25,6 +25,17 @@ trainer is made), use TRL's own loss;
 ``rlpt_loss_used`` says which one ran last. With vespo the trainer does not log TRL's
 ``vespo/phi_seq_mean``.
 
+``GRPOTrainer(..., rlpt_degenerate_groups="exclude")`` leaves the sequences of degenerate groups (every
+counted reward of the group equal, or fewer than two counted: advantages 0) out of the loss's
+denominators, where TRL counts them (``"count"``, the default): their tokens stay in every term (the KL
+and the entropy bonus too), but the token-mean's N (``num_items_in_batch`` for dapo, cispo and vespo;
+the micro-batch's tokens for bnpo) and the sequence-mean's B (grpo, dr_grpo, luspo, sapo) count only the
+other groups, so a step where most groups are tied does not shrink the others' learning rate (TRL issue
+#6367; its PRs #6368 and #7068 were closed unmerged). The groups are TRL's own (``num_generations``
+consecutive completions of the gathered batch), judged on the rewards TRL's ``sum_then_normalize``
+aggregates; ``normalize_then_sum`` gives a tied group a non-zero advantage (its batch normalisation
+subtracts the batch mean), so it refuses the switch.
+
 RLOOTrainer's loss (the PPO clip with ``epsilon``/``epsilon_high`` on each sequence's likelihood
 ratio exp(sum_t logp - old), the mean over the micro-batch's rows; its KL is in the rewards) is
 rlpt::evaluate with the rlpt::compat::trl::rloo preset. TRL keeps each row's old log-prob summed
@@ -73,6 +84,52 @@ class GRPOTrainer(_TRLGRPOTrainer):
 
     rlpt_loss_used = None
     _rlpt_objectives = None
+    _rlpt_rewards_per_func = None
+
+    def __init__(self, *args, rlpt_degenerate_groups="count", **kwargs):
+        if rlpt_degenerate_groups not in ("count", "exclude"):
+            raise rlpt.Error("rlpt.python.bad_option", f"rlpt_degenerate_groups is {rlpt_degenerate_groups!r}: "
+                             "'count' (TRL's denominators) or 'exclude' (degenerate groups out of them)")
+        self.rlpt_degenerate_groups = rlpt_degenerate_groups
+        super().__init__(*args, **kwargs)
+        if rlpt_degenerate_groups == "exclude" and self.multi_objective_aggregation != "sum_then_normalize":
+            raise rlpt.Error("rlpt.python.bad_option", "rlpt_degenerate_groups='exclude' needs "
+                             "multi_objective_aggregation='sum_then_normalize' (with "
+                             f"{self.multi_objective_aggregation!r} a tied group's advantage is not 0)")
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        # TRL's gathered [generation batch, reward functions] rewards, kept for the degenerate groups
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._rlpt_rewards_per_func = rewards_per_func
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs):
+        self._rlpt_rewards_per_func = None
+        output = super()._generate_and_score_completions(inputs)
+        if self.rlpt_degenerate_groups == "exclude":
+            self._rlpt_mark_degenerate(output, len(inputs))
+        return output
+
+    def _rlpt_mark_degenerate(self, output, local_rows):
+        """output["rlpt_in_denominator"]: False for the local completions of degenerate groups, and
+        num_items_in_batch over the others' loss tokens (every process's)."""
+        per_func = self._rlpt_rewards_per_func
+        group = self.num_generations if self.model.training else self.num_generations_eval
+        rewards = (per_func * self.reward_weights.to(per_func.device).unsqueeze(0)).nansum(dim=1)
+        rewards[torch.isnan(per_func).all(dim=1)] = torch.nan  # TRL's unscorable rows: not counted
+        grouped = rewards.view(-1, group)
+        counted = ~torch.isnan(grouped)
+        inf = torch.full_like(grouped, float("inf"))
+        hi = torch.where(counted, grouped, -inf).amax(dim=1)
+        lo = torch.where(counted, grouped, inf).amin(dim=1)
+        live = (counted.sum(dim=1) >= 2) & (hi != lo)
+        start = self.accelerator.process_index * local_rows
+        keep = live.repeat_interleave(group)[start:start + local_rows]
+        output["rlpt_in_denominator"] = keep
+        loss_mask = output["completion_mask"]
+        if output.get("tool_mask") is not None:
+            loss_mask = loss_mask * output["tool_mask"]
+        output["num_items_in_batch"] = self.accelerator.gather((loss_mask * keep.unsqueeze(1)).sum()).sum()
 
     def _rlpt_unsupported(self):
         if self.loss_type not in LOSS_TYPES:
@@ -164,6 +221,9 @@ class GRPOTrainer(_TRLGRPOTrainer):
     def _compute_loss(self, model, inputs):
         why = self._rlpt_unsupported()
         if why is not None:
+            if self.rlpt_degenerate_groups == "exclude":
+                raise rlpt.Error("rlpt.python.bad_option", f"rlpt_degenerate_groups='exclude': {why} is TRL's own "
+                                 "loss, which counts every group in its denominators")
             if self.rlpt_loss_used != "trl":
                 warnings.warn(f"rlpt.trl.GRPOTrainer: {why} is not reproduced by rlpt; using TRL's own loss",
                               stacklevel=2)
@@ -193,8 +253,11 @@ class GRPOTrainer(_TRLGRPOTrainer):
                 # the sum over the high-entropy tokens (the others' entropy, and gradient, 0) over their count
                 bonus_entropy = entropies * entropy_mask
                 ga = self.current_gradient_accumulation_steps if train else 1
+                counted = bonus_mask
+                if inputs.get("rlpt_in_denominator") is not None:  # degenerate groups out of the count too
+                    counted = bonus_mask * inputs["rlpt_in_denominator"].unsqueeze(1)
                 obj = obj.with_options(**{"entropy_agg.mode": "token_sum",
-                                          "entropy_agg.factor": 1.0 / (max(float(bonus_mask.sum()), 1.0) * ga)})
+                                          "entropy_agg.factor": 1.0 / (max(float(counted.sum()), 1.0) * ga)})
         advantages = inputs["advantages"]
         old = inputs.get("old_per_token_logps")
         old = per_token_logps.detach() if old is None else old
@@ -212,7 +275,7 @@ class GRPOTrainer(_TRLGRPOTrainer):
         loss, metrics = rlpt.policy_loss(
             obj, per_token_logps, mask, old_logp=old, behav_logp=behav,
             ref_logp=inputs["ref_per_token_logps"] if self.beta != 0.0 else None,
-            entropy=bonus_entropy, **adv_kw)
+            entropy=bonus_entropy, seq_in_denominator=inputs.get("rlpt_in_denominator"), **adv_kw)
         m = metrics_dict(metrics)
         gather = self.accelerator.gather
 

@@ -117,6 +117,69 @@ def test_first_step_equals_trl(tmp_path, loss_type, extra):
     assert_same_losses(tr.checks)
 
 
+def reward_tied_on_a(completions, prompts, **kwargs):
+    """Tied (0.5) for every completion of the prompts with an 'a', else reward_a: degenerate groups."""
+    return [0.5 if "a" in p.split() else c.split().count("a") / 8.0 for p, c in zip(prompts, completions)]
+
+
+class CheckingDegenerate(rlpt.trl.GRPOTrainer):
+    """rlpt_degenerate_groups='exclude' against TRL's own loss on the same inputs, rescaled by what the
+    switch changes: B / B' for the per-sequence normalisers, N / N' for bnpo, nothing for the loss
+    types that divide by num_items_in_batch (already counted without the degenerate groups)."""
+
+    checks = None
+    seen = None
+
+    def _compute_loss(self, model, inputs):
+        params = [p for p in model.parameters() if p.requires_grad]
+        keep = inputs["rlpt_in_denominator"]
+        mask = inputs["completion_mask"]
+        ours = super()._compute_loss(model, inputs)
+        theirs = TRLGRPOTrainer._compute_loss(self, model, inputs)
+        if self.loss_type in ("grpo", "sapo", "dr_grpo", "luspo"):
+            scale = keep.numel() / max(int(keep.sum()), 1)
+        elif self.loss_type == "bnpo":
+            scale = float(mask.sum()) / max(float((mask * keep.unsqueeze(1)).sum()), 1.0)
+        else:
+            scale = 1.0
+        if int(keep.sum()) == 0 and self.loss_type not in ("dapo", "cispo", "vespo"):
+            scale = 0.0  # nothing left to divide by: a zero loss
+        self.seen.append((int(keep.sum()), keep.numel()))
+        theirs = theirs * scale
+        g1 = torch.autograd.grad(ours, params, retain_graph=True)
+        g2 = torch.autograd.grad(theirs, params, retain_graph=True)
+        self.checks.append((ours.detach(), theirs.detach(), g1, g2))
+        return ours
+
+
+@pytest.mark.parametrize("loss_type,extra", [
+    ("grpo", {"beta": 0.05}), ("bnpo", {}), ("dr_grpo", {}), ("dapo", {"beta": 0.05}), ("cispo", {"epsilon_high": 4.0}),
+    ("luspo", {"importance_sampling_level": "sequence"}), ("sapo", {}),
+    ("dapo", {"gradient_accumulation_steps": 2}),
+])
+def test_degenerate_groups_out_of_the_denominator(tmp_path, loss_type, extra):
+    args = config(tmp_path, loss_type=loss_type, max_steps=3, per_device_train_batch_size=16, **extra)
+    tr = CheckingDegenerate(model=tiny_model(tmp_path / "model"), reward_funcs=reward_tied_on_a, args=args,
+                            train_dataset=dataset(), processing_class=tokenizer(), rlpt_degenerate_groups="exclude")
+    tr.checks, tr.seen = [], []
+    tr.train()
+    assert_same_losses(tr.checks)
+    # the seeded run has micro-batches with some groups tied and some not
+    assert any(0 < k < n for k, n in tr.seen), tr.seen
+
+
+def test_degenerate_groups_switch_checks_its_value(tmp_path):
+    args = config(tmp_path, loss_type="dapo", max_steps=1)
+    with pytest.raises(rlpt.Error) as e:
+        rlpt.trl.GRPOTrainer(model=tiny_model(tmp_path / "model"), reward_funcs=reward_a, args=args,
+                             train_dataset=dataset(), processing_class=tokenizer(), rlpt_degenerate_groups="drop")
+    assert e.value.id == "rlpt.python.bad_option" and "'drop'" in e.value.message
+    args = config(tmp_path, loss_type="dapo", max_steps=1, multi_objective_aggregation="normalize_then_sum")
+    with pytest.raises(rlpt.Error, match="sum_then_normalize"):
+        rlpt.trl.GRPOTrainer(model=tiny_model(tmp_path / "model"), reward_funcs=reward_a, args=args,
+                             train_dataset=dataset(), processing_class=tokenizer(), rlpt_degenerate_groups="exclude")
+
+
 class CheckingVLLMRatio(Checking):
     """Checking with a vLLM importance-sampling ratio in the batch, as TRL's vLLM generation adds
     (no vLLM here: the ratio is made up, and use_vllm is on only inside the loss)."""
