@@ -15,6 +15,7 @@
 #include <rlpt/sync/link.hpp>
 #include <rlpt/sync/manifest.hpp>
 #include <rlpt/sync/planner.hpp>
+#include <rlpt/sync/preflight.hpp>
 #include <rlpt/sync/protocol.hpp>
 #include <rlpt/sync/safetensors.hpp>
 #include <rlpt/sync/shm.hpp>

@@ -16,6 +16,7 @@
 #include <rlpt/sync/frame.hpp>
 #include <rlpt/sync/manifest.hpp>
 #include <rlpt/sync/planner.hpp>
+#include <rlpt/sync/preflight.hpp>
 #include <rlpt/sync/safetensors.hpp>
 
 #include <cstring>
@@ -384,6 +385,29 @@ inline std::vector<seed> dlpack_seeds() {
   return s;
 }
 
+inline std::vector<seed> preflight_seeds() {
+  std::vector<seed> s;
+  auto add = [&](std::string name, const sync::environment& e) {
+    s.push_back({std::move(name), seeds_detail::bytes_of(sync::encode_environment(e))});
+  };
+  add("empty", sync::environment{});
+  sync::environment e;
+  e.host = "engine-0";
+  e.machine = "8c1f0d6e-2b9a-4c55-9d7e-1a2b3c4d5e6f";
+  e.pid = 77;
+  e.variables = {{"NCCL_CUMEM_ENABLE", "0"}, {"NCCL_PROTO", std::nullopt}};
+  e.devices = {{"GPU-0a1b2c3d-0000-1111-2222-333344445555", 0}};
+  e.nccl = "2.21.5";
+  e.cuda_runtime = "12.4";
+  add("nccl-end", e);
+  e.devices.push_back(e.devices[0]); // one GPU listed twice
+  add("shared-gpu", e);
+  std::vector<std::byte> frame;
+  sync::encode_frame(frame, sync::frame_type::ready, 1, 0, 0, 0, 0, 0, {});
+  s.push_back({"protocol-frame", seeds_detail::bytes_of(frame), false});
+  return s;
+}
+
 struct seed_set {
   std::string_view target;
   std::vector<seed> (*make)();
@@ -397,6 +421,7 @@ inline constexpr seed_set seed_sets[] = {
     {"checkpoint", checkpoint_seeds},
     {"staleness", staleness_seeds},
     {"dlpack", dlpack_seeds},
+    {"preflight", preflight_seeds},
 };
 
 } // namespace rlpt::fuzz

@@ -8,6 +8,7 @@
 #include "target_dlpack.hpp"
 #include "target_frame.hpp"
 #include "target_manifest.hpp"
+#include "target_preflight.hpp"
 #include "target_safetensors.hpp"
 #include "target_staleness.hpp"
 
@@ -22,7 +23,7 @@ struct target {
 
 inline constexpr target targets[] = {
     {"safetensors", safetensors}, {"manifest", manifest},   {"delta", delta},   {"frame", frame},
-    {"checkpoint", checkpoint},   {"staleness", staleness}, {"dlpack", dlpack},
+    {"checkpoint", checkpoint},   {"staleness", staleness}, {"dlpack", dlpack}, {"preflight", preflight},
 };
 
 } // namespace rlpt::fuzz

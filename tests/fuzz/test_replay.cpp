@@ -74,6 +74,7 @@ TEST_CASE("replay: frame") { replay("frame"); }
 TEST_CASE("replay: checkpoint") { replay("checkpoint"); }
 TEST_CASE("replay: staleness") { replay("staleness"); }
 TEST_CASE("replay: dlpack") { replay("dlpack"); }
+TEST_CASE("replay: preflight") { replay("preflight"); }
 
 TEST_CASE("seeds: safetensors") {
   const auto before = rlpt::fuzz::detail::replayed_messages;
@@ -86,3 +87,4 @@ TEST_CASE("seeds: frame") { seeds("frame"); }
 TEST_CASE("seeds: checkpoint") { seeds("checkpoint"); }
 TEST_CASE("seeds: staleness") { seeds("staleness"); }
 TEST_CASE("seeds: dlpack") { seeds("dlpack"); }
+TEST_CASE("seeds: preflight") { seeds("preflight"); }

@@ -7,6 +7,7 @@
 #include "support/errors.hpp"
 
 #include <rlpt/cuda/sync/sync.cuh>
+#include <rlpt/sync/inproc.hpp>
 #include <rlpt/sync/tcp.hpp>
 
 #include <doctest/doctest.h>
@@ -17,8 +18,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 extern char** environ;
@@ -159,5 +162,37 @@ TEST_CASE("sync nccl: with several GPUs, one receiver process per extra GPU gets
     REQUIRE(::waitpid(pid, &status, 0) == pid);
     CHECK(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 0);
+  }
+}
+
+TEST_CASE("nccl preflight: the device half names this GPU and NCCL, and one GPU on both ends is refused") {
+  auto env = rlpt::sync::capture_environment();
+  rlpt::sync::add_device(env, 0);
+  rlpt::sync::add_nccl_version(env);
+  REQUIRE(env.devices.size() == 1);
+  CHECK(env.devices[0].uuid.rfind("GPU-", 0) == 0);
+  CHECK(env.devices[0].uuid.size() == 40);
+  CHECK(env.devices[0].index == 0);
+  CHECK(env.nccl == rlpt::detail::format("{}.{}.{}", NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH));
+  CHECK_FALSE(env.cuda_runtime.empty());
+  // the trainer and the engine on one GPU: both ends raise before any NCCL call
+  rlpt::sync::inproc_pipe pipe;
+  rlpt::sync::inproc_transport tx(pipe, rlpt::sync::role::sender), rx(pipe, rlpt::sync::role::receiver);
+  const auto rules = rlpt::sync::preflight_rules::nccl();
+  std::thread peer([&] {
+    CHECK_THROWS(
+        rlpt::sync::preflight(rx, rlpt::sync::role::receiver, env, rules, rlpt::sync::after(std::chrono::seconds(5))));
+  });
+  RLPT_CHECK_ERROR(
+      rlpt::sync::preflight(tx, rlpt::sync::role::sender, env, rules, rlpt::sync::after(std::chrono::seconds(5))),
+      "rlpt.sync.preflight", "Duplicate GPU", env.devices[0].uuid);
+  peer.join();
+  int n = 0;
+  RLPT_CUDA_CHECK(cudaGetDeviceCount(&n));
+  if (n > 1) { // two GPUs: the same environments otherwise agree
+    auto other = rlpt::sync::capture_environment();
+    rlpt::sync::add_device(other, 1);
+    rlpt::sync::add_nccl_version(other);
+    CHECK(rlpt::sync::compare_environments(env, other, rules).empty());
   }
 }

@@ -302,6 +302,8 @@ inline constexpr error_id no_update{"rlpt.sync.no_update"};
 inline constexpr error_id no_version{"rlpt.sync.no_version"};
 //! the peer closed or crashed
 inline constexpr error_id peer_lost{"rlpt.sync.peer_lost"};
+//! the two ends of a link disagree on what must match (versions, machine, GPUs, NCCL settings)
+inline constexpr error_id preflight{"rlpt.sync.preflight"};
 //! a frame arrived out of protocol order
 inline constexpr error_id protocol{"rlpt.sync.protocol"};
 //! receiving an update failed; the receiver stays on its previous version

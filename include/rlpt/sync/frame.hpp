@@ -78,6 +78,9 @@ enum class refusal : std::uint64_t {
 };
 
 inline constexpr std::uint32_t frame_magic = 0x46534c52u; // "RLSF"
+//! What a preflight message starts with (preflight.hpp): named here so that the protocol can
+//! say so when one arrives in its place.
+inline constexpr std::uint32_t preflight_magic = 0x46504c52u; // "RLPF"
 inline constexpr std::uint16_t frame_protocol = 1;
 inline constexpr std::size_t frame_header_bytes = 72;
 
@@ -170,6 +173,10 @@ RLPT_INLINE frame decode_frame(std::span<const std::byte> meta, std::string_view
   std::memcpy(&proto, p + 4, 2);
   std::memcpy(&type, p + 6, 2);
   std::memcpy(v, p + 8, 64);
+  RLPT_CHECK(magic != preflight_magic, errors::sync::wire,
+             "{}: the peer sent its preflight, but this end started the update protocol: both ends call "
+             "sync::preflight before the sender and receiver start, or neither does",
+             where);
   RLPT_CHECK(magic == frame_magic, errors::sync::wire, "{}: bad frame magic 0x{:08x} (expected 0x{:08x})", where, magic,
              frame_magic);
   RLPT_CHECK(proto == frame_protocol, errors::sync::wire, "{}: frame protocol {} is not the supported {}", where, proto,

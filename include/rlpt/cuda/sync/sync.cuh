@@ -15,6 +15,7 @@
 #include <rlpt/cuda/sync/ipc_link.cuh>
 #include <rlpt/cuda/sync/ipc_wire.hpp>
 #include <rlpt/cuda/sync/nccl_link.cuh>
+#include <rlpt/cuda/sync/preflight.cuh>
 #include <rlpt/cuda/sync/nccl_wire.hpp>
 #include <rlpt/cuda/sync/protocol.cuh>
 #include <rlpt/cuda/sync/unix_link.hpp>
