@@ -18,7 +18,7 @@ from ._ops import (GROUP_STATS, METRICS, MISMATCH, TOKEN_STATS, Objective, areal
                    gigpo_advantages, gpg_advantages, group_ids, grpo_advantages, local_denominators, local_is_weights,
                    logprob_entropy, m2po_mask, metrics_dict, mismatch_metrics, opo_advantages, passk_advantages,
                    policy_loss, reinforce_pp, reinforce_pp_baseline, remax, rloo_advantages, sequence_logprob_entropy,
-                   step_returns)
+                   similar_anchor_ids, step_returns)
 
 __version__ = "0.2.0"
 cuda_kernels = bool(_C.cuda)
@@ -42,6 +42,6 @@ def reset_copy_stats():
 __all__ = ["Error", "error_id", "Objective", "METRICS", "MISMATCH", "GROUP_STATS", "TOKEN_STATS", "metrics_dict",
            "policy_loss", "local_denominators", "local_is_weights", "m2po_mask", "mismatch_metrics",
            "logprob_entropy", "sequence_logprob_entropy", "grpo_advantages", "rloo_advantages", "opo_advantages",
-           "gpg_advantages", "passk_advantages", "gigpo_advantages", "step_returns", "gae", "reinforce_pp",
+           "gpg_advantages", "passk_advantages", "gigpo_advantages", "similar_anchor_ids", "step_returns", "gae", "reinforce_pp",
            "reinforce_pp_baseline", "remax", "group_ids", "areal_normalize", "set_strict", "copy_stats",
            "reset_copy_stats", "cuda_kernels"]

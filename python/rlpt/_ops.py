@@ -510,15 +510,52 @@ def step_returns(step_rewards, traj_ids, gamma=0.95, on_nonfinite="raise"):
     return call(ops.step_returns, step_rewards, group_ids(traj_ids), float(gamma), _masks_nonfinite(on_nonfinite))
 
 
+def similar_anchor_ids(anchor_obs, episode_ids, threshold):
+    """Anchor ids that group text observations by similarity instead of equality (verl-agent's
+    enable_similarity): within each task (``episode_ids``), in row order, an observation joins the
+    first group whose first observation it matches with a difflib.SequenceMatcher ratio >= ``threshold``
+    (in (0, 1)), else it starts a group. int64 [N], one id per (task, group)."""
+    import difflib
+
+    if not 0.0 < threshold < 1.0:
+        raise Error("rlpt.advantage.bad_option", f"similarity threshold {threshold} is not in (0, 1) (1 is equality: "
+                    "pass the observations without a threshold)")
+    obs = list(anchor_obs)
+    tasks = group_ids(episode_ids).tolist()
+    if len(tasks) != len(obs):
+        raise Error("rlpt.python.shape", f"anchor_obs has {len(obs)} rows, episode_ids {len(tasks)}")
+    reps = {}  # task -> [(a matcher holding the group's first observation as seq2, group id)]
+    out = []
+    next_id = 0
+    for row, (o, t) in enumerate(zip(obs, tasks)):
+        if not isinstance(o, str):
+            raise Error("rlpt.python.dtype", f"anchor_obs[{row}] is a {type(o).__name__}: similarity grouping "
+                        "compares text observations")
+        groups = reps.setdefault(t, [])
+        for matcher, gid in groups:
+            matcher.set_seq1(o)  # seq2 (the group's first observation) keeps its index
+            if matcher.ratio() >= threshold:
+                out.append(gid)
+                break
+        else:
+            groups.append((difflib.SequenceMatcher(None, o, o), next_id))
+            out.append(next_id)
+            next_id += 1
+    return torch.tensor(out, dtype=torch.int64)
+
+
 def gigpo_advantages(episode_scores, episode_ids, step_returns, anchor_obs, mode="mean_norm", step_advantage_w=1.0,
-                     epsilon=1e-6, on_nonfinite="raise"):
+                     epsilon=1e-6, on_nonfinite="raise", similarity_threshold=None):
     """GiGPO advantages (verl-agent's compute_gigpo_outcome_advantage), one per step row: the episode
     level over ``episode_ids`` (the rows of one task) plus ``step_advantage_w`` times the step level over
     the rows of one task whose ``anchor_obs`` (the observation the step started from: strings, arrays,
-    anything hashable by content; or integer ids) are equal. ``mode``: "mean_norm" (verl-agent's
+    anything hashable by content; or integer ids) are equal, or, with ``similarity_threshold``, text
+    observations that are similar (:func:`similar_anchor_ids`). ``mode``: "mean_norm" (verl-agent's
     default) or "mean_std_norm". Returns (advantages float32 [N], stats float64 [2, 4]: the episode and
     the step level's rlpt.GROUP_STATS)."""
-    if isinstance(anchor_obs, torch.Tensor) and not anchor_obs.is_floating_point():
+    if similarity_threshold is not None:
+        anchors = similar_anchor_ids(anchor_obs, episode_ids, similarity_threshold)
+    elif isinstance(anchor_obs, torch.Tensor) and not anchor_obs.is_floating_point():
         anchors = anchor_obs.to(torch.int64)
     else:
         anchors = group_ids([_hashable(o) for o in anchor_obs])

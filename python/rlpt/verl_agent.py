@@ -9,9 +9,9 @@ compute_step_discounted_returns(batch, gamma) reads batch.non_tensor_batch's ``r
 ``traj_uid`` (and ``active_masks``, which verl-agent requires to be all ones within a trajectory),
 and returns float32 [bs] on batch.batch["input_ids"]'s device. compute_gigpo_outcome_advantage(...)
 returns (scores, scores), [bs, response_length] in token_level_rewards' dtype, zero where
-response_mask is. What differs on purpose: a non-finite reward raises rlpt.Error (verl-agent
-propagates it), and the similarity clustering of text observations (enable_similarity=True) is not
-reproduced: it raises.
+response_mask is. enable_similarity=True groups text observations as verl-agent does
+(rlpt.similar_anchor_ids: difflib ratios against each group's first observation, in row order).
+What differs on purpose: a non-finite reward raises rlpt.Error (verl-agent propagates it).
 """
 import numpy as np
 import torch
@@ -33,12 +33,10 @@ def compute_step_discounted_returns(batch, gamma):
 def compute_gigpo_outcome_advantage(token_level_rewards, step_rewards, response_mask, anchor_obs, index, traj_index,
                                     epsilon=1e-6, step_advantage_w=1.0, mode="mean_norm", enable_similarity=False,
                                     similarity_thresh=0.95):
-    del traj_index, similarity_thresh  # verl-agent's episode statistics run over rows (steps), not trajectories
-    if enable_similarity:
-        raise rlpt.Error("rlpt.advantage.bad_option", "enable_similarity (clustering text observations by difflib "
-                         "similarity) is not reproduced by rlpt; anchor groups are exact observations")
+    del traj_index  # verl-agent's episode statistics run over rows (steps), not trajectories
     scores = token_level_rewards.sum(dim=-1)
     adv, _ = rlpt.gigpo_advantages(scores, list(index), step_rewards, list(anchor_obs), mode=mode,
-                                   step_advantage_w=step_advantage_w, epsilon=epsilon)
+                                   step_advantage_w=step_advantage_w, epsilon=epsilon,
+                                   similarity_threshold=similarity_thresh if enable_similarity else None)
     out = adv.to(token_level_rewards.dtype).to(token_level_rewards.device)[:, None] * response_mask
     return out, out

@@ -47,11 +47,34 @@ def test_drop_ins_equal_verl_agent(tag):
             close(scores.double(), want, 2e-5, 2e-6, f"{mode} w={w}")
 
 
+def test_similarity_grouping_equals_verl_agent():
+    # text observations with near-duplicates, clustered as verl-agent's enable_similarity does
+    g = {k[2:]: v for k, v in GOLDEN.items() if k.startswith("c_")}
+    B, T = len(g["task"]), 4
+    raw, off = g["obs_bytes"].tobytes(), g["obs_offsets"]
+    texts = np.array([raw[off[i]:off[i + 1]].decode() for i in range(B)], dtype=object)
+    token_rewards = torch.zeros((B, T))
+    token_rewards[:, -1] = torch.from_numpy(g["score"])
+    for mode in ("mean_norm", "mean_std_norm"):
+        for thresh in (0.8, 0.95):
+            scores, _ = core_gigpo.compute_gigpo_outcome_advantage(
+                token_rewards, torch.from_numpy(g["returns"]), torch.ones((B, T)), texts, g["task"].astype(str),
+                g["traj"].astype(str), mode=mode, enable_similarity=True, similarity_thresh=thresh)
+            close(scores[:, 0].double(), torch.from_numpy(g[f"{mode}_t{thresh:g}"]).double(), 2e-5, 2e-6,
+                  f"{mode} threshold {thresh}")
+    # the groups themselves: within a task, each row joins the first group whose first text it matches
+    ids = rlpt.similar_anchor_ids(["ab cd", "ab ce", "xyz", "ab cd"], [0, 0, 0, 1], 0.75)
+    assert ids.tolist() == [0, 0, 1, 2]
+
+
 def test_drop_in_refusals():
     t = torch.zeros((2, 3))
-    with pytest.raises(rlpt.Error, match="enable_similarity"):
+    with pytest.raises(rlpt.Error, match="not in \\(0, 1\\)"):
         core_gigpo.compute_gigpo_outcome_advantage(t, torch.zeros(2), torch.ones(2, 3), np.array(["a", "b"]),
-                                                   np.array(["p", "p"]), np.array(["t0", "t1"]), enable_similarity=True)
+                                                   np.array(["p", "p"]), np.array(["t0", "t1"]), enable_similarity=True,
+                                                   similarity_thresh=1.0)
+    with pytest.raises(rlpt.Error, match="anchor_obs\\[1\\] is a int"):
+        rlpt.similar_anchor_ids(["a", 3], [0, 0], 0.9)
     batch = DataProto.from_dict(tensors={"input_ids": torch.zeros((2, 3), dtype=torch.long)},
                                 non_tensors={"rewards": np.zeros(2, dtype=np.float32),
                                              "traj_uid": np.array(["t0", "t0"]),

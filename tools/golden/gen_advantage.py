@@ -293,8 +293,42 @@ def gen_verl_agent_gigpo(out_dir: Path, seed: int):
                     anchor_obs=anchor_obs, index=task.astype(str), traj_index=traj.astype(str), epsilon=1e-6,
                     step_advantage_w=w, mode=mode)
                 arrays[f"{tag}_{mode}_w{w:g}"] = adv[:, 0].numpy()
+    # Text observations with near-duplicates, grouped by verl-agent's similarity clustering
+    # (enable_similarity: difflib ratios against each cluster's first observation) at two thresholds.
+    rng = np.random.default_rng(seed + 12)
+    task, traj, state, reward, score = gigpo_steps(rng, 5, 6, 5, 4)
+    B, T = len(task), 4
+    rooms = ["kitchen", "hallway", "study", "garden"]
+    things = ["a red key", "two books", "a lamp", "a locked chest"]
+    texts = []
+    for s_ in state:
+        text = f"You are in the {rooms[s_]}. You see {things[s_]} and a door to the north."
+        kind = int(rng.integers(0, 3))
+        if kind == 1:
+            text += f" Step {int(rng.integers(1, 9))}."
+        elif kind == 2:
+            text = text.replace("north", "south") + " It is quiet."
+        texts.append(text)
+    encoded = [t_.encode() for t_ in texts]
+    batch = DataProto.from_dict(tensors={"input_ids": torch.zeros((B, T), dtype=torch.long)},
+                                non_tensors={"rewards": reward, "traj_uid": traj.astype(str),
+                                             "active_masks": np.ones(B, dtype=bool)})
+    returns = gigpo.compute_step_discounted_returns(batch, gamma=0.95)
+    token_rewards = torch.zeros((B, T), dtype=torch.float32)
+    token_rewards[:, -1] = torch.from_numpy(score)
+    arrays.update({"c_task": task, "c_traj": traj, "c_score": score, "c_returns": returns.numpy(),
+                   "c_obs_bytes": np.frombuffer(b"".join(encoded), dtype=np.uint8).copy(),
+                   "c_obs_offsets": np.cumsum([0] + [len(e) for e in encoded]).astype(np.int64)})
+    for mode in ("mean_norm", "mean_std_norm"):
+        for thresh in (0.8, 0.95):
+            adv, _ = gigpo.compute_gigpo_outcome_advantage(
+                token_level_rewards=token_rewards, step_rewards=returns, response_mask=torch.ones((B, T)),
+                anchor_obs=np.array(texts, dtype=object), index=task.astype(str), traj_index=traj.astype(str),
+                epsilon=1e-6, step_advantage_w=1.0, mode=mode, enable_similarity=True, similarity_thresh=thresh)
+            arrays[f"c_{mode}_t{thresh:g}"] = adv[:, 0].numpy()
     rlpt_golden.write(out_dir / "verl_agent_gigpo.bin", arrays, peers.meta(
-        "advantage", seed, case="GiGPO: step returns (gamma 0.95) and advantages, both modes, w in (1, 0.5)",
+        "advantage", seed, case="GiGPO: step returns (gamma 0.95) and advantages, both modes, w in (1, 0.5); "
+        "batch c: text observations grouped by similarity (enable_similarity, thresholds 0.8 and 0.95)",
         source=getattr(gigpo, "VERL_AGENT_SOURCE", str(Path(os.environ["RLPT_VERL_AGENT"]))),
         functions=["compute_step_discounted_returns", "compute_gigpo_outcome_advantage"]))
 
