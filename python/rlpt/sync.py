@@ -93,14 +93,22 @@ class Receiver:
     ``mirror=False`` copies each piece straight from the link into its target as it is verified
     (one pass over memory); a failed update then leaves the targets partly written (``partial``)
     until the next, dense one. Without a mirror, ``tensor``/``state_dict``/``verify`` and delta
-    updates are unavailable."""
+    updates are unavailable.
+
+    ``cache`` says what each published version asks of the engine's prefix (KV) cache: "none"
+    (default), "reset" (drop every cached prefix before serving under the new weights: vLLM's
+    ``reset_prefix_cache()``, SGLang's ``flush_cache``) or "salt" (key requests by the update's
+    salt: vLLM's ``cache_salt``, SGLang's ``extra_key``). poll()'s update then carries
+    ``update["cache"]`` = {"action", "version", "salt"}, pending until the engine calls
+    ``acknowledge_cache(version)``; an update whose predecessor's directive was never acknowledged
+    says so in ``update["cache_unacknowledged"]`` (its version; 0: none)."""
 
     def __init__(self, transport="shm", address="rlpt-weights", listen=False, timeout=30.0, on_tensor=None,
                  secret=None, integrity="full", allow_unauthenticated=False, targets=None, streaming=False,
-                 mirror=True):
+                 mirror=True, cache="none"):
         self._impl = call(_C.SyncReceiver, transport, address, bool(listen), float(timeout), on_tensor,
                           _security(secret, integrity, allow_unauthenticated), list((targets or {}).items()),
-                          bool(streaming), bool(mirror))
+                          bool(streaming), bool(mirror), str(cache))
 
     def poll(self, wait=0.0):
         """Processes messages for up to ``wait`` seconds (an update in progress is driven to its end).
@@ -110,6 +118,16 @@ class Receiver:
     @property
     def has_version(self):
         return self._impl.has_version()
+
+    @property
+    def pending_cache(self):
+        """The latest version's cache directive while unacknowledged (a dict), else None."""
+        return self._impl.pending_cache()
+
+    def acknowledge_cache(self, version):
+        """The engine applied the cache directive of ``version`` (rlpt.sync.bad_version unless it is
+        the pending one). Call it from the thread that polls."""
+        return call(self._impl.acknowledge_cache, int(version))
 
     @property
     def version(self):

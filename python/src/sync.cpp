@@ -171,6 +171,22 @@ std::uint16_t port_of(rlpt::sync::link* l) {
   return 0;
 }
 
+py::object cache_dict(const cache_directive& c) {
+  if (c.action == cache_action::none) return py::none();
+  py::dict d;
+  d["action"] = std::string(name(c.action));
+  d["version"] = c.version;
+  d["salt"] = c.salt;
+  return d;
+}
+
+cache_action cache_of(const std::string& s) {
+  if (s == "none") return cache_action::none;
+  if (s == "reset") return cache_action::reset;
+  if (s == "salt") return cache_action::salt;
+  raise(ids::bad_option, fmt::format("cache \"{}\" is not one of none, reset, salt", s));
+}
+
 py::dict update_dict(const update& u) {
   py::dict d;
   d["state"] = u.published() ? "published" : u.failed() ? "failed" : "idle";
@@ -184,6 +200,8 @@ py::dict update_dict(const update& u) {
   d["reason"] = u.reason;
   d["digest"] = u.digest;
   d["seconds"] = u.seconds;
+  d["cache"] = cache_dict(u.cache);
+  d["cache_unacknowledged"] = u.cache_unacknowledged;
   return d;
 }
 
@@ -256,7 +274,8 @@ class py_receiver {
 public:
   py_receiver(const std::string& transport, const std::string& address, bool listen, double timeout_s,
               py::object on_tensor, const link_security& sec,
-              const std::vector<std::pair<std::string, at::Tensor>>& targets, bool streaming, bool mirror)
+              const std::vector<std::pair<std::string, at::Tensor>>& targets, bool streaming, bool mirror,
+              const std::string& cache)
       : on_tensor_(std::move(on_tensor)) {
     guard([&] {
       // Targets: CPU tensors the receiver writes in place (held here so they outlive it).
@@ -271,6 +290,7 @@ public:
       link_ = make_link(transport, address, listen, role::receiver, 0, 0, sec, o.timeout);
       o.mode = streaming ? apply_mode::streaming : apply_mode::staged;
       o.mirror = mirror;
+      o.cache = cache_of(cache);
       load_fn load = [this](const tensor_view& t) {
         if (on_tensor_.is_none()) return;
         py::gil_scoped_acquire gil;
@@ -296,6 +316,16 @@ public:
   }
 
   bool has_version() const { return receiver_->has_version(); }
+  py::object pending_cache() const {
+    const auto& p = receiver_->pending_cache();
+    return p ? cache_dict(*p) : py::none();
+  }
+  void acknowledge_cache(std::uint64_t version) {
+    guard([&] {
+      receiver_->acknowledge_cache(version);
+      return 0;
+    });
+  }
   std::uint64_t version() const { return receiver_->version(); }
   std::uint64_t digest() const {
     return guard([&] { return receiver_->digest(); });
@@ -365,9 +395,11 @@ void bind_sync(py::module_& m) {
       .def("port", &py_sender::port);
   py::class_<py_receiver>(m, "SyncReceiver")
       .def(py::init<const std::string&, const std::string&, bool, double, py::object, const link_security&,
-                    const std::vector<std::pair<std::string, at::Tensor>>&, bool, bool>(),
+                    const std::vector<std::pair<std::string, at::Tensor>>&, bool, bool, const std::string&>(),
            py::arg("transport"), py::arg("address"), py::arg("listen"), py::arg("timeout_s"), py::arg("on_tensor"),
-           py::arg("security"), py::arg("targets"), py::arg("streaming"), py::arg("mirror"))
+           py::arg("security"), py::arg("targets"), py::arg("streaming"), py::arg("mirror"), py::arg("cache"))
+      .def("pending_cache", &py_receiver::pending_cache)
+      .def("acknowledge_cache", &py_receiver::acknowledge_cache, py::arg("version"))
       .def("poll", &py_receiver::poll, py::arg("wait_s"))
       .def("has_version", &py_receiver::has_version)
       .def("version", &py_receiver::version)

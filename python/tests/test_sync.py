@@ -122,6 +122,36 @@ def test_receiver_callback_and_errors():
     assert e.value.id == "rlpt.python.bad_option"
 
 
+@pytest.mark.parametrize("cache", ["reset", "salt"])
+def test_cache_directive_pending_until_acknowledged(cache):
+    address = f"rlpt-test-{uuid.uuid4().hex[:12]}"
+    rx = rlpt.sync.Receiver("shm", address, cache=cache)
+    proc = spawn("--transport", "shm", "--address", address, "--versions", 3)
+    seen = []
+    while len(seen) < 3:  # acknowledge the first version's directive only
+        u = rx.poll(wait=0.1)
+        if u["state"] == "published":
+            seen.append(u)
+            if u["version"] == 1:
+                assert rx.pending_cache == u["cache"]
+                rx.acknowledge_cache(1)
+                assert rx.pending_cache is None
+        assert u["state"] != "failed", u
+    assert proc.wait(timeout=30) == 0
+    assert [u["cache"]["action"] for u in seen] == [cache] * 3
+    assert [u["cache"]["version"] for u in seen] == [1, 2, 3]
+    assert [u["cache_unacknowledged"] for u in seen] == [0, 0, 2]
+    if cache == "salt":
+        assert seen[2]["cache"]["salt"] == f"rlpt-v3-{seen[2]['digest']:016x}"
+    with pytest.raises(rlpt.Error) as e:
+        rx.acknowledge_cache(2)
+    assert e.value.id == "rlpt.sync.bad_version" and "pending one is version 3's" in e.value.message
+    rx.acknowledge_cache(3)
+    with pytest.raises(rlpt.Error) as e:
+        rlpt.sync.Receiver("shm", address + "x", cache="flush")
+    assert e.value.id == "rlpt.python.bad_option"
+
+
 @pytest.mark.parametrize("streaming,mirror", [(False, True), (True, True), (True, False)])
 def test_receiver_writes_its_targets(streaming, mirror):
     address = f"rlpt-test-{uuid.uuid4().hex[:12]}"

@@ -8,6 +8,7 @@
 
 #include <fstream>
 #include <functional>
+#include <future>
 #include <map>
 
 using namespace rlpt::sync;
@@ -141,6 +142,55 @@ TEST_CASE("protocol: dense update arrives bit-exact, with checksums, and is read
     CHECK(pub[i].checksum == tx.current_manifest()[i].checksum);
   }
   RLPT_CHECK_ERROR(tx.publish(7), "rlpt.sync.bad_version", "publish(7) after version 7: versions must increase");
+}
+
+TEST_CASE("protocol: each published version carries the receiver's cache directive, pending until acknowledged") {
+  auto md = make_model(1);
+  const manifest m = plan(md.refs, small_buckets);
+  for (const cache_action action : {cache_action::reset, cache_action::salt, cache_action::none}) {
+    CAPTURE(name(action));
+    inproc_pipe pipe;
+    inproc_transport tl(pipe, role::sender), rl(pipe, role::receiver);
+    sender tx(tl, m, md.refs);
+    sink s;
+    receiver rx(rl, s.fn(), {.cache = action});
+    // poll on this thread (acknowledge_cache belongs to the polling thread), publish on another
+    const auto publish = [&](std::uint64_t v) {
+      auto sent = std::async(std::launch::async, [&] { return tx.publish(v); });
+      update u;
+      for (int i = 0; i < 200 && !u.published(); ++i) u = rx.poll(std::chrono::milliseconds(50));
+      const publish_result r = sent.get();
+      REQUIRE(u.published());
+      CHECK(u.digest == r.digest);
+      return u;
+    };
+    const update u3 = publish(3);
+    if (action == cache_action::none) {
+      CHECK(u3.cache.action == cache_action::none);
+      CHECK_FALSE(rx.pending_cache().has_value());
+      RLPT_CHECK_ERROR(rx.acknowledge_cache(3), "rlpt.sync.bad_version", "none is pending", "cache action none");
+      continue;
+    }
+    CHECK(u3.cache.action == action);
+    CHECK(u3.cache.version == 3);
+    CHECK(u3.cache_unacknowledged == 0);
+    if (action == cache_action::salt) CHECK(u3.cache.salt == "rlpt-v3-" + to_hex(u3.digest));
+    if (action == cache_action::reset) CHECK(u3.cache.salt.empty());
+    REQUIRE(rx.pending_cache().has_value());
+    CHECK(rx.pending_cache()->version == 3);
+    RLPT_CHECK_ERROR(rx.acknowledge_cache(2), "rlpt.sync.bad_version", "version 2", "the pending one is version 3's");
+    rx.acknowledge_cache(3);
+    CHECK_FALSE(rx.pending_cache().has_value());
+    RLPT_CHECK_ERROR(rx.acknowledge_cache(3), "rlpt.sync.bad_version", "none is pending", "version 3 was acknowledged");
+    // the engine ignores version 4's directive: version 5's update says so
+    const update u4 = publish(4);
+    CHECK(u4.cache_unacknowledged == 0);
+    const update u5 = publish(5);
+    CHECK(u5.cache_unacknowledged == 4);
+    CHECK(rx.pending_cache()->version == 5);
+    if (action == cache_action::salt) CHECK(u5.cache.salt != u4.cache.salt);
+    rx.acknowledge_cache(5);
+  }
 }
 
 TEST_CASE("protocol: delta updates move only changed elements and reproduce the trainer's bytes") {

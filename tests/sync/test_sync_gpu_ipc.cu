@@ -120,7 +120,7 @@ void two_processes(const char* memory) {
   unix_link host({.path = path, .listen = true}, role::receiver);
   ipc_link link(host, role::receiver);
   engine eng(true);
-  device_receiver rx(link, eng.targets);
+  device_receiver rx(link, eng.targets, {.cache = cache_action::reset});
   peer p({"ipc-send", path, "1", "3", memory, "0", std::to_string(bucket)});
   const outcome o = serve(rx, eng, p);
   CHECK(p.ok());
@@ -129,7 +129,13 @@ void two_processes(const char* memory) {
   for (std::size_t k = 0; k < 3; ++k) {
     CHECK(o.published[k].version == k + 1);
     CHECK_FALSE(o.published[k].delta);
+    // the device receiver runs the same state machine: a reset per version, never acknowledged here
+    CHECK(o.published[k].cache.action == cache_action::reset);
+    CHECK(o.published[k].cache.version == k + 1);
+    CHECK(o.published[k].cache_unacknowledged == k);
   }
+  rx.acknowledge_cache(3);
+  CHECK_FALSE(rx.pending_cache().has_value());
   CHECK(rx.version() == 3);
   const ipc_stats s = link.stats();
   CHECK(s.opens == 1); // one mapping for the session, however many updates

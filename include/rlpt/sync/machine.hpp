@@ -169,6 +169,35 @@ struct publish_result {
   double seconds = 0;
 };
 
+//! What a newly published version asks of the engine's prefix (KV) cache: blocks computed under
+//! the previous weights must not serve requests under the new ones (lmdeploy #4917, prime-rl
+//! #2270). Which one an engine wants is its choice (vLLM reverted its automatic reset, #46125),
+//! so the receiver says it per update and keeps it pending until the engine acknowledges it.
+enum class cache_action : std::uint8_t {
+  none,  //!< nothing asked (the engine manages its cache itself)
+  reset, //!< drop every cached prefix before serving under the new weights (vLLM reset_prefix_cache, SGLang flush_cache)
+  salt,  //!< key requests by `salt` from now on (vLLM cache_salt, SGLang extra_key): older prefixes never match
+};
+
+[[nodiscard]] constexpr std::string_view name(cache_action a) noexcept {
+  switch (a) {
+  case cache_action::none:
+    return "none";
+  case cache_action::reset:
+    return "reset";
+  case cache_action::salt:
+    return "salt";
+  }
+  return "?";
+}
+
+//! The cache directive of one published version.
+struct cache_directive {
+  cache_action action = cache_action::none;
+  std::uint64_t version = 0; //!< the version it belongs to (what acknowledge_cache takes)
+  std::string salt{};        //!< salt: "rlpt-v<version>-<digest, 16 hex digits>": one per version and content
+};
+
 //! What poll() saw: nothing, a published version, or a failed update and why.
 struct update {
   enum class status : std::uint8_t { idle, published, failed };
@@ -183,6 +212,12 @@ struct update {
   std::string reason{};             //!< failed: what happened, with the values
   std::uint64_t digest = 0;         //!< published: model_digest() of the version (the sender's publish_result::digest)
   double seconds = 0;
+  //! published, with a cache action in the options: what the engine must do to its prefix cache
+  //! before serving under this version, then acknowledge (basic_receiver::acknowledge_cache).
+  cache_directive cache{};
+  //! published: the version of an earlier directive the engine never acknowledged (0: none), a
+  //! sign that prefixes computed under old weights may have served requests.
+  std::uint64_t cache_unacknowledged = 0;
 
   [[nodiscard]] bool published() const noexcept { return state == status::published; }
   [[nodiscard]] bool failed() const noexcept { return state == status::failed; }
@@ -597,6 +632,24 @@ public:
   //! model_digest() of the published version (from the checksums it was verified against).
   [[nodiscard]] std::uint64_t digest() const { return model_digest(published_manifest()); }
 
+  //! The cache directive of the latest published version while the engine has not acknowledged
+  //! it (the options' cache action; nullopt when none is pending).
+  [[nodiscard]] const std::optional<cache_directive>& pending_cache() const noexcept { return cache_pending_; }
+
+  //! The engine applied the cache directive of `version` (reset its prefix cache, or keys requests
+  //! by its salt). rlpt.sync.bad_version unless that is the pending directive's version.
+  void acknowledge_cache(std::uint64_t version) {
+    RLPT_CHECK(cache_pending_.has_value(), errors::sync::bad_version,
+               "{}: acknowledging the cache directive of version {}, but none is pending (cache action {}{})",
+               st_.where, version, name(o_.cache),
+               cache_acked_ != 0 ? rlpt::detail::format("; version {} was acknowledged", cache_acked_) : std::string());
+    RLPT_CHECK(cache_pending_->version == version, errors::sync::bad_version,
+               "{}: acknowledging the cache directive of version {}, but the pending one is version {}'s", st_.where,
+               version, cache_pending_->version);
+    cache_acked_ = version;
+    cache_pending_.reset();
+  }
+
   //! Re-hashes the bytes this receiver holds (the host mirror; the device targets) and checks
   //! every tensor against the published version's checksums: returns digest() when every byte
   //! is still the sender's, throws rlpt.sync.checksum naming the first tensor that differs
@@ -936,6 +989,13 @@ private:
     for (std::size_t i = 0; i < sums.size(); ++i) st_.pub.set_checksum(i, sums[i]);
     st_.pub.set_versions(cur_.version, cur_.base);
     u.digest = model_digest(st_.pub);
+    if (o_.cache != cache_action::none) {
+      u.cache = {o_.cache, cur_.version,
+                 o_.cache == cache_action::salt ? rlpt::detail::format("rlpt-v{}-{}", cur_.version, to_hex(u.digest))
+                                                : std::string()};
+      if (cache_pending_) u.cache_unacknowledged = cache_pending_->version;
+      cache_pending_ = u.cache;
+    }
     st_.version = cur_.version;
     st_.has = true;
     st_.torn = false;
@@ -958,6 +1018,8 @@ private:
   inflight cur_;
   std::deque<update> events_;
   std::string last_link_error_;
+  std::optional<cache_directive> cache_pending_{};
+  std::uint64_t cache_acked_ = 0;
 };
 
 } // namespace sync

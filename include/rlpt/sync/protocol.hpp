@@ -74,6 +74,9 @@ struct receiver_options {
   //! Refuse updates whose packed size exceeds this (a corrupt manifest cannot make the
   //! receiver allocate without bound).
   std::uint64_t max_update_bytes = std::uint64_t{1} << 40;
+  //! What each published version asks of the engine's prefix cache (update::cache), pending
+  //! until acknowledge_cache(version).
+  cache_action cache = cache_action::none;
 };
 
 namespace detail {

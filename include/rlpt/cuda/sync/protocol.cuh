@@ -86,6 +86,9 @@ struct device_receiver_options {
   std::uint64_t max_update_bytes = std::uint64_t{1} << 40;
   //! Manifest tensors without a target are skipped instead of refusing the update.
   bool skip_unbound = false;
+  //! What each published version asks of the engine's prefix cache (update::cache), pending
+  //! until acknowledge_cache(version).
+  cache_action cache = cache_action::none;
 };
 
 namespace detail {
