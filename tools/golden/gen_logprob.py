@@ -113,6 +113,23 @@ def _mismatch(rng: np.random.Generator) -> tuple[dict, dict]:
     return arrays, {"offpolicy_keys": list(OFFPOLICY_KEYS), "debug_keys": list(DEBUG_KEYS), "B": B, "T": T}
 
 
+def _truncated_case(c: int, z: torch.Tensor, ts: np.ndarray, params: list) -> dict:
+    """One case of a sampled file from the warped logits z (-inf outside the support): the kept mask,
+    the targets (the kept token nearest to a random one, so every row scores a sampled token), and
+    log_softmax + gather and the entropy of the renormalised support."""
+    kept = torch.isfinite(z)
+    logp_all = F.log_softmax(z, dim=-1)
+    target = np.empty(N, dtype=np.int64)
+    for r in range(N):
+        cols = np.flatnonzero(kept[r].numpy())
+        target[r] = cols[np.argmin(np.abs(cols - ts[r]))]
+    p_all = logp_all.exp()
+    ent = -(torch.where(kept, p_all * logp_all, torch.zeros_like(p_all))).sum(-1)
+    return {f"case{c}_params": np.array(params, dtype=np.float64), f"case{c}_targets": target,
+            f"case{c}_logp": logp_all.gather(-1, torch.from_numpy(target).unsqueeze(-1)).squeeze(-1),
+            f"case{c}_entropy": ent, f"case{c}_kept": kept.numpy()}
+
+
 def _sampled_min_p(seed: int) -> tuple[dict, dict]:
     from transformers.generation.logits_process import MinPLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
@@ -136,19 +153,7 @@ def _sampled_min_p(seed: int) -> tuple[dict, dict]:
             warpers.append(MinPLogitsWarper(min_p=mp))
         for w in warpers:
             z = w(None, z)
-        kept = torch.isfinite(z)
-        logp_all = F.log_softmax(z, dim=-1)
-        target = np.empty(N, dtype=np.int64)
-        for r in range(N):
-            cols = np.flatnonzero(kept[r].numpy())
-            target[r] = cols[np.argmin(np.abs(cols - ts[r]))]
-        p_all = logp_all.exp()
-        ent = -(torch.where(kept, p_all * logp_all, torch.zeros_like(p_all))).sum(-1)
-        arrays[f"case{c}_params"] = np.array([temp_c, k, p, mp, 1.0 if first else 0.0], dtype=np.float64)
-        arrays[f"case{c}_targets"] = target
-        arrays[f"case{c}_logp"] = logp_all.gather(-1, torch.from_numpy(target).unsqueeze(-1)).squeeze(-1)
-        arrays[f"case{c}_entropy"] = ent
-        arrays[f"case{c}_kept"] = kept.numpy()
+        arrays.update(_truncated_case(c, z, ts, [temp_c, k, p, mp, 1.0 if first else 0.0]))
     return arrays, peers.meta(
         "logprob", seed, n=N, v=V, cases=cases,
         reference="transformers MinPLogitsWarper with TopKLogitsWarper / TopPLogitsWarper on logits / T (fp64): "
@@ -203,20 +208,7 @@ def generate(out_dir: Path, seed: int) -> None:
             z = TopKLogitsWarper(top_k=k)(None, z)
         if p < 1.0:
             z = TopPLogitsWarper(top_p=p)(None, z)
-        kept = torch.isfinite(z)
-        logp_all = F.log_softmax(z, dim=-1)
-        # target: the kept token nearest to a random one, so every row scores a sampled token
-        target = np.empty(N, dtype=np.int64)
-        for r in range(N):
-            cols = np.flatnonzero(kept[r].numpy())
-            target[r] = cols[np.argmin(np.abs(cols - ts[r]))]
-        p_all = logp_all.exp()
-        ent = -(torch.where(kept, p_all * logp_all, torch.zeros_like(p_all))).sum(-1)
-        arrays[f"case{c}_params"] = np.array([temp_c, k, p], dtype=np.float64)
-        arrays[f"case{c}_targets"] = target
-        arrays[f"case{c}_logp"] = logp_all.gather(-1, torch.from_numpy(target).unsqueeze(-1)).squeeze(-1)
-        arrays[f"case{c}_entropy"] = ent
-        arrays[f"case{c}_kept"] = kept.numpy()
+        arrays.update(_truncated_case(c, z, ts, [temp_c, k, p]))
     rlpt_golden.write(out_dir / "sampled.bin", arrays, peers.meta(
         "logprob", seed, n=N, v=V, cases=cases,
         reference="transformers TopKLogitsWarper then TopPLogitsWarper on logits / T (fp64), "
