@@ -10,6 +10,7 @@
 #include <rlpt/sync/delta.hpp>
 #include <rlpt/sync/dtype.hpp>
 #include <rlpt/sync/forward.hpp>
+#include <rlpt/sync/fp8.hpp>
 #include <rlpt/sync/frame.hpp>
 #include <rlpt/sync/inproc.hpp>
 #include <rlpt/sync/link.hpp>

@@ -12,6 +12,9 @@ Writes into tests/data/golden/sync/:
   py_reads_rlpt.bin       files written by rlpt (bench/sync runner `write-golden`), the bytes,
                           and what safetensors (Python) read back from them (only when the
                           runner exists: build/sync/bench/sync/bench_sync_runner)
+  verl_fp8.bin            verl's scaled_fp8_blockwise (its PyTorch path, the one that runs without
+                          a GPU) on bf16 and fp32 weights: the E4M3 codes and the scale_inv per
+                          block; and torch's float -> float8_e4m3fn conversion over a sweep
 """
 import json
 import os
@@ -171,7 +174,47 @@ def _rlpt_files(out_dir: Path, seed: int) -> dict | None:
         return {"arrays": arrays, "results": results}
 
 
+def _verl_fp8(seed: int) -> tuple[dict, dict]:
+    os.environ["VERL_DISABLE_TRITON_FP8"] = "1"  # the PyTorch path (read when the module is imported)
+    from verl.utils.kernel.fp8_kernel import scaled_fp8_blockwise
+
+    rng = np.random.default_rng(seed + 31)
+    arrays = {}
+    cases = []
+    w1 = torch.from_numpy(rng.normal(0.0, 0.02, (256, 384)).astype(np.float32))
+    w1[5, 7] = 0.9  # an outlier sets one block's scale
+    w2 = torch.from_numpy(rng.normal(0.0, 1.0, (200, 300)).astype(np.float32))
+    w2[:128, 128:256] = 0.0  # an all-zero block: scale 1
+    w2[128:, :128] *= 1e-30  # tiny values: a large scale
+    w3 = torch.from_numpy(rng.standard_t(2.0, (96, 80)).astype(np.float32))
+    for k, (w, dtype, block) in enumerate([(w1, torch.bfloat16, 128), (w2, torch.bfloat16, 128),
+                                           (w3, torch.float32, 32)]):
+        w = w.to(dtype)
+        q, scale = scaled_fp8_blockwise(w, weight_block_size=[block, block])
+        arrays[f"case{k}.weight"] = w.to(torch.float32).numpy()  # bf16 values are exact in fp32
+        arrays[f"case{k}.bf16"] = np.array([1 if dtype == torch.bfloat16 else 0], np.uint8)
+        arrays[f"case{k}.q"] = q.view(torch.uint8).numpy()
+        arrays[f"case{k}.scale_inv"] = scale.squeeze(-1).numpy()  # as verl's fp8_utils ships it
+        arrays[f"case{k}.block"] = np.array([block], np.int64)
+        cases.append({"shape": list(w.shape), "dtype": str(dtype), "block": block})
+    codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).to(torch.float32)
+    finite = codes[torch.isfinite(codes)].unique()
+    mids = (finite[1:] + finite[:-1]) / 2
+    sweep = torch.cat([finite, mids, torch.nextafter(mids, torch.tensor(np.inf)), torch.nextafter(mids, -torch.tensor(np.inf)),
+                       torch.tensor([448.0, 450.0, 463.9, 464.0, 464.1, 479.9, 480.0, 1e6, np.inf, -np.inf, np.nan,
+                                     2.0 ** -10, 2.0 ** -11, 3 * 2.0 ** -11, 1e-30, -0.0]),
+                       torch.from_numpy(rng.normal(0.0, 100.0, 4000).astype(np.float32)),
+                       torch.from_numpy(np.exp(rng.uniform(-16.0, 6.2, 4000)).astype(np.float32))])
+    arrays["sweep.x"] = sweep.numpy()
+    arrays["sweep.code"] = sweep.to(torch.float8_e4m3fn).view(torch.uint8).numpy()
+    return arrays, peers.meta("gen_sync.fp8", seed, cases=cases,
+                              reference="verl.utils.kernel.fp8_kernel.scaled_fp8_blockwise (VERL_DISABLE_TRITON_FP8=1: "
+                                        "its PyTorch path), scale squeezed as verl.utils.fp8_utils ships it; "
+                                        "torch .to(torch.float8_e4m3fn) for the sweep")
+
+
 def generate(out_dir: Path, seed: int) -> None:
+    rlpt_golden.write(out_dir / "verl_fp8.bin", *_verl_fp8(seed))
     arrays = {}
     listing = {}
     for case, (tensors, metadata) in _cases(seed).items():

@@ -300,6 +300,8 @@ inline constexpr error_id manifest_hash{"rlpt.sync.manifest_hash"};
 inline constexpr error_id no_update{"rlpt.sync.no_update"};
 //! no version has been published yet
 inline constexpr error_id no_version{"rlpt.sync.no_version"};
+//! a weight to quantize holds a NaN or an infinity
+inline constexpr error_id nonfinite{"rlpt.sync.nonfinite"};
 //! the peer closed or crashed
 inline constexpr error_id peer_lost{"rlpt.sync.peer_lost"};
 //! the two ends of a link disagree on what must match (versions, machine, GPUs, NCCL settings)
