@@ -114,6 +114,9 @@ class GRPOTrainer(_TRLGRPOTrainer):
         """output["rlpt_in_denominator"]: False for the local completions of degenerate groups, and
         num_items_in_batch over the others' loss tokens (every process's)."""
         per_func = self._rlpt_rewards_per_func
+        if per_func is None:
+            raise rlpt.Error("rlpt.python.bad_option", "rlpt_degenerate_groups='exclude': this batch was scored "
+                             "without TRL's _calculate_rewards, so its groups' rewards are unknown")
         group = self.num_generations if self.model.training else self.num_generations_eval
         rewards = (per_func * self.reward_weights.to(per_func.device).unsqueeze(0)).nansum(dim=1)
         rewards[torch.isnan(per_func).all(dim=1)] = torch.nan  # TRL's unscorable rows: not counted
