@@ -45,6 +45,21 @@ def _items(tensors):
     return [(str(k), v) for k, v in items]
 
 
+def quantize_fp8_blockwise(weight, block_size=128):
+    """Block-wise FP8 quantize-on-send, bit for bit verl's ``scaled_fp8_blockwise``: a 2-D CPU
+    weight (bfloat16, float16 or float32; quantize the bf16 values the trainer exports, not the fp32
+    master) -> (codes float8_e4m3fn, same shape; scale_inv float32 [ceil(rows / b), ceil(cols / b)]),
+    per block: scale = 448 / max|w| (1 for an all-zero block), codes = e4m3(clamp(w * scale, +-448)),
+    scale_inv = 1 / scale. Ship them as ``name`` and ``name + "_scale_inv"``, as verl does."""
+    return call(_C.quantize_fp8_blockwise, weight, int(block_size))
+
+
+def audit_fp8_blockwise(weight, q, scale_inv, block_size=128):
+    """Whether (q, scale_inv) is exactly quantize_fp8_blockwise(weight): {"ok", "blocks", "bad_scales",
+    "bad_codes", "first": (row, col) of the first difference or None}."""
+    return call(_C.audit_fp8_blockwise, weight, q, scale_inv, int(block_size))
+
+
 class Sender:
     """Publishes versions of ``tensors`` (a state_dict or (name, tensor) pairs). CPU contiguous
     tensors are read in place at each publish(): keep them alive and do not modify them during a

@@ -9,6 +9,7 @@
 
 #include <torch/extension.h>
 
+#include <rlpt/sync/fp8.hpp>
 #include <rlpt/sync/planner.hpp>
 #include <rlpt/sync/protocol.hpp>
 #include <rlpt/sync/shm.hpp>
@@ -362,9 +363,74 @@ private:
   std::unique_ptr<receiver> receiver_;
 };
 
+//! A 2-D CPU contiguous weight for FP8 quantization (bf16, f16 or f32), as a view of its type.
+template <class F> auto with_fp8_weight(const at::Tensor& w, F&& f) {
+  if (!w.device().is_cpu())
+    raise(ids::device, fmt::format("fp8 quantization: the weight is on {}; pass a CPU tensor", w.device().str()));
+  if (w.dim() != 2) raise(ids::shape, fmt::format("fp8 quantization: the weight has {} dimensions, not 2", w.dim()));
+  const at::Tensor c = w.contiguous();
+  const auto rows = static_cast<rlpt::index_t>(c.size(0)), cols = static_cast<rlpt::index_t>(c.size(1));
+  switch (c.scalar_type()) {
+  case at::kBFloat16:
+    return f(rlpt::view2d<const rlpt::bf16>(static_cast<const rlpt::bf16*>(c.data_ptr()), rows, cols));
+  case at::kHalf:
+    return f(rlpt::view2d<const rlpt::f16>(static_cast<const rlpt::f16*>(c.data_ptr()), rows, cols));
+  case at::kFloat:
+    return f(rlpt::view2d<const float>(c.data_ptr<float>(), rows, cols));
+  default:
+    raise(ids::dtype, fmt::format("fp8 quantization: the weight has dtype {}; rlpt quantizes bfloat16, float16 "
+                                  "and float32 weights",
+                                  dtype_name(c.scalar_type())));
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> quantize_fp8(const at::Tensor& w, int64_t block) {
+  return guard([&] {
+    return with_fp8_weight(w, [&](auto wv) {
+      const fp8_block b{block};
+      at::Tensor q = at::empty({w.size(0), w.size(1)}, w.options().dtype(at::kFloat8_e4m3fn));
+      at::Tensor s =
+          at::empty({block > 0 ? fp8_scale_rows(wv.rows(), b) : 0, block > 0 ? fp8_scale_cols(wv.cols(), b) : 0},
+                    w.options().dtype(at::kFloat));
+      quantize_fp8_blockwise(wv,
+                             rlpt::view2d<std::uint8_t>(static_cast<std::uint8_t*>(q.data_ptr()), wv.rows(), wv.cols()),
+                             rlpt::view2d<float>(s.data_ptr<float>(), s.size(0), s.size(1)), b);
+      return std::make_tuple(q, s);
+    });
+  });
+}
+
+py::dict audit_fp8(const at::Tensor& w, const at::Tensor& q, const at::Tensor& scale_inv, int64_t block) {
+  const fp8_audit a = guard([&] {
+    if (q.scalar_type() != at::kFloat8_e4m3fn && q.scalar_type() != at::kByte)
+      raise(ids::dtype, fmt::format("fp8 audit: the codes have dtype {}; expected float8_e4m3fn or uint8",
+                                    dtype_name(q.scalar_type())));
+    if (scale_inv.scalar_type() != at::kFloat)
+      raise(ids::dtype,
+            fmt::format("fp8 audit: scale_inv has dtype {}; expected float32", dtype_name(scale_inv.scalar_type())));
+    if (q.dim() != 2 || scale_inv.dim() != 2 || !q.device().is_cpu() || !scale_inv.device().is_cpu())
+      raise(ids::shape, "fp8 audit: the codes and scale_inv must be 2-D CPU tensors");
+    const at::Tensor qc = q.contiguous(), sc = scale_inv.contiguous();
+    return with_fp8_weight(w, [&](auto wv) {
+      return audit_fp8_blockwise(
+          wv, rlpt::view2d<const std::uint8_t>(static_cast<const std::uint8_t*>(qc.data_ptr()), qc.size(0), qc.size(1)),
+          rlpt::view2d<const float>(sc.data_ptr<float>(), sc.size(0), sc.size(1)), fp8_block{block});
+    });
+  });
+  py::dict d;
+  d["ok"] = a.ok();
+  d["blocks"] = a.blocks;
+  d["bad_scales"] = a.bad_scales;
+  d["bad_codes"] = a.bad_codes;
+  d["first"] = a.first_row >= 0 ? py::object(py::make_tuple(a.first_row, a.first_col)) : py::none();
+  return d;
+}
+
 } // namespace
 
 void bind_sync(py::module_& m) {
+  m.def("quantize_fp8_blockwise", &quantize_fp8, py::arg("weight"), py::arg("block"));
+  m.def("audit_fp8_blockwise", &audit_fp8, py::arg("weight"), py::arg("q"), py::arg("scale_inv"), py::arg("block"));
   py::class_<link_security>(m, "LinkSecurity")
       .def(py::init([](py::bytes secret, std::string integrity, bool allow_unauthenticated) {
              return link_security{std::string(secret), std::move(integrity), allow_unauthenticated};
