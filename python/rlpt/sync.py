@@ -45,6 +45,46 @@ def _items(tensors):
     return [(str(k), v) for k, v in items]
 
 
+def capture_environment(variables=None, devices=None):
+    """What this process runs with, for a preflight (docs/sync.md, "Preflight"): rlpt's version, the
+    wire protocol, host, boot id, pid, ``variables`` (default: NCCL's parity set, NCCL_CUMEM_ENABLE
+    and the transport, protocol and buffer settings), the CUDA ``devices`` this end moves weights
+    with (indices, or torch.device; their UUIDs from torch) and torch's NCCL and CUDA versions.
+    A dict; ship it to the peer with encode_environment / decode_environment over your own channel
+    (an engine RPC), then compare_environments or require_parity."""
+    env = call(_C.capture_environment, None if variables is None else [str(v) for v in variables])
+    if devices:
+        for d in devices:
+            index = torch.device("cuda", d).index if isinstance(d, int) else torch.device(d).index
+            env["devices"].append(("GPU-" + str(torch.cuda.get_device_properties(index).uuid), int(index)))
+        if hasattr(torch.cuda, "nccl"):
+            env["nccl"] = ".".join(str(x) for x in torch.cuda.nccl.version())
+        env["cuda_runtime"] = torch.version.cuda or ""
+    return env
+
+
+def compare_environments(ours, theirs, rules="nccl"):
+    """The mismatches between two environments under ``rules``: "nccl" (versions, no GPU on both ends,
+    one NCCL version, the NCCL parity variables), "same_host" (versions, one machine) or "version".
+    A list of {"field", "ours", "theirs", "why"}."""
+    return call(_C.compare_environments, ours, theirs, str(rules))
+
+
+def require_parity(ours, theirs, rules="nccl", peer="the peer"):
+    """Raises rlpt.Error (rlpt.sync.preflight) listing every mismatch, naming ``peer``."""
+    call(_C.require_parity, ours, theirs, str(rules), str(peer))
+
+
+def encode_environment(env):
+    """An environment as bytes (rlpt's bounded, versioned wire form)."""
+    return call(_C.encode_environment, env)
+
+
+def decode_environment(data):
+    """The environment in ``data`` (rlpt.sync.wire for anything malformed)."""
+    return call(_C.decode_environment, bytes(data))
+
+
 def quantize_fp8_blockwise(weight, block_size=128):
     """Block-wise FP8 quantize-on-send, bit for bit verl's ``scaled_fp8_blockwise``: a 2-D CPU
     weight (bfloat16, float16 or float32; quantize the bf16 values the trainer exports, not the fp32

@@ -11,6 +11,7 @@
 
 #include <rlpt/sync/fp8.hpp>
 #include <rlpt/sync/planner.hpp>
+#include <rlpt/sync/preflight.hpp>
 #include <rlpt/sync/protocol.hpp>
 #include <rlpt/sync/shm.hpp>
 #include <rlpt/sync/tcp.hpp>
@@ -426,9 +427,97 @@ py::dict audit_fp8(const at::Tensor& w, const at::Tensor& q, const at::Tensor& s
   return d;
 }
 
+py::dict environment_dict(const environment& e) {
+  py::dict d;
+  d["rlpt_version"] = e.rlpt_version;
+  d["protocol"] = e.protocol;
+  d["host"] = e.host;
+  d["machine"] = e.machine;
+  d["pid"] = e.pid;
+  py::dict vars;
+  for (const auto& [k, v] : e.variables) vars[py::str(k)] = v ? py::object(py::str(*v)) : py::none();
+  d["variables"] = vars;
+  py::list devs;
+  for (const auto& x : e.devices) devs.append(py::make_tuple(x.uuid, x.index));
+  d["devices"] = devs;
+  d["nccl"] = e.nccl;
+  d["cuda_runtime"] = e.cuda_runtime;
+  return d;
+}
+
+environment environment_of(const py::dict& d) {
+  environment e;
+  const auto get = [&](const char* k) -> py::object {
+    if (!d.contains(k)) raise(ids::bad_option, fmt::format("environment: the dict has no \"{}\"", k));
+    return d[k];
+  };
+  e.rlpt_version = get("rlpt_version").cast<std::uint32_t>();
+  e.protocol = get("protocol").cast<std::uint16_t>();
+  e.host = get("host").cast<std::string>();
+  e.machine = get("machine").cast<std::string>();
+  e.pid = get("pid").cast<std::uint64_t>();
+  for (const auto& [k, v] : get("variables").cast<py::dict>())
+    e.variables.emplace_back(k.cast<std::string>(),
+                             v.is_none() ? std::nullopt : std::optional<std::string>(v.cast<std::string>()));
+  for (const auto& x : get("devices").cast<py::list>()) {
+    const auto t = x.cast<py::tuple>();
+    if (t.size() != 2) raise(ids::bad_option, "environment: each device is (uuid, index)");
+    e.devices.push_back({t[0].cast<std::string>(), t[1].cast<int>()});
+  }
+  e.nccl = get("nccl").cast<std::string>();
+  e.cuda_runtime = get("cuda_runtime").cast<std::string>();
+  return e;
+}
+
+preflight_rules rules_of(const std::string& r) {
+  if (r == "nccl") return preflight_rules::nccl();
+  if (r == "same_host") return preflight_rules::same_host();
+  if (r == "version") return preflight_rules{};
+  raise(ids::bad_option, fmt::format("preflight rules \"{}\" are not one of nccl, same_host, version", r));
+}
+
 } // namespace
 
 void bind_sync(py::module_& m) {
+  m.def("capture_environment", [](const std::optional<std::vector<std::string>>& variables) {
+    return guard([&] {
+      if (!variables) return environment_dict(capture_environment());
+      const std::vector<std::string_view> names(variables->begin(), variables->end());
+      return environment_dict(capture_environment(names));
+    });
+  });
+  m.def("compare_environments", [](const py::dict& ours, const py::dict& theirs, const std::string& rules) {
+    const auto found =
+        guard([&] { return compare_environments(environment_of(ours), environment_of(theirs), rules_of(rules)); });
+    py::list out;
+    for (const auto& f : found) {
+      py::dict d;
+      d["field"] = f.field;
+      d["ours"] = f.ours;
+      d["theirs"] = f.theirs;
+      d["why"] = f.why;
+      out.append(d);
+    }
+    return out;
+  });
+  m.def("require_parity",
+        [](const py::dict& ours, const py::dict& theirs, const std::string& rules, const std::string& peer) {
+          guard([&] {
+            require_parity(environment_of(ours), environment_of(theirs), rules_of(rules), peer);
+            return 0;
+          });
+        });
+  m.def("encode_environment", [](const py::dict& e) {
+    const auto b = guard([&] { return encode_environment(environment_of(e)); });
+    return py::bytes(reinterpret_cast<const char*>(b.data()), b.size());
+  });
+  m.def("decode_environment", [](const py::bytes& b) {
+    const std::string s = b;
+    return guard([&] {
+      return environment_dict(
+          decode_environment(std::span(reinterpret_cast<const std::byte*>(s.data()), s.size()), "python"));
+    });
+  });
   m.def("quantize_fp8_blockwise", &quantize_fp8, py::arg("weight"), py::arg("block"));
   m.def("audit_fp8_blockwise", &audit_fp8, py::arg("weight"), py::arg("q"), py::arg("scale_inv"), py::arg("block"));
   py::class_<link_security>(m, "LinkSecurity")

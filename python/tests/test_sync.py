@@ -236,3 +236,30 @@ def test_inference_worker_example():
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "worker: finished on version 3" in r.stdout
+
+
+def test_preflight_environments(monkeypatch):
+    monkeypatch.setenv("NCCL_CUMEM_ENABLE", "0")
+    ours = rlpt.sync.capture_environment()
+    assert ours["variables"]["NCCL_CUMEM_ENABLE"] == "0" and ours["pid"] == os.getpid()
+    assert len(ours["machine"]) == 36
+    theirs = rlpt.sync.decode_environment(rlpt.sync.encode_environment(ours))
+    assert theirs == ours
+    theirs["variables"]["NCCL_CUMEM_ENABLE"] = None  # the engine's workers run without it
+    theirs["devices"] = [("GPU-0a1b2c3d-0000-1111-2222-333344445555", 0)]
+    ours["devices"] = [("GPU-0a1b2c3d-0000-1111-2222-333344445555", 1)]
+    found = rlpt.sync.compare_environments(ours, theirs, "nccl")
+    assert [f["field"] for f in found] == ["device", "NCCL_CUMEM_ENABLE"]
+    assert found[1]["ours"] == "'0'" and found[1]["theirs"] == "unset"
+    assert rlpt.sync.compare_environments(ours, theirs, "version") == []
+    with pytest.raises(rlpt.Error) as e:
+        rlpt.sync.require_parity(ours, theirs, "nccl", peer="engine 0")
+    assert e.value.id == "rlpt.sync.preflight" and "on engine 0" in e.value.message
+    with pytest.raises(rlpt.Error) as e:
+        rlpt.sync.decode_environment(b"RLSF" + bytes(80))
+    assert e.value.id == "rlpt.sync.wire"
+    with pytest.raises(rlpt.Error) as e:
+        rlpt.sync.compare_environments(ours, theirs, "strict")
+    assert e.value.id == "rlpt.python.bad_option"
+    mine = rlpt.sync.capture_environment(["RLPT_TEST_UNSET_VARIABLE"])
+    assert mine["variables"] == {"RLPT_TEST_UNSET_VARIABLE": None}
