@@ -120,14 +120,12 @@ class GRPOTrainer(_TRLGRPOTrainer):
         group = self.num_generations if self.model.training else self.num_generations_eval
         rewards = (per_func * self.reward_weights.to(per_func.device).unsqueeze(0)).nansum(dim=1)
         rewards[torch.isnan(per_func).all(dim=1)] = torch.nan  # TRL's unscorable rows: not counted
-        grouped = rewards.view(-1, group)
-        counted = ~torch.isnan(grouped)
-        inf = torch.full_like(grouped, float("inf"))
-        hi = torch.where(counted, grouped, -inf).amax(dim=1)
-        lo = torch.where(counted, grouped, inf).amin(dim=1)
-        live = (counted.sum(dim=1) >= 2) & (hi != lo)
+        ids = torch.arange(rewards.numel() // group).repeat_interleave(group)
+        # rlpt's own rule (zero variance, or fewer than two counted rewards), the one the estimators use
+        _, _, live = rlpt.grpo_advantages(rewards.float().cpu(), ids, on_nonfinite="mask", single="zero",
+                                          return_nondegenerate=True)
         start = self.accelerator.process_index * local_rows
-        keep = live.repeat_interleave(group)[start:start + local_rows]
+        keep = live[start:start + local_rows].to(per_func.device)
         output["rlpt_in_denominator"] = keep
         loss_mask = output["completion_mask"]
         if output.get("tool_mask") is not None:

@@ -72,6 +72,9 @@ TEST_CASE("preflight: the wire form round-trips and refuses every truncation, ex
     CAPTURE(n);
     RLPT_CHECK_ERROR(rs::decode_environment(std::span(bytes).first(n), "link x"), "rlpt.sync.wire", "link x");
   }
+  auto long_host = e;
+  long_host.host.assign(5000, 'h');
+  RLPT_CHECK_ERROR((void)rs::encode_environment(long_host), "rlpt.sync.preflight", "host is 5000 bytes long");
   auto longer = bytes;
   longer.push_back(std::byte{0});
   RLPT_CHECK_ERROR(rs::decode_environment(longer, "x"), "rlpt.sync.wire", "1 bytes after its last field");

@@ -144,7 +144,10 @@ public:
     out_.resize(at + sizeof(T));
     std::memcpy(out_.data() + at, &v, sizeof(T));
   }
-  void put(std::string_view s) {
+  //! A length-prefixed string, within the limit the decoder holds the peer to.
+  void text(std::string_view field, std::string_view s) {
+    RLPT_CHECK(s.size() <= preflight_max_string, errors::sync::preflight,
+               "this end's preflight {} is {} bytes long, over the limit of {}", field, s.size(), preflight_max_string);
     put(static_cast<std::uint32_t>(s.size()));
     const auto at = out_.size();
     out_.resize(at + s.size());
@@ -305,26 +308,23 @@ RLPT_INLINE std::vector<std::byte> encode_environment(const environment& e) {
   w.put(detail::preflight_format);
   w.put(e.rlpt_version);
   w.put(e.protocol);
-  w.put(std::string_view(e.host));
-  w.put(std::string_view(e.machine));
+  w.text("host", e.host);
+  w.text("machine", e.machine);
   w.put(e.pid);
   w.put(static_cast<std::uint32_t>(e.variables.size()));
   for (const auto& [name, value] : e.variables) {
-    w.put(std::string_view(name));
+    w.text("variable name", name);
     w.put(static_cast<std::uint8_t>(value ? 1 : 0));
-    if (value) w.put(std::string_view(*value));
+    if (value) w.text(name, *value);
   }
   w.put(static_cast<std::uint32_t>(e.devices.size()));
   for (const auto& d : e.devices) {
-    w.put(std::string_view(d.uuid));
+    w.text("device uuid", d.uuid);
     w.put(static_cast<std::int32_t>(d.index));
   }
-  w.put(std::string_view(e.nccl));
-  w.put(std::string_view(e.cuda_runtime));
-  auto bytes = w.take();
-  // Every string was written whole: the decoder's limits apply to what this end sends too.
-  (void)decode_environment(bytes, "this end's own environment");
-  return bytes;
+  w.text("nccl", e.nccl);
+  w.text("cuda_runtime", e.cuda_runtime);
+  return w.take();
 }
 
 RLPT_INLINE environment decode_environment(std::span<const std::byte> bytes, std::string_view where) {
