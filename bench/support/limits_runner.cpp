@@ -112,7 +112,7 @@ template <int NB, class T> RLPT_LOGPROB_HOST_INLINE float expsum_row_body(const 
 #endif
 
 template <class T>
-__attribute__((RLPT_NO_CONTRACT_ATTR, RLPT_BENCH_LOADS)) float expsum_row_generic(const T* x, rlpt::index_t n) {
+__attribute__((RLPT_HOST_LOOP_ATTR, RLPT_BENCH_LOADS)) float expsum_row_generic(const T* x, rlpt::index_t n) {
   return expsum_row_body<simd::baseline_bytes>(x, n);
 }
 #if RLPT_LOGPROB_X86_DISPATCH()

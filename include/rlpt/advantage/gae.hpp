@@ -63,9 +63,9 @@ namespace detail {
 //! 0 at masked ones, the sequence's whitening sums of the written advantages (whiten_sums), and
 //! ok[b] = 0 when a valid output (or the bootstrap) is not finite (a NaN/inf input).
 template <mask_mode Mode, bool HasValues, bool HasMask>
-void recurrence_rows(const token_layout& layout, const float* r, const float* v, const mask_t* m, const float* boot,
-                     double gamma, double gamma_lambda, float* adv, float* ret, index_t b0, index_t b1,
-                     whiten_sums* sums, mask_t* ok) {
+RLPT_HOST_LOOP void recurrence_rows(const token_layout& layout, const float* r, const float* v, const mask_t* m,
+                                    const float* boot, double gamma, double gamma_lambda, float* adv, float* ret,
+                                    index_t b0, index_t b1, whiten_sums* sums, mask_t* ok) {
   const auto boot_of = [&](index_t b) { return boot ? static_cast<double>(boot[b]) : 0.0; };
   using pass = lanes::sequence_pass<Mode, HasValues, HasMask>;
   const auto begin = [&](index_t b) {

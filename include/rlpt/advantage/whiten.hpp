@@ -131,8 +131,8 @@ RLPT_ADVANTAGE_INLINE index_t whiten_span_body(const float* x, const mask_t* m, 
 // Xeon, as long as the recurrence before it). AVX2 without FMA does the same operations four
 // doubles at a time: the same bits.
 template <bool HasMask>
-__attribute__((target("avx2"))) index_t whiten_span_avx2(const float* x, const mask_t* m, float* y, index_t n,
-                                                         const whiten_transform& tr) {
+__attribute__((target("avx2"), RLPT_HOST_LOOP_ATTR)) index_t whiten_span_avx2(const float* x, const mask_t* m, float* y,
+                                                                              index_t n, const whiten_transform& tr) {
   return whiten_span_body<HasMask>(x, m, y, n, tr);
 }
 #endif

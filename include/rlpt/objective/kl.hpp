@@ -150,13 +150,13 @@ RLPT_HD_FORCEINLINE kl_token<R> kl_value_t(const kl_penalty& k, R x, R xo) {
 //! Calls f.template operator()<E, G, IC>() for the KL configuration k (a runtime-to-compile-time
 //! dispatch, done once per chunk on the host and once per thread on the device).
 template <class F> RLPT_HD_FORCEINLINE void dispatch_kl(const kl_penalty& k, F&& f) {
-  auto with_ic = [&](auto e, auto g) {
+  auto with_ic = [&](auto e, auto g) RLPT_INLINE_LAMBDA {
     if (k.importance_corrected)
       f.template operator()<decltype(e)::value, decltype(g)::value, true>();
     else
       f.template operator()<decltype(e)::value, decltype(g)::value, false>();
   };
-  auto with_g = [&](auto e) {
+  auto with_g = [&](auto e) RLPT_INLINE_LAMBDA {
     switch (k.gradient) {
     case kl_gradient::natural:
       with_ic(e, std::integral_constant<kl_gradient, kl_gradient::natural>{});
@@ -188,7 +188,8 @@ template <class F> RLPT_HD_FORCEINLINE void dispatch_kl(const kl_penalty& k, F&&
 //! KL term of one token, configuration read at run time.
 template <class R> RLPT_HD_FORCEINLINE kl_token<R> kl_value(const kl_penalty& k, R x, R xo) {
   kl_token<R> out{R(0), R(0)};
-  dispatch_kl(k, [&]<kl_estimator E, kl_gradient G, bool IC>() { out = kl_value_t<E, G, IC>(k, x, xo); });
+  dispatch_kl(k, [&]<kl_estimator E, kl_gradient G, bool IC>()
+                     RLPT_INLINE_LAMBDA { out = kl_value_t<E, G, IC>(k, x, xo); });
   return out;
 }
 

@@ -27,7 +27,7 @@
 
 #if RLPT_ISA_DISPATCH()
 #define RLPT_LOGPROB_X86_DISPATCH() 1
-#define RLPT_LOGPROB_AVX2 __attribute__((target("avx2,fma"), RLPT_NO_CONTRACT_ATTR))
+#define RLPT_LOGPROB_AVX2 __attribute__((target("avx2,fma"), RLPT_HOST_LOOP_ATTR))
 #else
 #define RLPT_LOGPROB_X86_DISPATCH() 0
 #endif
@@ -35,7 +35,7 @@
 // AVX-512 keeps one 16-lane pack in one register.
 #if RLPT_LOGPROB_X86_DISPATCH()
 #define RLPT_LOGPROB_AVX512_CLONE() 1
-#define RLPT_LOGPROB_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq"), RLPT_NO_CONTRACT_ATTR))
+#define RLPT_LOGPROB_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq"), RLPT_HOST_LOOP_ATTR))
 #else
 #define RLPT_LOGPROB_AVX512_CLONE() 0
 #endif
@@ -220,7 +220,7 @@ RLPT_LOGPROB_HOST_INLINE void row_backward_body(const T* x, G* dx, index_t n, fl
     row_backward_body<NB, T, G, Tr>(x, dx, n, t, lse, h, glp, gh, thr, tie, target);                                   \
   }
 
-RLPT_LOGPROB_ROW_ENTRIES(generic, simd::baseline_bytes, __attribute__((RLPT_NO_CONTRACT_ATTR)))
+RLPT_LOGPROB_ROW_ENTRIES(generic, simd::baseline_bytes, __attribute__((RLPT_HOST_LOOP_ATTR)))
 #if RLPT_LOGPROB_X86_DISPATCH()
 RLPT_LOGPROB_ROW_ENTRIES(avx2, 32, RLPT_LOGPROB_AVX2)
 #endif

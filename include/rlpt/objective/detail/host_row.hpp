@@ -40,7 +40,7 @@ template <class T> using host_chunk_data = token_chunk<T, host_chunk>;
 // AVX2+FMA clone roughly halves its time; it is chosen at run time when the CPU has both. Every
 // clone gives the bits of the default build: the exp's multiply-adds are explicit std::fma calls
 // (an FMA instruction in the clones, fmaf in the default build), and no other a * b + c is
-// contracted (GCC: optimize("fp-contract=off") on every stage, RLPT_NO_CONTRACT_ATTR; clang:
+// contracted (GCC: optimize("fp-contract=off") on every stage, RLPT_HOST_LOOP_ATTR; clang:
 // RLPT_NO_CONTRACT_BEGIN around the objective's headers).
 #if RLPT_ISA_DISPATCH() && !defined(__AVX2__)
 #define RLPT_OBJECTIVE_AVX2_CLONE() 1
@@ -109,11 +109,11 @@ using host_count = std::int64_t;
 
 //! The chunk stages for the default instruction set.
 template <class T> struct host_stages_default {
-  RLPT_OBJECTIVE_HOST_STAGES(RLPT_OBJECTIVE_STAGE_NOINLINE __attribute__((RLPT_NO_CONTRACT_ATTR)), false)
+  RLPT_OBJECTIVE_HOST_STAGES(RLPT_OBJECTIVE_STAGE_NOINLINE __attribute__((RLPT_HOST_LOOP_ATTR)), false)
 };
 
 #if RLPT_OBJECTIVE_AVX2_CLONE()
-#define RLPT_OBJECTIVE_AVX2_ATTR target("avx2,fma"), RLPT_NO_CONTRACT_ATTR
+#define RLPT_OBJECTIVE_AVX2_ATTR target("avx2,fma"), RLPT_HOST_LOOP_ATTR
 //! The chunk stages compiled for AVX2 + FMA (chosen at run time).
 template <class T> struct host_stages_avx2 {
   RLPT_OBJECTIVE_HOST_STAGES(__attribute__((noinline, RLPT_OBJECTIVE_AVX2_ATTR)), false)
@@ -122,7 +122,7 @@ template <class T> struct host_stages_avx2 {
 
 #if RLPT_OBJECTIVE_AVX512_CLONE()
 #define RLPT_OBJECTIVE_AVX512_ATTR                                                                                     \
-  target("avx512f,avx512vl,avx512bw,avx512dq,prefer-vector-width=512"), RLPT_NO_CONTRACT_ATTR
+  target("avx512f,avx512vl,avx512bw,avx512dq,prefer-vector-width=512"), RLPT_HOST_LOOP_ATTR
 //! The chunk stages compiled for AVX-512 (chosen at run time).
 template <class T> struct host_stages_avx512 {
   RLPT_OBJECTIVE_HOST_STAGES(__attribute__((noinline, RLPT_OBJECTIVE_AVX512_ATTR)), true)
@@ -184,7 +184,8 @@ row_stats host_row_stats_with(const objective_plan& p, const basic_objective_inp
                               host_chunk_data<T>& c) {
   row_stats st;
   for_valid_chunks(
-      in, b, [&](index_t i0, int n) { st = row_stats_pass<S>(p, in, b, i0, n, c, st); }, [](index_t, int) {});
+      in, b, [&](index_t i0, int n) RLPT_INLINE_LAMBDA { st = row_stats_pass<S>(p, in, b, i0, n, c, st); },
+      [](index_t, int) RLPT_INLINE_LAMBDA {});
   return st;
 }
 
@@ -220,17 +221,19 @@ RLPT_OBJECTIVE_HOST_INLINE objective_sums host_row_body(const objective_plan& p,
     inl.resize(static_cast<std::size_t>(in.layout.length(b)));
   for_valid_chunks(
       in, b,
-      [&](index_t i0, int n) {
+      [&](index_t i0, int n) RLPT_INLINE_LAMBDA {
         a = token_pass<S>(p, k, in, gr, b, i0, n, c, a);
         if (coupled) std::memcpy(inl.data() + (i0 - base), c.inl, static_cast<std::size_t>(n));
       },
-      [&](index_t i0, int n) { zero_grads(gr, i0, n); });
+      [&](index_t i0, int n) RLPT_INLINE_LAMBDA { zero_grads(gr, i0, n); });
   const double num = coupled && a.in_loss > 0 ? coupling_numerator(p, rc, a.dcoef, a.kl) : 0.0;
   if (num != 0.0) {
     const T scale = static_cast<T>(sequence_coupling(rc, num));
     for_valid_chunks(
-        in, b, [&](index_t i0, int n) { coupling_chunk(scale, n, inl.data() + (i0 - base), gr.logp.data() + i0); },
-        [](index_t, int) {});
+        in, b,
+        [&](index_t i0, int n)
+            RLPT_INLINE_LAMBDA { coupling_chunk(scale, n, inl.data() + (i0 - base), gr.logp.data() + i0); },
+        [](index_t, int) RLPT_INLINE_LAMBDA {});
   }
   return row_sums(p, rc, a, /*head=*/true);
 }
@@ -248,7 +251,7 @@ RLPT_OBJECTIVE_HOST_INLINE objective_sums host_rows_body(const objective_plan& p
 }
 
 template <class T>
-__attribute__((RLPT_NO_CONTRACT_ATTR)) objective_sums
+__attribute__((RLPT_HOST_LOOP_ATTR)) objective_sums
 host_rows_default(const objective_plan& p, const basic_objective_inputs<T>& in, const basic_objective_grads<T>& gr,
                   index_t b0, index_t b1) {
   return host_rows_body<T, host_stages_default<T>>(p, in, gr, b0, b1);

@@ -344,7 +344,7 @@ RLPT_HD_FORCEINLINE bool mask_valid(const basic_objective_inputs<T, M>& in, inde
 template <class T, memory_space M, int N>
 RLPT_HD_FORCEINLINE void zero_absent(const objective_plan& p, const basic_objective_inputs<T, M>& in,
                                      token_chunk<T, N>& c) {
-  auto zero = [](T(&dst)[N]) {
+  auto zero = [](T(&dst)[N]) RLPT_INLINE_LAMBDA {
     for (int j = 0; j < N; ++j) dst[j] = T(0);
   };
   if (in.logp.size() == 0) zero(c.lp);
@@ -377,7 +377,7 @@ RLPT_HD_FORCEINLINE int load_chunk(const objective_plan& p, const basic_objectiv
   bits_t seen = 0;
   const T* copies[9] = {};
   int ncopies = 0;
-  auto fill = [&](T(&dst)[N], const view<const T, M>& src, bool present) {
+  auto fill = [&](T(&dst)[N], const view<const T, M>& src, bool present) RLPT_INLINE_LAMBDA {
     if (!present) return;
     const T* s = src.data() + i0;
     if constexpr (N == 1) {
@@ -551,23 +551,28 @@ RLPT_HD_FORCEINLINE void stats_chunk(const objective_plan& p, int n, token_chunk
       if (r.level == rs_level::token) continue;
       // add() copies the values at once, so the next criterion may overwrite c.pv.
       for (int j = 0; j < n; ++j) c.pv[j] = rs_token_stat(r.stat, c.tmp[j], num[j], c.behav[j]);
-      sums.add(st.rs_sum[i], [&](int j) { return sel(c.valid[j] != 0, c.pv[j], T(0)); });
+      sums.add(st.rs_sum[i], [&](int j) RLPT_INLINE_LAMBDA { return sel(c.valid[j] != 0, c.pv[j], T(0)); });
       const double m = lane_max(c.pv, c.valid, n);
       st.rs_max[i] = m > st.rs_max[i] ? m : st.rs_max[i];
     }
   }
   if (p.use_is && p.is_seq) {
     const T* num = ratio_numerator_of(p, c);
-    sums.add(st.sum_lr, [&](int j) { return sel(c.valid[j] != 0, num[j] - c.behav[j], T(0)); });
+    sums.add(st.sum_lr, [&](int j) RLPT_INLINE_LAMBDA { return sel(c.valid[j] != 0, num[j] - c.behav[j], T(0)); });
   }
-  if (p.w_norm_local && !p.is_seq) sums.add(st.sum_w, [&](int j) { return sel(c.valid[j] != 0, c.w[j], T(0)); });
-  if (p.seq_ratio) sums.add(st.sum_x, [&](int j) { return sel(c.inl[j] != 0, c.lp[j] - c.old[j], T(0)); });
-  if (p.mean_advantage) sums.add(st.sum_adv, [&](int j) { return sel(c.inl[j] != 0, c.adv[j], T(0)); });
+  if (p.w_norm_local && !p.is_seq)
+    sums.add(st.sum_w, [&](int j) RLPT_INLINE_LAMBDA { return sel(c.valid[j] != 0, c.w[j], T(0)); });
+  if (p.seq_ratio)
+    sums.add(st.sum_x, [&](int j) RLPT_INLINE_LAMBDA { return sel(c.inl[j] != 0, c.lp[j] - c.old[j], T(0)); });
+  if (p.mean_advantage)
+    sums.add(st.sum_adv, [&](int j) RLPT_INLINE_LAMBDA { return sel(c.inl[j] != 0, c.adv[j], T(0)); });
   if (p.policy == policy_kind::vespo)
-    sums.add(st.sum_xc, [&](int j) { return sel(c.inl[j] != 0, clamp_r(c.lp[j] - c.old[j], T(-20), T(20)), T(0)); });
+    sums.add(st.sum_xc, [&](int j) RLPT_INLINE_LAMBDA {
+      return sel(c.inl[j] != 0, clamp_r(c.lp[j] - c.old[j], T(-20), T(20)), T(0));
+    });
   if (p.fold_w) { // TRL: log of the vLLM ratio, 0 (w = 0, a masked-out ratio) to log 1e-8
     for (int j = 0; j < n; ++j) c.pv[j] = clamp_r(log_r(c.w[j]), T(-18.420680743952367), T(20));
-    sums.add(st.sum_logw, [&](int j) { return sel(c.valid[j] != 0, c.pv[j], T(0)); });
+    sums.add(st.sum_logw, [&](int j) RLPT_INLINE_LAMBDA { return sel(c.valid[j] != 0, c.pv[j], T(0)); });
   }
   if (p.policy == policy_kind::gmpo) {
     const gmpo o = p.gm;
@@ -577,8 +582,8 @@ RLPT_HD_FORCEINLINE void stats_chunk(const objective_plan& p, int n, token_chunk
       gmpo_token(o, c.lp[j] - c.old[j], c.adv[j], xs, dxs, f);
       c.pv[j] = sel(c.inl[j] != 0, xs, T(0));
     }
-    sums.add(st.sum_xs, [&](int j) { return c.pv[j]; });
-    sums.add(st.sum_adv, [&](int j) { return sel(c.inl[j] != 0, c.adv[j], T(0)); });
+    sums.add(st.sum_xs, [&](int j) RLPT_INLINE_LAMBDA { return c.pv[j]; });
+    sums.add(st.sum_adv, [&](int j) RLPT_INLINE_LAMBDA { return sel(c.inl[j] != 0, c.adv[j], T(0)); });
     if (p.use_is && !p.is_seq)
       for (int j = 0; j < n; ++j) // one fp64 chain in token order; GMPO with token weights is rare
         if (c.inl[j]) st.sum_logw += static_cast<double>(log_r(c.w[j] + T(1e-10)));
@@ -732,7 +737,7 @@ template <class T, int N> RLPT_HD_FORCEINLINE void kl_chunk(const objective_plan
   if (!p.has_old)
     for (int j = 0; j < n; ++j) c.tmp[j] = T(0); // x = logp - old is 0 without old_logp
   const kl_penalty k = p.kl;                     // a local: see policy_chunk
-  auto estimate = [&](auto e) {
+  auto estimate = [&](auto e) RLPT_INLINE_LAMBDA {
     for (int j = 0; j < n; ++j) {
       const kl_token<T> q = kl_estimate<decltype(e)::value>(k, c.lp[j] - c.ref[j]);
       c.kv[j] = q.value, c.kg[j] = q.grad;
@@ -817,17 +822,19 @@ RLPT_HD_FORCEINLINE void combine_chunk(const objective_plan& p, const token_cons
   }
   // Term sums over the tokens in the loss.
   chunk_sums<T, N, V, Wide> sums(c, n);
-  sums.add(a.policy, [&](int j) { return sel(c.inl[j] != 0, sel(folded, T(1), c.w[j]) * c.pv[j], T(0)); });
-  if (seq_form) sums.add(a.dcoef, [&](int j) { return sel(c.inl[j] != 0, c.w[j] * c.pg[j], T(0)); });
-  if (kl) sums.add(a.kl, [&](int j) { return sel(c.inl[j] != 0, c.kv[j], T(0)); });
-  if (p.has_entropy) sums.add(a.entropy, [&](int j) { return sel(c.inl[j] != 0, c.ent[j], T(0)); });
+  sums.add(a.policy,
+           [&](int j) RLPT_INLINE_LAMBDA { return sel(c.inl[j] != 0, sel(folded, T(1), c.w[j]) * c.pv[j], T(0)); });
+  if (seq_form) sums.add(a.dcoef, [&](int j) RLPT_INLINE_LAMBDA { return sel(c.inl[j] != 0, c.w[j] * c.pg[j], T(0)); });
+  if (kl) sums.add(a.kl, [&](int j) RLPT_INLINE_LAMBDA { return sel(c.inl[j] != 0, c.kv[j], T(0)); });
+  if (p.has_entropy) sums.add(a.entropy, [&](int j) RLPT_INLINE_LAMBDA { return sel(c.inl[j] != 0, c.ent[j], T(0)); });
   if (p.use_value) {
-    sums.add(a.value, [&](int j) { return sel(c.inl[j] != 0, c.vv[j], T(0)); });
+    sums.add(a.value, [&](int j) RLPT_INLINE_LAMBDA { return sel(c.inl[j] != 0, c.vv[j], T(0)); });
     for (int j = 0; j < n; ++j) c.vclip[j] = c.inl[j] & c.vclip[j];
     a.vclip += static_cast<Count>(count(c.vclip, n));
   }
-  if (p.has_old) sums.add(a.approx_kl, [&](int j) { return sel(c.inl[j] != 0, c.old[j] - c.lp[j], T(0)); });
-  if (p.use_is) sums.add(a.w_sum, [&](int j) { return sel(c.valid[j] != 0, c.w[j], T(0)); });
+  if (p.has_old)
+    sums.add(a.approx_kl, [&](int j) RLPT_INLINE_LAMBDA { return sel(c.inl[j] != 0, c.old[j] - c.lp[j], T(0)); });
+  if (p.use_is) sums.add(a.w_sum, [&](int j) RLPT_INLINE_LAMBDA { return sel(c.valid[j] != 0, c.w[j], T(0)); });
   sums.finish();
   std::int32_t low = 0, high = 0, dual = 0, clamped = 0;
   for (int j = 0; j < n; ++j) {

@@ -1,0 +1,61 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Rank balancing and micro-batch plans (rlpt/rollout/balance.hpp, packing.hpp) from Python.
+
+Lists or 1-D CPU tensors in, lists of item indices out (ascending within each part)."""
+import torch
+
+from . import _C
+from ._errors import Error, call
+
+
+def _vector(x, what, integer):
+    """x as a 1-D CPU tensor: integers (int64) for lengths, float64 for weights."""
+    t = x.detach() if isinstance(x, torch.Tensor) else torch.as_tensor(x, dtype=None if integer else torch.float64)
+    if t.dim() != 1:
+        raise Error("rlpt.python.shape", f"{what} must be 1-D, got shape {list(t.shape)}")
+    if integer and (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool):
+        raise Error("rlpt.python.dtype", f"{what} must hold integers (token counts), got {t.dtype}")
+    return t.cpu()
+
+
+def _cost(cost):
+    if cost is None:
+        return None
+    linear, quadratic = cost
+    return float(linear), float(quadratic)
+
+
+def balance_partitions(weights, parts, *, equal_count=True, algorithm="best", refine=True, return_loads=False):
+    """Partitions items with non-negative costs into `parts` parts with a small max load
+    (rlpt::partition_weights). algorithm: "karmarkar_karp" (verl's), "lpt" (AReaL's) or "best"
+    (both, the smaller max load kept, then refined). With equal_count, part sizes differ by at most
+    one. Returns [[item, ...] per part] (and the loads with return_loads)."""
+    w = _vector(weights, "weights", integer=False)
+    items, loads = call(_C.partition_weights, w, int(parts), str(algorithm), bool(equal_count), bool(refine))
+    return (items, loads) if return_loads else items
+
+
+def balance(lengths, ranks, *, preset="rlpt", algorithm=None, equal_count=None, refine=None, cost=None,
+            return_loads=False):
+    """Balances sequences of the given lengths (token counts) across `ranks` data-parallel ranks
+    (rlpt::balance). preset: "rlpt" (best, refined, verl's workload 24576 L + L^2), "verl"
+    (_balance_batch), "areal", "slime" or "trl"; algorithm / equal_count / refine / cost =
+    (linear, quadratic) override the preset's. Returns [[sequence, ...] per rank]."""
+    lengths = _vector(lengths, "lengths", integer=True)
+    items, loads = call(_C.balance, lengths, int(ranks), str(preset), algorithm,
+                        None if equal_count is None else bool(equal_count), None if refine is None else bool(refine),
+                        _cost(cost))
+    return (items, loads) if return_loads else items
+
+
+def plan_microbatches(lengths, token_budget, *, preset="rlpt", algorithm=None, min_microbatches=None, divisor=None,
+                      small_at_ends=None, cost=None):
+    """Cuts one rank's sequences into micro-batches of at most `token_budget` tokens
+    (rlpt::plan_microbatches). preset: "rlpt", "verl" (rearrange_micro_batches), "areal" or
+    "slime"; the keywords override the preset's. Returns {"microbatches": [[sequence, ...], ...],
+    "tokens": [...], "oversize": n, "empty": n, "fell_back": bool}."""
+    lengths = _vector(lengths, "lengths", integer=True)
+    return call(_C.plan_microbatches, lengths, int(token_budget), str(preset), algorithm,
+                None if min_microbatches is None else int(min_microbatches),
+                None if divisor is None else int(divisor), None if small_at_ends is None else bool(small_at_ends),
+                _cost(cost))
