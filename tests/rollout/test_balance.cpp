@@ -171,16 +171,38 @@ TEST_CASE("cost models and groups kept whole") {
   CHECK(std::count(owner.begin(), owner.end(), -1) == 0);
 }
 
-TEST_CASE("order_small_at_ends puts the cheap items first and last") {
-  std::vector<index_t> items{0, 1, 2, 3, 4, 5};
+TEST_CASE("order_small_at_ends puts the cheap items first and last, in either of verl's orders") {
   const std::vector<double> cost{6, 1, 5, 2, 4, 3};
+  std::vector<index_t> items{0, 1, 2, 3, 4, 5};
   order_small_at_ends(items, cost);
-  // ascending by cost: 1 3 5 4 2 0; evens 1 5 2, then odds reversed 0 4 3.
+  // verl _balance_batch: ascending by cost 1 3 5 4 2 0; evens 1 5 2, then odds reversed 0 4 3.
   CHECK(items == std::vector<index_t>{1, 5, 2, 0, 4, 3});
-  std::vector<index_t> odd{0, 1, 2};
+  std::vector<index_t> mbs{0, 1, 2, 3, 4, 5};
+  order_small_at_ends(mbs, cost, ends_order::microbatches);
+  // verl rearrange_micro_batches: descending 0 2 4 5 3 1; the even positions reversed (3 4 0),
+  // then the odd ones (2 5 1): an even count comes out reversed against the rank order.
+  CHECK(mbs == std::vector<index_t>{3, 4, 0, 2, 5, 1});
   const std::vector<double> odd_cost{3, 2, 1};
-  order_small_at_ends(odd, odd_cost);
-  CHECK(odd == std::vector<index_t>{2, 0, 1});
+  for (const ends_order how : {ends_order::rank, ends_order::microbatches}) {
+    std::vector<index_t> odd{0, 1, 2};
+    order_small_at_ends(odd, odd_cost, how);
+    CHECK(odd == std::vector<index_t>{2, 0, 1}); // an odd count: both orders agree
+  }
+  // Equal costs: descending by the tie key (verl: the micro-batch's first sequence), and equal
+  // keys (empty micro-batches, key 0) keep their order.
+  std::vector<index_t> tied{0, 1, 2, 3, 4};
+  const std::vector<double> tied_cost{1, 1, 1, 0, 0};
+  const std::vector<index_t> first{7, 2, 9, 0, 0};
+  order_small_at_ends(tied, tied_cost, ends_order::microbatches, first);
+  // descending: 2 (9) 0 (7) 1 (2) 3 4; evens 2 1 4 reversed, then odds 0 3.
+  CHECK(tied == std::vector<index_t>{4, 1, 2, 0, 3});
+  const std::vector<index_t> short_ties{1};
+  RLPT_CHECK_ERROR(order_small_at_ends(tied, tied_cost, ends_order::microbatches, short_ties), "rlpt.rollout.bad_items",
+                   "1 tie keys for 5");
+  RLPT_CHECK_ERROR(order_small_at_ends(tied, tied_cost, ends_order::rank, first), "rlpt.rollout.bad_items",
+                   "5 tie keys for 5");
+  RLPT_CHECK_ERROR(order_small_at_ends(tied, tied_cost, static_cast<ends_order>(7)), "rlpt.rollout.bad_option",
+                   "ends_order code 7");
 }
 
 TEST_CASE("balancing errors name the offending value") {

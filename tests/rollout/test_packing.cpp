@@ -207,7 +207,7 @@ TEST_CASE("plan_step: balanced ranks, equal micro-batch counts, global denominat
   RLPT_CHECK_ERROR(plan_step(len, {.ranks = 1}, one), "rlpt.view.size_mismatch", "loss_tokens");
 }
 
-TEST_CASE("golden: never more micro-batches than verl rearrange_micro_batches, cap respected") {
+TEST_CASE("golden: the verl preset is verl rearrange_micro_batches, micro-batch for micro-batch and in its order") {
   const test::golden_file f(test::golden_path("rollout", "microbatch.bin"));
   const auto cases = f.get<index_t>("cases")[0];
   for (index_t c = 0; c < cases; ++c) {
@@ -225,6 +225,11 @@ TEST_CASE("golden: never more micro-batches than verl rearrange_micro_batches, c
     CHECK(plan.num_microbatches() <= verl_count);
     CHECK(plan.max_tokens() <= budget);
     CHECK(*std::max_element(verl_tokens.begin(), verl_tokens.end()) <= budget); // verl 0.9.1 verifies its cap too
+    // The same micro-batches in verl's order (cheap ones at both ends, use_dynamic_bsz_balance).
+    std::vector<index_t> owner(len.size(), -1);
+    for (index_t m = 0; m < plan.num_microbatches(); ++m)
+      for (const index_t i : plan.microbatch(m)) owner[static_cast<std::size_t>(i)] = m;
+    CHECK(std::equal(owner.begin(), owner.end(), assign.begin(), assign.end()));
   }
 }
 

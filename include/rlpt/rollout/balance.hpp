@@ -572,10 +572,23 @@ inline void check_weights(view<const double> w, index_t parts) {
 //! indices (ascending per rank); loads are the costs of their sequences.
 [[nodiscard]] partition balance_groups(view<const index_t> lengths, const groups& g, const balance_options& o = {});
 
-//! Orders items so the cheap ones sit at both ends (pipeline warm-up and drain), as verl does
-//! within a rank: ascending by (cost, index), then the even positions followed by the odd
-//! positions reversed.
-void order_small_at_ends(std::span<index_t> items, view<const double> costs);
+//! verl's two orders that put the cheap items at both ends (pipeline warm-up and drain).
+enum class ends_order : std::uint8_t {
+  //! _balance_batch's order of the sequences within a rank: ascending by (cost, item), the even
+  //! positions, then the odd positions reversed.
+  rank,
+  //! rearrange_micro_batches' order of a rank's micro-batches (use_dynamic_bsz_balance):
+  //! descending by (cost, tie key), equal keys in their given order, the even positions reversed,
+  //! then the odd positions. For an odd count the two orders agree; for an even one they are
+  //! each other's reverse.
+  microbatches,
+};
+
+//! Orders items so the cheap ones sit at both ends, in one of verl's orders. `ties` (microbatches
+//! only) holds one tie key per cost (verl: a micro-batch's first sequence, 0 when it is empty);
+//! without it the item itself.
+void order_small_at_ends(std::span<index_t> items, view<const double> costs, ends_order how = ends_order::rank,
+                         view<const index_t> ties = {});
 
 RLPT_NAMESPACE_END
 
@@ -945,17 +958,32 @@ RLPT_INLINE partition balance_groups(view<const index_t> lengths, const groups& 
   return out;
 }
 
-RLPT_INLINE void order_small_at_ends(std::span<index_t> items, view<const double> costs) {
+RLPT_INLINE void order_small_at_ends(std::span<index_t> items, view<const double> costs, ends_order how,
+                                     view<const index_t> ties) {
   for (std::size_t k = 0; k < items.size(); ++k)
     RLPT_CHECK(items[k] >= 0 && items[k] < costs.size(), errors::rollout::bad_items,
                "items[{}] = {} is outside the {} costs", k, items[k], costs.size());
+  RLPT_CHECK(how == ends_order::rank || how == ends_order::microbatches, errors::rollout::bad_option,
+             "ends_order code {} is not an ends_order", static_cast<int>(how));
+  RLPT_CHECK(ties.empty() || (how == ends_order::microbatches && ties.size() == costs.size()),
+             errors::rollout::bad_items, "{} tie keys for {} costs: the microbatches order takes one per cost, or none",
+             ties.size(), costs.size());
   std::vector<index_t> s(items.begin(), items.end());
-  std::sort(s.begin(), s.end(),
-            [&](index_t a, index_t b) { return costs[a] != costs[b] ? costs[a] < costs[b] : a < b; });
   std::size_t at = 0;
-  for (std::size_t i = 0; i < s.size(); i += 2) items[at++] = s[i];
-  std::size_t last_odd = s.size() % 2 == 0 ? s.size() : s.size() - 1; // one past the last odd position
-  for (std::size_t i = last_odd; i >= 2; i -= 2) items[at++] = s[i - 1];
+  if (how == ends_order::rank) {
+    std::sort(s.begin(), s.end(),
+              [&](index_t a, index_t b) { return costs[a] != costs[b] ? costs[a] < costs[b] : a < b; });
+    for (std::size_t i = 0; i < s.size(); i += 2) items[at++] = s[i];
+    const std::size_t last_odd = s.size() % 2 == 0 ? s.size() : s.size() - 1; // one past the last odd position
+    for (std::size_t i = last_odd; i >= 2; i -= 2) items[at++] = s[i - 1];
+    return;
+  }
+  const auto tie = [&](index_t i) { return ties.empty() ? i : ties[i]; };
+  std::stable_sort(s.begin(), s.end(),
+                   [&](index_t a, index_t b) { return costs[a] != costs[b] ? costs[a] > costs[b] : tie(a) > tie(b); });
+  if (s.empty()) return;
+  for (std::size_t i = (s.size() - 1) / 2 * 2 + 2; i >= 2; i -= 2) items[at++] = s[i - 2]; // evens, last first
+  for (std::size_t i = 1; i < s.size(); i += 2) items[at++] = s[i];
 }
 
 RLPT_NAMESPACE_END

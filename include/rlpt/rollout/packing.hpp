@@ -440,15 +440,19 @@ RLPT_INLINE microbatch_plan plan_microbatches(view<const index_t> lengths, const
   std::vector<double> mb_cost(bins.size(), 0.0);
   for (std::size_t b = 0; b < bins.size(); ++b)
     for (const index_t i : bins[b]) mb_cost[b] += o.cost(lengths[i]);
-  if (o.small_at_ends)
-    order_small_at_ends(order, mb_cost);
-  else
+  if (o.small_at_ends) {
+    std::vector<index_t> first(bins.size(), 0); // verl's tie key: the first sequence, 0 for an empty one
+    for (std::size_t b = 0; b < bins.size(); ++b)
+      if (!bins[b].empty()) first[b] = bins[b].front();
+    order_small_at_ends(order, mb_cost, ends_order::microbatches, first);
+  } else {
     std::sort(order.begin(), order.end(), [&](index_t a, index_t b) {
       const auto& x = bins[static_cast<std::size_t>(a)];
       const auto& y = bins[static_cast<std::size_t>(b)];
       if (x.empty() != y.empty()) return y.empty();
       return x.empty() ? a < b : x.front() < y.front();
     });
+  }
   for (const index_t b : order) {
     const auto& bin = bins[static_cast<std::size_t>(b)];
     plan.items.insert(plan.items.end(), bin.begin(), bin.end());
