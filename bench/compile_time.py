@@ -115,6 +115,7 @@ def main():
     cases["umbrella <rlpt/rlpt.hpp>"] = "#include <rlpt/rlpt.hpp>\nint main() {}\n"
     cases["umbrella <rlpt/rlpt.hpp>, RLPT_COMPILED_LIB"] = "#define RLPT_COMPILED_LIB\n#include <rlpt/rlpt.hpp>\nint main() {}\n"
     cases["TU calling rlpt::evaluate"] = EVALUATE
+    cases["TU calling rlpt::evaluate, RLPT_COMPILED_LIB"] = "#define RLPT_COMPILED_LIB\n" + EVALUATE
     if args.only:
         cases = {k: v for k, v in cases.items() if k.startswith("baseline") or args.only in k}
 

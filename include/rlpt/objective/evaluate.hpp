@@ -631,4 +631,21 @@ objective_result evaluate(const objective& obj, const basic_objective_inputs<T>&
   return detail::finish_result(p, s);
 }
 
+#if defined(RLPT_COMPILED_LIB)
+// Separate compilation: evaluate's host pass (its chunk stages for every instruction set, most of
+// a calling TU's compile time) is instantiated once, in rlpt::compiled, for both input types.
+#if RLPT_HEADER_IMPL()
+#define RLPT_OBJECTIVE_INSTANTIATION template
+#else
+#define RLPT_OBJECTIVE_INSTANTIATION extern template
+#endif
+RLPT_OBJECTIVE_INSTANTIATION objective_result evaluate<float>(const objective&, const basic_objective_inputs<float>&,
+                                                              const basic_objective_grads<float>&,
+                                                              const host_executor&);
+RLPT_OBJECTIVE_INSTANTIATION objective_result evaluate<double>(const objective&, const basic_objective_inputs<double>&,
+                                                               const basic_objective_grads<double>&,
+                                                               const host_executor&);
+#undef RLPT_OBJECTIVE_INSTANTIATION
+#endif
+
 RLPT_NAMESPACE_END
