@@ -19,6 +19,7 @@ import rlpt
 import rlpt.verl as rv
 from verl.trainer.config import RolloutCorrectionConfig
 from verl.trainer.ppo import core_algos as ca
+from verl.utils import seqlen_balancing as sb
 from verl.utils import torch_functional as vf
 from verl.workers.config import ActorConfig
 from verl.workers.config.actor import PolicyLossConfig
@@ -99,6 +100,26 @@ def main():
         return run
 
     compare(f"low_var_kl loss fwd+bwd [{B}, {T}]", kl_bwd(True), kl_bwd(False), 3 if q else 10, repeat)
+
+    # sequence balancing: Karmarkar-Karp over DP ranks with equal counts on the workloads, given as
+    # the int64 tensor _balance_batch passes (calculate_workload of the lengths: verl's sort then
+    # compares 0-d tensors) and as the list of ints rearrange_micro_batches passes
+    verl_gsbp = rv._verl_balancing("get_seqlen_balanced_partitions")
+    for n, k in ((64, 8),) if q else ((1024, 8), (8192, 64)):
+        w = sb.calculate_workload(torch.exp(torch.randn(n, generator=g) + 6).clamp(1, 32768).long())
+        for form, x in (("tensor", w), ("list", w.tolist())):
+            assert rv.get_seqlen_balanced_partitions(x, k, True) == verl_gsbp(x, k, True)
+            compare(f"seqlen balanced partitions [N={n}, k={k}] {form}",
+                    lambda: rv.get_seqlen_balanced_partitions(x, k, True), lambda: verl_gsbp(x, k, True),
+                    2 if q else (10 if n < 4096 else 2), repeat)
+    # PrefixGrouper's balancing: groups of 8 consecutive uids (verl's uid strings) kept on one rank
+    verl_ggbp = rv._verl_balancing("get_group_balanced_partitions")
+    n, k = (64, 2) if q else (8192, 64)
+    seqlens = torch.exp(torch.randn(n, generator=g) + 6).clamp(1, 32768).long().tolist()
+    uid_list = [f"uid-{i // 8}" for i in range(n)]
+    assert rv.get_group_balanced_partitions(seqlens, uid_list, k) == verl_ggbp(seqlens, uid_list, k)
+    compare(f"group balanced partitions [N={n}, k={k}]", lambda: rv.get_group_balanced_partitions(seqlens, uid_list, k),
+            lambda: verl_ggbp(seqlens, uid_list, k), 2, repeat)
 
     # logprob + entropy from logits, forward + backward (float32 and bfloat16 logits)
     N, V = (256, 4096) if q else (2048, 32768)

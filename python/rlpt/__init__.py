@@ -1,8 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """rlpt for PyTorch: rlpt's advantage estimators, policy objective and logprob/entropy kernels
 as PyTorch custom operators (torch.ops.rlpt.*, with fake kernels and autograd formulas, so
-torch.compile traces them), integrations for verl (rlpt.verl), TRL (rlpt.trl) and OpenRLHF
-(rlpt.openrlhf), and the weight-sync sender / receiver (rlpt.sync). See docs/python.md."""
+torch.compile traces them), rank balancing and micro-batch plans (rlpt.balance,
+rlpt.balance_partitions, rlpt.plan_microbatches), integrations for verl (rlpt.verl), TRL
+(rlpt.trl) and OpenRLHF (rlpt.openrlhf), and the weight-sync sender / receiver (rlpt.sync). See
+docs/python.md."""
 import torch  # loads libtorch before the extension that links against it
 
 from . import _C
@@ -19,6 +21,7 @@ from ._ops import (GROUP_STATS, METRICS, MISMATCH, TOKEN_STATS, Objective, areal
                    logprob_entropy, m2po_mask, metrics_dict, mismatch_metrics, opo_advantages, passk_advantages,
                    policy_loss, reinforce_pp, reinforce_pp_baseline, remax, rloo_advantages, sequence_logprob_entropy,
                    similar_anchor_ids, step_returns)
+from ._rollout import balance, balance_partitions, plan_microbatches  # noqa: E402
 
 __version__ = "0.2.0"
 cuda_kernels = bool(_C.cuda)

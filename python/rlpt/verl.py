@@ -13,14 +13,18 @@ verl's own names ("grpo", "gae", "vanilla", ...), including the GRPO and GAE fun
 trainer calls directly.
 
 Also here: logprobs_from_logits / entropy_from_logits / logprobs_and_entropy drop-ins (rlpt's
-kernel), kl_loss and value_loss (verl's kl_penalty + agg_loss and compute_value_loss).
+kernel), kl_loss and value_loss (verl's kl_penalty + agg_loss and compute_value_loss), and
+get_seqlen_balanced_partitions / get_group_balanced_partitions (rlpt's Karmarkar-Karp; patched in
+with the rest).
 
 What differs on purpose (docs/python.md): an all-masked micro-batch gives loss 0 (verl: NaN for
 token-mean); NaN inputs raise rlpt.Error instead of propagating; geo_mean's, clip_cov's and
 kl_cov's ratios are clamped at 80 in log space (verl: none).
 """
 import os
+import sys
 
+import numpy as np
 import torch
 
 import rlpt
@@ -428,6 +432,94 @@ def calculate_debug_metrics(data):
             "training/rollout_actor_probs_pearson_corr": m["pearson_prob"]}
 
 
+# --- sequence balancing ----------------------------------------------------------------------
+
+#: Workloads are handled by rlpt when they are non-negative integers whose total is below this:
+#: rlpt sums them in doubles, exactly, so every comparison is verl's on Python ints.
+_EXACT_TOTAL = 2 ** 52
+
+
+def _exact_workloads(seqlen_list):
+    """The workloads as an int64 CPU tensor when rlpt's sums of them are exact, else None."""
+    if isinstance(seqlen_list, torch.Tensor):
+        t = seqlen_list.detach()
+        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+            return None
+    else:  # numpy reads a list of ints several times faster than torch.as_tensor
+        try:
+            a = np.asarray(seqlen_list)
+        except (TypeError, ValueError, OverflowError):  # ragged
+            return None
+        if a.dtype.kind not in "iu" or (a.dtype.kind == "u" and a.dtype.itemsize == 8):  # floats, objects, > int64
+            return None
+        t = torch.from_numpy(a.astype(np.int64, copy=False))
+    if t.dim() != 1:
+        return None
+    t = t.cpu().long()
+    if t.numel() and (int(t.min()) < 0 or float(t.double().sum()) >= _EXACT_TOTAL):
+        return None
+    return t
+
+
+def get_seqlen_balanced_partitions(seqlen_list, k_partitions, equal_size):
+    """verl.utils.seqlen_balancing.get_seqlen_balanced_partitions by rlpt's Karmarkar-Karp (the
+    verl balance preset): the same partitions, item for item and in verl's order of parts, each
+    sorted, with verl's assertions. verl calls it on the workloads (calculate_workload) to balance
+    ranks (_balance_batch) and micro-batches (rearrange_micro_batches). Workloads that are not
+    non-negative integers with a total below 2^52 (floats, negative values) go to verl's own
+    karmarkar_karp, so every input gets verl's answer."""
+    n = len(seqlen_list)
+    assert n >= k_partitions, f"number of items:[{n}] < k_partitions:[{k_partitions}]"
+    w = _exact_workloads(seqlen_list)
+    if w is None:
+        kk = _verl_balancing("karmarkar_karp")
+        parts = [sorted(p) for p in kk(seqlen_list=seqlen_list, k_partitions=k_partitions, equal_size=equal_size)]
+    else:
+        if equal_size:
+            assert n % k_partitions == 0, f"{n} % {k_partitions} != 0"
+        parts = rlpt.balance_partitions(w, k_partitions, equal_count=bool(equal_size), algorithm="karmarkar_karp",
+                                        refine=False)
+    assert len(parts) == k_partitions, f"{len(parts)} != {k_partitions}"
+    for i, p in enumerate(parts):
+        assert len(p) > 0, f"the {i}-th partition is empty"
+    return parts
+
+
+def _verl_balancing(name):
+    """verl's own seqlen_balancing.<name>, patched or not."""
+    from verl.utils import seqlen_balancing as sb
+
+    return _saved.get(("module", sb.__name__, name), getattr(sb, name))
+
+
+def get_group_balanced_partitions(seqlen_list, uid_list, k_partitions):
+    """verl.utils.seqlen_balancing.get_group_balanced_partitions (PrefixGrouper's rank balancing:
+    each run of equal consecutive uids stays on one rank) by rlpt: the same partitions, in verl's
+    order, with verl's assertions. The groups' workloads are summed in int64 (verl: one torch call
+    per sample); lengths that are not non-negative integers go to verl's own function."""
+    assert len(seqlen_list) == len(uid_list), "seqlen_list and uid_list must have same length"
+    lengths = _exact_workloads(seqlen_list)
+    if lengths is None:
+        return _verl_balancing("get_group_balanced_partitions")(seqlen_list, uid_list, k_partitions)
+    n = len(uid_list)
+    starts = [0] + [i for i in range(1, n) if uid_list[i] != uid_list[i - 1]] if n else []
+    bounds = starts + [n]
+    num_groups = len(starts)
+    assert num_groups >= k_partitions, (
+        f"Number of uid groups ({num_groups}) must be >= k_partitions ({k_partitions}). "
+        f"Consider reducing world_size or increasing batch_size."
+    )
+    # verl's calculate_workload per sample, summed per group (exact in int64 as in Python ints)
+    cs = [0] + torch.cumsum(24576 * lengths + lengths * lengths, 0).tolist()
+    group_workloads = [cs[bounds[g + 1]] - cs[bounds[g]] for g in range(num_groups)]
+    parts = get_seqlen_balanced_partitions(group_workloads, k_partitions, True)
+    return [[i for g in part for i in range(bounds[g], bounds[g + 1])] for part in parts]
+
+
+#: Modules that import get_seqlen_balanced_partitions by name (patch() replaces it there too).
+_BALANCING_USERS = ("verl.trainer.ppo.ray_trainer", "verl.trainer.ppo.v1.trainer_base", "verl.trainer.sft_trainer_ray")
+
+
 # --- registration -------------------------------------------------------------------------------
 
 _saved = {}
@@ -445,9 +537,11 @@ def register(prefix="rlpt_"):
 
 
 def patch():
-    """Opt-in: the rlpt functions replace verl's own names in both registries, and the GRPO and GAE
+    """Opt-in: the rlpt functions replace verl's own names in both registries, the GRPO and GAE
     functions the trainer calls directly (core_algos.compute_grpo_outcome_advantage,
-    core_algos.compute_gae_advantage_return). unpatch() restores verl's."""
+    core_algos.compute_gae_advantage_return) and seqlen_balancing's get_seqlen_balanced_partitions
+    and get_group_balanced_partitions (also where a trainer module already imported them by
+    name). unpatch() restores verl's."""
     from verl.trainer.ppo import core_algos as ca
 
     if _saved:
@@ -462,16 +556,30 @@ def patch():
                      ("compute_gae_advantage_return", compute_gae_advantage_return)):
         _saved[("attr", attr)] = getattr(ca, attr)
         setattr(ca, attr, fn)
+    # Sequence balancing: in its own module (rearrange_micro_batches and get_group_balanced_partitions
+    # look it up there) and in the trainers that imported it by name before the patch.
+    from verl.utils import seqlen_balancing as sb
+
+    users = (sb, *(sys.modules.get(m) for m in _BALANCING_USERS))
+    for name, fn in (("get_seqlen_balanced_partitions", get_seqlen_balanced_partitions),
+                     ("get_group_balanced_partitions", get_group_balanced_partitions)):
+        original = getattr(sb, name)
+        for module in users:
+            if module is not None and getattr(module, name, None) is original:
+                _saved[("module", module.__name__, name)] = original
+                setattr(module, name, fn)
 
 
 def unpatch():
     from verl.trainer.ppo import core_algos as ca
 
-    for (kind, name), fn in list(_saved.items()):
+    for (kind, name, *attr), fn in list(_saved.items()):
         if kind == "adv":
             ca.ADV_ESTIMATOR_REGISTRY[name] = fn
         elif kind == "loss":
             ca.POLICY_LOSS_REGISTRY[name] = fn
+        elif kind == "module":
+            setattr(sys.modules[name], attr[0], fn)
         else:
             setattr(ca, name, fn)
     _saved.clear()

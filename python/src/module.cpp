@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // rlpt._C: loads the operator library (torch.ops.rlpt.*, registered by the other translation
 // units of this module) and exposes the helpers that are not tensor ops: copy statistics, strict
-// mode, option-string validation, and the weight-sync sender / receiver (sync.cpp).
+// mode, option-string validation, the weight-sync sender / receiver (sync.cpp) and rank balancing
+// and micro-batch plans (rollout.cpp).
 #include "objective_call.hpp"
 #include "spec.hpp"
 #include "tensors.hpp"
@@ -14,6 +15,7 @@
 
 namespace rlpt_py {
 void bind_sync(pybind11::module_& m);
+void bind_rollout(pybind11::module_& m);
 bool cuda_kernels_built();
 } // namespace rlpt_py
 
@@ -54,4 +56,5 @@ PYBIND11_MODULE(_C, m) {
     });
   });
   rlpt_py::bind_sync(m);
+  rlpt_py::bind_rollout(m);
 }

@@ -38,8 +38,7 @@ rlpt::pack_algorithm pack_algorithm_of(const std::string& a) {
 
 //! A 1-D CPU tensor as a contiguous `want` (lists were made tensors by the caller).
 at::Tensor vector_input(const at::Tensor& t, at::ScalarType want, std::string_view what) {
-  if (t.dim() != 1)
-    raise(ids::shape, fmt::format("{} must be 1-D, got shape {}", what, dims(t.sizes())));
+  if (t.dim() != 1) raise(ids::shape, fmt::format("{} must be 1-D, got shape {}", what, dims(t.sizes())));
   expect_device(t, c10::Device(c10::kCPU), what);
   return contiguous_as(t, want, what);
 }
@@ -84,15 +83,14 @@ void set_cost(rlpt::cost_model& c, const std::optional<std::pair<double, double>
 } // namespace
 
 void bind_rollout(py::module_& m) {
-  m.def("partition_weights",
-        [](const at::Tensor& weights, int64_t parts, const std::string& algorithm, bool equal_count, bool refine) {
-          const at::Tensor w = vector_input(weights, at::kDouble, "weights");
-          const rlpt::partition p = guard([&] {
-            return rlpt::partition_weights(view_of<const double>(w), parts, algorithm_of(algorithm), equal_count,
-                                           refine);
-          });
-          return partition_tuple(p);
-        });
+  m.def("partition_weights", [](const at::Tensor& weights, int64_t parts, const std::string& algorithm,
+                                bool equal_count, bool refine) {
+    const at::Tensor w = vector_input(weights, at::kDouble, "weights");
+    const rlpt::partition p = guard([&] {
+      return rlpt::partition_weights(view_of<const double>(w), parts, algorithm_of(algorithm), equal_count, refine);
+    });
+    return partition_tuple(p);
+  });
   m.def("balance", [](const at::Tensor& lengths, int64_t ranks, const std::string& preset,
                       const std::optional<std::string>& algorithm, std::optional<bool> equal_count,
                       std::optional<bool> refine, const std::optional<std::pair<double, double>>& cost) {
@@ -107,29 +105,28 @@ void bind_rollout(py::module_& m) {
     });
     return partition_tuple(p);
   });
-  m.def("plan_microbatches",
-        [](const at::Tensor& lengths, int64_t token_budget, const std::string& preset,
-           const std::optional<std::string>& algorithm, std::optional<int64_t> min_microbatches,
-           std::optional<int64_t> divisor, std::optional<bool> small_at_ends,
-           const std::optional<std::pair<double, double>>& cost) {
-          const at::Tensor l = vector_input(lengths, at::kLong, "lengths");
-          const rlpt::microbatch_plan p = guard([&] {
-            rlpt::microbatch_options o = microbatch_preset(preset, token_budget);
-            if (algorithm) o.algorithm = pack_algorithm_of(*algorithm);
-            if (min_microbatches) o.min_microbatches = *min_microbatches;
-            if (divisor) o.divisor = *divisor;
-            if (small_at_ends) o.small_at_ends = *small_at_ends;
-            set_cost(o.cost, cost);
-            return rlpt::plan_microbatches(view_of<const index_t>(l), o);
-          });
-          py::dict d;
-          d["microbatches"] = lists_of(p.offsets, p.items);
-          d["tokens"] = p.tokens;
-          d["oversize"] = p.oversize;
-          d["empty"] = p.empty;
-          d["fell_back"] = p.fell_back;
-          return d;
-        });
+  m.def("plan_microbatches", [](const at::Tensor& lengths, int64_t token_budget, const std::string& preset,
+                                const std::optional<std::string>& algorithm, std::optional<int64_t> min_microbatches,
+                                std::optional<int64_t> divisor, std::optional<bool> small_at_ends,
+                                const std::optional<std::pair<double, double>>& cost) {
+    const at::Tensor l = vector_input(lengths, at::kLong, "lengths");
+    const rlpt::microbatch_plan p = guard([&] {
+      rlpt::microbatch_options o = microbatch_preset(preset, token_budget);
+      if (algorithm) o.algorithm = pack_algorithm_of(*algorithm);
+      if (min_microbatches) o.min_microbatches = *min_microbatches;
+      if (divisor) o.divisor = *divisor;
+      if (small_at_ends) o.small_at_ends = *small_at_ends;
+      set_cost(o.cost, cost);
+      return rlpt::plan_microbatches(view_of<const index_t>(l), o);
+    });
+    py::dict d;
+    d["microbatches"] = lists_of(p.offsets, p.items);
+    d["tokens"] = p.tokens;
+    d["oversize"] = p.oversize;
+    d["empty"] = p.empty;
+    d["fell_back"] = p.fell_back;
+    return d;
+  });
 }
 
 } // namespace rlpt_py

@@ -45,7 +45,7 @@ import rlpt.verl as rv  # noqa: E402
 from verl.utils import seqlen_balancing as sb  # noqa: E402
 
 # verl's own function, whether or not RLPT_VERL_PATCH put rlpt's under its name at import.
-VERL_GSBP = rv._saved.get(("module", sb.__name__), sb.get_seqlen_balanced_partitions)
+VERL_GSBP = rv._verl_balancing("get_seqlen_balanced_partitions")
 assert VERL_GSBP is not rv.get_seqlen_balanced_partitions
 
 
@@ -84,6 +84,32 @@ def test_drop_in_keeps_verl_assertions():
         rv.get_seqlen_balanced_partitions(list(range(10)), 4, True)
 
 
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_group_drop_in_is_verl_item_for_item(k, seed):
+    import numpy as np
+
+    g = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(1, 9, (8 * k,), generator=g).tolist()  # ragged groups, 8 per rank
+    uids = [f"uid-{j % (3 * k)}" for j, size in enumerate(sizes) for _ in range(size)]  # a uid comes back later
+    seqlens = lengths_of("ties" if seed == 2 else "lognormal", len(uids), seed).tolist()
+    want = rv._verl_balancing("get_group_balanced_partitions")(seqlens, uids, k)
+    assert rv.get_group_balanced_partitions(seqlens, uids, k) == want
+    assert rv.get_group_balanced_partitions(seqlens, np.array(uids, dtype=object), k) == want
+    floats = [x + 0.5 for x in seqlens]  # verl's own function answers what rlpt does not sum exactly
+    assert (rv.get_group_balanced_partitions(floats, uids, k)
+            == rv._verl_balancing("get_group_balanced_partitions")(floats, uids, k))
+
+
+def test_group_drop_in_keeps_verl_assertions():
+    with pytest.raises(AssertionError, match="must have same length"):
+        rv.get_group_balanced_partitions([1, 2], [0], 1)
+    with pytest.raises(AssertionError, match=r"Number of uid groups \(2\) must be >= k_partitions \(4\)"):
+        rv.get_group_balanced_partitions([1, 2, 3], [0, 0, 1], 4)
+    with pytest.raises(AssertionError, match="3 % 2 != 0"):
+        rv.get_group_balanced_partitions([1, 2, 3], [0, 1, 2], 2)
+
+
 def test_patch_reaches_verl_callers():
     torch.manual_seed(3)
     seqlens = lengths_of("lognormal", 96, 7).clamp(max=300)
@@ -98,6 +124,7 @@ def test_patch_reaches_verl_callers():
     rv.patch()
     try:
         assert sb.get_seqlen_balanced_partitions is rv.get_seqlen_balanced_partitions
+        assert sb.get_group_balanced_partitions is rv.get_group_balanced_partitions
         micro, got_mb = sb.rearrange_micro_batches(proto.batch, max_token_len=2048)
         assert got_mb == want_mb
         assert all(int(m["attention_mask"].sum()) <= 2048 for m in micro)
@@ -105,6 +132,7 @@ def test_patch_reaches_verl_callers():
     finally:
         rv.unpatch()
     assert sb.get_seqlen_balanced_partitions is VERL_GSBP
+    assert sb.get_group_balanced_partitions is rv._verl_balancing("get_group_balanced_partitions")
 
 
 def test_patch_replaces_the_name_a_trainer_already_imported():
@@ -230,6 +258,9 @@ def test_plan_microbatches_keeps_the_budget():
 @pytest.mark.parametrize("call,eid", [
     (lambda: rlpt.balance([3, -1, 4], 2), "rlpt.rollout.bad_length"),
     (lambda: rlpt.balance([3.0, 1.5], 2), "rlpt.python.dtype"),
+    (lambda: rlpt.balance([3, 2 ** 70], 2), "rlpt.python.dtype"),
+    (lambda: rlpt.balance(["3", "1"], 2), "rlpt.python.dtype"),
+    (lambda: rlpt.balance_partitions([1.0, "x"], 2), "rlpt.python.dtype"),
     (lambda: rlpt.balance(torch.ones(2, 2, dtype=torch.long), 2), "rlpt.python.shape"),
     (lambda: rlpt.balance([3, 1], 2, preset="megatron"), "rlpt.python.bad_option"),
     (lambda: rlpt.balance([3, 1], 2, algorithm="greedy"), "rlpt.python.bad_option"),
