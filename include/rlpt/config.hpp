@@ -45,8 +45,8 @@
 //! A lambda's call operator force-inlined: `[&](int j) RLPT_INLINE_LAMBDA { ... }`. The loops of
 //! the host's instruction-set clones (the objective's chunk stages) must inline every lambda they
 //! call: one that the compiler keeps out of line is compiled for the baseline target, not the
-//! clone's (no FMA, so each std::fma becomes a libm call), which made the Python package's k3 KL
-//! stage 9x slower and every configuration at -O2 about 15x slower.
+//! clone's (no FMA, so each std::fma becomes a libm call): the Python package's k3 KL stage ran 9x
+//! slower so (docs/design/objective-host-pass.md).
 #if defined(__GNUC__) || defined(__clang__)
 #define RLPT_INLINE_LAMBDA __attribute__((always_inline))
 #else
@@ -67,7 +67,7 @@
 //! The same for GCC, as a function attribute of the host's hot loops and their instruction-set
 //! clones: `__attribute__((target("..."), RLPT_HOST_LOOP_ATTR))`. It also gives them -O3's
 //! vectoriser cost model: under -O2 (CMake's RelWithDebInfo), GCC 12's "very cheap" model left the
-//! objective's chunk loops scalar, 15x slower than at -O3; with this, -O2 builds run them as fast.
+//! objective's chunk loops scalar, 10-14x slower than at -O3; with this, -O2 builds vectorise them.
 #if defined(__GNUC__) && !defined(__clang__)
 #define RLPT_HOST_LOOP_ATTR optimize("fp-contract=off", "vect-cost-model=dynamic")
 //! RLPT_HOST_LOOP_ATTR alone, before a function: `template <...> RLPT_HOST_LOOP void f(...)`.
