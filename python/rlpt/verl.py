@@ -24,12 +24,13 @@ kl_cov's ratios are clamped at 80 in log space (verl: none).
 import os
 import sys
 
-import numpy as np
 import torch
 
 import rlpt
 
+from ._errors import Error
 from ._ops import cached_objective, metrics_dict
+from ._rollout import _vector
 
 #: verl estimator name -> rlpt function registered as "rlpt_<name>".
 ESTIMATORS = ("grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectorized", "opo", "gpg",
@@ -441,21 +442,10 @@ _EXACT_TOTAL = 2 ** 52
 
 def _exact_workloads(seqlen_list):
     """The workloads as an int64 CPU tensor when rlpt's sums of them are exact, else None."""
-    if isinstance(seqlen_list, torch.Tensor):
-        t = seqlen_list.detach()
-        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-            return None
-    else:  # numpy reads a list of ints several times faster than torch.as_tensor
-        try:
-            a = np.asarray(seqlen_list)
-        except (TypeError, ValueError, OverflowError):  # ragged
-            return None
-        if a.dtype.kind not in "iu" or (a.dtype.kind == "u" and a.dtype.itemsize == 8):  # floats, objects, > int64
-            return None
-        t = torch.from_numpy(a.astype(np.int64, copy=False))
-    if t.dim() != 1:
+    try:
+        t = _vector(seqlen_list, "workloads", integer=True).long()
+    except Error:  # floats, objects, > int64, ragged, not 1-D
         return None
-    t = t.cpu().long()
     if t.numel() and (int(t.min()) < 0 or float(t.double().sum()) >= _EXACT_TOTAL):
         return None
     return t
