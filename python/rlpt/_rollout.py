@@ -65,10 +65,51 @@ def plan_microbatches(lengths, token_budget, *, preset="rlpt", algorithm=None, m
                       small_at_ends=None, cost=None):
     """Cuts one rank's sequences into micro-batches of at most `token_budget` tokens
     (rlpt::plan_microbatches). preset: "rlpt", "verl" (rearrange_micro_batches), "areal" or
-    "slime"; the keywords override the preset's. Returns {"microbatches": [[sequence, ...], ...],
+    "slime"; the keywords override the preset's (algorithm: "karmarkar_karp", "ffd" or
+    "first_fit", first fit in the given order). Returns {"microbatches": [[sequence, ...], ...],
     "tokens": [...], "oversize": n, "empty": n, "fell_back": bool}."""
     lengths = _vector(lengths, "lengths", integer=True)
     return call(_C.plan_microbatches, lengths, int(token_budget), str(preset), algorithm,
                 None if min_microbatches is None else int(min_microbatches),
                 None if divisor is None else int(divisor), None if small_at_ends is None else bool(small_at_ends),
                 _cost(cost))
+
+
+# --- the Karmarkar-Karp drop-ins of verl and OpenRLHF ----------------------------------------------
+
+#: Workloads are handled by rlpt when they are non-negative integers whose total is below this:
+#: rlpt sums them in doubles, exactly, so every comparison is the peer's on Python ints.
+_EXACT_TOTAL = 2 ** 52
+
+
+def exact_workloads(seqlen_list):
+    """The workloads as an int64 CPU tensor when rlpt's sums of them are exact, else None."""
+    try:
+        t = _vector(seqlen_list, "workloads", integer=True).long()
+    except Error:  # floats, objects, > int64, ragged, not 1-D
+        return None
+    if t.numel() and (int(t.min()) < 0 or float(t.double().sum()) >= _EXACT_TOTAL):
+        return None
+    return t
+
+
+def kk_partitions(seqlen_list, k_partitions, equal_size, peer_karmarkar_karp):
+    """get_seqlen_balanced_partitions as verl has it (OpenRLHF's is a copy of an earlier verl's, the
+    same function): Karmarkar-Karp parts in the peer's order, each sorted, with the peer's
+    assertions. Workloads rlpt cannot sum exactly go to peer_karmarkar_karp() (a callable that
+    returns the peer's own karmarkar_karp), so every input gets the peer's answer."""
+    n = len(seqlen_list)
+    assert n >= k_partitions, f"number of items:[{n}] < k_partitions:[{k_partitions}]"
+    w = exact_workloads(seqlen_list)
+    if w is None:
+        kk = peer_karmarkar_karp()
+        parts = [sorted(p) for p in kk(seqlen_list=seqlen_list, k_partitions=k_partitions, equal_size=equal_size)]
+    else:
+        if equal_size:
+            assert n % k_partitions == 0, f"{n} % {k_partitions} != 0"
+        parts = balance_partitions(w, k_partitions, equal_count=bool(equal_size), algorithm="karmarkar_karp",
+                                   refine=False)
+    assert len(parts) == k_partitions, f"{len(parts)} != {k_partitions}"
+    for i, p in enumerate(parts):
+        assert len(p) > 0, f"the {i}-th partition is empty"
+    return parts

@@ -11,6 +11,9 @@ the installed openrlhf (RLPT_OPENRLHF_VERSION overrides it; 0.11.2's form withou
     from rlpt.openrlhf import PolicyLoss, ValueLoss     # instead of openrlhf.models.loss
     rlpt.openrlhf.patch()                               # or: swap them in OpenRLHF's own modules
 
+and of openrlhf.utils.seqlen_balancing's get_seqlen_balanced_partitions and
+get_minimum_num_micro_batch_size (dynamic batching: the same micro-batches, item for item).
+
 Differences on purpose (docs/python.md): an all-masked micro-batch gives loss 0 (OpenRLHF: NaN);
 a group of one under group_norm / rloo raises rlpt.Error (OpenRLHF: NaN); outputs at masked
 tokens of GAE / returns are 0.
@@ -23,6 +26,7 @@ import torch
 import rlpt
 
 from ._ops import cached_objective, metrics_dict
+from ._rollout import exact_workloads, kk_partitions, plan_microbatches
 
 
 def _batch_opts(dp_size, batch_num_tokens, global_batch_size):
@@ -248,21 +252,69 @@ def get_cumulative_returns(rewards, action_mask, gamma):
     return ret.to(rewards.dtype)
 
 
+# --- sequence balancing (openrlhf.utils.seqlen_balancing) ---------------------------------------
+
+
+def _openrlhf_balancing(name):
+    """OpenRLHF's own seqlen_balancing.<name>, patched or not."""
+    from openrlhf.utils import seqlen_balancing as sb
+
+    for (mod, attr), original in _saved.items():
+        if mod is sb and attr == name:
+            return original
+    return getattr(sb, name)
+
+
+def get_seqlen_balanced_partitions(seqlen_list, k_partitions, equal_size):
+    """openrlhf.utils.seqlen_balancing.get_seqlen_balanced_partitions (a copy of verl's) by rlpt's
+    Karmarkar-Karp: the same micro-batches, item for item and in OpenRLHF's order, each sorted,
+    with its assertions. The experience maker and the replay buffer's dynamic batching call it on
+    the sequences' total lengths. Lengths that are not non-negative integers with a total below
+    2^52 go to OpenRLHF's own karmarkar_karp."""
+    return kk_partitions(seqlen_list, k_partitions, equal_size, lambda: _openrlhf_balancing("karmarkar_karp"))
+
+
+def get_minimum_num_micro_batch_size(total_lengths, max_tokens_per_gpu, ring_attn_size, ds_tensor_parallel_size):
+    """openrlhf.utils.seqlen_balancing.get_minimum_num_micro_batch_size by rlpt: the number of bins
+    first fit (in the given order) packs the lengths into, each bin holding
+    max_tokens_per_gpu * ring_attn_size * ds_tensor_parallel_size tokens and a longer sequence
+    alone (rlpt.plan_microbatches, algorithm "first_fit": a segment tree instead of OpenRLHF's scan
+    of every open bin per sequence). Inputs other than non-negative integer lengths and a capacity
+    of at least 1 go to OpenRLHF's own function."""
+    cap = max_tokens_per_gpu * ring_attn_size * ds_tensor_parallel_size
+    lengths = exact_workloads(total_lengths)
+    if lengths is None or not isinstance(cap, int) or not 1 <= cap < 2 ** 63:
+        return _openrlhf_balancing("get_minimum_num_micro_batch_size")(total_lengths, max_tokens_per_gpu,
+                                                                        ring_attn_size, ds_tensor_parallel_size)
+    plan = plan_microbatches(lengths, cap, algorithm="first_fit", min_microbatches=0, divisor=1,
+                             small_at_ends=False)
+    return len(plan["microbatches"])
+
+
+_BALANCING = ("get_seqlen_balanced_partitions", "get_minimum_num_micro_batch_size")
+
 _saved = {}
 
 
 def patch():
-    """Opt-in: PolicyLoss and ValueLoss replace OpenRLHF's classes in every imported openrlhf module
-    that holds them (openrlhf.models.loss, openrlhf.models, the trainer modules): call it after
-    importing OpenRLHF's trainer. unpatch() restores them."""
+    """Opt-in: PolicyLoss and ValueLoss replace OpenRLHF's classes, and get_seqlen_balanced_partitions
+    and get_minimum_num_micro_batch_size OpenRLHF's functions, in every imported openrlhf module that
+    holds them (openrlhf.models.loss, openrlhf.models, openrlhf.utils.seqlen_balancing, the
+    experience maker, the replay buffer, the trainer modules): call it after importing OpenRLHF's
+    trainer. unpatch() restores them."""
     import sys
 
     try:
         import openrlhf.models.loss  # noqa: F401
     except ImportError:  # openrlhf.models' __init__ needs peft etc.; patch what is loaded
         pass
+    try:
+        from openrlhf.utils import seqlen_balancing
+    except ImportError:
+        seqlen_balancing = None
     if _saved:
         return
+    originals = {name: getattr(seqlen_balancing, name, None) for name in _BALANCING} if seqlen_balancing else {}
     for mod_name, mod in list(sys.modules.items()):
         if not mod_name.startswith("openrlhf") or mod is None:
             continue
@@ -270,6 +322,11 @@ def patch():
             if isinstance(getattr(mod, name, None), type) and getattr(mod, name) is not cls:
                 _saved[(mod, name)] = getattr(mod, name)
                 setattr(mod, name, cls)
+        for name, fn in (("get_seqlen_balanced_partitions", get_seqlen_balanced_partitions),
+                         ("get_minimum_num_micro_batch_size", get_minimum_num_micro_batch_size)):
+            if originals.get(name) is not None and getattr(mod, name, None) is originals[name]:
+                _saved[(mod, name)] = originals[name]
+                setattr(mod, name, fn)
 
 
 def unpatch():

@@ -28,9 +28,8 @@ import torch
 
 import rlpt
 
-from ._errors import Error
 from ._ops import cached_objective, metrics_dict
-from ._rollout import _vector
+from ._rollout import exact_workloads, kk_partitions
 
 #: verl estimator name -> rlpt function registered as "rlpt_<name>".
 ESTIMATORS = ("grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectorized", "opo", "gpg",
@@ -435,22 +434,6 @@ def calculate_debug_metrics(data):
 
 # --- sequence balancing ----------------------------------------------------------------------
 
-#: Workloads are handled by rlpt when they are non-negative integers whose total is below this:
-#: rlpt sums them in doubles, exactly, so every comparison is verl's on Python ints.
-_EXACT_TOTAL = 2 ** 52
-
-
-def _exact_workloads(seqlen_list):
-    """The workloads as an int64 CPU tensor when rlpt's sums of them are exact, else None."""
-    try:
-        t = _vector(seqlen_list, "workloads", integer=True).long()
-    except Error:  # floats, objects, > int64, ragged, not 1-D
-        return None
-    if t.numel() and (int(t.min()) < 0 or float(t.double().sum()) >= _EXACT_TOTAL):
-        return None
-    return t
-
-
 def get_seqlen_balanced_partitions(seqlen_list, k_partitions, equal_size):
     """verl.utils.seqlen_balancing.get_seqlen_balanced_partitions by rlpt's Karmarkar-Karp (the
     verl balance preset): the same partitions, item for item and in verl's order of parts, each
@@ -458,21 +441,7 @@ def get_seqlen_balanced_partitions(seqlen_list, k_partitions, equal_size):
     ranks (_balance_batch) and micro-batches (rearrange_micro_batches). Workloads that are not
     non-negative integers with a total below 2^52 (floats, negative values) go to verl's own
     karmarkar_karp, so every input gets verl's answer."""
-    n = len(seqlen_list)
-    assert n >= k_partitions, f"number of items:[{n}] < k_partitions:[{k_partitions}]"
-    w = _exact_workloads(seqlen_list)
-    if w is None:
-        kk = _verl_balancing("karmarkar_karp")
-        parts = [sorted(p) for p in kk(seqlen_list=seqlen_list, k_partitions=k_partitions, equal_size=equal_size)]
-    else:
-        if equal_size:
-            assert n % k_partitions == 0, f"{n} % {k_partitions} != 0"
-        parts = rlpt.balance_partitions(w, k_partitions, equal_count=bool(equal_size), algorithm="karmarkar_karp",
-                                        refine=False)
-    assert len(parts) == k_partitions, f"{len(parts)} != {k_partitions}"
-    for i, p in enumerate(parts):
-        assert len(p) > 0, f"the {i}-th partition is empty"
-    return parts
+    return kk_partitions(seqlen_list, k_partitions, equal_size, lambda: _verl_balancing("karmarkar_karp"))
 
 
 def _verl_balancing(name):
@@ -488,7 +457,7 @@ def get_group_balanced_partitions(seqlen_list, uid_list, k_partitions):
     order, with verl's assertions. The groups' workloads are summed in int64 (verl: one torch call
     per sample); lengths that are not non-negative integers go to verl's own function."""
     assert len(seqlen_list) == len(uid_list), "seqlen_list and uid_list must have same length"
-    lengths = _exact_workloads(seqlen_list)
+    lengths = exact_workloads(seqlen_list)
     if lengths is None:
         return _verl_balancing("get_group_balanced_partitions")(seqlen_list, uid_list, k_partitions)
     n = len(uid_list)

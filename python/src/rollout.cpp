@@ -33,7 +33,8 @@ rlpt::partition_algorithm algorithm_of(const std::string& a) {
 rlpt::pack_algorithm pack_algorithm_of(const std::string& a) {
   if (a == "karmarkar_karp") return rlpt::pack_algorithm::karmarkar_karp;
   if (a == "ffd") return rlpt::pack_algorithm::ffd;
-  raise(ids::bad_option, fmt::format("algorithm \"{}\" is not one of karmarkar_karp, ffd", a));
+  if (a == "first_fit") return rlpt::pack_algorithm::first_fit;
+  raise(ids::bad_option, fmt::format("algorithm \"{}\" is not one of karmarkar_karp, ffd, first_fit", a));
 }
 
 //! A 1-D CPU tensor as a contiguous `want` (lists were made tensors by the caller).

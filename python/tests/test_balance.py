@@ -44,6 +44,8 @@ verl = pytest.importorskip("verl")
 import rlpt.verl as rv  # noqa: E402
 from verl.utils import seqlen_balancing as sb  # noqa: E402
 
+from rlpt._rollout import exact_workloads  # noqa: E402
+
 # verl's own function, whether or not RLPT_VERL_PATCH put rlpt's under its name at import.
 VERL_GSBP = rv._verl_balancing("get_seqlen_balanced_partitions")
 assert VERL_GSBP is not rv.get_seqlen_balanced_partitions
@@ -73,8 +75,8 @@ def test_drop_in_hands_verl_what_rlpt_cannot_sum_exactly():
     for given in (floats, negative, huge, beyond_int64):
         for equal_size in (True, False):
             assert rv.get_seqlen_balanced_partitions(given, 4, equal_size) == VERL_GSBP(given, 4, equal_size)
-    assert rv._exact_workloads(huge) is None and rv._exact_workloads(floats) is None
-    assert rv._exact_workloads([2 ** 40] * 40) is not None
+    assert exact_workloads(huge) is None and exact_workloads(floats) is None
+    assert exact_workloads([2 ** 40] * 40) is not None
 
 
 def test_drop_in_keeps_verl_assertions():

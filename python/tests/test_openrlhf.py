@@ -244,3 +244,105 @@ def test_legacy_correction_errors(kw, needle):
     with pytest.raises(ro.rlpt.Error) as e:
         ro.PolicyLoss(**kw)
     assert e.value.id == "rlpt.objective.compat" and needle in str(e.value)
+
+
+# --- sequence balancing: openrlhf.utils.seqlen_balancing ----------------------------------------
+
+from openrlhf.utils import seqlen_balancing as osb  # noqa: E402
+
+# OpenRLHF's own functions, whether or not a patch() is in force.
+OPENRLHF_GSBP = ro._openrlhf_balancing("get_seqlen_balanced_partitions")
+OPENRLHF_MIN_MBS = ro._openrlhf_balancing("get_minimum_num_micro_batch_size")
+assert OPENRLHF_GSBP is not ro.get_seqlen_balanced_partitions
+
+
+def total_lengths(dist, n, seed):
+    """What OpenRLHF balances: each sample's prompt + response token count, as Python ints."""
+    g = torch.Generator().manual_seed(seed)
+    if dist == "lognormal":
+        x = torch.exp(torch.randn(n, generator=g) + 6.0).clamp(1, 32768).long()
+    elif dist == "ties":  # few distinct lengths: every tie-break is exercised
+        x = torch.tensor([64, 128, 512])[torch.randint(0, 3, (n,), generator=g)]
+    else:  # "zeros": empty samples among long ones
+        x = torch.randint(0, 8192, (n,), generator=g) * (torch.rand(n, generator=g) > 0.3)
+    return x.tolist()
+
+
+@pytest.mark.parametrize("dist", ["lognormal", "ties", "zeros"])
+@pytest.mark.parametrize("n,k", [(1, 1), (2, 2), (7, 3), (64, 8), (256, 8), (256, 64), (1000, 16)])
+@pytest.mark.parametrize("equal_size", [True, False])
+def test_balanced_partitions_are_openrlhf_item_for_item(dist, n, k, equal_size):
+    if equal_size and n % k:
+        pytest.skip("OpenRLHF asserts divisibility")
+    lengths = total_lengths(dist, n, seed=n * 7 + k)
+    want = OPENRLHF_GSBP(lengths, k, equal_size)
+    got = ro.get_seqlen_balanced_partitions(lengths, k, equal_size)
+    assert got == want
+    assert all(type(i) is int for p in got for i in p)
+    assert ro.get_seqlen_balanced_partitions(torch.tensor(lengths), k, equal_size) == want
+
+
+def test_balanced_partitions_hand_openrlhf_what_rlpt_cannot_sum_exactly():
+    g = torch.Generator().manual_seed(3)
+    floats = (torch.rand(24, generator=g) * 100).tolist()
+    negative = torch.randint(-50, 50, (24,), generator=g).tolist()
+    huge = [2 ** 60 + i for i in range(24)]
+    for given in (floats, negative, huge):
+        for equal_size in (True, False):
+            assert ro.get_seqlen_balanced_partitions(given, 4, equal_size) == OPENRLHF_GSBP(given, 4, equal_size)
+
+
+def test_balanced_partitions_keep_openrlhf_assertions():
+    with pytest.raises(AssertionError, match=r"number of items:\[3\] < k_partitions:\[4\]"):
+        ro.get_seqlen_balanced_partitions([1, 2, 3], 4, False)
+    with pytest.raises(AssertionError, match="10 % 4 != 0"):
+        ro.get_seqlen_balanced_partitions(list(range(10)), 4, True)
+
+
+@pytest.mark.parametrize("dist", ["lognormal", "ties", "zeros"])
+@pytest.mark.parametrize("n", [0, 1, 5, 64, 500])
+@pytest.mark.parametrize("cap,ring,tp", [(1, 1, 1), (512, 1, 1), (4096, 1, 1), (2048, 2, 2), (16384, 1, 4)])
+def test_minimum_micro_batch_count_is_openrlhf(dist, n, cap, ring, tp):
+    lengths = total_lengths(dist, n, seed=n + cap)
+    want = OPENRLHF_MIN_MBS(lengths, cap, ring, tp)
+    assert ro.get_minimum_num_micro_batch_size(lengths, cap, ring, tp) == want
+    assert ro.get_minimum_num_micro_batch_size(torch.tensor(lengths, dtype=torch.long), cap, ring, tp) == want
+
+
+def test_minimum_micro_batch_count_keeps_the_input_order():
+    # first fit in order: [3, 3, 3, 7, 7, 7] into bins of 10 takes 4 (first-fit decreasing: 3)
+    assert ro.get_minimum_num_micro_batch_size([3, 3, 3, 7, 7, 7], 10, 1, 1) == 4
+    assert OPENRLHF_MIN_MBS([3, 3, 3, 7, 7, 7], 10, 1, 1) == 4
+    # a sequence over the capacity fills a bin of its own; an empty one fits anywhere
+    assert ro.get_minimum_num_micro_batch_size([12, 0, 5, 30, 5, 0], 10, 1, 1) == 3
+
+
+def test_minimum_micro_batch_count_hands_openrlhf_what_rlpt_does_not_take():
+    for lengths, cap in (([1.5, 2.5, 7.0], 4), ([-3, 4, 5], 6), ([1, 2, 3], 0), ([4, 4, 4], 6.0)):
+        assert ro.get_minimum_num_micro_batch_size(lengths, cap, 1, 1) == OPENRLHF_MIN_MBS(lengths, cap, 1, 1)
+
+
+def test_patch_swaps_the_balancing_functions_where_openrlhf_imported_them():
+    # A module that imported the names (as experience_maker and replay_buffer do), stood in for
+    # by one that needs neither ray nor deepspeed.
+    user = types.ModuleType("openrlhf._rlpt_balancing_user")
+    user.get_seqlen_balanced_partitions = osb.get_seqlen_balanced_partitions
+    user.get_minimum_num_micro_batch_size = osb.get_minimum_num_micro_batch_size
+    sys.modules[user.__name__] = user
+    try:
+        ro.patch()
+        try:
+            for mod in (osb, user):
+                assert mod.get_seqlen_balanced_partitions is ro.get_seqlen_balanced_partitions
+                assert mod.get_minimum_num_micro_batch_size is ro.get_minimum_num_micro_batch_size
+            # the originals stay reachable for the fallbacks while patched
+            assert ro._openrlhf_balancing("karmarkar_karp") is osb.karmarkar_karp
+            assert ro.get_seqlen_balanced_partitions([0.5, 1.5, 2.5], 2, False) == OPENRLHF_GSBP([0.5, 1.5, 2.5], 2,
+                                                                                                   False)
+            assert ro.get_minimum_num_micro_batch_size([1.5, 2.5], 2, 1, 1) == OPENRLHF_MIN_MBS([1.5, 2.5], 2, 1, 1)
+        finally:
+            ro.unpatch()
+        assert osb.get_seqlen_balanced_partitions is OPENRLHF_GSBP
+        assert user.get_minimum_num_micro_batch_size is OPENRLHF_MIN_MBS
+    finally:
+        del sys.modules[user.__name__]

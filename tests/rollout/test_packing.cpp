@@ -63,9 +63,9 @@ void check_plan(const microbatch_plan& p, view<const index_t> len, const microba
 
 } // namespace
 
-TEST_CASE("micro-batches never exceed the token budget (KK and FFD, forced counts, divisors)") {
+TEST_CASE("micro-batches never exceed the token budget (KK, FFD and first fit, forced counts, divisors)") {
   test::rng r(40);
-  for (const auto alg : {pack_algorithm::karmarkar_karp, pack_algorithm::ffd})
+  for (const auto alg : {pack_algorithm::karmarkar_karp, pack_algorithm::ffd, pack_algorithm::first_fit})
     for (const index_t n : {1, 5, 64, 300})
       for (const index_t budget : {512, 4096, 16384})
         for (const index_t minimum : {1, 3, 17})
@@ -87,6 +87,52 @@ TEST_CASE("micro-batches never exceed the token budget (KK and FFD, forced count
             CHECK(again.items == p.items);
             CHECK(again.offsets == p.offsets);
           }
+}
+
+TEST_CASE("first fit keeps the input order: OpenRLHF's get_minimum_num_micro_batch_size, bin for bin") {
+  // The reference scans the open bins left to right for each sequence, in input order, and
+  // opens a bin when none fits; a sequence over the budget fills a bin of its own.
+  const auto reference = [](const std::vector<index_t>& len, index_t cap) {
+    std::vector<index_t> load;
+    std::vector<std::vector<index_t>> bins;
+    for (std::size_t i = 0; i < len.size(); ++i) {
+      std::size_t b = 0;
+      while (b < load.size() && load[b] + len[i] > cap) ++b;
+      if (b == load.size()) {
+        load.push_back(0);
+        bins.emplace_back();
+      }
+      load[b] += len[i];
+      bins[b].push_back(static_cast<index_t>(i));
+    }
+    return bins;
+  };
+  test::rng r(41);
+  for (const index_t n : {0, 1, 2, 7, 64, 500})
+    for (const index_t budget : {1, 9, 512, 4096}) {
+      auto len = lengths(r, n, budget * 5 / 4 + 1);
+      for (auto& l : len)
+        if (r.bernoulli(0.05)) l = 0; // empty sequences fit anywhere
+      CAPTURE(n);
+      CAPTURE(budget);
+      const microbatch_options o{.token_budget = budget,
+                                 .algorithm = pack_algorithm::first_fit,
+                                 .min_microbatches = 0,
+                                 .small_at_ends = false};
+      const microbatch_plan p = plan_microbatches(len, o);
+      check_plan(p, len, o);
+      auto want = reference(len, budget);
+      REQUIRE(p.num_microbatches() == static_cast<index_t>(want.size()));
+      // Same bins (rlpt orders micro-batches by their first sequence, as the reference opens them).
+      for (index_t m = 0; m < p.num_microbatches(); ++m) {
+        const auto mb = p.microbatch(m);
+        CHECK(std::vector<index_t>(mb.begin(), mb.end()) == want[static_cast<std::size_t>(m)]);
+      }
+    }
+  // Order matters: FFD packs [3, 3, 3, 7, 7, 7] into 3 bins of 10, first fit in order into 4.
+  const std::vector<index_t> len{3, 3, 3, 7, 7, 7};
+  CHECK(plan_microbatches(len, {.token_budget = 10, .algorithm = pack_algorithm::first_fit}).num_microbatches() == 4);
+  CHECK(plan_microbatches(len, {.token_budget = 10, .algorithm = pack_algorithm::ffd}).num_microbatches() == 3);
 }
 
 TEST_CASE("the verl KK counterexample: C = 8, L = [7] * 8 needs 8 micro-batches, never one of 14") {

@@ -42,6 +42,9 @@ RLPT_NAMESPACE_BEGIN
 enum class pack_algorithm : std::uint8_t {
   karmarkar_karp, //!< balanced micro-batches, cap verified (verl rearrange_micro_batches)
   ffd,            //!< first-fit decreasing: fewest micro-batches (AReaL MicroBatchSpec default)
+  //! first fit in the given order (OpenRLHF get_minimum_num_micro_batch_size): the count of a
+  //! streaming packer that cannot sort; more micro-batches than ffd on most inputs
+  first_fit,
 };
 
 struct microbatch_options {
@@ -102,8 +105,11 @@ namespace detail {
   return total;
 }
 
-//! First-fit decreasing into bins of `cap` tokens (every item <= cap). A max segment tree over
-//! the bins' free space finds the first bin that fits in O(log bins).
+//! First fit of `ids` in their order into bins of `cap` tokens (every item <= cap). A max segment
+//! tree over the bins' free space finds the first bin that fits in O(log bins).
+std::vector<std::vector<index_t>> first_fit(std::span<const index_t> ids, view<const index_t> len, index_t cap);
+
+//! First-fit decreasing: first_fit of the items by length, longest first (ties by index).
 std::vector<std::vector<index_t>> ffd(std::span<const index_t> ids, view<const index_t> len, index_t cap);
 
 [[nodiscard]] inline index_t tokens_of(const std::vector<index_t>& bin, view<const index_t> len) {
@@ -284,10 +290,8 @@ RLPT_NAMESPACE_BEGIN
 
 namespace detail {
 
-RLPT_INLINE std::vector<std::vector<index_t>> ffd(std::span<const index_t> ids, view<const index_t> len, index_t cap) {
-  std::vector<index_t> order(ids.begin(), ids.end());
-  std::sort(order.begin(), order.end(),
-            [&](index_t a, index_t b) { return len[a] != len[b] ? len[a] > len[b] : a < b; });
+RLPT_INLINE std::vector<std::vector<index_t>> first_fit(std::span<const index_t> order, view<const index_t> len,
+                                                        index_t cap) {
   std::size_t size = 1;
   while (size < std::max<std::size_t>(order.size(), 1)) size *= 2;
   std::vector<index_t> tree(2 * size, 0); // free space; unopened bins count as `cap`
@@ -305,6 +309,13 @@ RLPT_INLINE std::vector<std::vector<index_t>> ffd(std::span<const index_t> ids, 
     for (node /= 2; node >= 1; node /= 2) tree[node] = std::max(tree[2 * node], tree[2 * node + 1]);
   }
   return bins;
+}
+
+RLPT_INLINE std::vector<std::vector<index_t>> ffd(std::span<const index_t> ids, view<const index_t> len, index_t cap) {
+  std::vector<index_t> order(ids.begin(), ids.end());
+  std::sort(order.begin(), order.end(),
+            [&](index_t a, index_t b) { return len[a] != len[b] ? len[a] > len[b] : a < b; });
+  return first_fit(order, len, cap);
 }
 
 RLPT_INLINE bool repair(std::vector<std::vector<index_t>>& bins, view<const index_t> len, index_t cap) {
@@ -370,7 +381,8 @@ RLPT_INLINE microbatch_plan plan_microbatches(view<const index_t> lengths, const
   RLPT_CHECK(o.min_microbatches >= 0 && o.divisor >= 1 && o.kk_attempts >= 1, errors::rollout::bad_option,
              "min_microbatches ({}) must be >= 0, divisor ({}) and kk_attempts ({}) >= 1", o.min_microbatches,
              o.divisor, o.kk_attempts);
-  RLPT_CHECK(o.algorithm == pack_algorithm::karmarkar_karp || o.algorithm == pack_algorithm::ffd,
+  RLPT_CHECK(o.algorithm == pack_algorithm::karmarkar_karp || o.algorithm == pack_algorithm::ffd ||
+                 o.algorithm == pack_algorithm::first_fit,
              errors::rollout::bad_option, "micro-batch algorithm code {} is not a pack_algorithm",
              static_cast<int>(o.algorithm));
   const index_t n = lengths.size();
@@ -421,7 +433,8 @@ RLPT_INLINE microbatch_plan plan_microbatches(view<const index_t> lengths, const
       plan.fell_back = !done;
     }
     if (!done) {
-      bins = detail::ffd(regular, lengths, o.token_budget);
+      bins = o.algorithm == pack_algorithm::first_fit ? detail::first_fit(regular, lengths, o.token_budget)
+                                                      : detail::ffd(regular, lengths, o.token_budget);
       detail::split_to(bins, k, lengths);
     }
     // The count may have grown past the target: keep it a multiple of the divisor.
