@@ -32,14 +32,14 @@ def cpu_ms(fn, calls):
     return (time.process_time() - t0) * 1e3 / calls
 
 
-def compare(name, ours, theirs, calls, repeat):
+def compare(name, ours, theirs, calls, repeat, peer="verl"):
     ours(), theirs()  # warm-up
     a, b = [], []
     for _ in range(repeat):
         a.append(cpu_ms(ours, calls))
         b.append(cpu_ms(theirs, calls))
     ma, mb = statistics.median(a), statistics.median(b)
-    print(f"{name:44s} rlpt {ma:9.3f} ms   verl {mb:9.3f} ms   verl/rlpt {mb / ma:6.2f}x", flush=True)
+    print(f"{name:44s} rlpt {ma:9.3f} ms   {peer} {mb:9.3f} ms   {peer}/rlpt {mb / ma:6.2f}x", flush=True)
 
 
 def main():
@@ -121,6 +121,28 @@ def main():
     compare(f"group balanced partitions [N={n}, k={k}]", lambda: rv.get_group_balanced_partitions(seqlens, uid_list, k),
             lambda: verl_ggbp(seqlens, uid_list, k), 2, repeat)
 
+    # OpenRLHF's dynamic batching (experience maker, replay buffer): the first-fit micro-batch count
+    # for max_tokens_per_gpu = 16384, then Karmarkar-Karp into that many micro-batches on the
+    # samples' total lengths (lists of ints, as OpenRLHF passes them)
+    try:
+        import rlpt.openrlhf as ro
+    except ImportError:
+        ro = None
+    if ro is not None:
+        o_min_mbs = ro._openrlhf_balancing("get_minimum_num_micro_batch_size")
+        o_gsbp = ro._openrlhf_balancing("get_seqlen_balanced_partitions")
+        for n in (64,) if q else (1024, 8192):
+            lens = (torch.exp(torch.randn(n, generator=g) + 7).clamp(1, 16384).long()).tolist()
+            mbs = o_min_mbs(lens, 16384, 1, 1)
+            assert ro.get_minimum_num_micro_batch_size(lens, 16384, 1, 1) == mbs
+            assert ro.get_seqlen_balanced_partitions(lens, mbs, False) == o_gsbp(lens, mbs, False)
+            compare(f"openrlhf micro-batch count [N={n}, {mbs}]",
+                    lambda: ro.get_minimum_num_micro_batch_size(lens, 16384, 1, 1),
+                    lambda: o_min_mbs(lens, 16384, 1, 1), 2 if q else 10, repeat, peer="openrlhf")
+            compare(f"openrlhf balanced partitions [N={n}, k={mbs}]",
+                    lambda: ro.get_seqlen_balanced_partitions(lens, mbs, False), lambda: o_gsbp(lens, mbs, False),
+                    2 if q else (10 if n < 4096 else 2), repeat, peer="openrlhf")
+
     # logprob + entropy from logits, forward + backward (float32 and bfloat16 logits)
     N, V = (256, 4096) if q else (2048, 32768)
     for dtype in (torch.float32, torch.bfloat16):
@@ -140,6 +162,28 @@ def main():
             ((lpv + 0.01 * ent) * up).sum().backward()
 
         compare(f"logprob+entropy fwd+bwd [{N}, {V}] {str(dtype)[6:]}", lp_ours, lp_theirs, 1 if q else 2, repeat)
+
+    # fused lm-head: hidden [N, D] x head [V, D] -> logprob + entropy, forward + backward to both,
+    # against verl's FusedLinearForPPO (use_fused_kernels, torch backend: chunks of 512 tokens)
+    if rlpt._C.lm_head:
+        verl_fused_linear = rv._verl_fused_linear()  # verl's own class, patched or not
+        N, D, V = (64, 64, 4096) if q else (512, 512, 32768)
+        for dtype in (torch.float32, torch.bfloat16):
+            hid = (torch.randn(N, D, generator=g) * 0.05).to(dtype)
+            head = (torch.randn(V, D, generator=g) * 0.05).to(dtype)
+            labels = torch.randint(0, V, (N,), generator=g)
+            up = torch.randn(N, generator=g)
+
+            def lm_head(fn):
+                def run():
+                    h, w = hid.clone().requires_grad_(), head.clone().requires_grad_()
+                    lpv, ent = fn(h, w)
+                    ((lpv + 0.01 * ent.float()) * up).sum().backward()
+                return run
+
+            compare(f"fused lm-head fwd+bwd [{N}, {D}] x [{V}] {str(dtype)[6:]} ({rlpt.lm_head_isa()})",
+                    lm_head(lambda h, w: rlpt.lm_head_logprob_entropy(h, w, labels)),
+                    lm_head(lambda h, w: verl_fused_linear()(h, w, labels)), 1, repeat)
     print("copies made by the rlpt ops:", rlpt.copy_stats() or "none")
 
 

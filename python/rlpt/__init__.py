@@ -23,6 +23,9 @@ from ._ops import (GROUP_STATS, METRICS, MISMATCH, TOKEN_STATS, Objective, areal
                    similar_anchor_ids, step_returns)
 from ._rollout import balance, balance_partitions, plan_microbatches  # noqa: E402
 
+if _C.lm_head:
+    from ._ops import lm_head_isa, lm_head_logprob_entropy  # noqa: E402,F401
+
 __version__ = "0.2.0"
 cuda_kernels = bool(_C.cuda)
 
@@ -47,4 +50,6 @@ __all__ = ["Error", "error_id", "Objective", "METRICS", "MISMATCH", "GROUP_STATS
            "logprob_entropy", "sequence_logprob_entropy", "grpo_advantages", "rloo_advantages", "opo_advantages",
            "gpg_advantages", "passk_advantages", "gigpo_advantages", "similar_anchor_ids", "step_returns", "gae", "reinforce_pp",
            "reinforce_pp_baseline", "remax", "group_ids", "areal_normalize", "set_strict", "copy_stats",
-           "reset_copy_stats", "cuda_kernels"]
+           "reset_copy_stats", "cuda_kernels", "balance", "balance_partitions", "plan_microbatches"]
+if _C.lm_head:
+    __all__ += ["lm_head_logprob_entropy", "lm_head_isa"]

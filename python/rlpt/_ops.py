@@ -145,6 +145,23 @@ def _remax_fake(spec, token_rewards, baselines, mask, cu_seqlens):
     return token_rewards.new_empty(token_rewards.shape, dtype=f), token_rewards.new_empty(token_rewards.shape, dtype=f)
 
 
+if _C.lm_head:
+    @torch.library.register_fake("rlpt::lm_head_logprob_entropy")
+    def _lm_head_fake(hidden, weight, targets, temperature, ignore_index):
+        f32 = torch.float32
+        return (hidden.new_empty(targets.shape, dtype=f32), hidden.new_empty(targets.shape, dtype=f32),
+                hidden.new_empty((targets.numel(),), dtype=f32))
+
+    @torch.library.register_fake("rlpt::lm_head_logprob_entropy_backward")
+    def _lm_head_backward_fake(dlogp, dentropy, hidden, weight, targets, entropy, lse, temperature, ignore_index,
+                               grad_hidden, grad_weight):
+        gh = torch.empty_like(hidden, memory_format=torch.contiguous_format) if grad_hidden else \
+            hidden.new_empty((0, hidden.shape[-1]))
+        gw = torch.empty_like(weight, memory_format=torch.contiguous_format) if grad_weight else \
+            weight.new_empty((0, weight.shape[-1]))
+        return gh, gw
+
+
 # --- autograd -----------------------------------------------------------------------------------
 
 def _logprob_setup(ctx, inputs, output):
@@ -165,6 +182,27 @@ def _logprob_backward(ctx, dlogp, dentropy, _dlse, _dthr, _dtie, _dscored):
 
 
 torch.library.register_autograd("rlpt::logprob_entropy", _logprob_backward, setup_context=_logprob_setup)
+
+
+def _lm_head_setup(ctx, inputs, output):
+    hidden, weight, targets, temperature, ignore_index = inputs
+    _logp, ent, lse = output
+    ctx.save_for_backward(hidden, weight, targets, ent, lse)
+    ctx.args = (temperature, ignore_index)
+
+
+def _lm_head_backward(ctx, dlogp, dentropy, _dlse):
+    hidden, weight, targets, ent, lse = ctx.saved_tensors
+    want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    if (dlogp is None and dentropy is None) or not (want_h or want_w):
+        return None, None, None, None, None
+    gh, gw = ops.lm_head_logprob_entropy_backward(dlogp, dentropy, hidden, weight, targets, ent, lse, *ctx.args,
+                                                  want_h, want_w)
+    return (gh if want_h else None), (gw if want_w else None), None, None, None
+
+
+if _C.lm_head:
+    torch.library.register_autograd("rlpt::lm_head_logprob_entropy", _lm_head_backward, setup_context=_lm_head_setup)
 
 
 def _objective_setup(ctx, inputs, output):
@@ -209,6 +247,26 @@ def logprob_entropy(logits, targets, temperature=1.0, top_k=0, top_p=1.0, ignore
     out = call(ops.logprob_entropy, logits, targets, None, None, False, float(temperature), int(top_k),
                float(top_p), int(ignore_index), float(min_p), _min_p_first(min_p_order))
     return out[0], out[1]
+
+
+if _C.lm_head:
+    def lm_head_logprob_entropy(hidden, weight, targets, temperature=1.0, ignore_index=-100):
+        """Log-probability of ``targets`` and entropy under softmax(hidden @ weight.T / temperature),
+        without the [N, V] logits: rlpt's fused lm-head (CPU tensors; the product accumulated in
+        float32 whatever the inputs' dtype, never rounded to it). hidden [N, D] with targets [N], or
+        [B, T, D] with [B, T] (no label shift), weight [V, D] of hidden's dtype (float32, float64,
+        bfloat16, float16). Targets equal to ``ignore_index`` get logp 0. Returns float32 (logp,
+        entropy); differentiable in ``hidden`` and ``weight``. Runs on torch's intra-op threads
+        (torch.get_num_threads()). Present where the package was built with Eigen
+        (``rlpt._C.lm_head``)."""
+        out = call(ops.lm_head_logprob_entropy, hidden, weight, targets, float(temperature), int(ignore_index))
+        return out[0], out[1]
+
+    def lm_head_isa(want=""):
+        """The build of the fused lm-head's kernels in use: "avx2" (rlpt/_lm_head_avx2.so, chosen
+        where the CPU has AVX2 and FMA) or "baseline". ``want`` = "baseline" or "avx2" forces one
+        (rlpt.python.bad_option where the AVX2 build is unavailable), "auto" restores the choice."""
+        return call(_C.lm_head_isa, str(want))
 
 
 def sequence_logprob_entropy(logits, tokens, valid=None, cu_seqlens=None, temperature=1.0, top_k=0, top_p=1.0,

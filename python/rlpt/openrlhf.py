@@ -18,6 +18,7 @@ Differences on purpose (docs/python.md): an all-masked micro-batch gives loss 0 
 a group of one under group_norm / rloo raises rlpt.Error (OpenRLHF: NaN); outputs at masked
 tokens of GAE / returns are 0.
 """
+import importlib
 import os
 from importlib import metadata
 
@@ -256,9 +257,9 @@ def get_cumulative_returns(rewards, action_mask, gamma):
 
 
 def _openrlhf_balancing(name):
-    """OpenRLHF's own seqlen_balancing.<name>, patched or not."""
-    from openrlhf.utils import seqlen_balancing as sb
-
+    """OpenRLHF's own seqlen_balancing.<name>, patched or not (the module registered under its name:
+    the installed package's, or a checkout's that its tests load)."""
+    sb = importlib.import_module("openrlhf.utils.seqlen_balancing")
     for (mod, attr), original in _saved.items():
         if mod is sb and attr == name:
             return original
@@ -277,13 +278,15 @@ def get_seqlen_balanced_partitions(seqlen_list, k_partitions, equal_size):
 def get_minimum_num_micro_batch_size(total_lengths, max_tokens_per_gpu, ring_attn_size, ds_tensor_parallel_size):
     """openrlhf.utils.seqlen_balancing.get_minimum_num_micro_batch_size by rlpt: the number of bins
     first fit (in the given order) packs the lengths into, each bin holding
-    max_tokens_per_gpu * ring_attn_size * ds_tensor_parallel_size tokens and a longer sequence
-    alone (rlpt.plan_microbatches, algorithm "first_fit": a segment tree instead of OpenRLHF's scan
-    of every open bin per sequence). Inputs other than non-negative integer lengths and a capacity
-    of at least 1 go to OpenRLHF's own function."""
+    max_tokens_per_gpu * ring_attn_size * ds_tensor_parallel_size tokens (rlpt.plan_microbatches,
+    algorithm "first_fit": a segment tree instead of OpenRLHF's scan of every open bin per
+    sequence). Inputs other than non-negative integer lengths and a capacity of at least 1 go to
+    OpenRLHF's own function, and so does a sequence longer than the capacity (OpenRLHF 0.11.2
+    gives it a bin of its own, later releases raise ValueError: the installed one answers)."""
     cap = max_tokens_per_gpu * ring_attn_size * ds_tensor_parallel_size
     lengths = exact_workloads(total_lengths)
-    if lengths is None or not isinstance(cap, int) or not 1 <= cap < 2 ** 63:
+    if (lengths is None or not isinstance(cap, int) or not 1 <= cap < 2 ** 63
+            or (lengths.numel() and int(lengths.max()) > cap)):
         return _openrlhf_balancing("get_minimum_num_micro_batch_size")(total_lengths, max_tokens_per_gpu,
                                                                         ring_attn_size, ds_tensor_parallel_size)
     plan = plan_microbatches(lengths, cap, algorithm="first_fit", min_microbatches=0, divisor=1,

@@ -14,8 +14,8 @@ trainer calls directly.
 
 Also here: logprobs_from_logits / entropy_from_logits / logprobs_and_entropy drop-ins (rlpt's
 kernel), kl_loss and value_loss (verl's kl_penalty + agg_loss and compute_value_loss), and
-get_seqlen_balanced_partitions / get_group_balanced_partitions (rlpt's Karmarkar-Karp; patched in
-with the rest).
+get_seqlen_balanced_partitions / get_group_balanced_partitions (rlpt's Karmarkar-Karp) and
+FusedLinearForPPO (rlpt's fused lm-head on CPU tensors), patched in with the rest.
 
 What differs on purpose (docs/python.md): an all-masked micro-batch gives loss 0 (verl: NaN for
 token-mean); NaN inputs raise rlpt.Error instead of propagating; geo_mean's, clip_cov's and
@@ -389,6 +389,38 @@ def logprobs_and_entropy(logits, labels, temperature=1.0):
     return lp.view(shape), ent.view(shape)
 
 
+class FusedLinearForPPO(torch.nn.Module):
+    """verl.utils.experimental.torch_functional.FusedLinearForPPO (``use_fused_kernels``: the
+    actor's hidden states x lm_head weight -> log-probs and entropy) by rlpt's fused lm-head
+    (rlpt.lm_head_logprob_entropy) on CPU tensors: the same arguments and return values (float32
+    log-probs, entropy in the hidden states' dtype), the product accumulated in float32 (verl's
+    torch chunks round the logits to a bf16 input's dtype first). Tensors on another device, and a
+    package built without Eigen, take verl's own class."""
+
+    def __init__(self, chunk_size=512, impl_backend="torch"):
+        super().__init__()
+        if impl_backend not in ("torch", "liger"):
+            raise ValueError(f"Unsupported FusedLinearForPPO backend: {impl_backend}. Choose 'torch' or 'liger'.")
+        self.chunk_size = chunk_size
+        self.impl_backend = impl_backend
+
+    def forward(self, hidden_states, vocab_weights, input_ids, temperature=1.0):
+        if hidden_states.device.type != "cpu" or not rlpt._C.lm_head:
+            verl_cls = _verl_fused_linear()
+            return verl_cls(chunk_size=self.chunk_size, impl_backend=self.impl_backend)(
+                hidden_states, vocab_weights, input_ids, temperature)
+        logp, ent = rlpt.lm_head_logprob_entropy(hidden_states, vocab_weights, input_ids.to(torch.int64),
+                                                 temperature=float(temperature))
+        return logp, ent.to(hidden_states.dtype)
+
+
+def _verl_fused_linear():
+    """verl's own FusedLinearForPPO, patched or not."""
+    from verl.utils.experimental import torch_functional as tf
+
+    return _saved.get(("module", tf.__name__, "FusedLinearForPPO"), tf.FusedLinearForPPO)
+
+
 # --- training-inference mismatch metrics ----------------------------------------------------------
 
 _OFFPOLICY_NAMES = {"kl": "k1", "k3_kl": "k3", "training_ppl": "trainer_ppl", "training_log_ppl": "trainer_log_ppl",
@@ -498,9 +530,9 @@ def register(prefix="rlpt_"):
 def patch():
     """Opt-in: the rlpt functions replace verl's own names in both registries, the GRPO and GAE
     functions the trainer calls directly (core_algos.compute_grpo_outcome_advantage,
-    core_algos.compute_gae_advantage_return) and seqlen_balancing's get_seqlen_balanced_partitions
+    core_algos.compute_gae_advantage_return), seqlen_balancing's get_seqlen_balanced_partitions
     and get_group_balanced_partitions (also where a trainer module already imported them by
-    name). unpatch() restores verl's."""
+    name) and torch_functional's FusedLinearForPPO. unpatch() restores verl's."""
     from verl.trainer.ppo import core_algos as ca
 
     if _saved:
@@ -527,6 +559,12 @@ def patch():
             if module is not None and getattr(module, name, None) is original:
                 _saved[("module", module.__name__, name)] = original
                 setattr(module, name, fn)
+    # The fused lm-head: verl's model forwards import the class from its module at each call.
+    if rlpt._C.lm_head:
+        from verl.utils.experimental import torch_functional as tf
+
+        _saved[("module", tf.__name__, "FusedLinearForPPO")] = tf.FusedLinearForPPO
+        tf.FusedLinearForPPO = FusedLinearForPPO
 
 
 def unpatch():

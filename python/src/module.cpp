@@ -17,6 +17,8 @@ namespace rlpt_py {
 void bind_sync(pybind11::module_& m);
 void bind_rollout(pybind11::module_& m);
 bool cuda_kernels_built();
+bool lm_head_built();
+std::string lm_head_isa(const std::string& want);
 } // namespace rlpt_py
 
 namespace py = pybind11;
@@ -25,6 +27,12 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "rlpt operator library and helpers; use the rlpt package, not this module";
   m.attr("torch_version") = RLPT_PY_TORCH_VERSION;
   m.attr("cuda") = rlpt_py::cuda_kernels_built();
+  m.attr("lm_head") = rlpt_py::lm_head_built();
+  if (rlpt_py::lm_head_built())
+    m.def(
+        "lm_head_isa",
+        [](const std::string& want) { return rlpt_py::guard([&] { return rlpt_py::lm_head_isa(want); }); },
+        py::arg("want") = "");
   m.attr("num_metrics") = rlpt_py::num_metrics;
   m.attr("num_mismatch_metrics") = rlpt_py::mismatch_fields;
   m.def("set_strict", &rlpt_py::set_strict, py::arg("on"));

@@ -302,9 +302,10 @@ def test_balanced_partitions_keep_openrlhf_assertions():
 @pytest.mark.parametrize("dist", ["lognormal", "ties", "zeros"])
 @pytest.mark.parametrize("n", [0, 1, 5, 64, 500])
 @pytest.mark.parametrize("cap,ring,tp", [(1, 1, 1), (512, 1, 1), (4096, 1, 1), (2048, 2, 2), (16384, 1, 4)])
-def test_minimum_micro_batch_count_is_openrlhf(dist, n, cap, ring, tp):
-    lengths = total_lengths(dist, n, seed=n + cap)
+def test_minimum_micro_batch_count_is_openrlhf(dist, n, cap, ring, tp, monkeypatch):
+    lengths = [min(x, cap * ring * tp) for x in total_lengths(dist, n, seed=n + cap)]
     want = OPENRLHF_MIN_MBS(lengths, cap, ring, tp)
+    monkeypatch.setattr(ro, "_openrlhf_balancing", None)  # rlpt's own first fit answers, no fallback
     assert ro.get_minimum_num_micro_batch_size(lengths, cap, ring, tp) == want
     assert ro.get_minimum_num_micro_batch_size(torch.tensor(lengths, dtype=torch.long), cap, ring, tp) == want
 
@@ -313,8 +314,12 @@ def test_minimum_micro_batch_count_keeps_the_input_order():
     # first fit in order: [3, 3, 3, 7, 7, 7] into bins of 10 takes 4 (first-fit decreasing: 3)
     assert ro.get_minimum_num_micro_batch_size([3, 3, 3, 7, 7, 7], 10, 1, 1) == 4
     assert OPENRLHF_MIN_MBS([3, 3, 3, 7, 7, 7], 10, 1, 1) == 4
-    # a sequence over the capacity fills a bin of its own; an empty one fits anywhere
-    assert ro.get_minimum_num_micro_batch_size([12, 0, 5, 30, 5, 0], 10, 1, 1) == 3
+    # an empty sequence fits anywhere; one over the capacity is the installed OpenRLHF's to answer
+    # (0.11.2: a bin of its own; later releases raise ValueError)
+    assert ro.get_minimum_num_micro_batch_size([2, 0, 5, 9, 5, 0], 10, 1, 1) == 3  # [2, 0, 5, 0] [9] [5]
+    assert OPENRLHF_MIN_MBS([2, 0, 5, 9, 5, 0], 10, 1, 1) == 3
+    assert ro.get_minimum_num_micro_batch_size([12, 0, 5, 30, 5, 0], 10, 1, 1) == OPENRLHF_MIN_MBS(
+        [12, 0, 5, 30, 5, 0], 10, 1, 1)
 
 
 def test_minimum_micro_batch_count_hands_openrlhf_what_rlpt_does_not_take():

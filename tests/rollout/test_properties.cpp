@@ -282,7 +282,7 @@ TEST_CASE("property: micro-batch and step plans of hostile input are valid or rl
     const index_t n = r.integer(0, 40);
     const std::vector<index_t> len = lengths(r, n, nasty);
     const microbatch_options o{.token_budget = nasty ? hostile(r, 8192) : r.integer(1, 8192),
-                               .algorithm = static_cast<pack_algorithm>(r.integer(0, 1)),
+                               .algorithm = static_cast<pack_algorithm>(r.integer(0, 2)),
                                .min_microbatches = nasty ? hostile(r, 6) : r.integer(0, 6),
                                .divisor = nasty ? hostile(r, 4) : r.integer(1, 4),
                                .small_at_ends = r.bernoulli(0.5),
