@@ -332,3 +332,20 @@ def test_verl_patch_swaps_fused_linear_for_ppo():
     assert tf.FusedLinearForPPO is original
     with pytest.raises(ValueError, match="Unsupported FusedLinearForPPO backend"):
         rv.FusedLinearForPPO(impl_backend="triton")
+
+
+def test_edge_shapes_and_nonfinite_inputs(build):
+    for shape in [(0, 8), (2, 0, 8)]:  # no tokens: empty results, zero weight gradient
+        h = torch.randn(*shape, requires_grad=True)
+        w = torch.randn(5, 8, requires_grad=True)
+        lp, en = rlpt.lm_head_logprob_entropy(h, w, torch.zeros(shape[:-1], dtype=torch.long))
+        assert lp.shape == en.shape == shape[:-1]
+        (lp.sum() + en.sum()).backward()
+        assert h.grad.shape == shape and torch.equal(w.grad, torch.zeros(5, 8))
+    lp, en = rlpt.lm_head_logprob_entropy(torch.randn(3, 1), torch.randn(1, 1), torch.zeros(3, dtype=torch.long))
+    assert torch.equal(lp, torch.zeros(3)) and torch.equal(en, torch.zeros(3))  # one word: p = 1
+    h = torch.randn(2, 4)
+    h[1, 2] = float("nan")
+    with pytest.raises(rlpt.Error) as e:
+        rlpt.lm_head_logprob_entropy(h, torch.randn(6, 4), torch.tensor([1, 2]))
+    assert e.value.id == "rlpt.logprob.nonfinite" and "row 1" in str(e.value)
