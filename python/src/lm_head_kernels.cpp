@@ -7,7 +7,8 @@
 #include <rlpt/core/thread_pool.hpp>
 #include <rlpt/logprob/lm_head.hpp>
 
-#include <memory>
+#include <unistd.h>
+
 #include <mutex>
 
 namespace rlpt_py {
@@ -15,15 +16,22 @@ namespace {
 
 //! One rlpt::thread_pool of the caller's thread count, rebuilt when that count changes. A call
 //! that finds it in use by another thread runs serially instead of waiting, so concurrent Python
-//! threads never block each other.
+//! threads never block each other. The pool is never destroyed at exit, and a forked child (a
+//! DataLoader worker) inherits it without its threads: joining threads a process does not have
+//! would hang, so the child leaves the parent's pool alone and builds its own.
 class pool_lease {
 public:
   explicit pool_lease(int threads) : lock_(mutex(), std::try_to_lock) {
     if (!lock_.owns_lock() || threads <= 1) return;
     auto& p = pool();
-    if (!p || static_cast<int>(p->size()) != threads)
-      p = std::make_unique<rlpt::thread_pool>(static_cast<unsigned>(threads));
-    ex_ = rlpt::host_executor(p.get());
+    auto& owner = owner_pid();
+    if (p != nullptr && owner != ::getpid()) p = nullptr; // the parent's: its workers are not in this process
+    if (p == nullptr || static_cast<int>(p->size()) != threads) {
+      delete p; // NOLINT(cppcoreguidelines-owning-memory): ours, so its workers are ours to join
+      p = new rlpt::thread_pool(static_cast<unsigned>(threads)); // NOLINT(cppcoreguidelines-owning-memory)
+      owner = ::getpid();
+    }
+    ex_ = rlpt::host_executor(p);
   }
   [[nodiscard]] const rlpt::host_executor& executor() const noexcept { return ex_; }
 
@@ -32,9 +40,13 @@ private:
     static std::mutex m;
     return m;
   }
-  static std::unique_ptr<rlpt::thread_pool>& pool() {
-    static std::unique_ptr<rlpt::thread_pool> p;
+  static rlpt::thread_pool*& pool() {
+    static rlpt::thread_pool* p = nullptr;
     return p;
+  }
+  static pid_t& owner_pid() {
+    static pid_t pid = 0;
+    return pid;
   }
   std::unique_lock<std::mutex> lock_;
   rlpt::host_executor ex_{};

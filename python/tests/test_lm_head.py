@@ -349,3 +349,30 @@ def test_edge_shapes_and_nonfinite_inputs(build):
     with pytest.raises(rlpt.Error) as e:
         rlpt.lm_head_logprob_entropy(h, torch.randn(6, 4), torch.tensor([1, 2]))
     assert e.value.id == "rlpt.logprob.nonfinite" and "row 1" in str(e.value)
+
+
+def _forked_child(h, w, y, want_lp, q):
+    torch.set_num_threads(2)
+    lp, _ = rlpt.lm_head_logprob_entropy(h, w, y)
+    q.put(bool(torch.equal(lp, want_lp)))
+
+
+def test_a_forked_child_builds_its_own_threads(gen):
+    # The parent's pool has worker threads; a fork (DataLoader workers) has none of them.
+    import multiprocessing
+
+    h, w, y = make(gen, 300, 32, 2000)
+    torch.set_num_threads(2)
+    try:
+        want_lp, _ = rlpt.lm_head_logprob_entropy(h, w, y)
+    finally:
+        torch.set_num_threads(1)
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_forked_child, args=(h, w, y, want_lp, q))
+    p.start()
+    p.join(timeout=120)
+    if p.is_alive():
+        p.kill()
+        pytest.fail("the forked child hung in the fused lm-head")
+    assert p.exitcode == 0 and q.get(timeout=10)
