@@ -26,7 +26,4 @@ logprob_call prepare_logprob(const at::Tensor& logits, const at::Tensor& tokens,
                              const opt_tensor& cu_seqlens, bool sequence, double temperature, int64_t top_k,
                              double top_p, int64_t ignore_index, double min_p, bool min_p_first);
 
-//! A per-row saved / upstream tensor as a contiguous float32 one-per-row array.
-at::Tensor per_row_f32(const at::Tensor& t, const logprob_call& c, std::string_view what);
-
 } // namespace rlpt_py

@@ -96,9 +96,9 @@ at::Tensor logprob_entropy_backward_cuda(const opt_tensor& dlogp, const opt_tens
     const c10::cuda::CUDAGuard device_guard(logits.device());
     const logprob_call c = prepare_logprob(logits, tokens, valid, cu_seqlens, sequence, temperature, top_k, top_p,
                                            ignore_index, min_p, min_p_first);
-    const opt_tensor gl = dlogp ? opt_tensor(per_row_f32(*dlogp, c, "dlogp")) : std::nullopt;
-    const opt_tensor ge = dentropy ? opt_tensor(per_row_f32(*dentropy, c, "dentropy")) : std::nullopt;
-    const at::Tensor lp = per_row_f32(logp, c, "logp"), en = per_row_f32(entropy, c, "entropy");
+    const opt_tensor gl = dlogp ? opt_tensor(per_row_f32(*dlogp, c.rows, "dlogp")) : std::nullopt;
+    const opt_tensor ge = dentropy ? opt_tensor(per_row_f32(*dentropy, c.rows, "dentropy")) : std::nullopt;
+    const at::Tensor lp = per_row_f32(logp, c.rows, "logp"), en = per_row_f32(entropy, c.rows, "entropy");
     const at::Tensor ls = contiguous_as(lse, at::kFloat, "lse");
     const at::Tensor th = contiguous_as(threshold, at::kFloat, "threshold");
     const at::Tensor ti = contiguous_as(tie_last, at::kLong, "tie_last");

@@ -82,21 +82,6 @@ struct lm_head_call {
   int64_t ignore_index = -100;
 };
 
-at::Tensor rows_of(const at::Tensor& t, std::string_view what) {
-  at::Tensor x = t;
-  const bool rows_ok = x.stride(-1) == 1 || x.size(-1) <= 1;
-  const bool even = x.dim() != 3 || x.size(0) <= 1 || x.stride(0) == x.size(1) * x.stride(1);
-  if (!rows_ok || !even) {
-    if (strict())
-      raise(ids::strides, fmt::format("{} (shape {}, strides {}) cannot be read as rows with a contiguous last "
-                                      "dimension and strict mode is on; call .contiguous() on it",
-                                      what, dims(t.sizes()), dims(t.strides())));
-    note_copy("copy", what);
-    x = x.contiguous();
-  }
-  return x.dim() == 3 ? x.view({x.size(0) * x.size(1), x.size(2)}) : x;
-}
-
 lm_head_call prepare(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets, double temperature,
                      int64_t ignore_index) {
   const auto st = hidden.scalar_type();
@@ -122,8 +107,8 @@ lm_head_call prepare(const at::Tensor& hidden, const at::Tensor& weight, const a
     raise(ids::dtype, fmt::format("targets must be integer token ids, got {}", dtype_name(targets.scalar_type())));
   lm_head_call c;
   c.out_shape = targets.sizes().vec();
-  c.hidden2d = rows_of(hidden, "hidden");
-  c.weight = rows_of(weight, "weight");
+  c.hidden2d = as_rows(hidden, "hidden");
+  c.weight = as_rows(weight, "weight");
   c.targets = contiguous_as(targets, at::kLong, "targets").view({-1});
   c.temperature = static_cast<float>(temperature);
   c.ignore_index = ignore_index;
@@ -152,12 +137,6 @@ lm_head_args args_of(const lm_head_call& c, at::ScalarType st) {
 
 [[noreturn]] void rethrow(const lm_head_failure& f) { throw rlpt::error(f.id, f.message); }
 
-at::Tensor per_row(const at::Tensor& t, index_t n, std::string_view what) {
-  if (t.numel() != n)
-    raise(ids::shape, fmt::format("{} has {} elements, expected one per token ({})", what, t.numel(), n));
-  return contiguous_as(t, at::kFloat, what).view({n});
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> lm_head_cpu(const at::Tensor& hidden, const at::Tensor& weight,
                                                            const at::Tensor& targets, double temperature,
                                                            int64_t ignore_index) {
@@ -183,9 +162,9 @@ std::tuple<at::Tensor, at::Tensor> lm_head_backward_cpu(const std::optional<at::
   return guard([&] {
     const lm_head_call c = prepare(hidden, weight, targets, temperature, ignore_index);
     const index_t n = c.hidden2d.size(0), d = c.hidden2d.size(1), v = c.weight.size(0);
-    const opt_tensor gl = dlogp ? opt_tensor(per_row(*dlogp, n, "dlogp")) : std::nullopt;
-    const opt_tensor ge = dentropy ? opt_tensor(per_row(*dentropy, n, "dentropy")) : std::nullopt;
-    const at::Tensor en = per_row(entropy, n, "entropy"), ls = per_row(lse, n, "lse");
+    const opt_tensor gl = dlogp ? opt_tensor(per_row_f32(*dlogp, n, "dlogp")) : std::nullopt;
+    const opt_tensor ge = dentropy ? opt_tensor(per_row_f32(*dentropy, n, "dentropy")) : std::nullopt;
+    const at::Tensor en = per_row_f32(entropy, n, "entropy"), ls = per_row_f32(lse, n, "lse");
     const auto f32 = hidden.options().dtype(at::kFloat);
     // rlpt writes float32 gradients; autograd wants the inputs' dtype (a cast for the others). A
     // gradient not asked for comes back empty ([0]): op schemas have no optional returns.

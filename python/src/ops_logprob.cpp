@@ -34,23 +34,9 @@ logprob_call prepare_logprob(const at::Tensor& logits, const at::Tensor& tokens,
                                   "([N, V] with [N], or [B, T, V] with [B, T])",
                                   dims(logits.sizes()), dims(tokens.sizes())));
   c.out_shape = tokens.sizes().vec();
-  at::Tensor x = logits;
-  if (x.size(-1) > 1 && x.stride(-1) != 1) {
-    if (strict())
-      raise(ids::strides, fmt::format("logits (strides {}) have a non-contiguous last dimension", dims(x.strides())));
-    note_copy("copy", "logits");
-    x = x.contiguous();
-  }
-  if (x.dim() == 3 && x.size(0) > 1 && x.stride(0) != x.size(1) * x.stride(1)) {
-    if (strict())
-      raise(ids::strides,
-            fmt::format("logits [B, T, V] with strides {} cannot be read as [B*T, V] rows", dims(x.strides())));
-    note_copy("copy", "logits");
-    x = x.contiguous();
-  }
-  c.vocab = x.size(-1);
+  c.vocab = logits.size(-1);
   c.rows = tokens.numel();
-  c.logits2d = x.dim() == 3 ? x.view({c.rows, c.vocab}) : x;
+  c.logits2d = as_rows(logits, "logits");
   c.row_stride = c.rows > 1 ? c.logits2d.stride(0) : c.vocab;
   c.tokens = contiguous_as(tokens, at::kLong, "tokens");
   if (valid) {
@@ -71,12 +57,6 @@ logprob_call prepare_logprob(const at::Tensor& logits, const at::Tensor& tokens,
     raise(ids::bad_option, "valid and cu_seqlens are for sequences (sequence = True)");
   }
   return c;
-}
-
-at::Tensor per_row_f32(const at::Tensor& t, const logprob_call& c, std::string_view what) {
-  if (t.numel() != c.rows)
-    raise(ids::shape, fmt::format("{} has {} elements, expected one per token ({})", what, t.numel(), c.rows));
-  return contiguous_as(t, at::kFloat, what).view({c.rows});
 }
 
 namespace {
@@ -137,9 +117,9 @@ at::Tensor logprob_entropy_backward_cpu(const opt_tensor& dlogp, const opt_tenso
   return guard([&] {
     const logprob_call c = prepare_logprob(logits, tokens, valid, cu_seqlens, sequence, temperature, top_k, top_p,
                                            ignore_index, min_p, min_p_first);
-    const opt_tensor gl = dlogp ? opt_tensor(per_row_f32(*dlogp, c, "dlogp")) : std::nullopt;
-    const opt_tensor ge = dentropy ? opt_tensor(per_row_f32(*dentropy, c, "dentropy")) : std::nullopt;
-    const at::Tensor lp = per_row_f32(logp, c, "logp"), en = per_row_f32(entropy, c, "entropy");
+    const opt_tensor gl = dlogp ? opt_tensor(per_row_f32(*dlogp, c.rows, "dlogp")) : std::nullopt;
+    const opt_tensor ge = dentropy ? opt_tensor(per_row_f32(*dentropy, c.rows, "dentropy")) : std::nullopt;
+    const at::Tensor lp = per_row_f32(logp, c.rows, "logp"), en = per_row_f32(entropy, c.rows, "entropy");
     const at::Tensor ls = contiguous_as(lse, at::kFloat, "lse");
     const at::Tensor th = contiguous_as(threshold, at::kFloat, "threshold");
     const at::Tensor ti = contiguous_as(tie_last, at::kLong, "tie_last");

@@ -46,15 +46,31 @@ at::Tensor contiguous_as(const at::Tensor& t, at::ScalarType want, std::string_v
     note_copy("cast", what);
     x = x.to(want);
   }
-  if (!x.is_contiguous()) {
-    if (strict())
-      raise(ids::strides, fmt::format("{} (shape {}, strides {}) is not contiguous and strict mode is on; call "
-                                      ".contiguous() on it",
-                                      what, dims(t.sizes()), dims(t.strides())));
-    note_copy("copy", what);
-    x = x.contiguous();
-  }
+  if (!x.is_contiguous())
+    x = counted_contiguous(x, what, [&] {
+      return fmt::format("{} (shape {}, strides {}) is not contiguous and strict mode is on; call .contiguous() on it",
+                         what, dims(t.sizes()), dims(t.strides()));
+    });
   return x;
+}
+
+at::Tensor as_rows(const at::Tensor& t, std::string_view what) {
+  at::Tensor x = t;
+  const bool last_ok = x.size(-1) <= 1 || x.stride(-1) == 1;
+  const bool one_stride = x.dim() != 3 || x.size(0) <= 1 || x.stride(0) == x.size(1) * x.stride(1);
+  if (!last_ok || !one_stride)
+    x = counted_contiguous(x, what, [&] {
+      return fmt::format("{} (shape {}, strides {}) cannot be read as rows with a contiguous last dimension and one "
+                         "row stride, and strict mode is on; call .contiguous() on it",
+                         what, dims(t.sizes()), dims(t.strides()));
+    });
+  return x.dim() == 3 ? x.view({x.size(0) * x.size(1), x.size(2)}) : x;
+}
+
+at::Tensor per_row_f32(const at::Tensor& t, index_t rows, std::string_view what) {
+  if (t.numel() != rows)
+    raise(ids::shape, fmt::format("{} has {} elements, expected one per token ({})", what, t.numel(), rows));
+  return contiguous_as(t, at::kFloat, what).view({rows});
 }
 
 at::Tensor mask_bytes(const at::Tensor& t, std::string_view what) {

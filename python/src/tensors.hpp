@@ -44,9 +44,26 @@ template <class F> decltype(auto) guard(F&& f) {
 std::string dims(at::IntArrayRef d);
 std::string dtype_name(at::ScalarType t);
 
+//! `t` made contiguous, a copy counted under `what`; in strict mode rlpt.python.strides with the
+//! message `why()` instead (built only then).
+template <class Why> at::Tensor counted_contiguous(const at::Tensor& t, std::string_view what, Why&& why) {
+  if (strict()) raise(ids::strides, why());
+  note_copy("copy", what);
+  return t.contiguous();
+}
+
 //! The tensor as `want` (a counted cast when it differs) and contiguous (a counted copy when
 //! it is not).
 at::Tensor contiguous_as(const at::Tensor& t, at::ScalarType want, std::string_view what);
+
+//! A [N, X] or [B, T, X] tensor as [rows, X] rows with a contiguous last dimension and one row
+//! stride: read in place when its memory has that layout, else a counted copy (or, in strict
+//! mode, rlpt.python.strides naming `what`).
+at::Tensor as_rows(const at::Tensor& t, std::string_view what);
+
+//! A one-per-row tensor (`rows` elements) as contiguous float32 [rows] (upstream gradients and
+//! saved statistics of the backward ops).
+at::Tensor per_row_f32(const at::Tensor& t, index_t rows, std::string_view what);
 
 //! A mask as bytes (bool is reinterpreted; other dtypes become (x != 0), a counted cast).
 at::Tensor mask_bytes(const at::Tensor& t, std::string_view what);
