@@ -73,6 +73,16 @@ template <class T> using host_chunk_data = token_chunk<T, host_chunk>;
 #define RLPT_OBJECTIVE_RESTRICT
 #endif
 
+//! The slots a host stage computes for n tokens: n rounded up to a multiple of 16. Every stage
+//! loop's trip count is then a multiple of each clone's vector width (16 floats in AVX-512), which
+//! GCC sees from the count's low bits and compiles no remainder loop for: a TU calling evaluate
+//! took a fifth less time and code (docs/performance.md, "Compile time"). The slots past n hold
+//! invalid tokens (load pads them): every sum, count and maximum selects on valid or in-loss
+//! flags, so they add nothing (a selected +0 leaves a lane that starts at +0 unchanged), and
+//! gradients are stored for the first n only.
+RLPT_OBJECTIVE_HOST_INLINE int host_lanes(int n) { return (n + 15) & ~15; }
+static_assert(host_chunk % 16 == 0, "host_lanes must not pass the chunk");
+
 //! The per-row sums' count type on the host.
 using host_count = std::int64_t;
 
@@ -80,29 +90,31 @@ using host_count = std::int64_t;
 #define RLPT_OBJECTIVE_HOST_STAGES(ATTR, WIDE)                                                                         \
   ATTR static int load(const objective_plan& p, const basic_objective_inputs<T>& in, index_t b, index_t i0, int n,     \
                        host_chunk_data<T>& RLPT_OBJECTIVE_RESTRICT c) {                                                \
-    return load_chunk(p, in, b, i0, n, c);                                                                             \
+    const int bad = load_chunk(p, in, b, i0, n, c);                                                                    \
+    std::memset(c.valid + n, 0, static_cast<std::size_t>(host_lanes(n) - n));                                          \
+    return bad;                                                                                                        \
   }                                                                                                                    \
   ATTR static void correction(const objective_plan& p, const token_consts<T>& k, int n,                                \
                               host_chunk_data<T>& RLPT_OBJECTIVE_RESTRICT c) {                                         \
-    correction_chunk(p, k, n, c);                                                                                      \
+    correction_chunk(p, k, host_lanes(n), c);                                                                          \
   }                                                                                                                    \
   ATTR static row_stats stats(const objective_plan& p, int n, host_chunk_data<T>& RLPT_OBJECTIVE_RESTRICT c,           \
                               row_stats st) {                                                                          \
-    stats_chunk<WIDE>(p, n, c, st);                                                                                    \
+    stats_chunk<WIDE>(p, host_lanes(n), c, st);                                                                        \
     return st;                                                                                                         \
   }                                                                                                                    \
   ATTR static void policy(const objective_plan& p, const token_consts<T>& k, int n,                                    \
                           host_chunk_data<T>& RLPT_OBJECTIVE_RESTRICT c) {                                             \
-    policy_chunk(p, k, n, c);                                                                                          \
+    policy_chunk(p, k, host_lanes(n), c);                                                                              \
   }                                                                                                                    \
   ATTR static void kl(const objective_plan& p, int n, host_chunk_data<T>& RLPT_OBJECTIVE_RESTRICT c) {                 \
-    kl_chunk(p, n, c);                                                                                                 \
+    kl_chunk(p, host_lanes(n), c);                                                                                     \
   }                                                                                                                    \
   ATTR static token_acc<double, host_count> combine(const objective_plan& p, const token_consts<T>& k, index_t i0,     \
                                                     int n, host_chunk_data<T>& RLPT_OBJECTIVE_RESTRICT c,              \
                                                     const basic_objective_grads<T>& gr,                                \
                                                     token_acc<double, host_count> a) {                                 \
-    combine_chunk<WIDE>(p, k, i0, n, c, gr, a);                                                                        \
+    combine_chunk<WIDE>(p, k, i0, host_lanes(n), n, c, gr, a);                                                         \
     return a;                                                                                                          \
   }
 // NOLINTEND(bugprone-macro-parentheses)

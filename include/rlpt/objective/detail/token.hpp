@@ -768,14 +768,15 @@ template <class T, int N> RLPT_HD_FORCEINLINE void kl_chunk(const objective_plan
     }
 }
 
-//! How the terms combine: the value term, the gradients of tokens [i0, i0 + n) (every slot
-//! written; tokens outside the loss get 0) and the chunk's sums added to `a`:
+//! How the terms combine: the value term over the chunk's n slots, the gradients of tokens
+//! [i0, i0 + n_grad) (every one written; tokens outside the loss get 0; n_grad <= n, the host's
+//! padded slots are not written) and the chunk's sums added to `a`:
 //!   d loss / d logp = a_policy * w * pg + kl.coef * a_kl * kg   (GMPO: w is in its pg;
 //!                                                                GSPO sequence form: coupling_pass)
 //!   d loss / d H    = -entropy.coef * a_entropy
 //!   d loss / d v    = value.coef * a_value * vg
 template <bool Wide = false, class T, memory_space M, int N, class V, class Count>
-RLPT_HD_FORCEINLINE void combine_chunk(const objective_plan& p, const token_consts<T>& k, index_t i0, int n,
+RLPT_HD_FORCEINLINE void combine_chunk(const objective_plan& p, const token_consts<T>& k, index_t i0, int n, int n_grad,
                                        token_chunk<T, N>& c, const basic_objective_grads<T, M>& gr,
                                        token_acc<V, Count>& a) {
   const T ak = k.a_kl;
@@ -788,12 +789,12 @@ RLPT_HD_FORCEINLINE void combine_chunk(const objective_plan& p, const token_cons
     T* g = gr.logp.data() + i0;
     const T pf = seq_form ? T(0) : k.a_policy;
     if (kl) {
-      for (int j = 0; j < n; ++j) {
+      for (int j = 0; j < n_grad; ++j) {
         const T v = pf * sel(folded, T(1), c.w[j]) * c.pg[j] + ak * c.kg[j];
         g[j] = sel(c.inl[j] != 0, v, T(0));
       }
     } else {
-      for (int j = 0; j < n; ++j) {
+      for (int j = 0; j < n_grad; ++j) {
         const T v = pf * sel(folded, T(1), c.w[j]) * c.pg[j];
         g[j] = sel(c.inl[j] != 0, v, T(0));
       }
@@ -802,7 +803,7 @@ RLPT_HD_FORCEINLINE void combine_chunk(const objective_plan& p, const token_cons
   if (gr.entropy.size() != 0) {
     const T ge = k.g_entropy;
     T* g = gr.entropy.data() + i0;
-    for (int j = 0; j < n; ++j) g[j] = sel(c.inl[j] != 0, ge, T(0));
+    for (int j = 0; j < n_grad; ++j) g[j] = sel(c.inl[j] != 0, ge, T(0));
   }
   if (p.use_value) {
     const value_loss o = p.value;
@@ -815,7 +816,7 @@ RLPT_HD_FORCEINLINE void combine_chunk(const objective_plan& p, const token_cons
     const T av = k.a_value;
     const bool on = p.use_value;
     T* g = gr.values.data() + i0;
-    for (int j = 0; j < n; ++j) {
+    for (int j = 0; j < n_grad; ++j) {
       const T v = av * c.vg[j];
       g[j] = sel((c.inl[j] != 0) & on, v, T(0));
     }
@@ -903,7 +904,7 @@ struct inline_stages {
   RLPT_HD_FORCEINLINE static token_acc<V, Count> combine(const objective_plan& p, const token_consts<T>& k, index_t i0,
                                                          int n, token_chunk<T, N>& c,
                                                          const basic_objective_grads<T, M>& gr, token_acc<V, Count> a) {
-    combine_chunk(p, k, i0, n, c, gr, a);
+    combine_chunk(p, k, i0, n, n, c, gr, a);
     return a;
   }
 };
