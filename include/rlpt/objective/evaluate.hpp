@@ -438,8 +438,7 @@ local_counts count_local(const objective_plan& p, const basic_objective_inputs<T
       L.num_seqs(), grain, local_counts{},
       [&](index_t b0, index_t b1) {
         local_counts c;
-        host_chunk_data<T> chunk;
-        zero_absent(p, in, chunk);
+        host_chunk_data<T> chunk{}; // zeroed: absent inputs and padded slots read as 0 (host_lanes)
         for (index_t b = b0; b < b1; ++b) {
           double len = 0.0;
           const index_t base = L.begin(b);

@@ -77,9 +77,10 @@ template <class T> using host_chunk_data = token_chunk<T, host_chunk>;
 //! loop's trip count is then a multiple of each clone's vector width (16 floats in AVX-512), which
 //! GCC sees from the count's low bits and compiles no remainder loop for: a TU calling evaluate
 //! took a fifth less time and code (docs/performance.md, "Compile time"). The slots past n hold
-//! invalid tokens (load pads them): every sum, count and maximum selects on valid or in-loss
-//! flags, so they add nothing (a selected +0 leaves a lane that starts at +0 unchanged), and
-//! gradients are stored for the first n only.
+//! invalid tokens: load clears their valid flags, and their values are zeros (the chunk starts
+//! zeroed) or an earlier chunk's, never indeterminate. Every sum, count and maximum selects on the
+//! valid or in-loss flags, so they add nothing (a selected +0 leaves a lane that starts at +0
+//! unchanged), and gradients are stored for the first n only.
 RLPT_OBJECTIVE_HOST_INLINE int host_lanes(int n) { return (n + 15) & ~15; }
 static_assert(host_chunk % 16 == 0, "host_lanes must not pass the chunk");
 
@@ -190,7 +191,7 @@ RLPT_OBJECTIVE_HOST_INLINE void for_valid_chunks(const basic_objective_inputs<T>
   }
 }
 
-//! The row statistics of sequence b, chunk by chunk with the stages S (`c` from zero_absent).
+//! The row statistics of sequence b, chunk by chunk with the stages S (`c` zeroed once, host_rows_body).
 template <class T, class S>
 row_stats host_row_stats_with(const objective_plan& p, const basic_objective_inputs<T>& in, index_t b,
                               host_chunk_data<T>& c) {
@@ -201,7 +202,7 @@ row_stats host_row_stats_with(const objective_plan& p, const basic_objective_inp
   return st;
 }
 
-//! The row statistics with the default-ISA stages (count_local; `c` from zero_absent).
+//! The row statistics with the default-ISA stages (count_local; `c` zeroed once).
 template <class T>
 row_stats host_row_stats(const objective_plan& p, const basic_objective_inputs<T>& in, index_t b,
                          host_chunk_data<T>& c) {
@@ -209,7 +210,7 @@ row_stats host_row_stats(const objective_plan& p, const basic_objective_inputs<T
 }
 
 //! Evaluates one sequence with the chunk stages S: writes its gradients and returns its sums.
-//! `c` comes from zero_absent and is reused across rows (zeroing the absent inputs' arrays once
+//! `c` is zeroed once and reused across rows (zeroing the absent inputs' arrays once
 //! per row was a few percent of a call on rows of a few hundred tokens). The sequence form (GSPO, SAPO)
 //! adds its coupling once the row's token pass is done: the pass keeps its chunks' in-loss flags
 //! in `inl` (one byte per token of the row), so that the coupling does not load and correct the
@@ -254,8 +255,7 @@ RLPT_OBJECTIVE_HOST_INLINE objective_sums host_row_body(const objective_plan& p,
 template <class T, class S>
 RLPT_OBJECTIVE_HOST_INLINE objective_sums host_rows_body(const objective_plan& p, const basic_objective_inputs<T>& in,
                                                          const basic_objective_grads<T>& gr, index_t b0, index_t b1) {
-  host_chunk_data<T> c;
-  zero_absent(p, in, c);
+  host_chunk_data<T> c{};        // zeroed: absent inputs and the padded slots (host_lanes) read as 0
   std::vector<std::uint8_t> inl; // GSPO's in-loss flags of a row (host_row_body)
   objective_sums acc;
   for (index_t b = b0; b < b1; ++b) acc.merge(host_row_body<T, S>(p, in, gr, b, c, inl));
