@@ -236,7 +236,10 @@ public:
       // clone carries small (docs/performance.md, "Compile time").
       int q = 0;
       for (; q + 4 <= rows_; q += 4) finish_rows<4>(q);
-      if (q + 2 <= rows_) finish_rows<2>(q), q += 2;
+      if (q + 2 <= rows_) {
+        finish_rows<2>(q);
+        q += 2;
+      }
       if (q < rows_) finish_rows<1>(q);
       rows_ = 0;
     }
@@ -320,7 +323,8 @@ RLPT_HD_FORCEINLINE bool mask_valid(const basic_objective_inputs<T, M>& in, inde
 }
 
 //! Zeroes the chunk arrays of inputs this call does not have (they are read as 0). Once per
-//! chunk object: load never writes them.
+//! chunk object: load never writes them. For the device's one-token chunks; the host
+//! value-initialises its chunks instead (host_rows_body), padded slots included.
 template <class T, memory_space M, int N>
 RLPT_HD_FORCEINLINE void zero_absent(const objective_plan& p, const basic_objective_inputs<T, M>& in,
                                      token_chunk<T, N>& c) {
