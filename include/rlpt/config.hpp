@@ -153,6 +153,27 @@
 #define RLPT_INLINE inline
 #endif
 
+// Header-only, those definitions are templates, so that a TU instantiates only the ones it calls.
+// What a non-template inline body names (vector growth, hash tables, sorting, message arguments)
+// GCC instantiates at the end of every TU that reads the body, called or not; a template's body
+// waits for its own instantiation. So each class among them is a class template of one unused
+// parameter, `template <class = void> class basic_X` with `using X = basic_X<>;` (its members
+// defined out of line as `template <class Tag> ... basic_X<Tag>::f`), and each free function
+// among them carries RLPT_DEFER on its declaration and definition: a parameter pack that calls
+// deduce as empty (take its address as `&f<>`, header-only). With RLPT_COMPILED_LIB the free
+// functions are plain functions again and each class's one specialisation is declared
+// `extern template` (RLPT_EXTERN_TEMPLATE) and instantiated in src/compiled.cpp.
+#if defined(RLPT_COMPILED_LIB)
+#define RLPT_DEFER
+#else
+#define RLPT_DEFER template <class...>
+#endif
+#if RLPT_HEADER_IMPL()
+#define RLPT_EXTERN_TEMPLATE(...)
+#else
+#define RLPT_EXTERN_TEMPLATE(...) extern template __VA_ARGS__;
+#endif
+
 // --- misc ---------------------------------------------------------------------------------
 
 #if defined(__GNUC__) || defined(__clang__)

@@ -144,7 +144,7 @@ inline constexpr kk_set_order kk_set_before{}; // a function object, so sorts in
 
 //! Item ids heaviest first: descending weight, ascending id among equal weights (LPT's order;
 //! KK reverses each run of equal weights), for non-negative finite weights (-0.0 ties with 0.0).
-void order_heaviest_first(view<const double> w, std::vector<std::uint32_t>& order);
+RLPT_DEFER void order_heaviest_first(view<const double> w, std::vector<std::uint32_t>& order);
 
 //! The lengths behind the costs, when costs come from lengths (balance): lo and hi are the
 //! smallest and largest; `strict`: the costs are known to rise strictly with the length.
@@ -204,7 +204,7 @@ template <class Word> void radix_by_length(const length_hint& h, int bits, std::
 //! faster from 1024 sequences on). Kept when the costs come out heaviest first: always for
 //! strictly rising costs, else as one pass checks (any non-decreasing cost of the length passes
 //! it unless it rounds distinct lengths to one cost); otherwise returns false.
-inline bool order_by_length(view<const double> w, const length_hint& h, std::vector<std::uint32_t>& order) {
+RLPT_DEFER inline bool order_by_length(view<const double> w, const length_hint& h, std::vector<std::uint32_t>& order) {
   const auto n = static_cast<std::size_t>(h.lengths.size());
   if (n < 2 || n != static_cast<std::size_t>(w.size()) || n > std::numeric_limits<std::uint32_t>::max()) return false;
   const auto range = static_cast<std::uint64_t>(h.hi) - static_cast<std::uint64_t>(h.lo);
@@ -230,7 +230,7 @@ inline bool order_by_length(view<const double> w, const length_hint& h, std::vec
 }
 
 //! Heaviest first, by the lengths when the hint's order is the costs' order.
-inline void order_items(view<const double> w, const length_hint& h, std::vector<std::uint32_t>& order) {
+RLPT_DEFER inline void order_items(view<const double> w, const length_hint& h, std::vector<std::uint32_t>& order) {
   if (!order_by_length(w, h, order)) order_heaviest_first(w, order);
 }
 
@@ -450,39 +450,41 @@ private:
 };
 
 //! Index-ordered item lists per part from an owner array.
-std::vector<std::vector<index_t>> parts_of(const std::vector<index_t>& owner, index_t k);
+RLPT_DEFER std::vector<std::vector<index_t>> parts_of(const std::vector<index_t>& owner, index_t k);
 
 //! kk_assign with equal counts: every state holds exactly k non-empty sets, so the states are
 //! slices of one flat arena. `order` holds the `total` items and padding heaviest first.
-std::vector<index_t> kk_equal_counts(view<const double> w, std::vector<std::uint32_t>& order, index_t k, index_t total);
+RLPT_DEFER std::vector<index_t> kk_equal_counts(view<const double> w, std::vector<std::uint32_t>& order, index_t k,
+                                                index_t total);
 
 //! kk_assign with free counts: states start as one item and grow up to k non-empty sets (the
 //! rest empty). `order` holds the `total` items heaviest first.
-std::vector<index_t> kk_free_counts(view<const double> w, const std::vector<std::uint32_t>& order, index_t k,
-                                    index_t total);
+RLPT_DEFER std::vector<index_t> kk_free_counts(view<const double> w, const std::vector<std::uint32_t>& order, index_t k,
+                                               index_t total);
 
 //! Karmarkar–Karp over non-negative weights, given the items heaviest first (order_items).
 //! Equal counts with n % k != 0 add zero-weight padding items that sort last, so the lightest
 //! chunk gives them one per set and they are dropped at the end: parts get floor(n/k) or
 //! ceil(n/k) items. Parts come back ascending.
-std::vector<index_t> kk_assign(view<const double> w, std::vector<std::uint32_t> order, index_t k, bool equal_count);
+RLPT_DEFER std::vector<index_t> kk_assign(view<const double> w, std::vector<std::uint32_t> order, index_t k,
+                                          bool equal_count);
 
 //! kk_assign ordering the items itself.
-inline std::vector<index_t> kk_assign(view<const double> w, index_t k, bool equal_count) {
+RLPT_DEFER inline std::vector<index_t> kk_assign(view<const double> w, index_t k, bool equal_count) {
   std::vector<std::uint32_t> order;
   order_heaviest_first(w, order);
   return kk_assign(w, std::move(order), k, equal_count);
 }
 
 //! Karmarkar–Karp as index-ordered item lists per part.
-inline std::vector<std::vector<index_t>> karmarkar_karp(view<const double> w, index_t k, bool equal_count) {
+RLPT_DEFER inline std::vector<std::vector<index_t>> karmarkar_karp(view<const double> w, index_t k, bool equal_count) {
   return parts_of(kk_assign(w, k, equal_count), k);
 }
 
 //! LPT: heaviest first onto the lightest part with room. With equal counts, r = n % k parts
 //! take ceil(n/k) items and the others floor(n/k).
-std::vector<index_t> lpt_assign(view<const double> w, const std::vector<std::uint32_t>& order, index_t k,
-                                bool equal_count);
+RLPT_DEFER std::vector<index_t> lpt_assign(view<const double> w, const std::vector<std::uint32_t>& order, index_t k,
+                                           bool equal_count);
 
 [[nodiscard]] inline double sum_of(const std::vector<index_t>& part, view<const double> w) {
   double s = 0.0;
@@ -490,19 +492,19 @@ std::vector<index_t> lpt_assign(view<const double> w, const std::vector<std::uin
   return s;
 }
 
-void refine_parts(std::vector<std::vector<index_t>>& parts, view<const double> w, bool equal_count);
+RLPT_DEFER void refine_parts(std::vector<std::vector<index_t>>& parts, view<const double> w, bool equal_count);
 
 //! Lowers the max load by moves (when counts are free) and swaps between the heaviest part
 //! and each other part; a change is kept only if the larger of the two new loads is strictly
 //! below the old max. Bounded number of rounds.
-inline void refine(std::vector<index_t>& owner, index_t k_parts, view<const double> w, bool equal_count) {
+RLPT_DEFER inline void refine(std::vector<index_t>& owner, index_t k_parts, view<const double> w, bool equal_count) {
   std::vector<std::vector<index_t>> parts = parts_of(owner, k_parts);
   refine_parts(parts, w, equal_count);
   for (std::size_t p = 0; p < parts.size(); ++p)
     for (const index_t i : parts[p]) owner[static_cast<std::size_t>(i)] = static_cast<index_t>(p);
 }
 
-partition to_partition(const std::vector<index_t>& owner, index_t k, view<const double> w);
+RLPT_DEFER partition to_partition(const std::vector<index_t>& owner, index_t k, view<const double> w);
 
 //! A count of parts (`what`) for `items` things (each a `unit`): at most max(items, max_empty_parts).
 inline void check_count(error_id id, std::string_view what, index_t count, index_t items, std::string_view unit) {
@@ -538,28 +540,29 @@ inline void check_weights(view<const double> w, index_t parts) {
 }
 
 //! partition_weights on checked costs, with the lengths behind them when there are.
-[[nodiscard]] partition partition_checked(view<const double> weights, const length_hint& hint, index_t parts,
-                                          partition_algorithm algorithm, bool equal_count, bool refine);
+RLPT_DEFER [[nodiscard]] partition partition_checked(view<const double> weights, const length_hint& hint, index_t parts,
+                                                     partition_algorithm algorithm, bool equal_count, bool refine);
 
 //! Costs of sequences of the given lengths; rejects negative lengths and costs that are not
 //! finite and >= 0, naming the first. hint: the lengths and their range.
-[[nodiscard]] std::vector<double> costs_of(view<const index_t> lengths, const cost_model& cost, length_hint* hint);
+RLPT_DEFER [[nodiscard]] std::vector<double> costs_of(view<const index_t> lengths, const cost_model& cost,
+                                                      length_hint* hint);
 
 } // namespace detail
 
 //! Partitions items with non-negative costs `weights` into `parts` parts. With equal_count,
 //! part sizes differ by at most one. Parts may be empty only when there are fewer items
 //! than parts.
-[[nodiscard]] inline partition partition_weights(view<const double> weights, index_t parts,
-                                                 partition_algorithm algorithm = partition_algorithm::best,
-                                                 bool equal_count = true, bool refine = true) {
+RLPT_DEFER [[nodiscard]] inline partition partition_weights(view<const double> weights, index_t parts,
+                                                            partition_algorithm algorithm = partition_algorithm::best,
+                                                            bool equal_count = true, bool refine = true) {
   detail::check_algorithm(algorithm);
   detail::check_weights(weights, parts);
   return detail::partition_checked(weights, {}, parts, algorithm, equal_count, refine);
 }
 
 //! Balances sequences of the given lengths across options.ranks ranks. Loads are costs.
-[[nodiscard]] inline partition balance(view<const index_t> lengths, const balance_options& o = {}) {
+RLPT_DEFER [[nodiscard]] inline partition balance(view<const index_t> lengths, const balance_options& o = {}) {
   detail::check_algorithm(o.algorithm);
   detail::check_parts(o.ranks, lengths.size());
   detail::length_hint hint;
@@ -570,7 +573,8 @@ inline void check_weights(view<const double> w, index_t parts) {
 //! Balances whole groups: every group's sequences land on one rank (prefix sharing, group
 //! baselines computed locally). equal_count counts groups. Items of the result are sequence
 //! indices (ascending per rank); loads are the costs of their sequences.
-[[nodiscard]] partition balance_groups(view<const index_t> lengths, const groups& g, const balance_options& o = {});
+RLPT_DEFER [[nodiscard]] partition balance_groups(view<const index_t> lengths, const groups& g,
+                                                  const balance_options& o = {});
 
 //! verl's two orders that put the cheap items at both ends (pipeline warm-up and drain).
 enum class ends_order : std::uint8_t {
@@ -587,8 +591,8 @@ enum class ends_order : std::uint8_t {
 //! Orders items so the cheap ones sit at both ends, in one of verl's orders. `ties` (microbatches
 //! only) holds one tie key per cost (verl: a micro-batch's first sequence, 0 when it is empty);
 //! without it the item itself.
-void order_small_at_ends(std::span<index_t> items, view<const double> costs, ends_order how = ends_order::rank,
-                         view<const index_t> ties = {});
+RLPT_DEFER void order_small_at_ends(std::span<index_t> items, view<const double> costs,
+                                    ends_order how = ends_order::rank, view<const index_t> ties = {});
 
 RLPT_NAMESPACE_END
 
@@ -597,7 +601,7 @@ RLPT_NAMESPACE_BEGIN
 
 namespace detail {
 
-RLPT_INLINE void order_heaviest_first(view<const double> w, std::vector<std::uint32_t>& order) {
+RLPT_DEFER RLPT_INLINE void order_heaviest_first(view<const double> w, std::vector<std::uint32_t>& order) {
   const auto n = static_cast<std::size_t>(w.size());
   RLPT_CHECK(n <= std::numeric_limits<std::uint32_t>::max(), errors::rollout::too_many_items,
              "cannot order {} items; at most 2^32 - 1", n);
@@ -609,7 +613,7 @@ RLPT_INLINE void order_heaviest_first(view<const double> w, std::vector<std::uin
   for (std::size_t i = 0; i < n; ++i) order[i] = pairs[i].second;
 }
 
-RLPT_INLINE std::vector<std::vector<index_t>> parts_of(const std::vector<index_t>& owner, index_t k) {
+RLPT_DEFER RLPT_INLINE std::vector<std::vector<index_t>> parts_of(const std::vector<index_t>& owner, index_t k) {
   std::vector<index_t> count(static_cast<std::size_t>(k), 0);
   for (const index_t p : owner) ++count[static_cast<std::size_t>(p)];
   std::vector<std::vector<index_t>> parts(static_cast<std::size_t>(k));
@@ -620,8 +624,8 @@ RLPT_INLINE std::vector<std::vector<index_t>> parts_of(const std::vector<index_t
   return parts;
 }
 
-RLPT_INLINE std::vector<index_t> kk_equal_counts(view<const double> w, std::vector<std::uint32_t>& order, index_t k,
-                                                 index_t total) {
+RLPT_DEFER RLPT_INLINE std::vector<index_t> kk_equal_counts(view<const double> w, std::vector<std::uint32_t>& order,
+                                                            index_t k, index_t total) {
   const index_t n = w.size();
   const index_t states = total / k;
   const auto t = static_cast<std::size_t>(total);
@@ -667,8 +671,8 @@ RLPT_INLINE std::vector<index_t> kk_equal_counts(view<const double> w, std::vect
   return unions.owners(slice(heap.top().state), k, n);
 }
 
-RLPT_INLINE std::vector<index_t> kk_free_counts(view<const double> w, const std::vector<std::uint32_t>& order,
-                                                index_t k, index_t total) {
+RLPT_DEFER RLPT_INLINE std::vector<index_t>
+kk_free_counts(view<const double> w, const std::vector<std::uint32_t>& order, index_t k, index_t total) {
   const index_t n = w.size();
   const auto slots = static_cast<std::size_t>(total);
   auto weight = [&](std::uint32_t item) { return item < static_cast<std::uint64_t>(n) ? w[item] : 0.0; };
@@ -728,8 +732,8 @@ RLPT_INLINE std::vector<index_t> kk_free_counts(view<const double> w, const std:
   return unions.owners(fin.data(), static_cast<index_t>(fin.size()), n);
 }
 
-RLPT_INLINE std::vector<index_t> kk_assign(view<const double> w, std::vector<std::uint32_t> order, index_t k,
-                                           bool equal_count) {
+RLPT_DEFER RLPT_INLINE std::vector<index_t> kk_assign(view<const double> w, std::vector<std::uint32_t> order, index_t k,
+                                                      bool equal_count) {
   const index_t n = w.size();
   const index_t pad = equal_count ? (k - n % k) % k : 0;
   const index_t total = n + pad; // padding items have ids n .. n + pad - 1, weight 0
@@ -740,8 +744,8 @@ RLPT_INLINE std::vector<index_t> kk_assign(view<const double> w, std::vector<std
   return equal_count ? kk_equal_counts(w, order, k, total) : kk_free_counts(w, order, k, total);
 }
 
-RLPT_INLINE std::vector<index_t> lpt_assign(view<const double> w, const std::vector<std::uint32_t>& order, index_t k,
-                                            bool equal_count) {
+RLPT_DEFER RLPT_INLINE std::vector<index_t> lpt_assign(view<const double> w, const std::vector<std::uint32_t>& order,
+                                                       index_t k, bool equal_count) {
   const index_t n = w.size();
   const index_t q = n / k, r = n % k;
   index_t big_used = 0;
@@ -769,7 +773,8 @@ RLPT_INLINE std::vector<index_t> lpt_assign(view<const double> w, const std::vec
   return owner;
 }
 
-RLPT_INLINE void refine_parts(std::vector<std::vector<index_t>>& parts, view<const double> w, bool equal_count) {
+RLPT_DEFER RLPT_INLINE void refine_parts(std::vector<std::vector<index_t>>& parts, view<const double> w,
+                                         bool equal_count) {
   const auto k = parts.size();
   if (k < 2) return;
   std::vector<double> load(k);
@@ -841,7 +846,7 @@ RLPT_INLINE void refine_parts(std::vector<std::vector<index_t>>& parts, view<con
   }
 }
 
-RLPT_INLINE partition to_partition(const std::vector<index_t>& owner, index_t k, view<const double> w) {
+RLPT_DEFER RLPT_INLINE partition to_partition(const std::vector<index_t>& owner, index_t k, view<const double> w) {
   partition out;
   const auto n = owner.size();
   const auto parts = static_cast<std::size_t>(k);
@@ -862,8 +867,8 @@ RLPT_INLINE partition to_partition(const std::vector<index_t>& owner, index_t k,
   return out;
 }
 
-RLPT_INLINE partition partition_checked(view<const double> weights, const length_hint& hint, index_t parts,
-                                        partition_algorithm algorithm, bool equal_count, bool refine) {
+RLPT_DEFER RLPT_INLINE partition partition_checked(view<const double> weights, const length_hint& hint, index_t parts,
+                                                   partition_algorithm algorithm, bool equal_count, bool refine) {
   std::vector<std::uint32_t> order;
   order_items(weights, hint, order);
   std::vector<index_t> owner;
@@ -885,7 +890,8 @@ RLPT_INLINE partition partition_checked(view<const double> weights, const length
   return to_partition(owner, parts, weights);
 }
 
-RLPT_INLINE std::vector<double> costs_of(view<const index_t> lengths, const cost_model& cost, length_hint* hint) {
+RLPT_DEFER RLPT_INLINE std::vector<double> costs_of(view<const index_t> lengths, const cost_model& cost,
+                                                    length_hint* hint) {
   const auto n = static_cast<std::size_t>(lengths.size());
   std::vector<double> w(n);
   index_t lo = std::numeric_limits<index_t>::max(), hi = std::numeric_limits<index_t>::min();
@@ -933,7 +939,8 @@ RLPT_INLINE std::vector<double> costs_of(view<const index_t> lengths, const cost
 
 } // namespace detail
 
-RLPT_INLINE partition balance_groups(view<const index_t> lengths, const groups& g, const balance_options& o) {
+RLPT_DEFER RLPT_INLINE partition balance_groups(view<const index_t> lengths, const groups& g,
+                                                const balance_options& o) {
   g.expect_items("lengths", lengths.size());
   detail::check_parts(o.ranks, g.num_groups());
   const std::vector<double> seq = detail::costs_of(lengths, o.cost, nullptr);
@@ -958,8 +965,8 @@ RLPT_INLINE partition balance_groups(view<const index_t> lengths, const groups& 
   return out;
 }
 
-RLPT_INLINE void order_small_at_ends(std::span<index_t> items, view<const double> costs, ends_order how,
-                                     view<const index_t> ties) {
+RLPT_DEFER RLPT_INLINE void order_small_at_ends(std::span<index_t> items, view<const double> costs, ends_order how,
+                                                view<const index_t> ties) {
   for (std::size_t k = 0; k < items.size(); ++k)
     RLPT_CHECK(items[k] >= 0 && items[k] < costs.size(), errors::rollout::bad_items,
                "items[{}] = {} is outside the {} costs", k, items[k], costs.size());

@@ -57,15 +57,16 @@ struct batch_extra {
   template <class T> view<const T> as() const&& = delete; // would view a temporary's values
 };
 
-class rollout_batch {
+template <class = void> class basic_rollout_batch {
 public:
-  rollout_batch() = default;
+  basic_rollout_batch() = default;
 
   //! Stacks records into columns. `groups` (optional) describes consecutive runs of records
   //! that form groups; without it every record is its own group.
-  [[nodiscard]] static rollout_batch gather(std::span<const trajectory* const> records, const record_schema& schema,
-                                            std::span<const group_info> groups = {}) {
-    rollout_batch b;
+  [[nodiscard]] static basic_rollout_batch gather(std::span<const trajectory* const> records,
+                                                  const record_schema& schema,
+                                                  std::span<const group_info> groups = {}) {
+    basic_rollout_batch b;
     b.assign(records, schema, groups);
     return b;
   }
@@ -77,7 +78,7 @@ public:
 
   //! Empties the batch, keeping its capacity.
   void clear();
-  [[nodiscard]] static rollout_batch gather(std::span<const trajectory> records, const record_schema& schema) {
+  [[nodiscard]] static basic_rollout_batch gather(std::span<const trajectory> records, const record_schema& schema) {
     std::vector<const trajectory*> p;
     p.reserve(records.size());
     for (const auto& t : records) p.push_back(&t);
@@ -193,7 +194,7 @@ public:
   token_layout layout() const&& = delete;
   trajectory_view operator[](index_t i) const&& = delete;
 
-  friend bool operator==(const rollout_batch& a, const rollout_batch& b) {
+  friend bool operator==(const basic_rollout_batch& a, const basic_rollout_batch& b) {
     if (!(a.schema_ == b.schema_ && a.offsets_ == b.offsets_ && a.tokens_ == b.tokens_ &&
           a.loss_mask_ == b.loss_mask_ && a.versions_ == b.versions_ && a.prompt_lens_ == b.prompt_lens_ &&
           a.group_ids_ == b.group_ids_ && a.sample_indices_ == b.sample_indices_ && a.segments_ == b.segments_ &&
@@ -260,14 +261,17 @@ private:
   std::vector<index_t> group_offsets_{0};
   std::vector<group_info> group_info_;
 };
+using rollout_batch = basic_rollout_batch<>;
+RLPT_EXTERN_TEMPLATE(class basic_rollout_batch<>)
 
 RLPT_NAMESPACE_END
 
 #if RLPT_HEADER_IMPL()
 RLPT_NAMESPACE_BEGIN
 
-RLPT_INLINE void rollout_batch::assign(std::span<const trajectory* const> records, const record_schema& schema,
-                                       std::span<const group_info> groups) {
+template <class Tag>
+RLPT_INLINE void basic_rollout_batch<Tag>::assign(std::span<const trajectory* const> records,
+                                                  const record_schema& schema, std::span<const group_info> groups) {
   clear();
   if (!(schema_ == schema)) {
     schema_ = schema;
@@ -281,7 +285,7 @@ RLPT_INLINE void rollout_batch::assign(std::span<const trajectory* const> record
   set_groups(groups);
 }
 
-RLPT_INLINE void rollout_batch::clear() {
+template <class Tag> RLPT_INLINE void basic_rollout_batch<Tag>::clear() {
   offsets_.assign(1, 0);
   tokens_.clear();
   loss_mask_.clear();
@@ -299,7 +303,7 @@ RLPT_INLINE void rollout_batch::clear() {
   group_info_.clear();
 }
 
-RLPT_INLINE void rollout_batch::append(const trajectory& t) {
+template <class Tag> RLPT_INLINE void basic_rollout_batch<Tag>::append(const trajectory& t) {
   validate_shape(t);
   tokens_.insert(tokens_.end(), t.tokens.begin(), t.tokens.end());
   loss_mask_.insert(loss_mask_.end(), t.loss_mask.begin(), t.loss_mask.end());
@@ -316,7 +320,7 @@ RLPT_INLINE void rollout_batch::append(const trajectory& t) {
   offsets_.push_back(detail::isize(tokens_.size()));
 }
 
-RLPT_INLINE void rollout_batch::validate_shape(const trajectory& t) const {
+template <class Tag> RLPT_INLINE void basic_rollout_batch<Tag>::validate_shape(const trajectory& t) const {
   // Cheap structural check only; full validation happens where records enter (buffer push).
   const index_t n = t.size();
   const bool ok =
@@ -330,7 +334,7 @@ RLPT_INLINE void rollout_batch::validate_shape(const trajectory& t) const {
                errors::rollout::record_value, "trajectory extra '{}' does not match the batch schema", extras_[k].name);
 }
 
-RLPT_INLINE void rollout_batch::set_groups(std::span<const group_info> groups) {
+template <class Tag> RLPT_INLINE void basic_rollout_batch<Tag>::set_groups(std::span<const group_info> groups) {
   group_offsets_.assign(1, 0);
   group_info_.clear();
   if (groups.empty()) {

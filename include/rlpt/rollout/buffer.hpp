@@ -173,12 +173,12 @@ struct buffer_state {
   std::vector<group_snapshot> ready; //!< in ready order
 };
 
-class rollout_buffer {
+template <class = void> class basic_rollout_buffer {
 public:
-  explicit rollout_buffer(buffer_options options = {});
+  explicit basic_rollout_buffer(buffer_options options = {});
 
-  rollout_buffer(const rollout_buffer&) = delete;
-  rollout_buffer& operator=(const rollout_buffer&) = delete;
+  basic_rollout_buffer(const basic_rollout_buffer&) = delete;
+  basic_rollout_buffer& operator=(const basic_rollout_buffer&) = delete;
 
   [[nodiscard]] const buffer_options& options() const noexcept { return opt_; }
 
@@ -413,7 +413,7 @@ private:
 
   [[nodiscard]] index_t resident_groups() const noexcept { return stats_.open_groups + stats_.ready_groups; }
 
-  std::unordered_map<std::int64_t, group_slot>::iterator open_locked(std::int64_t id, index_t expected) {
+  typename std::unordered_map<std::int64_t, group_slot>::iterator open_locked(std::int64_t id, index_t expected) {
     group_slot g;
     g.info.id = id;
     g.info.ordinal = next_ordinal_++;
@@ -427,7 +427,7 @@ private:
 
   // Adds a record to an open group; completes the group when it is full. Returns true if a
   // group became ready.
-  bool add_locked(std::unordered_map<std::int64_t, group_slot>::iterator it, trajectory&& t,
+  bool add_locked(typename std::unordered_map<std::int64_t, group_slot>::iterator it, trajectory&& t,
                   std::vector<evicted_group>& out);
 
   // A group leaves the open set (records all in, or closed early): order, filter, publish.
@@ -476,13 +476,16 @@ private:
   index_t waiting_producers_ = 0;
   alignas(cacheline_bytes) std::atomic<bool> closed_{false};
 };
+using rollout_buffer = basic_rollout_buffer<>;
+RLPT_EXTERN_TEMPLATE(class basic_rollout_buffer<>)
 
 RLPT_NAMESPACE_END
 
 #if RLPT_HEADER_IMPL()
 RLPT_NAMESPACE_BEGIN
 
-RLPT_INLINE rollout_buffer::rollout_buffer(buffer_options options) : opt_(std::move(options)) {
+template <class Tag>
+RLPT_INLINE basic_rollout_buffer<Tag>::basic_rollout_buffer(buffer_options options) : opt_(std::move(options)) {
   RLPT_CHECK(opt_.capacity_groups >= 1, errors::rollout::bad_option, "capacity_groups must be >= 1, got {}",
              opt_.capacity_groups);
   RLPT_CHECK(opt_.group_size >= 1, errors::rollout::bad_option, "group_size must be >= 1, got {}", opt_.group_size);
@@ -502,7 +505,7 @@ RLPT_INLINE rollout_buffer::rollout_buffer(buffer_options options) : opt_(std::m
   stats_.dropped_by_filter.assign(opt_.filters.size(), 0);
 }
 
-RLPT_INLINE index_t rollout_buffer::evict_incomplete() {
+template <class Tag> RLPT_INLINE index_t basic_rollout_buffer<Tag>::evict_incomplete() {
   std::vector<evicted_group> out;
   {
     std::lock_guard lock(mutex_);
@@ -520,7 +523,7 @@ RLPT_INLINE index_t rollout_buffer::evict_incomplete() {
   return deliver(std::move(out));
 }
 
-RLPT_INLINE index_t rollout_buffer::discard_ready() {
+template <class Tag> RLPT_INLINE index_t basic_rollout_buffer<Tag>::discard_ready() {
   std::vector<evicted_group> out;
   {
     std::lock_guard lock(mutex_);
@@ -535,7 +538,7 @@ RLPT_INLINE index_t rollout_buffer::discard_ready() {
   return deliver(std::move(out));
 }
 
-RLPT_INLINE refill_info rollout_buffer::refill(index_t batch_groups) const {
+template <class Tag> RLPT_INLINE refill_info basic_rollout_buffer<Tag>::refill(index_t batch_groups) const {
   std::lock_guard lock(mutex_);
   refill_info r;
   r.ready = stats_.ready_groups;
@@ -554,7 +557,7 @@ RLPT_INLINE refill_info rollout_buffer::refill(index_t batch_groups) const {
   return r;
 }
 
-RLPT_INLINE buffer_state rollout_buffer::snapshot() const {
+template <class Tag> RLPT_INLINE buffer_state basic_rollout_buffer<Tag>::snapshot() const {
   std::lock_guard lock(mutex_);
   buffer_state s;
   s.group_size = opt_.group_size;
@@ -571,7 +574,7 @@ RLPT_INLINE buffer_state rollout_buffer::snapshot() const {
   return s;
 }
 
-RLPT_INLINE void rollout_buffer::restore(buffer_state s) {
+template <class Tag> RLPT_INLINE void basic_rollout_buffer<Tag>::restore(buffer_state s) {
   check_fresh();
   RLPT_CHECK(s.group_size == opt_.group_size && s.min_group_size == opt_.min_group_size,
              errors::rollout::restore_mismatch, "state has group_size {} / min_group_size {}, this buffer {} / {}",
@@ -674,8 +677,10 @@ RLPT_INLINE void rollout_buffer::restore(buffer_state s) {
   ++generation_;
 }
 
-RLPT_INLINE push_status rollout_buffer::make_room(std::unique_lock<std::mutex>& lock, wait_mode mode,
-                                                  clock::time_point deadline, std::vector<evicted_group>& out) {
+template <class Tag>
+RLPT_INLINE push_status basic_rollout_buffer<Tag>::make_room(std::unique_lock<std::mutex>& lock, wait_mode mode,
+                                                             clock::time_point deadline,
+                                                             std::vector<evicted_group>& out) {
   for (;;) {
     if (closed_.load(std::memory_order_relaxed)) return push_status::closed;
     if (resident_groups() < opt_.capacity_groups) return push_status::ok;
@@ -695,7 +700,9 @@ RLPT_INLINE push_status rollout_buffer::make_room(std::unique_lock<std::mutex>& 
   }
 }
 
-RLPT_INLINE push_status rollout_buffer::push_impl(trajectory& t, wait_mode mode, clock::time_point deadline) {
+template <class Tag>
+RLPT_INLINE push_status basic_rollout_buffer<Tag>::push_impl(trajectory& t, wait_mode mode,
+                                                             clock::time_point deadline) {
   validate(t, opt_.schema); // outside the lock: O(tokens)
   std::vector<evicted_group> out;
   push_status status = push_status::ok;
@@ -717,9 +724,10 @@ RLPT_INLINE push_status rollout_buffer::push_impl(trajectory& t, wait_mode mode,
   return status;
 }
 
-RLPT_INLINE push_status rollout_buffer::push_locked(std::unique_lock<std::mutex>& lock, trajectory& t, wait_mode mode,
-                                                    clock::time_point deadline, std::vector<evicted_group>& out,
-                                                    bool& wake_consumers) {
+template <class Tag>
+RLPT_INLINE push_status basic_rollout_buffer<Tag>::push_locked(std::unique_lock<std::mutex>& lock, trajectory& t,
+                                                               wait_mode mode, clock::time_point deadline,
+                                                               std::vector<evicted_group>& out, bool& wake_consumers) {
   auto it = open_.find(t.group_id);
   if (it == open_.end()) {
     check_not_complete(t.group_id);
@@ -738,8 +746,9 @@ RLPT_INLINE push_status rollout_buffer::push_locked(std::unique_lock<std::mutex>
   return push_status::ok;
 }
 
-RLPT_INLINE push_status rollout_buffer::open_impl(std::int64_t id, index_t expected, wait_mode mode,
-                                                  clock::time_point deadline) {
+template <class Tag>
+RLPT_INLINE push_status basic_rollout_buffer<Tag>::open_impl(std::int64_t id, index_t expected, wait_mode mode,
+                                                             clock::time_point deadline) {
   RLPT_CHECK(expected >= 1, errors::rollout::bad_group, "group {} declared with {} records; it needs at least 1", id,
              expected);
   std::vector<evicted_group> out;
@@ -760,7 +769,7 @@ RLPT_INLINE push_status rollout_buffer::open_impl(std::int64_t id, index_t expec
   return status;
 }
 
-RLPT_INLINE bool rollout_buffer::end_group(std::int64_t id, bool abort) {
+template <class Tag> RLPT_INLINE bool basic_rollout_buffer<Tag>::end_group(std::int64_t id, bool abort) {
   std::vector<evicted_group> out;
   bool became_ready = false;
   std::exception_ptr error;
@@ -789,8 +798,10 @@ RLPT_INLINE bool rollout_buffer::end_group(std::int64_t id, bool abort) {
   return true;
 }
 
-RLPT_INLINE std::optional<std::vector<rollout_buffer::group_slot>>
-rollout_buffer::take(index_t want, const group_selector& select, wait_mode mode, clock::time_point deadline) {
+template <class Tag>
+RLPT_INLINE std::optional<std::vector<typename basic_rollout_buffer<Tag>::group_slot>>
+basic_rollout_buffer<Tag>::take(index_t want, const group_selector& select, wait_mode mode,
+                                clock::time_point deadline) {
   RLPT_CHECK(want >= 1 && want <= opt_.capacity_groups, errors::rollout::bad_pop,
              "pop asks for {} groups; it must be in [1, capacity_groups = {}]", want, opt_.capacity_groups);
   std::vector<evicted_group> out;
@@ -839,8 +850,10 @@ rollout_buffer::take(index_t want, const group_selector& select, wait_mode mode,
   return taken;
 }
 
-RLPT_INLINE bool rollout_buffer::select_locked(index_t want, const group_selector& select, bool is_closed,
-                                               std::vector<group_slot>& taken, std::vector<evicted_group>& out) {
+template <class Tag>
+RLPT_INLINE bool basic_rollout_buffer<Tag>::select_locked(index_t want, const group_selector& select, bool is_closed,
+                                                          std::vector<group_slot>& taken,
+                                                          std::vector<evicted_group>& out) {
   std::vector<group_info> infos;
   infos.reserve(ready_.size());
   for (const auto& g : ready_) infos.push_back(g.info);
@@ -886,8 +899,10 @@ RLPT_INLINE bool rollout_buffer::select_locked(index_t want, const group_selecto
   return complete;
 }
 
-RLPT_INLINE bool rollout_buffer::add_locked(std::unordered_map<std::int64_t, group_slot>::iterator it, trajectory&& t,
-                                            std::vector<evicted_group>& out) {
+template <class Tag>
+RLPT_INLINE bool
+basic_rollout_buffer<Tag>::add_locked(typename std::unordered_map<std::int64_t, group_slot>::iterator it,
+                                      trajectory&& t, std::vector<evicted_group>& out) {
   group_slot& g = it->second;
   if (t.sample_index >= 0)
     for (const auto& r : g.records)
@@ -904,7 +919,8 @@ RLPT_INLINE bool rollout_buffer::add_locked(std::unordered_map<std::int64_t, gro
   return complete_locked(std::move(done), out);
 }
 
-RLPT_INLINE bool rollout_buffer::complete_locked(group_slot g, std::vector<evicted_group>& out) {
+template <class Tag>
+RLPT_INLINE bool basic_rollout_buffer<Tag>::complete_locked(group_slot g, std::vector<evicted_group>& out) {
   ++stats_.completed_groups;
   const bool indexed =
       std::all_of(g.records.begin(), g.records.end(), [](const trajectory& r) { return r.sample_index >= 0; });

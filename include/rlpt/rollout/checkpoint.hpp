@@ -198,33 +198,34 @@ inline void put_flow(byte_writer& w, const flow_count& f) {
   return f;
 }
 
-void put_info(byte_writer& w, const group_info& g);
-[[nodiscard]] group_info get_info(byte_reader& r);
+RLPT_DEFER void put_info(byte_writer& w, const group_info& g);
+RLPT_DEFER [[nodiscard]] group_info get_info(byte_reader& r);
 
-void put_record(byte_writer& w, const trajectory& t, const record_schema& s);
+RLPT_DEFER void put_record(byte_writer& w, const trajectory& t, const record_schema& s);
 
-[[nodiscard]] trajectory get_record(byte_reader& r, const record_schema& s);
+RLPT_DEFER [[nodiscard]] trajectory get_record(byte_reader& r, const record_schema& s);
 
-void put_schema(byte_writer& w, const record_schema& s);
+RLPT_DEFER void put_schema(byte_writer& w, const record_schema& s);
 
-[[nodiscard]] record_schema get_schema(byte_reader& r);
+RLPT_DEFER [[nodiscard]] record_schema get_schema(byte_reader& r);
 
 //! The payload parser (also reached directly by the fuzz tests, past the checksums).
-[[nodiscard]] checkpoint decode_payload(std::span<const std::byte> payload);
+RLPT_DEFER [[nodiscard]] checkpoint decode_payload(std::span<const std::byte> payload);
 
 } // namespace detail
 
 //! Serialises a buffer state (and a caller blob) into the checkpoint format.
-[[nodiscard]] std::vector<std::byte> encode_checkpoint(const buffer_state& s, std::span<const std::byte> user = {});
+RLPT_DEFER [[nodiscard]] std::vector<std::byte> encode_checkpoint(const buffer_state& s,
+                                                                  std::span<const std::byte> user = {});
 
 //! Parses checkpoint bytes. Every malformed input raises rlpt::error naming what is wrong.
-[[nodiscard]] checkpoint decode_checkpoint(std::span<const std::byte> bytes);
+RLPT_DEFER [[nodiscard]] checkpoint decode_checkpoint(std::span<const std::byte> bytes);
 
 //! Removes the temporary files that writers of the checkpoint `path` killed mid-save left
 //! behind (`<path>.tmp.<pid>.<n>` of processes that no longer run; never this process's, nor
 //! a running writer's). save and load call it; returns how many files it removed. Best effort:
 //! a file that cannot be removed (permissions, a race with another cleaner) is skipped.
-inline index_t remove_stale_checkpoint_temporaries(const std::string& path) {
+RLPT_DEFER inline index_t remove_stale_checkpoint_temporaries(const std::string& path) {
   return detail::remove_stale_temporaries(path);
 }
 
@@ -236,21 +237,21 @@ namespace detail {
 
 //! Writes bytes durably (core/file.hpp's write_durable): the target is the old file or the
 //! whole new one, never a mix.
-void write_file_durable(const std::string& path, std::span<const std::byte> bytes);
+RLPT_DEFER void write_file_durable(const std::string& path, std::span<const std::byte> bytes);
 
-[[nodiscard]] std::vector<std::byte> read_file(const std::string& path);
+RLPT_DEFER [[nodiscard]] std::vector<std::byte> read_file(const std::string& path);
 
 } // namespace detail
 
 //! Writes a checkpoint of `buffer` (a consistent snapshot) and `user` to `path`, crash-consistently.
-inline void save_checkpoint(const rollout_buffer& buffer, const std::string& path,
-                            std::span<const std::byte> user = {}) {
+RLPT_DEFER inline void save_checkpoint(const rollout_buffer& buffer, const std::string& path,
+                                       std::span<const std::byte> user = {}) {
   const std::vector<std::byte> bytes = encode_checkpoint(buffer.snapshot(), user);
   detail::write_file_durable(path, bytes);
 }
 
 //! Reads and verifies a checkpoint file.
-[[nodiscard]] inline checkpoint load_checkpoint(const std::string& path) {
+RLPT_DEFER [[nodiscard]] inline checkpoint load_checkpoint(const std::string& path) {
   static_cast<void>(remove_stale_checkpoint_temporaries(path));
   const std::vector<std::byte> bytes = detail::read_file(path);
   return decode_checkpoint(bytes);
@@ -258,7 +259,7 @@ inline void save_checkpoint(const rollout_buffer& buffer, const std::string& pat
 
 //! Restores `buffer` (fresh, same group sizes and schema) from a checkpoint file; returns the
 //! caller blob saved with it.
-inline std::vector<std::byte> restore_checkpoint(rollout_buffer& buffer, const std::string& path) {
+RLPT_DEFER inline std::vector<std::byte> restore_checkpoint(rollout_buffer& buffer, const std::string& path) {
   checkpoint c = load_checkpoint(path);
   buffer.restore(std::move(c.state));
   return std::move(c.user);
@@ -271,7 +272,7 @@ RLPT_NAMESPACE_BEGIN
 
 namespace detail {
 
-RLPT_INLINE void put_info(byte_writer& w, const group_info& g) {
+RLPT_DEFER RLPT_INLINE void put_info(byte_writer& w, const group_info& g) {
   w.put<std::int64_t>(g.id);
   w.put<std::uint64_t>(g.ordinal);
   w.put<std::uint64_t>(g.ready_seq);
@@ -284,7 +285,7 @@ RLPT_INLINE void put_info(byte_writer& w, const group_info& g) {
   w.put_bool(g.partial);
 }
 
-RLPT_INLINE group_info get_info(byte_reader& r) {
+RLPT_DEFER RLPT_INLINE group_info get_info(byte_reader& r) {
   constexpr index_t big = index_t{1} << 62;
   group_info g;
   g.id = r.get<std::int64_t>("group.id");
@@ -300,7 +301,7 @@ RLPT_INLINE group_info get_info(byte_reader& r) {
   return g;
 }
 
-RLPT_INLINE void put_record(byte_writer& w, const trajectory& t, const record_schema& s) {
+RLPT_DEFER RLPT_INLINE void put_record(byte_writer& w, const trajectory& t, const record_schema& s) {
   const auto n = t.tokens.size();
   w.put<std::int64_t>(t.group_id);
   w.put<std::int32_t>(t.sample_index);
@@ -322,7 +323,7 @@ RLPT_INLINE void put_record(byte_writer& w, const trajectory& t, const record_sc
   for (const auto& e : t.extras) w.put_raw(e.values.bytes(), e.values.size_bytes());
 }
 
-RLPT_INLINE trajectory get_record(byte_reader& r, const record_schema& s) {
+RLPT_DEFER RLPT_INLINE trajectory get_record(byte_reader& r, const record_schema& s) {
   trajectory t;
   t.group_id = r.get<std::int64_t>("record.group_id");
   t.sample_index = r.get<std::int32_t>("record.sample_index");
@@ -360,7 +361,7 @@ RLPT_INLINE trajectory get_record(byte_reader& r, const record_schema& s) {
   return t;
 }
 
-RLPT_INLINE void put_schema(byte_writer& w, const record_schema& s) {
+RLPT_DEFER RLPT_INLINE void put_schema(byte_writer& w, const record_schema& s) {
   w.put_bool(s.logprobs);
   w.put_bool(s.versions);
   w.put<std::int64_t>(s.reward_channels);
@@ -373,7 +374,7 @@ RLPT_INLINE void put_schema(byte_writer& w, const record_schema& s) {
   }
 }
 
-RLPT_INLINE record_schema get_schema(byte_reader& r) {
+RLPT_DEFER RLPT_INLINE record_schema get_schema(byte_reader& r) {
   record_schema s;
   s.logprobs = r.get_bool("schema.logprobs");
   s.versions = r.get_bool("schema.versions");
@@ -393,7 +394,7 @@ RLPT_INLINE record_schema get_schema(byte_reader& r) {
   return s;
 }
 
-RLPT_INLINE checkpoint decode_payload(std::span<const std::byte> payload) {
+RLPT_DEFER RLPT_INLINE checkpoint decode_payload(std::span<const std::byte> payload) {
   constexpr index_t big = index_t{1} << 62;
   byte_reader r(payload);
   checkpoint c;
@@ -437,7 +438,8 @@ RLPT_INLINE checkpoint decode_payload(std::span<const std::byte> payload) {
 
 } // namespace detail
 
-RLPT_INLINE std::vector<std::byte> encode_checkpoint(const buffer_state& s, std::span<const std::byte> user) {
+RLPT_DEFER RLPT_INLINE std::vector<std::byte> encode_checkpoint(const buffer_state& s,
+                                                                std::span<const std::byte> user) {
   detail::byte_writer w;
   w.put<std::int64_t>(s.group_size);
   w.put<std::int64_t>(s.min_group_size);
@@ -478,7 +480,7 @@ RLPT_INLINE std::vector<std::byte> encode_checkpoint(const buffer_state& s, std:
   return out;
 }
 
-RLPT_INLINE checkpoint decode_checkpoint(std::span<const std::byte> bytes) {
+RLPT_DEFER RLPT_INLINE checkpoint decode_checkpoint(std::span<const std::byte> bytes) {
   RLPT_CHECK(bytes.size() >= detail::checkpoint_header_bytes, errors::rollout::checkpoint_corrupt,
              "checkpoint is truncated: {} bytes, the header alone needs {}", bytes.size(),
              detail::checkpoint_header_bytes);
@@ -513,7 +515,7 @@ RLPT_INLINE checkpoint decode_checkpoint(std::span<const std::byte> bytes) {
 
 namespace detail {
 
-RLPT_INLINE void write_file_durable(const std::string& path, std::span<const std::byte> bytes) {
+RLPT_DEFER RLPT_INLINE void write_file_durable(const std::string& path, std::span<const std::byte> bytes) {
   write_durable(
       path,
       [&](int fd, const std::string& tmp) {
@@ -522,7 +524,7 @@ RLPT_INLINE void write_file_durable(const std::string& path, std::span<const std
       io_fail);
 }
 
-RLPT_INLINE std::vector<std::byte> read_file(const std::string& path) {
+RLPT_DEFER RLPT_INLINE std::vector<std::byte> read_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) io_fail("cannot open", path, errno);
   struct stat st {};

@@ -107,10 +107,11 @@ namespace detail {
 
 //! First fit of `ids` in their order into bins of `cap` tokens (every item <= cap). A max segment
 //! tree over the bins' free space finds the first bin that fits in O(log bins).
-std::vector<std::vector<index_t>> first_fit(std::span<const index_t> ids, view<const index_t> len, index_t cap);
+RLPT_DEFER std::vector<std::vector<index_t>> first_fit(std::span<const index_t> ids, view<const index_t> len,
+                                                       index_t cap);
 
 //! First-fit decreasing: first_fit of the items by length, longest first (ties by index).
-std::vector<std::vector<index_t>> ffd(std::span<const index_t> ids, view<const index_t> len, index_t cap);
+RLPT_DEFER std::vector<std::vector<index_t>> ffd(std::span<const index_t> ids, view<const index_t> len, index_t cap);
 
 [[nodiscard]] inline index_t tokens_of(const std::vector<index_t>& bin, view<const index_t> len) {
   index_t s = 0;
@@ -120,21 +121,23 @@ std::vector<std::vector<index_t>> ffd(std::span<const index_t> ids, view<const i
 
 //! Moves sequences out of bins over `cap` into the bins with the most room, largest movable
 //! sequence first. Returns whether every bin now fits.
-bool repair(std::vector<std::vector<index_t>>& bins, view<const index_t> len, index_t cap);
+RLPT_DEFER bool repair(std::vector<std::vector<index_t>>& bins, view<const index_t> len, index_t cap);
 
 //! Splits the heaviest multi-item bin into two halves by LPT until there are `want` bins or
 //! none can be split (slime dp_schedule's rule for raising the count).
-void split_to(std::vector<std::vector<index_t>>& bins, index_t want, view<const index_t> len);
+RLPT_DEFER void split_to(std::vector<std::vector<index_t>>& bins, index_t want, view<const index_t> len);
 
 } // namespace detail
 
 //! Plans one rank's micro-batches. Every micro-batch holds at most token_budget tokens, except
 //! a micro-batch holding one longer sequence (counted in `oversize`). Deterministic.
-[[nodiscard]] microbatch_plan plan_microbatches(view<const index_t> lengths, const microbatch_options& o = {});
+RLPT_DEFER [[nodiscard]] microbatch_plan plan_microbatches(view<const index_t> lengths,
+                                                           const microbatch_options& o = {});
 
 //! Micro-batch count a rank would use on its own (all-reduce MAX these across ranks, then plan
 //! with min_microbatches = that maximum; repeat if some rank still needs more).
-[[nodiscard]] inline index_t count_microbatches(view<const index_t> lengths, const microbatch_options& o = {}) {
+RLPT_DEFER [[nodiscard]] inline index_t count_microbatches(view<const index_t> lengths,
+                                                           const microbatch_options& o = {}) {
   return plan_microbatches(lengths, o).num_microbatches();
 }
 
@@ -174,8 +177,8 @@ struct step_plan {
 //! Plans a step: balances sequences (or whole groups) across ranks, micro-batches every rank
 //! with the same count, and computes the global denominators. `loss_tokens` (optional, one per
 //! sequence: rollout_batch::loss_token_counts) feeds the trained-token totals.
-[[nodiscard]] step_plan plan_step(view<const index_t> lengths, const step_options& o,
-                                  view<const index_t> loss_tokens = {}, const groups* grouping = nullptr);
+RLPT_DEFER [[nodiscard]] step_plan plan_step(view<const index_t> lengths, const step_options& o,
+                                             view<const index_t> loss_tokens = {}, const groups* grouping = nullptr);
 
 // --- packed output -------------------------------------------------------------------------
 
@@ -212,12 +215,12 @@ struct packed_info {
   index_t max_seqlen = 0; //!< longest sequence (flash-attn max_seqlen), padding included
 };
 
-[[nodiscard]] packed_extent packed_size(const rollout_batch& batch, view<const index_t> items,
-                                        const pack_options& o = {});
+RLPT_DEFER [[nodiscard]] packed_extent packed_size(const rollout_batch& batch, view<const index_t> items,
+                                                   const pack_options& o = {});
 
 //! Writes records `items` of `batch` packed into `out` (sized by packed_size).
-packed_info pack_into(const rollout_batch& batch, view<const index_t> items, const packed_views& out,
-                      const pack_options& o = {});
+RLPT_DEFER packed_info pack_into(const rollout_batch& batch, view<const index_t> items, const packed_views& out,
+                                 const pack_options& o = {});
 
 //! A packed micro-batch that owns its arrays (convenience over pack_into).
 struct packed_microbatch {
@@ -232,7 +235,8 @@ struct packed_microbatch {
   packed_info info{};
 };
 
-[[nodiscard]] packed_microbatch pack(const rollout_batch& batch, view<const index_t> items, const pack_options& o = {});
+RLPT_DEFER [[nodiscard]] packed_microbatch pack(const rollout_batch& batch, view<const index_t> items,
+                                                const pack_options& o = {});
 
 //! Gathers a per-token column laid out like the batch (offsets: the batch's cu_seqlens,
 //! `width` values per token) into packed order; padding slots get `pad`.
@@ -290,8 +294,8 @@ RLPT_NAMESPACE_BEGIN
 
 namespace detail {
 
-RLPT_INLINE std::vector<std::vector<index_t>> first_fit(std::span<const index_t> order, view<const index_t> len,
-                                                        index_t cap) {
+RLPT_DEFER RLPT_INLINE std::vector<std::vector<index_t>> first_fit(std::span<const index_t> order,
+                                                                   view<const index_t> len, index_t cap) {
   std::size_t size = 1;
   while (size < std::max<std::size_t>(order.size(), 1)) size *= 2;
   std::vector<index_t> tree(2 * size, 0); // free space; unopened bins count as `cap`
@@ -311,14 +315,15 @@ RLPT_INLINE std::vector<std::vector<index_t>> first_fit(std::span<const index_t>
   return bins;
 }
 
-RLPT_INLINE std::vector<std::vector<index_t>> ffd(std::span<const index_t> ids, view<const index_t> len, index_t cap) {
+RLPT_DEFER RLPT_INLINE std::vector<std::vector<index_t>> ffd(std::span<const index_t> ids, view<const index_t> len,
+                                                             index_t cap) {
   std::vector<index_t> order(ids.begin(), ids.end());
   std::sort(order.begin(), order.end(),
             [&](index_t a, index_t b) { return len[a] != len[b] ? len[a] > len[b] : a < b; });
   return first_fit(order, len, cap);
 }
 
-RLPT_INLINE bool repair(std::vector<std::vector<index_t>>& bins, view<const index_t> len, index_t cap) {
+RLPT_DEFER RLPT_INLINE bool repair(std::vector<std::vector<index_t>>& bins, view<const index_t> len, index_t cap) {
   std::vector<index_t> tokens(bins.size());
   for (std::size_t b = 0; b < bins.size(); ++b) tokens[b] = tokens_of(bins[b], len);
   for (std::size_t b = 0; b < bins.size(); ++b) {
@@ -345,7 +350,7 @@ RLPT_INLINE bool repair(std::vector<std::vector<index_t>>& bins, view<const inde
   return true;
 }
 
-RLPT_INLINE void split_to(std::vector<std::vector<index_t>>& bins, index_t want, view<const index_t> len) {
+RLPT_DEFER RLPT_INLINE void split_to(std::vector<std::vector<index_t>>& bins, index_t want, view<const index_t> len) {
   while (static_cast<index_t>(bins.size()) < want) {
     std::size_t pick = bins.size();
     index_t most = -1;
@@ -376,7 +381,7 @@ RLPT_INLINE void split_to(std::vector<std::vector<index_t>>& bins, index_t want,
 
 } // namespace detail
 
-RLPT_INLINE microbatch_plan plan_microbatches(view<const index_t> lengths, const microbatch_options& o) {
+RLPT_DEFER RLPT_INLINE microbatch_plan plan_microbatches(view<const index_t> lengths, const microbatch_options& o) {
   RLPT_CHECK(o.token_budget >= 1, errors::rollout::bad_option, "token_budget must be >= 1, got {}", o.token_budget);
   RLPT_CHECK(o.min_microbatches >= 0 && o.divisor >= 1 && o.kk_attempts >= 1, errors::rollout::bad_option,
              "min_microbatches ({}) must be >= 0, divisor ({}) and kk_attempts ({}) >= 1", o.min_microbatches,
@@ -476,8 +481,8 @@ RLPT_INLINE microbatch_plan plan_microbatches(view<const index_t> lengths, const
   return plan;
 }
 
-RLPT_INLINE step_plan plan_step(view<const index_t> lengths, const step_options& o, view<const index_t> loss_tokens,
-                                const groups* grouping) {
+RLPT_DEFER RLPT_INLINE step_plan plan_step(view<const index_t> lengths, const step_options& o,
+                                           view<const index_t> loss_tokens, const groups* grouping) {
   RLPT_CHECK(o.ranks >= 1, errors::rollout::bad_option, "ranks must be >= 1, got {}", o.ranks);
   detail::expect_size_or_empty("loss_tokens", loss_tokens.size(), lengths.size(), "one per sequence");
   static_cast<void>(detail::total_length(lengths)); // every rank's and the step's token total fits
@@ -535,7 +540,8 @@ RLPT_INLINE step_plan plan_step(view<const index_t> lengths, const step_options&
   return plan;
 }
 
-RLPT_INLINE packed_extent packed_size(const rollout_batch& batch, view<const index_t> items, const pack_options& o) {
+RLPT_DEFER RLPT_INLINE packed_extent packed_size(const rollout_batch& batch, view<const index_t> items,
+                                                 const pack_options& o) {
   RLPT_CHECK(o.pad_to_multiple >= 1, errors::rollout::bad_option, "pad_to_multiple must be >= 1, got {}",
              o.pad_to_multiple);
   constexpr index_t int32_max = std::numeric_limits<std::int32_t>::max();
@@ -561,8 +567,8 @@ RLPT_INLINE packed_extent packed_size(const rollout_batch& batch, view<const ind
   return e;
 }
 
-RLPT_INLINE packed_info pack_into(const rollout_batch& batch, view<const index_t> items, const packed_views& out,
-                                  const pack_options& o) {
+RLPT_DEFER RLPT_INLINE packed_info pack_into(const rollout_batch& batch, view<const index_t> items,
+                                             const packed_views& out, const pack_options& o) {
   const packed_extent e = packed_size(batch, items, o); // validates items and the int32 bound
   detail::expect_size("tokens", out.tokens.size(), e.tokens, "packed_size().tokens");
   detail::expect_size("cu_seqlens", out.cu_seqlens.size(), e.sequences + 1, "packed_size().sequences + 1");
@@ -618,7 +624,8 @@ RLPT_INLINE packed_info pack_into(const rollout_batch& batch, view<const index_t
   return info;
 }
 
-RLPT_INLINE packed_microbatch pack(const rollout_batch& batch, view<const index_t> items, const pack_options& o) {
+RLPT_DEFER RLPT_INLINE packed_microbatch pack(const rollout_batch& batch, view<const index_t> items,
+                                              const pack_options& o) {
   const packed_extent e = packed_size(batch, items, o);
   packed_microbatch m;
   const auto nt = static_cast<std::size_t>(e.tokens);

@@ -204,8 +204,8 @@ namespace detail {
 
 //! The first field in which two schemas differ, naming both values ("" when they are equal):
 //! what a restore reports when a checkpoint's schema is not the buffer's.
-[[nodiscard]] std::string schema_difference(const record_schema& a, const record_schema& b, std::string_view a_name,
-                                            std::string_view b_name);
+RLPT_DEFER [[nodiscard]] std::string schema_difference(const record_schema& a, const record_schema& b,
+                                                       std::string_view a_name, std::string_view b_name);
 
 } // namespace detail
 
@@ -300,16 +300,16 @@ inline void expect_field(std::string_view field, index_t got, index_t want, std:
 
 //! Checks a schema on its own: channel counts >= 0, extras with a known dtype, a width >= 1
 //! and distinct names. Buffers and builders check theirs on construction.
-void check_schema(const record_schema& s);
+RLPT_DEFER void check_schema(const record_schema& s);
 
 //! Checks one record against the invariants and the schema; the error names the field, the
 //! position and the values. Invariants: every per-token field has one entry per token (times
 //! its width); prompt tokens are never trained; a trained token has a policy version >= 0 and
 //! a finite behaviour logprob; versions are >= -1; rewards are finite; segments are
 //! ascending, non-empty, non-overlapping and inside the record.
-void validate(const trajectory_view& t, const record_schema& schema);
+RLPT_DEFER void validate(const trajectory_view& t, const record_schema& schema);
 
-inline void validate(const trajectory& t, const record_schema& schema) { validate(t.view(), schema); }
+RLPT_DEFER inline void validate(const trajectory& t, const record_schema& schema) { validate(t.view(), schema); }
 
 //! Options of trajectory_builder.
 struct builder_options {
@@ -326,9 +326,9 @@ struct builder_options {
 //! `context_from` implements the token-in/token-out rule: the engine's next input must extend
 //! the tokens held so far exactly; the new suffix is appended as context, and a mismatch is an
 //! error naming the first differing position (never a silent re-tokenisation).
-class trajectory_builder {
+template <class = void> class basic_trajectory_builder {
 public:
-  trajectory_builder(std::int64_t group_id, view<const token_id> prompt, builder_options opts = {})
+  basic_trajectory_builder(std::int64_t group_id, view<const token_id> prompt, builder_options opts = {})
       : opts_(std::move(opts)) {
     check_schema(schema());
     t_.group_id = group_id;
@@ -340,7 +340,7 @@ public:
 
   //! Continues a record (e.g. a partial rollout resumed after a weight update). The record
   //! must be valid for these options; its last segment's turn numbering is continued.
-  trajectory_builder(trajectory partial, builder_options opts) : opts_(std::move(opts)), t_(std::move(partial)) {
+  basic_trajectory_builder(trajectory partial, builder_options opts) : opts_(std::move(opts)), t_(std::move(partial)) {
     check_schema(schema());
     validate(t_, schema());
     for (const auto& s : t_.segments) turn_ = std::max(turn_, s.turn + 1);
@@ -348,8 +348,8 @@ public:
 
   //! Appends generated tokens sampled by policy `version`, with their behaviour logprobs.
   //! `mask` (optional) marks which of them train (default: all).
-  trajectory_builder& model(view<const token_id> tokens, view<const float> logprobs, policy_version version,
-                            view<const mask_t> mask = {}) {
+  basic_trajectory_builder& model(view<const token_id> tokens, view<const float> logprobs, policy_version version,
+                                  view<const mask_t> mask = {}) {
     RLPT_CHECK(version >= 0, errors::rollout::record_value,
                "model tokens need a policy version >= 0, got {} (use context() for tokens no policy generated)",
                version);
@@ -358,8 +358,8 @@ public:
   }
 
   //! As above with one version per token (a generation interrupted by weight updates).
-  trajectory_builder& model(view<const token_id> tokens, view<const float> logprobs,
-                            view<const policy_version> versions, view<const mask_t> mask = {}) {
+  basic_trajectory_builder& model(view<const token_id> tokens, view<const float> logprobs,
+                                  view<const policy_version> versions, view<const mask_t> mask = {}) {
     detail::expect_size("model versions", versions.size(), tokens.size(), "one per appended token");
     for (index_t i = 0; i < versions.size(); ++i)
       RLPT_CHECK(versions[i] >= 0, errors::rollout::record_value, "model versions[{}] = {}; generated tokens need >= 0",
@@ -369,7 +369,7 @@ public:
   }
 
   //! Appends tokens no policy generated (tool output, observation, template): masked out.
-  trajectory_builder& context(view<const token_id> tokens, token_source source = token_source::environment) {
+  basic_trajectory_builder& context(view<const token_id> tokens, token_source source = token_source::environment) {
     RLPT_CHECK(source != token_source::model, errors::rollout::bad_option,
                "context() appends tokens no policy generated; use model() for model tokens");
     append(tokens, source);
@@ -378,10 +378,11 @@ public:
 
   //! Token-in/token-out: `next_input` is the engine's full next input. It must start with the
   //! tokens held so far; the rest is appended as context from `source`.
-  trajectory_builder& context_from(view<const token_id> next_input, token_source source = token_source::environment);
+  basic_trajectory_builder& context_from(view<const token_id> next_input,
+                                         token_source source = token_source::environment);
 
   //! Sets scalar reward channel `channel`.
-  trajectory_builder& reward(float value, index_t channel = 0) {
+  basic_trajectory_builder& reward(float value, index_t channel = 0) {
     RLPT_CHECK(channel >= 0 && channel < opts_.reward_channels, errors::rollout::bad_option,
                "reward channel {} does not exist (the record has {})", channel, opts_.reward_channels);
     t_.rewards[detail::usize(channel)] = value;
@@ -389,7 +390,7 @@ public:
   }
 
   //! Sets per-token reward channel `channel` at token `position` (sparse process rewards).
-  trajectory_builder& token_reward(index_t position, float value, index_t channel = 0) {
+  basic_trajectory_builder& token_reward(index_t position, float value, index_t channel = 0) {
     RLPT_CHECK(channel >= 0 && channel < opts_.token_reward_channels, errors::rollout::bad_option,
                "token reward channel {} does not exist (the record has {})", channel, opts_.token_reward_channels);
     RLPT_CHECK(position >= 0 && position < size(), errors::rollout::bad_option,
@@ -399,7 +400,7 @@ public:
   }
 
   //! Writes extra `name` for tokens [first, first + values.size() / width).
-  template <class T> trajectory_builder& extra(std::string_view name, index_t first, view<const T> values) {
+  template <class T> basic_trajectory_builder& extra(std::string_view name, index_t first, view<const T> values) {
     for (auto& e : t_.extras)
       if (e.name == name) {
         const view<T> v = e.as<T>();
@@ -431,8 +432,8 @@ public:
 
 private:
   template <class Version>
-  trajectory_builder& model_impl(view<const token_id> tokens, view<const float> logprobs, Version version,
-                                 view<const mask_t> mask) {
+  basic_trajectory_builder& model_impl(view<const token_id> tokens, view<const float> logprobs, Version version,
+                                       view<const mask_t> mask) {
     detail::expect_size_or_empty("model mask", mask.size(), tokens.size(), "one per appended token");
     if (opts_.logprobs) detail::expect_size("model logprobs", logprobs.size(), tokens.size(), "one per appended token");
     const index_t base = size();
@@ -453,6 +454,8 @@ private:
   trajectory t_;
   std::int32_t turn_ = 0;
 };
+using trajectory_builder = basic_trajectory_builder<>;
+RLPT_EXTERN_TEMPLATE(class basic_trajectory_builder<>)
 
 RLPT_NAMESPACE_END
 
@@ -465,8 +468,8 @@ RLPT_NAMESPACE_BEGIN
 
 namespace detail {
 
-RLPT_INLINE std::string schema_difference(const record_schema& a, const record_schema& b, std::string_view a_name,
-                                          std::string_view b_name) {
+RLPT_DEFER RLPT_INLINE std::string schema_difference(const record_schema& a, const record_schema& b,
+                                                     std::string_view a_name, std::string_view b_name) {
   if (a.logprobs != b.logprobs)
     return rlpt::detail::format("logprobs is {} in {}, {} in {}", a.logprobs, a_name, b.logprobs, b_name);
   if (a.versions != b.versions)
@@ -497,7 +500,7 @@ RLPT_INLINE std::string schema_difference(const record_schema& a, const record_s
 
 } // namespace detail
 
-RLPT_INLINE void check_schema(const record_schema& s) {
+RLPT_DEFER RLPT_INLINE void check_schema(const record_schema& s) {
   RLPT_CHECK(s.reward_channels >= 0 && s.token_reward_channels >= 0, errors::rollout::bad_option,
              "reward channel counts must be >= 0 (got reward_channels = {} and token_reward_channels = {})",
              s.reward_channels, s.token_reward_channels);
@@ -513,7 +516,7 @@ RLPT_INLINE void check_schema(const record_schema& s) {
   }
 }
 
-RLPT_INLINE void validate(const trajectory_view& t, const record_schema& schema) {
+RLPT_DEFER RLPT_INLINE void validate(const trajectory_view& t, const record_schema& schema) {
   const index_t n = t.size();
   RLPT_CHECK(n >= 1, errors::rollout::record_size, "trajectory of group {} has no tokens", t.group_id);
   RLPT_CHECK(t.prompt_len >= 0 && t.prompt_len <= n, errors::rollout::record_value,
@@ -586,7 +589,9 @@ RLPT_INLINE void validate(const trajectory_view& t, const record_schema& schema)
   }
 }
 
-RLPT_INLINE trajectory_builder& trajectory_builder::context_from(view<const token_id> next_input, token_source source) {
+template <class Tag>
+RLPT_INLINE basic_trajectory_builder<Tag>& basic_trajectory_builder<Tag>::context_from(view<const token_id> next_input,
+                                                                                       token_source source) {
   const index_t held = detail::isize(t_.tokens.size());
   const index_t common = std::min(held, next_input.size());
   for (index_t i = 0; i < common; ++i)
@@ -600,7 +605,8 @@ RLPT_INLINE trajectory_builder& trajectory_builder::context_from(view<const toke
   return context(next_input.subview(held, next_input.size() - held), source);
 }
 
-RLPT_INLINE void trajectory_builder::append(view<const token_id> tokens, token_source source) {
+template <class Tag>
+RLPT_INLINE void basic_trajectory_builder<Tag>::append(view<const token_id> tokens, token_source source) {
   if (tokens.empty()) return;
   const index_t n = tokens.size();
   const index_t base = size();

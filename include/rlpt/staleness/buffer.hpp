@@ -64,22 +64,22 @@ struct staleness_state {
 
 //! Encodes staleness_state as bytes: "RLPTSTL1", i32 version, u64 count, count × (i64 id,
 //! i32 version, i32 target), little-endian. Each group id appears at most once.
-[[nodiscard]] std::vector<std::byte> encode(const staleness_state& s);
+RLPT_DEFER [[nodiscard]] std::vector<std::byte> encode(const staleness_state& s);
 
 //! Decodes encode()'s bytes; truncated or inconsistent input raises rlpt.staleness.state_corrupt.
-[[nodiscard]] staleness_state decode_staleness_state(std::span<const std::byte> in);
+RLPT_DEFER [[nodiscard]] staleness_state decode_staleness_state(std::span<const std::byte> in);
 
 //! A finished partial rollout as a rollout record (tokens, logprobs, per-token versions and
 //! loss mask carried over; `rewards` as the record's reward channels).
-[[nodiscard]] trajectory to_trajectory(const partial_rollout& p, std::vector<float> rewards,
-                                       std::int32_t sample_index = -1);
+RLPT_DEFER [[nodiscard]] trajectory to_trajectory(const partial_rollout& p, std::vector<float> rewards,
+                                                  std::int32_t sample_index = -1);
 
-class staleness_buffer {
+template <class = void> class basic_staleness_buffer {
 public:
-  explicit staleness_buffer(staleness_gate& gate, buffer_options buffer = {}, staleness_buffer_options opt = {});
-  ~staleness_buffer() { sub_.reset(); }
-  staleness_buffer(const staleness_buffer&) = delete;
-  staleness_buffer& operator=(const staleness_buffer&) = delete;
+  explicit basic_staleness_buffer(staleness_gate& gate, buffer_options buffer = {}, staleness_buffer_options opt = {});
+  ~basic_staleness_buffer() { sub_.reset(); }
+  basic_staleness_buffer(const basic_staleness_buffer&) = delete;
+  basic_staleness_buffer& operator=(const basic_staleness_buffer&) = delete;
 
   [[nodiscard]] rollout_buffer& buffer() noexcept { return buf_; }
   [[nodiscard]] staleness_gate& gate() noexcept { return gate_; }
@@ -194,7 +194,7 @@ private:
   }
 
   // Returns the slot of a group leaving unconsumed (lock held).
-  void settle_locked(std::unordered_map<std::int64_t, slot>::iterator it, release_reason why) {
+  void settle_locked(typename std::unordered_map<std::int64_t, slot>::iterator it, release_reason why) {
     if (it->second.accepted)
       gate_.release(it->second.t, why);
     else
@@ -225,13 +225,15 @@ private:
   starvation_monitor monitor_;
   version_clock::subscription sub_;
 };
+using staleness_buffer = basic_staleness_buffer<>;
+RLPT_EXTERN_TEMPLATE(class basic_staleness_buffer<>)
 
 RLPT_NAMESPACE_END
 
 #if RLPT_HEADER_IMPL()
 RLPT_NAMESPACE_BEGIN
 
-RLPT_INLINE std::vector<std::byte> encode(const staleness_state& s) {
+RLPT_DEFER RLPT_INLINE std::vector<std::byte> encode(const staleness_state& s) {
   std::vector<std::byte> out;
   auto put = [&](const auto& v) {
     const auto* p = reinterpret_cast<const std::byte*>(&v);
@@ -249,7 +251,7 @@ RLPT_INLINE std::vector<std::byte> encode(const staleness_state& s) {
   return out;
 }
 
-RLPT_INLINE staleness_state decode_staleness_state(std::span<const std::byte> in) {
+RLPT_DEFER RLPT_INLINE staleness_state decode_staleness_state(std::span<const std::byte> in) {
   std::size_t at = 0;
   auto get = [&](auto& v, const char* what) {
     RLPT_CHECK(in.size() - at >= sizeof(v), errors::staleness::state_corrupt,
@@ -290,7 +292,8 @@ RLPT_INLINE staleness_state decode_staleness_state(std::span<const std::byte> in
   return s;
 }
 
-RLPT_INLINE trajectory to_trajectory(const partial_rollout& p, std::vector<float> rewards, std::int32_t sample_index) {
+RLPT_DEFER RLPT_INLINE trajectory to_trajectory(const partial_rollout& p, std::vector<float> rewards,
+                                                std::int32_t sample_index) {
   trajectory t;
   t.group_id = p.group_id();
   t.sample_index = sample_index;
@@ -305,8 +308,9 @@ RLPT_INLINE trajectory to_trajectory(const partial_rollout& p, std::vector<float
   return t;
 }
 
-RLPT_INLINE staleness_buffer::staleness_buffer(staleness_gate& gate, buffer_options buffer,
-                                               staleness_buffer_options opt)
+template <class Tag>
+RLPT_INLINE basic_staleness_buffer<Tag>::basic_staleness_buffer(staleness_gate& gate, buffer_options buffer,
+                                                                staleness_buffer_options opt)
     : gate_(gate), opt_(std::move(opt)), user_evict_(std::move(buffer.on_evict)), buf_(with_hook(std::move(buffer))),
       monitor_(opt_.starvation) {
   RLPT_CHECK(opt_.select.order != pick_order::target_version || gate_.options().mode == admission_mode::target,
@@ -315,7 +319,7 @@ RLPT_INLINE staleness_buffer::staleness_buffer(staleness_gate& gate, buffer_opti
   sub_ = gate_.clock().subscribe([this](policy_version) { buf_.notify(); });
 }
 
-RLPT_INLINE bool staleness_buffer::push(const ticket& t, trajectory&& record) {
+template <class Tag> RLPT_INLINE bool basic_staleness_buffer<Tag>::push(const ticket& t, trajectory&& record) {
   validate(record, buf_.options().schema); // before accepting: a bad record never takes a slot
   {
     std::lock_guard lock(mutex_);
@@ -340,7 +344,7 @@ RLPT_INLINE bool staleness_buffer::push(const ticket& t, trajectory&& record) {
   return in;
 }
 
-RLPT_INLINE void staleness_buffer::fail(const ticket& t) {
+template <class Tag> RLPT_INLINE void basic_staleness_buffer<Tag>::fail(const ticket& t) {
   std::optional<std::int64_t> gid;
   {
     std::lock_guard lock(mutex_);
@@ -362,7 +366,7 @@ RLPT_INLINE void staleness_buffer::fail(const ticket& t) {
   buf_.notify();
 }
 
-RLPT_INLINE staleness_state staleness_buffer::state() const {
+template <class Tag> RLPT_INLINE staleness_state basic_staleness_buffer<Tag>::state() const {
   staleness_state s;
   s.version = gate_.version();
   std::lock_guard lock(mutex_);
@@ -373,7 +377,7 @@ RLPT_INLINE staleness_state staleness_buffer::state() const {
   return s;
 }
 
-RLPT_INLINE void staleness_buffer::restore(buffer_state bs, const staleness_state& vs) {
+template <class Tag> RLPT_INLINE void basic_staleness_buffer<Tag>::restore(buffer_state bs, const staleness_state& vs) {
   const gate_counts gc = gate_.counts();
   RLPT_CHECK(gc.running == 0 && gc.buffered == 0, errors::staleness::restore_busy,
              "restore needs a gate without outstanding tickets; this one has {} running and {} buffered", gc.running,
@@ -422,7 +426,9 @@ RLPT_INLINE void staleness_buffer::restore(buffer_state bs, const staleness_stat
   }
 }
 
-RLPT_INLINE staleness_buffer::slot& staleness_buffer::bind_locked(const ticket& t, std::int64_t gid, index_t expected) {
+template <class Tag>
+RLPT_INLINE typename basic_staleness_buffer<Tag>::slot&
+basic_staleness_buffer<Tag>::bind_locked(const ticket& t, std::int64_t gid, index_t expected) {
   RLPT_CHECK(static_cast<bool>(t), errors::staleness::unknown_ticket,
              "group {} was pushed with an empty ticket (admission was refused)", gid);
   auto it = groups_.find(gid);
@@ -443,7 +449,7 @@ RLPT_INLINE staleness_buffer::slot& staleness_buffer::bind_locked(const ticket& 
   return it->second;
 }
 
-RLPT_INLINE void staleness_buffer::on_evict(evicted_group&& g) {
+template <class Tag> RLPT_INLINE void basic_staleness_buffer<Tag>::on_evict(evicted_group&& g) {
   {
     std::lock_guard lock(mutex_);
     const auto it = groups_.find(g.info.id);
@@ -458,7 +464,8 @@ RLPT_INLINE void staleness_buffer::on_evict(evicted_group&& g) {
   if (user_evict_) user_evict_(std::move(g));
 }
 
-RLPT_INLINE group_selector staleness_buffer::selector(pick_result& last, staleness_histogram& ages) {
+template <class Tag>
+RLPT_INLINE group_selector basic_staleness_buffer<Tag>::selector(pick_result& last, staleness_histogram& ages) {
   return [this, &last, &ages](std::span<const group_info> ready, index_t wanted, bool closed, selection& out) {
     std::lock_guard lock(mutex_);
     // Tickets first, then the version: nothing listed is newer than `now`.
@@ -505,8 +512,9 @@ RLPT_INLINE group_selector staleness_buffer::selector(pick_result& last, stalene
   };
 }
 
-RLPT_INLINE std::optional<rollout_batch> staleness_buffer::pop_until(index_t groups,
-                                                                     std::chrono::steady_clock::time_point deadline) {
+template <class Tag>
+RLPT_INLINE std::optional<rollout_batch>
+basic_staleness_buffer<Tag>::pop_until(index_t groups, std::chrono::steady_clock::time_point deadline) {
   const index_t want = groups > 0 ? groups : gate_.options().batch_groups;
   const auto start = std::chrono::steady_clock::now();
   const auto poll = std::chrono::duration_cast<std::chrono::steady_clock::duration>(

@@ -18,14 +18,14 @@ RLPT_NAMESPACE_BEGIN
 
 //! Writes the buffer and its version state to `path` (rollout checkpoint format, the version
 //! state in the caller blob), crash-consistently. Call it between steps.
-inline void save_checkpoint(staleness_buffer& sb, const std::string& path) {
+RLPT_DEFER inline void save_checkpoint(staleness_buffer& sb, const std::string& path) {
   const buffer_state bs = sb.buffer().snapshot();
   const std::vector<std::byte> blob = encode(sb.state());
   detail::write_file_durable(path, encode_checkpoint(bs, blob));
 }
 
 //! Restores a fresh staleness_buffer (and its gate) from save_checkpoint's file.
-inline void restore_checkpoint(staleness_buffer& sb, const std::string& path) {
+RLPT_DEFER inline void restore_checkpoint(staleness_buffer& sb, const std::string& path) {
   checkpoint c = load_checkpoint(path);
   sb.restore(std::move(c.state), decode_staleness_state(c.user));
 }

@@ -144,14 +144,14 @@ struct recovered_group {
 //! Per-shard options for `dp_size` data-parallel consumers: B and the concurrency cap are
 //! divided (AReaL: `max_concurrent_rollouts // dp`, `consumer_batch_size // dp`); uneven
 //! splits are an error rather than a silent floor that shrinks the global batch.
-[[nodiscard]] gate_options dp_shard(gate_options o, index_t dp_size);
+RLPT_DEFER [[nodiscard]] gate_options dp_shard(gate_options o, index_t dp_size);
 
-class staleness_gate {
+template <class = void> class basic_staleness_gate {
 public:
-  explicit staleness_gate(gate_options options = {});
-  ~staleness_gate() { sub_.reset(); }
-  staleness_gate(const staleness_gate&) = delete;
-  staleness_gate& operator=(const staleness_gate&) = delete;
+  explicit basic_staleness_gate(gate_options options = {});
+  ~basic_staleness_gate() { sub_.reset(); }
+  basic_staleness_gate(const basic_staleness_gate&) = delete;
+  basic_staleness_gate& operator=(const basic_staleness_gate&) = delete;
 
   [[nodiscard]] const gate_options& options() const noexcept { return opt_; }
   [[nodiscard]] version_clock& clock() noexcept { return *clock_; }
@@ -332,13 +332,15 @@ private:
   bool closed_ = false;
   version_clock::subscription sub_; // last: unsubscribed before the rest is destroyed
 };
+using staleness_gate = basic_staleness_gate<>;
+RLPT_EXTERN_TEMPLATE(class basic_staleness_gate<>)
 
 RLPT_NAMESPACE_END
 
 #if RLPT_HEADER_IMPL()
 RLPT_NAMESPACE_BEGIN
 
-RLPT_INLINE gate_options dp_shard(gate_options o, index_t dp_size) {
+RLPT_DEFER RLPT_INLINE gate_options dp_shard(gate_options o, index_t dp_size) {
   RLPT_CHECK(dp_size >= 1, errors::staleness::bad_option, "dp_size must be >= 1, got {}", dp_size);
   const index_t conc = o.max_concurrent > 0 ? o.max_concurrent : o.batch_groups;
   RLPT_CHECK(o.batch_groups % dp_size == 0 && conc % dp_size == 0, errors::staleness::dp_indivisible,
@@ -351,13 +353,15 @@ RLPT_INLINE gate_options dp_shard(gate_options o, index_t dp_size) {
 }
 
 namespace detail {
-RLPT_INLINE std::uint64_t next_gate_serial() {
+RLPT_DEFER RLPT_INLINE std::uint64_t next_gate_serial() {
   static std::atomic<std::uint64_t> serial{0};
   return serial.fetch_add(1, std::memory_order_relaxed) + 1;
 }
 } // namespace detail
 
-RLPT_INLINE staleness_gate::staleness_gate(gate_options options) : opt_(options), serial_(detail::next_gate_serial()) {
+template <class Tag>
+RLPT_INLINE basic_staleness_gate<Tag>::basic_staleness_gate(gate_options options)
+    : opt_(options), serial_(detail::next_gate_serial()) {
   RLPT_CHECK(opt_.batch_groups >= 1, errors::staleness::bad_option, "batch_groups must be >= 1, got {}",
              opt_.batch_groups);
   RLPT_CHECK(opt_.max_staleness >= 0 || opt_.max_staleness == unbounded_staleness, errors::staleness::bad_option,
@@ -389,7 +393,7 @@ RLPT_INLINE staleness_gate::staleness_gate(gate_options options) : opt_(options)
   });
 }
 
-RLPT_INLINE void staleness_gate::accept(const ticket& t) {
+template <class Tag> RLPT_INLINE void basic_staleness_gate<Tag>::accept(const ticket& t) {
   {
     std::lock_guard lock(mutex_);
     entry& e = find_locked(t, "accept");
@@ -404,7 +408,7 @@ RLPT_INLINE void staleness_gate::accept(const ticket& t) {
   cv_.notify_all();
 }
 
-RLPT_INLINE void staleness_gate::reject(const ticket& t) {
+template <class Tag> RLPT_INLINE void basic_staleness_gate<Tag>::reject(const ticket& t) {
   {
     std::lock_guard lock(mutex_);
     entry& e = find_locked(t, "reject");
@@ -420,7 +424,7 @@ RLPT_INLINE void staleness_gate::reject(const ticket& t) {
   cv_.notify_all();
 }
 
-RLPT_INLINE void staleness_gate::consume(const ticket& t) {
+template <class Tag> RLPT_INLINE void basic_staleness_gate<Tag>::consume(const ticket& t) {
   std::lock_guard lock(mutex_);
   entry& e = find_locked(t, "consume");
   RLPT_CHECK(e.at == phase::buffered, errors::staleness::bad_transition,
@@ -430,7 +434,7 @@ RLPT_INLINE void staleness_gate::consume(const ticket& t) {
   tickets_.erase(t.id);
 }
 
-RLPT_INLINE void staleness_gate::release(const ticket& t, release_reason why) {
+template <class Tag> RLPT_INLINE void basic_staleness_gate<Tag>::release(const ticket& t, release_reason why) {
   {
     std::lock_guard lock(mutex_);
     entry& e = find_locked(t, "release");
@@ -460,7 +464,7 @@ RLPT_INLINE void staleness_gate::release(const ticket& t, release_reason why) {
   cv_.notify_all();
 }
 
-RLPT_INLINE gate_counts staleness_gate::counts() const {
+template <class Tag> RLPT_INLINE gate_counts basic_staleness_gate<Tag>::counts() const {
   std::lock_guard lock(mutex_);
   gate_counts c;
   c.version = clock_->current();
@@ -477,8 +481,9 @@ RLPT_INLINE gate_counts staleness_gate::counts() const {
   return c;
 }
 
-RLPT_INLINE std::vector<ticket> staleness_gate::recover(policy_version version,
-                                                        std::span<const recovered_group> survivors) {
+template <class Tag>
+RLPT_INLINE std::vector<ticket> basic_staleness_gate<Tag>::recover(policy_version version,
+                                                                   std::span<const recovered_group> survivors) {
   std::vector<ticket> out;
   out.reserve(survivors.size());
   {
@@ -514,7 +519,8 @@ RLPT_INLINE std::vector<ticket> staleness_gate::recover(policy_version version,
   return out;
 }
 
-RLPT_INLINE ticket staleness_gate::admit_until(std::chrono::steady_clock::time_point deadline) {
+template <class Tag>
+RLPT_INLINE ticket basic_staleness_gate<Tag>::admit_until(std::chrono::steady_clock::time_point deadline) {
   std::unique_lock lock(mutex_);
   ticket t = admit_locked();
   if (t || closed_) {
@@ -542,7 +548,7 @@ RLPT_INLINE ticket staleness_gate::admit_until(std::chrono::steady_clock::time_p
   return t;
 }
 
-RLPT_INLINE ticket staleness_gate::admit_locked() {
+template <class Tag> RLPT_INLINE ticket basic_staleness_gate<Tag>::admit_locked() {
   if (closed_) return {};
   const policy_version v = clock_->current();
   if (capacity_locked(v) <= 0) return {};
@@ -565,7 +571,7 @@ RLPT_INLINE ticket staleness_gate::admit_locked() {
   return t;
 }
 
-RLPT_INLINE index_t staleness_gate::capacity_locked(policy_version v) const {
+template <class Tag> RLPT_INLINE index_t basic_staleness_gate<Tag>::capacity_locked(policy_version v) const {
   const index_t running = total(running_);
   const index_t conc = opt_.max_concurrent - running;
   if (opt_.mode == admission_mode::capacity) {
@@ -583,7 +589,9 @@ RLPT_INLINE index_t staleness_gate::capacity_locked(policy_version v) const {
   return std::min(conc, free);
 }
 
-RLPT_INLINE staleness_gate::entry& staleness_gate::find_locked(const ticket& t, std::string_view what) {
+template <class Tag>
+RLPT_INLINE typename basic_staleness_gate<Tag>::entry& basic_staleness_gate<Tag>::find_locked(const ticket& t,
+                                                                                              std::string_view what) {
   RLPT_CHECK(t.issuer == serial_ && t.id != 0, errors::staleness::unknown_ticket,
              "{} got ticket {} issued by gate #{}, not by this gate (#{})", what, t.id, t.issuer, serial_);
   const auto it = tickets_.find(t.id);

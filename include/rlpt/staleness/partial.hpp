@@ -66,10 +66,10 @@ struct partial_options {
   index_t max_interruptions = -1;
 };
 
-class partial_rollout {
+template <class = void> class basic_partial_rollout {
 public:
-  partial_rollout(std::int64_t group_id, view<const token_id> prompt, policy_version dispatch_version,
-                  partial_options opt = {});
+  basic_partial_rollout(std::int64_t group_id, view<const token_id> prompt, policy_version dispatch_version,
+                        partial_options opt = {});
 
   // --- generation ----------------------------------------------------------------------------
 
@@ -169,14 +169,17 @@ private:
   bool restamp_ = false;
   bool truncated_ = false;
 };
+using partial_rollout = basic_partial_rollout<>;
+RLPT_EXTERN_TEMPLATE(class basic_partial_rollout<>)
 
 RLPT_NAMESPACE_END
 
 #if RLPT_HEADER_IMPL()
 RLPT_NAMESPACE_BEGIN
 
-RLPT_INLINE partial_rollout::partial_rollout(std::int64_t group_id, view<const token_id> prompt,
-                                             policy_version dispatch_version, partial_options opt)
+template <class Tag>
+RLPT_INLINE basic_partial_rollout<Tag>::basic_partial_rollout(std::int64_t group_id, view<const token_id> prompt,
+                                                              policy_version dispatch_version, partial_options opt)
     : opt_(opt), group_id_(group_id), head_(dispatch_version) {
   RLPT_CHECK(opt_.max_new_tokens >= 1, errors::staleness::bad_option, "max_new_tokens must be >= 1, got {}",
              opt_.max_new_tokens);
@@ -191,8 +194,9 @@ RLPT_INLINE partial_rollout::partial_rollout(std::int64_t group_id, view<const t
   loss_mask_.assign(tokens_.size(), mask_t{0});
 }
 
-RLPT_INLINE void partial_rollout::append(view<const token_id> tokens, view<const float> logprobs,
-                                         view<const policy_version> versions) {
+template <class Tag>
+RLPT_INLINE void basic_partial_rollout<Tag>::append(view<const token_id> tokens, view<const float> logprobs,
+                                                    view<const policy_version> versions) {
   check_append(tokens, logprobs);
   detail::expect_size("partial versions", versions.size(), tokens.size(), "one per appended token");
   policy_version prev = tail_version();
@@ -203,7 +207,7 @@ RLPT_INLINE void partial_rollout::append(view<const token_id> tokens, view<const
   push(tokens, logprobs, [versions](index_t i) { return versions[i]; });
 }
 
-RLPT_INLINE partial_state partial_rollout::interrupt(pause_mode mode) {
+template <class Tag> RLPT_INLINE partial_state basic_partial_rollout<Tag>::interrupt(pause_mode mode) {
   if (state_ != partial_state::running || mode == pause_mode::keep) return state_;
   ++interruptions_;
   if (mode == pause_mode::abort) {
@@ -223,7 +227,7 @@ RLPT_INLINE partial_state partial_rollout::interrupt(pause_mode mode) {
   return state_;
 }
 
-RLPT_INLINE void partial_rollout::resume(policy_version version) {
+template <class Tag> RLPT_INLINE void basic_partial_rollout<Tag>::resume(policy_version version) {
   RLPT_CHECK(state_ == partial_state::interrupted, errors::staleness::partial_state,
              "resume needs an interrupted generation; group {} is {}", group_id_, name(state_));
   RLPT_CHECK(version >= tail_version(), errors::staleness::bad_version,
@@ -240,7 +244,9 @@ RLPT_INLINE void partial_rollout::resume(policy_version version) {
   ++resumes_;
 }
 
-RLPT_INLINE void partial_rollout::check_append(view<const token_id> tokens, view<const float> logprobs) const {
+template <class Tag>
+RLPT_INLINE void basic_partial_rollout<Tag>::check_append(view<const token_id> tokens,
+                                                          view<const float> logprobs) const {
   RLPT_CHECK(state_ == partial_state::running, errors::staleness::partial_state,
              "group {} cannot take tokens while {} (resume it first)", group_id_, name(state_));
   detail::expect_size("partial logprobs", logprobs.size(), tokens.size(), "one per appended token");

@@ -82,18 +82,19 @@ struct proximal_result {
 //! `v_theta` is the version of the policy that produced `current` (the policy being
 //! optimised). Masked tokens get their behaviour log-prob (finite, never read by a masked
 //! loss). A non-finite log-prob or a version newer than v_theta on a valid token is an error.
-proximal_result proximal_logprobs(view<const float> behav, view<const float> current,
-                                  view<const policy_version> versions, view<const mask_t> mask, policy_version v_theta,
-                                  view<float> out, const proximal_options& opt = {});
+RLPT_DEFER proximal_result proximal_logprobs(view<const float> behav, view<const float> current,
+                                             view<const policy_version> versions, view<const mask_t> mask,
+                                             policy_version v_theta, view<float> out, const proximal_options& opt = {});
 
 RLPT_NAMESPACE_END
 
 #if RLPT_HEADER_IMPL()
 RLPT_NAMESPACE_BEGIN
 
-RLPT_INLINE proximal_result proximal_logprobs(view<const float> behav, view<const float> current,
-                                              view<const policy_version> versions, view<const mask_t> mask,
-                                              policy_version v_theta, view<float> out, const proximal_options& opt) {
+RLPT_DEFER RLPT_INLINE proximal_result proximal_logprobs(view<const float> behav, view<const float> current,
+                                                         view<const policy_version> versions, view<const mask_t> mask,
+                                                         policy_version v_theta, view<float> out,
+                                                         const proximal_options& opt) {
   const index_t n = behav.size();
   detail::expect_size("current logprobs", current.size(), n, "one per token, like behav");
   detail::expect_size("versions", versions.size(), n, "one per token, like behav");

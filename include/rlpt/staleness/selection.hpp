@@ -103,16 +103,16 @@ struct pick_result {
 //! Chooses the next batch. `pending` lists in-flight items (for stale_policy::wait and for
 //! reporting); `closed` means nothing more will arrive, so a short batch is returned rather
 //! than waited for.
-[[nodiscard]] pick_result pick_batch(std::span<const candidate> ready, index_t wanted, policy_version current,
-                                     const selection_options& opt, std::span<const version_count> pending = {},
-                                     bool closed = false);
+RLPT_DEFER [[nodiscard]] pick_result pick_batch(std::span<const candidate> ready, index_t wanted,
+                                                policy_version current, const selection_options& opt,
+                                                std::span<const version_count> pending = {}, bool closed = false);
 
 //! What a consumer that sees `visible` (the gate's tickets among its ready items) may still
 //! receive: running tickets plus accepted ones not visible yet (finished, on their way into
 //! the buffer). Pass it as `pending` to pick_batch; leaving the in-transit ones out would let
 //! the wait policy miss an item that must be trained now.
-[[nodiscard]] std::vector<version_count> in_flight(const staleness_gate::alive_tickets& alive,
-                                                   std::span<const candidate> visible);
+RLPT_DEFER [[nodiscard]] std::vector<version_count> in_flight(const staleness_gate::alive_tickets& alive,
+                                                              std::span<const candidate> visible);
 
 // --- starvation -----------------------------------------------------------------------------
 
@@ -162,9 +162,9 @@ struct starvation_options {
 //! Tracks one consumer's waiting episodes. Call `observe` after every unsuccessful attempt and
 //! `served` after every successful one; a report is produced once per episode, when the wait
 //! first exceeds the threshold.
-class starvation_monitor {
+template <class = void> class basic_starvation_monitor {
 public:
-  explicit starvation_monitor(starvation_options o = {}) : opt_(o) {
+  explicit basic_starvation_monitor(starvation_options o = {}) : opt_(o) {
     RLPT_CHECK(opt_.after_s >= 0.0, errors::staleness::bad_option, "starvation threshold must be >= 0 s, got {}",
                opt_.after_s);
   }
@@ -187,6 +187,8 @@ private:
   index_t dropped_ = 0;
   index_t reports_ = 0;
 };
+using starvation_monitor = basic_starvation_monitor<>;
+RLPT_EXTERN_TEMPLATE(class basic_starvation_monitor<>)
 
 RLPT_NAMESPACE_END
 
@@ -199,7 +201,7 @@ RLPT_NAMESPACE_BEGIN
 
 namespace detail {
 
-RLPT_INLINE void check_candidate(const candidate& c, index_t i, policy_version current, pick_order order) {
+RLPT_DEFER RLPT_INLINE void check_candidate(const candidate& c, index_t i, policy_version current, pick_order order) {
   RLPT_CHECK(c.version >= 0 && c.version <= current, errors::staleness::future_version,
              "ready item {} has version {}, outside [0, current version {}]", i, c.version, current);
   RLPT_CHECK(order != pick_order::target_version || c.target >= c.version, errors::staleness::no_target,
@@ -210,8 +212,9 @@ RLPT_INLINE void check_candidate(const candidate& c, index_t i, policy_version c
 
 } // namespace detail
 
-RLPT_INLINE pick_result pick_batch(std::span<const candidate> ready, index_t wanted, policy_version current,
-                                   const selection_options& opt, std::span<const version_count> pending, bool closed) {
+RLPT_DEFER RLPT_INLINE pick_result pick_batch(std::span<const candidate> ready, index_t wanted, policy_version current,
+                                              const selection_options& opt, std::span<const version_count> pending,
+                                              bool closed) {
   RLPT_CHECK(wanted >= 1, errors::staleness::bad_option, "a batch needs at least 1 group, {} wanted", wanted);
   RLPT_CHECK(current >= 0, errors::staleness::bad_version, "current version must be >= 0, got {}", current);
   RLPT_CHECK(opt.max_staleness >= 0 || opt.max_staleness == unbounded_staleness, errors::staleness::bad_option,
@@ -321,8 +324,8 @@ RLPT_INLINE pick_result pick_batch(std::span<const candidate> ready, index_t wan
   return r;
 }
 
-RLPT_INLINE std::vector<version_count> in_flight(const staleness_gate::alive_tickets& alive,
-                                                 std::span<const candidate> visible) {
+RLPT_DEFER RLPT_INLINE std::vector<version_count> in_flight(const staleness_gate::alive_tickets& alive,
+                                                            std::span<const candidate> visible) {
   std::vector<version_count> out = alive.running;
   std::vector<candidate> seen(visible.begin(), visible.end());
   auto key = [](const candidate& c) { return std::pair{c.version, c.target}; };
@@ -339,9 +342,10 @@ RLPT_INLINE std::vector<version_count> in_flight(const staleness_gate::alive_tic
   return out;
 }
 
+template <class Tag>
 RLPT_INLINE std::optional<starvation_report>
-starvation_monitor::observe(double now_s, const pick_result& r, index_t wanted, policy_version current,
-                            index_t gate_capacity, std::span<const version_count> in_flight, bool targeted) {
+basic_starvation_monitor<Tag>::observe(double now_s, const pick_result& r, index_t wanted, policy_version current,
+                                       index_t gate_capacity, std::span<const version_count> in_flight, bool targeted) {
   if (!waiting_) {
     waiting_ = true;
     since_ = now_s;

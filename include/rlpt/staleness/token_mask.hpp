@@ -51,20 +51,21 @@ struct token_mask_result {
 //! Optional per-sequence outputs: `kept_per_seq[b]` trained tokens left (per-sequence loss
 //! denominators) and `has_loss[b]` (0 for sequences that no longer train any token; they
 //! still count in their group's baseline).
-token_mask_result mask_stale_tokens(const token_layout& layout, view<const policy_version> versions,
-                                    view<const mask_t> loss_mask, policy_version current, view<mask_t> out,
-                                    const token_mask_options& opt = {}, view<index_t> kept_per_seq = {},
-                                    view<mask_t> has_loss = {});
+RLPT_DEFER token_mask_result mask_stale_tokens(const token_layout& layout, view<const policy_version> versions,
+                                               view<const mask_t> loss_mask, policy_version current, view<mask_t> out,
+                                               const token_mask_options& opt = {}, view<index_t> kept_per_seq = {},
+                                               view<mask_t> has_loss = {});
 
 RLPT_NAMESPACE_END
 
 #if RLPT_HEADER_IMPL()
 RLPT_NAMESPACE_BEGIN
 
-RLPT_INLINE token_mask_result mask_stale_tokens(const token_layout& layout, view<const policy_version> versions,
-                                                view<const mask_t> loss_mask, policy_version current, view<mask_t> out,
-                                                const token_mask_options& opt, view<index_t> kept_per_seq,
-                                                view<mask_t> has_loss) {
+RLPT_DEFER RLPT_INLINE token_mask_result mask_stale_tokens(const token_layout& layout,
+                                                           view<const policy_version> versions,
+                                                           view<const mask_t> loss_mask, policy_version current,
+                                                           view<mask_t> out, const token_mask_options& opt,
+                                                           view<index_t> kept_per_seq, view<mask_t> has_loss) {
   RLPT_CHECK(opt.max_age >= 0 || opt.max_age == unbounded_staleness, errors::staleness::bad_option,
              "max_age must be >= 0 or unbounded_staleness (-1), got {}", opt.max_age);
   RLPT_CHECK(current >= 0, errors::staleness::bad_version, "current version must be >= 0, got {}", current);

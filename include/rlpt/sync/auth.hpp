@@ -98,9 +98,10 @@ inline constexpr std::uint16_t hello_version = 1;
 inline constexpr std::size_t hello_bytes = 40;
 
 //! The handshake and frame tags of one connection (one per link; reset on each connection).
-class peer_auth {
+template <class = void> class basic_peer_auth {
 public:
-  peer_auth(std::shared_ptr<const authenticator> a, integrity i, role r) : a_(std::move(a)), integrity_(i), role_(r) {}
+  basic_peer_auth(std::shared_ptr<const authenticator> a, integrity i, role r)
+      : a_(std::move(a)), integrity_(i), role_(r) {}
 
   [[nodiscard]] bool enabled() const noexcept { return a_ != nullptr; }
   [[nodiscard]] integrity mode() const noexcept { return integrity_; }
@@ -175,6 +176,8 @@ private:
   bool acceptor_ = false;
   std::uint64_t tx_seq_ = 0, rx_seq_ = 0;
 };
+using peer_auth = basic_peer_auth<>;
+RLPT_EXTERN_TEMPLATE(class basic_peer_auth<>)
 
 } // namespace detail
 } // namespace sync
@@ -184,7 +187,8 @@ RLPT_NAMESPACE_END
 RLPT_NAMESPACE_BEGIN
 namespace sync::detail {
 
-RLPT_INLINE std::string peer_auth::check_hello(std::span<const std::byte, hello_bytes> h) const {
+template <class Tag>
+RLPT_INLINE std::string basic_peer_auth<Tag>::check_hello(std::span<const std::byte, hello_bytes> h) const {
   std::uint32_t magic;
   std::uint16_t version;
   std::memcpy(&magic, h.data(), 4);

@@ -248,7 +248,7 @@ inline std::uint64_t copy_hash(void* dst, const void* src, std::size_t bytes) no
 }
 
 //! Parses exactly 16 hex digits (either case); nullopt otherwise.
-[[nodiscard]] std::optional<std::uint64_t> parse_hex(std::string_view s) noexcept;
+RLPT_DEFER [[nodiscard]] std::optional<std::uint64_t> parse_hex(std::string_view s) noexcept;
 
 namespace detail {
 //! The value of one hex digit (either case), or -1: shared by parse_hex and JSON's \u escapes.
@@ -267,7 +267,7 @@ RLPT_NAMESPACE_END
 RLPT_NAMESPACE_BEGIN
 namespace sync {
 
-RLPT_INLINE std::optional<std::uint64_t> parse_hex(std::string_view s) noexcept {
+RLPT_DEFER RLPT_INLINE std::optional<std::uint64_t> parse_hex(std::string_view s) noexcept {
   if (s.size() != 16) return std::nullopt;
   std::uint64_t v = 0;
   for (char c : s) {

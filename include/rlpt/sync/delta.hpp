@@ -100,8 +100,8 @@ namespace detail {
 }
 
 //! Body bytes of an encoding; false on overflow.
-[[nodiscard]] bool delta_body_bytes(delta_encoding enc, std::uint64_t n, std::uint64_t changed, std::uint64_t eb,
-                                    std::uint64_t& out) noexcept;
+RLPT_DEFER [[nodiscard]] bool delta_body_bytes(delta_encoding enc, std::uint64_t n, std::uint64_t changed,
+                                               std::uint64_t eb, std::uint64_t& out) noexcept;
 
 //! A record header (the first 64 bytes of a record), parsed and checked.
 struct delta_head {
@@ -115,7 +115,8 @@ struct delta_head {
 //! the body size its encoding implies); not the body. The host parser (parse_delta_record) and
 //! the device receiver (which validates bodies on the GPU) share it. Errors: rlpt.sync.bad_delta
 //! naming `where` and the record's byte offset `at`.
-[[nodiscard]] delta_head parse_delta_head(std::span<const std::byte> h, std::string_view where, std::uint64_t at);
+RLPT_DEFER [[nodiscard]] delta_head parse_delta_head(std::span<const std::byte> h, std::string_view where,
+                                                     std::uint64_t at);
 
 template <class U> inline void swap_elem(std::byte* a, std::byte* b) noexcept {
   U x, y;
@@ -196,8 +197,8 @@ inline std::uint64_t diff_bits(const std::byte* a, const std::byte* b, std::uint
   return total;
 }
 
-std::uint64_t diff_bits(std::size_t eb, const std::byte* a, const std::byte* b, std::uint64_t n,
-                        std::uint64_t* words) noexcept;
+RLPT_DEFER std::uint64_t diff_bits(std::size_t eb, const std::byte* a, const std::byte* b, std::uint64_t n,
+                                   std::uint64_t* words) noexcept;
 
 } // namespace detail
 
@@ -219,13 +220,13 @@ struct delta_record {
 
 //! Parses and fully validates the record at the start of `stream` (8-byte aligned). Errors:
 //! rlpt.sync.bad_delta naming `where` and the byte offset `at` of the record in its stream.
-[[nodiscard]] delta_record parse_delta_record(std::span<std::byte> stream, std::string_view where,
-                                              std::uint64_t at = 0);
+RLPT_DEFER [[nodiscard]] delta_record parse_delta_record(std::span<std::byte> stream, std::string_view where,
+                                                         std::uint64_t at = 0);
 
 //! Writes a record's values into `range` (the record's elements of the target tensor, i.e.
 //! elem_count x elem_bytes bytes starting at element elem_begin) by swapping: afterwards the
 //! record holds the values it replaced, so a second call undoes the first.
-void swap_apply(const delta_record& r, std::span<std::byte> range);
+RLPT_DEFER void swap_apply(const delta_record& r, std::span<std::byte> range);
 
 //! Calls f(delta_record&) for every record of a stream (validated as it goes).
 template <class F> void for_each_delta_record(std::span<std::byte> stream, std::string_view where, F&& f) {
@@ -238,10 +239,10 @@ template <class F> void for_each_delta_record(std::span<std::byte> stream, std::
 }
 
 //! Encodes tensors against their base version into records.
-class delta_encoder {
+template <class = void> class basic_delta_encoder {
 public:
   //! `max_record_bytes` bounds each record (header included) so records fit a bucket.
-  explicit delta_encoder(std::uint64_t max_record_bytes) : max_record_(max_record_bytes) {
+  explicit basic_delta_encoder(std::uint64_t max_record_bytes) : max_record_(max_record_bytes) {
     RLPT_CHECK(max_record_bytes >= delta_header_bytes + 64, errors::sync::bad_delta,
                "max_record_bytes {} is too small for a delta record", max_record_bytes);
   }
@@ -295,6 +296,8 @@ private:
   std::uint64_t max_record_;
   std::vector<std::uint64_t> words_;
 };
+using delta_encoder = basic_delta_encoder<>;
+RLPT_EXTERN_TEMPLATE(class basic_delta_encoder<>)
 
 } // namespace sync
 RLPT_NAMESPACE_END
@@ -303,8 +306,8 @@ RLPT_NAMESPACE_END
 RLPT_NAMESPACE_BEGIN
 namespace sync::detail {
 
-RLPT_INLINE bool delta_body_bytes(delta_encoding enc, std::uint64_t n, std::uint64_t changed, std::uint64_t eb,
-                                  std::uint64_t& out) noexcept {
+RLPT_DEFER RLPT_INLINE bool delta_body_bytes(delta_encoding enc, std::uint64_t n, std::uint64_t changed,
+                                             std::uint64_t eb, std::uint64_t& out) noexcept {
   std::uint64_t vals = 0;
   switch (enc) {
   case delta_encoding::dense:
@@ -325,7 +328,8 @@ RLPT_INLINE bool delta_body_bytes(delta_encoding enc, std::uint64_t n, std::uint
   return false;
 }
 
-RLPT_INLINE delta_head parse_delta_head(std::span<const std::byte> h, std::string_view where, std::uint64_t at) {
+RLPT_DEFER RLPT_INLINE delta_head parse_delta_head(std::span<const std::byte> h, std::string_view where,
+                                                   std::uint64_t at) {
   auto bad = [&](std::string_view what) -> void {
     RLPT_FAIL(errors::sync::bad_delta, "{}: delta record at byte {}: {}", where, at, what);
   };
@@ -365,8 +369,8 @@ RLPT_INLINE delta_head parse_delta_head(std::span<const std::byte> h, std::strin
   return d;
 }
 
-RLPT_INLINE std::uint64_t diff_bits(std::size_t eb, const std::byte* a, const std::byte* b, std::uint64_t n,
-                                    std::uint64_t* words) noexcept {
+RLPT_DEFER RLPT_INLINE std::uint64_t diff_bits(std::size_t eb, const std::byte* a, const std::byte* b, std::uint64_t n,
+                                               std::uint64_t* words) noexcept {
   switch (eb) {
   case 1:
     return diff_bits<std::uint8_t>(a, b, n, words);
@@ -383,7 +387,8 @@ RLPT_INLINE std::uint64_t diff_bits(std::size_t eb, const std::byte* a, const st
 
 namespace sync {
 
-RLPT_INLINE delta_record parse_delta_record(std::span<std::byte> stream, std::string_view where, std::uint64_t at) {
+RLPT_DEFER RLPT_INLINE delta_record parse_delta_record(std::span<std::byte> stream, std::string_view where,
+                                                       std::uint64_t at) {
   auto bad = [&](std::string_view what) -> void {
     RLPT_FAIL(errors::sync::bad_delta, "{}: delta record at byte {}: {}", where, at, what);
   };
@@ -447,7 +452,7 @@ RLPT_INLINE delta_record parse_delta_record(std::span<std::byte> stream, std::st
   return r;
 }
 
-RLPT_INLINE void swap_apply(const delta_record& r, std::span<std::byte> range) {
+RLPT_DEFER RLPT_INLINE void swap_apply(const delta_record& r, std::span<std::byte> range) {
   RLPT_CHECK(range.size() == r.elem_count * r.elem_bytes, errors::sync::bad_delta,
              "delta target range has {} bytes, the record covers {} x {} bytes", range.size(), r.elem_count,
              r.elem_bytes);
@@ -491,10 +496,11 @@ RLPT_INLINE void swap_apply(const delta_record& r, std::span<std::byte> range) {
   }
 }
 
-RLPT_INLINE std::uint64_t delta_encoder::encode(std::uint32_t index, std::span<const std::byte> now,
-                                                std::span<const std::byte> base, std::size_t elem_bytes,
-                                                std::uint64_t base_checksum, std::uint64_t bucket_bytes,
-                                                std::vector<std::byte>& out, delta_stats& stats) {
+template <class Tag>
+RLPT_INLINE std::uint64_t basic_delta_encoder<Tag>::encode(std::uint32_t index, std::span<const std::byte> now,
+                                                           std::span<const std::byte> base, std::size_t elem_bytes,
+                                                           std::uint64_t base_checksum, std::uint64_t bucket_bytes,
+                                                           std::vector<std::byte>& out, delta_stats& stats) {
   RLPT_CHECK(now.size() == base.size(), errors::sync::bad_delta, "tensor #{} has {} bytes but its base has {}", index,
              now.size(), base.size());
   RLPT_CHECK(elem_bytes == 1 || elem_bytes == 2 || elem_bytes == 4 || elem_bytes == 8, errors::sync::bad_delta,
@@ -533,9 +539,10 @@ RLPT_INLINE std::uint64_t delta_encoder::encode(std::uint32_t index, std::span<c
   return combine_piece_checksums(parts);
 }
 
-RLPT_INLINE void delta_encoder::hash_range(xxh3_stream& h, std::vector<std::uint64_t>& parts, std::uint64_t& fill,
-                                           const std::byte* p, std::uint64_t bytes, bool split,
-                                           std::uint64_t bucket_bytes) {
+template <class Tag>
+RLPT_INLINE void basic_delta_encoder<Tag>::hash_range(xxh3_stream& h, std::vector<std::uint64_t>& parts,
+                                                      std::uint64_t& fill, const std::byte* p, std::uint64_t bytes,
+                                                      bool split, std::uint64_t bucket_bytes) {
   if (!split) {
     h.update(p, static_cast<std::size_t>(bytes));
     return;
@@ -554,10 +561,11 @@ RLPT_INLINE void delta_encoder::hash_range(xxh3_stream& h, std::vector<std::uint
   }
 }
 
-RLPT_INLINE void delta_encoder::write_record(std::uint32_t index, const std::byte* now, std::size_t eb,
-                                             std::uint64_t first, std::uint64_t n, std::uint64_t changed,
-                                             std::uint64_t base_checksum, std::vector<std::byte>& out,
-                                             delta_stats& stats) {
+template <class Tag>
+RLPT_INLINE void basic_delta_encoder<Tag>::write_record(std::uint32_t index, const std::byte* now, std::size_t eb,
+                                                        std::uint64_t first, std::uint64_t n, std::uint64_t changed,
+                                                        std::uint64_t base_checksum, std::vector<std::byte>& out,
+                                                        delta_stats& stats) {
   std::uint64_t s_sparse = 0, s_bitmap = 0, s_dense = 0;
   // n < 2^31 elements of at most 8 bytes: none of these overflow.
   static_cast<void>(detail::delta_body_bytes(delta_encoding::sparse, n, changed, eb, s_sparse));
@@ -626,8 +634,9 @@ RLPT_INLINE void delta_encoder::write_record(std::uint32_t index, const std::byt
   stats.by_encoding[static_cast<int>(enc)] += 1;
 }
 
-RLPT_INLINE void delta_encoder::gather(std::byte* dst, const std::byte* now, std::size_t eb,
-                                       std::uint64_t words) const {
+template <class Tag>
+RLPT_INLINE void basic_delta_encoder<Tag>::gather(std::byte* dst, const std::byte* now, std::size_t eb,
+                                                  std::uint64_t words) const {
   switch (eb) {
   case 1:
     gather_n<1>(dst, now, words);

@@ -70,14 +70,14 @@ struct forward_result {
   std::string cut_through_failure{};
 };
 
-class forwarder {
+template <class = void> class basic_forwarder {
 public:
   //! Receives from `upstream`, calls `load` for this host's own engine (may be empty), and
   //! forwards every published version to each of `downstream` (links this object borrows).
-  forwarder(link& upstream, std::vector<link*> downstream, load_fn load = {}, forwarder_options o = {});
+  basic_forwarder(link& upstream, std::vector<link*> downstream, load_fn load = {}, forwarder_options o = {});
 
-  forwarder(const forwarder&) = delete;
-  forwarder& operator=(const forwarder&) = delete;
+  basic_forwarder(const basic_forwarder&) = delete;
+  basic_forwarder& operator=(const basic_forwarder&) = delete;
 
   //! Drives the upstream receiver as receiver::poll does; when it publishes a version, passes
   //! it on to every downstream link before returning (see last_forwarded()).
@@ -124,6 +124,8 @@ private:
   std::vector<std::unique_ptr<sender>> senders_;
   std::vector<forward_result> results_;
 };
+using forwarder = basic_forwarder<>;
+RLPT_EXTERN_TEMPLATE(class basic_forwarder<>)
 
 } // namespace sync
 RLPT_NAMESPACE_END
@@ -132,19 +134,21 @@ RLPT_NAMESPACE_END
 RLPT_NAMESPACE_BEGIN
 namespace sync {
 
-RLPT_INLINE forwarder::forwarder(link& upstream, std::vector<link*> downstream, load_fn load, forwarder_options o)
+template <class Tag>
+RLPT_INLINE basic_forwarder<Tag>::basic_forwarder(link& upstream, std::vector<link*> downstream, load_fn load,
+                                                  forwarder_options o)
     : down_(checked(std::move(downstream))), o_(std::move(o)), tee_(tee(down_, o_, upstream)),
       rx_(tee_ ? *tee_ : upstream, load ? std::move(load) : load_fn(ignore), mirrored(o_.receive)) {
   senders_.resize(down_.size());
 }
 
-RLPT_INLINE update forwarder::poll(std::chrono::milliseconds wait) {
+template <class Tag> RLPT_INLINE update basic_forwarder<Tag>::poll(std::chrono::milliseconds wait) {
   update u = rx_.poll(wait);
   if (u.published()) forward(u.version);
   return u;
 }
 
-RLPT_INLINE void forwarder::forward(std::uint64_t version) {
+template <class Tag> RLPT_INLINE void basic_forwarder<Tag>::forward(std::uint64_t version) {
   const manifest& m = rx_.published_manifest();
   const detail::passed_on passed = tee_ ? tee_->finish(version) : detail::passed_on{};
   results_.assign(down_.size(), {});

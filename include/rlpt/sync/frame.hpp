@@ -101,9 +101,9 @@ struct frame {
 };
 
 //! Encodes a frame (header + body) into `out`, replacing its contents.
-void encode_frame(std::vector<std::byte>& out, frame_type type, std::uint64_t tag, std::uint64_t version,
-                  std::uint64_t base_version, std::uint64_t index, std::uint64_t count, std::uint64_t payload_bytes,
-                  std::span<const std::byte> body);
+RLPT_DEFER void encode_frame(std::vector<std::byte>& out, frame_type type, std::uint64_t tag, std::uint64_t version,
+                             std::uint64_t base_version, std::uint64_t index, std::uint64_t count,
+                             std::uint64_t payload_bytes, std::span<const std::byte> body);
 
 inline std::span<const std::byte> as_bytes(std::string_view s) noexcept {
   return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
@@ -113,7 +113,7 @@ inline std::string_view as_chars(std::span<const std::byte> b) noexcept {
 }
 
 //! Decodes and verifies a meta block; `where` names the link in errors (rlpt.sync.wire).
-[[nodiscard]] frame decode_frame(std::span<const std::byte> meta, std::string_view where);
+RLPT_DEFER [[nodiscard]] frame decode_frame(std::span<const std::byte> meta, std::string_view where);
 
 //! A meta block's header fields read without verifying it (decode_frame verifies): what a
 //! device link needs to size and name the payload that follows before the protocol decodes the
@@ -124,11 +124,11 @@ struct frame_peek {
   std::uint64_t index = 0;
   std::uint64_t payload_bytes = 0;
 };
-[[nodiscard]] frame_peek peek_frame(std::span<const std::byte> meta) noexcept;
+RLPT_DEFER [[nodiscard]] frame_peek peek_frame(std::span<const std::byte> meta) noexcept;
 
 //! How errors name the payload a meta block announces: "bucket I of version V", "delta chunk I
 //! of version V", "a payload of version V", or "a payload" for a block shorter than a header.
-[[nodiscard]] std::string payload_label(std::span<const std::byte> meta);
+RLPT_DEFER [[nodiscard]] std::string payload_label(std::span<const std::byte> meta);
 
 } // namespace sync
 RLPT_NAMESPACE_END
@@ -137,9 +137,10 @@ RLPT_NAMESPACE_END
 RLPT_NAMESPACE_BEGIN
 namespace sync {
 
-RLPT_INLINE void encode_frame(std::vector<std::byte>& out, frame_type type, std::uint64_t tag, std::uint64_t version,
-                              std::uint64_t base_version, std::uint64_t index, std::uint64_t count,
-                              std::uint64_t payload_bytes, std::span<const std::byte> body) {
+RLPT_DEFER RLPT_INLINE void encode_frame(std::vector<std::byte>& out, frame_type type, std::uint64_t tag,
+                                         std::uint64_t version, std::uint64_t base_version, std::uint64_t index,
+                                         std::uint64_t count, std::uint64_t payload_bytes,
+                                         std::span<const std::byte> body) {
   out.resize(frame_header_bytes + body.size());
   std::byte* p = out.data();
   const auto put32 = [&](std::size_t at, std::uint32_t v) { std::memcpy(p + at, &v, 4); };
@@ -162,7 +163,7 @@ RLPT_INLINE void encode_frame(std::vector<std::byte>& out, frame_type type, std:
   put64(64, h.digest());
 }
 
-RLPT_INLINE frame decode_frame(std::span<const std::byte> meta, std::string_view where) {
+RLPT_DEFER RLPT_INLINE frame decode_frame(std::span<const std::byte> meta, std::string_view where) {
   RLPT_CHECK(meta.size() >= frame_header_bytes, errors::sync::wire,
              "{}: frame of {} bytes is shorter than the {}-byte header", where, meta.size(), frame_header_bytes);
   const std::byte* p = meta.data();
@@ -202,7 +203,7 @@ RLPT_INLINE frame decode_frame(std::span<const std::byte> meta, std::string_view
   return f;
 }
 
-RLPT_INLINE frame_peek peek_frame(std::span<const std::byte> meta) noexcept {
+RLPT_DEFER RLPT_INLINE frame_peek peek_frame(std::span<const std::byte> meta) noexcept {
   frame_peek f;
   if (meta.size() < frame_header_bytes) return f;
   std::memcpy(&f.type, meta.data() + detail::frame_type_at, 2);
@@ -212,7 +213,7 @@ RLPT_INLINE frame_peek peek_frame(std::span<const std::byte> meta) noexcept {
   return f;
 }
 
-RLPT_INLINE std::string payload_label(std::span<const std::byte> meta) {
+RLPT_DEFER RLPT_INLINE std::string payload_label(std::span<const std::byte> meta) {
   if (meta.size() < frame_header_bytes) return "a payload";
   const frame_peek f = peek_frame(meta);
   if (f.type == static_cast<std::uint16_t>(frame_type::bucket))

@@ -46,7 +46,7 @@ public:
   inproc_pipe& operator=(const inproc_pipe&) = delete;
 
 private:
-  friend class inproc_transport;
+  template <class> friend class basic_inproc_transport;
   struct msg {
     std::vector<std::byte> meta;
     int buffer = -1;
@@ -64,12 +64,12 @@ private:
   bool open_[2] = {false, false}; // endpoint attached: [0] sender, [1] receiver
 };
 
-class inproc_transport final : public link {
+template <class = void> class basic_inproc_transport final : public link {
 public:
   //! Attaching drops whatever a previous endpoint of this role left unread (a restart).
-  inproc_transport(inproc_pipe& p, role r);
+  basic_inproc_transport(inproc_pipe& p, role r);
 
-  ~inproc_transport() override {
+  ~basic_inproc_transport() override {
     std::lock_guard lock(p_.mu_);
     if (held_) {
       if (held_->buffer >= 0) p_.dir_[1 - me_].free.push_back(held_->buffer);
@@ -109,6 +109,8 @@ private:
   int reserved_ = -1;
   std::optional<inproc_pipe::msg> held_;
 };
+using inproc_transport = basic_inproc_transport<>;
+RLPT_EXTERN_TEMPLATE(class basic_inproc_transport<>)
 
 } // namespace sync
 RLPT_NAMESPACE_END
@@ -117,7 +119,9 @@ RLPT_NAMESPACE_END
 RLPT_NAMESPACE_BEGIN
 namespace sync {
 
-RLPT_INLINE inproc_transport::inproc_transport(inproc_pipe& p, role r) : p_(p), me_(r == role::sender ? 0 : 1) {
+template <class Tag>
+RLPT_INLINE basic_inproc_transport<Tag>::basic_inproc_transport(inproc_pipe& p, role r)
+    : p_(p), me_(r == role::sender ? 0 : 1) {
   std::lock_guard lock(p_.mu_);
   RLPT_CHECK(!p_.open_[me_], errors::sync::bad_link, "inproc pipe already has a {} endpoint",
              me_ == 0 ? "sender" : "receiver");
@@ -129,7 +133,8 @@ RLPT_INLINE inproc_transport::inproc_transport(inproc_pipe& p, role r) : p_(p), 
   p_.cv_.notify_all();
 }
 
-RLPT_INLINE std::span<std::byte> inproc_transport::payload_buffer(std::uint64_t bytes, deadline until) {
+template <class Tag>
+RLPT_INLINE std::span<std::byte> basic_inproc_transport<Tag>::payload_buffer(std::uint64_t bytes, deadline until) {
   RLPT_CHECK(bytes <= p_.o_.max_payload, errors::sync::too_large, "inproc: payload of {} bytes exceeds max_payload {}",
              bytes, p_.o_.max_payload);
   std::unique_lock lock(p_.mu_);
@@ -146,7 +151,9 @@ RLPT_INLINE std::span<std::byte> inproc_transport::payload_buffer(std::uint64_t 
   return {buf.data(), static_cast<std::size_t>(bytes)};
 }
 
-RLPT_INLINE void inproc_transport::send(std::span<const std::byte> meta, std::uint64_t payload_bytes, deadline) {
+template <class Tag>
+RLPT_INLINE void basic_inproc_transport<Tag>::send(std::span<const std::byte> meta, std::uint64_t payload_bytes,
+                                                   deadline) {
   std::lock_guard lock(p_.mu_);
   check_peer();
   auto& out = p_.dir_[me_];
@@ -164,7 +171,7 @@ RLPT_INLINE void inproc_transport::send(std::span<const std::byte> meta, std::ui
   p_.cv_.notify_all();
 }
 
-RLPT_INLINE std::optional<message> inproc_transport::receive(deadline until) {
+template <class Tag> RLPT_INLINE std::optional<message> basic_inproc_transport<Tag>::receive(deadline until) {
   release();
   std::unique_lock lock(p_.mu_);
   auto& in = p_.dir_[1 - me_];

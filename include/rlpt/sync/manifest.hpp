@@ -103,8 +103,8 @@ inline bool add_overflows(std::uint64_t a, std::uint64_t b, std::uint64_t& out) 
 }
 
 //! Bytes of a tensor of `shape` and `dt`, validated (no negative dims, no overflow).
-std::uint64_t tensor_nbytes(std::string_view name, wire_dtype dt, std::span<const std::int64_t> shape,
-                            std::uint64_t max_rank = 16);
+RLPT_DEFER std::uint64_t tensor_nbytes(std::string_view name, wire_dtype dt, std::span<const std::int64_t> shape,
+                                       std::uint64_t max_rank = 16);
 
 inline std::uint64_t le64(const std::byte* p) noexcept {
   std::uint64_t v;
@@ -131,13 +131,13 @@ inline void put_le64(std::byte* p, std::uint64_t v) noexcept { std::memcpy(p, &v
   return xxh3(parts.data(), parts.size() * 8);
 }
 
-class manifest {
+template <class = void> class basic_manifest {
 public:
-  manifest() = default;
+  basic_manifest() = default;
 
   //! Builds and validates a manifest from explicit entries.
-  manifest(std::vector<tensor_entry> tensors, std::uint64_t bucket_bytes, std::uint64_t alignment,
-           manifest_limits limits = {})
+  basic_manifest(std::vector<tensor_entry> tensors, std::uint64_t bucket_bytes, std::uint64_t alignment,
+                 manifest_limits limits = {})
       : bucket_bytes_(bucket_bytes), alignment_(alignment), tensors_(std::move(tensors)) {
     index(limits);
   }
@@ -194,7 +194,7 @@ public:
   [[nodiscard]] std::uint64_t layout_hash() const noexcept { return layout_hash_; }
 
   //! True when both describe the same packing.
-  [[nodiscard]] bool same_layout(const manifest& o) const noexcept {
+  [[nodiscard]] bool same_layout(const basic_manifest& o) const noexcept {
     return layout_hash_ == o.layout_hash_ && layout_json() == o.layout_json();
   }
 
@@ -207,11 +207,11 @@ public:
   [[nodiscard]] detail::json to_json_value(bool with_state) const;
 
   //! Parses and validates JSON written by to_json(). The layout hash must match the layout.
-  [[nodiscard]] static manifest from_json(std::string_view text, manifest_limits limits = {}) {
+  [[nodiscard]] static basic_manifest from_json(std::string_view text, manifest_limits limits = {}) {
     return from_json_value(detail::parse_json(text, "manifest"), limits);
   }
 
-  [[nodiscard]] static manifest from_json_value(const detail::json& root, manifest_limits limits = {});
+  [[nodiscard]] static basic_manifest from_json_value(const detail::json& root, manifest_limits limits = {});
 
 private:
   void index(const manifest_limits& limits);
@@ -230,6 +230,8 @@ private:
   std::uint64_t payload_total_ = 0;
   std::uint64_t layout_hash_ = 0;
 };
+using manifest = basic_manifest<>;
+RLPT_EXTERN_TEMPLATE(class basic_manifest<>)
 
 namespace detail {
 
@@ -275,8 +277,8 @@ RLPT_NAMESPACE_END
 RLPT_NAMESPACE_BEGIN
 namespace sync::detail {
 
-RLPT_INLINE std::uint64_t tensor_nbytes(std::string_view name, wire_dtype dt, std::span<const std::int64_t> shape,
-                                        std::uint64_t max_rank) {
+RLPT_DEFER RLPT_INLINE std::uint64_t tensor_nbytes(std::string_view name, wire_dtype dt,
+                                                   std::span<const std::int64_t> shape, std::uint64_t max_rank) {
   RLPT_CHECK(shape.size() <= max_rank, errors::sync::bad_shape, "tensor \"{}\" has rank {}, more than the limit {}",
              name, shape.size(), max_rank);
   std::uint64_t n = size_of(dt);
@@ -293,7 +295,7 @@ RLPT_INLINE std::uint64_t tensor_nbytes(std::string_view name, wire_dtype dt, st
 
 namespace sync {
 
-RLPT_INLINE detail::json manifest::to_json_value(bool with_state) const {
+template <class Tag> RLPT_INLINE detail::json basic_manifest<Tag>::to_json_value(bool with_state) const {
   using detail::json;
   json root = json::make_object();
   if (with_state) {
@@ -322,7 +324,8 @@ RLPT_INLINE detail::json manifest::to_json_value(bool with_state) const {
   return root;
 }
 
-RLPT_INLINE manifest manifest::from_json_value(const detail::json& root, manifest_limits limits) {
+template <class Tag>
+RLPT_INLINE basic_manifest<Tag> basic_manifest<Tag>::from_json_value(const detail::json& root, manifest_limits limits) {
   using detail::json;
   auto fail = [](std::string_view what) -> void { RLPT_FAIL(errors::sync::bad_manifest, "manifest JSON: {}", what); };
   if (!root.is_object()) fail("the document is not an object");
@@ -395,7 +398,7 @@ RLPT_INLINE manifest manifest::from_json_value(const detail::json& root, manifes
     t.checksum = *c;
     entries.push_back(std::move(t));
   }
-  manifest m(std::move(entries), bucket_bytes, alignment, limits);
+  basic_manifest m(std::move(entries), bucket_bytes, alignment, limits);
   m.set_versions(version, base);
   RLPT_CHECK(m.layout_hash() == *want_hash, errors::sync::manifest_hash,
              "manifest layout_hash {} does not match its layout, which hashes to {}", to_hex(*want_hash),
@@ -403,7 +406,7 @@ RLPT_INLINE manifest manifest::from_json_value(const detail::json& root, manifes
   return m;
 }
 
-RLPT_INLINE void manifest::index(const manifest_limits& limits) {
+template <class Tag> RLPT_INLINE void basic_manifest<Tag>::index(const manifest_limits& limits) {
   const std::uint64_t B = bucket_bytes_;
   RLPT_CHECK(B > 0, errors::sync::bad_manifest, "bucket_bytes must be positive, got {}", B);
   RLPT_CHECK(alignment_ > 0 && (alignment_ & (alignment_ - 1)) == 0, errors::sync::bad_manifest,

@@ -33,10 +33,10 @@ struct plan_options {
 };
 
 //! Plans the buckets for `tensors` (order preserved). Data pointers are not read.
-[[nodiscard]] manifest plan(std::span<const tensor_ref> tensors, plan_options opts = {});
+RLPT_DEFER [[nodiscard]] manifest plan(std::span<const tensor_ref> tensors, plan_options opts = {});
 
 //! Same, for tensors given as {name, dtype, shape} without data.
-[[nodiscard]] inline manifest plan(std::span<const tensor_entry> tensors, plan_options opts = {}) {
+RLPT_DEFER [[nodiscard]] inline manifest plan(std::span<const tensor_entry> tensors, plan_options opts = {}) {
   std::vector<tensor_ref> refs;
   refs.reserve(tensors.size());
   for (const auto& t : tensors) refs.push_back({t.name, t.dtype, t.shape, nullptr});
@@ -50,7 +50,7 @@ RLPT_NAMESPACE_END
 RLPT_NAMESPACE_BEGIN
 namespace sync {
 
-RLPT_INLINE manifest plan(std::span<const tensor_ref> tensors, plan_options opts) {
+RLPT_DEFER RLPT_INLINE manifest plan(std::span<const tensor_ref> tensors, plan_options opts) {
   const std::uint64_t B = opts.bucket_bytes;
   const std::uint64_t A = opts.alignment;
   RLPT_CHECK(B > 0, errors::sync::bad_plan, "plan_options::bucket_bytes must be positive, got {}", B);

@@ -68,7 +68,8 @@ inline constexpr std::string_view nccl_parity_variables[] = {
 //! This process's environment: version, host, boot id, pid, and `variables` read from the
 //! process environment (the NCCL set by default). Devices and library versions are the device
 //! side's to add.
-[[nodiscard]] environment capture_environment(std::span<const std::string_view> variables = nccl_parity_variables);
+RLPT_DEFER [[nodiscard]] environment
+capture_environment(std::span<const std::string_view> variables = nccl_parity_variables);
 
 //! What must agree between the two ends.
 struct preflight_rules {
@@ -98,25 +99,26 @@ struct preflight_finding {
 };
 
 //! Every disagreement between `ours` and `theirs` under `rules` (empty: they agree).
-[[nodiscard]] std::vector<preflight_finding> compare_environments(const environment& ours, const environment& theirs,
-                                                                  const preflight_rules& rules);
+RLPT_DEFER [[nodiscard]] std::vector<preflight_finding>
+compare_environments(const environment& ours, const environment& theirs, const preflight_rules& rules);
 
 //! Raises rlpt.sync.preflight listing every finding of compare_environments, naming `peer`.
-void require_parity(const environment& ours, const environment& theirs, const preflight_rules& rules,
-                    std::string_view peer = "the peer");
+RLPT_DEFER void require_parity(const environment& ours, const environment& theirs, const preflight_rules& rules,
+                               std::string_view peer = "the peer");
 
 //! The wire form of an environment (little-endian, versioned, length-prefixed strings).
-[[nodiscard]] std::vector<std::byte> encode_environment(const environment& e);
+RLPT_DEFER [[nodiscard]] std::vector<std::byte> encode_environment(const environment& e);
 
 //! Decodes a wire form; rlpt.sync.wire naming `where`, the field and its byte offset for
 //! anything malformed, truncated, over its limits or followed by extra bytes.
-[[nodiscard]] environment decode_environment(std::span<const std::byte> bytes, std::string_view where);
+RLPT_DEFER [[nodiscard]] environment decode_environment(std::span<const std::byte> bytes, std::string_view where);
 
 //! Exchanges environments over `l` (the sender sends first, the receiver answers) and requires
 //! parity under `rules`: both ends raise rlpt.sync.preflight with the same findings. Returns the
 //! peer's environment. A peer that starts the update protocol instead is named as such; one that
 //! sends nothing by `until` raises rlpt.sync.timeout. Needs a duplex link.
-environment preflight(link& l, role r, const environment& ours, const preflight_rules& rules, deadline until);
+RLPT_DEFER environment preflight(link& l, role r, const environment& ours, const preflight_rules& rules,
+                                 deadline until);
 
 namespace detail {
 inline constexpr std::uint16_t preflight_format = 1;
@@ -202,21 +204,21 @@ private:
   std::size_t at_ = 0;
 };
 
-inline std::string version_text(std::uint32_t v) {
+RLPT_DEFER inline std::string version_text(std::uint32_t v) {
   return rlpt::detail::format("{}.{}.{}", v / 10000, v / 100 % 100, v % 100);
 }
 
-inline std::string value_text(const std::optional<std::string>& v) {
+RLPT_DEFER inline std::string value_text(const std::optional<std::string>& v) {
   return v ? rlpt::detail::format("'{}'", *v) : std::string("unset");
 }
 
-inline std::string devices_text(const std::vector<device_identity>& d) {
+RLPT_DEFER inline std::string devices_text(const std::vector<device_identity>& d) {
   std::string s;
   for (const auto& x : d) s += rlpt::detail::format("{}{} (device {})", s.empty() ? "" : ", ", x.uuid, x.index);
   return s.empty() ? std::string("none") : s;
 }
 
-inline const std::optional<std::string>* find_variable(const environment& e, std::string_view name) {
+RLPT_DEFER inline const std::optional<std::string>* find_variable(const environment& e, std::string_view name) {
   for (const auto& [k, v] : e.variables)
     if (k == name) return &v;
   return nullptr;
@@ -224,7 +226,7 @@ inline const std::optional<std::string>* find_variable(const environment& e, std
 
 } // namespace detail
 
-RLPT_INLINE environment capture_environment(std::span<const std::string_view> variables) {
+RLPT_DEFER RLPT_INLINE environment capture_environment(std::span<const std::string_view> variables) {
   environment e;
   char host[256] = {};
   if (::gethostname(host, sizeof(host) - 1) == 0) e.host = host;
@@ -244,8 +246,8 @@ RLPT_INLINE environment capture_environment(std::span<const std::string_view> va
   return e;
 }
 
-RLPT_INLINE std::vector<preflight_finding> compare_environments(const environment& ours, const environment& theirs,
-                                                                const preflight_rules& rules) {
+RLPT_DEFER RLPT_INLINE std::vector<preflight_finding>
+compare_environments(const environment& ours, const environment& theirs, const preflight_rules& rules) {
   std::vector<preflight_finding> out;
   if (rules.same_version) {
     if (ours.rlpt_version != theirs.rlpt_version)
@@ -287,8 +289,8 @@ RLPT_INLINE std::vector<preflight_finding> compare_environments(const environmen
   return out;
 }
 
-RLPT_INLINE void require_parity(const environment& ours, const environment& theirs, const preflight_rules& rules,
-                                std::string_view peer) {
+RLPT_DEFER RLPT_INLINE void require_parity(const environment& ours, const environment& theirs,
+                                           const preflight_rules& rules, std::string_view peer) {
   const auto found = compare_environments(ours, theirs, rules);
   if (found.empty()) return;
   std::string text;
@@ -299,7 +301,7 @@ RLPT_INLINE void require_parity(const environment& ours, const environment& thei
             found.size(), found.size() == 1 ? "" : "es", text);
 }
 
-RLPT_INLINE std::vector<std::byte> encode_environment(const environment& e) {
+RLPT_DEFER RLPT_INLINE std::vector<std::byte> encode_environment(const environment& e) {
   RLPT_CHECK(e.variables.size() <= detail::preflight_max_items && e.devices.size() <= detail::preflight_max_items,
              errors::sync::preflight, "an environment holds at most {} variables and {} devices, got {} and {}",
              detail::preflight_max_items, detail::preflight_max_items, e.variables.size(), e.devices.size());
@@ -327,7 +329,7 @@ RLPT_INLINE std::vector<std::byte> encode_environment(const environment& e) {
   return w.take();
 }
 
-RLPT_INLINE environment decode_environment(std::span<const std::byte> bytes, std::string_view where) {
+RLPT_DEFER RLPT_INLINE environment decode_environment(std::span<const std::byte> bytes, std::string_view where) {
   detail::preflight_reader r(bytes, where);
   const auto magic = r.get<std::uint32_t>("magic");
   RLPT_CHECK(magic != frame_magic, errors::sync::wire,
@@ -369,8 +371,8 @@ RLPT_INLINE environment decode_environment(std::span<const std::byte> bytes, std
   return e;
 }
 
-RLPT_INLINE environment preflight(link& l, role r, const environment& ours, const preflight_rules& rules,
-                                  deadline until) {
+RLPT_DEFER RLPT_INLINE environment preflight(link& l, role r, const environment& ours, const preflight_rules& rules,
+                                             deadline until) {
   const link_info info = l.info();
   RLPT_CHECK(info.duplex, errors::sync::bad_link,
              "{}: preflight needs a duplex link (this one never answers: a file or a one-way transport)", info.name);

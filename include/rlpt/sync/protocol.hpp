@@ -115,7 +115,7 @@ private:
 
 //! The sender's host backend: packs buckets from host sources with copy_hash (XXH3 of what
 //! was copied), encodes deltas against a host snapshot of the last published version.
-class host_send_backend {
+template <class = void> class basic_host_send_backend {
 public:
   using link_type = link;
   static constexpr memory_space space = memory_space::host;
@@ -123,7 +123,7 @@ public:
     return rlpt::detail::format("{} moves device payloads; the host sender needs a host link", where);
   }
 
-  host_send_backend(link& l, const manifest& m, const sender_options& o, const std::string&, source_fn src)
+  basic_host_send_backend(link& l, const manifest& m, const sender_options& o, const std::string&, source_fn src)
       : link_(l), m_(m), o_(o), src_(std::move(src)) {
     RLPT_CHECK(static_cast<bool>(src_), errors::sync::bad_source, "sender needs a source function");
     if (o_.delta) snapshot_ = byte_buffer(static_cast<std::size_t>(m_.packed_bytes()));
@@ -186,6 +186,8 @@ private:
   std::vector<msg> msgs_;
   std::uint64_t check_ = 0;
 };
+using host_send_backend = basic_host_send_backend<>;
+RLPT_EXTERN_TEMPLATE(class basic_host_send_backend<>)
 
 //! Checks a delta record against the manifest and the published version it applies to: its
 //! tensor exists, its elements have the tensor's width and lie inside it, and it was encoded
@@ -215,7 +217,7 @@ const tensor_entry& check_delta_target(const manifest& m, const Record& r, recei
 
 //! The receiver's host backend: verifies with copy_hash into a staging area, the mirror or the
 //! bound targets, applies deltas to the mirror, runs the transforms and the load callback.
-class host_receive_backend {
+template <class = void> class basic_host_receive_backend {
 public:
   using link_type = link;
   using options = receiver_options;
@@ -243,8 +245,8 @@ public:
   };
   using inflight = receiver_inflight<inflight_state>;
 
-  host_receive_backend(link&, const receiver_options& o, const std::string& where, load_fn load,
-                       std::vector<tensor_target> targets = {})
+  basic_host_receive_backend(link&, const receiver_options& o, const std::string& where, load_fn load,
+                             std::vector<tensor_target> targets = {})
       : o_(o), where_(where), load_(std::move(load)), targets_(std::move(targets)) {
     RLPT_CHECK(targets_.empty() || o_.transforms.empty(), errors::sync::bad_transform,
                "{}: {} targets and {} transforms: a target takes its tensor as it travels, so the two do not combine "
@@ -306,18 +308,20 @@ private:
   byte_buffer mirror_;
   byte_buffer spare_; // staged dense: the next update's staging area (see setup)
 };
+using host_receive_backend = basic_host_receive_backend<>;
+RLPT_EXTERN_TEMPLATE(class basic_host_receive_backend<>)
 
 } // namespace detail
 
 //! Trainer side: publishes versions of the tensors in a manifest over a host link.
-class sender : public basic_sender<detail::host_send_backend> {
+template <class = void> class basic_host_sender : public basic_sender<detail::host_send_backend> {
 public:
   //! `params` are matched to the manifest by name (dtype and shape must agree); their memory
   //! must stay valid and unchanged during publish().
-  sender(link& l, manifest m, std::span<const tensor_ref> params, sender_options o = {});
+  basic_host_sender(link& l, manifest m, std::span<const tensor_ref> params, sender_options o = {});
 
   //! Tensor i's bytes come from `source(i)`, called per bucket (and per delta).
-  sender(link& l, manifest m, source_fn source, sender_options o = {});
+  basic_host_sender(link& l, manifest m, source_fn source, sender_options o = {});
 
 private:
   struct bound {
@@ -327,15 +331,17 @@ private:
 
   static bound bind(manifest m, std::span<const tensor_ref> params);
 
-  sender(link& l, bound b, sender_options o);
+  basic_host_sender(link& l, bound b, sender_options o);
 };
+using sender = basic_host_sender<>;
+RLPT_EXTERN_TEMPLATE(class basic_host_sender<>)
 
 //! Engine side: receives updates from a host link, verifies, applies, calls `load` per tensor.
-class receiver : public basic_receiver<detail::host_receive_backend> {
+template <class = void> class basic_host_receiver : public basic_receiver<detail::host_receive_backend> {
 public:
   // The constructors (the sender's too) are defined in the last section: they instantiate the
   // state machine, which compiled mode keeps out of users' TUs.
-  receiver(link& l, load_fn load, receiver_options o = {});
+  basic_host_receiver(link& l, load_fn load, receiver_options o = {});
 
   //! Writes each manifest tensor bound in `targets` (the engine's parameters, by manifest name,
   //! with the dtype and shape they travel with; see tensor_target) into its target, and passes
@@ -345,11 +351,13 @@ public:
   //! its target as it is verified, in one pass over memory: a failed check leaves that piece
   //! written too (update::partial, as any failed streaming update). Targets and transforms do
   //! not combine.
-  receiver(link& l, std::vector<tensor_target> targets, load_fn load = {}, receiver_options o = {});
+  basic_host_receiver(link& l, std::vector<tensor_target> targets, load_fn load = {}, receiver_options o = {});
 
   //! The published bytes of wire tensor `name` from the mirror.
   [[nodiscard]] tensor_view tensor(std::string_view name) const { return backend().tensor(state(), name); }
 };
+using receiver = basic_host_receiver<>;
+RLPT_EXTERN_TEMPLATE(class basic_host_receiver<>)
 
 } // namespace sync
 RLPT_NAMESPACE_END
@@ -359,8 +367,9 @@ RLPT_NAMESPACE_BEGIN
 namespace sync {
 namespace detail {
 
-RLPT_INLINE std::span<const std::uint64_t> host_send_backend::pack(std::uint64_t b, std::span<std::byte> buf,
-                                                                   std::uint64_t, deadline) {
+template <class Tag>
+RLPT_INLINE std::span<const std::uint64_t> basic_host_send_backend<Tag>::pack(std::uint64_t b, std::span<std::byte> buf,
+                                                                              std::uint64_t, deadline) {
   const auto pieces = m_.pieces(b);
   piece_sums_.assign(pieces.size(), 0);
   std::uint64_t end = 0;
@@ -379,8 +388,9 @@ RLPT_INLINE std::span<const std::uint64_t> host_send_backend::pack(std::uint64_t
   return piece_sums_;
 }
 
-RLPT_INLINE std::size_t host_send_backend::encode_delta(std::span<std::uint64_t> sums, delta_stats& stats,
-                                                        std::uint64_t, deadline) {
+template <class Tag>
+RLPT_INLINE std::size_t basic_host_send_backend<Tag>::encode_delta(std::span<std::uint64_t> sums, delta_stats& stats,
+                                                                   std::uint64_t, deadline) {
   const std::uint64_t max_msg = std::min<std::uint64_t>(m_.bucket_bytes(), link_.info().max_payload);
   delta_encoder enc(std::max<std::uint64_t>(max_msg, delta_header_bytes + 64));
   records_.clear();
@@ -410,7 +420,7 @@ RLPT_INLINE std::size_t host_send_backend::encode_delta(std::span<std::uint64_t>
   return msgs_.size();
 }
 
-RLPT_INLINE void host_send_backend::committed(bool delta, deadline) {
+template <class Tag> RLPT_INLINE void basic_host_send_backend<Tag>::committed(bool delta, deadline) {
   if (!o_.delta) return;
   if (delta) {
     for_each_delta_record(std::span<std::byte>(records_), "sender snapshot", [&](delta_record& rec) {
@@ -426,7 +436,8 @@ RLPT_INLINE void host_send_backend::committed(bool delta, deadline) {
   }
 }
 
-RLPT_INLINE void host_receive_backend::check_manifest(inflight_state& s, const manifest& m) {
+template <class Tag>
+RLPT_INLINE void basic_host_receive_backend<Tag>::check_manifest(inflight_state& s, const manifest& m) {
   s.bound.assign(m.size(), nullptr);
   if (targets_.empty()) return;
   s.bound = bind_by_name(
@@ -438,7 +449,7 @@ RLPT_INLINE void host_receive_backend::check_manifest(inflight_state& s, const m
   }
 }
 
-RLPT_INLINE void host_receive_backend::setup(inflight& c, receiver_state& st) {
+template <class Tag> RLPT_INLINE void basic_host_receive_backend<Tag>::setup(inflight& c, receiver_state& st) {
   const manifest& m = c.m;
   c.be.plan = c.same_layout ? pub_plan_ : transform_plan(m, o_.transforms);
   c.be.sums.assign(m.size(), 0);
@@ -464,8 +475,9 @@ RLPT_INLINE void host_receive_backend::setup(inflight& c, receiver_state& st) {
   c.be.avail.assign(m.size(), {});
 }
 
-RLPT_INLINE void host_receive_backend::bucket(inflight& c, const frame& f, std::span<const std::byte> payload,
-                                              receiver_state& st) {
+template <class Tag>
+RLPT_INLINE void basic_host_receive_backend<Tag>::bucket(inflight& c, const frame& f,
+                                                         std::span<const std::byte> payload, receiver_state& st) {
   const manifest& m = c.m;
   const std::uint64_t b = f.index;
   const auto pieces = m.pieces(b);
@@ -503,8 +515,9 @@ RLPT_INLINE void host_receive_backend::bucket(inflight& c, const frame& f, std::
   if (streaming) stream_bucket(c, b, payload);
 }
 
-RLPT_INLINE void host_receive_backend::delta_chunk(inflight& c, const frame& f, std::span<const std::byte> payload,
-                                                   receiver_state&) {
+template <class Tag>
+RLPT_INLINE void basic_host_receive_backend<Tag>::delta_chunk(inflight& c, const frame& f,
+                                                              std::span<const std::byte> payload, receiver_state&) {
   RLPT_CHECK(f.body.size() == 8 && payload.size() % 8 == 0, errors::sync::protocol,
              "{}: delta chunk {} of version {} is malformed ({} body bytes, {} payload bytes)", where_, f.index,
              f.version, f.body.size(), payload.size());
@@ -522,8 +535,9 @@ RLPT_INLINE void host_receive_backend::delta_chunk(inflight& c, const frame& f, 
   }
 }
 
-RLPT_INLINE void host_receive_backend::commit_dense(inflight& c, const frame& f, std::span<const std::uint64_t> want,
-                                                    receiver_state&) {
+template <class Tag>
+RLPT_INLINE void basic_host_receive_backend<Tag>::commit_dense(inflight& c, const frame& f,
+                                                               std::span<const std::uint64_t> want, receiver_state&) {
   const manifest& m = c.m;
   for (auto& [t, v] : c.be.parts) c.be.sums[t] = combine_piece_checksums(v);
   for (std::size_t i = 0; i < m.size(); ++i)
@@ -542,8 +556,10 @@ RLPT_INLINE void host_receive_backend::commit_dense(inflight& c, const frame& f,
   spare_ = std::move(c.be.staging);
 }
 
-RLPT_INLINE void host_receive_backend::commit_delta(inflight& c, const frame& f, std::span<const std::uint64_t> want,
-                                                    receiver_state& st) {
+template <class Tag>
+RLPT_INLINE void basic_host_receive_backend<Tag>::commit_delta(inflight& c, const frame& f,
+                                                               std::span<const std::uint64_t> want,
+                                                               receiver_state& st) {
   const manifest& m = c.m;
   struct applied {
     delta_record rec;
@@ -605,7 +621,8 @@ RLPT_INLINE void host_receive_backend::commit_delta(inflight& c, const frame& f,
   }
 }
 
-RLPT_INLINE tensor_view host_receive_backend::tensor(const receiver_state& st, std::string_view name) const {
+template <class Tag>
+RLPT_INLINE tensor_view basic_host_receive_backend<Tag>::tensor(const receiver_state& st, std::string_view name) const {
   RLPT_CHECK(st.has && o_.mirror, errors::sync::no_version, "{}: no published version to read (mirror {})", where_,
              o_.mirror ? "on" : "off");
   RLPT_CHECK(!st.torn, errors::sync::torn, "{}: the mirror was partly overwritten by a failed streaming update",
@@ -617,7 +634,9 @@ RLPT_INLINE tensor_view host_receive_backend::tensor(const receiver_state& st, s
   return {t.name, t.dtype, t.shape, {mirror_.data() + st.pub.packed_offset(*i), static_cast<std::size_t>(t.nbytes)}};
 }
 
-RLPT_INLINE void host_receive_backend::stream_bucket(inflight& c, std::uint64_t b, std::span<const std::byte> payload) {
+template <class Tag>
+RLPT_INLINE void basic_host_receive_backend<Tag>::stream_bucket(inflight& c, std::uint64_t b,
+                                                                std::span<const std::byte> payload) {
   const manifest& m = c.m;
   auto& s = c.be;
   std::vector<std::size_t> completed;
@@ -659,7 +678,8 @@ RLPT_INLINE void host_receive_backend::stream_bucket(inflight& c, std::uint64_t 
   }
 }
 
-RLPT_INLINE void host_receive_backend::run_output(inflight& c, std::size_t k, bool streaming) {
+template <class Tag>
+RLPT_INLINE void basic_host_receive_backend<Tag>::run_output(inflight& c, std::size_t k, bool streaming) {
   const auto& out = c.be.plan.outputs()[k];
   c.partial = true;
   if (out.sources.size() == 1 && c.be.bound[out.sources[0]] != nullptr) { // no transforms: the wire bytes
@@ -686,15 +706,22 @@ RLPT_INLINE void host_receive_backend::run_output(inflight& c, std::size_t k, bo
 
 } // namespace detail
 
-RLPT_INLINE sender::sender(link& l, manifest m, std::span<const tensor_ref> params, sender_options o)
-    : sender(l, bind(std::move(m), params), o) {}
+template <class Tag>
+RLPT_INLINE basic_host_sender<Tag>::basic_host_sender(link& l, manifest m, std::span<const tensor_ref> params,
+                                                      sender_options o)
+    : basic_host_sender(l, bind(std::move(m), params), o) {}
 
-RLPT_INLINE sender::sender(link& l, manifest m, source_fn source, sender_options o)
+template <class Tag>
+RLPT_INLINE basic_host_sender<Tag>::basic_host_sender(link& l, manifest m, source_fn source, sender_options o)
     : basic_sender(l, std::move(m), o, std::move(source)) {}
 
-RLPT_INLINE sender::sender(link& l, bound b, sender_options o) : basic_sender(l, std::move(b.m), o, std::move(b.src)) {}
+template <class Tag>
+RLPT_INLINE basic_host_sender<Tag>::basic_host_sender(link& l, bound b, sender_options o)
+    : basic_sender(l, std::move(b.m), o, std::move(b.src)) {}
 
-RLPT_INLINE sender::bound sender::bind(manifest m, std::span<const tensor_ref> params) {
+template <class Tag>
+RLPT_INLINE typename basic_host_sender<Tag>::bound basic_host_sender<Tag>::bind(manifest m,
+                                                                                std::span<const tensor_ref> params) {
   std::vector<const void*> ptrs(m.size(), nullptr);
   std::vector<std::uint64_t> sizes(m.size());
   for (const auto& p : params) {
@@ -718,10 +745,13 @@ RLPT_INLINE sender::bound sender::bind(manifest m, std::span<const tensor_ref> p
   return {std::move(m), std::move(src)};
 }
 
-RLPT_INLINE receiver::receiver(link& l, load_fn load, receiver_options o)
+template <class Tag>
+RLPT_INLINE basic_host_receiver<Tag>::basic_host_receiver(link& l, load_fn load, receiver_options o)
     : basic_receiver(l, std::move(o), std::move(load)) {}
 
-RLPT_INLINE receiver::receiver(link& l, std::vector<tensor_target> targets, load_fn load, receiver_options o)
+template <class Tag>
+RLPT_INLINE basic_host_receiver<Tag>::basic_host_receiver(link& l, std::vector<tensor_target> targets, load_fn load,
+                                                          receiver_options o)
     : basic_receiver(l, std::move(o), std::move(load), std::move(targets)) {}
 
 } // namespace sync

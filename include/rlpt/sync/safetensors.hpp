@@ -95,8 +95,9 @@ using safetensors_metadata = std::vector<std::pair<std::string, std::string>>;
 
 //! Parses and validates the header of a safetensors file of `file_size` bytes; `prefix` holds
 //! at least its first 8 + N bytes. `where` names the file in errors.
-[[nodiscard]] safetensors_header parse_safetensors_header(std::span<const std::byte> prefix, std::uint64_t file_size,
-                                                          std::string_view where, safetensors_limits limits = {});
+RLPT_DEFER [[nodiscard]] safetensors_header parse_safetensors_header(std::span<const std::byte> prefix,
+                                                                     std::uint64_t file_size, std::string_view where,
+                                                                     safetensors_limits limits = {});
 
 //! Header bytes and data offsets of a file holding `tensors` (name, dtype, shape), in HF's
 //! order: dtype widest first, then name.
@@ -172,21 +173,21 @@ inline void write_all(int fd, const void* data, std::size_t n, std::uint64_t at,
 } // namespace detail
 
 //! Serialises tensors to safetensors bytes in memory (the bytes HF's `save` produces).
-[[nodiscard]] std::vector<std::byte> serialize_safetensors(std::span<const tensor_ref> tensors,
-                                                           const safetensors_metadata& metadata = {});
+RLPT_DEFER [[nodiscard]] std::vector<std::byte> serialize_safetensors(std::span<const tensor_ref> tensors,
+                                                                      const safetensors_metadata& metadata = {});
 
 //! Writes a safetensors file atomically and durably (core/file.hpp's durable_file: temporary
 //! file, fsync, rename, directory fsync): readers see the old file or the whole new one.
-void write_safetensors(const std::string& path, std::span<const tensor_ref> tensors,
-                       const safetensors_metadata& metadata = {});
+RLPT_DEFER void write_safetensors(const std::string& path, std::span<const tensor_ref> tensors,
+                                  const safetensors_metadata& metadata = {});
 
 //! A safetensors file mapped read-only; tensors are views into the mapping.
-class safetensors_file {
+template <class = void> class basic_safetensors_file {
 public:
-  explicit safetensors_file(const std::string& path, safetensors_limits limits = {});
-  safetensors_file(const safetensors_file&) = delete;
-  safetensors_file& operator=(const safetensors_file&) = delete;
-  ~safetensors_file() { unmap(); }
+  explicit basic_safetensors_file(const std::string& path, safetensors_limits limits = {});
+  basic_safetensors_file(const basic_safetensors_file&) = delete;
+  basic_safetensors_file& operator=(const basic_safetensors_file&) = delete;
+  ~basic_safetensors_file() { unmap(); }
 
   [[nodiscard]] const safetensors_header& header() const noexcept { return header_; }
   [[nodiscard]] std::span<const std::byte> bytes() const noexcept { return {base_, static_cast<std::size_t>(size_)}; }
@@ -227,6 +228,8 @@ private:
   std::uint64_t size_ = 0;
   safetensors_header header_;
 };
+using safetensors_file = basic_safetensors_file<>;
+RLPT_EXTERN_TEMPLATE(class basic_safetensors_file<>)
 
 struct safetensors_options {
   //! Sender: delete files older than the newest dense version (a reader needs only that one
@@ -239,16 +242,17 @@ struct safetensors_options {
 //! File transport over a directory: see the file comment. The sending end answers for the
 //! files (READY when the directory's latest version is the delta's base, ACK once the file is
 //! renamed into place); the receiving end replays files as protocol messages.
-class safetensors_transport final : public link {
+template <class = void> class basic_safetensors_transport final : public link {
 public:
-  safetensors_transport(std::string dir, role r, safetensors_options o = {}) : dir_(std::move(dir)), role_(r), o_(o) {
+  basic_safetensors_transport(std::string dir, role r, safetensors_options o = {})
+      : dir_(std::move(dir)), role_(r), o_(o) {
     where_ = rlpt::detail::format("safetensors {} ({})", dir_, r == role::sender ? "sender" : "receiver");
     struct stat st {};
     RLPT_CHECK(::stat(dir_.c_str(), &st) == 0 && S_ISDIR(st.st_mode), errors::sync::io, "{}: not a directory", where_);
   }
-  safetensors_transport(const safetensors_transport&) = delete;
-  safetensors_transport& operator=(const safetensors_transport&) = delete;
-  ~safetensors_transport() override { abandon_tmp(); }
+  basic_safetensors_transport(const basic_safetensors_transport&) = delete;
+  basic_safetensors_transport& operator=(const basic_safetensors_transport&) = delete;
+  ~basic_safetensors_transport() override { abandon_tmp(); }
 
   [[nodiscard]] link_info info() const override { return {where_, true, std::uint64_t{1} << 40, memory_space::host}; }
 
@@ -304,8 +308,8 @@ private:
   }
 
   struct file_entry {
-    std::uint64_t version;
-    bool delta;
+    std::uint64_t version = 0;
+    bool delta = false;
     std::string path;
   };
 
@@ -373,6 +377,8 @@ private:
   std::set<std::string> skip_;
   std::string last_error_;
 };
+using safetensors_transport = basic_safetensors_transport<>;
+RLPT_EXTERN_TEMPLATE(class basic_safetensors_transport<>)
 
 } // namespace sync
 RLPT_NAMESPACE_END
@@ -381,8 +387,9 @@ RLPT_NAMESPACE_END
 RLPT_NAMESPACE_BEGIN
 namespace sync {
 
-RLPT_INLINE safetensors_header parse_safetensors_header(std::span<const std::byte> prefix, std::uint64_t file_size,
-                                                        std::string_view where, safetensors_limits limits) {
+RLPT_DEFER RLPT_INLINE safetensors_header parse_safetensors_header(std::span<const std::byte> prefix,
+                                                                   std::uint64_t file_size, std::string_view where,
+                                                                   safetensors_limits limits) {
   auto bad = [&](const std::string& what) -> void { RLPT_FAIL(errors::sync::bad_safetensors, "{}: {}", where, what); };
   if (file_size < 8 || prefix.size() < 8)
     bad(rlpt::detail::format("{} bytes is too short for the 8-byte header length", file_size));
@@ -473,8 +480,8 @@ RLPT_INLINE safetensors_header parse_safetensors_header(std::span<const std::byt
   return h;
 }
 
-RLPT_INLINE std::vector<std::byte> serialize_safetensors(std::span<const tensor_ref> tensors,
-                                                         const safetensors_metadata& metadata) {
+RLPT_DEFER RLPT_INLINE std::vector<std::byte> serialize_safetensors(std::span<const tensor_ref> tensors,
+                                                                    const safetensors_metadata& metadata) {
   const safetensors_layout l = layout_safetensors(tensors, metadata);
   std::vector<std::byte> out(8 + l.header.size() + l.data_bytes);
   const std::uint64_t n = l.header.size();
@@ -489,8 +496,8 @@ RLPT_INLINE std::vector<std::byte> serialize_safetensors(std::span<const tensor_
   return out;
 }
 
-RLPT_INLINE void write_safetensors(const std::string& path, std::span<const tensor_ref> tensors,
-                                   const safetensors_metadata& metadata) {
+RLPT_DEFER RLPT_INLINE void write_safetensors(const std::string& path, std::span<const tensor_ref> tensors,
+                                              const safetensors_metadata& metadata) {
   const safetensors_layout l = layout_safetensors(tensors, metadata);
   const std::uint64_t n = l.header.size();
   rlpt::detail::durable_file f(path, detail::io_fail); // a throw below removes the temporary file
@@ -507,7 +514,9 @@ RLPT_INLINE void write_safetensors(const std::string& path, std::span<const tens
   f.publish(detail::io_fail);
 }
 
-RLPT_INLINE safetensors_file::safetensors_file(const std::string& path, safetensors_limits limits) : path_(path) {
+template <class Tag>
+RLPT_INLINE basic_safetensors_file<Tag>::basic_safetensors_file(const std::string& path, safetensors_limits limits)
+    : path_(path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   RLPT_CHECK(fd >= 0, errors::sync::io, "{}: cannot open: {}", path, std::strerror(errno));
   struct stat st {};
@@ -534,7 +543,9 @@ RLPT_INLINE safetensors_file::safetensors_file(const std::string& path, safetens
   }
 }
 
-RLPT_INLINE void safetensors_transport::send(std::span<const std::byte> meta, std::uint64_t payload_bytes, deadline) {
+template <class Tag>
+RLPT_INLINE void basic_safetensors_transport<Tag>::send(std::span<const std::byte> meta, std::uint64_t payload_bytes,
+                                                        deadline) {
   const frame f = decode_frame(meta, where_);
   if (role_ == role::receiver) return on_reply(f);
   const std::span<const std::byte> payload(payload_.data(), static_cast<std::size_t>(payload_bytes));
@@ -555,7 +566,7 @@ RLPT_INLINE void safetensors_transport::send(std::span<const std::byte> meta, st
   }
 }
 
-RLPT_INLINE std::optional<message> safetensors_transport::receive(deadline until) {
+template <class Tag> RLPT_INLINE std::optional<message> basic_safetensors_transport<Tag>::receive(deadline until) {
   release();
   if (role_ == role::sender) {
     if (replies_.empty()) return std::nullopt;
@@ -571,7 +582,7 @@ RLPT_INLINE std::optional<message> safetensors_transport::receive(deadline until
   }
 }
 
-RLPT_INLINE void safetensors_transport::begin(const frame& f) {
+template <class Tag> RLPT_INLINE void basic_safetensors_transport<Tag>::begin(const frame& f) {
   abandon_tmp();
   tx_ = {};
   tx_.m = manifest::from_json(as_chars(f.body));
@@ -608,7 +619,8 @@ RLPT_INLINE void safetensors_transport::begin(const frame& f) {
   queue_reply(frame_type::ready, f.version, 0, {});
 }
 
-RLPT_INLINE void safetensors_transport::bucket(const frame& f, std::span<const std::byte> payload) {
+template <class Tag>
+RLPT_INLINE void basic_safetensors_transport<Tag>::bucket(const frame& f, std::span<const std::byte> payload) {
   RLPT_CHECK(tx_.active && !tx_.delta && f.version == tx_.version && f.index < tx_.m.bucket_count(),
              errors::sync::protocol, "{}: unexpected bucket {} of version {}", where_, f.index, f.version);
   const auto pieces = tx_.m.pieces(f.index);
@@ -623,7 +635,8 @@ RLPT_INLINE void safetensors_transport::bucket(const frame& f, std::span<const s
   }
 }
 
-RLPT_INLINE void safetensors_transport::delta(const frame& f, std::span<const std::byte> payload) {
+template <class Tag>
+RLPT_INLINE void basic_safetensors_transport<Tag>::delta(const frame& f, std::span<const std::byte> payload) {
   RLPT_CHECK(tx_.active && tx_.delta && f.version == tx_.version, errors::sync::protocol,
              "{}: unexpected delta chunk {}", where_, f.index);
   tx_.chunks.emplace_back(payload.begin(), payload.end());
@@ -633,7 +646,7 @@ RLPT_INLINE void safetensors_transport::delta(const frame& f, std::span<const st
   tx_.chunk_sums.push_back(sum);
 }
 
-RLPT_INLINE void safetensors_transport::commit(const frame& f) {
+template <class Tag> RLPT_INLINE void basic_safetensors_transport<Tag>::commit(const frame& f) {
   RLPT_CHECK(tx_.active && f.version == tx_.version && f.body.size() == tx_.m.size() * 8, errors::sync::protocol,
              "{}: unexpected COMMIT of version {}", where_, f.version);
   for (std::size_t i = 0; i < tx_.m.size(); ++i) {
@@ -679,7 +692,9 @@ RLPT_INLINE void safetensors_transport::commit(const frame& f) {
   tx_ = {};
 }
 
-RLPT_INLINE std::vector<safetensors_transport::file_entry> safetensors_transport::scan() const {
+template <class Tag>
+RLPT_INLINE std::vector<typename basic_safetensors_transport<Tag>::file_entry>
+basic_safetensors_transport<Tag>::scan() const {
   std::vector<file_entry> out;
   DIR* d = ::opendir(dir_.c_str());
   if (d == nullptr) return out;
@@ -709,8 +724,9 @@ RLPT_INLINE std::vector<safetensors_transport::file_entry> safetensors_transport
   return out;
 }
 
-RLPT_INLINE std::vector<std::uint64_t> safetensors_transport::parse_sums(std::string_view hex, std::string_view what,
-                                                                         std::string_view where) {
+template <class Tag>
+RLPT_INLINE std::vector<std::uint64_t>
+basic_safetensors_transport<Tag>::parse_sums(std::string_view hex, std::string_view what, std::string_view where) {
   RLPT_CHECK(hex.size() % 16 == 0, errors::sync::bad_safetensors, "{}: {} is not a list of 16-digit checksums", where,
              what);
   std::vector<std::uint64_t> out;
@@ -723,7 +739,7 @@ RLPT_INLINE std::vector<std::uint64_t> safetensors_transport::parse_sums(std::st
   return out;
 }
 
-RLPT_INLINE bool safetensors_transport::open_next() {
+template <class Tag> RLPT_INLINE bool basic_safetensors_transport<Tag>::open_next() {
   const auto files = scan();
   const file_entry* pick = nullptr;
   if (acked_ && !want_dense_)
@@ -792,7 +808,7 @@ RLPT_INLINE bool safetensors_transport::open_next() {
   return true;
 }
 
-RLPT_INLINE std::optional<message> safetensors_transport::produce() {
+template <class Tag> RLPT_INLINE std::optional<message> basic_safetensors_transport<Tag>::produce() {
   replay_state& r = *replay_;
   const std::uint64_t k = r.next++;
   if (k == 0) {
@@ -834,7 +850,7 @@ RLPT_INLINE std::optional<message> safetensors_transport::produce() {
   return message{held_meta_, {payload_.data(), static_cast<std::size_t>(size)}};
 }
 
-RLPT_INLINE void safetensors_transport::on_reply(const frame& f) {
+template <class Tag> RLPT_INLINE void basic_safetensors_transport<Tag>::on_reply(const frame& f) {
   if (!replay_ || f.version != replay_->version || f.tag != replay_->tag) return;
   switch (f.type) {
   case frame_type::ready:

@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <optional>
 #include <span>
@@ -72,15 +73,15 @@ using ::rlpt::detail::pid_alive; // core/process.hpp
 
 struct shm_header {
   std::atomic<std::uint64_t> magic; // written last by the creator
-  std::uint32_t layout;
-  std::uint32_t slots;
-  std::uint64_t slot_meta;
-  std::uint64_t slot_payload;
-  std::uint32_t reply_slots;
-  std::uint32_t pad0;
-  std::uint64_t reply_meta;
-  std::uint64_t total_bytes;
-  std::uint64_t nonce; // random per creation; rlpt does not read it (kept: the layout stays the same)
+  std::uint32_t layout = 0;
+  std::uint32_t slots = 0;
+  std::uint64_t slot_meta = 0;
+  std::uint64_t slot_payload = 0;
+  std::uint32_t reply_slots = 0;
+  std::uint32_t pad0 = 0;
+  std::uint64_t reply_meta = 0;
+  std::uint64_t total_bytes = 0;
+  std::uint64_t nonce = 0; // random per creation; rlpt does not read it (kept: the layout stays the same)
   alignas(64) std::atomic<std::int32_t> sender_pid;
   std::atomic<std::uint32_t> sender_closed;
   alignas(64) std::atomic<std::int32_t> receiver_pid;
@@ -131,16 +132,16 @@ private:
 
 } // namespace detail
 
-class shm_transport final : public link {
+template <class = void> class basic_shm_transport final : public link {
 public:
   //! `name` ([A-Za-z0-9._-], at most 200 characters) names the segment /dev/shm/<name>. The
   //! sender creates it now; the receiver attaches on first use.
-  shm_transport(std::string name, role r, shm_options o = {});
+  basic_shm_transport(std::string name, role r, shm_options o = {});
 
-  shm_transport(const shm_transport&) = delete;
-  shm_transport& operator=(const shm_transport&) = delete;
+  basic_shm_transport(const basic_shm_transport&) = delete;
+  basic_shm_transport& operator=(const basic_shm_transport&) = delete;
 
-  ~shm_transport() override {
+  ~basic_shm_transport() override {
     if (role_ == role::sender) {
       if (h_) h_->sender_closed.store(1, std::memory_order_release);
       unmap();
@@ -279,6 +280,8 @@ private:
   bool held_ = false;
   std::vector<std::byte> rx_meta_; // receiver: the held message's meta block, copied out of the segment
 };
+using shm_transport = basic_shm_transport<>;
+RLPT_EXTERN_TEMPLATE(class basic_shm_transport<>)
 
 } // namespace sync
 RLPT_NAMESPACE_END
@@ -287,7 +290,8 @@ RLPT_NAMESPACE_END
 RLPT_NAMESPACE_BEGIN
 namespace sync {
 
-RLPT_INLINE shm_transport::shm_transport(std::string name, role r, shm_options o)
+template <class Tag>
+RLPT_INLINE basic_shm_transport<Tag>::basic_shm_transport(std::string name, role r, shm_options o)
     : name_(std::move(name)), role_(r), o_(o) {
   RLPT_CHECK(!name_.empty() && name_.size() <= 200 &&
                  name_.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") ==
@@ -298,7 +302,9 @@ RLPT_INLINE shm_transport::shm_transport(std::string name, role r, shm_options o
   if (role_ == role::sender) create();
 }
 
-RLPT_INLINE void shm_transport::send(std::span<const std::byte> meta, std::uint64_t payload_bytes, deadline until) {
+template <class Tag>
+RLPT_INLINE void basic_shm_transport<Tag>::send(std::span<const std::byte> meta, std::uint64_t payload_bytes,
+                                                deadline until) {
   if (role_ == role::receiver) return send_reply(meta, until);
   wait_credit(until);
   const std::uint64_t head = h_->fwd_head.load(std::memory_order_relaxed);
@@ -317,7 +323,7 @@ RLPT_INLINE void shm_transport::send(std::span<const std::byte> meta, std::uint6
   h_->fwd_head.store(head + 1, std::memory_order_release);
 }
 
-RLPT_INLINE void shm_transport::create() {
+template <class Tag> RLPT_INLINE void basic_shm_transport<Tag>::create() {
   RLPT_CHECK(o_.slots >= 1 && o_.reply_slots >= 1, errors::sync::bad_link, "{}: needs at least one slot each way",
              where_);
   g_ = detail::shm_geometry::of(o_.slots, o_.meta_bytes, o_.slot_bytes, o_.reply_slots, o_.reply_bytes);
@@ -339,7 +345,7 @@ RLPT_INLINE void shm_transport::create() {
   ::fstat(fd, &st);
   ino_ = st.st_ino;
   ::close(fd);
-  h_ = new (base_) detail::shm_header{};
+  h_ = std::construct_at(reinterpret_cast<detail::shm_header*>(base_)); // placement new: nvcc finds no aligned form
   h_->layout = 1;
   h_->slots = o_.slots;
   h_->slot_meta = o_.meta_bytes;
@@ -355,7 +361,7 @@ RLPT_INLINE void shm_transport::create() {
   h_->magic.store(detail::shm_magic, std::memory_order_release);
 }
 
-RLPT_INLINE void shm_transport::replace_stale(const std::string& path) {
+template <class Tag> RLPT_INLINE void basic_shm_transport<Tag>::replace_stale(const std::string& path) {
   const int fd = ::shm_open(path.c_str(), O_RDONLY, 0);
   if (fd >= 0) {
     struct stat st {};
@@ -376,7 +382,7 @@ RLPT_INLINE void shm_transport::replace_stale(const std::string& path) {
   ::shm_unlink(path.c_str());
 }
 
-RLPT_INLINE void shm_transport::wait_credit(deadline until) {
+template <class Tag> RLPT_INLINE void basic_shm_transport<Tag>::wait_credit(deadline until) {
   if (h_ == nullptr) RLPT_FAIL(errors::sync::shm, "{}: no segment", where_);
   detail::backoff b;
   auto next_check = clock::now();
@@ -397,7 +403,7 @@ RLPT_INLINE void shm_transport::wait_credit(deadline until) {
   }
 }
 
-RLPT_INLINE std::optional<message> shm_transport::receive_reply(deadline until) {
+template <class Tag> RLPT_INLINE std::optional<message> basic_shm_transport<Tag>::receive_reply(deadline until) {
   detail::backoff b;
   auto next_check = clock::now();
   for (;;) {
@@ -421,7 +427,7 @@ RLPT_INLINE std::optional<message> shm_transport::receive_reply(deadline until) 
   }
 }
 
-RLPT_INLINE bool shm_transport::try_attach() {
+template <class Tag> RLPT_INLINE bool basic_shm_transport<Tag>::try_attach() {
   const std::string path = "/" + name_;
   const int fd = ::shm_open(path.c_str(), O_RDWR, 0);
   if (fd < 0) return false;
@@ -464,7 +470,7 @@ RLPT_INLINE bool shm_transport::try_attach() {
   return true;
 }
 
-RLPT_INLINE std::optional<message> shm_transport::receive_forward(deadline until) {
+template <class Tag> RLPT_INLINE std::optional<message> basic_shm_transport<Tag>::receive_forward(deadline until) {
   detail::backoff b;
   auto next_check = clock::now();
   for (;;) {
@@ -501,7 +507,8 @@ RLPT_INLINE std::optional<message> shm_transport::receive_forward(deadline until
   }
 }
 
-RLPT_INLINE void shm_transport::send_reply(std::span<const std::byte> meta, deadline until) {
+template <class Tag>
+RLPT_INLINE void basic_shm_transport<Tag>::send_reply(std::span<const std::byte> meta, deadline until) {
   RLPT_CHECK(h_ != nullptr, errors::sync::peer_lost, "{}: not attached to a sender", where_);
   RLPT_CHECK(meta.size() <= o_.reply_bytes, errors::sync::too_large,
              "{}: reply of {} bytes exceeds the reply slot's {}", where_, meta.size(), o_.reply_bytes);

@@ -90,13 +90,27 @@ inline constexpr std::size_t tcp_tag_at = 32; // the frame tag: header bytes [32
 
 } // namespace detail
 
-class tcp_transport final : public link, private detail::stream_link<tcp_transport, detail::tcp_header_bytes> {
-public:
-  tcp_transport(tcp_options o, role r);
+template <class Tag = void>
+class basic_tcp_transport final : public link,
+                                  private detail::stream_link<basic_tcp_transport<Tag>, detail::tcp_header_bytes> {
+  // The stream plumbing is a dependent base of the class template: its members named here.
+  using stream = detail::stream_link<basic_tcp_transport<Tag>, detail::tcp_header_bytes>;
+  using stream::adopt;
+  using stream::conn_;
+  using stream::drop;
+  using stream::listen_;
+  using stream::receive_frame;
+  using stream::received_header;
+  using stream::release_frame;
+  using stream::send_frame;
+  using stream::where_;
 
-  tcp_transport(const tcp_transport&) = delete;
-  tcp_transport& operator=(const tcp_transport&) = delete;
-  ~tcp_transport() override = default;
+public:
+  basic_tcp_transport(tcp_options o, role r);
+
+  basic_tcp_transport(const basic_tcp_transport&) = delete;
+  basic_tcp_transport& operator=(const basic_tcp_transport&) = delete;
+  ~basic_tcp_transport() override = default;
 
   //! The bound port of a listening transport.
   [[nodiscard]] std::uint16_t port() const noexcept { return port_; }
@@ -120,7 +134,7 @@ public:
   void release() override { release_frame(); }
 
 private:
-  friend class detail::stream_link<tcp_transport, detail::tcp_header_bytes>;
+  friend class detail::stream_link<basic_tcp_transport, detail::tcp_header_bytes>;
   static constexpr std::chrono::milliseconds reconnect_pause{5};
 
   void open_listener();
@@ -205,6 +219,8 @@ private:
   std::uint16_t port_ = 0;
   std::vector<std::byte> tx_payload_;
 };
+using tcp_transport = basic_tcp_transport<>;
+RLPT_EXTERN_TEMPLATE(class basic_tcp_transport<>)
 
 } // namespace sync
 RLPT_NAMESPACE_END
@@ -213,7 +229,9 @@ RLPT_NAMESPACE_END
 RLPT_NAMESPACE_BEGIN
 namespace sync {
 
-RLPT_INLINE tcp_transport::tcp_transport(tcp_options o, role r) : o_(std::move(o)), auth_(o_.auth, o_.tags, r) {
+template <class Tag>
+RLPT_INLINE basic_tcp_transport<Tag>::basic_tcp_transport(tcp_options o, role r)
+    : o_(std::move(o)), auth_(o_.auth, o_.tags, r) {
   const auto dead = o_.dead_peer_timeout;
   RLPT_CHECK(dead.count() == 0 || (dead >= std::chrono::seconds(1) && dead <= std::chrono::hours(24)),
              errors::sync::tcp,
@@ -226,7 +244,9 @@ RLPT_INLINE tcp_transport::tcp_transport(tcp_options o, role r) : o_(std::move(o
                                 r == role::sender ? "sender" : "receiver", o_.listen ? "listening" : "connecting");
 }
 
-RLPT_INLINE void tcp_transport::send(std::span<const std::byte> meta, std::uint64_t payload_bytes, deadline until) {
+template <class Tag>
+RLPT_INLINE void basic_tcp_transport<Tag>::send(std::span<const std::byte> meta, std::uint64_t payload_bytes,
+                                                deadline until) {
   RLPT_CHECK(meta.size() <= o_.max_meta && meta.size() <= 0xffffffffu, errors::sync::too_large,
              "{}: meta block of {} bytes exceeds max_meta {}", where_, meta.size(), o_.max_meta);
   RLPT_CHECK(payload_bytes <= tx_payload_.size(), errors::sync::bad_link,
@@ -244,7 +264,7 @@ RLPT_INLINE void tcp_transport::send(std::span<const std::byte> meta, std::uint6
              until);
 }
 
-RLPT_INLINE std::optional<message> tcp_transport::receive(deadline until) {
+template <class Tag> RLPT_INLINE std::optional<message> basic_tcp_transport<Tag>::receive(deadline until) {
   release();
   std::optional<message> m = receive_frame(until);
   if (m && auth_.enabled()) {
@@ -263,7 +283,7 @@ RLPT_INLINE std::optional<message> tcp_transport::receive(deadline until) {
   return m;
 }
 
-RLPT_INLINE void tcp_transport::open_listener() {
+template <class Tag> RLPT_INLINE void basic_tcp_transport<Tag>::open_listener() {
   detail::fd_guard fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   RLPT_CHECK(fd.fd >= 0, errors::sync::tcp, "tcp: socket failed: {}", std::strerror(errno));
   const int one = 1;
@@ -279,7 +299,9 @@ RLPT_INLINE void tcp_transport::open_listener() {
   listen_.reset(fd.release());
 }
 
-RLPT_INLINE std::string tcp_transport::io_exact(int fd, std::byte* p, std::size_t n, bool write, deadline until) {
+template <class Tag>
+RLPT_INLINE std::string basic_tcp_transport<Tag>::io_exact(int fd, std::byte* p, std::size_t n, bool write,
+                                                           deadline until) {
   while (n > 0) {
     const ssize_t k = write ? ::send(fd, p, n, MSG_NOSIGNAL) : ::recv(fd, p, n, 0);
     if (k > 0) {
@@ -298,7 +320,7 @@ RLPT_INLINE std::string tcp_transport::io_exact(int fd, std::byte* p, std::size_
   return {};
 }
 
-RLPT_INLINE std::string tcp_transport::accept_handshake(int fd) {
+template <class Tag> RLPT_INLINE std::string basic_tcp_transport<Tag>::accept_handshake(int fd) {
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
   const deadline until = clock::now() + o_.handshake_timeout;
   constexpr std::size_t hb = detail::hello_bytes, mb = authenticator::mac_bytes;
@@ -328,7 +350,7 @@ RLPT_INLINE std::string tcp_transport::accept_handshake(int fd) {
   return {};
 }
 
-RLPT_INLINE bool tcp_transport::try_connect(deadline until) {
+template <class Tag> RLPT_INLINE bool basic_tcp_transport<Tag>::try_connect(deadline until) {
   if (pending_.fd < 0) {
     detail::fd_guard fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     RLPT_CHECK(fd.fd >= 0, errors::sync::tcp, "{}: socket failed: {}", where_, std::strerror(errno));
@@ -399,7 +421,7 @@ RLPT_INLINE bool tcp_transport::try_connect(deadline until) {
   return true;
 }
 
-RLPT_INLINE detail::frame_sizes tcp_transport::check_header(const std::byte* h) {
+template <class Tag> RLPT_INLINE detail::frame_sizes basic_tcp_transport<Tag>::check_header(const std::byte* h) {
   std::uint32_t magic, mb;
   std::uint64_t pb, mcheck, hcheck;
   std::memcpy(&magic, h, 4);

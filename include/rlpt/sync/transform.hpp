@@ -169,7 +169,7 @@ inline std::uint64_t prod(std::span<const std::int64_t> s, std::size_t from, std
 } // namespace detail
 
 //! Transforms compiled against one manifest layout.
-class transform_plan {
+template <class = void> class basic_transform_plan {
 public:
   enum class op : std::uint8_t { source, concat, slice, cast };
   struct node {
@@ -187,12 +187,12 @@ public:
     std::vector<std::size_t> sources; //!< manifest tensors it reads, ascending
   };
 
-  transform_plan() = default;
+  basic_transform_plan() = default;
 
-  transform_plan(const manifest& m, std::initializer_list<transform> rules)
-      : transform_plan(m, std::span<const transform>(rules.begin(), rules.size())) {}
+  basic_transform_plan(const manifest& m, std::initializer_list<transform> rules)
+      : basic_transform_plan(m, std::span<const transform>(rules.begin(), rules.size())) {}
 
-  transform_plan(const manifest& m, std::span<const transform> rules);
+  basic_transform_plan(const manifest& m, std::span<const transform> rules);
 
   [[nodiscard]] std::span<const output> outputs() const noexcept { return outputs_; }
   [[nodiscard]] const node& node_at(std::size_t k) const noexcept { return nodes_[k]; }
@@ -287,6 +287,8 @@ private:
   std::vector<std::vector<std::size_t>> by_tensor_;
   bool identity_ = true;
 };
+using transform_plan = basic_transform_plan<>;
+RLPT_EXTERN_TEMPLATE(class basic_transform_plan<>)
 
 } // namespace sync
 RLPT_NAMESPACE_END
@@ -295,10 +297,11 @@ RLPT_NAMESPACE_END
 RLPT_NAMESPACE_BEGIN
 namespace sync {
 
-RLPT_INLINE transform_plan::transform_plan(const manifest& m, std::span<const transform> rules) {
+template <class Tag>
+RLPT_INLINE basic_transform_plan<Tag>::basic_transform_plan(const manifest& m, std::span<const transform> rules) {
   struct cur_t {
     std::string name;
-    std::size_t node;
+    std::size_t node = 0;
   };
   std::vector<cur_t> cur;
   for (std::size_t i = 0; i < m.size(); ++i) {
@@ -426,7 +429,7 @@ RLPT_INLINE transform_plan::transform_plan(const manifest& m, std::span<const tr
   }
 }
 
-RLPT_INLINE std::string transform_plan::describe(const transform& t) {
+template <class Tag> RLPT_INLINE std::string basic_transform_plan<Tag>::describe(const transform& t) {
   if (const auto* x = std::get_if<rename_tensor>(&t))
     return rlpt::detail::format("rename \"{}\" -> \"{}\"", x->from, x->to);
   if (const auto* x = std::get_if<concat>(&t))
@@ -437,9 +440,10 @@ RLPT_INLINE std::string transform_plan::describe(const transform& t) {
   return rlpt::detail::format("drop \"{}\"", std::get<drop>(t).pattern);
 }
 
-RLPT_INLINE std::size_t transform_plan::add_concat(const std::vector<std::size_t>& ins,
-                                                   const std::vector<std::string>& names, std::int64_t dim,
-                                                   std::string_view rule) {
+template <class Tag>
+RLPT_INLINE std::size_t basic_transform_plan<Tag>::add_concat(const std::vector<std::size_t>& ins,
+                                                              const std::vector<std::string>& names, std::int64_t dim,
+                                                              std::string_view rule) {
   const node& a = nodes_[ins[0]];
   const auto rank = static_cast<std::int64_t>(a.shape.size());
   const std::int64_t d = dim < 0 ? dim + rank : dim;
@@ -469,8 +473,10 @@ RLPT_INLINE std::size_t transform_plan::add_concat(const std::vector<std::size_t
   return nodes_.size() - 1;
 }
 
-RLPT_INLINE std::size_t transform_plan::add_slice(std::size_t in, const std::string& nm, std::int64_t dim,
-                                                  std::int64_t begin, std::int64_t end, std::string_view rule) {
+template <class Tag>
+RLPT_INLINE std::size_t basic_transform_plan<Tag>::add_slice(std::size_t in, const std::string& nm, std::int64_t dim,
+                                                             std::int64_t begin, std::int64_t end,
+                                                             std::string_view rule) {
   const node& a = nodes_[in];
   const auto rank = static_cast<std::int64_t>(a.shape.size());
   const std::int64_t d = dim < 0 ? dim + rank : dim;
@@ -493,7 +499,8 @@ RLPT_INLINE std::size_t transform_plan::add_slice(std::size_t in, const std::str
   return nodes_.size() - 1;
 }
 
-RLPT_INLINE void transform_plan::collect_sources(std::size_t k, std::vector<std::size_t>& out) const {
+template <class Tag>
+RLPT_INLINE void basic_transform_plan<Tag>::collect_sources(std::size_t k, std::vector<std::size_t>& out) const {
   const node& n = nodes_[k];
   if (n.kind == op::source) {
     out.push_back(n.tensor);

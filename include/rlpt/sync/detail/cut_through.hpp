@@ -62,21 +62,21 @@ struct passed_on {
   std::vector<leg> legs;
 };
 
-class cut_through final : public link {
+template <class = void> class basic_cut_through final : public link {
 public:
   //! `depth` frames may wait between this host's receiving thread and the passing-on thread
   //! (memory: that many buckets); `send` bounds each downstream step (timeout) and the wait for
   //! the answers to COMMIT (commit_timeout). A full queue stalls upstream receiving for at most
   //! `lag`, then the attempt is dropped downstream (those hosts get it store-and-forward).
-  cut_through(link& upstream, std::vector<link*> down, const sender_options& send, std::size_t depth,
-              std::chrono::milliseconds lag)
+  basic_cut_through(link& upstream, std::vector<link*> down, const sender_options& send, std::size_t depth,
+                    std::chrono::milliseconds lag)
       : up_(upstream), down_(std::move(down)), send_(send), depth_(std::max<std::size_t>(depth, 1)), lag_(lag),
         legs_(down_.size()), thread_([this] { run(); }) {}
 
-  cut_through(const cut_through&) = delete;
-  cut_through& operator=(const cut_through&) = delete;
+  basic_cut_through(const basic_cut_through&) = delete;
+  basic_cut_through& operator=(const basic_cut_through&) = delete;
 
-  ~cut_through() override {
+  ~basic_cut_through() override {
     {
       const std::lock_guard<std::mutex> g(mu_);
       stop_ = true;
@@ -174,6 +174,8 @@ private:
 
   std::thread thread_; // last: starts once the members above exist
 };
+using cut_through = basic_cut_through<>;
+RLPT_EXTERN_TEMPLATE(class basic_cut_through<>)
 
 } // namespace sync::detail
 RLPT_NAMESPACE_END
@@ -182,7 +184,9 @@ RLPT_NAMESPACE_END
 RLPT_NAMESPACE_BEGIN
 namespace sync::detail {
 
-RLPT_INLINE void cut_through::send(std::span<const std::byte> meta, std::uint64_t payload_bytes, deadline until) {
+template <class Tag>
+RLPT_INLINE void basic_cut_through<Tag>::send(std::span<const std::byte> meta, std::uint64_t payload_bytes,
+                                              deadline until) {
   up_.send(meta, payload_bytes, until);
   try {
     const frame f = decode_frame(meta, "cut-through");
@@ -194,7 +198,7 @@ RLPT_INLINE void cut_through::send(std::span<const std::byte> meta, std::uint64_
   } catch (const error&) {}
 }
 
-RLPT_INLINE std::optional<message> cut_through::receive(deadline until) {
+template <class Tag> RLPT_INLINE std::optional<message> basic_cut_through<Tag>::receive(deadline until) {
   std::optional<message> m;
   try {
     m = up_.receive(until);
@@ -206,7 +210,7 @@ RLPT_INLINE std::optional<message> cut_through::receive(deadline until) {
   return m;
 }
 
-RLPT_INLINE void cut_through::pass_on(const message& m) {
+template <class Tag> RLPT_INLINE void basic_cut_through<Tag>::pass_on(const message& m) {
   frame f;
   try {
     f = decode_frame(m.meta, "cut-through");
@@ -244,7 +248,8 @@ RLPT_INLINE void cut_through::pass_on(const message& m) {
   cv_.notify_all();
 }
 
-RLPT_INLINE void cut_through::abort(std::uint64_t tag, std::string why) {
+// NOLINTNEXTLINE(performance-unnecessary-value-param): moved into the queue (tidy misses it in a template)
+template <class Tag> RLPT_INLINE void basic_cut_through<Tag>::abort(std::uint64_t tag, std::string why) {
   {
     const std::lock_guard<std::mutex> g(mu_);
     if (tag == 0 || settled_ == tag) return;
@@ -258,7 +263,7 @@ RLPT_INLINE void cut_through::abort(std::uint64_t tag, std::string why) {
   cv_.notify_all();
 }
 
-RLPT_INLINE void cut_through::run() {
+template <class Tag> RLPT_INLINE void basic_cut_through<Tag>::run() {
   for (;;) {
     item it;
     {
@@ -285,7 +290,7 @@ RLPT_INLINE void cut_through::run() {
   }
 }
 
-RLPT_INLINE void cut_through::handle(const item& it) {
+template <class Tag> RLPT_INLINE void basic_cut_through<Tag>::handle(const item& it) {
   if (it.type == frame_type::begin) {
     tag_ = it.tag;
     version_ = it.version;
@@ -334,8 +339,9 @@ RLPT_INLINE void cut_through::handle(const item& it) {
   }
 }
 
-RLPT_INLINE void cut_through::send_to(std::size_t k, std::span<const std::byte> meta,
-                                      std::span<const std::byte> payload, deadline until) {
+template <class Tag>
+RLPT_INLINE void basic_cut_through<Tag>::send_to(std::size_t k, std::span<const std::byte> meta,
+                                                 std::span<const std::byte> payload, deadline until) {
   try {
     if (!payload.empty()) {
       const std::span<std::byte> buf = down_[k]->payload_buffer(payload.size(), until);
@@ -347,7 +353,7 @@ RLPT_INLINE void cut_through::send_to(std::size_t k, std::span<const std::byte> 
   }
 }
 
-RLPT_INLINE void cut_through::answers(std::size_t k, deadline until) {
+template <class Tag> RLPT_INLINE void basic_cut_through<Tag>::answers(std::size_t k, deadline until) {
   leg& l = legs_[k];
   while (l.st == leg::state::open) {
     std::optional<message> m;

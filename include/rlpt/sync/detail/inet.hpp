@@ -29,12 +29,13 @@ namespace sync::detail {
 }
 
 //! `host` (an IPv4 literal or a name) and `port`; `id` and `link` name a failure to resolve.
-[[nodiscard]] sockaddr_in ipv4_address(const std::string& host, std::uint16_t port, error_id id, std::string_view link);
+RLPT_DEFER [[nodiscard]] sockaddr_in ipv4_address(const std::string& host, std::uint16_t port, error_id id,
+                                                  std::string_view link);
 
 //! The rule of every cross-machine link: a non-loopback address needs an authenticator unless
 //! the user opted out, and the frame tags are one of the two integrity modes.
-void check_link_security(std::string_view link, const std::string& host, std::uint16_t port, bool listen,
-                         const authenticator* auth, integrity tags, bool allow_unauthenticated, role r);
+RLPT_DEFER void check_link_security(std::string_view link, const std::string& host, std::uint16_t port, bool listen,
+                                    const authenticator* auth, integrity tags, bool allow_unauthenticated, role r);
 
 } // namespace sync::detail
 RLPT_NAMESPACE_END
@@ -43,7 +44,8 @@ RLPT_NAMESPACE_END
 RLPT_NAMESPACE_BEGIN
 namespace sync::detail {
 
-RLPT_INLINE sockaddr_in ipv4_address(const std::string& host, std::uint16_t port, error_id id, std::string_view link) {
+RLPT_DEFER RLPT_INLINE sockaddr_in ipv4_address(const std::string& host, std::uint16_t port, error_id id,
+                                                std::string_view link) {
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(port);
@@ -59,8 +61,9 @@ RLPT_INLINE sockaddr_in ipv4_address(const std::string& host, std::uint16_t port
   return a;
 }
 
-RLPT_INLINE void check_link_security(std::string_view link, const std::string& host, std::uint16_t port, bool listen,
-                                     const authenticator* auth, integrity tags, bool allow_unauthenticated, role r) {
+RLPT_DEFER RLPT_INLINE void check_link_security(std::string_view link, const std::string& host, std::uint16_t port,
+                                                bool listen, const authenticator* auth, integrity tags,
+                                                bool allow_unauthenticated, role r) {
   RLPT_CHECK(auth != nullptr || allow_unauthenticated || is_loopback(host), errors::sync::insecure,
              "{} {}:{}: {} a non-loopback address without authentication lets any host that reaches it {} weights; "
              "set {}_options::auth (rlpt/sync/auth_openssl.hpp, a per-job secret) or, on a network where every host "

@@ -109,7 +109,7 @@ public:
   }
 
 private:
-  friend class json_parser;
+  template <class> friend class basic_json_parser;
   kind kind_ = kind::null;
   bool bool_ = false;
   std::string text_;
@@ -122,9 +122,9 @@ struct json_limits {
   std::size_t max_bytes = std::size_t{100'000'000}; // safetensors' MAX_HEADER_SIZE
 };
 
-class json_parser {
+template <class = void> class basic_json_parser {
 public:
-  json_parser(std::string_view text, std::string_view what, json_limits limits)
+  basic_json_parser(std::string_view text, std::string_view what, json_limits limits)
       : s_(text), what_(what), limits_(limits) {}
 
   json parse();
@@ -187,21 +187,23 @@ private:
   json_limits limits_;
   std::size_t pos_ = 0;
 };
+using json_parser = basic_json_parser<>;
+RLPT_EXTERN_TEMPLATE(class basic_json_parser<>)
 
 //! Parses `text` strictly; `what` names the document in errors ("manifest", "safetensors header").
-[[nodiscard]] inline json parse_json(std::string_view text, std::string_view what = "document",
-                                     json_limits limits = {}) {
+RLPT_DEFER [[nodiscard]] inline json parse_json(std::string_view text, std::string_view what = "document",
+                                                json_limits limits = {}) {
   return json_parser(text, what, limits).parse();
 }
 
 //! Appends a JSON string literal with serde_json's escaping (", \\, \b \f \n \r \t, other
 //! controls as \u00xx; everything else, including non-ASCII UTF-8, verbatim).
-void write_json_string(std::string& out, std::string_view s);
+RLPT_DEFER void write_json_string(std::string& out, std::string_view s);
 
 //! Appends compact JSON (no spaces), members in insertion order.
-void write_json(std::string& out, const json& v);
+RLPT_DEFER void write_json(std::string& out, const json& v);
 
-[[nodiscard]] inline std::string to_json_string(const json& v) {
+RLPT_DEFER [[nodiscard]] inline std::string to_json_string(const json& v) {
   std::string s;
   write_json(s, v);
   return s;
@@ -214,7 +216,7 @@ RLPT_NAMESPACE_END
 RLPT_NAMESPACE_BEGIN
 namespace sync::detail {
 
-RLPT_INLINE json json_parser::parse() {
+template <class Tag> RLPT_INLINE json basic_json_parser<Tag>::parse() {
   if (s_.size() > limits_.max_bytes) fail_at(0, "is {} bytes, more than the limit of {}", s_.size(), limits_.max_bytes);
   skip_ws();
   json v = value(0);
@@ -223,7 +225,7 @@ RLPT_INLINE json json_parser::parse() {
   return v;
 }
 
-RLPT_INLINE json json_parser::value(std::size_t depth) {
+template <class Tag> RLPT_INLINE json basic_json_parser<Tag>::value(std::size_t depth) {
   if (pos_ >= s_.size()) fail_at(pos_, "unexpected end of input, expected a value");
   const char c = s_[pos_];
   switch (c) {
@@ -248,7 +250,7 @@ RLPT_INLINE json json_parser::value(std::size_t depth) {
   }
 }
 
-RLPT_INLINE json json_parser::object(std::size_t depth) {
+template <class Tag> RLPT_INLINE json basic_json_parser<Tag>::object(std::size_t depth) {
   enter(depth);
   ++pos_; // '{'
   json obj = json::make_object();
@@ -284,7 +286,9 @@ RLPT_INLINE json json_parser::object(std::size_t depth) {
   }
 }
 
-RLPT_INLINE void json_parser::check_duplicates(const json& obj, const std::vector<std::size_t>& key_at) const {
+template <class Tag>
+RLPT_INLINE void basic_json_parser<Tag>::check_duplicates(const json& obj,
+                                                          const std::vector<std::size_t>& key_at) const {
   const auto& keys = obj.keys_;
   std::vector<std::size_t> order(keys.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -296,7 +300,7 @@ RLPT_INLINE void json_parser::check_duplicates(const json& obj, const std::vecto
   if (dup != keys.size()) fail_at(key_at[dup], "duplicate key \"{}\"", keys[dup]);
 }
 
-RLPT_INLINE json json_parser::array(std::size_t depth) {
+template <class Tag> RLPT_INLINE json basic_json_parser<Tag>::array(std::size_t depth) {
   enter(depth);
   ++pos_; // '['
   json arr = json::make_array();
@@ -321,7 +325,7 @@ RLPT_INLINE json json_parser::array(std::size_t depth) {
   }
 }
 
-RLPT_INLINE json json_parser::number() {
+template <class Tag> RLPT_INLINE json basic_json_parser<Tag>::number() {
   const std::size_t start = pos_;
   if (peek() == '-') ++pos_;
   if (peek() == '0') {
@@ -346,7 +350,7 @@ RLPT_INLINE json json_parser::number() {
   return json::make_number_text(std::string(s_.substr(start, pos_ - start)));
 }
 
-RLPT_INLINE unsigned json_parser::hex4() {
+template <class Tag> RLPT_INLINE unsigned basic_json_parser<Tag>::hex4() {
   if (pos_ + 4 > s_.size()) fail_at(pos_, "truncated \\u escape");
   unsigned v = 0;
   for (int i = 0; i < 4; ++i) {
@@ -358,7 +362,7 @@ RLPT_INLINE unsigned json_parser::hex4() {
   return v;
 }
 
-RLPT_INLINE void json_parser::put_utf8(std::string& out, std::uint32_t cp) {
+template <class Tag> RLPT_INLINE void basic_json_parser<Tag>::put_utf8(std::string& out, std::uint32_t cp) {
   if (cp < 0x80) {
     out.push_back(static_cast<char>(cp));
   } else if (cp < 0x800) {
@@ -376,7 +380,7 @@ RLPT_INLINE void json_parser::put_utf8(std::string& out, std::uint32_t cp) {
   }
 }
 
-RLPT_INLINE void json_parser::utf8_sequence(std::string& out) {
+template <class Tag> RLPT_INLINE void basic_json_parser<Tag>::utf8_sequence(std::string& out) {
   const std::size_t at = pos_;
   const auto b0 = static_cast<unsigned char>(s_[pos_]);
   std::size_t len;
@@ -406,7 +410,7 @@ RLPT_INLINE void json_parser::utf8_sequence(std::string& out) {
   pos_ += len;
 }
 
-RLPT_INLINE std::string json_parser::string() {
+template <class Tag> RLPT_INLINE std::string basic_json_parser<Tag>::string() {
   const std::size_t start = pos_;
   ++pos_; // '"'
   std::string out;
@@ -475,7 +479,7 @@ RLPT_INLINE std::string json_parser::string() {
   }
 }
 
-RLPT_INLINE void write_json_string(std::string& out, std::string_view s) {
+RLPT_DEFER RLPT_INLINE void write_json_string(std::string& out, std::string_view s) {
   static constexpr char hex[] = "0123456789abcdef";
   out.push_back('"');
   for (char ch : s) {
@@ -515,7 +519,7 @@ RLPT_INLINE void write_json_string(std::string& out, std::string_view s) {
   out.push_back('"');
 }
 
-RLPT_INLINE void write_json(std::string& out, const json& v) {
+RLPT_DEFER RLPT_INLINE void write_json(std::string& out, const json& v) {
   switch (v.type()) {
   case json::kind::null:
     out += "null";
