@@ -812,6 +812,43 @@ TEST_CASE("inputs no term reads are not checked: a NaN there changes nothing, wh
   CHECK(masked.nonfinite_tokens > 0.0);
 }
 
+TEST_CASE("plans with a row pass: a non-finite input raises or is left out whichever pass reads it") {
+  // The row pass (statistics, coupling) loads only what it reads and checks nothing under
+  // nonfinite::raise (load_chunk<Row>): the token pass must still report every input, including
+  // the ones only the row pass reads (behav_logp for a sequence weight) and the advantage the
+  // row pass skips.
+  const gspo token_level{.eps_low = 0.05, .eps_high = 0.05};
+  const gspo coupled{.eps_low = 0.05, .eps_high = 0.05, .token_level = false, .mean_advantage = true};
+  const objective plans[] = {
+      {.policy = token_level, .correction = seq_is(2.0), .agg = {.mode = agg_mode::seq_mean_token_mean}},
+      {.policy = coupled, .correction = seq_is(2.0), .agg = {.mode = agg_mode::seq_mean_token_mean}},
+      {.policy = gmpo{}, .correction = token_tis(2.0), .agg = {.mode = agg_mode::seq_mean_token_mean}},
+  };
+  struct input {
+    std::vector<float> batch<float>::*values;
+    const char* name;
+  };
+  const input inputs[] = {{&batch<float>::lp, "logp["},
+                          {&batch<float>::old, "old_logp["},
+                          {&batch<float>::behav, "behav_logp["},
+                          {&batch<float>::adv, "adv["}};
+  for (const objective& obj : plans)
+    for (const input& x : inputs)
+      for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+        CAPTURE(x.name);
+        batch<float> b(4, 600, 29);
+        std::size_t at = 300; // a valid token of a later chunk of row 0 (host chunks of 256)
+        while (!b.mask[at]) ++at;
+        batch<float> clean = b;
+        clean.mask[at] = 0;
+        (b.*x.values)[at] = bad;
+        RLPT_CHECK_ERROR(evaluate(obj, b.inputs()), "rlpt.objective.nonfinite", x.name);
+        objective masked = obj;
+        masked.nonfinite = nonfinite::mask;
+        check_as_clean(masked, b, clean, 1.0);
+      }
+}
+
 TEST_CASE("entropy coefficient helpers: schedule and Skywork/TRL target tracking") {
   const entropy_schedule lin{.start = 0.01, .end = 0.0, .steps = 100, .shape = schedule_shape::linear};
   CHECK(lin.at(0) == doctest::Approx(0.01));

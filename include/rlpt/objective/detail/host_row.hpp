@@ -90,8 +90,8 @@ using host_count = std::int64_t;
 // NOLINTBEGIN(bugprone-macro-parentheses): ATTR is a function attribute, which parentheses would break
 #define RLPT_OBJECTIVE_HOST_STAGES(ATTR, WIDE)                                                                         \
   ATTR static int load(const objective_plan& p, const basic_objective_inputs<T>& in, index_t b, index_t i0, int n,     \
-                       host_chunk_data<T>& RLPT_OBJECTIVE_RESTRICT c) {                                                \
-    const int bad = load_chunk(p, in, b, i0, n, c);                                                                    \
+                       host_chunk_data<T>& RLPT_OBJECTIVE_RESTRICT c, bool row = false) {                              \
+    const int bad = load_chunk(p, in, b, i0, n, c, row);                                                               \
     std::memset(c.valid + n, 0, static_cast<std::size_t>(host_lanes(n) - n));                                          \
     return bad;                                                                                                        \
   }                                                                                                                    \

@@ -7,7 +7,8 @@
 //! runs the same stages on its token. The stages, in the order every driver runs them:
 //!
 //!   load        the chunk's inputs (masked slots, and non-finite ones under nonfinite::mask,
-//!               become invalid; absent inputs read as 0; distillation adds to the advantage)
+//!               become invalid; absent inputs read as 0; distillation adds to the advantage);
+//!               in the passes before and after the token pass, only what they read
 //!   correction  importance weight w, rejection, which tokens stay in the loss
 //!   stats       row pass only: the sums the sequence-level pieces need (row_stats)
 //!   policy      the policy term's value and d value / d logp
@@ -343,15 +344,24 @@ RLPT_HD_FORCEINLINE void zero_absent(const objective_plan& p, const basic_object
 
 //! Loads tokens [i0, i0 + n) of sequence b (absent inputs stay zero); returns the number of
 //! valid tokens with a non-finite input (they become invalid under nonfinite::mask).
+//! row: for a pass over the row before or after its token pass (row_stats_pass, coupling_pass),
+//! which reads only what correction and stats_chunk read (lp, old, behav; adv for a mean
+//! advantage or GMPO). Under nonfinite::raise such a pass needs no non-finite check either: a
+//! token's validity does not depend on it, and the token pass counts every one and fails. So it
+//! loads those arrays alone and returns 0; under nonfinite::mask, or with distillation (which
+//! writes adv), it loads as the token pass does. A flag, not a second instantiation: each host
+//! stage is compiled three times (detail/host_row.hpp).
 template <class T, memory_space M, int N>
 RLPT_HD_FORCEINLINE int load_chunk(const objective_plan& p, const basic_objective_inputs<T, M>& in, index_t b,
-                                   index_t i0, int n, token_chunk<T, N>& c) {
+                                   index_t i0, int n, token_chunk<T, N>& c, bool row = false) {
   if (in.mask.size() != 0) {
     const mask_t* m = in.mask.data() + i0;
     for (int j = 0; j < n; ++j) c.valid[j] = m[j] != 0 ? 1 : 0;
   } else {
     for (int j = 0; j < n; ++j) c.valid[j] = 1;
   }
+  const bool lean = row && p.nonfinite == nonfinite::raise && p.distill_coef == 0.0;
+  const bool need_adv = !lean || p.mean_advantage || p.policy == policy_kind::gmpo;
   // Non-finite inputs set c.rej. On the host the copies only note whether any value of the
   // chunk has an all-ones exponent (a max over the exponent bits vectorises with no per-token
   // work), and the flags are computed from the copies for a chunk that has one.
@@ -384,18 +394,19 @@ RLPT_HD_FORCEINLINE int load_chunk(const objective_plan& p, const basic_objectiv
   fill(c.lp, in.logp, in.logp.size() != 0);
   fill(c.old, in.old_logp, p.has_old);
   fill(c.behav, in.behav_logp, p.has_behav);
-  fill(c.ref, in.ref_logp, p.has_ref);
-  if (p.has_seq_adv) {
+  fill(c.ref, in.ref_logp, p.has_ref && !lean);
+  if (p.has_seq_adv && need_adv) {
     const T a = in.seq_adv[b];
     const std::uint8_t bad = finite(a) ? 0 : 1;
     for (int j = 0; j < n; ++j) c.adv[j] = a, c.rej[j] = static_cast<std::uint8_t>(c.rej[j] | bad);
   } else {
-    fill(c.adv, in.adv, p.has_adv);
+    fill(c.adv, in.adv, p.has_adv && need_adv);
   }
-  fill(c.ent, in.entropy, p.has_entropy);
-  fill(c.v, in.values, p.use_value);
-  fill(c.ret, in.returns, p.use_value);
-  fill(c.v_old, in.old_values, p.use_value && in.old_values.size() != 0);
+  fill(c.ent, in.entropy, p.has_entropy && !lean);
+  fill(c.v, in.values, p.use_value && !lean);
+  fill(c.ret, in.returns, p.use_value && !lean);
+  fill(c.v_old, in.old_values, p.use_value && in.old_values.size() != 0 && !lean);
+  if (lean) return 0;
   if (seen == exp_bits)
     for (int k = 0; k < ncopies; ++k) {
       const T* v = copies[k];
@@ -462,7 +473,8 @@ RLPT_HD_FORCEINLINE void correction_chunk(const objective_plan& p, const token_c
   }
   const T cl = T(p.corr.log_ratio_clamp);
   const T* num = ratio_numerator_of(p, c);
-  for (int j = 0; j < n; ++j) c.tmp[j] = clamp_r(num[j] - c.behav[j], -cl, cl); // clamped log rho
+  if (p.use_rs || !p.is_seq) // read by the rejection criteria and the token weights only
+    for (int j = 0; j < n; ++j) c.tmp[j] = clamp_r(num[j] - c.behav[j], -cl, cl); // clamped log rho
   for (int j = 0; j < n; ++j) c.keep[j] = 1;
   if (p.rs_token)
     for (int i = 0; i < p.rs_count; ++i) {
@@ -769,6 +781,10 @@ RLPT_HD_FORCEINLINE void combine_chunk(const objective_plan& p, const token_cons
   // The weight is not the term's factor: GMPO folds it into its row coefficient (and its pv is 0),
   // VESPO with fold_w into its phi.
   const bool folded = p.policy == policy_kind::gmpo || p.fold_w;
+  // A sequence-level weight without token rejection is the same for every valid token of the row
+  // (correction_chunk), so its sum and extremes need no pass over the chunk: w times the count is
+  // exact in fp64, as the lane sums of w were.
+  const bool w_row = p.use_is && p.is_seq && !p.rs_token;
   if (gr.logp.size() != 0) {
     T* g = gr.logp.data() + i0;
     const T pf = seq_form ? T(0) : k.a_policy;
@@ -819,7 +835,8 @@ RLPT_HD_FORCEINLINE void combine_chunk(const objective_plan& p, const token_cons
   }
   if (p.has_old)
     sums.add(a.approx_kl, [&](int j) RLPT_INLINE_LAMBDA { return sel(c.inl[j] != 0, c.old[j] - c.lp[j], T(0)); });
-  if (p.use_is) sums.add(a.w_sum, [&](int j) RLPT_INLINE_LAMBDA { return sel(c.valid[j] != 0, c.w[j], T(0)); });
+  if (p.use_is && !w_row)
+    sums.add(a.w_sum, [&](int j) RLPT_INLINE_LAMBDA { return sel(c.valid[j] != 0, c.w[j], T(0)); });
   sums.finish();
   std::int32_t low = 0, high = 0, dual = 0, clamped = 0;
   for (int j = 0; j < n; ++j) {
@@ -837,7 +854,15 @@ RLPT_HD_FORCEINLINE void combine_chunk(const objective_plan& p, const token_cons
   a.valid += static_cast<Count>(valid);
   a.in_loss += static_cast<Count>(count(c.inl, n));
   a.rejected += static_cast<Count>(count(c.rej, n));
-  if (p.use_is) {
+  if (w_row) {
+    if (valid > 0) {
+      const T w = !k.seq_keep && !p.removes ? T(0) : k.w_seq;
+      a.w_sum += static_cast<V>(static_cast<double>(w) * static_cast<double>(valid));
+      const V wv = static_cast<V>(w);
+      a.w_max = wv > a.w_max ? wv : a.w_max;
+      a.w_min = wv < a.w_min ? wv : a.w_min;
+    }
+  } else if (p.use_is) {
     double hi_w = 0, neg_lo_w = 0;
     lane_maxima<true>(c.w, c.valid, n, hi_w, neg_lo_w);
     const V hi = static_cast<V>(hi_w);
@@ -863,8 +888,8 @@ template <class T> RLPT_HD_FORCEINLINE void coupling_chunk(T scale, int n, const
 struct inline_stages {
   template <class T, memory_space M, int N>
   RLPT_HD_FORCEINLINE static int load(const objective_plan& p, const basic_objective_inputs<T, M>& in, index_t b,
-                                      index_t i0, int n, token_chunk<T, N>& c) {
-    return load_chunk(p, in, b, i0, n, c);
+                                      index_t i0, int n, token_chunk<T, N>& c, bool row = false) {
+    return load_chunk(p, in, b, i0, n, c, row);
   }
   template <class T, int N>
   RLPT_HD_FORCEINLINE static void correction(const objective_plan& p, const token_consts<T>& k, int n,
@@ -906,7 +931,7 @@ RLPT_OBJECTIVE_DRIVER
 template <class S, class T, memory_space M, int N>
 RLPT_HD_FORCEINLINE row_stats row_stats_pass(const objective_plan& p, const basic_objective_inputs<T, M>& in, index_t b,
                                              index_t i0, int n, token_chunk<T, N>& c, row_stats st) {
-  S::load(p, in, b, i0, n, c);
+  S::load(p, in, b, i0, n, c, /*row=*/true);
   S::correction(p, token_consts<T>{}, n, c); // seq_keep = true: sequence-level rejection is decided from these sums
   return S::stats(p, n, c, st);
 }
@@ -946,7 +971,7 @@ template <class S, class T, memory_space M, int N>
 RLPT_HD_FORCEINLINE void coupling_pass(const objective_plan& p, const token_consts<T>& k,
                                        const basic_objective_inputs<T, M>& in, const basic_objective_grads<T, M>& gr,
                                        T scale, index_t b, index_t i0, int n, token_chunk<T, N>& c) {
-  S::load(p, in, b, i0, n, c);
+  S::load(p, in, b, i0, n, c, /*row=*/true);
   S::correction(p, k, n, c);
   coupling_chunk(scale, n, c.inl, gr.logp.data() + i0);
 }
