@@ -9,7 +9,7 @@
 // bench_objective in verl's terms, the gradient allocated inside every call, the timing protocol
 // of bench/support/peer_timing.hpp (one thread); --out writes grad.f32 (and grad_ent.f32).
 //   objective_runner peer CONFIG DIR B T [--warmup N --calls N --flush BYTES --out DIR]
-//   CONFIG: ppo_k3_token_mean | ppo_tis_k3_entropy | gspo_seq_is | cispo_local | dppo_kl
+//   CONFIG: ppo_k3_token_mean | ppo_tis_k3_entropy | gspo_seq_is | cispo_local | dppo_kl | ppo_tis_rs_local
 // The floor mode (scripts/bench-peers' limit side; docs/performance.md, Objective) times a lower bound for
 // cispo_local and dppo_kl: one fused pass with nothing but the configuration's arithmetic (its policy
 // term, verl's clamped k3 where it has one, the token-mean gradient and the loss), no non-finite
@@ -109,6 +109,8 @@ rlpt::objective peer_config(const std::string& name, double tokens) {
                         .use_kl_loss = true,
                         .kl_loss_coef = 0.001,
                         .kl_loss_type = "low_var_kl"});
+  if (name == "ppo_tis_rs_local") // rejected tokens leave the loss and this call's own token count
+    return verl::actor({}, verl::rollout_correction("token", "2.0", "token_k3,seq_mean_k3", "0.01,0.0052"));
   throw std::invalid_argument("unknown configuration " + name);
 }
 

@@ -11,7 +11,11 @@ in verl's terms (rlpt side: compat::verl::actor, objective_runner's peer mode):
 - cispo_local: CISPO (clip_ratio_low 10, clip_ratio_high 0.28) + k3 KL 0.001, token-mean over the
   call's own tokens;
 - dppo_kl: DPPO with the binary-KL bound (clip_ratio_low 0.01, clip_ratio_high 0.02, the ratio
-  truncated at clip_ratio_c 3), token-mean over the call's own tokens.
+  truncated at clip_ratio_c 3), token-mean over the call's own tokens;
+- ppo_tis_rs_local: vanilla PPO with token TIS (threshold 2) and rejection sampling
+  (rollout_rs="token_k3,seq_mean_k3", thresholds 0.01 and 0.0052: about 16 % of the tokens and a
+  quarter of the sequences rejected on the full inputs; rejected tokens leave the loss),
+  token-mean over the call's own tokens, which the rejection changes.
 
 verl's step is what its ppo_loss composes: compute_rollout_correction_and_rejection_mask (when a
 correction is on: rlpt computes the same weights inside its call), the registered policy loss,
@@ -37,7 +41,10 @@ CONFIGS = {
     "gspo_seq_is": ("gspo", 3e-4, 4e-4, "seq-mean-token-mean", False, "sequence", 0.0, 0.0, 4 * 4 + 1 + 4),
     "cispo_local": ("cispo", 10.0, 0.28, "token-mean", False, None, 1e-3, 0.0, 4 * 4 + 1 + 4),
     "dppo_kl": ("dppo_kl", 0.01, 0.02, "token-mean", False, None, 0.0, 0.0, 3 * 4 + 1 + 4),
+    "ppo_tis_rs_local": ("vanilla", None, None, "token-mean", False, "token", 0.0, 0.0, 4 * 4 + 1 + 4),
 }
+# rollout_rs and its thresholds, for the configurations that reject (verl's comma-separated options).
+REJECTION = {"ppo_tis_rs_local": ("token_k3,seq_mean_k3", "0.01,0.0052")}
 TOL_LOSS, TOL_GRAD = 1e-5, 1e-5  # |loss diff| / |loss|; max |grad diff| / max |grad|
 # Configurations with a fused floor in objective_runner (its floor mode checks itself against evaluate).
 FLOORS = ("cispo_local", "dppo_kl")
@@ -152,6 +159,7 @@ def make_peer(name: str, params: dict, d: Path):
         cfg.global_batch_info.update(dict(dp_size=1, batch_num_tokens=int(mask.sum())))
     policy_loss = algos.get_policy_loss_fn(loss_mode)
     gbi = dict(cfg.global_batch_info)
+    rs, rs_threshold = REJECTION.get(config, (None, None))
 
     def step():
         lp = t["lp"].detach().requires_grad_(True)
@@ -161,7 +169,7 @@ def make_peer(name: str, params: dict, d: Path):
             with torch.no_grad():
                 proto, m, _ = corr.compute_rollout_correction_and_rejection_mask(
                     old_log_prob=t["old"], rollout_log_prob=t["behav"], response_mask=mask.to(torch.float32),
-                    rollout_is=rollout_is, rollout_is_threshold=2.0, rollout_rs=None, rollout_rs_threshold=None)
+                    rollout_is=rollout_is, rollout_is_threshold=2.0, rollout_rs=rs, rollout_rs_threshold=rs_threshold)
             weights = proto.batch["rollout_is_weights"] if proto is not None else None
             m = m.bool()
         loss, _ = policy_loss(old_log_prob=t["old"], log_prob=lp, advantages=t["adv"], response_mask=m,

@@ -434,6 +434,7 @@ template <class T>
 local_counts count_local(const objective_plan& p, const basic_objective_inputs<T>& in, const host_executor& ex) {
   const token_layout& L = in.layout;
   const index_t grain = std::max<index_t>(1, 65536 / std::max<index_t>(1, L.max_len()));
+  const auto host_row_stats = host_row_stats_kernel<T>();
   return ex.parallel_reduce(
       L.num_seqs(), grain, local_counts{},
       [&](index_t b0, index_t b1) {

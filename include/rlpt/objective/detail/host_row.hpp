@@ -95,15 +95,25 @@ using host_count = std::int64_t;
     std::memset(c.valid + n, 0, static_cast<std::size_t>(host_lanes(n) - n));                                          \
     return bad;                                                                                                        \
   }                                                                                                                    \
+  /* A rejection criterion's statistics (rs_stat_chunk), for correction and stats: one copy per clone. */              \
+  ATTR static void rs_stats(const objective_plan& p, rs_stat s, int n, host_chunk_data<T>& c) {                        \
+    rs_stat_chunk(p, s, n, c);                                                                                         \
+  }                                                                                                                    \
   ATTR static void correction(const objective_plan& p, const token_consts<T>& k, int n,                                \
                               host_chunk_data<T>& RLPT_OBJECTIVE_RESTRICT c) {                                         \
-    correction_chunk(p, k, host_lanes(n), c);                                                                          \
+    correction_chunk(p, k, host_lanes(n), c, host_rs_stats{});                                                         \
   }                                                                                                                    \
   ATTR static row_stats stats(const objective_plan& p, int n, host_chunk_data<T>& RLPT_OBJECTIVE_RESTRICT c,           \
                               row_stats st) {                                                                          \
-    stats_chunk<WIDE>(p, host_lanes(n), c, st);                                                                        \
+    stats_chunk<WIDE>(p, host_lanes(n), c, st, host_rs_stats{});                                                       \
     return st;                                                                                                         \
   }                                                                                                                    \
+  struct host_rs_stats {                                                                                               \
+    RLPT_OBJECTIVE_HOST_INLINE void operator()(const objective_plan& p, rs_stat s, int n,                              \
+                                               host_chunk_data<T>& c) const {                                          \
+      rs_stats(p, s, n, c);                                                                                            \
+    }                                                                                                                  \
+  };                                                                                                                   \
   ATTR static void policy(const objective_plan& p, const token_consts<T>& k, int n,                                    \
                           host_chunk_data<T>& RLPT_OBJECTIVE_RESTRICT c) {                                             \
     policy_chunk(p, k, host_lanes(n), c);                                                                              \
@@ -202,11 +212,19 @@ row_stats host_row_stats_with(const objective_plan& p, const basic_objective_inp
   return st;
 }
 
-//! The row statistics with the default-ISA stages (count_local; `c` zeroed once).
-template <class T>
-row_stats host_row_stats(const objective_plan& p, const basic_objective_inputs<T>& in, index_t b,
-                         host_chunk_data<T>& c) {
-  return host_row_stats_with<T, host_stages_default<T>>(p, in, b, c);
+//! The row statistics of one sequence with this CPU's stages (count_local; `c` zeroed once), the
+//! functions the rows kernels call. With the default stages, which count_local took before, a
+//! call that counts its own denominators (token rejection that removes tokens, nonfinite::mask,
+//! batch-normalised weights) ran that pass in SSE2 with a libm call per std::fma: three quarters
+//! of a call with token rejection.
+template <class T> auto host_row_stats_kernel() noexcept {
+#if RLPT_OBJECTIVE_AVX512_CLONE()
+  if (cpu_has_avx512()) return &host_row_stats_with<T, host_stages_avx512<T>>;
+#endif
+#if RLPT_OBJECTIVE_AVX2_CLONE()
+  if (cpu_has_avx2_fma()) return &host_row_stats_with<T, host_stages_avx2<T>>;
+#endif
+  return &host_row_stats_with<T, host_stages_default<T>>;
 }
 
 //! Evaluates one sequence with the chunk stages S: writes its gradients and returns its sums.

@@ -38,6 +38,15 @@ RLPT_NO_CONTRACT_BEGIN
 RLPT_NAMESPACE_BEGIN
 namespace detail {
 
+// The drivers, and the chunk functions that take a stage's callable, are host+device templates whose
+// stage set decides where they run: nvcc must not check the host stage sets' calls for the device
+// (CCCL's exec-check-disable).
+#if defined(__CUDACC__) && !defined(__clang__)
+#define RLPT_OBJECTIVE_DRIVER _Pragma("nv_exec_check_disable")
+#else
+#define RLPT_OBJECTIVE_DRIVER
+#endif
+
 //! N tokens of one row, one array per quantity.
 template <class T, int N> struct token_chunk {
   T lp[N], old[N], behav[N], ref[N], adv[N];
@@ -447,21 +456,74 @@ RLPT_HD_FORCEINLINE const T* ratio_numerator_of(const objective_plan& p, const t
   return p.corr.numerator == ratio_numerator::proximal ? c.old : c.lp;
 }
 
-//! Token-level rejection by criterion r with the statistic S: clears c.keep where it fails, from
-//! the clamped log rho in c.tmp (and, for the divergences, the numerator's and the behaviour
-//! log-probs). A function forced inline, not a generic lambda (see dppo_loop).
-template <rs_stat S, class T, int N>
-RLPT_HD_FORCEINLINE void token_rejection_loop(const rs_plan& r, const T* num, int n, token_chunk<T, N>& c) {
-  const T lo = T(r.lo), hi = T(r.hi), llo = T(r.log_lo), lhi = T(r.log_hi);
-  for (int j = 0; j < n; ++j)
-    c.keep[j] = static_cast<std::uint8_t>(
-        c.keep[j] & (rs_keep(S, rs_token_stat(S, c.tmp[j], num[j], c.behav[j]), lo, hi, llo, lhi) ? 1 : 0));
+//! The statistic S of each token into c.pv, from the clamped log rho in c.tmp (and, for the
+//! divergences, the numerator's and the behaviour log-probs). A function forced inline, not a
+//! generic lambda (see dppo_loop).
+template <rs_stat S, class T, int N> RLPT_HD_FORCEINLINE void rs_stat_loop(const T* num, int n, token_chunk<T, N>& c) {
+  for (int j = 0; j < n; ++j) c.pv[j] = rs_token_stat(S, c.tmp[j], num[j], c.behav[j]);
 }
 
-//! Importance weights, rejection and which tokens stay in the loss.
+//! A rejection criterion's statistic of every token into c.pv: what token-level rejection compares
+//! and what the sequence levels sum and take the maximum of. Both call it, so the eight statistics'
+//! loops are compiled once per instruction set (the host's rs_stats stage), not once in correction
+//! and again in stats: they were a quarter of the code of a TU calling evaluate.
 template <class T, int N>
+RLPT_HD_FORCEINLINE void rs_stat_chunk(const objective_plan& p, rs_stat s, int n, token_chunk<T, N>& c) {
+  const T* num = ratio_numerator_of(p, c);
+  switch (s) {
+  case rs_stat::ratio:
+    rs_stat_loop<rs_stat::ratio>(num, n, c);
+    break;
+  case rs_stat::k1:
+    rs_stat_loop<rs_stat::k1>(num, n, c);
+    break;
+  case rs_stat::k2:
+    rs_stat_loop<rs_stat::k2>(num, n, c);
+    break;
+  case rs_stat::k3:
+    rs_stat_loop<rs_stat::k3>(num, n, c);
+    break;
+  case rs_stat::binary_kl:
+    rs_stat_loop<rs_stat::binary_kl>(num, n, c);
+    break;
+  case rs_stat::tv:
+    rs_stat_loop<rs_stat::tv>(num, n, c);
+    break;
+  case rs_stat::log_ratio:
+    rs_stat_loop<rs_stat::log_ratio>(num, n, c);
+    break;
+  case rs_stat::k3_inverse:
+    rs_stat_loop<rs_stat::k3_inverse>(num, n, c);
+    break;
+  case rs_stat::none:
+    for (int j = 0; j < n; ++j) c.pv[j] = T(0);
+    break;
+  }
+}
+
+//! rs_stat_chunk called directly (inlined): the device's, and the default of the chunk functions.
+struct rs_stats_inline {
+  template <class T, int N>
+  RLPT_HD_FORCEINLINE void operator()(const objective_plan& p, rs_stat s, int n, token_chunk<T, N>& c) const {
+    rs_stat_chunk(p, s, n, c);
+  }
+};
+
+//! Token-level rejection by criterion r: clears c.keep where the statistic in c.pv fails it, with
+//! the test of statistic S (rs_keep: the ratio's, k1's, log_ratio's, or a divergence's bound).
+template <rs_stat S, class T, int N>
+RLPT_HD_FORCEINLINE void rs_keep_loop(const rs_plan& r, int n, token_chunk<T, N>& c) {
+  const T lo = T(r.lo), hi = T(r.hi), llo = T(r.log_lo), lhi = T(r.log_hi);
+  for (int j = 0; j < n; ++j)
+    c.keep[j] = static_cast<std::uint8_t>(c.keep[j] & (rs_keep(S, c.pv[j], lo, hi, llo, lhi) ? 1 : 0));
+}
+
+//! Importance weights, rejection and which tokens stay in the loss. rs_stats(p, stat, n, c) fills
+//! c.pv with a criterion's statistic (rs_stats_inline, or the host's out-of-line stage).
+RLPT_OBJECTIVE_DRIVER
+template <class T, int N, class RsStats = rs_stats_inline>
 RLPT_HD_FORCEINLINE void correction_chunk(const objective_plan& p, const token_consts<T>& k, int n,
-                                          token_chunk<T, N>& c) {
+                                          token_chunk<T, N>& c, RsStats rs_stats = {}) {
   if (!p.use_is && !p.use_rs) {
     for (int j = 0; j < n; ++j) {
       c.w[j] = T(1);
@@ -479,33 +541,20 @@ RLPT_HD_FORCEINLINE void correction_chunk(const objective_plan& p, const token_c
   if (p.rs_token)
     for (int i = 0; i < p.rs_count; ++i) {
       const rs_plan& r = p.rs[i];
-      if (r.level != rs_level::token) continue;
-      switch (r.stat) {
+      if (r.level != rs_level::token || r.stat == rs_stat::none) continue;
+      rs_stats(p, r.stat, n, c); // c.pv: scratch until the policy stage writes it
+      switch (r.stat) {          // the four tests of rs_keep; the divergences share the last
       case rs_stat::ratio:
-        token_rejection_loop<rs_stat::ratio>(r, num, n, c);
+        rs_keep_loop<rs_stat::ratio>(r, n, c);
         break;
       case rs_stat::k1:
-        token_rejection_loop<rs_stat::k1>(r, num, n, c);
-        break;
-      case rs_stat::k2:
-        token_rejection_loop<rs_stat::k2>(r, num, n, c);
-        break;
-      case rs_stat::k3:
-        token_rejection_loop<rs_stat::k3>(r, num, n, c);
-        break;
-      case rs_stat::binary_kl:
-        token_rejection_loop<rs_stat::binary_kl>(r, num, n, c);
-        break;
-      case rs_stat::tv:
-        token_rejection_loop<rs_stat::tv>(r, num, n, c);
+        rs_keep_loop<rs_stat::k1>(r, n, c);
         break;
       case rs_stat::log_ratio:
-        token_rejection_loop<rs_stat::log_ratio>(r, num, n, c);
+        rs_keep_loop<rs_stat::log_ratio>(r, n, c);
         break;
-      case rs_stat::k3_inverse:
-        token_rejection_loop<rs_stat::k3_inverse>(r, num, n, c);
-        break;
-      case rs_stat::none:
+      default:
+        rs_keep_loop<rs_stat::k2>(r, n, c);
         break;
       }
     }
@@ -534,22 +583,27 @@ RLPT_HD_FORCEINLINE void correction_chunk(const objective_plan& p, const token_c
 }
 
 //! The chunk's share of the row statistics, after load and correction (seq_keep set).
-template <bool Wide = false, class T, int N>
-RLPT_HD_FORCEINLINE void stats_chunk(const objective_plan& p, int n, token_chunk<T, N>& c, row_stats& st) {
+RLPT_OBJECTIVE_DRIVER
+template <bool Wide = false, class T, int N, class RsStats = rs_stats_inline>
+RLPT_HD_FORCEINLINE void stats_chunk(const objective_plan& p, int n, token_chunk<T, N>& c, row_stats& st,
+                                     RsStats rs_stats = {}) {
   st.len += static_cast<double>(count(c.valid, n));
   for (int j = 0; j < n; ++j) c.rej[j] = static_cast<std::uint8_t>(c.valid[j] & c.keep[j]);
   st.len_keep += static_cast<double>(count(c.rej, n));
   chunk_sums<T, N, double, Wide> sums(c, n);
   if (p.rs_seq) {
-    const T* num = ratio_numerator_of(p, c);
     for (int i = 0; i < p.rs_count; ++i) {
       const rs_plan& r = p.rs[i];
       if (r.level == rs_level::token) continue;
       // add() copies the values at once, so the next criterion may overwrite c.pv.
-      for (int j = 0; j < n; ++j) c.pv[j] = rs_token_stat(r.stat, c.tmp[j], num[j], c.behav[j]);
+      rs_stats(p, r.stat, n, c);
       sums.add(st.rs_sum[i], [&](int j) RLPT_INLINE_LAMBDA { return sel(c.valid[j] != 0, c.pv[j], T(0)); });
       const double m = lane_max(c.pv, c.valid, n);
       st.rs_max[i] = m > st.rs_max[i] ? m : st.rs_max[i];
+      // Each criterion's sum now (a row's total does not depend on its group): the sums' rows
+      // then never fill up inside a stage, and the compiler drops add()'s finish for a full
+      // set of rows from every call site (a fifth of this stage's code).
+      sums.finish();
     }
   }
   if (p.use_is && p.is_seq) {
@@ -917,14 +971,6 @@ struct inline_stages {
     return a;
   }
 };
-
-// The drivers are host+device templates whose stage set S decides where they run: nvcc must not
-// check the host stage sets' calls for the device (CCCL's exec-check-disable).
-#if defined(__CUDACC__) && !defined(__clang__)
-#define RLPT_OBJECTIVE_DRIVER _Pragma("nv_exec_check_disable")
-#else
-#define RLPT_OBJECTIVE_DRIVER
-#endif
 
 //! Row-statistics pass over tokens [i0, i0 + n) of row b: adds them to `st`.
 RLPT_OBJECTIVE_DRIVER
