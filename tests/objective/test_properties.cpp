@@ -959,6 +959,15 @@ TEST_CASE("the SSE2, AVX2 and AVX-512 row kernels give identical bits") {
       {.policy = vespo{}, .correction = seq_is(2.0)},
       {.policy = ppo_clip{},
        .correction = {.weight = {.level = is_level::token, .hi = 2.0, .batch_normalize = true, .batch_mean = 0.83}}},
+      {.policy = ppo_clip{}, // every statistic at a sequence level (the row statistics pass)
+       .correction = {.reject = {.stat = rs_stat::binary_kl, .level = rs_level::seq_max, .hi = 0.5},
+                      .reject_also = {{{.stat = rs_stat::k3, .level = rs_level::seq_mean, .hi = 0.5},
+                                       {.stat = rs_stat::ratio, .level = rs_level::seq_mean, .lo = 0.1, .hi = 10.0},
+                                       {.stat = rs_stat::k1, .level = rs_level::seq_sum, .lo = 0.01, .hi = 100.0},
+                                       {.stat = rs_stat::tv, .level = rs_level::seq_max, .hi = 0.9},
+                                       {.stat = rs_stat::log_ratio, .level = rs_level::seq_mean, .lo = -2.0, .hi = 2.0},
+                                       {.stat = rs_stat::k2, .level = rs_level::seq_sum, .hi = 100.0},
+                                       {.stat = rs_stat::k3_inverse, .level = rs_level::seq_max, .hi = 5.0}}}}},
   };
   for (const objective& obj : objs) {
     const auto in = b.inputs();
@@ -991,6 +1000,30 @@ TEST_CASE("the SSE2, AVX2 and AVX-512 row kernels give identical bits") {
       CHECK(g1.logp == g3.logp);
       CHECK(g1.values == g3.values);
     }
+    // The row statistics pass of every clone gives the same sums (count_local takes this CPU's).
+    for (index_t s = 0; s < b.B; ++s) {
+      detail::host_chunk_data<float> c1{}, c2{};
+      const detail::row_stats r1 = detail::host_row_stats_with<float, detail::host_stages_default<float>>(p, in, s, c1);
+      const detail::row_stats r2 = detail::host_row_stats_with<float, detail::host_stages_avx2<float>>(p, in, s, c2);
+      std::vector<detail::row_stats> others{r2};
+#if RLPT_OBJECTIVE_AVX512_CLONE()
+      if (detail::cpu_has_avx512()) {
+        detail::host_chunk_data<float> c3{};
+        others.push_back(detail::host_row_stats_with<float, detail::host_stages_avx512<float>>(p, in, s, c3));
+      }
+#endif
+      for (const detail::row_stats& r : others) {
+        CHECK(r.len_keep == r1.len_keep);
+        CHECK(r.sum_lr == r1.sum_lr);
+        CHECK(r.sum_x == r1.sum_x);
+        CHECK(r.sum_w == r1.sum_w);
+        CHECK(r.sum_logw == r1.sum_logw);
+        for (int i = 0; i < p.rs_count; ++i) {
+          CHECK(r.rs_sum[i] == r1.rs_sum[i]);
+          CHECK(r.rs_max[i] == r1.rs_max[i]);
+        }
+      }
+    }
     // All rows in one call (one chunk object reused from row to row) give each row's bits.
     grads<float> g_all(b.size());
     (void)detail::host_rows_kernel<float>()(p, in, g_all.view(), 0, b.B);
@@ -999,6 +1032,23 @@ TEST_CASE("the SSE2, AVX2 and AVX-512 row kernels give identical bits") {
   }
 #else
   MESSAGE("no AVX2 clone in this build");
+#endif
+}
+
+TEST_CASE("the pass counting a call's own denominators takes this CPU's stage clone, as the rows do") {
+  // It took the default stages before: on x86-64 SSE2 with a libm call per fma, three quarters of
+  // a call with verl's rollout_rs.
+  const auto rows = detail::host_rows_kernel<float>();
+  const auto stats = detail::host_row_stats_kernel<float>();
+  CHECK((rows == &detail::host_rows_default<float>) ==
+        (stats == &detail::host_row_stats_with<float, detail::host_stages_default<float>>));
+#if RLPT_OBJECTIVE_AVX2_CLONE()
+  CHECK((rows == &detail::host_rows_avx2<float>) ==
+        (stats == &detail::host_row_stats_with<float, detail::host_stages_avx2<float>>));
+#endif
+#if RLPT_OBJECTIVE_AVX512_CLONE()
+  CHECK((rows == &detail::host_rows_avx512<float>) ==
+        (stats == &detail::host_row_stats_with<float, detail::host_stages_avx512<float>>));
 #endif
 }
 
