@@ -6,11 +6,8 @@
 # it and what it names (the cost that making them templates removed; docs/performance.md).
 # Allowed: the manifest's constructor, size and operator[] (other inline code uses them) and
 # core's message helpers, templates of an empty pack too.
-execute_process(COMMAND "${NM}" -C --defined-only "${OBJECT}" OUTPUT_VARIABLE syms RESULT_VARIABLE rc)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "${NM} failed on ${OBJECT}")
-endif()
-string(REPLACE "\n" ";" syms "${syms}")
+include("${CMAKE_CURRENT_LIST_DIR}/nm_symbols.cmake")
+nm_symbols(syms "${OBJECT}" DEMANGLE)
 set(failed "")
 set(n 0)
 foreach(line IN LISTS syms)

@@ -4,14 +4,11 @@
 # called. A function compiled into every including TU costs each one its code generation (an
 # out-of-class virtual function without RLPT_INLINE on its declaration did: its class's vtable
 # and every virtual function with it, config.hpp).
+include("${CMAKE_CURRENT_LIST_DIR}/nm_symbols.cmake")
 string(REPLACE "|" ";" objects "${OBJECTS}")
 set(failed "")
 foreach(obj IN LISTS objects)
-  execute_process(COMMAND "${NM}" -C --defined-only "${obj}" OUTPUT_VARIABLE syms RESULT_VARIABLE rc)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "${NM} failed on ${obj}")
-  endif()
-  string(REPLACE "\n" ";" syms "${syms}")
+  nm_symbols(syms "${obj}" DEMANGLE)
   foreach(line IN LISTS syms)
     if(line MATCHES "^[0-9a-f]+ [TtWw] (.*rlpt::.*)$")
       get_filename_component(name "${obj}" NAME)

@@ -3,11 +3,8 @@
 # takes a token_chunk) is inlined, and the AVX-512 clone's load, policy, KL and combine stages are
 # vectorised: at least 10 % of their instructions use zmm registers (17.8 % with the attributes,
 # 2 % at -O2 without them, measured with g++ 12).
-execute_process(COMMAND "${NM}" -C --defined-only "${OBJECT}" OUTPUT_VARIABLE demangled RESULT_VARIABLE rc)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "${NM} failed on ${OBJECT}")
-endif()
-string(REPLACE "\n" ";" lines "${demangled}")
+include("${CMAKE_CURRENT_LIST_DIR}/../nm_symbols.cmake")
+nm_symbols(lines "${OBJECT}" DEMANGLE)
 set(failed "")
 foreach(line IN LISTS lines)
   if(line MATCHES "lambda" AND line MATCHES "token_chunk<")
@@ -15,7 +12,7 @@ foreach(line IN LISTS lines)
   endif()
 endforeach()
 
-execute_process(COMMAND "${NM}" --defined-only "${OBJECT}" OUTPUT_VARIABLE mangled RESULT_VARIABLE rc)
+nm_symbols(mangled "${OBJECT}")
 set(zmm 0)
 set(total 0)
 foreach(stage 4load 6policy 2kl 7combine)
