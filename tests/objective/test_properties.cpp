@@ -765,6 +765,30 @@ TEST_CASE(
   run({.reject_also = {{{}, {}, seq_k3}}}, g_later);
   CHECK(g_once.logp == g_twice.logp);
   CHECK(g_once.logp == g_later.logp);
+  // One statistic at the token and sequence levels ("token_k3,seq_mean_k3"; the statistics pass
+  // takes the sequence criteria's values from the token criterion's), and after a criterion of
+  // another statistic.
+  const rejection tok_k3{.stat = rs_stat::k3, .level = rs_level::token, .hi = 0.05};
+  const rejection seq_max_k3{.stat = rs_stat::k3, .level = rs_level::seq_max, .hi = 0.3};
+  for (const auto& set : {std::vector<rejection>{tok_k3, seq_k3}, std::vector<rejection>{tok_k3, seq_k3, seq_max_k3},
+                          std::vector<rejection>{tok_k1, tok_k3, seq_max_k3, seq_tv, seq_k3},
+                          std::vector<rejection>{tok_k3, tok_k1, seq_k3, seq_max_k3}}) {
+    std::vector<std::uint8_t> kept_by_each(b.size(), 1);
+    off_policy_correction c;
+    for (std::size_t k = 0; k < set.size(); ++k) {
+      grads<double> g(b.size());
+      REQUIRE(run({.reject = set[k]}, g).rejected_frac < 1.0);
+      for (std::size_t i = 0; i < b.size(); ++i)
+        kept_by_each[i] = static_cast<std::uint8_t>(kept_by_each[i] & (g.logp[i] != 0.0 ? 1 : 0));
+      (k == 0 ? c.reject : c.reject_also[k - 1]) = set[k];
+    }
+    grads<double> g(b.size());
+    const objective_result r = run(c, g);
+    INFO("criteria ", set.size());
+    CHECK(r.rejected_frac > 0.0);
+    for (std::size_t i = 0; i < b.size(); ++i)
+      if (slot(i)) CHECK(g.logp[i] == (kept_by_each[i] != 0 ? none.logp[i] : 0.0));
+  }
 }
 
 namespace {
@@ -977,15 +1001,15 @@ TEST_CASE("the SSE2, AVX2 and AVX-512 row kernels give identical bits") {
     grads<float> g1(b.size()), g2(b.size()), g3(b.size());
     int avx512_rows = 0;
     for (index_t s = 0; s < b.B; ++s) {
-      const detail::objective_sums s1 = detail::host_rows_default(p, in, g1.view(), s, s + 1);
-      const detail::objective_sums s2 = detail::host_rows_avx2(p, in, g2.view(), s, s + 1);
+      const detail::objective_sums s1 = detail::host_rows_default(p, in, g1.view(), nullptr, s, s + 1);
+      const detail::objective_sums s2 = detail::host_rows_avx2(p, in, g2.view(), nullptr, s, s + 1);
       CHECK(s1.policy == s2.policy);
       CHECK(s1.kl == s2.kl);
       CHECK(s1.value == s2.value);
       CHECK(s1.clip_high == s2.clip_high);
 #if RLPT_OBJECTIVE_AVX512_CLONE()
       if (detail::cpu_has_avx512()) {
-        const detail::objective_sums s3 = detail::host_rows_avx512(p, in, g3.view(), s, s + 1);
+        const detail::objective_sums s3 = detail::host_rows_avx512(p, in, g3.view(), nullptr, s, s + 1);
         CHECK(s1.policy == s3.policy);
         CHECK(s1.kl == s3.kl);
         CHECK(s1.value == s3.value);
@@ -1026,7 +1050,7 @@ TEST_CASE("the SSE2, AVX2 and AVX-512 row kernels give identical bits") {
     }
     // All rows in one call (one chunk object reused from row to row) give each row's bits.
     grads<float> g_all(b.size());
-    (void)detail::host_rows_kernel<float>()(p, in, g_all.view(), 0, b.B);
+    (void)detail::host_rows_kernel<float>()(p, in, g_all.view(), nullptr, 0, b.B);
     CHECK(g_all.logp == g1.logp);
     CHECK(g_all.values == g1.values);
   }
@@ -1050,6 +1074,59 @@ TEST_CASE("the pass counting a call's own denominators takes this CPU's stage cl
   CHECK((rows == &detail::host_rows_avx512<float>) ==
         (stats == &detail::host_row_stats_with<float, detail::host_stages_avx512<float>>));
 #endif
+}
+
+TEST_CASE("a call whose counts come from its rows' statistics gives the bits of one that computes them again") {
+  // evaluate keeps the statistics count_local computes and the rows kernel reads them; here the
+  // rows kernel computes its own, on every thread split.
+  const batch<float> clean(48, 1024, 31, 0.3, 0.1); // rows in three chunks of 16 (evaluate's grain)
+  batch<float> dirty = clean;
+  dirty.lp[5] = std::numeric_limits<float>::quiet_NaN(); // a non-finite input for nonfinite::mask
+  const objective objs[] = {
+      {.policy = ppo_clip{}, // verl's rollout_rs "token_k3,seq_mean_k3": token and sequence rejection
+       .correction = {.weight = {.level = is_level::token, .hi = 2.0},
+                      .reject = {.stat = rs_stat::k3, .level = rs_level::token, .hi = 0.01},
+                      .reject_also = {{{.stat = rs_stat::k3, .level = rs_level::seq_mean, .hi = 0.0052}}}},
+       .kl = {.coef = 0.1}},
+      {.policy = gspo{.token_level = false},
+       .correction = {.weight = {.level = is_level::seq_product, .hi = 2.0},
+                      .reject = {.stat = rs_stat::ratio, .level = rs_level::token, .lo = 0.5, .hi = 2.0}},
+       .agg = {.mode = agg_mode::seq_mean_token_mean}},
+      {.policy = gmpo{},
+       .correction = {.reject = {.stat = rs_stat::binary_kl, .level = rs_level::seq_max, .hi = 0.5}},
+       .agg = {.mode = agg_mode::seq_mean_token_sum},
+       .nonfinite = nonfinite::mask},
+      {.policy = gspo{.token_level = false}, .correction = seq_is(2.0), .nonfinite = nonfinite::mask},
+  };
+  thread_pool pool(3);
+  for (const objective& obj : objs) {
+    const batch<float>& b = obj.nonfinite == nonfinite::mask ? dirty : clean;
+    const auto in = b.inputs();
+    detail::objective_plan p = detail::make_plan(obj, in, basic_objective_grads<float>{});
+    REQUIRE(detail::reuses_stats(p));
+    const detail::local_counts c = detail::count_local(p, in, host_executor{});
+    for (detail::agg_plan* a : {&p.agg_policy, &p.agg_kl, &p.agg_entropy, &p.agg_value}) detail::resolve_local(*a, c);
+    grads<float> g0(b.size());
+    const auto rows = detail::host_rows_kernel<float>();
+    // evaluate's chunks of rows (its grain) and merge, the statistics computed by the rows kernel
+    const detail::objective_sums s0 = host_executor{}.parallel_reduce(
+        b.B, 16384 / b.L, detail::objective_sums{},
+        [&](index_t b0, index_t b1) { return rows(p, in, g0.view(), nullptr, b0, b1); },
+        [](detail::objective_sums& x, const detail::objective_sums& y) { x.merge(y); });
+    const objective_result r0 = detail::finish_result(p, s0);
+    for (const host_executor& ex : {host_executor{}, host_executor{&pool}}) {
+      grads<float> g(b.size());
+      const objective_result r = evaluate(obj, in, g.view(), ex);
+      CHECK(r.loss == r0.loss);
+      CHECK(r.policy_loss == r0.policy_loss);
+      CHECK(r.kl_loss == r0.kl_loss);
+      CHECK(r.rejected_frac == r0.rejected_frac);
+      CHECK(r.is_weight_mean == r0.is_weight_mean);
+      CHECK(r.loss_tokens == r0.loss_tokens);
+      CHECK(r.nonfinite_tokens == r0.nonfinite_tokens);
+      CHECK(g.logp == g0.logp);
+    }
+  }
 }
 
 namespace {

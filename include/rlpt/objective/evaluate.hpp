@@ -296,6 +296,7 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
       q.log_hi = std::log(r.hi);
     }
     (r.level == rs_level::token ? p.rs_token : p.rs_seq) = true;
+    if (r.level == rs_level::token) p.rs_held = r.stat;
   };
   add_rejection(c.reject, {"rejection.lo", "rejection.hi", "rejection.level", "rejection.stat"});
   static constexpr rs_names also_names[] = {
@@ -412,6 +413,7 @@ objective_plan make_plan(const objective& obj, const basic_objective_inputs<T, S
   if (!p.use_policy) {
     p.use_is = p.use_rs = p.removes = p.drops_count = p.is_seq = p.rs_seq = p.rs_token = false;
     p.rs_count = 0;
+    p.rs_held = rs_stat::none;
   }
   // An input no term reads is neither loaded nor checked for non-finite values: a caller may pass
   // the rollout's and the reference's log-probs whether or not this objective uses them.
@@ -430,8 +432,19 @@ struct local_counts {
   double w_count = 0.0; //!< and how many
 };
 
+//! Whether count_local computes each row's statistics for a plan, and whether the rows kernel can
+//! take them from it instead of computing them again: the statistics do not read the
+//! denominators count_local resolves, but read the batch-normalised weights' divisor
+//! (w_norm_local) it does.
+inline bool counts_from_stats(const objective_plan& p) {
+  return p.w_norm_local || p.drops_count || p.nonfinite == nonfinite::mask;
+}
+inline bool reuses_stats(const objective_plan& p) { return p.need_row_pass && counts_from_stats(p) && !p.w_norm_local; }
+
+//! kept: when not null (reuses_stats), each row's statistics, for the rows kernel.
 template <class T>
-local_counts count_local(const objective_plan& p, const basic_objective_inputs<T>& in, const host_executor& ex) {
+local_counts count_local(const objective_plan& p, const basic_objective_inputs<T>& in, const host_executor& ex,
+                         row_stats* kept = nullptr) {
   const token_layout& L = in.layout;
   const index_t grain = std::max<index_t>(1, 65536 / std::max<index_t>(1, L.max_len()));
   const auto host_row_stats = host_row_stats_kernel<T>();
@@ -456,8 +469,10 @@ local_counts count_local(const objective_plan& p, const basic_objective_inputs<T
               c.w_sum += st.sum_w;
               c.w_count += st.len;
             }
-          } else if (p.drops_count || p.nonfinite == nonfinite::mask) {
-            len = row_finish(p, host_row_stats(p, in, b, chunk)).len_loss;
+          } else if (counts_from_stats(p)) {
+            const row_stats st = host_row_stats(p, in, b, chunk);
+            if (kept != nullptr) kept[b] = st;
+            len = row_finish(p, st).len_loss;
           } else {
             len = static_cast<double>(count_valid(in.mask.size() == 0 ? nullptr : in.mask.data() + base, n));
           }
@@ -603,8 +618,12 @@ objective_result evaluate(const objective& obj, const basic_objective_inputs<T>&
   // With seq_in_denominator the rows' sums count every sequence, so the explicit global
   // denominators are checked against the counts that leave the marked ones out.
   detail::local_counts own;
+  // Where the counts come from the rows' statistics, the rows kernel takes them from here rather
+  // than making a pass over each row again (a third of a call with token and sequence rejection).
+  std::vector<detail::row_stats> stats;
   if (local_needed || p.w_norm_local || p.has_den_mask) {
-    const detail::local_counts c = detail::count_local(p, in, ex);
+    if (detail::reuses_stats(p)) stats.resize(static_cast<std::size_t>(L.num_seqs()));
+    const detail::local_counts c = detail::count_local(p, in, ex, stats.empty() ? nullptr : stats.data());
     own = c;
     detail::resolve_local(p.agg_policy, c);
     detail::resolve_local(p.agg_kl, c);
@@ -620,7 +639,8 @@ objective_result evaluate(const objective& obj, const basic_objective_inputs<T>&
   detail::prefault_for_write(grads.values);
   const auto rows = detail::host_rows_kernel<T>();
   const detail::objective_sums s = ex.parallel_reduce(
-      L.num_seqs(), grain, detail::objective_sums{}, [&](index_t b0, index_t b1) { return rows(p, in, grads, b0, b1); },
+      L.num_seqs(), grain, detail::objective_sums{},
+      [&](index_t b0, index_t b1) { return rows(p, in, grads, stats.empty() ? nullptr : stats.data(), b0, b1); },
       [](detail::objective_sums& a, const detail::objective_sums& b) { a.merge(b); });
   if (s.nonfinite > 0.0 && p.nonfinite == nonfinite::raise) detail::raise_nonfinite(p, in, s.nonfinite);
   if (!p.has_den_mask) own = detail::counts_of(s);

@@ -228,6 +228,7 @@ template <class T> auto host_row_stats_kernel() noexcept {
 }
 
 //! Evaluates one sequence with the chunk stages S: writes its gradients and returns its sums.
+//! `st`: the row's statistics when count_local kept them (else null: computed here).
 //! `c` is zeroed once and reused across rows (zeroing the absent inputs' arrays once
 //! per row was a few percent of a call on rows of a few hundred tokens). The sequence form (GSPO, SAPO)
 //! adds its coupling once the row's token pass is done: the pass keeps its chunks' in-loss flags
@@ -235,11 +236,12 @@ template <class T> auto host_row_stats_kernel() noexcept {
 //! row a third time (the device's coupling_pass does, one token per thread).
 template <class T, class S>
 RLPT_OBJECTIVE_HOST_INLINE objective_sums host_row_body(const objective_plan& p, const basic_objective_inputs<T>& in,
-                                                        const basic_objective_grads<T>& gr, index_t b,
-                                                        host_chunk_data<T>& c, std::vector<std::uint8_t>& inl) {
+                                                        const basic_objective_grads<T>& gr, const row_stats* st,
+                                                        index_t b, host_chunk_data<T>& c,
+                                                        std::vector<std::uint8_t>& inl) {
   row_consts rc;
   if (p.need_row_pass) {
-    rc = row_finish(p, host_row_stats_with<T, S>(p, in, b, c));
+    rc = row_finish(p, st != nullptr ? *st : host_row_stats_with<T, S>(p, in, b, c));
   } else {
     rc.len_loss = 1.0; // no term of this plan depends on the length; rows without tokens add nothing
   }
@@ -270,29 +272,32 @@ RLPT_OBJECTIVE_HOST_INLINE objective_sums host_row_body(const objective_plan& p,
 }
 
 //! Evaluates sequences [b0, b1) with the chunk stages S, merging their sums in row order.
+//! `stats`: every row's statistics, indexed by sequence, when count_local kept them (else null).
 template <class T, class S>
 RLPT_OBJECTIVE_HOST_INLINE objective_sums host_rows_body(const objective_plan& p, const basic_objective_inputs<T>& in,
-                                                         const basic_objective_grads<T>& gr, index_t b0, index_t b1) {
+                                                         const basic_objective_grads<T>& gr, const row_stats* stats,
+                                                         index_t b0, index_t b1) {
   host_chunk_data<T> c{};        // zeroed: absent inputs and the padded slots (host_lanes) read as 0
   std::vector<std::uint8_t> inl; // GSPO's in-loss flags of a row (host_row_body)
   objective_sums acc;
-  for (index_t b = b0; b < b1; ++b) acc.merge(host_row_body<T, S>(p, in, gr, b, c, inl));
+  for (index_t b = b0; b < b1; ++b)
+    acc.merge(host_row_body<T, S>(p, in, gr, stats != nullptr ? stats + b : nullptr, b, c, inl));
   return acc;
 }
 
 template <class T>
 __attribute__((RLPT_HOST_LOOP_ATTR)) objective_sums
 host_rows_default(const objective_plan& p, const basic_objective_inputs<T>& in, const basic_objective_grads<T>& gr,
-                  index_t b0, index_t b1) {
-  return host_rows_body<T, host_stages_default<T>>(p, in, gr, b0, b1);
+                  const row_stats* stats, index_t b0, index_t b1) {
+  return host_rows_body<T, host_stages_default<T>>(p, in, gr, stats, b0, b1);
 }
 
 #if RLPT_OBJECTIVE_AVX2_CLONE()
 template <class T>
 __attribute__((RLPT_OBJECTIVE_AVX2_ATTR)) objective_sums
 host_rows_avx2(const objective_plan& p, const basic_objective_inputs<T>& in, const basic_objective_grads<T>& gr,
-               index_t b0, index_t b1) {
-  return host_rows_body<T, host_stages_avx2<T>>(p, in, gr, b0, b1);
+               const row_stats* stats, index_t b0, index_t b1) {
+  return host_rows_body<T, host_stages_avx2<T>>(p, in, gr, stats, b0, b1);
 }
 #endif
 
@@ -300,8 +305,8 @@ host_rows_avx2(const objective_plan& p, const basic_objective_inputs<T>& in, con
 template <class T>
 __attribute__((RLPT_OBJECTIVE_AVX512_ATTR)) objective_sums
 host_rows_avx512(const objective_plan& p, const basic_objective_inputs<T>& in, const basic_objective_grads<T>& gr,
-                 index_t b0, index_t b1) {
-  return host_rows_body<T, host_stages_avx512<T>>(p, in, gr, b0, b1);
+                 const row_stats* stats, index_t b0, index_t b1) {
+  return host_rows_body<T, host_stages_avx512<T>>(p, in, gr, stats, b0, b1);
 }
 #endif
 

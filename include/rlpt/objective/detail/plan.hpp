@@ -143,6 +143,10 @@ struct objective_plan {
 
   int rs_count = 0;                //!< rejection criteria in rs (all must pass)
   rs_plan rs[max_rejections] = {}; //!< off_policy_correction::reject, then reject_also's in use
+  //! The statistic correction leaves in a chunk's pv (its last token-level criterion's; none
+  //! without one): stats_chunk takes it from there for a sequence-level criterion of the same
+  //! statistic (verl's "token_k3,seq_mean_k3").
+  rs_stat rs_held = rs_stat::none;
 
   [[nodiscard]] RLPT_HD bool needs_length() const {
     return (use_policy && agg_policy.needs_length()) || (use_kl && agg_kl.needs_length()) ||

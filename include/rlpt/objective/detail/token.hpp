@@ -592,11 +592,13 @@ RLPT_HD_FORCEINLINE void stats_chunk(const objective_plan& p, int n, token_chunk
   st.len_keep += static_cast<double>(count(c.rej, n));
   chunk_sums<T, N, double, Wide> sums(c, n);
   if (p.rs_seq) {
+    rs_stat held = p.rs_held; // the statistic in c.pv: correction's last token criterion's, then ours
     for (int i = 0; i < p.rs_count; ++i) {
       const rs_plan& r = p.rs[i];
       if (r.level == rs_level::token) continue;
       // add() copies the values at once, so the next criterion may overwrite c.pv.
-      rs_stats(p, r.stat, n, c);
+      if (r.stat != held) rs_stats(p, r.stat, n, c);
+      held = r.stat;
       sums.add(st.rs_sum[i], [&](int j) RLPT_INLINE_LAMBDA { return sel(c.valid[j] != 0, c.pv[j], T(0)); });
       const double m = lane_max(c.pv, c.valid, n);
       st.rs_max[i] = m > st.rs_max[i] ? m : st.rs_max[i];
