@@ -130,9 +130,21 @@ using host_count = std::int64_t;
   }
 // NOLINTEND(bugprone-macro-parentheses)
 
+// Where the AVX2 and AVX-512 clones exist (x86-64 builds for the SSE2 baseline, GCC), the default
+// clone runs only on CPUs without AVX2 and FMA (before 2013): it is compiled at -O1, not
+// vectorised, which takes an eighth off the compile time of every TU calling evaluate
+// (docs/performance.md, "Compile time"; the clones give the same bits at every level). Where it is
+// the only clone (ARM, clang, RLPT_NO_ISA_DISPATCH, a baseline with AVX2) it keeps the loop
+// attributes.
+#if RLPT_OBJECTIVE_AVX512_CLONE()
+#define RLPT_OBJECTIVE_DEFAULT_ATTR optimize("O1", "fp-contract=off")
+#else
+#define RLPT_OBJECTIVE_DEFAULT_ATTR RLPT_HOST_LOOP_ATTR
+#endif
+
 //! The chunk stages for the default instruction set.
 template <class T> struct host_stages_default {
-  RLPT_OBJECTIVE_HOST_STAGES(RLPT_OBJECTIVE_STAGE_NOINLINE __attribute__((RLPT_HOST_LOOP_ATTR)), false)
+  RLPT_OBJECTIVE_HOST_STAGES(RLPT_OBJECTIVE_STAGE_NOINLINE __attribute__((RLPT_OBJECTIVE_DEFAULT_ATTR)), false)
 };
 
 #if RLPT_OBJECTIVE_AVX2_CLONE()
@@ -286,7 +298,7 @@ RLPT_OBJECTIVE_HOST_INLINE objective_sums host_rows_body(const objective_plan& p
 }
 
 template <class T>
-__attribute__((RLPT_HOST_LOOP_ATTR)) objective_sums
+__attribute__((RLPT_OBJECTIVE_DEFAULT_ATTR)) objective_sums
 host_rows_default(const objective_plan& p, const basic_objective_inputs<T>& in, const basic_objective_grads<T>& gr,
                   const row_stats* stats, index_t b0, index_t b1) {
   return host_rows_body<T, host_stages_default<T>>(p, in, gr, stats, b0, b1);
