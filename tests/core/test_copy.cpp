@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <iterator>
 #include <vector>
 
@@ -69,5 +70,55 @@ TEST_CASE("copy_bytes maps a fresh destination's pages before it copies, and cop
   for (std::size_t i = 0; i < src.size(); ++i) same = same && d[100 + i] == src[i];
   CHECK(same);
   for (std::size_t i = 0; i < 100; ++i) CHECK(d[i] == 0);
+}
+
+TEST_CASE("a fresh output gets huge pages over the whole huge pages inside it, and a mapped one is left as it is") {
+  const std::size_t page = rlpt::test::page_size(), huge = page * (page / sizeof(void*));
+  const std::size_t n = 4 * huge;
+  const rlpt::test::fresh_mapping m(n + huge);
+  // An output from a page and 40 bytes past a huge-page boundary h0, three huge pages long: whole
+  // huge pages [h0 + huge, h0 + 3 huge) inside, partial ones at both ends.
+  const auto base = reinterpret_cast<std::uintptr_t>(m.as<unsigned char>());
+  const std::uintptr_t h0 = (base + huge - 1) / huge * huge;
+  auto* const out = reinterpret_cast<unsigned char*>(h0 + page + 40);
+  const std::size_t bytes = 3 * huge;
+  rlpt::detail::prefault_for_write(out, bytes);
+  const auto inner = rlpt::test::smaps_of(reinterpret_cast<void*>(h0 + huge));
+  const auto head = rlpt::test::smaps_of(out);
+  const auto tail = rlpt::test::smaps_of(out + bytes - 1);
+  REQUIRE(inner.found);
+  CAPTURE(inner.flags);
+  CAPTURE(head.flags);
+  const bool thp = !rlpt::test::thp_mode().empty();
+  if (!rlpt::detail::huge_pages_wanted(std::getenv("RLPT_HUGE_PAGES"))) { // turned off: nothing advised
+    CHECK_FALSE(inner.has_flag("hg"));
+  } else if (thp) {
+    CHECK(inner.has_flag("hg")); // the advice covers exactly [h0 + huge, h0 + 3 huge)
+    CHECK(inner.begin == h0 + huge);
+    CHECK(inner.end == h0 + 3 * huge);
+    CHECK_FALSE(head.has_flag("hg"));
+    CHECK_FALSE(tail.has_flag("hg"));
+    if (rlpt::test::kernel_populates() && rlpt::test::thp_mode() != "never") {
+      MESSAGE("AnonHugePages of the advised range: ", inner.anon_huge_kb, " KiB");
+      CHECK(inner.anon_huge_kb > 0); // the kernel may fall back to small pages for some
+    }
+  }
+  for (std::size_t i = 0; i < bytes; i += 4096) REQUIRE(out[i] == 0); // contents untouched
+
+  // A buffer whose first and last pages are mapped (being reused) is neither advised nor populated.
+  const rlpt::test::fresh_mapping r(n + huge);
+  const auto rb = (reinterpret_cast<std::uintptr_t>(r.as<unsigned char>()) + huge - 1) / huge * huge;
+  auto* const reused = reinterpret_cast<unsigned char*>(rb);
+  reused[0] = 1, reused[2 * huge - 1] = 2;
+  rlpt::detail::prefault_for_write(reused, 2 * huge);
+  CHECK_FALSE(rlpt::test::smaps_of(reused).has_flag("hg"));
+  CHECK_FALSE(rlpt::test::smaps_of(reused + huge).has_flag("hg"));
+}
+
+TEST_CASE("RLPT_HUGE_PAGES=0 turns the huge-page request off; anything else leaves it on") {
+  CHECK(rlpt::detail::huge_pages_wanted(nullptr));
+  CHECK(rlpt::detail::huge_pages_wanted("1"));
+  CHECK(rlpt::detail::huge_pages_wanted(""));
+  CHECK_FALSE(rlpt::detail::huge_pages_wanted("0"));
 }
 #endif

@@ -11,6 +11,10 @@
 #include <unistd.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <fstream>
+#include <sstream>
+#include <string>
 #include <vector>
 
 namespace rlpt::test {
@@ -47,6 +51,52 @@ private:
   unsigned char* data_ = nullptr;
   std::size_t bytes_ = 0;
 };
+
+//! The /proc/self/smaps fields of the mapping that holds `addr`: its `VmFlags` line (where "hg"
+//! says madvise(MADV_HUGEPAGE) covers it) and its AnonHugePages in KiB. Mappings split where an
+//! madvise covers part of one, so each range advised differently has its own entry.
+struct smaps_entry {
+  bool found = false;
+  std::uintptr_t begin = 0, end = 0;
+  std::string flags;
+  std::size_t anon_huge_kb = 0;
+
+  [[nodiscard]] bool has_flag(const std::string& f) const { return (" " + flags + " ").find(" " + f + " ") != std::string::npos; }
+};
+
+inline smaps_entry smaps_of(const void* addr) {
+  const auto a = reinterpret_cast<std::uintptr_t>(addr);
+  std::ifstream in("/proc/self/smaps");
+  smaps_entry e;
+  std::string line;
+  bool inside = false;
+  while (std::getline(in, line)) {
+    unsigned long lo = 0, hi = 0;
+    char dash = 0;
+    std::istringstream head(line);
+    if (line.find(':') == std::string::npos || line.find('-') < line.find(':')) {
+      if (head >> std::hex >> lo >> dash >> hi && dash == '-') {
+        if (inside) break; // the entry after ours
+        inside = a >= lo && a < hi;
+        if (inside) e.found = true, e.begin = lo, e.end = hi;
+        continue;
+      }
+    }
+    if (!inside) continue;
+    if (line.rfind("AnonHugePages:", 0) == 0) e.anon_huge_kb = std::stoul(line.substr(14));
+    if (line.rfind("VmFlags:", 0) == 0) e.flags = line.substr(9);
+  }
+  return e;
+}
+
+//! The system's transparent-huge-page mode ("always", "madvise", "never"), "" where the kernel has none.
+inline std::string thp_mode() {
+  std::ifstream in("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string all;
+  std::getline(in, all);
+  const auto l = all.find('['), r = all.find(']');
+  return l == std::string::npos || r == std::string::npos ? std::string{} : all.substr(l + 1, r - l - 1);
+}
 
 //! Whether this kernel has MADV_POPULATE_WRITE (Linux 5.14 and later): without it the writers'
 //! mapping is a no-op and the stores fault the pages in as before.

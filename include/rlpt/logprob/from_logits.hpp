@@ -179,6 +179,7 @@ void backward_rows(view2d<T> logits, Job&& job, const logprob_backward_inputs& i
   // per page (core/copy.hpp). Rows with gaps between them are left to fault: the gaps are not ours.
   const bool contiguous = dlogits.row_stride() == cols;
   const index_t window = std::max<index_t>(1, index_t{4 << 20} / std::max<index_t>(1, cols * index_t{sizeof(G)}));
+  if (contiguous) advise_huge_pages(dlogits.data(), static_cast<std::size_t>(logits.rows() * cols) * sizeof(G));
   ex.parallel_for(logits.rows(), row_grain(cols), [&](index_t r0, index_t r1) {
     for (index_t r = r0; r < r1; ++r) {
       G* dx = dlogits.data() + r * dlogits.row_stride();
