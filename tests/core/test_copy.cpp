@@ -115,7 +115,7 @@ TEST_CASE("a fresh output gets huge pages over the whole huge pages inside it, a
   CHECK_FALSE(rlpt::test::smaps_of(reused + huge).has_flag("hg"));
 }
 
-TEST_CASE("RLPT_HUGE_PAGES=0 turns the huge-page request off; anything else leaves it on") {
+TEST_CASE("RLPT_HUGE_PAGES=0 turns the huge-page request off, anything else leaves it on") {
   CHECK(rlpt::detail::huge_pages_wanted(nullptr));
   CHECK(rlpt::detail::huge_pages_wanted("1"));
   CHECK(rlpt::detail::huge_pages_wanted(""));

@@ -61,7 +61,9 @@ struct smaps_entry {
   std::string flags;
   std::size_t anon_huge_kb = 0;
 
-  [[nodiscard]] bool has_flag(const std::string& f) const { return (" " + flags + " ").find(" " + f + " ") != std::string::npos; }
+  [[nodiscard]] bool has_flag(const std::string& f) const {
+    return (" " + flags + " ").find(" " + f + " ") != std::string::npos;
+  }
 };
 
 inline smaps_entry smaps_of(const void* addr) {

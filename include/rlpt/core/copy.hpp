@@ -125,10 +125,10 @@ inline void advise_huge(const fresh_pages& r) noexcept {
 
 //! Asks the kernel to back [dst, dst + n), a buffer just allocated that the caller is about to
 //! write, with transparent huge pages where whole ones fit: only the caller's range, and only
-//! where the system's THP mode is `madvise` (the common default) does it change anything. A fresh
-//! page's first touch is most of the cost of writing a new output: mapping 64 MiB just allocated
-//! and writing it took 20 ms of CPU time in 4 KiB pages and 9-10 ms in 2 MiB pages, freeing it
-//! 1.4 and 0.2 ms (Xeon VM, docs/performance.md, advantage). Does nothing where the first and last
+//! where the system's THP mode is `madvise` (a common default) does it change anything. A fresh
+//! page's first touch is most of the cost of writing a new output: allocating 64 MiB and writing
+//! it took 20.8 ms of CPU time in 4 KiB pages and 13.1 ms with this (`bench_limits fresh
+//! 67108864`, Xeon VM, docs/advantage.md). Does nothing where the first and last
 //! whole pages are mapped already (the buffer is being reused) or below 1 MiB;
 //! `RLPT_HUGE_PAGES=0` in the environment turns it off. prefault_for_write calls it; a writer that
 //! maps its output a window at a time calls it once over the whole output first.
