@@ -193,7 +193,8 @@ def report(ctx, results: list[dict]) -> dict:
                         "Copy: single-thread memcpy of 256 MiB in the same rounds, bytes read + written per CPU second. "
                         "Outputs first touch: allocating the call's two [B, T] float outputs (8 bytes per token "
                         "slot) and writing them once (`bench_limits fresh`), which both sides pay since both "
-                        "allocate their outputs per call; on this VM a fresh page costs microseconds of kernel time. "
+                        "allocate their outputs per call; the limit takes them in transparent huge pages where the "
+                        "system allows them, as rlpt's writers do (core/copy.hpp). "
                         "Floor: the call's input bytes (GAE 9, REINFORCE++ 5 per token slot) at copy speed plus "
                         "that first touch, which writes the outputs once; verl / floor is the largest ratio to verl "
                         "that any implementation allocating its outputs could show here."},

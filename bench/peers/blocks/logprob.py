@@ -180,8 +180,8 @@ def report(ctx, results: list[dict]) -> dict:
                "rows": rows,
                "notes": "Ratios: > 1 means rlpt is faster. Limit: rlpt's SIMD exp summed over the same logits, one "
                         "thread, same rounds; forward + backward is held against two such passes plus the first touch of "
-                        "the freshly allocated gradient (`bench_limits fresh`: both sides allocate it per call, and "
-                        "on this VM a fresh page costs microseconds of kernel time). GB: logits read "
+                        "the freshly allocated gradient (`bench_limits fresh`: both sides allocate it per call; the limit "
+                        "takes it in transparent huge pages where the system allows them, as rlpt's backward does). GB: logits read "
                         "(forward), logits read twice + gradient written (forward + backward)."},
               {"title": "Peak resident memory one call adds (outputs and gradient included), MB",
                "columns": ["shape", "dtype", "pass", "rlpt", "torch", "logits"], "rows": mem_rows, "notes": ""}]

@@ -93,16 +93,16 @@ struct fresh_pages {
     if (n < (std::size_t{1} << 20)) return;
     auto* const d = static_cast<unsigned char*>(dst);
     const auto at = reinterpret_cast<std::uintptr_t>(d);
-    unsigned char* const b = d + (size() - at % size()) % size();
-    unsigned char* const e = d + n - (at + n) % size();
+    unsigned char* const b = d + (page_size() - at % page_size()) % page_size();
+    unsigned char* const e = d + n - (at + n) % page_size();
     if (e <= b) return;
     unsigned char first = 0, last = 0;
-    if (::mincore(b, 1, &first) != 0 || ::mincore(e - size(), 1, &last) != 0) return;
+    if (::mincore(b, 1, &first) != 0 || ::mincore(e - page_size(), 1, &last) != 0) return;
     if ((first & 1u) != 0 && (last & 1u) != 0) return;
     begin = b, end = e;
   }
   [[nodiscard]] bool empty() const noexcept { return begin == end; }
-  static std::size_t size() noexcept {
+  static std::size_t page_size() noexcept {
     static const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
     return page;
   }
@@ -113,7 +113,7 @@ struct fresh_pages {
 inline void advise_huge(const fresh_pages& r) noexcept {
 #if defined(MADV_HUGEPAGE)
   static const bool wanted = huge_pages_wanted(std::getenv("RLPT_HUGE_PAGES"));
-  const std::size_t huge = fresh_pages::size() * (fresh_pages::size() / sizeof(void*));
+  const std::size_t huge = fresh_pages::page_size() * (fresh_pages::page_size() / sizeof(void*));
   const auto h0 = (reinterpret_cast<std::uintptr_t>(r.begin) + huge - 1) / huge * huge;
   const auto h1 = reinterpret_cast<std::uintptr_t>(r.end) / huge * huge;
   if (wanted && h1 > h0) (void)::madvise(reinterpret_cast<void*>(h0), h1 - h0, MADV_HUGEPAGE);
