@@ -105,7 +105,7 @@ TEST_CASE("a fresh output gets huge pages over the whole huge pages inside it, a
   }
   for (std::size_t i = 0; i < bytes; i += 4096) REQUIRE(out[i] == 0); // contents untouched
 
-  // A buffer whose first and last pages are mapped (being reused) is neither advised nor populated.
+  // A buffer whose first and last pages are mapped (being reused) is not advised.
   const rlpt::test::fresh_mapping r(n + huge);
   const auto rb = (reinterpret_cast<std::uintptr_t>(r.as<unsigned char>()) + huge - 1) / huge * huge;
   auto* const reused = reinterpret_cast<unsigned char*>(rb);

@@ -620,10 +620,12 @@ objective_result evaluate(const objective& obj, const basic_objective_inputs<T>&
   detail::local_counts own;
   // Where the counts come from the rows' statistics, the rows kernel takes them from here rather
   // than making a pass over each row again (a third of a call with token and sequence rejection).
+  const bool counting = local_needed || p.w_norm_local || p.has_den_mask;
   std::vector<detail::row_stats> stats;
-  if (local_needed || p.w_norm_local || p.has_den_mask) {
-    if (detail::reuses_stats(p)) stats.resize(static_cast<std::size_t>(L.num_seqs()));
-    const detail::local_counts c = detail::count_local(p, in, ex, stats.empty() ? nullptr : stats.data());
+  if (counting && detail::reuses_stats(p)) stats.resize(static_cast<std::size_t>(L.num_seqs()));
+  detail::row_stats* const kept = stats.empty() ? nullptr : stats.data();
+  if (counting) {
+    const detail::local_counts c = detail::count_local(p, in, ex, kept);
     own = c;
     detail::resolve_local(p.agg_policy, c);
     detail::resolve_local(p.agg_kl, c);
@@ -640,7 +642,7 @@ objective_result evaluate(const objective& obj, const basic_objective_inputs<T>&
   const auto rows = detail::host_rows_kernel<T>();
   const detail::objective_sums s = ex.parallel_reduce(
       L.num_seqs(), grain, detail::objective_sums{},
-      [&](index_t b0, index_t b1) { return rows(p, in, grads, stats.empty() ? nullptr : stats.data(), b0, b1); },
+      [&](index_t b0, index_t b1) { return rows(p, in, grads, kept, b0, b1); },
       [](detail::objective_sums& a, const detail::objective_sums& b) { a.merge(b); });
   if (s.nonfinite > 0.0 && p.nonfinite == nonfinite::raise) detail::raise_nonfinite(p, in, s.nonfinite);
   if (!p.has_den_mask) own = detail::counts_of(s);

@@ -137,7 +137,7 @@ template <mask_mode Mode, bool HasValues, bool HasMask> struct sequence_pass {
         n = live;
       }
     }
-    for (index_t k = n - 16; k > n - 16 - ahead; k -= 16) prefetch(k);
+    for (index_t k = n - ahead; k < n; k += 16) prefetch(k); // the first lines the steps read
     for (t = n - 1; t >= 0 && !s.have; --t) {
       double x = 0.0;
       const bool valid = token(x);
